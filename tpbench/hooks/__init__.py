@@ -3,3 +3,29 @@
 This package imports nothing else of tpbench: copy ``from tpbench.hooks import ...`` into any
 training script.
 """
+
+from tpbench.hooks.averaging import (
+    HierarchicalModelAverager,
+    ParameterDrift,
+    PeriodicModelAverager,
+    average_parameters,
+    parameter_drift,
+)
+from tpbench.hooks.localsgd import (
+    PostLocalSGDState,
+    intra_node_subgroup,
+    post_localSGD_hook,
+    resolve_ranks_per_node,
+)
+
+__all__ = [
+    "HierarchicalModelAverager",
+    "ParameterDrift",
+    "PeriodicModelAverager",
+    "PostLocalSGDState",
+    "average_parameters",
+    "intra_node_subgroup",
+    "parameter_drift",
+    "post_localSGD_hook",
+    "resolve_ranks_per_node",
+]
