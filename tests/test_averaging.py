@@ -1,0 +1,132 @@
+"""Model averagers and parameter drift in a real 4-rank Gloo world.
+
+Each rank gives its parameter a value that says which rank and step it came from, so what an
+averaging call did (nothing, a pair mean, the global mean) can be read off the result.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from world import run_world
+
+from tpbench.hooks import HierarchicalModelAverager, PeriodicModelAverager, average_parameters, parameter_drift
+
+WORLD = 4
+STEPS = 10
+
+
+def _param(value: float) -> torch.nn.Parameter:
+    p = torch.nn.Parameter(torch.tensor([value, -value]))
+    p.grad = torch.zeros_like(p)
+    return p
+
+
+def _run_schedule(averager: object) -> list[float]:
+    """After each call, the first entry of a parameter that was set to ``rank + 10 * step`` before it."""
+    rank = dist.get_rank()
+    p = _param(0.0)
+    seen = []
+    for step in range(STEPS):
+        with torch.no_grad():
+            p.fill_(rank + 10.0 * step)
+        averager.average_parameters([p])
+        seen.append(p[0].item())
+    return seen
+
+
+def _scenarios(rank: int, world_size: int) -> dict:
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager as TorchPeriodic
+    from torch.distributed.algorithms.model_averaging.hierarchical_model_averager import (
+        HierarchicalModelAverager as TorchHierarchical,
+    )
+
+    out: dict = {}
+    periodic = PeriodicModelAverager(period=3, warmup_steps=2)
+    out["due"] = []
+    for _ in range(STEPS):
+        out["due"].append(periodic.next_averaging_group() is not None)
+        periodic.average_parameters([_param(0.0)])
+    out["periodic"] = _run_schedule(PeriodicModelAverager(period=3, warmup_steps=2))
+    out["periodic_torch"] = _run_schedule(TorchPeriodic(period=3, warmup_steps=2))
+    levels = {2: 2, 4: 4}
+    out["hierarchical"] = _run_schedule(HierarchicalModelAverager(levels, warmup_steps=1))
+    out["hierarchical_torch"] = _run_schedule(TorchHierarchical(levels, warmup_steps=1))
+
+    # Optimizer param groups are accepted; parameters without a gradient are left alone.
+    trained, frozen = _param(float(rank)), torch.nn.Parameter(torch.tensor([float(rank)]))
+    average_parameters([{"params": [trained, frozen]}])
+    out["groups"] = (trained[0].item(), frozen.item())
+
+    # A rank outside the group keeps its values.
+    pair = dist.new_group([0, 1])
+    outsider = _param(float(rank))
+    average_parameters([outsider], pair)
+    out["outsider"] = outsider[0].item()
+
+    out["drift"] = parameter_drift([torch.tensor([float(rank), 0.0]), torch.tensor([[0.5]])])
+    out["no_drift"] = parameter_drift([torch.full((3,), 0.1)])
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks() -> list[dict]:
+    return run_world(_scenarios, WORLD, timeout_s=120)
+
+
+def _global_mean(step: int) -> float:
+    return sum(range(WORLD)) / WORLD + 10.0 * step
+
+
+def test_periodic_schedule(ranks: list[dict]) -> None:
+    averaged = [2, 5, 8]  # step >= warmup_steps and (step - warmup_steps) % period == 0
+    for rank, r in enumerate(ranks):
+        assert r["due"] == [s in averaged for s in range(STEPS)]
+        expected = [_global_mean(s) if s in averaged else rank + 10.0 * s for s in range(STEPS)]
+        assert r["periodic"] == pytest.approx(expected)
+
+
+def test_hierarchical_levels(ranks: list[dict]) -> None:
+    # Step 0 is warm-up; every 4th step averages all ranks; other even steps average node pairs.
+    for rank, r in enumerate(ranks):
+        pair_mean = (rank // 2) * 2 + 0.5
+        expected = []
+        for s in range(STEPS):
+            if s < 1 or s % 2:
+                expected.append(rank + 10.0 * s)
+            elif s % 4 == 0:
+                expected.append(_global_mean(s))
+            else:
+                expected.append(pair_mean + 10.0 * s)
+        assert r["hierarchical"] == pytest.approx(expected)
+
+
+def test_same_results_as_pytorch(ranks: list[dict]) -> None:
+    for r in ranks:
+        assert r["periodic"] == r["periodic_torch"]
+        assert r["hierarchical"] == r["hierarchical_torch"]
+
+
+def test_param_groups_and_frozen_parameters(ranks: list[dict]) -> None:
+    for rank, r in enumerate(ranks):
+        assert r["groups"] == (pytest.approx(1.5), rank)
+
+
+def test_rank_outside_the_group_is_untouched(ranks: list[dict]) -> None:
+    assert [r["outsider"] for r in ranks] == [0.5, 0.5, 2.0, 3.0]
+
+
+def test_parameter_drift(ranks: list[dict]) -> None:
+    # Ranks at 0, 1, 2, 3 around a mean of 1.5: distances 1.5, 0.5, 0.5, 1.5.
+    for r in ranks:
+        assert r["drift"].max_l2 == pytest.approx(1.5)
+        assert r["drift"].mean_l2 == pytest.approx(1.0)
+        assert r["no_drift"].max_l2 == 0.0
+
+
+def test_argument_checks() -> None:
+    with pytest.raises(ValueError):
+        PeriodicModelAverager(period=0)
+    with pytest.raises(ValueError):
+        PeriodicModelAverager(period=2, warmup_steps=-1)
