@@ -1,0 +1,3 @@
+from tpbench.cli import main
+
+main()

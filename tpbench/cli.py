@@ -1,0 +1,247 @@
+"""The ``tpbench`` command: argument parsing and terminal output only; the work is in the library.
+
+Exit codes: 0 success, 1 a case failed (sweep) or a regression (gate), 2 usage error or bad
+suite, 3 missing/broken results, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_RESULTS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+console = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+
+class SweepProgress:
+    """Renders launcher events: case i/N, the current case, ETA."""
+
+    def __init__(self, cases: list, total_items: int) -> None:
+        from tpbench.suite import varying_keys
+
+        keys = varying_keys(cases)
+        self.labels = {c.case_id: c.label(keys) for c in cases}
+        self.repeats = {c.case_id: c.repeats for c in cases}
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[current]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+            console=console, transient=False,
+        )
+        self.task = self.progress.add_task("repeats", total=total_items, current="starting worlds…")
+        self.done_cases = 0
+        self.total_cases = len(cases)
+
+    def __call__(self, event: str, data: dict[str, Any]) -> None:
+        if event == "world_start":
+            self.progress.update(self.task, current=f"starting {data['world_size']} ranks on {data['interconnect']}…")
+        elif event == "repeat_start":
+            label = self.labels.get(data["case"], data["case"])
+            self.progress.update(self.task, current=f"case {self.done_cases + 1}/{self.total_cases}: {label} (repeat {data['repeat'] + 1}/{self.repeats.get(data['case'], '?')})")
+        elif event == "repeat_end":
+            self.progress.advance(self.task)
+        elif event == "case_end":
+            self.done_cases += 1
+        elif event == "case_failed":
+            self.done_cases += 1
+            self.progress.console.print(f"[red]case failed:[/] {self.labels.get(data['case'], data['case'])}: {data['cause']}")
+
+
+def _summary_table(loaded) -> Table:
+    from tpbench.suite import Case, varying_keys
+
+    cases = [Case.from_params(p["params"]) for p in loaded.meta["cases"].values()]
+    keys = varying_keys(cases)
+    labels = {c.case_id: c.label(keys) for c in cases}
+    t = Table(title=f"{loaded.meta['suite']['name']} · run {loaded.meta['run_id']}")
+    for col, just in [("case", "left"), ("status", "left"), ("median ms", "right"), ("95% CI", "right"), ("p10–p90 ms", "right"), ("samples/s", "right")]:
+        t.add_column(col, justify=just)
+    s = loaded.summary
+    for row in s.sort_values("median_ms", na_position="last").to_dict("records") if "median_ms" in s else s.to_dict("records"):
+        if row.get("median_ms") == row.get("median_ms") and row.get("median_ms") is not None:
+            t.add_row(labels[row["case_id"]], row["status"], f"{row['median_ms']:.2f}", f"[{row['ci_lo_ms']:.2f}, {row['ci_hi_ms']:.2f}]",
+                      f"{row['p10_ms']:.2f}–{row['p90_ms']:.2f}", f"{row['samples_per_s']:.0f}")
+        else:
+            t.add_row(labels[row["case_id"]], f"[red]{row['status']}[/]", "", "", "", "")
+    return t
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from tpbench import report, store, sweep
+    from tpbench.suite import varying_keys
+
+    if args.resume:
+        run, cases = sweep.reopen(args.resume)
+        if not cases:
+            console.print(f"Nothing to resume: every case of {run.dir} is done.")
+            return EXIT_OK
+    else:
+        prepared = sweep.prepare(args.suite, args.set, args.filter)
+        cases = prepared.cases
+        if not cases:
+            console.print("[yellow]No case matches the filters.[/]")
+            return EXIT_USAGE
+        if args.dry_run:
+            keys = varying_keys(cases)
+            t = Table(title=f"{prepared.suite.name}: {len(cases)} cases (dry run)")
+            for col in ("case_id", "case", "world", "repeats × steps"):
+                t.add_column(col)
+            for c in cases:
+                t.add_row(c.case_id, c.label(keys), f"{c.world_size}×{c.backend}/{c.device} {c.interconnect}", f"{c.repeats}×{c.steps}")
+            out.print(t)
+            return EXIT_OK
+        run = sweep.start(prepared, args.out)
+    console.print(f"Run directory: {run.dir}")
+    done = set()
+    for c in cases:
+        done |= {(c.case_id, r) for r in store.finished_repeats(run.dir, c.case_id)}
+    total = sum(c.repeats for c in cases) - len(done)
+    listener = SweepProgress(cases, total)
+    t0 = time.monotonic()
+    try:
+        with listener.progress:
+            sweep.execute(run, cases, listener)
+    except KeyboardInterrupt:
+        console.print(f"\n[yellow]Interrupted.[/] Finished cases are kept. Resume with:\n  tpbench sweep {args.suite or ''} --resume {run.dir}")
+        return EXIT_INTERRUPTED
+    loaded = sweep.finalize(run.dir)
+    out.print(_summary_table(loaded))
+    eff = loaded.meta.get("efficiency", {})
+    console.print(f"Wall {time.monotonic() - t0:.1f} s; timed steps {eff.get('timed_s', 0):.1f} s; {eff.get('processes_started')} rank processes started.")
+    if not args.no_report:
+        path = report.write_report([run.dir], args.report or report.default_report_path(run.dir, args.reports_dir))
+        console.print(f"Report: {path}")
+    failed = [cid for cid, s in run.case_status().items() if s == store.FAILED]
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tpbench import report
+
+    out_path = args.output or report.default_report_path(args.runs[0])
+    path = report.write_report(args.runs, out_path)
+    console.print(f"Report: {path}")
+    return EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from tpbench import sweep
+
+    prepared = sweep.prepare(args.suite, args.set, args.filter)
+    out.print(f"{args.suite}: ok, {len(prepared.cases)} cases")
+    return EXIT_OK
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from tpbench.environment import fingerprint
+
+    out.print_json(json.dumps(fingerprint(), default=str))
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from tpbench.algorithms import ALGORITHMS
+    from tpbench.workloads import WORKLOADS
+
+    t = Table(title="algorithms")
+    t.add_column("name")
+    t.add_column("description")
+    t.add_column("uses")
+    for a in ALGORITHMS.values():
+        t.add_row(a.name, a.description, ", ".join(sorted(a.uses)))
+    out.print(t)
+    w = Table(title="workloads")
+    w.add_column("name")
+    w.add_column("[workloads.NAME] keys")
+    import dataclasses
+
+    for name, cls in WORKLOADS.items():
+        w.add_row(name, ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Params)))
+    out.print(w)
+    suites_dir = Path(args.suites)
+    if suites_dir.is_dir():
+        s = Table(title=f"suites in {suites_dir}")
+        s.add_column("file")
+        s.add_column("description")
+        import tomllib
+
+        for p in sorted(suites_dir.glob("*.toml")):
+            try:
+                desc = tomllib.loads(p.read_text()).get("suite", {}).get("description", "")
+            except (tomllib.TOMLDecodeError, OSError) as e:
+                desc = f"(unreadable: {e})"
+            s.add_row(str(p), desc)
+        out.print(s)
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tpbench", description="Profile and benchmark PyTorch DDP communication hooks.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    def suite_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a default or a swept key (capture.KEY, workloads.NAME.KEY reach those tables)")
+        p.add_argument("--filter", action="append", default=[], metavar="KEY=V1|V2",
+                       help="keep only matching cases (KEY!=V excludes; id=PREFIX matches case ids)")
+
+    p = sub.add_parser("sweep", help="run a suite")
+    p.add_argument("suite", nargs="?", help="suite TOML file (not needed with --resume)")
+    suite_args(p)
+    p.add_argument("--out", type=Path, default=Path("results"), help="results root (default: results)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="run only the missing or failed cases of RUN_DIR")
+    p.add_argument("--dry-run", action="store_true", help="list the cases and exit")
+    p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
+    p.add_argument("--report", type=Path, metavar="FILE", help="report path (default: reports/<suite>-<run_id>.html)")
+    p.add_argument("--reports-dir", type=Path, default=Path("reports"), help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("report", help="write the HTML report of one run, or compare several")
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    p.add_argument("-o", "--output", type=Path, metavar="FILE")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("validate", help="check a suite without running it")
+    p.add_argument("suite")
+    suite_args(p)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("env", help="print this machine's environment fingerprint")
+    p.set_defaults(func=cmd_env)
+
+    p = sub.add_parser("list", help="list algorithms, workloads and suites")
+    p.add_argument("--suites", default="suites", help="folder of suites (default: suites)")
+    p.set_defaults(func=cmd_list)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    from tpbench.interconnect import InterconnectUnavailable
+    from tpbench.store import StoreError
+    from tpbench.suite import SuiteError
+
+    args = build_parser().parse_args(argv)
+    if args.command == "sweep" and not args.suite and not args.resume:
+        console.print("tpbench sweep: error: give a SUITE file, or --resume RUN_DIR")
+        sys.exit(EXIT_USAGE)
+    try:
+        code = args.func(args)
+    except SuiteError as e:
+        console.print(f"[red]error:[/] {e}", soft_wrap=True)
+        code = EXIT_USAGE
+    except InterconnectUnavailable as e:
+        console.print(f"[red]error:[/] {e}", soft_wrap=True)
+        code = EXIT_USAGE
+    except StoreError as e:
+        console.print(f"[red]error:[/] {e}", soft_wrap=True)
+        code = EXIT_RESULTS
+    sys.exit(code)

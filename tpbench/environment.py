@@ -1,0 +1,85 @@
+"""The environment fingerprint: what makes two runs comparable, or not.
+
+Recorded in every run.json (like pytest-benchmark's machine_info and commit_info). The gate
+compares the ``COMPARABLE_KEYS``; the rest is there to explain a difference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import tpbench
+
+# Keys whose difference makes step times incomparable.
+COMPARABLE_KEYS = ("torch", "cuda", "nccl", "gpu_model", "gpu_driver", "cpu_model", "cpu_count")
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _git_commit() -> dict[str, Any]:
+    src = Path(tpbench.__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    if commit.returncode != 0:
+        return {"commit": None, "dirty": None}
+    return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+
+
+def _gpus() -> dict[str, Any]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"gpu_count": 0, "gpu_model": None, "gpu_driver": None}
+    info: dict[str, Any] = {
+        "gpu_count": torch.cuda.device_count(),
+        "gpu_model": torch.cuda.get_device_name(0),
+        "gpu_driver": None,
+    }
+    with contextlib.suppress(Exception):
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            info["gpu_driver"] = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    return info
+
+
+def fingerprint() -> dict[str, Any]:
+    import torch
+
+    nccl = None
+    with contextlib.suppress(Exception):
+        if torch.cuda.is_available():
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    return {
+        "tpbench": tpbench.__version__,
+        "git": _git_commit(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": nccl,
+        **_gpus(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }

@@ -1,0 +1,269 @@
+"""The results store: the on-disk layout of a run, atomic writes, and loading back into DataFrames.
+
+Layout (see DESIGN.md)::
+
+    results/<suite>/<run_id>/
+      run.json                     suite text, cases, environment, per-case status
+      cases/<case_id>/steps.parquet
+      cases/<case_id>/parts/       one parquet per finished repeat, merged when the case ends
+      cases/<case_id>/trace/rank<r>.json.gz
+      summary.parquet
+      logs/                        per-world, per-rank stdout/stderr
+
+Every file is written to a temporary name in its own folder and renamed into place, so a reader
+(or a resume after a crash) never sees half a file. Repeats are persisted as they finish because
+repeats of different cases are interleaved: a world that dies in the last round must not take the
+earlier rounds of every case with it. ``run.json`` has a single writer (the sweeping process).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import secrets
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+RUN_FILE = "run.json"
+SUMMARY_FILE = "summary.parquet"
+STEPS_FILE = "steps.parquet"
+
+# Case states in run.json.
+PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+
+
+class StoreError(RuntimeError):
+    """A results directory that is missing, unwritable or broken; the message says what and where."""
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_parquet(path: Path, df: pd.DataFrame) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        df.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def new_run_id(now: _dt.datetime | None = None) -> str:
+    """Sortable by time; the random suffix keeps two sweeps started in the same second apart."""
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    return now.strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def case_dir(run_dir: Path, case_id: str) -> Path:
+    return Path(run_dir) / "cases" / case_id
+
+
+def trace_dir(run_dir: Path, case_id: str) -> Path:
+    return case_dir(run_dir, case_id) / "trace"
+
+
+def write_repeat(run_dir: Path, case_id: str, repeat: int, rows: pd.DataFrame) -> None:
+    """Persist one finished repeat of a case (called by rank 0 of the world)."""
+    atomic_write_parquet(case_dir(run_dir, case_id) / "parts" / f"r{repeat:04d}.parquet", rows)
+
+
+def finish_case(run_dir: Path, case_id: str, repeats: int) -> Path:
+    """Merge a case's repeats into steps.parquet once all of them are there; returns its path."""
+    parts_dir = case_dir(run_dir, case_id) / "parts"
+    parts = sorted(parts_dir.glob("r*.parquet"))
+    if len(parts) != repeats:
+        raise StoreError(f"{parts_dir}: expected {repeats} repeats, found {len(parts)}")
+    df = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+    out = case_dir(run_dir, case_id) / STEPS_FILE
+    atomic_write_parquet(out, df)
+    for p in parts:
+        p.unlink()
+    parts_dir.rmdir()
+    return out
+
+
+def finished_repeats(run_dir: Path, case_id: str) -> set[int]:
+    """Repeats of a case already on disk (after a world died mid-case)."""
+    return {int(p.stem[1:]) for p in (case_dir(run_dir, case_id) / "parts").glob("r*.parquet")}
+
+
+def discard_partial(run_dir: Path, case_id: str) -> None:
+    """Drop a case's repeats and traces so that a rerun starts it clean."""
+    d = case_dir(run_dir, case_id)
+    for sub in ("parts", "trace"):
+        for p in (d / sub).glob("*"):
+            p.unlink()
+    (d / STEPS_FILE).unlink(missing_ok=True)
+
+
+@dataclass
+class Run:
+    """A run directory and its run.json, held in memory by the one process that writes it."""
+
+    dir: Path
+    meta: dict[str, Any]
+
+    @property
+    def run_id(self) -> str:
+        return self.meta["run_id"]
+
+    @classmethod
+    def create(cls, root: Path, suite_name: str, suite_path: str, suite_text: str,
+               cases: list[dict[str, Any]], environment: dict[str, Any]) -> Run:
+        root = Path(root)
+        check_writable(root)
+        while True:
+            run_id = new_run_id()
+            run_dir = root / suite_name / run_id
+            try:
+                run_dir.mkdir(parents=True, exist_ok=False)
+                break
+            except FileExistsError:
+                continue
+        meta = {
+            "run_id": run_id,
+            "suite": {"name": suite_name, "path": suite_path, "text": suite_text},
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+            "status": RUNNING,
+            "environment": environment,
+            "cases": {c["case_id"]: {"params": c, "status": PENDING} for c in cases},
+        }
+        run = cls(run_dir, meta)
+        run.save()
+        return run
+
+    @classmethod
+    def open(cls, run_dir: Path) -> Run:
+        run_dir = Path(run_dir)
+        return cls(run_dir, read_run_json(run_dir))
+
+    def save(self) -> None:
+        atomic_write_bytes(self.dir / RUN_FILE, json.dumps(self.meta, indent=2, default=str).encode())
+
+    def set_case(self, case_id: str, status: str, **info: Any) -> None:
+        entry = self.meta["cases"][case_id]
+        entry["status"] = status
+        for stale in ("error", "failed_at"):
+            if status != FAILED:
+                entry.pop(stale, None)
+        entry.update(info)
+        self.save()
+
+    def set_status(self, status: str, **info: Any) -> None:
+        self.meta["status"] = status
+        self.meta.update(info)
+        self.save()
+
+    def case_status(self) -> dict[str, str]:
+        return {cid: c["status"] for cid, c in self.meta["cases"].items()}
+
+
+def check_writable(root: Path) -> None:
+    """Fail before any case runs when results cannot be written (missing permission, full disk)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=root, prefix=".write-probe-")
+        try:
+            os.write(fd, b"\0" * 65536)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as e:
+        raise StoreError(f"{root}: results directory is not writable: {e.strerror or e}") from None
+
+
+def read_run_json(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / RUN_FILE
+    if not Path(run_dir).is_dir():
+        raise StoreError(f"{run_dir}: no such run directory")
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StoreError(f"{path}: missing; {run_dir} is not a tpbench run (or its sweep never started)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise StoreError(f"{path}: corrupted ({e})") from None
+    for key in ("run_id", "suite", "cases", "environment"):
+        if key not in meta:
+            raise StoreError(f"{path}: corrupted (no {key!r} entry)")
+    return meta
+
+
+def _read_parquet(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except Exception as e:  # pyarrow raises several types for truncated or foreign files
+        raise StoreError(f"{path}: unreadable parquet ({type(e).__name__}: {e})") from None
+
+
+@dataclass
+class Loaded:
+    """A run read back: its metadata, cases, per-step rows and summary."""
+
+    run_dir: Path
+    meta: dict[str, Any]
+    cases: pd.DataFrame  # one row per case: params + status (+ error)
+    steps: pd.DataFrame  # all cases' steps.parquet, with a case_id column
+    summary: pd.DataFrame  # summary.parquet (empty if not written yet)
+
+    @property
+    def environment(self) -> dict[str, Any]:
+        return self.meta["environment"]
+
+
+def load(run_dir: str | Path) -> Loaded:
+    """Everything of a run as DataFrames. Broken files raise ``StoreError`` naming the file."""
+    run_dir = Path(run_dir)
+    meta = read_run_json(run_dir)
+    case_rows = []
+    frames = []
+    for cid, entry in meta["cases"].items():
+        row = dict(entry["params"]) | {"status": entry["status"], "error": entry.get("error")}
+        case_rows.append(row)
+        steps_path = case_dir(run_dir, cid) / STEPS_FILE
+        if entry["status"] == DONE:
+            if not steps_path.exists():
+                raise StoreError(f"{steps_path}: missing, but run.json says case {cid} is done")
+            frames.append(_read_parquet(steps_path).assign(case_id=cid))
+    steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    summary_path = run_dir / SUMMARY_FILE
+    summary = _read_parquet(summary_path) if summary_path.exists() else pd.DataFrame()
+    return Loaded(run_dir, meta, pd.DataFrame(case_rows), steps, summary)
+
+
+def write_summary(run_dir: Path, summary: pd.DataFrame) -> Path:
+    path = Path(run_dir) / SUMMARY_FILE
+    atomic_write_parquet(path, summary)
+    return path
+
+
+def traces(run_dir: Path, case_id: str) -> list[Path]:
+    return sorted(trace_dir(run_dir, case_id).glob("rank*.json.gz"))
+
+
+def iter_runs(root: Path, suite: str | None = None) -> Iterable[Path]:
+    """Run directories under a results root, oldest first (run ids sort by time)."""
+    root = Path(root)
+    suites = [root / suite] if suite else sorted(p for p in root.iterdir() if p.is_dir())
+    for s in suites:
+        if s.is_dir():
+            yield from sorted(p for p in s.iterdir() if (p / RUN_FILE).exists())

@@ -1,0 +1,444 @@
+"""Suite files: TOML → validated ``Suite`` → list of ``Case``.
+
+Everything a user can get wrong is caught here, before any process starts: every error is a
+``SuiteError`` whose one-line message names the file, the key and what was expected. The CLI turns
+it into exit code 2.
+
+A ``Case`` is fully resolved (no "auto" left) and carries only the keys that matter to its
+algorithm; the others are collapsed to ``None`` so a dimension that does not apply never runs a
+case twice. Its id is a hash of those normalized parameters, so the same case gets the same id in
+every run and runs can be compared case by case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+# Keys that do not change what is measured and so stay out of the case id.
+_NOT_IN_ID = frozenset({"timeout_s"})
+
+
+class SuiteError(ValueError):
+    """A suite that cannot run; the message names file, key and expectation."""
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    default: Any
+    expected: str
+    check: Callable[[Any], bool]
+
+
+def _int(lo: int, *extra: str) -> Callable[[Any], bool]:
+    return lambda v: (isinstance(v, int) and not isinstance(v, bool) and v >= lo) or v in extra
+
+
+def _num(lo: float, *, strict: bool) -> Callable[[Any], bool]:
+    def ok(v: Any) -> bool:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return False
+        return v > lo if strict else v >= lo
+
+    return ok
+
+
+def _one_of(*choices: str) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, str) and v in choices
+
+
+def _bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str) and v != ""
+
+
+# Every key a case has, with its default: the single source for [defaults], [sweep], --set.
+CASE_KEYS: dict[str, KeySpec] = {
+    "algorithm": KeySpec("ddp", "an algorithm name (see `tpbench list`)", _str),
+    "impl": KeySpec("tpbench", '"tpbench" or "torch"', _one_of("tpbench", "torch")),
+    "world_size": KeySpec("auto", 'an integer >= 1 or "auto"', _int(1, "auto")),
+    "backend": KeySpec("auto", '"nccl", "gloo" or "auto"', _one_of("nccl", "gloo", "auto")),
+    "device": KeySpec("auto", '"cuda", "cpu" or "auto"', _one_of("cuda", "cpu", "auto")),
+    "workload": KeySpec("mlp", "a workload name (see `tpbench list`)", _str),
+    "optimizer": KeySpec("adamw", '"adamw", "adam" or "sgd"', _one_of("adamw", "adam", "sgd")),
+    "lr": KeySpec(1e-3, "a number > 0", _num(0, strict=True)),
+    "batch_size": KeySpec(32, "an integer >= 1", _int(1)),
+    "warmup_steps": KeySpec(5, "an integer >= 0", _int(0)),
+    "steps": KeySpec(30, "an integer >= 1", _int(1)),
+    "repeats": KeySpec(3, "an integer >= 1", _int(1)),
+    "seed": KeySpec(0, "an integer >= 0", _int(0)),
+    "timeout_s": KeySpec(300, "a number of seconds > 0", _num(0, strict=True)),
+    "bucket_cap_mb": KeySpec(25, "a number of megabytes > 0", _num(0, strict=True)),
+    "gradient_as_bucket_view": KeySpec(False, "true or false", _bool),
+    "static_graph": KeySpec(False, "true or false", _bool),
+    "shard_buckets": KeySpec(False, "true or false", _bool),
+    "interconnect": KeySpec("loopback", "an interconnect profile name", _str),
+    "start_localSGD_iter": KeySpec("never", 'an integer >= 0 or "never"', _int(0, "never")),
+    "post_local_gradient_allreduce": KeySpec(True, "true or false", _bool),
+    "averaging_period": KeySpec(4, "an integer >= 1", _int(1)),
+    "ranks_per_node": KeySpec("auto", 'an integer >= 1 or "auto"', _int(1, "auto")),
+    "slowdown_pct": KeySpec(0.0, "a percentage >= 0", _num(0, strict=False)),
+    "fault": KeySpec("none", '"none", "crash:RANK" or "hang:RANK" (test-only fault injection)', _str),
+}
+
+CAPTURE_KEYS: dict[str, KeySpec] = {
+    "profiler_steps": KeySpec(3, "an integer >= 0", _int(0)),
+    "nvml_interval_ms": KeySpec(50, "an integer >= 1", _int(1)),
+}
+
+_TABLES = {"suite", "defaults", "sweep", "capture", "workloads", "interconnects"}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One fully resolved configuration to measure. Built only by ``expand``."""
+
+    algorithm: str
+    impl: str | None
+    world_size: int
+    backend: str
+    device: str
+    workload: str
+    optimizer: str
+    lr: float
+    batch_size: int
+    warmup_steps: int
+    steps: int
+    repeats: int
+    seed: int
+    timeout_s: float
+    bucket_cap_mb: float
+    gradient_as_bucket_view: bool
+    static_graph: bool
+    shard_buckets: bool | None
+    interconnect: str
+    start_localSGD_iter: int | str | None
+    post_local_gradient_allreduce: bool | None
+    averaging_period: int | None
+    ranks_per_node: int | None
+    slowdown_pct: float
+    fault: str
+    profiler_steps: int
+    nvml_interval_ms: int
+    workload_params: tuple[tuple[str, Any], ...] = ()
+    case_id: str = ""
+
+    def params(self) -> dict[str, Any]:
+        """The case as a flat, JSON-friendly dict (workload params as ``workload.KEY``)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "workload_params"}
+        d.update({f"workload.{k}": v for k, v in self.workload_params})
+        return d
+
+    @classmethod
+    def from_params(cls, d: Mapping[str, Any]) -> Case:
+        """Inverse of ``params`` (used to read cases back from run.json and plans)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        wl = tuple(sorted((k.split(".", 1)[1], v) for k, v in d.items() if k.startswith("workload.")))
+        return cls(**{k: v for k, v in d.items() if k in names}, workload_params=wl)
+
+    @property
+    def launch_key(self) -> tuple[int, str, str, str]:
+        """Cases with the same key share one world of rank processes."""
+        return (self.world_size, self.backend, self.device, self.interconnect)
+
+    def label(self, varying: Iterable[str] = ()) -> str:
+        """A short human name: the algorithm plus the values of the keys that vary in the suite."""
+        parts = [self.algorithm + ("" if self.impl in (None, "tpbench") else f"[{self.impl}]")]
+        for k in varying:
+            v = getattr(self, k, None)
+            if k != "algorithm" and v is not None:
+                parts.append(f"{k}={v}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    description: str
+    path: str
+    text: str
+    defaults: dict[str, Any]
+    sweep: dict[str, list[Any]]
+    capture: dict[str, Any]
+    workloads: dict[str, dict[str, Any]] = field(default_factory=dict)
+    interconnects: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What "auto" resolves against."""
+
+    gpus: int
+
+    @classmethod
+    def detect(cls) -> Machine:
+        import torch
+
+        return cls(gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def _fail(path: str, key: str, msg: str) -> SuiteError:
+    return SuiteError(f"{path}: {key}: {msg}")
+
+
+def _check_value(path: str, where: str, spec: KeySpec, value: Any) -> None:
+    if not spec.check(value):
+        raise _fail(path, where, f"expected {spec.expected}, got {value!r}")
+
+
+def parse(text: str, path: str = "<suite>") -> Suite:
+    """Validate the shape and value types of a suite's TOML text."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SuiteError(f"{path}: TOML syntax error: {e}") from None
+    return dataclasses.replace(_validate(doc, path), text=text)
+
+
+def _validate(doc: dict[str, Any], path: str) -> Suite:
+    for table in doc:
+        if table not in _TABLES:
+            raise _fail(path, table, f"unknown table; expected one of {', '.join(sorted(_TABLES))}")
+        if not isinstance(doc[table], dict):
+            raise _fail(path, table, "expected a table, e.g. [" + table + "]")
+
+    meta = doc.get("suite", {})
+    for k in meta:
+        if k not in ("name", "description"):
+            raise _fail(path, f"[suite] {k}", "unknown key; expected name or description")
+    name = meta.get("name", Path(path).stem)
+    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+        raise _fail(path, "[suite] name", f"expected a non-empty name without '/', got {name!r}")
+    description = meta.get("description", "")
+    if not isinstance(description, str):
+        raise _fail(path, "[suite] description", "expected a string")
+
+    defaults = dict(doc.get("defaults", {}))
+    for k, v in defaults.items():
+        if k not in CASE_KEYS:
+            raise _fail(path, f"[defaults] {k}", f"unknown key; expected one of {', '.join(CASE_KEYS)}")
+        _check_value(path, f"[defaults] {k}", CASE_KEYS[k], v)
+
+    sweep = dict(doc.get("sweep", {}))
+    for k, values in sweep.items():
+        if k not in CASE_KEYS:
+            raise _fail(path, f"[sweep] {k}", f"unknown key; expected one of {', '.join(CASE_KEYS)}")
+        if not isinstance(values, list) or not values:
+            raise _fail(path, f"[sweep] {k}", f"expected a non-empty list of {CASE_KEYS[k].expected}, got {values!r}")
+        for i, v in enumerate(values):
+            _check_value(path, f"[sweep] {k}[{i}]", CASE_KEYS[k], v)
+        if len(set(map(repr, values))) != len(values):
+            raise _fail(path, f"[sweep] {k}", f"expected distinct values, got {values!r}")
+        if k in defaults:
+            raise _fail(path, f"[sweep] {k}", "is also set in [defaults]; set it in one place")
+
+    capture = {k: s.default for k, s in CAPTURE_KEYS.items()}
+    for k, v in doc.get("capture", {}).items():
+        if k not in CAPTURE_KEYS:
+            raise _fail(path, f"[capture] {k}", f"unknown key; expected one of {', '.join(CAPTURE_KEYS)}")
+        _check_value(path, f"[capture] {k}", CAPTURE_KEYS[k], v)
+        capture[k] = v
+
+    from tpbench.workloads import WORKLOADS
+
+    workloads: dict[str, dict[str, Any]] = {}
+    for wname, table in doc.get("workloads", {}).items():
+        if wname not in WORKLOADS:
+            raise _fail(path, f"[workloads.{wname}]", f"unknown workload; expected one of {', '.join(WORKLOADS)}")
+        if not isinstance(table, dict):
+            raise _fail(path, f"[workloads.{wname}]", "expected a table")
+        fields = {f.name: f for f in dataclasses.fields(WORKLOADS[wname].Params)}
+        for k, v in table.items():
+            if k not in fields:
+                raise _fail(path, f"[workloads.{wname}] {k}", f"unknown key; expected one of {', '.join(fields)}")
+            want = type(fields[k].default)
+            if type(v) is not want and not (want is float and type(v) is int):
+                raise _fail(path, f"[workloads.{wname}] {k}", f"expected {want.__name__}, got {v!r}")
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0 and fields[k].default > 0:
+                raise _fail(path, f"[workloads.{wname}] {k}", f"expected a value > 0, got {v!r}")
+        workloads[wname] = dict(table)
+
+    interconnects = doc.get("interconnects", {})
+    for iname, table in interconnects.items():
+        if not isinstance(table, dict):
+            raise _fail(path, f"[interconnects.{iname}]", "expected a table")
+
+    return Suite(name, description, path, "", defaults, sweep, capture, workloads, dict(interconnects))
+
+
+def load(path: str | Path) -> Suite:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise SuiteError(f"{p}: no such suite file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SuiteError(f"{p}: cannot read: {e}") from None
+    return parse(text, str(p))
+
+
+def _parse_value(raw: str) -> Any:
+    """A ``--set`` value: TOML syntax when it parses (numbers, booleans, lists), else a bare string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _apply_override(doc: dict[str, Any], assignment: str) -> None:
+    """One ``--set key=value``: a swept key gets a new list, any other key a new default.
+
+    ``capture.KEY`` and ``workloads.NAME.KEY`` reach those tables.
+    """
+    key, sep, raw = assignment.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise SuiteError(f"--set {assignment}: expected KEY=VALUE")
+    value = _parse_value(raw.strip())
+    parts = key.split(".")
+    if parts[0] in ("capture", "workloads") and len(parts) == (2 if parts[0] == "capture" else 3):
+        table = doc.setdefault(parts[0], {})
+        for p in parts[1:-1]:
+            table = table.setdefault(p, {})
+        table[parts[-1]] = value
+    elif len(parts) > 1:
+        raise SuiteError(f"--set {assignment}: expected KEY, capture.KEY or workloads.NAME.KEY")
+    elif key in doc.get("sweep", {}) or isinstance(value, list):
+        doc.setdefault("sweep", {})[key] = value if isinstance(value, list) else [value]
+        doc.get("defaults", {}).pop(key, None)
+    else:
+        doc.setdefault("defaults", {})[key] = value
+
+
+def with_overrides(suite: Suite, assignments: Iterable[str]) -> Suite:
+    """The suite with ``--set`` overrides applied, validated again as a whole like the file itself."""
+    assignments = list(assignments)
+    if not assignments:
+        return suite
+    doc = tomllib.loads(suite.text)
+    for a in assignments:
+        _apply_override(doc, a)
+    note = "".join(f"\n# --set {a}" for a in assignments)
+    return dataclasses.replace(_validate(doc, f"{suite.path} (with --set)"), path=suite.path, text=suite.text + note)
+
+
+def _resolve_machine(raw: dict[str, Any], machine: Machine) -> dict[str, Any]:
+    """Resolve "auto": the node's GPUs with NCCL when there are >= 2 of them, else 2 Gloo ranks on CPU."""
+    multi_gpu = machine.gpus >= 2
+    r = dict(raw)
+    if r["device"] == "auto":
+        r["device"] = "cuda" if multi_gpu else "cpu"
+    if r["backend"] == "auto":
+        r["backend"] = "nccl" if r["device"] == "cuda" and multi_gpu else "gloo"
+    if r["world_size"] == "auto":
+        r["world_size"] = machine.gpus if r["device"] == "cuda" and multi_gpu else 2
+    if r["ranks_per_node"] == "auto":
+        r["ranks_per_node"] = r["world_size"]
+    return r
+
+
+def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
+    """The cartesian product of ``[sweep]`` over ``[defaults]``, resolved, checked, collapsed, deduplicated."""
+    from tpbench.algorithms import ALGORITHM_SPECIFIC_KEYS, ALGORITHMS
+    from tpbench.workloads import WORKLOADS
+
+    machine = machine or Machine.detect()
+    path = suite.path
+    base = {k: s.default for k, s in CASE_KEYS.items()} | suite.defaults | suite.capture
+    keys = list(suite.sweep)
+    cases: dict[str, Case] = {}
+    for combo in itertools.product(*(suite.sweep[k] for k in keys)):
+        raw = base | dict(zip(keys, combo))
+        algo = ALGORITHMS.get(raw["algorithm"])
+        if algo is None:
+            raise _fail(path, "algorithm", f"expected one of {', '.join(ALGORITHMS)}, got {raw['algorithm']!r}")
+        if raw["workload"] not in WORKLOADS:
+            raise _fail(path, "workload", f"expected one of {', '.join(WORKLOADS)}, got {raw['workload']!r}")
+        r = _resolve_machine(raw, machine)
+        _check_combination(path, r, machine, suite)
+        for k in ALGORITHM_SPECIFIC_KEYS - algo.uses:
+            r[k] = None
+        wl_params = WORKLOADS[r["workload"]].Params(**suite.workloads.get(r["workload"], {}))
+        r["workload_params"] = tuple(sorted(dataclasses.asdict(wl_params).items()))
+        case = Case(**r)
+        why = algo.check(case)
+        if why:
+            raise _fail(path, why.split(":", 1)[0], f"{why.split(':', 1)[1].strip()} (case {case.label(keys)})")
+        case = dataclasses.replace(case, case_id=case_id(case))
+        cases.setdefault(case.case_id, case)
+    return list(cases.values())
+
+
+def _check_combination(path: str, r: dict[str, Any], machine: Machine, suite: Suite) -> None:
+    if r["device"] == "cuda" and machine.gpus == 0:
+        raise _fail(path, "device", "expected a machine with CUDA GPUs for device = \"cuda\"; this one has none")
+    if r["backend"] == "nccl" and r["device"] != "cuda":
+        raise _fail(path, "backend", 'expected device = "cuda" with backend = "nccl"')
+    if r["backend"] == "nccl" and r["world_size"] > machine.gpus:
+        raise _fail(path, "world_size", f"expected at most {machine.gpus} NCCL ranks (one per GPU), got {r['world_size']}")
+    if r["world_size"] % r["ranks_per_node"] != 0:
+        raise _fail(path, "ranks_per_node", f"expected a divisor of world_size {r['world_size']}, got {r['ranks_per_node']}")
+    fault = r["fault"]
+    if fault != "none":
+        kind, _, rank = fault.partition(":")
+        if kind not in ("crash", "hang") or not rank.isdigit() or int(rank) >= r["world_size"]:
+            raise _fail(path, "fault", f'expected "none", "crash:RANK" or "hang:RANK" with RANK < world_size, got {fault!r}')
+    from tpbench.interconnect import resolve
+
+    try:
+        ic = resolve(r["interconnect"], suite.interconnects)
+    except ValueError as e:
+        raise _fail(path, "interconnect", str(e)) from None
+    if ic.backend != r["backend"]:
+        raise _fail(path, "interconnect", f"profile {ic.name!r} is for backend {ic.backend}, but the case uses {r['backend']}")
+
+
+def case_id(case: Case) -> str:
+    """A stable id: a hash of the normalized parameters that define what is measured."""
+    d = {k: v for k, v in case.params().items() if k not in _NOT_IN_ID and k != "case_id"}
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def varying_keys(cases: list[Case]) -> list[str]:
+    """The case keys whose value differs between cases, in schema order: what a label should show."""
+    if not cases:
+        return []
+    params = [c.params() for c in cases]
+    return [k for k in params[0] if k != "case_id" and len({json.dumps(p.get(k)) for p in params}) > 1]
+
+
+def select(cases: list[Case], filters: Iterable[str]) -> list[Case]:
+    """Keep cases matching every filter. A filter is ``key=v1|v2`` or ``key!=v``; ``id=PREFIX`` matches case ids."""
+    out = cases
+    for f in filters:
+        neg = "!=" in f
+        key, _, raw = f.partition("!=" if neg else "=")
+        key = key.strip()
+        if not raw or not key:
+            raise SuiteError(f"--filter {f}: expected KEY=VALUE[|VALUE...] or KEY!=VALUE")
+        wanted = [w.strip() for w in raw.split("|")]
+        if key == "id":
+            match = lambda c: any(c.case_id.startswith(w) for w in wanted)  # noqa: E731
+        elif key in CASE_KEYS or key in CAPTURE_KEYS:
+            match = lambda c: _fmt(getattr(c, key)) in wanted  # noqa: E731
+        else:
+            raise SuiteError(f"--filter {f}: unknown key {key!r}; expected id or one of {', '.join(CASE_KEYS)}")
+        out = [c for c in out if match(c) != neg]
+    return out
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)

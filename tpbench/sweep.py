@@ -1,0 +1,105 @@
+"""A sweep from end to end: suite → cases → worlds → store → summary (→ report, by the caller).
+
+This is the library function behind ``tpbench sweep``; the CLI only parses arguments and shows
+progress. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from tpbench import store
+from tpbench.analysis.stats import slowest_rank, summarize
+from tpbench.environment import fingerprint
+from tpbench.interconnect import check_available, reap_stale_namespaces, resolve
+from tpbench.launch import Listener, group_cases, run_group
+from tpbench.suite import Case, Suite, expand, load, select, with_overrides
+
+
+@dataclass(frozen=True)
+class Prepared:
+    suite: Suite
+    cases: list[Case]
+
+
+def prepare(suite_path: str | Path, overrides: Iterable[str] = (), filters: Iterable[str] = ()) -> Prepared:
+    """Load, override, validate and expand a suite; raises ``SuiteError`` before anything runs."""
+    suite = with_overrides(load(suite_path), overrides)
+    cases = select(expand(suite), filters)
+    return Prepared(suite, cases)
+
+
+def start(prepared: Prepared, out_root: Path) -> store.Run:
+    """Create the run directory (checked writable) with every case pending."""
+    for key in {c.launch_key for c in prepared.cases}:
+        check_available(resolve(key[3], prepared.suite.interconnects))
+    s = prepared.suite
+    return store.Run.create(out_root, s.name, s.path, s.text, [c.params() for c in prepared.cases], fingerprint())
+
+
+def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
+    """A run to resume and the cases it still needs: failed ones start clean, pending ones keep their finished repeats."""
+    run = store.Run.open(run_dir)
+    todo = []
+    for cid, entry in run.meta["cases"].items():
+        if entry["status"] == store.DONE:
+            continue
+        if entry["status"] == store.FAILED:
+            store.discard_partial(run.dir, cid)
+        run.meta["cases"][cid]["status"] = store.PENDING
+        todo.append(Case.from_params(entry["params"]))
+    run.set_status(store.RUNNING, resumed=time.time())
+    return run, todo
+
+
+def execute(run: store.Run, cases: list[Case], listener: Listener) -> None:
+    """Run the cases' worlds one after another. On Ctrl-C the run is marked interrupted and the
+    case in flight goes back to pending (its finished repeats stay), so ``--resume`` picks it up."""
+    reap_stale_namespaces()
+    user_ics = _suite_interconnects(run)
+    t0 = time.monotonic()
+    try:
+        for group in group_cases(cases):
+            run_group(run, group, user_ics, listener)
+    except KeyboardInterrupt:
+        for cid, status in run.case_status().items():
+            if status == store.RUNNING:
+                run.set_case(cid, store.PENDING)
+        run.set_status("interrupted", interrupted=time.time())
+        raise
+    finally:
+        run.meta["wall_s"] = run.meta.get("wall_s", 0.0) + time.monotonic() - t0
+        run.save()
+    failed = [cid for cid, s in run.case_status().items() if s == store.FAILED]
+    run.set_status("complete" if not failed else "complete_with_failures")
+
+
+def _suite_interconnects(run: store.Run) -> dict:
+    import tomllib
+
+    try:
+        return tomllib.loads(run.meta["suite"]["text"]).get("interconnects", {})
+    except tomllib.TOMLDecodeError:
+        return {}
+
+
+def finalize(run_dir: Path) -> store.Loaded:
+    """Write summary.parquet and the run's efficiency figures; returns the loaded run."""
+    loaded = store.load(run_dir)
+    summary = summarize(loaded.steps, loaded.cases)
+    store.write_summary(run_dir, summary)
+    run = store.Run.open(run_dir)
+    timed_s = float(slowest_rank(loaded.steps)["step_ms"].sum() / 1e3) if not loaded.steps.empty else 0.0
+    worlds = run.meta.get("worlds", [])
+    run.meta["efficiency"] = {
+        "wall_s": run.meta.get("wall_s"),
+        "timed_s": timed_s,
+        "timed_share": timed_s / run.meta["wall_s"] if run.meta.get("wall_s") else None,
+        "worlds_started": len(worlds),
+        "processes_started": sum(w["key"][0] for w in worlds),
+    }
+    run.save()
+    return store.load(run_dir)

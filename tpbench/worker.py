@@ -1,0 +1,352 @@
+"""One rank: run a plan of cases (all repeats, interleaved) inside one world of processes.
+
+Started by ``tpbench.launch`` (one process per rank, ``python -m tpbench.worker PLAN``) or by
+``torchrun -m tpbench.worker PLAN``; rank and world come from the usual environment variables.
+A plan is a list of cases plus the schedule of (case, repeat) items to run in this world. The
+process group is created once for the whole plan: starting processes and rendezvous is by far the
+most expensive thing on a small machine.
+
+For each item: build the workload's model, wrap it with the case's algorithm, run untimed warm-up
+steps, meet the other ranks at a barrier, run the timed steps, then gather every rank's step
+times on rank 0, which persists the repeat. After a case's last repeat, a few more steps run
+under torch.profiler so tracing never perturbs a timed step.
+
+Progress and errors go to the launcher as JSON lines on an inherited file descriptor
+(``--event-fd``). A rank that fails reports the traceback and exits at once: the other ranks are
+probably blocked in a collective by then, and only the launcher can tear the world down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime as _dt
+import gzip
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+from tpbench import store
+from tpbench.algorithms import ALGORITHMS, BuildContext, Training
+from tpbench.suite import Case
+from tpbench.workloads import WORKLOADS, WorkloadContext
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one world runs: its cases and the (case_id, repeat) items in order."""
+
+    run_dir: str
+    world: str
+    cases: list[dict[str, Any]]
+    schedule: list[tuple[str, int]]
+    # A FileStore path for local worlds (works across network namespaces); None → env:// (torchrun).
+    rendezvous_file: str | None = None
+
+    def save(self, path: Path) -> None:
+        store.atomic_write_bytes(path, json.dumps(dataclasses.asdict(self), indent=1).encode())
+
+    @classmethod
+    def read(cls, path: Path) -> Plan:
+        d = json.loads(Path(path).read_text())
+        d["schedule"] = [tuple(x) for x in d["schedule"]]
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Rank:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+    @classmethod
+    def from_env(cls) -> Rank:
+        ws = int(os.environ.get("WORLD_SIZE", "1"))
+        return cls(
+            rank=int(os.environ.get("RANK", "0")),
+            world_size=ws,
+            local_rank=int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))),
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(ws))),
+        )
+
+
+class Events:
+    """JSON-lines progress messages to the launcher; silent when there is no launcher listening."""
+
+    def __init__(self, fd: int | None) -> None:
+        self._f = os.fdopen(fd, "w", buffering=1) if fd is not None else None
+
+    def emit(self, event: str, **data: Any) -> None:
+        if self._f is not None:
+            self._f.write(json.dumps({"event": event, "t": time.time(), **data}) + "\n")
+
+
+class StepTimer:
+    """Wall time of one step: CUDA events + synchronize on GPU, perf_counter_ns on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+
+    def start(self) -> None:
+        if self.cuda:
+            self._start.record()
+        else:
+            self._t0 = time.perf_counter_ns()
+
+    def stop_ms(self) -> float:
+        if self.cuda:
+            self._end.record()
+            self._end.synchronize()
+            return self._start.elapsed_time(self._end)
+        return (time.perf_counter_ns() - self._t0) / 1e6
+
+
+def _phase(profiled: bool, name: str) -> contextlib.AbstractContextManager:
+    # Timed steps carry no record_function at all: zero instrumentation cost where we measure.
+    return record_function(name) if profiled else contextlib.nullcontext()
+
+
+def train_step(training: Training, workload, x: torch.Tensor, y: torch.Tensor, profiled: bool = False) -> torch.Tensor:
+    """forward + backward + what the algorithm does after backward: the unit a step time measures."""
+    with _phase(profiled, "tpbench.forward"):
+        loss = workload.loss(training.model(x), y)
+    with _phase(profiled, "tpbench.backward"):
+        loss.backward()
+    with _phase(profiled, "tpbench.optimizer"):
+        training.after_backward()
+    if training.after_step is not None:
+        with _phase(profiled, "tpbench.averaging"):
+            training.after_step()
+    return loss.detach()
+
+
+def _reset_peak_rss() -> None:
+    # Writing 5 to clear_refs resets VmHWM, so each case gets its own peak (Linux only).
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def _peak_rss_mb() -> float:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class CaseRunner:
+    """Runs repeats of cases on this rank, within an initialized process group."""
+
+    def __init__(self, rank: Rank, device: torch.device, run_dir: Path, events: Events, ctrl: dist.ProcessGroup) -> None:
+        self.rank = rank
+        self.device = device
+        self.run_dir = run_dir
+        self.events = events
+        self.ctrl = ctrl
+
+    def _build(self, case: Case) -> tuple[Any, Training]:
+        wl_cls = WORKLOADS[case.workload]
+        workload = wl_cls(
+            wl_cls.Params(**dict(case.workload_params)),
+            WorkloadContext(
+                rank=self.rank.rank,
+                world_size=self.rank.world_size,
+                batch_size=case.batch_size,
+                seed=case.seed,
+                device=self.device,
+                ranks_per_node=case.ranks_per_node or self.rank.world_size,
+            ),
+        )
+        model = workload.build_model()
+        training = ALGORITHMS[case.algorithm].build(model, BuildContext(case, self.device))
+        return workload, training
+
+    def run_repeat(self, case: Case, repeat: int, profile_after: bool) -> pd.DataFrame | None:
+        """One repeat; returns all ranks' rows on rank 0 (None elsewhere)."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        _reset_peak_rss()
+        workload, training = self._build(case)
+        timer = StepTimer(self.device)
+        fault_kind, _, fault_rank = case.fault.partition(":")
+        faulty = case.fault != "none" and repeat == 0 and int(fault_rank) == self.rank.rank
+        step_ms: list[float] = []
+        losses: list[torch.Tensor] = []
+        ends: list[float] = []
+        delay_s = 0.0
+        dist.barrier(group=self.ctrl)
+        t_start = time.perf_counter()
+        for i in range(case.warmup_steps + case.steps):
+            if i == case.warmup_steps:
+                delay_s = self._calibrated_delay(case, step_ms)
+                dist.barrier(group=self.ctrl)
+            if faulty and i == case.warmup_steps + 1:
+                _inject(fault_kind)
+            x, y = workload.train_batch(i)
+            timer.start()
+            losses.append(train_step(training, workload, x, y))
+            if delay_s:
+                time.sleep(delay_s)
+            step_ms.append(timer.stop_ms())
+            ends.append(time.perf_counter() - t_start)
+        if profile_after and case.profiler_steps > 0:
+            self._profile(case, training, workload)
+        mine = {
+            "step_ms": step_ms,
+            "loss": torch.stack(losses).float().cpu().tolist(),
+            "elapsed_s": ends,
+            "peak_rss_mb": _peak_rss_mb(),
+            **self._gpu_memory(),
+        }
+        gathered: list[Any] | None = [None] * self.rank.world_size if self.rank.rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0, group=self.ctrl)
+        if gathered is None:
+            return None
+        return _rows(case, repeat, gathered)
+
+    def _calibrated_delay(self, case: Case, warmup_ms: list[float]) -> float:
+        """``slowdown_pct`` of the warm-up's median step, so gates can be tested against a known slowdown."""
+        if not case.slowdown_pct or not warmup_ms:
+            return 0.0
+        return statistics.median(warmup_ms) * case.slowdown_pct / 100 / 1e3
+
+    def _gpu_memory(self) -> dict[str, float]:
+        if self.device.type != "cuda":
+            return {}
+        return {
+            "peak_allocated_mb": torch.cuda.max_memory_allocated(self.device) / 2**20,
+            "peak_reserved_mb": torch.cuda.max_memory_reserved(self.device) / 2**20,
+        }
+
+    def _profile(self, case: Case, training: Training, workload) -> None:
+        """``profiler_steps`` traced steps after the timed ones; one gzipped Chrome trace per rank."""
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        out = store.trace_dir(self.run_dir, case.case_id) / f"rank{self.rank.rank}.json.gz"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        base = case.warmup_steps + case.steps
+        with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=case.profiler_steps)) as prof:
+            for i in range(case.profiler_steps + 1):
+                x, y = workload.train_batch(base + i)
+                train_step(training, workload, x, y, profiled=True)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                prof.step()
+        tmp = out.with_suffix(".tmp.json")
+        prof.export_chrome_trace(str(tmp))
+        with open(tmp, "rb") as src, gzip.open(out.with_name(out.name + ".part"), "wb", compresslevel=3) as dst:
+            shutil.copyfileobj(src, dst)
+        os.replace(out.with_name(out.name + ".part"), out)
+        tmp.unlink()
+
+
+def _inject(kind: str) -> None:
+    """Test-only faults (suite key ``fault``): die like an OOM kill, or block like a lost peer."""
+    if kind == "crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+    while True:
+        time.sleep(3600)
+
+
+def _rows(case: Case, repeat: int, gathered: list[dict[str, Any]]) -> pd.DataFrame:
+    frames = []
+    for r, m in enumerate(gathered):
+        n = len(m["step_ms"])
+        frame = {
+            "repeat": repeat,
+            "rank": r,
+            "step": range(n),
+            "phase": ["warmup" if i < case.warmup_steps else "timed" for i in range(n)],
+            "step_ms": m["step_ms"],
+            "loss": m["loss"],
+            "elapsed_s": m["elapsed_s"],
+        }
+        frame |= {k: v for k, v in m.items() if k not in frame}
+        frames.append(pd.DataFrame(frame))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _device(rank: Rank, case_device: str) -> torch.device:
+    if case_device == "cuda":
+        # Several Gloo ranks may share one GPU; NCCL ranks get one each (the suite checks that).
+        index = rank.local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _world(plan: Plan, rank: Rank, backend: str, timeout_s: float) -> Iterator[dist.ProcessGroup]:
+    init = f"file://{plan.rendezvous_file}" if plan.rendezvous_file else "env://"
+    dist.init_process_group(
+        backend, init_method=init, rank=rank.rank, world_size=rank.world_size,
+        timeout=_dt.timedelta(seconds=timeout_s),
+    )
+    # Barriers and result gathering use a Gloo group of their own, so they never queue behind
+    # (or show up among) the measured collectives.
+    yield dist.new_group(backend="gloo")
+
+
+def run_plan(plan: Plan, events: Events) -> None:
+    rank = Rank.from_env()
+    cases = {c["case_id"]: Case.from_params(c) for c in plan.cases}
+    first = next(iter(cases.values()))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // rank.local_world_size))
+    device = _device(rank, first.device)
+    timeout = max(c.timeout_s for c in cases.values())
+    with _world(plan, rank, first.backend, timeout) as ctrl:
+        runner = CaseRunner(rank, device, Path(plan.run_dir), events, ctrl)
+        if rank.rank == 0:
+            events.emit("world_ready", world=plan.world)
+        for case_id, repeat in plan.schedule:
+            case = cases[case_id]
+            if rank.rank == 0:
+                events.emit("repeat_start", case=case_id, repeat=repeat)
+            try:
+                rows = runner.run_repeat(case, repeat, profile_after=repeat == case.repeats - 1)
+                if rows is not None:
+                    store.write_repeat(Path(plan.run_dir), case_id, repeat, rows)
+                    timed = rows[rows.phase == "timed"].groupby("step").step_ms.max()
+                    events.emit("repeat_end", case=case_id, repeat=repeat, median_ms=float(timed.median()))
+                    if repeat == case.repeats - 1:
+                        events.emit("case_end", case=case_id)
+            except Exception:
+                events.emit("error", case=case_id, repeat=repeat, rank=rank.rank, error=traceback.format_exc())
+                os._exit(1)
+        dist.barrier(group=ctrl)
+        if rank.rank == 0:
+            events.emit("world_done", world=plan.world)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m tpbench.worker", description="Run one rank of a tpbench plan.")
+    ap.add_argument("plan", type=Path)
+    ap.add_argument("--event-fd", type=int, default=None)
+    args = ap.parse_args(argv)
+    events = Events(args.event_fd)
+    run_plan(Plan.read(args.plan), events)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # destroy_process_group() can hang on Gloo once subgroups exist; everything is written by now.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
