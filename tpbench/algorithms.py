@@ -41,6 +41,8 @@ class Training:
     after_backward: Callable[[], None]
     # Model averaging or anything else that runs after the optimizer step; its own phase in traces.
     after_step: Callable[[], None] | None = None
+    # Extra per-step columns (e.g. parameter drift before averaging), read after the step's timer stops.
+    metrics: Callable[[], dict[str, float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ class BuildContext:
 
     case: Case
     device: torch.device
+    rank: int = 0
+    world_size: int = 1
     process_group: dist.ProcessGroup | None = None
 
 

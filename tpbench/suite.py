@@ -86,6 +86,7 @@ CASE_KEYS: dict[str, KeySpec] = {
     "post_local_gradient_allreduce": KeySpec(True, "true or false", _bool),
     "averaging_period": KeySpec(4, "an integer >= 1", _int(1)),
     "ranks_per_node": KeySpec("auto", 'an integer >= 1 or "auto"', _int(1, "auto")),
+    "eval_every": KeySpec(0, "an integer >= 0 (steps between held-out evaluations; 0 = never)", _int(0)),
     "slowdown_pct": KeySpec(0.0, "a percentage >= 0", _num(0, strict=False)),
     "fault": KeySpec("none", '"none", "crash:RANK" or "hang:RANK" (test-only fault injection)', _str),
 }
@@ -125,6 +126,7 @@ class Case:
     post_local_gradient_allreduce: bool | None
     averaging_period: int | None
     ranks_per_node: int | None
+    eval_every: int
     slowdown_pct: float
     fault: str
     profiler_steps: int

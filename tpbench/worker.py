@@ -176,7 +176,7 @@ class CaseRunner:
             ),
         )
         model = workload.build_model()
-        training = ALGORITHMS[case.algorithm].build(model, BuildContext(case, self.device))
+        training = ALGORITHMS[case.algorithm].build(model, BuildContext(case, self.device, rank=self.rank.rank, world_size=self.rank.world_size))
         return workload, training
 
     def run_repeat(self, case: Case, repeat: int, profile_after: bool) -> pd.DataFrame | None:
@@ -191,6 +191,8 @@ class CaseRunner:
         step_ms: list[float] = []
         losses: list[torch.Tensor] = []
         ends: list[float] = []
+        extra: list[dict[str, float]] = []
+        heldout = workload.heldout_batches() if case.eval_every else []
         delay_s = 0.0
         dist.barrier(group=self.ctrl)
         t_start = time.perf_counter()
@@ -207,12 +209,18 @@ class CaseRunner:
                 time.sleep(delay_s)
             step_ms.append(timer.stop_ms())
             ends.append(time.perf_counter() - t_start)
+            # Below this line nothing counts as step time.
+            row = training.metrics() if training.metrics else {}
+            if heldout and (i + 1) % case.eval_every == 0:
+                row["heldout_loss"] = _evaluate(training.model, workload, heldout)
+            extra.append(row)
         if profile_after and case.profiler_steps > 0:
             self._profile(case, training, workload)
         mine = {
             "step_ms": step_ms,
             "loss": torch.stack(losses).float().cpu().tolist(),
             "elapsed_s": ends,
+            "extra": extra,
             "peak_rss_mb": _peak_rss_mb(),
             **self._gpu_memory(),
         }
@@ -257,6 +265,18 @@ class CaseRunner:
         tmp.unlink()
 
 
+@torch.no_grad()
+def _evaluate(model: torch.nn.Module, workload, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """Mean held-out loss of this rank's replica (ranks may differ under local SGD)."""
+    was_training = model.training
+    model.eval()
+    # The DDP wrapper would sync buffers / prepare a backward that never comes; use the module.
+    module = getattr(model, "module", model)
+    total = sum(float(workload.loss(module(x), y)) for x, y in batches)
+    model.train(was_training)
+    return total / len(batches)
+
+
 def _inject(kind: str) -> None:
     """Test-only faults (suite key ``fault``): die like an OOM kill, or block like a lost peer."""
     if kind == "crash":
@@ -278,8 +298,9 @@ def _rows(case: Case, repeat: int, gathered: list[dict[str, Any]]) -> pd.DataFra
             "loss": m["loss"],
             "elapsed_s": m["elapsed_s"],
         }
-        frame |= {k: v for k, v in m.items() if k not in frame}
-        frames.append(pd.DataFrame(frame))
+        extra = pd.DataFrame(m["extra"], index=range(n))
+        frame |= {k: v for k, v in m.items() if k not in frame and k != "extra"}
+        frames.append(pd.concat([pd.DataFrame(frame), extra], axis=1))
     return pd.concat(frames, ignore_index=True)
 
 
