@@ -146,6 +146,19 @@ class PeriodicModelAverager:
         self.step += 1
 
 
+def _consecutive_subgroup(group: dist.ProcessGroup, size: int) -> dist.ProcessGroup:
+    """This rank's subgroup when ``group``'s ranks are cut into consecutive runs of ``size``.
+
+    A collective over the default group. Built by enumeration rather than with
+    ``new_subgroups(group=...)``, which older supported torch releases lack.
+    """
+    ranks = dist.get_process_group_ranks(group)
+    if size < 1 or len(ranks) % size:
+        raise ValueError(f"group size {size} does not divide the {len(ranks)} ranks of process_group")
+    subgroup, _ = dist.new_subgroups_by_enumeration([ranks[i : i + size] for i in range(0, len(ranks), size)])
+    return subgroup
+
+
 class HierarchicalModelAverager:
     """Averages over groups of several sizes, each on its own period (hierarchical SGD).
 
@@ -185,7 +198,7 @@ class HierarchicalModelAverager:
             if size == overall:
                 self.period_process_group_dict[period] = process_group
             else:
-                self.period_process_group_dict[period], _ = dist.new_subgroups(group_size=size, group=process_group)
+                self.period_process_group_dict[period] = _consecutive_subgroup(process_group, size)
 
     def next_averaging_group(self) -> dist.ProcessGroup | None:
         """The group the next ``average_parameters`` call averages over, or ``None`` if it will not average."""
