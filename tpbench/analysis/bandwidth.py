@@ -1,0 +1,82 @@
+"""Bandwidth per collective, as nccl-tests defines it, from the ``comm`` intervals of all ranks.
+
+- algbw = bytes / time, in GB/s with GB = 1e9 (nccl-tests' own unit).
+- busbw = algbw × a factor that makes collectives comparable with the link's peak:
+  2(n−1)/n for allreduce, (n−1)/n for allgather, reduce_scatter and alltoall, 1 for broadcast,
+  reduce and point-to-point.
+- time is the collective's *minimum* duration across ranks: a rank that arrives early waits for
+  its peers inside the collective, so only the last to arrive measures the transfer itself.
+
+Instances are matched across ranks by their order within (process group, collective): every rank
+of a group issues its collectives in the same order, which is what makes the collective work.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+COLLECTIVE_BANDWIDTH_COLUMNS = (
+    "process_group", "collective", "instance", "step", "bytes", "group_size", "ranks",
+    "time_ns", "slowest_ns", "algbw_gbps", "busbw_gbps",
+)
+
+
+def busbw_factor(collective: str, n: int) -> float:
+    """nccl-tests' bus-bandwidth factor for ``n`` ranks (NaN for collectives it does not define)."""
+    if n < 1:
+        return float("nan")
+    if collective == "allreduce":
+        return 2 * (n - 1) / n
+    if collective in ("allgather", "reduce_scatter", "alltoall"):
+        return (n - 1) / n
+    if collective in ("broadcast", "reduce", "send", "recv"):
+        return 1.0
+    return float("nan")
+
+
+def collective_bandwidth(intervals: pd.DataFrame) -> pd.DataFrame:
+    """One row per collective instance, columns ``COLLECTIVE_BANDWIDTH_COLUMNS``.
+
+    ``intervals`` is ``Timeline.intervals`` (only ``comm`` rows with a ``collective`` are used).
+    ``instance`` counts from 0 within (process group, collective); ``step`` is the earliest step
+    any rank ran it in; ``ranks`` how many ranks' traces have it; ``time_ns`` the minimum and
+    ``slowest_ns`` the maximum duration across ranks. ``group_size`` falls back to the number of
+    ranks seen when the trace does not say. Bandwidths are NaN where bytes are unknown.
+    """
+    comm = intervals[(intervals["lane"] == "comm") & intervals["collective"].notna()]
+    if comm.empty:
+        return _empty()
+    df = pd.DataFrame({
+        "rank": comm["rank"].to_numpy(),
+        "process_group": comm["process_group"].astype(object).fillna("").to_numpy(),
+        "collective": comm["collective"].astype(object).to_numpy(),
+        "start_ns": comm["start_ns"].to_numpy(),
+        "dur_ns": (comm["end_ns"] - comm["start_ns"]).to_numpy(),
+        "step": comm["step"].to_numpy(),
+        "bytes": comm["bytes"].to_numpy(dtype="float64", na_value=np.nan),
+        "group_size": comm["group_size"].to_numpy(dtype="float64", na_value=np.nan),
+    }).sort_values(["rank", "start_ns"], kind="stable")
+    df["instance"] = df.groupby(["rank", "process_group", "collective"], sort=False).cumcount()
+    g = df.groupby(["process_group", "collective", "instance"], sort=False)
+    out = g.agg(
+        step=("step", "min"), bytes=("bytes", "max"), group_size=("group_size", "max"),
+        ranks=("rank", "nunique"), time_ns=("dur_ns", "min"), slowest_ns=("dur_ns", "max"),
+        first_ns=("start_ns", "min"),
+    ).reset_index()
+    out["group_size"] = out["group_size"].fillna(out["ranks"]).astype("int64")
+    seconds = out["time_ns"].to_numpy(dtype=np.float64) / 1e9
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["algbw_gbps"] = np.where(seconds > 0, out["bytes"].to_numpy() / 1e9 / seconds, np.nan)
+    factors = np.array([busbw_factor(c, n) for c, n in zip(out["collective"], out["group_size"])])
+    out["busbw_gbps"] = out["algbw_gbps"] * factors
+    out["bytes"] = out["bytes"].astype("Int64")
+    out["process_group"] = out["process_group"].replace("", None)
+    out = out.sort_values("first_ns", ignore_index=True)
+    return out[list(COLLECTIVE_BANDWIDTH_COLUMNS)]
+
+
+def _empty() -> pd.DataFrame:
+    types = {"process_group": object, "collective": object, "bytes": "Int64", "algbw_gbps": float,
+             "busbw_gbps": float}
+    return pd.DataFrame({c: pd.Series(dtype=types.get(c, "int64")) for c in COLLECTIVE_BANDWIDTH_COLUMNS})
