@@ -190,20 +190,29 @@ class Supervisor:
         self.listener(kind, ev)
 
     def _fail(self, cause: str) -> WorldOutcome:
+        """Decide what went wrong, then kill the world.
+
+        A rank killed by a signal is the root cause even when its peers reported errors first:
+        their errors ("connection reset by peer") are the consequence. Otherwise the first
+        reported Python error wins, then the given cause (a non-zero exit, a hang).
+        """
         deadline = time.monotonic() + DRAIN_S
         while time.monotonic() < deadline and self.sel.get_map():
             self._pump(0.05)
-        if self.errors:
+        killed = [(r, p.returncode) for r, p in enumerate(self.world.procs) if p.poll() is not None and p.returncode < 0]
+        self.outcome.failed_case = self.current[0] if self.current else None
+        if killed:
+            self.outcome.cause = _exit_cause(*killed[0])
+        elif self.errors:
             first = self.errors[0]
             tb = first["error"].strip().splitlines()
-            self.outcome.failed_case = first.get("case")
+            self.outcome.failed_case = first.get("case") or self.outcome.failed_case
             self.outcome.cause = f"rank {first['rank']} raised {tb[-1] if tb else 'an error'}"
-            self.outcome.detail = first["error"]
         else:
-            self.outcome.failed_case = self.current[0] if self.current else None
             self.outcome.cause = cause
-            tails = [f"--- rank {r} log (last lines) ---\n{self.world.log_tail(r)}" for r in range(self.world.world_size)]
-            self.outcome.detail = "\n".join(tails)
+        reports = [f"--- rank {e['rank']} error ---\n{e['error']}" for e in self.errors]
+        tails = [f"--- rank {r} log (last lines) ---\n{self.world.log_tail(r)}" for r in range(self.world.world_size)]
+        self.outcome.detail = "\n".join(reports + tails)
         self.world.kill()
         return self.outcome
 

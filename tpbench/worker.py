@@ -331,7 +331,9 @@ def run_plan(plan: Plan, events: Events) -> None:
     first = next(iter(cases.values()))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // rank.local_world_size))
     device = _device(rank, first.device)
-    timeout = max(c.timeout_s for c in cases.values())
+    # Longer than the launcher's per-case limit, so a hang is reported by the launcher as a hang of
+    # that case rather than by Gloo as a receive timeout on whichever rank waited.
+    timeout = 2 * max(c.timeout_s for c in cases.values()) + 60
     with _world(plan, rank, first.backend, timeout) as ctrl:
         runner = CaseRunner(rank, device, Path(plan.run_dir), events, ctrl)
         if rank.rank == 0:

@@ -1,0 +1,129 @@
+"""Suite validation and expansion: every bad input is refused before anything runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpbench.suite import Machine, SuiteError, expand, load, parse, select, varying_keys, with_overrides
+
+CPU = Machine(gpus=0)
+REPO = Path(__file__).resolve().parent.parent
+
+BASE = """
+[suite]
+name = "t"
+[defaults]
+world_size = 2
+steps = 3
+[sweep]
+algorithm = ["ddp", "zero_no_overlap"]
+bucket_cap_mb = [1, 4]
+"""
+
+
+def test_grid_expansion_and_stable_ids():
+    cases = expand(parse(BASE, "t.toml"), CPU)
+    assert len(cases) == 4
+    again = expand(parse(BASE, "t.toml"), CPU)
+    assert [c.case_id for c in cases] == [c.case_id for c in again]
+    assert len({c.case_id for c in cases}) == 4
+    assert varying_keys(cases) == ["algorithm", "bucket_cap_mb"]
+
+
+def test_irrelevant_dimension_is_collapsed():
+    # shard_buckets means nothing to ddp or zero_no_overlap: it must not double their cases.
+    suite = parse(BASE + "shard_buckets = [false, true]\n", "t.toml")
+    cases = expand(suite, CPU)
+    assert len(cases) == 4
+    assert all(c.shard_buckets is None for c in cases)
+
+
+def test_auto_resolves_to_two_gloo_ranks_on_cpu_and_gpus_with_nccl():
+    cpu = expand(parse('[sweep]\nalgorithm = ["ddp"]\n'), CPU)[0]
+    assert (cpu.world_size, cpu.backend, cpu.device) == (2, "gloo", "cpu")
+    gpu = expand(parse('[defaults]\ninterconnect = "nccl-default"\n'), Machine(gpus=4))[0]
+    assert (gpu.world_size, gpu.backend, gpu.device) == (4, "nccl", "cuda")
+
+
+def test_ids_ignore_timeout_but_not_measured_parameters():
+    a = expand(parse("[defaults]\ntimeout_s = 10\n"), CPU)[0]
+    b = expand(parse("[defaults]\ntimeout_s = 20\n"), CPU)[0]
+    c = expand(parse("[defaults]\nsteps = 7\n"), CPU)[0]
+    assert a.case_id == b.case_id != c.case_id
+
+
+def test_overrides_replace_sweeps_and_defaults_and_reach_tables():
+    suite = with_overrides(parse(BASE, "t.toml"), ["bucket_cap_mb=25", "steps=9", "workloads.mlp.width=32", "capture.profiler_steps=0"])
+    cases = expand(suite, CPU)
+    assert {c.bucket_cap_mb for c in cases} == {25}
+    assert all(c.steps == 9 and dict(c.workload_params)["width"] == 32 and c.profiler_steps == 0 for c in cases)
+    assert len(cases) == 2
+
+
+def test_filters():
+    cases = expand(parse(BASE, "t.toml"), CPU)
+    assert {c.algorithm for c in select(cases, ["algorithm=ddp"])} == {"ddp"}
+    assert len(select(cases, ["bucket_cap_mb=1|4", "algorithm!=ddp"])) == 2
+    assert select(cases, [f"id={cases[0].case_id[:6]}"]) == [cases[0]]
+    with pytest.raises(SuiteError, match="unknown key 'nope'"):
+        select(cases, ["nope=1"])
+
+
+BAD = [
+    ("[defaults\nsteps = 1", "TOML syntax error"),
+    ("[defaults]\nstepz = 1", "[defaults] stepz: unknown key"),
+    ("[nonsense]\nx = 1", "nonsense: unknown table"),
+    ('[defaults]\nsteps = "10"', "[defaults] steps: expected an integer >= 1, got '10'"),
+    ("[defaults]\nsteps = 0", "[defaults] steps: expected an integer >= 1, got 0"),
+    ("[defaults]\nlr = -1.0", "[defaults] lr: expected a number > 0"),
+    ("[defaults]\nrepeats = true", "[defaults] repeats: expected an integer >= 1, got True"),
+    ("[sweep]\nbucket_cap_mb = []", "[sweep] bucket_cap_mb: expected a non-empty list"),
+    ("[sweep]\nbucket_cap_mb = 4", "[sweep] bucket_cap_mb: expected a non-empty list"),
+    ("[sweep]\nbucket_cap_mb = [1, 1]", "[sweep] bucket_cap_mb: expected distinct values"),
+    ('[sweep]\nalgorithm = ["ddp", "zzz"]', "algorithm: expected one of"),
+    ('[defaults]\nworkload = "resnet"', "workload: expected one of"),
+    ('[defaults]\ninterconnect = "carrier-pigeon"', "interconnect: unknown interconnect 'carrier-pigeon'"),
+    ('[defaults]\ndevice = "cuda"', "device: expected a machine with CUDA GPUs"),
+    ("[defaults]\nworld_size = 4\nranks_per_node = 3", "ranks_per_node: expected a divisor of world_size 4"),
+    ('[capture]\nprofiler_stepz = 1', "[capture] profiler_stepz: unknown key"),
+    ("[workloads.mlp]\nwidth = 0", "[workloads.mlp] width: expected a value > 0"),
+    ('[workloads.mlp]\nwidth = "big"', "[workloads.mlp] width: expected int"),
+    ("[workloads.mlp]\nheight = 3", "[workloads.mlp] height: unknown key"),
+    ('[defaults]\nfault = "crash:7"', "fault: expected"),
+    ('[suite]\nname = "a/b"', "[suite] name: expected a non-empty name"),
+]
+
+
+@pytest.mark.parametrize("text,message", BAD, ids=[m for _, m in BAD])
+def test_bad_input_names_file_key_and_expectation(text, message):
+    with pytest.raises(SuiteError) as e:
+        expand(parse(text, "bad.toml"), CPU)
+    assert str(e.value).startswith("bad.toml: ")
+    assert message in str(e.value)
+
+
+def test_missing_file():
+    with pytest.raises(SuiteError, match="no such suite file"):
+        load("/nonexistent/suite.toml")
+
+
+def test_cli_unknown_key_exits_2_names_key_and_writes_nothing(tmp_path):
+    suite = tmp_path / "bad.toml"
+    suite.write_text("[defaults]\nstepz = 3\n")
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(out), "--reports-dir", str(tmp_path / "reports")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "bad.toml" in proc.stderr and "stepz" in proc.stderr and "expected one of" in proc.stderr
+    assert not out.exists() and not (tmp_path / "reports").exists()
+
+
+def test_shipped_suites_validate():
+    for path in sorted((REPO / "suites").glob("*.toml")):
+        assert expand(load(path), CPU), path

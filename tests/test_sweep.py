@@ -1,0 +1,161 @@
+"""End-to-end sweeps with real 2-rank Gloo worlds, through the ``tpbench`` command."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tpbench import store
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tpbench(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tpbench", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+
+
+def only_run(root: Path) -> Path:
+    runs = list(store.iter_runs(root))
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def tiny_suite(sweep: str, **defaults: object) -> str:
+    """A 2-rank Gloo suite of tiny mlp cases; ``sweep`` is the body of its [sweep] table."""
+    base = {"world_size": 2, "backend": '"gloo"', "device": '"cpu"', "batch_size": 8, "warmup_steps": 2,
+            "steps": 4, "repeats": 1, "timeout_s": 60} | defaults
+    lines = "\n".join(f"{k} = {v}" for k, v in base.items())
+    return f"[defaults]\n{lines}\n[sweep]\n{sweep}\n[capture]\nprofiler_steps = 0\n[workloads.mlp]\nwidth = 32\ndepth = 2\n"
+
+
+def worker_processes(run_dir: Path) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", f"tpbench.worker {run_dir}"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("smoke")
+    proc = tpbench("sweep", str(REPO / "suites" / "smoke.toml"), "--out", str(tmp / "results"),
+                   "--reports-dir", str(tmp / "reports"), cwd=tmp)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return tmp, only_run(tmp / "results"), proc
+
+
+def test_smoke_sweep_writes_every_rank_step_and_repeat(smoke):
+    tmp, run_dir, proc = smoke
+    loaded = store.load(run_dir)
+    assert loaded.meta["status"] == "complete"
+    assert set(loaded.cases["status"]) == {"done"}
+    for case in loaded.cases.to_dict("records"):
+        steps = loaded.steps[loaded.steps.case_id == case["case_id"]]
+        expected = {
+            (rep, rank, step)
+            for rep in range(case["repeats"])
+            for rank in range(case["world_size"])
+            for step in range(case["warmup_steps"] + case["steps"])
+        }
+        assert set(zip(steps.repeat, steps["rank"], steps.step)) == expected
+        assert len(steps) == len(expected)
+        assert (steps.step_ms > 0).all() and steps.step_ms.map(math.isfinite).all()
+        assert (steps.phase == "timed").sum() == case["repeats"] * case["world_size"] * case["steps"]
+        assert len(store.traces(run_dir, case["case_id"])) == case["world_size"]
+
+
+def test_smoke_summary_report_and_efficiency(smoke):
+    tmp, run_dir, proc = smoke
+    summary = pd.read_parquet(run_dir / "summary.parquet")
+    assert len(summary) == 2
+    assert (summary.median_ms > 0).all()
+    assert (summary.ci_lo_ms <= summary.median_ms).all() and (summary.median_ms <= summary.ci_hi_ms * 1.0000001).all()
+    assert summary.repeat_medians_ms.map(len).eq(2).all()
+    eff = json.loads((run_dir / "run.json").read_text())["efficiency"]
+    # Both cases share one world: two rank processes for the whole sweep.
+    assert eff["worlds_started"] == 1 and eff["processes_started"] == 2
+    reports = list((tmp / "reports").glob("smoke-*.html"))
+    assert len(reports) == 1
+    html = reports[0].read_text()
+    assert "zero_no_overlap" in html and html.count("<script") >= 2 and "<script src=" not in html
+    assert "smoke" in proc.stdout and "median ms" in proc.stdout
+
+
+def test_crash_and_hang_fail_only_their_case_and_leave_no_process(tmp_path):
+    suite = tmp_path / "faults.toml"
+    suite.write_text(tiny_suite('fault = ["none", "crash:1", "hang:1"]', timeout_s=6))
+    proc = tpbench("sweep", str(suite), "--out", str(tmp_path / "results"), "--no-report", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    run_dir = only_run(tmp_path / "results")
+    meta = json.loads((run_dir / "run.json").read_text())
+    by_fault = {c["params"]["fault"]: c for c in meta["cases"].values()}
+    assert by_fault["none"]["status"] == "done"
+    assert by_fault["crash:1"]["status"] == "failed"
+    assert by_fault["crash:1"]["error"] == "rank 1 was killed by SIGKILL"
+    assert by_fault["hang:1"]["status"] == "failed"
+    assert by_fault["hang:1"]["error"].startswith("timed out after 6 s")
+    # The sweep went on in a fresh world after each failure.
+    assert len(meta["worlds"]) >= 2
+    assert worker_processes(run_dir) == []
+    assert store.load(run_dir).steps.case_id.nunique() == 1
+
+
+def test_interrupt_then_resume_runs_only_what_is_missing(tmp_path):
+    suite = tmp_path / "long.toml"
+    defaults = tiny_suite('steps = [4, 3000]\nalgorithm = ["ddp", "zero_no_overlap"]').replace("steps = 4\n", "")
+    suite.write_text(defaults)
+    out = tmp_path / "results"
+    p = subprocess.Popen([sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(out), "--no-report"],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    run_dir = None
+    while time.monotonic() < deadline:
+        runs = list(store.iter_runs(out)) if out.exists() else []
+        if runs:
+            run_dir = runs[0]
+            meta = json.loads((run_dir / "run.json").read_text())
+            status = {(c["params"]["algorithm"], c["params"]["steps"]): c["status"] for c in meta["cases"].values()}
+            if status[("ddp", 4)] == "done" and status[("ddp", 3000)] == "running":
+                break
+        time.sleep(0.05)
+    else:
+        p.kill()
+        pytest.fail("the sweep never reached its long case")
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "--resume" in err
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "interrupted"
+    statuses = sorted(c["status"] for c in meta["cases"].values())
+    assert statuses == ["done", "done", "pending", "pending"]
+    assert worker_processes(run_dir) == []
+    done_files = {cid: (run_dir / "cases" / cid / "steps.parquet").stat().st_mtime_ns
+                  for cid, c in meta["cases"].items() if c["status"] == "done"}
+
+    proc = tpbench("sweep", "--resume", str(run_dir), "--no-report", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "complete"
+    assert {c["status"] for c in meta["cases"].values()} == {"done"}
+    for cid, mtime in done_files.items():
+        assert (run_dir / "cases" / cid / "steps.parquet").stat().st_mtime_ns == mtime
+    last_plan = json.loads((run_dir / "plans" / f"{meta['worlds'][-1]['world']}.json").read_text())
+    assert sorted(c["steps"] for c in last_plan["cases"]) == [3000, 3000]
+    assert len(store.load(run_dir).steps) > 0
+
+
+def test_unwritable_results_root_fails_before_running(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    proc = tpbench("sweep", str(REPO / "suites" / "smoke.toml"), "--out", str(blocker / "results"), "--no-report", cwd=tmp_path)
+    assert proc.returncode == 3
+    assert "not writable" in proc.stderr and str(blocker) in proc.stderr
