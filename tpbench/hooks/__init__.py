@@ -29,3 +29,7 @@ __all__ = [
     "post_localSGD_hook",
     "resolve_ranks_per_node",
 ]
+
+from tpbench.hooks.zero import hook_with_zero_step, hook_with_zero_step_interleaved  # noqa: E402
+
+__all__ += ["hook_with_zero_step", "hook_with_zero_step_interleaved"]
