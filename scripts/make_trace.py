@@ -10,13 +10,22 @@ callback under ``tpbench.zero.step[bucket=K]`` and the training thread then broa
 under ``tpbench.zero.broadcast[bucket=K]``: the range names and thread placement of the ZeRO hooks,
 without their sharding, so the optimizer lane and ``gloo:broadcast`` appear in the trace.
 
+``--gpu-style DIR`` also writes each trace rewritten as a GPU trace with the same timing (see
+``gpu_style``): Holistic Trace Analysis only analyses GPU kernels, so this is how its overlap
+numbers are compared with tpbench's on a real trace, and how the speed benchmark gets a file both
+tools can analyse.
+
 Usage: python scripts/make_trace.py OUT_DIR [--steps 3] [--width 64] [--depth 2] [--bucket-ranges]
-writes OUT_DIR/rank0.json.gz, OUT_DIR/rank1.json.gz, ...
+                                   [--gpu-style DIR]
+writes OUT_DIR/rank0.json.gz, OUT_DIR/rank1.json.gz, ... (and DIR/rank<r>.json.gz)
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -120,6 +129,59 @@ def make_traces(job: TraceJob) -> list[Path]:
     return [Path(job.out_dir) / f"rank{r}.json.gz" for r in range(job.world_size)]
 
 
+def gpu_style(src: Path, dst: Path) -> None:
+    """Rewrite a CPU/Gloo trace as a GPU trace whose kernels replay its compute and communication.
+
+    Each outermost ``aten::`` op of the training thread (the one with ``ProfilerStep#N``) becomes a
+    compute kernel on stream 7 with the op's start and duration, launched (``cudaLaunchKernel``,
+    same correlation id) from the op itself; each ``gloo:<op>`` range becomes an NCCL kernel with
+    the same timing, one stream per Gloo thread, carrying the collective metadata torch.profiler
+    attaches to NCCL kernels. The ``gloo:*`` ranges are removed; everything else is kept. So the
+    GPU trace has exactly the CPU trace's compute and communication intervals, and any analysis of
+    GPU kernels (HTA's) sees what tpbench sees in the CPU trace.
+    """
+    with gzip.open(src, "rt") as f:
+        trace = json.load(f)
+    events = trace["traceEvents"]
+    train_tid = next(e["tid"] for e in events if e.get("name", "").startswith("ProfilerStep#"))
+    pid = next(e["pid"] for e in events if e.get("tid") == train_tid)
+    ops = sorted(
+        (e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op" and e["tid"] == train_tid
+         and e["name"].startswith("aten::")),
+        key=lambda e: (e["ts"], -e["dur"]),
+    )
+    out = [e for e in events if not (e.get("cat") == "user_annotation" and e["name"].startswith("gloo:"))]
+    gloo = sorted((e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("gloo:")),
+                  key=lambda e: e["ts"])
+    streams = {tid: 20 + i for i, tid in enumerate(sorted({e["tid"] for e in gloo}))}
+    corr, reach = 1, float("-inf")
+
+    def launch(ts: float, name: str, dur: float, stream: int, args: dict) -> None:
+        nonlocal corr
+        out.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": pid, "tid": train_tid,
+                    "ts": ts, "dur": min(dur, 1.0), "args": {"correlation": corr}})
+        out.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
+                    "args": {"device": 0, "stream": stream, "correlation": corr, **args}})
+        corr += 1
+
+    for op in ops:
+        if op["ts"] >= reach:
+            launch(op["ts"], f"kernel<{op['name']}>", op["dur"], 7, {})
+        reach = max(reach, op["ts"] + op["dur"])
+    group = trace.get("distributedInfo", {}).get("pg_config", [{}])[0]
+    for e in gloo:
+        op = e["name"][len("gloo:"):]
+        nelems = sum(math.prod(d) for d in e["args"].get("Input Dims", []) if isinstance(d, list))
+        meta = {"Collective name": op, "In msg nelems": nelems, "Out msg nelems": nelems, "dtype": "Float",
+                "Group size": group.get("pg_size"), "Process Group Name": group.get("pg_name")}
+        kernel = "ncclDevKernel_" + "".join(w.capitalize() for w in op.split("_")) + "_Sum_f32_RING_LL"
+        launch(e["ts"], kernel, e["dur"], streams[e["tid"]], meta)
+    trace["traceEvents"] = out
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(dst, "wt") as f:
+        json.dump(trace, f)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir")
@@ -130,10 +192,15 @@ def main() -> None:
     parser.add_argument("--bucket-cap-mb", type=float, default=0.01)
     parser.add_argument("--bucket-ranges", action="store_true")
     parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--gpu-style", metavar="DIR", help="also write GPU-style copies of the traces here")
     a = parser.parse_args()
     job = TraceJob(a.out_dir, a.steps, a.width, a.depth, a.batch_size, a.bucket_cap_mb, a.bucket_ranges, a.world_size)
     for path in make_traces(job):
         print(f"{path}  {path.stat().st_size / 1e3:.1f} kB")
+        if a.gpu_style:
+            copy = Path(a.gpu_style) / path.name
+            gpu_style(path, copy)
+            print(f"{copy}  {copy.stat().st_size / 1e3:.1f} kB")
 
 
 if __name__ == "__main__":

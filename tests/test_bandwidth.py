@@ -1,0 +1,98 @@
+"""Bandwidth per collective: nccl-tests' formulas on hand-computed cases, instance matching."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tpbench.analysis.bandwidth import COLLECTIVE_BANDWIDTH_COLUMNS, busbw_factor, collective_bandwidth
+from tpbench.analysis.timeline import read_traces
+
+MS = 1_000_000
+
+
+def comm(rank: int, collective: str, start_ms: float, dur_ms: float, nbytes: int | None,
+         group: str | None = "0", size: int | None = 2, step: int = 1) -> dict:
+    return {"rank": rank, "step": step, "lane": "comm", "start_ns": int(start_ms * MS),
+            "end_ns": int((start_ms + dur_ms) * MS), "bytes": nbytes, "collective": collective,
+            "process_group": group, "group_size": size}
+
+
+def frame(rows: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(rows)
+    df["bytes"] = df["bytes"].astype("Int64")
+    df["group_size"] = df["group_size"].astype("Int64")
+    return df
+
+
+@pytest.mark.parametrize(("collective", "n", "factor"), [
+    ("allreduce", 2, 1.0), ("allreduce", 8, 1.75), ("broadcast", 8, 1.0), ("allgather", 4, 0.75),
+    ("reduce_scatter", 4, 0.75), ("alltoall", 2, 0.5), ("reduce", 4, 1.0),
+])
+def test_busbw_factors_are_nccl_tests(collective: str, n: int, factor: float) -> None:
+    assert busbw_factor(collective, n) == factor
+
+
+def test_unknown_collective_has_no_factor() -> None:
+    assert np.isnan(busbw_factor("barrier", 4))
+
+
+def test_time_is_the_fastest_rank_and_bandwidth_uses_gb_of_1e9() -> None:
+    """100 MB allreduce: rank 0 waited 30 ms for rank 1, which took 20 ms → 5 GB/s algbw;
+    with 4 ranks the bus carries 2·3/4 of that per rank-link → 7.5 GB/s."""
+    rows = [comm(0, "allreduce", 0, 50, 100_000_000, size=4), comm(1, "allreduce", 30, 20, 100_000_000, size=4)]
+    out = collective_bandwidth(frame(rows))
+    assert list(out.columns) == list(COLLECTIVE_BANDWIDTH_COLUMNS)
+    row = out.iloc[0]
+    assert (row["time_ns"], row["slowest_ns"], row["ranks"], row["group_size"]) == (20 * MS, 50 * MS, 2, 4)
+    assert row["algbw_gbps"] == pytest.approx(5.0)
+    assert row["busbw_gbps"] == pytest.approx(7.5)
+
+
+def test_instances_match_by_order_within_group_and_collective() -> None:
+    """Ranks interleave two groups differently in time; each group's own order still pairs them."""
+    rows = [
+        comm(0, "allreduce", 0, 10, 8_000_000, group="a"), comm(0, "broadcast", 5, 4, 1_000_000, group="b"),
+        comm(0, "allreduce", 20, 10, 4_000_000, group="a"),
+        comm(1, "broadcast", 0, 2, 1_000_000, group="b"), comm(1, "allreduce", 3, 8, 8_000_000, group="a"),
+        comm(1, "allreduce", 21, 4, 4_000_000, group="a"),
+    ]
+    out = collective_bandwidth(frame(rows)).set_index(["process_group", "collective", "instance"])
+    assert out.loc[("a", "allreduce", 0), "time_ns"] == 8 * MS
+    assert out.loc[("a", "allreduce", 1), "time_ns"] == 4 * MS
+    assert out.loc[("b", "broadcast", 0), "time_ns"] == 2 * MS
+    assert out.loc[("a", "allreduce", 0), "algbw_gbps"] == pytest.approx(1.0)  # 8 MB / 8 ms
+    assert out.loc[("b", "broadcast", 0), "busbw_gbps"] == pytest.approx(0.5)  # 1 MB / 2 ms, factor 1
+
+
+def test_unknown_bytes_and_group_size() -> None:
+    """Without a payload there is no bandwidth; without a group size the ranks seen stand in."""
+    rows = [comm(0, "allgather", 0, 10, None, group=None, size=None),
+            comm(1, "allgather", 0, 10, None, group=None, size=None),
+            comm(0, "reduce_scatter", 20, 10, 30_000_000, group=None, size=None),
+            comm(1, "reduce_scatter", 20, 10, 30_000_000, group=None, size=None)]
+    out = collective_bandwidth(frame(rows))
+    assert np.isnan(out.iloc[0]["algbw_gbps"]) and pd.isna(out.iloc[0]["bytes"])
+    assert out.iloc[1]["group_size"] == 2
+    assert out.iloc[1]["busbw_gbps"] == pytest.approx(3.0 * 0.5)
+    assert out["process_group"].isna().all()
+
+
+def test_no_collectives_gives_an_empty_frame() -> None:
+    df = frame([comm(0, "allreduce", 0, 1, 1)]).assign(lane="compute", collective=None)
+    out = collective_bandwidth(df)
+    assert out.empty and list(out.columns) == list(COLLECTIVE_BANDWIDTH_COLUMNS)
+
+
+def test_real_gloo_trace_pairs_every_collective_across_both_ranks() -> None:
+    iv = read_traces(Path(__file__).parent / "fixtures" / "traces" / "gloo2").intervals
+    out = collective_bandwidth(iv)
+    per_rank = iv[iv["lane"] == "comm"].groupby("rank").size()
+    assert per_rank.nunique() == 1 and len(out) == per_rank.iloc[0]
+    assert (out["ranks"] == 2).all() and (out["time_ns"] <= out["slowest_ns"]).all()
+    assert (out["algbw_gbps"] > 0).all()
+    allreduce = out[out["collective"] == "allreduce"]
+    assert np.allclose(allreduce["busbw_gbps"], allreduce["algbw_gbps"])  # 2(n−1)/n = 1 for n = 2

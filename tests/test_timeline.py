@@ -1,0 +1,168 @@
+"""Trace parsing: lanes, steps and collective metadata on hand-built traces with known answers,
+robustness of the streaming reader to layout and chunking, and a real Gloo trace."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tpbench.analysis import timeline
+from tpbench.analysis.timeline import INTERVAL_COLUMNS, LANES, read_trace, read_traces
+
+FIXTURE = Path(__file__).parent / "fixtures" / "traces" / "gloo2"
+
+
+def op(name: str, tid: int, ts: float, dur: float, cat: str = "cpu_op", **args: object) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 100, "tid": tid, "ts": ts, "dur": dur, "args": dict(args)}
+
+
+def write(path: Path, events: list[dict], meta: dict | None = None, layout: str = "kineto") -> Path:
+    """Write a Chrome trace the way torch.profiler does (``kineto``), on one line, or with json's indent."""
+    doc = {"schemaVersion": 1, **(meta or {}), "traceEvents": events, "traceName": str(path)}
+    if layout == "kineto":
+        body = ",\n".join("  " + json.dumps(e) for e in events)
+        head = json.dumps({k: v for k, v in doc.items() if k not in ("traceEvents", "traceName")})[:-1]
+        text = f'{head},\n  "traceEvents": [\n{body}\n  ],"traceName": "{path}" }}'
+    elif layout == "one-line":
+        text = json.dumps(doc)
+    else:
+        text = json.dumps(doc, indent=2)
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "wt") as f:
+        f.write(text)
+    return path
+
+
+DIST = {"distributedInfo": {"backend": "gloo", "rank": 3, "world_size": 2,
+                            "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1]}]}}
+
+CPU_EVENTS = [
+    {"ph": "M", "name": "thread_name", "pid": 100, "tid": 2, "args": {"name": "pt_gloo_runloop"}},
+    op("ProfilerStep#5", 1, 1000, 100, cat="user_annotation"),
+    op("ProfilerStep#6", 1, 1100, 100, cat="user_annotation"),
+    op("aten::zeros", 1, 900, 10),  # before the first step
+    op("aten::linear", 1, 1010, 30),
+    op("aten::addmm", 1, 1015, 20),  # nested in aten::linear
+    op("aten::relu", 1, 1040, 10),  # touches aten::linear: still its own op
+    op("gloo:all_reduce", 2, 1030, 50, cat="user_annotation", **{"Input Dims": [[1000]], "Input type": ["float"]}),
+    op("aten::copy_", 2, 1035, 5),  # part of the collective
+    op("tpbench.zero.step[bucket=0]", 2, 1085, 10, cat="user_annotation"),
+    op("aten::add_", 2, 1086, 8),  # optimizer work in a future's callback: compute
+    op("aten::mul", 3, 1120, 10),  # neither training thread nor a range: other
+    op("aten::mm", 1, 1195, 15),  # crosses the end of step 6
+    op("c10d::allreduce_", 1, 1029, 1),  # not aten work
+    {"ph": "s", "id": 1, "pid": 100, "tid": 1, "ts": 1010, "cat": "fwdbwd", "name": "fwdbwd"},
+    {"ph": "i", "s": "g", "name": "Record Window End", "pid": "", "tid": "", "ts": 1300},
+]
+
+
+def test_cpu_trace_lanes_steps_and_gloo_metadata(tmp_path: Path) -> None:
+    t = read_trace(write(tmp_path / "t.json", CPU_EVENTS, DIST))
+    iv = t.intervals
+    assert tuple(iv.columns) == INTERVAL_COLUMNS
+    assert list(iv["lane"].cat.categories) == list(LANES)
+    got = [(r.name, r.lane, r.stream_or_thread, r.step, r.start_ns, r.end_ns) for r in iv.itertuples()]
+    assert got == [
+        ("aten::zeros", "compute", "thread 1", -1, 900_000, 910_000),
+        ("aten::linear", "compute", "thread 1", 5, 1_010_000, 1_040_000),
+        ("gloo:all_reduce", "comm", "thread 2", 5, 1_030_000, 1_080_000),
+        ("aten::relu", "compute", "thread 1", 5, 1_040_000, 1_050_000),
+        ("tpbench.zero.step[bucket=0]", "optimizer", "thread 2", 5, 1_085_000, 1_095_000),
+        ("aten::add_", "compute", "thread 2", 5, 1_086_000, 1_094_000),
+        ("aten::mul", "other", "thread 3", 6, 1_120_000, 1_130_000),
+        ("aten::mm", "compute", "thread 1", 6, 1_195_000, 1_210_000),
+    ]
+    assert (iv["rank"] == 3).all()
+    comm = iv[iv["lane"] == "comm"].iloc[0]
+    assert (comm["bytes"], comm["collective"], comm["process_group"], comm["group_size"]) == (4000, "allreduce", "0", 2)
+    assert iv.loc[iv["lane"] != "comm", "bytes"].isna().all()
+    assert t.steps.to_dict("list") == {
+        "rank": [3, 3], "step": [5, 6], "start_ns": [1_000_000, 1_100_000], "end_ns": [1_100_000, 1_200_000]
+    }
+
+
+GPU_EVENTS = [
+    op("ProfilerStep#1", 1, 0, 1000, cat="user_annotation"),
+    op("aten::mm", 1, 5, 10),  # CPU ops do not count once a trace has kernels
+    op("gemm_kernel", 7, 10, 100, cat="kernel", stream=7, correlation=1),
+    op("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 20, 50, 200, cat="kernel",
+       stream=20, correlation=2, **{"Collective name": "allreduce", "In msg nelems": 1024, "Out msg nelems": 1024,
+                                    "dtype": "Float", "Group size": 4, "Process Group Name": "0"}),
+    # No metadata on the kernel: it comes from the record_param_comms op around its launch.
+    op("record_param_comms", 1, 285, 10, **{"Collective name": "_allgather_base", "In msg nelems": 256,
+                                            "Out msg nelems": 1024, "dtype": "BFloat16", "Group size": 4,
+                                            "Process Group Name": "1"}),
+    op("cudaLaunchKernel", 1, 290, 2, cat="cuda_runtime", correlation=3),
+    op("ncclDevKernel_AllGather_RING_LL(x)", 20, 300, 100, cat="kernel", stream=20, correlation=3),
+    # Neither: only the kernel name says which collective; bytes unknown.
+    op("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(x)", 21, 500, 50, cat="kernel", stream=21, correlation=4),
+    op("Memcpy HtoD (Pageable -> Device)", 7, 600, 20, cat="gpu_memcpy", stream=7, correlation=5),
+    op("tpbench.zero.step[bucket=1]", 7, 700, 80, cat="gpu_user_annotation", stream=7),
+    op("tpbench.zero.step[bucket=1]", 1, 650, 5, cat="user_annotation"),  # CPU side of the same range
+    op("gloo:broadcast", 9, 800, 100, cat="user_annotation", **{"Input Dims": [[8, 4]], "Input type": ["c10::Half"]}),
+]
+
+
+def test_gpu_trace_kernels_streams_and_nccl_metadata(tmp_path: Path) -> None:
+    iv = read_trace(write(tmp_path / "rank0.json.gz", GPU_EVENTS)).intervals
+    plain = iv.astype(object).where(iv.notna(), None)
+    got = [(r.lane, r.stream_or_thread, r.start_ns, r.collective, r.process_group, r.bytes, r.group_size)
+           for r in plain.itertuples()]
+    na = None
+    assert got == [
+        ("compute", "stream 7", 10_000, na, na, na, na),
+        ("comm", "stream 20", 50_000, "allreduce", "0", 4096, 4),
+        ("comm", "stream 20", 300_000, "allgather", "1", 2048, 4),
+        ("comm", "stream 21", 500_000, "reduce_scatter", na, na, na),
+        ("memcpy", "stream 7", 600_000, na, na, na, na),
+        ("optimizer", "stream 7", 700_000, na, na, na, na),
+        ("comm", "thread 9", 800_000, "broadcast", na, 64, na),
+    ]
+    assert (iv["rank"] == 0).all()  # from the file name: no distributedInfo
+
+
+@pytest.mark.parametrize("layout", ["kineto", "one-line", "indent"])
+def test_reader_is_independent_of_layout_and_chunking(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      layout: str) -> None:
+    """Tiny chunks cut the array everywhere, also inside nested ``}, {`` of an event's args."""
+    nested = op("aten::cat", 1, 1160, 5, **{"Input Dims": [[1], [2]], "Extra": [{"a": 1}, {"b": {"c": 2}}]})
+    events = [*CPU_EVENTS, nested]
+    reference = read_trace(write(tmp_path / "ref.json", events, DIST)).intervals
+    path = write(tmp_path / f"{layout}.json.gz", events, DIST, layout=layout)
+    for chunk in (1, 7, 64, 1 << 20):
+        monkeypatch.setattr(timeline, "_CHUNK_BYTES", chunk)
+        pd.testing.assert_frame_equal(read_trace(path).intervals, reference)
+
+
+def test_metadata_after_the_events_still_names_the_rank(tmp_path: Path) -> None:
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"traceEvents": CPU_EVENTS, **DIST}))
+    assert set(read_trace(path).intervals["rank"]) == {3}
+
+
+def test_real_gloo_trace(tmp_path: Path) -> None:
+    """The fixture from ``scripts/make_trace.py``: every ``gloo:*`` range becomes a comm interval with
+    its payload, steps come from ``ProfilerStep#N``, compute lives on the training thread."""
+    t = read_traces(FIXTURE)
+    iv, steps = t.intervals, t.steps
+    assert sorted(iv["rank"].unique()) == [0, 1]
+    assert steps.groupby("rank")["step"].apply(list).to_dict() == {0: [1, 2, 3, 4], 1: [1, 2, 3, 4]}
+    for rank in (0, 1):
+        with gzip.open(FIXTURE / f"rank{rank}.json.gz", "rt") as f:
+            events = json.load(f)["traceEvents"]
+        gloo = [e for e in events if e.get("name", "").startswith("gloo:")]
+        mine = iv[(iv["rank"] == rank) & (iv["lane"] == "comm")]
+        assert len(mine) == len(gloo) > 0
+        assert (mine["end_ns"] - mine["start_ns"]).sum() == pytest.approx(sum(e["dur"] for e in gloo) * 1e3, abs=len(gloo))
+        train = next(e["tid"] for e in events if e.get("name", "").startswith("ProfilerStep#"))
+        compute = iv[(iv["rank"] == rank) & (iv["lane"] == "compute")]
+        assert set(compute["stream_or_thread"].astype(str)) == {f"thread {train}"}
+    comm = iv[iv["lane"] == "comm"]
+    assert set(comm["collective"]) == {"allreduce", "broadcast"}
+    assert (comm["bytes"] > 0).all() and (comm["process_group"] == "0").all() and (comm["group_size"] == 2).all()
+    assert iv.loc[iv["lane"] == "optimizer", "name"].str.startswith("tpbench.zero.").all()
+    assert (iv["step"] >= 1).mean() > 0.95
