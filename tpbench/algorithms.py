@@ -10,6 +10,7 @@ collapses the others so that, say, ``shard_buckets`` never doubles the ``ddp`` c
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -41,7 +42,9 @@ class Training:
     after_backward: Callable[[], None]
     # Model averaging or anything else that runs after the optimizer step; its own phase in traces.
     after_step: Callable[[], None] | None = None
-    # Extra per-step columns (e.g. parameter drift before averaging), read after the step's timer stops.
+    # Extra per-step columns (e.g. parameter drift before averaging), read after the step's timer
+    # stops. The reserved key ``untimed_ms`` is time spent measuring inside the step, which the
+    # worker subtracts from the step time.
     metrics: Callable[[], dict[str, float]] | None = None
 
 
@@ -67,6 +70,8 @@ class Algorithm:
     min_warmup_steps: int = 0
     # Backends on which PyTorch's own implementation runs (impl = "torch"); empty: no torch impl.
     torch_impl_backends: frozenset[str] = frozenset()
+    # Keys that stop mattering for some values of others (returns the keys to collapse).
+    moot: Callable[[dict], frozenset[str]] = lambda params: frozenset()
 
     def check(self, case: Case) -> str | None:
         """Why ``case`` cannot run with this algorithm, or None. Messages name the key and the rule."""
@@ -121,6 +126,69 @@ def build_zero_no_overlap(model: torch.nn.Module, ctx: BuildContext) -> Training
     return Training(ddp, _step_and_zero(zero))
 
 
+_SUBGROUPS: dict[int, dist.ProcessGroup] = {}
+
+
+def _intra_node_subgroup(ranks_per_node: int) -> dist.ProcessGroup:
+    """One emulated-node subgroup per world and size: cases and repeats rebuild models, not groups."""
+    from tpbench.hooks import intra_node_subgroup
+
+    if ranks_per_node not in _SUBGROUPS:
+        _SUBGROUPS[ranks_per_node] = intra_node_subgroup(ranks_per_node)
+    return _SUBGROUPS[ranks_per_node]
+
+
+def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
+    """DDP with post-local SGD: global gradient averaging until ``start_localSGD_iter``, then
+    node-local (or none), plus periodic model averaging after the optimizer step.
+
+    ``start_localSGD_iter = "never"`` is plain DDP, the baseline every local-SGD case is judged
+    against. The parameter drift across ranks is measured just before each averaging; the time
+    that takes is reported as ``untimed_ms`` and left out of the step time.
+    """
+    case = ctx.case
+    if case.start_localSGD_iter == "never":
+        return build_ddp(model, ctx)
+    from tpbench.hooks import PeriodicModelAverager, parameter_drift
+
+    if case.impl == "torch":
+        from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as torch_hook
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager as TorchAverager
+
+        state_cls, hook, averager_cls = torch_hook.PostLocalSGDState, torch_hook.post_localSGD_hook, TorchAverager
+    else:
+        from tpbench.hooks import PostLocalSGDState, post_localSGD_hook
+
+        state_cls, hook, averager_cls = PostLocalSGDState, post_localSGD_hook, PeriodicModelAverager
+    ddp = _ddp(model, ctx)
+    subgroup = _intra_node_subgroup(case.ranks_per_node)
+    state = state_cls(
+        process_group=None, subgroup=subgroup, start_localSGD_iter=case.start_localSGD_iter,
+        post_local_gradient_allreduce=case.post_local_gradient_allreduce,
+    )
+    ddp.register_comm_hook(state, hook)
+    optimizer = make_optimizer(case, ddp.parameters())
+    averager = averager_cls(period=case.averaging_period, warmup_steps=case.start_localSGD_iter)
+    # Same schedule as the averager, kept by us so both implementations are measured alike.
+    schedule = PeriodicModelAverager(period=case.averaging_period, warmup_steps=case.start_localSGD_iter)
+    measured: dict[str, float] = {}
+
+    def after_step() -> None:
+        if schedule.next_averaging_group() is not None:
+            t0 = time.perf_counter_ns()
+            drift = parameter_drift(ddp.parameters())
+            measured.update(drift_max_l2=drift.max_l2, drift_mean_l2=drift.mean_l2, untimed_ms=(time.perf_counter_ns() - t0) / 1e6)
+        schedule.step += 1
+        averager.average_parameters(ddp.parameters())
+
+    def metrics() -> dict[str, float]:
+        out = dict(measured)
+        measured.clear()
+        return out
+
+    return Training(ddp, _step_and_zero(optimizer), after_step=after_step, metrics=metrics)
+
+
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in [
@@ -129,6 +197,17 @@ ALGORITHMS: dict[str, Algorithm] = {
             "zero_no_overlap",
             "DDP + ZeroRedundancyOptimizer stepped after backward (no overlap)",
             build_zero_no_overlap,
+        ),
+        Algorithm(
+            "post_localSGD_hook",
+            "post-local SGD: global gradient averaging until start_localSGD_iter, then node-local, "
+            "plus PeriodicModelAverager after the optimizer step",
+            build_post_localsgd,
+            uses=frozenset({"impl", "start_localSGD_iter", "post_local_gradient_allreduce", "averaging_period", "ranks_per_node"}),
+            torch_impl_backends=frozenset({"gloo", "nccl"}),
+            # "never" is plain DDP: nothing local-SGD-specific applies.
+            moot=lambda p: frozenset({"impl", "post_local_gradient_allreduce", "averaging_period", "ranks_per_node"})
+            if p["start_localSGD_iter"] == "never" else frozenset(),
         ),
     ]
 }

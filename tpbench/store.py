@@ -256,6 +256,33 @@ def write_summary(run_dir: Path, summary: pd.DataFrame) -> Path:
     return path
 
 
+# Per-case tables derived from traces and telemetry at the end of a sweep (see sweep.finalize):
+# intervals (analysis.timeline), overlap per rank and step (analysis.overlap), collectives with
+# bandwidth (analysis.bandwidth), nvml samples (capture.nvml).
+CASE_TABLES = ("intervals", "overlap", "collectives", "nvml")
+
+
+def write_case_table(run_dir: Path, case_id: str, name: str, df: pd.DataFrame) -> Path:
+    if name not in CASE_TABLES:
+        raise ValueError(f"unknown case table {name!r}; expected one of {CASE_TABLES}")
+    path = case_dir(run_dir, case_id) / f"{name}.parquet"
+    atomic_write_parquet(path, df)
+    return path
+
+
+def read_case_table(run_dir: Path, case_id: str, name: str) -> pd.DataFrame | None:
+    """A derived per-case table, or None when the case has none (e.g. no traces, no GPU)."""
+    path = case_dir(run_dir, case_id) / f"{name}.parquet"
+    return _read_parquet(path) if path.exists() else None
+
+
+def read_case_tables(run_dir: Path, name: str) -> pd.DataFrame:
+    """One derived table for every case of a run that has it, with a case_id column."""
+    meta = read_run_json(run_dir)
+    frames = [t.assign(case_id=cid) for cid in meta["cases"] if (t := read_case_table(run_dir, cid, name)) is not None]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
 def traces(run_dir: Path, case_id: str) -> list[Path]:
     return sorted(trace_dir(run_dir, case_id).glob("rank*.json.gz"))
 

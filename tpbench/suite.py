@@ -367,7 +367,7 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
             raise _fail(path, "workload", f"expected one of {', '.join(WORKLOADS)}, got {raw['workload']!r}")
         r = _resolve_machine(raw, machine)
         _check_combination(path, r, machine, suite)
-        for k in ALGORITHM_SPECIFIC_KEYS - algo.uses:
+        for k in (ALGORITHM_SPECIFIC_KEYS - algo.uses) | algo.moot(r):
             r[k] = None
         wl_params = WORKLOADS[r["workload"]].Params(**suite.workloads.get(r["workload"], {}))
         r["workload_params"] = tuple(sorted(dataclasses.asdict(wl_params).items()))
@@ -411,11 +411,15 @@ def case_id(case: Case) -> str:
 
 
 def varying_keys(cases: list[Case]) -> list[str]:
-    """The case keys whose value differs between cases, in schema order: what a label should show."""
+    """The case keys with two or more values among the cases (collapsed ``None`` aside), in schema
+    order: what a label should show."""
     if not cases:
         return []
     params = [c.params() for c in cases]
-    return [k for k in params[0] if k != "case_id" and len({json.dumps(p.get(k)) for p in params}) > 1]
+    return [
+        k for k in params[0]
+        if k != "case_id" and len({json.dumps(p[k]) for p in params if p.get(k) is not None}) > 1
+    ]
 
 
 def select(cases: list[Case], filters: Iterable[str]) -> list[Case]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterable
 
 from tpbench import store
+from tpbench.analysis import convergence
 from tpbench.analysis.stats import slowest_rank, summarize
 from tpbench.environment import fingerprint
 from tpbench.interconnect import check_available, reap_stale_namespaces, resolve
@@ -90,6 +91,9 @@ def finalize(run_dir: Path) -> store.Loaded:
     """Write summary.parquet and the run's efficiency figures; returns the loaded run."""
     loaded = store.load(run_dir)
     summary = summarize(loaded.steps, loaded.cases)
+    conv = convergence.summarize(loaded.steps)
+    if len(conv):
+        summary = summary.merge(conv, on="case_id", how="left")
     store.write_summary(run_dir, summary)
     run = store.Run.open(run_dir)
     timed_s = float(slowest_rank(loaded.steps)["step_ms"].sum() / 1e3) if not loaded.steps.empty else 0.0

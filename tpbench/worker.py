@@ -207,10 +207,11 @@ class CaseRunner:
             losses.append(train_step(training, workload, x, y))
             if delay_s:
                 time.sleep(delay_s)
-            step_ms.append(timer.stop_ms())
+            ms = timer.stop_ms()
             ends.append(time.perf_counter() - t_start)
             # Below this line nothing counts as step time.
             row = training.metrics() if training.metrics else {}
+            step_ms.append(ms - row.pop("untimed_ms", 0.0))
             if heldout and (i + 1) % case.eval_every == 0:
                 row["heldout_loss"] = _evaluate(training.model, workload, heldout)
             extra.append(row)
@@ -228,7 +229,10 @@ class CaseRunner:
         dist.gather_object(mine, gathered, dst=0, group=self.ctrl)
         if gathered is None:
             return None
-        return _rows(case, repeat, gathered)
+        rows = _rows(case, repeat, gathered)
+        if workload.optimal_loss is not None:
+            rows["optimal_loss"] = workload.optimal_loss
+        return rows
 
     def _calibrated_delay(self, case: Case, warmup_ms: list[float]) -> float:
         """``slowdown_pct`` of the warm-up's median step, so gates can be tested against a known slowdown."""

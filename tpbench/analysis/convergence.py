@@ -1,0 +1,72 @@
+"""Convergence: how fast and how far the loss goes, per case.
+
+Post-local SGD trades communication for convergence, so its step time alone says nothing. These
+functions turn the per-step records (training loss every step, held-out loss every ``eval_every``
+steps) into curves and a few numbers: final held-out loss, its gap to the workload's known optimum,
+and the steps and training time needed to reach a target.
+
+Training time is the cumulative slowest-rank step time, not wall time: held-out evaluation and
+drift measurement happen outside the timed step and must not count against an algorithm.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+# A case "reaches the target" when its held-out loss is within this fraction of the optimum.
+TARGET_RELATIVE_GAP = 0.05
+
+
+def curves(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per (case_id, repeat, step): mean training loss and mean held-out loss over ranks, and the
+    cumulative training time in seconds (slowest rank per step). Warm-up steps are included:
+    convergence starts at the first step, timed or not."""
+    per_step = steps.groupby(["case_id", "repeat", "step"], as_index=False).agg(
+        loss=("loss", "mean"), step_ms=("step_ms", "max"),
+        **({"heldout_loss": ("heldout_loss", "mean")} if "heldout_loss" in steps else {}),
+        **({"drift_max_l2": ("drift_max_l2", "max")} if "drift_max_l2" in steps else {}),
+    )
+    per_step = per_step.sort_values(["case_id", "repeat", "step"])
+    per_step["train_time_s"] = per_step.groupby(["case_id", "repeat"])["step_ms"].cumsum() / 1e3
+    return per_step
+
+
+def target_loss(optimal_loss: float | None) -> float | None:
+    return None if optimal_loss is None or not np.isfinite(optimal_loss) else optimal_loss * (1 + TARGET_RELATIVE_GAP)
+
+
+def summarize(steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per case with held-out evaluations: final held-out loss (median over repeats), its
+    gap to the optimum, and the median steps / training seconds to reach the target (NaN when a
+    repeat never does, so a case that misses the target never looks fast)."""
+    if steps.empty or "heldout_loss" not in steps:
+        return pd.DataFrame(columns=["case_id"])
+    optimal = steps.groupby("case_id")["optimal_loss"].first().to_dict() if "optimal_loss" in steps else {}
+    c = curves(steps)
+    evals = c.dropna(subset=["heldout_loss"])
+    rows = []
+    for case_id, grp in evals.groupby("case_id"):
+        opt = optimal.get(case_id)
+        opt = None if opt is None or pd.isna(opt) else float(opt)
+        target = target_loss(opt)
+        finals, reach_steps, reach_times = [], [], []
+        for _, rep in grp.groupby("repeat"):
+            rep = rep.sort_values("step")
+            finals.append(rep["heldout_loss"].iloc[-1])
+            if target is not None:
+                hit = rep[rep["heldout_loss"] <= target]
+                reach_steps.append(float(hit["step"].iloc[0] + 1) if len(hit) else np.nan)
+                reach_times.append(float(hit["train_time_s"].iloc[0]) if len(hit) else np.nan)
+        final = float(np.median(finals))
+        rows.append({
+            "case_id": case_id,
+            "final_heldout_loss": final,
+            "optimal_loss": opt,
+            "target_loss": target,
+            "gap_to_optimum": final - opt if opt is not None else np.nan,
+            # A median of values containing NaN is NaN: one repeat that misses makes the case miss.
+            "steps_to_target": float(np.median(reach_steps)) if reach_steps else np.nan,
+            "time_to_target_s": float(np.median(reach_times)) if reach_times else np.nan,
+        })
+    return pd.DataFrame(rows)
