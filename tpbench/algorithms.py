@@ -126,6 +126,34 @@ def build_zero_no_overlap(model: torch.nn.Module, ctx: BuildContext) -> Training
     return Training(ddp, _step_and_zero(zero))
 
 
+def _zero_hook_builder(interleaved: bool) -> Callable[[torch.nn.Module, BuildContext], Training]:
+    def build(model: torch.nn.Module, ctx: BuildContext) -> Training:
+        """DDP + ``ZeroRedundancyOptimizer(overlap_with_ddp=True)`` stepped inside the comm hook.
+
+        The step happens during backward, so after backward only the gradients are cleared.
+        ``impl = "torch"`` wraps the same all-reduce hook with PyTorch's own implementation.
+        """
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        if ctx.case.impl == "torch":
+            from torch.distributed.algorithms.ddp_comm_hooks import ddp_zero_hook as impl
+        else:
+            from tpbench import hooks as impl
+        wrap = impl.hook_with_zero_step_interleaved if interleaved else impl.hook_with_zero_step
+        ddp = _ddp(model, ctx)
+        zero = ZeroRedundancyOptimizer(
+            ddp.parameters(),
+            optimizer_class=OPTIMIZERS[ctx.case.optimizer](),
+            process_group=ctx.process_group,
+            overlap_with_ddp=True,
+            lr=ctx.case.lr,
+        )
+        ddp.register_comm_hook(None, wrap(allreduce_hook, ddp, zero, shard_buckets=bool(ctx.case.shard_buckets)))
+        return Training(ddp, lambda: zero.zero_grad(set_to_none=True))
+
+    return build
+
+
 _SUBGROUPS: dict[int, dist.ProcessGroup] = {}
 
 
@@ -197,6 +225,23 @@ ALGORITHMS: dict[str, Algorithm] = {
             "zero_no_overlap",
             "DDP + ZeroRedundancyOptimizer stepped after backward (no overlap)",
             build_zero_no_overlap,
+        ),
+        *(
+            Algorithm(
+                name,
+                description,
+                _zero_hook_builder(interleaved),
+                uses=frozenset({"impl", "shard_buckets"}),
+                # The first two iterations (three with static_graph) only collect buckets; we ask
+                # for three always so that no timed step is a vacuous one.
+                min_warmup_steps=3,
+                # PyTorch's own ZeRO hooks refuse Gloo ("may meet hangs", pytorch#62300).
+                torch_impl_backends=frozenset({"nccl"}),
+            )
+            for name, description, interleaved in [
+                ("hook_with_zero_step", "ZeRO step overlapped with backward: all buckets stepped after the last one is reduced", False),
+                ("hook_with_zero_step_interleaved", "ZeRO step overlapped with backward: each bucket stepped as soon as it is reduced", True),
+            ]
         ),
         Algorithm(
             "post_localSGD_hook",

@@ -20,7 +20,7 @@ from rich.table import Table
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_RESULTS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 console = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 class SweepProgress:
