@@ -1,7 +1,8 @@
 """The ``tpbench`` command: argument parsing and terminal output only; the work is in the library.
 
-Exit codes: 0 success, 1 a case failed (sweep) or a regression (gate), 2 usage error or bad
-suite, 3 missing/broken results, 130 interrupted.
+Exit codes: 0 success, 1 a case failed (sweep) or a regression (compare, gate), 2 usage error or
+bad suite, 3 missing/broken results or incomparable runs, 4 inconclusive (with
+--fail-on-inconclusive), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -184,6 +185,66 @@ def cmd_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _verdict_args(p: argparse.ArgumentParser) -> None:
+    from tpbench.environment import COMPARABLE_KEYS
+
+    p.add_argument("--metric", default="step_ms", help="per-step column to compare, lower is better (default: step_ms)")
+    p.add_argument("--threshold", default="5%", help="changes within ±THRESHOLD pass (default: 5%%)")
+    p.add_argument("--format", choices=("text", "md", "json"), default="text", help="output on stdout (default: text)")
+    p.add_argument("--fail-on-inconclusive", action="store_true", help="exit 4 when a case is inconclusive (default: exit 0)")
+    p.add_argument("--ignore-env", action="append", default=[], choices=COMPARABLE_KEYS, metavar="KEY",
+                   help=f"compare even though this fingerprint key differs ({', '.join(COMPARABLE_KEYS)})")
+
+
+def _print_verdict(comparison, fmt: str) -> int:
+    from tpbench import gate
+
+    sys.stdout.write(gate.RENDERERS[fmt](comparison))
+    sys.stdout.flush()
+    return comparison.exit_code
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from tpbench import gate
+
+    if len(args.runs) < 2:
+        console.print("tpbench compare: error: give BASELINE_RUN... CANDIDATE_RUN (at least two run directories)")
+        return EXIT_USAGE
+    comparison = gate.compare_runs(args.runs[:-1], args.runs[-1:], metric=args.metric, threshold=gate.parse_threshold(args.threshold),
+                                   fail_on_inconclusive=args.fail_on_inconclusive, ignore_env=args.ignore_env)
+    return _print_verdict(comparison, args.format)
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    from tpbench import gate, store
+
+    threshold = gate.parse_threshold(args.threshold)  # before minutes of sweeps, not after
+    out = (args.out or Path("results") / "gate" / store.new_run_id()).absolute()
+    baseline = gate.resolve_side("baseline", args.baseline, out / "baseline")
+    candidate = gate.resolve_side("candidate", args.candidate, out / "candidate")
+    run = gate.run_gate(args.suite, baseline, candidate, out, rounds=args.rounds, overrides=args.set, filters=args.filter,
+                        candidate_overrides=args.candidate_set)
+    console.print(f"Gate runs: {run.out}")
+    comparison = gate.compare_runs(run.baseline, run.candidate, metric=args.metric, threshold=threshold, paired=True,
+                                   fail_on_inconclusive=args.fail_on_inconclusive, ignore_env=args.ignore_env)
+    return _print_verdict(comparison, args.format)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from tpbench import gate, store
+
+    export = gate.export_run(args.run, args.format)
+    text = json.dumps(export.document, indent=2, allow_nan=False) + "\n"
+    for label in export.skipped:
+        console.print(f"[yellow]not exported:[/] {label} (no timed steps: the case failed or never ran)")
+    if args.output:
+        store.atomic_write_bytes(args.output, text.encode())
+        console.print(f"Wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tpbench", description="Profile and benchmark PyTorch DDP communication hooks.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -221,10 +282,35 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list algorithms, workloads and suites")
     p.add_argument("--suites", default="suites", help="folder of suites (default: suites)")
     p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("compare", help="judge a candidate run against baseline run(s): pass/regression/improvement/…")
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="BASELINE_RUN... CANDIDATE_RUN (several baselines are pooled)")
+    _verdict_args(p)
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("gate", help="run a suite for baseline and candidate in this job, rounds interleaved, and judge")
+    p.add_argument("suite", help="suite TOML file")
+    p.add_argument("--baseline", required=True, metavar="PATH_OR_CMD",
+                   help="python executable, venv directory, source tree (pyproject.toml) or tpbench command prefix")
+    p.add_argument("--candidate", required=True, metavar="PATH_OR_CMD", help="same forms as --baseline")
+    p.add_argument("--rounds", type=int, default=3, help="sweeps per side, alternating (default: 3)")
+    suite_args(p)
+    p.add_argument("--candidate-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override for the candidate only (e.g. slowdown_pct=10 to check the gate itself)")
+    p.add_argument("--out", type=Path, help="where the rounds' runs go (default: results/gate/<id>)")
+    _verdict_args(p)
+    p.set_defaults(func=cmd_gate)
+
+    p = sub.add_parser("export", help="write a run as pytest-benchmark or github-action-benchmark JSON")
+    p.add_argument("run", type=Path, metavar="RUN_DIR")
+    p.add_argument("--format", required=True, choices=("pytest-benchmark", "custom-smaller-is-better"))
+    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write here instead of stdout")
+    p.set_defaults(func=cmd_export)
     return ap
 
 
 def main(argv: list[str] | None = None) -> None:
+    from tpbench.gate import GateError, SideError
     from tpbench.interconnect import InterconnectUnavailable
     from tpbench.store import StoreError
     from tpbench.suite import SuiteError
@@ -242,6 +328,12 @@ def main(argv: list[str] | None = None) -> None:
         console.print(f"[red]error:[/] {e}", soft_wrap=True)
         code = EXIT_USAGE
     except StoreError as e:
+        console.print(f"[red]error:[/] {e}", soft_wrap=True)
+        code = EXIT_RESULTS
+    except GateError as e:
+        console.print(f"[red]error:[/] {e}", soft_wrap=True)
+        code = EXIT_USAGE
+    except SideError as e:
         console.print(f"[red]error:[/] {e}", soft_wrap=True)
         code = EXIT_RESULTS
     sys.exit(code)

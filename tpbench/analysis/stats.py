@@ -106,3 +106,79 @@ def summarize(steps: pd.DataFrame, cases: pd.DataFrame) -> pd.DataFrame:
                     row[f"max_{col}"] = float(mine[col].max())
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _two_stage_medians(groups: list[np.ndarray], pick: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Bootstrap medians of pooled groups: ``pick`` (samples × groups) says which groups (runs)
+    each sample draws; values are then resampled within each drawn group.
+
+    Padded to a (groups × longest) table so one vectorised draw serves every sample; positions past
+    a drawn group's own length are masked, so each group keeps its size.
+    """
+    samples = pick.shape[0]
+    sizes = np.array([g.size for g in groups])
+    width = int(sizes.max())
+    table = np.full((len(groups), width), np.nan)
+    for i, g in enumerate(groups):
+        table[i, : g.size] = g
+    n = sizes[pick][..., None]
+    within = (rng.random((samples, len(groups), width)) * n).astype(int)
+    values = np.where(np.arange(width) < n, table[pick[..., None], within], np.nan)
+    return np.nanmedian(values.reshape(samples, -1), axis=1)
+
+
+def run_effects(groups: list[np.ndarray]) -> np.ndarray:
+    """Each run's median relative to the median of the run medians: how far one run lands by chance."""
+    medians = np.array([np.median(g) for g in groups])
+    return medians / np.median(medians)
+
+
+def hierarchical_ratio_ci(
+    baseline: list[np.ndarray],
+    candidate: list[np.ndarray],
+    *,
+    samples: int = BOOTSTRAP_SAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
+    paired: bool = False,
+) -> tuple[float, float, float]:
+    """Ratio of medians candidate/baseline when each side is several runs of per-repeat values.
+
+    Repeats of one run share a process start, a machine state and (for stored baselines) a job, so
+    runs differ more than repeats do. A side of two or more runs is bootstrapped in two stages
+    (resample runs, then repeats within each drawn run), which carries that between-run spread
+    into the interval and slightly overstates it, as suits a gate that must not cry wolf.
+
+    A side of one run cannot show its own between-run spread. When the other side has several
+    runs, the single run is judged against their spread: each bootstrap draw of its repeats is
+    also scaled by one of the other side's run effects (``run_effects``), i.e. the candidate is
+    treated as one more run that could have landed anywhere the baselines did. With one run on
+    each side only the repeats are resampled (``ratio_ci``), and between-run noise is not in the
+    interval at all; the gate documents that stored single baselines are the weakest evidence.
+
+    ``paired``: run i of the baseline and run i of the candidate ran back to back (the rounds of
+    ``tpbench gate``), so whatever the machine was doing then hit both. Each bootstrap draw then
+    picks the same rounds on both sides, and that shared state cancels in the ratio instead of
+    widening the interval. The point estimate pools all repeats of each side.
+    """
+    b = [np.asarray(g, dtype=float) for g in baseline if len(g)]
+    c = [np.asarray(g, dtype=float) for g in candidate if len(g)]
+    if not b or not c:
+        raise ValueError("hierarchical_ratio_ci needs at least one value on each side")
+    point = float(np.median(np.concatenate(c)) / np.median(np.concatenate(b)))
+    if sum(g.size for g in b) < 2 and sum(g.size for g in c) < 2:
+        return point, point, point
+    if paired and len(b) != len(c):
+        raise ValueError(f"paired runs need as many baseline as candidate runs, got {len(b)} and {len(c)}")
+    rng = np.random.default_rng(seed)
+    pick_b = rng.integers(0, len(b), size=(samples, len(b)))
+    pick_c = pick_b if paired else rng.integers(0, len(c), size=(samples, len(c)))
+    cs = _two_stage_medians(c, pick_c, rng)
+    bs = _two_stage_medians(b, pick_b, rng)
+    if len(c) == 1 and len(b) >= 2:
+        cs = cs * rng.choice(run_effects(b), size=samples)
+    elif len(b) == 1 and len(c) >= 2:
+        bs = bs * rng.choice(run_effects(c), size=samples)
+    r = cs / bs
+    alpha = (1 - confidence) / 2
+    return point, float(np.quantile(r, alpha)), float(np.quantile(r, 1 - alpha))
