@@ -1,0 +1,140 @@
+"""Observed transport: the NCCL_DEBUG log parser, Gloo's sockets, and the verdict against the profile.
+
+The NCCL logs in tests/fixtures/nccl_logs are hand-written from NCCL 2.10–2.26 INFO line formats
+(see the README there), not recorded: no multi-GPU machine was at hand. The Gloo observation runs
+in a real 2-rank Gloo world.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from tpbench.capture import transport
+from tpbench.capture.transport import GlooRank, NcclRank
+from tpbench.interconnect import resolve
+from tests.world import run_world
+
+LOGS = Path(__file__).parent / "fixtures" / "nccl_logs"
+
+
+def _parse(name: str, rank: int = 0) -> NcclRank:
+    return transport.observe_nccl(rank, LOGS / name)
+
+
+def test_p2p_log_counts_one_connection_per_channel():
+    obs = _parse("p2p_cumem.log")
+    assert obs.transports == {"P2P": 4}
+    assert obs.modes == {"P2P/CUMEM/read": 4}
+    assert (obs.version, obs.network, obs.nnodes) == ("2.21.5+cuda12.4", "Socket", 1)
+    assert obs.net_devices == ("Socket:eth0:10.0.0.11",)
+    assert obs.error is None
+
+
+def test_shm_socket_and_legacy_logs():
+    assert _parse("shm.log").transports == {"SHM": 2}
+    sock = _parse("socket.log", rank=1)
+    # NET connections are logged once per direction ([send] and [receive]).
+    assert sock.transports == {"NET/Socket": 4}
+    assert sock.modes == {"NET/Socket/0": 2, "NET/Socket/1": 2}
+    assert sock.net_devices == ("Socket:eth0:10.0.0.11", "Socket:eth1:192.168.8.11")
+    legacy = _parse("legacy_p2p_ipc.log")
+    assert legacy.transports == {"P2P": 2}
+    assert legacy.version == "2.10.3+cuda11.3"
+
+
+def test_two_node_ib_log_mixes_p2p_inside_and_ib_between_nodes():
+    obs = _parse("ib_two_nodes.log", rank=8)
+    assert obs.transports == {"NET/IB": 6, "P2P": 2}
+    assert obs.network == "IB"
+    assert obs.nnodes == 2
+    assert obs.net_devices[:2] == ("IB:mlx5_0:1/IB", "IB:mlx5_1:1/IB")
+
+
+def test_transport_family_names():
+    assert transport.transport_family("P2P/CUMEM/read") == "P2P"
+    assert transport.transport_family("P2P/direct pointer") == "P2P"
+    assert transport.transport_family("NET/IB/0/GDRDMA") == "NET/IB"
+    assert transport.transport_family("SHM/direct/direct") == "SHM"
+
+
+def test_asked_shm_but_log_shows_p2p_is_a_mismatch():
+    verdict = transport.summarize(resolve("nccl-shm"), [_parse("p2p_cumem.log", 0), _parse("p2p_cumem.log", 1)])
+    assert verdict["mismatch"] is True
+    assert "nccl-shm" in verdict["reason"] and "P2P" in verdict["reason"]
+    assert verdict["transports"] == ["P2P"] and verdict["expected"] == ["SHM"]
+    assert set(verdict["ranks"]) == {"0", "1"}
+
+
+@pytest.mark.parametrize(("profile", "log"), [
+    ("nccl-p2p", "p2p_cumem.log"), ("nccl-shm", "shm.log"), ("nccl-socket", "socket.log"),
+    ("nccl-default", "ib_two_nodes.log"), ("nccl-default", "p2p_cumem.log"),
+])
+def test_matching_profiles(profile, log):
+    verdict = transport.summarize(resolve(profile), [_parse(log)])
+    assert verdict["mismatch"] is False and verdict["reason"] is None
+
+
+def test_profile_env_forbids_transports_for_user_profiles():
+    no_ib = resolve("no-ib", {"no-ib": {"backend": "nccl", "env": {"NCCL_IB_DISABLE": "1"}}})
+    verdict = transport.summarize(no_ib, [_parse("ib_two_nodes.log", 8)])
+    assert verdict["mismatch"] is True and "NET/IB" in verdict["reason"]
+    # nccl-ib disables P2P too: the P2P connections inside a node contradict it.
+    assert transport.summarize(resolve("nccl-ib"), [_parse("ib_two_nodes.log", 8)])["mismatch"] is True
+
+
+def test_single_rank_and_missing_log_are_not_judged(tmp_path):
+    alone = transport.summarize(resolve("nccl-default"), [_parse("single_rank.log")])
+    assert alone["mismatch"] is None and "single rank" in alone["reason"]
+    missing = transport.summarize(resolve("nccl-p2p"), [transport.observe_nccl(0, tmp_path / "none.log")])
+    assert missing["mismatch"] is None and "cannot read the NCCL log" in missing["reason"]
+
+
+def test_nccl_log_path_expands_host_and_pid_like_nccl(tmp_path):
+    host = socket.gethostname().split(".", 1)[0]
+    path = transport.nccl_log_path({"NCCL_DEBUG_FILE": f"{tmp_path}/nccl.%h.%p.%r.log"}, pid=42)
+    assert path == tmp_path / f"nccl.{host}.42.%r.log"  # %r is no NCCL pattern: left as is
+    assert transport.nccl_log_path({}) is None
+
+
+def test_launcher_env_names_a_file_per_rank_and_refuses_percent(tmp_path):
+    env = transport.nccl_debug_env(tmp_path / "nccl-w0-rank1.log")
+    assert env == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,P2P,SHM,NET",
+                   "NCCL_DEBUG_FILE": str(tmp_path / "nccl-w0-rank1.log")}
+    with pytest.raises(ValueError, match="%"):
+        transport.nccl_debug_env(tmp_path / "100%" / "x.log")
+
+
+def test_proc_net_addresses_decode():
+    assert transport._hex_address("0100007F:1F90") == ("127.0.0.1", 8080)
+    assert transport._hex_address("00000000000000000000000001000000:0016") == ("::1", 22)
+    assert transport._hex_address("0000000000000000FFFF00000100007F:0050") == ("127.0.0.1", 80)
+
+
+def _observe(rank: int, world_size: int) -> GlooRank:
+    return transport.observe_gloo(rank)
+
+
+def test_gloo_world_is_observed_on_loopback(monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    ranks = run_world(_observe, 2)
+    for r, obs in enumerate(ranks):
+        assert obs.rank == r and obs.socket_ifname == "lo"
+        assert obs.connections >= 1  # the full mesh: one pair to the other rank
+        assert obs.interfaces == ("lo",)
+        assert obs.local_addresses == ("127.0.0.1",) and obs.peer_addresses == ("127.0.0.1",)
+    verdict = transport.summarize(resolve("loopback"), ranks)
+    assert verdict["mismatch"] is False and verdict["interfaces"] == ["lo"]
+    elsewhere = resolve("eth", {"eth": {"backend": "gloo", "env": {"GLOO_SOCKET_IFNAME": "eth0"}}})
+    wrong = transport.summarize(elsewhere, ranks)
+    assert wrong["mismatch"] is True and "lo" in wrong["reason"]
+
+
+def test_observations_survive_the_event_pipe():
+    obs = [_parse("shm.log"), _parse("shm.log", 1)]
+    back = transport.from_dicts("nccl", json.loads(json.dumps([dataclasses.asdict(o) for o in obs])))
+    assert transport.summarize(resolve("nccl-shm"), back)["mismatch"] is False
