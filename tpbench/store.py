@@ -251,7 +251,15 @@ def load(run_dir: str | Path) -> Loaded:
 
 
 def write_summary(run_dir: Path, summary: pd.DataFrame) -> Path:
+    """Write summary.parquet. A parameter column whose values mix types (``start_localSGD_iter``
+    is an integer or "never") is stored as text, since a parquet column has one type; run.json
+    keeps the original values."""
     path = Path(run_dir) / SUMMARY_FILE
+    summary = summary.copy()
+    for col in summary.columns[summary.dtypes == object]:
+        kinds = {type(v) for v in summary[col] if v is not None and not (isinstance(v, float) and pd.isna(v))}
+        if len(kinds) > 1 and not kinds <= {int, float}:
+            summary[col] = [None if v is None else str(v) for v in summary[col]]
     atomic_write_parquet(path, summary)
     return path
 

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Iterable
 
 from tpbench import store
-from tpbench.analysis import convergence
+import pandas as pd
+
+from tpbench.analysis import bandwidth, convergence, overlap, timeline
 from tpbench.analysis.stats import slowest_rank, summarize
 from tpbench.environment import fingerprint
 from tpbench.interconnect import check_available, reap_stale_namespaces, resolve
@@ -87,13 +89,41 @@ def _suite_interconnects(run: store.Run) -> dict:
         return {}
 
 
+def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:
+    """Parse each finished case's traces once: store its intervals, per-step overlap and
+    collectives as derived tables, and return per-case overlap figures for the summary.
+
+    Times are per profiled step: the median over (rank, step) of compute, communication,
+    overlap, exposed communication and idle time; ``overlap_pct`` is the ratio of sums over
+    all profiled steps and ranks, as Holistic Trace Analysis reports it.
+    """
+    rows = []
+    for cid in cases.loc[cases["status"] == store.DONE, "case_id"]:
+        paths = store.traces(run_dir, cid)
+        if not paths:
+            continue
+        tl = timeline.read_traces(paths)
+        per_step = overlap.step_overlap(tl.intervals, tl.steps)
+        store.write_case_table(run_dir, cid, "intervals", tl.intervals)
+        store.write_case_table(run_dir, cid, "overlap", per_step)
+        store.write_case_table(run_dir, cid, "collectives", bandwidth.collective_bandwidth(tl.intervals))
+        if per_step.empty:
+            continue
+        totals = overlap.overlap_totals(per_step, by=())
+        row = {"case_id": cid, "overlap_pct": float(totals["overlap_pct"].iloc[0])}
+        for col in ("compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "idle_ns", "optimizer_ns"):
+            row[col.replace("_ns", "_ms")] = float(per_step[col].median()) / 1e6
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def finalize(run_dir: Path) -> store.Loaded:
     """Write summary.parquet and the run's efficiency figures; returns the loaded run."""
     loaded = store.load(run_dir)
     summary = summarize(loaded.steps, loaded.cases)
-    conv = convergence.summarize(loaded.steps)
-    if len(conv):
-        summary = summary.merge(conv, on="case_id", how="left")
+    for extra in (convergence.summarize(loaded.steps), analyze_traces(run_dir, loaded.cases)):
+        if len(extra):
+            summary = summary.merge(extra, on="case_id", how="left")
     store.write_summary(run_dir, summary)
     run = store.Run.open(run_dir)
     timed_s = float(slowest_rank(loaded.steps)["step_ms"].sum() / 1e3) if not loaded.steps.empty else 0.0
