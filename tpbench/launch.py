@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from tpbench import store
+from tpbench.capture import transport
 from tpbench.interconnect import Interconnect, WorldNetwork, resolve, world_network
 from tpbench.suite import Case
 from tpbench.worker import Plan
@@ -96,7 +97,9 @@ class World:
         threads = max(1, (os.cpu_count() or 1) // world_size)
         for r in range(world_size):
             read_fd, write_fd = os.pipe()
-            env = os.environ | dict(net.env) | {
+            # NCCL ranks log their transport choices for capture; a profile's env may still override.
+            nccl = transport.nccl_debug_env(log_dir / f"nccl-{plan.world}-rank{r}.log") if plan.cases[0]["backend"] == "nccl" else {}
+            env = os.environ | nccl | dict(net.env) | {
                 "RANK": str(r), "WORLD_SIZE": str(world_size),
                 "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(world_size),
                 "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
@@ -141,8 +144,10 @@ def _exit_cause(rank: int, code: int) -> str:
 class Supervisor:
     """Follows one world's events until it finishes, fails or hangs."""
 
-    def __init__(self, world: World, cases: dict[str, Case], run: store.Run, listener: Listener) -> None:
+    def __init__(self, world: World, cases: dict[str, Case], run: store.Run, listener: Listener,
+                 interconnect: Interconnect | None = None) -> None:
         self.world = world
+        self.interconnect = interconnect  # what the world asked for, to judge the observed transport
         self.cases = cases
         self.run = run
         self.listener = listener
@@ -183,11 +188,23 @@ class Supervisor:
             case = self.cases[ev["case"]]
             store.finish_case(self.run.dir, case.case_id, case.repeats)
             self.run.set_case(case.case_id, store.DONE)
+        elif kind == "capture":
+            self._record_capture(ev)
         elif kind == "error":
             self.errors.append(ev)
         elif kind == "world_done":
             self.finished = True
         self.listener(kind, ev)
+
+    def _record_capture(self, ev: dict[str, Any]) -> None:
+        """A case's telemetry summary, clock offsets and observed transport (judged against the
+        asked profile) into its run.json entry."""
+        cid = ev["case"]
+        info: dict[str, Any] = {"nvml": ev["nvml"], "clock_sync": ev["clock_sync"]}
+        if self.interconnect is not None:
+            seen = ev["transport"]
+            info["observed_transport"] = transport.summarize(self.interconnect, transport.from_dicts(seen["backend"], seen["ranks"]))
+        self.run.set_case(cid, self.run.meta["cases"][cid]["status"], **info)
 
     def _fail(self, cause: str) -> WorldOutcome:
         """Decide what went wrong, then kill the world.
@@ -270,7 +287,7 @@ def run_group(run: store.Run, group: LaunchGroup, user_interconnects: dict[str, 
         with world_network(ic) as net:
             world = World(plan, plan_path, group.world_size, net, run.dir / "logs")
             try:
-                outcome = Supervisor(world, cases, run, listener).supervise()
+                outcome = Supervisor(world, cases, run, listener, interconnect=ic).supervise()
             finally:
                 world.kill()
         done |= outcome.completed

@@ -40,7 +40,8 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from tpbench import store
+from tpbench import capture, store
+from tpbench.capture import nvml, transport
 from tpbench.algorithms import ALGORITHMS, BuildContext, Training
 from tpbench.suite import Case
 from tpbench.workloads import WORKLOADS, WorkloadContext
@@ -161,6 +162,7 @@ class CaseRunner:
         self.run_dir = run_dir
         self.events = events
         self.ctrl = ctrl
+        self.gpu = nvml.open_gpu(device)  # once per process: nvmlInit is not free
 
     def _build(self, case: Case) -> tuple[Any, Training]:
         wl_cls = WORKLOADS[case.workload]
@@ -184,6 +186,7 @@ class CaseRunner:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         _reset_peak_rss()
+        sampler = nvml.start_sampler(self.gpu, case.nvml_interval_ms)
         workload, training = self._build(case)
         timer = StepTimer(self.device)
         fault_kind, _, fault_rank = case.fault.partition(":")
@@ -215,24 +218,45 @@ class CaseRunner:
             if heldout and (i + 1) % case.eval_every == 0:
                 row["heldout_loss"] = _evaluate(training.model, workload, heldout)
             extra.append(row)
+        # Peaks are read before the profiled steps: the profiler's own buffers are not the case's.
+        memory = {"peak_rss_mb": _peak_rss_mb(), **self._gpu_memory()}
+        spans = nvml.step_spans(t_start, ends, case.warmup_steps)
+        clock = None
         if profile_after and case.profiler_steps > 0:
-            self._profile(case, training, workload)
+            clock, profile_spans = self._profile(case, training, workload)
+            spans += profile_spans
         mine = {
             "step_ms": step_ms,
             "loss": torch.stack(losses).float().cpu().tolist(),
             "elapsed_s": ends,
             "extra": extra,
-            "peak_rss_mb": _peak_rss_mb(),
-            **self._gpu_memory(),
+            **memory,
+            "capture": self._capture(case, repeat, sampler, spans, clock, last=profile_after),
         }
         gathered: list[Any] | None = [None] * self.rank.world_size if self.rank.rank == 0 else None
         dist.gather_object(mine, gathered, dst=0, group=self.ctrl)
         if gathered is None:
             return None
+        captures = [m.pop("capture") for m in gathered]
+        capture.write_repeat(self.run_dir, case.case_id, repeat, captures)
+        if profile_after:
+            info = capture.finish_case(self.run_dir, case.case_id, case.nvml_interval_ms, case.backend, captures)
+            self.events.emit("capture", case=case.case_id, **info)
         rows = _rows(case, repeat, gathered)
         if workload.optimal_loss is not None:
             rows["optimal_loss"] = workload.optimal_loss
         return rows
+
+    def _capture(self, case: Case, repeat: int, sampler: nvml.Sampler | None, spans: list[nvml.Span],
+                 clock: nvml.ClockSync | None, last: bool) -> capture.RankCapture:
+        """This rank's telemetry for the repeat; on a case's last repeat also the transport it used."""
+        cap = capture.RankCapture(self.rank.rank, capture.nvml_status(self.gpu), clock=clock)
+        if sampler is not None:
+            cap.samples = nvml.samples_frame(self.gpu, sampler.stop(), spans, self.rank.rank, repeat)
+            cap.sampler_error = sampler.error
+        if last:
+            cap.transport = transport.observe(case.backend, self.rank.rank)
+        return cap
 
     def _calibrated_delay(self, case: Case, warmup_ms: list[float]) -> float:
         """``slowdown_pct`` of the warm-up's median step, so gates can be tested against a known slowdown."""
@@ -248,18 +272,29 @@ class CaseRunner:
             "peak_reserved_mb": torch.cuda.max_memory_reserved(self.device) / 2**20,
         }
 
-    def _profile(self, case: Case, training: Training, workload) -> None:
-        """``profiler_steps`` traced steps after the timed ones; one gzipped Chrome trace per rank."""
+    def _profile(self, case: Case, training: Training, workload) -> tuple[nvml.ClockSync | None, list[nvml.Span]]:
+        """``profiler_steps`` traced steps after the timed ones; one gzipped Chrome trace per rank.
+
+        Returns the offset between the NVML sampler's clock and this trace's clock (measured by a
+        probe range in the first traced step) and the profiled steps' spans for tagging samples.
+        ``repeat=1``: without it the schedule starts a new cycle after the active steps, and the
+        export (which covers only the last cycle) would hold no step at all.
+        """
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
         out = store.trace_dir(self.run_dir, case.case_id) / f"rank{self.rank.rank}.json.gz"
         out.parent.mkdir(parents=True, exist_ok=True)
         base = case.warmup_steps + case.steps
-        with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=case.profiler_steps)) as prof:
+        t_start, ends = time.perf_counter(), []
+        with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=case.profiler_steps, repeat=1),
+                     record_shapes=True) as prof:  # collective sizes (bytes) on Gloo ranges and c10d ops
             for i in range(case.profiler_steps + 1):
+                if i == 1:
+                    bracket = nvml.clock_probe()
                 x, y = workload.train_batch(base + i)
                 train_step(training, workload, x, y, profiled=True)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
+                ends.append(time.perf_counter() - t_start)
                 prof.step()
         tmp = out.with_suffix(".tmp.json")
         prof.export_chrome_trace(str(tmp))
@@ -267,6 +302,8 @@ class CaseRunner:
             shutil.copyfileobj(src, dst)
         os.replace(out.with_name(out.name + ".part"), out)
         tmp.unlink()
+        spans = nvml.step_spans(t_start, ends, 0, first_step=base, phase="profile")
+        return nvml.clock_sync(prof, bracket, out), spans
 
 
 @torch.no_grad()

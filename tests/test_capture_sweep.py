@@ -1,0 +1,160 @@
+"""Capture end to end on CPU: a real 2-rank Gloo sweep with profiling, and per-case memory peaks.
+
+What a GPU adds (CUDA kernels and memcpys in the traces, NVML samples) is checked by
+``scripts/gpu_capture.py`` on a GPU machine; here NVML must be reported unavailable, quietly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tpbench import store, sweep
+from tpbench.capture import NVML_FILE, nvml
+from tpbench.suite import expand, parse
+from tpbench.worker import CaseRunner, Events, Rank
+from tests.world import run_world
+
+SUITE = """
+[suite]
+name = "capture"
+[defaults]
+world_size = 2
+backend = "gloo"
+device = "cpu"
+workload = "mlp"
+batch_size = 8
+warmup_steps = 3
+steps = 4
+repeats = 2
+timeout_s = 90
+[sweep]
+algorithm = ["ddp", "zero_no_overlap"]
+[capture]
+profiler_steps = 2
+[workloads.mlp]
+width = 64
+depth = 2
+"""
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> store.Loaded:
+    tmp = tmp_path_factory.mktemp("capture")
+    (tmp / "capture.toml").write_text(SUITE)
+    prepared = sweep.prepare(tmp / "capture.toml")
+    r = sweep.start(prepared, tmp / "results")
+    sweep.execute(r, prepared.cases, lambda kind, data: None)
+    return sweep.finalize(r.dir)
+
+
+def _trace(path: Path) -> dict:
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+def test_one_parseable_trace_per_rank_with_phases_collectives_and_distributed_info(run):
+    assert set(run.cases["status"]) == {"done"}
+    for case in run.cases.to_dict("records"):
+        files = store.traces(run.run_dir, case["case_id"])
+        # HTA reads a folder with one file per rank and takes the rank from distributedInfo.
+        # and nothing else in the folder (no leftover temporary export).
+        assert sorted(p.name for p in files[0].parent.iterdir()) == ["rank0.json.gz", "rank1.json.gz"]
+        assert files == sorted(files[0].parent.iterdir())
+        for rank, path in enumerate(files):
+            trace = _trace(path)
+            info = trace["distributedInfo"]
+            assert (info["rank"], info["world_size"], info["backend"]) == (rank, 2, "gloo")
+            spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+            steps = [e for e in spans if e["name"].startswith("ProfilerStep#")]
+            assert len(steps) == case["profiler_steps"]
+            train_tid = steps[0]["tid"]
+            names = {e["name"] for e in spans if e["tid"] == train_tid}
+            assert {"tpbench.forward", "tpbench.backward", "tpbench.optimizer"} <= names
+            gloo = {e["name"] for e in spans if e["name"].startswith("gloo:")}
+            assert "gloo:all_reduce" in gloo
+            if case["algorithm"] == "zero_no_overlap":
+                assert "gloo:broadcast" in gloo  # ZeRO hands each rank's updated shard to the others
+
+
+def test_clock_sync_maps_the_sampler_clock_onto_each_trace(run):
+    for cid, entry in run.meta["cases"].items():
+        for rank, path in enumerate(store.traces(run.run_dir, cid)):
+            sync = entry["clock_sync"][str(rank)]
+            trace = _trace(path)
+            assert sync["trace_base_ns"] == trace["baseTimeNanoseconds"]
+            probe = next(e for e in trace["traceEvents"] if e.get("name") == nvml.CLOCK_PROBE)
+            assert probe["ts"] == pytest.approx(sync["probe_ns"] / 1e3 + sync["offset_us"], abs=1.0)
+
+
+def test_gloo_transport_is_observed_and_matches_loopback(run):
+    for entry in run.meta["cases"].values():
+        seen = entry["observed_transport"]
+        assert seen["asked"] == "loopback" and seen["backend"] == "gloo"
+        assert seen["interfaces"] == ["lo"] and seen["mismatch"] is False
+        for rank in ("0", "1"):
+            assert seen["ranks"][rank]["local_addresses"] == ["127.0.0.1"]
+            assert seen["ranks"][rank]["connections"] >= 1
+
+
+def test_nvml_is_recorded_unavailable_on_cpu(run):
+    for cid, entry in run.meta["cases"].items():
+        assert entry["nvml"]["available"] is False
+        assert "CPU" in entry["nvml"]["reason"]
+        assert not (store.case_dir(run.run_dir, cid) / NVML_FILE).exists()
+
+
+def test_peak_rss_is_recorded_per_rank_and_repeat(run):
+    peaks = run.steps.groupby(["case_id", "repeat", "rank"])["peak_rss_mb"].agg(["nunique", "first"])
+    assert len(peaks) == 2 * 2 * 2
+    assert (peaks["nunique"] == 1).all()
+    assert all(100 < p < 10_000 and math.isfinite(p) for p in peaks["first"])
+
+
+MEMORY_SUITE = """
+[defaults]
+world_size = 2
+backend = "gloo"
+device = "cpu"
+batch_size = 8
+warmup_steps = 1
+steps = 2
+repeats = 1
+[capture]
+profiler_steps = 0
+[workloads.mlp]
+width = 32
+depth = 1
+"""
+
+
+def _peaks_in_one_world(rank: int, world_size: int, run_dir: str, big, small) -> list[dict[str, float]]:
+    ctrl = dist.new_group(backend="gloo")
+    runner = CaseRunner(Rank(rank, world_size, rank, world_size), torch.device("cpu"), Path(run_dir), Events(None), ctrl)
+    peaks = []
+    for case in (big, small, big, small):
+        rows = runner.run_repeat(case, 0, profile_after=False)
+        if rows is not None:
+            peaks.append(rows.groupby("rank")["peak_rss_mb"].first().to_dict())
+    return peaks
+
+
+def test_peak_rss_is_reset_between_cases_in_one_process(tmp_path):
+    """The same rank processes run a ~200 MB case, then a tiny one: the tiny one's peak must not
+    inherit the big one's (VmHWM is reset through /proc/self/clear_refs before every repeat)."""
+    (small,) = expand(parse(MEMORY_SUITE))
+    # 3000 × 3000 float32 = 36 MB per tensor: above glibc's mmap threshold, so freeing returns it to the OS.
+    big = dataclasses.replace(small, workload_params=(("classes", 16), ("depth", 1), ("width", 3000)), case_id="big")
+    peaks = run_world(_peaks_in_one_world, 2, str(tmp_path), big, small, timeout_s=180)[0]
+    big1, small1, big2, small2 = peaks
+    for rank in (0, 1):
+        assert big1[rank] - small1[rank] > 100, peaks
+        assert big2[rank] - small2[rank] > 100, peaks
+        assert big2[rank] - big1[rank] < 50, peaks  # the same case peaks the same each time
