@@ -16,7 +16,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_RESULTS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -47,14 +49,15 @@ class SweepProgress:
             self.progress.update(self.task, current=f"starting {data['world_size']} ranks on {data['interconnect']}…")
         elif event == "repeat_start":
             label = self.labels.get(data["case"], data["case"])
-            self.progress.update(self.task, current=f"case {self.done_cases + 1}/{self.total_cases}: {label} (repeat {data['repeat'] + 1}/{self.repeats.get(data['case'], '?')})")
+            self.progress.update(self.task, current=f"case {self.done_cases + 1}/{self.total_cases}: {escape(label)} (repeat {data['repeat'] + 1}/{self.repeats.get(data['case'], '?')})")
         elif event == "repeat_end":
             self.progress.advance(self.task)
         elif event == "case_end":
             self.done_cases += 1
         elif event == "case_failed":
             self.done_cases += 1
-            self.progress.console.print(f"[red]case failed:[/] {self.labels.get(data['case'], data['case'])}: {data['cause']}")
+            label = self.labels.get(data["case"], data["case"])
+            self.progress.console.print(Text.assemble(("case failed: ", "red"), f"{label}: {data['cause']}"))
 
 
 def _summary_table(loaded) -> Table:
@@ -69,10 +72,10 @@ def _summary_table(loaded) -> Table:
     s = loaded.summary
     for row in s.sort_values("median_ms", na_position="last").to_dict("records") if "median_ms" in s else s.to_dict("records"):
         if row.get("median_ms") == row.get("median_ms") and row.get("median_ms") is not None:
-            t.add_row(labels[row["case_id"]], row["status"], f"{row['median_ms']:.2f}", f"[{row['ci_lo_ms']:.2f}, {row['ci_hi_ms']:.2f}]",
+            t.add_row(escape(labels[row["case_id"]]), row["status"], f"{row['median_ms']:.2f}", f"[{row['ci_lo_ms']:.2f}, {row['ci_hi_ms']:.2f}]",
                       f"{row['p10_ms']:.2f}–{row['p90_ms']:.2f}", f"{row['samples_per_s']:.0f}")
         else:
-            t.add_row(labels[row["case_id"]], f"[red]{row['status']}[/]", "", "", "", "")
+            t.add_row(escape(labels[row["case_id"]]), f"[red]{row['status']}[/]", "", "", "", "")
     return t
 
 
@@ -208,7 +211,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from tpbench import gate
 
     if len(args.runs) < 2:
-        console.print("tpbench compare: error: give BASELINE_RUN... CANDIDATE_RUN (at least two run directories)")
+        console.print("tpbench compare: error: give BASELINE_RUN... CANDIDATE_RUN (at least two run directories)", soft_wrap=True)
         return EXIT_USAGE
     comparison = gate.compare_runs(args.runs[:-1], args.runs[-1:], metric=args.metric, threshold=gate.parse_threshold(args.threshold),
                                    fail_on_inconclusive=args.fail_on_inconclusive, ignore_env=args.ignore_env)
@@ -224,7 +227,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     candidate = gate.resolve_side("candidate", args.candidate, out / "candidate")
     run = gate.run_gate(args.suite, baseline, candidate, out, rounds=args.rounds, overrides=args.set, filters=args.filter,
                         candidate_overrides=args.candidate_set)
-    console.print(f"Gate runs: {run.out}")
+    console.print(f"Gate runs: {run.out}", soft_wrap=True)
     comparison = gate.compare_runs(run.baseline, run.candidate, metric=args.metric, threshold=threshold, paired=True,
                                    fail_on_inconclusive=args.fail_on_inconclusive, ignore_env=args.ignore_env)
     return _print_verdict(comparison, args.format)
@@ -236,10 +239,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     export = gate.export_run(args.run, args.format)
     text = json.dumps(export.document, indent=2, allow_nan=False) + "\n"
     for label in export.skipped:
-        console.print(f"[yellow]not exported:[/] {label} (no timed steps: the case failed or never ran)")
+        console.print(f"[yellow]not exported:[/] {label} (no timed steps: the case failed or never ran)", soft_wrap=True)
     if args.output:
         store.atomic_write_bytes(args.output, text.encode())
-        console.print(f"Wrote {args.output}")
+        console.print(f"Wrote {args.output}", soft_wrap=True)
     else:
         sys.stdout.write(text)
     return EXIT_OK
@@ -309,6 +312,11 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _error(e: Exception) -> None:
+    # User text (file names, keys like "[defaults] steps") must not be read as rich markup.
+    console.print(Text.assemble(("error: ", "red"), str(e)), soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     from tpbench.gate import GateError, SideError
     from tpbench.interconnect import InterconnectUnavailable
@@ -321,14 +329,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_USAGE)
     try:
         code = args.func(args)
-    except SuiteError as e:
-        console.print(f"[red]error:[/] {e}", soft_wrap=True)
-        code = EXIT_USAGE
-    except InterconnectUnavailable as e:
-        console.print(f"[red]error:[/] {e}", soft_wrap=True)
+    except (SuiteError, InterconnectUnavailable) as e:
+        _error(e)
         code = EXIT_USAGE
     except StoreError as e:
-        console.print(f"[red]error:[/] {e}", soft_wrap=True)
+        _error(e)
+        code = EXIT_RESULTS
+    except OSError as e:
+        # A disk that fills up or a folder that disappears mid-sweep: what finished is on disk.
+        _error(RuntimeError(f"{e.filename or ''}: {e.strerror or e}"))
         code = EXIT_RESULTS
     except GateError as e:
         console.print(f"[red]error:[/] {e}", soft_wrap=True)

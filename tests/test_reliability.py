@@ -1,0 +1,188 @@
+"""Faults, bad input and nothing lost: real processes, real signals, real files.
+
+Complements ``test_sweep.py`` (crash/hang knobs, SIGINT + resume, unwritable root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tpbench import cli, store
+
+HERE = Path(__file__).resolve().parent
+CATALOGUE = sorted((HERE / "data" / "bad_suites").glob("*.toml"))
+
+
+def expected_message(path: Path) -> str:
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# expect: "), path
+    return first[len("# expect: "):]
+
+
+def run_cli(args: list[str]) -> int:
+    with pytest.raises(SystemExit) as e:
+        cli.main(args)
+    return e.value.code
+
+
+def test_catalogue_is_large_enough():
+    assert len(CATALOGUE) >= 25
+
+
+@pytest.mark.parametrize("suite", CATALOGUE, ids=[p.stem for p in CATALOGUE])
+def test_bad_suite_exits_2_with_one_line_naming_file_and_key_and_writes_nothing(suite, tmp_path, capsys):
+    out, reports = tmp_path / "results", tmp_path / "reports"
+    code = run_cli(["sweep", str(suite), "--out", str(out), "--reports-dir", str(reports)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1, err
+    assert str(suite) in err
+    assert expected_message(suite) in err
+    assert not out.exists() and not reports.exists()
+
+
+def tiny_suite(tmp_path: Path, sweep: str, name: str = "tiny", **defaults: object) -> Path:
+    base = {"world_size": 2, "backend": '"gloo"', "device": '"cpu"', "batch_size": 8, "warmup_steps": 3,
+            "steps": 4, "repeats": 1, "timeout_s": 60} | defaults
+    swept = {line.split("=")[0].strip() for line in sweep.splitlines()}
+    lines = "\n".join(f"{k} = {v}" for k, v in base.items() if k not in swept)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(f'[suite]\nname = "{name}"\n[defaults]\n{lines}\n[sweep]\n{sweep}\n'
+                    "[capture]\nprofiler_steps = 0\n[workloads.mlp]\nwidth = 32\ndepth = 2\n")
+    return path
+
+
+def rank_pids(run_dir: Path) -> dict[int, int]:
+    """Rank → pid of the worker processes of a run (read from their environment)."""
+    pids = {}
+    for line in subprocess.run(["pgrep", "-f", f"tpbench.worker {run_dir}"], capture_output=True, text=True).stdout.split():
+        try:
+            env = Path(f"/proc/{line}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ranks = [int(e.split(b"=", 1)[1]) for e in env if e.startswith(b"RANK=")]
+        if ranks:
+            pids[ranks[0]] = int(line)
+    return pids
+
+
+def test_kill_9_of_a_rank_mid_case_fails_that_case_only(tmp_path):
+    # The second case runs long enough to be killed from outside while it is in flight.
+    suite = tiny_suite(tmp_path, 'steps = [4, 4000, 5]')
+    out = tmp_path / "results"
+    p = subprocess.Popen([sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(out), "--no-report"],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    killed = None
+    while time.monotonic() < deadline and killed is None:
+        for run_dir in store.iter_runs(out) if out.exists() else []:
+            meta = json.loads((run_dir / "run.json").read_text())
+            running = [c for c in meta["cases"].values() if c["status"] == "running" and c["params"]["steps"] == 4000]
+            pids = rank_pids(run_dir)
+            if running and 1 in pids:
+                time.sleep(0.5)
+                os.kill(pids[1], signal.SIGKILL)
+                killed = run_dir
+        time.sleep(0.05)
+    assert killed, "never saw the long case running"
+    _, err = p.communicate(timeout=180)
+    assert p.returncode == 1, err
+    meta = json.loads((killed / "run.json").read_text())
+    status = {c["params"]["steps"]: (c["status"], c.get("error")) for c in meta["cases"].values()}
+    assert status[4000] == ("failed", "rank 1 was killed by SIGKILL")
+    assert status[4][0] == "done" and status[5][0] == "done"
+    assert rank_pids(killed) == {}
+    assert store.load(killed).steps.case_id.nunique() == 2
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="needs root to mount a tiny tmpfs")
+def test_full_results_directory_fails_before_any_case(tmp_path):
+    full = tmp_path / "full"
+    full.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(full)], check=True)
+    try:
+        with pytest.raises(OSError), open(full / "filler", "wb") as f:
+            while True:  # fill it up
+                f.write(b"\0" * 4096)
+                f.flush()
+        suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]')
+        proc = subprocess.run([sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(full / "results"), "--no-report"],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 3, proc.stderr
+        assert "not writable" in proc.stderr and "No space left on device" in proc.stderr
+        assert not list((full / "results").rglob("run.json"))
+    finally:
+        subprocess.run(["umount", str(full)], check=False)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("done")
+    suite = tiny_suite(tmp, 'algorithm = ["ddp", "zero_no_overlap"]')
+    code = subprocess.run([sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(tmp / "results"), "--no-report"],
+                          capture_output=True, text=True, timeout=300)
+    assert code.returncode == 0, code.stderr
+    return next(store.iter_runs(tmp / "results"))
+
+
+def corrupt_copy(run_dir: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / run_dir.name
+    shutil.copytree(run_dir, copy)
+    return copy
+
+
+def test_report_on_truncated_parquet_names_the_file(finished_run, tmp_path, capsys):
+    run = corrupt_copy(finished_run, tmp_path)
+    victim = next(run.glob("cases/*/steps.parquet"))
+    victim.write_bytes(victim.read_bytes()[:100])
+    assert run_cli(["report", str(run), "-o", str(tmp_path / "r.html")]) == 3
+    err = capsys.readouterr().err
+    assert str(victim) in err and "unreadable parquet" in err
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("damage,message", [("missing", "run.json: missing"), ("garbage", "run.json: corrupted")])
+def test_report_on_broken_run_json_says_what_is_broken(finished_run, tmp_path, capsys, damage, message):
+    run = corrupt_copy(finished_run, tmp_path)
+    if damage == "missing":
+        (run / "run.json").unlink()
+    else:
+        (run / "run.json").write_text('{"run_id": ')
+    assert run_cli(["report", str(run), "-o", str(tmp_path / "r.html")]) == 3
+    assert message in capsys.readouterr().err
+
+
+def test_two_concurrent_sweeps_into_one_root_are_both_intact_and_bitwise_reproducible(tmp_path):
+    """Same suite, same seed, at the same time into the same results root: distinct runs, both
+    complete, and identical losses to the last bit (CPU/Gloo is deterministic for a fixed thread
+    count; on GPU, cuBLAS/NCCL reduction order can differ, see README)."""
+    suite = tiny_suite(
+        tmp_path,
+        'algorithm = ["ddp", "zero_no_overlap", "hook_with_zero_step", "hook_with_zero_step_interleaved", "post_localSGD_hook"]',
+        start_localSGD_iter=3, averaging_period=2, bucket_cap_mb=0.01,
+    )
+    out = tmp_path / "results"
+    cmd = [sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(out), "--no-report"]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    runs = list(store.iter_runs(out))
+    assert len(runs) == 2 and runs[0].name != runs[1].name
+    a, b = (store.load(r) for r in runs)
+    assert set(a.cases.status) == set(b.cases.status) == {"done"}
+    assert a.steps.case_id.nunique() == 5
+    cols = ["case_id", "repeat", "rank", "step"]
+    la = a.steps.sort_values(cols)[cols + ["loss"]].reset_index(drop=True)
+    lb = b.steps.sort_values(cols)[cols + ["loss"]].reset_index(drop=True)
+    pd.testing.assert_frame_equal(la, lb, check_exact=True)
