@@ -1,0 +1,87 @@
+"""Run directories written through the store from synthetic step times.
+
+The gate's and the exports' tests need runs whose right answer is known (a 30% regression, pure
+noise, a different torch) and take milliseconds to make, not sweeps. The layout is the real one:
+``store.Run.create`` with cases from the real suite expansion, repeats persisted and merged the
+way the worker and the launcher do it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from tpbench import store
+from tpbench.suite import Machine, expand, parse
+
+ENVIRONMENT: dict[str, Any] = {
+    "tpbench": "0.1.0", "git": {"commit": "0123456789abcdef", "dirty": False},
+    "torch": "2.13.0+cpu", "cuda": None, "nccl": None, "gpu_count": 0, "gpu_model": None, "gpu_driver": None,
+    "cpu_model": "Synthetic CPU", "cpu_count": 2, "hostname": "test", "python": "3.11.7", "platform": "Linux",
+}
+
+SUITE = """\
+[suite]
+name = "synthetic"
+[defaults]
+world_size = {world_size}
+backend = "gloo"
+device = "cpu"
+warmup_steps = 3
+steps = {steps}
+repeats = {repeats}
+[sweep]
+algorithm = {algorithms}
+[capture]
+profiler_steps = 0
+"""
+
+
+def make_run(
+    root: Path,
+    medians: Mapping[str, Sequence[float]],
+    *,
+    world_size: int = 2,
+    steps: int = 8,
+    jitter: float = 0.01,
+    seed: int = 0,
+    environment: Mapping[str, Any] | None = None,
+    failed: Sequence[str] = (),
+    defaults: Mapping[str, Any] | None = None,
+) -> Path:
+    """A finished run with one case per algorithm; ``medians[algorithm]`` are its per-repeat medians (ms).
+
+    Steps scatter ±``jitter`` around their repeat's median; rank 1 is a little faster so the
+    slowest-rank rule is exercised. Algorithms in ``failed`` are recorded as failed, without steps.
+    ``defaults`` adds suite defaults (values in TOML syntax).
+    """
+    algorithms = sorted(medians)
+    repeats = max(len(v) for v in medians.values())
+    text = SUITE.format(world_size=world_size, steps=steps, repeats=repeats, algorithms=list(algorithms)).replace("'", '"')
+    text = text.replace("[sweep]", "".join(f"{k} = {v}\n" for k, v in (defaults or {}).items()) + "[sweep]")
+    cases = expand(parse(text, "synthetic.toml"), Machine(gpus=0))
+    run = store.Run.create(root, "synthetic", "synthetic.toml", text, [c.params() for c in cases], dict(environment or ENVIRONMENT))
+    rng = np.random.default_rng(seed)
+    for case in cases:
+        if case.algorithm in failed:
+            run.set_case(case.case_id, store.FAILED, error="synthetic failure")
+            continue
+        values = medians[case.algorithm]
+        for r, m in enumerate(values):
+            rows = []
+            for rank in range(world_size):
+                noise = 1 + jitter * rng.uniform(-1, 1, case.warmup_steps + steps)
+                ms = m * noise * (1 if rank == 0 else 0.97)
+                rows.append(pd.DataFrame({
+                    "repeat": r, "rank": rank, "step": range(len(ms)),
+                    "phase": ["warmup" if i < case.warmup_steps else "timed" for i in range(len(ms))],
+                    "step_ms": ms, "loss": 1.0, "elapsed_s": np.cumsum(ms) / 1e3, "peak_rss_mb": 100.0 + r,
+                }))
+            store.write_repeat(run.dir, case.case_id, r, pd.concat(rows, ignore_index=True))
+        store.finish_case(run.dir, case.case_id, len(values))
+        run.set_case(case.case_id, store.DONE)
+    run.set_status("complete")
+    return run.dir

@@ -1,0 +1,92 @@
+"""Exports round-trip through their consumers: ``pytest-benchmark compare`` reads ours like its own
+saved runs, and the customSmallerIsBetter file has exactly the shape github-action-benchmark parses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from synthetic_runs import make_run
+from tpbench import gate
+
+REPO = Path(__file__).resolve().parent.parent
+PYTEST_BENCHMARK = shutil.which("pytest-benchmark", path=str(Path(sys.executable).parent))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    medians = {"ddp": [10.0, 10.4, 9.8, 10.1], "zero_no_overlap": [20.0, 21.0, 19.5, 20.2], "hook_with_zero_step": [15.0]}
+    return make_run(tmp_path_factory.mktemp("export"), medians, failed=["hook_with_zero_step"])
+
+
+def export(run: Path, fmt: str, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tpbench", "export", str(run), "--format", fmt, "-o", str(out)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+def test_pytest_benchmark_document(run: Path) -> None:
+    doc = gate.export_pytest_benchmark(run).document
+    assert {"machine_info", "commit_info", "benchmarks", "datetime", "version"} <= doc.keys()
+    assert doc["commit_info"]["id"] == "0123456789abcdef"
+    by_name = {b["name"]: b for b in doc["benchmarks"]}
+    assert set(by_name) == {"ddp", "zero_no_overlap"}  # the failed case has no numbers to export
+    s = by_name["ddp"]["stats"]
+    data = np.array(s["data"])
+    assert s["rounds"] == data.size == 4 * 8  # timed steps, slowest rank, all repeats
+    assert s["min"] == data.min() and s["max"] == data.max() and s["median"] == pytest.approx(np.median(data))
+    assert s["q1"] <= s["median"] <= s["q3"] and s["iqr"] == pytest.approx(s["q3"] - s["q1"])
+    assert s["ops"] == pytest.approx(1 / s["mean"]) and 0.009 < s["median"] < 0.011  # seconds, like pytest-benchmark
+    assert by_name["ddp"]["extra_info"]["repeat_medians_ms"] == pytest.approx([10.0, 10.4, 9.8, 10.1], rel=0.02)
+
+
+@pytest.mark.skipif(PYTEST_BENCHMARK is None, reason="pytest-benchmark's command is not installed")
+def test_pytest_benchmark_compare_reads_the_export(run: Path, tmp_path: Path) -> None:
+    a, b = tmp_path / "0001_base.json", tmp_path / "0002_cand.json"
+    p = export(run, "pytest-benchmark", a)
+    assert p.returncode == 0, p.stderr
+    shutil.copy(a, b)
+    out = subprocess.run([PYTEST_BENCHMARK, "compare", str(a), str(b), "--columns", "min,median,max,rounds", "--group-by", "name"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "Failed to load" not in out.stdout + out.stderr
+    # Both benchmarks of both files are in the table, with their 32 rounds and milliseconds shown.
+    for name in ("ddp", "zero_no_overlap"):
+        rows = [ln for ln in out.stdout.splitlines() if ln.lstrip().startswith(name)]
+        assert len(rows) == 2 and all(" 32" in r for r in rows), out.stdout
+    assert "(time in ms)" in out.stdout
+
+
+def test_custom_smaller_is_better(run: Path, tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    p = export(run, "custom-smaller-is-better", path)
+    assert p.returncode == 0, p.stderr
+    assert "hook_with_zero_step" in p.stderr and "not exported" in p.stderr
+    # github-action-benchmark JSON.parse()s the file into BenchmarkResult[]: a list of
+    # {name: string, value: number, unit: string, range?: string, extra?: string}; NaN is not JSON.
+    entries = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert isinstance(entries, list) and len(entries) == 2
+    for e in entries:
+        assert set(e) <= {"name", "value", "unit", "range", "extra"}
+        assert isinstance(e["name"], str) and isinstance(e["unit"], str) and isinstance(e["range"], str) and isinstance(e["extra"], str)
+        assert isinstance(e["value"], (int, float)) and math.isfinite(e["value"])
+    by = {e["name"]: e for e in entries}
+    assert by["synthetic/ddp"]["unit"] == "ms" and by["synthetic/ddp"]["value"] == pytest.approx(10.05, rel=0.02)
+    assert by["synthetic/ddp"]["range"].startswith("± ")
+    assert len({e["name"] for e in entries}) == len(entries)  # names are the series keys on the dashboard
+
+
+def test_export_to_stdout_and_bad_format(run: Path) -> None:
+    p = subprocess.run([sys.executable, "-m", "tpbench", "export", str(run), "--format", "custom-smaller-is-better"],
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert p.returncode == 0 and json.loads(p.stdout)[0]["name"].startswith("synthetic/")
+    p = subprocess.run([sys.executable, "-m", "tpbench", "export", str(run), "--format", "csv"],
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert p.returncode == 2
