@@ -12,6 +12,7 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
@@ -158,3 +159,57 @@ def test_peak_rss_is_reset_between_cases_in_one_process(tmp_path):
         assert big1[rank] - small1[rank] > 100, peaks
         assert big2[rank] - small2[rank] > 100, peaks
         assert big2[rank] - big1[rank] < 50, peaks  # the same case peaks the same each time
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict]] = []
+
+    def emit(self, event: str, **data) -> None:
+        self.events.append((event, data))
+
+
+def _sampled_case(rank: int, world_size: int, run_dir: str, case) -> list[tuple[str, dict]]:
+    from tests.test_nvml import FakeNvml
+
+    ctrl = dist.new_group(backend="gloo")
+    events = _Recorder()
+    runner = CaseRunner(Rank(rank, world_size, rank, world_size), torch.device("cpu"), Path(run_dir), events, ctrl)
+    runner.gpu = nvml.open_device(FakeNvml())  # only because no GPU exists here
+    for repeat in range(case.repeats):
+        runner.run_repeat(case, repeat, profile_after=repeat == case.repeats - 1)
+    return events.events
+
+
+SAMPLED_SUITE = MEMORY_SUITE.replace("steps = 2\nrepeats = 1", "steps = 6\nrepeats = 2").replace(
+    "profiler_steps = 0", "profiler_steps = 3\nnvml_interval_ms = 2").replace("width = 32", "width = 384")
+
+
+def test_worker_writes_nvml_samples_on_the_trace_clock_against_a_fake_nvml(tmp_path):
+    """The worker's whole NVML path in a real 2-rank world, with FakeNvml standing in for the
+    driver only because no GPU exists here: parts per repeat, merged nvml.parquet, samples tagged
+    with step and phase, and profiled-step samples inside the rank's traced steps."""
+    (case,) = expand(parse(SAMPLED_SUITE))
+    events = run_world(_sampled_case, 2, str(tmp_path), case, timeout_s=180)[0]
+    (info,) = [data for kind, data in events if kind == "capture"]
+    assert info["nvml"]["available"] is True and info["nvml"]["file"] == NVML_FILE
+    for rank in ("0", "1"):
+        r = info["nvml"]["ranks"][rank]
+        assert r["gpu"] == "Fake GPU" and r["samples"] > 10 and r["error"] is None
+        assert 1.5 <= r["median_interval_ms"] <= 4
+    assert info["transport"]["backend"] == "gloo" and len(info["transport"]["ranks"]) == 2
+    case_dir = store.case_dir(tmp_path, case.case_id)
+    assert not (case_dir / "nvml-parts").exists()
+    df = pd.read_parquet(case_dir / NVML_FILE)
+    assert list(df.columns) == list(nvml.COLUMNS)
+    assert set(df["repeat"]) == {0, 1} and set(df["rank"]) == {0, 1}
+    assert {"warmup", "timed", "profile", "idle"} <= set(df["phase"])
+    assert df.loc[df["phase"] == "timed", "step"].between(case.warmup_steps, case.warmup_steps + case.steps - 1).all()
+    assert df["ts_us"].notna().all()
+    for rank, path in enumerate(store.traces(tmp_path, case.case_id)):
+        steps = [e for e in _trace(path)["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
+        lo, hi = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+        traced = df[(df["rank"] == rank) & (df["phase"] == "profile") & (df["step"] > case.warmup_steps + case.steps)]
+        assert len(traced) > 0
+        # Samples of the traced steps (not the profiler's warm-up step) lie within them on the trace's clock.
+        assert traced["ts_us"].between(lo - 1e3, hi + 1e3).all(), (lo, hi, traced["ts_us"].tolist())

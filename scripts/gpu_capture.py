@@ -1,0 +1,194 @@
+"""Capture on a real NVIDIA GPU: traces with CUDA activity, NVML at the configured rate, overhead.
+
+Runs two small capture sweeps through the library (the same path as ``tpbench sweep``):
+
+- NCCL, world size 1 on GPU 0 (a lone NCCL rank connects to nobody, so no NCCL kernels and no
+  transport to judge; its NCCL_DEBUG log must still be written and parsed);
+- Gloo, 2 ranks sharing GPU 0 with CUDA tensors (Gloo stages through host memory: the traces
+  show host↔device memcpys around ``gloo:*`` ranges).
+
+Then checks, per case and rank: the trace holds CUDA kernels, memcpys, the phase ranges and
+``distributedInfo``; ``nvml.parquet`` holds samples at the configured interval whose trace-clock
+timestamps fall inside the traced window; run.json has the observed transport and clock offsets.
+Finally it measures the NVML sampler's overhead on the timed steps (``bench_nvml_overhead``).
+
+Prints one line per check and writes ``gpu_capture.json`` (and the run directories) under $OUT
+when it is set. Exit 0 when every check passes, 1 when one fails, 2 without CUDA.
+
+Usage: python scripts/gpu_capture.py [--interval-ms 50] [--overhead-rounds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SUITE = """
+[suite]
+name = "gpu-capture-{backend}"
+[defaults]
+world_size = {world_size}
+backend = "{backend}"
+device = "cuda"
+interconnect = "{interconnect}"
+workload = "mlp"
+batch_size = 64
+warmup_steps = 5
+steps = 30
+repeats = 2
+timeout_s = 300
+[sweep]
+algorithm = ["ddp", "zero_no_overlap"]
+[capture]
+profiler_steps = 3
+nvml_interval_ms = {interval}
+[workloads.mlp]
+width = 2048
+depth = 4
+"""
+
+WORLDS = (("nccl", 1, "nccl-default"), ("gloo", 2, "loopback"))
+
+
+class Checks:
+    def __init__(self) -> None:
+        self.results: list[dict[str, Any]] = []
+
+    def check(self, name: str, ok: bool, detail: str = "") -> bool:
+        self.results.append({"check": name, "ok": bool(ok), "detail": detail})
+        print(f"{'PASS' if ok else 'FAIL'}  {name}{': ' + detail if detail else ''}", flush=True)
+        return ok
+
+    @property
+    def passed(self) -> bool:
+        return all(r["ok"] for r in self.results)
+
+
+def _sweep(root: Path, backend: str, world_size: int, interconnect: str, interval_ms: int) -> Path:
+    from tpbench import sweep
+
+    suite = root / f"gpu-capture-{backend}.toml"
+    suite.write_text(SUITE.format(backend=backend, world_size=world_size, interconnect=interconnect, interval=interval_ms))
+    prepared = sweep.prepare(suite)
+    run = sweep.start(prepared, root / "results")
+    sweep.execute(run, prepared.cases, lambda kind, data: None)
+    sweep.finalize(run.dir)
+    return run.dir
+
+
+def _check_trace(c: Checks, label: str, path: Path, rank: int) -> tuple[float, float]:
+    with gzip.open(path, "rt") as f:
+        trace = json.load(f)
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    cats: dict[str, int] = {}
+    for e in events:
+        cats[e.get("cat", "")] = cats.get(e.get("cat", ""), 0) + 1
+    names = {e["name"] for e in events}
+    c.check(f"{label} rank {rank}: distributedInfo", trace.get("distributedInfo", {}).get("rank") == rank,
+            json.dumps(trace.get("distributedInfo", {}))[:120])
+    c.check(f"{label} rank {rank}: CUDA kernels", cats.get("kernel", 0) > 0, f"{cats.get('kernel', 0)} kernels")
+    c.check(f"{label} rank {rank}: memcpys", cats.get("gpu_memcpy", 0) > 0, f"{cats.get('gpu_memcpy', 0)} memcpys")
+    phases = {"tpbench.forward", "tpbench.backward", "tpbench.optimizer"}
+    c.check(f"{label} rank {rank}: phase ranges", phases <= names, ", ".join(sorted(phases - names)) or "all")
+    steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
+    return min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+
+
+def check_run(c: Checks, run_dir: Path, interval_ms: int) -> dict[str, Any]:
+    from tpbench import store
+    from tpbench.capture import NVML_FILE
+
+    loaded = store.load(run_dir)
+    summary: dict[str, Any] = {"run_dir": str(run_dir), "cases": {}}
+    for cid, entry in loaded.meta["cases"].items():
+        p = entry["params"]
+        label = f"{p['backend']}×{p['world_size']} {p['algorithm']}"
+        if not c.check(f"{label}: case done", entry["status"] == "done", entry.get("error") or ""):
+            continue
+        windows = {r: _check_trace(c, label, path, r) for r, path in enumerate(store.traces(run_dir, cid))}
+        c.check(f"{label}: one trace per rank", len(windows) == p["world_size"], f"{len(windows)} traces")
+        nv = entry.get("nvml", {})
+        c.check(f"{label}: NVML available", nv.get("available") is True, nv.get("reason") or "")
+        case_summary: dict[str, Any] = {"nvml": nv, "observed_transport": entry.get("observed_transport"),
+                                        "clock_sync": entry.get("clock_sync")}
+        path = store.case_dir(run_dir, cid) / NVML_FILE
+        if c.check(f"{label}: nvml.parquet written", path.exists()):
+            df = pd.read_parquet(path)
+            gaps = df.sort_values("t_ns").groupby(["rank", "repeat"])["t_ns"].diff().dropna() / 1e6
+            median_gap = float(gaps.median())
+            c.check(f"{label}: samples at the configured rate", 0.9 * interval_ms <= median_gap <= 1.25 * interval_ms,
+                    f"median interval {median_gap:.1f} ms for {interval_ms} ms, {len(df)} samples, "
+                    f"median query {df['query_ms'].median():.2f} ms")
+            for col in ("gpu_util_pct", "mem_used_mb", "power_w", "sm_clock_mhz", "pcie_tx_mb_s", "pcie_rx_mb_s"):
+                c.check(f"{label}: {col} sampled", df[col].notna().any(), f"median {df[col].median():.1f}")
+            c.check(f"{label}: timed-step samples", (df["phase"] == "timed").any(), str(df["phase"].value_counts().to_dict()))
+            for r, (lo, hi) in windows.items():
+                prof = df[(df["rank"] == r) & (df["phase"] == "profile")]
+                inside = prof["ts_us"].between(lo - interval_ms * 1e3, hi + interval_ms * 1e3).all() if len(prof) else None
+                c.check(f"{label} rank {r}: profile samples inside the trace window", inside is not False,
+                        f"{len(prof)} samples in the profiled steps" + ("" if len(prof) else " (window shorter than the interval)"))
+            case_summary["samples"] = len(df)
+            case_summary["median_interval_ms"] = median_gap
+            case_summary["median_query_ms"] = float(df["query_ms"].median())
+        seen = entry.get("observed_transport") or {}
+        if p["backend"] == "gloo":
+            c.check(f"{label}: Gloo observed on lo", seen.get("interfaces") == ["lo"] and seen.get("mismatch") is False,
+                    json.dumps({k: seen.get(k) for k in ("interfaces", "mismatch", "reason")}))
+        else:
+            log = run_dir / "logs" / "nccl-w0-rank0.log"
+            c.check(f"{label}: NCCL debug log written", log.exists() and "NCCL" in log.read_text(errors="replace"), str(log))
+            c.check(f"{label}: NCCL transport observed", seen.get("backend") == "nccl",
+                    json.dumps({k: seen.get(k) for k in ("transports", "mismatch", "reason")}))
+        summary["cases"][label] = case_summary
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--interval-ms", type=int, default=50)
+    ap.add_argument("--overhead-rounds", type=int, default=8)
+    args = ap.parse_args(argv)
+    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    result: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    if not torch.cuda.is_available():
+        msg = "gpu_capture: no CUDA device is visible (torch.cuda.is_available() is False); run it on an NVIDIA GPU machine"
+        print(msg, file=sys.stderr)
+        if out:
+            (out / "gpu_capture.json").write_text(json.dumps(result | {"error": msg}, indent=1))
+        return 2
+    result["gpu"] = torch.cuda.get_device_name(0)
+    c = Checks()
+    root = out if out else Path(tempfile.mkdtemp(prefix="tpbench-gpu-capture-"))
+    result["runs"] = {}
+    for backend, world_size, interconnect in WORLDS:
+        run_dir = _sweep(root, backend, world_size, interconnect, args.interval_ms)
+        result["runs"][f"{backend}x{world_size}"] = check_run(c, run_dir, args.interval_ms)
+    from bench_nvml_overhead import measure
+
+    overhead = measure(rounds=args.overhead_rounds, interval_ms=args.interval_ms)
+    result["overhead"] = asdict(overhead)
+    c.check("sampler overhead ratio <= 1.02", overhead.ratio <= 1.02,
+            f"{overhead.ratio:.4f} (median of per-round on/off ratios; off {overhead.median_off_ms:.3f} ms, "
+            f"on {overhead.median_on_ms:.3f} ms)")
+    result["checks"] = c.results
+    result["passed"] = c.passed
+    if out:
+        (out / "gpu_capture.json").write_text(json.dumps(result, indent=1, default=str))
+    print("ALL PASSED" if c.passed else "SOME CHECKS FAILED")
+    return 0 if c.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
