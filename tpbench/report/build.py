@@ -1,4 +1,5 @@
-"""Sections of the report, each present only when the run has the data for it."""
+"""The report page: verdicts first, then the sections that answer "why", each present only when
+the runs have the data for it, then the raw material (every case, failures, traces)."""
 
 from __future__ import annotations
 
@@ -6,152 +7,74 @@ import os
 from pathlib import Path
 
 import pandas as pd
-import plotly.express as px
-import plotly.graph_objects as go
 
 from tpbench import store
-from tpbench.report.html import Page, esc
+from tpbench.report import convergence, performance, telemetry, timelines, verdicts
+from tpbench.report.data import ReportData, load
+from tpbench.report.html import Page, esc, plain_templates
 
-# Parameters worth showing in tables when they vary.
-_SHOW = ["algorithm", "impl", "bucket_cap_mb", "shard_buckets", "interconnect", "world_size", "backend",
-         "start_localSGD_iter", "averaging_period", "post_local_gradient_allreduce", "workload"]
+ENVIRONMENT_KEYS = ("torch", "cuda", "nccl", "gpu_model", "gpu_count", "gpu_driver", "cpu_model", "cpu_count",
+                    "hostname", "platform", "python", "tpbench")
 
 
 def default_report_path(run_dir: Path, reports_root: Path = Path("reports")) -> Path:
     meta = store.read_run_json(run_dir)
-    return reports_root / f"{meta['suite']['name']}-{meta['run_id']}.html"
+    return Path(reports_root) / f"{meta['suite']['name']}-{meta['run_id']}.html"
 
 
-def _varying(df: pd.DataFrame) -> list[str]:
-    return [c for c in _SHOW if c in df and df[c].astype(str).nunique() > 1]
-
-
-def _label(df: pd.DataFrame, keys: list[str]) -> pd.Series:
-    keys = keys or ["algorithm"]
-    return df[keys].astype(str).apply(lambda r: " · ".join(f"{k}={v}" if k != "algorithm" else v for k, v in r.items()), axis=1)
-
-
-def _combined(runs: list[store.Loaded]) -> pd.DataFrame:
-    frames = []
-    for run in runs:
-        s = run.summary if not run.summary.empty else run.cases
-        frames.append(s.assign(run_id=run.meta["run_id"]))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-def _environment(page: Page, runs: list[store.Loaded]) -> None:
-    page.heading("Environment", anchor="environment")
-    keys = ["torch", "cuda", "nccl", "gpu_model", "gpu_count", "gpu_driver", "cpu_model", "cpu_count", "hostname", "python", "tpbench"]
-    table = pd.DataFrame({r.meta["run_id"]: [r.environment.get(k) for k in keys] + [(r.environment.get("git") or {}).get("commit")] for r in runs},
-                         index=keys + ["git commit"]).reset_index(names="")
-    page.table(table)
-    for r in runs:
-        eff = r.meta.get("efficiency")
-        if eff and eff.get("wall_s"):
-            share = eff.get("timed_share")
-            page.paragraph(
-                f"Run {r.meta['run_id']}: {eff['wall_s']:.1f} s wall, {eff['timed_s']:.1f} s in timed steps"
-                + (f" ({share:.0%})" if share is not None else "")
-                + f", {eff['worlds_started']} world(s), {eff['processes_started']} rank processes started.",
-                css="muted",
-            )
-
-
-def _headlines(page: Page, df: pd.DataFrame) -> None:
-    ok = df.dropna(subset=["median_ms"]) if "median_ms" in df else pd.DataFrame()
-    if ok.empty:
-        return
-    items = []
-    for key, grp in ok.groupby(["run_id", "interconnect", "world_size"], dropna=False):
-        best = grp.loc[grp["median_ms"].idxmin()]
-        worst = grp.loc[grp["median_ms"].idxmax()]
-        where = f"{key[1]}, {key[2]} ranks" + (f", run {key[0]}" if ok["run_id"].nunique() > 1 else "")
-        line = f"Fastest on {where}: {best['label']} at {best['median_ms']:.2f} ms/step [{best['ci_lo_ms']:.2f}, {best['ci_hi_ms']:.2f}]"
-        if len(grp) > 1:
-            line += f"; slowest: {worst['label']} at {worst['median_ms']:.2f} ms ({worst['median_ms'] / best['median_ms']:.2f}×)."
-        items.append(line)
-    page.heading("Headlines", anchor="headlines")
-    page.bullets(items, css="verdicts")
-
-
-def _step_time(page: Page, df: pd.DataFrame) -> None:
-    ok = df.dropna(subset=["median_ms"]) if "median_ms" in df else pd.DataFrame()
-    if ok.empty:
-        return
-    page.heading("Step time per case", anchor="step-time")
-    page.paragraph("Median of the slowest rank's step time over timed steps; error bars: 95% bootstrap CI over repeats.", css="muted")
-    ok = ok.assign(err_plus=ok["ci_hi_ms"] - ok["median_ms"], err_minus=ok["median_ms"] - ok["ci_lo_ms"])
-    if "bucket_cap_mb" in ok and ok["bucket_cap_mb"].nunique() > 1:
-        facet_col = "interconnect" if ok["interconnect"].nunique() > 1 else None
-        series = ok.assign(series=_label(ok, [k for k in _varying(ok) if k not in ("bucket_cap_mb", "interconnect")]))
-        fig = px.line(series.sort_values("bucket_cap_mb"), x="bucket_cap_mb", y="median_ms", color="series",
-                      error_y="err_plus", error_y_minus="err_minus", facet_col=facet_col, markers=True, log_x=True,
-                      labels={"bucket_cap_mb": "bucket_cap_mb (MB)", "median_ms": "step time (ms)"})
-    else:
-        fig = px.bar(ok, x="median_ms", y="label", color="algorithm", orientation="h",
-                     error_x="err_plus", error_x_minus="err_minus", labels={"median_ms": "step time (ms)", "label": ""})
-    fig.update_layout(height=max(350, 28 * len(ok) if "bucket_cap_mb" not in _varying(ok) else 420), margin=dict(l=10, r=10, t=30, b=10))
-    page.figure(fig)
-
-
-def _summary_table(page: Page, df: pd.DataFrame) -> None:
-    page.heading("All cases", anchor="cases")
-    cols = ["run_id", "case_id", "label", "status", "median_ms", "ci_lo_ms", "ci_hi_ms", "p10_ms", "p90_ms",
-            "samples_per_s", "max_peak_rss_mb", "max_peak_allocated_mb"]
-    if df["run_id"].nunique() == 1:
-        cols.remove("run_id")
-    page.table(df[[c for c in cols if c in df]])
-
-
-def _failures(page: Page, df: pd.DataFrame) -> None:
-    failed = df[df["status"] == store.FAILED] if "status" in df else pd.DataFrame()
-    if failed.empty:
-        return
-    page.heading(f"Failed cases ({len(failed)})", anchor="failed")
-    for row in failed.to_dict("records"):
-        page.paragraph(f"{row['label']} ({row['case_id']}): {row.get('error')}", css="failed")
-        if row.get("detail"):
-            page.preformatted(str(row["detail"])[-4000:])
-
-
-def _traces(page: Page, runs: list[store.Loaded], out_dir: Path) -> None:
-    items = []
-    for run in runs:
-        for cid in run.cases["case_id"]:
-            files = store.traces(run.run_dir, cid)
-            if files:
-                links = ", ".join(page.link(os.path.relpath(f, out_dir), f.name) for f in files)
-                items.append(f"{esc(cid)}: {links}")
-    if items:
-        page.heading("Raw traces", anchor="traces")
-        page.paragraph("Chrome-trace files, one per rank: open them in Perfetto (ui.perfetto.dev) or load the folder with Holistic Trace Analysis.", css="muted")
-        page.raw_list(items)
+def write_report(run_dirs: list[Path], out: Path) -> Path:
+    """Load the runs, build their report and write it atomically to ``out``."""
+    runs = [store.load(d) for d in run_dirs]
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    store.atomic_write_bytes(out, build_report(runs, out.parent.resolve()).encode())
+    return out
 
 
 def build_report(runs: list[store.Loaded], out_dir: Path = Path(".")) -> str:
-    """The whole HTML page for one run, or several runs compared side by side."""
-    df = _combined(runs)
-    details = {}
-    for run in runs:
-        for cid, entry in run.meta["cases"].items():
-            details[(run.meta["run_id"], cid)] = entry.get("detail")
-    if not df.empty:
-        df["label"] = _label(df, _varying(df))
-        df["detail"] = [details.get((r, c)) for r, c in zip(df["run_id"], df["case_id"])]
-    names = sorted({r.meta["suite"]["name"] for r in runs})
+    """The whole HTML page for one run, or several runs compared side by side. ``out_dir`` is
+    where the page will live: links to traces are relative to it."""
+    with plain_templates():
+        return _page(load(runs), runs, out_dir).render()
+
+
+def _page(data: ReportData, runs: list[store.Loaded], out_dir: Path) -> Page:
+    names = list(dict.fromkeys(r.meta["suite"]["name"] for r in runs))
     page = Page(title=f"tpbench report: {', '.join(names)}")
     page.heading(f"tpbench: {', '.join(names)}", level=1)
     for r in runs:
-        desc = r.meta["suite"].get("description") or _description(r)
-        page.paragraph(f"Run {r.meta['run_id']} ({r.meta.get('status', '?')}), {len(r.meta['cases'])} cases. {desc}", css="muted")
-    _headlines(page, df)
-    _environment(page, runs)
-    _step_time(page, df)
-    if not df.empty:
-        _summary_table(page, df)
-        _failures(page, df)
-    _traces(page, runs, out_dir)
-    return page.render()
+        _run_line(page, data, r)
+
+    kinds = [*verdicts.ZERO_KINDS, *verdicts.impl_kinds(data)]
+    comparisons = {k.key: verdicts.compare(data, k) for k in kinds}
+    conv = verdicts.convergence_verdicts(data)
+    cross = verdicts.across_runs(data)
+    _headlines(page, data, comparisons, conv, cross)
+    _environment(page, data)
+    performance.step_time(page, data)
+    performance.heatmaps(page, data, comparisons)
+    convergence.section(page, data, conv)
+    timelines.overlap(page, data)
+    timelines.gantt(page, data)
+    timelines.bandwidth(page, data)
+    telemetry.nvml(page, data)
+    telemetry.memory(page, data)
+    performance.comparisons_table(page, data, [c for cs in comparisons.values() for c in cs])
+    _across_runs_table(page, data, cross)
+    _failures(page, data)
+    _cases_table(page, data)
+    _traces(page, data, out_dir)
+    return page
+
+
+def _run_line(page: Page, data: ReportData, run: store.Loaded) -> None:
+    meta = run.meta
+    statuses = pd.Series([e["status"] for e in meta["cases"].values()]).value_counts().to_dict()
+    counts = ", ".join(f"{n} {s}" for s, n in statuses.items())
+    desc = meta["suite"].get("description") or _description(run)
+    tag = f"{data.tags[meta['run_id']]}: " if data.multi else ""
+    page.paragraph(f"{tag}run {meta['run_id']} of suite {meta['suite']['name']} ({meta.get('status', '?')}; "
+                   f"{len(meta['cases'])} cases: {counts}). {desc}", css="muted")
 
 
 def _description(run: store.Loaded) -> str:
@@ -163,9 +86,123 @@ def _description(run: store.Loaded) -> str:
         return ""
 
 
-def write_report(run_dirs: list[Path], out: Path) -> Path:
-    runs = [store.load(d) for d in run_dirs]
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    store.atomic_write_bytes(out, build_report(runs, out.parent.resolve()).encode())
-    return out
+def _headlines(page: Page, data: ReportData, comparisons: dict[str, list[verdicts.Comparison]],
+               conv: list[verdicts.ConvergenceVerdict], cross: list[verdicts.RunComparison]) -> None:
+    lines = verdicts.fastest_lines(data)
+    for kind_comps in comparisons.values():
+        by_run = {}
+        for c in kind_comps:
+            by_run.setdefault(c.run_id, []).append(c)
+        for run_id, cs in by_run.items():
+            lines += verdicts.group_sentences(cs, prefix=f"[{data.tags[run_id]}] " if data.multi else "")
+    keys = [k for k in data.context_keys if k not in verdicts.LOCALSGD_KIND.sides]
+    lines += [(f"[{data.tags[v.comparison.run_id]}] " if data.multi else "") + verdicts.convergence_sentence(v, keys) for v in conv]
+    lines += verdicts.across_runs_lines(data, cross)
+    if not lines:
+        return
+    page.heading("Verdicts", anchor="verdicts")
+    page.bullets(lines, css="verdicts")
+    notes = "Intervals: 95% bootstrap over repeats; a difference is called only when its interval excludes no change."
+    if any(comparisons.get(k.key) for k in verdicts.ZERO_KINDS):
+        notes += " " + "; ".join(f"{short} = {name}" for name, short in verdicts.SHORT.items()) + "."
+    page.paragraph(notes, css="muted")
+
+
+def _environment(page: Page, data: ReportData) -> None:
+    page.heading("Environment", anchor="environment")
+    cols = {}
+    for r in data.runs:
+        env = r.environment
+        git = env.get("git") or {}
+        commit = (git.get("commit") or "") + (" (dirty)" if git.get("dirty") else "")
+        cols[data.tags[r.meta["run_id"]]] = [env.get(k) for k in ENVIRONMENT_KEYS] + [commit or None]
+    table = pd.DataFrame(cols, index=[*ENVIRONMENT_KEYS, "git commit"]).reset_index(names="")
+    if data.multi:
+        values = table.drop(columns="").astype(str)
+        table.insert(1, "differs", ["yes" if values.loc[i].nunique() > 1 else "" for i in table.index])
+    page.table(table)
+    transport = _transport(data)
+    if not transport.empty:
+        page.paragraph("Transport observed per interconnect (the sockets or NCCL transports the ranks actually used):", css="muted")
+        page.table(transport)
+    for r in data.runs:
+        eff = r.meta.get("efficiency")
+        if eff and eff.get("wall_s"):
+            share = eff.get("timed_share")
+            page.paragraph(
+                (f"{data.tags[r.meta['run_id']]}: " if data.multi else "")
+                + f"{eff['wall_s']:.1f} s wall, {eff['timed_s']:.1f} s in timed steps"
+                + (f" ({share:.0%})" if share is not None else "")
+                + f", {eff['worlds_started']} world(s), {eff['processes_started']} rank processes started.",
+                css="muted",
+            )
+    for r in data.runs:
+        page.details(f"Suite file of {data.tags[r.meta['run_id']]} ({r.meta['suite'].get('path') or 'unknown path'})",
+                     r.meta["suite"].get("text", ""))
+
+
+def _transport(data: ReportData) -> pd.DataFrame:
+    rows = {}
+    for r in data.runs:
+        for entry in r.meta["cases"].values():
+            t = entry.get("observed_transport")
+            if not t:
+                continue
+            key = (data.tags[r.meta["run_id"]], t.get("asked"), t.get("backend"))
+            rows[key] = {
+                **({"run": key[0]} if data.multi else {}), "interconnect": t.get("asked"), "backend": t.get("backend"),
+                "observed": ", ".join(map(str, t.get("interfaces") or [])), "expected": ", ".join(map(str, t.get("expected") or [])),
+                "mismatch": "yes" if t.get("mismatch") else "", "note": t.get("reason") or "",
+            }
+    return pd.DataFrame(list(rows.values()))
+
+
+def _across_runs_table(page: Page, data: ReportData, cross: list[verdicts.RunComparison]) -> None:
+    if not cross:
+        return
+    page.heading("Across runs", anchor="across-runs")
+    page.paragraph("The same case (same parameters) in each run against the first run: ratio of median step times "
+                   "with its 95% bootstrap interval over repeats.", css="muted")
+    rows = [{"run": data.tags[c.candidate_run], "against": data.tags[c.baseline_run], "case": c.case["label"],
+             "ratio": c.ratio, "95% CI": f"[{c.lo:.3g}, {c.hi:.3g}]", "verdict": c.verdict} for c in cross]
+    page.table(pd.DataFrame(rows), scroll=len(rows) > 20)
+
+
+def _failures(page: Page, data: ReportData) -> None:
+    failed = data.cases[data.cases["status"] == store.FAILED] if "status" in data.cases else data.cases.iloc[:0]
+    if failed.empty:
+        return
+    page.heading(f"Failed cases ({len(failed)})", anchor="failed")
+    table = failed[["run", "label", "case_id", "error"]] if data.multi else failed[["label", "case_id", "error"]]
+    page.table(table.rename(columns={"label": "case", "error": "cause"}))
+    for row in failed.to_dict("records"):
+        if row.get("detail"):
+            page.details(f"{row['label']} ({row['case_id']}): logs", str(row["detail"])[-6000:])
+
+
+def _cases_table(page: Page, data: ReportData) -> None:
+    if data.cases.empty:
+        return
+    page.heading("All cases", anchor="cases")
+    cols = ["run", "label", "case_id", "status", "median_ms", "ci_lo_ms", "ci_hi_ms", "p10_ms", "p90_ms",
+            "samples_per_s", "timed_steps", "max_peak_rss_mb", "max_peak_allocated_mb", "final_heldout_loss", "time_to_target_s"]
+    if not data.multi:
+        cols.remove("run")
+    table = data.cases[[c for c in cols if c in data.cases]]
+    page.table(table.rename(columns={"label": "case"}), scroll=len(table) > 25)
+
+
+def _traces(page: Page, data: ReportData, out_dir: Path) -> None:
+    items = []
+    for row in data.cases.to_dict("records"):
+        files = store.traces(data.run(row["run_id"]).run_dir, row["case_id"])
+        if files:
+            links = ", ".join(page.link(Path(os.path.relpath(f.resolve(), out_dir)).as_posix(), f.name) for f in files)
+            name = f"{row['run']} · {row['label']}" if data.multi else row["label"]
+            items.append(f"{esc(name)} ({esc(row['case_id'])}): {links}")
+    if items:
+        page.heading("Raw traces", anchor="traces")
+        page.paragraph("torch.profiler Chrome traces, one per rank, linked relative to this file: open one in "
+                       "Perfetto (ui.perfetto.dev, \"Open trace file\") or chrome://tracing, or load a case's folder "
+                       "with Holistic Trace Analysis.", css="muted")
+        page.raw_list(items)

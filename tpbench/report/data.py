@@ -1,0 +1,210 @@
+"""The report's view of one or several runs: one table of cases with labels, and the store's
+derived tables, read only when a section asks for them.
+
+Case parameters come from run.json (the suite's own values, e.g. ``start_localSGD_iter`` is
+``"never"`` or an int), and the numbers from summary.parquet: parquet needs one type per column,
+so the summary's copy of a mixed parameter may have been coerced.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from tpbench import store
+from tpbench.suite import Case, varying_keys
+
+# Plot and table order: baselines first, then what is measured against them.
+ALGORITHM_ORDER = ("ddp", "zero_no_overlap", "hook_with_zero_step", "hook_with_zero_step_interleaved", "post_localSGD_hook")
+
+# Environment keys that make runs differ, in the order a run's tag names them.
+_TAG_KEYS = ("gpu_model", "torch", "cuda", "nccl", "gpu_driver", "cpu_model", "hostname", "commit")
+
+
+@dataclass
+class ReportData:
+    """Everything sections draw from. ``cases`` has one row per (run, case): parameters, status,
+    error, summary numbers, plus ``run_id``, ``run`` (a short tag), ``algo`` (algorithm with a
+    non-default impl), ``label`` and ``order`` (the position plots and tables use)."""
+
+    runs: list[store.Loaded]
+    tags: dict[str, str]
+    cases: pd.DataFrame
+    context_keys: list[str]
+    _tables: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
+    _steps: pd.DataFrame | None = field(default=None, repr=False)
+
+    @property
+    def multi(self) -> bool:
+        return len(self.runs) > 1
+
+    @property
+    def done(self) -> pd.DataFrame:
+        """Cases with step-time numbers."""
+        if "median_ms" not in self.cases:
+            return self.cases.iloc[:0]
+        return self.cases[self.cases["median_ms"].notna()]
+
+    def run(self, run_id: str) -> store.Loaded:
+        return next(r for r in self.runs if r.meta["run_id"] == run_id)
+
+    def steps(self) -> pd.DataFrame:
+        """All runs' per-step rows with ``run_id``."""
+        if self._steps is None:
+            frames = [r.steps.assign(run_id=r.meta["run_id"]) for r in self.runs if not r.steps.empty]
+            self._steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        return self._steps
+
+    def table(self, name: str) -> pd.DataFrame:
+        """A derived per-case table (``overlap``, ``collectives``, ``nvml``) of every run, with
+        ``run_id`` and ``case_id``; empty when no case has it. ``intervals`` are read per case
+        with ``case_table`` instead: they are the one table that grows with trace size."""
+        if name not in self._tables:
+            frames = []
+            for r in self.runs:
+                t = store.read_case_tables(r.run_dir, name)
+                if not t.empty:
+                    frames.append(t.assign(run_id=r.meta["run_id"]))
+            self._tables[name] = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        return self._tables[name]
+
+    def case_table(self, run_id: str, case_id: str, name: str) -> pd.DataFrame | None:
+        return store.read_case_table(self.run(run_id).run_dir, case_id, name)
+
+    def representative(self, name: str | None = None) -> list[tuple[dict[str, Any], pd.DataFrame | None]]:
+        """Per run and algorithm, the case with the median step time (the middle of the
+        algorithm's range, neither its best nor its worst configuration); with ``name``, the
+        case nearest that median which has the derived table ``name``, and the table. Tables are
+        read one case at a time, nearest the median first."""
+        picked = []
+        for _, grp in self.cases.groupby(["run_id", "algo"], sort=False):
+            rows = grp.sort_values("median_ms", na_position="last").to_dict("records") if "median_ms" in grp else grp.to_dict("records")
+            mid = (len(rows) - 1) // 2
+            for i in sorted(range(len(rows)), key=lambda i: abs(i - mid)):
+                table = self.case_table(rows[i]["run_id"], rows[i]["case_id"], name) if name else None
+                if name is None or (table is not None and len(table)):
+                    picked.append((rows[i], table))
+                    break
+        return picked
+
+    def with_cases(self, df: pd.DataFrame, columns: list[str] | None = None) -> pd.DataFrame:
+        """``df`` (keyed by run_id, case_id) joined with the cases' labels and parameters."""
+        cols = ["run_id", "case_id", "run", "algo", "label", "order", *self.context_keys] + (columns or [])
+        keep = list(dict.fromkeys(c for c in cols if c in self.cases))
+        return df.merge(self.cases[keep], on=["run_id", "case_id"], how="inner")
+
+
+def load(runs: list[store.Loaded]) -> ReportData:
+    tags = run_tags(runs)
+    frames = [_run_cases(r, tags[r.meta["run_id"]]) for r in runs]
+    cases = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    all_cases = [Case.from_params(e["params"]) for r in runs for e in r.meta["cases"].values()]
+    # impl stays a context key (pairs of cases must agree on it); labels show it with the algorithm.
+    context = [k for k in varying_keys(all_cases) if k != "algorithm"]
+    if not cases.empty:
+        cases["algo"] = [_algo(a, i) for a, i in zip(cases["algorithm"], cases.get("impl", [None] * len(cases)))]
+        cases["label"] = _labels(cases, all_cases, [k for k in context if k != "impl"])
+        keys = _order_keys(cases, runs, context)
+        cases = cases.iloc[sorted(range(len(cases)), key=keys.__getitem__)].reset_index(drop=True)
+        cases["order"] = range(len(cases))
+    return ReportData(runs, tags, cases, context)
+
+
+def _algo(algorithm: str, impl: Any) -> str:
+    """The name the CLI shows: the algorithm, with ``[torch]`` when PyTorch's own hook ran."""
+    return algorithm + ("" if impl in (None, "tpbench") or pd.isna(impl) else f"[{impl}]")
+
+
+def _run_cases(run: store.Loaded, tag: str) -> pd.DataFrame:
+    records = [dict(e["params"]) | {"status": e["status"], "error": e.get("error"), "detail": e.get("detail")}
+               for e in run.meta["cases"].values()]
+    params = pd.DataFrame(records)
+    for col in params.columns:
+        # A parameter collapsed to None for some cases would turn ints into floats (4 → 4.0) in
+        # labels and verdicts: keep such columns as the suite's own values.
+        if params[col].dtype == float and any(r.get(col) is None for r in records):
+            params[col] = pd.Series([r.get(col) for r in records], dtype=object)
+    if not run.summary.empty and "case_id" in run.summary:
+        numbers = [c for c in run.summary.columns if c == "case_id" or c not in params.columns]
+        params = params.merge(run.summary[numbers], on="case_id", how="left")
+    return params.assign(run_id=run.meta["run_id"], run=tag)
+
+
+def _labels(cases: pd.DataFrame, all_cases: list[Case], context: list[str]) -> list[str]:
+    by_id = {c.case_id: c.label(context) for c in all_cases}
+    labels = [by_id.get(cid, cid) for cid in cases["case_id"]]
+    seen: dict[tuple[str, str], int] = {}
+    for run_id, lab in zip(cases["run_id"], labels):
+        seen[(run_id, lab)] = seen.get((run_id, lab), 0) + 1
+    # Keys the label cannot show (workload parameters) can make two labels equal: add the case id.
+    return [f"{lab} ({cid})" if seen[(r, lab)] > 1 else lab for r, lab, cid in zip(cases["run_id"], labels, cases["case_id"])]
+
+
+def _order_keys(cases: pd.DataFrame, runs: list[store.Loaded], context: list[str]) -> list[tuple]:
+    """Sort keys: run, algorithm (baselines first), then the varying parameters by value."""
+    run_pos = {r.meta["run_id"]: i for i, r in enumerate(runs)}
+
+    def key(v: Any) -> tuple:
+        # None first, numbers by value, anything else by its text: mixed columns ("never", 0, 60) sort.
+        if v is None or (isinstance(v, float) and pd.isna(v)):
+            return (0, 0.0, "")
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return (1, float(v), "")
+        return (2, 0.0, json.dumps(v, default=str))
+
+    algo_pos = {a: i for i, a in enumerate(ALGORITHM_ORDER)}
+    return [
+        (run_pos[row["run_id"]], algo_pos.get(row["algorithm"], len(algo_pos)), row["algo"], *(key(row.get(k)) for k in context))
+        for row in cases.to_dict("records")
+    ]
+
+
+def run_tags(runs: list[store.Loaded]) -> dict[str, str]:
+    """A short name per run: the run id alone, or with several runs a letter and what differs
+    between their environments ("A · torch 2.13.0", "B · torch 2.14.0"), so legends say why two
+    runs differ rather than when they ran."""
+    ids = [r.meta["run_id"] for r in runs]
+    if len(runs) == 1:
+        return {ids[0]: ids[0]}
+    envs = [_tag_env(r) for r in runs]
+    differing = [k for k in _TAG_KEYS if len({json.dumps(e.get(k), default=str) for e in envs}) > 1]
+    tags = {}
+    for i, (rid, env) in enumerate(zip(ids, envs)):
+        letter = chr(ord("A") + i) if i < 26 else str(i + 1)
+        what = ", ".join(f"{k} {env.get(k)}" for k in differing[:2]) or rid
+        tags[rid] = f"{letter} · {what}"
+    return tags
+
+
+def _tag_env(run: store.Loaded) -> dict[str, Any]:
+    env = dict(run.environment)
+    env["commit"] = ((env.get("git") or {}).get("commit") or "")[:10] or None
+    return env
+
+
+def context_text(row: dict[str, Any], keys: list[str]) -> str:
+    """Shared parameters in words: "at 4 MB buckets on loopback, shard_buckets=True"."""
+    parts = []
+    for k in keys:
+        v = row.get(k)
+        if v is None or (isinstance(v, float) and pd.isna(v)):
+            continue
+        if k == "bucket_cap_mb":
+            parts.append(f"at {v:g} MB buckets" if isinstance(v, (int, float)) else f"at {v} MB buckets")
+        elif k == "interconnect":
+            parts.append(f"on {v}")
+        elif k == "world_size":
+            parts.append(f"with {v} ranks")
+        else:
+            parts.append(f"{k}={v}")
+    return _join(parts)
+
+
+def _join(parts: list[str]) -> str:
+    """Phrases ("at …", "on …", "with …") read as a sentence; key=value pairs follow after a comma."""
+    phrases = [p for p in parts if p.startswith(("at ", "on ", "with "))]
+    pairs = [p for p in parts if p not in phrases]
+    return " ".join(phrases) + (", " if phrases and pairs else "") + ", ".join(pairs)

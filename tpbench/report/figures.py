@@ -1,0 +1,51 @@
+"""What every figure shares: plot-safe copies of user text, series names, layout constants."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from tpbench.report.data import ReportData
+from tpbench.report.html import plot_text
+
+MARGIN = dict(l=10, r=10, t=50, b=10)
+# Legends sit above the plot area, left-aligned, so they never cover bars or lines.
+LEGEND_TOP = dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0, title_text="")
+LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.12, xanchor="left", x=0, title_text="")
+
+
+def display(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """A copy whose ``columns`` are plot-safe text (see ``html.plot_text``), for legends, facets and ticks."""
+    out = df.copy()
+    for c in columns:
+        if c in out:
+            out[c] = out[c].map(lambda v: plot_text("–" if v is None or (isinstance(v, float) and pd.isna(v)) else v))
+    return out
+
+
+def series(data: ReportData, df: pd.DataFrame, exclude: set[str]) -> pd.Series:
+    """What tells lines apart: the algorithm (with its impl) plus every other varying key not on an
+    axis or facet (``exclude``)."""
+    others = [k for k in data.context_keys if k not in exclude | {"impl"}]
+    return pd.Series([
+        " ".join([row["algo"], *(f"{k}={row[k]}" for k in others if row.get(k) is not None and not pd.isna(row.get(k)))])
+        for row in df.to_dict("records")
+    ], index=df.index)
+
+
+def facet_common(data: ReportData, df: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, list[str | None]]:
+    """Facet by each of ``keys`` that varies; a case where the key does not apply (None, e.g.
+    ``shard_buckets`` of ``zero_no_overlap``) is drawn in every facet as the common reference.
+    Returns the frame and, per key, the column to facet by or None."""
+    facets = [k if k in data.context_keys else None for k in keys]
+    for key in filter(None, facets):
+        values = list(df[key].dropna().unique())
+        missing = df[df[key].isna()]
+        if len(missing) and values:
+            df = pd.concat([df[df[key].notna()], *[missing.assign(**{key: v}) for v in values]], ignore_index=True)
+    return df, facets
+
+
+def bucket_ticks(fig, values: pd.Series) -> None:
+    """Log-scale bucket axes labelled with the swept sizes only, not plotly's 2-3-4-…-9 minor ticks."""
+    sizes = sorted({float(v) for v in values.dropna()})
+    fig.update_xaxes(tickvals=sizes, ticktext=[f"{v:g}" for v in sizes])

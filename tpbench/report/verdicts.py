@@ -1,0 +1,402 @@
+"""Headline verdicts in words, each with its confidence interval.
+
+A comparison pairs two cases of one run that differ only in what is being compared (the
+algorithm, or the hook's implementation) and agree on every other parameter that varies, e.g.
+the interleaved and the sequential ZeRO hook at 4 MB buckets on loopback. Its number is the
+ratio of median step times, candidate / baseline, with the bootstrap interval of
+``analysis.stats.ratio_ci`` over per-repeat medians: repeats are the independent unit. A
+difference is called only when the interval excludes 1; a case with a single repeat has no
+interval and is never called.
+
+Parameters that do not apply to one side (``shard_buckets`` for ``zero_no_overlap``, collapsed
+to None by the suite) are not matched on: each sharded and unsharded hook case is compared with
+the same ``zero_no_overlap`` case.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from tpbench.algorithms import ALGORITHM_SPECIFIC_KEYS
+from tpbench.analysis import convergence
+from tpbench.analysis.stats import ratio_ci
+from tpbench.report.data import ReportData, context_text
+
+# What a user tunes; every other varying parameter describes the setting (world, link, workload),
+# within which "fastest" is a recommendation.
+TUNING_KEYS = ALGORITHM_SPECIFIC_KEYS | {"algorithm", "impl", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph"}
+
+# Short words for the ZeRO hooks in sentences; the report spells them out once beside the verdicts.
+SHORT = {"hook_with_zero_step_interleaved": "interleaved", "hook_with_zero_step": "sequential"}
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of comparison: which rows are candidates, which are baselines, and which
+    parameters define the two sides (and so are not matched on)."""
+
+    key: str
+    candidate: str
+    baseline: str
+    is_candidate: Callable[[dict[str, Any]], bool]
+    is_baseline: Callable[[dict[str, Any]], bool]
+    sides: frozenset[str]
+
+
+def _algorithm(name: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda row: row["algorithm"] == name
+
+
+def _algorithms(candidate: str, baseline: str) -> Kind:
+    c, b = SHORT.get(candidate, candidate), SHORT.get(baseline, baseline)
+    return Kind(f"{c} / {b}", c, b, _algorithm(candidate), _algorithm(baseline), frozenset({"algorithm"}))
+
+
+ZERO_KINDS = (
+    _algorithms("hook_with_zero_step_interleaved", "hook_with_zero_step"),
+    _algorithms("hook_with_zero_step", "zero_no_overlap"),
+    _algorithms("hook_with_zero_step_interleaved", "zero_no_overlap"),
+)
+
+
+def _is_localsgd_baseline(row: dict[str, Any]) -> bool:
+    return row["algorithm"] == "ddp" or (row["algorithm"] == "post_localSGD_hook" and row.get("start_localSGD_iter") == "never")
+
+
+LOCALSGD_KIND = Kind(
+    "post-local SGD / DDP", "post-local SGD", "DDP",
+    lambda row: row["algorithm"] == "post_localSGD_hook" and row.get("start_localSGD_iter") != "never",
+    _is_localsgd_baseline,
+    frozenset({"algorithm", "start_localSGD_iter", "averaging_period", "post_local_gradient_allreduce", "ranks_per_node"}),
+)
+
+
+def impl_kinds(data: ReportData) -> list[Kind]:
+    """PyTorch's own hook against tpbench's, for each algorithm that ran both."""
+    done = data.done
+    if "impl" not in done:
+        return []
+    both = done.groupby("algorithm")["impl"].agg(lambda s: {"torch", "tpbench"} <= set(s.dropna()))
+    return [
+        Kind(f"{a}: torch / tpbench", f"PyTorch's {a}", f"tpbench's {a}",
+             lambda row, a=a: row["algorithm"] == a and row.get("impl") == "torch",
+             lambda row, a=a: row["algorithm"] == a and row.get("impl") == "tpbench", frozenset({"impl"}))
+        for a in sorted(both[both].index)
+    ]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    kind: Kind
+    run_id: str
+    candidate: dict[str, Any]
+    baseline: dict[str, Any]
+    context: dict[str, Any]
+    ratio: float
+    lo: float
+    hi: float
+    repeats: int  # the fewer repeats of the two sides
+
+    @property
+    def verdict(self) -> str:
+        """faster / slower (the candidate, with the interval excluding 1), unclear, or single (no interval)."""
+        if self.repeats < 2:
+            return "single"
+        if self.hi < 1:
+            return "faster"
+        if self.lo > 1:
+            return "slower"
+        return "unclear"
+
+
+def compare(data: ReportData, kind: Kind) -> list[Comparison]:
+    """Every matched (candidate, baseline) pair of ``kind`` within each run."""
+    out = []
+    done = data.done
+    for run_id, rows in done.groupby("run_id", sort=False):
+        records = rows.to_dict("records")
+        cands = [r for r in records if kind.is_candidate(r)]
+        bases = [r for r in records if kind.is_baseline(r)]
+        if not cands or not bases:
+            continue
+        keys = [k for k in data.context_keys if k not in kind.sides
+                and any(_present(r.get(k)) for r in cands) and any(_present(r.get(k)) for r in bases)]
+        by_key: dict[str, list[dict[str, Any]]] = {}
+        for b in bases:
+            by_key.setdefault(_key(b, keys), []).append(b)
+        for c in cands:
+            for b in by_key.get(_key(c, keys), []):
+                base_reps, cand_reps = _repeats(b), _repeats(c)
+                ratio, lo, hi = ratio_ci(base_reps, cand_reps)
+                out.append(Comparison(kind, run_id, c, b, {k: c.get(k) for k in keys}, ratio, lo, hi,
+                                      min(len(base_reps), len(cand_reps))))
+    return out
+
+
+def _present(v: Any) -> bool:
+    return v is not None and not (isinstance(v, float) and np.isnan(v))
+
+
+def _key(row: dict[str, Any], keys: list[str]) -> str:
+    return json.dumps([row.get(k) for k in keys], default=str)
+
+
+def _repeats(row: dict[str, Any]) -> np.ndarray:
+    reps = row.get("repeat_medians_ms")
+    if reps is None or (isinstance(reps, float) and np.isnan(reps)):
+        return np.array([row["median_ms"]], dtype=float)
+    return np.asarray(reps, dtype=float)
+
+
+# --- words -------------------------------------------------------------------------------------
+
+def _pct(x: float) -> str:
+    return f"{abs(x) * 100:.0f}%"
+
+
+def change_text(c: Comparison) -> str:
+    """"12% [8%, 15%] faster", "5% [2%, 9%] slower", or a signed change with its interval."""
+    if c.verdict == "faster":
+        return f"{_pct(1 - c.ratio)} [{_pct(1 - c.hi)}, {_pct(1 - c.lo)}] faster"
+    if c.verdict == "slower":
+        return f"{_pct(c.ratio - 1)} [{_pct(c.lo - 1)}, {_pct(c.hi - 1)}] slower"
+    if c.verdict == "single":
+        return f"{(c.ratio - 1) * 100:+.0f}% step time (one repeat: no interval)"
+    return f"{(c.ratio - 1) * 100:+.0f}% [{(c.lo - 1) * 100:+.0f}%, {(c.hi - 1) * 100:+.0f}%] step time, not a clear difference"
+
+
+def sentence(c: Comparison, keys: list[str]) -> str:
+    ctx = context_text(c.context, keys)
+    ctx = f" {ctx}" if ctx else ""
+    name, base = c.kind.candidate, c.kind.baseline
+    if c.verdict in ("faster", "slower"):
+        return f"{name} is {change_text(c)} than {base}{ctx}."
+    return f"{name} vs {base}{ctx}: {change_text(c)}."
+
+
+def group_sentences(comparisons: list[Comparison], prefix: str = "") -> list[str]:
+    """One line per kind and setting; bucket sizes of one setting are folded into that line
+    ("interleaved is faster than sequential at 1, 4 MB buckets on loopback (most: 15% [8%, 20%]
+    at 4 MB); sequential wins at 25 MB (by 5% [2%, 9%])")."""
+    groups: dict[tuple, list[Comparison]] = {}
+    for c in comparisons:
+        rest = tuple((k, json.dumps(v, default=str)) for k, v in c.context.items() if k != "bucket_cap_mb")
+        groups.setdefault((c.kind.key, c.run_id, rest), []).append(c)
+    lines = []
+    for group in groups.values():
+        keys = list(group[0].context)
+        if len(group) == 1 or "bucket_cap_mb" not in keys:
+            lines += [prefix + sentence(c, keys) for c in group]
+            continue
+        rest_keys = [k for k in keys if k != "bucket_cap_mb"]
+        ctx = context_text(group[0].context, rest_keys)
+        ctx = f" {ctx}" if ctx else ""
+        name, base = group[0].kind.candidate, group[0].kind.baseline
+        parts = []
+        faster = sorted((c for c in group if c.verdict == "faster"), key=lambda c: c.ratio)
+        slower = sorted((c for c in group if c.verdict == "slower"), key=lambda c: -c.ratio)
+        other = [c for c in group if c.verdict in ("unclear", "single")]
+        if faster:
+            best = faster[0]
+            parts.append(f"{name} is faster than {base} at {_sizes(faster, group)}{ctx} "
+                         f"(most: {change_text(best).removesuffix(' faster')} at {_mb(best)})")
+        if slower:
+            worst = slower[0]
+            parts.append(f"{base} wins at {_sizes(slower, group)}{ctx if not faster else ''} "
+                         f"({name} up to {change_text(worst)} at {_mb(worst)})")
+        if other:
+            head = "" if parts else f"{name} vs {base}{ctx}: "
+            parts.append(f"{head}no clear difference at {_sizes(other, group)}")
+        lines.append(prefix + "; ".join(parts) + ".")
+    return lines
+
+
+def _mb(c: Comparison) -> str:
+    return f"{c.context['bucket_cap_mb']:g} MB"
+
+
+def _sizes(cs: list[Comparison], of: list[Comparison]) -> str:
+    """The bucket sizes of ``cs`` in words; "every bucket size (1–25 MB)" when they are all of ``of``."""
+    sizes = sorted({float(c.context["bucket_cap_mb"]) for c in cs})
+    every = sorted({float(c.context["bucket_cap_mb"]) for c in of})
+    if sizes == every and len(sizes) > 2:
+        return f"every bucket size ({sizes[0]:g}–{sizes[-1]:g} MB)"
+    return ", ".join(f"{s:g}" for s in sizes) + " MB buckets"
+
+
+def fastest_lines(data: ReportData) -> list[str]:
+    """Per run and setting: the fastest case, its interval, and how sure we are that it beats the runner-up."""
+    done = data.done
+    setting = [k for k in data.context_keys if k not in TUNING_KEYS]
+    lines = []
+    for _, grp in done.groupby(["run_id", *setting], dropna=False, sort=False):
+        grp = grp.sort_values("median_ms")
+        best = grp.iloc[0].to_dict()
+        where = context_text(best, setting)
+        head = f"[{best['run']}] " if data.multi else ""
+        line = (f"{head}Fastest{' ' + where if where else ''}: {best['label']} at {best['median_ms']:.3g} ms/step "
+                f"[{best['ci_lo_ms']:.3g}, {best['ci_hi_ms']:.3g}]")
+        if len(grp) > 1:
+            second = grp.iloc[1].to_dict()
+            ratio, lo, hi = ratio_ci(_repeats(second), _repeats(best))
+            if min(len(_repeats(best)), len(_repeats(second))) < 2:
+                line += f"; runner-up {second['label']} (one repeat: no interval)"
+            elif hi < 1:
+                line += f", {_pct(1 - ratio)} [{_pct(1 - hi)}, {_pct(1 - lo)}] faster than the runner-up {second['label']}"
+            else:
+                line += (f", not clearly ahead of the runner-up {second['label']} "
+                         f"({(ratio - 1) * 100:+.0f}% [{(lo - 1) * 100:+.0f}%, {(hi - 1) * 100:+.0f}%] step time)")
+        lines.append(line + ".")
+    return lines
+
+
+# --- convergence (post-local SGD) ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ConvergenceVerdict:
+    comparison: Comparison
+    reach_ratio: tuple[float, float, float] | None  # time to target, candidate / baseline, with CI
+    cand_reached: int  # repeats of the candidate that reached the target
+    base_reached: int
+    cand_time_s: float
+    base_time_s: float
+    final_delta: float  # median final held-out loss, candidate − baseline (nats)
+    repeats: int
+
+
+def convergence_verdicts(data: ReportData) -> list[ConvergenceVerdict]:
+    """Post-local SGD against DDP: training time to the target loss (ratio with CI over repeats),
+    and where the held-out loss ends."""
+    steps = data.steps()
+    if steps.empty or "heldout_loss" not in steps or "target_loss" not in data.cases:
+        return []
+    out = []
+    for c in compare(data, LOCALSGD_KIND):
+        cand, base = c.candidate, c.baseline
+        target = cand.get("target_loss")
+        if not _present(target):
+            continue
+        ct = reach_times(steps, c.run_id, cand["case_id"], target)
+        bt = reach_times(steps, c.run_id, base["case_id"], target)
+        ratio = None
+        if ct.notna().all() and bt.notna().all() and len(ct) and len(bt):
+            ratio = ratio_ci(bt.to_numpy(), ct.to_numpy())
+        out.append(ConvergenceVerdict(
+            c, ratio, int(ct.notna().sum()), int(bt.notna().sum()), float(ct.median()), float(bt.median()),
+            float(cand["final_heldout_loss"] - base["final_heldout_loss"]), min(len(ct), len(bt)),
+        ))
+    return out
+
+
+def reach_times(steps: pd.DataFrame, run_id: str, case_id: str, target: float) -> pd.Series:
+    """Per repeat: training seconds until the held-out loss first reaches ``target`` (NaN: never)."""
+    mine = steps[(steps["run_id"] == run_id) & (steps["case_id"] == case_id)]
+    curves = convergence.curves(mine.drop(columns="run_id")).dropna(subset=["heldout_loss"])
+    hit = curves[curves["heldout_loss"] <= target]
+    first = hit.groupby("repeat")["train_time_s"].min()
+    return first.reindex(sorted(curves["repeat"].unique()))
+
+
+def convergence_sentence(v: ConvergenceVerdict, keys: list[str]) -> str:
+    c = v.comparison
+    setting = " ".join(f"{k}={c.candidate.get(k)}" for k in ("start_localSGD_iter", "averaging_period") if _present(c.candidate.get(k)))
+    ctx = context_text(c.context, keys)
+    who = f"post-local SGD ({setting}{', ' + ctx if ctx else ''})"
+    ends = _ends(v.final_delta)
+    if v.reach_ratio is not None:
+        r, lo, hi = v.reach_ratio
+        if v.repeats < 2:
+            reach = f"reaches the target in {v.cand_time_s:.3g} s of training vs DDP's {v.base_time_s:.3g} s (one repeat: no interval)"
+        elif hi < 1:
+            reach = f"reaches the target in {_pct(1 - r)} [{_pct(1 - hi)}, {_pct(1 - lo)}] less training time than DDP"
+        elif lo > 1:
+            reach = f"needs {_pct(r - 1)} [{_pct(lo - 1)}, {_pct(hi - 1)}] more training time than DDP to reach the target"
+        else:
+            reach = (f"reaches the target in about the same training time as DDP "
+                     f"({(r - 1) * 100:+.0f}% [{(lo - 1) * 100:+.0f}%, {(hi - 1) * 100:+.0f}%])")
+    elif v.cand_reached == 0:
+        reach = "never reaches the target" + (f" (DDP does, in {v.base_time_s:.3g} s)" if v.base_reached else " (nor does DDP)")
+    elif v.base_reached == 0:
+        reach = f"reaches the target in {v.cand_time_s:.3g} s of training, which DDP never does"
+    else:
+        reach = f"reaches the target in only {v.cand_reached} of its repeats (DDP: {v.base_reached})"
+    join = " but " if (("less" in reach or "which DDP" in reach) and v.final_delta > 0.005) else " and "
+    return f"{who} {reach}{join}{ends}; {_steps_phrase(c)}."
+
+
+def _steps_phrase(c: Comparison) -> str:
+    if c.verdict in ("faster", "slower"):
+        return f"its steps are {change_text(c)} than DDP's"
+    if c.verdict == "single":
+        return f"its step time differs by {(c.ratio - 1) * 100:+.0f}% from DDP's (one repeat: no interval)"
+    return (f"its step time is not clearly different from DDP's "
+            f"({(c.ratio - 1) * 100:+.0f}% [{(c.lo - 1) * 100:+.0f}%, {(c.hi - 1) * 100:+.0f}%])")
+
+
+def _ends(delta: float) -> str:
+    if abs(delta) < 0.005:
+        return "ends level with it (held-out loss within 0.005 nats)"
+    return f"ends {abs(delta):.2f} nats {'above' if delta > 0 else 'below'} it"
+
+
+# --- several runs -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunComparison:
+    baseline_run: str
+    candidate_run: str
+    case: dict[str, Any]
+    ratio: float
+    lo: float
+    hi: float
+    repeats: int
+
+    @property
+    def verdict(self) -> str:
+        if self.repeats < 2:
+            return "single"
+        return "faster" if self.hi < 1 else "slower" if self.lo > 1 else "unclear"
+
+
+def across_runs(data: ReportData) -> list[RunComparison]:
+    """The same case (same case id: same parameters) in each later run against the first run."""
+    if not data.multi:
+        return []
+    done = data.done
+    first = data.runs[0].meta["run_id"]
+    base = {r["case_id"]: r for r in done[done["run_id"] == first].to_dict("records")}
+    out = []
+    for run in data.runs[1:]:
+        rid = run.meta["run_id"]
+        for row in done[done["run_id"] == rid].to_dict("records"):
+            b = base.get(row["case_id"])
+            if b is None:
+                continue
+            ratio, lo, hi = ratio_ci(_repeats(b), _repeats(row))
+            out.append(RunComparison(first, rid, row, ratio, lo, hi, min(len(_repeats(b)), len(_repeats(row)))))
+    return out
+
+
+def across_runs_lines(data: ReportData, comps: list[RunComparison]) -> list[str]:
+    lines = []
+    for rid in dict.fromkeys(c.candidate_run for c in comps):
+        mine = [c for c in comps if c.candidate_run == rid]
+        counts = {v: sum(c.verdict == v for c in mine) for v in ("faster", "slower", "unclear", "single")}
+        ratios = np.array([c.ratio for c in mine])
+        line = (f"Run {data.tags[rid]} against run {data.tags[mine[0].baseline_run]}, over {len(mine)} common case(s): "
+                f"faster in {counts['faster']}, slower in {counts['slower']}, no clear difference in "
+                f"{counts['unclear'] + counts['single']}; median step-time ratio {np.median(ratios):.3g} "
+                f"(range {ratios.min():.3g}–{ratios.max():.3g})")
+        called = [c for c in mine if c.verdict in ("faster", "slower")]
+        if called:
+            big = max(called, key=lambda c: abs(np.log(c.ratio)))
+            change = (f"{_pct(1 - big.ratio)} [{_pct(1 - big.hi)}, {_pct(1 - big.lo)}] faster" if big.verdict == "faster"
+                      else f"{_pct(big.ratio - 1)} [{_pct(big.lo - 1)}, {_pct(big.hi - 1)}] slower")
+            line += f"; largest change: {big.case['label']}, {change}"
+        lines.append(line + ".")
+    return lines
