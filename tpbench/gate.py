@@ -287,6 +287,8 @@ def _judge_case(case_id: str, label: str, params: dict[str, Any], base: list[_Ru
         return CaseResult(verdict=MISSING, reason="no baseline data for this case", **common)
     if not base_values:
         return CaseResult(verdict=MISSING, reason="no round has data on both sides", **common)
+    if np.median(np.concatenate(base_values)) <= 0:
+        return CaseResult(verdict=INCONCLUSIVE, reason="baseline median is 0: no ratio", **common)
     ratio, lo, hi = hierarchical_ratio_ci(base_values, cand_values, confidence=confidence, paired=paired)
     numbers = {"baseline_median": float(np.median(np.concatenate(base_values))),
                "candidate_median": float(np.median(np.concatenate(cand_values))),

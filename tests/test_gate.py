@@ -1,0 +1,345 @@
+"""The gate: verdicts on data with known answers, exit codes through the real command, the
+several-baselines and paired-rounds methods, broken inputs, and a real slowdown caught end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from synthetic_runs import ENVIRONMENT, make_run
+from tpbench import gate
+from tpbench.analysis.stats import hierarchical_ratio_ci
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tpbench(*args: str | Path) -> subprocess.CompletedProcess:
+    """The real command; stderr with its line wrapping undone, so messages can be matched."""
+    p = subprocess.run([sys.executable, "-m", "tpbench", *map(str, args)], capture_output=True, text=True, cwd=REPO, timeout=900)
+    p.stderr = " ".join(p.stderr.split())
+    return p
+
+
+def noisy(median: float, n: int, spread: float, seed: int) -> list[float]:
+    return list(median * (1 + spread * np.random.default_rng(seed).uniform(-1, 1, n)))
+
+
+# ---------------------------------------------------------------- verdict logic
+
+
+@pytest.mark.parametrize(("lo", "hi", "verdict"), [
+    (1.06, 1.20, "regression"),
+    (0.80, 0.94, "improvement"),
+    (0.97, 1.03, "pass"),
+    (0.95, 1.05, "pass"),           # the tolerance band is closed
+    (1.02, 1.08, "inconclusive"),   # might be a regression beyond 5%, might not
+    (0.70, 1.40, "inconclusive"),   # far too wide to say anything
+    (0.93, 0.99, "inconclusive"),   # might be an improvement beyond 5%, might not
+])
+def test_judge(lo: float, hi: float, verdict: str) -> None:
+    assert gate.judge(lo, hi, 0.05) == verdict
+
+
+@pytest.mark.parametrize(("text", "value"), [("5%", 0.05), ("0.05", 0.05), ("12.5%", 0.125), ("0", 0.0)])
+def test_parse_threshold(text: str, value: float) -> None:
+    assert gate.parse_threshold(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["five", "150%", "-1%", "1"])
+def test_parse_threshold_rejects(text: str) -> None:
+    with pytest.raises(gate.GateError, match="--threshold"):
+        gate.parse_threshold(text)
+
+
+def test_ratio_ci_known_answers() -> None:
+    base = [np.array(noisy(10, 8, 0.02, 1))]
+    # 30% slower, tight: the whole interval sits near 1.3.
+    r, lo, hi = hierarchical_ratio_ci(base, [np.array(noisy(13, 8, 0.02, 2))])
+    assert r == pytest.approx(1.3, rel=0.03) and 1.25 < lo < 1.3 < hi < 1.35
+    # Identical distributions: the interval covers 1 and is narrow.
+    r, lo, hi = hierarchical_ratio_ci(base, [np.array(noisy(10, 8, 0.02, 3))])
+    assert lo < 1 < hi and hi - lo < 0.05
+
+
+def test_between_run_spread_widens_the_interval() -> None:
+    """Runs that disagree with each other must widen the interval, even when each run is tight."""
+    tight = [np.array(noisy(10, 6, 0.01, s)) for s in range(3)]
+    spread = [np.array(noisy(m, 6, 0.01, s)) for s, m in enumerate((9, 10, 11.5))]
+    cand = [np.array(noisy(10.5, 6, 0.01, 9))]
+    _, lo_t, hi_t = hierarchical_ratio_ci(tight, cand)
+    _, lo_s, hi_s = hierarchical_ratio_ci(spread, cand)
+    assert hi_s - lo_s > 3 * (hi_t - lo_t)
+
+
+def test_paired_rounds_cancel_shared_drift() -> None:
+    """Each round's machine state hits both sides; pairing cancels it, so a real 20% slowdown shows."""
+    drift = [1.0, 1.5, 0.8, 1.3]
+    base = [np.array(noisy(10 * d, 5, 0.01, i)) for i, d in enumerate(drift)]
+    cand = [np.array(noisy(12 * d, 5, 0.01, 10 + i)) for i, d in enumerate(drift)]
+    _, lo_u, hi_u = hierarchical_ratio_ci(base, cand)
+    _, lo_p, hi_p = hierarchical_ratio_ci(base, cand, paired=True)
+    assert gate.judge(lo_u, hi_u, 0.05) == "inconclusive"
+    assert gate.judge(lo_p, hi_p, 0.05) == "regression" and lo_p > 1.15
+
+
+# ---------------------------------------------------------------- comparing stored runs
+
+
+def test_compare_verdicts_on_synthetic_runs(tmp_path: Path) -> None:
+    base = make_run(tmp_path / "b", {"ddp": noisy(10, 6, 0.02, 1), "zero_no_overlap": noisy(20, 6, 0.02, 2)})
+    cand = make_run(tmp_path / "c", {"ddp": noisy(13, 6, 0.02, 3), "zero_no_overlap": noisy(15, 6, 0.02, 4)}, seed=1)
+    c = gate.compare_runs([base], [cand])
+    verdicts = {r.label: r for r in c.cases}
+    assert verdicts["ddp"].verdict == "regression" and verdicts["ddp"].ratio == pytest.approx(1.3, rel=0.05)
+    assert verdicts["zero_no_overlap"].verdict == "improvement"
+    assert c.verdict == "regression" and c.exit_code == 1
+
+    same = make_run(tmp_path / "s", {"ddp": noisy(10, 6, 0.02, 5), "zero_no_overlap": noisy(20, 6, 0.02, 6)}, seed=2)
+    c = gate.compare_runs([base], [same])
+    assert {r.verdict for r in c.cases} == {"pass"} and c.exit_code == 0
+
+
+def test_noise_is_never_a_regression(tmp_path: Path) -> None:
+    """Pure noise (±15% per repeat, the same distribution on both sides) over 30 seeds: pass or
+    inconclusive, never regression or improvement."""
+    verdicts = []
+    for seed in range(30):
+        b = make_run(tmp_path / f"b{seed}", {"ddp": noisy(10, 5, 0.15, 100 + seed)}, seed=seed)
+        c = make_run(tmp_path / f"c{seed}", {"ddp": noisy(10, 5, 0.15, 200 + seed)}, seed=seed)
+        verdicts.append(gate.compare_runs([b], [c]).cases[0].verdict)
+    assert set(verdicts) <= {"pass", "inconclusive"}, verdicts
+
+
+def test_too_few_repeats_is_inconclusive(tmp_path: Path) -> None:
+    b = make_run(tmp_path / "b", {"ddp": [10, 10.1]})
+    c = make_run(tmp_path / "c", {"ddp": [20, 20.1]})
+    (case,) = gate.compare_runs([b], [c]).cases
+    assert case.verdict == "inconclusive" and "too few repeats" in case.reason
+
+
+def test_several_baselines_judge_against_their_spread(tmp_path: Path) -> None:
+    """A candidate 12% above one baseline is a regression against that one alone; against three
+    baselines that themselves scatter ±10% it is within their spread: inconclusive. A 40% slowdown
+    stands out of the same spread."""
+    medians = (9.5, 10.0, 11.0)
+    bases = [make_run(tmp_path / f"b{i}", {"ddp": noisy(m, 6, 0.02, i)}, seed=i) for i, m in enumerate(medians)]
+    cand = make_run(tmp_path / "c", {"ddp": noisy(10.6, 6, 0.02, 7)}, seed=7)
+    assert gate.compare_runs(bases[:1], [cand]).cases[0].verdict == "regression"
+    pooled = gate.compare_runs(bases, [cand])
+    (case,) = pooled.cases
+    assert case.verdict == "inconclusive" and case.baseline_runs == 3 and case.baseline_repeats == 18
+    slow = make_run(tmp_path / "slow", {"ddp": noisy(14, 6, 0.02, 8)}, seed=8)
+    assert gate.compare_runs(bases, [slow]).cases[0].verdict == "regression"
+
+
+def test_incomparable_environment_and_world(tmp_path: Path) -> None:
+    base = make_run(tmp_path / "b", {"ddp": noisy(10, 5, 0.02, 1)})
+    other_torch = make_run(tmp_path / "t", {"ddp": noisy(13, 5, 0.02, 2)}, environment=ENVIRONMENT | {"torch": "2.4.0"})
+    c = gate.compare_runs([base], [other_torch])
+    assert c.verdict == "incomparable" and c.exit_code == 3
+    assert any("torch: 2.13.0+cpu vs 2.4.0" in d for d in c.environment_differences)
+    assert gate.compare_runs([base], [other_torch], ignore_env=["torch"]).verdict == "regression"
+
+    four_ranks = make_run(tmp_path / "w", {"ddp": noisy(10, 5, 0.02, 3)}, world_size=4)
+    (case,) = gate.compare_runs([base], [four_ranks]).cases
+    assert case.verdict == "incomparable" and "world_size 2 vs 4" in case.reason
+
+
+def test_missing_cases(tmp_path: Path) -> None:
+    base = make_run(tmp_path / "b", {"ddp": noisy(10, 5, 0.02, 1)})
+    cand = make_run(tmp_path / "c", {"ddp": noisy(10, 5, 0.02, 2), "zero_no_overlap": noisy(10, 5, 0.02, 3)})
+    c = gate.compare_runs([base], [cand])
+    by = {r.label: r.verdict for r in c.cases}
+    assert by == {"ddp": "pass", "zero_no_overlap": "missing"} and c.exit_code == 3
+    crashed = make_run(tmp_path / "f", {"ddp": noisy(10, 5, 0.02, 4)}, failed=["ddp"])
+    (case,) = gate.compare_runs([base], [crashed]).cases
+    assert case.verdict == "missing" and "failed" in case.reason
+
+
+def test_other_metric(tmp_path: Path) -> None:
+    """Any per-step column compares the same way (lower is better): here peak memory, which is the
+    same on both sides although the step times are not."""
+    base = make_run(tmp_path / "b", {"ddp": noisy(10, 5, 0.02, 1)})
+    cand = make_run(tmp_path / "c", {"ddp": noisy(20, 5, 0.02, 2)})
+    (case,) = gate.compare_runs([base], [cand], metric="peak_rss_mb").cases
+    assert case.verdict == "pass" and case.baseline_median == pytest.approx(102)
+
+
+def test_slowdown_pct_does_not_orphan_cases(tmp_path: Path) -> None:
+    """slowdown_pct changes the case id, but not what the case is: runs with and without it compare."""
+    base = make_run(tmp_path / "b", {"ddp": noisy(10, 5, 0.02, 1)})
+    cand = make_run(tmp_path / "c", {"ddp": noisy(12.5, 5, 0.02, 2)}, defaults={"slowdown_pct": 25})
+    assert {p.name for p in (base / "cases").iterdir()} != {p.name for p in (cand / "cases").iterdir()}
+    (case,) = gate.compare_runs([base], [cand]).cases
+    assert case.verdict == "regression"
+
+
+# ---------------------------------------------------------------- the command: exit codes and formats
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("runs")
+    return {
+        "base": make_run(root / "base", {"ddp": noisy(10, 6, 0.02, 1)}),
+        "base2": make_run(root / "base2", {"ddp": noisy(10.1, 6, 0.02, 11)}, seed=11),
+        "same": make_run(root / "same", {"ddp": noisy(10, 6, 0.02, 2)}, seed=2),
+        "slow": make_run(root / "slow", {"ddp": noisy(13, 6, 0.02, 3)}, seed=3),
+        "fast": make_run(root / "fast", {"ddp": noisy(7, 6, 0.02, 4)}, seed=4),
+        "wide": make_run(root / "wide", {"ddp": noisy(10.5, 4, 0.4, 5)}, seed=5),
+        "torch": make_run(root / "torch", {"ddp": noisy(10, 6, 0.02, 6)}, environment=ENVIRONMENT | {"torch": "2.4.0"}),
+    }
+
+
+@pytest.mark.parametrize(("candidate", "flags", "code", "verdict"), [
+    ("same", [], 0, "pass"),
+    ("slow", [], 1, "regression"),
+    ("fast", [], 0, "improvement"),
+    ("wide", [], 0, "inconclusive"),
+    ("wide", ["--fail-on-inconclusive"], 4, "inconclusive"),
+    ("torch", [], 3, "incomparable"),
+    ("slow", ["--threshold", "40%"], 0, "pass"),
+])
+def test_compare_exit_codes(runs: dict[str, Path], candidate: str, flags: list[str], code: int, verdict: str) -> None:
+    p = tpbench("compare", runs["base"], runs[candidate], "--format", "json", *flags)
+    assert p.returncode == code, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["verdict"] == verdict and doc["exit_code"] == code and doc["cases"][0]["label"] == "ddp"
+
+
+def test_compare_text_and_markdown(runs: dict[str, Path]) -> None:
+    p = tpbench("compare", runs["base"], runs["base2"], runs["slow"])
+    assert p.returncode == 1
+    assert "baseline: 2 run(s)" in p.stdout and "regression" in p.stdout and "+3" in p.stdout  # +3x.x%
+    md = tpbench("compare", runs["base"], runs["slow"], "--format", "md").stdout
+    lines = md.splitlines()
+    assert lines[0].startswith("### tpbench gate:") and "regression" in lines[0]
+    table = [ln for ln in lines if ln.startswith("|")]
+    assert len(table) == 3 and table[1].startswith("|---") and table[2].startswith("| ddp |")
+    assert all(ln.count("|") == table[0].count("|") for ln in table)
+
+
+def test_compare_usage_errors(runs: dict[str, Path], tmp_path: Path) -> None:
+    p = tpbench("compare", runs["base"])
+    assert p.returncode == 2 and "at least two run directories" in p.stderr
+    p = tpbench("compare", runs["base"], runs["slow"], "--threshold", "lots")
+    assert p.returncode == 2 and "--threshold lots" in p.stderr
+    p = tpbench("compare", runs["base"], runs["slow"], "--metric", "nope")
+    assert p.returncode == 2 and "--metric nope" in p.stderr and "step_ms" in p.stderr
+
+
+def test_broken_runs_exit_3_naming_the_file(runs: dict[str, Path], tmp_path: Path) -> None:
+    p = tpbench("compare", tmp_path / "nowhere", runs["slow"])
+    assert p.returncode == 3 and "no such run directory" in p.stderr
+
+    import shutil
+
+    bad_json = tmp_path / "bad_json"
+    shutil.copytree(runs["base"], bad_json)
+    (bad_json / "run.json").write_text('{"run_id": "x", "cases": {')
+    p = tpbench("compare", bad_json, runs["slow"])
+    assert p.returncode == 3 and f"{bad_json / 'run.json'}: corrupted" in p.stderr
+
+    bad_steps = tmp_path / "bad_steps"
+    shutil.copytree(runs["base"], bad_steps)
+    steps = next(bad_steps.glob("cases/*/steps.parquet"))
+    steps.write_bytes(steps.read_bytes()[:100])
+    p = tpbench("compare", runs["base"], bad_steps)
+    assert p.returncode == 3 and f"{steps}: unreadable parquet" in p.stderr
+
+
+def test_gate_rejects_sides_it_cannot_run(tmp_path: Path) -> None:
+    suite = REPO / "suites" / "smoke.toml"
+    p = tpbench("gate", suite, "--baseline", tmp_path / "no-such-venv", "--candidate", sys.executable)
+    assert p.returncode == 2 and "no-such-venv" in p.stderr
+    (tmp_path / "pyproject.toml").write_text("")
+    p = tpbench("gate", suite, "--baseline", tmp_path, "--candidate", sys.executable)
+    assert p.returncode == 2 and "without a tpbench package" in p.stderr
+
+
+def test_resolve_side_forms(tmp_path: Path) -> None:
+    venv = Path(sys.prefix)
+    s = gate.resolve_side("baseline", str(venv), tmp_path)
+    assert (s.kind, s.cwd) == ("venv", tmp_path) and s.argv[1:] == ("-m", "tpbench")
+    s = gate.resolve_side("baseline", sys.executable, tmp_path)
+    assert s.kind == "python" and s.argv[0] == str(Path(sys.executable).absolute())
+    s = gate.resolve_side("candidate", str(REPO), tmp_path)
+    assert s.kind == "source" and s.env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO) and s.cwd == REPO
+    s = gate.resolve_side("candidate", f"{sys.executable} -m tpbench", tmp_path)
+    assert s.kind == "command" and s.argv == (sys.executable, "-m", "tpbench")
+
+
+# ---------------------------------------------------------------- end to end: a real slowdown
+
+
+GATE_SUITE = """\
+[suite]
+name = "gate-e2e"
+[defaults]
+world_size = 2
+backend = "gloo"
+device = "cpu"
+algorithm = "ddp"
+workload = "mlp"
+batch_size = 64
+warmup_steps = 6
+steps = 12
+repeats = 4
+timeout_s = 120
+[capture]
+profiler_steps = 0
+[workloads.mlp]
+width = 256
+depth = 4
+"""
+
+
+@pytest.mark.slow
+def test_gate_catches_slowdown_and_not_noise(tmp_path: Path) -> None:
+    """Real sweeps of a few-ms step, both sides in one job, rounds interleaved: slowdown_pct=25 on
+    the candidate is a regression; the same code on both sides is never one."""
+    suite = tmp_path / "gate.toml"
+    suite.write_text(GATE_SUITE)
+    # Baseline as a source tree (PYTHONPATH), candidate as a virtual environment.
+    slow = tpbench("gate", suite, "--baseline", REPO, "--candidate", sys.prefix, "--rounds", "3",
+                   "--candidate-set", "slowdown_pct=25", "--out", tmp_path / "slow", "--format", "json")
+    assert slow.returncode == 1, slow.stdout + slow.stderr[-3000:]
+    doc = json.loads(slow.stdout)
+    (case,) = doc["cases"]
+    assert case["verdict"] == "regression" and doc["paired"] and case["baseline_runs"] == case["candidate_runs"] == 3
+    assert case["ci_lo"] > 1.05
+    print(f"slowdown_pct=25: ratio {case['ratio']:.3f} [{case['ci_lo']:.3f}, {case['ci_hi']:.3f}] -> {case['verdict']}")
+
+    same = tpbench("gate", suite, "--baseline", sys.executable, "--candidate", sys.prefix, "--rounds", "2",
+                   "--out", tmp_path / "same", "--format", "json")
+    doc = json.loads(same.stdout)
+    (case,) = doc["cases"]
+    print(f"same code: ratio {case['ratio']:.3f} [{case['ci_lo']:.3f}, {case['ci_hi']:.3f}] -> {case['verdict']}")
+    assert case["verdict"] in ("pass", "inconclusive"), same.stdout
+    assert same.returncode == 0
+    # The rounds alternate (AB BA) and every round left exactly one run.
+    assert sorted(p.name for p in (tmp_path / "same" / "baseline").iterdir()) == ["round01", "round02"]
+
+
+def test_example_workflow_uses_real_flags() -> None:
+    """examples/ci/perf-gate.yml must keep working as the command evolves: its gate invocation
+    parses with the real argument parser."""
+    import re
+    import shlex
+
+    from tpbench.cli import build_parser
+
+    text = (REPO / "examples" / "ci" / "perf-gate.yml").read_text()
+    env = dict(re.findall(r"^ {6}([A-Z_]+): \"?([^\"\n]+)\"?$", text, re.M)) | {"RUNNER_TEMP": "/tmp"}
+    block = re.search(r"tpbench gate (.*?)\| tee", text, re.S).group(1).replace("\\\n", " ")
+    argv = ["gate", *(re.sub(r"\$([A-Z_]+)", lambda m: env[m.group(1)], a) for a in shlex.split(block))]
+    args = build_parser().parse_args(argv)
+    assert args.func.__name__ == "cmd_gate" and args.format == "md" and args.rounds == 3
+    assert (REPO / args.suite).is_file()
