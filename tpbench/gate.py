@@ -13,10 +13,17 @@ are not independent), with a bootstrap confidence interval whose lower end must 
                    the case ran on a different world (world size, backend, device)
 - ``missing``      the candidate's case has no counterpart in the baseline, or no data
 
+Exit codes: 0 pass or improvement, 1 regression, 3 incomparable or missing, 4 inconclusive with
+``fail_on_inconclusive`` (0 otherwise); a regression outranks the rest when verdicts are mixed.
+
 Each side may be several runs (several stored baselines; the rounds of ``tpbench gate``). Their
 repeats are pooled for the point estimate and the interval comes from a two-stage bootstrap
 (runs, then repeats within runs), so the spread *between* runs, the main source of false alarms
-with stored baselines, widens the interval (``analysis.stats.hierarchical_ratio_ci``).
+with stored baselines, widens the interval. A single candidate run against several baselines is
+judged against their spread: its draws are also scaled by the baselines' run-to-run effects. The
+rounds of ``tpbench gate`` are paired (round i of both sides ran back to back) and resampled
+together, so what the machine was doing during a round cancels in the ratio. Details:
+``analysis.stats.hierarchical_ratio_ci``.
 
 ``run_gate`` runs baseline and candidate in the same job, rounds interleaved, each side through
 its own ``tpbench`` command in a subprocess (a Python environment, a source tree, or any command
