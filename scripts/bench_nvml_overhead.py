@@ -113,6 +113,7 @@ class Overhead:
     off_ms: list[float]  # median timed step per round, sampler off
     on_ms: list[float]
     samples_per_round: float
+    sampler_cpu_pct: float  # the sampler thread's CPU time / its lifetime, beside a repeat
     median_off_ms: float
     median_on_ms: float
     ratio: float  # median over rounds of on_ms[r] / off_ms[r]
@@ -143,12 +144,19 @@ def measure(rounds: int = 8, steps: int = 30, interval_ms: int = 50, sim_query_m
                 rows = runner.run_repeat(case, r, profile_after=False)
                 median = float(rows[rows.phase == "timed"].step_ms.median())
                 (on if sampled else off).append(median)
+        # The sampler's own CPU share, beside one more repeat: a cost figure free of timing noise.
+        runner.gpu = nvml.Unavailable("sampler run by the benchmark itself")
+        sampler = nvml.Sampler(gpu, interval_ms).start()
+        runner.run_repeat(case, rounds, profile_after=False)
+        sampler.stop()
+        cpu_pct = 100 * sampler.cpu_ns / sampler.wall_ns
         parts = sorted((Path(tmp) / "cases" / case.case_id / "nvml-parts").glob("*.parquet"))
         samples = [len(pd.read_parquet(p)) for p in parts]
         dist.destroy_process_group()
     paired = [a / b for a, b in zip(on, off)]
     return Overhead("real" if cuda else "simulated", str(device), interval_ms, rounds, steps, off, on,
-                    statistics.mean(samples) if samples else 0.0, statistics.median(off), statistics.median(on),
+                    statistics.mean(samples) if samples else 0.0, cpu_pct,
+                    statistics.median(off), statistics.median(on),
                     statistics.median(paired), min(paired), max(paired))
 
 
@@ -168,7 +176,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     result = measure(args.rounds, args.steps, args.interval_ms, args.sim_query_ms, args.width, args.depth, args.batch)
     print(f"NVML: {result.nvml} ({result.device}), sampling every {result.interval_ms} ms, "
-          f"{result.samples_per_round:.0f} samples per round")
+          f"{result.samples_per_round:.0f} samples per round; the sampler thread used "
+          f"{result.sampler_cpu_pct:.2f}% of one core")
     print(f"median timed step: off {result.median_off_ms:.3f} ms, on {result.median_on_ms:.3f} ms "
           f"over {result.rounds} rounds × {result.steps} steps")
     print(f"ratio on/off (median of per-round ratios): {result.ratio:.4f} "

@@ -91,8 +91,10 @@ def test_clock_sync_maps_the_sampler_clock_onto_each_trace(run):
             sync = entry["clock_sync"][str(rank)]
             trace = _trace(path)
             assert sync["trace_base_ns"] == trace["baseTimeNanoseconds"]
-            probe = next(e for e in trace["traceEvents"] if e.get("name") == nvml.CLOCK_PROBE)
-            assert probe["ts"] == pytest.approx(sync["probe_ns"] / 1e3 + sync["offset_us"], abs=1.0)
+            probes = [e["ts"] for e in trace["traceEvents"] if e.get("name") == nvml.CLOCK_PROBE]
+            # The tightest probe was chosen; its exported ts is where the offset puts its sampler time.
+            assert min(abs(ts - (sync["probe_ns"] / 1e3 + sync["offset_us"])) for ts in probes) < 0.01
+            assert sync["uncertainty_us"] < 1000
 
 
 def test_gloo_transport_is_observed_and_matches_loopback(run):

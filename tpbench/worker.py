@@ -289,7 +289,7 @@ class CaseRunner:
                      record_shapes=True) as prof:  # collective sizes (bytes) on Gloo ranges and c10d ops
             for i in range(case.profiler_steps + 1):
                 if i == 1:
-                    bracket = nvml.clock_probe()
+                    brackets = nvml.clock_probe()
                 x, y = workload.train_batch(base + i)
                 train_step(training, workload, x, y, profiled=True)
                 if self.device.type == "cuda":
@@ -303,7 +303,7 @@ class CaseRunner:
         os.replace(out.with_name(out.name + ".part"), out)
         tmp.unlink()
         spans = nvml.step_spans(t_start, ends, 0, first_step=base, phase="profile")
-        return nvml.clock_sync(prof, bracket, out), spans
+        return nvml.clock_sync(prof, brackets, out), spans
 
 
 @torch.no_grad()

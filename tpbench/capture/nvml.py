@@ -16,8 +16,8 @@ the timed loop nothing. torch.profiler (Kineto) stamps CPU and GPU events in Uni
 converts its TSC-based approximate clock to CLOCK_REALTIME) and writes each trace event's ``ts`` in
 µs relative to the trace's ``baseTimeNanoseconds``: Unix µs = ts + baseTimeNanoseconds / 1000.
 Rather than trust that, the worker measures the offset in every profiled window: it opens an
-empty ``record_function(CLOCK_PROBE)`` between two sampler-clock reads and reads the probe's start
-back from the profiler's results (``ClockSync``). Then ``ts_us = t_ns / 1000 + offset_us`` puts a
+empty ``record_function(CLOCK_PROBE)`` between two sampler-clock reads (a few times, keeping the
+tightest) and reads the probe's start back from the profiler's results (``ClockSync``). Then ``ts_us = t_ns / 1000 + offset_us`` puts a
 sample on the same axis as that rank's trace events, within ``uncertainty_us`` at the probe. Far
 from the probe, NTP slewing of CLOCK_REALTIME against CLOCK_MONOTONIC (typically tens of ppm) adds
 its drift; samples inside the traced window, the ones drawn over a trace, are exact to µs.
@@ -234,6 +234,9 @@ class Sampler:
         self.interval_ns = int(interval_ms * 1e6)
         self.clock = clock
         self.error: str | None = None
+        # The thread's own CPU time and lifetime, so its cost can be stated without timing noise.
+        self.cpu_ns = 0
+        self.wall_ns = 0
         self._rows: list[tuple[float, ...]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tpbench-nvml", daemon=True)
@@ -243,6 +246,14 @@ class Sampler:
         return self
 
     def _run(self) -> None:
+        cpu0, wall0 = time.thread_time_ns(), time.perf_counter_ns()
+        try:
+            self._loop()
+        finally:
+            self.cpu_ns = time.thread_time_ns() - cpu0
+            self.wall_ns = time.perf_counter_ns() - wall0
+
+    def _loop(self) -> None:
         due = self.clock()
         while not self._stop.is_set():
             t0 = self.clock()
@@ -317,17 +328,22 @@ class ClockSync:
     trace_base_ns: int
 
 
-def clock_probe(clock: Callable[[], int] = time.perf_counter_ns) -> tuple[int, int]:
-    """Inside a profiled step: open an empty ``record_function(CLOCK_PROBE)`` between two
-    sampler-clock reads; the profiler stamps its start inside the returned bracket."""
+def clock_probe(n: int = 5, clock: Callable[[], int] = time.perf_counter_ns) -> list[tuple[int, int]]:
+    """Inside a profiled step: ``n`` empty ``record_function(CLOCK_PROBE)`` ranges, each opened
+    between two sampler-clock reads; the profiler stamps each start inside its bracket. Several,
+    because a preempted thread or a first-call initialisation can widen one bracket to
+    milliseconds; ``clock_sync`` keeps the tightest."""
     from torch.autograd.profiler import record_function
 
-    rf = record_function(CLOCK_PROBE)
-    t0 = clock()
-    rf.__enter__()
-    t1 = clock()
-    rf.__exit__(None, None, None)
-    return t0, t1
+    brackets = []
+    for _ in range(n):
+        rf = record_function(CLOCK_PROBE)
+        t0 = clock()
+        rf.__enter__()
+        t1 = clock()
+        rf.__exit__(None, None, None)
+        brackets.append((t0, t1))
+    return brackets
 
 
 _BASE_RE = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
@@ -345,24 +361,25 @@ def trace_base_ns(trace_path: Path) -> int:
     return int(m.group(1))
 
 
-def clock_sync(profiler: Any, bracket: Sequence[int], trace_path: Path) -> ClockSync | None:
-    """Offset between the sampler clock and the trace clock, from the probe's recorded start.
+def clock_sync(profiler: Any, brackets: Sequence[tuple[int, int]], trace_path: Path) -> ClockSync | None:
+    """Offset between the sampler clock and the trace clock, from the tightest probe's start.
 
     ``profiler`` is the finished ``torch.profiler.profile``; its Kineto results hold the very
-    events the trace was exported from (start times in Unix ns). None when the probe is missing
-    (a profiler built without CPU activity).
+    events the trace was exported from (start times in Unix ns). None when the probes are
+    missing (a profiler built without CPU activity).
     """
     results = getattr(getattr(profiler, "profiler", None), "kineto_results", None)
     if results is None:
         return None
-    start_ns = next((e.start_ns() for e in results.events() if e.name() == CLOCK_PROBE), None)
-    if start_ns is None:
+    starts = sorted(e.start_ns() for e in results.events() if e.name() == CLOCK_PROBE)
+    if len(starts) != len(brackets):
         return None
+    start_ns, (t0, t1) = min(zip(starts, brackets), key=lambda sb: sb[1][1] - sb[1][0])
     base = trace_base_ns(trace_path)
-    mid = (bracket[0] + bracket[1]) // 2
+    mid = (t0 + t1) // 2
     return ClockSync(
         offset_us=(start_ns - base) / 1e3 - mid / 1e3,
-        uncertainty_us=(bracket[1] - bracket[0]) / 2e3,
+        uncertainty_us=(t1 - t0) / 2e3,
         probe_ns=mid,
         trace_base_ns=base,
     )
