@@ -22,6 +22,7 @@ import datetime as _dt
 import json
 import os
 import secrets
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,12 +108,10 @@ def finished_repeats(run_dir: Path, case_id: str) -> set[int]:
 
 
 def discard_partial(run_dir: Path, case_id: str) -> None:
-    """Drop a case's repeats and traces so that a rerun starts it clean."""
+    """Drop everything a case left (repeats, traces, telemetry parts) so that a rerun starts it clean."""
     d = case_dir(run_dir, case_id)
-    for sub in ("parts", "trace"):
-        for p in (d / sub).glob("*"):
-            p.unlink()
-    (d / STEPS_FILE).unlink(missing_ok=True)
+    if d.exists():
+        shutil.rmtree(d)
 
 
 @dataclass
