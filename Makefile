@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 SUITE ?= suites/zero.toml
 PYTEST_ARGS ?=
 
-.PHONY: sweep smoke test bench env clean-venv
+.PHONY: sweep smoke test bench env clean-venv chromium
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -24,8 +24,14 @@ sweep: $(STAMP)
 smoke: $(STAMP)
 	$(VENV)/bin/tpbench sweep suites/smoke.toml
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The report's tests drive a real headless Chromium (Debian's package). Installed here when missing
+# and we are root with apt-get (CI: a clean Debian machine); elsewhere those tests skip and say why.
+chromium:
+	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 bench: $(STAMP)
 	$(VENV)/bin/pytest tests/benchmarks --benchmark-enable --benchmark-only $(PYTEST_ARGS)

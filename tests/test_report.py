@@ -1,0 +1,242 @@
+"""The report without a browser: verdict words and intervals, sections present only with their
+data, escaping of user text, several runs in one report through the CLI.
+
+Verdict tests build runs in memory from the suite's real expansion (real case ids and collapsed
+keys) with chosen per-repeat medians, so the right sentence is known. Section tests use run
+directories written through the store by ``scripts/synth_run.py``. The browser checks are in
+``test_report_browser.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tpbench import store
+from tpbench.report import build_report, data as report_data, verdicts
+from tpbench.suite import Machine, expand, parse
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+import synth_run  # noqa: E402
+
+ZERO_SUITE = """\
+[suite]
+name = "zero-test"
+[defaults]
+world_size = 2
+backend = "gloo"
+device = "cpu"
+warmup_steps = 3
+[sweep]
+algorithm = ["zero_no_overlap", "hook_with_zero_step", "hook_with_zero_step_interleaved"]
+bucket_cap_mb = [1, 4]
+shard_buckets = [false, true]
+interconnect = ["loopback", "tcp-1gbit"]
+"""
+
+
+def in_memory_run(suite_text: str, medians: dict[str, list[float]] | callable, run_id: str = "20260101T000000Z-aaaaaa",
+                  environment: dict | None = None) -> store.Loaded:
+    """A finished run held in memory: real cases, per-repeat medians from ``medians(case params)``."""
+    cases = expand(parse(suite_text, "test.toml"), Machine(gpus=0))
+    meta = {"run_id": run_id, "suite": {"name": "zero-test", "text": suite_text}, "status": "complete",
+            "environment": environment or dict(synth_run.ENVIRONMENT),
+            "cases": {c.case_id: {"params": c.params(), "status": "done"} for c in cases}}
+    rows = []
+    for c in cases:
+        reps = np.asarray(medians(c.params()), dtype=float)
+        rows.append({"case_id": c.case_id, "median_ms": float(np.median(reps)), "ci_lo_ms": float(reps.min()),
+                     "ci_hi_ms": float(reps.max()), "repeat_medians_ms": reps.tolist()})
+    return store.Loaded(Path("/nonexistent"), meta, pd.DataFrame([c.params() for c in cases]), pd.DataFrame(), pd.DataFrame(rows))
+
+
+def zero_medians(p: dict) -> list[float]:
+    """Interleaved 20% faster than sequential on loopback, 25% slower on tcp-1gbit; sequential
+    and no-overlap the same within noise everywhere."""
+    base = [100.0, 101.0, 99.0]
+    if p["algorithm"] == "hook_with_zero_step_interleaved":
+        return [v * (0.8 if p["interconnect"] == "loopback" else 1.25) for v in base]
+    if p["algorithm"] == "zero_no_overlap":
+        return [100.5, 97.0, 102.0]
+    return base
+
+
+def test_interleaved_vs_sequential_in_words_with_intervals():
+    data = report_data.load([in_memory_run(ZERO_SUITE, zero_medians)])
+    comps = verdicts.compare(data, verdicts.ZERO_KINDS[0])
+    # 2 bucket sizes x 2 shard_buckets x 2 interconnects, each pair agreeing on all of them.
+    assert len(comps) == 8
+    for c in comps:
+        assert c.candidate["algorithm"] == "hook_with_zero_step_interleaved" and c.baseline["algorithm"] == "hook_with_zero_step"
+        assert all(c.candidate[k] == c.baseline[k] for k in ("bucket_cap_mb", "shard_buckets", "interconnect"))
+    loop = next(c for c in comps if c.context == {"bucket_cap_mb": 4, "shard_buckets": False, "interconnect": "loopback"})
+    assert loop.verdict == "faster"
+    assert loop.lo == pytest.approx(79.2 / 101) and loop.hi == pytest.approx(80.8 / 99)  # extremes of the bootstrap
+    assert verdicts.sentence(loop, list(loop.context)) == (
+        "interleaved is 20% [18%, 22%] faster than sequential at 4 MB buckets on loopback, shard_buckets=False.")
+    lines = verdicts.group_sentences(comps)
+    assert ("interleaved is faster than sequential at 1, 4 MB buckets on loopback, shard_buckets=False "
+            "(most: 20% [18%, 22%] at 1 MB).") in lines
+    assert any(line.startswith("sequential wins at 1, 4 MB buckets on tcp-1gbit, shard_buckets=True (interleaved up to 25%")
+               for line in lines)
+
+
+def test_collapsed_parameters_share_one_baseline_and_noise_is_not_called():
+    data = report_data.load([in_memory_run(ZERO_SUITE, zero_medians)])
+    comps = verdicts.compare(data, verdicts.ZERO_KINDS[1])  # sequential / zero_no_overlap
+    assert len(comps) == 8
+    # shard_buckets does not apply to zero_no_overlap: sharded and unsharded hooks meet the same case.
+    by_base = {}
+    for c in comps:
+        by_base.setdefault(c.baseline["case_id"], set()).add(c.candidate["shard_buckets"])
+    assert set(map(frozenset, by_base.values())) == {frozenset({False, True})}
+    assert "shard_buckets" not in comps[0].context
+    assert {c.verdict for c in comps} == {"unclear"}
+    assert all("no clear difference at 1, 4 MB buckets" in line for line in verdicts.group_sentences(comps))
+
+
+def test_a_single_repeat_is_never_called():
+    suite = ZERO_SUITE.replace('interconnect = ["loopback", "tcp-1gbit"]', 'interconnect = ["loopback"]')
+    data = report_data.load([in_memory_run(suite, lambda p: zero_medians(p)[:1])])
+    comps = verdicts.compare(data, verdicts.ZERO_KINDS[0])
+    assert comps and {c.verdict for c in comps} == {"single"}
+    assert "one repeat: no interval" in verdicts.sentence(comps[0], list(comps[0].context))
+
+
+def test_fastest_line_names_the_setting_and_the_evidence_against_the_runner_up():
+    data = report_data.load([in_memory_run(ZERO_SUITE, zero_medians)])
+    lines = verdicts.fastest_lines(data)
+    assert len(lines) == 2  # one per interconnect: the setting, not a tuning knob
+    loop = next(line for line in lines if "on loopback" in line)
+    assert loop.startswith("Fastest on loopback: hook_with_zero_step_interleaved")
+    assert "not clearly ahead of the runner-up hook_with_zero_step_interleaved" in loop  # its twin configuration
+
+
+LOCALSGD_SUITE = """\
+[suite]
+name = "lsgd-test"
+[defaults]
+algorithm = "post_localSGD_hook"
+world_size = 4
+ranks_per_node = 2
+backend = "gloo"
+device = "cpu"
+workload = "markov"
+warmup_steps = 0
+steps = 40
+repeats = 3
+eval_every = 10
+[sweep]
+start_localSGD_iter = ["never", 10]
+averaging_period = [4]
+"""
+
+
+def test_local_sgd_verdict_time_to_target_and_final_gap():
+    cases = expand(parse(LOCALSGD_SUITE, "lsgd.toml"), Machine(gpus=0))
+    never = next(c for c in cases if c.start_localSGD_iter == "never")
+    local = next(c for c in cases if c.start_localSGD_iter == 10)
+    optimum, target = 1.0, 1.05
+    rows = []
+    for case, step_ms, final in ((never, 100.0, 1.02), (local, 60.0, 1.04)):
+        for repeat in range(3):
+            for rank in range(4):
+                for step in range(40):
+                    # Both reach the target at step 29 (held-out loss evaluated every 10 steps).
+                    held = np.nan if (step + 1) % 10 else (1.3 if step < 29 else final)
+                    rows.append({"case_id": case.case_id, "repeat": repeat, "rank": rank, "step": step, "phase": "timed",
+                                 "step_ms": step_ms * (1 + 0.01 * repeat), "loss": 1.5, "heldout_loss": held,
+                                 "optimal_loss": optimum})
+    steps = pd.DataFrame(rows)
+    summary = pd.DataFrame([
+        {"case_id": c.case_id, "median_ms": ms, "ci_lo_ms": ms, "ci_hi_ms": ms * 1.02, "repeat_medians_ms": [ms, ms * 1.01, ms * 1.02],
+         "final_heldout_loss": final, "optimal_loss": optimum, "target_loss": target}
+        for c, ms, final in ((never, 100.0, 1.02), (local, 60.0, 1.04))])
+    meta = {"run_id": "r1", "suite": {"name": "lsgd-test", "text": LOCALSGD_SUITE}, "status": "complete",
+            "environment": dict(synth_run.ENVIRONMENT), "cases": {c.case_id: {"params": c.params(), "status": "done"} for c in cases}}
+    data = report_data.load([store.Loaded(Path("/nonexistent"), meta, pd.DataFrame(), steps, summary)])
+    [v] = verdicts.convergence_verdicts(data)
+    assert v.cand_reached == v.base_reached == 3
+    assert v.reach_ratio[0] == pytest.approx(0.6)
+    assert v.final_delta == pytest.approx(0.02)
+    text = verdicts.convergence_sentence(v, [])
+    assert text.startswith("post-local SGD (start_localSGD_iter=10 averaging_period=4) reaches the target in 40% [")
+    assert "less training time than DDP but ends 0.02 nats above it" in text
+    assert "its steps are 40% [" in text and "faster than DDP's" in text
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two small synthetic runs written through the store: one with every derived table, one bare."""
+    root = tmp_path_factory.mktemp("runs")
+    small = dict(buckets=(1, 4), interconnects=("loopback", "tcp-1gbit"), repeats=2, steps=6)
+    full = synth_run.make_run(root / "full", name="full", **small)
+    bare = synth_run.make_run(root / "bare", name="bare", traced=0, nvml=False, failed=0, **small)
+    return full, bare
+
+
+def headings(html: str) -> set[str]:
+    return set(re.findall(r'<h2 id="([^"]+)"', html))
+
+
+def test_sections_appear_only_with_their_data(runs):
+    full, bare = runs
+    with_all = headings(build_report([store.load(full)]))
+    assert {"verdicts", "environment", "step-time", "speedups", "overlap", "timeline", "collectives", "telemetry",
+            "memory", "comparisons", "failed", "cases"} <= with_all
+    without = headings(build_report([store.load(bare)]))
+    assert {"verdicts", "step-time", "speedups", "memory", "cases"} <= without
+    assert not {"overlap", "timeline", "collectives", "telemetry", "failed", "convergence", "traces"} & without
+
+
+def hostile_copy(run_dir: Path, dest: Path) -> Path:
+    """A copy of a run whose every piece of user text is markup."""
+    shutil.copytree(run_dir, dest)
+    meta = json.loads((dest / "run.json").read_text())
+    meta["suite"]["name"] = "<script>alert(1)</script>"
+    meta["suite"]["text"] = meta["suite"]["text"].replace("Synthetic", "<script>alert('toml')</script>")
+    meta["suite"]["description"] = "<img src=x onerror=alert(2)> & friends"
+    first, second = list(meta["cases"])[:2]
+    meta["cases"][first]["params"]["interconnect"] = "<b>lo</b><script>alert(3)</script>"
+    meta["cases"][second].update(status="failed", error="<img src=y onerror=alert(4)>", detail="</pre><script>alert(5)</script>")
+    (dest / "run.json").write_text(json.dumps(meta))
+    return dest
+
+
+def test_user_text_is_escaped_everywhere(runs, tmp_path):
+    html = build_report([store.load(hostile_copy(runs[0], tmp_path / "hostile"))])
+    body = html.split("</head>", 1)[1]
+    for raw in ("<script>alert(", "<img src=", "<b>lo</b>"):
+        assert raw not in body
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    assert "&lt;img src=y onerror=alert(4)&gt;" in body
+    # In figures: JSON with "<" as \u003c, and plotly's own markup escaped as entities.
+    assert "\\u003cb\\u003elo" not in body and "&lt;b&gt;lo&lt;\\u002fb&gt;" in body
+
+
+def test_report_command_compares_several_runs(runs, tmp_path):
+    full, _ = runs
+    other = tmp_path / "other"
+    shutil.copytree(full, other)
+    meta = json.loads((other / "run.json").read_text())
+    meta["run_id"] = meta["run_id"][:-1] + "z"
+    meta["environment"]["torch"] = "2.14.0"
+    (other / "run.json").write_text(json.dumps(meta))
+    out = tmp_path / "cmp.html"
+    proc = subprocess.run([sys.executable, "-m", "tpbench", "report", str(full), str(other), "-o", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    html = out.read_text()
+    assert "across-runs" in headings(html)
+    assert "A · torch 2.13.0" in html and "B · torch 2.14.0" in html
+    # Identical data: every common case is judged no different.
+    assert re.search(r"over \d+ common case\(s\): faster in 0, slower in 0", html)

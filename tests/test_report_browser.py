@@ -1,0 +1,160 @@
+"""The report in a real headless Chromium: the report of a real 2-rank Gloo sweep opens with no
+JavaScript error, every plotly figure draws, nothing is fetched from the network, and markup in
+user text stays text. A full-page screenshot goes to ``test-artifacts/`` for people to look at.
+
+``make test`` installs Debian's chromium when it is missing and we are root; these tests install
+it the same way when run directly, and skip only where it is neither there nor installable.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from browser import ALL_FIGURES_DRAWN, Browser, ensure_chromium
+from test_report import hostile_copy
+
+from tpbench import report, store
+from tpbench.analysis import bandwidth, overlap, timeline
+
+REPO = Path(__file__).resolve().parent.parent
+ARTIFACTS = REPO / "test-artifacts"
+
+SUITE = """\
+[suite]
+name = "report-smoke"
+description = "Two tiny cases on 2 Gloo ranks, traced, for the browser test"
+[defaults]
+world_size = 2
+backend = "gloo"
+device = "cpu"
+workload = "mlp"
+batch_size = 8
+warmup_steps = 3
+steps = 6
+repeats = 2
+timeout_s = 120
+[sweep]
+algorithm = ["ddp", "zero_no_overlap"]
+[capture]
+profiler_steps = 2
+[workloads.mlp]
+width = 32
+depth = 2
+"""
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    path = ensure_chromium()
+    if path is None:
+        pytest.skip("no chromium found, and it cannot be installed here (not root, or no apt-get): "
+                    "install Debian's chromium package to run the browser tests")
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser(chromium):
+    with Browser(chromium) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> Path:
+    """A real sweep: 2 Gloo ranks, 2 cases, 2 repeats, traced steps."""
+    tmp = tmp_path_factory.mktemp("report-smoke")
+    (tmp / "suite.toml").write_text(SUITE)
+    proc = subprocess.run([sys.executable, "-m", "tpbench", "sweep", str(tmp / "suite.toml"), "--out", str(tmp / "results"),
+                           "--no-report"], capture_output=True, text=True, cwd=tmp, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [run_dir] = store.iter_runs(tmp / "results")
+    _derive_tables(run_dir)
+    return run_dir
+
+
+def _derive_tables(run_dir: Path) -> None:
+    """The trace-derived tables ``sweep.finalize`` writes, for cases where it has not (yet): the
+    report reads them from the store and never parses a trace itself."""
+    for case_id in store.read_run_json(run_dir)["cases"]:
+        if store.read_case_table(run_dir, case_id, "intervals") is not None or not store.traces(run_dir, case_id):
+            continue
+        tl = timeline.read_traces(store.trace_dir(run_dir, case_id))
+        store.write_case_table(run_dir, case_id, "intervals", tl.intervals)
+        store.write_case_table(run_dir, case_id, "overlap", overlap.step_overlap(tl.intervals, tl.steps))
+        store.write_case_table(run_dir, case_id, "collectives", bandwidth.collective_bandwidth(tl.intervals))
+
+
+def figures(browser: Browser) -> tuple[int, int]:
+    """(figures on the page, figures plotly drew: an svg.main-svg inside)."""
+    total = browser.evaluate("document.querySelectorAll('.js-plotly-plot, div.figure').length")
+    drawn = browser.evaluate("[...document.querySelectorAll('div.figure')].filter(d => d.querySelector('svg.main-svg')).length")
+    return total, drawn
+
+
+def test_smoke_report_renders_every_figure_without_errors(browser, smoke_run, tmp_path):
+    out = report.write_report([smoke_run], tmp_path / "smoke.html")
+    page = browser.load(out)
+    assert page.errors == []
+    assert page.dialogs == []
+    total, drawn = figures(browser)
+    # step time, overlap, one timeline per algorithm, collectives, memory
+    assert total >= 6 and drawn == total
+    assert browser.evaluate(ALL_FIGURES_DRAWN)
+    text = browser.evaluate("document.body.innerText")
+    for heading in ("Verdicts", "Environment", "Step time", "Overlap, exposed communication and idle time",
+                    "Timeline of one step", "Collectives", "Memory per rank", "All cases", "Raw traces"):
+        assert heading in text
+    assert browser.evaluate("document.querySelectorAll('a[href$=\".json.gz\"]').length") == 4  # 2 cases x 2 ranks
+    shot = browser.screenshot(ARTIFACTS / "report-smoke.png")
+    assert shot.stat().st_size > 50_000
+
+
+def test_report_makes_no_network_request(browser, smoke_run, tmp_path):
+    out = report.write_report([smoke_run], tmp_path / "offline.html")
+    page = browser.load(out)
+    # In-document data: URLs (plotly draws heatmaps as images) never leave the page.
+    fetched = [u for u in page.requests if u != page.url and not u.startswith(("data:", "blob:"))]
+    assert fetched == []
+    assert page.requests[0] == page.url
+
+
+def test_markup_in_user_text_renders_as_text(browser, smoke_run, tmp_path):
+    hostile = hostile_copy(smoke_run, tmp_path / "hostile")
+    out = report.write_report([hostile], tmp_path / "hostile.html")
+    page = browser.load(out)
+    assert page.dialogs == []  # no alert() ran
+    assert page.errors == []
+    text = browser.evaluate("document.body.innerText")
+    assert "<script>alert(1)</script>" in text  # the suite name, as typed
+    assert "<img src=y onerror=alert(4)>" in text  # a failure's cause
+    assert browser.evaluate("document.querySelectorAll('img').length") == 0
+    assert browser.evaluate("document.querySelectorAll('body script').length") == figures(browser)[0]  # one per figure, nothing else
+    # Inside the figures (legend, ticks, hover labels are SVG text): shown literally, not as bold markup.
+    svg_text = browser.evaluate("[...document.querySelectorAll('svg text')].map(t => t.textContent).join('\\n')")
+    assert "<b>lo</b><script>alert(3)</script>" in svg_text
+    browser.screenshot(ARTIFACTS / "report-hostile.png", max_height=3000)
+
+
+def test_several_runs_in_one_report(browser, smoke_run, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(smoke_run, other)
+    meta = json.loads((other / "run.json").read_text())
+    meta["run_id"] += "b"
+    meta["environment"]["torch"] = "9.9.9"
+    (other / "run.json").write_text(json.dumps(meta))
+    out = tmp_path / "compare.html"
+    proc = subprocess.run([sys.executable, "-m", "tpbench", "report", str(smoke_run), str(other), "-o", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    page = browser.load(out)
+    assert page.errors == [] and page.dialogs == []
+    total, drawn = figures(browser)
+    assert total >= 6 and drawn == total
+    text = browser.evaluate("document.body.innerText")
+    assert "Across runs" in text and "B · torch 9.9.9" in text
+    browser.screenshot(ARTIFACTS / "report-compare.png", max_height=6000)
