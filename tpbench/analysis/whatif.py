@@ -1,0 +1,650 @@
+"""What-if: project a measured step onto a fabric that is not here.
+
+A measured case is reduced to a *skeleton* per profiled step: for each rank, the training thread's
+work between communication events (``Work``), the points where it issues a collective
+(``Issue``) and the points where the hook's dependency structure makes it wait for one
+(``Wait``). ``simulate`` replays the skeleton with collective durations from an α–β model of a
+fabric, so the measured compute timeline stays and only the communication changes.
+
+Why a skeleton of the measured thread rather than a formula: how much communication a hook hides
+depends on *when* each bucket is issued and what waits for it, and that is in the trace. The
+dependency rules are read from markers every algorithm leaves, not from its name:
+
+- compute inside ``tpbench.zero.step[bucket=K]`` waits for the K-th all-reduce of the step (the
+  ZeRO hooks step a bucket once it is reduced: sequentially in the last bucket's hook, or bucket
+  K-1 in bucket K's hook when interleaved on Gloo);
+- the first compute after the last issue of a collective kind, outside such a range, waits for all
+  collectives of that kind (DDP's finalize waits for every all-reduce before copying gradients;
+  the ZeRO hooks and ``ZeroRedundancyOptimizer.step`` wait for their broadcasts);
+- a step ends when its thread is done and every collective has finished.
+
+Time on the thread between events is kept as work (compute, Python, dispatch), except the gap
+before the first event after a ``Wait``: that gap was spent blocked.
+
+Collectives run one at a time, in issue order, on one channel (as NCCL's stream does; Gloo may run
+two at once, which on a bandwidth-bound link finishes no sooner). A collective starts when every
+rank has issued it and the channel is free.
+
+Cost per collective (ring algorithms, sizes as nccl-tests counts them)::
+
+    t = hops · α + wire_bytes / β
+    hops = 2(n−1) for allreduce, n−1 otherwise
+    wire_bytes = bytes · busbw_factor(collective, n)         (point-to-point links, per rank)
+    wire_bytes = n · bytes · busbw_factor   [(n−1)·bytes for broadcast/reduce]   (shared medium)
+
+``β`` is then exactly the bus bandwidth nccl-tests reports, so a measured busbw can be put in the
+fabric table as is. A shared medium is one link all ranks' traffic crosses: the emulated
+``tcp-<rate>`` links, where one tbf-shaped ``lo`` carries both directions of every rank (a 2-rank
+all-reduce of B bytes moves 2B through it). A fabric may have a ``floor``: a second path every
+transfer also crosses, pipelined with the first, so the slower of the two sets the time (an
+emulated link behind this host's own TCP stack).
+
+Projections are projections: this machine's compute with another fabric's communication. Compute
+contention from communication on the host (Gloo copies on the CPU) is not modelled.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import json
+import math
+import re
+import tomllib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tpbench import store
+from tpbench.analysis.bandwidth import busbw_factor
+from tpbench.analysis.stats import bootstrap_ci, repeat_medians
+from tpbench.analysis.timeline import canonical_collective
+from tpbench.interconnect import resolve
+
+# --------------------------------------------------------------------------- fabrics
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """An α–β description of a link. ``beta_Bps`` is per rank and direction (nccl-tests' busbw)
+    for point-to-point fabrics, or of the whole medium when ``shared``."""
+
+    name: str
+    alpha_s: float
+    beta_Bps: float
+    shared: bool = False
+    description: str = ""
+    floor: Fabric | None = None
+
+
+# Nominal per-direction line rates; achievable busbw is typically 70-90% of them, so projections
+# are optimistic by that much. α is a per-hop latency of the order NCCL's own tuning model uses.
+# Put your own nccl-tests busbw here (or in a --fabrics file) for a sharper projection.
+FABRICS_TOML = """
+[fabrics.nvlink4]
+description = "NVLink 4 (H100 SXM): 18 links x 25 GB/s per direction"
+latency_us = 3.0
+bandwidth_GBps = 450.0
+
+[fabrics.pcie5-x16]
+description = "PCIe 5.0 x16 peer to peer: 32 GT/s x 16 lanes, 128b/130b"
+latency_us = 5.0
+bandwidth_GBps = 63.0
+
+[fabrics.ib-ndr]
+description = "InfiniBand NDR, one 400 Gb/s port per GPU"
+latency_us = 5.0
+bandwidth_GBps = 50.0
+
+[fabrics.100gbe]
+description = "100 Gigabit Ethernet (RoCE), one port per node"
+latency_us = 10.0
+bandwidth_GBps = 12.5
+"""
+
+
+def parse_fabrics(text: str, source: str = "<fabrics>") -> dict[str, Fabric]:
+    """Fabrics from TOML: ``[fabrics.NAME]`` with ``latency_us``, ``bandwidth_GBps`` (1e9 bytes/s)
+    and optional ``shared`` (bool) and ``description``. Errors name the source, fabric and key."""
+    doc = tomllib.loads(text)
+    out: dict[str, Fabric] = {}
+    unknown_top = set(doc) - {"fabrics"}
+    if unknown_top:
+        raise ValueError(f"{source}: unknown table(s) {sorted(unknown_top)}; expected [fabrics.NAME]")
+    for name, t in doc.get("fabrics", {}).items():
+        where = f"{source}: [fabrics.{name}]"
+        if not isinstance(t, dict):
+            raise ValueError(f"{where}: expected a table")
+        extra = set(t) - {"latency_us", "bandwidth_GBps", "shared", "description"}
+        if extra:
+            raise ValueError(f"{where}: unknown key(s) {sorted(extra)}; expected latency_us, bandwidth_GBps, shared, description")
+        try:
+            lat, bw = float(t["latency_us"]), float(t["bandwidth_GBps"])
+        except KeyError as e:
+            raise ValueError(f"{where}: missing {e.args[0]}") from None
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: latency_us and bandwidth_GBps must be numbers") from None
+        if lat < 0 or bw <= 0:
+            raise ValueError(f"{where}: need latency_us >= 0 and bandwidth_GBps > 0")
+        out[name] = Fabric(name, lat * 1e-6, bw * 1e9, bool(t.get("shared", False)), str(t.get("description", "")))
+    return out
+
+
+def load_fabrics(extra: Iterable[str | Path] = ()) -> dict[str, Fabric]:
+    """The built-in fabrics, then each user file's (a user file may redefine a built-in)."""
+    fabrics = parse_fabrics(FABRICS_TOML, "built-in fabrics")
+    for path in extra:
+        fabrics |= parse_fabrics(Path(path).read_text(), str(path))
+    return fabrics
+
+
+def emulated_link(rate_bits_per_s: float, host: Fabric | None, name: str | None = None) -> Fabric:
+    """A ``tcp-<rate>`` link: a shared medium at the tbf rate, behind this host's own path."""
+    return Fabric(name or f"tcp-{rate_bits_per_s:g}bit", 0.0, rate_bits_per_s / 8, shared=True,
+                  description="tbf-shaped loopback (one medium for all ranks)", floor=host)
+
+
+def collective_time(collective: str, nbytes: float, n: int, fabric: Fabric) -> float:
+    """Seconds for one collective of ``nbytes`` (nccl-tests' count) among ``n`` ranks on ``fabric``."""
+    if n < 2:
+        return 0.0
+    factor = busbw_factor(collective, n)
+    if math.isnan(factor):
+        raise ValueError(f"no cost model for collective {collective!r}")
+    hops = 2 * (n - 1) if collective == "allreduce" else n - 1
+    if fabric.shared:
+        wire = (n - 1) * nbytes if collective in ("broadcast", "reduce") else n * factor * nbytes
+    else:
+        wire = factor * nbytes
+    t = hops * fabric.alpha_s + wire / fabric.beta_Bps
+    if fabric.floor is not None:
+        t = max(t, collective_time(collective, nbytes, n, fabric.floor))
+    return t
+
+
+# --------------------------------------------------------------------------- skeletons
+
+Key = tuple[str, int]  # (collective, instance within the step)
+
+
+@dataclass(frozen=True)
+class Work:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Issue:
+    key: Key
+
+
+@dataclass(frozen=True)
+class Wait:
+    keys: tuple[Key, ...]
+
+
+Op = Work | Issue | Wait
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    key: Key
+    nbytes: float
+    group_size: int
+
+
+@dataclass(frozen=True)
+class StepSkeleton:
+    """One profiled step: each rank's thread as ops, the collectives in channel (issue) order,
+    and the step's measured span (slowest rank)."""
+
+    step: int
+    ranks: tuple[tuple[Op, ...], ...]
+    collectives: tuple[CollectiveSpec, ...]
+    measured_s: float
+
+
+@dataclass(frozen=True)
+class Schedule:
+    step_s: float
+    thread_end_s: tuple[float, ...]
+    start_s: dict[Key, float]
+    finish_s: dict[Key, float]
+
+
+def simulate(sk: StepSkeleton, cost: Callable[[CollectiveSpec], float], compute_scale: float = 1.0) -> Schedule:
+    """Replay a skeleton: threads advance through their ops, collectives run one at a time in
+    channel order once every rank has issued them. Raises ``ValueError`` on a skeleton that
+    cannot finish (a wait for a collective some rank never issues)."""
+    n = len(sk.ranks)
+    pos, t = [0] * n, [0.0] * n
+    issued: dict[Key, list[float | None]] = {c.key: [None] * n for c in sk.collectives}
+    start: dict[Key, float] = {}
+    finish: dict[Key, float] = {}
+    free, nxt = 0.0, 0
+    while True:
+        progressed = False
+        for r, ops in enumerate(sk.ranks):
+            while pos[r] < len(ops):
+                op = ops[pos[r]]
+                if isinstance(op, Work):
+                    t[r] += op.seconds * compute_scale
+                elif isinstance(op, Issue):
+                    issued[op.key][r] = t[r]
+                elif any(k not in finish for k in op.keys):
+                    break
+                else:
+                    t[r] = max([t[r], *(finish[k] for k in op.keys)])
+                pos[r] += 1
+                progressed = True
+        while nxt < len(sk.collectives) and all(x is not None for x in issued[sk.collectives[nxt].key]):
+            spec = sk.collectives[nxt]
+            s = max(free, *issued[spec.key])
+            start[spec.key], finish[spec.key] = s, s + cost(spec)
+            free = finish[spec.key]
+            nxt += 1
+            progressed = True
+        if nxt == len(sk.collectives) and all(p == len(ops) for p, ops in zip(pos, sk.ranks)):
+            return Schedule(max([free, *t]), tuple(t), start, finish)
+        if not progressed:
+            stuck = {r: sk.ranks[r][pos[r]] for r in range(n) if pos[r] < len(sk.ranks[r])}
+            raise ValueError(f"skeleton cannot finish: ranks blocked at {stuck}")
+
+
+def fabric_cost(fabric: Fabric) -> Callable[[CollectiveSpec], float]:
+    return lambda c: collective_time(c.key[0], c.nbytes, c.group_size, fabric)
+
+
+_ZERO_STEP_RE = re.compile(r"tpbench\.zero\.step\[bucket=(\d+)\]")
+_STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
+_RANK_RE = re.compile(r"rank[_-]?(\d+)")
+_MARK_RE = re.compile(r'"name"\s*:\s*"(?:c10d::|ProfilerStep\s*#|tpbench\.zero\.step\[)')
+_DIST_RE = re.compile(r'"distributedInfo"\s*:\s*')
+_CHUNK_CHARS = 8 << 20
+_DECODER = json.JSONDecoder()
+_COSTED = ("allreduce", "broadcast", "allgather", "reduce_scatter", "alltoall", "reduce")
+
+
+@dataclass
+class TraceMarks:
+    """What the skeleton needs from a trace beyond the stored intervals: step spans with their
+    thread, the training thread's collective issues (``c10d::*`` ops) and ZeRO step ranges (ns)."""
+
+    rank: int
+    steps: list[tuple[int, int, int, int]]  # (step, tid, start, end)
+    issues: list[tuple[int, int, int, str]]  # (tid, start, end, collective)
+    zero_steps: list[tuple[int, int, int, int]]  # (tid, start, end, bucket)
+
+
+def _marked_events(path: Path, dist: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The trace's events named ``c10d::*``, ``ProfilerStep#N`` or ``tpbench.zero.step[...]``,
+    decoded one at a time; ``dist`` receives the trace's ``distributedInfo``.
+
+    A trace holds millions of events and this needs a few dozen per step, so the text is
+    streamed, searched for those names, and only the object around each hit is decoded (its
+    ``{`` is the nearest one before ``"name"``: an event's name precedes its nested args). An
+    object cut by a chunk's end is decoded once the next chunk has arrived."""
+    decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+    buf, need_dist = "", True
+    with (gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")) as f:  # noqa: SIM115
+        while True:
+            data = f.read(_CHUNK_CHARS)
+            buf += decode(data, final=not data)
+            if need_dist and (m := _DIST_RE.search(buf)):
+                try:
+                    dist.update(_DECODER.raw_decode(buf, m.end())[0])
+                    need_dist = False
+                except json.JSONDecodeError:
+                    need_dist = bool(data)
+            resume, last_end = None, 0
+            for m in _MARK_RE.finditer(buf):
+                if m.start() < last_end:
+                    continue
+                start = buf.rfind("{", 0, m.start())
+                try:
+                    event, last_end = _DECODER.raw_decode(buf, start)
+                except json.JSONDecodeError:
+                    if data:
+                        resume = start
+                        break
+                    continue
+                yield event
+            if not data:
+                return
+            # Keep what may hold an unread event: from a cut object, else the last few KB (a name
+            # split by the chunk's end), never an object already yielded.
+            buf = buf[resume if resume is not None else max(last_end, len(buf) - 4096):]
+
+
+def read_marks(path: str | Path) -> TraceMarks:
+    steps: list[tuple[int, int, int, int]] = []
+    issues: list[tuple[int, int, int, str]] = []
+    zero: list[tuple[int, int, int, int]] = []
+
+    def ns(e: dict[str, Any]) -> tuple[int, int]:
+        return round(e["ts"] * 1e3), round((e["ts"] + e["dur"]) * 1e3)
+
+    def take(events: list[dict[str, Any]]) -> None:
+        for e in events:
+            if e.get("ph") != "X":
+                continue
+            name = e.get("name", "")
+            if name.startswith("ProfilerStep") and (m := _STEP_RE.match(name)):
+                steps.append((int(m.group(1)), e["tid"], *ns(e)))
+            elif e.get("cat") == "cpu_op" and name.startswith("c10d::"):
+                coll = canonical_collective(name[len("c10d::"):])
+                if coll in _COSTED:
+                    issues.append((e["tid"], *ns(e), coll))
+            elif (m := _ZERO_STEP_RE.fullmatch(name)) and e.get("cat") == "user_annotation":
+                zero.append((e["tid"], *ns(e), int(m.group(1))))
+
+    dist: dict[str, Any] = {}
+    take(list(_marked_events(Path(path), dist)))
+    rank = dist.get("rank")
+    if rank is None:
+        m = _RANK_RE.search(Path(path).name)
+        if m is None:
+            raise ValueError(f"{path}: no rank in distributedInfo or in the file name")
+        rank = int(m.group(1))
+    steps.sort()
+    return TraceMarks(int(rank), steps, sorted(issues), sorted(zero))
+
+
+def _rank_step_ops(marks: TraceMarks, step: tuple[int, int, int, int], intervals: pd.DataFrame) -> tuple[list[Op], list[tuple[Key, float | None]]]:
+    """One rank's ops for one step and its collectives (key, bytes) in issue order."""
+    _, tid, s0, s1 = step
+    mine = intervals[intervals["rank"] == marks.rank]
+    compute = mine[(mine["lane"] == "compute") & (mine["stream_or_thread"] == f"thread {tid}")
+                   & (mine["start_ns"] >= s0) & (mine["start_ns"] < s1)]
+    comm = mine[(mine["lane"] == "comm") & (mine["start_ns"] >= s0) & (mine["start_ns"] < s1)].sort_values("start_ns")
+    sizes = {c: g["bytes"].tolist() for c, g in comm.groupby(comm["collective"].astype(str), sort=False)}
+    ranges = [(a, b, k) for t, a, b, k in marks.zero_steps if t == tid and s0 <= a < s1]
+
+    def bucket_of(start: int) -> int | None:
+        return next((k for a, b, k in ranges if a <= start < b), None)
+
+    events: list[tuple[int, int, Key | None, int | None]] = [
+        (int(a), int(b), None, bucket_of(int(a))) for a, b in zip(compute["start_ns"], compute["end_ns"])
+    ]
+    counts: dict[str, int] = {}
+    colls: list[tuple[Key, float | None]] = []
+    for t, a, b, coll in marks.issues:
+        if t == tid and s0 <= a < s1:
+            k = counts.get(coll, 0)
+            counts[coll] = k + 1
+            got = sizes.get(coll, [])
+            nbytes = got[k] if k < len(got) and not pd.isna(got[k]) else None
+            events.append((a, b, (coll, k), None))
+            colls.append(((coll, k), nbytes))
+    events.sort(key=lambda e: (e[0], e[2] is None))
+    last_issue = {key[0]: i for i, (_, _, key, _) in enumerate(events) if key is not None}
+    waited_buckets: set[int] = set()
+    waited_kinds: set[str] = set()
+    ops: list[Op] = []
+    pending, cursor = 0.0, s0
+    for i, (a, b, key, bucket) in enumerate(events):
+        waits: list[Key] = []
+        if key is None and bucket is not None and bucket not in waited_buckets:
+            waited_buckets.add(bucket)
+            waits.append(("allreduce", bucket))
+        if key is None and bucket is None:
+            for kind, last in last_issue.items():
+                if i > last and kind not in waited_kinds:
+                    waited_kinds.add(kind)
+                    waits += [k for k, _ in colls if k[0] == kind]
+        if waits:
+            if pending:
+                ops.append(Work(pending / 1e9))
+                pending = 0.0
+            ops.append(Wait(tuple(waits)))
+        else:
+            pending += max(0, a - cursor)
+        cursor = max(cursor, a)
+        pending += max(0, b - cursor)
+        cursor = max(cursor, b)
+        if key is not None:
+            ops.append(Work(pending / 1e9))
+            pending = 0.0
+            ops.append(Issue(key))
+    if pending:
+        ops.append(Work(pending / 1e9))
+    return ops, colls
+
+
+def skeletons(marks: Sequence[TraceMarks], intervals: pd.DataFrame) -> list[StepSkeleton]:
+    """One skeleton per profiled step that every rank has, built from each rank's marks and the
+    case's stored intervals (``timeline`` columns). Collective sizes come from the comm intervals
+    (the k-th of a kind in the step on that rank); a size no rank recorded raises ``ValueError``."""
+    marks = sorted(marks, key=lambda m: m.rank)
+    by_rank = [{s[0]: s for s in m.steps} for m in marks]
+    common = sorted(set.intersection(*(set(b) for b in by_rank))) if by_rank else []
+    out = []
+    for step in common:
+        ops, colls = zip(*(_rank_step_ops(m, b[step], intervals) for m, b in zip(marks, by_rank)))
+        keys = [k for k, _ in colls[0]]
+        for r, c in enumerate(colls):
+            if sorted(k for k, _ in c) != sorted(keys):
+                raise ValueError(f"step {step}: rank {marks[r].rank} issued different collectives than rank {marks[0].rank}")
+        sizes: dict[Key, float] = {}
+        for c in colls:
+            for k, b in c:
+                if b is not None:
+                    sizes[k] = max(sizes.get(k, 0.0), float(b))
+        missing = [k for k in keys if k not in sizes]
+        if missing:
+            raise ValueError(
+                f"step {step}: no size recorded for collectives {missing[:3]}{'…' if len(missing) > 3 else ''}; "
+                "traces need the profiler's record_shapes=True"
+            )
+        specs = tuple(CollectiveSpec(k, sizes[k], len(marks)) for k in keys)
+        measured = max(b[step][3] - b[step][2] for b in by_rank) / 1e9
+        out.append(StepSkeleton(step, tuple(tuple(o) for o in ops), specs, measured))
+    return out
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+def fit_host_path(skels: Sequence[StepSkeleton], overlap: pd.DataFrame, name: str = "as measured") -> Fabric:
+    """The path a case's collectives actually took, as one point-to-point bandwidth: per step,
+    the bytes its collectives move (busbw convention) over the time communication was busy (the
+    union of comm intervals, least across ranks: the other ranks' excess is waiting for peers).
+    Latency is folded into the bandwidth (α = 0): one case has too few message sizes to separate
+    them, and that is enough to replay it and to serve as an emulated link's floor."""
+    if overlap is None or overlap.empty:
+        raise ValueError("no per-step overlap table: the case has no traces")
+    busy = overlap.groupby("step")["comm_ns"].min()
+    ratios = []
+    for sk in skels:
+        wire = sum(c.nbytes * busbw_factor(c.key[0], c.group_size) for c in sk.collectives)
+        if busy.get(sk.step, 0) > 0 and wire > 0:
+            ratios.append(wire / (busy[sk.step] / 1e9))
+    if not ratios:
+        raise ValueError("no step with both communication time and bytes")
+    return Fabric(name, 0.0, float(np.median(ratios)), description="fitted on the measured case")
+
+
+def median_step_s(skels: Sequence[StepSkeleton], fabric: Fabric, compute_scale: float = 1.0) -> float:
+    cost = fabric_cost(fabric)
+    return float(np.median([simulate(sk, cost, compute_scale).step_s for sk in skels]))
+
+
+def calibrate_compute(skels: Sequence[StepSkeleton], fabric: Fabric, measured_s: float) -> float:
+    """The factor on thread work that makes the replay on the case's own path match its timed
+    median step. Profiled steps carry tracing overhead and are few; timed steps are the truth.
+    Clipped to [0.05, 20] (a factor outside that says the skeleton is wrong, not the clock)."""
+    lo, hi = 0.05, 20.0
+    if median_step_s(skels, fabric, lo) >= measured_s:
+        return lo
+    if median_step_s(skels, fabric, hi) <= measured_s:
+        return hi
+    for _ in range(50):
+        mid = math.sqrt(lo * hi)
+        if median_step_s(skels, fabric, mid) < measured_s:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(lo * hi)
+
+
+# --------------------------------------------------------------------------- runs
+
+
+# A compute factor outside this range means the traced steps do not look like the timed ones (the
+# machine was busy while tracing, or the skeleton misses a dependency): say so next to the numbers.
+REPRESENTATIVE_SCALE = (0.5, 2.0)
+
+
+@dataclass(frozen=True)
+class CaseModel:
+    """A measured case made replayable: its skeletons, its own path, the compute factor, and the
+    replay of its traced steps on its own path before calibration (``replay_ms``)."""
+
+    case_id: str
+    params: Mapping[str, Any]
+    skeletons: list[StepSkeleton]
+    path: Fabric
+    compute_scale: float
+    measured_ms: float
+    ci_ms: tuple[float, float]
+    replay_ms: float
+
+    @property
+    def representative(self) -> bool:
+        lo, hi = REPRESENTATIVE_SCALE
+        return lo <= self.compute_scale <= hi
+
+
+def case_model(run_dir: Path, case_id: str, params: Mapping[str, Any], step_rows: pd.DataFrame) -> CaseModel:
+    """Load one finished case's traces and tables from the store and calibrate it."""
+    paths = store.traces(run_dir, case_id)
+    intervals = store.read_case_table(run_dir, case_id, "intervals")
+    overlap = store.read_case_table(run_dir, case_id, "overlap")
+    if not paths or intervals is None:
+        raise ValueError(f"case {case_id} has no traces (profiler_steps = 0?)")
+    skels = skeletons([read_marks(p) for p in paths], intervals)
+    if not skels:
+        raise ValueError(f"case {case_id}: no profiled step common to all ranks")
+    path = fit_host_path(skels, overlap)
+    reps = repeat_medians(step_rows)["step_ms"].to_numpy()
+    measured = float(np.median(reps))
+    scale = calibrate_compute(skels, path, measured / 1e3)
+    replay = median_step_s(skels, path) * 1e3
+    return CaseModel(case_id, dict(params), skels, path, scale, measured, bootstrap_ci(reps), replay)
+
+
+def _done_cases(loaded: store.Loaded) -> pd.DataFrame:
+    return loaded.cases[loaded.cases["status"] == store.DONE]
+
+
+def project(models: Sequence[CaseModel], fabrics: Mapping[str, Fabric]) -> pd.DataFrame:
+    """Projected step time of each case on each fabric, next to what was measured here.
+
+    Columns: case_id, fabric, measured_ms, projected_ms, speedup (measured / projected),
+    comm_share (projected communication on the critical path: step minus the same replay with
+    free communication, over the step)."""
+    rows = []
+    free = Fabric("free", 0.0, float("inf"))
+    for m in models:
+        floor_ms = median_step_s(m.skeletons, free, m.compute_scale) * 1e3
+        for name, fab in fabrics.items():
+            ms = median_step_s(m.skeletons, fab, m.compute_scale) * 1e3
+            rows.append({"case_id": m.case_id, "fabric": name, "measured_ms": m.measured_ms, "projected_ms": ms,
+                         "speedup": m.measured_ms / ms, "comm_share": (ms - floor_ms) / ms if ms > 0 else float("nan")})
+    return pd.DataFrame(rows)
+
+
+VALIDATION_COLUMNS = ("reference_case", "case_id", "interconnect", "measured_ms", "ci_lo_ms", "ci_hi_ms",
+                      "predicted_ms", "error_pct")
+
+
+def validate(reference: CaseModel, targets: Iterable[tuple[str, str, float, pd.DataFrame]]) -> pd.DataFrame:
+    """Predict emulated-link cases from a reference case measured on another path.
+
+    ``targets``: (case_id, interconnect, link rate in bit/s, that case's step rows). The reference's skeletons
+    and compute factor are replayed on the target's link (shared medium at its rate, with the
+    reference's own path as floor); only the rate comes from the target. ``error_pct`` =
+    100 · (predicted − measured) / measured, measured being the median of repeat medians."""
+    rows = []
+    for case_id, interconnect, rate, step_rows in targets:
+        reps = repeat_medians(step_rows)["step_ms"].to_numpy()
+        lo, hi = bootstrap_ci(reps)
+        link = emulated_link(rate, reference.path)
+        pred = median_step_s(reference.skeletons, link, reference.compute_scale) * 1e3
+        meas = float(np.median(reps))
+        rows.append({"reference_case": reference.case_id, "case_id": case_id, "interconnect": interconnect,
+                     "measured_ms": meas, "ci_lo_ms": lo, "ci_hi_ms": hi, "predicted_ms": pred,
+                     "error_pct": 100 * (pred - meas) / meas})
+    return pd.DataFrame(rows, columns=list(VALIDATION_COLUMNS))
+
+
+# Parameters that say which cases are "the same case on another link".
+_NOT_LINK = ("case_id", "interconnect", "status", "error")
+
+
+def _same_but_link(cases: pd.DataFrame) -> list[pd.DataFrame]:
+    """Cases grouped by every parameter but the link (missing values are a value too)."""
+    keys = [c for c in cases.columns if c not in _NOT_LINK]
+    label = cases[keys].astype(object).apply(lambda r: repr(tuple(r)), axis=1)
+    return [g for _, g in cases.groupby(label, sort=False)]
+
+
+@dataclass(frozen=True)
+class RunWhatIf:
+    """A run's what-if: projections of its reference-link cases onto fabrics, and the model's
+    validation against its emulated-link cases (empty when the run has none)."""
+
+    reference: str
+    projections: pd.DataFrame
+    validation: pd.DataFrame
+    models: list[CaseModel]
+
+    def mean_abs_error_pct(self, representative_only: bool = False) -> float:
+        """Mean |error| of the validation; optionally only over predictions from references
+        whose traced steps resemble their timed steps."""
+        v = self.validation
+        if representative_only:
+            good = {m.case_id for m in self.models if m.representative}
+            v = v[v["reference_case"].isin(good)]
+        return float(v["error_pct"].abs().mean()) if len(v) else float("nan")
+
+
+def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: str | None = None) -> RunWhatIf:
+    """Model every case on the reference link (default: loopback if the run has it, else its
+    first interconnect), project those onto ``fabrics``, and predict each of the run's
+    ``tcp-<rate>`` cases from its reference twin (same parameters but the link)."""
+    done = _done_cases(loaded)
+    if done.empty:
+        raise ValueError(f"{loaded.run_dir}: no finished case")
+    links = list(dict.fromkeys(done["interconnect"]))
+    reference = reference or ("loopback" if "loopback" in links else links[0])
+    if reference not in links:
+        raise ValueError(f"no finished case on {reference!r}; the run has {links}")
+    steps_by_case = dict(tuple(loaded.steps.groupby("case_id")))
+    models, rows = [], []
+    for group in _same_but_link(done):
+        ref = group[group["interconnect"] == reference]
+        if ref.empty:
+            continue
+        params = ref.iloc[0].to_dict()
+        model = case_model(loaded.run_dir, params["case_id"], params, steps_by_case[params["case_id"]])
+        models.append(model)
+        targets = []
+        for row in group[group["interconnect"] != reference].to_dict("records"):
+            ic = resolve(row["interconnect"], _suite_interconnects(loaded))
+            if ic.shaped:
+                targets.append((row["case_id"], row["interconnect"], ic.rate_bits_per_s, steps_by_case[row["case_id"]]))
+        if targets:
+            rows.append(validate(model, targets))
+    validation = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=list(VALIDATION_COLUMNS))
+    return RunWhatIf(reference, project(models, fabrics), validation, models)
+
+
+def _suite_interconnects(loaded: store.Loaded) -> dict:
+    try:
+        return tomllib.loads(loaded.meta["suite"]["text"]).get("interconnects", {})
+    except tomllib.TOMLDecodeError:
+        return {}
