@@ -1,0 +1,169 @@
+"""Report sections for interconnects: the interleaved/sequential crossover and what-if projections.
+
+Each section appears only when a run has the data for it: the crossover needs both ZeRO hooks on
+more than one comm:compute ratio; the what-if needs traced cases (and, for its validation,
+emulated ``tcp-<rate>`` cases next to reference-link twins). Projections are labelled as such
+everywhere they appear: they are this machine's compute with another fabric's α–β costs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from tpbench import store
+from tpbench.analysis import crossover, whatif
+from tpbench.report.html import Page, plot_text
+
+
+def sections(page: Page, runs: list[store.Loaded], fabrics: dict[str, whatif.Fabric] | None = None) -> None:
+    """Add the crossover and what-if sections for each run that supports them."""
+    fabrics = fabrics if fabrics is not None else whatif.load_fabrics()
+    many = len(runs) > 1
+    for run in runs:
+        suffix = f" (run {run.meta['run_id']})" if many else ""
+        anchor = f"-{run.meta['run_id']}" if many else ""
+        _crossover_section(page, run, suffix, anchor)
+        _whatif_section(page, run, fabrics, suffix, anchor)
+
+
+def _crossover_section(page: Page, run: store.Loaded, suffix: str, anchor: str) -> None:
+    if run.steps.empty or run.summary.empty:
+        return
+    points = crossover.ratio_points(run.cases, run.steps, run.summary)
+    if points.empty or points["comm_compute"].dropna().nunique() < 2:
+        return
+    page.heading(f"Interleaved vs sequential ZeRO hook across links{suffix}", anchor=f"crossover{anchor}")
+    page.paragraph(
+        "Each point is one link and bucket size: the step time of hook_with_zero_step_interleaved over that of "
+        "hook_with_zero_step (ratio of medians of per-repeat medians; error bars: 95% bootstrap CI over repeats), "
+        "against the communication:computation ratio of the no-overlap reference case on the same link "
+        f"({points['comm_compute_from'].iloc[0]}: traced communication time per step over compute time per step). "
+        "Below 1 the interleaved hook is faster. The line is a weighted fit of log ratio against log comm:compute; "
+        "the shaded band is the crossover's 95% CI from refitting on bootstrap resamples of the repeats.",
+        css="muted",
+    )
+    try:
+        est = crossover.estimate_crossover(points)
+    except ValueError as e:
+        page.paragraph(f"No crossover estimate: {e}.", css="warn")
+        est = None
+    if est is not None:
+        page.bullets([est.sentence()], css="verdicts")
+        by_bucket = []
+        if "bucket_cap_mb" in points and points["bucket_cap_mb"].nunique() > 1:
+            for bucket, grp in points.groupby("bucket_cap_mb"):
+                try:
+                    by_bucket.append(f"bucket_cap_mb={bucket:g}: {crossover.estimate_crossover(grp).sentence()}")
+                except ValueError as e:
+                    by_bucket.append(f"bucket_cap_mb={bucket:g}: {e}")
+            page.bullets(by_bucket)
+    page.figure(_crossover_figure(points, est))
+    cols = ["interconnect", "bucket_cap_mb", "comm_compute", "sequential_ms", "interleaved_ms", "ratio", "ratio_lo", "ratio_hi"]
+    page.table(points.sort_values("comm_compute")[[c for c in cols if c in points]])
+
+
+def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None) -> go.Figure:
+    fig = go.Figure()
+    groups = points.groupby("bucket_cap_mb") if "bucket_cap_mb" in points else [(None, points)]
+    for bucket, grp in groups:
+        grp = grp.sort_values("comm_compute")
+        fig.add_trace(go.Scatter(
+            x=grp["comm_compute"], y=grp["ratio"], mode="markers", name=f"bucket_cap_mb={bucket:g}" if bucket is not None else "cases",
+            error_y=dict(type="data", array=grp["ratio_hi"] - grp["ratio"], arrayminus=grp["ratio"] - grp["ratio_lo"]),
+            text=[plot_text(i) for i in grp["interconnect"]],
+            hovertemplate="%{text}<br>comm:compute %{x:.2f}<br>interleaved/sequential %{y:.3f}<extra></extra>",
+        ))
+    xs = points["comm_compute"].dropna()
+    lo_x, hi_x = float(xs.min()) / 1.3, float(xs.max()) * 1.3
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#5b6475")
+    if est is not None:
+        grid = np.geomspace(lo_x, hi_x, 50)
+        fig.add_trace(go.Scatter(x=grid, y=est.ratio_at(grid), mode="lines", name="fit", line=dict(color="#5b6475")))
+        if est.x is not None:
+            fig.add_vrect(x0=max(est.lo, lo_x), x1=min(est.hi, hi_x), fillcolor="#f0a202", opacity=0.15, line_width=0)
+            fig.add_vline(x=est.x, line_color="#f0a202",
+                          annotation_text=f"crossover ≈ {est.x:.2g} [{est.lo:.2g}, {est.hi:.2g}]")
+    fig.update_xaxes(type="log", title="communication : computation (no-overlap reference)", range=[np.log10(lo_x), np.log10(hi_x)])
+    fig.update_yaxes(title="step time, interleaved / sequential")
+    fig.update_layout(height=430, margin=dict(l=10, r=10, t=30, b=10))
+    return fig
+
+
+def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fabric], suffix: str, anchor: str) -> None:
+    if run.steps.empty:
+        return
+    try:
+        result = whatif.run_whatif(run, fabrics)
+    except ValueError as e:
+        page.heading(f"What-if: other fabrics{suffix}", anchor=f"whatif{anchor}")
+        page.paragraph(f"No projection for this run: {e}.", css="warn")
+        return
+    if result.projections.empty:
+        return
+    labels = _labels(run.cases)
+    page.heading(f"What-if: other fabrics (projections){suffix}", anchor=f"whatif{anchor}")
+    page.paragraph(
+        "PROJECTIONS, not measurements: each case's traced timeline on this machine (compute, and when each "
+        "collective is issued and waited for under its hook) replayed with every collective costed by an α–β "
+        "ring model of another fabric (t = hops·α + bytes·busbw factor / β, collectives one at a time). Compute "
+        f"is scaled so the replay on the case's own measured link matches its timed median. Reference link: "
+        f"{result.reference}. Fabric parameters are nominal (achievable bandwidth is lower); extend or override "
+        "them with a fabrics TOML file (tpbench whatif --fabrics FILE).",
+        css="warn",
+    )
+    odd = [m for m in result.models if not m.representative]
+    if odd:
+        page.paragraph(
+            "Traced steps unlike the timed ones (replayed on their own link they take "
+            + "; ".join(f"{labels.get(m.case_id, m.case_id)}: {m.replay_ms:.0f} ms vs {m.measured_ms:.0f} ms timed" for m in odd)
+            + "): the machine was probably busy while they were traced, so these cases' projections and the "
+            "predictions made from them are less trustworthy than the rest.", css="warn")
+    if len(result.validation):
+        v = result.validation.assign(case=[labels.get(c, c) for c in result.validation["case_id"]])
+        page.heading("Validation against emulated links", level=3)
+        page.paragraph(
+            f"Each tcp-<rate> case predicted from its {result.reference} twin (same parameters, only the link rate "
+            f"taken from the target): mean absolute error {result.mean_abs_error_pct():.1f}% over {len(v)} cases"
+            + (f" ({result.mean_abs_error_pct(representative_only=True):.1f}% from references whose traced steps "
+               "resemble their timed ones)" if odd else "")
+            + ". Measured: median of repeat medians with 95% bootstrap CI.", css="muted")
+        page.figure(_validation_figure(v))
+        page.table(v[["case", "interconnect", "measured_ms", "ci_lo_ms", "ci_hi_ms", "predicted_ms", "error_pct"]])
+    proj = result.projections.assign(case=[labels.get(c, c) for c in result.projections["case_id"]])
+    wide = proj.pivot_table(index="case", columns="fabric", values="projected_ms", sort=False)
+    wide.columns.name = None
+    wide.insert(0, f"measured on {result.reference}", proj.groupby("case", sort=False)["measured_ms"].first())
+    trusted = {labels.get(m.case_id, m.case_id): m.representative for m in result.models}
+    wide.insert(1, "traced steps representative", [trusted[c] for c in wide.index])
+    page.heading("Projected step time (ms) per fabric", level=3)
+    page.table(wide.reset_index())
+    fab = pd.DataFrame([{"fabric": f.name, "latency_us": f.alpha_s * 1e6, "bandwidth_GBps": f.beta_Bps / 1e9,
+                         "shared medium": f.shared, "description": f.description} for f in fabrics.values()])
+    page.table(fab)
+
+
+def _validation_figure(v: pd.DataFrame) -> go.Figure:
+    fig = go.Figure()
+    for link, grp in v.groupby("interconnect", sort=False):
+        fig.add_trace(go.Scatter(
+            x=grp["measured_ms"], y=grp["predicted_ms"], mode="markers", name=plot_text(link),
+            error_x=dict(type="data", array=grp["ci_hi_ms"] - grp["measured_ms"], arrayminus=grp["measured_ms"] - grp["ci_lo_ms"]),
+            text=[plot_text(c) for c in grp["case"]],
+            hovertemplate="%{text}<br>measured %{x:.1f} ms<br>predicted %{y:.1f} ms<extra></extra>",
+        ))
+    top = float(max(v["ci_hi_ms"].max(), v["predicted_ms"].max())) * 1.05
+    fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="predicted = measured", line=dict(dash="dot", color="#5b6475")))
+    fig.update_xaxes(title="measured step time (ms)", range=[0, top])
+    fig.update_yaxes(title="predicted step time (ms)", range=[0, top])
+    fig.update_layout(height=420, margin=dict(l=10, r=10, t=30, b=10))
+    return fig
+
+
+def _labels(cases: pd.DataFrame) -> dict[str, str]:
+    """Short case labels from the parameters that vary in the run (link excluded where shown apart)."""
+    keys = [k for k in ("algorithm", "bucket_cap_mb", "shard_buckets", "batch_size", "world_size", "interconnect")
+            if k in cases and cases[k].astype(str).nunique() > 1]
+    return {r["case_id"]: " · ".join(str(r[k]) if k == "algorithm" else f"{k}={r[k]}" for k in keys) or r["case_id"]
+            for r in cases.to_dict("records")}
