@@ -177,9 +177,17 @@ def gpu_style(src: Path, dst: Path) -> None:
         kernel = "ncclDevKernel_" + "".join(w.capitalize() for w in op.split("_")) + "_Sum_f32_RING_LL"
         launch(e["ts"], kernel, e["dur"], streams[e["tid"]], meta)
     trace["traceEvents"] = out
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(dst, "wt") as f:
-        json.dump(trace, f)
+    write_trace(trace, dst)
+
+
+def write_trace(trace: dict, path: Path) -> None:
+    """Write a trace gzipped in torch.profiler's layout: each event opens a line indented by two spaces."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = "".join(f"{json.dumps(k)}: {json.dumps(v)}, " for k, v in trace.items() if k != "traceEvents")
+    with gzip.open(path, "wt") as f:
+        f.write("{" + meta + '"traceEvents": [\n')
+        f.write(",\n".join("  " + json.dumps(e) for e in trace["traceEvents"]))
+        f.write("\n]}")
 
 
 def main() -> None:

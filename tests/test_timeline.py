@@ -13,7 +13,8 @@ import pytest
 from tpbench.analysis import timeline
 from tpbench.analysis.timeline import INTERVAL_COLUMNS, LANES, read_trace, read_traces
 
-FIXTURE = Path(__file__).parent / "fixtures" / "traces" / "gloo2"
+TRACES = Path(__file__).parent / "fixtures" / "traces"
+FIXTURE = TRACES / "gloo2"
 
 
 def op(name: str, tid: int, ts: float, dur: float, cat: str = "cpu_op", **args: object) -> dict:
@@ -136,6 +137,44 @@ def test_reader_is_independent_of_layout_and_chunking(tmp_path: Path, monkeypatc
     for chunk in (1, 7, 64, 1 << 20):
         monkeypatch.setattr(timeline, "_CHUNK_BYTES", chunk)
         pd.testing.assert_frame_equal(read_trace(path).intervals, reference)
+
+
+def read_both_ways(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[timeline.Timeline, timeline.Timeline, list[bool]]:
+    """Read ``path`` as is, then with the regex fast path disabled (JSON decoding only)."""
+    real = timeline._Accumulator._take_fast
+    used: list[bool] = []
+    monkeypatch.setattr(timeline._Accumulator, "_take_fast", lambda self, piece: used.append(real(self, piece)) or used[-1])
+    fast = read_traces(path)
+    monkeypatch.setattr(timeline._Accumulator, "_take_fast", lambda self, piece: False)
+    return fast, read_traces(path), used
+
+
+@pytest.mark.parametrize("folder", ["gloo2", "gloo2_gpu_style"])
+def test_fast_path_reads_real_traces_exactly_as_json_decoding(monkeypatch: pytest.MonkeyPatch, folder: str) -> None:
+    fast, slow, used = read_both_ways(TRACES / folder, monkeypatch)
+    assert used and all(used), "torch.profiler's layout should never need the slow path"
+    pd.testing.assert_frame_equal(fast.intervals, slow.intervals)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps)
+
+
+@pytest.mark.parametrize("events", [CPU_EVENTS, GPU_EVENTS], ids=["cpu", "gpu"])
+def test_fast_path_matches_json_decoding_on_hand_built_traces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              events: list[dict]) -> None:
+    fast, slow, used = read_both_ways(write(tmp_path / "rank0.json", events, DIST), monkeypatch)
+    assert all(used)
+    pd.testing.assert_frame_equal(fast.intervals, slow.intervals)
+
+
+def test_events_the_fast_path_cannot_account_for_send_the_piece_to_json_decoding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event with its keys in another order is still read: the piece falls back, whole."""
+    reordered = {"ph": "X", "name": "aten::sub", "cat": "cpu_op", "pid": 100, "tid": 1, "ts": 1150, "dur": 5, "args": {}}
+    events = [*CPU_EVENTS[:5], reordered, *CPU_EVENTS[5:]]  # not last: the last event is always decoded as JSON
+    fast, slow, used = read_both_ways(write(tmp_path / "rank0.json", events, DIST), monkeypatch)
+    assert used == [False]
+    assert "aten::sub" in set(fast.intervals["name"])
+    pd.testing.assert_frame_equal(fast.intervals, slow.intervals)
 
 
 def test_metadata_after_the_events_still_names_the_rank(tmp_path: Path) -> None:

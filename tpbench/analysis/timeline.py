@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import gzip
 import re
-from array import array
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -49,8 +48,10 @@ INTERVAL_COLUMNS = (
 STEP_COLUMNS = ("rank", "step", "start_ns", "end_ns")
 
 _CHUNK_BYTES = 8 << 20
+_EVENT_SEPARATOR = b"},\n  {"
 _STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 _RANK_RE = re.compile(r"rank[_-]?(\d+)")
+_COMPUTE, _COMM, _MEMCPY = 0, 1, 2  # kernel kinds
 _COMM_META = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Process Group Name", "Group size")
 
 # Element sizes for the dtype spellings that appear in traces: c10 ScalarType names (NCCL
@@ -106,7 +107,7 @@ def read_trace(path: str | Path, rank: int | None = None) -> Timeline:
     ``rank<r>`` in the file name.
     """
     acc = _Accumulator()
-    meta = _scan(Path(path), acc.take)
+    meta = _scan(Path(path), acc)
     dist = meta.get("distributedInfo") or {}
     if rank is None:
         rank = dist.get("rank")
@@ -125,41 +126,41 @@ def _open(path: Path) -> BinaryIO:
     return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")  # noqa: SIM115
 
 
-def _scan(path: Path, on_events: Any) -> dict[str, Any]:
-    """Feed ``traceEvents`` to ``on_events`` in lists of a few MB; return the other top-level keys.
+def _scan(path: Path, acc: _Accumulator) -> dict[str, Any]:
+    """Feed the ``traceEvents`` array to ``acc`` a few MB at a time; return the other top-level keys.
 
-    The array is cut after a ``}`` that is followed by ``,`` and ``{`` (an event boundary in
-    torch.profiler's output). Should such a cut fall inside a nested value, the piece fails to
-    decode and is simply extended with the next chunk, so any valid JSON layout is read correctly.
+    torch.profiler writes one event per block, each opening on a line of its own indented by two
+    spaces, so ``},\n  {`` is an event boundary and nothing else (JSON strings hold no raw newline).
+    Other layouts are cut after any ``}`` followed by ``,`` and ``{``; should such a cut fall inside
+    a nested value, the piece fails to decode and is extended with the next chunk, so any valid
+    JSON is read correctly, only more slowly.
     """
     key = b'"traceEvents"'
     with _open(path) as f:
-        buf = b""
-        while (at := buf.find(key)) < 0:
+        head = b""
+        while (at := head.find(key)) < 0:
             data = f.read(_CHUNK_BYTES)
             if not data:
-                return orjson.loads(buf)
-            buf += data
-        meta = orjson.loads(buf[:at] + b'"traceEvents": []}')
+                return orjson.loads(head)
+            head += data
+        meta = orjson.loads(head[:at] + b'"traceEvents": []}')
         del meta["traceEvents"]
-        while (open_at := buf.find(b"[", at)) < 0:
-            buf += f.read(_CHUNK_BYTES)
-        buf = buf[open_at + 1 :]
-        pending = b""
-        while data := f.read(_CHUNK_BYTES):
+        while (open_at := head.find(b"[", at)) < 0:
+            head += f.read(_CHUNK_BYTES)
+        pending = head[open_at + 1 :]
+        del head
+        while True:
+            data = f.read(_CHUNK_BYTES)
             pending += data
-            cut = _last_boundary(pending)
-            if cut < 0:
-                continue
-            try:
-                events = orjson.loads(b"[" + buf + pending[:cut] + b"]")
-            except orjson.JSONDecodeError:
-                continue
-            on_events(events)
-            del events
-            buf, pending = b"", pending[cut + 1 :]
-        rest = orjson.loads(b'{"traceEvents": [' + buf + pending)
-        on_events(rest.pop("traceEvents"))
+            if (cut := pending.rfind(_EVENT_SEPARATOR)) >= 0:
+                if acc.take_piece(pending[: cut + 1], layout_known=True):
+                    pending = pending[cut + 2 :]
+            elif (cut := _last_boundary(pending)) > 0 and acc.take_piece(pending[:cut], layout_known=False):
+                pending = pending[cut + 1 :]
+            if not data:
+                break
+        rest = orjson.loads(b'{"traceEvents": [' + pending)
+        acc.take(rest.pop("traceEvents"))
         meta.update(rest)
     return meta
 
@@ -168,59 +169,111 @@ def _last_boundary(buf: bytes) -> int:
     """Index of the last ``,`` that separates two objects (``}`` ws* ``,`` ws* ``{``), or -1."""
     end = len(buf)
     while (comma := buf.rfind(b",", 0, end)) > 0:
-        before = buf[:comma].rstrip()
-        after = buf[comma + 1 : comma + 64].lstrip()
-        if before.endswith(b"}") and after.startswith(b"{"):
+        i = comma - 1
+        while i > 0 and buf[i] in b" \t\r\n":
+            i -= 1
+        if buf[i] == ord("}") and buf[comma + 1 : comma + 64].lstrip().startswith(b"{"):
             return comma
         end = comma
     return -1
 
 
 # --------------------------------------------------------------------------- per-event collection
+#
+# The fast path reads torch.profiler's event layout ("ph", "cat", "name", "pid", "tid", "ts", "dur",
+# then "args") with regular expressions over the raw bytes, so the bulk of a trace (CPU ops and
+# kernels, whose args hold shapes and strides nobody here needs) never becomes Python objects:
+# the captured fields go straight into numpy arrays. Only the few events whose arguments matter
+# (annotations, collectives, NCCL kernels) are decoded as JSON. Every piece is checked: if the
+# expressions do not account for every complete event in it, the piece is decoded as JSON instead.
+# The expressions start with the literal ``"ph": "X",`` so the regex engine can skip ahead to it.
+
+_STR = rb'"[^"\\]*(?:\\.[^"\\]*)*"'  # a JSON string, quotes included
+_NUM = rb"-?[\d.]+(?:[eE][-+]?\d+)?"
+_X = rb'"ph": "X",\s*"cat":\s*"'
 
 
-@dataclass
-class _Spans:
-    """Typed column arrays for one kind of interval: small per row, appendable, numpy-viewable."""
+def _head(cats: bytes, capture: bool = True) -> bytes:
+    """An X event's fields up to ``dur``; with ``capture``: cat, name (JSON-quoted), tid, ts, dur."""
+    def g(p: bytes) -> bytes:
+        return (b"(" if capture else b"(?:") + p + b")"
 
-    tid: array = field(default_factory=lambda: array("q"))
-    ts: array = field(default_factory=lambda: array("d"))
-    dur: array = field(default_factory=lambda: array("d"))
-    name: array = field(default_factory=lambda: array("l"))
+    return (
+        _X + g(cats) + rb'",\s*"name":\s*' + g(_STR) + rb',\s*"pid":\s*(?:"[^"]*"|-?\d+),\s*"tid":\s*'
+        + g(rb'"[^"]*"|-?\d+') + rb',\s*"ts":\s*' + g(_NUM) + rb',\s*"dur":\s*' + g(_NUM)
+    )
 
-    def add(self, tid: int, ts: float, dur: float, name: int) -> None:
-        self.tid.append(tid)
-        self.ts.append(ts)
-        self.dur.append(dur)
-        self.name.append(name)
 
-    def ns(self) -> tuple[np.ndarray, np.ndarray]:
-        ts = np.frombuffer(self.ts, dtype=np.float64)
-        dur = np.frombuffer(self.dur, dtype=np.float64)
-        return np.rint(ts * 1e3).astype(np.int64), np.rint((ts + dur) * 1e3).astype(np.int64)
+def _arg(key: bytes) -> bytes:
+    """Look ahead, within a flat args object, for an integer argument ``key``."""
+    return rb'(?=[^{}]*?"' + key + rb'":\s*(-?\d+))'
+
+
+_HEADS = re.compile(_head(rb'[^"]*'))
+_KERNEL_ARGS = re.compile(
+    _head(rb"kernel|gpu_memcpy|gpu_memset", capture=False) + rb',\s*"args":\s*\{' + _arg(b"stream") + _arg(b"correlation")
+)
+_LAUNCH_ARGS = re.compile(_head(rb"cuda_runtime|cuda_driver", capture=False) + rb'(?:,\s*"args":\s*\{' + _arg(b"correlation") + b")?")
+_SPECIAL = re.compile(  # whole objects, for JSON decoding
+    rb'\{\s*' + _X + rb'(?:user_annotation"|gpu_user_annotation"|'
+    rb'cpu_op",\s*"name":\s*"(?:record_param_comms|ProfilerStep)[^"\\]*(?:\\.[^"\\]*)*"|'
+    rb'kernel",\s*"name":\s*"nccl[^"\\]*(?:\\.[^"\\]*)*")'
+    rb'(?:[^{}"]|' + _STR + rb'|\{(?:[^{}"]|' + _STR + rb")*\})*\}"
+)
+
+# What a name says about its event, by its start: precomputed once per distinct name.
+_PLAIN, _ATEN, _NCCL, _MEMORY, _STEP_OR_COMMS = 0, 1, 2, 3, 4
+
+
+def _name_class(name: str) -> int:
+    if name.startswith("aten::"):
+        return _ATEN
+    if name.startswith("nccl"):
+        return _NCCL
+    if name.startswith(("Memcpy", "Memset")):
+        return _MEMORY
+    if name.startswith(("record_param_comms", "ProfilerStep")):
+        return _STEP_OR_COMMS
+    return _PLAIN
+
+
+class _Columns:
+    """Numeric columns gathered a chunk at a time and concatenated once, at the end."""
+
+    def __init__(self, **dtypes: type) -> None:
+        self.dtypes = dtypes
+        self.chunks: dict[str, list[np.ndarray]] = {k: [] for k in dtypes}
+
+    def add(self, **cols: Any) -> None:
+        for k, v in cols.items():
+            self.chunks[k].append(np.asarray(v, dtype=self.dtypes[k]))
+
+    def __getitem__(self, k: str) -> np.ndarray:
+        parts = self.chunks[k]
+        if len(parts) != 1:
+            parts[:] = [np.concatenate(parts) if parts else np.array([], dtype=self.dtypes[k])]
+        return parts[0]
 
     def __len__(self) -> int:
-        return len(self.ts)
+        return sum(len(c) for c in self.chunks[next(iter(self.chunks))])
 
 
 class _Accumulator:
     """Keeps, from a stream of trace events, only what the lanes, steps and collective metadata need.
 
-    Bulk events (aten ops, kernels, launches) go into typed arrays; rare ones (ranges, collectives)
-    keep their few arguments in tuples.
+    Bulk events (aten ops, kernels, launches) go into numpy columns; rare ones (ranges,
+    collectives, steps) keep their few arguments in tuples.
     """
 
     def __init__(self) -> None:
         self.names: dict[str, int] = {}
-        self.aten = _Spans()  # CPU ``aten::`` ops
-        self.kernels = _Spans()  # tid = stream
-        self.kernel_kind = array("b")  # 0 compute, 1 comm, 2 memcpy
-        self.kernel_corr = array("q")
-        self.launch_corr = array("q")  # CUDA runtime launches: correlation → (thread, time)
-        self.launch_tid = array("q")
-        self.launch_ts = array("d")
-        self.nccl_meta: dict[int, dict[str, Any]] = {}  # kernel row → metadata from its own args
-        self.comms: list[tuple[int, float, float, str, dict[str, Any]]] = []  # record_param_comms
+        self.name_classes: list[int] = []  # _name_class of each name, by code
+        self.quoted: dict[bytes, int] = {}  # JSON-quoted name → code
+        self.aten = _Columns(tid=np.int64, ts=np.float64, dur=np.float64, name=np.int64)
+        self.kernels = _Columns(stream=np.int64, ts=np.float64, dur=np.float64, name=np.int64, kind=np.int8, corr=np.int64)
+        self.launches = _Columns(corr=np.int64, tid=np.int64, ts=np.float64)  # correlation → (thread, time)
+        self.nccl_meta: dict[int, dict[str, Any]] = {}  # kernel correlation → metadata from its own args
+        self.comms: list[tuple[int, float, float, dict[str, Any]]] = []  # record_param_comms
         self.gloo: list[tuple[int, float, float, str, Any, Any]] = []
         self.cpu_ranges: list[tuple[int, float, float, str]] = []  # optimizer ranges
         self.gpu_ranges: list[tuple[int, float, float, str]] = []
@@ -230,129 +283,189 @@ class _Accumulator:
         c = self.names.get(name)
         if c is None:
             c = self.names[name] = len(self.names)
+            self.name_classes.append(_name_class(name))
         return c
 
+    def take_piece(self, piece: bytes, layout_known: bool) -> bool:
+        """Take the events in ``piece`` (events separated by commas); False if it does not decode
+        (a cut inside a nested value), in which case nothing was taken.
+
+        ``layout_known``: the piece was cut at torch.profiler's event boundaries, so the fast path
+        may read it (it checks the piece's events against its expressions, not the JSON syntax).
+        """
+        if layout_known and self._take_fast(piece):
+            return True
+        try:
+            events = orjson.loads(b"[" + piece + b"]")
+        except orjson.JSONDecodeError:
+            return False
+        self.take(events)
+        return True
+
+    def _take_fast(self, piece: bytes) -> bool:
+        heads = _HEADS.findall(piece)
+        if len(heads) != piece.count(b'"ph": "X"') + piece.count(b'"ph":"X"'):
+            return False
+        if not heads:
+            return True
+        cat_t, quoted, tid_t, ts_t, dur_t = zip(*heads)
+        cat = np.array(cat_t)
+        code = self._quoted_codes(quoted)
+        cls = np.array(self.name_classes, dtype=np.int8)[code]
+        is_cpu, is_kernel = cat == b"cpu_op", cat == b"kernel"
+        is_aten = is_cpu & (cls == _ATEN)
+        is_gpu = is_kernel | (cat == b"gpu_memcpy") | (cat == b"gpu_memset")
+        is_launch = (cat == b"cuda_runtime") | (cat == b"cuda_driver")
+        is_special = (
+            (cat == b"user_annotation") | (cat == b"gpu_user_annotation")
+            | (is_cpu & (cls == _STEP_OR_COMMS)) | (is_kernel & (cls == _NCCL))
+        )
+        kernel_args = _KERNEL_ARGS.findall(piece) if is_gpu.any() else []
+        launch_args = _LAUNCH_ARGS.findall(piece) if is_launch.any() else []
+        specials = _SPECIAL.findall(piece) if is_special.any() else []
+        if (len(kernel_args), len(launch_args), len(specials)) != (is_gpu.sum(), is_launch.sum(), is_special.sum()):
+            return False
+        try:
+            special_events = orjson.loads(b"[" + b",".join(specials) + b"]")
+        except orjson.JSONDecodeError:
+            return False
+        ts, dur, tid = np.array(ts_t).astype(np.float64), np.array(dur_t).astype(np.float64), np.array(tid_t)
+        if is_aten.any():
+            self.aten.add(tid=tid[is_aten].astype(np.int64), ts=ts[is_aten], dur=dur[is_aten], name=code[is_aten])
+        if is_gpu.any():
+            kcls = cls[is_gpu]
+            kind = np.where(~is_kernel[is_gpu] | (kcls == _MEMORY), _MEMCPY, np.where(kcls == _NCCL, _COMM, _COMPUTE))
+            stream_corr = np.array(kernel_args).astype(np.int64)
+            self.kernels.add(stream=stream_corr[:, 0], ts=ts[is_gpu], dur=dur[is_gpu], name=code[is_gpu], kind=kind,
+                             corr=stream_corr[:, 1])
+        if is_launch.any():
+            corr = np.array(launch_args)
+            has = corr != b""
+            self.launches.add(corr=corr[has].astype(np.int64), tid=tid[is_launch][has].astype(np.int64),
+                              ts=ts[is_launch][has])
+        for e in special_events:
+            self._special(e)
+        return True
+
+    def _quoted_codes(self, quoted: tuple[bytes, ...]) -> np.ndarray:
+        """Name codes for JSON-quoted names; each distinct one is decoded once per trace."""
+        for q in set(quoted).difference(self.quoted):
+            self.quoted[q] = self.code(orjson.loads(q))
+        return np.fromiter(map(self.quoted.__getitem__, quoted), dtype=np.int64, count=len(quoted))
+
     def take(self, events: list[dict[str, Any]]) -> None:
+        """The general path: decoded events of any layout."""
+        aten: list[tuple[int, float, float, int]] = []
+        kernels: list[tuple[int, float, float, int, int, int]] = []
+        launches: list[tuple[int, int, float]] = []
         for e in events:
             if e.get("ph") != "X":
                 continue
-            cat = e.get("cat")
-            name = e.get("name", "")
-            if cat == "cpu_op":
-                if name.startswith("aten::"):
-                    self.aten.add(e["tid"], e["ts"], e["dur"], self.code(name))
-                elif name == "record_param_comms":
-                    args = e.get("args", {})
-                    self.comms.append((e["tid"], e["ts"], e["dur"], name, {k: args.get(k) for k in _COMM_META}))
-                elif name.startswith("ProfilerStep"):
-                    self._step(e, name)
-            elif cat == "kernel" or cat == "gpu_memcpy" or cat == "gpu_memset":
-                self._kernel(e, cat, name)
-            elif cat == "cuda_runtime" or cat == "cuda_driver":
-                corr = e.get("args", {}).get("correlation")
-                if corr is not None:
-                    self.launch_corr.append(corr)
-                    self.launch_tid.append(e["tid"])
-                    self.launch_ts.append(e["ts"])
-            elif cat == "user_annotation":
-                if name.startswith("gloo:"):
-                    args = e.get("args", {})
-                    self.gloo.append((e["tid"], e["ts"], e["dur"], name, args.get("Input Dims"), args.get("Input type")))
-                elif _is_optimizer_range(name):
-                    self.cpu_ranges.append((e["tid"], e["ts"], e["dur"], name))
-                elif name.startswith("ProfilerStep"):
-                    self._step(e, name)
-            elif cat == "gpu_user_annotation" and _is_optimizer_range(name):
-                self.gpu_ranges.append((e["args"].get("stream", e["tid"]), e["ts"], e["dur"], name))
+            cat, name = e.get("cat"), e.get("name", "")
+            if cat == "cpu_op" and name.startswith("aten::"):
+                aten.append((e["tid"], e["ts"], e["dur"], self.code(name)))
+            elif cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+                args = e.get("args", {})
+                kind = (_MEMCPY if cat != "kernel" or name.startswith(("Memcpy", "Memset"))
+                        else _COMM if name.startswith("nccl") else _COMPUTE)
+                kernels.append((args.get("stream", e.get("tid", -1)), e["ts"], e["dur"], self.code(name), kind,
+                                args.get("correlation", -1)))
+                if kind == _COMM:
+                    self._special(e)
+            elif cat in ("cuda_runtime", "cuda_driver"):
+                if (corr := e.get("args", {}).get("correlation")) is not None:
+                    launches.append((corr, e["tid"], e["ts"]))
+            else:
+                self._special(e)
+        if aten:
+            self.aten.add(**dict(zip(("tid", "ts", "dur", "name"), zip(*aten))))
+        if kernels:
+            self.kernels.add(**dict(zip(("stream", "ts", "dur", "name", "kind", "corr"), zip(*kernels))))
+        if launches:
+            self.launches.add(**dict(zip(("corr", "tid", "ts"), zip(*launches))))
 
-    def _step(self, e: dict[str, Any], name: str) -> None:
-        m = _STEP_RE.match(name)
-        if m:
-            self.steps.append((int(m.group(1)), e["tid"], e["ts"], e["dur"]))
-
-    def _kernel(self, e: dict[str, Any], cat: str, name: str) -> None:
-        args = e.get("args", {})
-        if cat != "kernel" or name.startswith(("Memcpy", "Memset")):
-            kind = 2
-        elif name.startswith("nccl"):
-            kind = 1
-            if "Collective name" in args:
-                self.nccl_meta[len(self.kernels)] = {k: args.get(k) for k in _COMM_META}
-        else:
-            kind = 0
-        self.kernels.add(args.get("stream", e.get("tid", -1)), e["ts"], e["dur"], self.code(name))
-        self.kernel_kind.append(kind)
-        self.kernel_corr.append(args.get("correlation", -1))
+    def _special(self, e: dict[str, Any]) -> None:
+        """The rare events whose arguments matter: steps, ranges, collectives' metadata."""
+        cat, name = e.get("cat"), e.get("name", "")
+        if cat == "user_annotation" or cat == "cpu_op":
+            if name.startswith("gloo:"):
+                args = e.get("args", {})
+                self.gloo.append((e["tid"], e["ts"], e["dur"], name, args.get("Input Dims"), args.get("Input type")))
+            elif _is_optimizer_range(name) and cat == "user_annotation":
+                self.cpu_ranges.append((e["tid"], e["ts"], e["dur"], name))
+            elif name.startswith("ProfilerStep") and (m := _STEP_RE.match(name)):
+                self.steps.append((int(m.group(1)), e["tid"], e["ts"], e["dur"]))
+            elif name == "record_param_comms":
+                args = e.get("args", {})
+                self.comms.append((e["tid"], e["ts"], e["dur"], {k: args.get(k) for k in _COMM_META}))
+        elif cat == "gpu_user_annotation" and _is_optimizer_range(name):
+            self.gpu_ranges.append((e.get("args", {}).get("stream", e["tid"]), e["ts"], e["dur"], name))
+        elif cat == "kernel" and "Collective name" in (args := e.get("args", {})):
+            self.nccl_meta[args.get("correlation", -1)] = {k: args.get(k) for k in _COMM_META}
 
     # ----------------------------------------------------------------------- to DataFrames
 
     def finish(self, rank: int, dist: dict[str, Any]) -> Timeline:
         steps = _steps_frame(rank, self.steps)
-        train_tid = _training_thread(self.steps, self.aten)
         pg_name, pg_size = _only_group(dist)
-        names = np.array(list(self.names), dtype=object)
+        names = list(self.names)
         parts = [self._gloo_part(pg_name, pg_size)]
         if len(self.kernels):
-            parts += [self._kernel_part(names), _ranges_part(self.gpu_ranges, "optimizer", "stream")]
+            parts += [self._kernel_part(names), _ranges_part(self.gpu_ranges, "stream")]
         else:
-            parts += [self._aten_part(names, train_tid), _ranges_part(self.cpu_ranges, "optimizer", "thread")]
-        frame = _frame(rank, [p for p in parts if len(p["start_ns"])], steps)
-        return Timeline(intervals=frame, steps=steps)
+            train_tid = _training_thread(self.steps, self.aten["tid"])
+            parts += [self._aten_part(names, train_tid), _ranges_part(self.cpu_ranges, "thread")]
+        return Timeline(intervals=_frame(rank, parts, steps), steps=steps)
 
-    def _gloo_part(self, pg_name: str | None, pg_size: int | None) -> dict[str, Any]:
+    def _gloo_part(self, pg_name: str | None, pg_size: int | None) -> pd.DataFrame:
         rows = self.gloo
-        start = np.array([_ns(r[1]) for r in rows], dtype=np.int64)
-        end = np.array([_ns(r[1] + r[2]) for r in rows], dtype=np.int64)
         collective = [canonical_collective(r[3][len("gloo:") :]) for r in rows]
-        nbytes = [_gloo_bytes(r[4], r[5], c, pg_size) for r, c in zip(rows, collective)]
-        return {
-            "lane": ["comm"] * len(rows), "stream_or_thread": [f"thread {r[0]}" for r in rows],
-            "name": [r[3] for r in rows], "start_ns": start, "end_ns": end, "bytes": nbytes,
-            "collective": collective, "process_group": [pg_name] * len(rows), "group_size": [pg_size] * len(rows),
-        }
+        return _part(
+            "comm", [f"thread {r[0]}" for r in rows], [r[3] for r in rows],
+            np.array([_ns(r[1]) for r in rows], dtype=np.int64), np.array([_ns(r[1] + r[2]) for r in rows], dtype=np.int64),
+            nbytes=[_gloo_bytes(r[4], r[5], c, pg_size) for r, c in zip(rows, collective)],
+            collective=collective, process_group=[pg_name] * len(rows), group_size=[pg_size] * len(rows),
+        )
 
-    def _aten_part(self, names: np.ndarray, train_tid: int | None) -> dict[str, Any]:
+    def _aten_part(self, names: list[str], train_tid: int | None) -> pd.DataFrame:
         """Outermost aten ops per thread, each put in compute, other or (inside a collective) dropped."""
-        tid = np.frombuffer(self.aten.tid, dtype=np.int64)
-        start, end = self.aten.ns()
+        tid = self.aten["tid"]
+        start, end = _ns_span(self.aten["ts"], self.aten["dur"])
         order = np.lexsort((-end, start, tid))
         tid, start, end = tid[order], start[order], end[order]
-        name = np.frombuffer(self.aten.name, dtype=np.int_)[order]
+        name = self.aten["name"][order]
         keep = np.zeros(len(tid), dtype=bool)
-        lane = np.empty(len(tid), dtype=object)
+        lane = np.empty(len(tid), dtype=np.int8)
         gloo = _merged_by_thread([(r[0], r[1], r[2]) for r in self.gloo])
         opt = _merged_by_thread([(r[0], r[1], r[2]) for r in self.cpu_ranges])
+        compute, other = LANES.index("compute"), LANES.index("other")
         bounds = np.flatnonzero(np.r_[True, tid[1:] != tid[:-1], True])
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             t = int(tid[lo])
             s, e = start[lo:hi], end[lo:hi]
             reach = np.maximum.accumulate(e)
             outer = np.r_[True, s[1:] >= reach[:-1]]
-            in_comm = _inside(s, gloo.get(t))
-            in_opt = _inside(s, opt.get(t))
-            keep[lo:hi] = outer & ~in_comm
-            lane[lo:hi] = np.where((t == train_tid) | in_opt, "compute", "other")
-        n = int(keep.sum())
-        return {
-            "lane": lane[keep], "stream_or_thread": np.array([f"thread {t}" for t in tid[keep]], dtype=object),
-            "name": names[name[keep]], "start_ns": start[keep], "end_ns": end[keep], "bytes": [None] * n,
-            "collective": [None] * n, "process_group": [None] * n, "group_size": [None] * n,
-        }
+            keep[lo:hi] = outer & ~_inside(s, gloo.get(t))
+            lane[lo:hi] = np.where((t == train_tid) | _inside(s, opt.get(t)), compute, other)
+        return _part(
+            pd.Categorical.from_codes(lane[keep], LANES), _labels("thread", tid[keep]),
+            pd.Categorical.from_codes(name[keep], names), start[keep], end[keep],
+        )
 
-    def _kernel_part(self, names: np.ndarray) -> dict[str, Any]:
-        start, end = self.kernels.ns()
-        kind = np.frombuffer(self.kernel_kind, dtype=np.int8)
-        stream = np.frombuffer(self.kernels.tid, dtype=np.int64)
-        name = names[np.frombuffer(self.kernels.name, dtype=np.int_)]
+    def _kernel_part(self, names: list[str]) -> pd.DataFrame:
+        k = self.kernels
+        start, end = _ns_span(k["ts"], k["dur"])
+        kind = k["kind"]
+        name = pd.Categorical.from_codes(k["name"], names)
         n = len(kind)
         nbytes: list[int | None] = [None] * n
         collective: list[str | None] = [None] * n
         group: list[str | None] = [None] * n
         size: list[int | None] = [None] * n
         launch_meta = self._launch_metadata()
-        corr = np.frombuffer(self.kernel_corr, dtype=np.int64)
-        for i in np.flatnonzero(kind == 1):
-            meta = self.nccl_meta.get(int(i)) or launch_meta.get(int(corr[i]))
+        corr = k["corr"]
+        for i in np.flatnonzero(kind == _COMM).tolist():
+            meta = self.nccl_meta.get(int(corr[i])) or launch_meta.get(int(corr[i]))
             if meta is None:
                 collective[i] = _collective_from_kernel(name[i])
                 continue
@@ -360,31 +473,29 @@ class _Accumulator:
             nbytes[i] = _nccl_bytes(meta)
             group[i] = None if meta.get("Process Group Name") is None else str(meta["Process Group Name"])
             size[i] = meta.get("Group size")
-        lane = np.array(["compute", "comm", "memcpy"], dtype=object)[kind]
-        labels = {s: f"stream {s}" for s in np.unique(stream).tolist()}
-        return {
-            "lane": lane, "stream_or_thread": np.array([labels[s] for s in stream.tolist()], dtype=object),
-            "name": name, "start_ns": start, "end_ns": end, "bytes": nbytes,
-            "collective": collective, "process_group": group, "group_size": size,
-        }
+        lane_codes = np.array([LANES.index(x) for x in ("compute", "comm", "memcpy")], dtype=np.int8)[kind]
+        return _part(
+            pd.Categorical.from_codes(lane_codes, LANES), _labels("stream", k["stream"]),
+            name, start, end, nbytes=nbytes, collective=collective, process_group=group, group_size=size,
+        )
 
     def _launch_metadata(self) -> dict[int, dict[str, Any]]:
         """Correlation id → collective metadata of the ``record_param_comms`` op around its launch.
 
         Older traces put the metadata only on that CPU op, not on the NCCL kernel it launched.
         """
-        if not self.comms or not len(self.launch_corr):
+        if not self.comms or not len(self.launches):
             return {}
         ranges: dict[int, list[tuple[float, float, dict[str, Any]]]] = {}
-        for tid, ts, dur, _, meta in self.comms:
+        for tid, ts, dur, meta in self.comms:
             ranges.setdefault(tid, []).append((ts, ts + dur, meta))
         out: dict[int, dict[str, Any]] = {}
         for tid, rs in ranges.items():
             rs.sort(key=lambda r: r[0])
             starts = np.array([r[0] for r in rs])
-            mask = np.frombuffer(self.launch_tid, dtype=np.int64) == tid
-            ts = np.frombuffer(self.launch_ts, dtype=np.float64)[mask]
-            corr = np.frombuffer(self.launch_corr, dtype=np.int64)[mask]
+            mask = self.launches["tid"] == tid
+            ts = self.launches["ts"][mask]
+            corr = self.launches["corr"][mask]
             idx = np.searchsorted(starts, ts, side="right") - 1
             for c, t, i in zip(corr.tolist(), ts.tolist(), idx.tolist()):
                 if i >= 0 and t <= rs[i][1]:
@@ -464,15 +575,15 @@ def _only_group(dist: dict[str, Any]) -> tuple[str | None, int | None]:
     return name, size
 
 
-def _training_thread(steps: list[tuple[int, int, float, float]], aten: _Spans) -> int | None:
+def _training_thread(steps: list[tuple[int, int, float, float]], aten_tids: np.ndarray) -> int | None:
     """The thread that carries ``ProfilerStep#N``, else the one with the most aten ops."""
-    if steps:
-        tids, counts = np.unique([s[1] for s in steps], return_counts=True)
-        return int(tids[np.argmax(counts)])
-    if len(aten):
-        tids, counts = np.unique(np.frombuffer(aten.tid, dtype=np.int64), return_counts=True)
-        return int(tids[np.argmax(counts)])
-    return None
+    tids, counts = np.unique([s[1] for s in steps] if steps else aten_tids, return_counts=True)
+    return int(tids[np.argmax(counts)]) if len(tids) else None
+
+
+def _ns_span(ts_us: np.ndarray, dur_us: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Trace microseconds (float) → integer nanoseconds, start and end."""
+    return np.rint(ts_us * 1e3).astype(np.int64), np.rint((ts_us + dur_us) * 1e3).astype(np.int64)
 
 
 def _merged_by_thread(rows: Iterable[tuple[int, float, float]]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -497,14 +608,40 @@ def _inside(t: np.ndarray, merged: tuple[np.ndarray, np.ndarray] | None) -> np.n
     return (i >= 0) & (t < ends[np.maximum(i, 0)])
 
 
-def _ranges_part(rows: list[tuple[int, float, float, str]], lane: str, where: str) -> dict[str, Any]:
-    n = len(rows)
-    return {
-        "lane": [lane] * n, "stream_or_thread": [f"{where} {r[0]}" for r in rows], "name": [r[3] for r in rows],
-        "start_ns": np.array([_ns(r[1]) for r in rows], dtype=np.int64),
-        "end_ns": np.array([_ns(r[1] + r[2]) for r in rows], dtype=np.int64),
-        "bytes": [None] * n, "collective": [None] * n, "process_group": [None] * n, "group_size": [None] * n,
-    }
+def _ranges_part(rows: list[tuple[int, float, float, str]], where: str) -> pd.DataFrame:
+    """Optimizer-lane ranges from (thread or stream, ts µs, dur µs, name) rows."""
+    return _part(
+        "optimizer", [f"{where} {r[0]}" for r in rows], [r[3] for r in rows],
+        np.array([_ns(r[1]) for r in rows], dtype=np.int64), np.array([_ns(r[1] + r[2]) for r in rows], dtype=np.int64),
+    )
+
+
+def _labels(where: str, ids: np.ndarray) -> pd.Categorical:
+    """``thread 4886`` / ``stream 7`` labels for many rows, formatted once per distinct id."""
+    uniq, codes = np.unique(ids, return_inverse=True)
+    return pd.Categorical.from_codes(codes.reshape(-1), [f"{where} {u}" for u in uniq.tolist()])
+
+
+def _part(
+    lane: str | pd.Categorical, where: Sequence[str] | pd.Categorical, name: Sequence[str] | pd.Categorical,
+    start: np.ndarray, end: np.ndarray, *, nbytes: Sequence[int | None] | None = None,
+    collective: Sequence[str | None] | None = None, process_group: Sequence[str | None] | None = None,
+    group_size: Sequence[int | None] | None = None,
+) -> pd.DataFrame:
+    """One lane's intervals in the frame's column types; collective columns stay NA unless given."""
+    n = len(start)
+    none = np.ones(n, dtype=bool)
+    return pd.DataFrame({
+        "lane": lane if isinstance(lane, pd.Categorical) else pd.Categorical.from_codes(np.full(n, LANES.index(lane), np.int8), LANES),
+        "stream_or_thread": _strings(where),
+        "name": _strings(name),
+        "start_ns": start,
+        "end_ns": end,
+        "bytes": pd.array(nbytes, dtype="Int64") if nbytes is not None else pd.arrays.IntegerArray(np.zeros(n, np.int64), none),
+        "collective": _strings(collective if collective is not None else np.full(n, None)),
+        "process_group": _strings(process_group if process_group is not None else np.full(n, None)),
+        "group_size": pd.array(group_size, dtype="Int64") if group_size is not None else pd.arrays.IntegerArray(np.zeros(n, np.int64), none),
+    })
 
 
 def _steps_frame(rank: int, steps: list[tuple[int, int, float, float]]) -> pd.DataFrame:
@@ -517,42 +654,29 @@ def _steps_frame(rank: int, steps: list[tuple[int, int, float, float]]) -> pd.Da
     })
 
 
-def _frame(rank: int, parts: list[dict[str, Any]], steps: pd.DataFrame) -> pd.DataFrame:
-    """Concatenate lane parts into the interval frame: categoricals for the repeated strings."""
-    cols: dict[str, Any] = {}
-    for c in INTERVAL_COLUMNS[2:]:
-        vals = [np.asarray(p[c], dtype=object) if not isinstance(p[c], np.ndarray) else p[c] for p in parts]
-        cols[c] = np.concatenate(vals) if vals else np.array([], dtype=object)
-    start = cols["start_ns"].astype(np.int64)
-    order = np.argsort(start, kind="stable")
-    start = start[order]
-    step_start = steps["start_ns"].to_numpy()
-    step_end = steps["end_ns"].to_numpy()
-    i = np.searchsorted(step_start, start, side="right") - 1
-    inside = (i >= 0) & (start < step_end[np.maximum(i, 0)]) if len(step_start) else np.zeros(len(start), bool)
-    step = np.where(inside, steps["step"].to_numpy()[np.maximum(i, 0)] if len(step_start) else -1, -1)
-    return pd.DataFrame({
-        "rank": np.full(len(start), rank, dtype=np.int32),
-        "step": step.astype(np.int64),
-        "lane": pd.Categorical(cols["lane"][order], categories=LANES),
-        "stream_or_thread": pd.Categorical(cols["stream_or_thread"][order]),
-        "name": pd.Categorical(cols["name"][order]),
-        "start_ns": start,
-        "end_ns": cols["end_ns"].astype(np.int64)[order],
-        "bytes": pd.array(cols["bytes"][order], dtype="Int64"),
-        "collective": pd.Categorical(cols["collective"][order]),
-        "process_group": pd.Categorical(cols["process_group"][order]),
-        "group_size": pd.array(cols["group_size"][order], dtype="Int64"),
-    })
+def _strings(values: Sequence[str | None] | pd.Categorical) -> pd.Categorical:
+    """A categorical of strings whose categories always have the string dtype, even when empty
+    or all missing, so parts concatenate into one categorical column."""
+    cat = values if isinstance(values, pd.Categorical) else pd.Categorical(values)
+    return pd.Categorical.from_codes(cat.codes, categories=pd.Index(cat.categories, dtype=str))
+
+
+def _frame(rank: int, parts: list[pd.DataFrame], steps: pd.DataFrame) -> pd.DataFrame:
+    """Stack the lane parts in time order; tag each interval with its rank and starting step."""
+    df = _concat(parts).sort_values("start_ns", kind="stable", ignore_index=True)
+    start = df["start_ns"].to_numpy()
+    st_start, st_end, st_step = (steps[c].to_numpy() for c in ("start_ns", "end_ns", "step"))
+    i = np.maximum(np.searchsorted(st_start, start, side="right") - 1, 0)
+    inside = (np.searchsorted(st_start, start, side="right") > 0) & (start < st_end[i]) if len(st_start) else False
+    df.insert(0, "step", np.where(inside, st_step[i] if len(st_start) else -1, -1).astype(np.int64))
+    df.insert(0, "rank", np.full(len(df), rank, dtype=np.int32))
+    return df[list(INTERVAL_COLUMNS)]
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """``pd.concat`` that keeps categorical columns categorical when ranks differ in categories."""
-    if len(frames) == 1:
-        return frames[0]
+    """``pd.concat`` that keeps categorical columns categorical when the parts' categories differ."""
     out = pd.concat(frames, ignore_index=True)
     for c in ("stream_or_thread", "name", "collective", "process_group"):
-        out[c] = pd.api.types.union_categoricals([f[c] for f in frames], ignore_order=True)
+        out[c] = pd.api.types.union_categoricals([f[c] for f in frames], sort_categories=True).remove_unused_categories()
     out["lane"] = pd.Categorical(out["lane"], categories=LANES)
     return out
-
