@@ -20,6 +20,9 @@ from tpbench.suite import Case, varying_keys
 # Plot and table order: baselines first, then what is measured against them.
 ALGORITHM_ORDER = ("ddp", "zero_no_overlap", "hook_with_zero_step", "hook_with_zero_step_interleaved", "post_localSGD_hook")
 
+# Summary columns every section may rely on (NaN where a case has no numbers).
+STEP_TIME_COLUMNS = ("median_ms", "ci_lo_ms", "ci_hi_ms", "p10_ms", "p90_ms", "repeat_medians_ms")
+
 # Environment keys that make runs differ, in the order a run's tag names them.
 _TAG_KEYS = ("gpu_model", "torch", "cuda", "nccl", "gpu_driver", "cpu_model", "hostname", "commit")
 
@@ -44,8 +47,6 @@ class ReportData:
     @property
     def done(self) -> pd.DataFrame:
         """Cases with step-time numbers."""
-        if "median_ms" not in self.cases:
-            return self.cases.iloc[:0]
         return self.cases[self.cases["median_ms"].notna()]
 
     def run(self, run_id: str) -> store.Loaded:
@@ -81,7 +82,7 @@ class ReportData:
         read one case at a time, nearest the median first."""
         picked = []
         for _, grp in self.cases.groupby(["run_id", "algo"], sort=False):
-            rows = grp.sort_values("median_ms", na_position="last").to_dict("records") if "median_ms" in grp else grp.to_dict("records")
+            rows = grp.sort_values("median_ms", na_position="last").to_dict("records")
             mid = (len(rows) - 1) // 2
             for i in sorted(range(len(rows)), key=lambda i: abs(i - mid)):
                 table = self.case_table(rows[i]["run_id"], rows[i]["case_id"], name) if name else None
@@ -101,6 +102,10 @@ def load(runs: list[store.Loaded]) -> ReportData:
     tags = run_tags(runs)
     frames = [_run_cases(r, tags[r.meta["run_id"]]) for r in runs]
     cases = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    for col in STEP_TIME_COLUMNS:
+        # A run without summary.parquet (interrupted before its end) still gets a report of its cases.
+        if col not in cases:
+            cases[col] = pd.Series([None] * len(cases), dtype=object if col == "repeat_medians_ms" else float)
     all_cases = [Case.from_params(e["params"]) for r in runs for e in r.meta["cases"].values()]
     # impl stays a context key (pairs of cases must agree on it); labels show it with the algorithm.
     context = [k for k in varying_keys(all_cases) if k != "algorithm"]
