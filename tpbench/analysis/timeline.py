@@ -237,6 +237,12 @@ def _name_class(name: str) -> int:
     return _PLAIN
 
 
+def _kernel_kinds(is_kernel: np.ndarray, name_class: np.ndarray) -> np.ndarray:
+    """GPU events → _COMPUTE / _COMM (``^nccl``) / _MEMCPY (memcpy, memset events or names)."""
+    memory = ~is_kernel | (name_class == _MEMORY)
+    return np.where(memory, _MEMCPY, np.where(name_class == _NCCL, _COMM, _COMPUTE)).astype(np.int8)
+
+
 class _Columns:
     """Numeric columns gathered a chunk at a time and concatenated once, at the end."""
 
@@ -333,8 +339,7 @@ class _Accumulator:
         if is_aten.any():
             self.aten.add(tid=tid[is_aten].astype(np.int64), ts=ts[is_aten], dur=dur[is_aten], name=code[is_aten])
         if is_gpu.any():
-            kcls = cls[is_gpu]
-            kind = np.where(~is_kernel[is_gpu] | (kcls == _MEMORY), _MEMCPY, np.where(kcls == _NCCL, _COMM, _COMPUTE))
+            kind = _kernel_kinds(is_kernel[is_gpu], cls[is_gpu])
             stream_corr = np.array(kernel_args).astype(np.int64)
             self.kernels.add(stream=stream_corr[:, 0], ts=ts[is_gpu], dur=dur[is_gpu], name=code[is_gpu], kind=kind,
                              corr=stream_corr[:, 1])
@@ -356,7 +361,7 @@ class _Accumulator:
     def take(self, events: list[dict[str, Any]]) -> None:
         """The general path: decoded events of any layout."""
         aten: list[tuple[int, float, float, int]] = []
-        kernels: list[tuple[int, float, float, int, int, int]] = []
+        gpu: list[tuple[int, float, float, int, bool, int]] = []
         launches: list[tuple[int, int, float]] = []
         for e in events:
             if e.get("ph") != "X":
@@ -366,12 +371,9 @@ class _Accumulator:
                 aten.append((e["tid"], e["ts"], e["dur"], self.code(name)))
             elif cat in ("kernel", "gpu_memcpy", "gpu_memset"):
                 args = e.get("args", {})
-                kind = (_MEMCPY if cat != "kernel" or name.startswith(("Memcpy", "Memset"))
-                        else _COMM if name.startswith("nccl") else _COMPUTE)
-                kernels.append((args.get("stream", e.get("tid", -1)), e["ts"], e["dur"], self.code(name), kind,
-                                args.get("correlation", -1)))
-                if kind == _COMM:
-                    self._special(e)
+                gpu.append((args.get("stream", e.get("tid", -1)), e["ts"], e["dur"], self.code(name), cat == "kernel",
+                            args.get("correlation", -1)))
+                self._special(e)  # an NCCL kernel's metadata
             elif cat in ("cuda_runtime", "cuda_driver"):
                 if (corr := e.get("args", {}).get("correlation")) is not None:
                     launches.append((corr, e["tid"], e["ts"]))
@@ -379,25 +381,26 @@ class _Accumulator:
                 self._special(e)
         if aten:
             self.aten.add(**dict(zip(("tid", "ts", "dur", "name"), zip(*aten))))
-        if kernels:
-            self.kernels.add(**dict(zip(("stream", "ts", "dur", "name", "kind", "corr"), zip(*kernels))))
+        if gpu:
+            stream, ts, dur, code, is_kernel, corr = (np.array(c) for c in zip(*gpu))
+            kind = _kernel_kinds(is_kernel, np.array(self.name_classes, dtype=np.int8)[code])
+            self.kernels.add(stream=stream, ts=ts, dur=dur, name=code, kind=kind, corr=corr)
         if launches:
             self.launches.add(**dict(zip(("corr", "tid", "ts"), zip(*launches))))
 
     def _special(self, e: dict[str, Any]) -> None:
         """The rare events whose arguments matter: steps, ranges, collectives' metadata."""
         cat, name = e.get("cat"), e.get("name", "")
-        if cat == "user_annotation" or cat == "cpu_op":
-            if name.startswith("gloo:"):
-                args = e.get("args", {})
-                self.gloo.append((e["tid"], e["ts"], e["dur"], name, args.get("Input Dims"), args.get("Input type")))
-            elif _is_optimizer_range(name) and cat == "user_annotation":
-                self.cpu_ranges.append((e["tid"], e["ts"], e["dur"], name))
-            elif name.startswith("ProfilerStep") and (m := _STEP_RE.match(name)):
-                self.steps.append((int(m.group(1)), e["tid"], e["ts"], e["dur"]))
-            elif name == "record_param_comms":
-                args = e.get("args", {})
-                self.comms.append((e["tid"], e["ts"], e["dur"], {k: args.get(k) for k in _COMM_META}))
+        if cat == "user_annotation" and name.startswith("gloo:"):
+            args = e.get("args", {})
+            self.gloo.append((e["tid"], e["ts"], e["dur"], name, args.get("Input Dims"), args.get("Input type")))
+        elif cat == "user_annotation" and _is_optimizer_range(name):
+            self.cpu_ranges.append((e["tid"], e["ts"], e["dur"], name))
+        elif cat in ("user_annotation", "cpu_op") and (m := _STEP_RE.match(name)):
+            self.steps.append((int(m.group(1)), e["tid"], e["ts"], e["dur"]))
+        elif cat == "cpu_op" and name == "record_param_comms":
+            args = e.get("args", {})
+            self.comms.append((e["tid"], e["ts"], e["dur"], {k: args.get(k) for k in _COMM_META}))
         elif cat == "gpu_user_annotation" and _is_optimizer_range(name):
             self.gpu_ranges.append((e.get("args", {}).get("stream", e["tid"]), e["ts"], e["dur"], name))
         elif cat == "kernel" and "Collective name" in (args := e.get("args", {})):
@@ -492,14 +495,13 @@ class _Accumulator:
         out: dict[int, dict[str, Any]] = {}
         for tid, rs in ranges.items():
             rs.sort(key=lambda r: r[0])
-            starts = np.array([r[0] for r in rs])
+            starts, ends = np.array([r[0] for r in rs]), np.array([r[1] for r in rs])
             mask = self.launches["tid"] == tid
-            ts = self.launches["ts"][mask]
-            corr = self.launches["corr"][mask]
+            ts, corr = self.launches["ts"][mask], self.launches["corr"][mask]
             idx = np.searchsorted(starts, ts, side="right") - 1
-            for c, t, i in zip(corr.tolist(), ts.tolist(), idx.tolist()):
-                if i >= 0 and t <= rs[i][1]:
-                    out[c] = rs[i][2]
+            inside = (idx >= 0) & (ts <= ends[np.maximum(idx, 0)])
+            for c, i in zip(corr[inside].tolist(), idx[inside].tolist()):
+                out[c] = rs[i][2]
         return out
 
 
@@ -569,8 +571,10 @@ def _only_group(dist: dict[str, Any]) -> tuple[str | None, int | None]:
     With several groups the name stays unknown; the size is still known when all share it.
     """
     groups = dist.get("pg_config") or []
+    if not groups:
+        return None, dist.get("world_size")
     sizes = {g.get("pg_size") for g in groups}
-    size = sizes.pop() if len(sizes) == 1 else dist.get("world_size") if not groups else None
+    size = sizes.pop() if len(sizes) == 1 else None
     name = str(groups[0].get("pg_name")) if len(groups) == 1 else None
     return name, size
 
@@ -587,16 +591,11 @@ def _ns_span(ts_us: np.ndarray, dur_us: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 def _merged_by_thread(rows: Iterable[tuple[int, float, float]]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Per thread, the union of ranges as sorted disjoint (start_ns, end_ns) arrays."""
+    """Per thread, the union of (thread, ts µs, dur µs) ranges as sorted disjoint ns arrays."""
     by: dict[int, list[tuple[float, float]]] = {}
     for tid, ts, dur in rows:
-        by.setdefault(tid, []).append((ts, ts + dur))
-    out = {}
-    for tid, spans in by.items():
-        s = np.rint(np.array([a for a, _ in spans]) * 1e3).astype(np.int64)
-        e = np.rint(np.array([b for _, b in spans]) * 1e3).astype(np.int64)
-        out[tid] = union(s, e)
-    return out
+        by.setdefault(tid, []).append((ts, dur))
+    return {tid: union(*_ns_span(*np.array(spans).T)) for tid, spans in by.items()}
 
 
 def _inside(t: np.ndarray, merged: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
@@ -665,10 +664,13 @@ def _frame(rank: int, parts: list[pd.DataFrame], steps: pd.DataFrame) -> pd.Data
     """Stack the lane parts in time order; tag each interval with its rank and starting step."""
     df = _concat(parts).sort_values("start_ns", kind="stable", ignore_index=True)
     start = df["start_ns"].to_numpy()
-    st_start, st_end, st_step = (steps[c].to_numpy() for c in ("start_ns", "end_ns", "step"))
-    i = np.maximum(np.searchsorted(st_start, start, side="right") - 1, 0)
-    inside = (np.searchsorted(st_start, start, side="right") > 0) & (start < st_end[i]) if len(st_start) else False
-    df.insert(0, "step", np.where(inside, st_step[i] if len(st_start) else -1, -1).astype(np.int64))
+    steps = steps.sort_values("start_ns")
+    st_start, st_end = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
+    i = np.searchsorted(st_start, start, side="right") - 1
+    inside = (i >= 0) & (start < st_end[np.maximum(i, 0)]) if len(steps) else np.zeros(len(start), dtype=bool)
+    step = np.full(len(start), -1, dtype=np.int64)
+    step[inside] = steps["step"].to_numpy()[i[inside]]
+    df.insert(0, "step", step)
     df.insert(0, "rank", np.full(len(df), rank, dtype=np.int32))
     return df[list(INTERVAL_COLUMNS)]
 
