@@ -54,6 +54,38 @@ def require_supported_torch(version: str | None = None) -> None:
         )
 
 
+def _require(missing: list[str], owner: str) -> None:
+    if missing:
+        raise RuntimeError(
+            f"{owner} in torch {torch.__version__} lacks {missing}; "
+            "tpbench/hooks/_torch_private.py needs updating for this release."
+        )
+
+
+@dataclass(frozen=True)
+class _ZeroTypes:
+    status: Any
+    """``_OverlapStatus``: the enum ZeRO's overlap state machine is in."""
+    assignment: Any
+    """``_DDPBucketAssignment``: one rank's run of one bucket, as ZeRO records it."""
+
+
+def _zero_private_types() -> _ZeroTypes:
+    """ZeRO's private classes, imported late so that importing tpbench.hooks never fails on them."""
+    try:
+        from torch.distributed.optim.zero_redundancy_optimizer import _DDPBucketAssignment, _OverlapStatus
+    except ImportError as e:
+        raise RuntimeError(
+            f"torch {torch.__version__}: {e}; tpbench/hooks/_torch_private.py needs updating for this release."
+        ) from e
+    return _ZeroTypes(status=_OverlapStatus, assignment=_DDPBucketAssignment)
+
+
+def require_ddp_internals(ddp: DistributedDataParallel) -> None:
+    """Fail at hook construction, not mid-backward, if DDP's private state has moved."""
+    _require([] if hasattr(ddp, "_has_rebuilt_buckets") else ["_has_rebuilt_buckets"], "DistributedDataParallel")
+
+
 def profiler_enabled() -> bool:
     """Whether a profiler is recording on this thread (a C++ flag read: costs well under a microsecond)."""
     return torch.autograd._profiler_enabled()
@@ -94,13 +126,10 @@ class ZeroInternals:
 
     def __init__(self, zero: ZeroRedundancyOptimizer) -> None:
         require_supported_torch()
-        missing = [name for name in _ZERO_PRIVATE_ATTRS if not hasattr(zero, name)]
-        if missing:
-            raise RuntimeError(
-                f"ZeroRedundancyOptimizer in torch {torch.__version__} lacks {missing}; "
-                "tpbench/hooks/_torch_private.py needs updating for this release."
-            )
+        _require([name for name in _ZERO_PRIVATE_ATTRS if not hasattr(zero, name)], "ZeroRedundancyOptimizer")
+        _require([] if hasattr(torch.autograd, "_profiler_enabled") else ["_profiler_enabled"], "torch.autograd")
         self._zero = zero
+        self._types = _zero_private_types()
 
     @property
     def overlap_with_ddp(self) -> bool:
@@ -108,9 +137,7 @@ class ZeroInternals:
 
     @property
     def initialized(self) -> bool:
-        from torch.distributed.optim.zero_redundancy_optimizer import _OverlapStatus
-
-        return self._zero._overlap_info.status == _OverlapStatus.INITIALIZED
+        return self._zero._overlap_info.status == self._types.status.INITIALIZED
 
     def install(
         self, params_per_bucket: list[list[torch.Tensor]], shards: list[Shard], shard_buckets: bool
@@ -124,8 +151,6 @@ class ZeroInternals:
         ``load_state_dict``) see a fully initialised optimizer, and each parameter's data lives
         in its shard's flat tensor so that one broadcast per shard syncs it.
         """
-        from torch.distributed.optim.zero_redundancy_optimizer import _DDPBucketAssignment, _OverlapStatus
-
         zero = self._zero
         if self.initialized:
             raise RuntimeError("this ZeroRedundancyOptimizer is already overlapped with a DDP model")
@@ -137,12 +162,12 @@ class ZeroInternals:
         offsets: dict[int, int] = {}
         for s in shards:
             params = params_per_bucket[s.bucket][s.start : s.stop]
-            assignments[s.rank][s.bucket] = _DDPBucketAssignment(s.bucket, params, s.start)
+            assignments[s.rank][s.bucket] = self._types.assignment(s.bucket, params, s.start)
             if s.rank == zero.rank:
                 offsets[s.bucket] = len(params_per_rank[s.rank])
             params_per_rank[s.rank].extend(params)
             assigned_ranks[s.bucket].add(s.rank)
-        info.status = _OverlapStatus.INITIALIZED
+        info.status = self._types.status.INITIALIZED
         info.shard_buckets = shard_buckets
         info.params_per_bucket = [list(ps) for ps in params_per_bucket]
         info.total_size = sum(p.numel() for ps in params_per_bucket for p in ps) if shard_buckets else None

@@ -49,6 +49,10 @@ The design here
    handed to the least-loaded ranks. PyTorch's own ``shard_buckets`` heuristic can produce more
    runs than ranks and fail with "All indices are disallowed"; this one cannot.
 
+The one condition left to the wrapped hook: on Gloo its own future callbacks must not issue
+collectives (PyTorch's allreduce and fp16/bf16 hooks only compute in theirs), or it reintroduces
+the race above by itself.
+
 Each bucket's local step and broadcast appear in ``torch.profiler`` traces as
 ``tpbench.zero.step[bucket=K]`` and ``tpbench.zero.broadcast[bucket=K]`` (the broadcast range covers
 issuing the bucket's broadcasts; the transfer itself shows as ``gloo:broadcast`` or an NCCL
@@ -291,6 +295,7 @@ def _wrap(
     name: str,
 ) -> CommHook:
     internals = private.ZeroInternals(zero)
+    private.require_ddp_internals(ddp)
     if not internals.overlap_with_ddp:
         raise ValueError(
             "ZeroRedundancyOptimizer must be constructed with `overlap_with_ddp=True` to use this hook"
@@ -357,6 +362,22 @@ def hook_with_zero_step_interleaved(
     stepped in its own hook (stream-ordered, no CPU wait); on Gloo in the next bucket's hook, so
     that backward computation continues while a bucket is reduced.
 
-    Args, returns, raises and warning: as :func:`hook_with_zero_step`.
+    Args:
+        hook: the DDP communication hook to modify.
+        ddp: the DDP instance the hook is registered on.
+        zero: the ZeRO instance, built with ``overlap_with_ddp=True`` over ``ddp``'s parameters.
+        shard_buckets: if True, each bucket's parameters are partitioned across possibly several
+            ranks; if False, each bucket is assigned wholly to one rank.
+
+    Returns:
+        The modified hook, to pass to ``ddp.register_comm_hook``.
+
+    Raises:
+        ValueError: if ``zero`` was constructed with ``overlap_with_ddp=False``, or if ``ddp`` uses
+            ``find_unused_parameters=True`` without ``static_graph`` (its buckets never settle).
+
+    Warning:
+        The first two training iterations (three with ``static_graph``) do not update parameters
+        while DDP's bucketing information is being collected.
     """
     return _wrap(hook, ddp, zero, shard_buckets, interleaved=True, name="hook_with_zero_step_interleaved")
