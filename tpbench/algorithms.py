@@ -57,6 +57,8 @@ class BuildContext:
     rank: int = 0
     world_size: int = 1
     process_group: dist.ProcessGroup | None = None
+    # The ranks of each real node (machine, or torchrun agent); None: all ranks on one node.
+    nodes: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -154,16 +156,43 @@ def _zero_hook_builder(interleaved: bool) -> Callable[[torch.nn.Module, BuildCon
     return build
 
 
+def node_subgroups(nodes: tuple[tuple[int, ...], ...], ranks_per_node: int) -> list[list[int]]:
+    """The rank lists of post-local SGD's intra-node subgroups: each real node split into
+    consecutive runs of ``ranks_per_node`` ranks.
+
+    ``ranks_per_node`` equal to the real node size gives the real nodes; a divisor of it emulates
+    smaller nodes inside each machine (one machine's ranks as 2 nodes x 2 ranks). A subgroup never
+    spans machines: a size that does not divide every node's is refused, since "intra-node"
+    traffic between hosts would measure something else.
+    """
+    sizes = sorted({len(n) for n in nodes})
+    if any(len(n) % ranks_per_node for n in nodes):
+        raise ValueError(
+            f"ranks_per_node = {ranks_per_node} would put ranks of different machines in one node subgroup: "
+            f"this world's nodes have {'/'.join(map(str, sizes))} ranks each; use \"auto\" (the real nodes) or a divisor"
+        )
+    return [list(n[i:i + ranks_per_node]) for n in nodes for i in range(0, len(n), ranks_per_node)]
+
+
 _SUBGROUPS: dict[int, dist.ProcessGroup] = {}
 
 
-def _intra_node_subgroup(ranks_per_node: int) -> dist.ProcessGroup:
-    """One emulated-node subgroup per world and size: cases and repeats rebuild models, not groups."""
-    from tpbench.hooks import intra_node_subgroup
+def _intra_node_subgroup(ctx: BuildContext, ranks_per_node: int) -> dist.ProcessGroup:
+    """This rank's node subgroup, one per world and size: cases and repeats rebuild models, not groups.
 
+    A collective over the default group (every rank creates every subgroup), so it is created on
+    the same case by all ranks.
+    """
     if ranks_per_node not in _SUBGROUPS:
-        _SUBGROUPS[ranks_per_node] = intra_node_subgroup(ranks_per_node)
+        nodes = ctx.nodes or (tuple(range(ctx.world_size)),)
+        _SUBGROUPS[ranks_per_node], _ = dist.new_subgroups_by_enumeration(node_subgroups(nodes, ranks_per_node))
     return _SUBGROUPS[ranks_per_node]
+
+
+def _param_norm(params) -> float:
+    """L2 norm of this rank's flat parameters, in float64: a training diagnostic that is also
+    bit-identical exactly on the ranks whose parameters agree (who shares gradients shows in it)."""
+    return float(torch.linalg.vector_norm(torch.cat([p.detach().reshape(-1).to(torch.float64) for p in params])))
 
 
 def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
@@ -171,8 +200,10 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
     node-local (or none), plus periodic model averaging after the optimizer step.
 
     ``start_localSGD_iter = "never"`` is plain DDP, the baseline every local-SGD case is judged
-    against. The parameter drift across ranks is measured just before each averaging; the time
-    that takes is reported as ``untimed_ms`` and left out of the step time.
+    against. The parameter drift across ranks (and each rank's parameter norm) is measured just
+    before each averaging; the time that takes is reported as ``untimed_ms`` and left out of the
+    step time. Node subgroups come from the world's real nodes (``ctx.nodes``), split further
+    when ``ranks_per_node`` emulates smaller ones.
     """
     case = ctx.case
     if case.start_localSGD_iter == "never":
@@ -189,7 +220,7 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
 
         state_cls, hook, averager_cls = PostLocalSGDState, post_localSGD_hook, PeriodicModelAverager
     ddp = _ddp(model, ctx)
-    subgroup = _intra_node_subgroup(case.ranks_per_node)
+    subgroup = _intra_node_subgroup(ctx, case.ranks_per_node)
     state = state_cls(
         process_group=None, subgroup=subgroup, start_localSGD_iter=case.start_localSGD_iter,
         post_local_gradient_allreduce=case.post_local_gradient_allreduce,
@@ -205,7 +236,8 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
         if schedule.next_averaging_group() is not None:
             t0 = time.perf_counter_ns()
             drift = parameter_drift(ddp.parameters())
-            measured.update(drift_max_l2=drift.max_l2, drift_mean_l2=drift.mean_l2, untimed_ms=(time.perf_counter_ns() - t0) / 1e6)
+            measured.update(drift_max_l2=drift.max_l2, drift_mean_l2=drift.mean_l2, param_norm_l2=_param_norm(ddp.parameters()),
+                            untimed_ms=(time.perf_counter_ns() - t0) / 1e6)
         schedule.step += 1
         averager.average_parameters(ddp.parameters())
 

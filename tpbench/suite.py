@@ -177,9 +177,16 @@ class Suite:
 
 @dataclass(frozen=True)
 class Machine:
-    """What "auto" resolves against."""
+    """What "auto" resolves against: this machine's GPUs and, under torchrun, the world's layout.
+
+    ``nnodes`` is None for the local launcher (every rank on this machine). Under torchrun every
+    world spans ``nnodes`` machines assumed to look like this one, with ``nproc_per_node`` ranks
+    each (None: whatever ``world_size`` divided by ``nnodes`` gives).
+    """
 
     gpus: int
+    nnodes: int | None = None
+    nproc_per_node: int | None = None
 
     @classmethod
     def detect(cls) -> Machine:
@@ -341,10 +348,12 @@ def _resolve_machine(raw: dict[str, Any], machine: Machine) -> dict[str, Any]:
         r["device"] = "cuda" if multi_gpu else "cpu"
     if r["backend"] == "auto":
         r["backend"] = "nccl" if r["device"] == "cuda" and multi_gpu else "gloo"
+    per_node = machine.gpus if r["device"] == "cuda" and multi_gpu else 2
     if r["world_size"] == "auto":
-        r["world_size"] = machine.gpus if r["device"] == "cuda" and multi_gpu else 2
+        r["world_size"] = (machine.nnodes or 1) * (machine.nproc_per_node or per_node)
     if r["ranks_per_node"] == "auto":
-        r["ranks_per_node"] = r["world_size"]
+        # The real nodes: one machine for the local launcher, each torchrun agent's ranks under torchrun.
+        r["ranks_per_node"] = r["world_size"] // (machine.nnodes or 1)
     return r
 
 
@@ -385,7 +394,9 @@ def _check_combination(path: str, r: dict[str, Any], machine: Machine, suite: Su
         raise _fail(path, "device", "expected a machine with CUDA GPUs for device = \"cuda\"; this one has none")
     if r["backend"] == "nccl" and r["device"] != "cuda":
         raise _fail(path, "backend", 'expected device = "cuda" with backend = "nccl"')
-    if r["backend"] == "nccl" and r["world_size"] > machine.gpus:
+    if machine.nnodes is not None:
+        _check_torchrun_layout(path, r, machine)
+    elif r["backend"] == "nccl" and r["world_size"] > machine.gpus:
         raise _fail(path, "world_size", f"expected at most {machine.gpus} NCCL ranks (one per GPU), got {r['world_size']}")
     if r["world_size"] % r["ranks_per_node"] != 0:
         raise _fail(path, "ranks_per_node", f"expected a divisor of world_size {r['world_size']}, got {r['ranks_per_node']}")
@@ -402,6 +413,23 @@ def _check_combination(path: str, r: dict[str, Any], machine: Machine, suite: Su
         raise _fail(path, "interconnect", str(e)) from None
     if ic.backend != r["backend"]:
         raise _fail(path, "interconnect", f"profile {ic.name!r} is for backend {ic.backend}, but the case uses {r['backend']}")
+
+
+def _check_torchrun_layout(path: str, r: dict[str, Any], machine: Machine) -> None:
+    """Under torchrun a world is nnodes x nproc_per_node ranks, whatever the suite says: a case
+    that asks for another size, or for node subgroups that span machines, is refused here."""
+    nnodes, world_size = machine.nnodes, r["world_size"]
+    if machine.nproc_per_node is not None and world_size != nnodes * machine.nproc_per_node:
+        raise _fail(path, "world_size", f'expected "auto" or {nnodes * machine.nproc_per_node} '
+                    f"(--nnodes {nnodes} x --nproc-per-node {machine.nproc_per_node}) under torchrun, got {world_size}")
+    if world_size % nnodes != 0:
+        raise _fail(path, "world_size", f"expected a multiple of --nnodes {nnodes} under torchrun, got {world_size}")
+    per_node = world_size // nnodes
+    if r["backend"] == "nccl" and per_node > machine.gpus:
+        raise _fail(path, "world_size", f"expected at most {machine.gpus} NCCL ranks per node (one per GPU), got {per_node}")
+    if per_node % r["ranks_per_node"] != 0:
+        raise _fail(path, "ranks_per_node", f'expected "auto" or a divisor of the {per_node} ranks per node under torchrun '
+                    f"(a node subgroup cannot span machines), got {r['ranks_per_node']}")
 
 
 def case_id(case: Case) -> str:

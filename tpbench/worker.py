@@ -12,14 +12,20 @@ times on rank 0, which persists the repeat. After a case's last repeat, a few mo
 under torch.profiler so tracing never perturbs a timed step.
 
 Progress and errors go to the launcher as JSON lines on an inherited file descriptor
-(``--event-fd``). A rank that fails reports the traceback and exits at once: the other ranks are
-probably blocked in a collective by then, and only the launcher can tear the world down.
+(``--event-fd``), or under torchrun, which passes nothing on, appended to a file per rank that the
+plan names (``events_dir``, on the run directory's shared filesystem). A rank that fails reports
+the traceback and exits at once: the other ranks are probably blocked in a collective by then,
+and only the launcher can tear the world down.
+
+Right after the rendezvous the ranks exchange where they run (``gather_nodes``): post-local SGD
+takes its node subgroups from the real nodes, and the launcher records every node in run.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import dataclasses
 import datetime as _dt
 import gzip
@@ -27,6 +33,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import statistics
 import sys
 import time
@@ -43,6 +50,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from tpbench import capture, store
 from tpbench.capture import nvml, transport
 from tpbench.algorithms import ALGORITHMS, BuildContext, Training
+from tpbench.environment import fingerprint
 from tpbench.suite import Case
 from tpbench.workloads import WORKLOADS, WorkloadContext
 
@@ -57,6 +65,9 @@ class Plan:
     schedule: list[tuple[str, int]]
     # A FileStore path for local worlds (works across network namespaces); None → env:// (torchrun).
     rendezvous_file: str | None = None
+    # Set for worlds started by torchrun: its ranks inherit no pipe from tpbench, so each appends
+    # its events to ``<events_dir>/rank<r>.jsonl`` on the run directory's shared filesystem.
+    events_dir: str | None = None
 
     def save(self, path: Path) -> None:
         store.atomic_write_bytes(path, json.dumps(dataclasses.asdict(self), indent=1).encode())
@@ -74,6 +85,8 @@ class Rank:
     world_size: int
     local_rank: int
     local_world_size: int
+    # The node (torchrun agent) this rank runs on: torchrun's GROUP_RANK; 0 for the local launcher.
+    node: int = 0
 
     @classmethod
     def from_env(cls) -> Rank:
@@ -83,18 +96,35 @@ class Rank:
             world_size=ws,
             local_rank=int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))),
             local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(ws))),
+            node=int(os.environ.get("GROUP_RANK", "0")),
         )
 
 
 class Events:
-    """JSON-lines progress messages to the launcher; silent when there is no launcher listening."""
+    """JSON-lines progress messages to the launcher; silent when there is no launcher listening.
 
-    def __init__(self, fd: int | None) -> None:
-        self._f = os.fdopen(fd, "w", buffering=1) if fd is not None else None
+    The local launcher hands each rank a pipe (``fd``). Under torchrun there is no pipe to
+    inherit, so each rank appends to a file of its own (``path``) that the launcher follows; a
+    file per rank because appends from several hosts to one file are not atomic on NFS. Each
+    event is fsynced: a shared filesystem shows other hosts only what has been synced.
+    """
+
+    def __init__(self, fd: int | None = None, path: Path | None = None) -> None:
+        self._sync = path is not None
+        if fd is not None:
+            self._f = os.fdopen(fd, "w", buffering=1)
+        elif path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+        else:
+            self._f = None
 
     def emit(self, event: str, **data: Any) -> None:
         if self._f is not None:
             self._f.write(json.dumps({"event": event, "t": time.time(), **data}) + "\n")
+            if self._sync:
+                self._f.flush()
+                os.fsync(self._f.fileno())
 
 
 class StepTimer:
@@ -156,12 +186,14 @@ def _peak_rss_mb() -> float:
 class CaseRunner:
     """Runs repeats of cases on this rank, within an initialized process group."""
 
-    def __init__(self, rank: Rank, device: torch.device, run_dir: Path, events: Events, ctrl: dist.ProcessGroup) -> None:
+    def __init__(self, rank: Rank, device: torch.device, run_dir: Path, events: Events, ctrl: dist.ProcessGroup,
+                 nodes: tuple[tuple[int, ...], ...] | None = None) -> None:
         self.rank = rank
         self.device = device
         self.run_dir = run_dir
         self.events = events
         self.ctrl = ctrl
+        self.nodes = nodes  # the ranks of each real node (see gather_nodes); None: one node
         self.gpu = nvml.open_gpu(device)  # once per process: nvmlInit is not free
 
     def _build(self, case: Case) -> tuple[Any, Training]:
@@ -178,7 +210,8 @@ class CaseRunner:
             ),
         )
         model = workload.build_model()
-        training = ALGORITHMS[case.algorithm].build(model, BuildContext(case, self.device, rank=self.rank.rank, world_size=self.rank.world_size))
+        training = ALGORITHMS[case.algorithm].build(model, BuildContext(case, self.device, rank=self.rank.rank, world_size=self.rank.world_size,
+                                                                            nodes=self.nodes))
         return workload, training
 
     def run_repeat(self, case: Case, repeat: int, profile_after: bool) -> pd.DataFrame | None:
@@ -366,19 +399,65 @@ def _world(plan: Plan, rank: Rank, backend: str, timeout_s: float) -> Iterator[d
     yield dist.new_group(backend="gloo")
 
 
+@dataclass(frozen=True)
+class Node:
+    """One machine of a world (one torchrun agent), as its ranks reported it."""
+
+    node: int
+    hostname: str
+    ranks: list[int]
+    fingerprint: dict[str, Any]
+
+
+def gather_nodes(rank: Rank, ctrl: dist.ProcessGroup) -> list[Node]:
+    """The world's real layout, known to every rank: which ranks share each node, and each node's
+    environment fingerprint (taken once per node, by its local rank 0).
+
+    Post-local SGD builds its intra-node subgroups from it, and the launcher records it in
+    run.json: under torchrun the sweeping process sees only its own machine. A collective over
+    ``ctrl``.
+    """
+    mine = {"node": rank.node, "hostname": socket.gethostname(),
+            "fingerprint": fingerprint() if rank.local_rank == 0 else None}
+    everyone: list[Any] = [None] * rank.world_size
+    dist.all_gather_object(everyone, mine, group=ctrl)
+    nodes: dict[int, Node] = {}
+    for r, info in enumerate(everyone):
+        node = nodes.setdefault(info["node"], Node(info["node"], info["hostname"], [], {}))
+        node.ranks.append(r)
+        node.fingerprint.update(info["fingerprint"] or {})
+    return [nodes[k] for k in sorted(nodes)]
+
+
+def _check_world(rank: Rank, case: Case) -> None:
+    """A plan started with another layout than it was written for (a hand-typed torchrun
+    command) fails before the rendezvous, saying what to start."""
+    if case.world_size != rank.world_size:
+        raise ValueError(
+            f"this world has {rank.world_size} ranks but its plan's cases need {case.world_size}: "
+            f"start torchrun with --nnodes x --nproc-per-node = {case.world_size}"
+        )
+
+
 def run_plan(plan: Plan, events: Events) -> None:
     rank = Rank.from_env()
     cases = {c["case_id"]: Case.from_params(c) for c in plan.cases}
     first = next(iter(cases.values()))
+    try:
+        _check_world(rank, first)
+    except ValueError:
+        events.emit("error", case=None, repeat=None, rank=rank.rank, error=traceback.format_exc())
+        os._exit(1)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // rank.local_world_size))
     device = _device(rank, first.device)
     # Longer than the launcher's per-case limit, so a hang is reported by the launcher as a hang of
     # that case rather than by Gloo as a receive timeout on whichever rank waited.
     timeout = 2 * max(c.timeout_s for c in cases.values()) + 60
     with _world(plan, rank, first.backend, timeout) as ctrl:
-        runner = CaseRunner(rank, device, Path(plan.run_dir), events, ctrl)
+        nodes = gather_nodes(rank, ctrl)
+        runner = CaseRunner(rank, device, Path(plan.run_dir), events, ctrl, nodes=tuple(tuple(n.ranks) for n in nodes))
         if rank.rank == 0:
-            events.emit("world_ready", world=plan.world)
+            events.emit("world_ready", world=plan.world, nodes=[dataclasses.asdict(n) for n in nodes])
         for case_id, repeat in plan.schedule:
             case = cases[case_id]
             if rank.rank == 0:
@@ -404,12 +483,29 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("plan", type=Path)
     ap.add_argument("--event-fd", type=int, default=None)
     args = ap.parse_args(argv)
-    events = Events(args.event_fd)
-    run_plan(Plan.read(args.plan), events)
+    plan = Plan.read(args.plan)
+    events = _torchrun_rank(plan) if plan.events_dir is not None else Events(args.event_fd)
+    run_plan(plan, events)
     sys.stdout.flush()
     sys.stderr.flush()
     # destroy_process_group() can hang on Gloo once subgroups exist; everything is written by now.
     os._exit(0)
+
+
+def _torchrun_rank(plan: Plan) -> Events:
+    """Set up a rank that torchrun started: die with its agent (SIGKILL via PDEATHSIG, so that
+    killing an agent never leaves a rank behind), write output where the local launcher's ranks
+    write theirs, and report through this rank's events file."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    rank = int(os.environ["RANK"])
+    log = Path(plan.run_dir) / "logs" / f"{plan.world}-rank{rank}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return Events(path=Path(plan.events_dir) / f"rank{rank}.jsonl")
 
 
 if __name__ == "__main__":
