@@ -9,14 +9,22 @@ When a case crashes a rank or hangs past its ``timeout_s``, the launcher kills t
 (every rank runs in its own session and dies with the launcher via PDEATHSIG, so nothing is
 orphaned), marks that case failed with its cause, and starts a fresh world for what is left. Every
 repeat already finished is on disk, so nothing else is lost.
+
+Under torchrun (``Torchrun``) a world is one torchrun job instead: one agent per node, started by
+an optional prefix such as ``srun``, with ``--max-restarts 0``. Its ranks inherit no pipe, so each
+appends its events to a file on the run directory's shared filesystem and the same ``Supervisor``
+follows those files: progress, time-outs, failure attribution and the fresh world for the rest
+work alike for both launchers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -78,14 +86,33 @@ class WorldOutcome:
     detail: str | None = None
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGKILL if the launcher dies, so no rank is ever orphaned."""
+@dataclass(frozen=True)
+class Ended:
+    """How a world's processes ended: cleanly, or not, with the cause the launcher saw."""
+
+    ok: bool
+    cause: str = ""
+
+
+def _die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """In the child before exec: get ``sig`` if the launcher dies, so no rank is ever orphaned."""
     with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    return ""
 
 
 class World:
-    """The rank processes of one attempt at a plan."""
+    """The rank processes of one attempt at a plan, started here, each reporting on a pipe."""
+
+    # After the first sign of failure, how long to wait for the other ranks' error reports.
+    drain_s = DRAIN_S
+    # A world that has not rendezvoused by then is not going to.
+    startup_s = STARTUP_TIMEOUT_S
 
     def __init__(self, plan: Plan, plan_path: Path, world_size: int, net: WorldNetwork, log_dir: Path) -> None:
         self.plan = plan
@@ -93,6 +120,8 @@ class World:
         self.procs: list[subprocess.Popen] = []
         self.logs: list[Path] = []
         self.readers: dict[int, int] = {}  # read fd → rank
+        self.buffers: dict[int, bytes] = {}
+        self.sel = selectors.DefaultSelector()
         log_dir.mkdir(parents=True, exist_ok=True)
         threads = max(1, (os.cpu_count() or 1) // world_size)
         for r in range(world_size):
@@ -115,6 +144,41 @@ class World:
             self.procs.append(p)
             self.logs.append(log)
             self.readers[read_fd] = r
+            self.buffers[read_fd] = b""
+            self.sel.register(read_fd, selectors.EVENT_READ)
+
+    def read_events(self, timeout: float) -> list[dict[str, Any]]:
+        """Events that arrived on the ranks' pipes, waiting up to ``timeout`` for the first."""
+        events = []
+        for key, _ in self.sel.select(timeout):
+            fd = key.fd
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                self.sel.unregister(fd)
+                continue
+            self.buffers[fd] += chunk
+            *lines, self.buffers[fd] = self.buffers[fd].split(b"\n")
+            events += [json.loads(line) for line in lines if line.strip()]
+        return events
+
+    def quiet(self) -> bool:
+        """No more events can come: every rank has closed its pipe."""
+        return not self.sel.get_map()
+
+    def ended(self) -> Ended | None:
+        """None while ranks run; a failure as soon as one rank fails; success once all exit 0."""
+        for r, p in enumerate(self.procs):
+            code = p.poll()
+            if code not in (None, 0):
+                return Ended(False, _exit_cause(r, code))
+        return Ended(True) if all(p.poll() == 0 for p in self.procs) else None
+
+    def killed_ranks(self) -> list[tuple[int, int]]:
+        """(rank, negative exit code) of the ranks a signal killed: root causes over their peers' errors."""
+        return [(r, p.returncode) for r, p in enumerate(self.procs) if p.poll() is not None and p.returncode < 0]
+
+    def log_tails(self) -> list[tuple[str, str]]:
+        return [(f"rank {r} log", _tail(log)) for r, log in enumerate(self.logs)]
 
     def kill(self) -> None:
         for p in self.procs:
@@ -125,14 +189,192 @@ class World:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10)
         for fd in list(self.readers):
+            if fd in self.sel.get_map():
+                self.sel.unregister(fd)
             os.close(fd)
         self.readers.clear()
 
-    def log_tail(self, rank: int, lines: int = 15) -> str:
+
+@dataclass(frozen=True)
+class Torchrun:
+    """How worlds start under torchrun.
+
+    Each world is one torchrun job: ``nnodes`` agents of ``nproc_per_node`` ranks (None: the
+    world's size divided by ``nnodes``) meeting at a c10d rendezvous on ``rdzv_endpoint`` (None,
+    for one node only: torchrun's ``--standalone``, a free port on this machine).
+    ``agent_prefix`` is the command that starts one agent on every node, e.g. ``srun
+    --ntasks-per-node=1 --kill-on-bad-exit=1``; without one a single agent starts here.
+
+    ``--max-restarts 0``, always: torchrun's own restart would rerun the whole plan, the failing
+    case included, and fail the same way; tpbench instead fails that case with its cause and
+    starts a fresh torchrun job for the rest.
+    """
+
+    nnodes: int = 1
+    nproc_per_node: int | None = None
+    rdzv_endpoint: str | None = None
+    agent_prefix: tuple[str, ...] = ()
+
+    def problem(self) -> str | None:
+        """Why this configuration cannot start a world, or None."""
+        if self.nnodes < 1 or (self.nproc_per_node is not None and self.nproc_per_node < 1):
+            return "--nnodes and --nproc-per-node must be >= 1"
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            return f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT (a port on the first node that every node can reach)"
+        return None
+
+    def command(self, plan_path: Path, world_size: int, rdzv_id: str) -> list[str]:
+        """The command line that starts one world (every node's agent, when there is a prefix)."""
+        per_node = self.nproc_per_node or world_size // self.nnodes
+        if self.rdzv_endpoint:
+            rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", self.rdzv_endpoint, "--rdzv-id", rdzv_id]
+        else:
+            rdzv = ["--standalone"]
+        return [*self.agent_prefix, *torchrun_executable(), "--nnodes", str(self.nnodes), "--nproc-per-node", str(per_node),
+                *rdzv, "--max-restarts", "0", "-m", "tpbench.worker", str(plan_path)]
+
+
+def torchrun_executable() -> list[str]:
+    """The torchrun of this Python environment (every node must see the same one)."""
+    script = Path(sys.executable).parent / "torchrun"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def torchrun_env(ic: Interconnect, launcher: Torchrun, plan: Plan, log_dir: Path) -> dict[str, str]:
+    """Environment a torchrun world's agents pass to their ranks.
+
+    The profile's variables; on a single node also Gloo's loopback default (between nodes Gloo
+    must use the real network). NCCL ranks log their transport choices as under the local
+    launcher, but NCCL_DEBUG_FILE has no rank pattern: host name and pid keep the files apart
+    (``transport.nccl_log_path`` expands them back).
+    """
+    per_node = launcher.nproc_per_node or plan.cases[0]["world_size"] // launcher.nnodes
+    # As the local launcher does (torchrun would otherwise set 1, with a warning); the worker sets
+    # torch's intra-op threads to the same share of the node's cores.
+    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // per_node)), **ic.env}
+    if ic.backend == "gloo" and launcher.nnodes == 1:
+        env = {"GLOO_SOCKET_IFNAME": "lo", **env}
+    if plan.cases[0]["backend"] == "nccl":
+        nccl = transport.nccl_debug_env(log_dir / f"nccl-{plan.world}.log")
+        nccl["NCCL_DEBUG_FILE"] = str(log_dir / f"nccl-{plan.world}-%h-%p.log")
+        env = nccl | env
+    return env
+
+
+class EventFiles:
+    """Follows the events files the ranks of a torchrun world append to (``rank<r>.jsonl``).
+
+    Files are reopened on every read: on NFS, opening a file is what makes a client revalidate
+    its cache and see other hosts' appends.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.offsets: dict[Path, int] = {}
+        self.partial: dict[Path, bytes] = {}
+
+    def read(self) -> list[dict[str, Any]]:
+        events = []
+        for path in sorted(self.folder.glob("rank*.jsonl")):
+            with open(path, "rb") as f:
+                f.seek(self.offsets.get(path, 0))
+                chunk = f.read()
+            if not chunk:
+                continue
+            self.offsets[path] = self.offsets.get(path, 0) + len(chunk)
+            *lines, self.partial[path] = (self.partial.get(path, b"") + chunk).split(b"\n")
+            events += [json.loads(line) for line in lines if line.strip()]
+        return events
+
+
+# One entry of torchrun's failure report (ChildFailedError), once per failed rank and agent. Lines
+# may carry a prefix (srun --label).
+_FAILURE_RE = re.compile(r"rank\s*:\s*(?P<rank>\d+) \(local_rank: \d+\)\s*\n[^\n]*?exitcode\s*:\s*(?P<code>-?\d+)")
+
+
+def torchrun_failures(report: str) -> list[tuple[int, int]]:
+    """(rank, exit code) of every failed rank in torchrun's output, most telling first.
+
+    A rank killed by a signal other than SIGTERM comes first: that is what torchrun itself sends
+    the survivors once it has seen a failure, and they are listed too. Then ranks that exited
+    with an error, then the ones torchrun stopped.
+    """
+    found = [(int(m["rank"]), int(m["code"])) for m in _FAILURE_RE.finditer(report)]
+    return sorted(dict.fromkeys(found), key=lambda f: (f[1] == -signal.SIGTERM, f[1] > 0))
+
+
+class TorchrunWorld:
+    """One attempt at a plan as a torchrun job (``[prefix] torchrun ... -m tpbench.worker PLAN``),
+    followed through its ranks' events files."""
+
+    # torchrun needs a moment to notice a failed rank, stop the others and print its report.
+    drain_s = 30.0
+    # Every node must start an agent, rendezvous, and import torch (maybe from a network filesystem).
+    startup_s = 600.0
+    # How long agents get to stop their ranks after SIGTERM before they are killed.
+    stop_s = 15.0
+
+    def __init__(self, plan: Plan, plan_path: Path, launcher: Torchrun, world_size: int, env: dict[str, str],
+                 log_dir: Path, rdzv_id: str) -> None:
+        assert plan.events_dir is not None
+        self.world_size = world_size
+        self.events = EventFiles(Path(plan.events_dir))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.rank_logs = [log_dir / f"{plan.world}-rank{r}.log" for r in range(world_size)]
+        self.agent_log = log_dir / f"{plan.world}-agents.log"
+        argv = launcher.command(plan_path, world_size, rdzv_id)
+        with open(self.agent_log, "wb") as out:
+            # SIGTERM, not SIGKILL, if the launcher dies: agents then stop their ranks (and srun its tasks).
+            self.proc = subprocess.Popen(
+                argv, env=os.environ | env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=functools.partial(_die_with_parent, signal.SIGTERM),
+            )
+
+    def read_events(self, timeout: float) -> list[dict[str, Any]]:
+        events = self.events.read()
+        if not events:
+            time.sleep(timeout)
+        return events
+
+    def quiet(self) -> bool:
+        """Every agent has exited (so no rank can write any more)."""
+        return self.proc.poll() is not None
+
+    def _failures(self) -> list[tuple[int, int]]:
+        """Failed ranks from the agents' reports, which they print as they exit."""
+        if self.proc.poll() is None:
+            return []
         with contextlib.suppress(OSError):
-            text = self.logs[rank].read_text(errors="replace").strip().splitlines()
-            return "\n".join(text[-lines:])
-        return ""
+            return torchrun_failures(self.agent_log.read_text(errors="replace"))
+        return []
+
+    def ended(self) -> Ended | None:
+        code = self.proc.poll()
+        if code is None:
+            return None
+        if code == 0:
+            return Ended(True)
+        failures = self._failures()
+        return Ended(False, _exit_cause(*failures[0]) if failures else f"torchrun exited with code {code}")
+
+    def killed_ranks(self) -> list[tuple[int, int]]:
+        return [(r, c) for r, c in self._failures() if c < 0 and c != -signal.SIGTERM]
+
+    def log_tails(self) -> list[tuple[str, str]]:
+        return [(f"rank {r} log", _tail(log)) for r, log in enumerate(self.rank_logs)] + [("torchrun", _tail(self.agent_log, 40))]
+
+    def kill(self) -> None:
+        """SIGTERM to the job's process group: agents stop their ranks, srun forwards it to every node."""
+        if self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=self.stop_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
 
 def _exit_cause(rank: int, code: int) -> str:
@@ -144,17 +386,13 @@ def _exit_cause(rank: int, code: int) -> str:
 class Supervisor:
     """Follows one world's events until it finishes, fails or hangs."""
 
-    def __init__(self, world: World, cases: dict[str, Case], run: store.Run, listener: Listener,
+    def __init__(self, world: World | TorchrunWorld, cases: dict[str, Case], run: store.Run, listener: Listener,
                  interconnect: Interconnect | None = None) -> None:
         self.world = world
         self.interconnect = interconnect  # what the world asked for, to judge the observed transport
         self.cases = cases
         self.run = run
         self.listener = listener
-        self.buffers: dict[int, bytes] = {fd: b"" for fd in world.readers}
-        self.sel = selectors.DefaultSelector()
-        for fd in world.readers:
-            self.sel.register(fd, selectors.EVENT_READ)
         self.outcome = WorldOutcome()
         self.current: tuple[str, int, float] | None = None
         self.errors: list[dict[str, Any]] = []
@@ -162,22 +400,14 @@ class Supervisor:
         self.finished = False
 
     def _pump(self, timeout: float) -> None:
-        for key, _ in self.sel.select(timeout):
-            fd = key.fd
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                self.sel.unregister(fd)
-                continue
-            self.buffers[fd] += chunk
-            *lines, self.buffers[fd] = self.buffers[fd].split(b"\n")
-            for line in lines:
-                if line.strip():
-                    self._handle(json.loads(line))
+        for ev in self.world.read_events(timeout):
+            self._handle(ev)
 
     def _handle(self, ev: dict[str, Any]) -> None:
         kind = ev["event"]
         if kind == "world_ready":
             self.ready = True
+            self._record_nodes(ev["world"], ev["nodes"])
         elif kind == "repeat_start":
             self.current = (ev["case"], ev["repeat"], time.monotonic())
             self.run.set_case(ev["case"], store.RUNNING)
@@ -206,17 +436,30 @@ class Supervisor:
             info["observed_transport"] = transport.summarize(self.interconnect, transport.from_dicts(seen["backend"], seen["ranks"]))
         self.run.set_case(cid, self.run.meta["cases"][cid]["status"], **info)
 
-    def _fail(self, cause: str) -> WorldOutcome:
+    def _record_nodes(self, world: str, nodes: list[dict[str, Any]]) -> None:
+        """Where the world really ran, into run.json: its nodes and ranks in the world's entry, every
+        node's fingerprint in the run's environment (under torchrun the sweeping process sees
+        only its own machine)."""
+        for entry in self.run.meta.get("worlds", []):
+            if entry["world"] == world:
+                entry["nodes"] = [{k: n[k] for k in ("node", "hostname", "ranks")} for n in nodes]
+        self.run.meta["environment"]["nodes"] = nodes
+        self.run.save()
+
+    def _fail(self, cause: str, hung: bool = False) -> WorldOutcome:
         """Decide what went wrong, then kill the world.
 
         A rank killed by a signal is the root cause even when its peers reported errors first:
         their errors ("connection reset by peer") are the consequence. Otherwise the first
-        reported Python error wins, then the given cause (a non-zero exit, a hang).
+        reported Python error wins, then the given cause (a non-zero exit, a hang). A failing
+        world gets ``drain_s`` to go quiet (torchrun reports its failed ranks as it exits); a
+        hung one will not, so it gets only ``DRAIN_S`` for late error reports.
         """
-        deadline = time.monotonic() + DRAIN_S
-        while time.monotonic() < deadline and self.sel.get_map():
+        deadline = time.monotonic() + (DRAIN_S if hung else self.world.drain_s)
+        while time.monotonic() < deadline and not self.world.quiet():
             self._pump(0.05)
-        killed = [(r, p.returncode) for r, p in enumerate(self.world.procs) if p.poll() is not None and p.returncode < 0]
+        self._pump(0)
+        killed = self.world.killed_ranks()
         self.outcome.failed_case = self.current[0] if self.current else None
         if killed:
             self.outcome.cause = _exit_cause(*killed[0])
@@ -228,7 +471,7 @@ class Supervisor:
         else:
             self.outcome.cause = cause
         reports = [f"--- rank {e['rank']} error ---\n{e['error']}" for e in self.errors]
-        tails = [f"--- rank {r} log (last lines) ---\n{self.world.log_tail(r)}" for r in range(self.world.world_size)]
+        tails = [f"--- {name} (last lines) ---\n{text}" for name, text in self.world.log_tails()]
         self.outcome.detail = "\n".join(reports + tails)
         self.world.kill()
         return self.outcome
@@ -239,63 +482,164 @@ class Supervisor:
             self._pump(0.2)
             if self.errors:
                 return self._fail("error")
-            for r, p in enumerate(self.world.procs):
-                code = p.poll()
-                if code not in (None, 0):
-                    return self._fail(_exit_cause(r, code))
-            if all(p.poll() == 0 for p in self.world.procs):
+            ended = self.world.ended()
+            if ended is not None and not ended.ok:
+                return self._fail(ended.cause)
+            if ended is not None:
                 self._pump(0)
                 if self.finished:
                     self.world.kill()
                     return self.outcome
                 return self._fail("the world exited before finishing its plan")
             now = time.monotonic()
-            if not self.ready and now - started > STARTUP_TIMEOUT_S:
-                return self._fail(f"the world did not start within {STARTUP_TIMEOUT_S:.0f} s (rendezvous)")
+            if not self.ready and now - started > self.world.startup_s:
+                return self._fail(f"the world did not start within {self.world.startup_s:.0f} s (rendezvous)", hung=True)
             if self.current:
                 cid, repeat, t0 = self.current
                 limit = self.cases[cid].timeout_s
                 if now - t0 > limit:
-                    return self._fail(f"timed out after {limit:g} s in repeat {repeat} (a rank hung)")
+                    return self._fail(f"timed out after {limit:g} s in repeat {repeat} (a rank hung)", hung=True)
 
 
-def run_group(run: store.Run, group: LaunchGroup, user_interconnects: dict[str, Any], listener: Listener) -> None:
-    """Run every pending repeat of a group's cases, restarting the world after each failure."""
+def _write_plan(run: store.Run, group: LaunchGroup, schedule: list[tuple[str, int]], launcher: Torchrun | None,
+                **entry: Any) -> tuple[Plan, Path]:
+    """The next world's plan, saved under ``plans/``, and its entry in run.json."""
+    world_name = f"w{len(run.meta.setdefault('worlds', []))}"
+    scheduled = {cid for cid, _ in schedule}
+    plan = Plan(
+        run_dir=str(run.dir), world=world_name,
+        cases=[c.params() for c in group.cases if c.case_id in scheduled],
+        schedule=schedule,
+        rendezvous_file=None if launcher else str(run.dir / "plans" / f"{world_name}.rdzv"),
+        events_dir=str(run.dir / "events" / world_name) if launcher else None,
+    )
+    plan_path = run.dir / "plans" / f"{world_name}.json"
+    plan.save(plan_path)
+    run.meta["worlds"].append({"world": world_name, "key": list(group.key), "items": len(schedule), "started": time.time(),
+                               "launcher": "torchrun" if launcher else "local", **entry})
+    run.save()
+    return plan, plan_path
+
+
+def _supervise(world: World | TorchrunWorld, cases: dict[str, Case], run: store.Run, listener: Listener,
+               ic: Interconnect) -> WorldOutcome:
+    try:
+        return Supervisor(world, cases, run, listener, interconnect=ic).supervise()
+    finally:
+        world.kill()
+
+
+def _record_failure(run: store.Run, outcome: WorldOutcome, live: list[Case], listener: Listener) -> list[str]:
+    """Mark the case a failed world was running (all of them when unknown) failed; returns their ids."""
+    targets = [outcome.failed_case] if outcome.failed_case else [c.case_id for c in live]
+    for cid in targets:
+        run.set_case(cid, store.FAILED, error=outcome.cause, detail=outcome.detail, failed_at=time.time())
+        listener("case_failed", {"case": cid, "cause": outcome.cause})
+    return targets
+
+
+def _done_repeats(run: store.Run, cases: Iterable[Case]) -> set[tuple[str, int]]:
+    return {(c.case_id, r) for c in cases for r in store.finished_repeats(run.dir, c.case_id)}
+
+
+def run_group(run: store.Run, group: LaunchGroup, user_interconnects: dict[str, Any], listener: Listener,
+              launcher: Torchrun | None = None) -> None:
+    """Run every pending repeat of a group's cases, restarting the world after each failure.
+
+    ``launcher`` None starts the ranks here (network namespace included, for emulated links);
+    a ``Torchrun`` starts each world as a torchrun job.
+    """
     ic: Interconnect = resolve(group.key[3], user_interconnects)
     cases = {c.case_id: c for c in group.cases}
-    done: set[tuple[str, int]] = set()
-    for c in group.cases:
-        done |= {(c.case_id, r) for r in store.finished_repeats(run.dir, c.case_id)}
+    done = _done_repeats(run, group.cases)
     failed: set[str] = set()
-    attempt = 0
     while True:
         live = [c for c in group.cases if c.case_id not in failed]
         schedule = interleave(live, done)
         if not schedule:
             return
-        world_name = f"w{len(run.meta.setdefault('worlds', []))}"
-        plan = Plan(
-            run_dir=str(run.dir), world=world_name,
-            cases=[c.params() for c in live if any(cid == c.case_id for cid, _ in schedule)],
-            schedule=schedule, rendezvous_file=str(run.dir / "plans" / f"{world_name}.rdzv"),
-        )
-        plan_path = run.dir / "plans" / f"{world_name}.json"
-        plan.save(plan_path)
-        run.meta["worlds"].append({"world": world_name, "key": list(group.key), "items": len(schedule), "started": time.time()})
-        run.save()
-        listener("world_start", {"world": world_name, "world_size": group.world_size, "interconnect": ic.name, "items": len(schedule)})
-        with world_network(ic) as net:
-            world = World(plan, plan_path, group.world_size, net, run.dir / "logs")
-            try:
-                outcome = Supervisor(world, cases, run, listener, interconnect=ic).supervise()
-            finally:
-                world.kill()
+        plan, plan_path = _write_plan(run, group, schedule, launcher)
+        listener("world_start", {"world": plan.world, "world_size": group.world_size, "interconnect": ic.name, "items": len(schedule)})
+        if launcher is None:
+            with world_network(ic) as net:
+                outcome = _supervise(World(plan, plan_path, group.world_size, net, run.dir / "logs"), cases, run, listener, ic)
+        else:
+            world = TorchrunWorld(plan, plan_path, launcher, group.world_size, torchrun_env(ic, launcher, plan, run.dir / "logs"),
+                                  run.dir / "logs", rdzv_id=f"tpbench-{run.run_id}-{plan.world}")
+            outcome = _supervise(world, cases, run, listener, ic)
         done |= outcome.completed
-        attempt += 1
-        if outcome.cause is None:
+        if outcome.cause is not None:
+            failed.update(_record_failure(run, outcome, live, listener))
+
+
+@dataclass(frozen=True)
+class PrintedWorld:
+    """A world for the user to start: its plan and the torchrun command to run on every node."""
+
+    world: str
+    plan: Path
+    env: dict[str, str]
+    command: list[str]
+
+
+def print_group(run: store.Run, group: LaunchGroup, user_interconnects: dict[str, Any], launcher: Torchrun) -> PrintedWorld | None:
+    """Write the plan of a group's pending repeats as a world the user starts (``--print``);
+    ``ingest_printed`` reads back what it did. None when nothing is pending."""
+    schedule = interleave(group.cases, _done_repeats(run, group.cases))
+    if not schedule:
+        return None
+    ic = resolve(group.key[3], user_interconnects)
+    plan, plan_path = _write_plan(run, group, schedule, launcher, printed=True)
+    env = torchrun_env(ic, launcher, plan, run.dir / "logs")
+    return PrintedWorld(plan.world, plan_path, env, launcher.command(plan_path, group.world_size, f"tpbench-{run.run_id}-{plan.world}"))
+
+
+class PrintedWorldRecord:
+    """A world the user ran from a printed command, as the ``Supervisor`` sees it afterwards:
+    over, its events files complete, no process to watch or kill."""
+
+    drain_s = 0.0
+    startup_s = float("inf")
+
+    def __init__(self, run_dir: Path, world: str, world_size: int) -> None:
+        self.world_size = world_size
+        self.events = EventFiles(run_dir / "events" / world)
+        self.rank_logs = [run_dir / "logs" / f"{world}-rank{r}.log" for r in range(world_size)]
+
+    def read_events(self, timeout: float) -> list[dict[str, Any]]:
+        return self.events.read()
+
+    def quiet(self) -> bool:
+        return True
+
+    def ended(self) -> Ended:
+        return Ended(True)
+
+    def killed_ranks(self) -> list[tuple[int, int]]:
+        return []  # exit codes were seen by the user's torchrun, not by us
+
+    def log_tails(self) -> list[tuple[str, str]]:
+        return [(f"rank {r} log", _tail(log)) for r, log in enumerate(self.rank_logs)]
+
+    def kill(self) -> None:
+        pass
+
+
+def ingest_printed(run: store.Run, cases: dict[str, Case], user_interconnects: dict[str, Any], listener: Listener) -> None:
+    """Record what the printed worlds of a run did, from their events files, as if supervised:
+    finished cases become done, a case that raised or was cut short becomes failed. A printed
+    world with no events yet has not been started; it is left alone (its cases stay pending)."""
+    for entry in run.meta.get("worlds", []):
+        if not entry.get("printed") or entry.get("ingested"):
             continue
-        targets = [outcome.failed_case] if outcome.failed_case else [c.case_id for c in live]
-        for cid in targets:
-            failed.add(cid)
-            run.set_case(cid, store.FAILED, error=outcome.cause, detail=outcome.detail, failed_at=time.time())
-            listener("case_failed", {"case": cid, "cause": outcome.cause})
+        if not any((run.dir / "events" / entry["world"]).glob("rank*.jsonl")):
+            continue
+        world = PrintedWorldRecord(run.dir, entry["world"], entry["key"][0])
+        plan = Plan.read(run.dir / "plans" / f"{entry['world']}.json")
+        planned = [cases[c["case_id"]] for c in plan.cases if c["case_id"] in cases]
+        ic = resolve(entry["key"][3], user_interconnects)
+        outcome = Supervisor(world, {c.case_id: c for c in planned}, run, listener, interconnect=ic).supervise()
+        if outcome.cause is not None:
+            _record_failure(run, outcome, planned, listener)
+        entry["ingested"] = time.time()
+        run.save()

@@ -7,7 +7,7 @@ progress. Nothing here prints.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -17,9 +17,9 @@ import pandas as pd
 from tpbench.analysis import bandwidth, convergence, overlap, timeline
 from tpbench.analysis.stats import slowest_rank, summarize
 from tpbench.environment import fingerprint
-from tpbench.interconnect import check_available, reap_stale_namespaces, resolve
-from tpbench.launch import Listener, group_cases, run_group
-from tpbench.suite import Case, Suite, expand, load, select, with_overrides
+from tpbench.interconnect import InterconnectUnavailable, check_available, reap_stale_namespaces, resolve
+from tpbench.launch import Listener, PrintedWorld, Torchrun, group_cases, ingest_printed, print_group, run_group
+from tpbench.suite import Case, Machine, Suite, expand, load, select, with_overrides
 
 
 @dataclass(frozen=True)
@@ -28,24 +28,64 @@ class Prepared:
     cases: list[Case]
 
 
-def prepare(suite_path: str | Path, overrides: Iterable[str] = (), filters: Iterable[str] = ()) -> Prepared:
-    """Load, override, validate and expand a suite; raises ``SuiteError`` before anything runs."""
+def prepare(suite_path: str | Path, overrides: Iterable[str] = (), filters: Iterable[str] = (),
+            launcher: Torchrun | None = None) -> Prepared:
+    """Load, override, validate and expand a suite; raises ``SuiteError`` before anything runs.
+
+    Under torchrun "auto" sizes resolve against the torchrun layout (``--nnodes`` x
+    ``--nproc-per-node``), and cases that cannot have that layout are refused.
+    """
     suite = with_overrides(load(suite_path), overrides)
-    cases = select(expand(suite), filters)
+    machine = Machine.detect()
+    if launcher is not None:
+        machine = Machine(machine.gpus, nnodes=launcher.nnodes, nproc_per_node=launcher.nproc_per_node)
+    cases = select(expand(suite, machine), filters)
     return Prepared(suite, cases)
 
 
-def start(prepared: Prepared, out_root: Path) -> store.Run:
-    """Create the run directory (checked writable) with every case pending."""
+def start(prepared: Prepared, out_root: Path, launcher: Torchrun | None = None) -> store.Run:
+    """Create the run directory (checked writable) with every case pending, and the launcher
+    recorded so that ``--resume`` starts worlds the same way."""
     for key in {c.launch_key for c in prepared.cases}:
-        check_available(resolve(key[3], prepared.suite.interconnects))
+        ic = resolve(key[3], prepared.suite.interconnects)
+        if launcher is not None and ic.shaped:
+            raise InterconnectUnavailable(
+                f"interconnect {ic.name!r} emulates a link in a network namespace of one machine; torchrun worlds "
+                "use the real network between their nodes: run it with the local launcher")
+        check_available(ic)
     s = prepared.suite
-    return store.Run.create(out_root, s.name, s.path, s.text, [c.params() for c in prepared.cases], fingerprint())
+    run = store.Run.create(out_root, s.name, s.path, s.text, [c.params() for c in prepared.cases], fingerprint())
+    run.meta["launcher"] = {"name": "torchrun", **asdict(launcher)} if launcher else {"name": "local"}
+    run.save()
+    return run
+
+
+def launcher_of(run: store.Run) -> Torchrun | None:
+    """The launcher a run was started with (None: local)."""
+    spec = dict(run.meta.get("launcher") or {"name": "local"})
+    if spec.pop("name") == "local":
+        return None
+    return Torchrun(**{**spec, "agent_prefix": tuple(spec.get("agent_prefix", ()))})
+
+
+def print_worlds(run: store.Run, cases: list[Case], launcher: Torchrun) -> list[PrintedWorld]:
+    """Plans and torchrun commands for the user to start (``--print``), one world per group of
+    cases, to run one after another; ``reopen`` (``--resume``) later records what they did."""
+    user_ics = _suite_interconnects(run)
+    printed = [print_group(run, group, user_ics, launcher) for group in group_cases(cases)]
+    run.set_status("printed")
+    return [p for p in printed if p is not None]
 
 
 def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
-    """A run to resume and the cases it still needs: failed ones start clean, pending ones keep their finished repeats."""
+    """A run to resume and the cases it still needs: failed ones start clean, pending ones keep their finished repeats.
+
+    Worlds printed for the user to start (``--print``) are read back first, from their events
+    files, so what they finished counts as done.
+    """
     run = store.Run.open(run_dir)
+    cases = {cid: Case.from_params(entry["params"]) for cid, entry in run.meta["cases"].items()}
+    ingest_printed(run, cases, _suite_interconnects(run), lambda kind, ev: None)
     todo = []
     for cid, entry in run.meta["cases"].items():
         if entry["status"] == store.DONE:
@@ -58,15 +98,16 @@ def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
     return run, todo
 
 
-def execute(run: store.Run, cases: list[Case], listener: Listener) -> None:
-    """Run the cases' worlds one after another. On Ctrl-C the run is marked interrupted and the
-    case in flight goes back to pending (its finished repeats stay), so ``--resume`` picks it up."""
+def execute(run: store.Run, cases: list[Case], listener: Listener, launcher: Torchrun | None = None) -> None:
+    """Run the cases' worlds one after another (``launcher``: None, rank processes started here;
+    else torchrun jobs). On Ctrl-C the run is marked interrupted and the case in flight goes back
+    to pending (its finished repeats stay), so ``--resume`` picks it up."""
     reap_stale_namespaces()
     user_ics = _suite_interconnects(run)
     t0 = time.monotonic()
     try:
         for group in group_cases(cases):
-            run_group(run, group, user_ics, listener)
+            run_group(run, group, user_ics, listener, launcher)
     except KeyboardInterrupt:
         for cid, status in run.case_status().items():
             if status == store.RUNNING:
