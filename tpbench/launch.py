@@ -32,7 +32,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 from tpbench import store
 from tpbench.capture import transport
@@ -92,6 +92,21 @@ class Ended:
 
     ok: bool
     cause: str = ""
+
+
+class WorldProcesses(Protocol):
+    """What the ``Supervisor`` needs of a world, whoever started its ranks."""
+
+    world_size: int
+    drain_s: float  # after a failure, how long the world may take to go quiet
+    startup_s: float  # how long until rank 0 must have reported ``world_ready``
+
+    def read_events(self, timeout: float) -> list[dict[str, Any]]: ...
+    def quiet(self) -> bool: ...
+    def ended(self) -> Ended | None: ...
+    def killed_ranks(self) -> list[tuple[int, int]]: ...
+    def log_tails(self) -> list[tuple[str, str]]: ...
+    def kill(self) -> None: ...
 
 
 def _die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -295,9 +310,9 @@ _FAILURE_RE = re.compile(r"rank\s*:\s*(?P<rank>\d+) \(local_rank: \d+\)\s*\n[^\n
 def torchrun_failures(report: str) -> list[tuple[int, int]]:
     """(rank, exit code) of every failed rank in torchrun's output, most telling first.
 
-    A rank killed by a signal other than SIGTERM comes first: that is what torchrun itself sends
-    the survivors once it has seen a failure, and they are listed too. Then ranks that exited
-    with an error, then the ones torchrun stopped.
+    torchrun lists the ranks it stopped itself (SIGTERM, sent to the survivors once it saw a
+    failure) beside the one that failed. So: ranks killed by any other signal first (the crash),
+    then ranks that exited with an error (often their peers' connection errors), then SIGTERM.
     """
     found = [(int(m["rank"]), int(m["code"])) for m in _FAILURE_RE.finditer(report)]
     return sorted(dict.fromkeys(found), key=lambda f: (f[1] == -signal.SIGTERM, f[1] > 0))
@@ -386,7 +401,7 @@ def _exit_cause(rank: int, code: int) -> str:
 class Supervisor:
     """Follows one world's events until it finishes, fails or hangs."""
 
-    def __init__(self, world: World | TorchrunWorld, cases: dict[str, Case], run: store.Run, listener: Listener,
+    def __init__(self, world: WorldProcesses, cases: dict[str, Case], run: store.Run, listener: Listener,
                  interconnect: Interconnect | None = None) -> None:
         self.world = world
         self.interconnect = interconnect  # what the world asked for, to judge the observed transport
@@ -521,7 +536,7 @@ def _write_plan(run: store.Run, group: LaunchGroup, schedule: list[tuple[str, in
     return plan, plan_path
 
 
-def _supervise(world: World | TorchrunWorld, cases: dict[str, Case], run: store.Run, listener: Listener,
+def _supervise(world: WorldProcesses, cases: dict[str, Case], run: store.Run, listener: Listener,
                ic: Interconnect) -> WorldOutcome:
     try:
         return Supervisor(world, cases, run, listener, interconnect=ic).supervise()
