@@ -8,7 +8,10 @@ noise, the trace-derived tables (intervals built per traced step, then overlap a
 computed from them by ``tpbench.analysis``), NVML samples in the capture module's columns, a failed
 case, and summary.parquet via ``sweep.finalize``.
 
-Usage: python scripts/synth_run.py OUT_ROOT [--buckets 1 2 4 8 16 25] [--repeats 3]
+``make_localsgd_run`` writes a post-local SGD sweep with held-out losses, the known optimum and
+parameter drift, for the convergence sections.
+
+Usage: python scripts/synth_run.py OUT_ROOT [--buckets 1 2 4 8 16 25] [--repeats 3] [--localsgd]
 """
 
 from __future__ import annotations
@@ -211,13 +214,78 @@ def _nvml(case: Case, c: Cost, rng: np.random.Generator, interval_ms: float = 50
     return pd.concat(frames, ignore_index=True)[list(NVML_COLUMNS)]
 
 
+LOCALSGD_SUITE = """\
+[suite]
+name = "{name}"
+description = "Synthetic post-local SGD sweep written by scripts/synth_run.py (no rank ran)"
+[defaults]
+algorithm = "post_localSGD_hook"
+world_size = 4
+ranks_per_node = 2
+backend = "gloo"
+device = "cpu"
+workload = "markov"
+warmup_steps = 0
+steps = {steps}
+repeats = {repeats}
+eval_every = {eval_every}
+[sweep]
+start_localSGD_iter = ["never", 0, {late}]
+averaging_period = [4, 16]
+[capture]
+profiler_steps = 0
+"""
+
+
+def make_localsgd_run(root: Path, *, name: str = "synthetic-localsgd", steps: int = 120, repeats: int = 2,
+                      eval_every: int = 10, optimum: float = 1.5, seed: int = 0) -> Path:
+    """A post-local SGD run: local steps are cheaper (no global allreduce) but converge to a
+    held-out loss above DDP's, more so the longer the averaging period; parameters drift
+    between averagings. Steps carry held-out loss every ``eval_every`` steps, drift before each
+    averaging and the workload's optimum, as the worker writes them."""
+    text = LOCALSGD_SUITE.format(name=name, steps=steps, repeats=repeats, eval_every=eval_every, late=steps // 4)
+    suite = parse(text, f"{name}.toml")
+    cases = expand(suite, Machine(gpus=0))
+    run = store.Run.create(root, suite.name, suite.path, text, [c.params() for c in cases], dict(ENVIRONMENT))
+    rng = np.random.default_rng(seed)
+    for case in cases:
+        start = None if case.start_localSGD_iter == "never" else int(case.start_localSGD_iter)
+        step = np.arange(steps)
+        local = np.zeros(steps, bool) if start is None else step >= start
+        gap = 0.0 if start is None else 0.004 * case.averaging_period
+        for repeat in range(case.repeats):
+            rows = []
+            for rank in range(case.world_size):
+                ms = np.where(local, 40.0, 60.0) * rng.lognormal(0, 0.04, steps)
+                held = optimum + gap * local + 1.2 * np.exp(-step / 18) + rng.normal(0, 0.003, steps)
+                avg = local & ((step - (start or 0) + 1) % (case.averaging_period or 1) == 0)
+                drift = np.where(avg, 0.05 * (case.averaging_period or 1) * (1 + 0.1 * rank), np.nan)
+                rows.append(pd.DataFrame({
+                    "repeat": repeat, "rank": rank, "step": step, "phase": "timed", "step_ms": ms,
+                    "loss": held + rng.normal(0, 0.05, steps), "elapsed_s": np.cumsum(ms) / 1e3, "peak_rss_mb": 540.0 + rank,
+                    "heldout_loss": np.where((step + 1) % eval_every == 0, held, np.nan),
+                    "drift_max_l2": drift, "drift_mean_l2": drift * 0.7, "optimal_loss": optimum,
+                }))
+            store.write_repeat(run.dir, case.case_id, repeat, pd.concat(rows, ignore_index=True))
+        store.finish_case(run.dir, case.case_id, case.repeats)
+        run.set_case(case.case_id, store.DONE)
+    run.meta["wall_s"] = float(steps * repeats * len(cases) * 0.07)
+    run.set_status("complete")
+    sweep.finalize(run.dir)
+    return run.dir
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path, help="results root; the run goes to OUT/<name>/<run_id>")
     ap.add_argument("--buckets", type=float, nargs="+", default=[1, 2, 4, 8, 16, 25])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--localsgd", action="store_true", help="write a post-local SGD run instead")
     args = ap.parse_args()
-    print(make_run(args.out, buckets=tuple(args.buckets), repeats=args.repeats))
+    if args.localsgd:
+        print(make_localsgd_run(args.out, repeats=args.repeats))
+    else:
+        print(make_run(args.out, buckets=tuple(args.buckets), repeats=args.repeats))
 
 
 if __name__ == "__main__":

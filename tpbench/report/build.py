@@ -185,7 +185,7 @@ def _cases_table(page: Page, data: ReportData) -> None:
         return
     page.heading("All cases", anchor="cases")
     cols = ["run", "label", "case_id", "status", "median_ms", "ci_lo_ms", "ci_hi_ms", "p10_ms", "p90_ms",
-            "samples_per_s", "timed_steps", "max_peak_rss_mb", "max_peak_allocated_mb", "final_heldout_loss", "time_to_target_s"]
+            "samples_per_s", "timed_steps", "overlap_pct", "exposed_comm_ms", "max_peak_rss_mb", "max_peak_allocated_mb", "final_heldout_loss", "time_to_target_s"]
     if not data.multi:
         cols.remove("run")
     table = data.cases[[c for c in cols if c in data.cases]]

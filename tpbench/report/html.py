@@ -35,7 +35,7 @@ nav.toc { font-size: 0.9rem; margin: 0.8rem 0; } nav.toc a { margin-right: 0.9re
 table { border-collapse: collapse; font-size: 0.85rem; margin: 0.5rem 0; }
 th, td { border: 1px solid #d9dde5; padding: 0.25rem 0.5rem; text-align: left; vertical-align: top; }
 th { background: #f3f5f9; }
-.scroll { max-height: 32rem; overflow: auto; }
+.wide { overflow-x: auto; } .scroll { max-height: 32rem; overflow: auto; }
 pre { background: #f7f7f9; padding: 0.5rem; overflow-x: auto; font-size: 0.8rem; max-height: 20rem; }
 .failed { color: #a4262c; } .warn { color: #8a5300; }
 """
@@ -93,7 +93,7 @@ class Page:
         """A DataFrame as an escaped HTML table; long tables scroll inside a box."""
         fmt = {c: (lambda v, f=float_format: _cell(v, f)) for c in df.columns}
         body = df.to_html(index=False, escape=True, formatters=fmt, border=0, na_rep="")
-        self.parts.append(f'<div class="scroll">{body}</div>' if scroll else body)
+        self.parts.append(f'<div class="{"wide scroll" if scroll else "wide"}">{body}</div>')
 
     def details(self, summary: str, text: str) -> None:
         """Long text (a log tail, the suite file) folded away until clicked."""

@@ -159,7 +159,17 @@ def _repeats(row: dict[str, Any]) -> np.ndarray:
 # --- words -------------------------------------------------------------------------------------
 
 def _pct(x: float) -> str:
-    return f"{abs(x) * 100:.0f}%"
+    """A magnitude in percent: whole numbers, with one decimal below 10% so small effects don't read as 0%."""
+    v = abs(x) * 100
+    return f"{v:.1f}%" if v < 9.95 else f"{v:.0f}%"
+
+
+def _signed(ratio: float, lo: float | None = None, hi: float | None = None) -> str:
+    """A ratio as a signed change, "+3% [-1%, +8%]" (the interval when given)."""
+    def one(r: float) -> str:
+        return ("+" if r >= 1 else "-") + _pct(r - 1)
+
+    return one(ratio) + (f" [{one(lo)}, {one(hi)}]" if lo is not None and hi is not None else "")
 
 
 def change_text(c: Comparison) -> str:
@@ -169,8 +179,8 @@ def change_text(c: Comparison) -> str:
     if c.verdict == "slower":
         return f"{_pct(c.ratio - 1)} [{_pct(c.lo - 1)}, {_pct(c.hi - 1)}] slower"
     if c.verdict == "single":
-        return f"{(c.ratio - 1) * 100:+.0f}% step time (one repeat: no interval)"
-    return f"{(c.ratio - 1) * 100:+.0f}% [{(c.lo - 1) * 100:+.0f}%, {(c.hi - 1) * 100:+.0f}%] step time, not a clear difference"
+        return f"{_signed(c.ratio)} step time (one repeat: no interval)"
+    return f"{_signed(c.ratio, c.lo, c.hi)} step time, not a clear difference"
 
 
 def sentence(c: Comparison, keys: list[str]) -> str:
@@ -255,7 +265,7 @@ def fastest_lines(data: ReportData) -> list[str]:
                 line += f", {_pct(1 - ratio)} [{_pct(1 - hi)}, {_pct(1 - lo)}] faster than the runner-up {second['label']}"
             else:
                 line += (f", not clearly ahead of the runner-up {second['label']} "
-                         f"({(ratio - 1) * 100:+.0f}% [{(lo - 1) * 100:+.0f}%, {(hi - 1) * 100:+.0f}%] step time)")
+                         f"({_signed(ratio, lo, hi)} step time)")
         lines.append(line + ".")
     return lines
 
@@ -323,7 +333,7 @@ def convergence_sentence(v: ConvergenceVerdict, keys: list[str]) -> str:
             reach = f"needs {_pct(r - 1)} [{_pct(lo - 1)}, {_pct(hi - 1)}] more training time than DDP to reach the target"
         else:
             reach = (f"reaches the target in about the same training time as DDP "
-                     f"({(r - 1) * 100:+.0f}% [{(lo - 1) * 100:+.0f}%, {(hi - 1) * 100:+.0f}%])")
+                     f"({_signed(r, lo, hi)})")
     elif v.cand_reached == 0:
         reach = "never reaches the target" + (f" (DDP does, in {v.base_time_s:.3g} s)" if v.base_reached else " (nor does DDP)")
     elif v.base_reached == 0:
@@ -338,9 +348,9 @@ def _steps_phrase(c: Comparison) -> str:
     if c.verdict in ("faster", "slower"):
         return f"its steps are {change_text(c)} than DDP's"
     if c.verdict == "single":
-        return f"its step time differs by {(c.ratio - 1) * 100:+.0f}% from DDP's (one repeat: no interval)"
+        return f"its step time differs by {_signed(c.ratio)} from DDP's (one repeat: no interval)"
     return (f"its step time is not clearly different from DDP's "
-            f"({(c.ratio - 1) * 100:+.0f}% [{(c.lo - 1) * 100:+.0f}%, {(c.hi - 1) * 100:+.0f}%])")
+            f"({_signed(c.ratio, c.lo, c.hi)})")
 
 
 def _ends(delta: float) -> str:
