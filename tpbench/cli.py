@@ -296,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", required=True, metavar="PATH_OR_CMD",
                    help="python executable, venv directory, source tree (pyproject.toml) or tpbench command prefix")
     p.add_argument("--candidate", required=True, metavar="PATH_OR_CMD", help="same forms as --baseline")
-    p.add_argument("--rounds", type=int, default=3, help="sweeps per side, alternating (default: 3)")
+    p.add_argument("--rounds", type=int, default=5, help="sweeps per side, alternating; more rounds, more power (default: 5)")
     suite_args(p)
     p.add_argument("--candidate-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override for the candidate only (e.g. slowdown_pct=10 to check the gate itself)")

@@ -20,10 +20,11 @@ Each side may be several runs (several stored baselines; the rounds of ``tpbench
 repeats are pooled for the point estimate and the interval comes from a two-stage bootstrap
 (runs, then repeats within runs), so the spread *between* runs, the main source of false alarms
 with stored baselines, widens the interval. A single candidate run against several baselines is
-judged against their spread: its draws are also scaled by the baselines' run-to-run effects. The
-rounds of ``tpbench gate`` are paired (round i of both sides ran back to back) and resampled
-together, so what the machine was doing during a round cancels in the ratio. Details:
-``analysis.stats.hierarchical_ratio_ci``.
+judged against their spread: its draws are also scaled by the baselines' run-to-run effects
+(``analysis.stats.hierarchical_ratio_ci``). The rounds of ``tpbench gate`` are paired (round i of
+both sides ran back to back): each round gives one log ratio of run medians, in which whatever
+the machine was doing then cancels, and the interval is Student's t over the rounds, calibrated
+for the handful of rounds a gate has (``analysis.stats.paired_ratio_ci``).
 
 ``run_gate`` runs baseline and candidate in the same job, rounds interleaved, each side through
 its own ``tpbench`` command in a subprocess (a Python environment, a source tree, or any command
@@ -47,7 +48,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from tpbench import store
-from tpbench.analysis.stats import CONFIDENCE, bootstrap_ci, hierarchical_ratio_ci, repeat_medians, slowest_rank
+from tpbench.analysis.stats import (
+    CONFIDENCE, bootstrap_ci, hierarchical_ratio_ci, paired_ratio_ci, repeat_medians, slowest_rank)
 from tpbench.environment import COMPARABLE_KEYS
 from tpbench.suite import Case, varying_keys
 
@@ -232,8 +234,8 @@ def compare_runs(
     """Judge every case of the candidate run(s) against the baseline run(s).
 
     Lower is better for every metric (times, memory). ``paired``: baseline run i and candidate
-    run i ran back to back (gate rounds; see ``hierarchical_ratio_ci``). Broken run directories
-    raise ``store.StoreError`` naming the file; an unknown metric raises ``GateError``.
+    run i ran back to back (gate rounds; see ``paired_ratio_ci``). Broken run directories raise
+    ``store.StoreError`` naming the file; an unknown metric raises ``GateError``.
     """
     if not baseline or not candidate:
         raise GateError("compare needs at least one baseline run and one candidate run")
@@ -296,7 +298,10 @@ def _judge_case(case_id: str, label: str, params: dict[str, Any], base: list[_Ru
         return CaseResult(verdict=MISSING, reason="no round has data on both sides", **common)
     if np.median(np.concatenate(base_values)) <= 0:
         return CaseResult(verdict=INCONCLUSIVE, reason="baseline median is 0: no ratio", **common)
-    ratio, lo, hi = hierarchical_ratio_ci(base_values, cand_values, confidence=confidence, paired=paired)
+    if paired and len(base_values) >= 2:
+        ratio, lo, hi = paired_ratio_ci(base_values, cand_values, confidence=confidence)
+    else:
+        ratio, lo, hi = hierarchical_ratio_ci(base_values, cand_values, confidence=confidence)
     numbers = {"baseline_median": float(np.median(np.concatenate(base_values))),
                "candidate_median": float(np.median(np.concatenate(cand_values))),
                "ratio": ratio, "ci_lo": lo, "ci_hi": hi}
@@ -334,8 +339,9 @@ def _header(c: Comparison) -> list[str]:
 
 def _preamble(c: Comparison) -> list[str]:
     lines = [
-        f"metric {c.metric} (lower is better), threshold ±{c.threshold:.1%}, {c.confidence:.0%} bootstrap CI of the ratio of medians"
-        f" over repeats{', rounds paired' if c.paired else ''}",
+        f"metric {c.metric} (lower is better), threshold ±{c.threshold:.1%}, "
+        + (f"{c.confidence:.0%} t interval of the ratio over paired rounds (geometric mean of per-round ratios of medians)"
+           if c.paired else f"{c.confidence:.0%} bootstrap CI of the ratio of medians over repeats"),
         f"baseline: {len(c.baseline_runs)} run(s), commit {', '.join(c.baseline_commits)}",
         f"candidate: {len(c.candidate_runs)} run(s), commit {', '.join(c.candidate_commits)}",
     ]
