@@ -11,6 +11,10 @@ fresh process of its own, parses that one file and computes communication/comput
 
 Wall time is measured around those calls inside the process (imports excluded); peak memory is the
 process's maximum resident set size (``VmHWM``), so it includes the interpreter and libraries.
+The two overlap % columns are over the same window (all steps but the last, as HTA counts) and
+differ by about a point only because HTA, by default, rounds every event inwards to whole
+microseconds, which shaves the many µs-long ops of this trace; with ``HTA_DISABLE_NS_ROUNDING=1``
+it prints tpbench's number.
 
 Usage: python scripts/bench_analysis.py [--workdir DIR] [--steps 30] [--depth 256] [--reuse]
 """

@@ -116,3 +116,8 @@ def test_matches_brute_force_on_random_intervals() -> None:
             assert row.overlap_ns == (comp & comm).sum()
             assert row.idle_ns == (~covered(("compute", "comm", "memcpy", "other"))).sum()
             assert row.optimizer_ns == covered(("optimizer",)).sum()
+
+
+def test_overlapping_steps_are_refused() -> None:
+    with pytest.raises(ValueError, match="overlap in time"):
+        step_overlap(frame(("compute", 0, 10)), steps((0, 100), (50, 150)))

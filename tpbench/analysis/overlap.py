@@ -57,11 +57,8 @@ def step_overlap(intervals: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     frames with their columns ``rank, lane, start_ns, end_ns`` and ``rank, step, start_ns, end_ns``).
     ``overlap_pct`` is NaN for a step without communication.
     """
-    out = [_rank_overlap(iv, steps[steps["rank"] == rank]) for rank, iv in intervals.groupby("rank", sort=True, observed=True)]
-    present = set(intervals["rank"].unique())
-    for rank, st in steps.groupby("rank", sort=True):
-        if rank not in present:
-            out.append(_rank_overlap(intervals.iloc[:0], st))
+    by_rank = dict(tuple(intervals.groupby("rank", sort=False, observed=True)))
+    out = [_rank_overlap(by_rank.get(rank, intervals.iloc[:0]), st) for rank, st in steps.groupby("rank", sort=True)]
     if not out:
         return pd.DataFrame({c: pd.Series(dtype="float64" if c == "overlap_pct" else "int64") for c in STEP_OVERLAP_COLUMNS})
     return pd.concat(out, ignore_index=True).sort_values(["rank", "step"], ignore_index=True)
@@ -87,6 +84,8 @@ def _rank_overlap(iv: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     st_start = steps["start_ns"].to_numpy(np.int64)
     st_end = steps["end_ns"].to_numpy(np.int64)
     n = len(steps)
+    if np.any(st_start[1:] < st_end[:-1]):
+        raise ValueError(f"steps of rank {steps['rank'].iloc[0]} overlap in time; expected one ProfilerStep after another")
     idx, s, e = _clip_to_steps(iv["start_ns"].to_numpy(np.int64), iv["end_ns"].to_numpy(np.int64), st_start, st_end)
     lane = iv["lane"].to_numpy(dtype=object)[idx[1]] if len(idx[1]) else np.array([], dtype=object)
     step_of = idx[0]
