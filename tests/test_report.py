@@ -101,7 +101,10 @@ def test_collapsed_parameters_share_one_baseline_and_noise_is_not_called():
     assert set(map(frozenset, by_base.values())) == {frozenset({False, True})}
     assert "shard_buckets" not in comps[0].context
     assert {c.verdict for c in comps} == {"unclear"}
-    assert all("no clear difference at 1, 4 MB buckets" in line for line in verdicts.group_sentences(comps))
+    lines = verdicts.group_sentences(comps)
+    # One line per interconnect and sharding: the two hook variants are judged apart, never folded together.
+    assert len(lines) == 4 and all("no clear difference at 1, 4 MB buckets" in line for line in lines)
+    assert "sequential (shard_buckets=True) vs zero_no_overlap on loopback: no clear difference at 1, 4 MB buckets." in lines
 
 
 def test_a_single_repeat_is_never_called():

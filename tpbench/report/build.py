@@ -88,20 +88,27 @@ def _description(run: store.Loaded) -> str:
 
 def _headlines(page: Page, data: ReportData, comparisons: dict[str, list[verdicts.Comparison]],
                conv: list[verdicts.ConvergenceVerdict], cross: list[verdicts.RunComparison]) -> None:
-    lines = verdicts.fastest_lines(data)
-    for kind_comps in comparisons.values():
-        by_run = {}
+    """The recommendation per setting, the headline comparison (interleaved against sequential,
+    PyTorch's hooks against ours, local SGD against DDP, runs against runs) in the open; the
+    comparisons against zero_no_overlap folded below them, one click away."""
+    secondary = {k.key for k in verdicts.ZERO_KINDS[1:]}
+    lines, more = verdicts.fastest_lines(data), []
+    for key, kind_comps in comparisons.items():
+        by_run: dict[str, list[verdicts.Comparison]] = {}
         for c in kind_comps:
             by_run.setdefault(c.run_id, []).append(c)
         for run_id, cs in by_run.items():
-            lines += verdicts.group_sentences(cs, prefix=f"[{data.tags[run_id]}] " if data.multi else "")
+            (more if key in secondary else lines).extend(
+                verdicts.group_sentences(cs, prefix=f"[{data.tags[run_id]}] " if data.multi else ""))
     keys = [k for k in data.context_keys if k not in verdicts.LOCALSGD_KIND.sides]
     lines += [(f"[{data.tags[v.comparison.run_id]}] " if data.multi else "") + verdicts.convergence_sentence(v, keys) for v in conv]
     lines += verdicts.across_runs_lines(data, cross)
-    if not lines:
+    if not lines and not more:
         return
     page.heading("Verdicts", anchor="verdicts")
     page.bullets(lines, css="verdicts")
+    if more:
+        page.details_list(f"{len(more)} more: each ZeRO hook against zero_no_overlap", more)
     notes = "Intervals: 95% bootstrap over repeats; a difference is called only when its interval excludes no change."
     if any(comparisons.get(k.key) for k in verdicts.ZERO_KINDS):
         notes += " " + "; ".join(f"{short} = {name}" for name, short in verdicts.SHORT.items()) + "."

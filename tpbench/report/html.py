@@ -86,9 +86,6 @@ class Page:
         c = f' class="{esc(css)}"' if css else ""
         self.parts.append(f"<ul{c}>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>")
 
-    def preformatted(self, text: str) -> None:
-        self.parts.append(f"<pre>{esc(text)}</pre>")
-
     def table(self, df: pd.DataFrame, float_format: str = "{:.3g}", scroll: bool = False) -> None:
         """A DataFrame as an escaped HTML table; long tables scroll inside a box."""
         fmt = {c: (lambda v, f=float_format: _cell(v, f)) for c in df.columns}
@@ -98,6 +95,11 @@ class Page:
     def details(self, summary: str, text: str) -> None:
         """Long text (a log tail, the suite file) folded away until clicked."""
         self.parts.append(f"<details><summary>{esc(summary)}</summary><pre>{esc(text)}</pre></details>")
+
+    def details_list(self, summary: str, items: list[str]) -> None:
+        """Bullets folded away until clicked."""
+        lis = "".join(f"<li>{esc(i)}</li>" for i in items)
+        self.parts.append(f'<details><summary>{esc(summary)}</summary><ul class="verdicts">{lis}</ul></details>')
 
     def link(self, href: str, text: str) -> str:
         return f'<a href="{esc(href)}">{esc(text)}</a>'
@@ -121,7 +123,7 @@ class Page:
     def render(self) -> str:
         nav = ""
         if self.toc:
-            nav = '<nav class="toc">' + "".join(f'<a href="#{esc(a)}">{esc(t)}</a>' for a, t in self.toc) + "</nav>"
+            nav = '<nav class="toc">' + " ".join(f'<a href="#{esc(a)}">{esc(t)}</a>' for a, t in self.toc) + "</nav>"
         body = list(self.parts)
         # The table of contents goes after the title block (the first heading and its run lines).
         at = next((i for i, p in enumerate(body) if p.startswith("<h2")), len(body))

@@ -70,8 +70,8 @@ def heatmaps(page: Page, data: ReportData, comparisons: dict[str, list[Compariso
 def _heatmap(data: ReportData, key: str, cs: list[Comparison]) -> go.Figure:
     rows = []
     for c in cs:
-        rest = [k for k in c.context if k != "bucket_cap_mb"]
-        y = context_text(c.context, rest) or "all"
+        shared = context_text(c.context, [k for k in c.context if k != "bucket_cap_mb"])
+        y = ", ".join(filter(None, [shared, *(f"{k}={v}" for k, v in c.variant.items())])) or "all"
         rows.append({
             "x": f"{c.context['bucket_cap_mb']:g} MB" if "bucket_cap_mb" in c.context else "all",
             "bucket": c.context.get("bucket_cap_mb", 0),

@@ -99,11 +99,18 @@ class Comparison:
     run_id: str
     candidate: dict[str, Any]
     baseline: dict[str, Any]
-    context: dict[str, Any]
+    context: dict[str, Any]  # the parameters both sides share (matched on)
+    variant: dict[str, Any]  # candidate parameters the baseline lacks, e.g. shard_buckets against zero_no_overlap
     ratio: float
     lo: float
     hi: float
     repeats: int  # the fewer repeats of the two sides
+
+    @property
+    def name(self) -> str:
+        """The candidate in words: "sequential", or "sequential (shard_buckets=True)"."""
+        extra = ", ".join(f"{k}={v}" for k, v in self.variant.items())
+        return f"{self.kind.candidate} ({extra})" if extra else self.kind.candidate
 
     @property
     def verdict(self) -> str:
@@ -129,6 +136,7 @@ def compare(data: ReportData, kind: Kind) -> list[Comparison]:
             continue
         keys = [k for k in data.context_keys if k not in kind.sides
                 and any(_present(r.get(k)) for r in cands) and any(_present(r.get(k)) for r in bases)]
+        variant = [k for k in data.context_keys if k not in kind.sides and k not in keys and any(_present(r.get(k)) for r in cands)]
         by_key: dict[str, list[dict[str, Any]]] = {}
         for b in bases:
             by_key.setdefault(_key(b, keys), []).append(b)
@@ -136,7 +144,8 @@ def compare(data: ReportData, kind: Kind) -> list[Comparison]:
             for b in by_key.get(_key(c, keys), []):
                 base_reps, cand_reps = _repeats(b), _repeats(c)
                 ratio, lo, hi = ratio_ci(base_reps, cand_reps)
-                out.append(Comparison(kind, run_id, c, b, {k: c.get(k) for k in keys}, ratio, lo, hi,
+                out.append(Comparison(kind, run_id, c, b, {k: c.get(k) for k in keys},
+                                      {k: c.get(k) for k in variant if _present(c.get(k))}, ratio, lo, hi,
                                       min(len(base_reps), len(cand_reps))))
     return out
 
@@ -186,7 +195,7 @@ def change_text(c: Comparison) -> str:
 def sentence(c: Comparison, keys: list[str]) -> str:
     ctx = context_text(c.context, keys)
     ctx = f" {ctx}" if ctx else ""
-    name, base = c.kind.candidate, c.kind.baseline
+    name, base = c.name, c.kind.baseline
     if c.verdict in ("faster", "slower"):
         return f"{name} is {change_text(c)} than {base}{ctx}."
     return f"{name} vs {base}{ctx}: {change_text(c)}."
@@ -198,7 +207,7 @@ def group_sentences(comparisons: list[Comparison], prefix: str = "") -> list[str
     at 4 MB); sequential wins at 25 MB (by 5% [2%, 9%])")."""
     groups: dict[tuple, list[Comparison]] = {}
     for c in comparisons:
-        rest = tuple((k, json.dumps(v, default=str)) for k, v in c.context.items() if k != "bucket_cap_mb")
+        rest = tuple((k, json.dumps(v, default=str)) for k, v in (c.context | c.variant).items() if k != "bucket_cap_mb")
         groups.setdefault((c.kind.key, c.run_id, rest), []).append(c)
     lines = []
     for group in groups.values():
@@ -209,7 +218,7 @@ def group_sentences(comparisons: list[Comparison], prefix: str = "") -> list[str
         rest_keys = [k for k in keys if k != "bucket_cap_mb"]
         ctx = context_text(group[0].context, rest_keys)
         ctx = f" {ctx}" if ctx else ""
-        name, base = group[0].kind.candidate, group[0].kind.baseline
+        name, base = group[0].name, group[0].kind.baseline
         parts = []
         faster = sorted((c for c in group if c.verdict == "faster"), key=lambda c: c.ratio)
         slower = sorted((c for c in group if c.verdict == "slower"), key=lambda c: -c.ratio)
@@ -242,6 +251,12 @@ def _sizes(cs: list[Comparison], of: list[Comparison]) -> str:
     return ", ".join(f"{s:g}" for s in sizes) + " MB buckets"
 
 
+def _knobs(row: dict[str, Any], data: ReportData) -> str:
+    """A case by what the user would set: the algorithm and its tuning parameters (the setting is already said)."""
+    knobs = [f"{k}={row[k]}" for k in data.context_keys if k in TUNING_KEYS - {"impl"} and _present(row.get(k))]
+    return " ".join([row["algo"], *knobs])
+
+
 def fastest_lines(data: ReportData) -> list[str]:
     """Per run and setting: the fastest case, its interval, and how sure we are that it beats the runner-up."""
     done = data.done
@@ -254,17 +269,17 @@ def fastest_lines(data: ReportData) -> list[str]:
         best = grp.iloc[0].to_dict()
         where = context_text(best, setting)
         head = f"[{best['run']}] " if data.multi else ""
-        line = (f"{head}Fastest{' ' + where if where else ''}: {best['label']} at {best['median_ms']:.3g} ms/step "
+        line = (f"{head}Fastest{' ' + where if where else ''}: {_knobs(best, data)} at {best['median_ms']:.3g} ms/step "
                 f"[{best['ci_lo_ms']:.3g}, {best['ci_hi_ms']:.3g}]")
         if len(grp) > 1:
             second = grp.iloc[1].to_dict()
             ratio, lo, hi = ratio_ci(_repeats(second), _repeats(best))
             if min(len(_repeats(best)), len(_repeats(second))) < 2:
-                line += f"; runner-up {second['label']} (one repeat: no interval)"
+                line += f"; runner-up {_knobs(second, data)} (one repeat: no interval)"
             elif hi < 1:
-                line += f", {_pct(1 - ratio)} [{_pct(1 - hi)}, {_pct(1 - lo)}] faster than the runner-up {second['label']}"
+                line += f", {_pct(1 - ratio)} [{_pct(1 - hi)}, {_pct(1 - lo)}] faster than the runner-up {_knobs(second, data)}"
             else:
-                line += (f", not clearly ahead of the runner-up {second['label']} "
+                line += (f", not clearly ahead of the runner-up {_knobs(second, data)} "
                          f"({_signed(ratio, lo, hi)} step time)")
         lines.append(line + ".")
     return lines
