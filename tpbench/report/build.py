@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from tpbench import store
-from tpbench.report import convergence, performance, telemetry, timelines, verdicts
+from tpbench.report import convergence, interconnect, performance, telemetry, timelines, verdicts
 from tpbench.report.data import ReportData, load
 from tpbench.report.html import Page, esc, plain_templates
 
@@ -53,6 +53,7 @@ def _page(data: ReportData, runs: list[store.Loaded], out_dir: Path) -> Page:
     _environment(page, data)
     performance.step_time(page, data)
     performance.heatmaps(page, data, comparisons)
+    interconnect.sections(page, data.runs)
     convergence.section(page, data, conv)
     timelines.overlap(page, data)
     timelines.gantt(page, data)

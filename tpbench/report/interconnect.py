@@ -92,7 +92,8 @@ def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None) -> 
 
 
 def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fabric], suffix: str, anchor: str) -> None:
-    if run.steps.empty:
+    # A run traced nothing (profiler_steps = 0): no section, rather than one saying there is nothing.
+    if run.steps.empty or not any(store.traces(run.run_dir, cid) for cid in run.meta["cases"]):
         return
     try:
         result = whatif.run_whatif(run, fabrics)
