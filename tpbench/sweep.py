@@ -14,7 +14,7 @@ from typing import Iterable
 from tpbench import store
 import pandas as pd
 
-from tpbench.analysis import bandwidth, convergence, overlap, timeline
+from tpbench.analysis import bandwidth, convergence, overlap, timeline, whatif
 from tpbench.analysis.stats import slowest_rank, summarize
 from tpbench.environment import fingerprint
 from tpbench.interconnect import InterconnectUnavailable, check_available, reap_stale_namespaces, resolve
@@ -148,6 +148,7 @@ def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:
         store.write_case_table(run_dir, cid, "intervals", tl.intervals)
         store.write_case_table(run_dir, cid, "overlap", per_step)
         store.write_case_table(run_dir, cid, "collectives", bandwidth.collective_bandwidth(tl.intervals))
+        store.write_case_table(run_dir, cid, "marks", whatif.marks_table([whatif.read_marks(p) for p in paths]))
         if per_step.empty:
             continue
         totals = overlap.overlap_totals(per_step, by=())

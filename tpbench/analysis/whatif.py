@@ -353,6 +353,35 @@ def read_marks(path: str | Path) -> TraceMarks:
     return TraceMarks(int(rank), steps, sorted(issues), sorted(zero))
 
 
+_MARK_KINDS = ("step", "issue", "zero_step")
+
+
+def marks_table(marks: Sequence[TraceMarks]) -> pd.DataFrame:
+    """Several ranks' marks as one DataFrame, so the store can keep them beside the intervals and
+    a report never has to reopen a trace: columns rank, kind (step|issue|zero_step), tid,
+    start_ns, end_ns, index (step number or bucket), collective."""
+    rows = []
+    for m in marks:
+        rows += [(m.rank, "step", tid, s, e, step, None) for step, tid, s, e in m.steps]
+        rows += [(m.rank, "issue", tid, s, e, -1, coll) for tid, s, e, coll in m.issues]
+        rows += [(m.rank, "zero_step", tid, s, e, bucket, None) for tid, s, e, bucket in m.zero_steps]
+    return pd.DataFrame(rows, columns=["rank", "kind", "tid", "start_ns", "end_ns", "index", "collective"])
+
+
+def marks_from_table(table: pd.DataFrame) -> list[TraceMarks]:
+    """Inverse of ``marks_table``."""
+    out = []
+    for rank, g in table.groupby("rank", sort=True):
+        by = {k: g[g["kind"] == k] for k in _MARK_KINDS}
+        out.append(TraceMarks(
+            int(rank),
+            sorted(zip(by["step"]["index"].astype(int), by["step"]["tid"].astype(int), by["step"]["start_ns"].astype(int), by["step"]["end_ns"].astype(int))),
+            sorted(zip(by["issue"]["tid"].astype(int), by["issue"]["start_ns"].astype(int), by["issue"]["end_ns"].astype(int), by["issue"]["collective"])),
+            sorted(zip(by["zero_step"]["tid"].astype(int), by["zero_step"]["start_ns"].astype(int), by["zero_step"]["end_ns"].astype(int), by["zero_step"]["index"].astype(int))),
+        ))
+    return out
+
+
 def _rank_step_ops(marks: TraceMarks, step: tuple[int, int, int, int], intervals: pd.DataFrame) -> tuple[list[Op], list[tuple[Key, float | None]]]:
     """One rank's ops for one step and its collectives (key, bytes) in issue order."""
     _, tid, s0, s1 = step
@@ -519,13 +548,13 @@ class CaseModel:
 
 
 def case_model(run_dir: Path, case_id: str, params: Mapping[str, Any], step_rows: pd.DataFrame) -> CaseModel:
-    """Load one finished case's traces and tables from the store and calibrate it."""
-    paths = store.traces(run_dir, case_id)
+    """Load one finished case's analysed tables (intervals, overlap, marks) from the store and calibrate it."""
     intervals = store.read_case_table(run_dir, case_id, "intervals")
     overlap = store.read_case_table(run_dir, case_id, "overlap")
-    if not paths or intervals is None:
-        raise ValueError(f"case {case_id} has no traces (profiler_steps = 0?)")
-    skels = skeletons([read_marks(p) for p in paths], intervals)
+    marks = store.read_case_table(run_dir, case_id, "marks")
+    if intervals is None or marks is None:
+        raise ValueError(f"case {case_id} has no analysed traces (profiler_steps = 0, or a run older than its marks table)")
+    skels = skeletons(marks_from_table(marks), intervals)
     if not skels:
         raise ValueError(f"case {case_id}: no profiled step common to all ranks")
     path = fit_host_path(skels, overlap)
