@@ -45,8 +45,8 @@ def worker_processes(run_dir: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("smoke")
-    proc = tpbench("sweep", str(REPO / "suites" / "smoke.toml"), "--out", str(tmp / "results"),
-                   "--reports-dir", str(tmp / "reports"), cwd=tmp)
+    # Relative --out, as `make sweep` uses: rank processes must still find the run's files.
+    proc = tpbench("sweep", str(REPO / "suites" / "smoke.toml"), "--out", "results", "--reports-dir", "reports", cwd=tmp)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return tmp, only_run(tmp / "results"), proc
 

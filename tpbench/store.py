@@ -128,7 +128,8 @@ class Run:
     @classmethod
     def create(cls, root: Path, suite_name: str, suite_path: str, suite_text: str,
                cases: list[dict[str, Any]], environment: dict[str, Any]) -> Run:
-        root = Path(root)
+        # Absolute: rank processes get file:// rendezvous paths and plan paths from it.
+        root = Path(root).resolve()
         check_writable(root)
         while True:
             run_id = new_run_id()
@@ -152,7 +153,7 @@ class Run:
 
     @classmethod
     def open(cls, run_dir: Path) -> Run:
-        run_dir = Path(run_dir)
+        run_dir = Path(run_dir).resolve()
         return cls(run_dir, read_run_json(run_dir))
 
     def save(self) -> None:
