@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -79,17 +80,66 @@ def _summary_table(loaded) -> Table:
     return t
 
 
+def _torchrun(args: argparse.Namespace):
+    """The torchrun launcher the arguments ask for (None: local); a usage error as ``SystemExit``."""
+    from tpbench.launch import Torchrun
+
+    given = [f for f, v in (("--nnodes", args.nnodes), ("--nproc-per-node", args.nproc_per_node),
+                            ("--rdzv-endpoint", args.rdzv_endpoint), ("--agent-prefix", args.agent_prefix)) if v is not None]
+    if args.launcher != "torchrun":
+        # On --resume, --print alone reuses the run's own torchrun settings.
+        if given or (args.print_only and not args.resume):
+            _usage(f"{', '.join(given or ['--print'])}: only with --launcher torchrun")
+        return None
+    launcher = Torchrun(nnodes=args.nnodes or 1, nproc_per_node=args.nproc_per_node, rdzv_endpoint=args.rdzv_endpoint,
+                        agent_prefix=tuple(shlex.split(args.agent_prefix or "")))
+    if launcher.problem():
+        _usage(launcher.problem())
+    if launcher.nnodes > 1 and not launcher.agent_prefix and not args.print_only:
+        _usage(f"--nnodes {launcher.nnodes} starts agents on {launcher.nnodes} machines: give --agent-prefix "
+               "(e.g. 'srun --ntasks-per-node=1 --kill-on-bad-exit=1') to start them from here, or --print to start them yourself")
+    return launcher
+
+
+def _usage(message: str) -> None:
+    console.print(f"tpbench sweep: error: {message}", soft_wrap=True, markup=False)
+    raise SystemExit(EXIT_USAGE)
+
+
+def _print_worlds(run, cases: list, launcher) -> int:
+    """``--print``: the command(s) to start on every node, then how to record what they did."""
+    from tpbench import sweep
+
+    worlds = sweep.print_worlds(run, cases, launcher)
+    where = "on this machine" if launcher.nnodes == 1 else f"on each of the {launcher.nnodes} nodes, at the same time"
+    if launcher.agent_prefix:
+        where = "once (the prefix starts one agent per node)"
+    for w in worlds:
+        env = [f"{k}={v}" for k, v in sorted(w.env.items())]
+        out.print(f"# world {w.world} ({w.plan}): run {where}", soft_wrap=True)
+        out.print(shlex.join(["env", *env, *w.command]), soft_wrap=True, highlight=False, markup=False)
+    if len(worlds) > 1:
+        out.print("# run the worlds one after another", soft_wrap=True)
+    out.print(f"# when every torchrun has exited, record the results (and run what is missing):\n"
+              f"tpbench sweep --resume {shlex.quote(str(run.dir))}", soft_wrap=True, markup=False)
+    return EXIT_OK
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from tpbench import report, store, sweep
     from tpbench.suite import varying_keys
 
+    launcher = _torchrun(args)
     if args.resume:
         run, cases = sweep.reopen(args.resume)
-        if not cases:
+        launcher = launcher if args.launcher else sweep.launcher_of(run)
+        if args.print_only and launcher is None:
+            _usage(f"--print: {run.dir} runs with the local launcher; add --launcher torchrun")
+        if not cases and (run.dir / store.SUMMARY_FILE).exists():
             console.print(f"Nothing to resume: every case of {run.dir} is done.")
             return EXIT_OK
     else:
-        prepared = sweep.prepare(args.suite, args.set, args.filter)
+        prepared = sweep.prepare(args.suite, args.set, args.filter, launcher)
         cases = prepared.cases
         if not cases:
             console.print("[yellow]No case matches the filters.[/]")
@@ -103,8 +153,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 t.add_row(c.case_id, c.label(keys), f"{c.world_size}×{c.backend}/{c.device} {c.interconnect}", f"{c.repeats}×{c.steps}")
             out.print(t)
             return EXIT_OK
-        run = sweep.start(prepared, args.out)
+        run = sweep.start(prepared, args.out, launcher)
     console.print(f"Run directory: {run.dir}")
+    if args.print_only:
+        return _print_worlds(run, cases, launcher)
     done = set()
     for c in cases:
         done |= {(c.case_id, r) for r in store.finished_repeats(run.dir, c.case_id)}
@@ -113,7 +165,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     try:
         with listener.progress:
-            sweep.execute(run, cases, listener)
+            sweep.execute(run, cases, listener, launcher)
     except KeyboardInterrupt:
         console.print(f"\n[yellow]Interrupted.[/] Finished cases are kept. Resume with:\n  tpbench sweep {args.suite or ''} --resume {run.dir}")
         return EXIT_INTERRUPTED
@@ -267,6 +319,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     p.add_argument("--report", type=Path, metavar="FILE", help="report path (default: reports/<suite>-<run_id>.html)")
     p.add_argument("--reports-dir", type=Path, default=Path("reports"), help=argparse.SUPPRESS)
+    t = p.add_argument_group("torchrun (multi-node; the results root must be on a filesystem every node sees)")
+    t.add_argument("--launcher", choices=("local", "torchrun"),
+                   help="start the ranks here (local, the default) or each world as a torchrun job; --resume reuses the run's")
+    t.add_argument("--nnodes", type=int, help="nodes per world (default: 1)")
+    t.add_argument("--nproc-per-node", type=int, help="ranks per node (default: the world size / --nnodes)")
+    t.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                   help="c10d rendezvous on the first node (needed with --nnodes > 1; default: torchrun --standalone)")
+    t.add_argument("--agent-prefix", metavar="CMD",
+                   help="command that starts one torchrun agent per node, e.g. 'srun --ntasks-per-node=1 --kill-on-bad-exit=1'")
+    t.add_argument("--print", dest="print_only", action="store_true",
+                   help="write the plans and print the torchrun command(s) to run on every node, then exit; "
+                        "`--resume RUN_DIR` afterwards records what they did")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("report", help="write the HTML report of one run, or compare several")

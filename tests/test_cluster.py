@@ -1,0 +1,270 @@
+"""tpbench under torchrun, with one machine standing in for a cluster.
+
+The integration tests start two torchrun agents per world ("nodes", through ``fake_srun.py``, which
+plays ``srun --kill-on-bad-exit=1``) meeting at a c10d rendezvous on 127.0.0.1, exactly as
+``--agent-prefix 'srun ...'`` does on Slurm. They check that a sweep runs the same cases as the local
+launcher, that post-local SGD's node subgroups are the two agents' ranks, that every node is
+recorded, and that a rank killed (or hung) on the second node fails only its case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+from tpbench import cli, store, sweep
+from tpbench.algorithms import node_subgroups
+from tpbench.interconnect import InterconnectUnavailable
+from tpbench.launch import EventFiles, Torchrun, torchrun_failures
+from tpbench.suite import Machine, SuiteError, expand, parse
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE_SRUN = f"{shlex.quote(sys.executable)} {shlex.quote(str(REPO / 'tests' / 'fake_srun.py'))} 2"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tpbench_sweep(*args: str) -> int:
+    """``tpbench sweep ARGS`` in this process, returning its exit code: a fresh interpreter would
+    spend longer importing torch than the worlds here spend measuring."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["sweep", *args])
+    return e.value.code
+
+
+def two_nodes(nproc_per_node: int) -> list[str]:
+    """``tpbench sweep`` arguments for worlds of two torchrun agents on this machine."""
+    return ["--launcher", "torchrun", "--nnodes", "2", "--nproc-per-node", str(nproc_per_node),
+            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--agent-prefix", FAKE_SRUN]
+
+
+def only_run(root: Path) -> Path:
+    runs = list(store.iter_runs(root))
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def worker_processes(run_dir: Path) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", f"tpbench.worker {run_dir}"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+# --- layout rules, commands and reports (no processes) ------------------------------------------
+
+LOCALSGD = '[defaults]\nalgorithm = "post_localSGD_hook"\nstart_localSGD_iter = 2\nbackend = "gloo"\ndevice = "cpu"\n'
+
+
+def test_auto_sizes_follow_the_torchrun_layout():
+    machine = Machine(gpus=0, nnodes=2, nproc_per_node=2)
+    (case,) = expand(parse(LOCALSGD), machine)
+    assert (case.world_size, case.ranks_per_node) == (4, 2)
+    # Smaller emulated nodes inside each real one are allowed.
+    (case,) = expand(parse(LOCALSGD + "ranks_per_node = 1\n"), machine)
+    assert case.ranks_per_node == 1
+    # Without --nproc-per-node the suite's size is split over the nodes.
+    (case,) = expand(parse(LOCALSGD + "world_size = 6\n"), Machine(gpus=0, nnodes=2))
+    assert (case.world_size, case.ranks_per_node) == (6, 3)
+
+
+@pytest.mark.parametrize("extra, machine, message", [
+    ("world_size = 2\n", Machine(0, 2, 2), 'world_size: expected "auto" or 4 (--nnodes 2 x --nproc-per-node 2) under torchrun, got 2'),
+    ("world_size = 3\n", Machine(0, 2), "world_size: expected a multiple of --nnodes 2 under torchrun, got 3"),
+    ("ranks_per_node = 4\n", Machine(0, 2, 2), "ranks_per_node: expected \"auto\" or a divisor of the 2 ranks per node under torchrun"),
+])
+def test_layouts_torchrun_cannot_give_are_refused(extra, machine, message):
+    with pytest.raises(SuiteError) as e:
+        expand(parse(LOCALSGD + extra, "s.toml"), machine)
+    assert message in str(e.value)
+
+
+def test_node_subgroups_never_span_machines():
+    assert node_subgroups(((0, 1), (2, 3)), 2) == [[0, 1], [2, 3]]
+    assert node_subgroups(((0, 1), (2, 3)), 1) == [[0], [1], [2], [3]]
+    assert node_subgroups(((0, 1, 2, 3),), 2) == [[0, 1], [2, 3]]  # the local launcher's emulated nodes
+    with pytest.raises(ValueError, match="different machines"):
+        node_subgroups(((0, 1), (2, 3)), 4)
+
+
+def test_torchrun_commands():
+    plan = Path("/shared/run/plans/w0.json")
+    single = Torchrun().command(plan, 2, "id")
+    assert "--standalone" in single and single[-3:] == ["-m", "tpbench.worker", str(plan)]
+    assert single[single.index("--nproc-per-node") + 1] == "2"
+    assert single[single.index("--max-restarts") + 1] == "0"
+    multi = Torchrun(nnodes=2, rdzv_endpoint="node1:29500", agent_prefix=("srun", "--ntasks-per-node=1")).command(plan, 8, "run-w3")
+    assert multi[:2] == ["srun", "--ntasks-per-node=1"]
+    for flag, value in [("--nnodes", "2"), ("--nproc-per-node", "4"), ("--rdzv-backend", "c10d"),
+                        ("--rdzv-endpoint", "node1:29500"), ("--rdzv-id", "run-w3")]:
+        assert multi[multi.index(flag) + 1] == value
+    assert "needs --rdzv-endpoint" in Torchrun(nnodes=2).problem()
+
+
+def test_failure_reports_blame_the_killed_rank_over_the_ones_torchrun_stopped():
+    """Reports in torchrun's own format: the second agent saw rank 3 killed and stopped rank 2
+    itself (SIGTERM); the first saw rank 0 exit after a connection error."""
+    def report(failures: dict[int, tuple[int, int]]) -> str:
+        return ChildFailedError("tpbench.worker", {r: ProcessFailure(local, 1000 + r, code, "<N/A>")
+                                                   for r, (local, code) in failures.items()}).format_msg()
+
+    text = report({0: (0, 1)}) + "\n" + "\n".join("1: " + line for line in report({2: (0, -15), 3: (1, -9)}).splitlines())
+    assert torchrun_failures(text) == [(3, -9), (0, 1), (2, -15)]
+
+
+def test_event_files_are_followed_line_by_line(tmp_path):
+    events = EventFiles(tmp_path)
+    assert events.read() == []
+    (tmp_path / "rank1.jsonl").write_text('{"event": "error", "rank": 1}\n{"event": "x"')
+    assert events.read() == [{"event": "error", "rank": 1}]
+    with open(tmp_path / "rank1.jsonl", "a") as f:
+        f.write(', "rank": 1}\n')
+    (tmp_path / "rank0.jsonl").write_text('{"event": "world_ready"}\n')
+    assert events.read() == [{"event": "world_ready"}, {"event": "x", "rank": 1}]
+    assert events.read() == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nnodes", "2"], "--nnodes: only with --launcher torchrun"),
+    (["--launcher", "torchrun", "--nnodes", "2"], "--nnodes 2 needs --rdzv-endpoint"),
+    (["--launcher", "torchrun", "--nnodes", "2", "--rdzv-endpoint", "h:1"], "give --agent-prefix"),
+])
+def test_torchrun_usage_errors(argv, message, capsys, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["sweep", str(REPO / "suites" / "smoke.toml"), "--out", str(tmp_path), *argv])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # refused before a run directory exists
+
+
+def test_emulated_links_need_the_local_launcher(tmp_path):
+    launcher = Torchrun()
+    prepared = sweep.prepare(REPO / "suites" / "smoke.toml", ["interconnect=tcp-1gbit"], launcher=launcher)
+    with pytest.raises(InterconnectUnavailable, match="local launcher"):
+        sweep.start(prepared, tmp_path, launcher)
+
+
+def test_slurm_script_hands_the_allocation_to_torchrun(tmp_path):
+    """examples/slurm/sweep.sbatch with stand-ins for scontrol and tpbench: the allocation becomes
+    the torchrun settings tpbench accepts (rendezvous on the first node, a port per job)."""
+    shims = tmp_path / "bin"
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "activate").write_text(f'PATH="{shims}:$PATH"\n')
+    shims.mkdir()
+    for name, body in [("scontrol", 'printf "gpu-a\\ngpu-b\\n"'), ("tpbench", 'printf "%s\\n" "$@" > "$SLURM_SUBMIT_DIR/args"')]:
+        (shims / name).write_text(f"#!/bin/sh\n{body}\n")
+        (shims / name).chmod(0o755)
+    env = os.environ | {"SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_NODELIST": "gpu-[a-b]", "SLURM_JOB_NUM_NODES": "2",
+                        "SLURM_GPUS_ON_NODE": "4", "SLURM_JOB_ID": "1234"}
+    subprocess.run(["bash", str(REPO / "examples" / "slurm" / "sweep.sbatch"), "suites/zero.toml", "--set", "steps=50"],
+                   env=env, cwd=tmp_path, check=True)
+    args = cli.build_parser().parse_args((tmp_path / "args").read_text().splitlines())
+    assert cli._torchrun(args) == Torchrun(nnodes=2, nproc_per_node=4, rdzv_endpoint="gpu-a:29734",
+                                           agent_prefix=("srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"))
+    assert (args.suite, args.set, args.out) == ("suites/zero.toml", ["steps=50"], tmp_path / "results")
+
+
+# --- two agents x 2 ranks: smoke cases and post-local SGD over the two "nodes" ------------------
+
+@pytest.fixture(scope="module")
+def two_node_run(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("cluster")
+    code = tpbench_sweep(str(REPO / "suites" / "smoke.toml"), *two_nodes(2), "--out", str(tmp / "results"), "--no-report",
+                         "--set", "world_size=auto", "--set", 'algorithm=["ddp", "zero_no_overlap", "post_localSGD_hook"]',
+                         "--set", "start_localSGD_iter=2", "--set", "averaging_period=2")
+    assert code == 0
+    return only_run(tmp / "results")
+
+
+def test_smoke_cases_run_on_both_nodes_in_one_world(two_node_run):
+    loaded = store.load(two_node_run)
+    assert set(loaded.cases.status) == {"done"} and loaded.meta["status"] == "complete"
+    assert loaded.meta["launcher"]["name"] == "torchrun"
+    assert len(loaded.meta["worlds"]) == 1
+    for case in loaded.cases.to_dict("records"):
+        steps = loaded.steps[loaded.steps.case_id == case["case_id"]]
+        assert case["world_size"] == 4
+        assert set(steps["rank"]) == {0, 1, 2, 3}
+        assert len(steps) == case["repeats"] * 4 * (case["warmup_steps"] + case["steps"])
+        # Every node's ranks wrote their own traces.
+        assert [p.name for p in store.traces(two_node_run, case["case_id"])] == [f"rank{r}.json.gz" for r in range(4)]
+    assert sorted(p.name for p in (two_node_run / "events" / "w0").iterdir()) == [f"rank{r}.jsonl" for r in range(4)]
+
+
+def test_every_node_is_recorded(two_node_run):
+    meta = json.loads((two_node_run / "run.json").read_text())
+    assert [(n["node"], n["ranks"]) for n in meta["worlds"][0]["nodes"]] == [(0, [0, 1]), (1, [2, 3])]
+    nodes = meta["environment"]["nodes"]
+    assert [n["ranks"] for n in nodes] == [[0, 1], [2, 3]]
+    for n in nodes:
+        assert n["hostname"] == socket.gethostname()
+        assert n["fingerprint"]["cpu_count"] and n["fingerprint"]["torch"]
+
+
+def test_post_local_sgd_shares_gradients_within_each_node_only(two_node_run):
+    """After the switch each node all-reduces its own gradients: just before each averaging,
+    ranks of one node hold identical parameters (bit-identical norms) and the nodes differ."""
+    loaded = store.load(two_node_run)
+    cid = loaded.cases.loc[loaded.cases.algorithm == "post_localSGD_hook", "case_id"].item()
+    steps = loaded.steps[(loaded.steps.case_id == cid) & loaded.steps.param_norm_l2.notna()]
+    assert steps.step.nunique() >= 3
+    norms = steps.pivot_table(index=["repeat", "step"], columns="rank", values="param_norm_l2")
+    assert (norms[0] == norms[1]).all() and (norms[2] == norms[3]).all()
+    assert (norms[0] != norms[2]).all()
+    assert (steps.drift_max_l2 > 0).all()
+
+
+# --- failures under torchrun ----------------------------------------------------------------------
+
+def test_crash_and_hang_on_the_second_node_fail_only_their_cases(tmp_path):
+    suite = tmp_path / "faults.toml"
+    suite.write_text(
+        '[defaults]\nworld_size = "auto"\nbackend = "gloo"\ndevice = "cpu"\nbatch_size = 8\nwarmup_steps = 2\n'
+        'steps = 4\nrepeats = 1\ntimeout_s = 8\n[sweep]\nfault = ["none", "crash:1", "hang:1"]\n'
+        "[capture]\nprofiler_steps = 0\n[workloads.mlp]\nwidth = 32\ndepth = 2\n"
+    )
+    assert tpbench_sweep(str(suite), *two_nodes(1), "--out", str(tmp_path / "results"), "--no-report") == 1
+    run_dir = only_run(tmp_path / "results")
+    meta = json.loads((run_dir / "run.json").read_text())
+    by_fault = {c["params"]["fault"]: c for c in meta["cases"].values()}
+    assert by_fault["none"]["status"] == "done"
+    assert by_fault["crash:1"]["status"] == "failed"
+    assert by_fault["crash:1"]["error"] == "rank 1 was killed by SIGKILL"
+    assert "--- torchrun (last lines) ---" in by_fault["crash:1"]["detail"]
+    assert by_fault["hang:1"]["status"] == "failed"
+    assert by_fault["hang:1"]["error"].startswith("timed out after 8 s")
+    # The hang ran in a fresh torchrun job after the crash, and nothing is left running.
+    assert [w["launcher"] for w in meta["worlds"]] == ["torchrun", "torchrun"]
+    assert worker_processes(run_dir) == []
+
+
+# --- --print: the user starts torchrun, --resume records what it did -----------------------------
+
+def test_printed_command_runs_and_resume_records_it(tmp_path, capsys):
+    out = tmp_path / "results"
+    assert tpbench_sweep(str(REPO / "suites" / "smoke.toml"), "--launcher", "torchrun", "--nproc-per-node", "1", "--print",
+                         "--out", str(out), "--set", "world_size=auto", "--set", "repeats=1", "--filter", "algorithm=ddp") == 0
+    run_dir = only_run(out)
+    commands = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+    assert len(commands) == 2 and commands[1] == f"tpbench sweep --resume {run_dir}"
+    assert "--max-restarts 0" in commands[0] and "--standalone" in commands[0]
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "printed"
+
+    started = subprocess.run(shlex.split(commands[0]), capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert tpbench_sweep("--resume", str(run_dir), "--no-report") == 0
+    loaded = store.load(run_dir)
+    assert loaded.meta["status"] == "complete" and set(loaded.cases.status) == {"done"}
+    assert loaded.meta["worlds"][0]["ingested"]
+    assert isinstance(loaded.summary, pd.DataFrame) and len(loaded.summary) == 1
