@@ -373,7 +373,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", required=True, choices=("pytest-benchmark", "custom-smaller-is-better"))
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write here instead of stdout")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("whatif", help="project a run's step times onto other fabrics (α–β model), validated on its emulated links")
+    p.add_argument("run", type=Path, metavar="RUN_DIR")
+    p.add_argument("--fabric", action="append", default=[], metavar="NAME", help="project onto these fabrics only (default: all)")
+    p.add_argument("--fabrics", action="append", default=[], type=Path, metavar="FILE",
+                   help="TOML with [fabrics.NAME] latency_us, bandwidth_GBps (adds to or overrides the built-in table)")
+    p.add_argument("--reference", metavar="LINK", help="interconnect whose cases are modelled (default: loopback, else the run's first)")
+    p.set_defaults(func=cmd_whatif)
     return ap
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    from tpbench import store
+    from tpbench.analysis import whatif
+
+    fabrics = whatif.load_fabrics(args.fabrics)
+    unknown = [f for f in args.fabric if f not in fabrics]
+    if unknown:
+        console.print(f"tpbench whatif: error: unknown fabric(s) {', '.join(unknown)}; known: {', '.join(fabrics)}", markup=False)
+        return EXIT_USAGE
+    try:
+        result = whatif.run_whatif(store.load(args.run), {k: fabrics[k] for k in (args.fabric or fabrics)}, args.reference)
+    except ValueError as e:
+        _error(e)
+        return EXIT_RESULTS
+    keys = ("algorithm", "bucket_cap_mb", "shard_buckets", "batch_size")
+    labels = {m.case_id: " ".join(f"{k}={m.params[k]}" for k in keys if m.params.get(k) is not None) for m in result.models}
+    if len(result.validation):
+        t = Table(title=f"validation: emulated links predicted from {result.reference} "
+                        f"(mean |error| {result.mean_abs_error_pct():.1f}%)")
+        for col in ("reference case", "link", "measured ms [95% CI]", "predicted ms", "error"):
+            t.add_column(col, justify="left" if col in ("reference case", "link") else "right")
+        for r in result.validation.to_dict("records"):
+            t.add_row(labels[r["reference_case"]], r["interconnect"], f"{r['measured_ms']:.1f} [{r['ci_lo_ms']:.1f}, {r['ci_hi_ms']:.1f}]",
+                      f"{r['predicted_ms']:.1f}", f"{r['error_pct']:+.1f}%")
+        out.print(t)
+    t = Table(title=f"PROJECTED step time (ms): this machine's compute with each fabric's α–β communication")
+    t.add_column("case")
+    t.add_column(f"measured ({result.reference})", justify="right")
+    names = list(dict.fromkeys(result.projections["fabric"]))
+    for name in names:
+        t.add_column(name, justify="right")
+    for cid, grp in result.projections.groupby("case_id", sort=False):
+        ms = grp.set_index("fabric")["projected_ms"]
+        mark = "" if next(m for m in result.models if m.case_id == cid).representative else " (*)"
+        t.add_row(labels[cid] + mark, f"{grp['measured_ms'].iloc[0]:.1f}", *(f"{ms[n]:.1f}" for n in names))
+    out.print(t)
+    for m in result.models:
+        if not m.representative:
+            console.print(f"[yellow](*)[/] {labels[m.case_id]}: traced steps replay at {m.replay_ms:.0f} ms vs "
+                          f"{m.measured_ms:.0f} ms timed; its projections are less trustworthy (busy machine while tracing?)")
+    return EXIT_OK
 
 
 def _error(e: Exception) -> None:
