@@ -70,12 +70,13 @@ def test_summarize_long_sweep(benchmark) -> None:
 
 
 def test_gate_verdict_per_case(benchmark) -> None:
-    """One case's interval: 5 paired rounds of 10 repeats a side, 4000 bootstrap draws."""
+    """One case's interval against 5 stored baselines of 10 repeats: the two-stage bootstrap,
+    4000 draws, is the costly path of ``tpbench compare`` (a gate's paired t interval is not)."""
     rng = np.random.default_rng(0)
     base = [rng.lognormal(np.log(10), 0.05, 10) for _ in range(5)]
-    cand = [rng.lognormal(np.log(11), 0.05, 10) for _ in range(5)]
-    ratio, lo, hi = benchmark(hierarchical_ratio_ci, base, cand, paired=True)
-    assert lo < ratio < hi and lo > 1.0
+    cand = [rng.lognormal(np.log(11), 0.05, 10)]
+    ratio, lo, hi = benchmark(hierarchical_ratio_ci, base, cand)
+    assert lo < ratio < hi and ratio > 1.05
 
 
 @pytest.mark.skipif(not FIXTURE_TRACES.is_dir(), reason="no trace fixture in tests/fixtures/traces/gloo2")
