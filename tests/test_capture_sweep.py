@@ -21,7 +21,7 @@ from tpbench import store, sweep
 from tpbench.capture import NVML_FILE, nvml
 from tpbench.suite import expand, parse
 from tpbench.worker import CaseRunner, Events, Rank
-from tests.world import run_world
+from world import run_world
 
 SUITE = """
 [suite]

@@ -17,7 +17,7 @@ import pytest
 from tpbench.capture import transport
 from tpbench.capture.transport import GlooRank, NcclRank
 from tpbench.interconnect import resolve
-from tests.world import run_world
+from world import run_world
 
 LOGS = Path(__file__).parent / "fixtures" / "nccl_logs"
 
