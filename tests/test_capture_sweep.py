@@ -172,7 +172,7 @@ class _Recorder:
 
 
 def _sampled_case(rank: int, world_size: int, run_dir: str, case) -> list[tuple[str, dict]]:
-    from tests.test_nvml import FakeNvml
+    from test_nvml import FakeNvml
 
     ctrl = dist.new_group(backend="gloo")
     events = _Recorder()
