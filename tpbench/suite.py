@@ -400,6 +400,8 @@ def _check_combination(path: str, r: dict[str, Any], machine: Machine, suite: Su
         raise _fail(path, "world_size", f"expected at most {machine.gpus} NCCL ranks (one per GPU), got {r['world_size']}")
     if r["world_size"] % r["ranks_per_node"] != 0:
         raise _fail(path, "ranks_per_node", f"expected a divisor of world_size {r['world_size']}, got {r['ranks_per_node']}")
+    if r["slowdown_pct"] and r["warmup_steps"] < 1:
+        raise _fail(path, "slowdown_pct", "expected warmup_steps >= 1: the delay is calibrated on the warm-up steps")
     fault = r["fault"]
     if fault != "none":
         kind, _, rank = fault.partition(":")

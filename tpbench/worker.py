@@ -33,8 +33,8 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
+import socket
 import sys
 import time
 import traceback
@@ -234,7 +234,11 @@ class CaseRunner:
         t_start = time.perf_counter()
         for i in range(case.warmup_steps + case.steps):
             if i == case.warmup_steps:
-                delay_s = self._calibrated_delay(case, step_ms)
+                # A fixed delay from the warm-up: proportional to each step's own time, the ranks'
+                # delays would feed each other through the next collective and compound.
+                # The first warm-up step carries one-off costs (allocation, bucket rebuild): skip it.
+                calibration = step_ms[1:] or step_ms
+                delay_s = statistics.median(calibration) * case.slowdown_pct / 100 / 1e3 if case.slowdown_pct else 0.0
                 dist.barrier(group=self.ctrl)
             if faulty and i == case.warmup_steps + 1:
                 _inject(fault_kind)
@@ -242,7 +246,7 @@ class CaseRunner:
             timer.start()
             losses.append(train_step(training, workload, x, y))
             if delay_s:
-                time.sleep(delay_s)
+                _delay(delay_s)
             ms = timer.stop_ms()
             ends.append(time.perf_counter() - t_start)
             # Below this line nothing counts as step time.
@@ -290,12 +294,6 @@ class CaseRunner:
         if last:
             cap.transport = transport.observe(case.backend, self.rank.rank)
         return cap
-
-    def _calibrated_delay(self, case: Case, warmup_ms: list[float]) -> float:
-        """``slowdown_pct`` of the warm-up's median step, so gates can be tested against a known slowdown."""
-        if not case.slowdown_pct or not warmup_ms:
-            return 0.0
-        return statistics.median(warmup_ms) * case.slowdown_pct / 100 / 1e3
 
     def _gpu_memory(self) -> dict[str, float]:
         if self.device.type != "cuda":
@@ -349,6 +347,16 @@ def _evaluate(model: torch.nn.Module, workload, batches: list[tuple[torch.Tensor
     total = sum(float(workload.loss(module(x), y)) for x, y in batches)
     model.train(was_training)
     return total / len(batches)
+
+
+def _delay(seconds: float) -> None:
+    """``slowdown_pct``'s delay (test-only, for gates): sleep most of it, then spin to the
+    deadline, since a sleep alone wakes late on a busy machine."""
+    deadline = time.perf_counter() + seconds
+    if seconds > 2e-3:
+        time.sleep(seconds - 1e-3)
+    while time.perf_counter() < deadline:
+        pass
 
 
 def _inject(kind: str) -> None:

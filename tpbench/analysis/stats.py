@@ -83,6 +83,9 @@ def summarize(steps: pd.DataFrame, cases: pd.DataFrame) -> pd.DataFrame:
     rows = []
     per_step = slowest_rank(steps) if not steps.empty else pd.DataFrame(columns=["case_id", "repeat", "step", "step_ms"])
     by_case = dict(tuple(per_step.groupby("case_id"))) if not per_step.empty else {}
+    memory_cols = [c for c in ("peak_rss_mb", "peak_allocated_mb", "peak_reserved_mb") if c in steps]
+    # One groupby for every case's memory peaks: filtering the steps table per case is quadratic.
+    peaks = steps.groupby("case_id")[memory_cols].max().to_dict("index") if memory_cols and not steps.empty else {}
     for case in cases.to_dict("records"):
         row = dict(case)
         data = by_case.get(case["case_id"])
@@ -101,10 +104,7 @@ def summarize(steps: pd.DataFrame, cases: pd.DataFrame) -> pd.DataFrame:
                 "samples_per_s": case["batch_size"] * case["world_size"] / (median / 1e3),
                 "timed_steps": int(len(ms)),
             }
-            mine = steps[steps["case_id"] == case["case_id"]]
-            for col in ("peak_rss_mb", "peak_allocated_mb", "peak_reserved_mb"):
-                if col in mine:
-                    row[f"max_{col}"] = float(mine[col].max())
+            row |= {f"max_{col}": float(v) for col, v in peaks.get(case["case_id"], {}).items()}
         rows.append(row)
     return pd.DataFrame(rows)
 
