@@ -112,8 +112,11 @@ def test_interrupt_then_resume_runs_only_what_is_missing(tmp_path):
     defaults = tiny_suite('steps = [4, 3000]\nalgorithm = ["ddp", "zero_no_overlap"]').replace("steps = 4\n", "")
     suite.write_text(defaults)
     out = tmp_path / "results"
+    # A job started in the background by a shell (as CI may run us) inherits SIGINT ignored;
+    # give the sweep the disposition an interactive user's Ctrl-C would meet.
     p = subprocess.Popen([sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(out), "--no-report"],
-                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     run_dir = None
     while time.monotonic() < deadline:
