@@ -28,10 +28,8 @@ import contextlib
 import ctypes
 import dataclasses
 import datetime as _dt
-import gzip
 import json
 import os
-import shutil
 import signal
 import statistics
 import socket
@@ -45,10 +43,10 @@ from typing import Any, Callable, Iterator
 import pandas as pd
 import torch
 import torch.distributed as dist
-from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.profiler import record_function
 
 from tpbench import capture, store
-from tpbench.capture import nvml, transport
+from tpbench.capture import nvml, profiler, transport
 from tpbench.algorithms import ALGORITHMS, BuildContext, Training
 from tpbench.environment import fingerprint
 from tpbench.suite import Case
@@ -304,37 +302,14 @@ class CaseRunner:
         }
 
     def _profile(self, case: Case, training: Training, workload) -> tuple[nvml.ClockSync | None, list[nvml.Span]]:
-        """``profiler_steps`` traced steps after the timed ones; one gzipped Chrome trace per rank.
+        """``profiler_steps`` traced steps after the timed ones (see ``capture.profiler``)."""
 
-        Returns the offset between the NVML sampler's clock and this trace's clock (measured by a
-        probe range in the first traced step) and the profiled steps' spans for tagging samples.
-        ``repeat=1``: without it the schedule starts a new cycle after the active steps, and the
-        export (which covers only the last cycle) would hold no step at all.
-        """
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        def run_step(step: int) -> None:
+            x, y = workload.train_batch(step)
+            train_step(training, workload, x, y, profiled=True)
+
         out = store.trace_dir(self.run_dir, case.case_id) / f"rank{self.rank.rank}.json.gz"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        base = case.warmup_steps + case.steps
-        t_start, ends = time.perf_counter(), []
-        with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=case.profiler_steps, repeat=1),
-                     record_shapes=True) as prof:  # collective sizes (bytes) on Gloo ranges and c10d ops
-            for i in range(case.profiler_steps + 1):
-                if i == 1:
-                    brackets = nvml.clock_probe()
-                x, y = workload.train_batch(base + i)
-                train_step(training, workload, x, y, profiled=True)
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                ends.append(time.perf_counter() - t_start)
-                prof.step()
-        tmp = out.with_suffix(".tmp.json")
-        prof.export_chrome_trace(str(tmp))
-        with open(tmp, "rb") as src, gzip.open(out.with_name(out.name + ".part"), "wb", compresslevel=3) as dst:
-            shutil.copyfileobj(src, dst)
-        os.replace(out.with_name(out.name + ".part"), out)
-        tmp.unlink()
-        spans = nvml.step_spans(t_start, ends, 0, first_step=base, phase="profile")
-        return nvml.clock_sync(prof, brackets, out), spans
+        return profiler.trace_steps(run_step, case.profiler_steps, case.warmup_steps + case.steps, self.device, out)
 
 
 @torch.no_grad()

@@ -1,0 +1,55 @@
+"""The profiler window: a few traced steps per case, after its timed steps, one trace per rank.
+
+Tracing happens only here, after timing, so it never perturbs a timed step. The trace is the
+plain torch.profiler Chrome export (``distributedInfo`` included), gzipped, one file per rank in
+one folder: the layout Perfetto and Holistic Trace Analysis read unchanged.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from tpbench.capture import nvml
+
+
+def trace_steps(
+    run_step: Callable[[int], None], steps: int, first_step: int, device: torch.device, out: Path
+) -> tuple[nvml.ClockSync | None, list[nvml.Span]]:
+    """Run ``run_step(step)`` for one untraced warm-up step and ``steps`` traced ones; write ``out``.
+
+    Returns the offset between the NVML sampler's clock and this trace's clock (measured by probe
+    ranges in the first traced step) and the traced steps' spans, for tagging samples.
+    ``repeat=1``: without it the schedule starts a new cycle after the active steps, and the export
+    (which covers only the last cycle) would hold no step at all. ``record_shapes`` gives the
+    collectives' sizes (bytes) on Gloo ranges and c10d ops.
+    """
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t_start, ends = time.perf_counter(), []
+    window = schedule(wait=0, warmup=1, active=steps, repeat=1)
+    with profile(activities=activities, schedule=window, record_shapes=True) as prof:
+        for i in range(steps + 1):
+            if i == 1:
+                brackets = nvml.clock_probe()
+            run_step(first_step + i)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            ends.append(time.perf_counter() - t_start)
+            prof.step()
+    tmp = out.with_suffix(".tmp.json")
+    part = out.with_name(out.name + ".part")
+    prof.export_chrome_trace(str(tmp))
+    with open(tmp, "rb") as src, gzip.open(part, "wb", compresslevel=3) as dst:
+        shutil.copyfileobj(src, dst)
+    os.replace(part, out)
+    tmp.unlink()
+    spans = nvml.step_spans(t_start, ends, 0, first_step=first_step, phase="profile")
+    return nvml.clock_sync(prof, brackets, out), spans
