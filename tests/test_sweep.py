@@ -162,3 +162,19 @@ def test_unwritable_results_root_fails_before_running(tmp_path):
     proc = tpbench("sweep", str(REPO / "suites" / "smoke.toml"), "--out", str(blocker / "results"), "--no-report", cwd=tmp_path)
     assert proc.returncode == 3
     assert "not writable" in proc.stderr and str(blocker) in proc.stderr
+
+
+def test_a_world_that_cannot_start_is_retried_once_then_fails_its_cases_with_the_cause(tmp_path):
+    # A profile pointing Gloo at an interface that does not exist: every world dies starting up.
+    suite = tmp_path / "broken.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp", "zero_no_overlap"]', interconnect='"broken"')
+                     + '[interconnects.broken]\nbackend = "gloo"\nenv = { GLOO_SOCKET_IFNAME = "nonexistent0" }\n')
+    proc = tpbench("sweep", str(suite), "--out", str(tmp_path / "results"), "--no-report", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    run_dir = only_run(tmp_path / "results")
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert len(meta["worlds"]) == 2
+    assert {c["status"] for c in meta["cases"].values()} == {"failed"}
+    assert all(c["error"].startswith("rank") for c in meta["cases"].values()), meta["cases"]
+    assert any("nonexistent0" in (c.get("detail") or "") for c in meta["cases"].values())
+    assert worker_processes(run_dir) == []

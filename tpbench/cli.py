@@ -55,6 +55,8 @@ class SweepProgress:
             self.progress.advance(self.task)
         elif event == "case_end":
             self.done_cases += 1
+        elif event == "world_retry":
+            self.progress.console.print(Text.assemble(("world failed: ", "yellow"), f"{data['cause']}; trying a fresh one"))
         elif event == "case_failed":
             self.done_cases += 1
             label = self.labels.get(data["case"], data["case"])

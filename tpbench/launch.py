@@ -568,6 +568,7 @@ def run_group(run: store.Run, group: LaunchGroup, user_interconnects: dict[str, 
     cases = {c.case_id: c for c in group.cases}
     done = _done_repeats(run, group.cases)
     failed: set[str] = set()
+    retried = False
     while True:
         live = [c for c in group.cases if c.case_id not in failed]
         schedule = interleave(live, done)
@@ -583,8 +584,15 @@ def run_group(run: store.Run, group: LaunchGroup, user_interconnects: dict[str, 
                                   run.dir / "logs", rdzv_id=f"tpbench-{run.run_id}-{plan.world}")
             outcome = _supervise(world, cases, run, listener, ic)
         done |= outcome.completed
-        if outcome.cause is not None:
-            failed.update(_record_failure(run, outcome, live, listener))
+        if outcome.cause is None:
+            continue
+        if outcome.failed_case is None and not retried:
+            # No case to blame (the world died starting up or between cases): that may be the
+            # machine, not the cases, so try a fresh world once before failing them all.
+            retried = True
+            listener("world_retry", {"world": plan.world, "cause": outcome.cause})
+            continue
+        failed.update(_record_failure(run, outcome, live, listener))
 
 
 @dataclass(frozen=True)
