@@ -24,6 +24,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -175,6 +176,15 @@ class Run:
 
     def case_status(self) -> dict[str, str]:
         return {cid: c["status"] for cid, c in self.meta["cases"].items()}
+
+
+def suite_table(meta: dict[str, Any], table: str) -> dict[str, Any]:
+    """One table of the suite file a run was started from (``suite``, ``interconnects``, ...),
+    read back from the text kept in run.json; empty when the suite has no such table."""
+    try:
+        return tomllib.loads(meta["suite"]["text"]).get(table, {})
+    except tomllib.TOMLDecodeError:
+        return {}
 
 
 def check_writable(root: Path) -> None:

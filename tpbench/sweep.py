@@ -71,7 +71,7 @@ def launcher_of(run: store.Run) -> Torchrun | None:
 def print_worlds(run: store.Run, cases: list[Case], launcher: Torchrun) -> list[PrintedWorld]:
     """Plans and torchrun commands for the user to start (``--print``), one world per group of
     cases, to run one after another; ``reopen`` (``--resume``) later records what they did."""
-    user_ics = _suite_interconnects(run)
+    user_ics = store.suite_table(run.meta, "interconnects")
     printed = [print_group(run, group, user_ics, launcher) for group in group_cases(cases)]
     run.set_status("printed")
     return [p for p in printed if p is not None]
@@ -85,7 +85,7 @@ def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
     """
     run = store.Run.open(run_dir)
     cases = {cid: Case.from_params(entry["params"]) for cid, entry in run.meta["cases"].items()}
-    ingest_printed(run, cases, _suite_interconnects(run), lambda kind, ev: None)
+    ingest_printed(run, cases, store.suite_table(run.meta, "interconnects"), lambda kind, ev: None)
     todo = []
     for cid, entry in run.meta["cases"].items():
         if entry["status"] == store.DONE:
@@ -103,7 +103,7 @@ def execute(run: store.Run, cases: list[Case], listener: Listener, launcher: Tor
     else torchrun jobs). On Ctrl-C the run is marked interrupted and the case in flight goes back
     to pending (its finished repeats stay), so ``--resume`` picks it up."""
     reap_stale_namespaces()
-    user_ics = _suite_interconnects(run)
+    user_ics = store.suite_table(run.meta, "interconnects")
     t0 = time.monotonic()
     try:
         for group in group_cases(cases):
@@ -119,15 +119,6 @@ def execute(run: store.Run, cases: list[Case], listener: Listener, launcher: Tor
         run.save()
     failed = [cid for cid, s in run.case_status().items() if s == store.FAILED]
     run.set_status("complete" if not failed else "complete_with_failures")
-
-
-def _suite_interconnects(run: store.Run) -> dict:
-    import tomllib
-
-    try:
-        return tomllib.loads(run.meta["suite"]["text"]).get("interconnects", {})
-    except tomllib.TOMLDecodeError:
-        return {}
 
 
 def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:

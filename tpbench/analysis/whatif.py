@@ -663,7 +663,7 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
         models.append(model)
         targets = []
         for row in group[group["interconnect"] != reference].to_dict("records"):
-            ic = resolve(row["interconnect"], _suite_interconnects(loaded))
+            ic = resolve(row["interconnect"], store.suite_table(loaded.meta, "interconnects"))
             if ic.shaped:
                 targets.append((row["case_id"], row["interconnect"], ic.rate_bits_per_s, steps_by_case[row["case_id"]]))
         if targets:
@@ -671,9 +671,3 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
     validation = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=list(VALIDATION_COLUMNS))
     return RunWhatIf(reference, project(models, fabrics), validation, models)
 
-
-def _suite_interconnects(loaded: store.Loaded) -> dict:
-    try:
-        return tomllib.loads(loaded.meta["suite"]["text"]).get("interconnects", {})
-    except tomllib.TOMLDecodeError:
-        return {}

@@ -72,19 +72,10 @@ def _run_line(page: Page, data: ReportData, run: store.Loaded) -> None:
     meta = run.meta
     statuses = pd.Series([e["status"] for e in meta["cases"].values()]).value_counts().to_dict()
     counts = ", ".join(f"{n} {s}" for s, n in statuses.items())
-    desc = meta["suite"].get("description") or _description(run)
+    desc = meta["suite"].get("description") or store.suite_table(meta, "suite").get("description", "")
     tag = f"{data.tags[meta['run_id']]}: " if data.multi else ""
     page.paragraph(f"{tag}run {meta['run_id']} of suite {meta['suite']['name']} ({meta.get('status', '?')}; "
                    f"{len(meta['cases'])} cases: {counts}). {desc}", css="muted")
-
-
-def _description(run: store.Loaded) -> str:
-    import tomllib
-
-    try:
-        return tomllib.loads(run.meta["suite"]["text"]).get("suite", {}).get("description", "")
-    except tomllib.TOMLDecodeError:
-        return ""
 
 
 def _headlines(page: Page, data: ReportData, comparisons: dict[str, list[verdicts.Comparison]],
