@@ -116,16 +116,19 @@ def build_ddp(model: torch.nn.Module, ctx: BuildContext) -> Training:
     return Training(ddp, _step_and_zero(make_optimizer(ctx.case, ddp.parameters())))
 
 
-def build_zero_no_overlap(model: torch.nn.Module, ctx: BuildContext) -> Training:
-    ddp = _ddp(model, ctx)
-    zero = ZeroRedundancyOptimizer(
+def _zero(ddp: DDP, ctx: BuildContext, overlap_with_ddp: bool) -> ZeroRedundancyOptimizer:
+    return ZeroRedundancyOptimizer(
         ddp.parameters(),
         optimizer_class=OPTIMIZERS[ctx.case.optimizer](),
         process_group=ctx.process_group,
-        overlap_with_ddp=False,
+        overlap_with_ddp=overlap_with_ddp,
         lr=ctx.case.lr,
     )
-    return Training(ddp, _step_and_zero(zero))
+
+
+def build_zero_no_overlap(model: torch.nn.Module, ctx: BuildContext) -> Training:
+    ddp = _ddp(model, ctx)
+    return Training(ddp, _step_and_zero(_zero(ddp, ctx, overlap_with_ddp=False)))
 
 
 def _zero_hook_builder(interleaved: bool) -> Callable[[torch.nn.Module, BuildContext], Training]:
@@ -143,13 +146,7 @@ def _zero_hook_builder(interleaved: bool) -> Callable[[torch.nn.Module, BuildCon
             from tpbench import hooks as impl
         wrap = impl.hook_with_zero_step_interleaved if interleaved else impl.hook_with_zero_step
         ddp = _ddp(model, ctx)
-        zero = ZeroRedundancyOptimizer(
-            ddp.parameters(),
-            optimizer_class=OPTIMIZERS[ctx.case.optimizer](),
-            process_group=ctx.process_group,
-            overlap_with_ddp=True,
-            lr=ctx.case.lr,
-        )
+        zero = _zero(ddp, ctx, overlap_with_ddp=True)
         ddp.register_comm_hook(None, wrap(allreduce_hook, ddp, zero, shard_buckets=bool(ctx.case.shard_buckets)))
         return Training(ddp, lambda: zero.zero_grad(set_to_none=True))
 
