@@ -1,24 +1,32 @@
 #!/usr/bin/env bash
-# The one prepared GPU check (run on a machine with an NVIDIA GPU, from the repository root):
+# The one prepared GPU check, for a machine with an NVIDIA GPU and no package registry:
 #
-#   OUT=/tmp/gpu-out bash scripts/gpu_check.sh
+#   bash scripts/fetch_gpu_wheels.sh              # here: fills .whl/ (orjson, plotly and what plotly needs)
+#   OUT=/tmp/gpu-out bash scripts/gpu_check.sh    # there, from the repository root, with .whl/ carried along
 #
-# Exercises every GPU path tpbench has: ZeRO hooks on NCCL (world size 1) and on 2 Gloo ranks
-# sharing the GPU, with parity checks and step-time ratios against PyTorch's own hooks
-# (CUDA events); capture sweeps with CUDA kernels and memcpys in the traces, NVML sampling at the
-# configured rate and the sampler's overhead ratio. Uses the machine's own python3 and torch
-# (no install step: the device machine has no network); tpbench is imported from this tree.
+# Installs the carried wheels into a scratch folder (pip --target; unzipping them if pip is missing),
+# then runs scripts/gpu_check.py with the machine's own python3 and torch: every part in its own
+# process and time limit, the whole within BUDGET_S seconds (default 330). $OUT receives
+# gpu_check.json (every figure and check), one log per part and artifacts.tar.gz (traces, NCCL logs,
+# tables, the HTML report). Exit 0 when every check passed, 1 when one failed, 2 without CUDA.
+# REHEARSE=1 runs the same parts on CPU (Gloo, simulated NVML) to test the check itself; its figures
+# are not GPU measurements and the JSON says so.
 set -u
-export PYTHONPATH="$PWD:$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/.."
 PY=${PY:-python3}
-OUT=${OUT:-$(mktemp -d)}
+OUT=${OUT:-$(mktemp -d /tmp/gpu-out.XXXXXX)}
 mkdir -p "$OUT"
-status=0
-{ nvidia-smi; "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())"; } > "$OUT/machine.txt" 2>&1
-timeout 240 "$PY" scripts/gpu_zero_hooks.py > "$OUT/zero_hooks.log" 2>&1 || status=1
-timeout 300 "$PY" scripts/gpu_capture.py > "$OUT/capture.log" 2>&1 || status=1
-# Run directories stay on the machine; the JSON summaries and logs come back.
-find "$OUT" -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +
-tail -n 30 "$OUT"/*.log
-echo "gpu_check: exit $status"
-exit $status
+WORK=$(mktemp -d /tmp/tpbench-gpu-check.XXXXXX)
+SITE="$WORK/site"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  if ! "$PY" -m pip --version > /dev/null 2>&1; then
+    echo "gpu_check: $PY has no pip; unzipping the wheels of .whl/ instead" >&2
+    for w in .whl/*.whl; do "$PY" -m zipfile -e "$w" "$SITE"; done
+  elif ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl; then
+    echo "gpu_check: the wheels of .whl/ do not install for $PY (made for CPython 3.12); using its own packages" >&2
+  fi
+else
+  echo "gpu_check: no .whl/ folder (bash scripts/fetch_gpu_wheels.sh makes it); using the machine's packages only" >&2
+fi
+export PYTHONPATH="$PWD:$PWD/scripts:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+exec "$PY" scripts/gpu_check.py --out "$OUT" --work "$WORK" --budget-s "${BUDGET_S:-330}" ${REHEARSE:+--rehearse}

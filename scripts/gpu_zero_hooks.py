@@ -1,6 +1,6 @@
 """Check tpbench's ZeRO overlap hooks on an NVIDIA GPU and time them against PyTorch's.
 
-    .venv/bin/python scripts/gpu_zero_hooks.py          # results also go to $OUT/gpu_zero_hooks.json if OUT is set
+    python scripts/gpu_zero_hooks.py [--json FILE] [--rehearse]
 
 Two worlds, each started once:
 
@@ -11,15 +11,20 @@ Two worlds, each started once:
    the path where PyTorch's interleaved hook hangs, and the sequential ratio with PyTorch's Gloo
    check bypassed.
 
+Gloo moves every bucket through host memory, so its world times fewer rounds. ``--rehearse``
+runs both worlds on CPU with Gloo and a small model, to test this script without a GPU; its
+figures are not GPU measurements.
+
 Exit status: 0 when every parity check passes, 1 when one fails, 2 without CUDA.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
-import os
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,8 +35,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 PARITY_STEPS = 4
 PARITY_TOLERANCE = 1e-5
-TIMING = dict(width=2048, depth=8, batch_size=64, bucket_cap_mb=25.0, warmup=5, steps=5, rounds=40)
+TIMING = dict(width=2048, depth=8, batch_size=64, bucket_cap_mb=25.0, warmup=5, steps=5)
 """The timed model and schedule: ~34M parameters, a handful of 25 MB buckets."""
+REHEARSAL = dict(width=256, depth=4, batch_size=16, bucket_cap_mb=0.25, warmup=3, steps=2, rounds=3)
 
 
 def parity(rank: int, cfg: Config, interleaved: bool, shard_buckets: bool) -> dict[str, Any]:
@@ -88,22 +94,49 @@ def run(cfg: Config) -> dict[str, Any]:
     return {"parity": result["parity"], "timings": timings}
 
 
-def main() -> int:
-    if not torch.cuda.is_available():
+def worlds(rehearse: bool) -> dict[str, Config]:
+    if rehearse:
+        return {
+            "gloo_1rank_cpu": Config(backend="gloo", device="cpu", world_size=1, **REHEARSAL),
+            "gloo_2ranks_cpu": Config(backend="gloo", device="cpu", world_size=2, **REHEARSAL),
+        }
+    return {
+        "nccl_1rank": Config(backend="nccl", device="cuda", world_size=1, rounds=40, **TIMING),
+        "gloo_2ranks_one_gpu": Config(backend="gloo", device="cuda", world_size=2, rounds=12, **TIMING),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--rehearse", action="store_true", help="both worlds on CPU (tests the script, measures no GPU)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available() and not args.rehearse:
         print(
             f"gpu_zero_hooks: needs an NVIDIA GPU with CUDA; torch {torch.__version__} sees none "
             f"(torch.version.cuda={torch.version.cuda}). Nothing was run.",
             file=sys.stderr,
         )
         return 2
-    worlds = {
-        "nccl_1rank": Config(backend="nccl", device="cuda", world_size=1, **TIMING),
-        "gloo_2ranks_one_gpu": Config(backend="gloo", device="cuda", world_size=2, **TIMING),
+    results: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+        "rehearsal": args.rehearse,
     }
-    results: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
     ok = True
-    for name, cfg in worlds.items():
-        results[name] = run(cfg)
+    for name, cfg in worlds(args.rehearse).items():
+        t0 = time.monotonic()
+        try:
+            results[name] = run(cfg)
+        except Exception as e:  # noqa: BLE001 - the other world still runs; the error is reported
+            results[name] = {"error": f"{type(e).__name__}: {e}"}
+            ok = False
+            print(f"== {name}: FAILED\n{e}", flush=True)
+            continue
+        finally:
+            results[name]["seconds"] = round(time.monotonic() - t0, 1)
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=1))
         print(f"== {name}")
         for check in results[name]["parity"]:
             ok &= check["ok"]
@@ -118,13 +151,12 @@ def main() -> int:
             bypass = " (PyTorch's Gloo check bypassed)" if s["torch_gloo_check_bypassed"] else ""
             print(
                 f"  {hook:11s} step tpbench {ms['tpbench']:.2f} ms, torch {ms['torch']:.2f} ms, "
-                f"ratio {wall['ratio_median']:.3f} (95% CI {wall['ratio_ci95'][0]:.3f} .. {wall['ratio_ci95'][1]:.3f}){bypass}"
+                f"ratio {wall['ratio_median']:.3f} (95% CI {wall['ratio_ci95'][0]:.3f} .. {wall['ratio_ci95'][1]:.3f})"
+                f"{bypass}",
+                flush=True,
             )
-    if os.environ.get("OUT"):
-        path = Path(os.environ["OUT"]) / "gpu_zero_hooks.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=2))
-        print(f"results written to {path}")
+    if args.json:
+        print(f"results written to {args.json}")
     return 0 if ok else 1
 
 
