@@ -138,3 +138,35 @@ def test_observations_survive_the_event_pipe():
     obs = [_parse("shm.log"), _parse("shm.log", 1)]
     back = transport.from_dicts("nccl", json.loads(json.dumps([dataclasses.asdict(o) for o in obs])))
     assert transport.summarize(resolve("nccl-shm"), back)["mismatch"] is False
+
+
+def test_network_plugin_names_with_spaces_and_versions_are_kept_whole():
+    aws = _parse("aws_libfabric_two_nodes.log")
+    assert aws.network == "AWS Libfabric"
+    assert aws.transports == {"NET/AWS Libfabric": 4, "P2P": 2}
+    assert aws.modes["NET/AWS Libfabric/0/GDRDMA"] == 4
+    ibext = _parse("ibext_two_nodes.log", rank=1)
+    assert (ibext.network, ibext.nnodes) == ("IBext_v8", 2)
+    assert ibext.transports == {"P2P": 2, "NET/IBext_v8": 2}
+    assert transport.transport_family("NET/AWS Libfabric/0/GDRDMA") == "NET/AWS Libfabric"
+
+
+@pytest.mark.parametrize("log", ["aws_libfabric_two_nodes.log", "ibext_two_nodes.log", "ib_two_nodes.log"])
+@pytest.mark.parametrize("profile", ["nccl-p2p", "nccl-shm"])
+def test_any_network_plugin_is_accepted_between_nodes(profile, log):
+    verdict = transport.summarize(resolve(profile), [_parse(log)])
+    if profile == "nccl-shm":  # these logs use P2P inside the node: that alone contradicts nccl-shm
+        assert verdict["mismatch"] is True and verdict["reason"].endswith("shows P2P")
+    else:
+        assert verdict["mismatch"] is False, verdict["reason"]
+    assert verdict["nnodes"] == 2 and "NET/*" in verdict["expected"]
+
+
+def test_network_without_a_node_count_is_not_judged_as_one_node():
+    obs = _parse("two_nodes_no_nnodes.log")
+    assert obs.nnodes is None and obs.transports == {"NET/IB": 2, "P2P": 2} and obs.version == "2.7.8+cuda11.0"
+    verdict = transport.summarize(resolve("nccl-p2p"), [obs])
+    assert verdict["nnodes"] == "unknown"
+    assert verdict["mismatch"] is None and "not how many nodes" in verdict["reason"]
+    # What the log does place is still judged: P2P contradicts nccl-shm whatever the node count.
+    assert transport.summarize(resolve("nccl-shm"), [obs])["mismatch"] is True

@@ -89,15 +89,17 @@ _CHANNEL_RE = re.compile(
 )
 _COMM_RE = re.compile(r"\bcomm 0x[0-9a-fA-F]+ rank (?P<rank>\d+) nRanks (?P<nranks>\d+) nNodes (?P<nnodes>\d+)")
 _VERSION_RE = re.compile(r"NCCL version (?P<version>\S+)")
-_NETWORK_RE = re.compile(r"Using network (?P<net>\S+)")
+# Network names may hold spaces: "Using network AWS Libfabric" (AWS's EFA plugin), "Using network IBext_v8".
+_NETWORK_RE = re.compile(r"Using network (?P<net>.+?)\s*$")
 # "NET/Socket : Using [0]eth0:10.0.0.1<0> [1]eth1:…", "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE ; OOB eth0:…"
-_NET_DEVICES_RE = re.compile(r"NET/(?P<net>\w+)\s*:\s*Using\s+(?P<devs>.*?)(?:\s*;\s*OOB.*)?$")
+_NET_DEVICES_RE = re.compile(r"NET/(?P<net>\w[\w ]*?)\s*:\s*Using\s+(?P<devs>\[.*?)(?:\s*;\s*OOB.*)?$")
 _NET_DEVICE_RE = re.compile(r"\[\d+\]([^\s<]+)")
 
 
 def transport_family(via: str) -> str:
-    """``P2P/CUMEM/read`` → ``P2P``; ``NET/IB/0/GDRDMA`` → ``NET/IB``; ``SHM/direct/direct`` → ``SHM``."""
-    parts = via.split()[0].split("/")
+    """``P2P/CUMEM/read`` → ``P2P``; ``NET/IB/0/GDRDMA`` → ``NET/IB``; ``SHM/direct/direct`` → ``SHM``;
+    ``NET/AWS Libfabric/0/GDRDMA`` → ``NET/AWS Libfabric`` (a network plugin's name may hold spaces)."""
+    parts = via.strip().split("/")
     if parts[0] == "NET" and len(parts) > 1:
         return f"NET/{parts[1]}"
     return parts[0]
@@ -112,7 +114,7 @@ class NcclRank:
     version: str | None = None
     network: str | None = None  # "Using network Socket|IB|<plugin>"
     net_devices: tuple[str, ...] = ()
-    nnodes: int | None = None
+    nnodes: int | None = None  # None: the log has no nNodes line (NCCL before 2.12 wrote none)
     transports: dict[str, int] = field(default_factory=dict)  # family → connections
     modes: dict[str, int] = field(default_factory=dict)  # verbatim "via" text → connections
     error: str | None = None
@@ -262,11 +264,18 @@ def observe_gloo(rank: int, env: Mapping[str, str] = os.environ) -> GlooRank:
 # Per case: all ranks, compared with the profile
 
 
-def expected_nccl_families(ic: Interconnect, nnodes: int) -> frozenset[str] | None:
-    """Transport families a profile allows; None when it allows anything (nccl-default)."""
+ANY_NETWORK = "NET/*"
+"""In an expected set: any network family (NET/Socket, NET/IB, or a plugin's: NET/IBext_v8, NET/AWS Libfabric…)."""
+
+
+def expected_nccl_families(ic: Interconnect, nnodes: int | None) -> frozenset[str] | None:
+    """Transport families a profile allows; None when it allows anything (nccl-default).
+
+    ``nnodes``: None when no log says (then the one-node rule applies; ``summarize`` does not judge
+    network families it cannot place)."""
     allowed = _EXPECTED_FAMILIES.get(ic.name)
-    if allowed is not None and nnodes > 1 and ic.name in ("nccl-p2p", "nccl-shm"):
-        allowed = allowed | {"NET/Socket", "NET/IB"}  # between nodes only a network can carry it
+    if allowed is not None and (nnodes or 1) > 1 and ic.name in ("nccl-p2p", "nccl-shm"):
+        allowed = allowed | {ANY_NETWORK}  # between nodes only a network can carry it, whichever plugin
     forbidden = set()
     env = ic.env
     if env.get("NCCL_P2P_DISABLE") == "1":
@@ -289,16 +298,21 @@ def summarize(ic: Interconnect, ranks: Sequence[NcclRank | GlooRank]) -> dict[st
     errors = [f"rank {r.rank}: {r.error}" for r in ranks if r.error]
     if ic.backend == "nccl":
         families = sorted({f for r in ranks if isinstance(r, NcclRank) for f in r.transports})
-        nnodes = max((r.nnodes or 1 for r in ranks if isinstance(r, NcclRank)), default=1)
+        nnodes = max((r.nnodes for r in ranks if isinstance(r, NcclRank) and r.nnodes), default=None)
         expected = expected_nccl_families(ic, nnodes)
-        entry |= {"transports": families, "expected": sorted(expected) if expected is not None else None}
+        entry |= {"transports": families, "expected": sorted(expected) if expected is not None else None,
+                  "nnodes": nnodes if nnodes is not None else "unknown"}
         if errors:
             return entry | {"mismatch": None, "reason": "; ".join(errors)}
         if not families:
             return entry | {"mismatch": None, "reason": "no inter-rank connection in the NCCL logs (a single rank connects to nobody)"}
         if expected is None:
             return entry | {"mismatch": False, "reason": None}
-        unexpected = [f for f in families if f not in expected]
+        unexpected = [f for f in families if f not in expected and not (ANY_NETWORK in expected and f.startswith("NET/"))]
+        if nnodes is None and unexpected and all(f.startswith("NET/") for f in unexpected):
+            return entry | {"mismatch": None, "reason": f"the NCCL logs show {', '.join(unexpected)} but not how many "
+                                                        "nodes the world spans (no nNodes line): a network is expected "
+                                                        "between nodes, so this is not judged"}
         if unexpected:
             return entry | {"mismatch": True, "reason": f"asked {ic.name} (allows {', '.join(sorted(expected))}) but the NCCL log shows {', '.join(unexpected)}"}
         return entry | {"mismatch": False, "reason": None}
