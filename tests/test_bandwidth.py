@@ -30,7 +30,7 @@ def frame(rows: list[dict]) -> pd.DataFrame:
 
 @pytest.mark.parametrize(("collective", "n", "factor"), [
     ("allreduce", 2, 1.0), ("allreduce", 8, 1.75), ("broadcast", 8, 1.0), ("allgather", 4, 0.75),
-    ("reduce_scatter", 4, 0.75), ("alltoall", 2, 0.5), ("reduce", 4, 1.0),
+    ("reduce_scatter", 4, 0.75), ("alltoall", 2, 0.5), ("reduce", 4, 1.0), ("sendrecv", 4, 1.0),
 ])
 def test_busbw_factors_are_nccl_tests(collective: str, n: int, factor: float) -> None:
     assert busbw_factor(collective, n) == factor
@@ -96,3 +96,14 @@ def test_real_gloo_trace_pairs_every_collective_across_both_ranks() -> None:
     assert (out["algbw_gbps"] > 0).all()
     allreduce = out[out["collective"] == "allreduce"]
     assert np.allclose(allreduce["busbw_gbps"], allreduce["algbw_gbps"])  # 2(n−1)/n = 1 for n = 2
+
+
+def test_one_rank_of_an_older_torch_job_keeps_allreduce_and_sendrecv_apart_at_the_job_size() -> None:
+    """The single trace of rank 2 of 4 (torch 1.13: no collective metadata): instances pair by kernel
+    label, and the group size is the job's (distributedInfo.world_size), not the one rank seen."""
+    iv = read_traces(Path(__file__).parent / "fixtures" / "traces" / "old_torch").intervals
+    out = collective_bandwidth(iv)
+    assert out[["collective", "instance", "group_size", "ranks"]].values.tolist() == [
+        ["allreduce", 0, 4, 1], ["sendrecv", 0, 4, 1], ["allreduce", 1, 4, 1], ["sendrecv", 1, 4, 1],
+    ]
+    assert out["time_ns"].tolist() == [400_000, 150_000] * 2

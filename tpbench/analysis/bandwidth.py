@@ -30,7 +30,7 @@ def busbw_factor(collective: str, n: int) -> float:
         return 2 * (n - 1) / n
     if collective in ("allgather", "reduce_scatter", "alltoall"):
         return (n - 1) / n
-    if collective in ("broadcast", "reduce", "send", "recv"):
+    if collective in ("broadcast", "reduce", "send", "recv", "sendrecv"):
         return 1.0
     return float("nan")
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,18 +94,20 @@ def read_traces(source: str | Path | Sequence[str | Path]) -> Timeline:
         paths = [Path(p) for p in source]
     if not paths:
         raise FileNotFoundError(f"no trace files (*.json, *.json.gz) in {source}")
-    parts = [read_trace(p) for p in paths]
+    parts = [read_trace(p, alone=len(paths) == 1) for p in paths]
     return Timeline(
         intervals=_concat([t.intervals for t in parts]).sort_values(["rank", "start_ns"], ignore_index=True),
         steps=pd.concat([t.steps for t in parts], ignore_index=True).sort_values(["rank", "step"], ignore_index=True),
     )
 
 
-def read_trace(path: str | Path, rank: int | None = None) -> Timeline:
+def read_trace(path: str | Path, rank: int | None = None, alone: bool = True) -> Timeline:
     """Parse one rank's trace file.
 
     The rank comes from ``rank`` if given, else the trace's ``distributedInfo``, else a
-    ``rank<r>`` in the file name.
+    ``rank<r>`` in the file name, else (``alone``: this file is the whole job's only trace) 0,
+    with a warning, as Holistic Trace Analysis assumes. A trace without ``ProfilerStep#N``
+    is analysed as one step, numbered 0, from its first interval to its last (with a warning).
     """
     acc = _Accumulator()
     meta = _scan(Path(path), acc)
@@ -113,9 +116,15 @@ def read_trace(path: str | Path, rank: int | None = None) -> Timeline:
         rank = dist.get("rank")
     if rank is None:
         m = _RANK_RE.search(Path(path).name)
+        if m is None and not alone:
+            raise ValueError(f"{path}: no rank given, none in distributedInfo or in the file name "
+                             "(with several traces each must name its rank)")
         if m is None:
-            raise ValueError(f"{path}: no rank given, none in distributedInfo or in the file name")
-        rank = int(m.group(1))
+            warnings.warn(f"{path}: no rank in distributedInfo or in the file name; taken as rank 0", stacklevel=2)
+        rank = int(m.group(1)) if m else 0
+    if not acc.steps:
+        warnings.warn(f"{path}: no ProfilerStep#N in the trace; the whole trace is analysed as one step (step 0)",
+                      stacklevel=2)
     return acc.finish(int(rank), dist)
 
 
@@ -210,6 +219,7 @@ def _arg(key: bytes) -> bytes:
 
 
 _HEADS = re.compile(_head(rb'[^"]*'))
+_TRACE_SPANS = re.compile(rb'"ph":\s*"X",\s*"cat":\s*"Trace"')
 _KERNEL_ARGS = re.compile(
     _head(rb"kernel|gpu_memcpy|gpu_memset", capture=False) + rb',\s*"args":\s*\{' + _arg(b"stream") + _arg(b"correlation")
 )
@@ -309,8 +319,11 @@ class _Accumulator:
         return True
 
     def _take_fast(self, piece: bytes) -> bool:
-        heads = _HEADS.findall(piece)
-        if len(heads) != piece.count(b'"ph": "X"') + piece.count(b'"ph":"X"'):
+        heads = [h for h in _HEADS.findall(piece) if h[0] != b"Trace"]
+        # The profiler's top-level span (cat "Trace", nothing here needs it) comes in other field
+        # orders too (older Kineto: ph, cat, ts, dur, pid, tid, name): it is left out of the count.
+        spans = len(_TRACE_SPANS.findall(piece))
+        if len(heads) != piece.count(b'"ph": "X"') + piece.count(b'"ph":"X"') - spans:
             return False
         if not heads:
             return True
@@ -400,7 +413,8 @@ class _Accumulator:
             self.steps.append((int(m.group(1)), e["tid"], e["ts"], e["dur"]))
         elif cat == "cpu_op" and name == "record_param_comms":
             args = e.get("args", {})
-            self.comms.append((e["tid"], e["ts"], e["dur"], {k: args.get(k) for k in _COMM_META}))
+            # Older torch versions record no collective metadata here: keep only what is there.
+            self.comms.append((e["tid"], e["ts"], e["dur"], {k: args[k] for k in _COMM_META if args.get(k) is not None}))
         elif cat == "gpu_user_annotation" and _is_optimizer_range(name):
             self.gpu_ranges.append((e.get("args", {}).get("stream", e["tid"]), e["ts"], e["dur"], name))
         elif cat == "kernel" and "Collective name" in (args := e.get("args", {})):
@@ -409,23 +423,22 @@ class _Accumulator:
     # ----------------------------------------------------------------------- to DataFrames
 
     def finish(self, rank: int, dist: dict[str, Any]) -> Timeline:
-        steps = _steps_frame(rank, self.steps)
         pg_name, pg_size = _only_group(dist)
         names = list(self.names)
         parts = [self._gloo_part(pg_name, pg_size)]
         if len(self.kernels):
-            parts += [self._kernel_part(names), _ranges_part(self.gpu_ranges, "stream")]
+            parts += [self._kernel_part(names, pg_name, pg_size), _ranges_part(self.gpu_ranges, "stream")]
         else:
             train_tid = _training_thread(self.steps, self.aten["tid"])
             parts += [self._aten_part(names, train_tid), _ranges_part(self.cpu_ranges, "thread")]
+        steps = _steps_frame(rank, self.steps) if self.steps else _whole_trace_step(rank, parts)
         return Timeline(intervals=_frame(rank, parts, steps), steps=steps)
 
     def _gloo_part(self, pg_name: str | None, pg_size: int | None) -> pd.DataFrame:
         rows = self.gloo
         collective = [canonical_collective(r[3][len("gloo:") :]) for r in rows]
         return _part(
-            "comm", [f"thread {r[0]}" for r in rows], [r[3] for r in rows],
-            np.array([_ns(r[1]) for r in rows], dtype=np.int64), np.array([_ns(r[1] + r[2]) for r in rows], dtype=np.int64),
+            "comm", [f"thread {r[0]}" for r in rows], [r[3] for r in rows], *_rows_span(rows, 1, 2),
             nbytes=[_gloo_bytes(r[4], r[5], c, pg_size) for r, c in zip(rows, collective)],
             collective=collective, process_group=[pg_name] * len(rows), group_size=[pg_size] * len(rows),
         )
@@ -455,7 +468,10 @@ class _Accumulator:
             pd.Categorical.from_codes(name[keep], names), start[keep], end[keep],
         )
 
-    def _kernel_part(self, names: list[str]) -> pd.DataFrame:
+    def _kernel_part(self, names: list[str], pg_name: str | None, pg_size: int | None) -> pd.DataFrame:
+        """GPU kernels, memcpys and memsets; an NCCL kernel's collective metadata comes from its own
+        args, else from the ``record_param_comms`` op that launched it, else (older torch versions
+        record none) from the kernel's name, with the process group as ``_only_group`` names it."""
         k = self.kernels
         start, end = _ns_span(k["ts"], k["dur"])
         kind = k["kind"]
@@ -468,14 +484,12 @@ class _Accumulator:
         launch_meta = self._launch_metadata()
         corr = k["corr"]
         for i in np.flatnonzero(kind == _COMM).tolist():
-            meta = self.nccl_meta.get(int(corr[i])) or launch_meta.get(int(corr[i]))
-            if meta is None:
-                collective[i] = _collective_from_kernel(name[i])
-                continue
-            collective[i] = canonical_collective(str(meta["Collective name"]))
+            meta = self.nccl_meta.get(int(corr[i])) or launch_meta.get(int(corr[i])) or {}
+            label = meta.get("Collective name")
+            collective[i] = canonical_collective(str(label)) if label is not None else _collective_from_kernel(name[i])
             nbytes[i] = _nccl_bytes(meta)
-            group[i] = None if meta.get("Process Group Name") is None else str(meta["Process Group Name"])
-            size[i] = meta.get("Group size")
+            group[i] = str(meta["Process Group Name"]) if meta.get("Process Group Name") is not None else pg_name
+            size[i] = meta.get("Group size") or pg_size
         lane_codes = np.array([LANES.index(x) for x in ("compute", "comm", "memcpy")], dtype=np.int8)[kind]
         return _part(
             pd.Categorical.from_codes(lane_codes, LANES), _labels("stream", k["stream"]),
@@ -512,17 +526,13 @@ def _is_optimizer_range(name: str) -> bool:
     return name == "tpbench.optimizer" or name.startswith("tpbench.zero.")
 
 
-def _ns(us: float) -> int:
-    return round(us * 1e3)
-
-
 def canonical_collective(name: str) -> str:
     """``all_reduce``, ``allreduce_coalesced``, ``_allgather_base``, ``AllReduce`` … → one spelling."""
     n = name.replace("_", "").lower()
     for key, canon in (
         ("allreduce", "allreduce"), ("allgather", "allgather"), ("reducescatter", "reduce_scatter"),
         ("alltoall", "alltoall"), ("broadcast", "broadcast"), ("reduce", "reduce"), ("gather", "gather"),
-        ("scatter", "scatter"), ("send", "send"), ("recv", "recv"), ("barrier", "barrier"),
+        ("scatter", "scatter"), ("sendrecv", "sendrecv"), ("send", "send"), ("recv", "recv"), ("barrier", "barrier"),
     ):
         if key in n:
             return canon
@@ -586,8 +596,19 @@ def _training_thread(steps: list[tuple[int, int, float, float]], aten_tids: np.n
 
 
 def _ns_span(ts_us: np.ndarray, dur_us: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Trace microseconds (float) → integer nanoseconds, start and end."""
-    return np.rint(ts_us * 1e3).astype(np.int64), np.rint((ts_us + dur_us) * 1e3).astype(np.int64)
+    """Trace microseconds (float) → integer nanoseconds, start and end.
+
+    Whole and fractional microseconds are converted apart: older traces carry epoch timestamps
+    (~1.7e15 µs), and ``ts * 1e3`` in float64 would round those to 256 ns."""
+    ts_us, dur_us = np.asarray(ts_us, dtype=np.float64), np.asarray(dur_us, dtype=np.float64)
+    whole = np.floor(ts_us)
+    start = whole.astype(np.int64) * 1000 + np.rint((ts_us - whole) * 1e3).astype(np.int64)
+    return start, start + np.rint(dur_us * 1e3).astype(np.int64)
+
+
+def _rows_span(rows: Sequence[tuple[Any, ...]], ts: int, dur: int) -> tuple[np.ndarray, np.ndarray]:
+    """``_ns_span`` of the ``ts`` and ``dur`` fields (µs) of tuples."""
+    return _ns_span(np.array([r[ts] for r in rows], dtype=np.float64), np.array([r[dur] for r in rows], dtype=np.float64))
 
 
 def _merged_by_thread(rows: Iterable[tuple[int, float, float]]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -610,8 +631,7 @@ def _inside(t: np.ndarray, merged: tuple[np.ndarray, np.ndarray] | None) -> np.n
 def _ranges_part(rows: list[tuple[int, float, float, str]], where: str) -> pd.DataFrame:
     """Optimizer-lane ranges from (thread or stream, ts µs, dur µs, name) rows."""
     return _part(
-        "optimizer", [f"{where} {r[0]}" for r in rows], [r[3] for r in rows],
-        np.array([_ns(r[1]) for r in rows], dtype=np.int64), np.array([_ns(r[1] + r[2]) for r in rows], dtype=np.int64),
+        "optimizer", [f"{where} {r[0]}" for r in rows], [r[3] for r in rows], *_rows_span(rows, 1, 2),
     )
 
 
@@ -643,13 +663,26 @@ def _part(
     })
 
 
+def _whole_trace_step(rank: int, parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """Step 0 spanning every interval: how a trace without ``ProfilerStep#N`` is analysed (as HTA does)."""
+    starts = [p["start_ns"].min() for p in parts if len(p)]
+    ends = [p["end_ns"].max() for p in parts if len(p)]
+    return pd.DataFrame({
+        "rank": np.full(1 if starts else 0, rank, dtype=np.int32),
+        "step": np.zeros(1 if starts else 0, dtype=np.int64),
+        "start_ns": np.array([min(starts)] if starts else [], dtype=np.int64),
+        "end_ns": np.array([max(ends)] if ends else [], dtype=np.int64),
+    })
+
+
 def _steps_frame(rank: int, steps: list[tuple[int, int, float, float]]) -> pd.DataFrame:
     rows = sorted(steps)
+    start, end = _rows_span(rows, 2, 3)
     return pd.DataFrame({
         "rank": np.full(len(rows), rank, dtype=np.int32),
         "step": np.array([s[0] for s in rows], dtype=np.int64),
-        "start_ns": np.array([_ns(s[2]) for s in rows], dtype=np.int64),
-        "end_ns": np.array([_ns(s[2] + s[3]) for s in rows], dtype=np.int64),
+        "start_ns": start,
+        "end_ns": end,
     })
 
 
