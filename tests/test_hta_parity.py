@@ -26,7 +26,7 @@ import pandas as pd
 import pytest
 from hta.trace_analysis import TraceAnalysis
 
-from tpbench.analysis.overlap import overlap_totals, step_overlap
+from tpbench.analysis.overlap import hta_overlap_pct, step_overlap
 from tpbench.analysis.timeline import read_traces
 
 TRACES = Path(__file__).parent / "fixtures" / "traces"
@@ -40,9 +40,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore:The inplace keyword"),
 def tpbench_pct(folder: Path) -> pd.Series:
     """tpbench's overlap % per rank over HTA's window: every profiler step but the last."""
     t = read_traces(folder)
-    last = t.steps.groupby("rank")["step"].transform("max")
-    per_step = step_overlap(t.intervals, t.steps[t.steps["step"] < last])
-    return overlap_totals(per_step).set_index("rank")["overlap_pct"]
+    return hta_overlap_pct(step_overlap(t.intervals, t.steps))
 
 
 def hta_pct(folder: Path) -> pd.Series:

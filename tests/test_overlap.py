@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from tpbench.analysis.overlap import STEP_OVERLAP_COLUMNS, overlap_totals, step_overlap, union, union_length
+from tpbench.analysis.overlap import (
+    STEP_OVERLAP_COLUMNS, hta_overlap_pct, overlap_totals, step_overlap, union, union_length,
+)
+from tpbench.analysis.timeline import read_traces
+
+FIXTURE = Path(__file__).parent / "fixtures" / "traces" / "gloo2"
 
 
 def frame(*rows: tuple[str, int, int], rank: int = 0) -> pd.DataFrame:
@@ -89,6 +97,31 @@ def test_totals_are_ratios_of_sums() -> None:
     total = overlap_totals(per_step).iloc[0]
     assert (total["comm_ns"], total["overlap_ns"], total["overlap_pct"]) == (100, 20, 20.0)
     assert overlap_totals(per_step, by=()).iloc[0]["overlap_pct"] == 20.0
+
+
+def test_hta_window_drops_each_ranks_last_step_unless_it_is_the_only_one() -> None:
+    """Rank 0: steps 50 % and 10 % overlapped, then a last step (100 %) HTA leaves out → 30 %;
+    rank 1 has one step only, which HTA keeps."""
+    iv = pd.concat([
+        frame(("comm", 0, 10), ("compute", 0, 5), ("comm", 100, 110), ("compute", 100, 101),
+              ("comm", 200, 210), ("compute", 200, 210), rank=0),
+        frame(("comm", 0, 10), ("compute", 0, 2), rank=1),
+    ])
+    per_step = step_overlap(iv, pd.concat([steps((0, 50), (100, 150), (200, 250), rank=0), steps((0, 50), rank=1)]))
+    assert overlap_totals(per_step).set_index("rank")["overlap_pct"].round(3).tolist() == [53.333, 20.0]
+    assert hta_overlap_pct(per_step).to_dict() == {0: pytest.approx(30.0), 1: pytest.approx(20.0)}
+
+
+def test_summary_overlap_is_the_mean_of_the_ranks_over_htas_window(tmp_path: Path) -> None:
+    """What ``tpbench sweep`` stores in summary.parquet, on the real 2-rank Gloo trace."""
+    from tpbench import sweep
+
+    shutil.copytree(FIXTURE, tmp_path / "cases" / "c1" / "trace")
+    row = sweep.analyze_traces(tmp_path, pd.DataFrame({"case_id": ["c1"], "status": ["done"]})).iloc[0]
+    t = read_traces(FIXTURE)
+    per_rank = hta_overlap_pct(step_overlap(t.intervals, t.steps))
+    assert len(per_rank) == 2 and t.steps.groupby("rank").size().tolist() == [4, 4]
+    assert row["overlap_pct"] == pytest.approx(per_rank.mean())
 
 
 def test_matches_brute_force_on_random_intervals() -> None:

@@ -126,8 +126,9 @@ def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:
     collectives as derived tables, and return per-case overlap figures for the summary.
 
     Times are per profiled step: the median over (rank, step) of compute, communication,
-    overlap, exposed communication and idle time; ``overlap_pct`` is the ratio of sums over
-    all profiled steps and ranks, as Holistic Trace Analysis reports it.
+    overlap, exposed communication and idle time; ``overlap_pct`` is the mean over ranks of each
+    rank's figure over Holistic Trace Analysis' window (``overlap.hta_overlap_pct``: every profiled
+    step but the last, as a ratio of sums).
     """
     rows = []
     for cid in cases.loc[cases["status"] == store.DONE, "case_id"]:
@@ -142,8 +143,7 @@ def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:
         store.write_case_table(run_dir, cid, "marks", whatif.marks_table([whatif.read_marks(p) for p in paths]))
         if per_step.empty:
             continue
-        totals = overlap.overlap_totals(per_step, by=())
-        row = {"case_id": cid, "overlap_pct": float(totals["overlap_pct"].iloc[0])}
+        row = {"case_id": cid, "overlap_pct": float(overlap.hta_overlap_pct(per_step).mean())}
         for col in ("compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "idle_ns", "optimizer_ns"):
             row[col.replace("_ns", "_ms")] = float(per_step[col].median()) / 1e6
         rows.append(row)

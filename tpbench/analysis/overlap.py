@@ -8,7 +8,8 @@ step's span:
 - ``idle_ns`` = span − |∪ work|, work being every lane but ``optimizer`` (whose ranges only say
   which work belongs to the optimizer; the work itself is already compute or comm)
 - ``overlap_pct`` = 100 · overlap / comm, as Holistic Trace Analysis defines its
-  communication/computation overlap, so the numbers can be compared with it.
+  communication/computation overlap, so the numbers can be compared with it (``hta_overlap_pct``:
+  per rank over HTA's window of steps).
 
 Everything here is numpy over sorted arrays: traces have millions of intervals, and an interval
 may nest in another on one thread or overlap others across streams and threads, which unions
@@ -77,6 +78,20 @@ def overlap_totals(per_step: pd.DataFrame, by: Sequence[str] = ("rank",)) -> pd.
         sums = per_step[cols].sum().to_frame().T.astype("int64")
     sums["overlap_pct"] = _pct(sums["overlap_ns"].to_numpy(), sums["comm_ns"].to_numpy())
     return sums
+
+
+def hta_overlap_pct(per_step: pd.DataFrame) -> pd.Series:
+    """Overlap % per rank (indexed by rank) over Holistic Trace Analysis' window: every profiled
+    step but the last, when a rank has more than one (HTA drops the kernels launched from the last
+    ``ProfilerStep`` on), as a ratio of sums, as HTA reports it per rank.
+
+    What still differs from HTA: tpbench counts work in the step spans it runs in (each interval
+    clipped to them), HTA by when its kernel was launched, over the whole trace (kernels launched
+    before the first step, or running past the last counted step's end, count in full there).
+    """
+    steps = per_step.groupby("rank")["step"]
+    window = (per_step["step"] < steps.transform("max")) | (steps.transform("size") == 1)
+    return overlap_totals(per_step[window], by=("rank",)).set_index("rank")["overlap_pct"]
 
 
 def _rank_overlap(iv: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
