@@ -66,6 +66,23 @@ def collectives(table: pd.DataFrame | None) -> dict[str, Any]:
     return out
 
 
+def fast_path(paths: list[Path]) -> dict[str, Any]:
+    """Whether the regex fast path read every piece of these traces, and read them exactly as
+    plain JSON decoding does (the parser's claim, so far checked on CPU-made traces only)."""
+    accumulator = timeline._Accumulator
+    real = accumulator._take_fast
+    used: list[bool] = []
+    try:
+        accumulator._take_fast = lambda self, piece: used.append(real(self, piece)) or used[-1]
+        fast = timeline.read_traces(paths)
+        accumulator._take_fast = lambda self, piece: False
+        slow = timeline.read_traces(paths)
+    finally:
+        accumulator._take_fast = real
+    same = fast.intervals.equals(slow.intervals) and fast.steps.equals(slow.steps)
+    return {"pieces": len(used), "pieces_on_fast_path": sum(used), "same_as_json_decoding": same}
+
+
 def nccl_logs(run_dir: Path) -> dict[str, Any]:
     out = {}
     for log in sorted((run_dir / "logs").glob("nccl-*.log")):
@@ -116,8 +133,12 @@ def analyse_case(c: Checks, run_dir: Path, cid: str, entry: dict[str, Any], summ
         "summary": {k: round(float(row[k].iloc[0]), 4) for k in keys if k in row and len(row) and pd.notna(row[k].iloc[0])},
         "collectives": collectives(coll),
         "observed_transport": entry.get("observed_transport"),
+        "fast_path": fast_path(paths),
     }
     ranks = p["world_size"]
+    fp = result["fast_path"]
+    c.check(f"{label}: fast path read every piece, as JSON decoding does",
+            fp["pieces"] == fp["pieces_on_fast_path"] and fp["same_as_json_decoding"], json.dumps(fp))
     c.check(f"{label}: steps on every rank", len(result["steps_per_rank"]) == ranks, json.dumps(result["steps_per_rank"]))
     compute = result["lanes"].get("compute", {})
     c.check(f"{label}: CUDA kernels in the compute lane", compute.get("on_gpu_streams", 0) > 0,
