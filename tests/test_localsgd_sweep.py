@@ -21,6 +21,7 @@ from tpbench.workloads.markov import TinyTransformer
 
 STEPS = 19  # timed steps 0..18; the profiler's warm-up is step 19, traced steps are 20 and 21
 MARKOV = {"vocab": 32, "seq_len": 8, "d_model": 16, "n_layers": 1, "n_heads": 2}
+MARKOV_TOML = "\n".join(f"{k} = {v}" for k, v in MARKOV.items())
 SUITE = f"""
 [suite]
 name = "lsgd-harness"
@@ -45,7 +46,7 @@ profiler_steps = 2
 [workloads.markov]
 non_iid = "node"
 heldout_sequences = 16
-{chr(10).join(f"{k} = {v}" for k, v in MARKOV.items())}
+{MARKOV_TOML}
 """
 
 
