@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.profiler import record_function
 
 if TYPE_CHECKING:
     from tpbench.suite import Case
@@ -186,6 +187,11 @@ def _intra_node_subgroup(ctx: BuildContext, ranks_per_node: int) -> dist.Process
     return _SUBGROUPS[ranks_per_node]
 
 
+class AveragingSkipped(RuntimeError):
+    """A model averaging step at which the averager would average nothing: training would silently
+    run as local SGD without averaging, so the case fails instead."""
+
+
 def _param_norm(params) -> float:
     """L2 norm of this rank's flat parameters, in float64: a training diagnostic that is also
     bit-identical exactly on the ranks whose parameters agree (who shares gradients shows in it)."""
@@ -197,10 +203,17 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
     node-local (or none), plus periodic model averaging after the optimizer step.
 
     ``start_localSGD_iter = "never"`` is plain DDP, the baseline every local-SGD case is judged
-    against. The parameter drift across ranks (and each rank's parameter norm) is measured just
-    before each averaging; the time that takes is reported as ``untimed_ms`` and left out of the
-    step time. Node subgroups come from the world's real nodes (``ctx.nodes``), split further
-    when ``ranks_per_node`` emulates smaller ones.
+    against. Node subgroups come from the world's real nodes (``ctx.nodes``), split further when
+    ``ranks_per_node`` emulates smaller ones.
+
+    The order is PyTorch's documented one: ``optimizer.step()``, then
+    ``averager.average_parameters()``, and only then are the gradients cleared, because both
+    implementations' averagers average only the parameters that have a gradient. At each
+    averaging step the drift across ranks (and each rank's parameter norm) is measured just before
+    averaging, and the parameter norm again just after it (equal on every rank of the averaging
+    group when averaging worked); the time that takes is reported as ``untimed_ms`` and left out
+    of the step time. An averaging step at which the averager would average no parameter fails
+    the case (``AveragingSkipped``) instead of silently training without averaging.
     """
     case = ctx.case
     if case.start_localSGD_iter == "never":
@@ -210,12 +223,16 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
     if case.impl == "torch":
         from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as torch_hook
         from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager as TorchAverager
+        from torch.distributed.algorithms.model_averaging.utils import get_params_to_average
 
         state_cls, hook, averager_cls = torch_hook.PostLocalSGDState, torch_hook.post_localSGD_hook, TorchAverager
+        chosen_by_averager = get_params_to_average
     else:
         from tpbench.hooks import PostLocalSGDState, post_localSGD_hook
+        from tpbench.hooks.averaging import params_to_average
 
         state_cls, hook, averager_cls = PostLocalSGDState, post_localSGD_hook, PeriodicModelAverager
+        chosen_by_averager = params_to_average
     ddp = _ddp(model, ctx)
     subgroup = _intra_node_subgroup(ctx, case.ranks_per_node)
     state = state_cls(
@@ -229,21 +246,41 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
     schedule = PeriodicModelAverager(period=case.averaging_period, warmup_steps=case.start_localSGD_iter)
     measured: dict[str, float] = {}
 
+    def before_averaging() -> None:
+        t0 = time.perf_counter_ns()
+        params = list(ddp.parameters())
+        if not chosen_by_averager(params):
+            raise AveragingSkipped(
+                f"post_localSGD_hook: model averaging is due at step {schedule.step} but the averager would average "
+                f"none of the {len(params)} parameters (it averages only parameters with a gradient, and none has one): "
+                "gradients must still be present when average_parameters runs"
+            )
+        with record_function("tpbench.drift"):  # its collectives, told apart from the averaging's in traces
+            drift = parameter_drift(params)
+        measured.update(drift_max_l2=drift.max_l2, drift_mean_l2=drift.mean_l2, param_norm_l2=_param_norm(params),
+                        untimed_ms=(time.perf_counter_ns() - t0) / 1e6)
+
+    def after_averaging() -> None:
+        t0 = time.perf_counter_ns()
+        measured["param_norm_averaged_l2"] = _param_norm(ddp.parameters())
+        measured["untimed_ms"] += (time.perf_counter_ns() - t0) / 1e6
+
     def after_step() -> None:
-        if schedule.next_averaging_group() is not None:
-            t0 = time.perf_counter_ns()
-            drift = parameter_drift(ddp.parameters())
-            measured.update(drift_max_l2=drift.max_l2, drift_mean_l2=drift.mean_l2, param_norm_l2=_param_norm(ddp.parameters()),
-                            untimed_ms=(time.perf_counter_ns() - t0) / 1e6)
+        due = schedule.next_averaging_group() is not None
+        if due:
+            before_averaging()
         schedule.step += 1
         averager.average_parameters(ddp.parameters())
+        if due:
+            after_averaging()
+        optimizer.zero_grad(set_to_none=True)
 
     def metrics() -> dict[str, float]:
         out = dict(measured)
         measured.clear()
         return out
 
-    return Training(ddp, _step_and_zero(optimizer), after_step=after_step, metrics=metrics)
+    return Training(ddp, optimizer.step, after_step=after_step, metrics=metrics)
 
 
 ALGORITHMS: dict[str, Algorithm] = {
