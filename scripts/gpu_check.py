@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -39,6 +40,7 @@ from typing import Any
 
 SCRIPTS = Path(__file__).resolve().parent
 PACKAGES = ("torch", "numpy", "pandas", "pyarrow", "orjson", "plotly", "narwhals", "pynvml", "rich", "psutil")
+DISTRIBUTIONS = {"pynvml": "nvidia-ml-py"}  # where the import name is not the distribution's
 MIN_PART_S = 15
 ARTIFACTS_MAX_BYTES = 15 * 2**20
 
@@ -79,13 +81,21 @@ class Check:
 # preflight (runs in its own process)
 
 
+def _distribution_version(module: str) -> str:
+    try:
+        return importlib.metadata.version(DISTRIBUTIONS.get(module, module))
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
 def preflight(rehearse: bool) -> tuple[dict[str, Any], int]:
     """What this machine has, and whether the GPU check can run on it."""
     info: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(), "packages": {}}
     for name in PACKAGES:
         try:
             mod = importlib.import_module(name)
-            info["packages"][name] = {"version": getattr(mod, "__version__", "?"), "from": str(Path(mod.__file__).parent)}
+            info["packages"][name] = {"version": getattr(mod, "__version__", None) or _distribution_version(name),
+                                      "from": str(Path(mod.__file__).parent)}
         except Exception as e:  # noqa: BLE001 - every missing package is reported, not just the first
             info["packages"][name] = {"error": f"{type(e).__name__}: {e}"}
     try:

@@ -87,8 +87,9 @@ def test_no_collectives_gives_an_empty_frame() -> None:
     assert out.empty and list(out.columns) == list(COLLECTIVE_BANDWIDTH_COLUMNS)
 
 
-def test_real_gloo_trace_pairs_every_collective_across_both_ranks() -> None:
-    iv = read_traces(Path(__file__).parent / "fixtures" / "traces" / "gloo2").intervals
+@pytest.mark.parametrize("folder", ["gloo2", "h200_gloo2_zero_interleaved"])  # CPU, and CUDA tensors on an H200
+def test_real_gloo_trace_pairs_every_collective_across_both_ranks(folder: str) -> None:
+    iv = read_traces(Path(__file__).parent / "fixtures" / "traces" / folder).intervals
     out = collective_bandwidth(iv)
     per_rank = iv[iv["lane"] == "comm"].groupby("rank").size()
     assert per_rank.nunique() == 1 and len(out) == per_rank.iloc[0]

@@ -150,7 +150,7 @@ def read_both_ways(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[timelin
     return fast, read_traces(path), used
 
 
-@pytest.mark.parametrize("folder", ["gloo2", "gloo2_gpu_style"])
+@pytest.mark.parametrize("folder", ["gloo2", "gloo2_gpu_style", "h200_gloo2_zero_interleaved"])
 def test_fast_path_reads_real_traces_exactly_as_json_decoding(monkeypatch: pytest.MonkeyPatch, folder: str) -> None:
     fast, slow, used = read_both_ways(TRACES / folder, monkeypatch)
     assert used and all(used), "torch.profiler's layout should never need the slow path"
@@ -255,3 +255,24 @@ def test_a_trace_without_profiler_steps_is_one_step_with_a_warning() -> None:
     per_step = step_overlap(t.intervals, t.steps)
     assert per_step[["comm_ns", "overlap_ns"]].iloc[0].tolist() == [500_000, 130_000]
     assert t.intervals.loc[t.intervals["lane"] == "comm", "collective"].tolist() == ["allreduce"]
+
+
+def test_real_h200_trace_puts_cuda_work_gloo_ranges_and_zero_annotations_in_their_lanes() -> None:
+    """Recorded by the GPU check (H200, torch 2.11, CUDA 13): 2 Gloo ranks sharing the GPU, tpbench's
+    interleaved ZeRO hook. Kernels, memcpys and the hook's GPU annotations are on CUDA streams; Gloo,
+    which stages CUDA tensors through the host, communicates on CPU threads."""
+    t = read_traces(TRACES / "h200_gloo2_zero_interleaved")
+    iv = t.intervals
+    assert t.steps.groupby("rank")["step"].apply(list).to_dict() == {0: [1, 2, 3], 1: [1, 2, 3]}
+    where = iv.groupby("lane", observed=True)["stream_or_thread"].agg(lambda s: {x.split()[0] for x in s}).to_dict()
+    assert where == {"compute": {"stream"}, "comm": {"thread"}, "optimizer": {"stream"}, "memcpy": {"stream"}}
+    assert iv.groupby(["rank", "lane"], observed=True).size().to_dict() == {
+        (0, "compute"): 261, (0, "comm"): 12, (0, "optimizer"): 6, (0, "memcpy"): 99,
+        (1, "compute"): 213, (1, "comm"): 12, (1, "optimizer"): 6, (1, "memcpy"): 99,
+    }
+    comm = iv[iv["lane"] == "comm"]
+    assert set(comm["name"]) == {"gloo:all_reduce", "gloo:broadcast"} and (comm["group_size"] == 2).all()
+    # Two buckets of the 16.8M-parameter MLP, float32: 8,425,488 and 8,392,704 elements.
+    assert set(comm["bytes"]) == {33_701_952, 33_570_816}
+    assert set(iv.loc[iv["lane"] == "optimizer", "name"].str.replace(r"\[bucket=\d\]", "", regex=True)) == {
+        "tpbench.zero.step", "tpbench.zero.broadcast"}

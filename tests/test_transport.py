@@ -1,8 +1,8 @@
 """Observed transport: the NCCL_DEBUG log parser, Gloo's sockets, and the verdict against the profile.
 
-The NCCL logs in tests/fixtures/nccl_logs are hand-written from NCCL 2.10–2.26 INFO line formats
-(see the README there), not recorded: no multi-GPU machine was at hand. The Gloo observation runs
-in a real 2-rank Gloo world.
+The multi-rank NCCL logs in tests/fixtures/nccl_logs are hand-written from NCCL 2.7–2.26 INFO line
+formats (see the README there): no multi-GPU machine was at hand; the single-rank H200 log is
+recorded. The Gloo observation runs in a real 2-rank Gloo world.
 """
 
 from __future__ import annotations
@@ -170,3 +170,13 @@ def test_network_without_a_node_count_is_not_judged_as_one_node():
     assert verdict["mismatch"] is None and "not how many nodes" in verdict["reason"]
     # What the log does place is still judged: P2P contradicts nccl-shm whatever the node count.
     assert transport.summarize(resolve("nccl-shm"), [obs])["mismatch"] is True
+
+
+def test_recorded_h200_log_of_a_lone_rank():
+    """Recorded by the GPU check (NCCL 2.28.9, one H200, no InfiniBand): IB fails to initialise
+    (``NET/IB : Using [RO]`` names no device), Socket is used, a lone rank connects to nobody."""
+    obs = _parse("h200_single_rank.log")
+    assert (obs.version, obs.network, obs.nnodes) == ("2.28.9+cuda13.0", "Socket", 1)
+    assert obs.net_devices == ("Socket:eth0:192.0.2.2",)
+    assert obs.transports == {} and obs.modes == {}
+    assert transport.summarize(resolve("nccl-default"), [obs])["mismatch"] is None
