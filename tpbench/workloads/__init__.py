@@ -26,4 +26,11 @@ def parameter_count(cls: type[Workload], params: object) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-__all__ = ["WORKLOADS", "Workload", "WorkloadContext", "parameter_count"]
+def preset_sizes(cls: type[Workload]) -> dict[str, int]:
+    """Parameters of each named preset ("default" for a workload without presets)."""
+    if not cls.presets:
+        return {"default": parameter_count(cls, cls.Params())}
+    return {name: parameter_count(cls, cls.Params(preset=name)) for name in cls.presets}
+
+
+__all__ = ["WORKLOADS", "Workload", "WorkloadContext", "parameter_count", "preset_sizes"]
