@@ -1,0 +1,97 @@
+""""What ZeRO saves": optimizer state per rank against plain DDP, and how evenly ranks share the
+step, from the exact per-rank figures (``tpbench.analysis.memory``)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from tpbench.analysis.memory import per_case
+from tpbench.report.data import ReportData
+from tpbench.report.figures import LEGEND_TOP, MARGIN, display
+from tpbench.report.html import Page
+
+MB = 2**20
+HOOKS = ("hook_with_zero_step", "hook_with_zero_step_interleaved")
+
+
+def section(page: Page, data: ReportData) -> None:
+    memory = data.table("memory")
+    if memory.empty:
+        return
+    cases = data.with_cases(per_case(memory, data.table("partition")), ["algorithm", "bucket_cap_mb", "shard_buckets"])
+    cases = cases.sort_values("order", kind="stable")
+    page.heading("What ZeRO saves", anchor="zero-saves")
+    page.paragraph("Counted from the tensors each rank holds after the timed steps (exact on CPU and GPU alike): "
+                   "optimizer state (e.g. AdamW's two moments and step per parameter), and the parameters each rank's "
+                   "optimizer steps. Plain DDP holds the whole optimizer state on every rank; ZeRO shards it, so each "
+                   "rank steps only its part. Imbalance is max / mean over ranks of the parameters stepped: 1 is even, "
+                   "the world size means one rank does the whole step while the others wait for its broadcast.",
+                   css="muted")
+    page.bullets(_sentences(cases))
+    page.figure(_state_figure(data, memory, cases))
+    page.table(_table(data, cases), scroll=len(cases) > 20)
+
+
+def _mb(v: float) -> str:
+    return f"{v / MB:.3g} MB"
+
+
+def _sentences(cases: pd.DataFrame) -> list[str]:
+    out = []
+    sharded = cases[cases["sharded"]]
+    if len(sharded):
+        best, worst = sharded.loc[sharded["state_max_bytes"].idxmin()], sharded.loc[sharded["state_max_bytes"].idxmax()]
+        out.append(f"Plain DDP holds {_mb(worst['ddp_state_bytes'])} of optimizer state on every rank. On its fullest "
+                   f"rank ZeRO holds {_mb(best['state_max_bytes'])} ({best['state_saved_pct']:.0f} % saved) at best "
+                   f"({best['label']}) and {_mb(worst['state_max_bytes'])} ({worst['state_saved_pct']:.0f} % saved) at "
+                   f"worst ({worst['label']}); an even split over {int(best['ranks'])} ranks would save "
+                   f"{100 * (1 - 1 / best['ranks']):.0f} %.")
+    hooks = cases[cases["algorithm"].isin(HOOKS)].dropna(subset=["bucket_cap_mb"])
+    # Both hooks partition alike: one sentence per (run, bucket size).
+    for (_, cap), grp in hooks.groupby(["run_id", "bucket_cap_mb"], sort=True):
+        by_shard = {bool(s): g.iloc[0] for s, g in grp.groupby("shard_buckets")}
+        parts = []
+        for shard, row in sorted(by_shard.items()):
+            how = "with shard_buckets" if shard else "without shard_buckets"
+            if row["stepped_min"] == 0 and row["ranks"] > 1:
+                idle = "one rank steps everything and the others nothing" if row["buckets"] == 1 else \
+                    f"the busiest rank steps {row['busiest_share_pct']:.0f} % and some rank none"
+                parts.append(f"{how} {idle} (imbalance {row['imbalance']:.2f})")
+            else:
+                parts.append(f"{how} the busiest rank steps {row['busiest_share_pct']:.0f} % (imbalance {row['imbalance']:.2f})")
+        buckets = next(iter(by_shard.values()))["buckets"]
+        nb = "" if pd.isna(buckets) else f"{int(buckets)} bucket{'s' if buckets != 1 else ''}; "
+        out.append(f"ZeRO hooks at bucket_cap_mb = {cap:g}: {nb}" + "; ".join(parts) + ".")
+    return out
+
+
+def _state_figure(data: ReportData, memory: pd.DataFrame, cases: pd.DataFrame) -> go.Figure:
+    per_rank = data.with_cases(memory).merge(cases[["run_id", "case_id", "ddp_state_bytes"]], on=["run_id", "case_id"])
+    per_rank = display(per_rank.sort_values(["order", "rank"], kind="stable"), ["label", "run"])
+    per_rank["case"] = [f"{r} · {lab}" if data.multi else lab for r, lab in zip(per_rank["run"], per_rank["label"])]
+    fig = go.Figure()
+    for rank, grp in per_rank.groupby("rank"):
+        fig.add_bar(x=grp["optimizer_state_bytes"] / MB, y=grp["case"], orientation="h", name=f"rank {rank}")
+    ddp = per_rank.drop_duplicates("case")
+    fig.add_scatter(x=ddp["ddp_state_bytes"] / MB, y=ddp["case"], mode="markers", name="plain DDP (every rank)",
+                    marker=dict(symbol="line-ns-open", size=18, line=dict(width=3), color="black"))
+    n = per_rank["case"].nunique()
+    fig.update_layout(barmode="group", height=max(280, 22 * n * max(1, per_rank["rank"].nunique() // 2) + 140),
+                      margin=MARGIN, legend=LEGEND_TOP, xaxis_title="optimizer state per rank (MB)")
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def _table(data: ReportData, cases: pd.DataFrame) -> pd.DataFrame:
+    df = pd.DataFrame({
+        "case": [f"{r} · {lab}" if data.multi else lab for r, lab in zip(cases["run"], cases["label"])],
+        "optimizer state, fullest rank (MB)": cases["state_max_bytes"] / MB,
+        "plain DDP, every rank (MB)": cases["ddp_state_bytes"] / MB,
+        "saved (%)": cases["state_saved_pct"],
+        "params stepped per rank (min–max)": [f"{int(a):,}–{int(b):,}" for a, b in zip(cases["stepped_min"], cases["stepped_max"])],
+        "imbalance (max/mean)": cases["imbalance"],
+        "buckets": cases["buckets"],
+        "parameters + gradients per rank (MB)": (cases["param_bytes"] + cases["grad_bytes"]) / MB,
+    })
+    return df
