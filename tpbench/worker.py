@@ -50,7 +50,8 @@ from tpbench.capture import nvml, profiler, transport
 from tpbench.algorithms import ALGORITHMS, BuildContext, Training
 from tpbench.environment import fingerprint
 from tpbench.suite import Case
-from tpbench.workloads import WORKLOADS, WorkloadContext
+from tpbench import workloads
+from tpbench.workloads import WorkloadContext
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ class CaseRunner:
         self.gpu = nvml.open_gpu(device)  # once per process: nvmlInit is not free
 
     def _build(self, case: Case) -> tuple[Any, Training]:
-        wl_cls = WORKLOADS[case.workload]
+        wl_cls = workloads.resolve(case.workload)
         workload = wl_cls(
             wl_cls.Params(**dict(case.workload_params)),
             WorkloadContext(

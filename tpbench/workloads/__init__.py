@@ -6,15 +6,31 @@ Register a workload by adding its class to ``WORKLOADS``; the suite validates
 
 import torch
 
-from tpbench.workloads.base import Workload, WorkloadContext
+from tpbench.workloads.base import Workload, WorkloadContext, batch_seed
 from tpbench.workloads.embedding import Embedding
 from tpbench.workloads.gpt import GPT
+from tpbench.workloads.imported import Bench, UserWorkloadError, imported_workload, is_import_path
 from tpbench.workloads.markov import MarkovChainLM
 from tpbench.workloads.mlp import MLP
 from tpbench.workloads.resnet import ResNet
 
 WORKLOADS: dict[str, type[Workload]] = {w.name: w for w in (MLP, MarkovChainLM, GPT, ResNet, Embedding)}
 
+
+
+_imported: dict[str, type[Workload]] = {}
+
+
+def resolve(name: str) -> type[Workload]:
+    """A built-in workload by name, or a user's factory by import path ``"MODULE:FACTORY"``
+    (imported once per process). Raises ``UserWorkloadError`` (a ValueError) saying what was expected."""
+    if name in WORKLOADS:
+        return WORKLOADS[name]
+    if not is_import_path(name):
+        raise UserWorkloadError(f"expected one of {', '.join(WORKLOADS)} or an import path MODULE:FACTORY, got {name!r}")
+    if name not in _imported:
+        _imported[name] = imported_workload(name)
+    return _imported[name]
 
 
 def parameter_count(cls: type[Workload], params: object) -> int:
@@ -33,4 +49,5 @@ def preset_sizes(cls: type[Workload]) -> dict[str, int]:
     return {name: parameter_count(cls, cls.Params(preset=name)) for name in cls.presets}
 
 
-__all__ = ["WORKLOADS", "Workload", "WorkloadContext", "parameter_count", "preset_sizes"]
+__all__ = ["WORKLOADS", "Bench", "UserWorkloadError", "Workload", "WorkloadContext", "batch_seed", "parameter_count",
+           "preset_sizes", "resolve"]
