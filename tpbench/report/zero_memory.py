@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tpbench.analysis.memory import per_case
-from tpbench.report.data import ReportData
+from tpbench.report.data import ReportData, context_text
 from tpbench.report.figures import LEGEND_TOP, MARGIN, display
 from tpbench.report.html import Page
 
@@ -19,7 +19,7 @@ def section(page: Page, data: ReportData) -> None:
     memory = data.table("memory")
     if memory.empty:
         return
-    cases = data.with_cases(per_case(memory, data.table("partition")), ["algorithm", "bucket_cap_mb", "shard_buckets"])
+    cases = data.with_cases(per_case(memory, data.table("partition")), ["algorithm", "bucket_cap_mb", "shard_buckets", "workload"])
     cases = cases.sort_values("order", kind="stable")
     page.heading("What ZeRO saves", anchor="zero-saves")
     page.paragraph("Counted from the tensors each rank holds after the timed steps (exact on CPU and GPU alike): "
@@ -28,7 +28,7 @@ def section(page: Page, data: ReportData) -> None:
                    "rank steps only its part. Imbalance is max / mean over ranks of the parameters stepped: 1 is even, "
                    "the world size means one rank does the whole step while the others wait for its broadcast.",
                    css="muted")
-    page.bullets(_sentences(cases))
+    page.bullets(_sentences(cases, data.context_keys))
     page.figure(_state_figure(data, memory, cases))
     page.table(_table(data, cases), scroll=len(cases) > 20)
 
@@ -37,19 +37,22 @@ def _mb(v: float) -> str:
     return f"{v / MB:.3g} MB"
 
 
-def _sentences(cases: pd.DataFrame) -> list[str]:
+def _sentences(cases: pd.DataFrame, context_keys: list[str]) -> list[str]:
     out = []
-    sharded = cases[cases["sharded"]]
-    if len(sharded):
-        best, worst = sharded.loc[sharded["state_max_bytes"].idxmin()], sharded.loc[sharded["state_max_bytes"].idxmax()]
-        out.append(f"Plain DDP holds {_mb(worst['ddp_state_bytes'])} of optimizer state on every rank. On its fullest "
-                   f"rank ZeRO holds {_mb(best['state_max_bytes'])} ({best['state_saved_pct']:.0f} % saved) at best "
-                   f"({best['label']}) and {_mb(worst['state_max_bytes'])} ({worst['state_saved_pct']:.0f} % saved) at "
-                   f"worst ({worst['label']}); an even split over {int(best['ranks'])} ranks would save "
+    model_keys = [k for k in context_keys if k not in ("algorithm", "impl", "shard_buckets", "bucket_cap_mb")]
+    for _, sharded in cases[cases["sharded"]].groupby(["run_id", *model_keys], sort=True, dropna=False):
+        best = sharded.loc[sharded["state_max_bytes"].idxmin()]
+        worst = sharded.loc[sharded["state_max_bytes"].idxmax()]
+        where = _where(cases, best, model_keys)
+        out.append(f"{where}Plain DDP holds {_mb(worst['ddp_state_bytes'])} of optimizer state on every rank. On its "
+                   f"fullest rank ZeRO holds {_mb(best['state_max_bytes'])} ({best['state_saved_pct']:.0f} % saved) at "
+                   f"best ({best['label']}) and {_mb(worst['state_max_bytes'])} ({worst['state_saved_pct']:.0f} % saved) "
+                   f"at worst ({worst['label']}); an even split over {int(best['ranks'])} ranks would save "
                    f"{100 * (1 - 1 / best['ranks']):.0f} %.")
     hooks = cases[cases["algorithm"].isin(HOOKS)].dropna(subset=["bucket_cap_mb"])
-    # Both hooks partition alike: one sentence per (run, bucket size).
-    for (_, cap), grp in hooks.groupby(["run_id", "bucket_cap_mb"], sort=True):
+    # Both hooks partition alike: one sentence per setting (bucket size, model, ...) of each run.
+    keys = ["bucket_cap_mb", *(k for k in context_keys if k not in ("algorithm", "impl", "shard_buckets", "bucket_cap_mb"))]
+    for _, grp in hooks.groupby(["run_id", *keys], sort=True, dropna=False):
         by_shard = {bool(s): g.iloc[0] for s, g in grp.groupby("shard_buckets")}
         parts = []
         for shard, row in sorted(by_shard.items()):
@@ -60,10 +63,20 @@ def _sentences(cases: pd.DataFrame) -> list[str]:
                 parts.append(f"{how} {idle} (imbalance {row['imbalance']:.2f})")
             else:
                 parts.append(f"{how} the busiest rank steps {row['busiest_share_pct']:.0f} % (imbalance {row['imbalance']:.2f})")
-        buckets = next(iter(by_shard.values()))["buckets"]
-        nb = "" if pd.isna(buckets) else f"{int(buckets)} bucket{'s' if buckets != 1 else ''}; "
-        out.append(f"ZeRO hooks at bucket_cap_mb = {cap:g}: {nb}" + "; ".join(parts) + ".")
+        first = grp.iloc[0]
+        nb = "" if pd.isna(first["buckets"]) else f"{int(first['buckets'])} bucket{'s' if first['buckets'] != 1 else ''}; "
+        sharded = by_shard.get(True)
+        if sharded is not None and sharded["busiest_share_pct"] >= 90:
+            parts.append("one tensor dominates the model, and a tensor is never split")
+        out.append(f"{_where(cases, first, [])}ZeRO hooks {context_text(first, keys)}: {nb}" + "; ".join(parts) + ".")
     return out
+
+
+def _where(cases: pd.DataFrame, row: pd.Series, keys: list[str]) -> str:
+    """The run (when several) and the settings a sentence is about, as its opening words."""
+    run = f"{row['run']}: " if cases["run_id"].nunique() > 1 else ""
+    settings = context_text(row, keys)
+    return run + (f"{settings}: " if settings else "")
 
 
 def _state_figure(data: ReportData, memory: pd.DataFrame, cases: pd.DataFrame) -> go.Figure:
