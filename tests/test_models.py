@@ -109,6 +109,10 @@ def test_partition_and_what_zero_saves(run: store.Loaded) -> None:
     for row in summary[summary["sharded"]].to_dict("records"):
         # Sharded state sums to exactly plain DDP's full state, for every model.
         assert row["ddp_state_bytes"] == ddp[row["workload"]]
+    # The summary carries the per-case figures: one bucket without shard_buckets is all the step on one rank.
+    mlp_hooks = run.summary[(run.summary["workload"] == "mlp") & (run.summary["algorithm"] == "hook_with_zero_step")]
+    assert sorted(mlp_hooks["step_imbalance"]) == [pytest.approx(2 * 1584 / 2640), 2.0]
+    assert (mlp_hooks["opt_state_ddp_bytes"] == 2640 * 8 + 6 * 4).all()
     html = build_report([run])
     assert "What ZeRO saves" in html and "one rank steps everything and the others nothing" in html
 
