@@ -1,7 +1,9 @@
 """Workloads: small, self-contained models with generated data (never downloaded).
 
 Register a workload by adding its class to ``WORKLOADS``; the suite validates
-``[workloads.NAME]`` tables against the class's ``Params`` dataclass.
+``[workloads.NAME]`` tables against the class's ``Params`` dataclass. A user's model is named by
+import path instead (``"mypkg.bench:build"``, see ``tpbench.workloads.imported``); ``resolve``
+gives either kind.
 """
 
 import torch
