@@ -115,6 +115,7 @@ def test_partition_and_what_zero_saves(run: store.Loaded) -> None:
     assert (mlp_hooks["opt_state_ddp_bytes"] == 2640 * 8 + 6 * 4).all()
     html = build_report([run])
     assert "What ZeRO saves" in html and "one rank steps everything and the others nothing" in html
+    assert "rank 0: bucket 0 [0:4] 1,584; rank 1: bucket 0 [4:6] 1,056" in html  # the partition, in words
 
 
 def test_gpt2_preset_is_gpt2_small() -> None:

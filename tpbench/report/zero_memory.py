@@ -31,6 +31,9 @@ def section(page: Page, data: ReportData) -> None:
     page.bullets(_sentences(cases, data.context_keys))
     page.figure(_state_figure(data, memory, cases))
     page.table(_table(data, cases), scroll=len(cases) > 20)
+    partition = data.table("partition")
+    if len(partition):
+        page.details_list("The partition: which rank steps which parameters of each case", _partition_lines(data, partition))
 
 
 def _mb(v: float) -> str:
@@ -94,6 +97,22 @@ def _state_figure(data: ReportData, memory: pd.DataFrame, cases: pd.DataFrame) -
                       margin=MARGIN, legend=LEGEND_TOP, xaxis_title="optimizer state per rank (MB)")
     fig.update_yaxes(autorange="reversed")
     return fig
+
+
+def _partition_lines(data: ReportData, partition: pd.DataFrame) -> list[str]:
+    """Per ZeRO case, each rank's runs: bucket, [first:stop) parameter indices within it, elements."""
+    lines = []
+    for _, grp in data.with_cases(partition).sort_values(["order", "rank", "bucket"], kind="stable").groupby("order", sort=True):
+        first = grp.iloc[0]
+        ranks = []
+        for rank, runs in grp.groupby("rank", sort=True):
+            parts = [f"{int(r['tensors'])} tensors, {int(r['params']):,} elements" if pd.isna(r["bucket"]) else
+                     f"bucket {int(r['bucket'])} [{int(r['first'])}:{int(r['first'] + r['tensors'])}] {int(r['params']):,}"
+                     for r in runs.to_dict("records")]
+            ranks.append(f"rank {rank}: " + ", ".join(parts))
+        prefix = f"{first['run']} · {first['label']}" if data.multi else first["label"]
+        lines.append(f"{prefix}: " + "; ".join(ranks))
+    return lines
 
 
 def _table(data: ReportData, cases: pd.DataFrame) -> pd.DataFrame:
