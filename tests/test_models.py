@@ -5,6 +5,7 @@ and the bytes each rank holds match hand-computed figures."""
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -143,3 +144,11 @@ def test_permutation_chain_optimum_is_exact_with_coinciding_successors() -> None
     assert dense.sum(axis=0) == pytest.approx(np.ones(6)) and dense.sum(axis=1) == pytest.approx(np.ones(6))
     assert (np.count_nonzero(dense, axis=1) < 4).any(), "the test needs a row with coinciding successors"
     assert entropy == pytest.approx(entropy_rate(dense), abs=1e-12)
+
+
+def test_list_shows_each_model_presets_and_parameter_counts() -> None:
+    proc = subprocess.run([sys.executable, "-m", "tpbench", "list"], capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={**os.environ, "COLUMNS": "250"})
+    assert proc.returncode == 0, proc.stderr
+    for text in ("gpt2: 124.44 M", "resnet18: 11.17 M", "large: 256.02 M", "n_layer=(preset)"):
+        assert text in proc.stdout, text
