@@ -47,6 +47,9 @@ class Training:
     # stops. The reserved key ``untimed_ms`` is time spent measuring inside the step, which the
     # worker subtracts from the step time.
     metrics: Callable[[], dict[str, float]] | None = None
+    # The optimizer the case steps (a ZeroRedundancyOptimizer for ZeRO cases): its state and
+    # partition are what tpbench.accounting counts.
+    optimizer: torch.optim.Optimizer | None = None
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,8 @@ def _step_and_zero(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
 
 def build_ddp(model: torch.nn.Module, ctx: BuildContext) -> Training:
     ddp = _ddp(model, ctx)
-    return Training(ddp, _step_and_zero(make_optimizer(ctx.case, ddp.parameters())))
+    optimizer = make_optimizer(ctx.case, ddp.parameters())
+    return Training(ddp, _step_and_zero(optimizer), optimizer=optimizer)
 
 
 def _zero(ddp: DDP, ctx: BuildContext, overlap_with_ddp: bool) -> ZeroRedundancyOptimizer:
@@ -129,7 +133,8 @@ def _zero(ddp: DDP, ctx: BuildContext, overlap_with_ddp: bool) -> ZeroRedundancy
 
 def build_zero_no_overlap(model: torch.nn.Module, ctx: BuildContext) -> Training:
     ddp = _ddp(model, ctx)
-    return Training(ddp, _step_and_zero(_zero(ddp, ctx, overlap_with_ddp=False)))
+    zero = _zero(ddp, ctx, overlap_with_ddp=False)
+    return Training(ddp, _step_and_zero(zero), optimizer=zero)
 
 
 def _zero_hook_builder(interleaved: bool) -> Callable[[torch.nn.Module, BuildContext], Training]:
@@ -149,7 +154,7 @@ def _zero_hook_builder(interleaved: bool) -> Callable[[torch.nn.Module, BuildCon
         ddp = _ddp(model, ctx)
         zero = _zero(ddp, ctx, overlap_with_ddp=True)
         ddp.register_comm_hook(None, wrap(allreduce_hook, ddp, zero, shard_buckets=bool(ctx.case.shard_buckets)))
-        return Training(ddp, lambda: zero.zero_grad(set_to_none=True))
+        return Training(ddp, lambda: zero.zero_grad(set_to_none=True), optimizer=zero)
 
     return build
 
@@ -280,7 +285,7 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
         measured.clear()
         return out
 
-    return Training(ddp, optimizer.step, after_step=after_step, metrics=metrics)
+    return Training(ddp, optimizer.step, after_step=after_step, metrics=metrics, optimizer=optimizer)
 
 
 ALGORITHMS: dict[str, Algorithm] = {

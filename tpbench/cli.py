@@ -206,9 +206,13 @@ def cmd_env(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _count(n: int) -> str:
+    return f"{n / 1e6:.2f} M" if n >= 1e5 else f"{n / 1e3:.1f} k"
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from tpbench.algorithms import ALGORITHMS
-    from tpbench.workloads import WORKLOADS
+    from tpbench.workloads import WORKLOADS, preset_sizes
 
     t = Table(title="algorithms")
     t.add_column("name")
@@ -220,10 +224,14 @@ def cmd_list(args: argparse.Namespace) -> int:
     w = Table(title="workloads")
     w.add_column("name")
     w.add_column("[workloads.NAME] keys")
+    w.add_column("parameters (preset: count)")
     import dataclasses
 
     for name, cls in WORKLOADS.items():
-        w.add_row(name, ", ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(cls.Params)))
+        sizes = ", ".join(f"{k}: {_count(v)}" for k, v in preset_sizes(cls).items())
+        from_preset = set(next(iter(cls.presets.values()), {}))
+        keys = (f"{f.name}={'(preset)' if f.name in from_preset else repr(f.default)}" for f in dataclasses.fields(cls.Params))
+        w.add_row(name, ", ".join(keys), sizes)
     out.print(w)
     suites_dir = Path(args.suites)
     if suites_dir.is_dir():

@@ -13,6 +13,7 @@ every run and runs can be compared case by case.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -257,15 +258,17 @@ def _validate(doc: dict[str, Any], path: str) -> Suite:
         _check_value(path, f"[capture] {k}", CAPTURE_KEYS[k], v)
         capture[k] = v
 
-    from tpbench.workloads import WORKLOADS
+    from tpbench.workloads import UserWorkloadError, resolve
 
     workloads: dict[str, dict[str, Any]] = {}
     for wname, table in doc.get("workloads", {}).items():
-        if wname not in WORKLOADS:
-            raise _fail(path, f"[workloads.{wname}]", f"unknown workload; expected one of {', '.join(WORKLOADS)}")
+        try:
+            wl_cls = resolve(wname)
+        except UserWorkloadError as e:
+            raise _fail(path, f"[workloads.{wname}]", f"unknown workload: {e}") from None
         if not isinstance(table, dict):
             raise _fail(path, f"[workloads.{wname}]", "expected a table")
-        fields = {f.name: f for f in dataclasses.fields(WORKLOADS[wname].Params)}
+        fields = {f.name: f for f in dataclasses.fields(wl_cls.Params)}
         for k, v in table.items():
             if k not in fields:
                 raise _fail(path, f"[workloads.{wname}] {k}", f"unknown key; expected one of {', '.join(fields)}")
@@ -360,7 +363,6 @@ def _resolve_machine(raw: dict[str, Any], machine: Machine) -> dict[str, Any]:
 def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
     """The cartesian product of ``[sweep]`` over ``[defaults]``, resolved, checked, collapsed, deduplicated."""
     from tpbench.algorithms import ALGORITHM_SPECIFIC_KEYS, ALGORITHMS
-    from tpbench.workloads import WORKLOADS
 
     machine = machine or Machine.detect()
     path = suite.path
@@ -372,14 +374,11 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
         algo = ALGORITHMS.get(raw["algorithm"])
         if algo is None:
             raise _fail(path, "algorithm", f"expected one of {', '.join(ALGORITHMS)}, got {raw['algorithm']!r}")
-        if raw["workload"] not in WORKLOADS:
-            raise _fail(path, "workload", f"expected one of {', '.join(WORKLOADS)}, got {raw['workload']!r}")
         r = _resolve_machine(raw, machine)
         _check_combination(path, r, machine, suite)
         for k in (ALGORITHM_SPECIFIC_KEYS - algo.uses) | algo.moot(r):
             r[k] = None
-        wl_params = WORKLOADS[r["workload"]].Params(**suite.workloads.get(r["workload"], {}))
-        r["workload_params"] = tuple(sorted(dataclasses.asdict(wl_params).items()))
+        r["workload_params"] = _workload_params(suite, r["workload"], r["batch_size"])
         case = Case(**r)
         why = algo.check(case)
         if why:
@@ -387,6 +386,34 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
         case = dataclasses.replace(case, case_id=case_id(case))
         cases.setdefault(case.case_id, case)
     return list(cases.values())
+
+
+@functools.cache
+def _checked_workload(path: str, name: str, table: tuple[tuple[str, Any], ...], batch_size: int) -> tuple[tuple[str, Any], ...]:
+    from tpbench.workloads import UserWorkloadError, imported, resolve
+
+    try:
+        cls = resolve(name)
+    except UserWorkloadError as e:
+        raise _fail(path, "workload", str(e)) from None
+    where = f"[workloads.{name}]"
+    try:
+        params = cls.Params(**dict(table))
+    except ValueError as e:
+        raise _fail(path, where, str(e)) from None
+    if imported.is_import_path(name):
+        try:
+            imported.check(cls, params, batch_size)
+        except UserWorkloadError as e:
+            raise _fail(path, where if table else "workload", str(e)) from None
+    return tuple(sorted(dataclasses.asdict(params).items()))
+
+
+def _workload_params(suite: Suite, name: str, batch_size: int) -> tuple[tuple[str, Any], ...]:
+    """The case's resolved workload parameters; a user's factory is also called once on the meta
+    device (see ``tpbench.workloads.imported``), once per distinct (workload, parameters)."""
+    table = tuple(sorted(suite.workloads.get(name, {}).items()))
+    return _checked_workload(suite.path, name, table, batch_size)
 
 
 def _check_combination(path: str, r: dict[str, Any], machine: Machine, suite: Suite) -> None:

@@ -11,10 +11,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
-from tpbench import store
 import pandas as pd
 
+from tpbench import store
 from tpbench.analysis import bandwidth, convergence, overlap, timeline, whatif
+from tpbench.analysis.memory import per_case
 from tpbench.analysis.stats import slowest_rank, summarize
 from tpbench.environment import fingerprint
 from tpbench.interconnect import InterconnectUnavailable, check_available, reap_stale_namespaces, resolve
@@ -150,11 +151,23 @@ def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _memory_summary(run_dir: Path) -> pd.DataFrame:
+    """Per case, from the exact per-rank accounting: the fullest rank's optimizer state, plain DDP's,
+    the share saved, the step-work imbalance (max / mean) and, for ZeRO hooks, the bucket count."""
+    memory, partition = store.read_case_tables(run_dir, "memory"), store.read_case_tables(run_dir, "partition")
+    if memory.empty:
+        return pd.DataFrame()
+    df = per_case(memory.assign(run_id=""), partition.assign(run_id="") if len(partition) else partition)
+    return df[["case_id", "state_max_bytes", "ddp_state_bytes", "state_saved_pct", "imbalance", "buckets"]].rename(columns={
+        "state_max_bytes": "opt_state_max_bytes", "ddp_state_bytes": "opt_state_ddp_bytes",
+        "state_saved_pct": "opt_state_saved_pct", "imbalance": "step_imbalance", "buckets": "zero_buckets"})
+
+
 def finalize(run_dir: Path) -> store.Loaded:
     """Write summary.parquet and the run's efficiency figures; returns the loaded run."""
     loaded = store.load(run_dir)
     summary = summarize(loaded.steps, loaded.cases)
-    for extra in (convergence.summarize(loaded.steps), analyze_traces(run_dir, loaded.cases)):
+    for extra in (convergence.summarize(loaded.steps), analyze_traces(run_dir, loaded.cases), _memory_summary(run_dir)):
         if len(extra):
             summary = summary.merge(extra, on="case_id", how="left")
     store.write_summary(run_dir, summary)

@@ -45,12 +45,13 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from tpbench import capture, store
+from tpbench import accounting, capture, store
 from tpbench.capture import nvml, profiler, transport
 from tpbench.algorithms import ALGORITHMS, BuildContext, Training
 from tpbench.environment import fingerprint
 from tpbench.suite import Case
-from tpbench.workloads import WORKLOADS, WorkloadContext
+from tpbench import workloads
+from tpbench.workloads import WorkloadContext
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ class CaseRunner:
         self.gpu = nvml.open_gpu(device)  # once per process: nvmlInit is not free
 
     def _build(self, case: Case) -> tuple[Any, Training]:
-        wl_cls = WORKLOADS[case.workload]
+        wl_cls = workloads.resolve(case.workload)
         workload = wl_cls(
             wl_cls.Params(**dict(case.workload_params)),
             WorkloadContext(
@@ -255,6 +256,8 @@ class CaseRunner:
             extra.append(row)
         # Peaks are read before the profiled steps: the profiler's own buffers are not the case's.
         memory = {"peak_rss_mb": _peak_rss_mb(), **self._gpu_memory()}
+        # Exact bytes and step work, once per case (on its last repeat), after the timed steps.
+        counted = accounting.measure(training.model, training.optimizer, self.rank.rank) if profile_after else None
         spans = nvml.step_spans(t_start, ends, case.warmup_steps)
         clock = None
         if profile_after and case.profiler_steps > 0:
@@ -267,16 +270,19 @@ class CaseRunner:
             "extra": extra,
             **memory,
             "capture": self._capture(case, repeat, sampler, spans, clock, last=profile_after),
+            "accounting": counted,
         }
         gathered: list[Any] | None = [None] * self.rank.world_size if self.rank.rank == 0 else None
         dist.gather_object(mine, gathered, dst=0, group=self.ctrl)
         if gathered is None:
             return None
         captures = [m.pop("capture") for m in gathered]
+        counts = [m.pop("accounting") for m in gathered]
         capture.write_repeat(self.run_dir, case.case_id, repeat, captures)
         if profile_after:
             info = capture.finish_case(self.run_dir, case.case_id, case.nvml_interval_ms, case.backend, captures)
             self.events.emit("capture", case=case.case_id, **info)
+            accounting.write(self.run_dir, case.case_id, counts)
         rows = _rows(case, repeat, gathered)
         if workload.optimal_loss is not None:
             rows["optimal_loss"] = workload.optimal_loss

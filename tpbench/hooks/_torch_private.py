@@ -205,3 +205,24 @@ class ZeroInternals:
         learning-rate scheduler) reach the local optimizer, exactly as with ``zero.step()``.
         """
         self._zero._local_step(gradients)
+
+
+def zero_local_optimizer(zero: ZeroRedundancyOptimizer) -> Any:
+    """The optimizer that steps this rank's shard (a functional one with ``overlap_with_ddp``):
+    its ``param_groups`` are the parameters this rank steps, its ``state`` the state it holds."""
+    return zero.optim
+
+
+def zero_partition(zero: ZeroRedundancyOptimizer) -> list[tuple[int, int | None, int, list[torch.Tensor]]]:
+    """Which rank steps which parameters: ``(rank, bucket, first index in the bucket, parameters)``.
+
+    With ``overlap_with_ddp`` one entry per (rank, DDP bucket) that rank steps part of, read from
+    ZeRO's bucket-assignment cache (filled when the hooks install their partition); without it
+    one entry per rank with ``bucket`` None, from ZeRO's own greedy partition of the parameters.
+    """
+    if zero._overlap_with_ddp:
+        return [(rank, bucket, a.offset, list(a.parameters))
+                for rank, per_bucket in enumerate(zero._bucket_assignments_per_rank_cache)
+                for bucket, a in sorted(per_bucket.items())]
+    return [(rank, None, 0, [p for group in groups for p in group["params"]])
+            for rank, groups in enumerate(zero._partition_parameters())]

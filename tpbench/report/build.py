@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from tpbench import store
-from tpbench.report import convergence, interconnect, performance, telemetry, timelines, verdicts
+from tpbench.report import convergence, interconnect, performance, telemetry, timelines, verdicts, zero_memory
 from tpbench.report.data import ReportData, load
 from tpbench.report.html import Page, esc, plain_templates
 
@@ -59,6 +59,7 @@ def _page(data: ReportData, runs: list[store.Loaded], out_dir: Path) -> Page:
     timelines.gantt(page, data)
     timelines.bandwidth(page, data)
     telemetry.nvml(page, data)
+    zero_memory.section(page, data)
     telemetry.memory(page, data)
     performance.comparisons_table(page, data, [c for cs in comparisons.values() for c in cs])
     _across_runs_table(page, data, cross)

@@ -130,8 +130,9 @@ def memory(page: Page, data: ReportData) -> None:
     long["rank"] = "rank " + long["rank"].astype(str)
     long = display(long, ["case"])
     page.heading("Memory per rank", anchor="memory")
-    page.paragraph("Peak per rank over all steps of a case: process RSS, and on GPU the CUDA caching allocator's "
-                   "allocated and reserved bytes." + ("" if few else " Many cases: shown for the case with the median "
+    page.paragraph("Peak per rank over all steps of a case: process RSS (on CPU mostly the runtime, about the same for "
+                   "every case; the exact optimizer state is in \"What ZeRO saves\"), and on GPU the CUDA caching "
+                   "allocator's allocated and reserved bytes." + ("" if few else " Many cases: shown for the case with the median "
                    "step time of each algorithm; every case's maximum over ranks is in the table of all cases."), css="muted")
     fig = px.bar(long, x="MB", y="case", color="rank", facet_col="metric" if len(cols) > 1 else None,
                  orientation="h", barmode="group", labels={"case": ""})

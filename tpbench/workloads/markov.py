@@ -73,16 +73,32 @@ def sample_sequences(
 ) -> torch.Tensor:
     """``count`` sequences of ``length`` states: the first drawn from ``start``, then by ``transition``.
 
+    A dense transition matrix is the sparse chain in which every state may follow every state.
+    """
+    n = transition.shape[0]
+    return sample_chain(torch.arange(n).expand(n, n), transition, start, count, length, generator)
+
+
+def sample_chain(
+    successors: torch.Tensor, probs: torch.Tensor, start: torch.Tensor, count: int, length: int,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Sequences of a chain given row-wise: from state ``i`` the next is ``successors[i, j]`` with
+    probability ``probs[i, j]`` (float64). A chain over a GPT-sized vocabulary fits in memory only
+    this way (a dense 50257 x 50257 matrix is 20 GB).
+
     Inverse-CDF sampling on float64 cumulative rows, one uniform per token, so a sequence depends
     only on the generator's state (the same on every machine).
     """
-    row_cdf = transition.cumsum(dim=1)
-    last = transition.shape[0] - 1
+    row_cdf = probs.cumsum(dim=1)
+    last = probs.shape[1] - 1
     uniforms = torch.rand(length, count, generator=generator, dtype=torch.float64)
     seq = torch.empty(length, count, dtype=torch.long)
-    seq[0] = torch.searchsorted(start.cumsum(0), uniforms[0]).clamp_(max=last)
+    seq[0] = torch.searchsorted(start.cumsum(0), uniforms[0]).clamp_(max=start.shape[0] - 1)
     for t in range(1, length):
-        seq[t] = torch.searchsorted(row_cdf[seq[t - 1]], uniforms[t].unsqueeze(1)).squeeze(1).clamp_(max=last)
+        prev = seq[t - 1]
+        pick = torch.searchsorted(row_cdf[prev], uniforms[t].unsqueeze(1)).squeeze(1).clamp_(max=last)
+        seq[t] = successors[prev, pick]
     return seq.T.contiguous()
 
 
@@ -108,18 +124,22 @@ class _Block(nn.Module):
 
 
 class TinyTransformer(nn.Module):
-    """A GPT-style decoder: token and position embeddings, ``n_layers`` blocks, a linear head.
+    """A GPT-style decoder: token and position embeddings, ``n_layers`` blocks, a linear head
+    (with ``tied``, GPT-2's output layer that shares the token embedding's weight).
 
     Input ``(batch, time)`` token ids, output ``(batch, time, vocab)`` next-token logits.
     """
 
-    def __init__(self, vocab: int, seq_len: int, d_model: int, n_layers: int, n_heads: int) -> None:
+    def __init__(self, vocab: int, seq_len: int, d_model: int, n_layers: int, n_heads: int, tied: bool = False) -> None:
         super().__init__()
         self.tokens = nn.Embedding(vocab, d_model)
         self.positions = nn.Embedding(seq_len, d_model)
         self.blocks = nn.Sequential(*(_Block(d_model, n_heads) for _ in range(n_layers)))
         self.norm = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, vocab)
+        # Tied (GPT-2): the output layer is the token embedding, one tensor for both.
+        self.head = nn.Linear(d_model, vocab, bias=not tied)
+        if tied:
+            self.head.weight = self.tokens.weight
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         where = torch.arange(tokens.shape[1], device=tokens.device)

@@ -1,0 +1,64 @@
+"""Factories for tests/test_user_models.py: one that keeps the protocol (``good``), one whose model
+cannot fit in any machine's memory (``huge``), and one per way of breaking the protocol (used
+by the NN-*.toml suites next to this file, each with its expected error on its first line)."""
+
+import torch
+from torch import nn
+
+from tpbench.workloads import Bench, WorkloadContext, batch_seed
+
+
+def good(ctx: WorkloadContext, width: int = 16) -> Bench:
+    torch.manual_seed(ctx.seed)
+    model = nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, 4)).to(ctx.device)
+
+    def train_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(batch_seed(ctx.seed, ctx.rank, step))
+        x = torch.randn(ctx.batch_size, 8, generator=g)
+        return x.to(ctx.device), torch.randint(0, 4, (ctx.batch_size,), generator=g).to(ctx.device)
+
+    return Bench(model, train_batch, nn.functional.cross_entropy)
+
+
+def huge(ctx: WorkloadContext, width: int = 1_000_000) -> Bench:
+    """A 10^12-parameter layer: 4 TB of float32 (fine on the meta device, impossible on a rank)."""
+    bench = good(ctx)
+    bench.model = nn.Linear(width, width).to(ctx.device)
+    return bench
+
+
+def raises(ctx: WorkloadContext) -> Bench:
+    raise RuntimeError("the dataset path is not configured")
+
+
+def returns_model(ctx: WorkloadContext) -> nn.Module:
+    return nn.Linear(2, 2)
+
+
+def model_not_module(ctx: WorkloadContext) -> Bench:
+    bench = good(ctx)
+    bench.model = "a model"
+    return bench
+
+
+def loss_not_callable(ctx: WorkloadContext) -> Bench:
+    bench = good(ctx)
+    bench.loss = 0.0
+    return bench
+
+
+def batch_not_pair(ctx: WorkloadContext) -> Bench:
+    bench = good(ctx)
+    bench.train_batch = lambda step: torch.zeros(3)
+    return bench
+
+
+def no_default(ctx: WorkloadContext, width: int) -> Bench:
+    return good(ctx, width)
+
+
+def no_ctx() -> Bench:
+    return good(None)
+
+
+not_a_function = 3

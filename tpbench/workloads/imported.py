@@ -1,0 +1,158 @@
+"""Your own model as a workload: a factory named by import path, e.g. ``"mypkg.bench:build"``.
+
+The protocol is one function. tpbench calls ``build(ctx, **params)`` on every rank for every
+repeat, with ``ctx`` a :class:`~tpbench.workloads.WorkloadContext` (rank, world size, per-rank
+batch size, seed, device) and ``params`` the suite's ``[workloads."mypkg.bench:build"]`` table.
+Every keyword parameter needs a default: the defaults are the workload's defaults, their types
+the types a suite may give. It returns a :class:`Bench`.
+
+Before anything runs, the suite check imports the factory and calls it once with
+``ctx.device`` the meta device and ``torch.device("meta")`` as the default device (nothing is
+allocated, so a model too big for this machine is still checked), then calls ``train_batch(0)``.
+Import errors, a factory that raises, a wrong return value or an unknown parameter stop the
+sweep there, naming the suite file and key. On the ranks a model that does not fit in memory
+fails its case with the cause; the other cases run.
+
+The module is imported as ``python -m`` would from the directory tpbench runs in (the rank
+processes run there too), or from ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from tpbench.workloads.base import Workload, WorkloadContext
+
+
+@dataclass
+class Bench:
+    """What a factory returns.
+
+    ``model``: on ``ctx.device``, identical on every rank (seed it with ``ctx.seed``).
+    ``train_batch(step)``: ``(inputs, targets)`` of that step for this rank, on ``ctx.device``;
+    different per rank, reproducible per step (seed a generator with
+    ``tpbench.workloads.batch_seed(ctx.seed, ctx.rank, step)``). ``loss(model(inputs), targets)``:
+    a scalar. Optional: ``heldout_batches()``, fixed batches equal on every rank (for
+    ``eval_every``), and ``optimal_loss``, the best achievable held-out loss when known.
+    """
+
+    model: nn.Module
+    train_batch: Callable[[int], tuple[Any, Any]]
+    loss: Callable[[Any, Any], torch.Tensor]
+    heldout_batches: Callable[[], list[tuple[Any, Any]]] | None = None
+    optimal_loss: float | None = None
+
+
+class UserWorkloadError(ValueError):
+    """The import path, the factory or what it returns breaks the protocol (the message says how)."""
+
+
+def is_import_path(name: str) -> bool:
+    return ":" in name
+
+
+def _import(path: str) -> Callable[..., Any]:
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise UserWorkloadError(f"expected a workload name or an import path MODULE:FACTORY, got {path!r}")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.append(cwd)  # as the ranks (python -m tpbench.worker, run here) see it
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's to see, named
+        raise UserWorkloadError(f"cannot import {module_name!r} (from {cwd} or PYTHONPATH): {type(e).__name__}: {e}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise UserWorkloadError(f"expected a function {attr!r} in module {module_name!r}, found {type(factory).__name__}")
+    return factory
+
+
+def _params_class(path: str, factory: Callable[..., Any]) -> type:
+    """A frozen dataclass of the factory's keyword parameters (after ``ctx``), so that suites
+    validate ``[workloads."PATH"]`` tables like a built-in workload's."""
+    params = list(inspect.signature(factory).parameters.values())
+    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        raise UserWorkloadError(f"expected {path} to take the WorkloadContext as its first parameter: build(ctx, ...)")
+    fields = []
+    for p in params[1:]:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise UserWorkloadError(f"expected named parameters with defaults after ctx in {path}, got {p}")
+        if p.default is p.empty or p.default is None:
+            raise UserWorkloadError(f"expected a default (int, float, bool or str) for parameter {p.name!r} of {path}")
+        fields.append((p.name, type(p.default), dataclasses.field(default=p.default)))
+    return dataclasses.make_dataclass("Params", fields, frozen=True)
+
+
+def _bench(path: str, result: Any) -> Bench:
+    if not isinstance(result, Bench):
+        raise UserWorkloadError(f"expected {path} to return a tpbench.workloads.Bench, got {type(result).__name__}")
+    if not isinstance(result.model, nn.Module):
+        raise UserWorkloadError(f"expected Bench.model from {path} to be a torch.nn.Module, got {type(result.model).__name__}")
+    for name in ("train_batch", "loss"):
+        if not callable(getattr(result, name)):
+            raise UserWorkloadError(f"expected Bench.{name} from {path} to be callable")
+    if result.heldout_batches is not None and not callable(result.heldout_batches):
+        raise UserWorkloadError(f"expected Bench.heldout_batches from {path} to be callable or None")
+    if result.optimal_loss is not None and not isinstance(result.optimal_loss, (int, float)):
+        raise UserWorkloadError(f"expected Bench.optimal_loss from {path} to be a number or None")
+    return result
+
+
+def imported_workload(path: str) -> type[Workload]:
+    """The workload class for a factory's import path (raises :class:`UserWorkloadError`)."""
+    factory = _import(path)
+    params_cls = _params_class(path, factory)
+
+    class Imported(Workload):
+        name = path
+        Params = params_cls
+
+        def __init__(self, params: object, ctx: WorkloadContext) -> None:
+            super().__init__(params, ctx)
+            self.bench = _bench(path, factory(ctx, **dataclasses.asdict(params)))
+
+        def build_model(self) -> nn.Module:
+            return self.bench.model
+
+        def train_batch(self, step: int) -> tuple[Any, Any]:
+            return self.bench.train_batch(step)
+
+        def loss(self, output: Any, targets: Any) -> torch.Tensor:
+            return self.bench.loss(output, targets)
+
+        def heldout_batches(self) -> list[tuple[Any, Any]]:
+            return self.bench.heldout_batches() if self.bench.heldout_batches else []
+
+        @property
+        def optimal_loss(self) -> float | None:
+            return self.bench.optimal_loss
+
+    Imported.__doc__ = factory.__doc__
+    return Imported
+
+
+def check(cls: type[Workload], params: object, batch_size: int) -> None:
+    """Call the factory once on the meta device, and its ``train_batch(0)``: the protocol's
+    mistakes surface before the sweep, without allocating the model."""
+    ctx = WorkloadContext(rank=0, world_size=1, batch_size=batch_size, seed=0, device=torch.device("meta"))
+    try:
+        with torch.device("meta"):
+            workload = cls(params, ctx)
+            batch = workload.train_batch(0)
+    except UserWorkloadError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's code: report what it raised, where
+        raise UserWorkloadError(f"{cls.name} raised {type(e).__name__}: {e} (called with ctx.device = meta)") from None
+    if not (isinstance(batch, tuple) and len(batch) == 2):
+        raise UserWorkloadError(f"expected Bench.train_batch(step) from {cls.name} to return (inputs, targets), "
+                                f"got {type(batch).__name__}")
