@@ -10,14 +10,16 @@ Started by ``scripts/gpu_check.sh`` (which installs the carried wheels first). T
 - ``analysis``: ``gpu_analysis.py``, tpbench's own analysis of the traces and NCCL logs the
   capture sweeps produced, with the key figures;
 - ``report``: ``tpbench report`` on those runs (needs plotly);
-- ``overhead``: ``bench_nvml_overhead.py``, the NVML sampler's cost on the timed steps.
+- ``overhead``: ``bench_nvml_overhead.py``, the NVML sampler's cost on the timed steps;
+- ``models``: ``gpu_models.py``, GPT-2 small under every ZeRO variant (exact memory accounting
+  against the allocator) and post-local SGD, ResNet and embedding models on 2 Gloo ranks.
 
 A part that fails or runs out of time costs only itself: the parts after it still run, each
 within what is left of ``--budget-s``. ``gpu_check.json`` is rewritten after every part, so an
 outer timeout still leaves the finished parts' results; ``artifacts.tar.gz`` (traces, NCCL logs,
 stored tables, the report; at most 15 MiB) is written last.
 
-Usage: python scripts/gpu_check.py --out DIR --work DIR [--budget-s 330] [--rehearse]
+Usage: python scripts/gpu_check.py --out DIR --work DIR [--budget-s 330] [--rehearse] [--parts a,b]
        python scripts/gpu_check.py --preflight --json FILE [--rehearse]
 """
 
@@ -176,6 +178,8 @@ def parts(args: argparse.Namespace, check: Check) -> list[Part]:
         Part("report", [py, "-m", "tpbench", "report", "-o", str(work / "report.html")], 45, needs=("capture",)),
         Part("overhead", [py, str(SCRIPTS / "bench_nvml_overhead.py"), "--json", js("overhead"),
                           *(["--rounds", "2", "--steps", "4", "--width", "64"] if args.rehearse else ["--rounds", "6"])], 45),
+        Part("models", [py, str(SCRIPTS / "gpu_models.py"), "--root", str(work / "models"), "--json", js("models"),
+                        *rehearse], 150),
     ]
 
 
@@ -203,6 +207,11 @@ def figures(check: Check) -> dict[str, Any]:
         html = check.artifacts.get("report_path")
         out["report.seconds"] = r.seconds
         out["report.bytes"] = Path(html).stat().st_size if html and Path(html).exists() else None
+    if (m := p.get("models")) and m.result:
+        checks = m.result.get("checks", [])
+        out["models.checks_passed"] = f"{sum(x['ok'] for x in checks)}/{len(checks)}"
+        out["models.failed_checks"] = [x["check"] for x in checks if not x["ok"]]
+        out["models"] = {name: r.get("figures") for name, r in m.result.get("runs", {}).items()}
     if (o := p.get("overhead")) and o.result:
         out["overhead"] = {k: o.result[k] for k in ("nvml", "device", "interval_ms", "ratio", "ratio_min", "ratio_max",
                                                     "median_off_ms", "median_on_ms", "sampler_cpu_pct")}
@@ -260,7 +269,7 @@ def orchestrate(args: argparse.Namespace) -> int:
         error = (outcome.result or {}).get("error") or outcome.reason
         print(f"gpu_check: preflight failed: {error}\n{outcome.log}", file=sys.stderr)
         return 2 if outcome.exit == 2 else 1
-    todo = parts(args, check)
+    todo = [p for p in parts(args, check) if not args.parts or p.name in args.parts]
     for i, part in enumerate(todo):
         left = deadline - time.monotonic() - MIN_PART_S * (len(todo) - i - 1)
         missing = [n for n in part.needs if check.parts.get(n) is None or not _runs_of(check)]
@@ -298,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, help="scratch folder for run directories")
     ap.add_argument("--budget-s", type=int, default=330)
     ap.add_argument("--rehearse", action="store_true", help="run on CPU to test the check itself")
+    ap.add_argument("--parts", type=lambda s: [p for p in s.split(",") if p], default=[],
+                    help="comma-separated parts to run (default: all); e.g. models")
     ap.add_argument("--preflight", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

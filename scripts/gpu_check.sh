@@ -9,6 +9,7 @@
 # process and time limit, the whole within BUDGET_S seconds (default 330). $OUT receives
 # gpu_check.json (every figure and check), one log per part and artifacts.tar.gz (traces, NCCL logs,
 # tables, the HTML report). Exit 0 when every check passed, 1 when one failed, 2 without CUDA.
+# PARTS=models,capture runs only those parts.
 # REHEARSE=1 runs the same parts on CPU (Gloo, simulated NVML) to test the check itself; its figures
 # are not GPU measurements and the JSON says so.
 set -u
@@ -29,4 +30,4 @@ else
   echo "gpu_check: no .whl/ folder (bash scripts/fetch_gpu_wheels.sh makes it); using the machine's packages only" >&2
 fi
 export PYTHONPATH="$PWD:$PWD/scripts:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-exec "$PY" scripts/gpu_check.py --out "$OUT" --work "$WORK" --budget-s "${BUDGET_S:-330}" ${REHEARSE:+--rehearse}
+exec "$PY" scripts/gpu_check.py --out "$OUT" --work "$WORK" --budget-s "${BUDGET_S:-330}" ${REHEARSE:+--rehearse} ${PARTS:+--parts "$PARTS"}
