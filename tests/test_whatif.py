@@ -182,8 +182,9 @@ def test_calibration_refuses_when_communication_alone_exceeds_the_timed_step():
 
 @pytest.mark.parametrize("fit, reason", [
     (whatif.Fit(traced_ms=50, replay_ms=65, comm_only_ms=10, measured_ms=50, factor=1.0), "does not reproduce its own traced"),
-    (whatif.Fit(traced_ms=95, replay_ms=92, comm_only_ms=37, measured_ms=36, factor=None), "unrepresentative of timed"),
+    (whatif.Fit(traced_ms=95, replay_ms=92, comm_only_ms=37, measured_ms=36, factor=None), "alone (37.0 ms) exceeds"),
     (whatif.Fit(traced_ms=55, replay_ms=57, comm_only_ms=29, measured_ms=40, factor=0.40), "scaled ×0.40"),
+    (whatif.Fit(traced_ms=43, replay_ms=37, comm_only_ms=3, measured_ms=26, factor=0.70), None),
     (whatif.Fit(traced_ms=42, replay_ms=41, comm_only_ms=13, measured_ms=53, factor=1.43), None),
 ])
 def test_each_fit_check_names_its_reason(fit, reason):
@@ -262,8 +263,8 @@ def test_a_run_traced_on_a_busy_machine_refuses_or_stays_within_bounds():
     result = whatif.run_whatif(loaded, whatif.load_fabrics())
     params = loaded.cases.set_index("case_id")
     reasons = {m.case_id: m.refused for m in result.models}
-    assert "unrepresentative of timed steps" in reasons["1c52ac5cb99d"]   # zero_no_overlap, 25 MB: traced ×2.6
-    assert "scaled ×0.12" in reasons["b2b0b342806b"]                      # zero_no_overlap, 4 MB
+    assert "alone (37.5 ms) exceeds the timed step" in reasons["1c52ac5cb99d"]  # zero_no_overlap, 25 MB: traced ×2.6
+    assert "scaled ×0.12" in reasons["b2b0b342806b"]                              # zero_no_overlap, 4 MB
     assert "does not reproduce its own traced steps" in reasons["bdf2f52bb12c"]  # hook, 4 MB, sharded
     assert reasons["1d3c71874772"] is None                                # hook, 25 MB, sharded
     p = result.projections
@@ -297,7 +298,7 @@ def test_whatif_command_shows_and_stores_refusals(tmp_path):
     rows = {line.split("│")[1].strip(): line for line in p.stdout.splitlines() if line.count("│") > 4}
     assert "refused" in rows["algorithm=zero_no_overlap bucket_cap_mb=25 (*)"]
     assert "refused" not in rows["algorithm=hook_with_zero_step bucket_cap_mb=25"]
-    assert "unrepresentative of timed steps" in " ".join(p.stderr.split())
+    assert "unrepresentative of timed steps" in " ".join(p.stderr.split())  # the footnote gives the reason
     stored = pd.read_parquet(run / "whatif.parquet").set_index("case_id")
     assert "unrepresentative" in stored.loc["1c52ac5cb99d", "refused"] and pd.isna(stored.loc["1c52ac5cb99d", "projected_ms"])
     assert pd.isna(stored.loc["1d3c71874772", "refused"]) and stored.loc["1d3c71874772", "projected_ms"] > 0
