@@ -130,7 +130,7 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fab
     first = proj.groupby("case", sort=False).first()
     wide.insert(0, f"measured on {result.reference}", first["measured_ms"])
     wide.insert(1, "compute critical path", first["compute_ms"])
-    wide["why refused"] = first["refused"]
+    wide["why refused"] = first["refused"].fillna("")
     page.heading("Projected step time (ms) per fabric", level=3)
     refused = int(first["refused"].notna().sum())
     if refused:
@@ -162,7 +162,7 @@ def _validation(page: Page, result: whatif.RunWhatIf, labels: dict[str, str]) ->
     shown = v.assign(predicted=v["predicted_ms"].map(lambda x: f"{x:.3g}").where(v["refused"].isna(), "refused"),
                      error=v["error_pct"].map(lambda x: f"{x:+.1f}%").where(v["refused"].isna(), ""))
     page.table(shown[["direction", "case", "reference_link", "interconnect", "measured_ms", "ci_lo_ms", "ci_hi_ms",
-                      "predicted", "error", "refused"]].rename(columns={"refused": "why refused"}))
+                      "predicted", "error", "refused"]].fillna({"refused": ""}).rename(columns={"refused": "why refused"}))
 
 
 def _validation_figure(v: pd.DataFrame) -> go.Figure:
