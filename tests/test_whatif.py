@@ -279,6 +279,34 @@ def test_a_run_traced_on_a_busy_machine_refuses_or_stays_within_bounds():
     assert made["compute_ms"].iloc[0] >= whatif.COMPUTE_FACTOR[0] * traced_cp
 
 
+LINKS_RUN = Path(__file__).parent / "data" / "whatif_links_run"
+
+
+def test_validation_runs_both_directions_and_refuses_what_rests_on_a_refused_fit():
+    """Five cases of a 2-rank sweep over loopback and emulated links (2-core machine, load 8):
+    hook_with_zero_step on loopback, tcp-1gbit and tcp-500mbit, zero_no_overlap on loopback and
+    tcp-500mbit, whose loopback fit needs compute ×1.74 and is refused."""
+    result = whatif.run_whatif(store.load(LINKS_RUN), whatif.load_fabrics())
+    v = result.validation.set_index(["direction", "case_id"])
+    slower, faster = whatif.SLOWER, whatif.FASTER
+    # The hook: each slower link from loopback, each faster link (loopback too) from tcp-500mbit.
+    assert v.loc[(slower, "7d153e1de062"), "reference_case"] == "08d91521814d"
+    assert v.loc[(slower, "d5571ee597ae"), "reference_case"] == "08d91521814d"
+    assert v.loc[(faster, "08d91521814d"), "reference_case"] == "d5571ee597ae"
+    assert v.loc[(faster, "7d153e1de062"), "reference_link"] == "tcp-500mbit"
+    made = result.validation[result.validation["refused"].isna()]
+    assert len(made) == 4 and made["predicted_ms"].notna().all()
+    # zero_no_overlap: its loopback twin is refused, so is every prediction resting on it: from it
+    # (slower), and of loopback from tcp-500mbit, whose description is that twin's measured path.
+    assert "scaled ×1.74" in v.loc[(slower, "1eb4310e7baf"), "refused"]
+    assert v.loc[(faster, "c3d175563500"), "refused"].startswith("the link's description comes from the loopback twin")
+    assert math.isnan(v.loc[(faster, "c3d175563500"), "predicted_ms"])
+    errors = result.errors().set_index("direction")
+    assert errors.loc[slower, "predicted"] == 2 and errors.loc[slower, "refused"] == 1
+    assert errors.loc[faster, "predicted"] == 2 and errors.loc[faster, "refused"] == 1
+    assert errors.loc[faster, "worst_abs_error_pct"] == pytest.approx(made.loc[made["direction"] == faster, "error_pct"].abs().max())
+
+
 def test_report_shows_the_reason_in_place_of_the_number():
     html = build_report([store.load(BUSY_RUN)])
     section = html[html.index('id="whatif"'):]

@@ -836,10 +836,12 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
         # This host's own path, the floor under faster emulated links: only an unshaped link shows it,
         # and only a twin whose fit is trusted describes it (a refused fit is refused for its path).
         host = ref_model.path if ref_model is not None and rate[reference] == math.inf else None
-        why = f"the link's description comes from the {reference} twin, itself refused: {ref_model.refused}" \
-            if host is not None and ref_model.refused else None
+        why = None
+        if host is not None and ref_model.refused:
+            why = f"the link's description comes from the {reference} twin, itself refused: {ref_model.refused}"
         if slowest in by_link:
-            faster = [link for link in by_link if rate[slowest] < rate[link] and (rate[link] < math.inf or host is not None)]
+            faster = [link for link in by_link
+                      if rate[slowest] < rate[link] and (rate[link] < math.inf or (link == reference and host is not None))]
             if faster:
                 rows.append(validate(model(slowest), [target(link, host, why) for link in faster], FASTER))
     validation = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=list(VALIDATION_COLUMNS))
