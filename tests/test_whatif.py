@@ -257,7 +257,8 @@ BUSY_RUN = Path(__file__).parent / "data" / "whatif_busy_run"
 def test_a_run_traced_on_a_busy_machine_refuses_or_stays_within_bounds():
     """Four cases of a suites/zero.toml sweep on the 2-core machine at load 5 (traced steps 1.2–2.6×
     slower than timed, the run the issue was filed on): the zero_no_overlap cases at 4 and 25 MB
-    and hook_with_zero_step at 4 MB were projected at 2–12 ms against 24–55 ms of traced compute.
+    and hook_with_zero_step at 4 MB were projected at 2.8–4.8 ms (compute factors 0.05–0.12) against
+    31–58 ms of traced compute critical path.
     Now each is refused with its reason; the healthy case is projected within its bounds."""
     loaded = store.load(BUSY_RUN)
     result = whatif.run_whatif(loaded, whatif.load_fabrics())

@@ -40,7 +40,10 @@ transfer also crosses, pipelined with the first, so the slower of the two sets t
 emulated link behind this host's own TCP stack).
 
 Projections are projections: this machine's compute with another fabric's communication. Compute
-contention from communication on the host (Gloo copies on the CPU) is not modelled.
+contention from communication on the host (Gloo copies on the CPU) is not modelled: where ranks
+and Gloo share a few cores, traced compute and traced communication each include time they
+slowed the other, the replay overlaps both at full length, and it overshoots its own traced
+steps (a refusal by ``REPLAY_RESIDUAL``).
 
 Calibration, and the bounds it gives. The case's own path is fitted on its traced steps'
 communication; a factor on thread work then makes the replay on that path match the timed steps
@@ -48,8 +51,9 @@ communication; a factor on thread work then makes the replay on that path match 
 timed median's 95 % interval, and not above the median. When the traced steps ran slower than the
 timed ones (a busier machine while tracing), the fitted path is too slow, and the modelled
 communication alone can exceed the timed step: matching it is then only possible by shrinking
-compute, and a factor clipped at 0.05 projected steps at a twentieth of the case's compute. So
-the factor is no longer clipped: a case whose fit needs a factor outside ``COMPUTE_FACTOR``, or
+compute, and a factor clipped at some floor (0.05, say) projects steps at a twentieth of the
+case's compute onto any fast fabric. So the factor is never clipped: a case whose fit needs a
+factor outside ``COMPUTE_FACTOR``, or
 none at all (the traced steps are then unrepresentative of the timed ones), is refused with the
 reason, as is one whose replay misses its own traced steps (``REPLAY_RESIDUAL``).
 
@@ -544,7 +548,7 @@ def calibrate_compute(skels: Sequence[StepSkeleton], fabric: Fabric, measured_s:
     measured path alone, as fitted on the traced steps, exceeds the timed step: the traced
     steps' communication was slower than the timed steps'), or with ``bounds[1]`` still faster.
     Clipping the factor instead would shrink compute to nothing and project steps far shorter
-    than the case's own compute, which is what this function used to do."""
+    than the case's own compute."""
     lowest_s = measured_s if lowest_s is None else min(lowest_s, measured_s)
     at_one = median_step_s(skels, fabric, 1.0)
     if lowest_s <= at_one <= measured_s:
@@ -575,12 +579,12 @@ def calibrate_compute(skels: Sequence[StepSkeleton], fabric: Fabric, measured_s:
 # loaded machine. A factor beyond says the traced steps are not the timed steps' kind (the
 # machine's load changed between them) or the skeleton misses a dependency, and a projection
 # would carry that error at full size. Bounding it also bounds the compute critical path:
-# at least half the traced compute, never the twentieth a clipped fit used to give.
+# at least half the traced compute.
 COMPUTE_FACTOR = (0.5, 1.5)
 # The replay of the traced steps on their own fitted path, before calibration, against those
 # same steps: the model's error on its own input (the residual on the measured link). The
-# validation's target is 15 % mean error; a model that misses the steps it was built from by
-# more than 20 % cannot meet it.
+# validation's target is 15 % mean error; a model that misses the very steps it was built from
+# by more than 20 % has no business predicting other links.
 REPLAY_RESIDUAL = 0.20
 
 
