@@ -428,7 +428,7 @@ timeout_s = 120
 [sweep]
 interconnect = ["loopback", "tcp-1gbit"]
 [capture]
-profiler_steps = 3
+profiler_steps = 5
 [workloads.mlp]
 width = 512
 depth = 4

@@ -420,6 +420,10 @@ def cmd_whatif(args: argparse.Namespace) -> int:
                       f"{r['measured_ms']:.1f} [{r['ci_lo_ms']:.1f}, {r['ci_hi_ms']:.1f}]",
                       f"{r['predicted_ms']:.1f}" if made else "refused", f"{r['error_pct']:+.1f}%" if made else "")
         out.print(t)
+        refused = result.validation.dropna(subset=["refused"]).drop_duplicates(["reference_case", "refused"])
+        for r in refused.to_dict("records"):
+            console.print(Text.assemble(("refused ", "yellow"), f"predictions from {r['reference_link']} "
+                                        f"{labels[r['reference_case']]}: {r['refused']}"))
         for e in result.errors().to_dict("records"):
             out.print(f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}% "
                       f"over {e['predicted']} predictions ({e['refused']} refused)", markup=False)
