@@ -162,7 +162,8 @@ def _validation(page: Page, result: whatif.RunWhatIf, labels: dict[str, str]) ->
     shown = v.assign(predicted=v["predicted_ms"].map(lambda x: f"{x:.3g}").where(v["refused"].isna(), "refused"),
                      error=v["error_pct"].map(lambda x: f"{x:+.1f}%").where(v["refused"].isna(), ""))
     page.table(shown[["direction", "case", "reference_link", "interconnect", "measured_ms", "ci_lo_ms", "ci_hi_ms",
-                      "predicted", "error", "refused"]].fillna({"refused": ""}).rename(columns={"refused": "why refused"}))
+                      "predicted", "error", "refused"]].fillna({"refused": ""}).rename(columns={"refused": "why refused"}),
+               scroll=len(shown) > 12)
 
 
 def _validation_figure(v: pd.DataFrame) -> go.Figure:
