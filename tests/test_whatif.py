@@ -6,14 +6,22 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
+import random
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from tpbench import store, sweep
 from tpbench.analysis import timeline, whatif
+from tpbench.report import build_report
 from tpbench.analysis.whatif import CollectiveSpec, Fabric, Issue, StepSkeleton, Wait, Work, collective_time, simulate
 
 # --------------------------------------------------------------------------- α–β costs
@@ -153,6 +161,176 @@ def test_calibration_recovers_a_known_compute_factor():
     f = Fabric("f", 0.0, 1e8)  # 10 ms all-reduce, hidden behind 20 ms of compute
     truth = whatif.median_step_s([sk], f, 1.7)
     assert whatif.calibrate_compute([sk], f, truth) == pytest.approx(1.7, rel=1e-6)
+    # Within the timed steps' interval, compute stays as traced; below it, the factor stops at its edge.
+    assert whatif.calibrate_compute([sk], f, truth, lowest_s=whatif.median_step_s([sk], f, 0.9)) == 1.0
+    assert whatif.calibrate_compute([sk], f, truth, lowest_s=whatif.median_step_s([sk], f, 1.2)) == pytest.approx(1.2, rel=1e-6)
+
+
+def test_calibration_refuses_when_communication_alone_exceeds_the_timed_step():
+    """The issue's mechanism: a link fitted on slow traced steps makes communication alone (40 ms)
+    longer than the timed step (36 ms). The old fit shrank compute to 0.05 and projected a step
+    far below the case's compute; now no factor fits and the case is refused with that reason."""
+    ops = [Work(0.010), Issue(AR(0)), Work(0.005), Wait((AR(0),)), Work(0.005)]
+    sk = StepSkeleton(1, (tuple(ops), tuple(ops)), (CollectiveSpec(AR(0), 4e6, 2),), 0.052)
+    slow = Fabric("as measured", 0.0, 1e8)  # 40 ms for the all-reduce
+    assert whatif.calibrate_compute([sk], slow, 0.036) is None
+    model = whatif.calibrated("c", {}, [sk], slow, np.array([36.0, 36.0, 36.0]))
+    assert model.fit.comm_only_ms == pytest.approx(40.0)
+    assert model.refused is not None and "communication on the measured link alone (40.0 ms)" in model.refused
+    assert math.isnan(model.step_ms(whatif.load_fabrics()["nvlink4"]))
+
+
+@pytest.mark.parametrize("fit, reason", [
+    (whatif.Fit(traced_ms=50, replay_ms=65, comm_only_ms=10, measured_ms=50, factor=1.0), "does not reproduce its own traced"),
+    (whatif.Fit(traced_ms=95, replay_ms=92, comm_only_ms=37, measured_ms=36, factor=None), "alone (37.0 ms) exceeds"),
+    (whatif.Fit(traced_ms=55, replay_ms=57, comm_only_ms=29, measured_ms=40, factor=0.40), "scaled ×0.40"),
+    (whatif.Fit(traced_ms=43, replay_ms=37, comm_only_ms=3, measured_ms=26, factor=0.70), None),
+    (whatif.Fit(traced_ms=42, replay_ms=41, comm_only_ms=13, measured_ms=53, factor=1.43), None),
+])
+def test_each_fit_check_names_its_reason(fit, reason):
+    got = fit.refusal()
+    assert got is None if reason is None else reason in got
+
+
+def _random_skeleton(rng: random.Random, n: int, step: int) -> StepSkeleton:
+    """Random compute and collective pattern: every rank issues the same collectives in the same
+    order, with random work between, waits on random subsets of what it has issued, and a final
+    wait on everything."""
+    kinds = [rng.choice(["allreduce", "broadcast", "allgather", "reduce_scatter"]) for _ in range(rng.randint(1, 6))]
+    seen: dict[str, int] = {}
+    keys = []
+    for kind in kinds:
+        keys.append((kind, seen.get(kind, 0)))
+        seen[kind] = seen.get(kind, 0) + 1
+    ranks = []
+    for _ in range(n):
+        ops: list = []
+        issued: list = []
+        for key in keys:
+            ops += [Work(rng.uniform(0, 0.02)), Issue(key)]
+            issued.append(key)
+            if rng.random() < 0.4:
+                ops.append(Wait(tuple(rng.sample(issued, rng.randint(1, len(issued))))))
+        ops += [Work(rng.uniform(0, 0.01)), Wait(tuple(keys)), Work(rng.uniform(0, 0.01))]
+        ranks.append(tuple(ops))
+    specs = tuple(CollectiveSpec(k, rng.choice([4.0, 1e4, 1e6, 2e7]), n) for k in keys)
+    return StepSkeleton(step, tuple(ranks), specs, 0.0)
+
+
+def test_projections_never_leave_compute_and_measured_bounds_on_random_skeletons():
+    """The physical bound as a property: for random skeletons, measured paths, timed steps and
+    fabrics, every projection the model makes is at least the case's compute critical path, and
+    at most the timed step on a fabric no slower than the measured path on every collective."""
+    rng = random.Random(18)
+    fabrics = list(whatif.load_fabrics().values()) + [Fabric("slow", 50e-6, 2e8), whatif.emulated_link(1e9, None)]
+    made = refused = 0
+    for trial in range(120):
+        n = rng.randint(2, 4)
+        path = Fabric("as measured", 0.0, 10 ** rng.uniform(8, 10.5))
+        cost = whatif.fabric_cost(path)
+        skels = []
+        for step in range(3):
+            sk = _random_skeleton(rng, n, step)
+            traced = simulate(sk, cost).step_s * rng.uniform(0.85, 1.15)
+            skels.append(StepSkeleton(sk.step, sk.ranks, sk.collectives, traced))
+        # Timed steps: the replay at some true compute factor, or anything (a busy machine).
+        timed = whatif.median_step_s(skels, path, rng.uniform(0.5, 1.6)) * 1e3 * rng.uniform(0.7, 1.3)
+        model = whatif.calibrated(f"c{trial}", {}, skels, path, np.array([timed] * 3))
+        if model.refused is not None:
+            refused += 1
+            assert all(math.isnan(model.step_ms(f)) for f in fabrics)
+            continue
+        made += 1
+        floor = model.critical_path_ms()
+        assert floor >= whatif.COMPUTE_FACTOR[0] * whatif.median_step_s(skels, whatif.FREE) * 1e3 * (1 - 1e-9)
+        for f in fabrics:
+            ms = model.step_ms(f)
+            assert ms >= floor * (1 - 1e-12), (trial, f.name)
+            if model.no_slower_than_measured(f):
+                assert ms <= model.measured_ms * (1 + 1e-12), (trial, f.name)
+    assert made > 30 and refused > 10, (made, refused)  # both paths exercised
+
+
+BUSY_RUN = Path(__file__).parent / "data" / "whatif_busy_run"
+
+
+def test_a_run_traced_on_a_busy_machine_refuses_or_stays_within_bounds():
+    """Four cases of a suites/zero.toml sweep on the 2-core machine at load 5 (traced steps 1.2–2.6×
+    slower than timed, the run the issue was filed on): the zero_no_overlap cases at 4 and 25 MB
+    and hook_with_zero_step at 4 MB were projected at 2.8–4.8 ms (compute factors 0.05–0.12) against
+    31–58 ms of traced compute critical path.
+    Now each is refused with its reason; the healthy case is projected within its bounds."""
+    loaded = store.load(BUSY_RUN)
+    result = whatif.run_whatif(loaded, whatif.load_fabrics())
+    params = loaded.cases.set_index("case_id")
+    reasons = {m.case_id: m.refused for m in result.models}
+    assert "alone (37.5 ms) exceeds the timed step" in reasons["1c52ac5cb99d"]  # zero_no_overlap, 25 MB: traced ×2.6
+    assert "scaled ×0.12" in reasons["b2b0b342806b"]                              # zero_no_overlap, 4 MB
+    assert "does not reproduce its own traced steps" in reasons["bdf2f52bb12c"]  # hook, 4 MB, sharded
+    assert reasons["1d3c71874772"] is None                                # hook, 25 MB, sharded
+    p = result.projections
+    assert p.loc[p["refused"].notna(), "projected_ms"].isna().all()
+    made = p[p["refused"].isna()]
+    assert set(made["case_id"]) == {"1d3c71874772"} and params.loc["1d3c71874772", "algorithm"] == "hook_with_zero_step"
+    assert (made["projected_ms"] >= made["compute_ms"]).all()
+    assert made["no_slower_than_measured"].all() and (made["projected_ms"] <= made["measured_ms"]).all()
+    # The critical path is not collapsed: within the factor's range of the traced compute.
+    (model,) = [m for m in result.models if m.refused is None]
+    traced_cp = whatif.median_step_s(model.skeletons, whatif.FREE) * 1e3
+    assert made["compute_ms"].iloc[0] >= whatif.COMPUTE_FACTOR[0] * traced_cp
+
+
+LINKS_RUN = Path(__file__).parent / "data" / "whatif_links_run"
+
+
+def test_validation_runs_both_directions_and_refuses_what_rests_on_a_refused_fit():
+    """Five cases of a 2-rank sweep over loopback and emulated links (2-core machine, load 8):
+    hook_with_zero_step on loopback, tcp-1gbit and tcp-500mbit, zero_no_overlap on loopback and
+    tcp-500mbit, whose loopback fit needs compute ×1.74 and is refused."""
+    result = whatif.run_whatif(store.load(LINKS_RUN), whatif.load_fabrics())
+    v = result.validation.set_index(["direction", "case_id"])
+    slower, faster = whatif.SLOWER, whatif.FASTER
+    # The hook: each slower link from loopback, each faster link (loopback too) from tcp-500mbit.
+    assert v.loc[(slower, "7d153e1de062"), "reference_case"] == "08d91521814d"
+    assert v.loc[(slower, "d5571ee597ae"), "reference_case"] == "08d91521814d"
+    assert v.loc[(faster, "08d91521814d"), "reference_case"] == "d5571ee597ae"
+    assert v.loc[(faster, "7d153e1de062"), "reference_link"] == "tcp-500mbit"
+    made = result.validation[result.validation["refused"].isna()]
+    assert len(made) == 4 and made["predicted_ms"].notna().all()
+    # zero_no_overlap: its loopback twin is refused, so is every prediction resting on it: from it
+    # (slower), and of loopback from tcp-500mbit, whose description is that twin's measured path.
+    assert "scaled ×1.74" in v.loc[(slower, "1eb4310e7baf"), "refused"]
+    assert v.loc[(faster, "c3d175563500"), "refused"].startswith("the link's description comes from the loopback twin")
+    assert math.isnan(v.loc[(faster, "c3d175563500"), "predicted_ms"])
+    errors = result.errors().set_index("direction")
+    assert errors.loc[slower, "predicted"] == 2 and errors.loc[slower, "refused"] == 1
+    assert errors.loc[faster, "predicted"] == 2 and errors.loc[faster, "refused"] == 1
+    assert errors.loc[faster, "worst_abs_error_pct"] == pytest.approx(made.loc[made["direction"] == faster, "error_pct"].abs().max())
+
+
+def test_report_shows_the_reason_in_place_of_the_number():
+    html = build_report([store.load(BUSY_RUN)])
+    section = html[html.index('id="whatif"'):]
+    rows = {re.sub(r"<[^>]+>", "|", r).split("|")[2]: r for r in re.findall(r"<tr>.*?</tr>", section, re.S)}
+    refused = rows["zero_no_overlap · bucket_cap_mb=25"]
+    assert refused.count("<td>refused</td>") == 4 and "unrepresentative of timed steps" in refused
+    kept = rows["hook_with_zero_step · bucket_cap_mb=25"]
+    assert "refused" not in kept and re.search(r"<td>\d+\.?\d*</td>", kept)
+
+
+def test_whatif_command_shows_and_stores_refusals(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(BUSY_RUN, run)
+    p = subprocess.run([sys.executable, "-m", "tpbench", "whatif", str(run), "--fabric", "nvlink4"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    rows = {line.split("│")[1].strip(): line for line in p.stdout.splitlines() if line.count("│") > 4}
+    assert "refused" in rows["algorithm=zero_no_overlap bucket_cap_mb=25 (*)"]
+    assert "refused" not in rows["algorithm=hook_with_zero_step bucket_cap_mb=25"]
+    assert "unrepresentative of timed steps" in " ".join(p.stderr.split())  # the footnote gives the reason
+    stored = pd.read_parquet(run / "whatif.parquet").set_index("case_id")
+    assert "unrepresentative" in stored.loc["1c52ac5cb99d", "refused"] and pd.isna(stored.loc["1c52ac5cb99d", "projected_ms"])
+    assert pd.isna(stored.loc["1d3c71874772", "refused"]) and stored.loc["1d3c71874772", "projected_ms"] > 0
 
 
 # --------------------------------------------------------------------------- skeletons from traces
@@ -250,7 +428,7 @@ timeout_s = 120
 [sweep]
 interconnect = ["loopback", "tcp-1gbit"]
 [capture]
-profiler_steps = 3
+profiler_steps = 5
 [workloads.mlp]
 width = 512
 depth = 4
@@ -262,9 +440,11 @@ TOLERANCE_PCT = 25.0
 
 
 @needs_netns
-def test_predicts_a_1gbit_allreduce_dominated_case_from_loopback(tmp_path):
+def test_predicts_a_1gbit_case_from_loopback_and_loopback_from_1gbit(tmp_path):
     """A 2-rank DDP step with 4.2 MB of gradients and little compute: at 1 Gbit/s its all-reduces
-    need about 67 ms (both directions share one shaped lo), several times its compute."""
+    need about 67 ms (both directions share one shaped lo), several times its compute. Each twin
+    predicts the other; a prediction is either made within the tolerance, or refused with a
+    reason (a machine too busy while tracing), never a number far off."""
     suite = tmp_path / "suite.toml"
     suite.write_text(VALIDATION_SUITE)
     prepared = sweep.prepare(suite)
@@ -273,10 +453,20 @@ def test_predicts_a_1gbit_allreduce_dominated_case_from_loopback(tmp_path):
     loaded = sweep.finalize(run.dir)
     assert set(loaded.cases["status"]) == {store.DONE}
     result = whatif.run_whatif(loaded, whatif.load_fabrics())
-    (row,) = result.validation.to_dict("records")
-    assert row["interconnect"] == "tcp-1gbit"
-    assert row["predicted_ms"] > 60, row  # the link, not the compute, sets the step
-    assert abs(row["error_pct"]) < TOLERANCE_PCT, row
-    # Projections onto faster fabrics are faster than loopback here, and ordered by bandwidth.
-    proj = result.projections.set_index("fabric")["projected_ms"]
-    assert proj["nvlink4"] <= proj["ib-ndr"] <= proj["100gbe"]
+    rows = {r["direction"]: r for r in result.validation.to_dict("records")}
+    assert set(rows) == {whatif.SLOWER, whatif.FASTER}
+    slower, faster = rows[whatif.SLOWER], rows[whatif.FASTER]
+    assert (slower["reference_link"], slower["interconnect"]) == ("loopback", "tcp-1gbit")
+    assert (faster["reference_link"], faster["interconnect"]) == ("tcp-1gbit", "loopback")
+    for row in (slower, faster):
+        if pd.isna(row["refused"]):
+            assert abs(row["error_pct"]) < TOLERANCE_PCT, row
+        else:
+            assert math.isnan(row["predicted_ms"]) and row["refused"], row
+    if pd.isna(slower["refused"]):
+        assert slower["predicted_ms"] > 60, slower  # the link, not the compute, sets the step
+    # Projections onto faster fabrics stay between the case's compute and its measured step.
+    p = result.projections
+    made = p[p["refused"].isna()]
+    assert (made["projected_ms"] >= made["compute_ms"]).all()
+    assert (made.loc[made["no_slower_than_measured"], "projected_ms"] <= made["measured_ms"]).all()

@@ -395,6 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     from tpbench import store
     from tpbench.analysis import whatif
 
@@ -404,36 +406,53 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         console.print(f"tpbench whatif: error: unknown fabric(s) {', '.join(unknown)}; known: {', '.join(fabrics)}", markup=False)
         return EXIT_USAGE
     try:
-        result = whatif.run_whatif(store.load(args.run), {k: fabrics[k] for k in (args.fabric or fabrics)}, args.reference)
+        loaded = store.load(args.run)
+        result = whatif.run_whatif(loaded, {k: fabrics[k] for k in (args.fabric or fabrics)}, args.reference)
     except ValueError as e:
         _error(e)
         return EXIT_RESULTS
-    keys = ("algorithm", "bucket_cap_mb", "shard_buckets", "batch_size")
-    labels = {m.case_id: " ".join(f"{k}={m.params[k]}" for k in keys if m.params.get(k) is not None) for m in result.models}
+    run_dir = Path(args.run)
+    store.atomic_write_parquet(run_dir / "whatif.parquet", result.projections)
+    store.atomic_write_parquet(run_dir / "whatif_validation.parquet", result.validation)
+    keys = [k for k in ("algorithm", "bucket_cap_mb", "shard_buckets", "batch_size")
+            if k in loaded.cases and loaded.cases[k].astype(str).nunique() > 1] or ["algorithm"]
+    labels = {p["case_id"]: " ".join(f"{k}={p[k]}" for k in keys if not pd.isna(p[k]))
+              for p in loaded.cases.to_dict("records")}
     if len(result.validation):
-        t = Table(title=f"validation: emulated links predicted from {result.reference} "
-                        f"(mean |error| {result.mean_abs_error_pct():.1f}%)")
-        for col in ("reference case", "link", "measured ms [95% CI]", "predicted ms", "error"):
-            t.add_column(col, justify="left" if col in ("reference case", "link") else "right")
+        t = Table(title="validation: emulated links predicted from their twins on other links")
+        for col in ("direction", "case", "from", "link", "measured ms [95% CI]", "predicted ms", "error"):
+            t.add_column(col, justify="right" if col in ("measured ms [95% CI]", "predicted ms", "error") else "left")
         for r in result.validation.to_dict("records"):
-            t.add_row(labels[r["reference_case"]], r["interconnect"], f"{r['measured_ms']:.1f} [{r['ci_lo_ms']:.1f}, {r['ci_hi_ms']:.1f}]",
-                      f"{r['predicted_ms']:.1f}", f"{r['error_pct']:+.1f}%")
+            made = pd.isna(r["refused"])
+            t.add_row(r["direction"], labels[r["case_id"]], r["reference_link"], r["interconnect"],
+                      f"{r['measured_ms']:.1f} [{r['ci_lo_ms']:.1f}, {r['ci_hi_ms']:.1f}]",
+                      f"{r['predicted_ms']:.1f}" if made else "refused", f"{r['error_pct']:+.1f}%" if made else "")
         out.print(t)
-    t = Table(title=f"PROJECTED step time (ms): this machine's compute with each fabric's α–β communication")
+        refused = result.validation.dropna(subset=["refused"]).drop_duplicates(["reference_case", "refused"])
+        for r in refused.to_dict("records"):
+            console.print(Text.assemble(("refused ", "yellow"), f"predictions from {r['reference_link']} "
+                                        f"{labels[r['reference_case']]}: {r['refused']}"))
+        for e in result.errors().to_dict("records"):
+            out.print(f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}% "
+                      f"over {e['predicted']} predictions ({e['refused']} refused)", markup=False)
+    t = Table(title="PROJECTED step time (ms): this machine's compute with each fabric's α–β communication")
     t.add_column("case")
     t.add_column(f"measured ({result.reference})", justify="right")
+    t.add_column("compute critical path", justify="right")
     names = list(dict.fromkeys(result.projections["fabric"]))
     for name in names:
         t.add_column(name, justify="right")
     for cid, grp in result.projections.groupby("case_id", sort=False):
         ms = grp.set_index("fabric")["projected_ms"]
-        mark = "" if next(m for m in result.models if m.case_id == cid).representative else " (*)"
-        t.add_row(labels[cid] + mark, f"{grp['measured_ms'].iloc[0]:.1f}", *(f"{ms[n]:.1f}" for n in names))
+        refused = pd.notna(grp["refused"].iloc[0])
+        t.add_row(labels[cid] + (" (*)" if refused else ""), f"{grp['measured_ms'].iloc[0]:.1f}",
+                  "" if refused else f"{grp['compute_ms'].iloc[0]:.1f}",
+                  *("refused" if refused else f"{ms[n]:.1f}" for n in names))
     out.print(t)
     for m in result.models:
-        if not m.representative:
-            console.print(f"[yellow](*)[/] {labels[m.case_id]}: traced steps replay at {m.replay_ms:.0f} ms vs "
-                          f"{m.measured_ms:.0f} ms timed; its projections are less trustworthy (busy machine while tracing?)")
+        if m.refused is not None:
+            console.print(Text.assemble(("(*) refused ", "yellow"), f"{labels[m.case_id]}: {m.refused}"))
+    console.print(f"tables: {run_dir / 'whatif.parquet'}, {run_dir / 'whatif_validation.parquet'}", markup=False)
     return EXIT_OK
 
 

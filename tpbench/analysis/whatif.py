@@ -40,7 +40,29 @@ transfer also crosses, pipelined with the first, so the slower of the two sets t
 emulated link behind this host's own TCP stack).
 
 Projections are projections: this machine's compute with another fabric's communication. Compute
-contention from communication on the host (Gloo copies on the CPU) is not modelled.
+contention from communication on the host (Gloo copies on the CPU) is not modelled: where ranks
+and Gloo share a few cores, traced compute and traced communication each include time they
+slowed the other, the replay overlaps both at full length, and it overshoots its own traced
+steps (a refusal by ``REPLAY_RESIDUAL``).
+
+Calibration, and the bounds it gives. The case's own path is fitted on its traced steps'
+communication; a factor on thread work then makes the replay on that path match the timed steps
+(traced steps carry the profiler's overhead): the factor nearest 1 whose replay lies within the
+timed median's 95 % interval, and not above the median. When the traced steps ran slower than the
+timed ones (a busier machine while tracing), the fitted path is too slow, and the modelled
+communication alone can exceed the timed step: matching it is then only possible by shrinking
+compute, and a factor clipped at some floor (0.05, say) projects steps at a twentieth of the
+case's compute onto any fast fabric. So the factor is never clipped: a case whose fit needs a
+factor outside ``COMPUTE_FACTOR``, or
+none at all (the traced steps are then unrepresentative of the timed ones), is refused with the
+reason, as is one whose replay misses its own traced steps (``REPLAY_RESIDUAL``).
+
+For a case that is not refused, ``simulate`` is a max-plus system (every time is a sum or a
+maximum of work and collective costs), so the replay is non-decreasing in every collective's
+cost and in the compute factor. Hence a projection is never below the case's compute critical
+path (the replay with free communication, ``CaseModel.critical_path_ms``), and, since the factor
+is chosen so the replay on the measured path is no slower than the timed step, a projection onto
+a fabric that is no slower than that path on every collective never exceeds the timed step.
 """
 
 from __future__ import annotations
@@ -496,55 +518,160 @@ def fit_host_path(skels: Sequence[StepSkeleton], overlap: pd.DataFrame, name: st
     return Fabric(name, 0.0, float(np.median(ratios)), description="fitted on the measured case")
 
 
+FREE = Fabric("free", 0.0, float("inf"), description="communication costs nothing")
+
+
 def median_step_s(skels: Sequence[StepSkeleton], fabric: Fabric, compute_scale: float = 1.0) -> float:
     cost = fabric_cost(fabric)
     return float(np.median([simulate(sk, cost, compute_scale).step_s for sk in skels]))
 
 
-def calibrate_compute(skels: Sequence[StepSkeleton], fabric: Fabric, measured_s: float) -> float:
-    """The factor on thread work that makes the replay on the case's own path match its timed
-    median step. Profiled steps carry tracing overhead and are few; timed steps are the truth.
-    Clipped to [0.05, 20] (a factor outside that says the skeleton is wrong, not the clock)."""
-    lo, hi = 0.05, 20.0
-    if median_step_s(skels, fabric, lo) >= measured_s:
-        return lo
-    if median_step_s(skels, fabric, hi) <= measured_s:
-        return hi
-    for _ in range(50):
-        mid = math.sqrt(lo * hi)
-        if median_step_s(skels, fabric, mid) < measured_s:
-            lo = mid
+def calibrate_compute(skels: Sequence[StepSkeleton], fabric: Fabric, measured_s: float, lowest_s: float | None = None,
+                      bounds: tuple[float, float] = (0.01, 100.0)) -> float | None:
+    """The factor on thread work, nearest 1, whose replay on the case's own path lands in
+    [``lowest_s``, ``measured_s``] (default: exactly ``measured_s``), or None when no factor
+    within ``bounds`` does.
+
+    Traced steps carry the profiler's overhead and are few; timed steps are the truth, but only
+    up to their noise: the band is the timed median's 95 % interval below the median. Any factor
+    whose replay lands in it agrees with the data, so the one nearest 1 (compute as traced) is
+    kept: when communication dominates the step (a slow link), the timed step pins compute only
+    loosely, and fitting it exactly would pass the timing noise, amplified, to the compute of
+    every projection. The band's top is the median itself: then any fabric at least as fast as
+    the measured path on every collective replays no slower than the measured step.
+
+    The replay is continuous and non-decreasing in the factor (every time in ``simulate`` is a
+    sum or a maximum of work and collective costs), so a bisection finds the band's edge.
+
+    None has two causes, and both mean the model cannot explain the timed step by its compute:
+    the replay with compute shrunk to ``bounds[0]`` is still slower (communication on the
+    measured path alone, as fitted on the traced steps, exceeds the timed step: the traced
+    steps' communication was slower than the timed steps'), or with ``bounds[1]`` still faster.
+    Clipping the factor instead would shrink compute to nothing and project steps far shorter
+    than the case's own compute."""
+    lowest_s = measured_s if lowest_s is None else min(lowest_s, measured_s)
+    at_one = median_step_s(skels, fabric, 1.0)
+    if lowest_s <= at_one <= measured_s:
+        return 1.0
+    # Bisect for the band's edge nearest 1, keeping ``ok`` on the band's side of it.
+    if at_one > measured_s:
+        ok, bad, inside = bounds[0], 1.0, lambda c: median_step_s(skels, fabric, c) <= measured_s
+    else:
+        ok, bad, inside = bounds[1], 1.0, lambda c: median_step_s(skels, fabric, c) >= lowest_s
+    if not inside(ok):
+        return None
+    for _ in range(40):  # the bracket shrinks to a ratio of 1 + 1e-11
+        mid = math.sqrt(ok * bad)
+        if inside(mid):
+            ok = mid
         else:
-            hi = mid
-    return math.sqrt(lo * hi)
+            bad = mid
+    return ok
+
+
+# --------------------------------------------------------------------------- when to refuse
+
+# The compute factor (timed compute over traced compute) must lie in this range. Tracing only adds
+# host overhead, so untraced compute is faster than traced: torch.profiler records every op with
+# its shapes, microseconds each, which on a step of many small ops (a small model on a CPU) can
+# double its host work, hence 0.5. Nothing makes untraced compute slower than traced but noise:
+# the traced steps run right after the timed ones, same model and data; 1.5 leaves room for a
+# loaded machine. A factor beyond says the traced steps are not the timed steps' kind (the
+# machine's load changed between them) or the skeleton misses a dependency, and a projection
+# would carry that error at full size. Bounding it also bounds the compute critical path:
+# at least half the traced compute.
+COMPUTE_FACTOR = (0.5, 1.5)
+# The replay of the traced steps on their own fitted path, before calibration, against those
+# same steps: the model's error on its own input (the residual on the measured link). The
+# validation's target is 15 % mean error; a model that misses the very steps it was built from
+# by more than 20 % has no business predicting other links.
+REPLAY_RESIDUAL = 0.20
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What calibration saw, in ms: the traced steps' span, their replay on the fitted path at
+    traced compute, the same replay with compute shrunk to nothing (communication alone), the
+    timed median, and the compute factor nearest 1 that matches the timed steps (None: none
+    does; see ``calibrate_compute``)."""
+
+    traced_ms: float
+    replay_ms: float
+    comm_only_ms: float
+    measured_ms: float
+    factor: float | None
+
+    def refusal(self) -> str | None:
+        """Why this case's projections would not be trustworthy, or None when they are."""
+        residual = self.replay_ms / self.traced_ms - 1
+        if abs(residual) > REPLAY_RESIDUAL:
+            return (f"the model does not reproduce its own traced steps (replay {self.replay_ms:.1f} ms vs "
+                    f"traced {self.traced_ms:.1f} ms, {residual:+.0%}; limit ±{REPLAY_RESIDUAL:.0%})")
+        unlike = f"traced steps ({self.traced_ms:.1f} ms) unrepresentative of timed steps ({self.measured_ms:.1f} ms)"
+        if self.factor is None:
+            if self.comm_only_ms > self.measured_ms:
+                return (f"{unlike}: the modelled communication on the measured link alone ({self.comm_only_ms:.1f} ms) "
+                        "exceeds the timed step, so no compute factor fits")
+            return f"{unlike}: no compute factor makes the replay match them"
+        if not COMPUTE_FACTOR[0] <= self.factor <= COMPUTE_FACTOR[1]:
+            return (f"{unlike}: compute would have to be scaled ×{self.factor:.2f} to match them "
+                    f"(limit ×{COMPUTE_FACTOR[0]:.2f}–{COMPUTE_FACTOR[1]:.2f})")
+        return None
 
 
 # --------------------------------------------------------------------------- runs
 
 
-# A compute factor outside this range means the traced steps do not look like the timed ones (the
-# machine was busy while tracing, or the skeleton misses a dependency): say so next to the numbers.
-REPRESENTATIVE_SCALE = (0.5, 2.0)
-
-
 @dataclass(frozen=True)
 class CaseModel:
-    """A measured case made replayable: its skeletons, its own path, the compute factor, and the
-    replay of its traced steps on its own path before calibration (``replay_ms``)."""
+    """A measured case made replayable: its skeletons, its own path, the compute factor and what
+    calibration saw (``fit``). ``refused`` says why its projections are withheld, or is None."""
 
     case_id: str
     params: Mapping[str, Any]
     skeletons: list[StepSkeleton]
     path: Fabric
-    compute_scale: float
+    fit: Fit
     measured_ms: float
     ci_ms: tuple[float, float]
-    replay_ms: float
+    refused: str | None
 
     @property
-    def representative(self) -> bool:
-        lo, hi = REPRESENTATIVE_SCALE
-        return lo <= self.compute_scale <= hi
+    def compute_scale(self) -> float:
+        return self.fit.factor if self.fit.factor is not None else float("nan")
+
+    def step_ms(self, fabric: Fabric) -> float:
+        """The projected step on ``fabric`` (median over traced steps), NaN when refused."""
+        if self.refused is not None:
+            return float("nan")
+        return median_step_s(self.skeletons, fabric, self.compute_scale) * 1e3
+
+    def critical_path_ms(self) -> float:
+        """The case's compute critical path: its replay with communication that costs nothing.
+        Every projection is at least this (the replay is non-decreasing in collective costs)."""
+        return self.step_ms(FREE)
+
+    def no_slower_than_measured(self, fabric: Fabric) -> bool:
+        """Whether ``fabric`` costs no more than the measured path for every collective of the
+        case: then its projection is at most the timed step (calibration guarantees the replay on
+        the measured path is no slower than it, and the replay is monotone in costs)."""
+        fast, here = fabric_cost(fabric), fabric_cost(self.path)
+        return all(fast(c) <= here(c) for sk in self.skeletons for c in sk.collectives)
+
+
+def calibrated(case_id: str, params: Mapping[str, Any], skels: list[StepSkeleton], path: Fabric,
+               reps_ms: np.ndarray) -> CaseModel:
+    """Calibrate a case's skeletons on its path against its per-repeat median step times (ms)."""
+    measured = float(np.median(reps_ms))
+    ci = bootstrap_ci(reps_ms)
+    fit = Fit(
+        traced_ms=float(np.median([sk.measured_s for sk in skels])) * 1e3,
+        replay_ms=median_step_s(skels, path) * 1e3,
+        comm_only_ms=median_step_s(skels, path, 0.0) * 1e3,
+        measured_ms=measured,
+        factor=calibrate_compute(skels, path, measured / 1e3, ci[0] / 1e3),
+    )
+    return CaseModel(case_id, dict(params), skels, path, fit, measured, ci, fit.refusal())
 
 
 def case_model(run_dir: Path, case_id: str, params: Mapping[str, Any], step_rows: pd.DataFrame) -> CaseModel:
@@ -557,57 +684,85 @@ def case_model(run_dir: Path, case_id: str, params: Mapping[str, Any], step_rows
     skels = skeletons(marks_from_table(marks), intervals)
     if not skels:
         raise ValueError(f"case {case_id}: no profiled step common to all ranks")
-    path = fit_host_path(skels, overlap)
     reps = repeat_medians(step_rows)["step_ms"].to_numpy()
-    measured = float(np.median(reps))
-    scale = calibrate_compute(skels, path, measured / 1e3)
-    replay = median_step_s(skels, path) * 1e3
-    return CaseModel(case_id, dict(params), skels, path, scale, measured, bootstrap_ci(reps), replay)
+    return calibrated(case_id, params, skels, fit_host_path(skels, overlap), reps)
 
 
 def _done_cases(loaded: store.Loaded) -> pd.DataFrame:
     return loaded.cases[loaded.cases["status"] == store.DONE]
 
 
+PROJECTION_COLUMNS = ("case_id", "fabric", "measured_ms", "compute_ms", "projected_ms", "speedup", "comm_share",
+                      "no_slower_than_measured", "refused")
+
+
 def project(models: Sequence[CaseModel], fabrics: Mapping[str, Fabric]) -> pd.DataFrame:
     """Projected step time of each case on each fabric, next to what was measured here.
 
-    Columns: case_id, fabric, measured_ms, projected_ms, speedup (measured / projected),
-    comm_share (projected communication on the critical path: step minus the same replay with
-    free communication, over the step)."""
+    Columns ``PROJECTION_COLUMNS``: compute_ms is the case's compute critical path (a lower bound
+    of every projection); speedup = measured / projected; comm_share = projected communication
+    on the critical path (step minus compute_ms) over the step; no_slower_than_measured marks
+    fabrics whose projection is bounded above by the measured step. A refused case has its
+    reason in ``refused`` and NaN numbers."""
     rows = []
-    free = Fabric("free", 0.0, float("inf"))
     for m in models:
-        floor_ms = median_step_s(m.skeletons, free, m.compute_scale) * 1e3
+        floor_ms = m.critical_path_ms()
         for name, fab in fabrics.items():
-            ms = median_step_s(m.skeletons, fab, m.compute_scale) * 1e3
-            rows.append({"case_id": m.case_id, "fabric": name, "measured_ms": m.measured_ms, "projected_ms": ms,
-                         "speedup": m.measured_ms / ms, "comm_share": (ms - floor_ms) / ms if ms > 0 else float("nan")})
-    return pd.DataFrame(rows)
+            ms = m.step_ms(fab)
+            rows.append({"case_id": m.case_id, "fabric": name, "measured_ms": m.measured_ms, "compute_ms": floor_ms,
+                         "projected_ms": ms, "speedup": m.measured_ms / ms,
+                         "comm_share": (ms - floor_ms) / ms if ms > 0 else float("nan"),
+                         "no_slower_than_measured": m.no_slower_than_measured(fab), "refused": m.refused})
+    return pd.DataFrame(rows, columns=list(PROJECTION_COLUMNS))
 
 
-VALIDATION_COLUMNS = ("reference_case", "case_id", "interconnect", "measured_ms", "ci_lo_ms", "ci_hi_ms",
-                      "predicted_ms", "error_pct")
+VALIDATION_COLUMNS = ("direction", "reference_case", "reference_link", "case_id", "interconnect", "measured_ms",
+                      "ci_lo_ms", "ci_hi_ms", "predicted_ms", "error_pct", "refused")
+SLOWER = "slower link from a faster twin"
+FASTER = "faster link from a slower twin"
 
 
-def validate(reference: CaseModel, targets: Iterable[tuple[str, str, float, pd.DataFrame]]) -> pd.DataFrame:
-    """Predict emulated-link cases from a reference case measured on another path.
+@dataclass(frozen=True)
+class Target:
+    """A case to predict: its id and link, the fabric that describes the link, its step rows, and
+    why that description cannot be trusted (None when it can)."""
 
-    ``targets``: (case_id, interconnect, link rate in bit/s, that case's step rows). The reference's skeletons
-    and compute factor are replayed on the target's link (shared medium at its rate, with the
-    reference's own path as floor); only the rate comes from the target. ``error_pct`` =
-    100 · (predicted − measured) / measured, measured being the median of repeat medians."""
+    case_id: str
+    interconnect: str
+    fabric: Fabric
+    step_rows: pd.DataFrame
+    refused: str | None = None
+
+
+def validate(reference: CaseModel, targets: Iterable[Target], direction: str) -> pd.DataFrame:
+    """Predict cases measured on other links from a reference case: the reference's skeletons and
+    compute factor replayed on each target's fabric; nothing of the target but its link's
+    description is used. ``error_pct`` = 100 · (predicted − measured) / measured, measured being
+    the median of repeat medians. A refused reference or link description refuses the prediction
+    (``refused`` says why; the numbers are NaN)."""
     rows = []
-    for case_id, interconnect, rate, step_rows in targets:
-        reps = repeat_medians(step_rows)["step_ms"].to_numpy()
+    for t in targets:
+        reps = repeat_medians(t.step_rows)["step_ms"].to_numpy()
         lo, hi = bootstrap_ci(reps)
-        link = emulated_link(rate, reference.path)
-        pred = median_step_s(reference.skeletons, link, reference.compute_scale) * 1e3
+        refused = reference.refused or t.refused
+        pred = float("nan") if refused else reference.step_ms(t.fabric)
         meas = float(np.median(reps))
-        rows.append({"reference_case": reference.case_id, "case_id": case_id, "interconnect": interconnect,
-                     "measured_ms": meas, "ci_lo_ms": lo, "ci_hi_ms": hi, "predicted_ms": pred,
-                     "error_pct": 100 * (pred - meas) / meas})
+        rows.append({"direction": direction, "reference_case": reference.case_id,
+                     "reference_link": reference.params.get("interconnect"), "case_id": t.case_id,
+                     "interconnect": t.interconnect, "measured_ms": meas, "ci_lo_ms": lo, "ci_hi_ms": hi,
+                     "predicted_ms": pred, "error_pct": 100 * (pred - meas) / meas, "refused": refused})
     return pd.DataFrame(rows, columns=list(VALIDATION_COLUMNS))
+
+
+def error_summary(validation: pd.DataFrame) -> pd.DataFrame:
+    """Per direction: predictions made, refused, and mean and worst absolute error (%) of those made."""
+    rows = []
+    for direction, g in validation.groupby("direction", sort=False):
+        err = g.loc[g["refused"].isna(), "error_pct"].abs()
+        rows.append({"direction": direction, "predicted": len(err), "refused": int(g["refused"].notna().sum()),
+                     "mean_abs_error_pct": float(err.mean()) if len(err) else float("nan"),
+                     "worst_abs_error_pct": float(err.max()) if len(err) else float("nan")})
+    return pd.DataFrame(rows, columns=["direction", "predicted", "refused", "mean_abs_error_pct", "worst_abs_error_pct"])
 
 
 # Parameters that say which cases are "the same case on another link".
@@ -624,27 +779,31 @@ def _same_but_link(cases: pd.DataFrame) -> list[pd.DataFrame]:
 @dataclass(frozen=True)
 class RunWhatIf:
     """A run's what-if: projections of its reference-link cases onto fabrics, and the model's
-    validation against its emulated-link cases (empty when the run has none)."""
+    validation against its emulated-link cases in both directions (empty when the run has none)."""
 
     reference: str
     projections: pd.DataFrame
     validation: pd.DataFrame
     models: list[CaseModel]
 
-    def mean_abs_error_pct(self, representative_only: bool = False) -> float:
-        """Mean |error| of the validation; optionally only over predictions from references
-        whose traced steps resemble their timed steps."""
-        v = self.validation
-        if representative_only:
-            good = {m.case_id for m in self.models if m.representative}
-            v = v[v["reference_case"].isin(good)]
-        return float(v["error_pct"].abs().mean()) if len(v) else float("nan")
+    def errors(self) -> pd.DataFrame:
+        return error_summary(self.validation)
 
 
 def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: str | None = None) -> RunWhatIf:
     """Model every case on the reference link (default: loopback if the run has it, else its
-    first interconnect), project those onto ``fabrics``, and predict each of the run's
-    ``tcp-<rate>`` cases from its reference twin (same parameters but the link)."""
+    first interconnect) and project those onto ``fabrics``. Then validate the model on the run's
+    emulated links, in both directions, among cases with the same parameters but the link:
+
+    - slower from faster: each ``tcp-<rate>`` case slower than the reference link, predicted from
+      its reference twin (the target link: a shared medium at its rate, behind the twin's own
+      fitted path as floor);
+    - faster from slower: each case on a faster link than the slowest emulated one (the reference
+      link included), predicted from its twin on that slowest link. The target link is described
+      as a user would describe a real fabric, never by its step times: a ``tcp-<rate>`` by its
+      rate with the reference twin's path as floor, the reference link by that path (the busbw
+      its traced collectives reached, as nccl-tests would report it for a real fabric).
+    """
     done = _done_cases(loaded)
     if done.empty:
         raise ValueError(f"{loaded.run_dir}: no finished case")
@@ -652,22 +811,42 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
     reference = reference or ("loopback" if "loopback" in links else links[0])
     if reference not in links:
         raise ValueError(f"no finished case on {reference!r}; the run has {links}")
+    profiles = store.suite_table(loaded.meta, "interconnects")
+    rate = {link: resolve(link, profiles).rate_bits_per_s or math.inf for link in links}
+    slowest = min((link for link in links if rate[link] < math.inf), key=rate.__getitem__, default=None)
     steps_by_case = dict(tuple(loaded.steps.groupby("case_id")))
     models, rows = [], []
     for group in _same_but_link(done):
-        ref = group[group["interconnect"] == reference]
-        if ref.empty:
-            continue
-        params = ref.iloc[0].to_dict()
-        model = case_model(loaded.run_dir, params["case_id"], params, steps_by_case[params["case_id"]])
-        models.append(model)
-        targets = []
-        for row in group[group["interconnect"] != reference].to_dict("records"):
-            ic = resolve(row["interconnect"], store.suite_table(loaded.meta, "interconnects"))
-            if ic.shaped:
-                targets.append((row["case_id"], row["interconnect"], ic.rate_bits_per_s, steps_by_case[row["case_id"]]))
-        if targets:
-            rows.append(validate(model, targets))
+        by_link = {r["interconnect"]: r for r in group.to_dict("records")}
+        cache: dict[str, CaseModel] = {}
+
+        def model(link: str) -> CaseModel:
+            if link not in cache:
+                r = by_link[link]
+                cache[link] = case_model(loaded.run_dir, r["case_id"], r, steps_by_case[r["case_id"]])
+            return cache[link]
+
+        def target(link: str, host: Fabric | None, refused: str | None = None) -> Target:
+            cid = by_link[link]["case_id"]
+            fabric = host if rate[link] == math.inf else emulated_link(rate[link], host, link)
+            return Target(cid, link, fabric, steps_by_case[cid], refused)
+
+        ref_model = model(reference) if reference in by_link else None
+        if ref_model is not None:
+            models.append(ref_model)
+            slower = [link for link in by_link if rate[link] < rate[reference]]
+            if slower:
+                rows.append(validate(ref_model, [target(link, ref_model.path) for link in slower], SLOWER))
+        # This host's own path, the floor under faster emulated links: only an unshaped link shows it,
+        # and only a twin whose fit is trusted describes it (a refused fit is refused for its path).
+        host = ref_model.path if ref_model is not None and rate[reference] == math.inf else None
+        why = None
+        if host is not None and ref_model.refused:
+            why = f"the link's description comes from the {reference} twin, itself refused: {ref_model.refused}"
+        if slowest in by_link:
+            faster = [link for link in by_link
+                      if rate[slowest] < rate[link] and (rate[link] < math.inf or (link == reference and host is not None))]
+            if faster:
+                rows.append(validate(model(slowest), [target(link, host, why) for link in faster], FASTER))
     validation = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=list(VALIDATION_COLUMNS))
     return RunWhatIf(reference, project(models, fabrics), validation, models)
-

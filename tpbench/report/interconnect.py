@@ -93,7 +93,7 @@ def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None) -> 
 
 def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fabric], suffix: str, anchor: str) -> None:
     # A run traced nothing (profiler_steps = 0): no section, rather than one saying there is nothing.
-    if run.steps.empty or not any(store.traces(run.run_dir, cid) for cid in run.meta["cases"]):
+    if run.steps.empty or not any((store.case_dir(run.run_dir, cid) / "marks.parquet").exists() for cid in run.meta["cases"]):
         return
     try:
         result = whatif.run_whatif(run, fabrics)
@@ -109,47 +109,70 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fab
         "PROJECTIONS, not measurements: each case's traced timeline on this machine (compute, and when each "
         "collective is issued and waited for under its hook) replayed with every collective costed by an α–β "
         "ring model of another fabric (t = hops·α + bytes·busbw factor / β, collectives one at a time). Compute "
-        f"is scaled so the replay on the case's own measured link matches its timed median. Reference link: "
-        f"{result.reference}. Fabric parameters are nominal (achievable bandwidth is lower); extend or override "
-        "them with a fabrics TOML file (tpbench whatif --fabrics FILE).",
+        "is scaled (the factor nearest 1) so the replay on the case's own measured link lands within its timed "
+        f"median's 95% interval, not above the median. Reference link: "
+        f"{result.reference}. A projection is never below the case's compute critical path (its replay with free "
+        "communication) and, on a fabric no slower than the measured link, never above the measured step. A case "
+        f"is refused, with the reason, when its traced steps replay more than {whatif.REPLAY_RESIDUAL:.0%} away "
+        "from themselves, or when matching the timed steps would need a compute factor outside "
+        f"×{whatif.COMPUTE_FACTOR[0]:.2f}–{whatif.COMPUTE_FACTOR[1]:.2f} (traced steps unrepresentative of timed ones). "
+        "Fabric parameters are nominal (achievable bandwidth is lower); extend or override them with a fabrics TOML "
+        "file (tpbench whatif --fabrics FILE).",
         css="warn",
     )
-    odd = [m for m in result.models if not m.representative]
-    if odd:
-        page.paragraph(
-            "Traced steps unlike the timed ones (replayed on their own link they take "
-            + "; ".join(f"{labels.get(m.case_id, m.case_id)}: {m.replay_ms:.0f} ms vs {m.measured_ms:.0f} ms timed" for m in odd)
-            + "): the machine was probably busy while they were traced, so these cases' projections and the "
-            "predictions made from them are less trustworthy than the rest.", css="warn")
     if len(result.validation):
-        v = result.validation.assign(case=[labels.get(c, c) for c in result.validation["case_id"]])
-        page.heading("Validation against emulated links", level=3)
-        page.paragraph(
-            f"Each tcp-<rate> case predicted from its {result.reference} twin (same parameters, only the link rate "
-            f"taken from the target): mean absolute error {result.mean_abs_error_pct():.1f}% over {len(v)} cases"
-            + (f" ({result.mean_abs_error_pct(representative_only=True):.1f}% from references whose traced steps "
-               "resemble their timed ones)" if odd else "")
-            + ". Measured: median of repeat medians with 95% bootstrap CI.", css="muted")
-        page.figure(_validation_figure(v))
-        page.table(v[["case", "interconnect", "measured_ms", "ci_lo_ms", "ci_hi_ms", "predicted_ms", "error_pct"]])
+        _validation(page, result, labels)
     proj = result.projections.assign(case=[labels.get(c, c) for c in result.projections["case_id"]])
-    wide = proj.pivot_table(index="case", columns="fabric", values="projected_ms", sort=False)
+    numbers = proj["projected_ms"].map(lambda v: f"{v:.3g}").where(proj["refused"].isna(), "refused")
+    wide = proj.assign(projected=numbers).pivot(index="case", columns="fabric", values="projected")
+    wide = wide.reindex(index=list(dict.fromkeys(proj["case"])), columns=list(dict.fromkeys(proj["fabric"])))
     wide.columns.name = None
-    wide.insert(0, f"measured on {result.reference}", proj.groupby("case", sort=False)["measured_ms"].first())
-    trusted = {labels.get(m.case_id, m.case_id): m.representative for m in result.models}
-    wide.insert(1, "traced steps representative", [trusted[c] for c in wide.index])
+    first = proj.groupby("case", sort=False).first()
+    wide.insert(0, f"measured on {result.reference}", first["measured_ms"])
+    wide.insert(1, "compute critical path", first["compute_ms"])
+    wide["why refused"] = first["refused"].fillna("")
     page.heading("Projected step time (ms) per fabric", level=3)
+    refused = int(first["refused"].notna().sum())
+    if refused:
+        page.paragraph(f"{refused} of {len(first)} cases refused: their fit is too poor for a number.", css="warn")
     page.table(wide.reset_index())
     fab = pd.DataFrame([{"fabric": f.name, "latency_us": f.alpha_s * 1e6, "bandwidth_GBps": f.beta_Bps / 1e9,
                          "shared medium": f.shared, "description": f.description} for f in fabrics.values()])
     page.table(fab)
 
 
+def _validation(page: Page, result: whatif.RunWhatIf, labels: dict[str, str]) -> None:
+    """Predictions of the run's emulated-link cases from their twins, in both directions."""
+    v = result.validation.assign(case=[labels.get(c, c) for c in result.validation["case_id"]])
+    page.heading("Validation against emulated links", level=3)
+    page.paragraph(
+        "Each case predicted from its twin on another link (same parameters): a slower link from a faster twin, "
+        "and a faster link from the twin on the slowest emulated link. Only the target link's description is "
+        "used: a tcp-<rate> link's rate, and the reference link's bandwidth as its traced collectives reached "
+        "it (as nccl-tests would report a real fabric's); never the target's step times. Measured: median of "
+        "repeat medians with 95% bootstrap CI.", css="muted")
+    page.bullets([
+        f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}% "
+        f"over {e['predicted']} predictions" + (f" ({e['refused']} refused)" if e["refused"] else "")
+        for e in result.errors().to_dict("records")
+    ], css="verdicts")
+    made = v[v["refused"].isna()]
+    if len(made):
+        page.figure(_validation_figure(made))
+    shown = v.assign(predicted=v["predicted_ms"].map(lambda x: f"{x:.3g}").where(v["refused"].isna(), "refused"),
+                     error=v["error_pct"].map(lambda x: f"{x:+.1f}%").where(v["refused"].isna(), ""))
+    page.table(shown[["direction", "case", "reference_link", "interconnect", "measured_ms", "ci_lo_ms", "ci_hi_ms",
+                      "predicted", "error", "refused"]].fillna({"refused": ""}).rename(columns={"refused": "why refused"}),
+               scroll=len(shown) > 12)
+
+
 def _validation_figure(v: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
-    for link, grp in v.groupby("interconnect", sort=False):
+    for (direction, link), grp in v.groupby(["direction", "interconnect"], sort=False):
         fig.add_trace(go.Scatter(
-            x=grp["measured_ms"], y=grp["predicted_ms"], mode="markers", name=plot_text(link),
+            x=grp["measured_ms"], y=grp["predicted_ms"], mode="markers",
+            name=plot_text(f"{link} ({'from faster' if direction == whatif.SLOWER else 'from slower'})"),
+            marker=dict(symbol="circle" if direction == whatif.SLOWER else "diamond"),
             error_x=dict(type="data", array=grp["ci_hi_ms"] - grp["measured_ms"], arrayminus=grp["measured_ms"] - grp["ci_lo_ms"]),
             text=[plot_text(c) for c in grp["case"]],
             hovertemplate="%{text}<br>measured %{x:.1f} ms<br>predicted %{y:.1f} ms<extra></extra>",
