@@ -579,6 +579,8 @@ def run_group(run: store.Run, group: LaunchGroup, user_interconnects: dict[str, 
         if launcher is None:
             with world_network(ic) as net:
                 outcome = _supervise(World(plan, plan_path, group.world_size, net, run.dir / "logs"), cases, run, listener, ic)
+            # Its ranks exit without closing the FileStore, which would have removed the file.
+            Path(plan.rendezvous_file).unlink(missing_ok=True)
         else:
             world = TorchrunWorld(plan, plan_path, launcher, group.world_size, torchrun_env(ic, launcher, plan, run.dir / "logs"),
                                   run.dir / "logs", rdzv_id=f"tpbench-{run.run_id}-{plan.world}")
