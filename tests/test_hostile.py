@@ -50,3 +50,142 @@ def test_url_characters_in_paths_rendezvous_inside_the_run_and_leave_nothing_beh
     outside = {p for p in tree(tmp_path) - before if not any((tmp_path / p).is_relative_to(r) for r in runs)}
     assert outside == {Path(out_name), Path(out_name) / suite_name}, outside
     assert not [p for r in runs for p in r.rglob("*.rdzv")]
+
+
+# --- 3. --resume: its own suite, nothing run by a dry run, one owner at a time -------------------
+
+
+@pytest.fixture(autouse=True)
+def default_sigterm():
+    """``tpbench sweep`` run in-process installs its SIGTERM handler here; give pytest its own back."""
+    yield
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@pytest.fixture(scope="module")
+def done_run(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("done")
+    suite = tiny_suite(tmp, 'algorithm = ["ddp", "zero_no_overlap"]')
+    proc = sweep(str(suite), "--out", str(tmp / "results"), "--no-report", cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    return next(store.iter_runs(tmp / "results"))
+
+
+def copy_run(run_dir: Path, tmp_path: Path, missing: int = 0) -> Path:
+    """A copy of a finished run; ``missing``: that many cases put back to pending, as an
+    interrupted sweep leaves them (their steps gone, no summary)."""
+    import shutil
+
+    copy = tmp_path / run_dir.name
+    shutil.copytree(run_dir, copy)
+    if missing:
+        meta = json.loads((copy / "run.json").read_text())
+        for cid in list(meta["cases"])[:missing]:
+            meta["cases"][cid]["status"] = "pending"
+            shutil.rmtree(copy / "cases" / cid)
+        meta["status"] = "interrupted"
+        (copy / "summary.parquet").unlink()
+        (copy / "run.json").write_text(json.dumps(meta))
+    return copy
+
+
+def test_resume_of_a_complete_run_leaves_it_complete_and_untouched(done_run, tmp_path, capsys):
+    run = copy_run(done_run, tmp_path)
+    before = (run / "run.json").read_bytes()
+    assert run_cli(["sweep", "--resume", str(run), "--no-report"]) == 0
+    assert "Nothing to resume" in capsys.readouterr().err
+    assert (run / "run.json").read_bytes() == before
+
+
+def test_resume_dry_run_lists_the_missing_cases_and_runs_nothing(done_run, tmp_path, capsys):
+    run = copy_run(done_run, tmp_path, missing=1)
+    before = tree(run), (run / "run.json").read_bytes()
+    pending = [cid for cid, c in json.loads(before[1])["cases"].items() if c["status"] == "pending"]
+    assert run_cli(["sweep", "--resume", str(run), "--dry-run"]) == 0
+    assert pending[0] in capsys.readouterr().out
+    assert (tree(run), (run / "run.json").read_bytes()) == before
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--set", "steps=9"], "--set with --resume: a resumed run runs its own suite"),
+    (["--filter", "algorithm=ddp"], "--filter with --resume"),
+    (["OTHER"], "with --resume: not the suite"),
+])
+def test_resume_refuses_what_would_change_its_cases(done_run, tmp_path, capsys, extra, message):
+    """Exit 2, one line, and the run is not touched."""
+    run = copy_run(done_run, tmp_path, missing=1)
+    other = tiny_suite(tmp_path, 'algorithm = ["ddp"]', name="other")
+    before = (run / "run.json").read_bytes()
+    args = [str(other) if a == "OTHER" else a for a in extra]
+    assert run_cli(["sweep", *args, "--resume", str(run), "--no-report"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert (run / "run.json").read_bytes() == before
+
+
+def test_resume_accepts_the_suite_the_run_was_started_from(done_run, tmp_path, capsys):
+    run = copy_run(done_run, tmp_path, missing=1)
+    same = tmp_path / "same.toml"
+    same.write_text(json.loads((run / "run.json").read_text())["suite"]["text"])
+    assert run_cli(["sweep", str(same), "--resume", str(run), "--dry-run"]) == 0
+
+
+def test_a_run_being_swept_belongs_to_its_sweep_and_sigterm_interrupts_it_like_ctrl_c(tmp_path, capsys):
+    """While a sweep runs, ``--resume`` of its run is refused naming the owner (exit 3, nothing
+    touched); SIGTERM then ends the sweep as Ctrl-C does (exit 143, run interrupted, the case in
+    flight back to pending, no rank left), and the run can be owned again."""
+    from test_sweep import worker_processes
+
+    suite = tiny_suite(tmp_path, "steps = [4, 4000]")
+    out = tmp_path / "results"
+    p = subprocess.Popen([*SWEEP, str(suite), "--out", str(out), "--no-report"], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, run_dir = time.monotonic() + 120, None
+    while time.monotonic() < deadline and run_dir is None:
+        for r in store.iter_runs(out) if out.exists() else []:
+            meta = json.loads((r / "run.json").read_text())
+            if any(c["status"] == "running" and c["params"]["steps"] == 4000 for c in meta["cases"].values()):
+                run_dir = r
+        time.sleep(0.05)
+    assert run_dir is not None, "never saw the long case running"
+    try:
+        assert run_cli(["sweep", "--resume", str(run_dir), "--no-report"]) == 3
+        err = capsys.readouterr().err
+        assert f"in use by pid {p.pid} on host" in err and str(run_dir) in err, err
+        assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
+    finally:
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err
+    assert "Terminated" in err and "--resume" in err
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "interrupted"
+    assert sorted(c["status"] for c in meta["cases"].values()) == ["done", "pending"]
+    assert worker_processes(run_dir) == []
+    store.RunLock(run_dir)  # free again
+
+
+def test_ctrl_c_during_the_end_of_sweep_analysis_leaves_a_run_resume_completes(done_run, tmp_path, monkeypatch, capsys):
+    """A run is ``complete`` only with its summary: interrupted while analysing, it is marked
+    interrupted, and ``--resume`` (nothing left to run) writes the summary and completes it.
+    The interrupt is a real SIGINT, sent when the trace analysis starts."""
+    from tpbench import sweep as sweep_mod
+
+    run = copy_run(done_run, tmp_path)
+    (run / "summary.parquet").unlink()
+    analyse = sweep_mod.analyze_traces
+
+    def interrupted(*a):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # the signal arrives before this ends
+        return analyse(*a)
+
+    monkeypatch.setattr(sweep_mod, "analyze_traces", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sweep_mod.finalize(run)
+    assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
+    assert not (run / "summary.parquet").exists()
+    monkeypatch.undo()
+    assert run_cli(["sweep", "--resume", str(run), "--no-report"]) == 0
+    assert json.loads((run / "run.json").read_text())["status"] == "complete"
+    assert (run / "summary.parquet").exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_RESULTS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_TERMINATED = 128 + signal.SIGTERM
 
 console = Console(stderr=True, highlight=False)
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -127,18 +129,65 @@ def _print_worlds(run, cases: list, launcher) -> int:
     return EXIT_OK
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from tpbench import report, store, sweep
+def _cases_table(title: str, cases: list) -> Table:
     from tpbench.suite import varying_keys
 
+    keys = varying_keys(cases)
+    t = Table(title=escape(title))
+    for col in ("case_id", "case", "world", "repeats × steps"):
+        t.add_column(col)
+    for c in cases:
+        t.add_row(c.case_id, escape(c.label(keys)), f"{c.world_size}×{c.backend}/{c.device} {escape(c.interconnect)}", f"{c.repeats}×{c.steps}")
+    return t
+
+
+def _check_resume_args(args: argparse.Namespace) -> None:
+    """``--resume`` runs the run's own suite: what would change its cases is refused, so that the
+    missing cases measure what the finished ones did."""
+    from tpbench import store
+
+    changed = [f for f, v in (("--set", args.set), ("--filter", args.filter)) if v]
+    if changed:
+        _usage(f"{', '.join(changed)} with --resume: a resumed run runs its own suite's missing cases unchanged "
+               "(start a new sweep to change them)")
+    if args.suite:
+        recorded = store.read_run_json(args.resume)["suite"].get("text")
+        try:
+            same = Path(args.suite).read_text() == recorded
+        except (OSError, UnicodeDecodeError):
+            same = False
+        if not same:
+            _usage(f"{args.suite} with --resume: not the suite {args.resume} was started from "
+                   "(a resumed run runs its own suite, kept in its run.json; drop SUITE)")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what schedulers and CI send to stop a job), handled as Ctrl-C is."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the clean-up short
+    raise Terminated()
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from tpbench import report, store, sweep
+
+    signal.signal(signal.SIGTERM, _terminate)
     launcher = _torchrun(args)
     if args.resume:
+        _check_resume_args(args)
+        if args.dry_run:
+            run = store.Run.open(args.resume)
+            out.print(_cases_table(f"{run.dir}: {len(sweep.missing(run))} cases to resume (dry run)", sweep.missing(run)))
+            return EXIT_OK
         run, cases = sweep.reopen(args.resume)
         launcher = launcher if args.launcher else sweep.launcher_of(run)
         if args.print_only and launcher is None:
             _usage(f"--print: {run.dir} runs with the local launcher; add --launcher torchrun")
-        if not cases and (run.dir / store.SUMMARY_FILE).exists():
-            console.print(f"Nothing to resume: every case of {run.dir} is done.")
+        finished = run.meta["status"] in ("complete", "complete_with_failures")
+        if not cases and finished and (run.dir / store.SUMMARY_FILE).exists():
+            console.print(f"Nothing to resume: every case of {run.dir} is done.", markup=False, soft_wrap=True)
             return EXIT_OK
     else:
         prepared = sweep.prepare(args.suite, args.set, args.filter, launcher)
@@ -147,16 +196,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             console.print("[yellow]No case matches the filters.[/]")
             return EXIT_USAGE
         if args.dry_run:
-            keys = varying_keys(cases)
-            t = Table(title=f"{prepared.suite.name}: {len(cases)} cases (dry run)")
-            for col in ("case_id", "case", "world", "repeats × steps"):
-                t.add_column(col)
-            for c in cases:
-                t.add_row(c.case_id, c.label(keys), f"{c.world_size}×{c.backend}/{c.device} {c.interconnect}", f"{c.repeats}×{c.steps}")
-            out.print(t)
+            out.print(_cases_table(f"{prepared.suite.name}: {len(cases)} cases (dry run)", cases))
             return EXIT_OK
         run = sweep.start(prepared, args.out, launcher)
-    console.print(f"Run directory: {run.dir}")
+    console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
     if args.print_only:
         return _print_worlds(run, cases, launcher)
     done = set()
@@ -168,10 +211,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         with listener.progress:
             sweep.execute(run, cases, listener, launcher)
-    except KeyboardInterrupt:
-        console.print(f"\n[yellow]Interrupted.[/] Finished cases are kept. Resume with:\n  tpbench sweep {args.suite or ''} --resume {run.dir}")
-        return EXIT_INTERRUPTED
-    loaded = sweep.finalize(run.dir)
+        loaded = sweep.finalize(run.dir)
+    except KeyboardInterrupt as e:
+        console.print(Text.assemble("\n", ("Terminated." if isinstance(e, Terminated) else "Interrupted.", "yellow"), " Finished cases are kept. Resume with:\n  ",
+                                    shlex.join(["tpbench", "sweep", "--resume", str(run.dir)])), soft_wrap=True)
+        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
     out.print(_summary_table(loaded))
     eff = loaded.meta.get("efficiency", {})
     console.print(f"Wall {time.monotonic() - t0:.1f} s; timed steps {eff.get('timed_s', 0):.1f} s; {eff.get('processes_started')} rank processes started.")

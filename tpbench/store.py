@@ -19,19 +19,22 @@ earlier rounds of every case with it. ``run.json`` has a single writer (the swee
 from __future__ import annotations
 
 import datetime as _dt
+import fcntl
 import json
 import os
 import secrets
+import socket
 import shutil
 import tempfile
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
 
 RUN_FILE = "run.json"
+LOCK_FILE = ".lock"
 SUMMARY_FILE = "summary.parquet"
 STEPS_FILE = "steps.parquet"
 
@@ -41,6 +44,41 @@ PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 
 class StoreError(RuntimeError):
     """A results directory that is missing, unwritable or broken; the message says what and where."""
+
+
+class RunBusy(StoreError):
+    """A run directory that another process (a sweep, a resume) is writing."""
+
+
+class RunLock:
+    """Ownership of a run directory: an exclusive ``flock`` on its ``.lock`` file, which records
+    the owner (pid, host, since) so that a second sweep or resume can name it.
+
+    The lock lives as long as the file descriptor: it ends with the owning process, however that
+    ends (SIGKILL included), so a stale lock never blocks a resume. Rank processes do not inherit
+    it (Python's descriptors are not inheritable).
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        path = Path(run_dir) / LOCK_FILE
+        self.fd = -1
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(self.fd, 4096).decode(errors="replace").strip() or "another process"
+            self.release()
+            raise RunBusy(f"{run_dir}: in use by {owner}; wait for it to end (or stop it) and try again") from None
+        since = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        os.ftruncate(self.fd, 0)
+        os.write(self.fd, f"pid {os.getpid()} on host {socket.gethostname()} since {since}".encode())
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing the last descriptor of the file ends the flock
+            self.fd = -1
+
+    __del__ = release
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -121,6 +159,7 @@ class Run:
 
     dir: Path
     meta: dict[str, Any]
+    lock: RunLock | None = field(default=None, repr=False, compare=False)
 
     @property
     def run_id(self) -> str:
@@ -140,6 +179,7 @@ class Run:
                 break
             except FileExistsError:
                 continue
+        lock = RunLock(run_dir)
         meta = {
             "run_id": run_id,
             "suite": {"name": suite_name, "path": suite_path, "text": suite_text},
@@ -148,14 +188,18 @@ class Run:
             "environment": environment,
             "cases": {c["case_id"]: {"params": c, "status": PENDING} for c in cases},
         }
-        run = cls(run_dir, meta)
+        run = cls(run_dir, meta, lock)
         run.save()
         return run
 
     @classmethod
-    def open(cls, run_dir: Path) -> Run:
+    def open(cls, run_dir: Path, own: bool = False) -> Run:
+        """A run read back; ``own``: take the run's lock first (to write it, as ``--resume`` does),
+        raising ``RunBusy`` naming the owner when another process holds it."""
         run_dir = Path(run_dir).resolve()
-        return cls(run_dir, read_run_json(run_dir))
+        meta = read_run_json(run_dir)  # first: a missing or broken run says so, not "busy"
+        lock = RunLock(run_dir) if own else None
+        return cls(run_dir, read_run_json(run_dir) if own else meta, lock)
 
     def save(self) -> None:
         atomic_write_bytes(self.dir / RUN_FILE, json.dumps(self.meta, indent=2, default=str).encode())
