@@ -189,3 +189,81 @@ def test_ctrl_c_during_the_end_of_sweep_analysis_leaves_a_run_resume_completes(d
     assert run_cli(["sweep", "--resume", str(run), "--no-report"]) == 0
     assert json.loads((run / "run.json").read_text())["status"] == "complete"
     assert (run / "summary.parquet").exists()
+
+
+# --- 2. result files of the wrong shape: exit 3 naming the file ---------------------------------
+
+
+def _run_json(run: Path) -> dict:
+    return json.loads((run / "run.json").read_text())
+
+
+def _first_case(meta: dict) -> dict:
+    return next(iter(meta["cases"].values()))
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+# Each damage rewrites run.json (a dict → JSON text) or a case's steps.parquet (a DataFrame).
+RUN_JSON_DAMAGE = {
+    "null": lambda m: "null",
+    "a-list": lambda m: "[1, 2]",
+    "empty-object": lambda m: "{}",
+    "empty-file": lambda m: "",
+    "deeply-nested": lambda m: json.dumps(m | {"environment": "X"}).replace('"X"', _nested(100_000)),
+    "cases-null": lambda m: json.dumps(m | {"cases": None}),
+    "cases-empty": lambda m: json.dumps(m | {"cases": {}}),
+    "cases-a-list": lambda m: json.dumps(m | {"cases": list(m["cases"].values())}),
+    "case-entry-a-string": lambda m: json.dumps(m | {"cases": {k: "done" for k in m["cases"]}}),
+    "case-without-params": lambda m: json.dumps(m | {"cases": {k: {"status": "done"} for k in m["cases"]}}),
+    "case-without-status": lambda m: json.dumps(m | {"cases": {k: {"params": v["params"]} for k, v in m["cases"].items()}}),
+    "case-unknown-status": lambda m: json.dumps(m | {"cases": {k: v | {"status": "great"} for k, v in m["cases"].items()}}),
+    "params-a-list": lambda m: json.dumps(m | {"cases": {k: v | {"params": [1]} for k, v in m["cases"].items()}}),
+    "params-missing-keys": lambda m: json.dumps(m | {"cases": {k: v | {"params": {"algorithm": "ddp"}} for k, v in m["cases"].items()}}),
+    "params-wrong-type": lambda m: json.dumps(m | {"cases": {k: v | {"params": v["params"] | {"steps": "many"}} for k, v in m["cases"].items()}}),
+    "params-null-algorithm": lambda m: json.dumps(m | {"cases": {k: v | {"params": v["params"] | {"algorithm": None}} for k, v in m["cases"].items()}}),
+    "run-id-a-number": lambda m: json.dumps(m | {"run_id": 7}),
+    "suite-a-string": lambda m: json.dumps(m | {"suite": "zero"}),
+    "suite-text-null": lambda m: json.dumps(m | {"suite": m["suite"] | {"text": None}}),
+    "environment-a-list": lambda m: json.dumps(m | {"environment": [1]}),
+    "worlds-a-string": lambda m: json.dumps(m | {"worlds": "w0"}),
+}
+STEPS_DAMAGE = {
+    "no-step-ms": lambda df: df.drop(columns=["step_ms"]),
+    "step-ms-text": lambda df: df.assign(step_ms="fast"),
+    "no-rows": lambda df: df.iloc[:0],
+    "foreign-table": lambda df: df[["loss"]].rename(columns={"loss": "x"}),
+    "no-phase": lambda df: df.drop(columns=["phase"]),
+}
+
+
+def _commands(run: Path, tmp_path: Path) -> dict[str, list[str]]:
+    return {"report": ["report", str(run), "-o", str(tmp_path / "r.html")],
+            "compare": ["compare", str(run), str(run)],
+            "export": ["export", str(run), "--format", "pytest-benchmark", "-o", str(tmp_path / "b.json")]}
+
+
+@pytest.mark.parametrize("command", ["report", "compare", "export"])
+@pytest.mark.parametrize("damage", list(RUN_JSON_DAMAGE), ids=list(RUN_JSON_DAMAGE))
+def test_wrong_shaped_run_json_exits_3_naming_the_file(done_run, tmp_path, capsys, damage, command):
+    run = copy_run(done_run, tmp_path)
+    (run / "run.json").write_text(RUN_JSON_DAMAGE[damage](_run_json(run)))
+    assert run_cli(_commands(run, tmp_path)[command]) == 3
+    err = capsys.readouterr().err
+    assert str(run / "run.json") in err and "Traceback" not in err, err
+    assert not (tmp_path / "r.html").exists() and not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.parametrize("command", ["report", "compare", "export"])
+@pytest.mark.parametrize("damage", list(STEPS_DAMAGE), ids=list(STEPS_DAMAGE))
+def test_wrong_shaped_steps_parquet_exits_3_naming_the_file(done_run, tmp_path, capsys, damage, command):
+    import pandas as pd
+
+    run = copy_run(done_run, tmp_path)
+    victim = next(run.glob("cases/*/steps.parquet"))
+    STEPS_DAMAGE[damage](pd.read_parquet(victim)).to_parquet(victim)
+    assert run_cli(_commands(run, tmp_path)[command]) == 3
+    err = capsys.readouterr().err
+    assert str(victim) in err and "Traceback" not in err, err

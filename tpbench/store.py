@@ -256,10 +256,63 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
         raise StoreError(f"{path}: missing; {run_dir} is not a tpbench run (or its sweep never started)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise StoreError(f"{path}: corrupted ({e})") from None
-    for key in ("run_id", "suite", "cases", "environment"):
-        if key not in meta:
-            raise StoreError(f"{path}: corrupted (no {key!r} entry)")
+    except RecursionError:
+        raise StoreError(f"{path}: corrupted (nested too deeply to be a run.json)") from None
+    problem = _run_json_problem(meta)
+    if problem:
+        raise StoreError(f"{path}: corrupted ({problem})")
     return meta
+
+
+_STATUSES = (PENDING, RUNNING, DONE, FAILED)
+# Case keys that are never collapsed to None.
+_ALWAYS_SET = ("algorithm", "world_size", "backend", "device", "workload", "repeats", "steps")
+
+
+def _run_json_problem(meta: Any) -> str | None:
+    """What makes a parsed run.json unusable (valid JSON of the wrong shape), or None.
+
+    Checked up front so that readers (report, compare, export, resume) meet one error naming
+    the file rather than a KeyError or TypeError deep inside.
+    """
+    if not isinstance(meta, dict):
+        return f"expected a JSON object, got {type(meta).__name__}"
+    for key, kind in (("run_id", str), ("suite", dict), ("cases", dict), ("environment", dict)):
+        if key not in meta:
+            return f"no {key!r} entry"
+        if not isinstance(meta[key], kind):
+            return f"{key!r} is a {type(meta[key]).__name__}, expected a {'string' if kind is str else 'JSON object'}"
+    for key in ("name", "text"):
+        if not isinstance(meta["suite"].get(key), str):
+            return f"'suite' has no string {key!r}"
+    if not meta["cases"]:
+        return "'cases' is empty"
+    if not isinstance(meta.get("worlds", []), list) or not all(isinstance(w, dict) for w in meta.get("worlds", [])):
+        return "'worlds' is not a list of objects"
+    for cid, entry in meta["cases"].items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("params"), dict):
+            return f"case {cid}: expected an object with 'params' and 'status'"
+        if entry.get("status") not in _STATUSES:
+            return f"case {cid}: status {entry.get('status')!r}, expected one of {', '.join(_STATUSES)}"
+        problem = _params_problem(entry["params"])
+        if problem:
+            return f"case {cid}: {problem}"
+    return None
+
+
+def _params_problem(params: dict[str, Any]) -> str | None:
+    """A case's parameters checked against the suite schema (a collapsed key is None)."""
+    from tpbench.suite import CAPTURE_KEYS, CASE_KEYS
+
+    for key, spec in (CASE_KEYS | CAPTURE_KEYS).items():
+        if key not in params:
+            return f"params have no {key!r}"
+        value = params[key]
+        if value is None and key not in _ALWAYS_SET:
+            continue
+        if not spec.check(value):
+            return f"params {key!r} = {value!r}, expected {spec.expected}"
+    return None
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:
@@ -267,6 +320,23 @@ def _read_parquet(path: Path) -> pd.DataFrame:
         return pd.read_parquet(path)
     except Exception as e:  # pyarrow raises several types for truncated or foreign files
         raise StoreError(f"{path}: unreadable parquet ({type(e).__name__}: {e})") from None
+
+
+# The columns every steps.parquet has (the worker writes more), and whether each is numeric.
+STEPS_COLUMNS = {"repeat": True, "rank": True, "step": True, "phase": False, "step_ms": True, "loss": True}
+
+
+def _read_steps(path: Path) -> pd.DataFrame:
+    """A finished case's steps.parquet, checked for the shape every reader relies on."""
+    df = _read_parquet(path)
+    for col, numeric in STEPS_COLUMNS.items():
+        if col not in df.columns:
+            raise StoreError(f"{path}: not a tpbench steps table (no {col!r} column)")
+        if numeric and not pd.api.types.is_numeric_dtype(df[col]):
+            raise StoreError(f"{path}: column {col!r} holds {df[col].dtype}, expected numbers")
+    if not (df["phase"] == "timed").any():
+        raise StoreError(f"{path}: no timed steps, but run.json says the case is done")
+    return df
 
 
 @dataclass
@@ -297,7 +367,7 @@ def load(run_dir: str | Path) -> Loaded:
         if entry["status"] == DONE:
             if not steps_path.exists():
                 raise StoreError(f"{steps_path}: missing, but run.json says case {cid} is done")
-            frames.append(_read_parquet(steps_path).assign(case_id=cid))
+            frames.append(_read_steps(steps_path).assign(case_id=cid))
     steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     summary_path = run_dir / SUMMARY_FILE
     summary = _read_parquet(summary_path) if summary_path.exists() else pd.DataFrame()
