@@ -267,3 +267,31 @@ def test_wrong_shaped_steps_parquet_exits_3_naming_the_file(done_run, tmp_path, 
     assert run_cli(_commands(run, tmp_path)[command]) == 3
     err = capsys.readouterr().err
     assert str(victim) in err and "Traceback" not in err, err
+
+
+# --- 6. a repeat longer than timeout_s fails as timed out ---------------------------------------
+
+
+def test_a_repeat_that_ends_after_its_timeout_fails_as_timed_out(tmp_path):
+    """The world's own report (events as a torchrun world writes them, read back as ``--resume``
+    reads a printed world's): the repeat ended 0.5 s past ``timeout_s``, so the case fails as timed
+    out instead of passing because its end arrived before the launcher's check."""
+    from tpbench.launch import PrintedWorldRecord, Supervisor
+    from tpbench.suite import Machine, expand, load
+
+    case = expand(load(tiny_suite(tmp_path, 'algorithm = ["ddp"]', timeout_s=2)), Machine(gpus=0))[0]
+    run = store.Run.create(tmp_path / "results", "tiny", "tiny.toml", "", [case.params()], {})
+    events = run.dir / "events" / "w0"
+    events.mkdir(parents=True)
+    t = 1_000.0
+    lines = [{"event": "world_ready", "t": t, "world": "w0", "nodes": []},
+             {"event": "repeat_start", "t": t, "case": case.case_id, "repeat": 0},
+             {"event": "repeat_end", "t": t + 2.5, "case": case.case_id, "repeat": 0, "median_ms": 1.0},
+             {"event": "case_end", "t": t + 2.5, "case": case.case_id},
+             {"event": "world_done", "t": t + 2.6, "world": "w0"}]
+    (events / "rank0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    outcome = Supervisor(PrintedWorldRecord(run.dir, "w0", 2), {case.case_id: case}, run, lambda k, e: None).supervise()
+    assert outcome.failed_case == case.case_id
+    assert outcome.cause == "timed out after 2 s in repeat 0 (it took 2.5 s)"
+    assert outcome.completed == set()
+    assert run.meta["cases"][case.case_id]["status"] == "running"  # not done; the launcher marks it failed
