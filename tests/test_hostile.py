@@ -295,3 +295,24 @@ def test_a_repeat_that_ends_after_its_timeout_fails_as_timed_out(tmp_path):
     assert outcome.cause == "timed out after 2 s in repeat 0 (it took 2.5 s)"
     assert outcome.completed == set()
     assert run.meta["cases"][case.case_id]["status"] == "running"  # not done; the launcher marks it failed
+
+
+# --- 5. equal values make one case --------------------------------------------------------------
+
+
+def test_equal_numbers_make_one_case_with_the_id_existing_results_have():
+    from tpbench.suite import Machine, expand, parse, select, with_overrides
+
+    def ids(text: str, *sets: str) -> list[str]:
+        return [c.case_id for c in expand(with_overrides(parse(text, "x.toml"), sets), Machine(gpus=0))]
+
+    default = ids("")
+    assert default == ["e8af04e57ecd"]  # the id this case had before numbers were normalised
+    assert ids("", "bucket_cap_mb=25.0") == ids("[defaults]\nbucket_cap_mb = 25.0") == default
+    assert ids("", "timeout_s=300.0") == default
+    assert ids("[defaults]\nlr = 1") == ids("[defaults]\nlr = 1.0")
+    assert ids("[defaults]\nworkload = 'markov'\n[workloads.markov]\nleak = 1") == ids(
+        "[defaults]\nworkload = 'markov'\n[workloads.markov]\nleak = 1.0")
+    assert ids("[sweep]\nbucket_cap_mb = [25.0, 4]")[0] == default[0]
+    cases = expand(parse("[sweep]\nbucket_cap_mb = [25, 4]", "x.toml"), Machine(gpus=0))
+    assert [c.bucket_cap_mb for c in select(cases, ["bucket_cap_mb=25.0"])] == [25]

@@ -199,9 +199,25 @@ def _fail(path: str, key: str, msg: str) -> SuiteError:
     return SuiteError(f"{path}: {key}: {msg}")
 
 
-def _check_value(path: str, where: str, spec: KeySpec, value: Any) -> None:
+def _check_value(path: str, where: str, spec: KeySpec, value: Any) -> Any:
+    """The value checked and in canonical form (see ``canonical``)."""
     if not spec.check(value):
         raise _fail(path, where, f"expected {spec.expected}, got {value!r}")
+    return canonical(spec.default, value)
+
+
+def canonical(default: Any, value: Any) -> Any:
+    """One form per number, so that equal values make one case with one id: the type of the
+    key's default. A float key's integer becomes a float (``lr = 1`` is ``1.0``); an integer
+    key's integral float becomes an integer (``bucket_cap_mb = 25.0`` is ``25``). Values written
+    in the default's type are unchanged, so the ids of existing results are too."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    if isinstance(default, float):
+        return float(value)
+    if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def parse(text: str, path: str = "<suite>") -> Suite:
@@ -235,7 +251,7 @@ def _validate(doc: dict[str, Any], path: str) -> Suite:
     for k, v in defaults.items():
         if k not in CASE_KEYS:
             raise _fail(path, f"[defaults] {k}", f"unknown key; expected one of {', '.join(CASE_KEYS)}")
-        _check_value(path, f"[defaults] {k}", CASE_KEYS[k], v)
+        defaults[k] = _check_value(path, f"[defaults] {k}", CASE_KEYS[k], v)
 
     sweep = dict(doc.get("sweep", {}))
     for k, values in sweep.items():
@@ -243,9 +259,8 @@ def _validate(doc: dict[str, Any], path: str) -> Suite:
             raise _fail(path, f"[sweep] {k}", f"unknown key; expected one of {', '.join(CASE_KEYS)}")
         if not isinstance(values, list) or not values:
             raise _fail(path, f"[sweep] {k}", f"expected a non-empty list of {CASE_KEYS[k].expected}, got {values!r}")
-        for i, v in enumerate(values):
-            _check_value(path, f"[sweep] {k}[{i}]", CASE_KEYS[k], v)
-        if len(set(map(repr, values))) != len(values):
+        sweep[k] = [_check_value(path, f"[sweep] {k}[{i}]", CASE_KEYS[k], v) for i, v in enumerate(values)]
+        if len(set(map(repr, sweep[k]))) != len(values):
             raise _fail(path, f"[sweep] {k}", f"expected distinct values, got {values!r}")
         if k in defaults:
             raise _fail(path, f"[sweep] {k}", "is also set in [defaults]; set it in one place")
@@ -254,8 +269,7 @@ def _validate(doc: dict[str, Any], path: str) -> Suite:
     for k, v in doc.get("capture", {}).items():
         if k not in CAPTURE_KEYS:
             raise _fail(path, f"[capture] {k}", f"unknown key; expected one of {', '.join(CAPTURE_KEYS)}")
-        _check_value(path, f"[capture] {k}", CAPTURE_KEYS[k], v)
-        capture[k] = v
+        capture[k] = _check_value(path, f"[capture] {k}", CAPTURE_KEYS[k], v)
 
     from tpbench.workloads import WORKLOADS
 
@@ -274,7 +288,7 @@ def _validate(doc: dict[str, Any], path: str) -> Suite:
                 raise _fail(path, f"[workloads.{wname}] {k}", f"expected {want.__name__}, got {v!r}")
             if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0 and fields[k].default > 0:
                 raise _fail(path, f"[workloads.{wname}] {k}", f"expected a value > 0, got {v!r}")
-        workloads[wname] = dict(table)
+        workloads[wname] = {k: canonical(fields[k].default, v) for k, v in table.items()}
 
     interconnects = doc.get("interconnects", {})
     for iname, table in interconnects.items():
@@ -462,6 +476,8 @@ def select(cases: list[Case], filters: Iterable[str]) -> list[Case]:
         if not raw or not key:
             raise SuiteError(f"--filter {f}: expected KEY=VALUE[|VALUE...] or KEY!=VALUE")
         wanted = [w.strip() for w in raw.split("|")]
+        if key != "id":
+            wanted = [_fmt(_parse_value(w)) for w in wanted]  # 25.0 matches 25, as in the suite
         if key == "id":
             match = lambda c: any(c.case_id.startswith(w) for w in wanted)  # noqa: E731
         elif key in CASE_KEYS or key in CAPTURE_KEYS:
