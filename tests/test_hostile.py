@@ -316,3 +316,20 @@ def test_equal_numbers_make_one_case_with_the_id_existing_results_have():
     assert ids("[sweep]\nbucket_cap_mb = [25.0, 4]")[0] == default[0]
     cases = expand(parse("[sweep]\nbucket_cap_mb = [25, 4]", "x.toml"), Machine(gpus=0))
     assert [c.bucket_cap_mb for c in select(cases, ["bucket_cap_mb=25.0"])] == [25]
+
+
+# --- 4. limits sized from the machine, with an explicit override --------------------------------
+
+
+def test_machine_limits_follow_cores_and_memory_and_allow_large_lifts_them(capsys):
+    from tpbench.suite import MAX_CASES, Machine
+
+    machine = Machine.detect()
+    memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    assert machine.max_ranks == max(2, min(4 * os.cpu_count(), memory_mb // 512))
+    assert machine.max_cases == MAX_CASES
+    huge = Path(__file__).parent / "data" / "bad_suites" / "54-world-beyond-the-machine.toml"
+    assert run_cli(["validate", str(huge)]) == 2
+    assert f"expected at most {machine.max_ranks} ranks on this machine" in capsys.readouterr().err
+    assert run_cli(["validate", str(huge), "--allow-large"]) == 0
+    assert "ok, 1 cases" in capsys.readouterr().out

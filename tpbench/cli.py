@@ -190,7 +190,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             console.print(f"Nothing to resume: every case of {run.dir} is done.", markup=False, soft_wrap=True)
             return EXIT_OK
     else:
-        prepared = sweep.prepare(args.suite, args.set, args.filter, launcher)
+        prepared = sweep.prepare(args.suite, args.set, args.filter, launcher, allow_large=args.allow_large)
         cases = prepared.cases
         if not cases:
             console.print("[yellow]No case matches the filters.[/]")
@@ -238,7 +238,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from tpbench import sweep
 
-    prepared = sweep.prepare(args.suite, args.set, args.filter)
+    prepared = sweep.prepare(args.suite, args.set, args.filter, allow_large=args.allow_large)
     out.print(f"{args.suite}: ok, {len(prepared.cases)} cases")
     return EXIT_OK
 
@@ -356,9 +356,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--filter", action="append", default=[], metavar="KEY=V1|V2",
                        help="keep only matching cases (KEY!=V excludes; id=PREFIX matches case ids)")
 
+    def allow_large_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--allow-large", action="store_true",
+                       help="run worlds and sweeps beyond this machine's limits (4 ranks per core, 512 MiB per rank; 10000 cases)")
+
     p = sub.add_parser("sweep", help="run a suite")
     p.add_argument("suite", nargs="?", help="suite TOML file (not needed with --resume)")
     suite_args(p)
+    allow_large_arg(p)
     p.add_argument("--out", type=Path, default=Path("results"), help="results root (default: results)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="run only the missing or failed cases of RUN_DIR")
     p.add_argument("--dry-run", action="store_true", help="list the cases and exit")
@@ -387,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check a suite without running it")
     p.add_argument("suite")
     suite_args(p)
+    allow_large_arg(p)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("env", help="print this machine's environment fingerprint")

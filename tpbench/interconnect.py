@@ -59,7 +59,8 @@ _RATE_RE = re.compile(r"(?P<num>\d+(?:\.\d+)?)(?P<unit>[a-z]+)")
 # Below 1 Mbit/s tbf's bucket, which tc stores as a 32-bit time, overflows for the burst we need
 # (256 KiB at 1 kbit/s is half an hour), and a 16 MB collective would take minutes anyway.
 _MIN_RATE_BITS_PER_S = 1e6
-_RATE_EXPECTED = "a rate like '500mbit', '1gbit' or '2.5gbit' (units: bit, kbit, mbit, gbit, tbit; lowercase; >= 1mbit)"
+_MAX_RATE_BITS_PER_S = 1e12
+_RATE_EXPECTED = "a rate like '500mbit', '1gbit' or '2.5gbit' (units: bit, kbit, mbit, gbit, tbit; lowercase; 1mbit to 1tbit)"
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -99,6 +100,8 @@ def parse_rate(text: str) -> float:
     bits = float(m["num"]) * _RATE_UNITS[m["unit"]]
     if bits < _MIN_RATE_BITS_PER_S:
         raise ValueError(f"bad rate {text!r}: must be at least 1mbit")
+    if bits > _MAX_RATE_BITS_PER_S:
+        raise ValueError(f"bad rate {text!r}: must be at most 1tbit (no loopback comes near it; above, tc's numbers overflow)")
     return bits
 
 

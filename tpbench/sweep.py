@@ -6,6 +6,7 @@ progress. Nothing here prints.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,16 +30,18 @@ class Prepared:
 
 
 def prepare(suite_path: str | Path, overrides: Iterable[str] = (), filters: Iterable[str] = (),
-            launcher: Torchrun | None = None) -> Prepared:
+            launcher: Torchrun | None = None, allow_large: bool = False) -> Prepared:
     """Load, override, validate and expand a suite; raises ``SuiteError`` before anything runs.
 
     Under torchrun "auto" sizes resolve against the torchrun layout (``--nnodes`` x
-    ``--nproc-per-node``), and cases that cannot have that layout are refused.
+    ``--nproc-per-node``), and cases that cannot have that layout are refused. Worlds and sweeps
+    far beyond this machine are refused unless ``allow_large``.
     """
     suite = with_overrides(load(suite_path), overrides)
-    machine = Machine.detect()
+    machine = Machine.detect(limited=not allow_large)
     if launcher is not None:
-        machine = Machine(machine.gpus, nnodes=launcher.nnodes, nproc_per_node=launcher.nproc_per_node)
+        # Its layout is the user's explicit choice, on machines this one cannot see.
+        machine = dataclasses.replace(machine, nnodes=launcher.nnodes, nproc_per_node=launcher.nproc_per_node, max_ranks=None)
     cases = select(expand(suite, machine), filters)
     return Prepared(suite, cases)
 
