@@ -333,3 +333,83 @@ def test_machine_limits_follow_cores_and_memory_and_allow_large_lifts_them(capsy
     assert f"expected at most {machine.max_ranks} ranks on this machine" in capsys.readouterr().err
     assert run_cli(["validate", str(huge), "--allow-large"]) == 0
     assert "ok, 1 cases" in capsys.readouterr().out
+
+
+# --- 9, 10. the terminal prints paths as they are; files respect the umask ----------------------
+
+
+def test_markup_in_names_and_paths_is_printed_verbatim_and_files_follow_the_umask(tmp_path):
+    """A suite named ``zero [v2]`` swept into ``b[/x]`` (rich markup if read as such): exit 0, the
+    run directory and the report printed as they are; under umask 002 every result and report
+    file is 0664, as a plain ``open`` would make it, so a team can share the results."""
+    suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]', name="zero [v2]")
+    out, reports = tmp_path / "b[/x]", tmp_path / "reports [red]"
+    proc = sweep(str(suite), "--out", str(out), "--reports-dir", str(reports), cwd=tmp_path,
+                 preexec_fn=lambda: os.umask(0o002))
+    assert proc.returncode == 0, proc.stderr
+    run_dir = next(store.iter_runs(out))
+    assert run_dir.parent.name == "zero [v2]"
+    report = reports / f"zero [v2]-{run_dir.name}.html"
+    assert f"Run directory: {run_dir}\n" in proc.stderr and f"Report: {report}\n" in proc.stderr, proc.stderr
+    assert "zero [v2]" in proc.stdout  # the summary table's title
+    written = [run_dir / "run.json", run_dir / "summary.parquet", report, *run_dir.glob("cases/*/*.parquet"),
+               *run_dir.glob("plans/*.json")]
+    assert {oct(p.stat().st_mode & 0o777) for p in written} == {"0o664"}, {str(p): oct(p.stat().st_mode) for p in written}
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_list_tolerates_a_suites_folder_of_broken_files(tmp_path, capsys):
+    """Exit 0, every file listed, each broken one with its problem in one line; descriptions are
+    printed as written (no markup)."""
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    (suites / "a-good.toml").write_text('[suite]\ndescription = "uses [red]no markup[/red]"\n')
+    (suites / "b-syntax.toml").write_text("[suite\n")
+    (suites / "c-binary.toml").write_bytes(b"\xff\xfe\x00garbage")
+    (suites / "d-suite-not-a-table.toml").write_text("suite = 3\n")
+    (suites / "e-description-a-number.toml").write_text("[suite]\ndescription = 5\n")
+    (suites / "f-nested.toml").write_text("x = " + "[" * 50_000 + "]" * 50_000 + "\n")
+    (suites / "g-a-folder.toml").mkdir()
+    (suites / "h-[bold]name.toml").write_text("")
+    assert run_cli(["list", "--suites", str(suites)]) == 0
+    text = capsys.readouterr().out
+    assert "uses [red]no markup[/red]" in text.replace("\n", "")
+    for name in ("b-syntax", "c-binary", "d-suite-not-a-table", "e-description-a-number", "f-nested", "g-a-folder",
+                 "h-[bold]name"):
+        assert name in text, name
+    assert text.count("(unreadable:") == 4, text  # syntax, binary, nested, folder
+
+
+# --- 8. disk: the report's folder is checked before the sweep; errors name the user's file ------
+
+
+def test_an_unwritable_report_location_is_refused_before_the_sweep(tmp_path, capsys):
+    suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]')
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = tmp_path / "results"
+    assert run_cli(["sweep", str(suite), "--out", str(out), "--report", str(blocker / "r.html")]) == 3
+    err = capsys.readouterr().err
+    assert f"{blocker}: report directory is not writable" in err, err
+    assert not out.exists()
+
+
+def test_a_failed_write_names_the_users_file_and_leaves_no_temporary(done_run, tmp_path, capsys):
+    """``-o`` naming a folder: the rename of the finished temporary file fails, the error names
+    the user's path (exit 3), and the temporary file is gone."""
+    target = tmp_path / "bench.json"
+    target.mkdir()
+    assert run_cli(["export", str(done_run), "--format", "pytest-benchmark", "-o", str(target)]) == 3
+    err = capsys.readouterr().err
+    assert f"{target}: cannot write: Is a directory" in err and ".tmp" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]
+
+
+# --- 13. smaller --------------------------------------------------------------------------------
+
+
+def test_torchrun_with_zero_nodes_is_refused(tmp_path, capsys):
+    suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]')
+    assert run_cli(["sweep", str(suite), "--launcher", "torchrun", "--nnodes", "0", "--out", str(tmp_path / "r")]) == 2
+    assert "--nnodes and --nproc-per-node must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

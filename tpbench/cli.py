@@ -71,7 +71,7 @@ def _summary_table(loaded) -> Table:
     cases = [Case.from_params(p["params"]) for p in loaded.meta["cases"].values()]
     keys = varying_keys(cases)
     labels = {c.case_id: c.label(keys) for c in cases}
-    t = Table(title=f"{loaded.meta['suite']['name']} · run {loaded.meta['run_id']}")
+    t = Table(title=escape(f"{loaded.meta['suite']['name']} · run {loaded.meta['run_id']}"))
     for col, just in [("case", "left"), ("status", "left"), ("median ms", "right"), ("95% CI", "right"), ("p10–p90 ms", "right"), ("samples/s", "right")]:
         t.add_column(col, justify=just)
     s = loaded.summary
@@ -95,7 +95,7 @@ def _torchrun(args: argparse.Namespace):
         if given or (args.print_only and not args.resume):
             _usage(f"{', '.join(given or ['--print'])}: only with --launcher torchrun")
         return None
-    launcher = Torchrun(nnodes=args.nnodes or 1, nproc_per_node=args.nproc_per_node, rdzv_endpoint=args.rdzv_endpoint,
+    launcher = Torchrun(nnodes=1 if args.nnodes is None else args.nnodes, nproc_per_node=args.nproc_per_node, rdzv_endpoint=args.rdzv_endpoint,
                         agent_prefix=tuple(shlex.split(args.agent_prefix or "")))
     if launcher.problem():
         _usage(launcher.problem())
@@ -120,7 +120,7 @@ def _print_worlds(run, cases: list, launcher) -> int:
         where = "once (the prefix starts one agent per node)"
     for w in worlds:
         env = [f"{k}={v}" for k, v in sorted(w.env.items())]
-        out.print(f"# world {w.world} ({w.plan}): run {where}", soft_wrap=True)
+        out.print(f"# world {w.world} ({w.plan}): run {where}", soft_wrap=True, markup=False)
         out.print(shlex.join(["env", *env, *w.command]), soft_wrap=True, highlight=False, markup=False)
     if len(worlds) > 1:
         out.print("# run the worlds one after another", soft_wrap=True)
@@ -198,6 +198,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if args.dry_run:
             out.print(_cases_table(f"{prepared.suite.name}: {len(cases)} cases (dry run)", cases))
             return EXIT_OK
+        if not args.no_report:  # before hours of sweeping, not after
+            store.check_writable(args.report.parent if args.report else args.reports_dir, "report directory")
         run = sweep.start(prepared, args.out, launcher)
     console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
     if args.print_only:
@@ -221,7 +223,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     console.print(f"Wall {time.monotonic() - t0:.1f} s; timed steps {eff.get('timed_s', 0):.1f} s; {eff.get('processes_started')} rank processes started.")
     if not args.no_report:
         path = report.write_report([run.dir], args.report or report.default_report_path(run.dir, args.reports_dir))
-        console.print(f"Report: {path}")
+        console.print(f"Report: {path}", markup=False, soft_wrap=True)
     failed = [cid for cid, s in run.case_status().items() if s == store.FAILED]
     return EXIT_FAILED if failed else EXIT_OK
 
@@ -231,7 +233,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     out_path = args.output or report.default_report_path(args.runs[0])
     path = report.write_report(args.runs, out_path)
-    console.print(f"Report: {path}")
+    console.print(f"Report: {path}", markup=False, soft_wrap=True)
     return EXIT_OK
 
 
@@ -239,7 +241,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from tpbench import sweep
 
     prepared = sweep.prepare(args.suite, args.set, args.filter, allow_large=args.allow_large)
-    out.print(f"{args.suite}: ok, {len(prepared.cases)} cases")
+    out.print(f"{args.suite}: ok, {len(prepared.cases)} cases", markup=False, soft_wrap=True)
     return EXIT_OK
 
 
@@ -271,19 +273,27 @@ def cmd_list(args: argparse.Namespace) -> int:
     out.print(w)
     suites_dir = Path(args.suites)
     if suites_dir.is_dir():
-        s = Table(title=f"suites in {suites_dir}")
+        s = Table(title=escape(f"suites in {suites_dir}"))
         s.add_column("file")
         s.add_column("description")
-        import tomllib
-
         for p in sorted(suites_dir.glob("*.toml")):
-            try:
-                desc = tomllib.loads(p.read_text()).get("suite", {}).get("description", "")
-            except (tomllib.TOMLDecodeError, OSError) as e:
-                desc = f"(unreadable: {e})"
-            s.add_row(str(p), desc)
+            s.add_row(escape(p.name), escape(_suite_description(p)))
         out.print(s)
     return EXIT_OK
+
+
+def _suite_description(path: Path) -> str:
+    """A suite file's description for ``tpbench list``; a broken file is listed as such (its
+    problem in one line), never the end of the listing."""
+    import tomllib
+
+    try:
+        doc = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError, RecursionError) as e:
+        return f"(unreadable: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'nested too deeply'})"
+    meta = doc.get("suite")
+    desc = meta.get("description") if isinstance(meta, dict) else None
+    return desc if isinstance(desc, str) else ""
 
 
 def _verdict_args(p: argparse.ArgumentParser) -> None:
@@ -325,7 +335,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     candidate = gate.resolve_side("candidate", args.candidate, out / "candidate")
     run = gate.run_gate(args.suite, baseline, candidate, out, rounds=args.rounds, overrides=args.set, filters=args.filter,
                         candidate_overrides=args.candidate_set)
-    console.print(f"Gate runs: {run.out}", soft_wrap=True)
+    console.print(f"Gate runs: {run.out}", soft_wrap=True, markup=False)
     comparison = gate.compare_runs(run.baseline, run.candidate, metric=args.metric, threshold=threshold, paired=True,
                                    fail_on_inconclusive=args.fail_on_inconclusive, ignore_env=args.ignore_env)
     return _print_verdict(comparison, args.format)
@@ -337,10 +347,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     export = gate.export_run(args.run, args.format)
     text = json.dumps(export.document, indent=2, allow_nan=False) + "\n"
     for label in export.skipped:
-        console.print(f"[yellow]not exported:[/] {label} (no timed steps: the case failed or never ran)", soft_wrap=True)
+        console.print(f"[yellow]not exported:[/] {escape(label)} (no timed steps: the case failed or never ran)", soft_wrap=True)
     if args.output:
         store.atomic_write_bytes(args.output, text.encode())
-        console.print(f"Wrote {args.output}", soft_wrap=True)
+        console.print(f"Wrote {args.output}", soft_wrap=True, markup=False)
     else:
         sys.stdout.write(text)
     return EXIT_OK
@@ -474,7 +484,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     out.print(t)
     for m in result.models:
         if not m.representative:
-            console.print(f"[yellow](*)[/] {labels[m.case_id]}: traced steps replay at {m.replay_ms:.0f} ms vs "
+            console.print(f"[yellow](*)[/] {escape(labels[m.case_id])}: traced steps replay at {m.replay_ms:.0f} ms vs "
                           f"{m.measured_ms:.0f} ms timed; its projections are less trustworthy (busy machine while tracing?)")
     return EXIT_OK
 
@@ -492,7 +502,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = build_parser().parse_args(argv)
     if args.command == "sweep" and not args.suite and not args.resume:
-        console.print("tpbench sweep: error: give a SUITE file, or --resume RUN_DIR")
+        console.print("tpbench sweep: error: give a SUITE file, or --resume RUN_DIR", markup=False)
         sys.exit(EXIT_USAGE)
     try:
         code = args.func(args)
@@ -507,9 +517,9 @@ def main(argv: list[str] | None = None) -> None:
         _error(RuntimeError(f"{e.filename or ''}: {e.strerror or e}"))
         code = EXIT_RESULTS
     except GateError as e:
-        console.print(f"[red]error:[/] {e}", soft_wrap=True)
+        _error(e)
         code = EXIT_USAGE
     except SideError as e:
-        console.print(f"[red]error:[/] {e}", soft_wrap=True)
+        _error(e)
         code = EXIT_RESULTS
     sys.exit(code)

@@ -18,6 +18,7 @@ earlier rounds of every case with it. ``run.json`` has a single writer (the swee
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import fcntl
 import json
@@ -29,7 +30,7 @@ import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import pandas as pd
 
@@ -81,30 +82,51 @@ class RunLock:
     __del__ = release
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux ≥ 4.7), else by setting it back."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def _atomic(path: Path) -> Iterator[tuple[int, str]]:
+    """A temporary file beside ``path`` (fd, name), renamed onto it when the block ends.
+
+    The file gets the mode a plain ``open`` would give (0666 less the umask; ``mkstemp`` alone
+    makes 0600), so a team can share a results directory. Any failure removes the temporary
+    file and raises ``StoreError`` naming ``path``, the user's file, not the temporary one.
+    """
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.fchmod(fd, 0o666 & ~_umask())
+        yield fd, tmp
+        os.replace(tmp, path)
+    except OSError as e:
+        raise StoreError(f"{path}: cannot write: {e.strerror or e}") from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with _atomic(Path(path)) as (fd, _):
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def atomic_write_parquet(path: Path, df: pd.DataFrame) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with _atomic(Path(path)) as (fd, tmp):
+        os.close(fd)
         df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:
@@ -231,8 +253,9 @@ def suite_table(meta: dict[str, Any], table: str) -> dict[str, Any]:
         return {}
 
 
-def check_writable(root: Path) -> None:
-    """Fail before any case runs when results cannot be written (missing permission, full disk)."""
+def check_writable(root: Path, what: str = "results directory") -> None:
+    """Fail before any case runs when results (or the report) cannot be written (missing
+    permission, full disk)."""
     try:
         root.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=root, prefix=".write-probe-")
@@ -243,7 +266,7 @@ def check_writable(root: Path) -> None:
             os.close(fd)
             os.unlink(probe)
     except OSError as e:
-        raise StoreError(f"{root}: results directory is not writable: {e.strerror or e}") from None
+        raise StoreError(f"{root}: {what} is not writable: {e.strerror or e}") from None
 
 
 def read_run_json(run_dir: Path) -> dict[str, Any]:
