@@ -413,3 +413,17 @@ def test_torchrun_with_zero_nodes_is_refused(tmp_path, capsys):
     assert run_cli(["sweep", str(suite), "--launcher", "torchrun", "--nnodes", "0", "--out", str(tmp_path / "r")]) == 2
     assert "--nnodes and --nproc-per-node must be >= 1" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+# --- 11. a profile's env may change what runs only when it says so -----------------------------
+
+
+def test_allow_env_lets_a_profile_set_a_variable_that_changes_what_runs():
+    from tpbench.interconnect import resolve
+
+    profiles = {"traced": {"backend": "gloo", "env": {"LD_PRELOAD": "/opt/libtrace.so", "GLOO_SOCKET_IFNAME": "lo"},
+                           "allow_env": ["LD_PRELOAD"]}}
+    assert dict(resolve("traced", profiles).env) == {"LD_PRELOAD": "/opt/libtrace.so", "GLOO_SOCKET_IFNAME": "lo"}
+    profiles["traced"]["allow_env"] = []
+    with pytest.raises(ValueError, match="env.LD_PRELOAD changes what every rank runs"):
+        resolve("traced", profiles)
