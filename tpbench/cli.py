@@ -516,6 +516,10 @@ def main(argv: list[str] | None = None) -> None:
         # A disk that fills up or a folder that disappears mid-sweep: what finished is on disk.
         _error(RuntimeError(f"{e.filename or ''}: {e.strerror or e}"))
         code = EXIT_RESULTS
+    except KeyboardInterrupt as e:
+        # Before a run directory exists (or outside a sweep): nothing to resume, nothing to say but that.
+        console.print("Terminated." if isinstance(e, Terminated) else "Interrupted.", markup=False)
+        code = EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
     except GateError as e:
         _error(e)
         code = EXIT_USAGE
