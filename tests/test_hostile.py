@@ -304,7 +304,7 @@ def test_equal_numbers_make_one_case_with_the_id_existing_results_have():
     from tpbench.suite import Machine, expand, parse, select, with_overrides
 
     def ids(text: str, *sets: str) -> list[str]:
-        return [c.case_id for c in expand(with_overrides(parse(text, "x.toml"), sets), Machine(gpus=0))]
+        return [c.case_id for c in expand(with_overrides(parse("[suite]\n" + text, "x.toml"), sets), Machine(gpus=0))]
 
     default = ids("")
     assert default == ["e8af04e57ecd"]  # the id this case had before numbers were normalised
