@@ -383,14 +383,16 @@ def test_list_tolerates_a_suites_folder_of_broken_files(tmp_path, capsys):
 # --- 8. disk: the report's folder is checked before the sweep; errors name the user's file ------
 
 
-def test_an_unwritable_report_location_is_refused_before_the_sweep(tmp_path, capsys):
+@pytest.mark.parametrize("where,message", [("a-file/r.html", "a-file: report directory is not writable"),
+                                           ("a-folder", "a-folder: is a folder; --report takes the report's file name")])
+def test_an_unusable_report_path_is_refused_before_the_sweep(tmp_path, capsys, where, message):
     suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]')
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "a-folder").mkdir()
     out = tmp_path / "results"
-    assert run_cli(["sweep", str(suite), "--out", str(out), "--report", str(blocker / "r.html")]) == 3
+    assert run_cli(["sweep", str(suite), "--out", str(out), "--report", str(tmp_path / where)]) == 3
     err = capsys.readouterr().err
-    assert f"{blocker}: report directory is not writable" in err, err
+    assert f"{tmp_path}/{message}" in err, err
     assert not out.exists()
 
 

@@ -199,6 +199,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             out.print(_cases_table(f"{prepared.suite.name}: {len(cases)} cases (dry run)", cases))
             return EXIT_OK
         if not args.no_report:  # before hours of sweeping, not after
+            if args.report and args.report.is_dir():
+                raise store.StoreError(f"{args.report}: is a folder; --report takes the report's file name")
             store.check_writable(args.report.parent if args.report else args.reports_dir, "report directory")
         run = sweep.start(prepared, args.out, launcher)
     console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
