@@ -429,3 +429,35 @@ def test_allow_env_lets_a_profile_set_a_variable_that_changes_what_runs():
     profiles["traced"]["allow_env"] = []
     with pytest.raises(ValueError, match="env.LD_PRELOAD changes what every rank runs"):
         resolve("traced", profiles)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+def test_a_disk_that_fills_up_mid_sweep_names_the_file_leaves_no_temporary_and_loses_nothing(tmp_path):
+    """The results filesystem fills up as soon as the run exists: exit 3 naming a file of the run,
+    no temporary file anywhere, run.json still readable; with space again, --resume completes it."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], check=True)
+    try:
+        suite = tiny_suite(tmp_path, "steps = [20, 21]")
+        p = subprocess.Popen([*SWEEP, str(suite), "--out", str(disk / "results"), "--no-report"], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not list(disk.glob("results/tiny/*/run.json")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with pytest.raises(OSError), open(disk / "filler", "wb") as f:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        _, err = p.communicate(timeout=180)
+        assert p.returncode == 3, err
+        run_dir = next(store.iter_runs(disk / "results"))
+        assert f"{run_dir}/" in err and "No space left on device" in err, err
+        assert not [q for q in disk.rglob("*") if ".tmp" in q.name]
+        store.read_run_json(run_dir)
+        (disk / "filler").unlink()
+        proc = sweep("--resume", str(run_dir), "--no-report", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert set(store.load(run_dir).cases.status) == {"done"}
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
