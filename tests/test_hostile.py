@@ -461,3 +461,25 @@ def test_a_disk_that_fills_up_mid_sweep_names_the_file_leaves_no_temporary_and_l
         assert set(store.load(run_dir).cases.status) == {"done"}
     finally:
         subprocess.run(["umount", str(disk)], check=False)
+
+
+@pytest.fixture(scope="module")
+def traced_run(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("traced")
+    suite = tiny_suite(tmp, 'algorithm = ["ddp"]')
+    suite.write_text(suite.read_text().replace("profiler_steps = 0", "profiler_steps = 2"))
+    proc = sweep(str(suite), "--out", str(tmp / "results"), "--no-report", cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    return next(store.iter_runs(tmp / "results"))
+
+
+@pytest.mark.parametrize("table", ["intervals", "overlap", "collectives", "marks"])
+def test_a_foreign_derived_table_exits_3_naming_the_file(traced_run, tmp_path, capsys, table):
+    import pandas as pd
+
+    run = copy_run(traced_run, tmp_path)
+    victim = next(run.glob(f"cases/*/{table}.parquet"))
+    pd.DataFrame({"x": [1.0]}).to_parquet(victim)
+    assert run_cli(["report", str(run), "-o", str(tmp_path / "r.html")]) == 3
+    err = capsys.readouterr().err
+    assert f"{victim}: not a tpbench {table} table" in err and "Traceback" not in err, err

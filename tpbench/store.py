@@ -426,10 +426,26 @@ def write_case_table(run_dir: Path, case_id: str, name: str, df: pd.DataFrame) -
     return path
 
 
+# Columns the readers of each derived table index by (a table written with none is an empty one).
+CASE_TABLE_KEYS = {
+    "intervals": ("rank", "step", "lane", "start_ns", "end_ns"),
+    "overlap": ("rank", "step", "compute_ns", "comm_ns"),
+    "collectives": ("collective", "step", "bytes", "time_ns"),
+    "marks": ("rank", "kind", "start_ns", "end_ns"),
+}
+
+
 def read_case_table(run_dir: Path, case_id: str, name: str) -> pd.DataFrame | None:
-    """A derived per-case table, or None when the case has none (e.g. no traces, no GPU)."""
+    """A derived per-case table, or None when the case has none (e.g. no traces, no GPU);
+    ``StoreError`` naming the file when it is not the table it should be."""
     path = case_dir(run_dir, case_id) / f"{name}.parquet"
-    return _read_parquet(path) if path.exists() else None
+    if not path.exists():
+        return None
+    df = _read_parquet(path)
+    missing = [c for c in CASE_TABLE_KEYS.get(name, ()) if c not in df.columns]
+    if missing and len(df.columns):
+        raise StoreError(f"{path}: not a tpbench {name} table (no {', '.join(map(repr, missing))} column)")
+    return df
 
 
 def read_case_tables(run_dir: Path, name: str) -> pd.DataFrame:
