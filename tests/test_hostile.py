@@ -109,6 +109,7 @@ def test_resume_dry_run_lists_the_missing_cases_and_runs_nothing(done_run, tmp_p
 @pytest.mark.parametrize("extra,message", [
     (["--set", "steps=9"], "--set with --resume: a resumed run runs its own suite"),
     (["--filter", "algorithm=ddp"], "--filter with --resume"),
+    (["--out", "elsewhere"], "--out with --resume: a resumed run runs its own suite's missing cases unchanged, in its own"),
     (["OTHER"], "with --resume: not the suite"),
 ])
 def test_resume_refuses_what_would_change_its_cases(done_run, tmp_path, capsys, extra, message):

@@ -146,10 +146,10 @@ def _check_resume_args(args: argparse.Namespace) -> None:
     missing cases measure what the finished ones did."""
     from tpbench import store
 
-    changed = [f for f, v in (("--set", args.set), ("--filter", args.filter)) if v]
+    changed = [f for f, v in (("--set", args.set), ("--filter", args.filter), ("--out", args.out)) if v]
     if changed:
-        _usage(f"{', '.join(changed)} with --resume: a resumed run runs its own suite's missing cases unchanged "
-               "(start a new sweep to change them)")
+        _usage(f"{', '.join(changed)} with --resume: a resumed run runs its own suite's missing cases unchanged, "
+               "in its own directory (start a new sweep to change them)")
     if args.suite:
         recorded = store.read_run_json(args.resume)["suite"].get("text")
         try:
@@ -202,7 +202,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             if args.report and args.report.is_dir():
                 raise store.StoreError(f"{args.report}: is a folder; --report takes the report's file name")
             store.check_writable(args.report.parent if args.report else args.reports_dir, "report directory")
-        run = sweep.start(prepared, args.out, launcher)
+        run = sweep.start(prepared, args.out or Path("results"), launcher)
     console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
     if args.print_only:
         return _print_worlds(run, cases, launcher)
@@ -376,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("suite", nargs="?", help="suite TOML file (not needed with --resume)")
     suite_args(p)
     allow_large_arg(p)
-    p.add_argument("--out", type=Path, default=Path("results"), help="results root (default: results)")
+    p.add_argument("--out", type=Path, help="results root (default: results)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="run only the missing or failed cases of RUN_DIR")
     p.add_argument("--dry-run", action="store_true", help="list the cases and exit")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
