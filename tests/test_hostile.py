@@ -34,9 +34,10 @@ def tree(root: Path) -> set[Path]:
 # --- 1. rendezvous does not depend on the characters of a path ---------------------------------
 
 
-@pytest.mark.parametrize("out_name,suite_name", [("res#ults?x=1", "plain"), ("plain", "su#ite?a=b")])
+@pytest.mark.parametrize("out_name,suite_name", [("res#ults?x=1", "plain"), ("plain", "su#ite?a=b"),
+                                                  ("new\nline %20 ü", "plain")])
 def test_url_characters_in_paths_rendezvous_inside_the_run_and_leave_nothing_behind(tmp_path, out_name, suite_name):
-    """'#' and '?' in --out or in the suite name: two sweeps into the same root both finish (exit 0),
+    """'#', '?', a newline, '%20' in --out or in the suite name: two sweeps into the same root both finish (exit 0),
     and nothing is left outside the run directories (no stray rendezvous file)."""
     suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]', name=suite_name)
     out = tmp_path / out_name
