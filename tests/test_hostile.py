@@ -37,8 +37,8 @@ def tree(root: Path) -> set[Path]:
 @pytest.mark.parametrize("out_name,suite_name", [("res#ults?x=1", "plain"), ("plain", "su#ite?a=b"),
                                                   ("new\nline %20 ü", "plain")])
 def test_url_characters_in_paths_rendezvous_inside_the_run_and_leave_nothing_behind(tmp_path, out_name, suite_name):
-    """'#', '?', a newline, '%20' in --out or in the suite name: two sweeps into the same root both finish (exit 0),
-    and nothing is left outside the run directories (no stray rendezvous file)."""
+    """'#', '?', a newline, '%20' in --out or in the suite name: two sweeps into the same root both
+    finish (exit 0), and nothing is left outside the run directories (no stray rendezvous file)."""
     suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]', name=suite_name)
     out = tmp_path / out_name
     before = tree(tmp_path)
@@ -200,12 +200,13 @@ def _run_json(run: Path) -> dict:
     return json.loads((run / "run.json").read_text())
 
 
-def _first_case(meta: dict) -> dict:
-    return next(iter(meta["cases"].values()))
-
-
 def _nested(depth: int) -> str:
     return "[" * depth + "]" * depth
+
+
+def _each_case(m: dict, change) -> str:
+    """run.json text with ``change(entry)`` as every case's entry."""
+    return json.dumps(m | {"cases": {k: change(v) for k, v in m["cases"].items()}})
 
 
 # Each damage rewrites run.json (a dict → JSON text) or a case's steps.parquet (a DataFrame).
@@ -218,14 +219,14 @@ RUN_JSON_DAMAGE = {
     "cases-null": lambda m: json.dumps(m | {"cases": None}),
     "cases-empty": lambda m: json.dumps(m | {"cases": {}}),
     "cases-a-list": lambda m: json.dumps(m | {"cases": list(m["cases"].values())}),
-    "case-entry-a-string": lambda m: json.dumps(m | {"cases": {k: "done" for k in m["cases"]}}),
-    "case-without-params": lambda m: json.dumps(m | {"cases": {k: {"status": "done"} for k in m["cases"]}}),
-    "case-without-status": lambda m: json.dumps(m | {"cases": {k: {"params": v["params"]} for k, v in m["cases"].items()}}),
-    "case-unknown-status": lambda m: json.dumps(m | {"cases": {k: v | {"status": "great"} for k, v in m["cases"].items()}}),
-    "params-a-list": lambda m: json.dumps(m | {"cases": {k: v | {"params": [1]} for k, v in m["cases"].items()}}),
-    "params-missing-keys": lambda m: json.dumps(m | {"cases": {k: v | {"params": {"algorithm": "ddp"}} for k, v in m["cases"].items()}}),
-    "params-wrong-type": lambda m: json.dumps(m | {"cases": {k: v | {"params": v["params"] | {"steps": "many"}} for k, v in m["cases"].items()}}),
-    "params-null-algorithm": lambda m: json.dumps(m | {"cases": {k: v | {"params": v["params"] | {"algorithm": None}} for k, v in m["cases"].items()}}),
+    "case-entry-a-string": lambda m: _each_case(m, lambda v: "done"),
+    "case-without-params": lambda m: _each_case(m, lambda v: {"status": "done"}),
+    "case-without-status": lambda m: _each_case(m, lambda v: {"params": v["params"]}),
+    "case-unknown-status": lambda m: _each_case(m, lambda v: v | {"status": "great"}),
+    "params-a-list": lambda m: _each_case(m, lambda v: v | {"params": [1]}),
+    "params-missing-keys": lambda m: _each_case(m, lambda v: v | {"params": {"algorithm": "ddp"}}),
+    "params-wrong-type": lambda m: _each_case(m, lambda v: v | {"params": v["params"] | {"steps": "many"}}),
+    "params-null-algorithm": lambda m: _each_case(m, lambda v: v | {"params": v["params"] | {"algorithm": None}}),
     "run-id-a-number": lambda m: json.dumps(m | {"run_id": 7}),
     "suite-a-string": lambda m: json.dumps(m | {"suite": "zero"}),
     "suite-text-null": lambda m: json.dumps(m | {"suite": m["suite"] | {"text": None}}),
