@@ -132,10 +132,11 @@ def test_resume_accepts_the_suite_the_run_was_started_from(done_run, tmp_path, c
     assert run_cli(["sweep", str(same), "--resume", str(run), "--dry-run"]) == 0
 
 
-def test_a_run_being_swept_belongs_to_its_sweep_and_sigterm_interrupts_it_like_ctrl_c(tmp_path, capsys):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_run_being_swept_belongs_to_its_sweep_and_a_stop_signal_interrupts_it_like_ctrl_c(tmp_path, capsys, stop):
     """While a sweep runs, ``--resume`` of its run is refused naming the owner (exit 3, nothing
-    touched); SIGTERM then ends the sweep as Ctrl-C does (exit 143, run interrupted, the case in
-    flight back to pending, no rank left), and the run can be owned again."""
+    touched); SIGTERM (or SIGHUP) then ends the sweep as Ctrl-C does (exit 128 + signal, run
+    interrupted, the case in flight back to pending, no rank left), and the run can be owned again."""
     from test_sweep import worker_processes
 
     suite = tiny_suite(tmp_path, "steps = [4, 4000]")
@@ -156,10 +157,10 @@ def test_a_run_being_swept_belongs_to_its_sweep_and_sigterm_interrupts_it_like_c
         assert f"in use by pid {p.pid} on host" in err and str(run_dir) in err, err
         assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
     finally:
-        p.send_signal(signal.SIGTERM)
+        p.send_signal(stop)
         _, err = p.communicate(timeout=60)
-    assert p.returncode == 143, err
-    assert "Terminated" in err and "--resume" in err
+    assert p.returncode == 128 + stop, err
+    assert f"Terminated ({stop.name})" in err and "--resume" in err
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["status"] == "interrupted"
     assert sorted(c["status"] for c in meta["cases"].values()) == ["done", "pending"]

@@ -23,7 +23,6 @@ from rich.table import Table
 from rich.text import Text
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_RESULTS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-EXIT_TERMINATED = 128 + signal.SIGTERM
 
 console = Console(stderr=True, highlight=False)
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -161,19 +160,37 @@ def _check_resume_args(args: argparse.Namespace) -> None:
                    "(a resumed run runs its own suite, kept in its run.json; drop SUITE)")
 
 
+# Signals a sweep handles as Ctrl-C: SIGTERM is what schedulers and CI send to stop a job, SIGHUP
+# what a closed terminal or dropped ssh session sends.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (what schedulers and CI send to stop a job), handled as Ctrl-C is."""
+    """A stop signal, handled as Ctrl-C is; the exit code is 128 + its number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _terminate(signum: int, frame: object) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the clean-up short
-    raise Terminated()
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)  # a second one must not cut the clean-up short
+    raise Terminated(signum)
+
+
+def _interrupted(e: KeyboardInterrupt) -> tuple[str, int]:
+    """What to say and the exit code, for Ctrl-C or a stop signal."""
+    if isinstance(e, Terminated):
+        return f"Terminated ({signal.Signals(e.signum).name}).", 128 + e.signum
+    return "Interrupted.", EXIT_INTERRUPTED
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from tpbench import report, store, sweep
 
-    signal.signal(signal.SIGTERM, _terminate)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _terminate)
     launcher = _torchrun(args)
     if args.resume:
         _check_resume_args(args)
@@ -217,9 +234,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             sweep.execute(run, cases, listener, launcher)
         loaded = sweep.finalize(run.dir)
     except KeyboardInterrupt as e:
-        console.print(Text.assemble("\n", ("Terminated." if isinstance(e, Terminated) else "Interrupted.", "yellow"), " Finished cases are kept. Resume with:\n  ",
+        said, code = _interrupted(e)
+        console.print(Text.assemble("\n", (said, "yellow"), " Finished cases are kept. Resume with:\n  ",
                                     shlex.join(["tpbench", "sweep", "--resume", str(run.dir)])), soft_wrap=True)
-        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+        return code
     out.print(_summary_table(loaded))
     eff = loaded.meta.get("efficiency", {})
     console.print(f"Wall {time.monotonic() - t0:.1f} s; timed steps {eff.get('timed_s', 0):.1f} s; {eff.get('processes_started')} rank processes started.")
@@ -520,8 +538,8 @@ def main(argv: list[str] | None = None) -> None:
         code = EXIT_RESULTS
     except KeyboardInterrupt as e:
         # Before a run directory exists (or outside a sweep): nothing to resume, nothing to say but that.
-        console.print("Terminated." if isinstance(e, Terminated) else "Interrupted.", markup=False)
-        code = EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+        said, code = _interrupted(e)
+        console.print(said, markup=False)
     except GateError as e:
         _error(e)
         code = EXIT_USAGE
