@@ -56,13 +56,6 @@ def test_url_characters_in_paths_rendezvous_inside_the_run_and_leave_nothing_beh
 # --- 3. --resume: its own suite, nothing run by a dry run, one owner at a time -------------------
 
 
-@pytest.fixture(autouse=True)
-def default_sigterm():
-    """``tpbench sweep`` run in-process installs its SIGTERM handler here; give pytest its own back."""
-    yield
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 @pytest.fixture(scope="module")
 def done_run(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("done")

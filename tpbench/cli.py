@@ -8,13 +8,14 @@ bad suite, 3 missing/broken results or incomparable runs, 4 inconclusive (with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -186,11 +187,25 @@ def _interrupted(e: KeyboardInterrupt) -> tuple[str, int]:
     return "Interrupted.", EXIT_INTERRUPTED
 
 
+@contextlib.contextmanager
+def _stop_signals_interrupt() -> Iterator[None]:
+    """While a sweep runs, stop signals raise ``Terminated``; the previous handlers come back after."""
+    previous = {sig: signal.signal(sig, _terminate) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
+    with _stop_signals_interrupt():
+        return _sweep(args)
+
+
+def _sweep(args: argparse.Namespace) -> int:
     from tpbench import report, store, sweep
 
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _terminate)
     launcher = _torchrun(args)
     if args.resume:
         _check_resume_args(args)
