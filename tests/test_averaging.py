@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 from world import run_world
 
-from tpbench.hooks import HierarchicalModelAverager, PeriodicModelAverager, average_parameters, parameter_drift
+from tpbench.hooks import (HierarchicalModelAverager, PeriodicModelAverager, average_parameters,
+                           average_parameters_or_parameter_groups, parameter_drift)
 
 WORLD = 4
 STEPS = 10
@@ -56,8 +57,19 @@ def _scenarios(rank: int, world_size: int) -> dict:
 
     # Optimizer param groups are accepted; parameters without a gradient are left alone.
     trained, frozen = _param(float(rank)), torch.nn.Parameter(torch.tensor([float(rank)]))
-    average_parameters([{"params": [trained, frozen]}])
+    average_parameters_or_parameter_groups([{"params": [trained, frozen]}])
     out["groups"] = (trained[0].item(), frozen.item())
+
+    # average_parameters has PyTorch's contract: every given parameter, gradient or not, from an iterator.
+    from torch.distributed.algorithms.model_averaging import utils as torch_utils
+
+    def given() -> list[torch.nn.Parameter]:
+        return [_param(float(rank)), torch.nn.Parameter(torch.tensor([3.0 * rank, 0.25]))]
+
+    ours, theirs = given(), given()
+    average_parameters(iter(ours))
+    torch_utils.average_parameters(iter(theirs), None)
+    out["all_given"] = ([p.tolist() for p in ours], [p.tolist() for p in theirs])
 
     # A rank outside the group keeps its values.
     pair = dist.new_group([0, 1])
@@ -111,6 +123,13 @@ def test_same_results_as_pytorch(ranks: list[dict]) -> None:
 def test_param_groups_and_frozen_parameters(ranks: list[dict]) -> None:
     for rank, r in enumerate(ranks):
         assert r["groups"] == (pytest.approx(1.5), rank)
+
+
+def test_average_parameters_averages_every_given_parameter_as_pytorch_does(ranks: list[dict]) -> None:
+    for r in ranks:
+        ours, theirs = r["all_given"]
+        assert ours == theirs  # bitwise: same arithmetic
+        assert ours[1] == [4.5, 0.25]  # the parameter without a gradient is averaged too
 
 
 def test_rank_outside_the_group_is_untouched(ranks: list[dict]) -> None:

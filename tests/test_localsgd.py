@@ -170,6 +170,40 @@ def test_parity_with_pytorch(ranks: list[dict], allreduce: bool) -> None:
     assert not torch.equal(ranks[0][("tpbench", allreduce)][3], ranks[2][("tpbench", allreduce)][3])
 
 
+def _without_node_size(rank: int, world_size: int) -> dict:
+    """PyTorch's way: ``PostLocalSGDState(subgroup=None)`` on CPU ranks with no LOCAL_WORLD_SIZE."""
+    import os
+    import warnings
+
+    os.environ.pop("LOCAL_WORLD_SIZE", None)
+    ddp = DDP(torch.nn.Linear(4, 1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = PostLocalSGDState(None, None, start_localSGD_iter=2)
+    ddp.register_comm_hook(state, post_localSGD_hook)
+    x = torch.ones(2, 4)
+    for _ in range(2):  # before the switch: global allreduce, no node size needed
+        ddp(x).sum().backward()
+    out = {"warned": [str(w.message) for w in caught], "trained": True}
+    try:
+        ddp(x).sum().backward()  # the switch builds the node subgroup
+        out["switch"] = None
+    except Exception as e:  # noqa: BLE001 - the error is what the test checks
+        out["switch"] = str(e)
+    return out
+
+
+def test_a_state_without_node_size_builds_and_fails_only_at_the_switch() -> None:
+    """Code that never switches must run as under PyTorch: a warning at construction, the error
+    (what to pass) only when local SGD starts."""
+    if torch.cuda.is_available():
+        pytest.skip("with CUDA the node size is the device count, as in PyTorch")
+    for r in run_world(_without_node_size, 2, timeout_s=120):
+        assert len(r["warned"]) == 1 and "ranks_per_node" in r["warned"][0] and "iteration 2" in r["warned"][0]
+        assert r["trained"]
+        assert r["switch"] is not None and "cannot tell which ranks share a node" in r["switch"]
+
+
 def test_ranks_per_node_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert resolve_ranks_per_node(2) == 2

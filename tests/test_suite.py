@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tpbench.suite import Machine, SuiteError, expand, load, parse, select, varying_keys, with_overrides
+from tpbench.suite import MAX_CASES, Machine, SuiteError, expand, load, parse, select, varying_keys, with_overrides
 
 CPU = Machine(gpus=0)
 REPO = Path(__file__).resolve().parent.parent
@@ -78,7 +78,7 @@ def test_every_bad_input_of_the_catalogue_is_refused_by_the_library():
     for path in sorted((REPO / "tests" / "data" / "bad_suites").glob("*.toml")):
         expected = path.read_text().splitlines()[0].removeprefix("# expect: ")
         with pytest.raises(SuiteError) as e:
-            expand(load(path), CPU)
+            expand(load(path), Machine(gpus=0, max_ranks=8, max_cases=MAX_CASES, capacity="2 cores, 4 GiB"))
         assert str(e.value).startswith(f"{path}: ") and expected in str(e.value), path
 
 

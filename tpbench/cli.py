@@ -8,12 +8,14 @@ bad suite, 3 missing/broken results or incomparable runs, 4 inconclusive (with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -69,7 +71,7 @@ def _summary_table(loaded) -> Table:
     cases = [Case.from_params(p["params"]) for p in loaded.meta["cases"].values()]
     keys = varying_keys(cases)
     labels = {c.case_id: c.label(keys) for c in cases}
-    t = Table(title=f"{loaded.meta['suite']['name']} · run {loaded.meta['run_id']}")
+    t = Table(title=escape(f"{loaded.meta['suite']['name']} · run {loaded.meta['run_id']}"))
     for col, just in [("case", "left"), ("status", "left"), ("median ms", "right"), ("95% CI", "right"), ("p10–p90 ms", "right"), ("samples/s", "right")]:
         t.add_column(col, justify=just)
     s = loaded.summary
@@ -93,7 +95,7 @@ def _torchrun(args: argparse.Namespace):
         if given or (args.print_only and not args.resume):
             _usage(f"{', '.join(given or ['--print'])}: only with --launcher torchrun")
         return None
-    launcher = Torchrun(nnodes=args.nnodes or 1, nproc_per_node=args.nproc_per_node, rdzv_endpoint=args.rdzv_endpoint,
+    launcher = Torchrun(nnodes=1 if args.nnodes is None else args.nnodes, nproc_per_node=args.nproc_per_node, rdzv_endpoint=args.rdzv_endpoint,
                         agent_prefix=tuple(shlex.split(args.agent_prefix or "")))
     if launcher.problem():
         _usage(launcher.problem())
@@ -118,7 +120,7 @@ def _print_worlds(run, cases: list, launcher) -> int:
         where = "once (the prefix starts one agent per node)"
     for w in worlds:
         env = [f"{k}={v}" for k, v in sorted(w.env.items())]
-        out.print(f"# world {w.world} ({w.plan}): run {where}", soft_wrap=True)
+        out.print(f"# world {w.world} ({w.plan}): run {where}", soft_wrap=True, markup=False)
         out.print(shlex.join(["env", *env, *w.command]), soft_wrap=True, highlight=False, markup=False)
     if len(worlds) > 1:
         out.print("# run the worlds one after another", soft_wrap=True)
@@ -127,36 +129,113 @@ def _print_worlds(run, cases: list, launcher) -> int:
     return EXIT_OK
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from tpbench import report, store, sweep
+def _cases_table(title: str, cases: list) -> Table:
     from tpbench.suite import varying_keys
+
+    keys = varying_keys(cases)
+    t = Table(title=escape(title))
+    for col in ("case_id", "case", "world", "repeats × steps"):
+        t.add_column(col)
+    for c in cases:
+        t.add_row(c.case_id, escape(c.label(keys)), f"{c.world_size}×{c.backend}/{c.device} {escape(c.interconnect)}", f"{c.repeats}×{c.steps}")
+    return t
+
+
+def _check_resume_args(args: argparse.Namespace) -> None:
+    """``--resume`` runs the run's own suite: what would change its cases is refused, so that the
+    missing cases measure what the finished ones did."""
+    from tpbench import store
+
+    changed = [f for f, v in (("--set", args.set), ("--filter", args.filter), ("--out", args.out)) if v]
+    if changed:
+        _usage(f"{', '.join(changed)} with --resume: a resumed run runs its own suite's missing cases unchanged, "
+               "in its own directory (start a new sweep to change them)")
+    if args.suite:
+        recorded = store.read_run_json(args.resume)["suite"].get("text")
+        try:
+            same = Path(args.suite).read_text() == recorded
+        except (OSError, UnicodeDecodeError):
+            same = False
+        if not same:
+            _usage(f"{args.suite} with --resume: not the suite {args.resume} was started from "
+                   "(a resumed run runs its own suite, kept in its run.json; drop SUITE)")
+
+
+# Signals a sweep handles as Ctrl-C: SIGTERM is what schedulers and CI send to stop a job, SIGHUP
+# what a closed terminal or dropped ssh session sends.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(KeyboardInterrupt):
+    """A stop signal, handled as Ctrl-C is; the exit code is 128 + its number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum: int, frame: object) -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)  # a second one must not cut the clean-up short
+    raise Terminated(signum)
+
+
+def _interrupted(e: KeyboardInterrupt) -> tuple[str, int]:
+    """What to say and the exit code, for Ctrl-C or a stop signal."""
+    if isinstance(e, Terminated):
+        return f"Terminated ({signal.Signals(e.signum).name}).", 128 + e.signum
+    return "Interrupted.", EXIT_INTERRUPTED
+
+
+@contextlib.contextmanager
+def _stop_signals_interrupt() -> Iterator[None]:
+    """While a sweep runs, stop signals raise ``Terminated``; the previous handlers come back after."""
+    previous = {sig: signal.signal(sig, _terminate) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    with _stop_signals_interrupt():
+        return _sweep(args)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from tpbench import report, store, sweep
 
     launcher = _torchrun(args)
     if args.resume:
+        _check_resume_args(args)
+        if args.dry_run:
+            run = store.Run.open(args.resume)
+            out.print(_cases_table(f"{run.dir}: {len(sweep.missing(run))} cases to resume (dry run)", sweep.missing(run)))
+            return EXIT_OK
         run, cases = sweep.reopen(args.resume)
         launcher = launcher if args.launcher else sweep.launcher_of(run)
         if args.print_only and launcher is None:
             _usage(f"--print: {run.dir} runs with the local launcher; add --launcher torchrun")
-        if not cases and (run.dir / store.SUMMARY_FILE).exists():
-            console.print(f"Nothing to resume: every case of {run.dir} is done.")
+        finished = run.meta["status"] in ("complete", "complete_with_failures")
+        if not cases and finished and (run.dir / store.SUMMARY_FILE).exists():
+            console.print(f"Nothing to resume: every case of {run.dir} is done.", markup=False, soft_wrap=True)
             return EXIT_OK
     else:
-        prepared = sweep.prepare(args.suite, args.set, args.filter, launcher)
+        prepared = sweep.prepare(args.suite, args.set, args.filter, launcher, allow_large=args.allow_large)
         cases = prepared.cases
         if not cases:
             console.print("[yellow]No case matches the filters.[/]")
             return EXIT_USAGE
         if args.dry_run:
-            keys = varying_keys(cases)
-            t = Table(title=f"{prepared.suite.name}: {len(cases)} cases (dry run)")
-            for col in ("case_id", "case", "world", "repeats × steps"):
-                t.add_column(col)
-            for c in cases:
-                t.add_row(c.case_id, c.label(keys), f"{c.world_size}×{c.backend}/{c.device} {c.interconnect}", f"{c.repeats}×{c.steps}")
-            out.print(t)
+            out.print(_cases_table(f"{prepared.suite.name}: {len(cases)} cases (dry run)", cases))
             return EXIT_OK
-        run = sweep.start(prepared, args.out, launcher)
-    console.print(f"Run directory: {run.dir}")
+        if not args.no_report:  # before hours of sweeping, not after
+            if args.report and args.report.is_dir():
+                raise store.StoreError(f"{args.report}: is a folder; --report takes the report's file name")
+            store.check_writable(args.report.parent if args.report else args.reports_dir, "report directory")
+        run = sweep.start(prepared, args.out or Path("results"), launcher)
+    console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
     if args.print_only:
         return _print_worlds(run, cases, launcher)
     done = set()
@@ -168,16 +247,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         with listener.progress:
             sweep.execute(run, cases, listener, launcher)
-    except KeyboardInterrupt:
-        console.print(f"\n[yellow]Interrupted.[/] Finished cases are kept. Resume with:\n  tpbench sweep {args.suite or ''} --resume {run.dir}")
-        return EXIT_INTERRUPTED
-    loaded = sweep.finalize(run.dir)
+        loaded = sweep.finalize(run.dir)
+    except KeyboardInterrupt as e:
+        said, code = _interrupted(e)
+        console.print(Text.assemble("\n", (said, "yellow"), " Finished cases are kept. Resume with:\n  ",
+                                    shlex.join(["tpbench", "sweep", "--resume", str(run.dir)])), soft_wrap=True)
+        return code
     out.print(_summary_table(loaded))
     eff = loaded.meta.get("efficiency", {})
     console.print(f"Wall {time.monotonic() - t0:.1f} s; timed steps {eff.get('timed_s', 0):.1f} s; {eff.get('processes_started')} rank processes started.")
     if not args.no_report:
         path = report.write_report([run.dir], args.report or report.default_report_path(run.dir, args.reports_dir))
-        console.print(f"Report: {path}")
+        console.print(f"Report: {path}", markup=False, soft_wrap=True)
     failed = [cid for cid, s in run.case_status().items() if s == store.FAILED]
     return EXIT_FAILED if failed else EXIT_OK
 
@@ -187,15 +268,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     out_path = args.output or report.default_report_path(args.runs[0])
     path = report.write_report(args.runs, out_path)
-    console.print(f"Report: {path}")
+    console.print(f"Report: {path}", markup=False, soft_wrap=True)
     return EXIT_OK
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from tpbench import sweep
 
-    prepared = sweep.prepare(args.suite, args.set, args.filter)
-    out.print(f"{args.suite}: ok, {len(prepared.cases)} cases")
+    prepared = sweep.prepare(args.suite, args.set, args.filter, allow_large=args.allow_large)
+    out.print(f"{args.suite}: ok, {len(prepared.cases)} cases", markup=False, soft_wrap=True)
     return EXIT_OK
 
 
@@ -235,19 +316,27 @@ def cmd_list(args: argparse.Namespace) -> int:
     out.print(w)
     suites_dir = Path(args.suites)
     if suites_dir.is_dir():
-        s = Table(title=f"suites in {suites_dir}")
+        s = Table(title=escape(f"suites in {suites_dir}"))
         s.add_column("file")
         s.add_column("description")
-        import tomllib
-
         for p in sorted(suites_dir.glob("*.toml")):
-            try:
-                desc = tomllib.loads(p.read_text()).get("suite", {}).get("description", "")
-            except (tomllib.TOMLDecodeError, OSError) as e:
-                desc = f"(unreadable: {e})"
-            s.add_row(str(p), desc)
+            s.add_row(escape(p.name), escape(_suite_description(p)))
         out.print(s)
     return EXIT_OK
+
+
+def _suite_description(path: Path) -> str:
+    """A suite file's description for ``tpbench list``; a broken file is listed as such (its
+    problem in one line), never the end of the listing."""
+    import tomllib
+
+    try:
+        doc = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError, RecursionError) as e:
+        return f"(unreadable: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'nested too deeply'})"
+    meta = doc.get("suite")
+    desc = meta.get("description") if isinstance(meta, dict) else None
+    return desc if isinstance(desc, str) else ""
 
 
 def _verdict_args(p: argparse.ArgumentParser) -> None:
@@ -289,7 +378,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     candidate = gate.resolve_side("candidate", args.candidate, out / "candidate")
     run = gate.run_gate(args.suite, baseline, candidate, out, rounds=args.rounds, overrides=args.set, filters=args.filter,
                         candidate_overrides=args.candidate_set)
-    console.print(f"Gate runs: {run.out}", soft_wrap=True)
+    console.print(f"Gate runs: {run.out}", soft_wrap=True, markup=False)
     comparison = gate.compare_runs(run.baseline, run.candidate, metric=args.metric, threshold=threshold, paired=True,
                                    fail_on_inconclusive=args.fail_on_inconclusive, ignore_env=args.ignore_env)
     return _print_verdict(comparison, args.format)
@@ -301,10 +390,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     export = gate.export_run(args.run, args.format)
     text = json.dumps(export.document, indent=2, allow_nan=False) + "\n"
     for label in export.skipped:
-        console.print(f"[yellow]not exported:[/] {label} (no timed steps: the case failed or never ran)", soft_wrap=True)
+        console.print(f"[yellow]not exported:[/] {escape(label)} (no timed steps: the case failed or never ran)", soft_wrap=True)
     if args.output:
         store.atomic_write_bytes(args.output, text.encode())
-        console.print(f"Wrote {args.output}", soft_wrap=True)
+        console.print(f"Wrote {args.output}", soft_wrap=True, markup=False)
     else:
         sys.stdout.write(text)
     return EXIT_OK
@@ -320,10 +409,15 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--filter", action="append", default=[], metavar="KEY=V1|V2",
                        help="keep only matching cases (KEY!=V excludes; id=PREFIX matches case ids)")
 
+    def allow_large_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--allow-large", action="store_true",
+                       help="run worlds and sweeps beyond this machine's limits (4 ranks per core, 512 MiB per rank; 10000 cases)")
+
     p = sub.add_parser("sweep", help="run a suite")
     p.add_argument("suite", nargs="?", help="suite TOML file (not needed with --resume)")
     suite_args(p)
-    p.add_argument("--out", type=Path, default=Path("results"), help="results root (default: results)")
+    allow_large_arg(p)
+    p.add_argument("--out", type=Path, help="results root (default: results)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="run only the missing or failed cases of RUN_DIR")
     p.add_argument("--dry-run", action="store_true", help="list the cases and exit")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
@@ -351,6 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check a suite without running it")
     p.add_argument("suite")
     suite_args(p)
+    allow_large_arg(p)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("env", help="print this machine's environment fingerprint")
@@ -469,7 +564,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = build_parser().parse_args(argv)
     if args.command == "sweep" and not args.suite and not args.resume:
-        console.print("tpbench sweep: error: give a SUITE file, or --resume RUN_DIR")
+        console.print("tpbench sweep: error: give a SUITE file, or --resume RUN_DIR", markup=False)
         sys.exit(EXIT_USAGE)
     try:
         code = args.func(args)
@@ -483,10 +578,14 @@ def main(argv: list[str] | None = None) -> None:
         # A disk that fills up or a folder that disappears mid-sweep: what finished is on disk.
         _error(RuntimeError(f"{e.filename or ''}: {e.strerror or e}"))
         code = EXIT_RESULTS
+    except KeyboardInterrupt as e:
+        # Before a run directory exists (or outside a sweep): nothing to resume, nothing to say but that.
+        said, code = _interrupted(e)
+        console.print(said, markup=False)
     except GateError as e:
-        console.print(f"[red]error:[/] {e}", soft_wrap=True)
+        _error(e)
         code = EXIT_USAGE
     except SideError as e:
-        console.print(f"[red]error:[/] {e}", soft_wrap=True)
+        _error(e)
         code = EXIT_RESULTS
     sys.exit(code)

@@ -59,9 +59,20 @@ _RATE_RE = re.compile(r"(?P<num>\d+(?:\.\d+)?)(?P<unit>[a-z]+)")
 # Below 1 Mbit/s tbf's bucket, which tc stores as a 32-bit time, overflows for the burst we need
 # (256 KiB at 1 kbit/s is half an hour), and a 16 MB collective would take minutes anyway.
 _MIN_RATE_BITS_PER_S = 1e6
-_RATE_EXPECTED = "a rate like '500mbit', '1gbit' or '2.5gbit' (units: bit, kbit, mbit, gbit, tbit; lowercase; >= 1mbit)"
+_MAX_RATE_BITS_PER_S = 1e12
+_RATE_EXPECTED = "a rate like '500mbit', '1gbit' or '2.5gbit' (units: bit, kbit, mbit, gbit, tbit; lowercase; 1mbit to 1tbit)"
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# Variables that change which program or library a rank runs rather than how it communicates,
+# and the ones the launcher sets for the world itself: a profile needs ``allow_env`` for them.
+_CODE_ENV_PREFIXES = ("LD_", "DYLD_", "PYTHON")
+_CODE_ENV = frozenset({"PATH", "BASH_ENV", "ENV", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"})
+
+
+def _changes_what_runs(key: str) -> bool:
+    return key in _CODE_ENV or key.startswith(_CODE_ENV_PREFIXES)
+
 
 LOOPBACK_ADDR = "127.0.0.1"
 # Keys the namespace dictates: inside it only `lo` exists, so a profile may not point Gloo elsewhere.
@@ -99,6 +110,8 @@ def parse_rate(text: str) -> float:
     bits = float(m["num"]) * _RATE_UNITS[m["unit"]]
     if bits < _MIN_RATE_BITS_PER_S:
         raise ValueError(f"bad rate {text!r}: must be at least 1mbit")
+    if bits > _MAX_RATE_BITS_PER_S:
+        raise ValueError(f"bad rate {text!r}: must be at most 1tbit (no loopback comes near it; above, tc's numbers overflow)")
     return bits
 
 
@@ -147,9 +160,9 @@ def _user_profile(name: str, table: Mapping[str, Any]) -> Interconnect:
         raise ValueError(f"{where}: names may hold letters, digits, '_', '.', '-' and start with a letter or digit")
     if not isinstance(table, Mapping):
         raise ValueError(f"{where}: expected a table with keys backend, env, rate")
-    unknown = sorted(set(table) - {"backend", "env", "rate"})
+    unknown = sorted(set(table) - {"backend", "env", "rate", "allow_env"})
     if unknown:
-        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; expected backend, env, rate")
+        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; expected backend, env, rate, allow_env")
     backend = table.get("backend")
     if backend not in BACKENDS:
         raise ValueError(f"{where}: backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -161,6 +174,13 @@ def _user_profile(name: str, table: Mapping[str, Any]) -> Interconnect:
             raise ValueError(f"{where}: env key {key!r} is not a valid environment variable name")
         if not isinstance(value, str):
             raise ValueError(f"{where}: env.{key} must be a string, got {type(value).__name__} (quote it)")
+    allowed = table.get("allow_env", [])
+    if not isinstance(allowed, list) or not all(isinstance(a, str) for a in allowed):
+        raise ValueError(f"{where}: allow_env must be a list of variable names")
+    for key in env:
+        if _changes_what_runs(key) and key not in allowed:
+            raise ValueError(f"{where}: env.{key} changes what every rank runs (a suite is code); "
+                             f'to mean it, add allow_env = ["{key}"] to the profile')
     rate = None
     if "rate" in table:
         rate = parse_rate(table["rate"])

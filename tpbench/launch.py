@@ -413,6 +413,8 @@ class Supervisor:
         self.errors: list[dict[str, Any]] = []
         self.ready = False
         self.finished = False
+        self.overran: str | None = None  # why the repeat in flight failed although it ended
+        self.started_t = 0.0  # rank 0's clock at the start of the repeat in flight
 
     def _pump(self, timeout: float) -> None:
         for ev in self.world.read_events(timeout):
@@ -420,13 +422,22 @@ class Supervisor:
 
     def _handle(self, ev: dict[str, Any]) -> None:
         kind = ev["event"]
+        if self.overran:
+            return  # the world is about to be killed; nothing after the overrun counts
         if kind == "world_ready":
             self.ready = True
             self._record_nodes(ev["world"], ev["nodes"])
         elif kind == "repeat_start":
             self.current = (ev["case"], ev["repeat"], time.monotonic())
+            self.started_t = ev["t"]
             self.run.set_case(ev["case"], store.RUNNING)
         elif kind == "repeat_end":
+            # Timed on rank 0's clock, so a repeat that ended past its limit fails as timed out even
+            # when its end reached us before the launcher's own check did.
+            took, limit = ev["t"] - self.started_t, self.cases[ev["case"]].timeout_s
+            if took > limit:
+                self.overran = f"timed out after {limit:g} s in repeat {ev['repeat']} (it took {took:.1f} s)"
+                return
             self.outcome.completed.add((ev["case"], ev["repeat"]))
             self.current = None
         elif kind == "case_end":
@@ -495,6 +506,8 @@ class Supervisor:
         started = time.monotonic()
         while True:
             self._pump(0.2)
+            if self.overran:
+                return self._fail(self.overran, hung=True)  # the world is still running: do not wait for it
             if self.errors:
                 return self._fail("error")
             ended = self.world.ended()
@@ -579,6 +592,8 @@ def run_group(run: store.Run, group: LaunchGroup, user_interconnects: dict[str, 
         if launcher is None:
             with world_network(ic) as net:
                 outcome = _supervise(World(plan, plan_path, group.world_size, net, run.dir / "logs"), cases, run, listener, ic)
+            # Its ranks exit without closing the FileStore, which would have removed the file.
+            Path(plan.rendezvous_file).unlink(missing_ok=True)
         else:
             world = TorchrunWorld(plan, plan_path, launcher, group.world_size, torchrun_env(ic, launcher, plan, run.dir / "logs"),
                                   run.dir / "logs", rdzv_id=f"tpbench-{run.run_id}-{plan.world}")

@@ -18,20 +18,24 @@ earlier rounds of every case with it. ``run.json`` has a single writer (the swee
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import fcntl
 import json
 import os
 import secrets
+import socket
 import shutil
 import tempfile
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import pandas as pd
 
 RUN_FILE = "run.json"
+LOCK_FILE = ".lock"
 SUMMARY_FILE = "summary.parquet"
 STEPS_FILE = "steps.parquet"
 
@@ -43,30 +47,86 @@ class StoreError(RuntimeError):
     """A results directory that is missing, unwritable or broken; the message says what and where."""
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+class RunBusy(StoreError):
+    """A run directory that another process (a sweep, a resume) is writing."""
+
+
+class RunLock:
+    """Ownership of a run directory: an exclusive ``flock`` on its ``.lock`` file, which records
+    the owner (pid, host, since) so that a second sweep or resume can name it.
+
+    The lock lives as long as the file descriptor: it ends with the owning process, however that
+    ends (SIGKILL included), so a stale lock never blocks a resume. Rank processes do not inherit
+    it (Python's descriptors are not inheritable).
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        path = Path(run_dir) / LOCK_FILE
+        self.fd = -1
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(self.fd, 4096).decode(errors="replace").strip() or "another process"
+            self.release()
+            raise RunBusy(f"{run_dir}: in use by {owner}; wait for it to end (or stop it) and try again") from None
+        since = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        os.ftruncate(self.fd, 0)
+        os.write(self.fd, f"pid {os.getpid()} on host {socket.gethostname()} since {since}".encode())
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing the last descriptor of the file ends the flock
+            self.fd = -1
+
+    __del__ = release
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux ≥ 4.7), else by setting it back."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def _atomic(path: Path) -> Iterator[tuple[int, str]]:
+    """A temporary file beside ``path`` (fd, name), renamed onto it when the block ends.
+
+    The file gets the mode a plain ``open`` would give (0666 less the umask; ``mkstemp`` alone
+    makes 0600), so a team can share a results directory. Any failure removes the temporary
+    file and raises ``StoreError`` naming ``path``, the user's file, not the temporary one.
+    """
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.fchmod(fd, 0o666 & ~_umask())
+        yield fd, tmp
+        os.replace(tmp, path)
+    except OSError as e:
+        raise StoreError(f"{path}: cannot write: {e.strerror or e}") from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with _atomic(Path(path)) as (fd, _):
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def atomic_write_parquet(path: Path, df: pd.DataFrame) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with _atomic(Path(path)) as (fd, tmp):
+        os.close(fd)
         df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:
@@ -121,6 +181,7 @@ class Run:
 
     dir: Path
     meta: dict[str, Any]
+    lock: RunLock | None = field(default=None, repr=False, compare=False)
 
     @property
     def run_id(self) -> str:
@@ -140,6 +201,7 @@ class Run:
                 break
             except FileExistsError:
                 continue
+        lock = RunLock(run_dir)
         meta = {
             "run_id": run_id,
             "suite": {"name": suite_name, "path": suite_path, "text": suite_text},
@@ -148,14 +210,18 @@ class Run:
             "environment": environment,
             "cases": {c["case_id"]: {"params": c, "status": PENDING} for c in cases},
         }
-        run = cls(run_dir, meta)
+        run = cls(run_dir, meta, lock)
         run.save()
         return run
 
     @classmethod
-    def open(cls, run_dir: Path) -> Run:
+    def open(cls, run_dir: Path, own: bool = False) -> Run:
+        """A run read back; ``own``: take the run's lock first (to write it, as ``--resume`` does),
+        raising ``RunBusy`` naming the owner when another process holds it."""
         run_dir = Path(run_dir).resolve()
-        return cls(run_dir, read_run_json(run_dir))
+        meta = read_run_json(run_dir)  # first: a missing or broken run says so, not "busy"
+        lock = RunLock(run_dir) if own else None
+        return cls(run_dir, read_run_json(run_dir) if own else meta, lock)
 
     def save(self) -> None:
         atomic_write_bytes(self.dir / RUN_FILE, json.dumps(self.meta, indent=2, default=str).encode())
@@ -187,8 +253,9 @@ def suite_table(meta: dict[str, Any], table: str) -> dict[str, Any]:
         return {}
 
 
-def check_writable(root: Path) -> None:
-    """Fail before any case runs when results cannot be written (missing permission, full disk)."""
+def check_writable(root: Path, what: str = "results directory") -> None:
+    """Fail before any case runs when results (or the report) cannot be written (missing
+    permission, full disk)."""
     try:
         root.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=root, prefix=".write-probe-")
@@ -199,7 +266,7 @@ def check_writable(root: Path) -> None:
             os.close(fd)
             os.unlink(probe)
     except OSError as e:
-        raise StoreError(f"{root}: results directory is not writable: {e.strerror or e}") from None
+        raise StoreError(f"{root}: {what} is not writable: {e.strerror or e}") from None
 
 
 def read_run_json(run_dir: Path) -> dict[str, Any]:
@@ -212,10 +279,63 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
         raise StoreError(f"{path}: missing; {run_dir} is not a tpbench run (or its sweep never started)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise StoreError(f"{path}: corrupted ({e})") from None
-    for key in ("run_id", "suite", "cases", "environment"):
-        if key not in meta:
-            raise StoreError(f"{path}: corrupted (no {key!r} entry)")
+    except RecursionError:
+        raise StoreError(f"{path}: corrupted (nested too deeply to be a run.json)") from None
+    problem = _run_json_problem(meta)
+    if problem:
+        raise StoreError(f"{path}: corrupted ({problem})")
     return meta
+
+
+_STATUSES = (PENDING, RUNNING, DONE, FAILED)
+# Case keys that are never collapsed to None.
+_ALWAYS_SET = ("algorithm", "world_size", "backend", "device", "workload", "repeats", "steps")
+
+
+def _run_json_problem(meta: Any) -> str | None:
+    """What makes a parsed run.json unusable (valid JSON of the wrong shape), or None.
+
+    Checked up front so that readers (report, compare, export, resume) meet one error naming
+    the file rather than a KeyError or TypeError deep inside.
+    """
+    if not isinstance(meta, dict):
+        return f"expected a JSON object, got {type(meta).__name__}"
+    for key, kind in (("run_id", str), ("suite", dict), ("cases", dict), ("environment", dict)):
+        if key not in meta:
+            return f"no {key!r} entry"
+        if not isinstance(meta[key], kind):
+            return f"{key!r} is a {type(meta[key]).__name__}, expected a {'string' if kind is str else 'JSON object'}"
+    for key in ("name", "text"):
+        if not isinstance(meta["suite"].get(key), str):
+            return f"'suite' has no string {key!r}"
+    if not meta["cases"]:
+        return "'cases' is empty"
+    if not isinstance(meta.get("worlds", []), list) or not all(isinstance(w, dict) for w in meta.get("worlds", [])):
+        return "'worlds' is not a list of objects"
+    for cid, entry in meta["cases"].items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("params"), dict):
+            return f"case {cid}: expected an object with 'params' and 'status'"
+        if entry.get("status") not in _STATUSES:
+            return f"case {cid}: status {entry.get('status')!r}, expected one of {', '.join(_STATUSES)}"
+        problem = _params_problem(entry["params"])
+        if problem:
+            return f"case {cid}: {problem}"
+    return None
+
+
+def _params_problem(params: dict[str, Any]) -> str | None:
+    """A case's parameters checked against the suite schema (a collapsed key is None)."""
+    from tpbench.suite import CAPTURE_KEYS, CASE_KEYS
+
+    for key, spec in (CASE_KEYS | CAPTURE_KEYS).items():
+        if key not in params:
+            return f"params have no {key!r}"
+        value = params[key]
+        if value is None and key not in _ALWAYS_SET:
+            continue
+        if not spec.check(value):
+            return f"params {key!r} = {value!r}, expected {spec.expected}"
+    return None
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:
@@ -223,6 +343,23 @@ def _read_parquet(path: Path) -> pd.DataFrame:
         return pd.read_parquet(path)
     except Exception as e:  # pyarrow raises several types for truncated or foreign files
         raise StoreError(f"{path}: unreadable parquet ({type(e).__name__}: {e})") from None
+
+
+# The columns every steps.parquet has (the worker writes more), and whether each is numeric.
+STEPS_COLUMNS = {"repeat": True, "rank": True, "step": True, "phase": False, "step_ms": True, "loss": True}
+
+
+def _read_steps(path: Path) -> pd.DataFrame:
+    """A finished case's steps.parquet, checked for the shape every reader relies on."""
+    df = _read_parquet(path)
+    for col, numeric in STEPS_COLUMNS.items():
+        if col not in df.columns:
+            raise StoreError(f"{path}: not a tpbench steps table (no {col!r} column)")
+        if numeric and not pd.api.types.is_numeric_dtype(df[col]):
+            raise StoreError(f"{path}: column {col!r} holds {df[col].dtype}, expected numbers")
+    if not (df["phase"] == "timed").any():
+        raise StoreError(f"{path}: no timed steps, but run.json says the case is done")
+    return df
 
 
 @dataclass
@@ -253,7 +390,7 @@ def load(run_dir: str | Path) -> Loaded:
         if entry["status"] == DONE:
             if not steps_path.exists():
                 raise StoreError(f"{steps_path}: missing, but run.json says case {cid} is done")
-            frames.append(_read_parquet(steps_path).assign(case_id=cid))
+            frames.append(_read_steps(steps_path).assign(case_id=cid))
     steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     summary_path = run_dir / SUMMARY_FILE
     summary = _read_parquet(summary_path) if summary_path.exists() else pd.DataFrame()
@@ -289,10 +426,26 @@ def write_case_table(run_dir: Path, case_id: str, name: str, df: pd.DataFrame) -
     return path
 
 
+# Columns the readers of each derived table index by (a table written with none is an empty one).
+CASE_TABLE_KEYS = {
+    "intervals": ("rank", "step", "lane", "start_ns", "end_ns"),
+    "overlap": ("rank", "step", "compute_ns", "comm_ns"),
+    "collectives": ("collective", "step", "bytes", "time_ns"),
+    "marks": ("rank", "kind", "start_ns", "end_ns"),
+}
+
+
 def read_case_table(run_dir: Path, case_id: str, name: str) -> pd.DataFrame | None:
-    """A derived per-case table, or None when the case has none (e.g. no traces, no GPU)."""
+    """A derived per-case table, or None when the case has none (e.g. no traces, no GPU);
+    ``StoreError`` naming the file when it is not the table it should be."""
     path = case_dir(run_dir, case_id) / f"{name}.parquet"
-    return _read_parquet(path) if path.exists() else None
+    if not path.exists():
+        return None
+    df = _read_parquet(path)
+    missing = [c for c in CASE_TABLE_KEYS.get(name, ()) if c not in df.columns]
+    if missing and len(df.columns):
+        raise StoreError(f"{path}: not a tpbench {name} table (no {', '.join(map(repr, missing))} column)")
+    return df
 
 
 def read_case_tables(run_dir: Path, name: str) -> pd.DataFrame:

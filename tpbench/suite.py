@@ -17,6 +17,8 @@ import functools
 import hashlib
 import itertools
 import json
+import math
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,9 +43,11 @@ def _int(lo: int, *extra: str) -> Callable[[Any], bool]:
     return lambda v: (isinstance(v, int) and not isinstance(v, bool) and v >= lo) or v in extra
 
 
-def _num(lo: float, *, strict: bool) -> Callable[[Any], bool]:
+def _num(lo: float, *, strict: bool, hi: float) -> Callable[[Any], bool]:
+    """A finite number above ``lo`` and at most ``hi``: inf or NaN would be accepted by every
+    comparison below and fail only later (a case "done" with NaN losses, a timer that never fires)."""
     def ok(v: Any) -> bool:
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v > hi:
             return False
         return v > lo if strict else v >= lo
 
@@ -71,14 +75,14 @@ CASE_KEYS: dict[str, KeySpec] = {
     "device": KeySpec("auto", '"cuda", "cpu" or "auto"', _one_of("cuda", "cpu", "auto")),
     "workload": KeySpec("mlp", "a workload name (see `tpbench list`)", _str),
     "optimizer": KeySpec("adamw", '"adamw", "adam" or "sgd"', _one_of("adamw", "adam", "sgd")),
-    "lr": KeySpec(1e-3, "a number > 0", _num(0, strict=True)),
+    "lr": KeySpec(1e-3, "a finite number > 0 and <= 100", _num(0, strict=True, hi=100)),
     "batch_size": KeySpec(32, "an integer >= 1", _int(1)),
     "warmup_steps": KeySpec(5, "an integer >= 0", _int(0)),
     "steps": KeySpec(30, "an integer >= 1", _int(1)),
     "repeats": KeySpec(3, "an integer >= 1", _int(1)),
     "seed": KeySpec(0, "an integer >= 0", _int(0)),
-    "timeout_s": KeySpec(300, "a number of seconds > 0", _num(0, strict=True)),
-    "bucket_cap_mb": KeySpec(25, "a number of megabytes > 0", _num(0, strict=True)),
+    "timeout_s": KeySpec(300, "a number of seconds > 0 and <= 604800 (a week)", _num(0, strict=True, hi=604800)),
+    "bucket_cap_mb": KeySpec(25, "a number of megabytes > 0 and <= 1000000", _num(0, strict=True, hi=1e6)),
     "gradient_as_bucket_view": KeySpec(False, "true or false", _bool),
     "static_graph": KeySpec(False, "true or false", _bool),
     "shard_buckets": KeySpec(False, "true or false", _bool),
@@ -88,7 +92,7 @@ CASE_KEYS: dict[str, KeySpec] = {
     "averaging_period": KeySpec(4, "an integer >= 1", _int(1)),
     "ranks_per_node": KeySpec("auto", 'an integer >= 1 or "auto"', _int(1, "auto")),
     "eval_every": KeySpec(0, "an integer >= 0 (steps between held-out evaluations; 0 = never)", _int(0)),
-    "slowdown_pct": KeySpec(0.0, "a percentage >= 0", _num(0, strict=False)),
+    "slowdown_pct": KeySpec(0.0, "a percentage >= 0 and <= 1000", _num(0, strict=False, hi=1000)),
     "fault": KeySpec("none", '"none", "crash:RANK" or "hang:RANK" (test-only fault injection)', _str),
 }
 
@@ -188,21 +192,57 @@ class Machine:
     gpus: int
     nnodes: int | None = None
     nproc_per_node: int | None = None
+    # What this machine can take (None: no limit): ranks in a local world, cases in a sweep.
+    max_ranks: int | None = None
+    max_cases: int | None = None
+    capacity: str = ""
 
     @classmethod
-    def detect(cls) -> Machine:
+    def detect(cls, limited: bool = True) -> Machine:
+        """This machine; ``limited``: with the limits sized from its cores and memory (a world
+        far beyond them thrashes the machine rather than measuring anything)."""
         import torch
 
-        return cls(gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not limited:
+            return cls(gpus)
+        cores = os.cpu_count() or 1
+        memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+        ranks = max(2, min(RANKS_PER_CORE * cores, memory_mb // MB_PER_RANK))
+        return cls(gpus, max_ranks=ranks, max_cases=MAX_CASES, capacity=f"{cores} cores, {memory_mb / 1024:.0f} GiB")
+
+
+# Limits of a sweep on one machine, lifted by ``--allow-large``: a rank process needs a few
+# hundred MB (torch, the model, Gloo's buffers) and a share of a core; 64 ranks on 2 cores
+# reached 8.7 GB in 40 s. A sweep of more cases than this would not finish in a working day.
+RANKS_PER_CORE = 4
+MB_PER_RANK = 512
+MAX_CASES = 10_000
 
 
 def _fail(path: str, key: str, msg: str) -> SuiteError:
     return SuiteError(f"{path}: {key}: {msg}")
 
 
-def _check_value(path: str, where: str, spec: KeySpec, value: Any) -> None:
+def _check_value(path: str, where: str, spec: KeySpec, value: Any) -> Any:
+    """The value checked and in canonical form (see ``canonical``)."""
     if not spec.check(value):
         raise _fail(path, where, f"expected {spec.expected}, got {value!r}")
+    return canonical(spec.default, value)
+
+
+def canonical(default: Any, value: Any) -> Any:
+    """One form per number, so that equal values make one case with one id: the type of the
+    key's default. A float key's integer becomes a float (``lr = 1`` is ``1.0``); an integer
+    key's integral float becomes an integer (``bucket_cap_mb = 25.0`` is ``25``). Values written
+    in the default's type are unchanged, so the ids of existing results are too."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    if isinstance(default, float):
+        return float(value)
+    if isinstance(default, int) and not isinstance(default, bool) and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def parse(text: str, path: str = "<suite>") -> Suite:
@@ -211,6 +251,12 @@ def parse(text: str, path: str = "<suite>") -> Suite:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise SuiteError(f"{path}: TOML syntax error: {e}") from None
+    except RecursionError:
+        raise SuiteError(f"{path}: TOML nested too deeply to be a suite") from None
+    if not doc:
+        # Probably the wrong file (or an unsaved one): say so rather than run the full defaults.
+        raise SuiteError(f"{path}: empty suite: expected at least one of the tables {', '.join(sorted(_TABLES))} "
+                         "(a [suite] table alone runs the defaults)")
     return dataclasses.replace(_validate(doc, path), text=text)
 
 
@@ -226,8 +272,9 @@ def _validate(doc: dict[str, Any], path: str) -> Suite:
         if k not in ("name", "description"):
             raise _fail(path, f"[suite] {k}", "unknown key; expected name or description")
     name = meta.get("name", Path(path).stem)
-    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
-        raise _fail(path, "[suite] name", f"expected a non-empty name without '/', got {name!r}")
+    if not _good_name(name):
+        raise _fail(path, "[suite] name", f"expected a non-empty name without '/', control characters or a leading '.', "
+                    f"of at most {_MAX_NAME} characters, got {name!r}")
     description = meta.get("description", "")
     if not isinstance(description, str):
         raise _fail(path, "[suite] description", "expected a string")
@@ -236,7 +283,7 @@ def _validate(doc: dict[str, Any], path: str) -> Suite:
     for k, v in defaults.items():
         if k not in CASE_KEYS:
             raise _fail(path, f"[defaults] {k}", f"unknown key; expected one of {', '.join(CASE_KEYS)}")
-        _check_value(path, f"[defaults] {k}", CASE_KEYS[k], v)
+        defaults[k] = _check_value(path, f"[defaults] {k}", CASE_KEYS[k], v)
 
     sweep = dict(doc.get("sweep", {}))
     for k, values in sweep.items():
@@ -244,9 +291,8 @@ def _validate(doc: dict[str, Any], path: str) -> Suite:
             raise _fail(path, f"[sweep] {k}", f"unknown key; expected one of {', '.join(CASE_KEYS)}")
         if not isinstance(values, list) or not values:
             raise _fail(path, f"[sweep] {k}", f"expected a non-empty list of {CASE_KEYS[k].expected}, got {values!r}")
-        for i, v in enumerate(values):
-            _check_value(path, f"[sweep] {k}[{i}]", CASE_KEYS[k], v)
-        if len(set(map(repr, values))) != len(values):
+        sweep[k] = [_check_value(path, f"[sweep] {k}[{i}]", CASE_KEYS[k], v) for i, v in enumerate(values)]
+        if len(set(map(repr, sweep[k]))) != len(values):
             raise _fail(path, f"[sweep] {k}", f"expected distinct values, got {values!r}")
         if k in defaults:
             raise _fail(path, f"[sweep] {k}", "is also set in [defaults]; set it in one place")
@@ -255,8 +301,7 @@ def _validate(doc: dict[str, Any], path: str) -> Suite:
     for k, v in doc.get("capture", {}).items():
         if k not in CAPTURE_KEYS:
             raise _fail(path, f"[capture] {k}", f"unknown key; expected one of {', '.join(CAPTURE_KEYS)}")
-        _check_value(path, f"[capture] {k}", CAPTURE_KEYS[k], v)
-        capture[k] = v
+        capture[k] = _check_value(path, f"[capture] {k}", CAPTURE_KEYS[k], v)
 
     from tpbench.workloads import UserWorkloadError, resolve
 
@@ -275,16 +320,30 @@ def _validate(doc: dict[str, Any], path: str) -> Suite:
             want = type(fields[k].default)
             if type(v) is not want and not (want is float and type(v) is int):
                 raise _fail(path, f"[workloads.{wname}] {k}", f"expected {want.__name__}, got {v!r}")
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0 and fields[k].default > 0:
-                raise _fail(path, f"[workloads.{wname}] {k}", f"expected a value > 0, got {v!r}")
-        workloads[wname] = dict(table)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and (v <= 0 and fields[k].default > 0 or not math.isfinite(v)):
+                raise _fail(path, f"[workloads.{wname}] {k}", f"expected a finite value{' > 0' if fields[k].default > 0 else ''}, got {v!r}")
+        workloads[wname] = {k: canonical(fields[k].default, v) for k, v in table.items()}
 
     interconnects = doc.get("interconnects", {})
-    for iname, table in interconnects.items():
-        if not isinstance(table, dict):
-            raise _fail(path, f"[interconnects.{iname}]", "expected a table")
+    from tpbench.interconnect import resolve
+
+    for iname in interconnects:
+        # Every profile, used or not: a mistake in one should not wait until a case uses it.
+        try:
+            resolve(iname, interconnects)
+        except ValueError as e:
+            raise _fail(path, f"[interconnects.{iname}]", str(e)) from None
 
     return Suite(name, description, path, "", defaults, sweep, capture, workloads, dict(interconnects))
+
+
+# A suite name becomes a folder and a report file name, and is printed: keep it short and printable.
+_MAX_NAME = 100
+
+
+def _good_name(name: Any) -> bool:
+    return (isinstance(name, str) and 0 < len(name) <= _MAX_NAME and "/" not in name and not name.startswith(".")
+            and name.isprintable())
 
 
 def load(path: str | Path) -> Suite:
@@ -302,7 +361,7 @@ def _parse_value(raw: str) -> Any:
     """A ``--set`` value: TOML syntax when it parses (numbers, booleans, lists), else a bare string."""
     try:
         return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         return raw
 
 
@@ -368,6 +427,10 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
     path = suite.path
     base = {k: s.default for k, s in CASE_KEYS.items()} | suite.defaults | suite.capture
     keys = list(suite.sweep)
+    combinations = math.prod(len(v) for v in suite.sweep.values())
+    if machine.max_cases is not None and combinations > machine.max_cases:
+        raise _fail(path, "[sweep]", f"expected at most {machine.max_cases} combinations, got {combinations} "
+                    "(--allow-large runs it anyway)")
     cases: dict[str, Case] = {}
     for combo in itertools.product(*(suite.sweep[k] for k in keys)):
         raw = base | dict(zip(keys, combo))
@@ -425,6 +488,9 @@ def _check_combination(path: str, r: dict[str, Any], machine: Machine, suite: Su
         _check_torchrun_layout(path, r, machine)
     elif r["backend"] == "nccl" and r["world_size"] > machine.gpus:
         raise _fail(path, "world_size", f"expected at most {machine.gpus} NCCL ranks (one per GPU), got {r['world_size']}")
+    elif machine.max_ranks is not None and r["world_size"] > machine.max_ranks:
+        raise _fail(path, "world_size", f"expected at most {machine.max_ranks} ranks on this machine ({machine.capacity}: "
+                    f"{RANKS_PER_CORE} per core, {MB_PER_RANK} MiB each), got {r['world_size']} (--allow-large runs it anyway)")
     if r["world_size"] % r["ranks_per_node"] != 0:
         raise _fail(path, "ranks_per_node", f"expected a divisor of world_size {r['world_size']}, got {r['ranks_per_node']}")
     if r["slowdown_pct"] and r["warmup_steps"] < 1:
@@ -489,6 +555,8 @@ def select(cases: list[Case], filters: Iterable[str]) -> list[Case]:
         if not raw or not key:
             raise SuiteError(f"--filter {f}: expected KEY=VALUE[|VALUE...] or KEY!=VALUE")
         wanted = [w.strip() for w in raw.split("|")]
+        if key != "id":
+            wanted = [_fmt(_parse_value(w)) for w in wanted]  # 25.0 matches 25, as in the suite
         if key == "id":
             match = lambda c: any(c.case_id.startswith(w) for w in wanted)  # noqa: E731
         elif key in CASE_KEYS or key in CAPTURE_KEYS:

@@ -6,6 +6,7 @@ progress. Nothing here prints.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,16 +31,18 @@ class Prepared:
 
 
 def prepare(suite_path: str | Path, overrides: Iterable[str] = (), filters: Iterable[str] = (),
-            launcher: Torchrun | None = None) -> Prepared:
+            launcher: Torchrun | None = None, allow_large: bool = False) -> Prepared:
     """Load, override, validate and expand a suite; raises ``SuiteError`` before anything runs.
 
     Under torchrun "auto" sizes resolve against the torchrun layout (``--nnodes`` x
-    ``--nproc-per-node``), and cases that cannot have that layout are refused.
+    ``--nproc-per-node``), and cases that cannot have that layout are refused. Worlds and sweeps
+    far beyond this machine are refused unless ``allow_large``.
     """
     suite = with_overrides(load(suite_path), overrides)
-    machine = Machine.detect()
+    machine = Machine.detect(limited=not allow_large)
     if launcher is not None:
-        machine = Machine(machine.gpus, nnodes=launcher.nnodes, nproc_per_node=launcher.nproc_per_node)
+        # Its layout is the user's explicit choice, on machines this one cannot see.
+        machine = dataclasses.replace(machine, nnodes=launcher.nnodes, nproc_per_node=launcher.nproc_per_node, max_ranks=None)
     cases = select(expand(suite, machine), filters)
     return Prepared(suite, cases)
 
@@ -78,31 +81,37 @@ def print_worlds(run: store.Run, cases: list[Case], launcher: Torchrun) -> list[
     return [p for p in printed if p is not None]
 
 
+def missing(run: store.Run) -> list[Case]:
+    """The cases of a run that are not done (what ``--resume`` would run), read without changing it."""
+    return [Case.from_params(e["params"]) for e in run.meta["cases"].values() if e["status"] != store.DONE]
+
+
 def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
-    """A run to resume and the cases it still needs: failed ones start clean, pending ones keep their finished repeats.
+    """A run to resume, owned by this process from now on, and the cases it still needs: failed
+    ones start clean, pending ones keep their finished repeats. ``RunBusy`` when another process
+    owns it (a sweep still running, a second resume).
 
     Worlds printed for the user to start (``--print``) are read back first, from their events
-    files, so what they finished counts as done.
+    files, so what they finished counts as done. A run with nothing left to run keeps its status.
     """
-    run = store.Run.open(run_dir)
+    run = store.Run.open(run_dir, own=True)
     cases = {cid: Case.from_params(entry["params"]) for cid, entry in run.meta["cases"].items()}
     ingest_printed(run, cases, store.suite_table(run.meta, "interconnects"), lambda kind, ev: None)
-    todo = []
-    for cid, entry in run.meta["cases"].items():
-        if entry["status"] == store.DONE:
-            continue
-        if entry["status"] == store.FAILED:
-            store.discard_partial(run.dir, cid)
-        run.meta["cases"][cid]["status"] = store.PENDING
-        todo.append(Case.from_params(entry["params"]))
-    run.set_status(store.RUNNING, resumed=time.time())
+    todo = missing(run)
+    for case in todo:
+        if run.meta["cases"][case.case_id]["status"] == store.FAILED:
+            store.discard_partial(run.dir, case.case_id)
+        run.meta["cases"][case.case_id]["status"] = store.PENDING
+    if todo:
+        run.set_status(store.RUNNING, resumed=time.time())
     return run, todo
 
 
 def execute(run: store.Run, cases: list[Case], listener: Listener, launcher: Torchrun | None = None) -> None:
     """Run the cases' worlds one after another (``launcher``: None, rank processes started here;
     else torchrun jobs). On Ctrl-C the run is marked interrupted and the case in flight goes back
-    to pending (its finished repeats stay), so ``--resume`` picks it up."""
+    to pending (its finished repeats stay), so ``--resume`` picks it up. The run stays
+    ``running`` until ``finalize`` has written its summary."""
     reap_stale_namespaces()
     user_ics = store.suite_table(run.meta, "interconnects")
     t0 = time.monotonic()
@@ -118,8 +127,6 @@ def execute(run: store.Run, cases: list[Case], listener: Listener, launcher: Tor
     finally:
         run.meta["wall_s"] = run.meta.get("wall_s", 0.0) + time.monotonic() - t0
         run.save()
-    failed = [cid for cid, s in run.case_status().items() if s == store.FAILED]
-    run.set_status("complete" if not failed else "complete_with_failures")
 
 
 def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:
@@ -164,7 +171,17 @@ def _memory_summary(run_dir: Path) -> pd.DataFrame:
 
 
 def finalize(run_dir: Path) -> store.Loaded:
-    """Write summary.parquet and the run's efficiency figures; returns the loaded run."""
+    """Write summary.parquet and the run's efficiency figures, then mark the run complete (so a
+    run is ``complete`` only with its summary); returns the loaded run. Interrupted, the run is
+    marked ``interrupted`` and ``--resume`` finishes the analysis."""
+    try:
+        return _finalize(run_dir)
+    except KeyboardInterrupt:
+        store.Run.open(run_dir).set_status("interrupted", interrupted=time.time())
+        raise
+
+
+def _finalize(run_dir: Path) -> store.Loaded:
     loaded = store.load(run_dir)
     summary = summarize(loaded.steps, loaded.cases)
     for extra in (convergence.summarize(loaded.steps), analyze_traces(run_dir, loaded.cases), _memory_summary(run_dir)):
@@ -181,5 +198,6 @@ def finalize(run_dir: Path) -> store.Loaded:
         "worlds_started": len(worlds),
         "processes_started": sum(w["key"][0] for w in worlds),
     }
-    run.save()
+    failed = [cid for cid, status in run.case_status().items() if status == store.FAILED]
+    run.set_status("complete" if not failed else "complete_with_failures")
     return store.load(run_dir)

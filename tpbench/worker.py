@@ -378,11 +378,14 @@ def _device(rank: Rank, case_device: str) -> torch.device:
 
 @contextlib.contextmanager
 def _world(plan: Plan, rank: Rank, backend: str, timeout_s: float) -> Iterator[dist.ProcessGroup]:
-    init = f"file://{plan.rendezvous_file}" if plan.rendezvous_file else "env://"
-    dist.init_process_group(
-        backend, init_method=init, rank=rank.rank, world_size=rank.world_size,
-        timeout=_dt.timedelta(seconds=timeout_s),
-    )
+    timeout = _dt.timedelta(seconds=timeout_s)
+    if plan.rendezvous_file:
+        # A FileStore built from the path itself, never a file:// URL: a '#', '?' or newline in
+        # the results path would be parsed as URL syntax and point the ranks at another file.
+        rdzv = dist.FileStore(plan.rendezvous_file, rank.world_size)
+        dist.init_process_group(backend, store=rdzv, rank=rank.rank, world_size=rank.world_size, timeout=timeout)
+    else:
+        dist.init_process_group(backend, init_method="env://", rank=rank.rank, world_size=rank.world_size, timeout=timeout)
     # Barriers and result gathering use a Gloo group of their own, so they never queue behind
     # (or show up among) the measured collectives.
     yield dist.new_group(backend="gloo")

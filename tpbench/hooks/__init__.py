@@ -9,6 +9,8 @@ from tpbench.hooks.averaging import (
     ParameterDrift,
     PeriodicModelAverager,
     average_parameters,
+    average_parameters_or_parameter_groups,
+    get_params_to_average,
     parameter_drift,
 )
 from tpbench.hooks.localsgd import (
@@ -24,6 +26,8 @@ __all__ = [
     "PeriodicModelAverager",
     "PostLocalSGDState",
     "average_parameters",
+    "average_parameters_or_parameter_groups",
+    "get_params_to_average",
     "intra_node_subgroup",
     "parameter_drift",
     "post_localSGD_hook",

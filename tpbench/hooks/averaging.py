@@ -4,8 +4,9 @@ References for ``torch.distributed.algorithms.model_averaging``: ``PeriodicModel
 ``HierarchicalModelAverager``. Both count one ``step`` per ``average_parameters`` call (one per
 training iteration) exactly as PyTorch does, and average with the same arithmetic (flatten,
 divide by the group size, allreduce), so a run with PyTorch's averager and one with these give
-identical parameters. Like PyTorch, parameters without a gradient are left out: they were not
-trained, so averaging them is wasted traffic.
+identical parameters. Like PyTorch, the averagers leave out parameters without a gradient (they
+were not trained, so averaging them is wasted traffic); ``average_parameters`` itself averages
+every parameter it is given, as PyTorch's does.
 
 Unlike PyTorch, averaged values are copied back into the existing parameter tensors instead of
 re-pointing ``param.data`` at slices of one flat buffer; the numbers are the same, and parameters
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 ParamsOrGroups = Iterable[torch.nn.Parameter] | Iterable[dict]
 
 
-def params_to_average(params: ParamsOrGroups) -> list[torch.Tensor]:
+def get_params_to_average(params: ParamsOrGroups) -> list[torch.Tensor]:
     """The parameters that have a gradient, from ``model.parameters()`` or ``optimizer.param_groups``."""
     chosen: list[torch.Tensor] = []
     for item in params:
@@ -46,29 +47,39 @@ def _in_group(group: dist.ProcessGroup | None) -> bool:
     return dist.get_rank(group) >= 0
 
 
-def average_parameters(params: ParamsOrGroups, group: dist.ProcessGroup | None = None) -> None:
-    """Replace each parameter (that has a gradient) by its mean over ``group`` (``None``: global).
+def average_parameters(params: Iterable[torch.Tensor], process_group: dist.ProcessGroup | None = None) -> None:
+    """Replace every given parameter by its mean over ``process_group`` (``None``: global), as
+    PyTorch's ``model_averaging.utils.average_parameters`` does, gradient or not (the averagers
+    leave out parameters without one: ``average_parameters_or_parameter_groups``).
 
     All tensors travel in one flat buffer: one allreduce instead of one per parameter. A rank
-    outside ``group`` returns without touching anything.
+    outside ``process_group`` returns without touching anything.
     """
-    if not _in_group(group):
+    if not _in_group(process_group):
         return
-    tensors = params_to_average(params)
+    tensors = list(params)
+    if any(not isinstance(t, torch.Tensor) for t in tensors):
+        raise TypeError("average_parameters takes tensors; for optimizer.param_groups use average_parameters_or_parameter_groups")
     if not tensors:
         return
     flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-    flat.div_(dist.get_world_size(group))
+    flat.div_(dist.get_world_size(process_group))
     if flat.device.type == "cuda":
         # The parameters were just written by the optimizer on the compute stream; the
         # communication stream must not read them before that finishes.
         torch.cuda.synchronize(flat.device)
-    dist.all_reduce(flat, group=group)
+    dist.all_reduce(flat, group=process_group)
     offset = 0
     with torch.no_grad():
         for t in tensors:
             t.copy_(flat[offset : offset + t.numel()].view_as(t))
             offset += t.numel()
+
+
+def average_parameters_or_parameter_groups(params: ParamsOrGroups, process_group: dist.ProcessGroup | None = None) -> None:
+    """Average the parameters that have a gradient, from ``model.parameters()`` or
+    ``optimizer.param_groups`` (PyTorch's function of the same name; what the averagers call)."""
+    average_parameters(get_params_to_average(params), process_group)
 
 
 @dataclass(frozen=True)
@@ -142,7 +153,7 @@ class PeriodicModelAverager:
         """Average ``params`` if this step is due, then advance ``step``."""
         group = self.next_averaging_group()
         if group is not None:
-            average_parameters(params, group)
+            average_parameters_or_parameter_groups(params, group)
         self.step += 1
 
 
@@ -213,5 +224,5 @@ class HierarchicalModelAverager:
         """Average ``params`` over the group due at this step, if any, then advance ``step``."""
         group = self.next_averaging_group()
         if group is not None:
-            average_parameters(params, group)
+            average_parameters_or_parameter_groups(params, group)
         self.step += 1

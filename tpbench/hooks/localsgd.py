@@ -22,14 +22,16 @@ runs are step-for-step identical:
 Beyond PyTorch: where PyTorch takes the node size from ``torch.cuda.device_count()`` (and fails on
 CPU), ``ranks_per_node`` says explicitly which ranks form a node, so 4 CPU ranks on one machine can
 behave as 2 nodes x 2 ranks. Without it the real structure is used (``LOCAL_WORLD_SIZE`` as set by
-torchrun), and the node size is resolved when the state is built, not at the switch, so a missing
-setting fails before training rather than in the middle of a backward pass.
+torchrun). An explicit ``ranks_per_node`` is checked when the state is built, so a bad one fails
+before training; without one, as in PyTorch, a node size that cannot be told (a CPU process
+without ``LOCAL_WORLD_SIZE``) is only a warning until the switch, where it raises.
 """
 
 # No ``from __future__ import annotations`` here: DDP's register_comm_hook compares the hook's
 # annotations with the real ``dist.GradBucket`` and ``Future[Tensor]`` objects, and rejects strings.
 import logging
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -107,15 +109,37 @@ class PostLocalSGDState:
         self.subgroup = subgroup
         self.start_localSGD_iter = start_localSGD_iter
         self.post_local_gradient_allreduce = post_local_gradient_allreduce
-        # Only needed to build the subgroup later; resolved now so that a bad setting fails early.
-        needs_node_size = subgroup is None and post_local_gradient_allreduce
-        self.ranks_per_node = resolve_ranks_per_node(ranks_per_node) if needs_node_size else None
-        if needs_node_size and dist.is_initialized():
-            world = dist.get_world_size()
-            if world % self.ranks_per_node:
-                raise ValueError(f"world size {world} is not divisible by ranks_per_node={self.ranks_per_node}")
+        self.ranks_per_node = None  # only needed to build the subgroup, at the switch
+        if subgroup is None and post_local_gradient_allreduce:
+            self.ranks_per_node = self._node_size(ranks_per_node, start_localSGD_iter)
         self.iter = 0
         logger.info("Local SGD will be started after %s iterations", start_localSGD_iter)
+
+    @staticmethod
+    def _node_size(ranks_per_node: int | None, start_localSGD_iter: int) -> int | None:
+        """The node size for the lazy subgroup, checked now where that is safe.
+
+        An explicit ``ranks_per_node`` (tpbench's own argument) that cannot work fails here,
+        before training. Without one, PyTorch builds the state whatever the machine and needs a
+        node size only at the switch, so code that never switches must not break: a node size
+        that cannot be told yet is a warning here and an error at the switch.
+        """
+        world = dist.get_world_size() if dist.is_initialized() else None
+        if ranks_per_node is not None:
+            size = resolve_ranks_per_node(ranks_per_node)
+            if world is not None and world % size:
+                raise ValueError(f"world size {world} is not divisible by ranks_per_node={size}")
+            return size
+        try:
+            size = resolve_ranks_per_node()
+        except ValueError as e:
+            warnings.warn(f"{e}; post_localSGD_hook will raise this when local SGD starts "
+                          f"(iteration {start_localSGD_iter})", stacklevel=3)
+            return None
+        if world is not None and world % size:
+            warnings.warn(f"world size {world} is not divisible by the {size} ranks per node; post_localSGD_hook "
+                          f"will fail when local SGD starts (iteration {start_localSGD_iter})", stacklevel=3)
+        return size
 
     def maybe_increase_iter(self, bucket: dist.GradBucket) -> None:
         """Count one iteration per backward pass, and log when local SGD starts.

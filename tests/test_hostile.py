@@ -1,0 +1,482 @@
+"""Hostile and careless use: odd paths, concurrent use, signals, wrong-shaped result files.
+
+Each scenario names the exit code and the message a user meets (the suites that must be refused
+outright are in ``tests/data/bad_suites/``). Sweeps are real 2-rank Gloo worlds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tpbench import store
+
+from test_reliability import run_cli, tiny_suite
+
+SWEEP = [sys.executable, "-m", "tpbench", "sweep"]
+
+
+def sweep(*args: str, cwd: Path, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*SWEEP, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, **kw)
+
+
+def tree(root: Path) -> set[Path]:
+    return {p.relative_to(root) for p in root.rglob("*")}
+
+
+# --- 1. rendezvous does not depend on the characters of a path ---------------------------------
+
+
+@pytest.mark.parametrize("out_name,suite_name", [("res#ults?x=1", "plain"), ("plain", "su#ite?a=b"),
+                                                  ("new\nline %20 ü", "plain")])
+def test_url_characters_in_paths_rendezvous_inside_the_run_and_leave_nothing_behind(tmp_path, out_name, suite_name):
+    """'#', '?', a newline, '%20' in --out or in the suite name: two sweeps into the same root both
+    finish (exit 0), and nothing is left outside the run directories (no stray rendezvous file)."""
+    suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]', name=suite_name)
+    out = tmp_path / out_name
+    before = tree(tmp_path)
+    for _ in range(2):
+        proc = sweep(str(suite), "--out", str(out), "--no-report", cwd=tmp_path, timeout=200)
+        assert proc.returncode == 0, proc.stderr
+    runs = list(store.iter_runs(out))
+    assert len(runs) == 2
+    assert {store.load(r).meta["status"] for r in runs} == {"complete"}
+    outside = {p for p in tree(tmp_path) - before if not any((tmp_path / p).is_relative_to(r) for r in runs)}
+    assert outside == {Path(out_name), Path(out_name) / suite_name}, outside
+    assert not [p for r in runs for p in r.rglob("*.rdzv")]
+
+
+# --- 3. --resume: its own suite, nothing run by a dry run, one owner at a time -------------------
+
+
+@pytest.fixture(scope="module")
+def done_run(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("done")
+    suite = tiny_suite(tmp, 'algorithm = ["ddp", "zero_no_overlap"]')
+    proc = sweep(str(suite), "--out", str(tmp / "results"), "--no-report", cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    return next(store.iter_runs(tmp / "results"))
+
+
+def copy_run(run_dir: Path, tmp_path: Path, missing: int = 0) -> Path:
+    """A copy of a finished run; ``missing``: that many cases put back to pending, as an
+    interrupted sweep leaves them (their steps gone, no summary)."""
+    import shutil
+
+    copy = tmp_path / run_dir.name
+    shutil.copytree(run_dir, copy)
+    if missing:
+        meta = json.loads((copy / "run.json").read_text())
+        for cid in list(meta["cases"])[:missing]:
+            meta["cases"][cid]["status"] = "pending"
+            shutil.rmtree(copy / "cases" / cid)
+        meta["status"] = "interrupted"
+        (copy / "summary.parquet").unlink()
+        (copy / "run.json").write_text(json.dumps(meta))
+    return copy
+
+
+def test_resume_of_a_complete_run_leaves_it_complete_and_untouched(done_run, tmp_path, capsys):
+    run = copy_run(done_run, tmp_path)
+    before = (run / "run.json").read_bytes()
+    assert run_cli(["sweep", "--resume", str(run), "--no-report"]) == 0
+    assert "Nothing to resume" in capsys.readouterr().err
+    assert (run / "run.json").read_bytes() == before
+
+
+def test_resume_dry_run_lists_the_missing_cases_and_runs_nothing(done_run, tmp_path, capsys):
+    run = copy_run(done_run, tmp_path, missing=1)
+    before = tree(run), (run / "run.json").read_bytes()
+    pending = [cid for cid, c in json.loads(before[1])["cases"].items() if c["status"] == "pending"]
+    assert run_cli(["sweep", "--resume", str(run), "--dry-run"]) == 0
+    assert pending[0] in capsys.readouterr().out
+    assert (tree(run), (run / "run.json").read_bytes()) == before
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--set", "steps=9"], "--set with --resume: a resumed run runs its own suite"),
+    (["--filter", "algorithm=ddp"], "--filter with --resume"),
+    (["--out", "elsewhere"], "--out with --resume: a resumed run runs its own suite's missing cases unchanged, in its own"),
+    (["OTHER"], "with --resume: not the suite"),
+])
+def test_resume_refuses_what_would_change_its_cases(done_run, tmp_path, capsys, extra, message):
+    """Exit 2, one line, and the run is not touched."""
+    run = copy_run(done_run, tmp_path, missing=1)
+    other = tiny_suite(tmp_path, 'algorithm = ["ddp"]', name="other")
+    before = (run / "run.json").read_bytes()
+    args = [str(other) if a == "OTHER" else a for a in extra]
+    assert run_cli(["sweep", *args, "--resume", str(run), "--no-report"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert (run / "run.json").read_bytes() == before
+
+
+def test_resume_accepts_the_suite_the_run_was_started_from(done_run, tmp_path, capsys):
+    run = copy_run(done_run, tmp_path, missing=1)
+    same = tmp_path / "same.toml"
+    same.write_text(json.loads((run / "run.json").read_text())["suite"]["text"])
+    assert run_cli(["sweep", str(same), "--resume", str(run), "--dry-run"]) == 0
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_run_being_swept_belongs_to_its_sweep_and_a_stop_signal_interrupts_it_like_ctrl_c(tmp_path, capsys, stop):
+    """While a sweep runs, ``--resume`` of its run is refused naming the owner (exit 3, nothing
+    touched); SIGTERM (or SIGHUP) then ends the sweep as Ctrl-C does (exit 128 + signal, run
+    interrupted, the case in flight back to pending, no rank left), and the run can be owned again."""
+    from test_sweep import worker_processes
+
+    suite = tiny_suite(tmp_path, "steps = [4, 4000]")
+    out = tmp_path / "results"
+    p = subprocess.Popen([*SWEEP, str(suite), "--out", str(out), "--no-report"], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, run_dir = time.monotonic() + 120, None
+    while time.monotonic() < deadline and run_dir is None:
+        for r in store.iter_runs(out) if out.exists() else []:
+            meta = json.loads((r / "run.json").read_text())
+            if any(c["status"] == "running" and c["params"]["steps"] == 4000 for c in meta["cases"].values()):
+                run_dir = r
+        time.sleep(0.05)
+    assert run_dir is not None, "never saw the long case running"
+    try:
+        assert run_cli(["sweep", "--resume", str(run_dir), "--no-report"]) == 3
+        err = capsys.readouterr().err
+        assert f"in use by pid {p.pid} on host" in err and str(run_dir) in err, err
+        assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
+    finally:
+        p.send_signal(stop)
+        _, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + stop, err
+    assert f"Terminated ({stop.name})" in err and "--resume" in err
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "interrupted"
+    assert sorted(c["status"] for c in meta["cases"].values()) == ["done", "pending"]
+    assert worker_processes(run_dir) == []
+    store.RunLock(run_dir)  # free again
+
+
+def test_ctrl_c_during_the_end_of_sweep_analysis_leaves_a_run_resume_completes(done_run, tmp_path, monkeypatch, capsys):
+    """A run is ``complete`` only with its summary: interrupted while analysing, it is marked
+    interrupted, and ``--resume`` (nothing left to run) writes the summary and completes it.
+    The interrupt is a real SIGINT, sent when the trace analysis starts."""
+    from tpbench import sweep as sweep_mod
+
+    run = copy_run(done_run, tmp_path)
+    (run / "summary.parquet").unlink()
+    analyse = sweep_mod.analyze_traces
+
+    def interrupted(*a):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # the signal arrives before this ends
+        return analyse(*a)
+
+    monkeypatch.setattr(sweep_mod, "analyze_traces", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sweep_mod.finalize(run)
+    assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
+    assert not (run / "summary.parquet").exists()
+    monkeypatch.undo()
+    assert run_cli(["sweep", "--resume", str(run), "--no-report"]) == 0
+    assert json.loads((run / "run.json").read_text())["status"] == "complete"
+    assert (run / "summary.parquet").exists()
+
+
+# --- 2. result files of the wrong shape: exit 3 naming the file ---------------------------------
+
+
+def _run_json(run: Path) -> dict:
+    return json.loads((run / "run.json").read_text())
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _each_case(m: dict, change) -> str:
+    """run.json text with ``change(entry)`` as every case's entry."""
+    return json.dumps(m | {"cases": {k: change(v) for k, v in m["cases"].items()}})
+
+
+# Each damage rewrites run.json (a dict → JSON text) or a case's steps.parquet (a DataFrame).
+RUN_JSON_DAMAGE = {
+    "null": lambda m: "null",
+    "a-list": lambda m: "[1, 2]",
+    "empty-object": lambda m: "{}",
+    "empty-file": lambda m: "",
+    "deeply-nested": lambda m: json.dumps(m | {"environment": "X"}).replace('"X"', _nested(100_000)),
+    "cases-null": lambda m: json.dumps(m | {"cases": None}),
+    "cases-empty": lambda m: json.dumps(m | {"cases": {}}),
+    "cases-a-list": lambda m: json.dumps(m | {"cases": list(m["cases"].values())}),
+    "case-entry-a-string": lambda m: _each_case(m, lambda v: "done"),
+    "case-without-params": lambda m: _each_case(m, lambda v: {"status": "done"}),
+    "case-without-status": lambda m: _each_case(m, lambda v: {"params": v["params"]}),
+    "case-unknown-status": lambda m: _each_case(m, lambda v: v | {"status": "great"}),
+    "params-a-list": lambda m: _each_case(m, lambda v: v | {"params": [1]}),
+    "params-missing-keys": lambda m: _each_case(m, lambda v: v | {"params": {"algorithm": "ddp"}}),
+    "params-wrong-type": lambda m: _each_case(m, lambda v: v | {"params": v["params"] | {"steps": "many"}}),
+    "params-null-algorithm": lambda m: _each_case(m, lambda v: v | {"params": v["params"] | {"algorithm": None}}),
+    "run-id-a-number": lambda m: json.dumps(m | {"run_id": 7}),
+    "suite-a-string": lambda m: json.dumps(m | {"suite": "zero"}),
+    "suite-text-null": lambda m: json.dumps(m | {"suite": m["suite"] | {"text": None}}),
+    "environment-a-list": lambda m: json.dumps(m | {"environment": [1]}),
+    "worlds-a-string": lambda m: json.dumps(m | {"worlds": "w0"}),
+}
+STEPS_DAMAGE = {
+    "no-step-ms": lambda df: df.drop(columns=["step_ms"]),
+    "step-ms-text": lambda df: df.assign(step_ms="fast"),
+    "no-rows": lambda df: df.iloc[:0],
+    "foreign-table": lambda df: df[["loss"]].rename(columns={"loss": "x"}),
+    "no-phase": lambda df: df.drop(columns=["phase"]),
+}
+
+
+def _commands(run: Path, tmp_path: Path) -> dict[str, list[str]]:
+    return {"report": ["report", str(run), "-o", str(tmp_path / "r.html")],
+            "compare": ["compare", str(run), str(run)],
+            "export": ["export", str(run), "--format", "pytest-benchmark", "-o", str(tmp_path / "b.json")]}
+
+
+@pytest.mark.parametrize("command", ["report", "compare", "export"])
+@pytest.mark.parametrize("damage", list(RUN_JSON_DAMAGE), ids=list(RUN_JSON_DAMAGE))
+def test_wrong_shaped_run_json_exits_3_naming_the_file(done_run, tmp_path, capsys, damage, command):
+    run = copy_run(done_run, tmp_path)
+    (run / "run.json").write_text(RUN_JSON_DAMAGE[damage](_run_json(run)))
+    assert run_cli(_commands(run, tmp_path)[command]) == 3
+    err = capsys.readouterr().err
+    assert str(run / "run.json") in err and "Traceback" not in err, err
+    assert not (tmp_path / "r.html").exists() and not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.parametrize("command", ["report", "compare", "export"])
+@pytest.mark.parametrize("damage", list(STEPS_DAMAGE), ids=list(STEPS_DAMAGE))
+def test_wrong_shaped_steps_parquet_exits_3_naming_the_file(done_run, tmp_path, capsys, damage, command):
+    import pandas as pd
+
+    run = copy_run(done_run, tmp_path)
+    victim = next(run.glob("cases/*/steps.parquet"))
+    STEPS_DAMAGE[damage](pd.read_parquet(victim)).to_parquet(victim)
+    assert run_cli(_commands(run, tmp_path)[command]) == 3
+    err = capsys.readouterr().err
+    assert str(victim) in err and "Traceback" not in err, err
+
+
+# --- 6. a repeat longer than timeout_s fails as timed out ---------------------------------------
+
+
+def test_a_repeat_that_ends_after_its_timeout_fails_as_timed_out(tmp_path):
+    """The world's own report (events as a torchrun world writes them, read back as ``--resume``
+    reads a printed world's): the repeat ended 0.5 s past ``timeout_s``, so the case fails as timed
+    out instead of passing because its end arrived before the launcher's check."""
+    from tpbench.launch import PrintedWorldRecord, Supervisor
+    from tpbench.suite import Machine, expand, load
+
+    case = expand(load(tiny_suite(tmp_path, 'algorithm = ["ddp"]', timeout_s=2)), Machine(gpus=0))[0]
+    run = store.Run.create(tmp_path / "results", "tiny", "tiny.toml", "", [case.params()], {})
+    events = run.dir / "events" / "w0"
+    events.mkdir(parents=True)
+    t = 1_000.0
+    lines = [{"event": "world_ready", "t": t, "world": "w0", "nodes": []},
+             {"event": "repeat_start", "t": t, "case": case.case_id, "repeat": 0},
+             {"event": "repeat_end", "t": t + 2.5, "case": case.case_id, "repeat": 0, "median_ms": 1.0},
+             {"event": "case_end", "t": t + 2.5, "case": case.case_id},
+             {"event": "world_done", "t": t + 2.6, "world": "w0"}]
+    (events / "rank0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    outcome = Supervisor(PrintedWorldRecord(run.dir, "w0", 2), {case.case_id: case}, run, lambda k, e: None).supervise()
+    assert outcome.failed_case == case.case_id
+    assert outcome.cause == "timed out after 2 s in repeat 0 (it took 2.5 s)"
+    assert outcome.completed == set()
+    assert run.meta["cases"][case.case_id]["status"] == "running"  # not done; the launcher marks it failed
+
+
+# --- 5. equal values make one case --------------------------------------------------------------
+
+
+def test_equal_numbers_make_one_case_with_the_id_existing_results_have():
+    from tpbench.suite import Machine, expand, parse, select, with_overrides
+
+    def ids(text: str, *sets: str) -> list[str]:
+        return [c.case_id for c in expand(with_overrides(parse("[suite]\n" + text, "x.toml"), sets), Machine(gpus=0))]
+
+    default = ids("")
+    assert default == ["e8af04e57ecd"]  # the id this case had before numbers were normalised
+    assert ids("", "bucket_cap_mb=25.0") == ids("[defaults]\nbucket_cap_mb = 25.0") == default
+    assert ids("", "timeout_s=300.0") == default
+    assert ids("[defaults]\nlr = 1") == ids("[defaults]\nlr = 1.0")
+    assert ids("[defaults]\nworkload = 'markov'\n[workloads.markov]\nleak = 1") == ids(
+        "[defaults]\nworkload = 'markov'\n[workloads.markov]\nleak = 1.0")
+    assert ids("[sweep]\nbucket_cap_mb = [25.0, 4]")[0] == default[0]
+    cases = expand(parse("[sweep]\nbucket_cap_mb = [25, 4]", "x.toml"), Machine(gpus=0))
+    assert [c.bucket_cap_mb for c in select(cases, ["bucket_cap_mb=25.0"])] == [25]
+
+
+# --- 4. limits sized from the machine, with an explicit override --------------------------------
+
+
+def test_machine_limits_follow_cores_and_memory_and_allow_large_lifts_them(capsys):
+    from tpbench.suite import MAX_CASES, Machine
+
+    machine = Machine.detect()
+    memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    assert machine.max_ranks == max(2, min(4 * os.cpu_count(), memory_mb // 512))
+    assert machine.max_cases == MAX_CASES
+    huge = Path(__file__).parent / "data" / "bad_suites" / "54-world-beyond-the-machine.toml"
+    assert run_cli(["validate", str(huge)]) == 2
+    assert f"expected at most {machine.max_ranks} ranks on this machine" in capsys.readouterr().err
+    assert run_cli(["validate", str(huge), "--allow-large"]) == 0
+    assert "ok, 1 cases" in capsys.readouterr().out
+
+
+# --- 9, 10. the terminal prints paths as they are; files respect the umask ----------------------
+
+
+def test_markup_in_names_and_paths_is_printed_verbatim_and_files_follow_the_umask(tmp_path):
+    """A suite named ``zero [v2]`` swept into ``b[/x]`` (rich markup if read as such): exit 0, the
+    run directory and the report printed as they are; under umask 002 every result and report
+    file is 0664, as a plain ``open`` would make it, so a team can share the results."""
+    suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]', name="zero [v2]")
+    out, reports = tmp_path / "b[/x]", tmp_path / "reports [red]"
+    proc = sweep(str(suite), "--out", str(out), "--reports-dir", str(reports), cwd=tmp_path,
+                 preexec_fn=lambda: os.umask(0o002))
+    assert proc.returncode == 0, proc.stderr
+    run_dir = next(store.iter_runs(out))
+    assert run_dir.parent.name == "zero [v2]"
+    report = reports / f"zero [v2]-{run_dir.name}.html"
+    assert f"Run directory: {run_dir}\n" in proc.stderr and f"Report: {report}\n" in proc.stderr, proc.stderr
+    assert "zero [v2]" in proc.stdout  # the summary table's title
+    written = [run_dir / "run.json", run_dir / "summary.parquet", report, *run_dir.glob("cases/*/*.parquet"),
+               *run_dir.glob("plans/*.json")]
+    assert {oct(p.stat().st_mode & 0o777) for p in written} == {"0o664"}, {str(p): oct(p.stat().st_mode) for p in written}
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_list_tolerates_a_suites_folder_of_broken_files(tmp_path, capsys):
+    """Exit 0, every file listed, each broken one with its problem in one line; descriptions are
+    printed as written (no markup)."""
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    (suites / "a-good.toml").write_text('[suite]\ndescription = "uses [red]no markup[/red]"\n')
+    (suites / "b-syntax.toml").write_text("[suite\n")
+    (suites / "c-binary.toml").write_bytes(b"\xff\xfe\x00garbage")
+    (suites / "d-suite-not-a-table.toml").write_text("suite = 3\n")
+    (suites / "e-description-a-number.toml").write_text("[suite]\ndescription = 5\n")
+    (suites / "f-nested.toml").write_text("x = " + "[" * 50_000 + "]" * 50_000 + "\n")
+    (suites / "g-a-folder.toml").mkdir()
+    (suites / "h-[bold]name.toml").write_text("")
+    assert run_cli(["list", "--suites", str(suites)]) == 0
+    text = capsys.readouterr().out
+    assert "uses [red]no markup[/red]" in text.replace("\n", "")
+    for name in ("b-syntax", "c-binary", "d-suite-not-a-table", "e-description-a-number", "f-nested", "g-a-folder",
+                 "h-[bold]name"):
+        assert name in text, name
+    assert text.count("(unreadable:") == 4, text  # syntax, binary, nested, folder
+
+
+# --- 8. disk: the report's folder is checked before the sweep; errors name the user's file ------
+
+
+@pytest.mark.parametrize("where,message", [("a-file/r.html", "a-file: report directory is not writable"),
+                                           ("a-folder", "a-folder: is a folder; --report takes the report's file name")])
+def test_an_unusable_report_path_is_refused_before_the_sweep(tmp_path, capsys, where, message):
+    suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]')
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "a-folder").mkdir()
+    out = tmp_path / "results"
+    assert run_cli(["sweep", str(suite), "--out", str(out), "--report", str(tmp_path / where)]) == 3
+    err = capsys.readouterr().err
+    assert f"{tmp_path}/{message}" in err, err
+    assert not out.exists()
+
+
+def test_a_failed_write_names_the_users_file_and_leaves_no_temporary(done_run, tmp_path, capsys):
+    """``-o`` naming a folder: the rename of the finished temporary file fails, the error names
+    the user's path (exit 3), and the temporary file is gone."""
+    target = tmp_path / "bench.json"
+    target.mkdir()
+    assert run_cli(["export", str(done_run), "--format", "pytest-benchmark", "-o", str(target)]) == 3
+    err = capsys.readouterr().err
+    assert f"{target}: cannot write: Is a directory" in err and ".tmp" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]
+
+
+# --- 13. smaller --------------------------------------------------------------------------------
+
+
+def test_torchrun_with_zero_nodes_is_refused(tmp_path, capsys):
+    suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]')
+    assert run_cli(["sweep", str(suite), "--launcher", "torchrun", "--nnodes", "0", "--out", str(tmp_path / "r")]) == 2
+    assert "--nnodes and --nproc-per-node must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+# --- 11. a profile's env may change what runs only when it says so -----------------------------
+
+
+def test_allow_env_lets_a_profile_set_a_variable_that_changes_what_runs():
+    from tpbench.interconnect import resolve
+
+    profiles = {"traced": {"backend": "gloo", "env": {"LD_PRELOAD": "/opt/libtrace.so", "GLOO_SOCKET_IFNAME": "lo"},
+                           "allow_env": ["LD_PRELOAD"]}}
+    assert dict(resolve("traced", profiles).env) == {"LD_PRELOAD": "/opt/libtrace.so", "GLOO_SOCKET_IFNAME": "lo"}
+    profiles["traced"]["allow_env"] = []
+    with pytest.raises(ValueError, match="env.LD_PRELOAD changes what every rank runs"):
+        resolve("traced", profiles)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+def test_a_disk_that_fills_up_mid_sweep_names_the_file_leaves_no_temporary_and_loses_nothing(tmp_path):
+    """The results filesystem fills up as soon as the run exists: exit 3 naming a file of the run,
+    no temporary file anywhere, run.json still readable; with space again, --resume completes it."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], check=True)
+    try:
+        suite = tiny_suite(tmp_path, "steps = [20, 21]")
+        p = subprocess.Popen([*SWEEP, str(suite), "--out", str(disk / "results"), "--no-report"], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not list(disk.glob("results/tiny/*/run.json")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with pytest.raises(OSError), open(disk / "filler", "wb") as f:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        _, err = p.communicate(timeout=180)
+        assert p.returncode == 3, err
+        run_dir = next(store.iter_runs(disk / "results"))
+        assert f"{run_dir}/" in err and "No space left on device" in err, err
+        assert not [q for q in disk.rglob("*") if ".tmp" in q.name]
+        store.read_run_json(run_dir)
+        (disk / "filler").unlink()
+        proc = sweep("--resume", str(run_dir), "--no-report", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert set(store.load(run_dir).cases.status) == {"done"}
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
+@pytest.fixture(scope="module")
+def traced_run(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("traced")
+    suite = tiny_suite(tmp, 'algorithm = ["ddp"]')
+    suite.write_text(suite.read_text().replace("profiler_steps = 0", "profiler_steps = 2"))
+    proc = sweep(str(suite), "--out", str(tmp / "results"), "--no-report", cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    return next(store.iter_runs(tmp / "results"))
+
+
+@pytest.mark.parametrize("table", ["intervals", "overlap", "collectives", "marks"])
+def test_a_foreign_derived_table_exits_3_naming_the_file(traced_run, tmp_path, capsys, table):
+    import pandas as pd
+
+    run = copy_run(traced_run, tmp_path)
+    victim = next(run.glob(f"cases/*/{table}.parquet"))
+    pd.DataFrame({"x": [1.0]}).to_parquet(victim)
+    assert run_cli(["report", str(run), "-o", str(tmp_path / "r.html")]) == 3
+    err = capsys.readouterr().err
+    assert f"{victim}: not a tpbench {table} table" in err and "Traceback" not in err, err
