@@ -24,8 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from tpbench import comm_hooks
+
 # Keys that do not change what is measured and so stay out of the case id.
 _NOT_IN_ID = frozenset({"timeout_s"})
+# Keys added after results existed: at these values they stay out of the id, so the cases of
+# earlier runs keep theirs (and compare with new runs case by case).
+_IN_ID_UNLESS = {"comm_hook": comm_hooks.ALLREDUCE, "comm_hook_state": None}
 
 
 class SuiteError(ValueError):
@@ -86,6 +91,8 @@ CASE_KEYS: dict[str, KeySpec] = {
     "gradient_as_bucket_view": KeySpec(False, "true or false", _bool),
     "static_graph": KeySpec(False, "true or false", _bool),
     "shard_buckets": KeySpec(False, "true or false", _bool),
+    "comm_hook": KeySpec("allreduce", comm_hooks.EXPECTED, comm_hooks.valid_name),
+    "comm_hook_state": KeySpec(comm_hooks.NO_STATE, comm_hooks.STATE_EXPECTED, comm_hooks.valid_state),
     "interconnect": KeySpec("loopback", "an interconnect profile name", _str),
     "start_localSGD_iter": KeySpec("never", 'an integer >= 0 or "never"', _int(0, "never")),
     "post_local_gradient_allreduce": KeySpec(True, "true or false", _bool),
@@ -137,6 +144,9 @@ class Case:
     profiler_steps: int
     nvml_interval_ms: int
     workload_params: tuple[tuple[str, Any], ...] = ()
+    # Defaults: what runs recorded before these keys existed ran.
+    comm_hook: str = comm_hooks.ALLREDUCE
+    comm_hook_state: str | None = None
     case_id: str = ""
 
     def params(self) -> dict[str, Any]:
@@ -439,7 +449,7 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
             raise _fail(path, "algorithm", f"expected one of {', '.join(ALGORITHMS)}, got {raw['algorithm']!r}")
         r = _resolve_machine(raw, machine)
         _check_combination(path, r, machine, suite)
-        for k in (ALGORITHM_SPECIFIC_KEYS - algo.uses) | algo.moot(r):
+        for k in (ALGORITHM_SPECIFIC_KEYS - algo.uses) | algo.moot(r) | comm_hooks.moot(r):
             r[k] = None
         r["workload_params"] = _workload_params(suite, r["workload"], r["batch_size"])
         case = Case(**r)
@@ -529,7 +539,8 @@ def _check_torchrun_layout(path: str, r: dict[str, Any], machine: Machine) -> No
 
 def case_id(case: Case) -> str:
     """A stable id: a hash of the normalized parameters that define what is measured."""
-    d = {k: v for k, v in case.params().items() if k not in _NOT_IN_ID and k != "case_id"}
+    d = {k: v for k, v in case.params().items()
+         if k not in _NOT_IN_ID and k != "case_id" and not (k in _IN_ID_UNLESS and v == _IN_ID_UNLESS[k])}
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
