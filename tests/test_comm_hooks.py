@@ -23,6 +23,9 @@ from world import run_world
 from tpbench import store
 from tpbench.comm_hooks import Bf16Support
 from tpbench.hooks import hook_with_zero_step
+from tpbench.report.build import build_report
+from tpbench.report.comm_hooks import winner_lines
+from tpbench.report.verdicts import ZERO_KINDS, Comparison
 from tpbench.suite import Case, Machine, SuiteError, case_id, expand, parse
 
 REPO = Path(__file__).resolve().parent.parent
@@ -129,6 +132,9 @@ def test_example_hook_runs_through_a_real_sweep_at_half_the_bytes(tmp_path: Path
         assert found[(algorithm, "allreduce")] == (fp32, fp32 + broadcasts)
         for hook in ("fp16_compress", EXAMPLE_HOOK):
             assert found[(algorithm, hook)] == (fp32 / 2, fp32 / 2 + broadcasts), (algorithm, hook)
+    html = build_report([run])
+    assert "Communication hook: bytes on the wire and which ZeRO hook wins" in html
+    assert f"with {EXAMPLE_HOOK}, undecided (one repeat)" in html  # a single repeat calls nothing
 
 
 def test_compression_composes_with_post_local_sgd_and_bf16_with_zero_hooks(tmp_path: Path) -> None:
@@ -148,3 +154,25 @@ def test_compression_composes_with_post_local_sgd_and_bf16_with_zero_hooks(tmp_p
     bf16 = _sweep(tmp_path / "bf16", str(suite), "--set", 'algorithm=["hook_with_zero_step_interleaved"]',
                   "--set", 'comm_hook=["bf16_compress"]')
     assert _bytes(bf16)[("hook_with_zero_step_interleaved", "bf16_compress")] == (fp32 / 2, fp32 / 2 + fp32)
+
+
+def _pair(hook: str, bucket: float, ratio: float, lo: float, hi: float) -> Comparison:
+    kind = ZERO_KINDS[0]  # interleaved / sequential
+    context = {"bucket_cap_mb": bucket, "comm_hook": hook}
+    return Comparison(kind, "run", {"algorithm": "hook_with_zero_step_interleaved", **context},
+                      {"algorithm": "hook_with_zero_step", **context}, context, {}, ratio, lo, hi, repeats=5)
+
+
+def test_report_says_per_bucket_size_whether_compression_changes_the_winner() -> None:
+    lines = winner_lines([
+        _pair("allreduce", 2, 0.90, 0.85, 0.95), _pair("fp16_compress", 2, 1.10, 1.05, 1.15),
+        _pair("allreduce", 8, 0.90, 0.85, 0.95), _pair("fp16_compress", 8, 0.92, 0.88, 0.97),
+        _pair("allreduce", 32, 1.10, 1.05, 1.15), _pair("fp16_compress", 32, 1.01, 0.97, 1.05),
+        _pair("fp16_compress", 64, 1.10, 1.05, 1.15),  # no all-reduce twin: nothing to compare with
+    ])
+    assert len(lines) == 3
+    two, eight, big = lines
+    assert two.startswith("At 2 MB buckets: with allreduce, interleaved wins (interleaved/sequential 0.900 [0.850, 0.950])")
+    assert two.endswith("Compression changes the answer: interleaved with allreduce, sequential with fp16_compress.")
+    assert eight.endswith("Compression does not change the answer (interleaved).")
+    assert big.endswith("Compression changes the answer: sequential with allreduce, no clear winner with fp16_compress.")

@@ -132,8 +132,8 @@ class Bf16Support:
             return f"bf16_compress: NCCL all-reduces bfloat16 from 2.10 on; this torch has NCCL {have}"
         if not wrapped and not ((self.gpu_build and nccl_ok) or self.xccl):
             return ("bf16_compress: PyTorch's DDP registers bf16 compression only on a torch built with CUDA 11+ and "
-                    f"NCCL 2.10+ (or XPU and XCCL), and this torch ({self.torch_version or 'unknown'}) is not; the ZeRO hooks, which wrap the hook, can use "
-                    "it (Gloo all-reduces bfloat16)")
+                    f"NCCL 2.10+ (or XPU and XCCL), and this torch ({self.torch_version or 'unknown'}) is not; "
+                    "the ZeRO hooks, which wrap the hook, can use it (Gloo all-reduces bfloat16)")
         return None
 
 
