@@ -201,7 +201,7 @@ def _validation_figure(v: pd.DataFrame) -> go.Figure:
 
 def _labels(cases: pd.DataFrame) -> dict[str, str]:
     """Short case labels from the parameters that vary in the run (link excluded where shown apart)."""
-    keys = [k for k in ("algorithm", "bucket_cap_mb", "shard_buckets", "batch_size", "world_size", "interconnect")
+    keys = [k for k in ("algorithm", "bucket_cap_mb", "shard_buckets", "comm_hook", "batch_size", "world_size", "interconnect")
             if k in cases and cases[k].astype(str).nunique() > 1]
     return {r["case_id"]: " · ".join(str(r[k]) if k == "algorithm" else f"{k}={r[k]}" for k in keys) or r["case_id"]
             for r in cases.to_dict("records")}
