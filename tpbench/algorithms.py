@@ -226,7 +226,9 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
     node-local (or none), plus periodic model averaging after the optimizer step.
 
     ``start_localSGD_iter = "never"`` is plain DDP, the baseline every local-SGD case is judged
-    against. Node subgroups come from the world's real nodes (``ctx.nodes``), split further when
+    against. ``comm_hook`` compression wraps ``post_localSGD_hook`` in PyTorch's
+    ``fp16_compress_wrapper``/``bf16_compress_wrapper`` (the hook takes no inner hook, so a hook of
+    one's own is refused by ``Algorithm.check``). Node subgroups come from the world's real nodes (``ctx.nodes``), split further when
     ``ranks_per_node`` emulates smaller ones.
 
     The order is PyTorch's documented one: ``optimizer.step()``, then
