@@ -122,5 +122,6 @@ def _figure(comparisons: list[Comparison]) -> go.Figure:
     fig.add_hline(y=1.0, line_dash="dot", line_color="#5b6475")
     fig.update_xaxes(type="category", title="wrapped communication hook")
     fig.update_yaxes(title="step time, interleaved / sequential")
-    fig.update_layout(height=420, margin=MARGIN, legend=LEGEND_BELOW)
+    # Series side by side at each hook, so their intervals do not hide one another.
+    fig.update_layout(height=420, margin=MARGIN, legend=LEGEND_BELOW, scattermode="group")
     return fig
