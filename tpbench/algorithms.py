@@ -254,10 +254,10 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
         chosen_by_averager = get_params_to_average
     else:
         from tpbench.hooks import PostLocalSGDState, post_localSGD_hook
-        from tpbench.hooks.averaging import params_to_average
+        from tpbench.hooks.averaging import get_params_to_average
 
         state_cls, hook, averager_cls = PostLocalSGDState, post_localSGD_hook, PeriodicModelAverager
-        chosen_by_averager = params_to_average
+        chosen_by_averager = get_params_to_average
     ddp = _ddp(model, ctx)
     subgroup = _intra_node_subgroup(ctx, case.ranks_per_node)
     state = state_cls(
