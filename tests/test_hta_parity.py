@@ -6,7 +6,7 @@ is the kernels named ``^nccl.*Kernel``, computation every other kernel except me
 each set is merged into a union and overlap % = |∪comm ∩ ∪comp| / |∪comm| over the whole trace,
 after dropping kernels launched at or after the start of the last ``ProfilerStep``. By default HTA
 also rounds each event inwards to whole microseconds (``HTA_DISABLE_NS_ROUNDING`` turns that off).
-That is tpbench's definition (DESIGN.md) applied to all steps but the last, taken as a ratio of sums.
+That is tpbench's definition (docs/analysis.md) applied to all steps but the last, taken as a ratio of sums.
 
 HTA cannot analyse CPU/Gloo traces: they hold no GPU kernel, so it divides 0 by 0 and reports NaN
 for every rank (checked below). The comparison therefore runs on the real Gloo fixture rewritten as

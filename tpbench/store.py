@@ -1,6 +1,6 @@
 """The results store: the on-disk layout of a run, atomic writes, and loading back into DataFrames.
 
-Layout (see DESIGN.md)::
+Layout (docs/architecture.md, "The record of a run")::
 
     results/<suite>/<run_id>/
       run.json                     suite text, cases, environment, per-case status

@@ -1,6 +1,6 @@
 """Per step and rank: how much communication ran, how much of it compute hid, how long nothing ran.
 
-Definitions (DESIGN.md, "Analysis definitions"), over the intervals of one rank clipped to one
+Definitions (docs/analysis.md), over the intervals of one rank clipped to one
 step's span:
 
 - ``compute_ns`` = |∪ compute|, ``comm_ns`` = |∪ comm|, ``overlap_ns`` = |∪comm ∩ ∪compute|
