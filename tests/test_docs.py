@@ -1,0 +1,72 @@
+"""The documentation in the repository: its relative links resolve and it points nowhere outside the repository.
+
+A moved or renamed page, module or example breaks a link silently on GitHub; these tests catch it. The project's
+docs are self-contained, so nothing may send a reader to a design file outside the tree.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# [text](target) and ![alt](target); the target ends at whitespace or the closing parenthesis.
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+OUTSIDE = re.compile(r"DESIGN\.md|\.\./shared")
+# What the last test reads: the project's text files, not outputs, environments or hidden folders.
+TEXT = {".py", ".md", ".toml", ".sh", ".yml", ".yaml", ".txt", ".cfg", ".json", ""}
+SKIP = {"results", "reports", "build", "dist"}
+
+
+def relative_links(page: Path) -> list[str]:
+    """Links to files of the repository (not web addresses or in-page anchors), outside code blocks."""
+    text = FENCE.sub("", page.read_text(encoding="utf-8"))
+    return [t for t in LINK.findall(text) if not re.match(r"[a-z][a-z0-9+.-]*:", t) and not t.startswith("#")]
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lowercase, punctuation dropped, spaces to hyphens."""
+    text = FENCE.sub("", page.read_text(encoding="utf-8"))
+    heads = re.findall(r"^#+\s+(.+?)\s*$", text, re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
+
+
+def test_there_are_pages_and_links():
+    assert (ROOT / "docs" / "architecture.md") in PAGES
+    assert sum(len(relative_links(p)) for p in PAGES) > 20
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page: Path):
+    broken = []
+    for target in relative_links(page):
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve()
+        if not dest.exists():
+            broken.append(f"{target}: no such file")
+        elif not dest.is_relative_to(ROOT):
+            broken.append(f"{target}: outside the repository")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(ROOT)}")
+    assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_pages_keep_within_120_columns():
+    long = [f"{p.relative_to(ROOT)}:{n}" for p in PAGES
+            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if len(line) > 120]
+    assert not long, long
+
+
+def test_nothing_points_outside_the_repository():
+    hits = []
+    for path in ROOT.rglob("*"):
+        parts = path.relative_to(ROOT).parts
+        if parts[0] in SKIP or any(p.startswith(".") for p in parts) or path.suffix not in TEXT or not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        hits += [f"{path.relative_to(ROOT)}:{n}" for n, line in enumerate(text.splitlines(), 1) if OUTSIDE.search(line)]
+    assert hits == []
