@@ -119,7 +119,7 @@ def _gradient_bytes(width: int, depth: int, classes: int) -> int:
 
 
 def test_example_hook_runs_through_a_real_sweep_at_half_the_bytes(tmp_path: Path) -> None:
-    """examples/comm_hooks from the repository root, as the README says: registered by ddp and
+    """examples/comm_hooks from the repository root, as docs/hooks.md says: registered by ddp and
     wrapped by both ZeRO hooks, next to DDP's all-reduce and PyTorch's fp16 compression."""
     run = _sweep(tmp_path, "examples/comm_hooks/suite.toml", "--set", "steps=2", "--set", "repeats=1",
                  "--set", "capture.profiler_steps=2")

@@ -41,7 +41,7 @@ def test_cli_refuses_a_raising_factory_with_exit_2_and_one_line(tmp_path: Path) 
 
 
 def test_worked_example_sweeps_end_to_end(tmp_path: Path) -> None:
-    """examples/own_model through a real 2-rank sweep, from the repository root as the README says."""
+    """examples/own_model through a real 2-rank sweep, from the repository root as docs/models.md says."""
     proc = tpbench("sweep", "examples/own_model/suite.toml", "--set", "steps=2", "--set", "repeats=1",
                    "--set", "capture.profiler_steps=0", "--out", str(tmp_path / "results"),
                    "--report", str(tmp_path / "report.html"), cwd=REPO)

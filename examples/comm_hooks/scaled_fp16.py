@@ -1,4 +1,4 @@
-"""Your own DDP communication hook, swept by tpbench (README, "Communication hooks").
+"""Your own DDP communication hook, swept by tpbench (docs/hooks.md, "Communication hooks").
 
     tpbench sweep examples/comm_hooks/suite.toml      # run from the repository root
 

@@ -1,4 +1,4 @@
-"""Bring your own model: a tpbench workload in one factory (README, "Benchmark your own model").
+"""Bring your own model: a tpbench workload in one factory (docs/models.md, "Benchmark your own model").
 
     tpbench sweep examples/own_model/suite.toml      # run from the repository root
 
