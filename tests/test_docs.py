@@ -65,7 +65,8 @@ def test_nothing_points_outside_the_repository():
     hits = []
     for path in ROOT.rglob("*"):
         parts = path.relative_to(ROOT).parts
-        if parts[0] in SKIP or any(p.startswith(".") for p in parts) or path.suffix not in TEXT or not path.is_file():
+        generated = parts[0] in SKIP or parts[0].endswith(".egg-info") or "__pycache__" in parts
+        if generated or any(p.startswith(".") for p in parts) or path.suffix not in TEXT or not path.is_file():
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
         hits += [f"{path.relative_to(ROOT)}:{n}" for n, line in enumerate(text.splitlines(), 1) if OUTSIDE.search(line)]
