@@ -40,6 +40,7 @@ name = "gpu-models-gpt"
 [defaults]
 world_size = 1
 backend = "{backend}"
+interconnect = "{interconnect}"
 device = "{device}"
 workload = "gpt"
 batch_size = {batch}
@@ -168,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     root = args.root or Path(tempfile.mkdtemp(prefix="tpbench-gpu-models-"))
     root.mkdir(parents=True, exist_ok=True)
-    gpu = dict(backend="gloo", device="cpu", batch=2, steps=4, preset="tiny", block=32) if args.rehearse else \
-        dict(backend="nccl", device="cuda", batch=8, steps=20, preset="gpt2", block=256)
+    if args.rehearse:
+        gpu = dict(backend="gloo", interconnect="loopback", device="cpu", batch=2, steps=4, preset="tiny", block=32)
+    else:
+        gpu = dict(backend="nccl", interconnect="nccl-default", device="cuda", batch=8, steps=20, preset="gpt2", block=256)
     sweeps = (("gpt", GPT_SUITE.format(**gpu), check_gpt),
               ("mixed", MIXED_SUITE.format(device="cpu" if args.rehearse else "cuda",
                                            preset="tiny" if args.rehearse else "small"), check_mixed))
