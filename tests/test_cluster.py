@@ -22,7 +22,7 @@ import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from tpbench import cli, store, sweep
-from tpbench.algorithms import node_subgroups
+from tpbench.training import node_subgroups
 from tpbench.interconnect import InterconnectUnavailable
 from tpbench.launch import EventFiles, Torchrun, torchrun_failures
 from tpbench.suite import Machine, SuiteError, expand, parse

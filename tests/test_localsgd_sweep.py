@@ -139,23 +139,23 @@ def test_averaging_traffic_appears_in_the_traces_of_averaging_steps(run):
 # step, so the averager saw none. Installed in the rank processes only, through PYTHONPATH.
 OLD_ORDER = '''
 import dataclasses
-from tpbench import algorithms
+from tpbench import training
 
-_post_local = algorithms.ALGORITHMS["post_localSGD_hook"]
+_post_local = training.BUILDERS["post_localSGD_hook"]
 
 
 def _old_order(model, ctx):
-    training = _post_local.build(model, ctx)
-    step = training.after_backward
+    built = _post_local(model, ctx)
+    step = built.after_backward
 
     def step_and_zero():
         step()
-        training.model.zero_grad(set_to_none=True)
+        built.model.zero_grad(set_to_none=True)
 
-    return dataclasses.replace(training, after_backward=step_and_zero)
+    return dataclasses.replace(built, after_backward=step_and_zero)
 
 
-algorithms.ALGORITHMS["post_localSGD_hook"] = dataclasses.replace(_post_local, build=_old_order)
+training.BUILDERS["post_localSGD_hook"] = _old_order
 '''
 
 

@@ -115,12 +115,6 @@ def test_a_single_repeat_is_never_called():
     assert "one repeat: no interval" in verdicts.sentence(comps[0], list(comps[0].context))
 
 
-def test_tuning_keys_follow_the_algorithm_registry():
-    from tpbench.algorithms import ALGORITHM_SPECIFIC_KEYS
-
-    assert verdicts.ALGORITHM_SPECIFIC_KEYS == ALGORITHM_SPECIFIC_KEYS
-
-
 def test_fastest_line_names_the_setting_and_the_evidence_against_the_runner_up():
     data = report_data.load([in_memory_run(ZERO_SUITE, zero_medians)])
     lines = verdicts.fastest_lines(data)
