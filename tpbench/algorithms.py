@@ -103,12 +103,11 @@ ALGORITHMS: dict[str, Algorithm] = {
     ]
 }
 
+# The ZeRO variants by role: the two overlap hooks and the step after backward they are judged by.
+SEQUENTIAL, INTERLEAVED, NO_OVERLAP = "hook_with_zero_step", "hook_with_zero_step_interleaved", "zero_no_overlap"
+ZERO_HOOKS = (SEQUENTIAL, INTERLEAVED)
 # The algorithm pairs (candidate, baseline) the report compares case by case within a run.
-COMPARED_PAIRS = (
-    ("hook_with_zero_step_interleaved", "hook_with_zero_step"),
-    ("hook_with_zero_step", "zero_no_overlap"),
-    ("hook_with_zero_step_interleaved", "zero_no_overlap"),
-)
+COMPARED_PAIRS = ((INTERLEAVED, SEQUENTIAL), (SEQUENTIAL, NO_OVERLAP), (INTERLEAVED, NO_OVERLAP))
 # Post-local SGD is judged against plain DDP, which it is with start_localSGD_iter = "never".
 LOCALSGD, LOCALSGD_BASELINE = "post_localSGD_hook", "ddp"
 
