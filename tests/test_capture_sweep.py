@@ -1,7 +1,7 @@
 """Capture end to end on CPU: a real 2-rank Gloo sweep with profiling, and per-case memory peaks.
 
 What a GPU adds (CUDA kernels and memcpys in the traces, NVML samples) is checked by
-``scripts/gpu_capture.py`` on a GPU machine; here NVML must be reported unavailable, quietly.
+``gpu/capture.py`` on a GPU machine; here NVML must be reported unavailable, quietly.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ data, escaping of user text, several runs in one report through the CLI.
 
 Verdict tests build runs in memory from the suite's real expansion (real case ids and collapsed
 keys) with chosen per-repeat medians, so the right sentence is known. Section tests use run
-directories written through the store by ``scripts/synth_run.py``. The browser checks are in
+directories written through the store by ``benchmarks/synth_run.py``. The browser checks are in
 ``test_report_browser.py``.
 """
 
@@ -20,13 +20,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from benchmarks import synth_run
 from tpbench import store
 from tpbench.report import build_report, data as report_data, verdicts
 from tpbench.suite import Machine, expand, parse
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
-import synth_run  # noqa: E402
 
 ZERO_SUITE = """\
 [suite]

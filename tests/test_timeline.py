@@ -185,7 +185,7 @@ def test_metadata_after_the_events_still_names_the_rank(tmp_path: Path) -> None:
 
 
 def test_real_gloo_trace(tmp_path: Path) -> None:
-    """The fixture from ``scripts/make_trace.py``: every ``gloo:*`` range becomes a comm interval with
+    """The fixture from ``benchmarks/make_trace.py``: every ``gloo:*`` range becomes a comm interval with
     its payload, steps come from ``ProfilerStep#N``, compute lives on the training thread."""
     t = read_traces(FIXTURE)
     iv, steps = t.intervals, t.steps

@@ -1,6 +1,6 @@
 """tpbench's own analysis of the traces and NCCL logs a GPU capture sweep produced, as figures.
 
-    python scripts/gpu_analysis.py --runs RUN_DIR [RUN_DIR ...] [--json FILE]
+    python -m gpu.analysis --runs RUN_DIR [RUN_DIR ...] [--json FILE]
 
 For every finished case of each run: the traces are parsed again with ``timeline.read_traces``
 (timed), and the figures the sweep stored are read back: intervals per rank and lane (count,
@@ -92,7 +92,7 @@ def nccl_logs(run_dir: Path) -> dict[str, Any]:
 
 
 class Checks:
-    """Named pass/fail checks, printed as they are made (this script's and ``gpu_capture.py``'s)."""
+    """Named pass/fail checks, printed as they are made (this script's and ``gpu/capture.py``'s)."""
 
     def __init__(self) -> None:
         self.results: list[dict[str, Any]] = []
