@@ -21,6 +21,8 @@ from tpbench.workloads import WORKLOADS, parameter_count
 from tpbench.workloads.gpt import GPT, GPTParams, permutation_chain
 from tpbench.workloads.markov import entropy_rate
 
+pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
+
 REPO = Path(__file__).resolve().parent.parent
 ALGORITHMS = list(algorithms.ALGORITHMS)
 

@@ -19,9 +19,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tpbench import store, sweep
+from tpbench import store
 from tpbench.analysis import timeline, whatif
 from tpbench.report import build_report
+from conftest import sweep_in_process
 from tpbench.analysis.whatif import CollectiveSpec, Fabric, Issue, StepSkeleton, Wait, Work, collective_time, simulate
 
 # --------------------------------------------------------------------------- α–β costs
@@ -439,18 +440,14 @@ depth = 4
 TOLERANCE_PCT = 25.0
 
 
+@pytest.mark.ranks
 @needs_netns
 def test_predicts_a_1gbit_case_from_loopback_and_loopback_from_1gbit(tmp_path):
     """A 2-rank DDP step with 4.2 MB of gradients and little compute: at 1 Gbit/s its all-reduces
     need about 67 ms (both directions share one shaped lo), several times its compute. Each twin
     predicts the other; a prediction is either made within the tolerance, or refused with a
     reason (a machine too busy while tracing), never a number far off."""
-    suite = tmp_path / "suite.toml"
-    suite.write_text(VALIDATION_SUITE)
-    prepared = sweep.prepare(suite)
-    run = sweep.start(prepared, tmp_path / "results")
-    sweep.execute(run, prepared.cases, lambda event, data: None)
-    loaded = sweep.finalize(run.dir)
+    loaded = sweep_in_process(tmp_path, VALIDATION_SUITE)
     assert set(loaded.cases["status"]) == {store.DONE}
     result = whatif.run_whatif(loaded, whatif.load_fabrics())
     rows = {r["direction"]: r for r in result.validation.to_dict("records")}

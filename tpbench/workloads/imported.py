@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from tpbench.workloads.base import Workload, WorkloadContext
-from tpbench.workload_params import UserWorkloadError, is_import_path
+from tpbench.workload_params import UserWorkloadError
 
 
 @dataclass

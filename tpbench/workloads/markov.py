@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from tpbench.workloads.base import Workload, WorkloadContext, batch_seed
-from tpbench.workload_params import MarkovParams, NON_IID_MODES
+from tpbench.workload_params import MarkovParams
 
 
 def stationary_distribution(transition: np.ndarray) -> np.ndarray:
