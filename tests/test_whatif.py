@@ -376,9 +376,10 @@ def test_skeleton_from_traces_applies_the_hook_dependency_rules(tmp_path, monkey
     for r in range(2):
         paths.append(tmp_path / f"rank{r}.json.gz")
         _write_trace(paths[-1], r, _hook_trace(r))
-    intervals = timeline.read_traces(paths).intervals
-    monkeypatch.setattr(whatif, "_CHUNK_CHARS", 700)  # many chunk boundaries, objects cut in two
-    marks = [whatif.read_marks(p) for p in paths]
+    monkeypatch.setattr(timeline, "_CHUNK_BYTES", 700)  # many chunk boundaries, objects cut in two
+    tl = timeline.read_traces(paths)
+    intervals = tl.intervals
+    marks = whatif.marks_from_table(tl.marks)
     assert [len(m.issues) for m in marks] == [4, 4] and [m.rank for m in marks] == [0, 1]
     (sk,) = whatif.skeletons(marks, intervals)
     assert [(c.key, c.nbytes) for c in sk.collectives] == [
@@ -400,9 +401,9 @@ def test_traces_without_collective_sizes_are_refused_with_the_reason(tmp_path):
         e["args"].pop("Input Dims", None)
     paths = [tmp_path / "rank0.json.gz"]
     _write_trace(paths[0], 0, events)
-    intervals = timeline.read_traces(paths).intervals
+    tl = timeline.read_traces(paths)
     with pytest.raises(ValueError, match="record_shapes"):
-        whatif.skeletons([whatif.read_marks(paths[0])], intervals)
+        whatif.skeletons(whatif.marks_from_table(tl.marks), tl.intervals)
 
 
 # --------------------------------------------------------------------------- real measurement

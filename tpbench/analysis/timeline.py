@@ -1,8 +1,9 @@
 """torch.profiler Chrome traces → interval DataFrames: what ran on which lane, when, per rank and step.
 
 Parsing is kept apart from analysis, as in Holistic Trace Analysis: this module turns trace files
-into two plain DataFrames (``Timeline.intervals`` and ``Timeline.steps``) and ``overlap`` and
-``bandwidth`` are pure functions over them.
+into plain DataFrames (``Timeline.intervals``, ``Timeline.steps`` and ``Timeline.marks``) and
+``overlap``, ``bandwidth`` and ``whatif`` are pure functions over them. It is the one reader of
+trace files: one pass over a trace gives all three.
 
 Lanes (one per interval):
 
@@ -47,11 +48,16 @@ INTERVAL_COLUMNS = (
     "bytes", "collective", "process_group", "group_size",
 )
 STEP_COLUMNS = ("rank", "step", "start_ns", "end_ns")
+MARK_COLUMNS = ("rank", "kind", "tid", "start_ns", "end_ns", "index", "collective")
+MARK_KINDS = ("step", "issue", "zero_step")
+# The collectives a what-if replay costs (its issues): the others move no modelled payload.
+COSTED_COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter", "alltoall", "reduce")
 
 _CHUNK_BYTES = 8 << 20
 _EVENT_SEPARATOR = b"},\n  {"
 _STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 _RANK_RE = re.compile(r"rank[_-]?(\d+)")
+_ZERO_STEP_RE = re.compile(r"tpbench\.zero\.step\[bucket=(\d+)\]")
 _COMPUTE, _COMM, _MEMCPY = 0, 1, 2  # kernel kinds
 _COMM_META = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Process Group Name", "Group size")
 
@@ -78,10 +84,16 @@ class Timeline:
     reduce_scatter, ...), ``process_group`` and ``group_size`` are set on ``comm`` rows only.
 
     ``steps``: one row per (rank, ``ProfilerStep#N``), columns ``STEP_COLUMNS``.
+
+    ``marks``: what a what-if skeleton needs beyond the intervals, columns ``MARK_COLUMNS``: each
+    ``ProfilerStep#N`` span with its thread (kind ``step``, ``index`` the step number), each
+    ``c10d::*`` op that issues a costed collective (``issue``, with its ``collective``) and each
+    ZeRO hook's ``tpbench.zero.step[bucket=K]`` range (``zero_step``, ``index`` K).
     """
 
     intervals: pd.DataFrame
     steps: pd.DataFrame
+    marks: pd.DataFrame
 
 
 def read_traces(source: str | Path | Sequence[str | Path]) -> Timeline:
@@ -98,6 +110,7 @@ def read_traces(source: str | Path | Sequence[str | Path]) -> Timeline:
     return Timeline(
         intervals=_concat([t.intervals for t in parts]).sort_values(["rank", "start_ns"], ignore_index=True),
         steps=pd.concat([t.steps for t in parts], ignore_index=True).sort_values(["rank", "step"], ignore_index=True),
+        marks=pd.concat([t.marks for t in parts], ignore_index=True),
     )
 
 
@@ -226,7 +239,7 @@ _KERNEL_ARGS = re.compile(
 _LAUNCH_ARGS = re.compile(_head(rb"cuda_runtime|cuda_driver", capture=False) + rb'(?:,\s*"args":\s*\{' + _arg(b"correlation") + b")?")
 _SPECIAL = re.compile(  # whole objects, for JSON decoding
     rb'\{\s*' + _X + rb'(?:user_annotation"|gpu_user_annotation"|'
-    rb'cpu_op",\s*"name":\s*"(?:record_param_comms|ProfilerStep)[^"\\]*(?:\\.[^"\\]*)*"|'
+    rb'cpu_op",\s*"name":\s*"(?:record_param_comms|ProfilerStep|c10d::)[^"\\]*(?:\\.[^"\\]*)*"|'
     rb'kernel",\s*"name":\s*"nccl[^"\\]*(?:\\.[^"\\]*)*")'
     rb'(?:[^{}"]|' + _STR + rb'|\{(?:[^{}"]|' + _STR + rb")*\})*\}"
 )
@@ -242,7 +255,7 @@ def _name_class(name: str) -> int:
         return _NCCL
     if name.startswith(("Memcpy", "Memset")):
         return _MEMORY
-    if name.startswith(("record_param_comms", "ProfilerStep")):
+    if name.startswith(("record_param_comms", "ProfilerStep", "c10d::")):
         return _STEP_OR_COMMS
     return _PLAIN
 
@@ -294,6 +307,7 @@ class _Accumulator:
         self.cpu_ranges: list[tuple[int, float, float, str]] = []  # optimizer ranges
         self.gpu_ranges: list[tuple[int, float, float, str]] = []
         self.steps: list[tuple[int, int, float, float]] = []  # (step, tid, ts, dur)
+        self.issues: list[tuple[int, float, float, str]] = []  # c10d:: ops issuing a costed collective
 
     def code(self, name: str) -> int:
         c = self.names.get(name)
@@ -411,6 +425,9 @@ class _Accumulator:
             self.cpu_ranges.append((e["tid"], e["ts"], e["dur"], name))
         elif cat in ("user_annotation", "cpu_op") and (m := _STEP_RE.match(name)):
             self.steps.append((int(m.group(1)), e["tid"], e["ts"], e["dur"]))
+        elif cat == "cpu_op" and name.startswith("c10d::"):
+            if (collective := canonical_collective(name[len("c10d::"):])) in COSTED_COLLECTIVES:
+                self.issues.append((e["tid"], e["ts"], e["dur"], collective))
         elif cat == "cpu_op" and name == "record_param_comms":
             args = e.get("args", {})
             # Older torch versions record no collective metadata here: keep only what is there.
@@ -432,7 +449,20 @@ class _Accumulator:
             train_tid = _training_thread(self.steps, self.aten["tid"])
             parts += [self._aten_part(names, train_tid), _ranges_part(self.cpu_ranges, "thread")]
         steps = _steps_frame(rank, self.steps) if self.steps else _whole_trace_step(rank, parts)
-        return Timeline(intervals=_frame(rank, parts, steps), steps=steps)
+        return Timeline(intervals=_frame(rank, parts, steps), steps=steps, marks=self._marks(rank))
+
+    def _marks(self, rank: int) -> pd.DataFrame:
+        zero = [(tid, ts, dur, int(m.group(1))) for tid, ts, dur, name in self.cpu_ranges
+                if (m := _ZERO_STEP_RE.fullmatch(name))]
+        rows = ([("step", tid, ts, dur, step, None) for step, tid, ts, dur in self.steps]
+                + [("issue", tid, ts, dur, -1, coll) for tid, ts, dur, coll in self.issues]
+                + [("zero_step", tid, ts, dur, bucket, None) for tid, ts, dur, bucket in zero])
+        start, end = _rows_span(rows, 2, 3)
+        return pd.DataFrame({
+            "rank": np.full(len(rows), rank, dtype=np.int32), "kind": [r[0] for r in rows],
+            "tid": np.array([r[1] for r in rows], dtype=np.int64), "start_ns": start, "end_ns": end,
+            "index": np.array([r[4] for r in rows], dtype=np.int64), "collective": [r[5] for r in rows],
+        }, columns=list(MARK_COLUMNS))
 
     def _gloo_part(self, pg_name: str | None, pg_size: int | None) -> pd.DataFrame:
         rows = self.gloo

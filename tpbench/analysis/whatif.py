@@ -67,13 +67,9 @@ a fabric that is no slower than that path on every collective never exceeds the 
 
 from __future__ import annotations
 
-import codecs
-import gzip
-import json
 import math
-import re
 import tomllib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,7 +80,7 @@ import pandas as pd
 from tpbench import store
 from tpbench.analysis.bandwidth import busbw_factor
 from tpbench.analysis.stats import bootstrap_ci, repeat_medians
-from tpbench.analysis.timeline import canonical_collective
+from tpbench.analysis.timeline import MARK_KINDS
 from tpbench.interconnect import resolve
 
 # --------------------------------------------------------------------------- fabrics
@@ -280,20 +276,10 @@ def fabric_cost(fabric: Fabric) -> Callable[[CollectiveSpec], float]:
     return lambda c: collective_time(c.key[0], c.nbytes, c.group_size, fabric)
 
 
-_ZERO_STEP_RE = re.compile(r"tpbench\.zero\.step\[bucket=(\d+)\]")
-_STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
-_RANK_RE = re.compile(r"rank[_-]?(\d+)")
-_MARK_RE = re.compile(r'"name"\s*:\s*"(?:c10d::|ProfilerStep\s*#|tpbench\.zero\.step\[)')
-_DIST_RE = re.compile(r'"distributedInfo"\s*:\s*')
-_CHUNK_CHARS = 8 << 20
-_DECODER = json.JSONDecoder()
-_COSTED = ("allreduce", "broadcast", "allgather", "reduce_scatter", "alltoall", "reduce")
-
-
 @dataclass
 class TraceMarks:
-    """What the skeleton needs from a trace beyond the stored intervals: step spans with their
-    thread, the training thread's collective issues (``c10d::*`` ops) and ZeRO step ranges (ns)."""
+    """One rank's marks (``timeline.Timeline.marks``), as the skeleton walks them: step spans with
+    their thread, the training thread's collective issues (``c10d::*`` ops) and ZeRO step ranges (ns)."""
 
     rank: int
     steps: list[tuple[int, int, int, int]]  # (step, tid, start, end)
@@ -301,100 +287,11 @@ class TraceMarks:
     zero_steps: list[tuple[int, int, int, int]]  # (tid, start, end, bucket)
 
 
-def _marked_events(path: Path, dist: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """The trace's events named ``c10d::*``, ``ProfilerStep#N`` or ``tpbench.zero.step[...]``,
-    decoded one at a time; ``dist`` receives the trace's ``distributedInfo``.
-
-    A trace holds millions of events and this needs a few dozen per step, so the text is
-    streamed, searched for those names, and only the object around each hit is decoded (its
-    ``{`` is the nearest one before ``"name"``: an event's name precedes its nested args). An
-    object cut by a chunk's end is decoded once the next chunk has arrived."""
-    decode = codecs.getincrementaldecoder("utf-8")("replace").decode
-    buf, need_dist = "", True
-    with (gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")) as f:  # noqa: SIM115
-        while True:
-            data = f.read(_CHUNK_CHARS)
-            buf += decode(data, final=not data)
-            if need_dist and (m := _DIST_RE.search(buf)):
-                try:
-                    dist.update(_DECODER.raw_decode(buf, m.end())[0])
-                    need_dist = False
-                except json.JSONDecodeError:
-                    need_dist = bool(data)
-            resume, last_end = None, 0
-            for m in _MARK_RE.finditer(buf):
-                if m.start() < last_end:
-                    continue
-                start = buf.rfind("{", 0, m.start())
-                try:
-                    event, last_end = _DECODER.raw_decode(buf, start)
-                except json.JSONDecodeError:
-                    if data:
-                        resume = start
-                        break
-                    continue
-                yield event
-            if not data:
-                return
-            # Keep what may hold an unread event: from a cut object, else the last few KB (a name
-            # split by the chunk's end), never an object already yielded.
-            buf = buf[resume if resume is not None else max(last_end, len(buf) - 4096):]
-
-
-def read_marks(path: str | Path) -> TraceMarks:
-    steps: list[tuple[int, int, int, int]] = []
-    issues: list[tuple[int, int, int, str]] = []
-    zero: list[tuple[int, int, int, int]] = []
-
-    def ns(e: dict[str, Any]) -> tuple[int, int]:
-        return round(e["ts"] * 1e3), round((e["ts"] + e["dur"]) * 1e3)
-
-    def take(events: list[dict[str, Any]]) -> None:
-        for e in events:
-            if e.get("ph") != "X":
-                continue
-            name = e.get("name", "")
-            if name.startswith("ProfilerStep") and (m := _STEP_RE.match(name)):
-                steps.append((int(m.group(1)), e["tid"], *ns(e)))
-            elif e.get("cat") == "cpu_op" and name.startswith("c10d::"):
-                coll = canonical_collective(name[len("c10d::"):])
-                if coll in _COSTED:
-                    issues.append((e["tid"], *ns(e), coll))
-            elif (m := _ZERO_STEP_RE.fullmatch(name)) and e.get("cat") == "user_annotation":
-                zero.append((e["tid"], *ns(e), int(m.group(1))))
-
-    dist: dict[str, Any] = {}
-    take(list(_marked_events(Path(path), dist)))
-    rank = dist.get("rank")
-    if rank is None:
-        m = _RANK_RE.search(Path(path).name)
-        if m is None:
-            raise ValueError(f"{path}: no rank in distributedInfo or in the file name")
-        rank = int(m.group(1))
-    steps.sort()
-    return TraceMarks(int(rank), steps, sorted(issues), sorted(zero))
-
-
-_MARK_KINDS = ("step", "issue", "zero_step")
-
-
-def marks_table(marks: Sequence[TraceMarks]) -> pd.DataFrame:
-    """Several ranks' marks as one DataFrame, so the store can keep them beside the intervals and
-    a report never has to reopen a trace: columns rank, kind (step|issue|zero_step), tid,
-    start_ns, end_ns, index (step number or bucket), collective."""
-    rows = []
-    for m in marks:
-        rows += [(m.rank, "step", tid, s, e, step, None) for step, tid, s, e in m.steps]
-        rows += [(m.rank, "issue", tid, s, e, -1, coll) for tid, s, e, coll in m.issues]
-        rows += [(m.rank, "zero_step", tid, s, e, bucket, None) for tid, s, e, bucket in m.zero_steps]
-    return pd.DataFrame(rows, columns=["rank", "kind", "tid", "start_ns", "end_ns", "index", "collective"])
-
-
 def marks_from_table(table: pd.DataFrame) -> list[TraceMarks]:
-    """Inverse of ``marks_table``."""
+    """Each rank's marks from a ``timeline.Timeline.marks`` table (as the store keeps it)."""
     out = []
     for rank, g in table.groupby("rank", sort=True):
-        by = {k: g[g["kind"] == k] for k in _MARK_KINDS}
+        by = {k: g[g["kind"] == k] for k in MARK_KINDS}
         out.append(TraceMarks(
             int(rank),
             sorted(zip(by["step"]["index"].astype(int), by["step"]["tid"].astype(int), by["step"]["start_ns"].astype(int), by["step"]["end_ns"].astype(int))),
