@@ -1,5 +1,8 @@
 """What-if: project a measured step onto a fabric that is not here.
 
+Pure functions over a case's analysed tables (``timeline``'s intervals and marks, the overlap
+table, step rows): ``tpbench.whatif_run`` reads them from the store and resolves the links.
+
 A measured case is reduced to a *skeleton* per profiled step: for each rank, the training thread's
 work between communication events (``Work``), the points where it issues a collective
 (``Issue``) and the points where the hook's dependency structure makes it wait for one
@@ -71,17 +74,14 @@ import math
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tpbench import store
 from tpbench.analysis.bandwidth import busbw_factor
 from tpbench.analysis.stats import bootstrap_ci, repeat_medians
 from tpbench.analysis.timeline import MARK_KINDS
-from tpbench.interconnect import resolve
 
 # --------------------------------------------------------------------------- fabrics
 
@@ -150,14 +150,6 @@ def parse_fabrics(text: str, source: str = "<fabrics>") -> dict[str, Fabric]:
             raise ValueError(f"{where}: need latency_us >= 0 and bandwidth_GBps > 0")
         out[name] = Fabric(name, lat * 1e-6, bw * 1e9, bool(t.get("shared", False)), str(t.get("description", "")))
     return out
-
-
-def load_fabrics(extra: Iterable[str | Path] = ()) -> dict[str, Fabric]:
-    """The built-in fabrics, then each user file's (a user file may redefine a built-in)."""
-    fabrics = parse_fabrics(FABRICS_TOML, "built-in fabrics")
-    for path in extra:
-        fabrics |= parse_fabrics(Path(path).read_text(), str(path))
-    return fabrics
 
 
 def emulated_link(rate_bits_per_s: float, host: Fabric | None, name: str | None = None) -> Fabric:
@@ -571,11 +563,9 @@ def calibrated(case_id: str, params: Mapping[str, Any], skels: list[StepSkeleton
     return CaseModel(case_id, dict(params), skels, path, fit, measured, ci, fit.refusal())
 
 
-def case_model(run_dir: Path, case_id: str, params: Mapping[str, Any], step_rows: pd.DataFrame) -> CaseModel:
-    """Load one finished case's analysed tables (intervals, overlap, marks) from the store and calibrate it."""
-    intervals = store.read_case_table(run_dir, case_id, "intervals")
-    overlap = store.read_case_table(run_dir, case_id, "overlap")
-    marks = store.read_case_table(run_dir, case_id, "marks")
+def case_model(case_id: str, params: Mapping[str, Any], intervals: pd.DataFrame | None, overlap: pd.DataFrame,
+               marks: pd.DataFrame | None, step_rows: pd.DataFrame) -> CaseModel:
+    """One finished case's model, calibrated from its analysed tables (intervals, overlap, marks)."""
     if intervals is None or marks is None:
         raise ValueError(f"case {case_id} has no analysed traces (profiler_steps = 0, or a run older than its marks table)")
     skels = skeletons(marks_from_table(marks), intervals)
@@ -583,10 +573,6 @@ def case_model(run_dir: Path, case_id: str, params: Mapping[str, Any], step_rows
         raise ValueError(f"case {case_id}: no profiled step common to all ranks")
     reps = repeat_medians(step_rows)["step_ms"].to_numpy()
     return calibrated(case_id, params, skels, fit_host_path(skels, overlap), reps)
-
-
-def _done_cases(loaded: store.Loaded) -> pd.DataFrame:
-    return loaded.cases[loaded.cases["status"] == store.DONE]
 
 
 PROJECTION_COLUMNS = ("case_id", "fabric", "measured_ms", "compute_ms", "projected_ms", "speedup", "comm_share",
@@ -687,7 +673,9 @@ class RunWhatIf:
         return error_summary(self.validation)
 
 
-def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: str | None = None) -> RunWhatIf:
+def run_whatif(cases: pd.DataFrame, steps_by_case: Mapping[str, pd.DataFrame], rate_bits_per_s: Mapping[str, float],
+               model: Callable[[Mapping[str, Any]], CaseModel], fabrics: Mapping[str, Fabric],
+               reference: str | None = None) -> RunWhatIf:
     """Model every case on the reference link (default: loopback if the run has it, else its
     first interconnect) and project those onto ``fabrics``. Then validate the model on the run's
     emulated links, in both directions, among cases with the same parameters but the link:
@@ -700,35 +688,35 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
       as a user would describe a real fabric, never by its step times: a ``tcp-<rate>`` by its
       rate with the reference twin's path as floor, the reference link by that path (the busbw
       its traced collectives reached, as nccl-tests would report it for a real fabric).
+
+    ``cases``: the run's finished cases, one row each; ``steps_by_case``: their step rows;
+    ``rate_bits_per_s``: each link's rate (inf: unshaped); ``model``: a case row's calibrated
+    model (see ``case_model``), asked for at most once per case: the caller reads its tables.
     """
-    done = _done_cases(loaded)
-    if done.empty:
-        raise ValueError(f"{loaded.run_dir}: no finished case")
-    links = list(dict.fromkeys(done["interconnect"]))
+    if cases.empty:
+        raise ValueError("no finished case")
+    links = list(dict.fromkeys(cases["interconnect"]))
     reference = reference or ("loopback" if "loopback" in links else links[0])
     if reference not in links:
         raise ValueError(f"no finished case on {reference!r}; the run has {links}")
-    profiles = store.suite_table(loaded.meta, "interconnects")
-    rate = {link: resolve(link, profiles).rate_bits_per_s or math.inf for link in links}
+    rate = {link: rate_bits_per_s[link] for link in links}
     slowest = min((link for link in links if rate[link] < math.inf), key=rate.__getitem__, default=None)
-    steps_by_case = dict(tuple(loaded.steps.groupby("case_id")))
     models, rows = [], []
-    for group in _same_but_link(done):
+    for group in _same_but_link(cases):
         by_link = {r["interconnect"]: r for r in group.to_dict("records")}
         cache: dict[str, CaseModel] = {}
 
-        def model(link: str) -> CaseModel:
+        def model_on(link: str) -> CaseModel:
             if link not in cache:
-                r = by_link[link]
-                cache[link] = case_model(loaded.run_dir, r["case_id"], r, steps_by_case[r["case_id"]])
+                cache[link] = model(by_link[link])
             return cache[link]
 
         def target(link: str, host: Fabric | None, refused: str | None = None) -> Target:
-            cid = by_link[link]["case_id"]
+            row = by_link[link]
             fabric = host if rate[link] == math.inf else emulated_link(rate[link], host, link)
-            return Target(cid, link, fabric, steps_by_case[cid], refused)
+            return Target(row["case_id"], link, fabric, steps_by_case[row["case_id"]], refused)
 
-        ref_model = model(reference) if reference in by_link else None
+        ref_model = model_on(reference) if reference in by_link else None
         if ref_model is not None:
             models.append(ref_model)
             slower = [link for link in by_link if rate[link] < rate[reference]]
@@ -744,6 +732,6 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
             faster = [link for link in by_link
                       if rate[slowest] < rate[link] and (rate[link] < math.inf or (link == reference and host is not None))]
             if faster:
-                rows.append(validate(model(slowest), [target(link, host, why) for link in faster], FASTER))
+                rows.append(validate(model_on(slowest), [target(link, host, why) for link in faster], FASTER))
     validation = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=list(VALIDATION_COLUMNS))
     return RunWhatIf(reference, project(models, fabrics), validation, models)
