@@ -90,6 +90,31 @@ def test_no_import_cycle_among_tpbench_modules():
     assert cycles(import_graph()) == []
 
 
+def _closure(graph: dict[str, set[str]], module: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for dep in graph.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+def test_dependency_rules():
+    """analysis/ is pure functions over tables (no store, no links, no processes); hooks/ imports
+    nothing of tpbench; only the worker builds trainings; report reaches no process machinery."""
+    graph = import_graph()
+    for module, deps in graph.items():
+        if module.startswith("tpbench.analysis"):
+            assert {d for d in deps if not d.startswith("tpbench.analysis")} <= {"tpbench", "tpbench.algorithms"}, module
+        if module.startswith("tpbench.hooks"):
+            assert all(d.startswith("tpbench.hooks") for d in deps), module
+    assert [m for m, deps in graph.items() if "tpbench.training" in deps] == ["tpbench.worker"]
+    machinery = ("tpbench.worker", "tpbench.launch", "tpbench.capture", "tpbench.training", "tpbench.sweep")
+    assert not {d for d in _closure(graph, "tpbench.report") if d.startswith(machinery)}
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
