@@ -79,7 +79,7 @@ def fast_path(paths: list[Path]) -> dict[str, Any]:
         slow = timeline.read_traces(paths)
     finally:
         accumulator._take_fast = real
-    same = fast.intervals.equals(slow.intervals) and fast.steps.equals(slow.steps)
+    same = fast.intervals.equals(slow.intervals) and fast.steps.equals(slow.steps) and fast.marks.equals(slow.marks)
     return {"pieces": len(used), "pieces_on_fast_path": sum(used), "same_as_json_decoding": same}
 
 

@@ -156,6 +156,8 @@ def test_fast_path_reads_real_traces_exactly_as_json_decoding(monkeypatch: pytes
     assert used and all(used), "torch.profiler's layout should never need the slow path"
     pd.testing.assert_frame_equal(fast.intervals, slow.intervals)
     pd.testing.assert_frame_equal(fast.steps, slow.steps)
+    pd.testing.assert_frame_equal(fast.marks, slow.marks)
+    assert (fast.marks["kind"] == "issue").any() and (fast.marks["kind"] == "zero_step").any()
 
 
 @pytest.mark.parametrize("events", [CPU_EVENTS, GPU_EVENTS], ids=["cpu", "gpu"])
