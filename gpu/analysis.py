@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 from tpbench import store
-from tpbench.analysis import overlap, timeline
+from tpbench.analysis import overlap, timeline, trace_events
 from tpbench.capture import transport
 
 TOP_NAMES = 4
@@ -69,7 +69,7 @@ def collectives(table: pd.DataFrame | None) -> dict[str, Any]:
 def fast_path(paths: list[Path]) -> dict[str, Any]:
     """Whether the regex fast path read every piece of these traces, and read them exactly as
     plain JSON decoding does (the parser's claim, so far checked on CPU-made traces only)."""
-    accumulator = timeline._Accumulator
+    accumulator = trace_events.TraceEvents
     real = accumulator._take_fast
     used: list[bool] = []
     try:

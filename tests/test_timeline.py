@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tpbench.analysis import timeline
+from tpbench.analysis import timeline, trace_events
 from tpbench.analysis.overlap import step_overlap
 from tpbench.analysis.timeline import INTERVAL_COLUMNS, LANES, read_trace, read_traces
 
@@ -136,17 +136,17 @@ def test_reader_is_independent_of_layout_and_chunking(tmp_path: Path, monkeypatc
     reference = read_trace(write(tmp_path / "ref.json", events, DIST)).intervals
     path = write(tmp_path / f"{layout}.json.gz", events, DIST, layout=layout)
     for chunk in (1, 7, 64, 1 << 20):
-        monkeypatch.setattr(timeline, "_CHUNK_BYTES", chunk)
+        monkeypatch.setattr(trace_events, "_CHUNK_BYTES", chunk)
         pd.testing.assert_frame_equal(read_trace(path).intervals, reference)
 
 
 def read_both_ways(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[timeline.Timeline, timeline.Timeline, list[bool]]:
     """Read ``path`` as is, then with the regex fast path disabled (JSON decoding only)."""
-    real = timeline._Accumulator._take_fast
+    real = trace_events.TraceEvents._take_fast
     used: list[bool] = []
-    monkeypatch.setattr(timeline._Accumulator, "_take_fast", lambda self, piece: used.append(real(self, piece)) or used[-1])
+    monkeypatch.setattr(trace_events.TraceEvents, "_take_fast", lambda self, piece: used.append(real(self, piece)) or used[-1])
     fast = read_traces(path)
-    monkeypatch.setattr(timeline._Accumulator, "_take_fast", lambda self, piece: False)
+    monkeypatch.setattr(trace_events.TraceEvents, "_take_fast", lambda self, piece: False)
     return fast, read_traces(path), used
 
 

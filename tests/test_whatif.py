@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 from tpbench import store, whatif_run
-from tpbench.analysis import timeline, whatif
+from tpbench.analysis import timeline, trace_events, whatif
 from tpbench.report import build_report
 from conftest import sweep_in_process
 from tpbench.analysis.whatif import CollectiveSpec, Fabric, Issue, StepSkeleton, Wait, Work, collective_time, simulate
@@ -376,7 +376,7 @@ def test_skeleton_from_traces_applies_the_hook_dependency_rules(tmp_path, monkey
     for r in range(2):
         paths.append(tmp_path / f"rank{r}.json.gz")
         _write_trace(paths[-1], r, _hook_trace(r))
-    monkeypatch.setattr(timeline, "_CHUNK_BYTES", 700)  # many chunk boundaries, objects cut in two
+    monkeypatch.setattr(trace_events, "_CHUNK_BYTES", 700)  # many chunk boundaries, objects cut in two
     tl = timeline.read_traces(paths)
     intervals = tl.intervals
     marks = whatif.marks_from_table(tl.marks)
