@@ -224,7 +224,7 @@ class Machine:
 
 # Where a GPU driver shows itself (NVIDIA's, AMD's): without one torch sees no GPU either, so a
 # CPU machine validates a suite without importing torch (seconds).
-GPU_DRIVERS = ("/proc/driver/nvidia", "/dev/kfd")
+GPU_DRIVERS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")
 
 
 def _gpu_count() -> int:
