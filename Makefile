@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 SUITE ?= suites/zero.toml
 PYTEST_ARGS ?=
 
-.PHONY: sweep smoke test bench env clean-venv chromium
+.PHONY: sweep smoke test test-fast bench env clean-venv chromium
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -29,6 +29,10 @@ smoke: $(STAMP)
 
 test: $(STAMP) chromium
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The unit tests only: none starts a rank process (see the `ranks` mark in tests/conftest.py).
+test-fast: $(STAMP)
+	$(VENV)/bin/pytest -m "not ranks and not slow" $(PYTEST_ARGS)
 
 # The report's tests drive a real headless Chromium (Debian's package). Installed here when missing
 # and we are root with apt-get (CI: a clean Debian machine); elsewhere those tests skip and say why.

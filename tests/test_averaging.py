@@ -14,6 +14,8 @@ from world import run_world
 from tpbench.hooks import (HierarchicalModelAverager, PeriodicModelAverager, average_parameters,
                            average_parameters_or_parameter_groups, parameter_drift)
 
+pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
+
 WORLD = 4
 STEPS = 10
 

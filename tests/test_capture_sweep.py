@@ -1,7 +1,7 @@
 """Capture end to end on CPU: a real 2-rank Gloo sweep with profiling, and per-case memory peaks.
 
 What a GPU adds (CUDA kernels and memcpys in the traces, NVML samples) is checked by
-``scripts/gpu_capture.py`` on a GPU machine; here NVML must be reported unavailable, quietly.
+``gpu/capture.py`` on a GPU machine; here NVML must be reported unavailable, quietly.
 """
 
 from __future__ import annotations
@@ -17,11 +17,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tpbench import store, sweep
+from tpbench import store
 from tpbench.capture import NVML_FILE, nvml
 from tpbench.suite import expand, parse
 from tpbench.worker import CaseRunner, Events, Rank
+from conftest import sweep_in_process
 from world import run_world
+
+pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
 
 SUITE = """
 [suite]
@@ -48,12 +51,7 @@ depth = 2
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> store.Loaded:
-    tmp = tmp_path_factory.mktemp("capture")
-    (tmp / "capture.toml").write_text(SUITE)
-    prepared = sweep.prepare(tmp / "capture.toml")
-    r = sweep.start(prepared, tmp / "results")
-    sweep.execute(r, prepared.cases, lambda kind, data: None)
-    return sweep.finalize(r.dir)
+    return sweep_in_process(tmp_path_factory.mktemp("capture"), SUITE)
 
 
 def _trace(path: Path) -> dict:

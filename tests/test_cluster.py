@@ -22,12 +22,13 @@ import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from tpbench import cli, store, sweep
-from tpbench.algorithms import node_subgroups
+from tpbench.training import node_subgroups
 from tpbench.interconnect import InterconnectUnavailable
 from tpbench.launch import EventFiles, Torchrun, torchrun_failures
 from tpbench.suite import Machine, SuiteError, expand, parse
 
-REPO = Path(__file__).resolve().parent.parent
+from conftest import REPO, only_run, run_cli, worker_processes
+
 FAKE_SRUN = f"{shlex.quote(sys.executable)} {shlex.quote(str(REPO / 'tests' / 'fake_srun.py'))} 2"
 
 
@@ -37,29 +38,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def tpbench_sweep(*args: str) -> int:
-    """``tpbench sweep ARGS`` in this process, returning its exit code: a fresh interpreter would
-    spend longer importing torch than the worlds here spend measuring."""
-    with pytest.raises(SystemExit) as e:
-        cli.main(["sweep", *args])
-    return e.value.code
-
-
 def two_nodes(nproc_per_node: int) -> list[str]:
     """``tpbench sweep`` arguments for worlds of two torchrun agents on this machine."""
     return ["--launcher", "torchrun", "--nnodes", "2", "--nproc-per-node", str(nproc_per_node),
             "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--agent-prefix", FAKE_SRUN]
-
-
-def only_run(root: Path) -> Path:
-    runs = list(store.iter_runs(root))
-    assert len(runs) == 1, runs
-    return runs[0]
-
-
-def worker_processes(run_dir: Path) -> list[str]:
-    out = subprocess.run(["pgrep", "-af", f"tpbench.worker {run_dir}"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "pgrep" not in line]
 
 
 # --- layout rules, commands and reports (no processes) ------------------------------------------
@@ -135,6 +117,7 @@ def test_event_files_are_followed_line_by_line(tmp_path):
     assert events.read() == []
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("argv, message", [
     (["--nnodes", "2"], "--nnodes: only with --launcher torchrun"),
     (["--launcher", "torchrun", "--nnodes", "2"], "--nnodes 2 needs --rdzv-endpoint"),
@@ -148,6 +131,7 @@ def test_torchrun_usage_errors(argv, message, capsys, tmp_path):
     assert not list(tmp_path.iterdir())  # refused before a run directory exists
 
 
+@pytest.mark.ranks
 def test_emulated_links_need_the_local_launcher(tmp_path):
     launcher = Torchrun()
     prepared = sweep.prepare(REPO / "suites" / "smoke.toml", ["interconnect=tcp-1gbit"], launcher=launcher)
@@ -180,13 +164,14 @@ def test_slurm_script_hands_the_allocation_to_torchrun(tmp_path):
 @pytest.fixture(scope="module")
 def two_node_run(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("cluster")
-    code = tpbench_sweep(str(REPO / "suites" / "smoke.toml"), *two_nodes(2), "--out", str(tmp / "results"), "--no-report",
-                         "--set", "world_size=auto", "--set", 'algorithm=["ddp", "zero_no_overlap", "post_localSGD_hook"]',
-                         "--set", "start_localSGD_iter=2", "--set", "averaging_period=2")
+    code = run_cli(["sweep", str(REPO / "suites" / "smoke.toml"), *two_nodes(2), "--out", str(tmp / "results"), "--no-report",
+                    "--set", "world_size=auto", "--set", 'algorithm=["ddp", "zero_no_overlap", "post_localSGD_hook"]',
+                    "--set", "start_localSGD_iter=2", "--set", "averaging_period=2"])
     assert code == 0
     return only_run(tmp / "results")
 
 
+@pytest.mark.ranks
 def test_smoke_cases_run_on_both_nodes_in_one_world(two_node_run):
     loaded = store.load(two_node_run)
     assert set(loaded.cases.status) == {"done"} and loaded.meta["status"] == "complete"
@@ -202,6 +187,7 @@ def test_smoke_cases_run_on_both_nodes_in_one_world(two_node_run):
     assert sorted(p.name for p in (two_node_run / "events" / "w0").iterdir()) == [f"rank{r}.jsonl" for r in range(4)]
 
 
+@pytest.mark.ranks
 def test_every_node_is_recorded(two_node_run):
     meta = json.loads((two_node_run / "run.json").read_text())
     assert [(n["node"], n["ranks"]) for n in meta["worlds"][0]["nodes"]] == [(0, [0, 1]), (1, [2, 3])]
@@ -212,6 +198,7 @@ def test_every_node_is_recorded(two_node_run):
         assert n["fingerprint"]["cpu_count"] and n["fingerprint"]["torch"]
 
 
+@pytest.mark.ranks
 def test_post_local_sgd_shares_gradients_within_each_node_only(two_node_run):
     """After the switch each node all-reduces its own gradients: just before each averaging,
     ranks of one node hold identical parameters (bit-identical norms) and the nodes differ."""
@@ -227,6 +214,7 @@ def test_post_local_sgd_shares_gradients_within_each_node_only(two_node_run):
 
 # --- failures under torchrun ----------------------------------------------------------------------
 
+@pytest.mark.ranks
 def test_crash_and_hang_on_the_second_node_fail_only_their_cases(tmp_path):
     suite = tmp_path / "faults.toml"
     suite.write_text(
@@ -234,7 +222,7 @@ def test_crash_and_hang_on_the_second_node_fail_only_their_cases(tmp_path):
         'steps = 4\nrepeats = 1\ntimeout_s = 8\n[sweep]\nfault = ["none", "crash:1", "hang:1"]\n'
         "[capture]\nprofiler_steps = 0\n[workloads.mlp]\nwidth = 32\ndepth = 2\n"
     )
-    assert tpbench_sweep(str(suite), *two_nodes(1), "--out", str(tmp_path / "results"), "--no-report") == 1
+    assert run_cli(["sweep", str(suite), *two_nodes(1), "--out", str(tmp_path / "results"), "--no-report"]) == 1
     run_dir = only_run(tmp_path / "results")
     meta = json.loads((run_dir / "run.json").read_text())
     by_fault = {c["params"]["fault"]: c for c in meta["cases"].values()}
@@ -251,10 +239,11 @@ def test_crash_and_hang_on_the_second_node_fail_only_their_cases(tmp_path):
 
 # --- --print: the user starts torchrun, --resume records what it did -----------------------------
 
+@pytest.mark.ranks
 def test_printed_command_runs_and_resume_records_it(tmp_path, capsys):
     out = tmp_path / "results"
-    assert tpbench_sweep(str(REPO / "suites" / "smoke.toml"), "--launcher", "torchrun", "--nproc-per-node", "1", "--print",
-                         "--out", str(out), "--set", "world_size=auto", "--set", "repeats=1", "--filter", "algorithm=ddp") == 0
+    assert run_cli(["sweep", str(REPO / "suites" / "smoke.toml"), "--launcher", "torchrun", "--nproc-per-node", "1", "--print",
+                    "--out", str(out), "--set", "world_size=auto", "--set", "repeats=1", "--filter", "algorithm=ddp"]) == 0
     run_dir = only_run(out)
     commands = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
     assert len(commands) == 2 and commands[1] == f"tpbench sweep --resume {run_dir}"
@@ -263,7 +252,7 @@ def test_printed_command_runs_and_resume_records_it(tmp_path, capsys):
 
     started = subprocess.run(shlex.split(commands[0]), capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert started.returncode == 0, started.stdout + started.stderr
-    assert tpbench_sweep("--resume", str(run_dir), "--no-report") == 0
+    assert run_cli(["sweep", "--resume", str(run_dir), "--no-report"]) == 0
     loaded = store.load(run_dir)
     assert loaded.meta["status"] == "complete" and set(loaded.cases.status) == {"done"}
     assert loaded.meta["worlds"][0]["ingested"]

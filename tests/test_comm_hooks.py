@@ -7,8 +7,6 @@ those that depend on the torch build (bf16) or on a file written for the test.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,8 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 from world import run_world
 
+from conftest import tpbench
+
 from tpbench import store
 from tpbench.comm_hooks import Bf16Support
 from tpbench.hooks import hook_with_zero_step
@@ -28,7 +28,6 @@ from tpbench.report.comm_hooks import winner_lines
 from tpbench.report.verdicts import ZERO_KINDS, Comparison
 from tpbench.suite import Case, Machine, SuiteError, case_id, expand, parse
 
-REPO = Path(__file__).resolve().parent.parent
 CPU = Machine(gpus=0)
 EXAMPLE_HOOK = "examples.comm_hooks.scaled_fp16:scaled_fp16_hook"
 
@@ -51,6 +50,7 @@ def _bf16_on_this_torch(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.ranks
 def test_bf16_refused_exactly_where_pytorch_refuses_it() -> None:
     found = run_world(_bf16_on_this_torch, 2, timeout_s=60)[0]
     support = Bf16Support.detect()
@@ -101,8 +101,7 @@ def test_state_collapses_for_builtin_hooks_and_old_ids_stay() -> None:
 
 
 def _sweep(tmp_path: Path, *args: str) -> store.Loaded:
-    proc = subprocess.run([sys.executable, "-m", "tpbench", "sweep", *args, "--out", str(tmp_path / "results"),
-                           "--no-report"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    proc = tpbench("sweep", *args, "--out", tmp_path / "results", "--no-report")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return store.load(next(store.iter_runs(tmp_path / "results")))
 
@@ -118,6 +117,7 @@ def _gradient_bytes(width: int, depth: int, classes: int) -> int:
     return 4 * (depth * (width * width + width) + width * classes + classes)
 
 
+@pytest.mark.ranks
 def test_example_hook_runs_through_a_real_sweep_at_half_the_bytes(tmp_path: Path) -> None:
     """examples/comm_hooks from the repository root, as docs/hooks.md says: registered by ddp and
     wrapped by both ZeRO hooks, next to DDP's all-reduce and PyTorch's fp16 compression."""
@@ -137,6 +137,7 @@ def test_example_hook_runs_through_a_real_sweep_at_half_the_bytes(tmp_path: Path
     assert f"with {EXAMPLE_HOOK}, undecided (one repeat)" in html  # a single repeat calls nothing
 
 
+@pytest.mark.ranks
 def test_compression_composes_with_post_local_sgd_and_bf16_with_zero_hooks(tmp_path: Path) -> None:
     suite = tmp_path / "compose.toml"
     suite.write_text('[defaults]\nworld_size = 2\nbackend = "gloo"\ndevice = "cpu"\nbatch_size = 8\nwarmup_steps = 3\n'

@@ -14,16 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import REPO
+from conftest import tpbench as run_tpbench
 from synthetic_runs import ENVIRONMENT, make_run
 from tpbench import gate
 from tpbench.analysis.stats import hierarchical_ratio_ci, paired_ratio_ci, t_quantile
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 def tpbench(*args: str | Path) -> subprocess.CompletedProcess:
     """The real command; stderr with its line wrapping undone, so messages can be matched."""
-    p = subprocess.run([sys.executable, "-m", "tpbench", *map(str, args)], capture_output=True, text=True, cwd=REPO, timeout=900)
+    p = run_tpbench(*args, timeout=900)
     p.stderr = " ".join(p.stderr.split())
     return p
 
@@ -279,6 +280,7 @@ def test_broken_runs_exit_3_naming_the_file(runs: dict[str, Path], tmp_path: Pat
     assert p.returncode == 3 and f"{steps}: unreadable parquet" in p.stderr
 
 
+@pytest.mark.ranks
 def test_gate_rejects_sides_it_cannot_run(tmp_path: Path) -> None:
     suite = REPO / "suites" / "smoke.toml"
     p = tpbench("gate", suite, "--baseline", tmp_path / "no-such-venv", "--candidate", sys.executable)
@@ -330,6 +332,7 @@ depth = 4
 RESOLUTION_NEEDED = math.log(1.25 / 1.05)
 
 
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_gate_catches_slowdown_and_not_noise(tmp_path: Path) -> None:
     """Real sweeps of a few-ms step, both sides in one job, rounds interleaved: slowdown_pct=25 on
@@ -360,6 +363,7 @@ def test_gate_catches_slowdown_and_not_noise(tmp_path: Path) -> None:
     assert case["verdict"] == "regression" and slow.returncode == 1 and case["ci_lo"] > 1.05
 
 
+@pytest.mark.ranks
 def test_example_workflow_uses_real_flags() -> None:
     """examples/ci/perf-gate.yml must keep working as the command evolves: its gate invocation
     parses with the real argument parser."""

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the check would run for real")
 def test_without_cuda_the_check_fails_fast_and_says_why(tmp_path: Path) -> None:
     env = os.environ | {"PY": sys.executable, "OUT": str(tmp_path / "out")}
-    done = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(["bash", "gpu/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     assert "no CUDA device is visible" in done.stderr
     summary = json.loads((tmp_path / "out" / "gpu_check.json").read_text())

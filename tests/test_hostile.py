@@ -18,7 +18,10 @@ import pytest
 
 from tpbench import store
 
-from test_reliability import run_cli, tiny_suite
+from conftest import run_cli
+from test_reliability import tiny_suite_file as tiny_suite
+
+pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
 
 SWEEP = [sys.executable, "-m", "tpbench", "sweep"]
 

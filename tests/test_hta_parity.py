@@ -10,7 +10,7 @@ That is tpbench's definition (docs/analysis.md) applied to all steps but the las
 
 HTA cannot analyse CPU/Gloo traces: they hold no GPU kernel, so it divides 0 by 0 and reports NaN
 for every rank (checked below). The comparison therefore runs on the real Gloo fixture rewritten as
-a GPU trace with the same timing (``scripts/make_trace.py --gpu-style``: each outermost ``aten::``
+a GPU trace with the same timing (``benchmarks/make_trace.py --gpu-style``: each outermost ``aten::``
 op of the training thread becomes a compute kernel, each ``gloo:*`` range an NCCL kernel): HTA
 analyses the rewrite, tpbench the original Gloo trace.
 """

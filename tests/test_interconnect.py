@@ -223,6 +223,7 @@ def test_namespace_is_removed_on_exceptions(error: type[BaseException], no_lefto
     assert name not in _namespaces()
 
 
+@pytest.mark.ranks
 @needs_netns
 def test_processes_left_inside_are_killed_on_exit(no_leftovers: None) -> None:
     with world_network(resolve("tcp-1gbit")) as net:
@@ -260,6 +261,7 @@ def _stop(sweep: subprocess.Popen, rank_pid: int) -> None:
         os.kill(rank_pid, signal.SIGKILL)
 
 
+@pytest.mark.ranks
 @needs_netns
 def test_sigkilled_sweep_is_reaped(no_leftovers: None) -> None:
     sweep, name, rank_pid = _start_sweep()
@@ -274,6 +276,7 @@ def test_sigkilled_sweep_is_reaped(no_leftovers: None) -> None:
         _stop(sweep, rank_pid)
 
 
+@pytest.mark.ranks
 @needs_netns
 def test_sigterm_cleans_up_in_the_sweep_itself(no_leftovers: None) -> None:
     sweep, name, rank_pid = _start_sweep()
@@ -318,6 +321,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.ranks
 @needs_netns
 def test_emulated_1gbit_link_limits_gloo_allreduce_to_its_rate(no_leftovers: None) -> None:
     """Model: Gloo's ring allreduce over 2 ranks has each rank send its whole buffer once

@@ -21,6 +21,8 @@ from tpbench.hooks import (
     resolve_ranks_per_node,
 )
 
+pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
+
 WORLD = 4
 RANKS_PER_NODE = 2
 START = 2

@@ -16,8 +16,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tpbench import store, sweep
+from tpbench import store
 from tpbench.workloads.markov import TinyTransformer
+
+from conftest import sweep_in_process
+
+pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
 
 STEPS = 19  # timed steps 0..18; the profiler's warm-up is step 19, traced steps are 20 and 21
 MARKOV = {"vocab": 32, "seq_len": 8, "d_model": 16, "n_layers": 1, "n_heads": 2}
@@ -50,18 +54,9 @@ heldout_sequences = 16
 """
 
 
-def _sweep(path: Path, text: str) -> store.Loaded:
-    suite = path / "suite.toml"
-    suite.write_text(text)
-    prepared = sweep.prepare(suite)
-    r = sweep.start(prepared, path / "results")
-    sweep.execute(r, prepared.cases, lambda kind, data: None)
-    return sweep.finalize(r.dir)
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> store.Loaded:
-    return _sweep(tmp_path_factory.mktemp("lsgd"), SUITE)
+    return sweep_in_process(tmp_path_factory.mktemp("lsgd"), SUITE)
 
 
 @pytest.fixture(scope="module")
@@ -139,23 +134,23 @@ def test_averaging_traffic_appears_in_the_traces_of_averaging_steps(run):
 # step, so the averager saw none. Installed in the rank processes only, through PYTHONPATH.
 OLD_ORDER = '''
 import dataclasses
-from tpbench import algorithms
+from tpbench import training
 
-_post_local = algorithms.ALGORITHMS["post_localSGD_hook"]
+_post_local = training.BUILDERS["post_localSGD_hook"]
 
 
 def _old_order(model, ctx):
-    training = _post_local.build(model, ctx)
-    step = training.after_backward
+    built = _post_local(model, ctx)
+    step = built.after_backward
 
     def step_and_zero():
         step()
-        training.model.zero_grad(set_to_none=True)
+        built.model.zero_grad(set_to_none=True)
 
-    return dataclasses.replace(training, after_backward=step_and_zero)
+    return dataclasses.replace(built, after_backward=step_and_zero)
 
 
-algorithms.ALGORITHMS["post_localSGD_hook"] = dataclasses.replace(_post_local, build=_old_order)
+training.BUILDERS["post_localSGD_hook"] = _old_order
 '''
 
 
@@ -166,7 +161,7 @@ def test_an_averaging_step_that_would_average_nothing_fails_the_case(tmp_path, m
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in [str(patch), os.environ.get("PYTHONPATH")] if p))
     text = SUITE.replace("world_size = 4", "world_size = 2").replace("ranks_per_node = 2", "ranks_per_node = 1")
     text = text.replace(f"steps = {STEPS}", "steps = 2").replace("averaging_period = [4, 16]", "averaging_period = [4]")
-    run = _sweep(tmp_path, text.replace("profiler_steps = 2", "profiler_steps = 0"))
+    run = sweep_in_process(tmp_path, text.replace("profiler_steps = 2", "profiler_steps = 0"))
     for case in run.meta["cases"].values():
         assert case["status"] == "failed", case
         assert "AveragingSkipped: post_localSGD_hook: model averaging is due at step 0" in case["error"]

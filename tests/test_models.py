@@ -14,15 +14,17 @@ import numpy as np
 import pytest
 import torch
 
-from tpbench import store
+from tpbench import algorithms, store
 from tpbench.analysis.memory import per_case
 from tpbench.report.build import build_report
 from tpbench.workloads import WORKLOADS, parameter_count
 from tpbench.workloads.gpt import GPT, GPTParams, permutation_chain
 from tpbench.workloads.markov import entropy_rate
 
+pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
+
 REPO = Path(__file__).resolve().parent.parent
-ALGORITHMS = ["ddp", "zero_no_overlap", "hook_with_zero_step", "hook_with_zero_step_interleaved", "post_localSGD_hook"]
+ALGORITHMS = list(algorithms.ALGORITHMS)
 
 SUITE = f"""
 [defaults]

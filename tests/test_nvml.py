@@ -1,7 +1,7 @@
 """NVML sampler, step tagging and clock sync.
 
 No GPU exists on the machines these tests run on, so the sampler runs against ``FakeNvml``, a
-stand-in for the ``pynvml`` module written for these tests (``scripts/gpu_capture.py`` runs the
+stand-in for the ``pynvml`` module written for these tests (``gpu/capture.py`` runs the
 real thing on a GPU). The clock tests use the real torch.profiler.
 """
 

@@ -17,7 +17,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tpbench import cli, store
+from tpbench import store
+
+from conftest import run_cli, tiny_suite
 
 HERE = Path(__file__).resolve().parent
 CATALOGUE = sorted((HERE / "data" / "bad_suites").glob("*.toml"))
@@ -27,12 +29,6 @@ def expected_message(path: Path) -> str:
     first = path.read_text().splitlines()[0]
     assert first.startswith("# expect: "), path
     return first[len("# expect: "):]
-
-
-def run_cli(args: list[str]) -> int:
-    with pytest.raises(SystemExit) as e:
-        cli.main(args)
-    return e.value.code
 
 
 def test_catalogue_is_large_enough():
@@ -51,14 +47,9 @@ def test_bad_suite_exits_2_with_one_line_naming_file_and_key_and_writes_nothing(
     assert not out.exists() and not reports.exists()
 
 
-def tiny_suite(tmp_path: Path, sweep: str, name: str = "tiny", **defaults: object) -> Path:
-    base = {"world_size": 2, "backend": '"gloo"', "device": '"cpu"', "batch_size": 8, "warmup_steps": 3,
-            "steps": 4, "repeats": 1, "timeout_s": 60} | defaults
-    swept = {line.split("=")[0].strip() for line in sweep.splitlines()}
-    lines = "\n".join(f"{k} = {v}" for k, v in base.items() if k not in swept)
+def tiny_suite_file(tmp_path: Path, sweep: str, name: str = "tiny", **defaults: object) -> Path:
     path = tmp_path / f"{name}.toml"
-    path.write_text(f'[suite]\nname = "{name}"\n[defaults]\n{lines}\n[sweep]\n{sweep}\n'
-                    "[capture]\nprofiler_steps = 0\n[workloads.mlp]\nwidth = 32\ndepth = 2\n")
+    path.write_text(tiny_suite(sweep, name=name, **{"warmup_steps": 3} | defaults))
     return path
 
 
@@ -76,9 +67,10 @@ def rank_pids(run_dir: Path) -> dict[int, int]:
     return pids
 
 
+@pytest.mark.ranks
 def test_kill_9_of_a_rank_mid_case_fails_that_case_only(tmp_path):
     # The second case runs long enough to be killed from outside while it is in flight.
-    suite = tiny_suite(tmp_path, 'steps = [4, 4000, 5]')
+    suite = tiny_suite_file(tmp_path, 'steps = [4, 4000, 5]')
     out = tmp_path / "results"
     p = subprocess.Popen([sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(out), "--no-report"],
                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -105,6 +97,7 @@ def test_kill_9_of_a_rank_mid_case_fails_that_case_only(tmp_path):
     assert store.load(killed).steps.case_id.nunique() == 2
 
 
+@pytest.mark.ranks
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="needs root to mount a tiny tmpfs")
 def test_full_results_directory_fails_before_any_case(tmp_path):
     full = tmp_path / "full"
@@ -115,7 +108,7 @@ def test_full_results_directory_fails_before_any_case(tmp_path):
             while True:  # fill it up
                 f.write(b"\0" * 4096)
                 f.flush()
-        suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]')
+        suite = tiny_suite_file(tmp_path, 'algorithm = ["ddp"]')
         proc = subprocess.run([sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(full / "results"), "--no-report"],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 3, proc.stderr
@@ -128,7 +121,7 @@ def test_full_results_directory_fails_before_any_case(tmp_path):
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("done")
-    suite = tiny_suite(tmp, 'algorithm = ["ddp", "zero_no_overlap"]')
+    suite = tiny_suite_file(tmp, 'algorithm = ["ddp", "zero_no_overlap"]')
     code = subprocess.run([sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(tmp / "results"), "--no-report"],
                           capture_output=True, text=True, timeout=300)
     assert code.returncode == 0, code.stderr
@@ -141,6 +134,7 @@ def corrupt_copy(run_dir: Path, tmp_path: Path) -> Path:
     return copy
 
 
+@pytest.mark.ranks
 def test_report_on_truncated_parquet_names_the_file(finished_run, tmp_path, capsys):
     run = corrupt_copy(finished_run, tmp_path)
     victim = next(run.glob("cases/*/steps.parquet"))
@@ -151,6 +145,7 @@ def test_report_on_truncated_parquet_names_the_file(finished_run, tmp_path, caps
     assert not (tmp_path / "r.html").exists()
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("damage,message", [("missing", "run.json: missing"), ("garbage", "run.json: corrupted")])
 def test_report_on_broken_run_json_says_what_is_broken(finished_run, tmp_path, capsys, damage, message):
     run = corrupt_copy(finished_run, tmp_path)
@@ -162,11 +157,12 @@ def test_report_on_broken_run_json_says_what_is_broken(finished_run, tmp_path, c
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.ranks
 def test_two_concurrent_sweeps_into_one_root_are_both_intact_and_bitwise_reproducible(tmp_path):
     """Same suite, same seed, at the same time into the same results root: distinct runs, both
     complete, and identical losses to the last bit (CPU/Gloo is deterministic for a fixed thread
     count; on GPU, cuBLAS/NCCL reduction order can differ, see docs/reliability.md)."""
-    suite = tiny_suite(
+    suite = tiny_suite_file(
         tmp_path,
         'algorithm = ["ddp", "zero_no_overlap", "hook_with_zero_step", "hook_with_zero_step_interleaved", "post_localSGD_hook"]',
         start_localSGD_iter=3, averaging_period=2, bucket_cap_mb=0.01,

@@ -3,7 +3,7 @@ data, escaping of user text, several runs in one report through the CLI.
 
 Verdict tests build runs in memory from the suite's real expansion (real case ids and collapsed
 keys) with chosen per-repeat medians, so the right sentence is known. Section tests use run
-directories written through the store by ``scripts/synth_run.py``. The browser checks are in
+directories written through the store by ``benchmarks/synth_run.py``. The browser checks are in
 ``test_report_browser.py``.
 """
 
@@ -20,13 +20,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from benchmarks import synth_run
 from tpbench import store
 from tpbench.report import build_report, data as report_data, verdicts
 from tpbench.suite import Machine, expand, parse
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
-import synth_run  # noqa: E402
 
 ZERO_SUITE = """\
 [suite]
@@ -113,12 +110,6 @@ def test_a_single_repeat_is_never_called():
     comps = verdicts.compare(data, verdicts.ZERO_KINDS[0])
     assert comps and {c.verdict for c in comps} == {"single"}
     assert "one repeat: no interval" in verdicts.sentence(comps[0], list(comps[0].context))
-
-
-def test_tuning_keys_follow_the_algorithm_registry():
-    from tpbench.algorithms import ALGORITHM_SPECIFIC_KEYS
-
-    assert verdicts.ALGORITHM_SPECIFIC_KEYS == ALGORITHM_SPECIFIC_KEYS
 
 
 def test_fastest_line_names_the_setting_and_the_evidence_against_the_runner_up():

@@ -21,6 +21,8 @@ from test_report import hostile_copy, synth_run
 
 from tpbench import report, store
 
+pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
+
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "test-artifacts"
 

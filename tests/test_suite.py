@@ -87,6 +87,7 @@ def test_missing_file():
         load("/nonexistent/suite.toml")
 
 
+@pytest.mark.ranks
 def test_cli_unknown_key_exits_2_names_key_and_writes_nothing(tmp_path):
     suite = tmp_path / "bad.toml"
     suite.write_text("[defaults]\nstepz = 3\n")

@@ -4,42 +4,20 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from tpbench import store
 
-REPO = Path(__file__).resolve().parent.parent
+from conftest import REPO, only_run, tiny_suite, tpbench, worker_processes
 
+pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
 
-def tpbench(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpbench", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
-
-
-def only_run(root: Path) -> Path:
-    runs = list(store.iter_runs(root))
-    assert len(runs) == 1, runs
-    return runs[0]
-
-
-def tiny_suite(sweep: str, **defaults: object) -> str:
-    """A 2-rank Gloo suite of tiny mlp cases; ``sweep`` is the body of its [sweep] table."""
-    base = {"world_size": 2, "backend": '"gloo"', "device": '"cpu"', "batch_size": 8, "warmup_steps": 2,
-            "steps": 4, "repeats": 1, "timeout_s": 60} | defaults
-    lines = "\n".join(f"{k} = {v}" for k, v in base.items())
-    return f"[defaults]\n{lines}\n[sweep]\n{sweep}\n[capture]\nprofiler_steps = 0\n[workloads.mlp]\nwidth = 32\ndepth = 2\n"
-
-
-def worker_processes(run_dir: Path) -> list[str]:
-    out = subprocess.run(["pgrep", "-af", f"tpbench.worker {run_dir}"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "pgrep" not in line]
 
 
 @pytest.fixture(scope="module")

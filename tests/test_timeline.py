@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tpbench.analysis import timeline
+from tpbench.analysis import timeline, trace_events
 from tpbench.analysis.overlap import step_overlap
 from tpbench.analysis.timeline import INTERVAL_COLUMNS, LANES, read_trace, read_traces
 
@@ -136,17 +136,17 @@ def test_reader_is_independent_of_layout_and_chunking(tmp_path: Path, monkeypatc
     reference = read_trace(write(tmp_path / "ref.json", events, DIST)).intervals
     path = write(tmp_path / f"{layout}.json.gz", events, DIST, layout=layout)
     for chunk in (1, 7, 64, 1 << 20):
-        monkeypatch.setattr(timeline, "_CHUNK_BYTES", chunk)
+        monkeypatch.setattr(trace_events, "_CHUNK_BYTES", chunk)
         pd.testing.assert_frame_equal(read_trace(path).intervals, reference)
 
 
 def read_both_ways(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[timeline.Timeline, timeline.Timeline, list[bool]]:
     """Read ``path`` as is, then with the regex fast path disabled (JSON decoding only)."""
-    real = timeline._Accumulator._take_fast
+    real = trace_events.TraceEvents._take_fast
     used: list[bool] = []
-    monkeypatch.setattr(timeline._Accumulator, "_take_fast", lambda self, piece: used.append(real(self, piece)) or used[-1])
+    monkeypatch.setattr(trace_events.TraceEvents, "_take_fast", lambda self, piece: used.append(real(self, piece)) or used[-1])
     fast = read_traces(path)
-    monkeypatch.setattr(timeline._Accumulator, "_take_fast", lambda self, piece: False)
+    monkeypatch.setattr(trace_events.TraceEvents, "_take_fast", lambda self, piece: False)
     return fast, read_traces(path), used
 
 
@@ -156,6 +156,8 @@ def test_fast_path_reads_real_traces_exactly_as_json_decoding(monkeypatch: pytes
     assert used and all(used), "torch.profiler's layout should never need the slow path"
     pd.testing.assert_frame_equal(fast.intervals, slow.intervals)
     pd.testing.assert_frame_equal(fast.steps, slow.steps)
+    pd.testing.assert_frame_equal(fast.marks, slow.marks)
+    assert (fast.marks["kind"] == "issue").any() and (fast.marks["kind"] == "zero_step").any()
 
 
 @pytest.mark.parametrize("events", [CPU_EVENTS, GPU_EVENTS], ids=["cpu", "gpu"])
@@ -185,7 +187,7 @@ def test_metadata_after_the_events_still_names_the_rank(tmp_path: Path) -> None:
 
 
 def test_real_gloo_trace(tmp_path: Path) -> None:
-    """The fixture from ``scripts/make_trace.py``: every ``gloo:*`` range becomes a comm interval with
+    """The fixture from ``benchmarks/make_trace.py``: every ``gloo:*`` range becomes a comm interval with
     its payload, steps come from ``ProfilerStep#N``, compute lives on the training thread."""
     t = read_traces(FIXTURE)
     iv, steps = t.intervals, t.steps

@@ -119,6 +119,7 @@ def _observe(rank: int, world_size: int) -> GlooRank:
     return transport.observe_gloo(rank)
 
 
+@pytest.mark.ranks
 def test_gloo_world_is_observed_on_loopback(monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     ranks = run_world(_observe, 2)

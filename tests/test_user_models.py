@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,13 +10,12 @@ import pytest
 from tpbench import store
 from tpbench.suite import Machine, SuiteError, expand, load
 
-REPO = Path(__file__).resolve().parent.parent
+from conftest import REPO, tpbench
+
+pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
+
 BAD = REPO / "tests" / "data" / "bad_user_models"
 CPU = Machine(gpus=0)
-
-
-def tpbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpbench", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
 @pytest.mark.parametrize("path", sorted(BAD.glob("*.toml")), ids=lambda p: p.stem)

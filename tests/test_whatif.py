@@ -19,9 +19,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tpbench import store, sweep
-from tpbench.analysis import timeline, whatif
+from tpbench import store, whatif_run
+from tpbench.analysis import timeline, trace_events, whatif
 from tpbench.report import build_report
+from conftest import sweep_in_process
 from tpbench.analysis.whatif import CollectiveSpec, Fabric, Issue, StepSkeleton, Wait, Work, collective_time, simulate
 
 # --------------------------------------------------------------------------- α–β costs
@@ -54,14 +55,14 @@ def test_shared_medium_carries_every_ranks_traffic():
 def test_fabric_table_is_user_extendable(tmp_path):
     user = tmp_path / "mine.toml"
     user.write_text('[fabrics.cxl]\nlatency_us = 1.5\nbandwidth_GBps = 32\n\n[fabrics.nvlink4]\nlatency_us = 4\nbandwidth_GBps = 370\n')
-    fabrics = whatif.load_fabrics([user])
+    fabrics = whatif_run.load_fabrics([user])
     assert {"nvlink4", "pcie5-x16", "ib-ndr", "100gbe", "cxl"} <= set(fabrics)
     assert fabrics["cxl"].alpha_s == pytest.approx(1.5e-6) and fabrics["cxl"].beta_Bps == pytest.approx(32e9)
     assert fabrics["nvlink4"].beta_Bps == pytest.approx(370e9)  # a user file may override a built-in
     bad = tmp_path / "bad.toml"
     bad.write_text("[fabrics.x]\nlatency_us = 1\nbandwith_GBps = 3\n")
     with pytest.raises(ValueError, match=r"bad.toml: \[fabrics.x\]: unknown key\(s\) \['bandwith_GBps'\]"):
-        whatif.load_fabrics([bad])
+        whatif_run.load_fabrics([bad])
 
 
 # --------------------------------------------------------------------------- scheduling
@@ -178,7 +179,7 @@ def test_calibration_refuses_when_communication_alone_exceeds_the_timed_step():
     model = whatif.calibrated("c", {}, [sk], slow, np.array([36.0, 36.0, 36.0]))
     assert model.fit.comm_only_ms == pytest.approx(40.0)
     assert model.refused is not None and "communication on the measured link alone (40.0 ms)" in model.refused
-    assert math.isnan(model.step_ms(whatif.load_fabrics()["nvlink4"]))
+    assert math.isnan(model.step_ms(whatif_run.load_fabrics()["nvlink4"]))
 
 
 @pytest.mark.parametrize("fit, reason", [
@@ -223,7 +224,7 @@ def test_projections_never_leave_compute_and_measured_bounds_on_random_skeletons
     fabrics, every projection the model makes is at least the case's compute critical path, and
     at most the timed step on a fabric no slower than the measured path on every collective."""
     rng = random.Random(18)
-    fabrics = list(whatif.load_fabrics().values()) + [Fabric("slow", 50e-6, 2e8), whatif.emulated_link(1e9, None)]
+    fabrics = list(whatif_run.load_fabrics().values()) + [Fabric("slow", 50e-6, 2e8), whatif.emulated_link(1e9, None)]
     made = refused = 0
     for trial in range(120):
         n = rng.randint(2, 4)
@@ -262,7 +263,7 @@ def test_a_run_traced_on_a_busy_machine_refuses_or_stays_within_bounds():
     31–58 ms of traced compute critical path.
     Now each is refused with its reason; the healthy case is projected within its bounds."""
     loaded = store.load(BUSY_RUN)
-    result = whatif.run_whatif(loaded, whatif.load_fabrics())
+    result = whatif_run.run_whatif(loaded, whatif_run.load_fabrics())
     params = loaded.cases.set_index("case_id")
     reasons = {m.case_id: m.refused for m in result.models}
     assert "alone (37.5 ms) exceeds the timed step" in reasons["1c52ac5cb99d"]  # zero_no_overlap, 25 MB: traced ×2.6
@@ -288,7 +289,7 @@ def test_validation_runs_both_directions_and_refuses_what_rests_on_a_refused_fit
     """Five cases of a 2-rank sweep over loopback and emulated links (2-core machine, load 8):
     hook_with_zero_step on loopback, tcp-1gbit and tcp-500mbit, zero_no_overlap on loopback and
     tcp-500mbit, whose loopback fit needs compute ×1.74 and is refused."""
-    result = whatif.run_whatif(store.load(LINKS_RUN), whatif.load_fabrics())
+    result = whatif_run.run_whatif(store.load(LINKS_RUN), whatif_run.load_fabrics())
     v = result.validation.set_index(["direction", "case_id"])
     slower, faster = whatif.SLOWER, whatif.FASTER
     # The hook: each slower link from loopback, each faster link (loopback too) from tcp-500mbit.
@@ -376,9 +377,10 @@ def test_skeleton_from_traces_applies_the_hook_dependency_rules(tmp_path, monkey
     for r in range(2):
         paths.append(tmp_path / f"rank{r}.json.gz")
         _write_trace(paths[-1], r, _hook_trace(r))
-    intervals = timeline.read_traces(paths).intervals
-    monkeypatch.setattr(whatif, "_CHUNK_CHARS", 700)  # many chunk boundaries, objects cut in two
-    marks = [whatif.read_marks(p) for p in paths]
+    monkeypatch.setattr(trace_events, "_CHUNK_BYTES", 700)  # many chunk boundaries, objects cut in two
+    tl = timeline.read_traces(paths)
+    intervals = tl.intervals
+    marks = whatif.marks_from_table(tl.marks)
     assert [len(m.issues) for m in marks] == [4, 4] and [m.rank for m in marks] == [0, 1]
     (sk,) = whatif.skeletons(marks, intervals)
     assert [(c.key, c.nbytes) for c in sk.collectives] == [
@@ -400,9 +402,9 @@ def test_traces_without_collective_sizes_are_refused_with_the_reason(tmp_path):
         e["args"].pop("Input Dims", None)
     paths = [tmp_path / "rank0.json.gz"]
     _write_trace(paths[0], 0, events)
-    intervals = timeline.read_traces(paths).intervals
+    tl = timeline.read_traces(paths)
     with pytest.raises(ValueError, match="record_shapes"):
-        whatif.skeletons([whatif.read_marks(paths[0])], intervals)
+        whatif.skeletons(whatif.marks_from_table(tl.marks), tl.intervals)
 
 
 # --------------------------------------------------------------------------- real measurement
@@ -440,20 +442,16 @@ depth = 4
 TOLERANCE_PCT = 25.0
 
 
+@pytest.mark.ranks
 @needs_netns
 def test_predicts_a_1gbit_case_from_loopback_and_loopback_from_1gbit(tmp_path):
     """A 2-rank DDP step with 4.2 MB of gradients and little compute: at 1 Gbit/s its all-reduces
     need about 67 ms (both directions share one shaped lo), several times its compute. Each twin
     predicts the other; a prediction is either made within the tolerance, or refused with a
     reason (a machine too busy while tracing), never a number far off."""
-    suite = tmp_path / "suite.toml"
-    suite.write_text(VALIDATION_SUITE)
-    prepared = sweep.prepare(suite)
-    run = sweep.start(prepared, tmp_path / "results")
-    sweep.execute(run, prepared.cases, lambda event, data: None)
-    loaded = sweep.finalize(run.dir)
+    loaded = sweep_in_process(tmp_path, VALIDATION_SUITE)
     assert set(loaded.cases["status"]) == {store.DONE}
-    result = whatif.run_whatif(loaded, whatif.load_fabrics())
+    result = whatif_run.run_whatif(loaded, whatif_run.load_fabrics())
     rows = {r["direction"]: r for r in result.validation.to_dict("records")}
     assert set(rows) == {whatif.SLOWER, whatif.FASTER}
     slower, faster = rows[whatif.SLOWER], rows[whatif.FASTER]

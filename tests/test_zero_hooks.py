@@ -28,6 +28,8 @@ from tpbench.hooks import zero as zero_module
 from tpbench.hooks._torch_private import require_supported_torch
 from tpbench.hooks.zero import plan_shards
 
+pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
+
 SMALL_BUCKETS_MB = 0.004  # ~1000 floats: several buckets, some with several parameters
 ONE_BUCKET_MB = 25.0
 STEPS = 4

@@ -492,17 +492,16 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_whatif(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from tpbench import store
-    from tpbench.analysis import whatif
+    from tpbench import store, whatif_run
 
-    fabrics = whatif.load_fabrics(args.fabrics)
+    fabrics = whatif_run.load_fabrics(args.fabrics)
     unknown = [f for f in args.fabric if f not in fabrics]
     if unknown:
         console.print(f"tpbench whatif: error: unknown fabric(s) {', '.join(unknown)}; known: {', '.join(fabrics)}", markup=False)
         return EXIT_USAGE
     try:
         loaded = store.load(args.run)
-        result = whatif.run_whatif(loaded, {k: fabrics[k] for k in (args.fabric or fabrics)}, args.reference)
+        result = whatif_run.run_whatif(loaded, {k: fabrics[k] for k in (args.fabric or fabrics)}, args.reference)
     except ValueError as e:
         _error(e)
         return EXIT_RESULTS

@@ -1,5 +1,8 @@
 """The DDP communication hook of a case: the suite keys ``comm_hook`` and ``comm_hook_state``.
 
+This module names and validates hooks without importing torch (except to check what this torch
+can run when a suite asks for bf16 or a hook of one's own); ``tpbench.training`` wires them into DDP.
+
 PyTorch's ZeRO hooks are wrappers, ``hook_with_zero_step(hook, ddp, zero, shard_buckets)``, and
 which ``hook`` they wrap decides how many bytes each bucket sends, hence on which side of the
 documented interleaved/sequential advice a setup falls. So the hook is a dimension like any other:
@@ -37,8 +40,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    import torch.distributed as dist
-
     from tpbench.suite import Case
 
 ALLREDUCE = "allreduce"
@@ -137,58 +138,23 @@ class Bf16Support:
         return None
 
 
-def check(case: Case, wrapped: bool) -> str | None:
-    """Why the case's hook cannot run, as ``"key: reason"``, or None. ``wrapped``: the algorithm
-    wraps the hook (the ZeRO hooks) instead of registering it on DDP."""
+def check(case: Case, wrapped: bool) -> tuple[str, str] | None:
+    """Why the case's hook cannot run, as (key, reason), or None. ``wrapped``: the algorithm wraps
+    the hook (the ZeRO hooks) instead of registering it on DDP. Imports torch only for bf16 and the
+    user's own hooks, where what this torch can run decides."""
     name = case.comm_hook
     if name == "bf16_compress":
         why = Bf16Support.detect().refusal(case.backend, wrapped)
         if why:
-            return f"comm_hook: {why}"
+            return "comm_hook", why
     if is_import_path(name):
         try:
             load(name, 2)
         except CommHookError as e:
-            return f"comm_hook: expected a function (state, bucket) -> Future: {e}"
+            return "comm_hook", f"expected a function (state, bucket) -> Future: {e}"
     if case.comm_hook_state is not None:
         try:
             load(case.comm_hook_state, 1)
         except CommHookError as e:
-            return f"comm_hook_state: expected a function (process_group) -> state: {e}"
+            return "comm_hook_state", f"expected a function (process_group) -> state: {e}"
     return None
-
-
-def state(case: Case, process_group: dist.ProcessGroup | None) -> Any:
-    """The state DDP passes to the hook: the user's factory's, else the process group."""
-    if case.comm_hook_state is None:
-        return process_group
-    return load(case.comm_hook_state, 1)(process_group)
-
-
-def hook(case: Case) -> Callable[..., Any]:
-    """The case's hook as a function, ``allreduce_hook`` for ``"allreduce"`` (what the ZeRO hooks wrap)."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    builtin = {ALLREDUCE: default_hooks.allreduce_hook, "fp16_compress": default_hooks.fp16_compress_hook,
-               "bf16_compress": default_hooks.bf16_compress_hook}
-    return builtin[case.comm_hook] if case.comm_hook in builtin else load(case.comm_hook, 2)
-
-
-def register(ddp: Any, case: Case, process_group: dist.ProcessGroup | None) -> None:
-    """Register the case's hook on DDP directly; ``"allreduce"`` keeps DDP's built-in all-reduce."""
-    if case.comm_hook != ALLREDUCE:
-        ddp.register_comm_hook(state(case, process_group), hook(case))
-
-
-def compress(case: Case, inner: Callable[..., Any]) -> Callable[..., Any]:
-    """``inner`` (a hook that takes no inner hook, like post_localSGD_hook) with the case's
-    compression around it, through PyTorch's fp16/bf16 wrappers; ``"allreduce"``: ``inner`` itself.
-    A hook of one's own does not compose (refused at validation by the algorithm)."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    wrappers = {"fp16_compress": default_hooks.fp16_compress_wrapper, "bf16_compress": default_hooks.bf16_compress_wrapper}
-    if case.comm_hook == ALLREDUCE:
-        return inner
-    if case.comm_hook not in wrappers:
-        raise ValueError(f"comm_hook {case.comm_hook!r} cannot be composed with {getattr(inner, '__name__', inner)}")
-    return wrappers[case.comm_hook](inner)

@@ -38,7 +38,7 @@ from tpbench import store
 from tpbench.capture import transport
 from tpbench.interconnect import Interconnect, WorldNetwork, resolve, world_network
 from tpbench.suite import Case
-from tpbench.worker import Plan
+from tpbench.plan import Plan
 
 # A world that has not rendezvoused by then is not going to.
 STARTUP_TIMEOUT_S = 180.0

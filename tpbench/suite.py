@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from tpbench import comm_hooks
+from tpbench.algorithms import ALGORITHM_SPECIFIC_KEYS, ALGORITHMS
+from tpbench.workload_params import PARAMS, UserWorkloadError, is_import_path, unknown
 
 # Keys that do not change what is measured and so stay out of the case id.
 _NOT_IN_ID = frozenset({"timeout_s"})
@@ -211,15 +213,26 @@ class Machine:
     def detect(cls, limited: bool = True) -> Machine:
         """This machine; ``limited``: with the limits sized from its cores and memory (a world
         far beyond them thrashes the machine rather than measuring anything)."""
-        import torch
-
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        gpus = _gpu_count()
         if not limited:
             return cls(gpus)
         cores = os.cpu_count() or 1
         memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
         ranks = max(2, min(RANKS_PER_CORE * cores, memory_mb // MB_PER_RANK))
         return cls(gpus, max_ranks=ranks, max_cases=MAX_CASES, capacity=f"{cores} cores, {memory_mb / 1024:.0f} GiB")
+
+
+# Where a GPU driver shows itself (NVIDIA's, AMD's): without one torch sees no GPU either, so a
+# CPU machine validates a suite without importing torch (seconds).
+GPU_DRIVERS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")
+
+
+def _gpu_count() -> int:
+    if not any(os.path.exists(p) for p in GPU_DRIVERS):
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 # Limits of a sweep on one machine, lifted by ``--allow-large``: a rank process needs a few
@@ -313,17 +326,15 @@ def _validate(doc: dict[str, Any], path: str) -> Suite:
             raise _fail(path, f"[capture] {k}", f"unknown key; expected one of {', '.join(CAPTURE_KEYS)}")
         capture[k] = _check_value(path, f"[capture] {k}", CAPTURE_KEYS[k], v)
 
-    from tpbench.workloads import UserWorkloadError, resolve
-
     workloads: dict[str, dict[str, Any]] = {}
     for wname, table in doc.get("workloads", {}).items():
         try:
-            wl_cls = resolve(wname)
+            wl_params = params_of(wname)
         except UserWorkloadError as e:
             raise _fail(path, f"[workloads.{wname}]", f"unknown workload: {e}") from None
         if not isinstance(table, dict):
             raise _fail(path, f"[workloads.{wname}]", "expected a table")
-        fields = {f.name: f for f in dataclasses.fields(wl_cls.Params)}
+        fields = {f.name: f for f in dataclasses.fields(wl_params)}
         for k, v in table.items():
             if k not in fields:
                 raise _fail(path, f"[workloads.{wname}] {k}", f"unknown key; expected one of {', '.join(fields)}")
@@ -431,8 +442,6 @@ def _resolve_machine(raw: dict[str, Any], machine: Machine) -> dict[str, Any]:
 
 def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
     """The cartesian product of ``[sweep]`` over ``[defaults]``, resolved, checked, collapsed, deduplicated."""
-    from tpbench.algorithms import ALGORITHM_SPECIFIC_KEYS, ALGORITHMS
-
     machine = machine or Machine.detect()
     path = suite.path
     base = {k: s.default for k, s in CASE_KEYS.items()} | suite.defaults | suite.capture
@@ -455,28 +464,41 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
         case = Case(**r)
         why = algo.check(case)
         if why:
-            raise _fail(path, why.split(":", 1)[0], f"{why.split(':', 1)[1].strip()} (case {case.label(keys)})")
+            raise _fail(path, why[0], f"{why[1]} (case {case.label(keys)})")
         case = dataclasses.replace(case, case_id=case_id(case))
         cases.setdefault(case.case_id, case)
     return list(cases.values())
 
 
+def params_of(name: str) -> type:
+    """The ``Params`` of a built-in workload, or of a user's factory named by import path, which
+    imports it (and so torch: a suite of built-in workloads validates without). Raises
+    ``UserWorkloadError`` saying what was expected."""
+    if is_import_path(name):
+        from tpbench.workloads import resolve
+
+        return resolve(name).Params
+    if name not in PARAMS:
+        raise unknown(name)
+    return PARAMS[name]
+
+
 @functools.cache
 def _checked_workload(path: str, name: str, table: tuple[tuple[str, Any], ...], batch_size: int) -> tuple[tuple[str, Any], ...]:
-    from tpbench.workloads import UserWorkloadError, imported, resolve
-
     try:
-        cls = resolve(name)
+        params_cls = params_of(name)
     except UserWorkloadError as e:
         raise _fail(path, "workload", str(e)) from None
     where = f"[workloads.{name}]"
     try:
-        params = cls.Params(**dict(table))
+        params = params_cls(**dict(table))
     except ValueError as e:
         raise _fail(path, where, str(e)) from None
-    if imported.is_import_path(name):
+    if is_import_path(name):
+        from tpbench.workloads import imported, resolve
+
         try:
-            imported.check(cls, params, batch_size)
+            imported.check(resolve(name), params, batch_size)
         except UserWorkloadError as e:
             raise _fail(path, where if table else "workload", str(e)) from None
     return tuple(sorted(dataclasses.asdict(params).items()))

@@ -15,7 +15,7 @@ from typing import Iterable
 import pandas as pd
 
 from tpbench import store
-from tpbench.analysis import bandwidth, convergence, overlap, timeline, whatif
+from tpbench.analysis import bandwidth, convergence, overlap, timeline
 from tpbench.analysis.memory import per_case
 from tpbench.analysis.stats import slowest_rank, summarize
 from tpbench.environment import fingerprint
@@ -149,7 +149,7 @@ def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:
         store.write_case_table(run_dir, cid, "overlap", per_step)
         collectives = bandwidth.collective_bandwidth(tl.intervals)
         store.write_case_table(run_dir, cid, "collectives", collectives)
-        store.write_case_table(run_dir, cid, "marks", whatif.marks_table([whatif.read_marks(p) for p in paths]))
+        store.write_case_table(run_dir, cid, "marks", tl.marks)
         if per_step.empty:
             continue
         row = {"case_id": cid, "overlap_pct": float(overlap.hta_overlap_pct(per_step).mean()),

@@ -47,35 +47,12 @@ from torch.profiler import record_function
 
 from tpbench import accounting, capture, store
 from tpbench.capture import nvml, profiler, transport
-from tpbench.algorithms import ALGORITHMS, BuildContext, Training
 from tpbench.environment import fingerprint
+from tpbench.plan import Plan
 from tpbench.suite import Case
+from tpbench.training import BuildContext, Training, build
 from tpbench import workloads
 from tpbench.workloads import WorkloadContext
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What one world runs: its cases and the (case_id, repeat) items in order."""
-
-    run_dir: str
-    world: str
-    cases: list[dict[str, Any]]
-    schedule: list[tuple[str, int]]
-    # A FileStore path for local worlds (works across network namespaces); None → env:// (torchrun).
-    rendezvous_file: str | None = None
-    # Set for worlds started by torchrun: its ranks inherit no pipe from tpbench, so each appends
-    # its events to ``<events_dir>/rank<r>.jsonl`` on the run directory's shared filesystem.
-    events_dir: str | None = None
-
-    def save(self, path: Path) -> None:
-        store.atomic_write_bytes(path, json.dumps(dataclasses.asdict(self), indent=1).encode())
-
-    @classmethod
-    def read(cls, path: Path) -> Plan:
-        d = json.loads(Path(path).read_text())
-        d["schedule"] = [tuple(x) for x in d["schedule"]]
-        return cls(**d)
 
 
 @dataclass(frozen=True)
@@ -209,7 +186,7 @@ class CaseRunner:
             ),
         )
         model = workload.build_model()
-        training = ALGORITHMS[case.algorithm].build(model, BuildContext(case, self.device, rank=self.rank.rank, world_size=self.rank.world_size,
+        training = build(model, BuildContext(case, self.device, rank=self.rank.rank, world_size=self.rank.world_size,
                                                                             nodes=self.nodes))
         return workload, training
 

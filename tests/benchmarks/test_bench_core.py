@@ -61,6 +61,7 @@ def _steps_frame(cases: int, repeats: int, ranks: int, steps: int, seed: int = 0
     return idx, case_table
 
 
+@pytest.mark.ranks
 def test_summarize_long_sweep(benchmark) -> None:
     """100 cases × 10 repeats × 2 ranks × 40 steps: 80k rows, a long sweep's worth."""
     steps, cases = _steps_frame(100, 10, 2, 40)

@@ -29,11 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from tpbench.algorithms import INTERLEAVED, SEQUENTIAL
+from tpbench.algorithms import NO_OVERLAP as REFERENCE
 from tpbench.analysis.stats import BOOTSTRAP_SAMPLES, CONFIDENCE, ratio_ci, repeat_medians
-
-SEQUENTIAL = "hook_with_zero_step"
-INTERLEAVED = "hook_with_zero_step_interleaved"
-REFERENCE = "zero_no_overlap"
 
 _NOT_PARAMS = ("case_id", "algorithm", "status", "error")
 

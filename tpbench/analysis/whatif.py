@@ -1,5 +1,8 @@
 """What-if: project a measured step onto a fabric that is not here.
 
+Pure functions over a case's analysed tables (``timeline``'s intervals and marks, the overlap
+table, step rows): ``tpbench.whatif_run`` reads them from the store and resolves the links.
+
 A measured case is reduced to a *skeleton* per profiled step: for each rank, the training thread's
 work between communication events (``Work``), the points where it issues a collective
 (``Issue``) and the points where the hook's dependency structure makes it wait for one
@@ -67,25 +70,18 @@ a fabric that is no slower than that path on every collective never exceeds the 
 
 from __future__ import annotations
 
-import codecs
-import gzip
-import json
 import math
-import re
 import tomllib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tpbench import store
 from tpbench.analysis.bandwidth import busbw_factor
 from tpbench.analysis.stats import bootstrap_ci, repeat_medians
-from tpbench.analysis.timeline import canonical_collective
-from tpbench.interconnect import resolve
+from tpbench.analysis.timeline import MARK_KINDS
 
 # --------------------------------------------------------------------------- fabrics
 
@@ -154,14 +150,6 @@ def parse_fabrics(text: str, source: str = "<fabrics>") -> dict[str, Fabric]:
             raise ValueError(f"{where}: need latency_us >= 0 and bandwidth_GBps > 0")
         out[name] = Fabric(name, lat * 1e-6, bw * 1e9, bool(t.get("shared", False)), str(t.get("description", "")))
     return out
-
-
-def load_fabrics(extra: Iterable[str | Path] = ()) -> dict[str, Fabric]:
-    """The built-in fabrics, then each user file's (a user file may redefine a built-in)."""
-    fabrics = parse_fabrics(FABRICS_TOML, "built-in fabrics")
-    for path in extra:
-        fabrics |= parse_fabrics(Path(path).read_text(), str(path))
-    return fabrics
 
 
 def emulated_link(rate_bits_per_s: float, host: Fabric | None, name: str | None = None) -> Fabric:
@@ -280,20 +268,10 @@ def fabric_cost(fabric: Fabric) -> Callable[[CollectiveSpec], float]:
     return lambda c: collective_time(c.key[0], c.nbytes, c.group_size, fabric)
 
 
-_ZERO_STEP_RE = re.compile(r"tpbench\.zero\.step\[bucket=(\d+)\]")
-_STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
-_RANK_RE = re.compile(r"rank[_-]?(\d+)")
-_MARK_RE = re.compile(r'"name"\s*:\s*"(?:c10d::|ProfilerStep\s*#|tpbench\.zero\.step\[)')
-_DIST_RE = re.compile(r'"distributedInfo"\s*:\s*')
-_CHUNK_CHARS = 8 << 20
-_DECODER = json.JSONDecoder()
-_COSTED = ("allreduce", "broadcast", "allgather", "reduce_scatter", "alltoall", "reduce")
-
-
 @dataclass
 class TraceMarks:
-    """What the skeleton needs from a trace beyond the stored intervals: step spans with their
-    thread, the training thread's collective issues (``c10d::*`` ops) and ZeRO step ranges (ns)."""
+    """One rank's marks (``timeline.Timeline.marks``), as the skeleton walks them: step spans with
+    their thread, the training thread's collective issues (``c10d::*`` ops) and ZeRO step ranges (ns)."""
 
     rank: int
     steps: list[tuple[int, int, int, int]]  # (step, tid, start, end)
@@ -301,100 +279,11 @@ class TraceMarks:
     zero_steps: list[tuple[int, int, int, int]]  # (tid, start, end, bucket)
 
 
-def _marked_events(path: Path, dist: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """The trace's events named ``c10d::*``, ``ProfilerStep#N`` or ``tpbench.zero.step[...]``,
-    decoded one at a time; ``dist`` receives the trace's ``distributedInfo``.
-
-    A trace holds millions of events and this needs a few dozen per step, so the text is
-    streamed, searched for those names, and only the object around each hit is decoded (its
-    ``{`` is the nearest one before ``"name"``: an event's name precedes its nested args). An
-    object cut by a chunk's end is decoded once the next chunk has arrived."""
-    decode = codecs.getincrementaldecoder("utf-8")("replace").decode
-    buf, need_dist = "", True
-    with (gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")) as f:  # noqa: SIM115
-        while True:
-            data = f.read(_CHUNK_CHARS)
-            buf += decode(data, final=not data)
-            if need_dist and (m := _DIST_RE.search(buf)):
-                try:
-                    dist.update(_DECODER.raw_decode(buf, m.end())[0])
-                    need_dist = False
-                except json.JSONDecodeError:
-                    need_dist = bool(data)
-            resume, last_end = None, 0
-            for m in _MARK_RE.finditer(buf):
-                if m.start() < last_end:
-                    continue
-                start = buf.rfind("{", 0, m.start())
-                try:
-                    event, last_end = _DECODER.raw_decode(buf, start)
-                except json.JSONDecodeError:
-                    if data:
-                        resume = start
-                        break
-                    continue
-                yield event
-            if not data:
-                return
-            # Keep what may hold an unread event: from a cut object, else the last few KB (a name
-            # split by the chunk's end), never an object already yielded.
-            buf = buf[resume if resume is not None else max(last_end, len(buf) - 4096):]
-
-
-def read_marks(path: str | Path) -> TraceMarks:
-    steps: list[tuple[int, int, int, int]] = []
-    issues: list[tuple[int, int, int, str]] = []
-    zero: list[tuple[int, int, int, int]] = []
-
-    def ns(e: dict[str, Any]) -> tuple[int, int]:
-        return round(e["ts"] * 1e3), round((e["ts"] + e["dur"]) * 1e3)
-
-    def take(events: list[dict[str, Any]]) -> None:
-        for e in events:
-            if e.get("ph") != "X":
-                continue
-            name = e.get("name", "")
-            if name.startswith("ProfilerStep") and (m := _STEP_RE.match(name)):
-                steps.append((int(m.group(1)), e["tid"], *ns(e)))
-            elif e.get("cat") == "cpu_op" and name.startswith("c10d::"):
-                coll = canonical_collective(name[len("c10d::"):])
-                if coll in _COSTED:
-                    issues.append((e["tid"], *ns(e), coll))
-            elif (m := _ZERO_STEP_RE.fullmatch(name)) and e.get("cat") == "user_annotation":
-                zero.append((e["tid"], *ns(e), int(m.group(1))))
-
-    dist: dict[str, Any] = {}
-    take(list(_marked_events(Path(path), dist)))
-    rank = dist.get("rank")
-    if rank is None:
-        m = _RANK_RE.search(Path(path).name)
-        if m is None:
-            raise ValueError(f"{path}: no rank in distributedInfo or in the file name")
-        rank = int(m.group(1))
-    steps.sort()
-    return TraceMarks(int(rank), steps, sorted(issues), sorted(zero))
-
-
-_MARK_KINDS = ("step", "issue", "zero_step")
-
-
-def marks_table(marks: Sequence[TraceMarks]) -> pd.DataFrame:
-    """Several ranks' marks as one DataFrame, so the store can keep them beside the intervals and
-    a report never has to reopen a trace: columns rank, kind (step|issue|zero_step), tid,
-    start_ns, end_ns, index (step number or bucket), collective."""
-    rows = []
-    for m in marks:
-        rows += [(m.rank, "step", tid, s, e, step, None) for step, tid, s, e in m.steps]
-        rows += [(m.rank, "issue", tid, s, e, -1, coll) for tid, s, e, coll in m.issues]
-        rows += [(m.rank, "zero_step", tid, s, e, bucket, None) for tid, s, e, bucket in m.zero_steps]
-    return pd.DataFrame(rows, columns=["rank", "kind", "tid", "start_ns", "end_ns", "index", "collective"])
-
-
 def marks_from_table(table: pd.DataFrame) -> list[TraceMarks]:
-    """Inverse of ``marks_table``."""
+    """Each rank's marks from a ``timeline.Timeline.marks`` table (as the store keeps it)."""
     out = []
     for rank, g in table.groupby("rank", sort=True):
-        by = {k: g[g["kind"] == k] for k in _MARK_KINDS}
+        by = {k: g[g["kind"] == k] for k in MARK_KINDS}
         out.append(TraceMarks(
             int(rank),
             sorted(zip(by["step"]["index"].astype(int), by["step"]["tid"].astype(int), by["step"]["start_ns"].astype(int), by["step"]["end_ns"].astype(int))),
@@ -674,11 +563,9 @@ def calibrated(case_id: str, params: Mapping[str, Any], skels: list[StepSkeleton
     return CaseModel(case_id, dict(params), skels, path, fit, measured, ci, fit.refusal())
 
 
-def case_model(run_dir: Path, case_id: str, params: Mapping[str, Any], step_rows: pd.DataFrame) -> CaseModel:
-    """Load one finished case's analysed tables (intervals, overlap, marks) from the store and calibrate it."""
-    intervals = store.read_case_table(run_dir, case_id, "intervals")
-    overlap = store.read_case_table(run_dir, case_id, "overlap")
-    marks = store.read_case_table(run_dir, case_id, "marks")
+def case_model(case_id: str, params: Mapping[str, Any], intervals: pd.DataFrame | None, overlap: pd.DataFrame,
+               marks: pd.DataFrame | None, step_rows: pd.DataFrame) -> CaseModel:
+    """One finished case's model, calibrated from its analysed tables (intervals, overlap, marks)."""
     if intervals is None or marks is None:
         raise ValueError(f"case {case_id} has no analysed traces (profiler_steps = 0, or a run older than its marks table)")
     skels = skeletons(marks_from_table(marks), intervals)
@@ -686,10 +573,6 @@ def case_model(run_dir: Path, case_id: str, params: Mapping[str, Any], step_rows
         raise ValueError(f"case {case_id}: no profiled step common to all ranks")
     reps = repeat_medians(step_rows)["step_ms"].to_numpy()
     return calibrated(case_id, params, skels, fit_host_path(skels, overlap), reps)
-
-
-def _done_cases(loaded: store.Loaded) -> pd.DataFrame:
-    return loaded.cases[loaded.cases["status"] == store.DONE]
 
 
 PROJECTION_COLUMNS = ("case_id", "fabric", "measured_ms", "compute_ms", "projected_ms", "speedup", "comm_share",
@@ -790,7 +673,9 @@ class RunWhatIf:
         return error_summary(self.validation)
 
 
-def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: str | None = None) -> RunWhatIf:
+def run_whatif(cases: pd.DataFrame, steps_by_case: Mapping[str, pd.DataFrame], rate_bits_per_s: Mapping[str, float],
+               model: Callable[[Mapping[str, Any]], CaseModel], fabrics: Mapping[str, Fabric],
+               reference: str | None = None) -> RunWhatIf:
     """Model every case on the reference link (default: loopback if the run has it, else its
     first interconnect) and project those onto ``fabrics``. Then validate the model on the run's
     emulated links, in both directions, among cases with the same parameters but the link:
@@ -803,35 +688,35 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
       as a user would describe a real fabric, never by its step times: a ``tcp-<rate>`` by its
       rate with the reference twin's path as floor, the reference link by that path (the busbw
       its traced collectives reached, as nccl-tests would report it for a real fabric).
+
+    ``cases``: the run's finished cases, one row each; ``steps_by_case``: their step rows;
+    ``rate_bits_per_s``: each link's rate (inf: unshaped); ``model``: a case row's calibrated
+    model (see ``case_model``), asked for at most once per case: the caller reads its tables.
     """
-    done = _done_cases(loaded)
-    if done.empty:
-        raise ValueError(f"{loaded.run_dir}: no finished case")
-    links = list(dict.fromkeys(done["interconnect"]))
+    if cases.empty:
+        raise ValueError("no finished case")
+    links = list(dict.fromkeys(cases["interconnect"]))
     reference = reference or ("loopback" if "loopback" in links else links[0])
     if reference not in links:
         raise ValueError(f"no finished case on {reference!r}; the run has {links}")
-    profiles = store.suite_table(loaded.meta, "interconnects")
-    rate = {link: resolve(link, profiles).rate_bits_per_s or math.inf for link in links}
+    rate = {link: rate_bits_per_s[link] for link in links}
     slowest = min((link for link in links if rate[link] < math.inf), key=rate.__getitem__, default=None)
-    steps_by_case = dict(tuple(loaded.steps.groupby("case_id")))
     models, rows = [], []
-    for group in _same_but_link(done):
+    for group in _same_but_link(cases):
         by_link = {r["interconnect"]: r for r in group.to_dict("records")}
         cache: dict[str, CaseModel] = {}
 
-        def model(link: str) -> CaseModel:
+        def model_on(link: str) -> CaseModel:
             if link not in cache:
-                r = by_link[link]
-                cache[link] = case_model(loaded.run_dir, r["case_id"], r, steps_by_case[r["case_id"]])
+                cache[link] = model(by_link[link])
             return cache[link]
 
         def target(link: str, host: Fabric | None, refused: str | None = None) -> Target:
-            cid = by_link[link]["case_id"]
+            row = by_link[link]
             fabric = host if rate[link] == math.inf else emulated_link(rate[link], host, link)
-            return Target(cid, link, fabric, steps_by_case[cid], refused)
+            return Target(row["case_id"], link, fabric, steps_by_case[row["case_id"]], refused)
 
-        ref_model = model(reference) if reference in by_link else None
+        ref_model = model_on(reference) if reference in by_link else None
         if ref_model is not None:
             models.append(ref_model)
             slower = [link for link in by_link if rate[link] < rate[reference]]
@@ -847,6 +732,6 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
             faster = [link for link in by_link
                       if rate[slowest] < rate[link] and (rate[link] < math.inf or (link == reference and host is not None))]
             if faster:
-                rows.append(validate(model(slowest), [target(link, host, why) for link in faster], FASTER))
+                rows.append(validate(model_on(slowest), [target(link, host, why) for link in faster], FASTER))
     validation = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=list(VALIDATION_COLUMNS))
     return RunWhatIf(reference, project(models, fabrics), validation, models)

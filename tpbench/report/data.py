@@ -15,10 +15,10 @@ from typing import Any
 import pandas as pd
 
 from tpbench import store
+from tpbench.algorithms import ALGORITHMS
 from tpbench.suite import Case, varying_keys
 
 # Plot and table order: baselines first, then what is measured against them.
-ALGORITHM_ORDER = ("ddp", "zero_no_overlap", "hook_with_zero_step", "hook_with_zero_step_interleaved", "post_localSGD_hook")
 
 # Summary columns every section may rely on (NaN where a case has no numbers).
 STEP_TIME_COLUMNS = ("median_ms", "ci_lo_ms", "ci_hi_ms", "p10_ms", "p90_ms", "repeat_medians_ms")
@@ -160,7 +160,7 @@ def _order_keys(cases: pd.DataFrame, runs: list[store.Loaded], context: list[str
             return (1, float(v), "")
         return (2, 0.0, json.dumps(v, default=str))
 
-    algo_pos = {a: i for i, a in enumerate(ALGORITHM_ORDER)}
+    algo_pos = {a: i for i, a in enumerate(ALGORITHMS)}
     return [
         (run_pos[row["run_id"]], algo_pos.get(row["algorithm"], len(algo_pos)), row["algo"], *(key(row.get(k)) for k in context))
         for row in cases.to_dict("records")

@@ -12,14 +12,14 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from tpbench import store
+from tpbench import store, whatif_run
 from tpbench.analysis import crossover, whatif
 from tpbench.report.html import Page, plot_text
 
 
 def sections(page: Page, runs: list[store.Loaded], fabrics: dict[str, whatif.Fabric] | None = None) -> None:
     """Add the crossover and what-if sections for each run that supports them."""
-    fabrics = fabrics if fabrics is not None else whatif.load_fabrics()
+    fabrics = fabrics if fabrics is not None else whatif_run.load_fabrics()
     many = len(runs) > 1
     for run in runs:
         suffix = f" (run {run.meta['run_id']})" if many else ""
@@ -110,7 +110,7 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fab
     if run.steps.empty or not any((store.case_dir(run.run_dir, cid) / "marks.parquet").exists() for cid in run.meta["cases"]):
         return
     try:
-        result = whatif.run_whatif(run, fabrics)
+        result = whatif_run.run_whatif(run, fabrics)
     except ValueError as e:
         page.heading(f"What-if: other fabrics{suffix}", anchor=f"whatif{anchor}")
         page.paragraph(f"No projection for this run: {e}.", css="warn")

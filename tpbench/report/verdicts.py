@@ -23,20 +23,12 @@ import numpy as np
 import pandas as pd
 
 from tpbench.analysis import convergence
+from tpbench.algorithms import ALGORITHMS, COMPARED_PAIRS, LOCALSGD, TUNING_KEYS, is_plain_ddp
 from tpbench.analysis.stats import ratio_ci
 from tpbench.report.data import ReportData, context_text
 
-# What a user tunes; every other varying parameter describes the setting (world, link, workload),
-# within which "fastest" is a recommendation. The algorithm-specific keys are those of
-# ``tpbench.algorithms.ALGORITHM_SPECIFIC_KEYS`` (a test keeps them equal), spelled out here
-# because importing the registry imports torch, seconds that ``tpbench report`` need not pay.
-ALGORITHM_SPECIFIC_KEYS = frozenset({"impl", "shard_buckets", "start_localSGD_iter", "post_local_gradient_allreduce",
-                                     "averaging_period", "ranks_per_node"})
-TUNING_KEYS = ALGORITHM_SPECIFIC_KEYS | {"algorithm", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
-                                       "comm_hook", "comm_hook_state"}
-
-# Short words for the ZeRO hooks in sentences; the report spells them out once beside the verdicts.
-SHORT = {"hook_with_zero_step_interleaved": "interleaved", "hook_with_zero_step": "sequential"}
+# Short words for algorithms in sentences; the report spells them out once beside the verdicts.
+SHORT = {a.name: a.short for a in ALGORITHMS.values() if a.short}
 
 
 @dataclass(frozen=True)
@@ -61,22 +53,14 @@ def _algorithms(candidate: str, baseline: str) -> Kind:
     return Kind(f"{c} / {b}", c, b, _algorithm(candidate), _algorithm(baseline), frozenset({"algorithm"}))
 
 
-ZERO_KINDS = (
-    _algorithms("hook_with_zero_step_interleaved", "hook_with_zero_step"),
-    _algorithms("hook_with_zero_step", "zero_no_overlap"),
-    _algorithms("hook_with_zero_step_interleaved", "zero_no_overlap"),
-)
-
-
-def _is_localsgd_baseline(row: dict[str, Any]) -> bool:
-    return row["algorithm"] == "ddp" or (row["algorithm"] == "post_localSGD_hook" and row.get("start_localSGD_iter") == "never")
-
+ZERO_KINDS = tuple(_algorithms(candidate, baseline) for candidate, baseline in COMPARED_PAIRS)
 
 LOCALSGD_KIND = Kind(
     "post-local SGD / DDP", "post-local SGD", "DDP",
-    lambda row: row["algorithm"] == "post_localSGD_hook" and row.get("start_localSGD_iter") != "never",
-    _is_localsgd_baseline,
-    frozenset({"algorithm", "start_localSGD_iter", "averaging_period", "post_local_gradient_allreduce", "ranks_per_node"}),
+    lambda row: row["algorithm"] == LOCALSGD and not is_plain_ddp(row),
+    is_plain_ddp,
+    # Post-local SGD's own parameters define the sides; impl is matched on like any other key.
+    frozenset({"algorithm"}) | ALGORITHMS[LOCALSGD].uses - {"impl"},
 )
 
 

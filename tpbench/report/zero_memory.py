@@ -7,12 +7,12 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tpbench.analysis.memory import per_case
+from tpbench.algorithms import ZERO_HOOKS
 from tpbench.report.data import ReportData, context_text
 from tpbench.report.figures import LEGEND_TOP, MARGIN, display
 from tpbench.report.html import Page
 
 MB = 2**20
-HOOKS = ("hook_with_zero_step", "hook_with_zero_step_interleaved")
 
 
 def section(page: Page, data: ReportData) -> None:
@@ -52,7 +52,7 @@ def _sentences(cases: pd.DataFrame, context_keys: list[str]) -> list[str]:
                    f"best ({best['label']}) and {_mb(worst['state_max_bytes'])} ({worst['state_saved_pct']:.0f} % saved) "
                    f"at worst ({worst['label']}); an even split over {int(best['ranks'])} ranks would save "
                    f"{100 * (1 - 1 / best['ranks']):.0f} %.")
-    hooks = cases[cases["algorithm"].isin(HOOKS)].dropna(subset=["bucket_cap_mb"])
+    hooks = cases[cases["algorithm"].isin(ZERO_HOOKS)].dropna(subset=["bucket_cap_mb"])
     # Both hooks partition alike: one sentence per setting (bucket size, model, ...) of each run.
     keys = ["bucket_cap_mb", *(k for k in context_keys if k not in ("algorithm", "impl", "shard_buckets", "bucket_cap_mb"))]
     for _, grp in hooks.groupby(["run_id", *keys], sort=True, dropna=False):

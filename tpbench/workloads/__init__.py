@@ -1,7 +1,8 @@
 """Workloads: small, self-contained models with generated data (never downloaded).
 
-Register a workload by adding its class to ``WORKLOADS``; the suite validates
-``[workloads.NAME]`` tables against the class's ``Params`` dataclass. A user's model is named by
+Register a workload by adding its class to ``WORKLOADS`` and its ``Params`` dataclass to
+``tpbench.workload_params`` (torch-free), against which the suite validates ``[workloads.NAME]``
+tables. A user's model is named by
 import path instead (``"mypkg.bench:build"``, see ``tpbench.workloads.imported``); ``resolve``
 gives either kind.
 """
@@ -11,9 +12,10 @@ import torch
 from tpbench.workloads.base import Workload, WorkloadContext, batch_seed
 from tpbench.workloads.embedding import Embedding
 from tpbench.workloads.gpt import GPT
-from tpbench.workloads.imported import Bench, UserWorkloadError, imported_workload, is_import_path
+from tpbench.workloads.imported import Bench, imported_workload
 from tpbench.workloads.markov import MarkovChainLM
 from tpbench.workloads.mlp import MLP
+from tpbench.workload_params import UserWorkloadError, is_import_path, unknown
 from tpbench.workloads.resnet import ResNet
 
 WORKLOADS: dict[str, type[Workload]] = {w.name: w for w in (MLP, MarkovChainLM, GPT, ResNet, Embedding)}
@@ -29,7 +31,7 @@ def resolve(name: str) -> type[Workload]:
     if name in WORKLOADS:
         return WORKLOADS[name]
     if not is_import_path(name):
-        raise UserWorkloadError(f"expected one of {', '.join(WORKLOADS)} or an import path MODULE:FACTORY, got {name!r}")
+        raise unknown(name)
     if name not in _imported:
         _imported[name] = imported_workload(name)
     return _imported[name]

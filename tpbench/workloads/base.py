@@ -66,20 +66,3 @@ class Workload(ABC):
     def optimal_loss(self) -> float | None:
         """The best achievable expected loss, when the task makes it known exactly."""
         return None
-
-
-def apply_preset(params: object, presets: dict[str, dict[str, int]]) -> None:
-    """Fill a frozen ``Params``'s size fields left at 0 ("the preset's") from ``params.preset``.
-
-    Called from ``__post_init__``: the resolved sizes are what the case records, so a stored
-    case says exactly what ran, and an explicit size overrides the preset's.
-    """
-    chosen = presets.get(params.preset)
-    if chosen is None:
-        raise ValueError(f"preset must be one of {', '.join(presets)}, got {params.preset!r}")
-    for key, value in chosen.items():
-        current = getattr(params, key)
-        if current < 0:
-            raise ValueError(f"{key} must be > 0 (or 0 for the preset's {value}), got {current}")
-        if current == 0:
-            object.__setattr__(params, key, value)

@@ -10,34 +10,12 @@ A sample is ``bag_size`` item ids (Zipf-like popularity, as real id streams have
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tpbench.workloads.base import Workload, apply_preset, batch_seed
-
-PRESETS: dict[str, dict[str, int]] = {
-    "tiny": dict(rows=4096, dim=16, hidden=32),
-    "small": dict(rows=262144, dim=32, hidden=64),
-    "large": dict(rows=4_000_000, dim=64, hidden=256),
-}
-
-
-@dataclass(frozen=True)
-class EmbeddingParams:
-    """``preset`` picks the sizes; a size set here (non-zero) overrides the preset's."""
-
-    preset: str = "tiny"
-    rows: int = 0
-    dim: int = 0
-    hidden: int = 0
-    bag_size: int = 8
-    heldout_samples: int = 1024
-
-    def __post_init__(self) -> None:
-        apply_preset(self, PRESETS)
+from tpbench.workloads.base import Workload, batch_seed
+from tpbench.workload_params import EMBEDDING_PRESETS, EmbeddingParams
 
 
 class EmbeddingMLP(nn.Module):
@@ -55,9 +33,9 @@ class EmbeddingMLP(nn.Module):
 class Embedding(Workload):
     """Large embedding table + small MLP, binary labels from a hidden per-item score."""
 
-    name = "embedding"
+    name = EmbeddingParams.workload
     Params = EmbeddingParams
-    presets = PRESETS
+    presets = EMBEDDING_PRESETS
 
     def __init__(self, params: EmbeddingParams, ctx) -> None:
         super().__init__(params, ctx)

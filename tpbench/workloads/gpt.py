@@ -17,50 +17,14 @@ row's successors are distinct; coinciding successors are merged). Sequences are 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tpbench.workloads.base import Workload, apply_preset, batch_seed
+from tpbench.workloads.base import Workload, batch_seed
+from tpbench.workload_params import GPTParams, GPT_PRESETS
 from tpbench.workloads.markov import TinyTransformer, sample_chain
-
-PRESETS: dict[str, dict[str, int]] = {
-    "tiny": dict(n_layer=2, n_head=2, n_embd=64, vocab_size=64, block_size=32),
-    "mini": dict(n_layer=4, n_head=4, n_embd=128, vocab_size=1024, block_size=64),
-    "small": dict(n_layer=6, n_head=8, n_embd=256, vocab_size=8192, block_size=128),
-    "gpt2": dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, block_size=1024),
-    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024, vocab_size=50257, block_size=1024),
-}
-
-
-@dataclass(frozen=True)
-class GPTParams:
-    """``preset`` picks the sizes; a size set here (non-zero) overrides the preset's.
-
-    ``fanout``, ``concentration`` and ``chain_seed`` define the task (see the module docstring);
-    ``chain_seed`` fixes it independently of the run's ``seed``.
-    """
-
-    preset: str = "tiny"
-    n_layer: int = 0
-    n_head: int = 0
-    n_embd: int = 0
-    vocab_size: int = 0
-    block_size: int = 0
-    fanout: int = 4
-    concentration: float = 1.0
-    chain_seed: int = 0
-    heldout_sequences: int = 64
-
-    def __post_init__(self) -> None:
-        apply_preset(self, PRESETS)
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if self.fanout > self.vocab_size:
-            raise ValueError(f"fanout ({self.fanout}) must be at most vocab_size ({self.vocab_size})")
 
 
 def permutation_chain(states: int, fanout: int, concentration: float, seed: int) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -94,9 +58,9 @@ def _gpt2_init(module: nn.Module) -> None:
 class GPT(Workload):
     """GPT-2-shaped decoder (pre-norm blocks, tied output layer) on a permutation-mixture chain."""
 
-    name = "gpt"
+    name = GPTParams.workload
     Params = GPTParams
-    presets = PRESETS
+    presets = GPT_PRESETS
 
     def __init__(self, params: GPTParams, ctx) -> None:
         super().__init__(params, ctx)

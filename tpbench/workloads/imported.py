@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from tpbench.workloads.base import Workload, WorkloadContext
+from tpbench.workload_params import UserWorkloadError
 
 
 @dataclass
@@ -50,14 +51,6 @@ class Bench:
     loss: Callable[[Any, Any], torch.Tensor]
     heldout_batches: Callable[[], list[tuple[Any, Any]]] | None = None
     optimal_loss: float | None = None
-
-
-class UserWorkloadError(ValueError):
-    """The import path, the factory or what it returns breaks the protocol (the message says how)."""
-
-
-def is_import_path(name: str) -> bool:
-    return ":" in name
 
 
 def _import(path: str) -> Callable[..., Any]:

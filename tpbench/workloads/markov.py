@@ -20,16 +20,13 @@ differs), so the held-out optimum is unchanged and the gap measures what local s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from tpbench.workloads.base import Workload, WorkloadContext, batch_seed
-
-NON_IID_MODES = ("none", "node", "rank")
+from tpbench.workload_params import MarkovParams
 
 
 def stationary_distribution(transition: np.ndarray) -> np.ndarray:
@@ -147,37 +144,6 @@ class TinyTransformer(nn.Module):
         return self.head(self.norm(self.blocks(x)))
 
 
-@dataclass(frozen=True)
-class MarkovParams:
-    """The chain (``vocab`` … ``chain_seed``), the model (``d_model`` … ``n_heads``) and the data split.
-
-    ``chain_seed`` fixes the task, independently of the run's ``seed`` (model init and batches), so
-    runs with different seeds are repeats of one task with one optimum.
-    """
-
-    vocab: int = 32
-    clusters: int = 4
-    leak: float = 0.02
-    concentration: float = 0.5
-    chain_seed: int = 0
-    seq_len: int = 32
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    non_iid: str = "none"
-    heldout_sequences: int = 512
-
-    def __post_init__(self) -> None:
-        if self.vocab % self.clusters:
-            raise ValueError(f"vocab ({self.vocab}) must be divisible by clusters ({self.clusters})")
-        if not 0 < self.leak <= 1:
-            raise ValueError(f"leak must be in (0, 1] (0 would split the chain), got {self.leak}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.non_iid not in NON_IID_MODES:
-            raise ValueError(f"non_iid must be one of {', '.join(NON_IID_MODES)}, got {self.non_iid!r}")
-
-
 class MarkovChainLM(Workload):
     """Next-token prediction on a random clustered Markov chain, with a tiny transformer.
 
@@ -185,7 +151,7 @@ class MarkovChainLM(Workload):
     with the defaults.
     """
 
-    name = "markov"
+    name = MarkovParams.workload
     Params = MarkovParams
 
     def __init__(self, params: MarkovParams, ctx: WorkloadContext) -> None:

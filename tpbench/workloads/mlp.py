@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from tpbench.workloads.base import Workload, batch_seed
-
-
-@dataclass(frozen=True)
-class MLPParams:
-    width: int = 1024
-    depth: int = 8
-    classes: int = 16
+from tpbench.workload_params import MLPParams
 
 
 class MLP(Workload):
@@ -24,7 +16,7 @@ class MLP(Workload):
     produce gradients of a chosen size and compute of a chosen cost.
     """
 
-    name = "mlp"
+    name = MLPParams.workload
     Params = MLPParams
 
     def build_model(self) -> nn.Module:

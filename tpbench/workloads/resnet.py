@@ -8,36 +8,12 @@ noise, so the task is learnable and held-out accuracy means something, and nothi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tpbench.workloads.base import Workload, apply_preset, batch_seed
-
-PRESETS: dict[str, dict[str, int]] = {
-    "tiny": dict(width=8, stages=2, blocks_per_stage=1, image_size=16),
-    "small": dict(width=32, stages=3, blocks_per_stage=2, image_size=32),
-    "resnet18": dict(width=64, stages=4, blocks_per_stage=2, image_size=224),
-}
-
-
-@dataclass(frozen=True)
-class ResNetParams:
-    """``preset`` picks the sizes; a size set here (non-zero) overrides the preset's."""
-
-    preset: str = "tiny"
-    width: int = 0
-    stages: int = 0
-    blocks_per_stage: int = 0
-    image_size: int = 0
-    classes: int = 10
-    noise: float = 1.0
-    heldout_images: int = 256
-
-    def __post_init__(self) -> None:
-        apply_preset(self, PRESETS)
+from tpbench.workloads.base import Workload, batch_seed
+from tpbench.workload_params import RESNET_PRESETS, ResNetParams
 
 
 class _Basic(nn.Module):
@@ -76,9 +52,9 @@ def resnet(width: int, stages: int, blocks_per_stage: int, classes: int) -> nn.M
 class ResNet(Workload):
     """ResNet-style CNN on noisy copies of one random template image per class."""
 
-    name = "resnet"
+    name = ResNetParams.workload
     Params = ResNetParams
-    presets = PRESETS
+    presets = RESNET_PRESETS
 
     def __init__(self, params: ResNetParams, ctx) -> None:
         super().__init__(params, ctx)

@@ -10,14 +10,14 @@ Runs two small capture sweeps through the library (the same path as ``tpbench sw
 Then checks, per case and rank: the trace holds CUDA kernels, memcpys, the phase ranges and
 ``distributedInfo``; ``nvml.parquet`` holds samples at the configured interval whose trace-clock
 timestamps fall inside the traced window; run.json has the observed transport and clock offsets.
-(The sampler's overhead is ``bench_nvml_overhead.py``'s job.)
+(The sampler's overhead is ``benchmarks/bench_nvml_overhead.py``'s job.)
 
 Prints one line per check; ``--json`` writes the checks and each run directory's path (the run
-directories go under ``--root``, for ``gpu_analysis.py`` and ``tpbench report``). ``--rehearse``
+directories go under ``--root``, for ``gpu/analysis.py`` and ``tpbench report``). ``--rehearse``
 runs the same sweeps on CPU (Gloo ×1 and ×2) to test the script without a GPU: the GPU checks then
 fail, as they should. Exit 0 when every check passes, 1 when one fails, 2 without CUDA.
 
-Usage: python scripts/gpu_capture.py [--root DIR] [--json FILE] [--interval-ms 50] [--rehearse]
+Usage: python -m gpu.capture [--root DIR] [--json FILE] [--interval-ms 50] [--rehearse]
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_analysis import Checks  # noqa: E402 - found through the line above
+from gpu.analysis import Checks
 
 SUITE = """
 [suite]

@@ -1,13 +1,13 @@
 """Report generation time and file size for a run of a hundred cases and more.
 
-The run is synthetic (``scripts/synth_run.py``): a ZeRO sweep of 4 algorithms over bucket sizes,
+The run is synthetic (``benchmarks/synth_run.py``): a ZeRO sweep of 4 algorithms over bucket sizes,
 ``shard_buckets`` and 3 interconnects, with every table a real sweep leaves in the store (steps,
 summary, intervals, overlap, collectives, NVML samples) and a failed case. Each round times
 ``write_report`` end to end in a fresh process (imports excluded): loading through the store,
 building every section, writing the file. Both wall and CPU time are printed, since a shared
 machine's wall time includes waiting for other people's work.
 
-Usage: python scripts/bench_report.py [--workdir DIR] [--reuse] [--rounds 3] [--buckets 1 2 4 8 16 25]
+Usage: python -m benchmarks.bench_report [--workdir DIR] [--reuse] [--rounds 3] [--buckets 1 2 4 8 16 25]
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parent
 TARGET_S = 10.0
 
 _ROUND = """
@@ -46,8 +45,7 @@ def main() -> None:
     if runs:
         run_dir = runs[-1].parent
     else:
-        sys.path.insert(0, str(SCRIPTS))
-        from synth_run import make_run
+        from benchmarks.synth_run import make_run
 
         run_dir = make_run(work / "results", buckets=tuple(args.buckets))
     cases = len(json.loads((run_dir / "run.json").read_text())["cases"])

@@ -1,6 +1,6 @@
 """tpbench's own analysis of the traces and NCCL logs a GPU capture sweep produced, as figures.
 
-    python scripts/gpu_analysis.py --runs RUN_DIR [RUN_DIR ...] [--json FILE]
+    python -m gpu.analysis --runs RUN_DIR [RUN_DIR ...] [--json FILE]
 
 For every finished case of each run: the traces are parsed again with ``timeline.read_traces``
 (timed), and the figures the sweep stored are read back: intervals per rank and lane (count,
@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 from tpbench import store
-from tpbench.analysis import overlap, timeline
+from tpbench.analysis import overlap, timeline, trace_events
 from tpbench.capture import transport
 
 TOP_NAMES = 4
@@ -69,7 +69,7 @@ def collectives(table: pd.DataFrame | None) -> dict[str, Any]:
 def fast_path(paths: list[Path]) -> dict[str, Any]:
     """Whether the regex fast path read every piece of these traces, and read them exactly as
     plain JSON decoding does (the parser's claim, so far checked on CPU-made traces only)."""
-    accumulator = timeline._Accumulator
+    accumulator = trace_events.TraceEvents
     real = accumulator._take_fast
     used: list[bool] = []
     try:
@@ -79,7 +79,7 @@ def fast_path(paths: list[Path]) -> dict[str, Any]:
         slow = timeline.read_traces(paths)
     finally:
         accumulator._take_fast = real
-    same = fast.intervals.equals(slow.intervals) and fast.steps.equals(slow.steps)
+    same = fast.intervals.equals(slow.intervals) and fast.steps.equals(slow.steps) and fast.marks.equals(slow.marks)
     return {"pieces": len(used), "pieces_on_fast_path": sum(used), "same_as_json_decoding": same}
 
 
@@ -92,7 +92,7 @@ def nccl_logs(run_dir: Path) -> dict[str, Any]:
 
 
 class Checks:
-    """Named pass/fail checks, printed as they are made (this script's and ``gpu_capture.py``'s)."""
+    """Named pass/fail checks, printed as they are made (this script's and ``gpu/capture.py``'s)."""
 
     def __init__(self) -> None:
         self.results: list[dict[str, Any]] = []

@@ -15,7 +15,7 @@ without their sharding, so the optimizer lane and ``gloo:broadcast`` appear in t
 numbers are compared with tpbench's on a real trace, and how the speed benchmark gets a file both
 tools can analyse.
 
-Usage: python scripts/make_trace.py OUT_DIR [--steps 3] [--width 64] [--depth 2] [--bucket-ranges]
+Usage: python -m benchmarks.make_trace OUT_DIR [--steps 3] [--width 64] [--depth 2] [--bucket-ranges]
                                    [--gpu-style DIR]
 writes OUT_DIR/rank0.json.gz, OUT_DIR/rank1.json.gz, ... (and DIR/rank<r>.json.gz)
 """

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The one prepared GPU check, for a machine with an NVIDIA GPU and no package registry:
 #
-#   bash scripts/fetch_gpu_wheels.sh              # here: fills .whl/ (orjson, plotly and what plotly needs)
-#   OUT=/tmp/gpu-out bash scripts/gpu_check.sh    # there, from the repository root, with .whl/ carried along
+#   bash gpu/fetch_gpu_wheels.sh              # here: fills .whl/ (orjson, plotly and what plotly needs)
+#   OUT=/tmp/gpu-out bash gpu/gpu_check.sh    # there, from the repository root, with .whl/ carried along
 #
 # Installs the carried wheels into a scratch folder (pip --target; unzipping them if pip is missing),
-# then runs scripts/gpu_check.py with the machine's own python3 and torch: every part in its own
+# then runs gpu/check.py (python -m gpu.check) with the machine's own python3 and torch: every part in its own
 # process and time limit, the whole within BUDGET_S seconds (default 330). $OUT receives
 # gpu_check.json (every figure and check), one log per part and artifacts.tar.gz (traces, NCCL logs,
 # tables, the HTML report). Exit 0 when every check passed, 1 when one failed, 2 without CUDA.
@@ -27,7 +27,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     echo "gpu_check: the wheels of .whl/ do not install for $PY (made for CPython 3.12); using its own packages" >&2
   fi
 else
-  echo "gpu_check: no .whl/ folder (bash scripts/fetch_gpu_wheels.sh makes it); using the machine's packages only" >&2
+  echo "gpu_check: no .whl/ folder (bash gpu/fetch_gpu_wheels.sh makes it); using the machine's packages only" >&2
 fi
-export PYTHONPATH="$PWD:$PWD/scripts:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-exec "$PY" scripts/gpu_check.py --out "$OUT" --work "$WORK" --budget-s "${BUDGET_S:-330}" ${REHEARSE:+--rehearse} ${PARTS:+--parts "$PARTS"}
+export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+exec "$PY" -m gpu.check --out "$OUT" --work "$WORK" --budget-s "${BUDGET_S:-330}" ${REHEARSE:+--rehearse} ${PARTS:+--parts "$PARTS"}

@@ -1,6 +1,6 @@
 """Check tpbench's ZeRO overlap hooks on an NVIDIA GPU and time them against PyTorch's.
 
-    python scripts/gpu_zero_hooks.py [--json FILE] [--rehearse]
+    python -m gpu.zero_hooks [--json FILE] [--rehearse]
 
 Two worlds, each started once:
 
@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_zero_hooks import Config, batches, bench_rank, build_model, device_for, launch, overlapped, summarize
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from benchmarks.bench_zero_hooks import Config, batches, bench_rank, build_model, device_for, launch, overlapped, summarize
 
 PARITY_STEPS = 4
 PARITY_TOLERANCE = 1e-5

@@ -16,7 +16,7 @@ Prints one line per check; ``--json`` writes checks and figures. ``--rehearse`` 
 CPU with the smallest sizes (tests the script, measures nothing about GPUs). Exit 0 when every
 check passes, 1 when one fails, 2 without CUDA.
 
-Usage: python scripts/gpu_models.py [--root DIR] [--json FILE] [--rehearse]
+Usage: python -m gpu.models [--root DIR] [--json FILE] [--rehearse]
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_analysis import Checks  # noqa: E402 - found through the line above
+from gpu.analysis import Checks
 
 GPT_SUITE = """
 [suite]

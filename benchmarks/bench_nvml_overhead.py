@@ -11,7 +11,7 @@ sampler can only be measured against a simulated NVML whose four calls per sampl
 ``--sim-query-ms / 4`` with the GIL released, as ctypes calls do: that measures the sampler's
 Python-side cost, not the driver's. The output says which one ran.
 
-Usage: python scripts/bench_nvml_overhead.py [--rounds 8] [--steps 30] [--interval-ms 50]
+Usage: python -m benchmarks.bench_nvml_overhead [--rounds 8] [--steps 30] [--interval-ms 50]
        [--sim-query-ms 2] [--threads N] [--json OUT.json]
 """
 

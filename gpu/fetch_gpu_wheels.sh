@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Fill .whl/ (git-ignored) with the wheels the GPU machine lacks, for scripts/gpu_check.sh to install
+# Fill .whl/ (git-ignored) with the wheels the GPU machine lacks, for gpu/gpu_check.sh to install
 # there without a package registry. That machine runs CPython 3.12 on x86_64 Linux and already has torch,
 # numpy, pandas, pyarrow, rich, psutil, nvidia-ml-py and pytest; it lacks orjson and plotly (plotly needs
 # narwhals and packaging). One pinned version of each, dependencies listed explicitly (--no-deps).
 #
-#   bash scripts/fetch_gpu_wheels.sh          # then carry .whl with the tree
+#   bash gpu/fetch_gpu_wheels.sh          # then carry .whl with the tree
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=(orjson==3.13.0 plotly==7.1.0 narwhals==2.29.0 packaging==26.4)

@@ -1,7 +1,7 @@
 """Benchmark tpbench's ZeRO overlap hooks against PyTorch's, side by side in one world.
 
-    .venv/bin/python scripts/bench_zero_hooks.py                    # 2 Gloo ranks on CPU
-    .venv/bin/python scripts/bench_zero_hooks.py --hook interleaved --backend nccl --device cuda --world-size 1
+    .venv/bin/python -m benchmarks.bench_zero_hooks                    # 2 Gloo ranks on CPU
+    .venv/bin/python -m benchmarks.bench_zero_hooks --hook interleaved --backend nccl --device cuda --world-size 1
 
 Both implementations train their own copy of the same model (same seed, same batches) in the
 same process world. Many short rounds alternate which one runs first (A B, B A, ...) so that a

@@ -11,7 +11,7 @@ case, and summary.parquet via ``sweep.finalize``.
 ``make_localsgd_run`` writes a post-local SGD sweep with held-out losses, the known optimum and
 parameter drift, for the convergence sections.
 
-Usage: python scripts/synth_run.py OUT_ROOT [--buckets 1 2 4 8 16 25] [--repeats 3] [--localsgd]
+Usage: python -m benchmarks.synth_run OUT_ROOT [--buckets 1 2 4 8 16 25] [--repeats 3] [--localsgd]
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ ENVIRONMENT: dict[str, Any] = {
 SUITE = """\
 [suite]
 name = "{name}"
-description = "Synthetic ZeRO sweep written by scripts/synth_run.py (no rank ran)"
+description = "Synthetic ZeRO sweep written by benchmarks/synth_run.py (no rank ran)"
 [defaults]
 world_size = {world_size}
 backend = "gloo"
@@ -217,7 +217,7 @@ def _nvml(case: Case, c: Cost, rng: np.random.Generator, interval_ms: float = 50
 LOCALSGD_SUITE = """\
 [suite]
 name = "{name}"
-description = "Synthetic post-local SGD sweep written by scripts/synth_run.py (no rank ran)"
+description = "Synthetic post-local SGD sweep written by benchmarks/synth_run.py (no rank ran)"
 [defaults]
 algorithm = "post_localSGD_hook"
 world_size = 4

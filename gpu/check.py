@@ -1,17 +1,17 @@
 """Run every part of the GPU check in its own process and time limit; write one JSON summary.
 
-Started by ``scripts/gpu_check.sh`` (which installs the carried wheels first). The parts, in order:
+Started by ``gpu/gpu_check.sh`` (which installs the carried wheels first). The parts, in order:
 
 - ``preflight``: versions (Python, torch, CUDA, NCCL, driver, GPU), where each needed package was
   imported from; without CUDA the check stops here (exit 2) unless ``--rehearse``;
-- ``zero_hooks``: ``gpu_zero_hooks.py``, parity and step-time ratios of the ZeRO hooks;
-- ``capture``: ``gpu_capture.py``, two capture sweeps (NCCL ×1, Gloo ×2 sharing the GPU) and
+- ``zero_hooks``: ``gpu/zero_hooks.py``, parity and step-time ratios of the ZeRO hooks;
+- ``capture``: ``gpu/capture.py``, two capture sweeps (NCCL ×1, Gloo ×2 sharing the GPU) and
   their checks (kernels, memcpys, NVML rate, transport);
-- ``analysis``: ``gpu_analysis.py``, tpbench's own analysis of the traces and NCCL logs the
+- ``analysis``: ``gpu/analysis.py``, tpbench's own analysis of the traces and NCCL logs the
   capture sweeps produced, with the key figures;
 - ``report``: ``tpbench report`` on those runs (needs plotly);
-- ``overhead``: ``bench_nvml_overhead.py``, the NVML sampler's cost on the timed steps;
-- ``models``: ``gpu_models.py``, GPT-2 small under every ZeRO variant (exact memory accounting
+- ``overhead``: ``benchmarks/bench_nvml_overhead.py``, the NVML sampler's cost on the timed steps;
+- ``models``: ``gpu/models.py``, GPT-2 small under every ZeRO variant (exact memory accounting
   against the allocator) and post-local SGD, ResNet and embedding models on 2 Gloo ranks.
 
 A part that fails or runs out of time costs only itself: the parts after it still run, each
@@ -19,8 +19,8 @@ within what is left of ``--budget-s``. ``gpu_check.json`` is rewritten after eve
 outer timeout still leaves the finished parts' results; ``artifacts.tar.gz`` (traces, NCCL logs,
 stored tables, the report; at most 15 MiB) is written last.
 
-Usage: python scripts/gpu_check.py --out DIR --work DIR [--budget-s 330] [--rehearse] [--parts a,b]
-       python scripts/gpu_check.py --preflight --json FILE [--rehearse]
+Usage: python -m gpu.check --out DIR --work DIR [--budget-s 330] [--rehearse] [--parts a,b]
+       python -m gpu.check --preflight --json FILE [--rehearse]
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-SCRIPTS = Path(__file__).resolve().parent
 PACKAGES = ("torch", "numpy", "pandas", "pyarrow", "orjson", "plotly", "narwhals", "pynvml", "rich", "psutil")
 DISTRIBUTIONS = {"pynvml": "nvidia-ml-py"}  # where the import name is not the distribution's
 MIN_PART_S = 15
@@ -171,14 +170,14 @@ def parts(args: argparse.Namespace, check: Check) -> list[Part]:
         return str(work / f"{name}.json")
 
     return [
-        Part("zero_hooks", [py, str(SCRIPTS / "gpu_zero_hooks.py"), "--json", js("zero_hooks"), *rehearse], 110),
-        Part("capture", [py, str(SCRIPTS / "gpu_capture.py"), "--root", str(work / "capture"), "--json", js("capture"),
+        Part("zero_hooks", [py, "-m", "gpu.zero_hooks", "--json", js("zero_hooks"), *rehearse], 110),
+        Part("capture", [py, "-m", "gpu.capture", "--root", str(work / "capture"), "--json", js("capture"),
                          *rehearse], 130),
-        Part("analysis", [py, str(SCRIPTS / "gpu_analysis.py"), "--json", js("analysis")], 60, needs=("capture",)),
+        Part("analysis", [py, "-m", "gpu.analysis", "--json", js("analysis")], 60, needs=("capture",)),
         Part("report", [py, "-m", "tpbench", "report", "-o", str(work / "report.html")], 45, needs=("capture",)),
-        Part("overhead", [py, str(SCRIPTS / "bench_nvml_overhead.py"), "--json", js("overhead"),
+        Part("overhead", [py, "-m", "benchmarks.bench_nvml_overhead", "--json", js("overhead"),
                           *(["--rounds", "2", "--steps", "4", "--width", "64"] if args.rehearse else ["--rounds", "6"])], 45),
-        Part("models", [py, str(SCRIPTS / "gpu_models.py"), "--root", str(work / "models"), "--json", js("models"),
+        Part("models", [py, "-m", "gpu.models", "--root", str(work / "models"), "--json", js("models"),
                         *rehearse], 150),
     ]
 
@@ -260,7 +259,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     work.mkdir(parents=True, exist_ok=True)
     check = Check(args.rehearse, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), args.budget_s)
     pre = work / "preflight.json"
-    outcome = run_part(Part("preflight", [sys.executable, __file__, "--preflight", "--json", str(pre),
+    outcome = run_part(Part("preflight", [sys.executable, "-m", "gpu.check", "--preflight", "--json", str(pre),
                                           *(["--rehearse"] if args.rehearse else [])], 90), 90, work / "preflight.log", pre)
     outcome.log = (work / "preflight.log").read_text()[-4000:]
     check.parts["preflight"] = outcome

@@ -2,7 +2,7 @@
 
 Real traces reach hundreds of MB, so the analysis has to be fast and lean enough to run on every
 case of a sweep. This script records a real 2-rank Gloo DDP trace of a deep MLP (many ops per
-step, many steps) with ``scripts/make_trace.py``, rewrites rank 0's trace as a GPU trace with the
+step, many steps) with ``benchmarks/make_trace.py``, rewrites rank 0's trace as a GPU trace with the
 same timing (HTA only analyses GPU kernels; see ``make_trace.gpu_style``) and then, each tool in a
 fresh process of its own, parses that one file and computes communication/computation overlap:
 
@@ -16,7 +16,7 @@ differ by about a point only because HTA, by default, rounds every event inwards
 microseconds, which shaves the many µs-long ops of this trace; with ``HTA_DISABLE_NS_ROUNDING=1``
 it prints tpbench's number.
 
-Usage: python scripts/bench_analysis.py [--workdir DIR] [--steps 30] [--depth 256] [--reuse]
+Usage: python -m benchmarks.bench_analysis [--workdir DIR] [--steps 30] [--depth 256] [--reuse]
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 
 TARGET_BYTES = 200 * 10**6
-SCRIPTS = Path(__file__).resolve().parent
 
 
 def measure(tool: str, folder: str) -> dict[str, float]:
@@ -78,7 +77,7 @@ def _peak_rss_kb() -> int:
 
 def run_measurement(tool: str, folder: Path) -> dict[str, float]:
     """``measure`` in a fresh interpreter, so neither tool's memory or caches affect the other."""
-    proc = subprocess.run([sys.executable, __file__, "--measure", tool, str(folder)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", __spec__.name, "--measure", tool, str(folder)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{tool} failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -94,8 +93,7 @@ def uncompressed_size(path: Path) -> int:
 
 def generate(workdir: Path, steps: int, depth: int, width: int) -> Path:
     """Record the Gloo traces and rewrite rank 0's as a GPU trace in ``workdir/bench``."""
-    sys.path.insert(0, str(SCRIPTS))
-    from make_trace import TraceJob, gpu_style, make_traces
+    from benchmarks.make_trace import TraceJob, gpu_style, make_traces
 
     cpu = workdir / "cpu"
     make_traces(TraceJob(str(cpu), steps=steps, width=width, depth=depth, batch_size=16, bucket_cap_mb=1.0))

@@ -1,0 +1,64 @@
+"""Helpers shared by the test modules, imported as ``from conftest import ...`` (pytest puts tests/
+on the path, as it does for ``world.py`` and ``synthetic_runs.py``).
+
+Tests that start rank processes (a sweep, or a world of ``world.py``) carry the ``ranks`` mark;
+``make test-fast`` runs the others.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpbench import cli, store, sweep
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tpbench(*args: str | Path, cwd: Path = REPO, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The real command, ``python -m tpbench ARGS``, in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-m", "tpbench", *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout)
+
+
+def run_cli(args: list[str]) -> int:
+    """``tpbench ARGS`` in this process, returning its exit code: a fresh interpreter would spend
+    longer importing torch than the small worlds of these tests spend measuring."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(args)
+    return e.value.code
+
+
+def sweep_in_process(folder: Path, text: str) -> store.Loaded:
+    """Sweep the suite ``text`` (written to ``folder/suite.toml``) into ``folder/results``, finalized."""
+    suite = folder / "suite.toml"
+    suite.write_text(text)
+    prepared = sweep.prepare(suite)
+    run = sweep.start(prepared, folder / "results")
+    sweep.execute(run, prepared.cases, lambda kind, data: None)
+    return sweep.finalize(run.dir)
+
+
+def only_run(root: Path) -> Path:
+    runs = list(store.iter_runs(root))
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def worker_processes(run_dir: Path) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", f"tpbench.worker {run_dir}"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def tiny_suite(sweep: str, *, name: str | None = None, **defaults: object) -> str:
+    """A 2-rank Gloo suite of tiny mlp cases; ``sweep`` is the body of its [sweep] table, whose keys
+    leave [defaults]."""
+    base = {"world_size": 2, "backend": '"gloo"', "device": '"cpu"', "batch_size": 8, "warmup_steps": 2,
+            "steps": 4, "repeats": 1, "timeout_s": 60} | defaults
+    swept = {line.split("=")[0].strip() for line in sweep.splitlines()}
+    lines = "\n".join(f"{k} = {v}" for k, v in base.items() if k not in swept)
+    head = f'[suite]\nname = "{name}"\n' if name else ""
+    return f"{head}[defaults]\n{lines}\n[sweep]\n{sweep}\n[capture]\nprofiler_steps = 0\n[workloads.mlp]\nwidth = 32\ndepth = 2\n"
