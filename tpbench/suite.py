@@ -6,8 +6,10 @@ it into exit code 2.
 
 A ``Case`` is fully resolved (no "auto" left) and carries only the keys that matter to its
 algorithm; the others are collapsed to ``None`` so a dimension that does not apply never runs a
-case twice. Its id is a hash of those normalized parameters, so the same case gets the same id in
-every run and runs can be compared case by case.
+case twice. Its identity is those normalized parameters less the budget keys (how long and how
+often it is measured, what is captured, test-only knobs): runs are matched case by case on it.
+Its id is a hash of the identity (plus any budget key the suite sweeps, so that such cases stay
+apart within a run), so the same case gets the same id in every run.
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-# Keys that do not change what is measured and so stay out of the case id.
-_NOT_IN_ID = frozenset({"timeout_s"})
+# Keys that set a case's measurement budget or capture, and test-only knobs (an injected slowdown
+# exists to be compared against a run without it): recorded with a case, not part of what it
+# measures, so runs that differ only in them compare case by case.
+BUDGET_KEYS = frozenset({"repeats", "steps", "warmup_steps", "timeout_s", "profiler_steps", "nvml_interval_ms",
+                         "slowdown_pct", "fault"})
 
 
 class SuiteError(ValueError):
@@ -431,6 +436,7 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
     if machine.max_cases is not None and combinations > machine.max_cases:
         raise _fail(path, "[sweep]", f"expected at most {machine.max_cases} combinations, got {combinations} "
                     "(--allow-large runs it anyway)")
+    swept_budget = [k for k in keys if k in BUDGET_KEYS]
     cases: dict[str, Case] = {}
     for combo in itertools.product(*(suite.sweep[k] for k in keys)):
         raw = base | dict(zip(keys, combo))
@@ -446,7 +452,7 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
         why = algo.check(case)
         if why:
             raise _fail(path, why.split(":", 1)[0], f"{why.split(':', 1)[1].strip()} (case {case.label(keys)})")
-        case = dataclasses.replace(case, case_id=case_id(case))
+        case = dataclasses.replace(case, case_id=case_id(case, swept_budget))
         cases.setdefault(case.case_id, case)
     return list(cases.values())
 
@@ -527,9 +533,20 @@ def _check_torchrun_layout(path: str, r: dict[str, Any], machine: Machine) -> No
                     f"(a node subgroup cannot span machines), got {r['ranks_per_node']}")
 
 
-def case_id(case: Case) -> str:
-    """A stable id: a hash of the normalized parameters that define what is measured."""
-    d = {k: v for k, v in case.params().items() if k not in _NOT_IN_ID and k != "case_id"}
+def identity(params: Mapping[str, Any]) -> dict[str, Any]:
+    """What a case measures: its parameters in canonical form (``25.0`` is ``25``) less the budget
+    keys and the id. Two cases of any two runs measure the same thing when their identities agree
+    (on the keys both have: a key added by a newer tpbench must not orphan every stored case)."""
+    specs = CASE_KEYS | CAPTURE_KEYS
+    return {k: canonical(specs[k].default, v) if k in specs else v
+            for k, v in params.items() if k not in BUDGET_KEYS and k != "case_id"}
+
+
+def case_id(case: Case, budget: Iterable[str] = ()) -> str:
+    """A stable id: a hash of the case's identity and of the ``budget`` keys named (those a suite
+    sweeps, which make cases of one run that measure the same thing under different budgets)."""
+    params = case.params()
+    d = identity(params) | {k: params[k] for k in budget}
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
