@@ -247,5 +247,7 @@ def test_report_command_compares_several_runs(runs, tmp_path):
     html = out.read_text()
     assert "across-runs" in headings(html)
     assert "A · torch 2.13.0" in html and "B · torch 2.14.0" in html
-    # Identical data: every common case is judged no different.
-    assert re.search(r"over \d+ common case\(s\): faster in 0, slower in 0", html)
+    # Identical data, judged by the engine of `tpbench compare`: no change is called (these runs
+    # have too few repeats for a verdict, as `tpbench compare` says of them too).
+    (line,) = re.findall(r"Run B · torch 2.14.0 against run A · torch 2.13.0, over \d+ common case\(s\): [^<]*", html)
+    assert "regression" not in line and "improvement" not in line and "median step-time ratio 1 (range 1–1)" in line

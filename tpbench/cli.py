@@ -33,10 +33,9 @@ class SweepProgress:
     """Renders launcher events: case i/N, the current case, ETA."""
 
     def __init__(self, cases: list, total_items: int) -> None:
-        from tpbench.suite import varying_keys
+        from tpbench.suite import labels
 
-        keys = varying_keys(cases)
-        self.labels = {c.case_id: c.label(keys) for c in cases}
+        self.labels = labels([cases])[0]
         self.repeats = {c.case_id: c.repeats for c in cases}
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -66,11 +65,9 @@ class SweepProgress:
 
 
 def _summary_table(loaded) -> Table:
-    from tpbench.suite import Case, varying_keys
+    from tpbench.suite import Case, labels as case_labels
 
-    cases = [Case.from_params(p["params"]) for p in loaded.meta["cases"].values()]
-    keys = varying_keys(cases)
-    labels = {c.case_id: c.label(keys) for c in cases}
+    labels = case_labels([[Case.from_params(p["params"]) for p in loaded.meta["cases"].values()]])[0]
     t = Table(title=escape(f"{loaded.meta['suite']['name']} · run {loaded.meta['run_id']}"))
     for col, just in [("case", "left"), ("status", "left"), ("median ms", "right"), ("95% CI", "right"), ("p10–p90 ms", "right"), ("samples/s", "right")]:
         t.add_column(col, justify=just)
@@ -130,14 +127,14 @@ def _print_worlds(run, cases: list, launcher) -> int:
 
 
 def _cases_table(title: str, cases: list) -> Table:
-    from tpbench.suite import varying_keys
+    from tpbench.suite import labels
 
-    keys = varying_keys(cases)
+    names = labels([cases])[0]
     t = Table(title=escape(title))
     for col in ("case_id", "case", "world", "repeats × steps"):
         t.add_column(col)
     for c in cases:
-        t.add_row(c.case_id, escape(c.label(keys)), f"{c.world_size}×{c.backend}/{c.device} {escape(c.interconnect)}", f"{c.repeats}×{c.steps}")
+        t.add_row(c.case_id, escape(names[c.case_id]), f"{c.world_size}×{c.backend}/{c.device} {escape(c.interconnect)}", f"{c.repeats}×{c.steps}")
     return t
 
 
@@ -351,43 +348,45 @@ def _verdict_args(p: argparse.ArgumentParser) -> None:
 
 
 def _print_verdict(comparison, fmt: str) -> int:
-    from tpbench import gate
+    from tpbench import render
 
-    sys.stdout.write(gate.RENDERERS[fmt](comparison))
+    sys.stdout.write(render.RENDERERS[fmt](comparison))
     sys.stdout.flush()
     return comparison.exit_code
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from tpbench import gate
+    from tpbench import compare
 
     if len(args.runs) < 2:
         console.print("tpbench compare: error: give BASELINE_RUN... CANDIDATE_RUN (at least two run directories)", soft_wrap=True)
         return EXIT_USAGE
-    comparison = gate.compare_runs(args.runs[:-1], args.runs[-1:], metric=args.metric, threshold=gate.parse_threshold(args.threshold),
-                                   fail_on_inconclusive=args.fail_on_inconclusive, ignore_env=args.ignore_env)
+    comparison = compare.compare_runs(args.runs[:-1], args.runs[-1:], metric=args.metric,
+                                      threshold=compare.parse_threshold(args.threshold),
+                                      fail_on_inconclusive=args.fail_on_inconclusive, ignore_env=args.ignore_env)
     return _print_verdict(comparison, args.format)
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    from tpbench import gate, store
+    from tpbench import compare, gate, store
 
-    threshold = gate.parse_threshold(args.threshold)  # before minutes of sweeps, not after
+    threshold = compare.parse_threshold(args.threshold)  # before minutes of sweeps, not after
     out = (args.out or Path("results") / "gate" / store.new_run_id()).absolute()
     baseline = gate.resolve_side("baseline", args.baseline, out / "baseline")
     candidate = gate.resolve_side("candidate", args.candidate, out / "candidate")
     run = gate.run_gate(args.suite, baseline, candidate, out, rounds=args.rounds, overrides=args.set, filters=args.filter,
-                        candidate_overrides=args.candidate_set)
+                        candidate_overrides=args.candidate_set,
+                        announce=lambda line: console.print(line, soft_wrap=True, markup=False))
     console.print(f"Gate runs: {run.out}", soft_wrap=True, markup=False)
-    comparison = gate.compare_runs(run.baseline, run.candidate, metric=args.metric, threshold=threshold, paired=True,
-                                   fail_on_inconclusive=args.fail_on_inconclusive, ignore_env=args.ignore_env)
+    comparison = compare.compare_runs(run.baseline, run.candidate, metric=args.metric, threshold=threshold, paired=True,
+                                      fail_on_inconclusive=args.fail_on_inconclusive, ignore_env=args.ignore_env)
     return _print_verdict(comparison, args.format)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from tpbench import gate, store
+    from tpbench import export as exports, store
 
-    export = gate.export_run(args.run, args.format)
+    export = exports.export_run(args.run, args.format)
     text = json.dumps(export.document, indent=2, allow_nan=False) + "\n"
     for label in export.skipped:
         console.print(f"[yellow]not exported:[/] {escape(label)} (no timed steps: the case failed or never ran)", soft_wrap=True)
@@ -557,7 +556,8 @@ def _error(e: Exception) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from tpbench.gate import GateError, SideError
+    from tpbench.compare import GateError
+    from tpbench.gate import SideError
     from tpbench.interconnect import InterconnectUnavailable
     from tpbench.store import StoreError
     from tpbench.suite import SuiteError

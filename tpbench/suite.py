@@ -14,6 +14,7 @@ apart within a run), so the same case gets the same id in every run.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -560,6 +561,28 @@ def varying_keys(cases: list[Case]) -> list[str]:
         k for k in params[0]
         if k != "case_id" and len({json.dumps(p[k]) for p in params if p.get(k) is not None}) > 1
     ]
+
+
+def shown_keys(runs: list[list[Case]]) -> list[str]:
+    """The keys that tell the cases of several runs apart: those that vary among them, budget keys
+    only where they vary within a run (a run of 5 repeats against one of 3 is the same cases)."""
+    within = {k for cases in runs for k in varying_keys(cases)}
+    return [k for k in varying_keys([c for cases in runs for c in cases]) if k not in BUDGET_KEYS or k in within]
+
+
+def labels(runs: list[list[Case]]) -> list[dict[str, str]]:
+    """The one labelling of cases, used by the CLI's tables, the report, the gate and the exports:
+    per run, case id → the algorithm (with ``[torch]`` for PyTorch's own hook) and the values of
+    the keys that vary among all the cases given. A budget key is shown only where it varies
+    within a run, so runs that differ only in ``repeats`` label their cases alike. Cases of one run
+    that a label cannot tell apart (they differ in workload parameters) get their id appended."""
+    keys = [k for k in shown_keys(runs) if k != "impl"]
+    out = []
+    for cases in runs:
+        named = {c.case_id: c.label(keys) for c in cases}
+        count = collections.Counter(named.values())
+        out.append({cid: f"{name} ({cid})" if count[name] > 1 else name for cid, name in named.items()})
+    return out
 
 
 def select(cases: list[Case], filters: Iterable[str]) -> list[Case]:

@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 from tpbench import store
 from tpbench.analysis import crossover, whatif
 from tpbench.report.html import Page, plot_text
+from tpbench.suite import Case, labels as case_labels
 
 
 def sections(page: Page, runs: list[store.Loaded], fabrics: dict[str, whatif.Fabric] | None = None) -> None:
@@ -103,7 +104,7 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fab
         return
     if result.projections.empty:
         return
-    labels = _labels(run.cases)
+    labels = _labels(run)
     page.heading(f"What-if: other fabrics (projections){suffix}", anchor=f"whatif{anchor}")
     page.paragraph(
         "PROJECTIONS, not measurements: each case's traced timeline on this machine (compute, and when each "
@@ -185,9 +186,5 @@ def _validation_figure(v: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def _labels(cases: pd.DataFrame) -> dict[str, str]:
-    """Short case labels from the parameters that vary in the run (link excluded where shown apart)."""
-    keys = [k for k in ("algorithm", "bucket_cap_mb", "shard_buckets", "batch_size", "world_size", "interconnect")
-            if k in cases and cases[k].astype(str).nunique() > 1]
-    return {r["case_id"]: " · ".join(str(r[k]) if k == "algorithm" else f"{k}={r[k]}" for k in keys) or r["case_id"]
-            for r in cases.to_dict("records")}
+def _labels(run: store.Loaded) -> dict[str, str]:
+    return case_labels([[Case.from_params(e["params"]) for e in run.meta["cases"].values()]])[0]
