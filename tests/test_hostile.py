@@ -291,7 +291,7 @@ def test_a_repeat_that_ends_after_its_timeout_fails_as_timed_out(tmp_path):
     assert outcome.failed_case == case.case_id
     assert outcome.cause == "timed out after 2 s in repeat 0 (it took 2.5 s)"
     assert outcome.completed == set()
-    assert run.meta["cases"][case.case_id]["status"] == "running"  # not done; the launcher marks it failed
+    assert run.record.cases[case.case_id].status == "running"  # not done; the launcher marks it failed
 
 
 # --- 5. equal values make one case --------------------------------------------------------------

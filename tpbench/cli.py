@@ -214,7 +214,7 @@ def _sweep(args: argparse.Namespace) -> int:
         launcher = launcher if args.launcher else sweep.launcher_of(run)
         if args.print_only and launcher is None:
             _usage(f"--print: {run.dir} runs with the local launcher; add --launcher torchrun")
-        finished = run.meta["status"] in ("complete", "complete_with_failures")
+        finished = run.record.status in ("complete", "complete_with_failures")
         if not cases and finished and (run.dir / store.SUMMARY_FILE).exists():
             console.print(f"Nothing to resume: every case of {run.dir} is done.", markup=False, soft_wrap=True)
             return EXIT_OK

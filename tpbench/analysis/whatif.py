@@ -811,7 +811,7 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
     reference = reference or ("loopback" if "loopback" in links else links[0])
     if reference not in links:
         raise ValueError(f"no finished case on {reference!r}; the run has {links}")
-    profiles = store.suite_table(loaded.meta, "interconnects")
+    profiles = loaded.record.suite_table("interconnects")
     rate = {link: resolve(link, profiles).rate_bits_per_s or math.inf for link in links}
     slowest = min((link for link in links if rate[link] < math.inf), key=rate.__getitem__, default=None)
     steps_by_case = dict(tuple(loaded.steps.groupby("case_id")))

@@ -74,7 +74,7 @@ def _run_line(page: Page, data: ReportData, run: store.Loaded) -> None:
     meta = run.meta
     statuses = pd.Series([e["status"] for e in meta["cases"].values()]).value_counts().to_dict()
     counts = ", ".join(f"{n} {s}" for s, n in statuses.items())
-    desc = meta["suite"].get("description") or store.suite_table(meta, "suite").get("description", "")
+    desc = meta["suite"].get("description") or run.record.suite_table("suite").get("description", "")
     tag = f"{data.tags[meta['run_id']]}: " if data.multi else ""
     page.paragraph(f"{tag}run {meta['run_id']} of suite {meta['suite']['name']} ({meta.get('status', '?')}; "
                    f"{len(meta['cases'])} cases: {counts}). {desc}", css="muted")
