@@ -20,6 +20,8 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import record_function
 
+from tpbench import comm_hooks
+
 if TYPE_CHECKING:
     from tpbench.suite import Case
 
@@ -78,6 +80,11 @@ class Algorithm:
     torch_impl_backends: frozenset[str] = frozenset()
     # Keys that stop mattering for some values of others (returns the keys to collapse).
     moot: Callable[[dict], frozenset[str]] = lambda params: frozenset()
+    # Whether the case registers a hook of the algorithm's own that takes no inner hook: then only
+    # compression composes with it (see tpbench.comm_hooks), not a comm_hook of the user's.
+    own_hook: Callable[[Case], bool] = lambda case: False
+    # Whether the comm_hook is wrapped (the ZeRO hooks) rather than registered on DDP itself.
+    wraps_comm_hook: bool = False
 
     def check(self, case: Case) -> str | None:
         """Why ``case`` cannot run with this algorithm, or None. Messages name the key and the rule."""
@@ -88,7 +95,11 @@ class Algorithm:
             return f"impl: PyTorch's own {self.name} runs on {where}, not on {case.backend}"
         if case.shard_buckets and case.world_size < 2:
             return "shard_buckets: sharding buckets needs world_size >= 2"
-        return None
+        if self.own_hook(case) and comm_hooks.is_import_path(case.comm_hook):
+            return (f"comm_hook: {self.name} registers its own hook, which takes no inner hook, so a hook of your own "
+                    f"cannot be composed with it; expected \"allreduce\", \"fp16_compress\" or \"bf16_compress\" "
+                    f"(PyTorch's compression wrappers around it), got {case.comm_hook!r}")
+        return comm_hooks.check(case, wrapped=self.wraps_comm_hook)
 
 
 def make_optimizer(case: Case, params) -> torch.optim.Optimizer:
@@ -115,8 +126,15 @@ def _step_and_zero(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
     return after_backward
 
 
-def build_ddp(model: torch.nn.Module, ctx: BuildContext) -> Training:
+def _ddp_with_comm_hook(model: torch.nn.Module, ctx: BuildContext) -> DDP:
+    """DDP with the case's ``comm_hook`` registered directly (``ddp``, ``zero_no_overlap``)."""
     ddp = _ddp(model, ctx)
+    comm_hooks.register(ddp, ctx.case, ctx.process_group)
+    return ddp
+
+
+def build_ddp(model: torch.nn.Module, ctx: BuildContext) -> Training:
+    ddp = _ddp_with_comm_hook(model, ctx)
     optimizer = make_optimizer(ctx.case, ddp.parameters())
     return Training(ddp, _step_and_zero(optimizer), optimizer=optimizer)
 
@@ -132,7 +150,7 @@ def _zero(ddp: DDP, ctx: BuildContext, overlap_with_ddp: bool) -> ZeroRedundancy
 
 
 def build_zero_no_overlap(model: torch.nn.Module, ctx: BuildContext) -> Training:
-    ddp = _ddp(model, ctx)
+    ddp = _ddp_with_comm_hook(model, ctx)
     zero = _zero(ddp, ctx, overlap_with_ddp=False)
     return Training(ddp, _step_and_zero(zero), optimizer=zero)
 
@@ -141,11 +159,10 @@ def _zero_hook_builder(interleaved: bool) -> Callable[[torch.nn.Module, BuildCon
     def build(model: torch.nn.Module, ctx: BuildContext) -> Training:
         """DDP + ``ZeroRedundancyOptimizer(overlap_with_ddp=True)`` stepped inside the comm hook.
 
-        The step happens during backward, so after backward only the gradients are cleared.
-        ``impl = "torch"`` wraps the same all-reduce hook with PyTorch's own implementation.
+        The step happens during backward, so after backward only the gradients are cleared. The
+        wrapped hook is the case's ``comm_hook``; ``impl = "torch"`` wraps it with PyTorch's own
+        implementation.
         """
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
         if ctx.case.impl == "torch":
             from torch.distributed.algorithms.ddp_comm_hooks import ddp_zero_hook as impl
         else:
@@ -153,7 +170,8 @@ def _zero_hook_builder(interleaved: bool) -> Callable[[torch.nn.Module, BuildCon
         wrap = impl.hook_with_zero_step_interleaved if interleaved else impl.hook_with_zero_step
         ddp = _ddp(model, ctx)
         zero = _zero(ddp, ctx, overlap_with_ddp=True)
-        ddp.register_comm_hook(None, wrap(allreduce_hook, ddp, zero, shard_buckets=bool(ctx.case.shard_buckets)))
+        hook = wrap(comm_hooks.hook(ctx.case), ddp, zero, shard_buckets=bool(ctx.case.shard_buckets))
+        ddp.register_comm_hook(comm_hooks.state(ctx.case, ctx.process_group), hook)
         return Training(ddp, lambda: zero.zero_grad(set_to_none=True), optimizer=zero)
 
     return build
@@ -208,7 +226,9 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
     node-local (or none), plus periodic model averaging after the optimizer step.
 
     ``start_localSGD_iter = "never"`` is plain DDP, the baseline every local-SGD case is judged
-    against. Node subgroups come from the world's real nodes (``ctx.nodes``), split further when
+    against. ``comm_hook`` compression wraps ``post_localSGD_hook`` in PyTorch's
+    ``fp16_compress_wrapper``/``bf16_compress_wrapper`` (the hook takes no inner hook, so a hook of
+    one's own is refused by ``Algorithm.check``). Node subgroups come from the world's real nodes (``ctx.nodes``), split further when
     ``ranks_per_node`` emulates smaller ones.
 
     The order is PyTorch's documented one: ``optimizer.step()``, then
@@ -234,17 +254,17 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
         chosen_by_averager = get_params_to_average
     else:
         from tpbench.hooks import PostLocalSGDState, post_localSGD_hook
-        from tpbench.hooks.averaging import params_to_average
+        from tpbench.hooks.averaging import get_params_to_average
 
         state_cls, hook, averager_cls = PostLocalSGDState, post_localSGD_hook, PeriodicModelAverager
-        chosen_by_averager = params_to_average
+        chosen_by_averager = get_params_to_average
     ddp = _ddp(model, ctx)
     subgroup = _intra_node_subgroup(ctx, case.ranks_per_node)
     state = state_cls(
         process_group=None, subgroup=subgroup, start_localSGD_iter=case.start_localSGD_iter,
         post_local_gradient_allreduce=case.post_local_gradient_allreduce,
     )
-    ddp.register_comm_hook(state, hook)
+    ddp.register_comm_hook(state, comm_hooks.compress(case, hook))
     optimizer = make_optimizer(case, ddp.parameters())
     averager = averager_cls(period=case.averaging_period, warmup_steps=case.start_localSGD_iter)
     # Same schedule as the averager, kept by us so both implementations are measured alike.
@@ -308,6 +328,7 @@ ALGORITHMS: dict[str, Algorithm] = {
                 min_warmup_steps=3,
                 # PyTorch's own ZeRO hooks refuse Gloo ("may meet hangs", pytorch#62300).
                 torch_impl_backends=frozenset({"nccl"}),
+                wraps_comm_hook=True,
             )
             for name, description, interleaved in [
                 ("hook_with_zero_step", "ZeRO step overlapped with backward: all buckets stepped after the last one is reduced", False),
@@ -324,6 +345,7 @@ ALGORITHMS: dict[str, Algorithm] = {
             # "never" is plain DDP: nothing local-SGD-specific applies.
             moot=lambda p: frozenset({"impl", "post_local_gradient_allreduce", "averaging_period", "ranks_per_node"})
             if p["start_localSGD_iter"] == "never" else frozenset(),
+            own_hook=lambda case: case.start_localSGD_iter != "never",
         ),
     ]
 }

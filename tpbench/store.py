@@ -353,10 +353,23 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
         raise StoreError(f"{path}: corrupted (nested too deeply to be a run.json)") from None
     if isinstance(meta, dict) and (problem := version_problem(meta.get("schema_version", 0))):
         raise StoreError(f"{path}: {problem}")
-    problem = _run_json_problem(meta)
+    problem = _run_json_problem(_with_added_keys(meta))
     if problem:
         raise StoreError(f"{path}: corrupted ({problem})")
     return migrate(meta)
+
+
+def _with_added_keys(meta: Any) -> Any:
+    """A run.json whose cases predate a key added since (``suite.ADDED_KEYS``), given the key's
+    old behaviour: such runs keep loading."""
+    from tpbench.suite import ADDED_KEYS
+
+    if isinstance(meta, dict) and isinstance(meta.get("cases"), dict):
+        for entry in meta["cases"].values():
+            if isinstance(entry, dict) and isinstance(entry.get("params"), dict):
+                for key, value in ADDED_KEYS.items():
+                    entry["params"].setdefault(key, value)
+    return meta
 
 
 # Case keys that are never collapsed to None.

@@ -27,11 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from tpbench import comm_hooks
+
 # Keys that set a case's measurement budget or capture, and test-only knobs (an injected slowdown
 # exists to be compared against a run without it): recorded with a case, not part of what it
 # measures, so runs that differ only in them compare case by case.
 BUDGET_KEYS = frozenset({"repeats", "steps", "warmup_steps", "timeout_s", "profiler_steps", "nvml_interval_ms",
                          "slowdown_pct", "fault"})
+# Keys added after results existed, with the value that is the behaviour before them: at it they
+# stay out of the identity, so the cases of earlier runs compare with new runs case by case, and
+# a stored case without them reads as having it (``store.read_run_json``).
+ADDED_KEYS = {"comm_hook": comm_hooks.ALLREDUCE, "comm_hook_state": None}
 
 
 class SuiteError(ValueError):
@@ -92,6 +98,8 @@ CASE_KEYS: dict[str, KeySpec] = {
     "gradient_as_bucket_view": KeySpec(False, "true or false", _bool),
     "static_graph": KeySpec(False, "true or false", _bool),
     "shard_buckets": KeySpec(False, "true or false", _bool),
+    "comm_hook": KeySpec("allreduce", comm_hooks.EXPECTED, comm_hooks.valid_name),
+    "comm_hook_state": KeySpec(comm_hooks.NO_STATE, comm_hooks.STATE_EXPECTED, comm_hooks.valid_state),
     "interconnect": KeySpec("loopback", "an interconnect profile name", _str),
     "start_localSGD_iter": KeySpec("never", 'an integer >= 0 or "never"', _int(0, "never")),
     "post_local_gradient_allreduce": KeySpec(True, "true or false", _bool),
@@ -143,6 +151,9 @@ class Case:
     profiler_steps: int
     nvml_interval_ms: int
     workload_params: tuple[tuple[str, Any], ...] = ()
+    # Defaults: what runs recorded before these keys existed ran.
+    comm_hook: str = comm_hooks.ALLREDUCE
+    comm_hook_state: str | None = None
     case_id: str = ""
 
     def params(self) -> dict[str, Any]:
@@ -446,7 +457,7 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
             raise _fail(path, "algorithm", f"expected one of {', '.join(ALGORITHMS)}, got {raw['algorithm']!r}")
         r = _resolve_machine(raw, machine)
         _check_combination(path, r, machine, suite)
-        for k in (ALGORITHM_SPECIFIC_KEYS - algo.uses) | algo.moot(r):
+        for k in (ALGORITHM_SPECIFIC_KEYS - algo.uses) | algo.moot(r) | comm_hooks.moot(r):
             r[k] = None
         r["workload_params"] = _workload_params(suite, r["workload"], r["batch_size"])
         case = Case(**r)
@@ -536,11 +547,12 @@ def _check_torchrun_layout(path: str, r: dict[str, Any], machine: Machine) -> No
 
 def identity(params: Mapping[str, Any]) -> dict[str, Any]:
     """What a case measures: its parameters in canonical form (``25.0`` is ``25``) less the budget
-    keys and the id. Two cases of any two runs measure the same thing when their identities agree
-    (on the keys both have: a key added by a newer tpbench must not orphan every stored case)."""
+    keys, the id, and keys added later at their old behaviour (``ADDED_KEYS``). Two cases of any
+    two runs measure the same thing when their identities agree (on the keys both have: a key
+    added by a newer tpbench must not orphan every stored case)."""
     specs = CASE_KEYS | CAPTURE_KEYS
-    return {k: canonical(specs[k].default, v) if k in specs else v
-            for k, v in params.items() if k not in BUDGET_KEYS and k != "case_id"}
+    return {k: canonical(specs[k].default, v) if k in specs else v for k, v in params.items()
+            if k not in BUDGET_KEYS and k != "case_id" and not (k in ADDED_KEYS and v == ADDED_KEYS[k])}
 
 
 def case_id(case: Case, budget: Iterable[str] = ()) -> str:

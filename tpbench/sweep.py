@@ -131,7 +131,7 @@ def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:
     Times are per profiled step: the median over (rank, step) of compute, communication,
     overlap, exposed communication and idle time; ``overlap_pct`` is the mean over ranks of each
     rank's figure over Holistic Trace Analysis' window (``overlap.hta_overlap_pct``: every profiled
-    step but the last, as a ratio of sums).
+    step but the last, as a ratio of sums). Bytes per step: ``bandwidth.bytes_per_step``.
     """
     rows = []
     for cid in cases.loc[cases["status"] == store.DONE, "case_id"]:
@@ -142,11 +142,13 @@ def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:
         per_step = overlap.step_overlap(tl.intervals, tl.steps)
         store.write_case_table(run_dir, cid, "intervals", tl.intervals)
         store.write_case_table(run_dir, cid, "overlap", per_step)
-        store.write_case_table(run_dir, cid, "collectives", bandwidth.collective_bandwidth(tl.intervals))
+        collectives = bandwidth.collective_bandwidth(tl.intervals)
+        store.write_case_table(run_dir, cid, "collectives", collectives)
         store.write_case_table(run_dir, cid, "marks", whatif.marks_table([whatif.read_marks(p) for p in paths]))
         if per_step.empty:
             continue
-        row = {"case_id": cid, "overlap_pct": float(overlap.hta_overlap_pct(per_step).mean())}
+        row = {"case_id": cid, "overlap_pct": float(overlap.hta_overlap_pct(per_step).mean()),
+               **bandwidth.bytes_per_step(collectives, sorted(per_step["step"].unique().tolist()))}
         for col in ("compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "idle_ns", "optimizer_ns"):
             row[col.replace("_ns", "_ms")] = float(per_step[col].median()) / 1e6
         rows.append(row)

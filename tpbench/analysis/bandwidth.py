@@ -80,3 +80,21 @@ def _empty() -> pd.DataFrame:
     types = {"process_group": object, "collective": object, "bytes": "Int64", "algbw_gbps": float,
              "busbw_gbps": float}
     return pd.DataFrame({c: pd.Series(dtype=types.get(c, "int64")) for c in COLLECTIVE_BANDWIDTH_COLUMNS})
+
+
+def bytes_per_step(collectives: pd.DataFrame, steps: list[int]) -> dict[str, float]:
+    """Collective payload per profiled step, as nccl-tests counts it (an all-reduce of B bytes is B):
+    ``allreduce_bytes_per_step`` (the gradients DDP's hook sends) and ``comm_bytes_per_step`` (every
+    collective, e.g. also ZeRO's parameter broadcasts). The mean over ``steps`` (a step without a
+    collective counts as 0), so periodic traffic such as model averaging is spread over its period.
+    ``collectives``: ``collective_bandwidth``'s table; NaN where bytes are unknown."""
+    if not steps:
+        return {}
+    mine = collectives[collectives["step"].isin(steps)]
+    payload = mine["bytes"].astype("float64")
+    allreduce = payload[mine["collective"] == "allreduce"]
+    return {"allreduce_bytes_per_step": _total(allreduce) / len(steps), "comm_bytes_per_step": _total(payload) / len(steps)}
+
+
+def _total(payload: pd.Series) -> float:
+    return float(payload.sum()) if payload.notna().all() else float("nan")

@@ -9,6 +9,8 @@ that line falls: each (link, bucket size, ...) gives a point
   hook's when the run has no reference): its per-step communication time over its per-step
   compute time, both medians over the traced steps (``comm_ms`` / ``compute_ms`` of the summary).
   Without overlap, the communication figure is what the link costs, not what was left exposed.
+  The reference matches the pair on every parameter it has, ``comm_hook`` included, so a pair
+  wrapping a compression hook sits at its own, compressed, comm:compute.
 - y: interleaved / sequential step time, a ratio of medians of per-repeat medians with a
   bootstrap CI (``stats.ratio_ci``): repeats are the independent unit.
 
@@ -42,7 +44,8 @@ def ratio_points(cases: pd.DataFrame, steps: pd.DataFrame, summary: pd.DataFrame
     ``cases``: the store's per-case table (parameters, status); ``steps``: per-step rows;
     ``summary``: per-case figures with ``comm_ms`` and ``compute_ms``. Columns: the pair's
     parameters, ``sequential_case``, ``interleaved_case``, ``comm_compute`` and the algorithm it
-    was measured on (``comm_compute_from``), ``sequential_ms``/``interleaved_ms`` (medians of
+    was measured on (``comm_compute_from``), the sequential case's ``allreduce_bytes_per_step``
+    (from the traces; it differs by wrapped hook), ``sequential_ms``/``interleaved_ms`` (medians of
     repeat medians), ``ratio``, ``ratio_lo``, ``ratio_hi`` and the per-repeat medians of both
     (``sequential_reps``, ``interleaved_reps``) for bootstraps downstream.
     """
@@ -71,6 +74,7 @@ def ratio_points(cases: pd.DataFrame, steps: pd.DataFrame, summary: pd.DataFrame
             "sequential_case": s["case_id"], "interleaved_case": i["case_id"],
             "comm_compute": _comm_compute(figures, source),
             "comm_compute_from": REFERENCE if len(ref) else SEQUENTIAL,
+            "allreduce_bytes_per_step": _figure(figures, s["case_id"], "allreduce_bytes_per_step"),
             "sequential_ms": float(np.median(b)), "interleaved_ms": float(np.median(c)),
             "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi,
             "sequential_reps": b.tolist(), "interleaved_reps": c.tolist(),
@@ -97,6 +101,10 @@ def _same(a: object, b: object) -> bool:
 
 def _isna(v: object) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _figure(figures: pd.DataFrame, case_id: str, column: str) -> float:
+    return float(figures.loc[case_id, column]) if case_id in figures.index and column in figures.columns else float("nan")
 
 
 def _comm_compute(figures: pd.DataFrame, case_id: str) -> float:

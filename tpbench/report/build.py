@@ -10,7 +10,7 @@ import pandas as pd
 
 from tpbench import compare, store
 from tpbench.environment import commit_text
-from tpbench.report import convergence, interconnect, performance, telemetry, timelines, verdicts, zero_memory
+from tpbench.report import comm_hooks, convergence, interconnect, performance, telemetry, timelines, verdicts, zero_memory
 from tpbench.report.data import ReportData, load
 from tpbench.report.html import Page, esc, plain_templates
 
@@ -55,6 +55,7 @@ def _page(data: ReportData, runs: list[store.Loaded], out_dir: Path) -> Page:
     performance.step_time(page, data)
     performance.heatmaps(page, data, comparisons)
     interconnect.sections(page, data.runs)
+    comm_hooks.section(page, data, comparisons[verdicts.ZERO_KINDS[0].key])
     convergence.section(page, data, conv)
     timelines.overlap(page, data)
     timelines.gantt(page, data)
@@ -188,7 +189,7 @@ def _cases_table(page: Page, data: ReportData) -> None:
         return
     page.heading("All cases", anchor="cases")
     cols = ["run", "label", "case_id", "status", "median_ms", "ci_lo_ms", "ci_hi_ms", "p10_ms", "p90_ms",
-            "samples_per_s", "timed_steps", "overlap_pct", "exposed_comm_ms", "max_peak_rss_mb", "max_peak_allocated_mb", "final_heldout_loss", "time_to_target_s"]
+            "samples_per_s", "timed_steps", "overlap_pct", "exposed_comm_ms", "allreduce_bytes_per_step", "comm_bytes_per_step", "max_peak_rss_mb", "max_peak_allocated_mb", "final_heldout_loss", "time_to_target_s"]
     if not data.multi:
         cols.remove("run")
     table = data.cases[[c for c in cols if c in data.cases]]

@@ -37,9 +37,10 @@ def _crossover_section(page: Page, run: store.Loaded, suffix: str, anchor: str) 
         return
     page.heading(f"Interleaved vs sequential ZeRO hook across links{suffix}", anchor=f"crossover{anchor}")
     page.paragraph(
-        "Each point is one link and bucket size: the step time of hook_with_zero_step_interleaved over that of "
-        "hook_with_zero_step (ratio of medians of per-repeat medians; error bars: 95% bootstrap CI over repeats), "
-        "against the communication:computation ratio of the no-overlap reference case on the same link "
+        "Each point is one link, bucket size and wrapped communication hook: the step time of "
+        "hook_with_zero_step_interleaved over that of hook_with_zero_step (ratio of medians of per-repeat medians; "
+        "error bars: 95% bootstrap CI over repeats), "
+        "against the communication:computation ratio of the no-overlap reference case on the same link and hook "
         f"({points['comm_compute_from'].iloc[0]}: traced communication time per step over compute time per step). "
         "Below 1 the interleaved hook is faster. The line is a weighted fit of log ratio against log comm:compute; "
         "the shaded band is the crossover's 95% CI from refitting on bootstrap resamples of the repeats.",
@@ -61,19 +62,29 @@ def _crossover_section(page: Page, run: store.Loaded, suffix: str, anchor: str) 
                     by_bucket.append(f"bucket_cap_mb={bucket:g}: {e}")
             page.bullets(by_bucket)
     page.figure(_crossover_figure(points, est))
-    cols = ["interconnect", "bucket_cap_mb", "comm_compute", "sequential_ms", "interleaved_ms", "ratio", "ratio_lo", "ratio_hi"]
-    page.table(points.sort_values("comm_compute")[[c for c in cols if c in points]])
+    cols = ["interconnect", "bucket_cap_mb", "comm_hook", "allreduce MB/step", "comm_compute", "sequential_ms",
+            "interleaved_ms", "ratio", "ratio_lo", "ratio_hi"]
+    shown = points.assign(**{"allreduce MB/step": points["allreduce_bytes_per_step"] / 1e6})
+    page.table(shown.sort_values("comm_compute")[[c for c in cols if c in shown]])
 
 
 def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None) -> go.Figure:
     fig = go.Figure()
-    groups = points.groupby("bucket_cap_mb") if "bucket_cap_mb" in points else [(None, points)]
-    for bucket, grp in groups:
+    # One series per bucket size and wrapped hook (a symbol per hook), so compressed points show apart.
+    points = points.assign(comm_hook=points["comm_hook"] if "comm_hook" in points else "allreduce")
+    hooks = list(dict.fromkeys(points["comm_hook"]))
+    keys = [k for k in ("bucket_cap_mb", "comm_hook") if k in points]
+    for values, grp in points.groupby(keys, sort=False):
+        named = dict(zip(keys, values))
+        name = " ".join(f"{k}={v:g}" if k == "bucket_cap_mb" else f"{k}={v}" for k, v in named.items()
+                        if k != "comm_hook" or len(hooks) > 1)
         grp = grp.sort_values("comm_compute")
         fig.add_trace(go.Scatter(
-            x=grp["comm_compute"], y=grp["ratio"], mode="markers", name=f"bucket_cap_mb={bucket:g}" if bucket is not None else "cases",
+            x=grp["comm_compute"], y=grp["ratio"], mode="markers", name=plot_text(name or "cases"),
+            marker=dict(symbol=_SYMBOLS[hooks.index(named["comm_hook"]) % len(_SYMBOLS)], size=9),
             error_y=dict(type="data", array=grp["ratio_hi"] - grp["ratio"], arrayminus=grp["ratio"] - grp["ratio_lo"]),
-            text=[plot_text(i) for i in grp["interconnect"]],
+            text=[plot_text(f"{link}, {hook}" + (f", all-reduce {b / 1e6:.3g} MB/step" if np.isfinite(b) else ""))
+                  for link, hook, b in zip(grp["interconnect"], grp["comm_hook"], grp["allreduce_bytes_per_step"])],
             hovertemplate="%{text}<br>comm:compute %{x:.2f}<br>interleaved/sequential %{y:.3f}<extra></extra>",
         ))
     xs = points["comm_compute"].dropna()
@@ -90,6 +101,9 @@ def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None) -> 
     fig.update_yaxes(title="step time, interleaved / sequential")
     fig.update_layout(height=430, margin=dict(l=10, r=10, t=30, b=10))
     return fig
+
+
+_SYMBOLS = ("circle", "diamond", "square", "triangle-up", "x", "star")
 
 
 def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fabric], suffix: str, anchor: str) -> None:

@@ -35,7 +35,8 @@ from tpbench.report.data import ReportData, context_text
 # because importing the registry imports torch, seconds that ``tpbench report`` need not pay.
 ALGORITHM_SPECIFIC_KEYS = frozenset({"impl", "shard_buckets", "start_localSGD_iter", "post_local_gradient_allreduce",
                                      "averaging_period", "ranks_per_node"})
-TUNING_KEYS = ALGORITHM_SPECIFIC_KEYS | {"algorithm", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph"}
+TUNING_KEYS = ALGORITHM_SPECIFIC_KEYS | {"algorithm", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
+                                       "comm_hook", "comm_hook_state"}
 
 # Short words for the ZeRO hooks in sentences; the report spells them out once beside the verdicts.
 SHORT = {"hook_with_zero_step_interleaved": "interleaved", "hook_with_zero_step": "sequential"}

@@ -1,0 +1,178 @@
+"""The suite key comm_hook: what is refused and why, a user's hook through a real sweep, and the
+bytes each hook puts on the wire, counted from real traces.
+
+Bad hook inputs that refuse the same way on every machine are in tests/data/bad_suites; here are
+those that depend on the torch build (bf16) or on a file written for the test.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
+from world import run_world
+
+from tpbench import store
+from tpbench.comm_hooks import Bf16Support
+from tpbench.hooks import hook_with_zero_step
+from tpbench.report.build import build_report
+from tpbench.report.comm_hooks import winner_lines
+from tpbench.report.verdicts import ZERO_KINDS, Comparison
+from tpbench.suite import Case, Machine, SuiteError, case_id, expand, parse
+
+REPO = Path(__file__).resolve().parent.parent
+CPU = Machine(gpus=0)
+EXAMPLE_HOOK = "examples.comm_hooks.scaled_fp16:scaled_fp16_hook"
+
+
+def _bf16_on_this_torch(rank: int, world_size: int) -> dict[str, Any]:
+    """What PyTorch itself does with bf16 compression here: DDP registering the hook directly, a
+    ZeRO hook wrapping it, and Gloo all-reducing bfloat16."""
+    out: dict[str, Any] = {}
+    try:
+        DDP(torch.nn.Linear(4, 4)).register_comm_hook(None, bf16_compress_hook)
+        out["direct"] = None
+    except TypeError as e:
+        out["direct"] = str(e)
+    ddp = DDP(torch.nn.Linear(4, 4))
+    zero = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD, overlap_with_ddp=True, lr=0.1)
+    ddp.register_comm_hook(None, hook_with_zero_step(bf16_compress_hook, ddp, zero))
+    t = torch.full((3,), 1.5, dtype=torch.bfloat16)
+    dist.all_reduce(t)
+    out["gloo_sum"] = t.float().tolist()
+    return out
+
+
+def test_bf16_refused_exactly_where_pytorch_refuses_it() -> None:
+    found = run_world(_bf16_on_this_torch, 2, timeout_s=60)[0]
+    support = Bf16Support.detect()
+    assert (found["direct"] is None) == (support.refusal("gloo", wrapped=False) is None), found
+    assert support.refusal("gloo", wrapped=True) is None  # the wrapped hook registered above
+    assert found["gloo_sum"] == [3.0, 3.0, 3.0]
+    suite = parse('[defaults]\nworld_size = 2\ncomm_hook = "bf16_compress"\n[sweep]\n'
+                  'algorithm = ["hook_with_zero_step", "hook_with_zero_step_interleaved"]\n', "bf16.toml")
+    assert len(expand(suite, CPU)) == 2
+    direct = parse('[defaults]\nworld_size = 2\ncomm_hook = "bf16_compress"\nalgorithm = "zero_no_overlap"\n', "bf16.toml")
+    if found["direct"] is None:
+        assert len(expand(direct, CPU)) == 1
+    else:
+        with pytest.raises(SuiteError, match=r"bf16\.toml: comm_hook: bf16_compress: PyTorch's DDP registers"):
+            expand(direct, CPU)
+
+
+def test_bf16_rules() -> None:
+    cpu_build = Bf16Support(gpu_build=False, nccl=None, xccl=False, torch_version="2.13.0+cpu")
+    assert "this torch (2.13.0+cpu) is not" in cpu_build.refusal("gloo", wrapped=False)
+    assert cpu_build.refusal("gloo", wrapped=True) is None
+    old_nccl = Bf16Support(gpu_build=True, nccl=(2, 9, 6), xccl=False)
+    assert "NCCL 2.9.6" in old_nccl.refusal("nccl", wrapped=True)
+    assert "CUDA 11+ and NCCL 2.10+" in old_nccl.refusal("gloo", wrapped=False)
+    assert Bf16Support(gpu_build=True, nccl=(2, 10, 3), xccl=False).refusal("nccl", wrapped=False) is None
+
+
+def test_module_that_fails_on_import_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "broken_hooks.py").write_text("raise ZeroDivisionError('half-written module')\n")
+    monkeypatch.chdir(tmp_path)  # hooks are imported from where tpbench runs, as the ranks import them
+    with pytest.raises(SuiteError, match=r"comm_hook: .*cannot import 'broken_hooks'.*ZeroDivisionError: half-written"):
+        expand(parse('[defaults]\nworld_size = 2\ncomm_hook = "broken_hooks:hook"\n', "t.toml"), CPU)
+
+
+def test_state_collapses_for_builtin_hooks_and_old_ids_stay() -> None:
+    suite = parse(f'[defaults]\nworld_size = 2\ncomm_hook_state = "examples.comm_hooks.scaled_fp16:make_state"\n'
+                  f'[sweep]\ncomm_hook = ["allreduce", "fp16_compress", "{EXAMPLE_HOOK}"]\n'
+                  'algorithm = ["ddp", "post_localSGD_hook"]\n', "t.toml")
+    cases = expand(suite, CPU)
+    assert len(cases) == 6  # post-local SGD at "never" is plain DDP, with any hook of one's own
+    assert {c.comm_hook: c.comm_hook_state for c in cases} == {
+        "allreduce": None, "fp16_compress": None, EXAMPLE_HOOK: "examples.comm_hooks.scaled_fp16:make_state"}
+    # A case recorded before comm_hook existed reads back with the same id as the all-reduce case.
+    plain = next(c for c in cases if c.comm_hook == "allreduce" and c.algorithm == "ddp")
+    old = {k: v for k, v in plain.params().items() if k not in ("comm_hook", "comm_hook_state")}
+    assert case_id(Case.from_params(old)) == plain.case_id
+    assert len({c.case_id for c in cases}) == 6
+
+
+def _sweep(tmp_path: Path, *args: str) -> store.Loaded:
+    proc = subprocess.run([sys.executable, "-m", "tpbench", "sweep", *args, "--out", str(tmp_path / "results"),
+                           "--no-report"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return store.load(next(store.iter_runs(tmp_path / "results")))
+
+
+def _bytes(run: store.Loaded) -> dict[tuple[str, str], tuple[float, float]]:
+    table = run.cases[["case_id", "algorithm", "comm_hook"]].merge(
+        run.summary[["case_id", "allreduce_bytes_per_step", "comm_bytes_per_step"]], on="case_id")
+    return {(r["algorithm"], r["comm_hook"]): (r["allreduce_bytes_per_step"], r["comm_bytes_per_step"])
+            for r in table.to_dict("records")}
+
+
+def _gradient_bytes(width: int, depth: int, classes: int) -> int:
+    return 4 * (depth * (width * width + width) + width * classes + classes)
+
+
+def test_example_hook_runs_through_a_real_sweep_at_half_the_bytes(tmp_path: Path) -> None:
+    """examples/comm_hooks from the repository root, as the README says: registered by ddp and
+    wrapped by both ZeRO hooks, next to DDP's all-reduce and PyTorch's fp16 compression."""
+    run = _sweep(tmp_path, "examples/comm_hooks/suite.toml", "--set", "steps=2", "--set", "repeats=1",
+                 "--set", "capture.profiler_steps=2")
+    assert set(run.cases["status"]) == {"done"} and len(run.cases) == 9
+    assert run.steps["loss"].notna().all()
+    fp32 = _gradient_bytes(width=256, depth=3, classes=16)
+    found = _bytes(run)
+    for algorithm in ("ddp", "hook_with_zero_step", "hook_with_zero_step_interleaved"):
+        broadcasts = fp32 if algorithm != "ddp" else 0  # ZeRO sends each updated parameter once, in fp32
+        assert found[(algorithm, "allreduce")] == (fp32, fp32 + broadcasts)
+        for hook in ("fp16_compress", EXAMPLE_HOOK):
+            assert found[(algorithm, hook)] == (fp32 / 2, fp32 / 2 + broadcasts), (algorithm, hook)
+    html = build_report([run])
+    assert "Communication hook: bytes on the wire and which ZeRO hook wins" in html
+    assert f"with {EXAMPLE_HOOK}, undecided (one repeat)" in html  # a single repeat calls nothing
+
+
+def test_compression_composes_with_post_local_sgd_and_bf16_with_zero_hooks(tmp_path: Path) -> None:
+    suite = tmp_path / "compose.toml"
+    suite.write_text('[defaults]\nworld_size = 2\nbackend = "gloo"\ndevice = "cpu"\nbatch_size = 8\nwarmup_steps = 3\n'
+                     'steps = 2\nrepeats = 1\nstart_localSGD_iter = 0\naveraging_period = 1000\n'
+                     '[sweep]\nalgorithm = ["post_localSGD_hook", "hook_with_zero_step_interleaved"]\n'
+                     'comm_hook = ["allreduce", "fp16_compress"]\n'
+                     '[capture]\nprofiler_steps = 2\n[workloads.mlp]\nwidth = 32\ndepth = 2\n')
+    run = _sweep(tmp_path, str(suite))
+    found = _bytes(run)
+    fp32 = _gradient_bytes(width=32, depth=2, classes=16)
+    # Averaging every 1000 steps: the traced steps carry only the gradients, post-local SGD's or ZeRO's.
+    assert found[("post_localSGD_hook", "allreduce")] == (fp32, fp32)
+    assert found[("post_localSGD_hook", "fp16_compress")] == (fp32 / 2, fp32 / 2)
+    assert found[("hook_with_zero_step_interleaved", "fp16_compress")] == (fp32 / 2, fp32 / 2 + fp32)
+    bf16 = _sweep(tmp_path / "bf16", str(suite), "--set", 'algorithm=["hook_with_zero_step_interleaved"]',
+                  "--set", 'comm_hook=["bf16_compress"]')
+    assert _bytes(bf16)[("hook_with_zero_step_interleaved", "bf16_compress")] == (fp32 / 2, fp32 / 2 + fp32)
+
+
+def _pair(hook: str, bucket: float, ratio: float, lo: float, hi: float) -> Comparison:
+    kind = ZERO_KINDS[0]  # interleaved / sequential
+    context = {"bucket_cap_mb": bucket, "comm_hook": hook}
+    return Comparison(kind, "run", {"algorithm": "hook_with_zero_step_interleaved", **context},
+                      {"algorithm": "hook_with_zero_step", **context}, context, {}, ratio, lo, hi, repeats=5)
+
+
+def test_report_says_per_bucket_size_whether_compression_changes_the_winner() -> None:
+    lines = winner_lines([
+        _pair("allreduce", 2, 0.90, 0.85, 0.95), _pair("fp16_compress", 2, 1.10, 1.05, 1.15),
+        _pair("allreduce", 8, 0.90, 0.85, 0.95), _pair("fp16_compress", 8, 0.92, 0.88, 0.97),
+        _pair("allreduce", 32, 1.10, 1.05, 1.15), _pair("fp16_compress", 32, 1.01, 0.97, 1.05),
+        _pair("fp16_compress", 64, 1.10, 1.05, 1.15),  # no all-reduce twin: nothing to compare with
+    ])
+    assert len(lines) == 3
+    two, eight, big = lines
+    assert two.startswith("At 2 MB buckets: with allreduce, interleaved wins (interleaved/sequential 0.900 [0.850, 0.950])")
+    assert two.endswith("Compression changes the answer: interleaved with allreduce, sequential with fp16_compress.")
+    assert eight.endswith("Compression does not change the answer (interleaved).")
+    assert big.endswith("Compression changes the answer: sequential with allreduce, no clear winner with fp16_compress.")
