@@ -327,8 +327,8 @@ def test_whatif_command_shows_and_stores_refusals(tmp_path):
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     rows = {line.split("│")[1].strip(): line for line in p.stdout.splitlines() if line.count("│") > 4}
-    assert "refused" in rows["algorithm=zero_no_overlap bucket_cap_mb=25 (*)"]
-    assert "refused" not in rows["algorithm=hook_with_zero_step bucket_cap_mb=25"]
+    assert "refused" in rows["zero_no_overlap bucket_cap_mb=25 (*)"]
+    assert "refused" not in rows["hook_with_zero_step bucket_cap_mb=25"]
     assert "unrepresentative of timed steps" in " ".join(p.stderr.split())  # the footnote gives the reason
     stored = pd.read_parquet(run / "whatif.parquet").set_index("case_id")
     assert "unrepresentative" in stored.loc["1c52ac5cb99d", "refused"] and pd.isna(stored.loc["1c52ac5cb99d", "projected_ms"])

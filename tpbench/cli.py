@@ -65,19 +65,16 @@ class SweepProgress:
 
 
 def _summary_table(loaded) -> Table:
-    from tpbench.suite import Case, labels as case_labels
-
-    labels = case_labels([[Case.from_params(p["params"]) for p in loaded.meta["cases"].values()]])[0]
-    t = Table(title=escape(f"{loaded.meta['suite']['name']} · run {loaded.meta['run_id']}"))
+    t = Table(title=escape(f"{loaded.record.suite.name} · run {loaded.record.run_id}"))
     for col, just in [("case", "left"), ("status", "left"), ("median ms", "right"), ("95% CI", "right"), ("p10–p90 ms", "right"), ("samples/s", "right")]:
         t.add_column(col, justify=just)
-    s = loaded.summary
+    s = loaded.table
     for row in s.sort_values("median_ms", na_position="last").to_dict("records") if "median_ms" in s else s.to_dict("records"):
         if row.get("median_ms") == row.get("median_ms") and row.get("median_ms") is not None:
-            t.add_row(escape(labels[row["case_id"]]), row["status"], f"{row['median_ms']:.2f}", f"[{row['ci_lo_ms']:.2f}, {row['ci_hi_ms']:.2f}]",
+            t.add_row(escape(row["label"]), row["status"], f"{row['median_ms']:.2f}", f"[{row['ci_lo_ms']:.2f}, {row['ci_hi_ms']:.2f}]",
                       f"{row['p10_ms']:.2f}–{row['p90_ms']:.2f}", f"{row['samples_per_s']:.0f}")
         else:
-            t.add_row(escape(labels[row["case_id"]]), f"[red]{row['status']}[/]", "", "", "", "")
+            t.add_row(escape(row["label"]), f"[red]{row['status']}[/]", "", "", "", "")
     return t
 
 
@@ -508,10 +505,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     run_dir = Path(args.run)
     store.atomic_write_parquet(run_dir / "whatif.parquet", result.projections)
     store.atomic_write_parquet(run_dir / "whatif_validation.parquet", result.validation)
-    keys = [k for k in ("algorithm", "bucket_cap_mb", "shard_buckets", "batch_size")
-            if k in loaded.cases and loaded.cases[k].astype(str).nunique() > 1] or ["algorithm"]
-    labels = {p["case_id"]: " ".join(f"{k}={p[k]}" for k in keys if not pd.isna(p[k]))
-              for p in loaded.cases.to_dict("records")}
+    labels = dict(zip(loaded.cases["case_id"], loaded.cases["label"]))
     if len(result.validation):
         t = Table(title="validation: emulated links predicted from their twins on other links")
         for col in ("direction", "case", "from", "link", "measured ms [95% CI]", "predicted ms", "error"):

@@ -43,7 +43,7 @@ import numpy as np
 from tpbench import store
 from tpbench.analysis.stats import CONFIDENCE, hierarchical_ratio_ci, paired_ratio_ci, repeat_medians
 from tpbench.environment import COMPARABLE_KEYS, commit_text
-from tpbench.suite import Case, identity, labels
+from tpbench.suite import identity
 
 PASS, REGRESSION, IMPROVEMENT, INCONCLUSIVE, INCOMPARABLE, MISSING = (
     "pass", "regression", "improvement", "inconclusive", "incomparable", "missing")
@@ -154,6 +154,7 @@ class RunData:
     params: dict[str, dict[str, Any]]  # case_id → params
     status: dict[str, str]  # case_id → status
     values: dict[str, np.ndarray]  # case_id → per-repeat medians of the metric (done cases)
+    labels: dict[str, str]  # case_id → label (``store.Loaded.cases``)
 
     @classmethod
     def of(cls, run: store.Loaded | str | Path, metric: str = "step_ms") -> RunData:
@@ -165,12 +166,12 @@ class RunData:
                 raise GateError(f"--metric {metric}: not recorded in {loaded.run_dir}; expected one of {', '.join(numeric)}")
             per_repeat = repeat_medians(loaded.steps, metric).dropna(subset=[metric])
             values = {cid: g[metric].to_numpy(dtype=float) for cid, g in per_repeat.groupby("case_id")}
-        cases = loaded.meta["cases"]
+        cases = loaded.record.cases
         return cls(
-            Path(loaded.run_dir), loaded.environment,
-            {cid: entry["params"] for cid, entry in cases.items()},
-            {cid: entry["status"] for cid, entry in cases.items()},
-            values,
+            Path(loaded.run_dir), dict(loaded.environment),
+            {cid: dict(c.params) for cid, c in cases.items()},
+            {cid: c.status for cid, c in cases.items()},
+            values, dict(zip(loaded.cases["case_id"], loaded.cases["label"])),
         )
 
 
@@ -233,9 +234,8 @@ def compare_runs(
                       | {f"candidate runs {Path(cand[0].dir).name} vs {Path(c.dir).name}: {d}"
                          for c in cand[1:] for d in environment_differences(cand[0].environment, c.environment, ignore_env)})
     ref = cand[0]
-    names = labels([[Case.from_params(p) for p in ref.params.values()]])[0]
     results = [
-        _judge_case(cid, names[cid], ref.params[cid], base, cand, threshold, confidence, bool(env_diff), paired)
+        _judge_case(cid, ref.labels[cid], ref.params[cid], base, cand, threshold, confidence, bool(env_diff), paired)
         for cid in ref.params
     ]
     return Comparison(

@@ -12,7 +12,7 @@ import numpy as np
 from tpbench import store
 from tpbench.analysis.stats import CONFIDENCE, bootstrap_ci, slowest_rank
 from tpbench.compare import GateError
-from tpbench.suite import Case, labels, varying_keys
+from tpbench.suite import Case, varying_keys
 
 
 EXPORT_FORMATS = ("pytest-benchmark", "custom-smaller-is-better")
@@ -28,8 +28,8 @@ class Export:
 
 def _export_cases(loaded: store.Loaded) -> tuple[list[tuple[Case, str, np.ndarray, np.ndarray]], list[str]]:
     """Done cases with their label, per-step times (slowest rank, ms) and per-repeat medians (ms)."""
-    params = {cid: e["params"] for cid, e in loaded.meta["cases"].items()}
-    names = labels([[Case.from_params(p) for p in params.values()]])[0]
+    params = {cid: c.params for cid, c in loaded.record.cases.items()}
+    names = dict(zip(loaded.cases["case_id"], loaded.cases["label"]))
     per_step = slowest_rank(loaded.steps) if not loaded.steps.empty else None
     out, skipped = [], []
     for cid, p in params.items():

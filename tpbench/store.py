@@ -448,11 +448,12 @@ def _read_steps(path: Path) -> pd.DataFrame:
 
 @dataclass
 class Loaded:
-    """A run read back: its metadata, cases, per-step rows and summary."""
+    """A run read back, the one view every reader (report, compare, gate, export, whatif, CLI)
+    takes of it: its record, cases, per-step rows and summary."""
 
     run_dir: Path
     meta: dict[str, Any]
-    cases: pd.DataFrame  # one row per case: params + status (+ error)
+    cases: pd.DataFrame  # one row per case: params, label, status, error, detail (``cases_table``)
     steps: pd.DataFrame  # all cases' steps.parquet, with a case_id column
     summary: pd.DataFrame  # summary.parquet (empty if not written yet)
 
@@ -460,6 +461,15 @@ class Loaded:
     def record(self) -> RunRecord:
         """run.json, typed."""
         return RunRecord.from_json(self.meta)
+
+    @functools.cached_property
+    def table(self) -> pd.DataFrame:
+        """The tidy cases table: ``cases`` with the summary's numbers (median_ms, CIs, overlap,
+        memory ...) beside each case; cases without numbers (failed, or no summary yet) have NaN."""
+        if self.summary.empty or "case_id" not in self.summary:
+            return self.cases
+        numbers = [c for c in self.summary.columns if c == "case_id" or c not in self.cases.columns]
+        return self.cases.merge(self.summary[numbers], on="case_id", how="left")
 
     @property
     def environment(self) -> dict[str, Any]:
@@ -470,11 +480,8 @@ def load(run_dir: str | Path) -> Loaded:
     """Everything of a run as DataFrames. Broken files raise ``StoreError`` naming the file."""
     run_dir = Path(run_dir)
     meta = read_run_json(run_dir)
-    case_rows = []
     frames = []
     for cid, entry in meta["cases"].items():
-        row = dict(entry["params"]) | {"status": entry["status"], "error": entry.get("error")}
-        case_rows.append(row)
         steps_path = case_dir(run_dir, cid) / STEPS_FILE
         if entry["status"] == DONE:
             if not steps_path.exists():
@@ -483,7 +490,24 @@ def load(run_dir: str | Path) -> Loaded:
     steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     summary_path = run_dir / SUMMARY_FILE
     summary = _read_summary(summary_path) if summary_path.exists() else pd.DataFrame()
-    return Loaded(run_dir, meta, pd.DataFrame(case_rows), steps, summary)
+    return Loaded(run_dir, meta, cases_table(RunRecord.from_json(meta)), steps, summary)
+
+
+def cases_table(record: RunRecord) -> pd.DataFrame:
+    """A run's cases as a table, built here only: one row per case with its parameters as the
+    suite gave them, its label (``suite.labels``), status, error and failure detail."""
+    from tpbench.suite import Case, labels
+
+    names = labels([[Case.from_params(c.params) for c in record.cases.values()]])[0]
+    rows = [dict(c.params) | {"label": names[cid], "status": c.status, "error": c.error, "detail": c.detail}
+            for cid, c in record.cases.items()]
+    table = pd.DataFrame(rows)
+    for col in table.columns:
+        # A parameter collapsed to None for some cases would turn ints into floats (4 → 4.0) in
+        # labels and verdicts: keep such columns as the suite's own values.
+        if table[col].dtype == float and any(r.get(col) is None for r in rows):
+            table[col] = pd.Series([r.get(col) for r in rows], dtype=object)
+    return table
 
 
 def _read_summary(path: Path) -> pd.DataFrame:

@@ -35,7 +35,7 @@ SEQUENTIAL = "hook_with_zero_step"
 INTERLEAVED = "hook_with_zero_step_interleaved"
 REFERENCE = "zero_no_overlap"
 
-_NOT_PARAMS = ("case_id", "algorithm", "status", "error")
+_NOT_PARAMS = ("case_id", "algorithm", "label", "status", "error", "detail")
 
 
 def ratio_points(cases: pd.DataFrame, steps: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:

@@ -125,18 +125,7 @@ def _algo(algorithm: str, impl: Any) -> str:
 
 
 def _run_cases(run: store.Loaded, tag: str) -> pd.DataFrame:
-    records = [dict(e["params"]) | {"status": e["status"], "error": e.get("error"), "detail": e.get("detail")}
-               for e in run.meta["cases"].values()]
-    params = pd.DataFrame(records)
-    for col in params.columns:
-        # A parameter collapsed to None for some cases would turn ints into floats (4 → 4.0) in
-        # labels and verdicts: keep such columns as the suite's own values.
-        if params[col].dtype == float and any(r.get(col) is None for r in records):
-            params[col] = pd.Series([r.get(col) for r in records], dtype=object)
-    if not run.summary.empty and "case_id" in run.summary:
-        numbers = [c for c in run.summary.columns if c == "case_id" or c not in params.columns]
-        params = params.merge(run.summary[numbers], on="case_id", how="left")
-    return params.assign(run_id=run.meta["run_id"], run=tag)
+    return run.table.assign(run_id=run.meta["run_id"], run=tag)
 
 
 def _labels(cases: pd.DataFrame, runs: list[store.Loaded], run_cases: list[list[Case]]) -> list[str]:

@@ -15,7 +15,6 @@ import plotly.graph_objects as go
 from tpbench import store
 from tpbench.analysis import crossover, whatif
 from tpbench.report.html import Page, plot_text
-from tpbench.suite import Case, labels as case_labels
 
 
 def sections(page: Page, runs: list[store.Loaded], fabrics: dict[str, whatif.Fabric] | None = None) -> None:
@@ -118,7 +117,7 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fab
         return
     if result.projections.empty:
         return
-    labels = _labels(run)
+    labels = dict(zip(run.cases["case_id"], run.cases["label"]))
     page.heading(f"What-if: other fabrics (projections){suffix}", anchor=f"whatif{anchor}")
     page.paragraph(
         "PROJECTIONS, not measurements: each case's traced timeline on this machine (compute, and when each "
@@ -200,5 +199,3 @@ def _validation_figure(v: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def _labels(run: store.Loaded) -> dict[str, str]:
-    return case_labels([[Case.from_params(e["params"]) for e in run.meta["cases"].values()]])[0]
