@@ -225,7 +225,8 @@ def test_runs_differing_only_in_repeats_match_case_by_case_in_compare_and_report
     proc = subprocess.run([sys.executable, "-m", "tpbench", "compare", str(base), str(cand), "--format", "json"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr  # the ddp regression
-    by_cli = [(c["case_id"], c["label"], c["verdict"], c["ratio"], c["ci_lo"], c["ci_hi"]) for c in json.loads(proc.stdout)["cases"]]
+    by_cli = [(c["case_id"], c["label"], c["verdict"], c["ratio"], c["ci_lo"], c["ci_hi"])
+              for c in json.loads(proc.stdout)["cases"]]
     assert sorted(v for _, _, v, *_ in by_cli) == ["pass", "regression"]
 
     data = report_data([store.load(base), store.load(cand)])

@@ -26,7 +26,8 @@ def run(tmp_path: Path) -> Path:
 
 
 def export(run: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpbench", "export", str(run), "--format", "custom-smaller-is-better"], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "tpbench", "export", str(run), "--format", "custom-smaller-is-better"],
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_run_json_and_summary_carry_the_schema_version(run: Path) -> None:

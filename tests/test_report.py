@@ -57,7 +57,8 @@ def in_memory_run(suite_text: str, medians: dict[str, list[float]] | callable, r
         reps = np.asarray(medians(c.params()), dtype=float)
         rows.append({"case_id": c.case_id, "median_ms": float(np.median(reps)), "ci_lo_ms": float(reps.min()),
                      "ci_hi_ms": float(reps.max()), "repeat_medians_ms": reps.tolist()})
-    return store.Loaded(Path("/nonexistent"), meta, store.cases_table(RunRecord.from_json(meta)), pd.DataFrame(), pd.DataFrame(rows))
+    cases_table = store.cases_table(RunRecord.from_json(meta))
+    return store.Loaded(Path("/nonexistent"), meta, cases_table, pd.DataFrame(), pd.DataFrame(rows))
 
 
 def zero_medians(p: dict) -> list[float]:
@@ -173,7 +174,8 @@ def test_local_sgd_verdict_time_to_target_and_final_gap():
         for c, ms, final in ((never, 100.0, 1.02), (local, 60.0, 1.04))])
     meta = {"run_id": "r1", "suite": {"name": "lsgd-test", "text": LOCALSGD_SUITE}, "status": "complete",
             "environment": dict(synth_run.ENVIRONMENT), "cases": {c.case_id: {"params": c.params(), "status": "done"} for c in cases}}
-    data = report_data.load([store.Loaded(Path("/nonexistent"), meta, store.cases_table(RunRecord.from_json(meta)), steps, summary)])
+    cases_table = store.cases_table(RunRecord.from_json(meta))
+    data = report_data.load([store.Loaded(Path("/nonexistent"), meta, cases_table, steps, summary)])
     [v] = verdicts.convergence_verdicts(data)
     assert v.cand_reached == v.base_reached == 3
     assert v.reach_ratio[0] == pytest.approx(0.6)

@@ -312,7 +312,8 @@ def test_report_shows_the_reason_in_place_of_the_number():
     html = build_report([store.load(BUSY_RUN)])
     section = html[html.index('id="whatif"'):]
     rows: dict[str, str] = {}
-    for r in re.findall(r"<tr>.*?</tr>", section, re.S):  # the first table after the heading: the later ones share labels
+    # The first table after the heading: later ones (the cases table) share its labels.
+    for r in re.findall(r"<tr>.*?</tr>", section, re.S):
         rows.setdefault(re.sub(r"<[^>]+>", "|", r).split("|")[2], r)
     refused = rows["zero_no_overlap bucket_cap_mb=25"]
     assert refused.count("<td>refused</td>") == 4 and "unrepresentative of timed steps" in refused

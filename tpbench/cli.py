@@ -131,7 +131,8 @@ def _cases_table(title: str, cases: list) -> Table:
     for col in ("case_id", "case", "world", "repeats × steps"):
         t.add_column(col)
     for c in cases:
-        t.add_row(c.case_id, escape(names[c.case_id]), f"{c.world_size}×{c.backend}/{c.device} {escape(c.interconnect)}", f"{c.repeats}×{c.steps}")
+        t.add_row(c.case_id, escape(names[c.case_id]), f"{c.world_size}×{c.backend}/{c.device} {escape(c.interconnect)}",
+                  f"{c.repeats}×{c.steps}")
     return t
 
 

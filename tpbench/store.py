@@ -13,7 +13,13 @@ Layout (see DESIGN.md)::
 Every file is written to a temporary name in its own folder and renamed into place, so a reader
 (or a resume after a crash) never sees half a file. Repeats are persisted as they finish because
 repeats of different cases are interleaved: a world that dies in the last round must not take the
-earlier rounds of every case with it. ``run.json`` has a single writer (the sweeping process).
+earlier rounds of every case with it.
+
+Writes: ``run.json`` has a single writer, the sweeping process's ``Run``, the recorder: the sweep
+and the launcher tell it what happened (a case started, finished, failed, was captured; a world
+started) and it applies and saves each event; ``Run.case_done`` is the one place a case directory
+is finished. Reads: ``load`` gives the one view every reader takes of a run (``Loaded``): its
+typed record (``tpbench.record``), the case table with one label per case, steps and summary.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pandas as pd
 import pyarrow as pa
@@ -158,19 +164,46 @@ def write_repeat(run_dir: Path, case_id: str, repeat: int, rows: pd.DataFrame) -
     atomic_write_parquet(case_dir(run_dir, case_id) / "parts" / f"r{repeat:04d}.parquet", rows)
 
 
-def finish_case(run_dir: Path, case_id: str, repeats: int) -> Path:
-    """Merge a case's repeats into steps.parquet once all of them are there; returns its path."""
+# Telemetry parts of a case (one per repeat, written by rank 0) and the file they are merged into.
+NVML_PARTS, NVML_FILE = "nvml-parts", "nvml.parquet"
+
+
+def finish_case(run_dir: Path, case_id: str, repeats: int, clock_sync: dict[str, Any] | None = None) -> Path:
+    """Finish a case's directory once all its repeats are there (the one place that does): merge
+    its repeats into steps.parquet and its telemetry parts into nvml.parquet, where each rank's
+    samples get their time on the rank's trace clock from ``clock_sync`` (rank → ``ClockSync``
+    as a dict, or None: no trace, no alignment). Returns the steps file's path."""
     parts_dir = case_dir(run_dir, case_id) / "parts"
     parts = sorted(parts_dir.glob("r*.parquet"))
     if len(parts) != repeats:
         raise StoreError(f"{parts_dir}: expected {repeats} repeats, found {len(parts)}")
-    df = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
     out = case_dir(run_dir, case_id) / STEPS_FILE
-    atomic_write_parquet(out, df)
+    _merge_parts(parts, out, lambda df: df)
+    finish_telemetry(run_dir, case_id, clock_sync)
+    return out
+
+
+def finish_telemetry(run_dir: Path, case_id: str, clock_sync: dict[str, Any] | None) -> None:
+    """Merge a case's telemetry parts into nvml.parquet, each rank's samples on its trace clock."""
+    def on_trace_clock(samples: pd.DataFrame) -> pd.DataFrame:
+        for rank, clock in (clock_sync or {}).items():
+            if clock is not None:
+                mine = samples["rank"] == int(rank)
+                samples.loc[mine, "ts_us"] = samples.loc[mine, "t_ns"] / 1e3 + clock["offset_us"]
+        return samples
+
+    _merge_parts(sorted((case_dir(run_dir, case_id) / NVML_PARTS).glob("r*.parquet")),
+                 case_dir(run_dir, case_id) / NVML_FILE, on_trace_clock)
+
+
+def _merge_parts(parts: list[Path], out: Path, transform: Callable[[pd.DataFrame], pd.DataFrame]) -> None:
+    """Concatenate part files into ``out`` (through ``transform``), then remove them and their folder."""
+    if not parts:
+        return
+    atomic_write_parquet(out, transform(pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)))
     for p in parts:
         p.unlink()
-    parts_dir.rmdir()
-    return out
+    parts[0].parent.rmdir()
 
 
 def finished_repeats(run_dir: Path, case_id: str) -> set[int]:
@@ -263,9 +296,9 @@ class Run:
         self._save()
 
     def case_done(self, case_id: str, repeats: int) -> None:
-        """A case's last repeat ended: its repeats are merged into steps.parquet (``finish_case``,
-        the one place a case directory is finished) and it is done."""
-        finish_case(self.dir, case_id, repeats)
+        """A case's last repeat ended: its directory is finished (``finish_case``, on the clocks its
+        capture recorded) and it is done."""
+        finish_case(self.dir, case_id, repeats, self._meta["cases"][case_id].get("clock_sync"))
         self.set_case(case_id, DONE)
 
     def case_captured(self, case_id: str, capture: dict[str, Any]) -> None:

@@ -161,10 +161,10 @@ def _across_runs_table(page: Page, data: ReportData, cross: list[compare.Compari
     if not cross:
         return
     page.heading("Across runs", anchor="across-runs")
-    page.paragraph(f"The same case (same identity: parameters less budget keys such as repeats) in each run against "
-                   f"the first run, judged as `tpbench compare FIRST RUN` judges it: ratio of median step times with its "
-                   f"{cross[0].confidence:.0%} bootstrap interval over repeats, threshold ±{cross[0].threshold:.0%}.",
-                   css="muted")
+    page.paragraph(f"The same case (same identity: parameters less budget keys such as repeats) in each run "
+                   f"against the first run, judged as `tpbench compare FIRST RUN` judges it: ratio of median step "
+                   f"times with its {cross[0].confidence:.0%} bootstrap interval over repeats, threshold "
+                   f"±{cross[0].threshold:.0%}.", css="muted")
     rows = [{"run": verdicts.run_tag(data, c.candidate_runs[0]), "against": verdicts.run_tag(data, c.baseline_runs[0]),
              "case": verdicts.case_label(data, c, r.case_id), "ratio": r.ratio,
              f"{c.confidence:.0%} CI": f"[{r.ci_lo:.3g}, {r.ci_hi:.3g}]" if r.ci_lo is not None else "",

@@ -416,6 +416,7 @@ def across_runs_lines(data: ReportData, comps: list[engine.Comparison]) -> list[
         called = [r for r in judged if r.verdict in (engine.REGRESSION, engine.IMPROVEMENT)]
         if called:
             big = max(called, key=lambda r: abs(np.log(r.ratio)))
-            line += f"; largest change: {case_label(data, c, big.case_id)}, {_signed(big.ratio, big.ci_lo, big.ci_hi)} ({big.verdict})"
+            change = _signed(big.ratio, big.ci_lo, big.ci_hi)
+            line += f"; largest change: {case_label(data, c, big.case_id)}, {change} ({big.verdict})"
         lines.append(line + ".")
     return lines
