@@ -33,7 +33,6 @@ for the handful of rounds a gate has (``analysis.stats.paired_ratio_ci``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
