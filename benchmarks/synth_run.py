@@ -126,7 +126,7 @@ def make_run(root: Path, *, name: str = "synthetic-zero", buckets: tuple[float, 
         if nvml:
             store.write_case_table(run.dir, case.case_id, "nvml", _nvml(case, c, rng))
         run.set_case(case.case_id, store.DONE)
-    run.meta["wall_s"] = float(sum(model(c).step for c in cases) * (steps + 3) * repeats / 1e3 * 1.3)
+    run.add_wall_time(float(sum(model(c).step for c in cases) * (steps + 3) * repeats / 1e3 * 1.3))
     run.set_status("complete_with_failures" if failed else "complete")
     sweep.finalize(run.dir)
     return run.dir
@@ -267,9 +267,8 @@ def make_localsgd_run(root: Path, *, name: str = "synthetic-localsgd", steps: in
                     "drift_max_l2": drift, "drift_mean_l2": drift * 0.7, "optimal_loss": optimum,
                 }))
             store.write_repeat(run.dir, case.case_id, repeat, pd.concat(rows, ignore_index=True))
-        store.finish_case(run.dir, case.case_id, case.repeats)
-        run.set_case(case.case_id, store.DONE)
-    run.meta["wall_s"] = float(steps * repeats * len(cases) * 0.07)
+        run.case_done(case.case_id, case.repeats)
+    run.add_wall_time(float(steps * repeats * len(cases) * 0.07))
     run.set_status("complete")
     sweep.finalize(run.dir)
     return run.dir

@@ -81,7 +81,6 @@ def make_run(
                     "step_ms": ms, "loss": 1.0, "elapsed_s": np.cumsum(ms) / 1e3, "peak_rss_mb": 100.0 + r,
                 }))
             store.write_repeat(run.dir, case.case_id, r, pd.concat(rows, ignore_index=True))
-        store.finish_case(run.dir, case.case_id, len(values))
-        run.set_case(case.case_id, store.DONE)
+        run.case_done(case.case_id, len(values))
     run.set_status("complete")
     return run.dir

@@ -187,7 +187,8 @@ SAMPLED_SUITE = MEMORY_SUITE.replace("steps = 2\nrepeats = 1", "steps = 6\nrepea
 
 def test_worker_writes_nvml_samples_on_the_trace_clock_against_a_fake_nvml(tmp_path):
     """The worker's whole NVML path in a real 2-rank world, with FakeNvml standing in for the
-    driver only because no GPU exists here: parts per repeat, merged nvml.parquet, samples tagged
+    driver only because no GPU exists here: parts per repeat, merged nvml.parquet (by the store, as
+the launcher's recorder does when the case ends), samples tagged
     with step and phase, and profiled-step samples inside the rank's traced steps."""
     (case,) = expand(parse(SAMPLED_SUITE))
     events = run_world(_sampled_case, 2, str(tmp_path), case, timeout_s=180)[0]
@@ -199,6 +200,8 @@ def test_worker_writes_nvml_samples_on_the_trace_clock_against_a_fake_nvml(tmp_p
         assert 1.5 <= r["median_interval_ms"] <= 4
     assert info["transport"]["backend"] == "gloo" and len(info["transport"]["ranks"]) == 2
     case_dir = store.case_dir(tmp_path, case.case_id)
+    assert (case_dir / "nvml-parts").exists() and not (case_dir / NVML_FILE).exists()  # the recorder merges them
+    store.finish_telemetry(tmp_path, case.case_id, info["clock_sync"])
     assert not (case_dir / "nvml-parts").exists()
     df = pd.read_parquet(case_dir / NVML_FILE)
     assert list(df.columns) == list(nvml.COLUMNS)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from synthetic_runs import make_run
-from tpbench import gate
+from tpbench import export as exports
 
 REPO = Path(__file__).resolve().parent.parent
 PYTEST_BENCHMARK = shutil.which("pytest-benchmark", path=str(Path(sys.executable).parent))
@@ -33,7 +33,7 @@ def export(run: Path, fmt: str, out: Path) -> subprocess.CompletedProcess:
 
 
 def test_pytest_benchmark_document(run: Path) -> None:
-    doc = gate.export_pytest_benchmark(run).document
+    doc = exports.export_pytest_benchmark(run).document
     assert {"machine_info", "commit_info", "benchmarks", "datetime", "version"} <= doc.keys()
     assert doc["commit_info"]["id"] == "0123456789abcdef"
     by_name = {b["name"]: b for b in doc["benchmarks"]}

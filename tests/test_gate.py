@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ import pytest
 from conftest import REPO
 from conftest import tpbench as run_tpbench
 from synthetic_runs import ENVIRONMENT, make_run
-from tpbench import gate
+from tpbench import compare, gate
 from tpbench.analysis.stats import hierarchical_ratio_ci, paired_ratio_ci, t_quantile
 
 
@@ -46,18 +47,18 @@ def noisy(median: float, n: int, spread: float, seed: int) -> list[float]:
     (0.93, 0.99, "inconclusive"),   # might be an improvement beyond 5%, might not
 ])
 def test_judge(lo: float, hi: float, verdict: str) -> None:
-    assert gate.judge(lo, hi, 0.05) == verdict
+    assert compare.judge(lo, hi, 0.05) == verdict
 
 
 @pytest.mark.parametrize(("text", "value"), [("5%", 0.05), ("0.05", 0.05), ("12.5%", 0.125), ("0", 0.0)])
 def test_parse_threshold(text: str, value: float) -> None:
-    assert gate.parse_threshold(text) == pytest.approx(value)
+    assert compare.parse_threshold(text) == pytest.approx(value)
 
 
 @pytest.mark.parametrize("text", ["five", "150%", "-1%", "1"])
 def test_parse_threshold_rejects(text: str) -> None:
-    with pytest.raises(gate.GateError, match="--threshold"):
-        gate.parse_threshold(text)
+    with pytest.raises(compare.GateError, match="--threshold"):
+        compare.parse_threshold(text)
 
 
 def test_ratio_ci_known_answers() -> None:
@@ -88,8 +89,8 @@ def test_paired_rounds_cancel_shared_drift() -> None:
     cand = [np.array(noisy(12 * d, 5, 0.01, 10 + i)) for i, d in enumerate(drift)]
     _, lo_u, hi_u = hierarchical_ratio_ci(base, cand)
     ratio, lo_p, hi_p = paired_ratio_ci(base, cand)
-    assert gate.judge(lo_u, hi_u, 0.05) == "inconclusive"
-    assert gate.judge(lo_p, hi_p, 0.05) == "regression" and ratio == pytest.approx(1.2, rel=0.02) and lo_p > 1.15
+    assert compare.judge(lo_u, hi_u, 0.05) == "inconclusive"
+    assert compare.judge(lo_p, hi_p, 0.05) == "regression" and ratio == pytest.approx(1.2, rel=0.02) and lo_p > 1.15
 
 
 @pytest.mark.parametrize(("df", "q"), [(1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (1000, 1.962)])
@@ -106,7 +107,7 @@ def test_paired_gate_false_alarms_and_power_in_simulation() -> None:
         shared = rng.normal(0, 0.3, 5)
         side = lambda m: [np.exp(np.log(m) + u + rng.normal(0, 0.03) + rng.normal(0, 0.03, 5)) for u in shared]  # noqa: E731
         _, lo, hi = paired_ratio_ci(side(10), side(10 * effect))
-        return gate.judge(lo, hi, 0.05)
+        return compare.judge(lo, hi, 0.05)
 
     same = [verdict(1.0) for _ in range(400)]
     slower = [verdict(1.15) for _ in range(200)]
@@ -120,14 +121,14 @@ def test_paired_gate_false_alarms_and_power_in_simulation() -> None:
 def test_compare_verdicts_on_synthetic_runs(tmp_path: Path) -> None:
     base = make_run(tmp_path / "b", {"ddp": noisy(10, 6, 0.02, 1), "zero_no_overlap": noisy(20, 6, 0.02, 2)})
     cand = make_run(tmp_path / "c", {"ddp": noisy(13, 6, 0.02, 3), "zero_no_overlap": noisy(15, 6, 0.02, 4)}, seed=1)
-    c = gate.compare_runs([base], [cand])
+    c = compare.compare_runs([base], [cand])
     verdicts = {r.label: r for r in c.cases}
     assert verdicts["ddp"].verdict == "regression" and verdicts["ddp"].ratio == pytest.approx(1.3, rel=0.05)
     assert verdicts["zero_no_overlap"].verdict == "improvement"
     assert c.verdict == "regression" and c.exit_code == 1
 
     same = make_run(tmp_path / "s", {"ddp": noisy(10, 6, 0.02, 5), "zero_no_overlap": noisy(20, 6, 0.02, 6)}, seed=2)
-    c = gate.compare_runs([base], [same])
+    c = compare.compare_runs([base], [same])
     assert {r.verdict for r in c.cases} == {"pass"} and c.exit_code == 0
 
 
@@ -138,14 +139,14 @@ def test_noise_is_never_a_regression(tmp_path: Path) -> None:
     for seed in range(30):
         b = make_run(tmp_path / f"b{seed}", {"ddp": noisy(10, 5, 0.15, 100 + seed)}, seed=seed)
         c = make_run(tmp_path / f"c{seed}", {"ddp": noisy(10, 5, 0.15, 200 + seed)}, seed=seed)
-        verdicts.append(gate.compare_runs([b], [c]).cases[0].verdict)
+        verdicts.append(compare.compare_runs([b], [c]).cases[0].verdict)
     assert set(verdicts) <= {"pass", "inconclusive"}, verdicts
 
 
 def test_too_few_repeats_is_inconclusive(tmp_path: Path) -> None:
     b = make_run(tmp_path / "b", {"ddp": [10, 10.1]})
     c = make_run(tmp_path / "c", {"ddp": [20, 20.1]})
-    (case,) = gate.compare_runs([b], [c]).cases
+    (case,) = compare.compare_runs([b], [c]).cases
     assert case.verdict == "inconclusive" and "too few repeats" in case.reason
 
 
@@ -156,35 +157,35 @@ def test_several_baselines_judge_against_their_spread(tmp_path: Path) -> None:
     medians = (9.5, 10.0, 11.0)
     bases = [make_run(tmp_path / f"b{i}", {"ddp": noisy(m, 6, 0.02, i)}, seed=i) for i, m in enumerate(medians)]
     cand = make_run(tmp_path / "c", {"ddp": noisy(10.6, 6, 0.02, 7)}, seed=7)
-    assert gate.compare_runs(bases[:1], [cand]).cases[0].verdict == "regression"
-    pooled = gate.compare_runs(bases, [cand])
+    assert compare.compare_runs(bases[:1], [cand]).cases[0].verdict == "regression"
+    pooled = compare.compare_runs(bases, [cand])
     (case,) = pooled.cases
     assert case.verdict == "inconclusive" and case.baseline_runs == 3 and case.baseline_repeats == 18
     slow = make_run(tmp_path / "slow", {"ddp": noisy(14, 6, 0.02, 8)}, seed=8)
-    assert gate.compare_runs(bases, [slow]).cases[0].verdict == "regression"
+    assert compare.compare_runs(bases, [slow]).cases[0].verdict == "regression"
 
 
 def test_incomparable_environment_and_world(tmp_path: Path) -> None:
     base = make_run(tmp_path / "b", {"ddp": noisy(10, 5, 0.02, 1)})
     other_torch = make_run(tmp_path / "t", {"ddp": noisy(13, 5, 0.02, 2)}, environment=ENVIRONMENT | {"torch": "2.4.0"})
-    c = gate.compare_runs([base], [other_torch])
+    c = compare.compare_runs([base], [other_torch])
     assert c.verdict == "incomparable" and c.exit_code == 3
     assert any("torch: 2.13.0+cpu vs 2.4.0" in d for d in c.environment_differences)
-    assert gate.compare_runs([base], [other_torch], ignore_env=["torch"]).verdict == "regression"
+    assert compare.compare_runs([base], [other_torch], ignore_env=["torch"]).verdict == "regression"
 
     four_ranks = make_run(tmp_path / "w", {"ddp": noisy(10, 5, 0.02, 3)}, world_size=4)
-    (case,) = gate.compare_runs([base], [four_ranks]).cases
+    (case,) = compare.compare_runs([base], [four_ranks]).cases
     assert case.verdict == "incomparable" and "world_size 2 vs 4" in case.reason
 
 
 def test_missing_cases(tmp_path: Path) -> None:
     base = make_run(tmp_path / "b", {"ddp": noisy(10, 5, 0.02, 1)})
     cand = make_run(tmp_path / "c", {"ddp": noisy(10, 5, 0.02, 2), "zero_no_overlap": noisy(10, 5, 0.02, 3)})
-    c = gate.compare_runs([base], [cand])
+    c = compare.compare_runs([base], [cand])
     by = {r.label: r.verdict for r in c.cases}
     assert by == {"ddp": "pass", "zero_no_overlap": "missing"} and c.exit_code == 3
     crashed = make_run(tmp_path / "f", {"ddp": noisy(10, 5, 0.02, 4)}, failed=["ddp"])
-    (case,) = gate.compare_runs([base], [crashed]).cases
+    (case,) = compare.compare_runs([base], [crashed]).cases
     assert case.verdict == "missing" and "failed" in case.reason
 
 
@@ -193,17 +194,62 @@ def test_other_metric(tmp_path: Path) -> None:
     same on both sides although the step times are not."""
     base = make_run(tmp_path / "b", {"ddp": noisy(10, 5, 0.02, 1)})
     cand = make_run(tmp_path / "c", {"ddp": noisy(20, 5, 0.02, 2)})
-    (case,) = gate.compare_runs([base], [cand], metric="peak_rss_mb").cases
+    (case,) = compare.compare_runs([base], [cand], metric="peak_rss_mb").cases
     assert case.verdict == "pass" and case.baseline_median == pytest.approx(102)
 
 
 def test_slowdown_pct_does_not_orphan_cases(tmp_path: Path) -> None:
-    """slowdown_pct changes the case id, but not what the case is: runs with and without it compare."""
+    """slowdown_pct is a test knob, not part of what the case is: runs with and without it compare,
+    also against a run stored with an older id (matching goes by identity, not by stored id)."""
     base = make_run(tmp_path / "b", {"ddp": noisy(10, 5, 0.02, 1)})
     cand = make_run(tmp_path / "c", {"ddp": noisy(12.5, 5, 0.02, 2)}, defaults={"slowdown_pct": 25})
-    assert {p.name for p in (base / "cases").iterdir()} != {p.name for p in (cand / "cases").iterdir()}
-    (case,) = gate.compare_runs([base], [cand]).cases
+    assert {p.name for p in (base / "cases").iterdir()} == {p.name for p in (cand / "cases").iterdir()}
+    (case,) = compare.compare_runs([base], [cand]).cases
     assert case.verdict == "regression"
+    rename_case_ids(base, lambda cid: "old" + cid[3:])
+    (case,) = compare.compare_runs([base], [cand]).cases
+    assert case.verdict == "regression" and case.baseline_runs == 1
+
+
+def test_runs_differing_only_in_repeats_match_case_by_case_in_compare_and_report(tmp_path: Path) -> None:
+    """`tpbench compare` and `tpbench report` match cases by the same engine: runs that differ only
+    in repeats share every case, even when the baseline's ids were stored by a tpbench that hashed
+    repeats into them, and the report shows the verdicts `tpbench compare` gives."""
+    from tpbench import store
+    from tpbench.report import verdicts
+    from tpbench.report.build import build_report
+    from tpbench.report.data import load as report_data
+
+    base = make_run(tmp_path / "b", {"ddp": noisy(10, 3, 0.02, 1), "zero_no_overlap": noisy(20, 3, 0.02, 2)})
+    cand = make_run(tmp_path / "c", {"ddp": noisy(13, 5, 0.02, 3), "zero_no_overlap": noisy(20, 5, 0.02, 4)})
+    rename_case_ids(base, lambda cid: "rep3" + cid[4:])
+    proc = subprocess.run([sys.executable, "-m", "tpbench", "compare", str(base), str(cand), "--format", "json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr  # the ddp regression
+    by_cli = [(c["case_id"], c["label"], c["verdict"], c["ratio"], c["ci_lo"], c["ci_hi"])
+              for c in json.loads(proc.stdout)["cases"]]
+    assert sorted(v for _, _, v, *_ in by_cli) == ["pass", "regression"]
+
+    data = report_data([store.load(base), store.load(cand)])
+    (engine,) = verdicts.against_first_run(data)
+    assert [(c.case_id, c.label, c.verdict, c.ratio, c.ci_lo, c.ci_hi) for c in engine.cases] == by_cli
+    # One label per case in both runs: the repeats they differ in are not part of it.
+    assert sorted(data.cases["label"]) == ["ddp", "ddp", "zero_no_overlap", "zero_no_overlap"]
+    html = build_report(data.runs)
+    assert "over 2 common case(s): 1 regression, 1 pass" in html
+
+
+def rename_case_ids(run: Path, new: Callable[[str], str]) -> None:
+    """Give a run's cases other ids, as an older tpbench that hashed more keys stored them."""
+    meta = json.loads((run / "run.json").read_text())
+    for cid in list(meta["cases"]):
+        entry = meta["cases"].pop(cid)
+        entry["params"]["case_id"] = new(cid)
+        meta["cases"][new(cid)] = entry
+        (run / "cases" / cid).rename(run / "cases" / new(cid))
+    (run / "run.json").write_text(json.dumps(meta))
+    if (run / "summary.parquet").exists():
+        (run / "summary.parquet").unlink()
 
 
 # ---------------------------------------------------------------- the command: exit codes and formats

@@ -49,11 +49,15 @@ def test_auto_resolves_to_two_gloo_ranks_on_cpu_and_gpus_with_nccl():
     assert (gpu.world_size, gpu.backend, gpu.device) == (4, "nccl", "cuda")
 
 
-def test_ids_ignore_timeout_but_not_measured_parameters():
-    a = expand(parse("[defaults]\ntimeout_s = 10\n"), CPU)[0]
-    b = expand(parse("[defaults]\ntimeout_s = 20\n"), CPU)[0]
-    c = expand(parse("[defaults]\nsteps = 7\n"), CPU)[0]
+def test_ids_ignore_budget_keys_but_not_measured_parameters():
+    a = expand(parse("[defaults]\ntimeout_s = 10\nrepeats = 2\n"), CPU)[0]
+    b = expand(parse("[defaults]\ntimeout_s = 20\nrepeats = 5\nsteps = 7\nslowdown_pct = 10\n"
+                     "[capture]\nprofiler_steps = 0\n"), CPU)[0]
+    c = expand(parse("[defaults]\nbucket_cap_mb = 4\n"), CPU)[0]
     assert a.case_id == b.case_id != c.case_id
+    # A budget key the suite sweeps keeps its cases apart within the run.
+    swept = expand(parse("[sweep]\nsteps = [4, 8]\n"), CPU)
+    assert len({c.case_id for c in swept}) == 2
 
 
 def test_overrides_replace_sweeps_and_defaults_and_reach_tables():

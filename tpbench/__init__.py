@@ -4,7 +4,8 @@ __version__ = "0.1.0"
 
 
 def load(run_dir):
-    """A run's metadata and DataFrames (see ``tpbench.store.load``)."""
+    """A run read back (``tpbench.store.Loaded``): ``record`` (run.json, typed), ``table`` (one row
+    per case: parameters, label, status, summary numbers), ``steps`` and ``summary``."""
     from tpbench.store import load as _load
 
     return _load(run_dir)

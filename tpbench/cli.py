@@ -33,10 +33,9 @@ class SweepProgress:
     """Renders launcher events: case i/N, the current case, ETA."""
 
     def __init__(self, cases: list, total_items: int) -> None:
-        from tpbench.suite import varying_keys
+        from tpbench.suite import labels
 
-        keys = varying_keys(cases)
-        self.labels = {c.case_id: c.label(keys) for c in cases}
+        self.labels = labels([cases])[0]
         self.repeats = {c.case_id: c.repeats for c in cases}
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -66,21 +65,16 @@ class SweepProgress:
 
 
 def _summary_table(loaded) -> Table:
-    from tpbench.suite import Case, varying_keys
-
-    cases = [Case.from_params(p["params"]) for p in loaded.meta["cases"].values()]
-    keys = varying_keys(cases)
-    labels = {c.case_id: c.label(keys) for c in cases}
-    t = Table(title=escape(f"{loaded.meta['suite']['name']} · run {loaded.meta['run_id']}"))
+    t = Table(title=escape(f"{loaded.record.suite.name} · run {loaded.record.run_id}"))
     for col, just in [("case", "left"), ("status", "left"), ("median ms", "right"), ("95% CI", "right"), ("p10–p90 ms", "right"), ("samples/s", "right")]:
         t.add_column(col, justify=just)
-    s = loaded.summary
+    s = loaded.table
     for row in s.sort_values("median_ms", na_position="last").to_dict("records") if "median_ms" in s else s.to_dict("records"):
         if row.get("median_ms") == row.get("median_ms") and row.get("median_ms") is not None:
-            t.add_row(escape(labels[row["case_id"]]), row["status"], f"{row['median_ms']:.2f}", f"[{row['ci_lo_ms']:.2f}, {row['ci_hi_ms']:.2f}]",
+            t.add_row(escape(row["label"]), row["status"], f"{row['median_ms']:.2f}", f"[{row['ci_lo_ms']:.2f}, {row['ci_hi_ms']:.2f}]",
                       f"{row['p10_ms']:.2f}–{row['p90_ms']:.2f}", f"{row['samples_per_s']:.0f}")
         else:
-            t.add_row(escape(labels[row["case_id"]]), f"[red]{row['status']}[/]", "", "", "", "")
+            t.add_row(escape(row["label"]), f"[red]{row['status']}[/]", "", "", "", "")
     return t
 
 
@@ -130,14 +124,15 @@ def _print_worlds(run, cases: list, launcher) -> int:
 
 
 def _cases_table(title: str, cases: list) -> Table:
-    from tpbench.suite import varying_keys
+    from tpbench.suite import labels
 
-    keys = varying_keys(cases)
+    names = labels([cases])[0]
     t = Table(title=escape(title))
     for col in ("case_id", "case", "world", "repeats × steps"):
         t.add_column(col)
     for c in cases:
-        t.add_row(c.case_id, escape(c.label(keys)), f"{c.world_size}×{c.backend}/{c.device} {escape(c.interconnect)}", f"{c.repeats}×{c.steps}")
+        t.add_row(c.case_id, escape(names[c.case_id]), f"{c.world_size}×{c.backend}/{c.device} {escape(c.interconnect)}",
+                  f"{c.repeats}×{c.steps}")
     return t
 
 
@@ -217,7 +212,7 @@ def _sweep(args: argparse.Namespace) -> int:
         launcher = launcher if args.launcher else sweep.launcher_of(run)
         if args.print_only and launcher is None:
             _usage(f"--print: {run.dir} runs with the local launcher; add --launcher torchrun")
-        finished = run.meta["status"] in ("complete", "complete_with_failures")
+        finished = run.record.status in ("complete", "complete_with_failures")
         if not cases and finished and (run.dir / store.SUMMARY_FILE).exists():
             console.print(f"Nothing to resume: every case of {run.dir} is done.", markup=False, soft_wrap=True)
             return EXIT_OK
@@ -351,43 +346,45 @@ def _verdict_args(p: argparse.ArgumentParser) -> None:
 
 
 def _print_verdict(comparison, fmt: str) -> int:
-    from tpbench import gate
+    from tpbench import render
 
-    sys.stdout.write(gate.RENDERERS[fmt](comparison))
+    sys.stdout.write(render.RENDERERS[fmt](comparison))
     sys.stdout.flush()
     return comparison.exit_code
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from tpbench import gate
+    from tpbench import compare
 
     if len(args.runs) < 2:
         console.print("tpbench compare: error: give BASELINE_RUN... CANDIDATE_RUN (at least two run directories)", soft_wrap=True)
         return EXIT_USAGE
-    comparison = gate.compare_runs(args.runs[:-1], args.runs[-1:], metric=args.metric, threshold=gate.parse_threshold(args.threshold),
-                                   fail_on_inconclusive=args.fail_on_inconclusive, ignore_env=args.ignore_env)
+    comparison = compare.compare_runs(args.runs[:-1], args.runs[-1:], metric=args.metric,
+                                      threshold=compare.parse_threshold(args.threshold),
+                                      fail_on_inconclusive=args.fail_on_inconclusive, ignore_env=args.ignore_env)
     return _print_verdict(comparison, args.format)
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    from tpbench import gate, store
+    from tpbench import compare, gate, store
 
-    threshold = gate.parse_threshold(args.threshold)  # before minutes of sweeps, not after
+    threshold = compare.parse_threshold(args.threshold)  # before minutes of sweeps, not after
     out = (args.out or Path("results") / "gate" / store.new_run_id()).absolute()
     baseline = gate.resolve_side("baseline", args.baseline, out / "baseline")
     candidate = gate.resolve_side("candidate", args.candidate, out / "candidate")
     run = gate.run_gate(args.suite, baseline, candidate, out, rounds=args.rounds, overrides=args.set, filters=args.filter,
-                        candidate_overrides=args.candidate_set)
+                        candidate_overrides=args.candidate_set,
+                        announce=lambda line: console.print(line, soft_wrap=True, markup=False))
     console.print(f"Gate runs: {run.out}", soft_wrap=True, markup=False)
-    comparison = gate.compare_runs(run.baseline, run.candidate, metric=args.metric, threshold=threshold, paired=True,
-                                   fail_on_inconclusive=args.fail_on_inconclusive, ignore_env=args.ignore_env)
+    comparison = compare.compare_runs(run.baseline, run.candidate, metric=args.metric, threshold=threshold, paired=True,
+                                      fail_on_inconclusive=args.fail_on_inconclusive, ignore_env=args.ignore_env)
     return _print_verdict(comparison, args.format)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from tpbench import gate, store
+    from tpbench import export as exports, store
 
-    export = gate.export_run(args.run, args.format)
+    export = exports.export_run(args.run, args.format)
     text = json.dumps(export.document, indent=2, allow_nan=False) + "\n"
     for label in export.skipped:
         console.print(f"[yellow]not exported:[/] {escape(label)} (no timed steps: the case failed or never ran)", soft_wrap=True)
@@ -508,10 +505,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     run_dir = Path(args.run)
     store.atomic_write_parquet(run_dir / "whatif.parquet", result.projections)
     store.atomic_write_parquet(run_dir / "whatif_validation.parquet", result.validation)
-    keys = [k for k in ("algorithm", "bucket_cap_mb", "shard_buckets", "batch_size")
-            if k in loaded.cases and loaded.cases[k].astype(str).nunique() > 1] or ["algorithm"]
-    labels = {p["case_id"]: " ".join(f"{k}={p[k]}" for k in keys if not pd.isna(p[k]))
-              for p in loaded.cases.to_dict("records")}
+    labels = dict(zip(loaded.cases["case_id"], loaded.cases["label"]))
     if len(result.validation):
         t = Table(title="validation: emulated links predicted from their twins on other links")
         for col in ("direction", "case", "from", "link", "measured ms [95% CI]", "predicted ms", "error"):
@@ -556,7 +550,8 @@ def _error(e: Exception) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from tpbench.gate import GateError, SideError
+    from tpbench.compare import GateError
+    from tpbench.gate import SideError
     from tpbench.interconnect import InterconnectUnavailable
     from tpbench.store import StoreError
     from tpbench.suite import SuiteError

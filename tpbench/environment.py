@@ -83,3 +83,10 @@ def fingerprint() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
+
+
+def commit_text(env: dict[str, Any]) -> str:
+    """The code a run measured, as every output shows it: ``0123456789`` (10 hex digits),
+    ``+dirty`` when the tree had uncommitted changes, ``unknown`` outside a git checkout."""
+    git = env.get("git") or {}
+    return (git.get("commit") or "unknown")[:10] + ("+dirty" if git.get("dirty") else "")

@@ -426,7 +426,7 @@ class Supervisor:
             return  # the world is about to be killed; nothing after the overrun counts
         if kind == "world_ready":
             self.ready = True
-            self._record_nodes(ev["world"], ev["nodes"])
+            self.run.world_nodes(ev["world"], ev["nodes"])
         elif kind == "repeat_start":
             self.current = (ev["case"], ev["repeat"], time.monotonic())
             self.started_t = ev["t"]
@@ -442,8 +442,7 @@ class Supervisor:
             self.current = None
         elif kind == "case_end":
             case = self.cases[ev["case"]]
-            store.finish_case(self.run.dir, case.case_id, case.repeats)
-            self.run.set_case(case.case_id, store.DONE)
+            self.run.case_done(case.case_id, case.repeats)
         elif kind == "capture":
             self._record_capture(ev)
         elif kind == "error":
@@ -460,17 +459,7 @@ class Supervisor:
         if self.interconnect is not None:
             seen = ev["transport"]
             info["observed_transport"] = transport.summarize(self.interconnect, transport.from_dicts(seen["backend"], seen["ranks"]))
-        self.run.set_case(cid, self.run.meta["cases"][cid]["status"], **info)
-
-    def _record_nodes(self, world: str, nodes: list[dict[str, Any]]) -> None:
-        """Where the world really ran, into run.json: its nodes and ranks in the world's entry, every
-        node's fingerprint in the run's environment (under torchrun the sweeping process sees
-        only its own machine)."""
-        for entry in self.run.meta.get("worlds", []):
-            if entry["world"] == world:
-                entry["nodes"] = [{k: n[k] for k in ("node", "hostname", "ranks")} for n in nodes]
-        self.run.meta["environment"]["nodes"] = nodes
-        self.run.save()
+        self.run.case_captured(cid, info)
 
     def _fail(self, cause: str, hung: bool = False) -> WorldOutcome:
         """Decide what went wrong, then kill the world.
@@ -532,7 +521,7 @@ class Supervisor:
 def _write_plan(run: store.Run, group: LaunchGroup, schedule: list[tuple[str, int]], launcher: Torchrun | None,
                 **entry: Any) -> tuple[Plan, Path]:
     """The next world's plan, saved under ``plans/``, and its entry in run.json."""
-    world_name = f"w{len(run.meta.setdefault('worlds', []))}"
+    world_name = run.next_world()
     scheduled = {cid for cid, _ in schedule}
     plan = Plan(
         run_dir=str(run.dir), world=world_name,
@@ -543,9 +532,8 @@ def _write_plan(run: store.Run, group: LaunchGroup, schedule: list[tuple[str, in
     )
     plan_path = run.dir / "plans" / f"{world_name}.json"
     plan.save(plan_path)
-    run.meta["worlds"].append({"world": world_name, "key": list(group.key), "items": len(schedule), "started": time.time(),
-                               "launcher": "torchrun" if launcher else "local", **entry})
-    run.save()
+    run.world_started({"world": world_name, "key": list(group.key), "items": len(schedule), "started": time.time(),
+                       "launcher": "torchrun" if launcher else "local", **entry})
     return plan, plan_path
 
 
@@ -667,7 +655,7 @@ def ingest_printed(run: store.Run, cases: dict[str, Case], user_interconnects: d
     """Record what the printed worlds of a run did, from their events files, as if supervised:
     finished cases become done, a case that raised or was cut short becomes failed. A printed
     world with no events yet has not been started; it is left alone (its cases stay pending)."""
-    for entry in run.meta.get("worlds", []):
+    for entry in run.record.worlds:
         if not entry.get("printed") or entry.get("ingested"):
             continue
         if not any((run.dir / "events" / entry["world"]).glob("rank*.jsonl")):
@@ -679,5 +667,4 @@ def ingest_printed(run: store.Run, cases: dict[str, Case], user_interconnects: d
         outcome = Supervisor(world, {c.case_id: c for c in planned}, run, listener, interconnect=ic).supervise()
         if outcome.cause is not None:
             _record_failure(run, outcome, planned, listener)
-        entry["ingested"] = time.time()
-        run.save()
+        run.world_ingested(entry["world"])

@@ -13,7 +13,13 @@ Layout (docs/architecture.md, "The record of a run")::
 Every file is written to a temporary name in its own folder and renamed into place, so a reader
 (or a resume after a crash) never sees half a file. Repeats are persisted as they finish because
 repeats of different cases are interleaved: a world that dies in the last round must not take the
-earlier rounds of every case with it. ``run.json`` has a single writer (the sweeping process).
+earlier rounds of every case with it.
+
+Writes: ``run.json`` has a single writer, the sweeping process's ``Run``, the recorder: the sweep
+and the launcher tell it what happened (a case started, finished, failed, was captured; a world
+started) and it applies and saves each event; ``Run.case_done`` is the one place a case directory
+is finished. Reads: ``load`` gives the one view every reader takes of a run (``Loaded``): its
+typed record (``tpbench.record``), the case table with one label per case, steps and summary.
 """
 
 from __future__ import annotations
@@ -21,26 +27,32 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import fcntl
+import functools
 import json
 import os
 import secrets
 import socket
 import shutil
 import tempfile
-import tomllib
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tpbench.record import (  # noqa: F401  (the case states are the store's vocabulary too)
+    CASE_STATES, DONE, FAILED, PENDING, RUNNING, SCHEMA_VERSION, RunRecord, migrate, version_problem)
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
 SUMMARY_FILE = "summary.parquet"
 STEPS_FILE = "steps.parquet"
 
-# Case states in run.json.
-PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+# Summary.parquet's key-value metadata entry holding the record's schema version.
+SUMMARY_VERSION_KEY = b"tpbench.schema_version"
 
 
 class StoreError(RuntimeError):
@@ -123,10 +135,14 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
 
 
-def atomic_write_parquet(path: Path, df: pd.DataFrame) -> None:
+def atomic_write_parquet(path: Path, df: pd.DataFrame, metadata: dict[bytes, bytes] | None = None) -> None:
+    """``metadata``: key-value entries added to the file's schema metadata (beside pandas' own)."""
     with _atomic(Path(path)) as (fd, tmp):
         os.close(fd)
-        df.to_parquet(tmp, index=False)
+        table = pa.Table.from_pandas(df, preserve_index=False)
+        if metadata:
+            table = table.replace_schema_metadata((table.schema.metadata or {}) | metadata)
+        pq.write_table(table, tmp)
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:
@@ -148,19 +164,46 @@ def write_repeat(run_dir: Path, case_id: str, repeat: int, rows: pd.DataFrame) -
     atomic_write_parquet(case_dir(run_dir, case_id) / "parts" / f"r{repeat:04d}.parquet", rows)
 
 
-def finish_case(run_dir: Path, case_id: str, repeats: int) -> Path:
-    """Merge a case's repeats into steps.parquet once all of them are there; returns its path."""
+# Telemetry parts of a case (one per repeat, written by rank 0) and the file they are merged into.
+NVML_PARTS, NVML_FILE = "nvml-parts", "nvml.parquet"
+
+
+def finish_case(run_dir: Path, case_id: str, repeats: int, clock_sync: dict[str, Any] | None = None) -> Path:
+    """Finish a case's directory once all its repeats are there (the one place that does): merge
+    its repeats into steps.parquet and its telemetry parts into nvml.parquet, where each rank's
+    samples get their time on the rank's trace clock from ``clock_sync`` (rank → ``ClockSync``
+    as a dict, or None: no trace, no alignment). Returns the steps file's path."""
     parts_dir = case_dir(run_dir, case_id) / "parts"
     parts = sorted(parts_dir.glob("r*.parquet"))
     if len(parts) != repeats:
         raise StoreError(f"{parts_dir}: expected {repeats} repeats, found {len(parts)}")
-    df = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
     out = case_dir(run_dir, case_id) / STEPS_FILE
-    atomic_write_parquet(out, df)
+    _merge_parts(parts, out, lambda df: df)
+    finish_telemetry(run_dir, case_id, clock_sync)
+    return out
+
+
+def finish_telemetry(run_dir: Path, case_id: str, clock_sync: dict[str, Any] | None) -> None:
+    """Merge a case's telemetry parts into nvml.parquet, each rank's samples on its trace clock."""
+    def on_trace_clock(samples: pd.DataFrame) -> pd.DataFrame:
+        for rank, clock in (clock_sync or {}).items():
+            if clock is not None:
+                mine = samples["rank"] == int(rank)
+                samples.loc[mine, "ts_us"] = samples.loc[mine, "t_ns"] / 1e3 + clock["offset_us"]
+        return samples
+
+    _merge_parts(sorted((case_dir(run_dir, case_id) / NVML_PARTS).glob("r*.parquet")),
+                 case_dir(run_dir, case_id) / NVML_FILE, on_trace_clock)
+
+
+def _merge_parts(parts: list[Path], out: Path, transform: Callable[[pd.DataFrame], pd.DataFrame]) -> None:
+    """Concatenate part files into ``out`` (through ``transform``), then remove them and their folder."""
+    if not parts:
+        return
+    atomic_write_parquet(out, transform(pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)))
     for p in parts:
         p.unlink()
-    parts_dir.rmdir()
-    return out
+    parts[0].parent.rmdir()
 
 
 def finished_repeats(run_dir: Path, case_id: str) -> set[int]:
@@ -175,21 +218,33 @@ def discard_partial(run_dir: Path, case_id: str) -> None:
         shutil.rmtree(d)
 
 
-@dataclass
 class Run:
-    """A run directory and its run.json, held in memory by the one process that writes it."""
+    """The recorder of a run: its directory and run.json, held in memory by the one process that
+    writes it (the sweep's).
 
-    dir: Path
-    meta: dict[str, Any]
-    lock: RunLock | None = field(default=None, repr=False, compare=False)
+    Every change of a run's record goes through the methods below, each one an event of the sweep
+    (a case started, finished, failed; a world started; the run interrupted) applied and saved at
+    once; nothing else writes run.json. ``record`` is the typed, read-only view of it.
+    """
+
+    def __init__(self, run_dir: Path, meta: dict[str, Any], lock: RunLock | None = None) -> None:
+        self.dir = run_dir
+        self._meta = meta
+        self.lock = lock
 
     @property
     def run_id(self) -> str:
-        return self.meta["run_id"]
+        return self._meta["run_id"]
+
+    @property
+    def record(self) -> RunRecord:
+        return RunRecord.from_json(self._meta)
 
     @classmethod
     def create(cls, root: Path, suite_name: str, suite_path: str, suite_text: str,
-               cases: list[dict[str, Any]], environment: dict[str, Any]) -> Run:
+               cases: list[dict[str, Any]], environment: dict[str, Any], launcher: dict[str, Any] | None = None) -> Run:
+        """A new run directory under ``root/suite_name`` with every case pending; ``launcher``: how
+        its worlds are started (so that ``--resume`` starts them the same way)."""
         # Absolute: rank processes get file:// rendezvous paths and plan paths from it.
         root = Path(root).resolve()
         check_writable(root)
@@ -203,15 +258,17 @@ class Run:
                 continue
         lock = RunLock(run_dir)
         meta = {
+            "schema_version": SCHEMA_VERSION,
             "run_id": run_id,
             "suite": {"name": suite_name, "path": suite_path, "text": suite_text},
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(),
             "status": RUNNING,
             "environment": environment,
+            "launcher": launcher or {"name": "local"},
             "cases": {c["case_id"]: {"params": c, "status": PENDING} for c in cases},
         }
         run = cls(run_dir, meta, lock)
-        run.save()
+        run._save()
         return run
 
     @classmethod
@@ -223,34 +280,80 @@ class Run:
         lock = RunLock(run_dir) if own else None
         return cls(run_dir, read_run_json(run_dir) if own else meta, lock)
 
-    def save(self) -> None:
-        atomic_write_bytes(self.dir / RUN_FILE, json.dumps(self.meta, indent=2, default=str).encode())
+    def _save(self) -> None:
+        atomic_write_bytes(self.dir / RUN_FILE, json.dumps(self._meta, indent=2, default=str).encode())
+
+    # --- events of a case
 
     def set_case(self, case_id: str, status: str, **info: Any) -> None:
-        entry = self.meta["cases"][case_id]
+        """A case changed state (``info``: why it failed, ``error``, ``detail``, ``failed_at``)."""
+        entry = self._meta["cases"][case_id]
         entry["status"] = status
         for stale in ("error", "failed_at"):
             if status != FAILED:
                 entry.pop(stale, None)
         entry.update(info)
-        self.save()
+        self._save()
+
+    def case_done(self, case_id: str, repeats: int) -> None:
+        """A case's last repeat ended: its directory is finished (``finish_case``, on the clocks its
+        capture recorded) and it is done."""
+        finish_case(self.dir, case_id, repeats, self._meta["cases"][case_id].get("clock_sync"))
+        self.set_case(case_id, DONE)
+
+    def case_captured(self, case_id: str, capture: dict[str, Any]) -> None:
+        """What a case's capture recorded (``record.CAPTURE_KEYS``), into its entry."""
+        self._meta["cases"][case_id].update(capture)
+        self._save()
+
+    def reset_case(self, case_id: str) -> None:
+        """A case to run again (``--resume``): a failed one starts clean, a pending one keeps its repeats."""
+        if self._meta["cases"][case_id]["status"] == FAILED:
+            discard_partial(self.dir, case_id)
+        self.set_case(case_id, PENDING)
+
+    # --- events of a world and of the run
+
+    def next_world(self) -> str:
+        """The name the next world started will have."""
+        return f"w{len(self._meta.get('worlds', []))}"
+
+    def world_started(self, entry: dict[str, Any]) -> None:
+        """A world's entry (``world``, ``key``, ``items``, ``started``, ``launcher`` ...)."""
+        self._meta.setdefault("worlds", []).append(entry)
+        self._save()
+
+    def world_nodes(self, world: str, nodes: list[dict[str, Any]]) -> None:
+        """Where a world really ran: its nodes and ranks in the world's entry, every node's
+        fingerprint in the run's environment (under torchrun the sweeping process sees only its
+        own machine)."""
+        for entry in self._meta.get("worlds", []):
+            if entry["world"] == world:
+                entry["nodes"] = [{k: n[k] for k in ("node", "hostname", "ranks")} for n in nodes]
+        self._meta["environment"]["nodes"] = nodes
+        self._save()
+
+    def world_ingested(self, world: str) -> None:
+        """A printed world's events were read back (``--resume`` after ``--print``)."""
+        for entry in self._meta.get("worlds", []):
+            if entry["world"] == world:
+                entry["ingested"] = time.time()
+        self._save()
+
+    def add_wall_time(self, seconds: float) -> None:
+        """Time a sweep (or a resume of it) spent running worlds."""
+        self._meta["wall_s"] = self._meta.get("wall_s", 0.0) + seconds
+        self._save()
 
     def set_status(self, status: str, **info: Any) -> None:
-        self.meta["status"] = status
-        self.meta.update(info)
-        self.save()
+        """The run's state (``running``, ``printed``, ``interrupted``, ``complete`` ...), with
+        when (``resumed``, ``interrupted``) or its ``efficiency`` figures."""
+        self._meta["status"] = status
+        self._meta.update(info)
+        self._save()
 
     def case_status(self) -> dict[str, str]:
-        return {cid: c["status"] for cid, c in self.meta["cases"].items()}
-
-
-def suite_table(meta: dict[str, Any], table: str) -> dict[str, Any]:
-    """One table of the suite file a run was started from (``suite``, ``interconnects``, ...),
-    read back from the text kept in run.json; empty when the suite has no such table."""
-    try:
-        return tomllib.loads(meta["suite"]["text"]).get(table, {})
-    except tomllib.TOMLDecodeError:
-        return {}
+        return {cid: c["status"] for cid, c in self._meta["cases"].items()}
 
 
 def check_writable(root: Path, what: str = "results directory") -> None:
@@ -281,13 +384,27 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
         raise StoreError(f"{path}: corrupted ({e})") from None
     except RecursionError:
         raise StoreError(f"{path}: corrupted (nested too deeply to be a run.json)") from None
-    problem = _run_json_problem(meta)
+    if isinstance(meta, dict) and (problem := version_problem(meta.get("schema_version", 0))):
+        raise StoreError(f"{path}: {problem}")
+    problem = _run_json_problem(_with_added_keys(meta))
     if problem:
         raise StoreError(f"{path}: corrupted ({problem})")
+    return migrate(meta)
+
+
+def _with_added_keys(meta: Any) -> Any:
+    """A run.json whose cases predate a key added since (``suite.ADDED_KEYS``), given the key's
+    old behaviour: such runs keep loading."""
+    from tpbench.suite import ADDED_KEYS
+
+    if isinstance(meta, dict) and isinstance(meta.get("cases"), dict):
+        for entry in meta["cases"].values():
+            if isinstance(entry, dict) and isinstance(entry.get("params"), dict):
+                for key, value in ADDED_KEYS.items():
+                    entry["params"].setdefault(key, value)
     return meta
 
 
-_STATUSES = (PENDING, RUNNING, DONE, FAILED)
 # Case keys that are never collapsed to None.
 _ALWAYS_SET = ("algorithm", "world_size", "backend", "device", "workload", "repeats", "steps")
 
@@ -315,8 +432,8 @@ def _run_json_problem(meta: Any) -> str | None:
     for cid, entry in meta["cases"].items():
         if not isinstance(entry, dict) or not isinstance(entry.get("params"), dict):
             return f"case {cid}: expected an object with 'params' and 'status'"
-        if entry.get("status") not in _STATUSES:
-            return f"case {cid}: status {entry.get('status')!r}, expected one of {', '.join(_STATUSES)}"
+        if entry.get("status") not in CASE_STATES:
+            return f"case {cid}: status {entry.get('status')!r}, expected one of {', '.join(CASE_STATES)}"
         problem = _params_problem(entry["params"])
         if problem:
             return f"case {cid}: {problem}"
@@ -364,13 +481,28 @@ def _read_steps(path: Path) -> pd.DataFrame:
 
 @dataclass
 class Loaded:
-    """A run read back: its metadata, cases, per-step rows and summary."""
+    """A run read back, the one view every reader (report, compare, gate, export, whatif, CLI)
+    takes of it: its record, cases, per-step rows and summary."""
 
     run_dir: Path
     meta: dict[str, Any]
-    cases: pd.DataFrame  # one row per case: params + status (+ error)
+    cases: pd.DataFrame  # one row per case: params, label, status, error, detail (``cases_table``)
     steps: pd.DataFrame  # all cases' steps.parquet, with a case_id column
     summary: pd.DataFrame  # summary.parquet (empty if not written yet)
+
+    @functools.cached_property
+    def record(self) -> RunRecord:
+        """run.json, typed."""
+        return RunRecord.from_json(self.meta)
+
+    @functools.cached_property
+    def table(self) -> pd.DataFrame:
+        """The tidy cases table: ``cases`` with the summary's numbers (median_ms, CIs, overlap,
+        memory ...) beside each case; cases without numbers (failed, or no summary yet) have NaN."""
+        if self.summary.empty or "case_id" not in self.summary:
+            return self.cases
+        numbers = [c for c in self.summary.columns if c == "case_id" or c not in self.cases.columns]
+        return self.cases.merge(self.summary[numbers], on="case_id", how="left")
 
     @property
     def environment(self) -> dict[str, Any]:
@@ -381,11 +513,8 @@ def load(run_dir: str | Path) -> Loaded:
     """Everything of a run as DataFrames. Broken files raise ``StoreError`` naming the file."""
     run_dir = Path(run_dir)
     meta = read_run_json(run_dir)
-    case_rows = []
     frames = []
     for cid, entry in meta["cases"].items():
-        row = dict(entry["params"]) | {"status": entry["status"], "error": entry.get("error")}
-        case_rows.append(row)
         steps_path = case_dir(run_dir, cid) / STEPS_FILE
         if entry["status"] == DONE:
             if not steps_path.exists():
@@ -393,8 +522,36 @@ def load(run_dir: str | Path) -> Loaded:
             frames.append(_read_steps(steps_path).assign(case_id=cid))
     steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     summary_path = run_dir / SUMMARY_FILE
-    summary = _read_parquet(summary_path) if summary_path.exists() else pd.DataFrame()
-    return Loaded(run_dir, meta, pd.DataFrame(case_rows), steps, summary)
+    summary = _read_summary(summary_path) if summary_path.exists() else pd.DataFrame()
+    return Loaded(run_dir, meta, cases_table(RunRecord.from_json(meta)), steps, summary)
+
+
+def cases_table(record: RunRecord) -> pd.DataFrame:
+    """A run's cases as a table, built here only: one row per case with its parameters as the
+    suite gave them, its label (``suite.labels``), status, error and failure detail."""
+    from tpbench.suite import Case, labels
+
+    names = labels([[Case.from_params(c.params) for c in record.cases.values()]])[0]
+    rows = [dict(c.params) | {"label": names[cid], "status": c.status, "error": c.error, "detail": c.detail}
+            for cid, c in record.cases.items()]
+    table = pd.DataFrame(rows)
+    for col in table.columns:
+        # A parameter collapsed to None for some cases would turn ints into floats (4 → 4.0) in
+        # labels and verdicts: keep such columns as the suite's own values.
+        if table[col].dtype == float and any(r.get(col) is None for r in rows):
+            table[col] = pd.Series([r.get(col) for r in rows], dtype=object)
+    return table
+
+
+def _read_summary(path: Path) -> pd.DataFrame:
+    """summary.parquet, refused when a newer tpbench wrote it (no version: today's layout)."""
+    df = _read_parquet(path)
+    raw = (pq.read_schema(path).metadata or {}).get(SUMMARY_VERSION_KEY)
+    if raw is not None:
+        problem = version_problem(int(raw) if raw.isdigit() else raw.decode(errors="replace"))
+        if problem:
+            raise StoreError(f"{path}: {problem}")
+    return df
 
 
 def write_summary(run_dir: Path, summary: pd.DataFrame) -> Path:
@@ -407,7 +564,7 @@ def write_summary(run_dir: Path, summary: pd.DataFrame) -> Path:
         kinds = {type(v) for v in summary[col] if v is not None and not (isinstance(v, float) and pd.isna(v))}
         if len(kinds) > 1 and not kinds <= {int, float}:
             summary[col] = [None if v is None else str(v) for v in summary[col]]
-    atomic_write_parquet(path, summary)
+    atomic_write_parquet(path, summary, {SUMMARY_VERSION_KEY: str(SCHEMA_VERSION).encode()})
     return path
 
 

@@ -6,12 +6,15 @@ it into exit code 2.
 
 A ``Case`` is fully resolved (no "auto" left) and carries only the keys that matter to its
 algorithm; the others are collapsed to ``None`` so a dimension that does not apply never runs a
-case twice. Its id is a hash of those normalized parameters, so the same case gets the same id in
-every run and runs can be compared case by case.
+case twice. Its identity is those normalized parameters less the budget keys (how long and how
+often it is measured, what is captured, test-only knobs): runs are matched case by case on it.
+Its id is a hash of the identity (plus any budget key the suite sweeps, so that such cases stay
+apart within a run), so the same case gets the same id in every run.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -28,11 +31,15 @@ from tpbench import comm_hooks
 from tpbench.algorithms import ALGORITHM_SPECIFIC_KEYS, ALGORITHMS
 from tpbench.workload_params import PARAMS, UserWorkloadError, is_import_path, unknown
 
-# Keys that do not change what is measured and so stay out of the case id.
-_NOT_IN_ID = frozenset({"timeout_s"})
-# Keys added after results existed: at these values they stay out of the id, so the cases of
-# earlier runs keep theirs (and compare with new runs case by case).
-_IN_ID_UNLESS = {"comm_hook": comm_hooks.ALLREDUCE, "comm_hook_state": None}
+# Keys that set a case's measurement budget or capture, and test-only knobs (an injected slowdown
+# exists to be compared against a run without it): recorded with a case, not part of what it
+# measures, so runs that differ only in them compare case by case.
+BUDGET_KEYS = frozenset({"repeats", "steps", "warmup_steps", "timeout_s", "profiler_steps", "nvml_interval_ms",
+                         "slowdown_pct", "fault"})
+# Keys added after results existed, with the value that is the behaviour before them: at it they
+# stay out of the identity, so the cases of earlier runs compare with new runs case by case, and
+# a stored case without them reads as having it (``store.read_run_json``).
+ADDED_KEYS = {"comm_hook": comm_hooks.ALLREDUCE, "comm_hook_state": None}
 
 
 class SuiteError(ValueError):
@@ -450,6 +457,7 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
     if machine.max_cases is not None and combinations > machine.max_cases:
         raise _fail(path, "[sweep]", f"expected at most {machine.max_cases} combinations, got {combinations} "
                     "(--allow-large runs it anyway)")
+    swept_budget = [k for k in keys if k in BUDGET_KEYS]
     cases: dict[str, Case] = {}
     for combo in itertools.product(*(suite.sweep[k] for k in keys)):
         raw = base | dict(zip(keys, combo))
@@ -465,7 +473,7 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
         why = algo.check(case)
         if why:
             raise _fail(path, why[0], f"{why[1]} (case {case.label(keys)})")
-        case = dataclasses.replace(case, case_id=case_id(case))
+        case = dataclasses.replace(case, case_id=case_id(case, swept_budget))
         cases.setdefault(case.case_id, case)
     return list(cases.values())
 
@@ -559,10 +567,21 @@ def _check_torchrun_layout(path: str, r: dict[str, Any], machine: Machine) -> No
                     f"(a node subgroup cannot span machines), got {r['ranks_per_node']}")
 
 
-def case_id(case: Case) -> str:
-    """A stable id: a hash of the normalized parameters that define what is measured."""
-    d = {k: v for k, v in case.params().items()
-         if k not in _NOT_IN_ID and k != "case_id" and not (k in _IN_ID_UNLESS and v == _IN_ID_UNLESS[k])}
+def identity(params: Mapping[str, Any]) -> dict[str, Any]:
+    """What a case measures: its parameters in canonical form (``25.0`` is ``25``) less the budget
+    keys, the id, and keys added later at their old behaviour (``ADDED_KEYS``). Two cases of any
+    two runs measure the same thing when their identities agree (on the keys both have: a key
+    added by a newer tpbench must not orphan every stored case)."""
+    specs = CASE_KEYS | CAPTURE_KEYS
+    return {k: canonical(specs[k].default, v) if k in specs else v for k, v in params.items()
+            if k not in BUDGET_KEYS and k != "case_id" and not (k in ADDED_KEYS and v == ADDED_KEYS[k])}
+
+
+def case_id(case: Case, budget: Iterable[str] = ()) -> str:
+    """A stable id: a hash of the case's identity and of the ``budget`` keys named (those a suite
+    sweeps, which make cases of one run that measure the same thing under different budgets)."""
+    params = case.params()
+    d = identity(params) | {k: params[k] for k in budget}
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -576,6 +595,28 @@ def varying_keys(cases: list[Case]) -> list[str]:
         k for k in params[0]
         if k != "case_id" and len({json.dumps(p[k]) for p in params if p.get(k) is not None}) > 1
     ]
+
+
+def shown_keys(runs: list[list[Case]]) -> list[str]:
+    """The keys that tell the cases of several runs apart: those that vary among them, budget keys
+    only where they vary within a run (a run of 5 repeats against one of 3 is the same cases)."""
+    within = {k for cases in runs for k in varying_keys(cases)}
+    return [k for k in varying_keys([c for cases in runs for c in cases]) if k not in BUDGET_KEYS or k in within]
+
+
+def labels(runs: list[list[Case]]) -> list[dict[str, str]]:
+    """The one labelling of cases, used by the CLI's tables, the report, the gate and the exports:
+    per run, case id → the algorithm (with ``[torch]`` for PyTorch's own hook) and the values of
+    the keys that vary among all the cases given. A budget key is shown only where it varies
+    within a run, so runs that differ only in ``repeats`` label their cases alike. Cases of one run
+    that a label cannot tell apart (they differ in workload parameters) get their id appended."""
+    keys = [k for k in shown_keys(runs) if k != "impl"]
+    out = []
+    for cases in runs:
+        named = {c.case_id: c.label(keys) for c in cases}
+        count = collections.Counter(named.values())
+        out.append({cid: f"{name} ({cid})" if count[name] > 1 else name for cid, name in named.items()})
+    return out
 
 
 def select(cases: list[Case], filters: Iterable[str]) -> list[Case]:

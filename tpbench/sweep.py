@@ -58,15 +58,13 @@ def start(prepared: Prepared, out_root: Path, launcher: Torchrun | None = None) 
                 "use the real network between their nodes: run it with the local launcher")
         check_available(ic)
     s = prepared.suite
-    run = store.Run.create(out_root, s.name, s.path, s.text, [c.params() for c in prepared.cases], fingerprint())
-    run.meta["launcher"] = {"name": "torchrun", **asdict(launcher)} if launcher else {"name": "local"}
-    run.save()
-    return run
+    return store.Run.create(out_root, s.name, s.path, s.text, [c.params() for c in prepared.cases], fingerprint(),
+                            {"name": "torchrun", **asdict(launcher)} if launcher else {"name": "local"})
 
 
 def launcher_of(run: store.Run) -> Torchrun | None:
     """The launcher a run was started with (None: local)."""
-    spec = dict(run.meta.get("launcher") or {"name": "local"})
+    spec = dict(run.record.launcher)
     if spec.pop("name") == "local":
         return None
     return Torchrun(**{**spec, "agent_prefix": tuple(spec.get("agent_prefix", ()))})
@@ -75,7 +73,7 @@ def launcher_of(run: store.Run) -> Torchrun | None:
 def print_worlds(run: store.Run, cases: list[Case], launcher: Torchrun) -> list[PrintedWorld]:
     """Plans and torchrun commands for the user to start (``--print``), one world per group of
     cases, to run one after another; ``reopen`` (``--resume``) later records what they did."""
-    user_ics = store.suite_table(run.meta, "interconnects")
+    user_ics = run.record.suite_table("interconnects")
     printed = [print_group(run, group, user_ics, launcher) for group in group_cases(cases)]
     run.set_status("printed")
     return [p for p in printed if p is not None]
@@ -83,7 +81,7 @@ def print_worlds(run: store.Run, cases: list[Case], launcher: Torchrun) -> list[
 
 def missing(run: store.Run) -> list[Case]:
     """The cases of a run that are not done (what ``--resume`` would run), read without changing it."""
-    return [Case.from_params(e["params"]) for e in run.meta["cases"].values() if e["status"] != store.DONE]
+    return [Case.from_params(c.params) for c in run.record.cases.values() if c.status != store.DONE]
 
 
 def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
@@ -95,13 +93,11 @@ def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
     files, so what they finished counts as done. A run with nothing left to run keeps its status.
     """
     run = store.Run.open(run_dir, own=True)
-    cases = {cid: Case.from_params(entry["params"]) for cid, entry in run.meta["cases"].items()}
-    ingest_printed(run, cases, store.suite_table(run.meta, "interconnects"), lambda kind, ev: None)
+    cases = {cid: Case.from_params(c.params) for cid, c in run.record.cases.items()}
+    ingest_printed(run, cases, run.record.suite_table("interconnects"), lambda kind, ev: None)
     todo = missing(run)
     for case in todo:
-        if run.meta["cases"][case.case_id]["status"] == store.FAILED:
-            store.discard_partial(run.dir, case.case_id)
-        run.meta["cases"][case.case_id]["status"] = store.PENDING
+        run.reset_case(case.case_id)
     if todo:
         run.set_status(store.RUNNING, resumed=time.time())
     return run, todo
@@ -113,7 +109,7 @@ def execute(run: store.Run, cases: list[Case], listener: Listener, launcher: Tor
     to pending (its finished repeats stay), so ``--resume`` picks it up. The run stays
     ``running`` until ``finalize`` has written its summary."""
     reap_stale_namespaces()
-    user_ics = store.suite_table(run.meta, "interconnects")
+    user_ics = run.record.suite_table("interconnects")
     t0 = time.monotonic()
     try:
         for group in group_cases(cases):
@@ -125,8 +121,7 @@ def execute(run: store.Run, cases: list[Case], listener: Listener, launcher: Tor
         run.set_status("interrupted", interrupted=time.time())
         raise
     finally:
-        run.meta["wall_s"] = run.meta.get("wall_s", 0.0) + time.monotonic() - t0
-        run.save()
+        run.add_wall_time(time.monotonic() - t0)
 
 
 def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:
@@ -192,14 +187,14 @@ def _finalize(run_dir: Path) -> store.Loaded:
     store.write_summary(run_dir, summary)
     run = store.Run.open(run_dir)
     timed_s = float(slowest_rank(loaded.steps)["step_ms"].sum() / 1e3) if not loaded.steps.empty else 0.0
-    worlds = run.meta.get("worlds", [])
-    run.meta["efficiency"] = {
-        "wall_s": run.meta.get("wall_s"),
+    record = run.record
+    efficiency = {
+        "wall_s": record.wall_s,
         "timed_s": timed_s,
-        "timed_share": timed_s / run.meta["wall_s"] if run.meta.get("wall_s") else None,
-        "worlds_started": len(worlds),
-        "processes_started": sum(w["key"][0] for w in worlds),
+        "timed_share": timed_s / record.wall_s if record.wall_s else None,
+        "worlds_started": len(record.worlds),
+        "processes_started": sum(w["key"][0] for w in record.worlds),
     }
     failed = [cid for cid, status in run.case_status().items() if status == store.FAILED]
-    run.set_status("complete" if not failed else "complete_with_failures")
+    run.set_status("complete" if not failed else "complete_with_failures", efficiency=efficiency)
     return store.load(run_dir)

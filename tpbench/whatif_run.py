@@ -31,7 +31,7 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
     done = loaded.cases[loaded.cases["status"] == store.DONE]
     if done.empty:
         raise ValueError(f"{loaded.run_dir}: no finished case")
-    profiles = store.suite_table(loaded.meta, "interconnects")
+    profiles = loaded.record.suite_table("interconnects")
     rate = {link: resolve(link, profiles).rate_bits_per_s or math.inf for link in dict.fromkeys(done["interconnect"])}
     steps_by_case = dict(tuple(loaded.steps.groupby("case_id")))
 

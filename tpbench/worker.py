@@ -257,7 +257,7 @@ class CaseRunner:
         counts = [m.pop("accounting") for m in gathered]
         capture.write_repeat(self.run_dir, case.case_id, repeat, captures)
         if profile_after:
-            info = capture.finish_case(self.run_dir, case.case_id, case.nvml_interval_ms, case.backend, captures)
+            info = capture.case_info(self.run_dir, case.case_id, case.nvml_interval_ms, case.backend, captures)
             self.events.emit("capture", case=case.case_id, **info)
             accounting.write(self.run_dir, case.case_id, counts)
         rows = _rows(case, repeat, gathered)

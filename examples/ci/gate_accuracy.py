@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from tpbench import gate, store
+from tpbench import compare, store
 from tpbench.analysis.stats import repeat_medians
 
 SUITE = """\
@@ -134,7 +134,7 @@ class Tally:
 def _tally(jobs: list[tuple[list[Path], list[Path], bool]], threshold: float) -> Tally:
     verdicts, ratios = [], []
     for b, c, paired in jobs:
-        (case,) = gate.compare_runs(b, c, threshold=threshold, paired=paired).cases
+        (case,) = compare.compare_runs(b, c, threshold=threshold, paired=paired).cases
         verdicts.append(case.verdict)
         ratios.append(case.ratio if case.ratio is not None else float("nan"))
     return Tally(verdicts, ratios)
@@ -184,7 +184,7 @@ def score(out: Path, threshold: float, slowdown: float, regroup: list[int]) -> s
         for g in sorted(knob_dir.iterdir(), key=lambda p: float(p.name)):
             sides = _gate_sides(g)
             if sides:
-                (case,) = gate.compare_runs(*sides, threshold=threshold, paired=True).cases
+                (case,) = compare.compare_runs(*sides, threshold=threshold, paired=True).cases
                 lines.append(f"| {g.name} | {case.ratio:.3f} [{case.ci_lo:.3f}, {case.ci_hi:.3f}] | {case.verdict} |")
     spread = [float(np.median(repeat_medians(store.load(r).steps)["step_ms"])) for r in runs]
     lines += ["", f"run medians over the A/A compare sweeps: {min(spread):.1f}–{max(spread):.1f} ms "
@@ -211,7 +211,7 @@ def main() -> None:
     if args.command == "collect":
         collect(args.out, args.pairs, args.rounds, args.knob)
     else:
-        sys.stdout.write(score(args.out, gate.parse_threshold(args.threshold), gate.parse_threshold(args.slowdown), args.regroup))
+        sys.stdout.write(score(args.out, compare.parse_threshold(args.threshold), compare.parse_threshold(args.slowdown), args.regroup))
 
 
 if __name__ == "__main__":

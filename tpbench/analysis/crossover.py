@@ -33,7 +33,7 @@ from tpbench.algorithms import INTERLEAVED, SEQUENTIAL
 from tpbench.algorithms import NO_OVERLAP as REFERENCE
 from tpbench.analysis.stats import BOOTSTRAP_SAMPLES, CONFIDENCE, ratio_ci, repeat_medians
 
-_NOT_PARAMS = ("case_id", "algorithm", "status", "error")
+_NOT_PARAMS = ("case_id", "algorithm", "label", "status", "error", "detail")
 
 
 def ratio_points(cases: pd.DataFrame, steps: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:

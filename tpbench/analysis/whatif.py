@@ -649,7 +649,7 @@ def error_summary(validation: pd.DataFrame) -> pd.DataFrame:
 
 
 # Parameters that say which cases are "the same case on another link".
-_NOT_LINK = ("case_id", "interconnect", "status", "error")
+_NOT_LINK = ("case_id", "interconnect", "label", "status", "error", "detail")
 
 
 def _same_but_link(cases: pd.DataFrame) -> list[pd.DataFrame]:

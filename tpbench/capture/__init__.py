@@ -3,9 +3,10 @@
 Each rank hands the worker one ``RankCapture`` per repeat; the worker gathers them on rank 0 with
 the step times, and rank 0 persists them here: a repeat's samples as a part file as soon as the
 repeat ends (repeats of different cases are interleaved, so a world that dies late must not take
-earlier repeats with it), and at the case's last repeat ``nvml.parquet`` plus the case's entry
-for run.json (``nvml``, ``clock_sync`` and the raw transport observations, which the launcher
-compares with the asked profile because only it knows the resolved profile).
+earlier repeats with it), and at the case's last repeat the case's entry for run.json (``nvml``,
+``clock_sync`` and the raw transport observations, which the launcher compares with the asked
+profile because only it knows the resolved profile). The launcher's recorder merges the parts
+into ``nvml.parquet`` on the trace clock when it finishes the case (``store.finish_case``).
 
 nvml.parquet columns (one row per sample): rank, repeat, step (-1 outside steps), phase
 (warmup | timed | profile | idle), t_ns (sampler clock: CLOCK_MONOTONIC ns), ts_us (the rank's
@@ -25,8 +26,7 @@ import pandas as pd
 from tpbench import store
 from tpbench.capture import nvml, transport
 
-NVML_FILE = "nvml.parquet"
-_NVML_PARTS = "nvml-parts"
+NVML_FILE = store.NVML_FILE
 
 
 @dataclass
@@ -50,31 +50,22 @@ def nvml_status(gpu: nvml.Gpu | nvml.Unavailable) -> dict[str, Any]:
 def write_repeat(run_dir: Path, case_id: str, repeat: int, captures: list[RankCapture]) -> None:
     frames = [c.samples for c in captures if c.samples is not None and not c.samples.empty]
     if frames:
-        store.atomic_write_parquet(store.case_dir(run_dir, case_id) / _NVML_PARTS / f"r{repeat:04d}.parquet",
+        store.atomic_write_parquet(store.case_dir(run_dir, case_id) / store.NVML_PARTS / f"r{repeat:04d}.parquet",
                                    pd.concat(frames, ignore_index=True))
 
 
-def finish_case(run_dir: Path, case_id: str, interval_ms: int, backend: str, captures: list[RankCapture]) -> dict[str, Any]:
-    """Merge the case's samples into nvml.parquet (on the trace clock) and return its run.json info.
+def case_info(run_dir: Path, case_id: str, interval_ms: int, backend: str,
+              captures: list[RankCapture]) -> dict[str, Any]:
+    """The case's entry for run.json, from its telemetry parts so far (read, not merged: the
+    recorder finishes the case directory, ``store.finish_case``, with the clock offsets given here).
 
     ``captures`` are the ranks' captures of the case's last repeat, the one that was profiled.
     """
-    clocks = {c.rank: c.clock for c in captures}
-    parts_dir = store.case_dir(run_dir, case_id) / _NVML_PARTS
-    parts = sorted(parts_dir.glob("r*.parquet"))
+    parts = sorted((store.case_dir(run_dir, case_id) / store.NVML_PARTS).glob("r*.parquet"))
     samples = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True) if parts else pd.DataFrame(columns=nvml.COLUMNS)
-    for rank, clock in clocks.items():
-        if clock is not None:
-            mine = samples["rank"] == rank
-            samples.loc[mine, "ts_us"] = samples.loc[mine, "t_ns"] / 1e3 + clock.offset_us
-    if parts:
-        store.atomic_write_parquet(store.case_dir(run_dir, case_id) / NVML_FILE, samples)
-        for p in parts:
-            p.unlink()
-        parts_dir.rmdir()
     return {
         "nvml": _nvml_entry(samples, interval_ms, captures),
-        "clock_sync": {str(r): dataclasses.asdict(c) if c else None for r, c in clocks.items()},
+        "clock_sync": {str(c.rank): dataclasses.asdict(c.clock) if c.clock else None for c in captures},
         "transport": {"backend": backend, "ranks": [dataclasses.asdict(c.transport) for c in captures if c.transport]},
     }
 

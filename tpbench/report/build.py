@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from tpbench import store
+from tpbench import compare, store
+from tpbench.environment import commit_text
 from tpbench.report import comm_hooks, convergence, interconnect, performance, telemetry, timelines, verdicts, zero_memory
 from tpbench.report.data import ReportData, load
 from tpbench.report.html import Page, esc, plain_templates
@@ -48,7 +49,7 @@ def _page(data: ReportData, runs: list[store.Loaded], out_dir: Path) -> Page:
     kinds = [*verdicts.ZERO_KINDS, *verdicts.impl_kinds(data)]
     comparisons = {k.key: verdicts.compare(data, k) for k in kinds}
     conv = verdicts.convergence_verdicts(data)
-    cross = verdicts.across_runs(data)
+    cross = verdicts.against_first_run(data)
     _headlines(page, data, comparisons, conv, cross)
     _environment(page, data)
     performance.step_time(page, data)
@@ -74,14 +75,14 @@ def _run_line(page: Page, data: ReportData, run: store.Loaded) -> None:
     meta = run.meta
     statuses = pd.Series([e["status"] for e in meta["cases"].values()]).value_counts().to_dict()
     counts = ", ".join(f"{n} {s}" for s, n in statuses.items())
-    desc = meta["suite"].get("description") or store.suite_table(meta, "suite").get("description", "")
+    desc = meta["suite"].get("description") or run.record.suite_table("suite").get("description", "")
     tag = f"{data.tags[meta['run_id']]}: " if data.multi else ""
     page.paragraph(f"{tag}run {meta['run_id']} of suite {meta['suite']['name']} ({meta.get('status', '?')}; "
                    f"{len(meta['cases'])} cases: {counts}). {desc}", css="muted")
 
 
 def _headlines(page: Page, data: ReportData, comparisons: dict[str, list[verdicts.Comparison]],
-               conv: list[verdicts.ConvergenceVerdict], cross: list[verdicts.RunComparison]) -> None:
+               conv: list[verdicts.ConvergenceVerdict], cross: list[compare.Comparison]) -> None:
     """The recommendation per setting, the headline comparison (interleaved against sequential,
     PyTorch's hooks against ours, local SGD against DDP, runs against runs) in the open; the
     comparisons against zero_no_overlap folded below them, one click away."""
@@ -114,9 +115,7 @@ def _environment(page: Page, data: ReportData) -> None:
     cols = {}
     for r in data.runs:
         env = r.environment
-        git = env.get("git") or {}
-        commit = (git.get("commit") or "") + (" (dirty)" if git.get("dirty") else "")
-        cols[data.tags[r.meta["run_id"]]] = [env.get(k) for k in ENVIRONMENT_KEYS] + [commit or None]
+        cols[data.tags[r.meta["run_id"]]] = [env.get(k) for k in ENVIRONMENT_KEYS] + [commit_text(env)]
     table = pd.DataFrame(cols, index=[*ENVIRONMENT_KEYS, "git commit"]).reset_index(names="")
     if data.multi:
         values = table.drop(columns="").astype(str)
@@ -158,14 +157,18 @@ def _transport(data: ReportData) -> pd.DataFrame:
     return pd.DataFrame(list(rows.values()))
 
 
-def _across_runs_table(page: Page, data: ReportData, cross: list[verdicts.RunComparison]) -> None:
+def _across_runs_table(page: Page, data: ReportData, cross: list[compare.Comparison]) -> None:
     if not cross:
         return
     page.heading("Across runs", anchor="across-runs")
-    page.paragraph("The same case (same parameters) in each run against the first run: ratio of median step times "
-                   "with its 95% bootstrap interval over repeats.", css="muted")
-    rows = [{"run": data.tags[c.candidate_run], "against": data.tags[c.baseline_run], "case": c.case["label"],
-             "ratio": c.ratio, "95% CI": f"[{c.lo:.3g}, {c.hi:.3g}]", "verdict": c.verdict} for c in cross]
+    page.paragraph(f"The same case (same identity: parameters less budget keys such as repeats) in each run "
+                   f"against the first run, judged as `tpbench compare FIRST RUN` judges it: ratio of median step "
+                   f"times with its {cross[0].confidence:.0%} bootstrap interval over repeats, threshold "
+                   f"±{cross[0].threshold:.0%}.", css="muted")
+    rows = [{"run": verdicts.run_tag(data, c.candidate_runs[0]), "against": verdicts.run_tag(data, c.baseline_runs[0]),
+             "case": verdicts.case_label(data, c, r.case_id), "ratio": r.ratio,
+             f"{c.confidence:.0%} CI": f"[{r.ci_lo:.3g}, {r.ci_hi:.3g}]" if r.ci_lo is not None else "",
+             "verdict": r.verdict, "note": r.reason} for c in cross for r in c.cases]
     page.table(pd.DataFrame(rows), scroll=len(rows) > 20)
 
 

@@ -16,7 +16,8 @@ import pandas as pd
 
 from tpbench import store
 from tpbench.algorithms import ALGORITHMS
-from tpbench.suite import Case, varying_keys
+from tpbench.environment import commit_text
+from tpbench.suite import Case, labels, shown_keys
 
 # Plot and table order: baselines first, then what is measured against them.
 
@@ -106,12 +107,12 @@ def load(runs: list[store.Loaded]) -> ReportData:
         # A run without summary.parquet (interrupted before its end) still gets a report of its cases.
         if col not in cases:
             cases[col] = pd.Series([None] * len(cases), dtype=object if col == "repeat_medians_ms" else float)
-    all_cases = [Case.from_params(e["params"]) for r in runs for e in r.meta["cases"].values()]
+    run_cases = [[Case.from_params(e["params"]) for e in r.meta["cases"].values()] for r in runs]
     # impl stays a context key (pairs of cases must agree on it); labels show it with the algorithm.
-    context = [k for k in varying_keys(all_cases) if k != "algorithm"]
+    context = [k for k in shown_keys(run_cases) if k != "algorithm"]
     if not cases.empty:
         cases["algo"] = [_algo(a, i) for a, i in zip(cases["algorithm"], cases.get("impl", [None] * len(cases)))]
-        cases["label"] = _labels(cases, all_cases, [k for k in context if k != "impl"])
+        cases["label"] = _labels(cases, runs, run_cases)
         keys = _order_keys(cases, runs, context)
         cases = cases.iloc[sorted(range(len(cases)), key=keys.__getitem__)].reset_index(drop=True)
         cases["order"] = range(len(cases))
@@ -124,28 +125,14 @@ def _algo(algorithm: str, impl: Any) -> str:
 
 
 def _run_cases(run: store.Loaded, tag: str) -> pd.DataFrame:
-    records = [dict(e["params"]) | {"status": e["status"], "error": e.get("error"), "detail": e.get("detail")}
-               for e in run.meta["cases"].values()]
-    params = pd.DataFrame(records)
-    for col in params.columns:
-        # A parameter collapsed to None for some cases would turn ints into floats (4 → 4.0) in
-        # labels and verdicts: keep such columns as the suite's own values.
-        if params[col].dtype == float and any(r.get(col) is None for r in records):
-            params[col] = pd.Series([r.get(col) for r in records], dtype=object)
-    if not run.summary.empty and "case_id" in run.summary:
-        numbers = [c for c in run.summary.columns if c == "case_id" or c not in params.columns]
-        params = params.merge(run.summary[numbers], on="case_id", how="left")
-    return params.assign(run_id=run.meta["run_id"], run=tag)
+    return run.table.assign(run_id=run.meta["run_id"], run=tag)
 
 
-def _labels(cases: pd.DataFrame, all_cases: list[Case], context: list[str]) -> list[str]:
-    by_id = {c.case_id: c.label(context) for c in all_cases}
-    labels = [by_id.get(cid, cid) for cid in cases["case_id"]]
-    seen: dict[tuple[str, str], int] = {}
-    for run_id, lab in zip(cases["run_id"], labels):
-        seen[(run_id, lab)] = seen.get((run_id, lab), 0) + 1
-    # Keys the label cannot show (workload parameters) can make two labels equal: add the case id.
-    return [f"{lab} ({cid})" if seen[(r, lab)] > 1 else lab for r, lab, cid in zip(cases["run_id"], labels, cases["case_id"])]
+def _labels(cases: pd.DataFrame, runs: list[store.Loaded], run_cases: list[list[Case]]) -> list[str]:
+    """Each row's label (``suite.labels``, the one labelling every output uses)."""
+    per_run = labels(run_cases)
+    by_run = {r.meta["run_id"]: names for r, names in zip(runs, per_run)}
+    return [by_run[rid].get(cid, cid) for rid, cid in zip(cases["run_id"], cases["case_id"])]
 
 
 def _order_keys(cases: pd.DataFrame, runs: list[store.Loaded], context: list[str]) -> list[tuple]:
@@ -185,9 +172,7 @@ def run_tags(runs: list[store.Loaded]) -> dict[str, str]:
 
 
 def _tag_env(run: store.Loaded) -> dict[str, Any]:
-    env = dict(run.environment)
-    env["commit"] = ((env.get("git") or {}).get("commit") or "")[:10] or None
-    return env
+    return dict(run.environment) | {"commit": commit_text(run.environment)}
 
 
 def context_text(row: dict[str, Any], keys: list[str]) -> str:

@@ -117,7 +117,7 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fab
         return
     if result.projections.empty:
         return
-    labels = _labels(run.cases)
+    labels = dict(zip(run.cases["case_id"], run.cases["label"]))
     page.heading(f"What-if: other fabrics (projections){suffix}", anchor=f"whatif{anchor}")
     page.paragraph(
         "PROJECTIONS, not measurements: each case's traced timeline on this machine (compute, and when each "
@@ -199,9 +199,3 @@ def _validation_figure(v: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def _labels(cases: pd.DataFrame) -> dict[str, str]:
-    """Short case labels from the parameters that vary in the run (link excluded where shown apart)."""
-    keys = [k for k in ("algorithm", "bucket_cap_mb", "shard_buckets", "comm_hook", "batch_size", "world_size", "interconnect")
-            if k in cases and cases[k].astype(str).nunique() > 1]
-    return {r["case_id"]: " · ".join(str(r[k]) if k == "algorithm" else f"{k}={r[k]}" for k in keys) or r["case_id"]
-            for r in cases.to_dict("records")}

@@ -15,6 +15,7 @@ the same ``zero_no_overlap`` case.
 
 from __future__ import annotations
 
+import collections
 import json
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -22,9 +23,11 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
+from tpbench import compare as engine
 from tpbench.analysis import convergence
 from tpbench.algorithms import ALGORITHMS, COMPARED_PAIRS, LOCALSGD, TUNING_KEYS, is_plain_ddp
 from tpbench.analysis.stats import ratio_ci
+from tpbench.environment import COMPARABLE_KEYS
 from tpbench.report.data import ReportData, context_text
 
 # Short words for algorithms in sentences; the report spells them out once beside the verdicts.
@@ -361,57 +364,43 @@ def _ends(delta: float) -> str:
 
 # --- several runs -----------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class RunComparison:
-    baseline_run: str
-    candidate_run: str
-    case: dict[str, Any]
-    ratio: float
-    lo: float
-    hi: float
-    repeats: int
-
-    @property
-    def verdict(self) -> str:
-        if self.repeats < 2:
-            return "single"
-        return "faster" if self.hi < 1 else "slower" if self.lo > 1 else "unclear"
-
-
-def across_runs(data: ReportData) -> list[RunComparison]:
-    """The same case (same case id: same parameters) in each later run against the first run."""
+def against_first_run(data: ReportData) -> list[engine.Comparison]:
+    """Each later run against the first, by the comparison engine of ``tpbench compare``: the same
+    matching (by case identity), interval and verdicts. Environments are not held against the
+    runs here (a report of several runs is usually made to see what a new torch or driver does);
+    the report's environment table shows what differs."""
     if not data.multi:
         return []
-    done = data.done
-    first = data.runs[0].meta["run_id"]
-    base = {r["case_id"]: r for r in done[done["run_id"] == first].to_dict("records")}
-    out = []
-    for run in data.runs[1:]:
-        rid = run.meta["run_id"]
-        for row in done[done["run_id"] == rid].to_dict("records"):
-            b = base.get(row["case_id"])
-            if b is None:
-                continue
-            ratio, lo, hi = ratio_ci(_repeats(b), _repeats(row))
-            out.append(RunComparison(first, rid, row, ratio, lo, hi, min(len(_repeats(b)), len(_repeats(row)))))
-    return out
+    return [engine.compare_runs([data.runs[0]], [run], ignore_env=COMPARABLE_KEYS) for run in data.runs[1:]]
 
 
-def across_runs_lines(data: ReportData, comps: list[RunComparison]) -> list[str]:
+def run_tag(data: ReportData, run_dir: str) -> str:
+    return data.tags[next(r.meta["run_id"] for r in data.runs if str(r.run_dir) == run_dir)]
+
+
+def case_label(data: ReportData, c: engine.Comparison, case_id: str) -> str:
+    """The report's one label of a candidate case."""
+    rid = next(r.meta["run_id"] for r in data.runs if str(r.run_dir) == c.candidate_runs[0])
+    row = data.cases[(data.cases["run_id"] == rid) & (data.cases["case_id"] == case_id)]
+    return row["label"].iloc[0] if len(row) else case_id
+
+
+def across_runs_lines(data: ReportData, comps: list[engine.Comparison]) -> list[str]:
     lines = []
-    for rid in dict.fromkeys(c.candidate_run for c in comps):
-        mine = [c for c in comps if c.candidate_run == rid]
-        counts = {v: sum(c.verdict == v for c in mine) for v in ("faster", "slower", "unclear", "single")}
-        ratios = np.array([c.ratio for c in mine])
-        line = (f"Run {data.tags[rid]} against run {data.tags[mine[0].baseline_run]}, over {len(mine)} common case(s): "
-                f"faster in {counts['faster']}, slower in {counts['slower']}, no clear difference in "
-                f"{counts['unclear'] + counts['single']}; median step-time ratio {np.median(ratios):.3g} "
-                f"(range {ratios.min():.3g}–{ratios.max():.3g})")
-        called = [c for c in mine if c.verdict in ("faster", "slower")]
+    for c in comps:
+        judged = [r for r in c.cases if r.ratio is not None]
+        if not judged:
+            continue
+        counts = collections.Counter(r.verdict for r in c.cases)
+        ratios = np.array([r.ratio for r in judged])
+        tally = ", ".join(f"{counts[v]} {v}" for v in engine.VERDICTS if counts[v])
+        line = (f"Run {run_tag(data, c.candidate_runs[0])} against run {run_tag(data, c.baseline_runs[0])}, over "
+                f"{len(judged)} common case(s): {tally} (threshold ±{c.threshold:.0%}); median step-time ratio "
+                f"{np.median(ratios):.3g} (range {ratios.min():.3g}–{ratios.max():.3g})")
+        called = [r for r in judged if r.verdict in (engine.REGRESSION, engine.IMPROVEMENT)]
         if called:
-            big = max(called, key=lambda c: abs(np.log(c.ratio)))
-            change = (f"{_pct(1 - big.ratio)} [{_pct(1 - big.hi)}, {_pct(1 - big.lo)}] faster" if big.verdict == "faster"
-                      else f"{_pct(big.ratio - 1)} [{_pct(big.lo - 1)}, {_pct(big.hi - 1)}] slower")
-            line += f"; largest change: {big.case['label']}, {change}"
+            big = max(called, key=lambda r: abs(np.log(r.ratio)))
+            change = _signed(big.ratio, big.ci_lo, big.ci_hi)
+            line += f"; largest change: {case_label(data, c, big.case_id)}, {change} ({big.verdict})"
         lines.append(line + ".")
     return lines

@@ -1,0 +1,288 @@
+"""The comparison engine: match the cases of runs, put an interval on each change, call a verdict.
+
+``tpbench compare``, ``tpbench gate`` and the report's "Across runs" section all call ``compare_runs``:
+one rule for which cases match (``suite.identity``: runs that differ only in budget keys such as
+``repeats`` match case by case), one interval and one set of verdict words.
+
+A gate that fires on noise gets switched off, so a regression is called only on strong evidence:
+per case, the ratio of medians candidate/baseline computed over *repeats* (steps within a repeat
+are not independent), with a bootstrap confidence interval whose lower end must exceed
+1 + threshold. Verdicts:
+
+- ``regression``   CI lower bound > 1 + threshold
+- ``improvement``  CI upper bound < 1 − threshold
+- ``pass``         CI inside [1 − threshold, 1 + threshold]: any change is within tolerance
+- ``inconclusive`` the CI straddles a threshold (too wide to decide), or too few repeats
+- ``incomparable`` the environments differ in what matters (``environment.COMPARABLE_KEYS``) or
+                   the case ran on a different world (world size, backend, device)
+- ``missing``      the candidate's case has no counterpart in the baseline, or no data
+
+Exit codes: 0 pass or improvement, 1 regression, 3 incomparable or missing, 4 inconclusive with
+``fail_on_inconclusive`` (0 otherwise); a regression outranks the rest when verdicts are mixed.
+
+Each side may be several runs (several stored baselines; the rounds of ``tpbench gate``). Their
+repeats are pooled for the point estimate and the interval comes from a two-stage bootstrap
+(runs, then repeats within runs), so the spread *between* runs, the main source of false alarms
+with stored baselines, widens the interval. A single candidate run against several baselines is
+judged against their spread: its draws are also scaled by the baselines' run-to-run effects
+(``analysis.stats.hierarchical_ratio_ci``). The rounds of ``tpbench gate`` are paired (round i of
+both sides ran back to back): each round gives one log ratio of run medians, in which whatever
+the machine was doing then cancels, and the interval is Student's t over the rounds, calibrated
+for the handful of rounds a gate has (``analysis.stats.paired_ratio_ci``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from tpbench import store
+from tpbench.analysis.stats import CONFIDENCE, hierarchical_ratio_ci, paired_ratio_ci, repeat_medians
+from tpbench.environment import COMPARABLE_KEYS, commit_text
+from tpbench.suite import identity
+
+PASS, REGRESSION, IMPROVEMENT, INCONCLUSIVE, INCOMPARABLE, MISSING = (
+    "pass", "regression", "improvement", "inconclusive", "incomparable", "missing")
+# Verdicts from worst to best, the order tallies list them in.
+VERDICTS = (REGRESSION, INCOMPARABLE, MISSING, INCONCLUSIVE, IMPROVEMENT, PASS)
+EXIT_PASS, EXIT_REGRESSION, EXIT_USAGE, EXIT_INCOMPARABLE, EXIT_INCONCLUSIVE = 0, 1, 2, 3, 4
+
+# Fewer per-repeat values than this on a side and no bootstrap interval means anything.
+MIN_REPEATS = 3
+# Parameters of the world a case ran on: a case that matches on everything else but these is the
+# same case on another machine shape, which is incomparable rather than missing.
+WORLD_KEYS = ("world_size", "backend", "device", "ranks_per_node")
+
+
+class GateError(ValueError):
+    """A gate that cannot be set up as asked (bad threshold, unknown metric, side not found): exit 2."""
+
+
+def parse_threshold(text: str) -> float:
+    """``5%`` or ``0.05`` → 0.05. A fraction, because the verdict compares ratios with 1 ± it."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise GateError(f"--threshold {text}: expected a percentage like 5% or a fraction like 0.05") from None
+    if not 0 <= value < 1:
+        raise GateError(f"--threshold {text}: expected a value in [0%, 100%)")
+    return value
+
+
+def judge(lo: float, hi: float, threshold: float) -> str:
+    """The verdict of one ratio interval (see the module docstring)."""
+    if lo > 1 + threshold:
+        return REGRESSION
+    if hi < 1 - threshold:
+        return IMPROVEMENT
+    if lo >= 1 - threshold and hi <= 1 + threshold:
+        return PASS
+    return INCONCLUSIVE
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One candidate case judged against the baseline."""
+
+    case_id: str
+    label: str
+    verdict: str
+    reason: str = ""
+    baseline_median: float | None = None
+    candidate_median: float | None = None
+    ratio: float | None = None
+    ci_lo: float | None = None
+    ci_hi: float | None = None
+    baseline_repeats: int = 0
+    candidate_repeats: int = 0
+    baseline_runs: int = 0
+    candidate_runs: int = 0
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Everything a gate decided, ready to render as text, Markdown or JSON."""
+
+    metric: str
+    threshold: float
+    confidence: float
+    fail_on_inconclusive: bool
+    baseline_runs: list[str]
+    candidate_runs: list[str]
+    environment_differences: list[str]
+    cases: list[CaseResult]
+    paired: bool = False
+    baseline_commits: list[str] = field(default_factory=list)
+    candidate_commits: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        """The worst verdict: a confirmed regression outranks not being able to judge some case."""
+        found = {c.verdict for c in self.cases}
+        for v in VERDICTS[:-1]:
+            if v in found:
+                return v
+        return PASS
+
+    @property
+    def exit_code(self) -> int:
+        return {
+            REGRESSION: EXIT_REGRESSION,
+            INCOMPARABLE: EXIT_INCOMPARABLE,
+            MISSING: EXIT_INCOMPARABLE,
+            INCONCLUSIVE: EXIT_INCONCLUSIVE if self.fail_on_inconclusive else EXIT_PASS,
+        }.get(self.verdict, EXIT_PASS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"verdict": self.verdict, "exit_code": self.exit_code}
+
+
+# ---------------------------------------------------------------- comparing runs
+
+
+@dataclass(frozen=True)
+class RunData:
+    """What the comparison needs of one run: its cases and per-repeat values of the metric."""
+
+    dir: Path
+    environment: dict[str, Any]
+    params: dict[str, dict[str, Any]]  # case_id → params
+    status: dict[str, str]  # case_id → status
+    values: dict[str, np.ndarray]  # case_id → per-repeat medians of the metric (done cases)
+    labels: dict[str, str]  # case_id → label (``store.Loaded.cases``)
+
+    @classmethod
+    def of(cls, run: store.Loaded | str | Path, metric: str = "step_ms") -> RunData:
+        loaded = run if isinstance(run, store.Loaded) else store.load(run)
+        values: dict[str, np.ndarray] = {}
+        if not loaded.steps.empty:
+            if metric not in loaded.steps.columns:
+                numeric = sorted(c for c in loaded.steps.select_dtypes("number").columns if c not in ("repeat", "rank", "step"))
+                raise GateError(f"--metric {metric}: not recorded in {loaded.run_dir}; expected one of {', '.join(numeric)}")
+            per_repeat = repeat_medians(loaded.steps, metric).dropna(subset=[metric])
+            values = {cid: g[metric].to_numpy(dtype=float) for cid, g in per_repeat.groupby("case_id")}
+        cases = loaded.record.cases
+        return cls(
+            Path(loaded.run_dir), dict(loaded.environment),
+            {cid: dict(c.params) for cid, c in cases.items()},
+            {cid: c.status for cid, c in cases.items()},
+            values, dict(zip(loaded.cases["case_id"], loaded.cases["label"])),
+        )
+
+
+def _same(a: dict[str, Any], b: dict[str, Any], ignore: Iterable[str] = ()) -> bool:
+    """Equal identities on the keys both have: a key added by a newer tpbench must not orphan every case."""
+    ia, ib = identity(a), identity(b)
+    return all(ia[k] == ib[k] for k in ia.keys() & ib.keys() if k not in ignore)
+
+
+def counterpart(params: dict[str, Any], case_id: str, run: RunData) -> tuple[str | None, str]:
+    """The case of ``run`` that measures the same thing (the same stored id, else the same
+    identity), or None and why not (the same case on another world is named as such)."""
+    if case_id in run.params and _same(params, run.params[case_id]):
+        return case_id, ""
+    for cid, p in run.params.items():
+        if _same(params, p):
+            return cid, ""
+    for cid, p in run.params.items():
+        if _same(params, p, WORLD_KEYS):
+            diff = ", ".join(f"{k} {p.get(k)} vs {params.get(k)}" for k in WORLD_KEYS if p.get(k) != params.get(k))
+            return None, f"different world: {diff}"
+    return None, ""
+
+
+def environment_differences(baseline: dict[str, Any], candidate: dict[str, Any], ignore: Iterable[str] = ()) -> list[str]:
+    """The comparable keys on which two fingerprints differ, as 'key: baseline vs candidate'."""
+    skip = set(ignore)
+    return [f"{k}: {baseline.get(k)} vs {candidate.get(k)}" for k in COMPARABLE_KEYS
+            if k not in skip and baseline.get(k) != candidate.get(k)]
+
+
+def compare_runs(
+    baseline: Sequence[store.Loaded | str | Path],
+    candidate: Sequence[store.Loaded | str | Path],
+    *,
+    metric: str = "step_ms",
+    threshold: float = 0.05,
+    fail_on_inconclusive: bool = False,
+    ignore_env: Iterable[str] = (),
+    confidence: float = CONFIDENCE,
+    paired: bool = False,
+) -> Comparison:
+    """Judge every case of the candidate run(s) against the baseline run(s).
+
+    Lower is better for every metric (times, memory). ``paired``: baseline run i and candidate
+    run i ran back to back (gate rounds; see ``paired_ratio_ci``). Broken run directories raise
+    ``store.StoreError`` naming the file; an unknown metric raises ``GateError``.
+    """
+    if not baseline or not candidate:
+        raise GateError("compare needs at least one baseline run and one candidate run")
+    if paired and len(baseline) != len(candidate):
+        raise GateError(f"paired comparison needs as many baseline as candidate runs, got {len(baseline)} and {len(candidate)}")
+    unknown = set(ignore_env) - set(COMPARABLE_KEYS)
+    if unknown:
+        raise GateError(f"--ignore-env {', '.join(sorted(unknown))}: expected one of {', '.join(COMPARABLE_KEYS)}")
+    base = [RunData.of(d, metric) for d in baseline]
+    cand = [RunData.of(d, metric) for d in candidate]
+    env_diff = sorted({f"{Path(b.dir).name} vs {Path(c.dir).name}: {d}"
+                       for b in base for c in cand for d in environment_differences(b.environment, c.environment, ignore_env)}
+                      | {f"candidate runs {Path(cand[0].dir).name} vs {Path(c.dir).name}: {d}"
+                         for c in cand[1:] for d in environment_differences(cand[0].environment, c.environment, ignore_env)})
+    ref = cand[0]
+    results = [
+        _judge_case(cid, ref.labels[cid], ref.params[cid], base, cand, threshold, confidence, bool(env_diff), paired)
+        for cid in ref.params
+    ]
+    return Comparison(
+        metric, threshold, confidence, fail_on_inconclusive,
+        [str(b.dir) for b in base], [str(c.dir) for c in cand], env_diff, results, paired,
+        sorted({commit_text(b.environment) for b in base}), sorted({commit_text(c.environment) for c in cand}),
+    )
+
+
+def _judge_case(case_id: str, label: str, params: dict[str, Any], base: list[RunData], cand: list[RunData],
+                threshold: float, confidence: float, env_differs: bool, paired: bool) -> CaseResult:
+    cand_per_run = [r.values.get(case_id) for r in cand]
+    base_per_run: list[np.ndarray | None] = []
+    world_diff = ""
+    for run in base:
+        cid, why = counterpart(params, case_id, run)
+        base_per_run.append(run.values.get(cid) if cid is not None else None)
+        world_diff = world_diff or why
+    if paired:  # keep the rounds where both sides have data, so pairs stay aligned
+        both = [(b, c) for b, c in zip(base_per_run, cand_per_run) if b is not None and c is not None]
+        base_values, cand_values = [b for b, _ in both], [c for _, c in both]
+    else:
+        base_values = [v for v in base_per_run if v is not None]
+        cand_values = [v for v in cand_per_run if v is not None]
+    n_b, n_c = sum(v.size for v in base_values), sum(v.size for v in cand_values)
+    common = {"case_id": case_id, "label": label, "baseline_repeats": n_b, "candidate_repeats": n_c,
+              "baseline_runs": len(base_values), "candidate_runs": len(cand_values)}
+    if not any(v is not None for v in cand_per_run):
+        states = sorted({r.status.get(case_id, "absent") for r in cand})
+        return CaseResult(verdict=MISSING, reason=f"no candidate data (case {'/'.join(states)})", **common)
+    if not any(v is not None for v in base_per_run):
+        if world_diff:
+            return CaseResult(verdict=INCOMPARABLE, reason=world_diff, **common)
+        return CaseResult(verdict=MISSING, reason="no baseline data for this case", **common)
+    if not base_values:
+        return CaseResult(verdict=MISSING, reason="no round has data on both sides", **common)
+    if np.median(np.concatenate(base_values)) <= 0:
+        return CaseResult(verdict=INCONCLUSIVE, reason="baseline median is 0: no ratio", **common)
+    if paired and len(base_values) >= 2:
+        ratio, lo, hi = paired_ratio_ci(base_values, cand_values, confidence=confidence)
+    else:
+        ratio, lo, hi = hierarchical_ratio_ci(base_values, cand_values, confidence=confidence)
+    numbers = {"baseline_median": float(np.median(np.concatenate(base_values))),
+               "candidate_median": float(np.median(np.concatenate(cand_values))),
+               "ratio": ratio, "ci_lo": lo, "ci_hi": hi}
+    if env_differs:
+        return CaseResult(verdict=INCOMPARABLE, reason="environments differ (see above)", **common, **numbers)
+    if min(n_b, n_c) < MIN_REPEATS:
+        return CaseResult(verdict=INCONCLUSIVE, reason=f"too few repeats ({n_b} baseline, {n_c} candidate; need {MIN_REPEATS} a side)",
+                          **common, **numbers)
+    return CaseResult(verdict=judge(lo, hi, threshold), **common, **numbers)

@@ -1,0 +1,129 @@
+"""A run in the formats other benchmark tools read: pytest-benchmark's saved runs and
+github-action-benchmark's ``customSmallerIsBetter`` input (``tpbench export``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tpbench import store
+from tpbench.analysis.stats import CONFIDENCE, bootstrap_ci, slowest_rank
+from tpbench.compare import GateError
+from tpbench.suite import Case, varying_keys
+
+
+EXPORT_FORMATS = ("pytest-benchmark", "custom-smaller-is-better")
+# The pytest-benchmark storage layout we write (unchanged in what `pytest-benchmark compare` reads since 3.x).
+PYTEST_BENCHMARK_VERSION = "5.1.0"
+
+
+@dataclass(frozen=True)
+class Export:
+    document: Any
+    skipped: list[str]  # labels of cases without data (failed, pending)
+
+
+def _export_cases(loaded: store.Loaded) -> tuple[list[tuple[Case, str, np.ndarray, np.ndarray]], list[str]]:
+    """Done cases with their label, per-step times (slowest rank, ms) and per-repeat medians (ms)."""
+    params = {cid: c.params for cid, c in loaded.record.cases.items()}
+    names = dict(zip(loaded.cases["case_id"], loaded.cases["label"]))
+    per_step = slowest_rank(loaded.steps) if not loaded.steps.empty else None
+    out, skipped = [], []
+    for cid, p in params.items():
+        data = per_step[per_step["case_id"] == cid] if per_step is not None else None
+        if data is None or data.empty:
+            skipped.append(names[cid])
+            continue
+        reps = data.groupby("repeat")["step_ms"].median().to_numpy()
+        out.append((Case.from_params(p), names[cid], data["step_ms"].to_numpy(dtype=float), reps))
+    return out, skipped
+
+
+def export_pytest_benchmark(run_dir: str | Path) -> Export:
+    """pytest-benchmark's saved-run JSON: one benchmark per case over its timed steps, in seconds.
+
+    Benchmarks are named ``ALGORITHM[key=value-…]`` after the keys that vary in the suite, grouped
+    by suite, with the case parameters under ``params``, so ``pytest-benchmark compare`` and its
+    ``--group-by`` options work on tpbench runs.
+    """
+    loaded = store.load(run_dir)
+    env = loaded.environment
+    suite = loaded.meta["suite"]["name"]
+    cases, skipped = _export_cases(loaded)
+    keys = varying_keys([c for c, *_ in cases])
+    benchmarks = []
+    for case, label, ms, reps in cases:
+        s = np.sort(ms / 1e3)
+        q1, q3 = (float(np.quantile(s, q)) for q in (0.25, 0.75))
+        iqr = q3 - q1
+        mean, std = float(s.mean()), float(s.std(ddof=1)) if s.size > 1 else 0.0
+        inside = s[(s >= q1 - 1.5 * iqr) & (s <= q3 + 1.5 * iqr)]
+        param = "-".join(f"{k}={getattr(case, k)}" for k in keys if k != "algorithm")
+        name = case.algorithm + (f"[{param}]" if param else "")
+        benchmarks.append({
+            "group": suite, "name": name, "fullname": f"{suite}::{name}",
+            "params": {k: getattr(case, k) for k in keys if k != "algorithm"} or None,
+            "param": param or None,
+            "extra_info": {"case_id": case.case_id, "label": label, "run_id": loaded.meta["run_id"],
+                           "repeat_medians_ms": reps.tolist(), "case": case.params()},
+            "options": {"timer": "tpbench", "warmup": case.warmup_steps, "min_rounds": case.steps, "disable_gc": False,
+                        "max_time": None, "min_time": None, "precision": None, "confidence": None},
+            "stats": {
+                "min": float(s[0]), "max": float(s[-1]), "mean": mean, "stddev": std, "rounds": int(s.size),
+                "median": float(np.median(s)), "iqr": iqr, "q1": q1, "q3": q3,
+                "iqr_outliers": int(s.size - inside.size),
+                "stddev_outliers": int(((s < mean - std) | (s > mean + std)).sum()),
+                "outliers": f"{int(((s < mean - std) | (s > mean + std)).sum())};{int(s.size - inside.size)}",
+                "ld15iqr": float(inside[0]), "hd15iqr": float(inside[-1]),
+                "ops": 1 / mean, "total": float(s.sum()), "data": s.tolist(), "iterations": 1,
+            },
+        })
+    git = env.get("git") or {}
+    document = {
+        "machine_info": {
+            "node": env.get("hostname"), "processor": env.get("cpu_model"), "python_version": env.get("python"),
+            "platform": env.get("platform"), "cpu": {"brand_raw": env.get("cpu_model"), "count": env.get("cpu_count")},
+            "tpbench_environment": env,
+        },
+        "commit_info": {"id": git.get("commit") or "unversioned", "dirty": bool(git.get("dirty")),
+                        "project": "tpbench", "branch": None, "time": None, "author_time": None},
+        "benchmarks": benchmarks,
+        "datetime": loaded.meta.get("created"),
+        "version": PYTEST_BENCHMARK_VERSION,
+    }
+    return Export(document, skipped)
+
+
+def export_custom_smaller_is_better(run_dir: str | Path) -> Export:
+    """github-action-benchmark's ``customSmallerIsBetter`` input: [{name, unit, value, range, extra}].
+
+    The value is the median of the per-repeat medians (what the gate compares), the range the
+    half-width of its bootstrap CI, so a dashboard shows the same number the gate judged.
+    """
+    loaded = store.load(run_dir)
+    suite = loaded.meta["suite"]["name"]
+    cases, skipped = _export_cases(loaded)
+    env = loaded.environment
+    entries = []
+    for case, label, _ms, reps in cases:
+        lo, hi = bootstrap_ci(reps)
+        entries.append({
+            "name": f"{suite}/{label}",
+            "unit": "ms",
+            "value": round(float(np.median(reps)), 6),
+            "range": f"± {round((hi - lo) / 2, 6)}",
+            "extra": (f"{CONFIDENCE:.0%} CI [{lo:.4g}, {hi:.4g}] ms over {reps.size} repeats; case {case.case_id}; "
+                      f"run {loaded.meta['run_id']}; torch {env.get('torch')}; {case.world_size}×{case.backend}/{case.device}"),
+        })
+    return Export(entries, skipped)
+
+
+def export_run(run_dir: str | Path, fmt: str) -> Export:
+    if fmt == "pytest-benchmark":
+        return export_pytest_benchmark(run_dir)
+    if fmt == "custom-smaller-is-better":
+        return export_custom_smaller_is_better(run_dir)
+    raise GateError(f"--format {fmt}: expected one of {', '.join(EXPORT_FORMATS)}")
