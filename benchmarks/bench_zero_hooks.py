@@ -148,7 +148,10 @@ def overlapped(
 def batches(rank: int, cfg: Config, device: torch.device, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
     return [
-        (torch.randn(cfg.batch_size, cfg.width, generator=g).to(device), torch.randint(0, 16, (cfg.batch_size,), generator=g).to(device))
+        (
+            torch.randn(cfg.batch_size, cfg.width, generator=g).to(device),
+            torch.randint(0, 16, (cfg.batch_size,), generator=g).to(device),
+        )
         for _ in range(count)
     ]
 

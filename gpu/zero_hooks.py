@@ -32,7 +32,16 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from benchmarks.bench_zero_hooks import Config, batches, bench_rank, build_model, device_for, launch, overlapped, summarize
+from benchmarks.bench_zero_hooks import (
+    Config,
+    batches,
+    bench_rank,
+    build_model,
+    device_for,
+    launch,
+    overlapped,
+    summarize,
+)
 
 PARITY_STEPS = 4
 PARITY_TOLERANCE = 1e-5

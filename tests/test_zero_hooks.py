@@ -61,8 +61,12 @@ EXTRA = [
     Case(False, True, False, False, bucket_cap_mb=ONE_BUCKET_MB),
     Case(True, True, False, False, bucket_cap_mb=ONE_BUCKET_MB),
     # Each hook wrapping each compression, sharded or not, on both Gloo paths.
-    *(Case(interleaved, shard, False, False, hook=hook)
-      for hook in ("fp16", "bf16") for interleaved in (False, True) for shard in (False, True)),
+    *(
+        Case(interleaved, shard, False, False, hook=hook)
+        for hook in ("fp16", "bf16")
+        for interleaved in (False, True)
+        for shard in (False, True)
+    ),
     Case(True, True, True, False, hook="fp16"),
     Case(True, False, False, True, hook="bf16", stream_ordered=True),
     Case(True, False, False, False, stream_ordered=True),
@@ -316,7 +320,9 @@ def test_plan_shards_partitions_every_bucket() -> None:
     two = plan_shards([[4096, 64] * 4], 2, shard_buckets=True)
     assert sorted((s.stop - s.start) for s in two) == [4, 4]
     whole = plan_shards(buckets, 3, shard_buckets=False)
-    assert [(s.bucket, s.rank, s.start, s.stop) for s in whole] == [(k, k % 3, 0, len(n)) for k, n in enumerate(buckets)]
+    assert [(s.bucket, s.rank, s.start, s.stop) for s in whole] == [
+        (k, k % 3, 0, len(n)) for k, n in enumerate(buckets)
+    ]
 
 
 def test_unsupported_torch_is_named() -> None:

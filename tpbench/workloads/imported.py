@@ -30,8 +30,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from tpbench.workloads.base import Workload, WorkloadContext
 from tpbench.workload_params import UserWorkloadError
+from tpbench.workloads.base import Workload, WorkloadContext
 
 
 @dataclass
@@ -63,10 +63,14 @@ def _import(path: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - any import failure is the user's to see, named
-        raise UserWorkloadError(f"cannot import {module_name!r} (from {cwd} or PYTHONPATH): {type(e).__name__}: {e}") from None
+        raise UserWorkloadError(
+            f"cannot import {module_name!r} (from {cwd} or PYTHONPATH): {type(e).__name__}: {e}"
+        ) from None
     factory = getattr(module, attr, None)
     if not callable(factory):
-        raise UserWorkloadError(f"expected a function {attr!r} in module {module_name!r}, found {type(factory).__name__}")
+        raise UserWorkloadError(
+            f"expected a function {attr!r} in module {module_name!r}, found {type(factory).__name__}"
+        )
     return factory
 
 
@@ -90,7 +94,9 @@ def _bench(path: str, result: Any) -> Bench:
     if not isinstance(result, Bench):
         raise UserWorkloadError(f"expected {path} to return a tpbench.workloads.Bench, got {type(result).__name__}")
     if not isinstance(result.model, nn.Module):
-        raise UserWorkloadError(f"expected Bench.model from {path} to be a torch.nn.Module, got {type(result.model).__name__}")
+        raise UserWorkloadError(
+            f"expected Bench.model from {path} to be a torch.nn.Module, got {type(result.model).__name__}"
+        )
     for name in ("train_batch", "loss"):
         if not callable(getattr(result, name)):
             raise UserWorkloadError(f"expected Bench.{name} from {path} to be callable")
@@ -147,5 +153,6 @@ def check(cls: type[Workload], params: object, batch_size: int) -> None:
     except Exception as e:  # noqa: BLE001 - the user's code: report what it raised, where
         raise UserWorkloadError(f"{cls.name} raised {type(e).__name__}: {e} (called with ctx.device = meta)") from None
     if not (isinstance(batch, tuple) and len(batch) == 2):
-        raise UserWorkloadError(f"expected Bench.train_batch(step) from {cls.name} to return (inputs, targets), "
-                                f"got {type(batch).__name__}")
+        raise UserWorkloadError(
+            f"expected Bench.train_batch(step) from {cls.name} to return (inputs, targets), got {type(batch).__name__}"
+        )
