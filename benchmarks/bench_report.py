@@ -70,7 +70,8 @@ def main() -> None:
         f"(target <= {TARGET_S:.0f} s; rounds: {walls} s wall)"
     )
     print(
-        f"file size: {out.stat().st_size / 1e6:.2f} MB, of which plotly.js {_plotly_js_bytes() / 1e6:.2f} MB; {figures} figures"
+        f"file size: {out.stat().st_size / 1e6:.2f} MB, "
+        f"of which plotly.js {_plotly_js_bytes() / 1e6:.2f} MB; {figures} figures"
     )
 
 

@@ -234,7 +234,8 @@ def report(summary: dict[str, Any]) -> str:
     lines = [
         f"ZeRO {cfg['hook']} hook, {cfg['world_size']} x {cfg['backend']}/{cfg['device']}, "
         f"MLP {cfg['depth']}x{cfg['width']}, batch {cfg['batch_size']}, bucket_cap_mb={cfg['bucket_cap_mb']}, "
-        f"shard_buckets={cfg['shard_buckets']}, {cfg['rounds']} rounds x {cfg['steps']} steps, torch {summary['torch']}",
+        f"shard_buckets={cfg['shard_buckets']}, {cfg['rounds']} rounds x {cfg['steps']} steps, "
+        f"torch {summary['torch']}",
     ]
     if summary["torch_gloo_check_bypassed"]:
         lines.append("note: PyTorch's hook refuses Gloo; its backend check was bypassed for this comparison")

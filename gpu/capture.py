@@ -193,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     result: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "rehearsal": args.rehearse}
     if not torch.cuda.is_available() and not args.rehearse:
-        msg = "gpu_capture: no CUDA device is visible (torch.cuda.is_available() is False); run it on an NVIDIA GPU machine"
+        msg = (
+            "gpu_capture: no CUDA device is visible (torch.cuda.is_available() is False); "
+            "run it on an NVIDIA GPU machine"
+        )
         print(msg, file=sys.stderr)
         if args.json:
             args.json.write_text(json.dumps(result | {"error": msg}, indent=1))

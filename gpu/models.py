@@ -182,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     result: dict[str, Any] = {"torch": torch.__version__, "rehearsal": args.rehearse, "runs": {}}
     if not torch.cuda.is_available() and not args.rehearse:
-        msg = "gpu_models: no CUDA device is visible (torch.cuda.is_available() is False); run it on an NVIDIA GPU machine"
+        msg = (
+            "gpu_models: no CUDA device is visible (torch.cuda.is_available() is False); "
+            "run it on an NVIDIA GPU machine"
+        )
         print(msg, file=sys.stderr)
         if args.json:
             args.json.write_text(json.dumps(result | {"error": msg}, indent=1))

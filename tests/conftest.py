@@ -70,4 +70,7 @@ def tiny_suite(sweep: str, *, name: str | None = None, **defaults: object) -> st
     swept = {line.split("=")[0].strip() for line in sweep.splitlines()}
     lines = "\n".join(f"{k} = {v}" for k, v in base.items() if k not in swept)
     head = f'[suite]\nname = "{name}"\n' if name else ""
-    return f"{head}[defaults]\n{lines}\n[sweep]\n{sweep}\n[capture]\nprofiler_steps = 0\n[workloads.mlp]\nwidth = 32\ndepth = 2\n"
+    return (
+        f"{head}[defaults]\n{lines}\n[sweep]\n{sweep}\n"
+        "[capture]\nprofiler_steps = 0\n[workloads.mlp]\nwidth = 32\ndepth = 2\n"
+    )

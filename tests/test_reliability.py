@@ -178,7 +178,8 @@ def test_two_concurrent_sweeps_into_one_root_are_both_intact_and_bitwise_reprodu
     count; on GPU, cuBLAS/NCCL reduction order can differ, see docs/reliability.md)."""
     suite = tiny_suite_file(
         tmp_path,
-        'algorithm = ["ddp", "zero_no_overlap", "hook_with_zero_step", "hook_with_zero_step_interleaved", "post_localSGD_hook"]',
+        'algorithm = ["ddp", "zero_no_overlap", "hook_with_zero_step", "hook_with_zero_step_interleaved", '
+        '"post_localSGD_hook"]',
         start_localSGD_iter=3,
         averaging_period=2,
         bucket_cap_mb=0.01,

@@ -55,7 +55,8 @@ def test_shared_medium_carries_every_ranks_traffic():
 def test_fabric_table_is_user_extendable(tmp_path):
     user = tmp_path / "mine.toml"
     user.write_text(
-        "[fabrics.cxl]\nlatency_us = 1.5\nbandwidth_GBps = 32\n\n[fabrics.nvlink4]\nlatency_us = 4\nbandwidth_GBps = 370\n"
+        "[fabrics.cxl]\nlatency_us = 1.5\nbandwidth_GBps = 32\n\n"
+        "[fabrics.nvlink4]\nlatency_us = 4\nbandwidth_GBps = 370\n"
     )
     fabrics = whatif_run.load_fabrics([user])
     assert {"nvlink4", "pcie5-x16", "ib-ndr", "100gbe", "cxl"} <= set(fabrics)

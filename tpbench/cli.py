@@ -59,7 +59,8 @@ class SweepProgress:
             label = self.labels.get(data["case"], data["case"])
             self.progress.update(
                 self.task,
-                current=f"case {self.done_cases + 1}/{self.total_cases}: {escape(label)} (repeat {data['repeat'] + 1}/{self.repeats.get(data['case'], '?')})",
+                current=f"case {self.done_cases + 1}/{self.total_cases}: {escape(label)} "
+                f"(repeat {data['repeat'] + 1}/{self.repeats.get(data['case'], '?')})",
             )
         elif event == "repeat_end":
             self.progress.advance(self.task)
@@ -134,7 +135,8 @@ def _torchrun(args: argparse.Namespace):
     if launcher.nnodes > 1 and not launcher.agent_prefix and not args.print_only:
         _usage(
             f"--nnodes {launcher.nnodes} starts agents on {launcher.nnodes} machines: give --agent-prefix "
-            "(e.g. 'srun --ntasks-per-node=1 --kill-on-bad-exit=1') to start them from here, or --print to start them yourself"
+            "(e.g. 'srun --ntasks-per-node=1 --kill-on-bad-exit=1') to start them from here, "
+            "or --print to start them yourself"
         )
     return launcher
 
@@ -312,7 +314,8 @@ def _sweep(args: argparse.Namespace) -> int:
     out.print(_summary_table(loaded))
     eff = loaded.meta.get("efficiency", {})
     console.print(
-        f"Wall {time.monotonic() - t0:.1f} s; timed steps {eff.get('timed_s', 0):.1f} s; {eff.get('processes_started')} rank processes started."
+        f"Wall {time.monotonic() - t0:.1f} s; timed steps {eff.get('timed_s', 0):.1f} s; "
+        f"{eff.get('processes_started')} rank processes started."
     )
     if not args.no_report:
         path = report.write_report([run.dir], args.report or report.default_report_path(run.dir, args.reports_dir))

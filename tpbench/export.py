@@ -154,7 +154,8 @@ def export_custom_smaller_is_better(run_dir: str | Path) -> Export:
                 "range": f"± {round((hi - lo) / 2, 6)}",
                 "extra": (
                     f"{CONFIDENCE:.0%} CI [{lo:.4g}, {hi:.4g}] ms over {reps.size} repeats; case {case.case_id}; "
-                    f"run {loaded.meta['run_id']}; torch {env.get('torch')}; {case.world_size}×{case.backend}/{case.device}"
+                    f"run {loaded.meta['run_id']}; torch {env.get('torch')}; "
+                    f"{case.world_size}×{case.backend}/{case.device}"
                 ),
             }
         )

@@ -248,7 +248,10 @@ class Torchrun:
         if self.nnodes < 1 or (self.nproc_per_node is not None and self.nproc_per_node < 1):
             return "--nnodes and --nproc-per-node must be >= 1"
         if self.nnodes > 1 and not self.rdzv_endpoint:
-            return f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT (a port on the first node that every node can reach)"
+            return (
+                f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT "
+                "(a port on the first node that every node can reach)"
+            )
         return None
 
     def command(self, plan_path: Path, world_size: int, rdzv_id: str) -> list[str]:

@@ -48,7 +48,8 @@ def _preamble(c: Comparison) -> list[str]:
     lines = [
         f"metric {c.metric} (lower is better), threshold ±{c.threshold:.1%}, "
         + (
-            f"{c.confidence:.0%} t interval of the ratio over paired rounds (geometric mean of per-round ratios of medians)"
+            f"{c.confidence:.0%} t interval of the ratio over paired rounds "
+            "(geometric mean of per-round ratios of medians)"
             if c.paired
             else f"{c.confidence:.0%} bootstrap CI of the ratio of medians over repeats"
         ),

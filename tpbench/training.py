@@ -234,8 +234,8 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
     ``start_localSGD_iter = "never"`` is plain DDP, the baseline every local-SGD case is judged
     against. ``comm_hook`` compression wraps ``post_localSGD_hook`` in PyTorch's
     ``fp16_compress_wrapper``/``bf16_compress_wrapper`` (the hook takes no inner hook, so a hook of
-    one's own is refused by ``tpbench.algorithms.Algorithm.check``). Node subgroups come from the world's real nodes (``ctx.nodes``), split further when
-    ``ranks_per_node`` emulates smaller ones.
+    one's own is refused by ``tpbench.algorithms.Algorithm.check``). Node subgroups come from the
+    world's real nodes (``ctx.nodes``), split further when ``ranks_per_node`` emulates smaller ones.
 
     The order is PyTorch's documented one: ``optimizer.step()``, then
     ``averager.average_parameters()``, and only then are the gradients cleared, because both
@@ -285,7 +285,8 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
         if not chosen_by_averager(params):
             raise AveragingSkipped(
                 f"post_localSGD_hook: model averaging is due at step {schedule.step} but the averager would average "
-                f"none of the {len(params)} parameters (it averages only parameters with a gradient, and none has one): "
+                f"none of the {len(params)} parameters "
+                "(it averages only parameters with a gradient, and none has one): "
                 "gradients must still be present when average_parameters runs"
             )
         with record_function("tpbench.drift"):  # its collectives, told apart from the averaging's in traces

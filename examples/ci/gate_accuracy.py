@@ -184,7 +184,8 @@ def score(out: Path, threshold: float, slowdown: float, regroup: list[int]) -> s
             [([b for b, _ in ch], [_slowed(c, factor, scratch) for _, c in ch], True) for ch in chunks],
         )
     lines = [
-        f"threshold ±{threshold:.0%}; detection of an exact {slowdown:.0%} slowdown (candidate step times × {factor:g})",
+        f"threshold ±{threshold:.0%}; "
+        f"detection of an exact {slowdown:.0%} slowdown (candidate step times × {factor:g})",
         "",
         "| method | pairs | A/A: regression | A/A: improvement | A/A: inconclusive | A/A ratio, median [p10–p90] "
         f"| +{slowdown:.0%}: regression | +{slowdown:.0%}: inconclusive |",
@@ -193,7 +194,8 @@ def score(out: Path, threshold: float, slowdown: float, regroup: list[int]) -> s
     for name, (aa_jobs, slow_jobs) in jobs.items():
         aa, sl = _tally(aa_jobs, threshold), _tally(slow_jobs, threshold)
         lines.append(
-            f"| {name} | {len(aa.verdicts)} | {aa.rate('regression')} | {aa.rate('improvement')} | {aa.rate('inconclusive')} "
+            f"| {name} | {len(aa.verdicts)} "
+            f"| {aa.rate('regression')} | {aa.rate('improvement')} | {aa.rate('inconclusive')} "
             f"| {aa.spread()} "
             f"| {sl.rate('regression')} | {sl.rate('inconclusive')} |"
         )

@@ -17,10 +17,11 @@ converts its TSC-based approximate clock to CLOCK_REALTIME) and writes each trac
 µs relative to the trace's ``baseTimeNanoseconds``: Unix µs = ts + baseTimeNanoseconds / 1000.
 Rather than trust that, the worker measures the offset in every profiled window: it opens an
 empty ``record_function(CLOCK_PROBE)`` between two sampler-clock reads (a few times, keeping the
-tightest) and reads the probe's start back from the profiler's results (``ClockSync``). Then ``ts_us = t_ns / 1000 + offset_us`` puts a
-sample on the same axis as that rank's trace events, within ``uncertainty_us`` at the probe. Far
-from the probe, NTP slewing of CLOCK_REALTIME against CLOCK_MONOTONIC (typically tens of ppm) adds
-its drift; samples inside the traced window, the ones drawn over a trace, are exact to µs.
+tightest) and reads the probe's start back from the profiler's results (``ClockSync``). Then
+``ts_us = t_ns / 1000 + offset_us`` puts a sample on the same axis as that rank's trace events,
+within ``uncertainty_us`` at the probe. Far from the probe, NTP slewing of CLOCK_REALTIME against
+CLOCK_MONOTONIC (typically tens of ppm) adds its drift; samples inside the traced window, the ones
+drawn over a trace, are exact to µs.
 """
 
 from __future__ import annotations

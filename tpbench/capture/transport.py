@@ -329,7 +329,8 @@ def summarize(ic: Interconnect, ranks: Sequence[NcclRank | GlooRank]) -> dict[st
         if unexpected:
             return entry | {
                 "mismatch": True,
-                "reason": f"asked {ic.name} (allows {', '.join(sorted(expected))}) but the NCCL log shows {', '.join(unexpected)}",
+                "reason": f"asked {ic.name} (allows {', '.join(sorted(expected))}) "
+                f"but the NCCL log shows {', '.join(unexpected)}",
             }
         return entry | {"mismatch": False, "reason": None}
     # Gloo: world_network points Gloo at `lo` unless the profile names another interface.

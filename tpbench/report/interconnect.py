@@ -156,7 +156,8 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fab
         "communication) and, on a fabric no slower than the measured link, never above the measured step. A case "
         f"is refused, with the reason, when its traced steps replay more than {whatif.REPLAY_RESIDUAL:.0%} away "
         "from themselves, or when matching the timed steps would need a compute factor outside "
-        f"×{whatif.COMPUTE_FACTOR[0]:.2f}–{whatif.COMPUTE_FACTOR[1]:.2f} (traced steps unrepresentative of timed ones). "
+        f"×{whatif.COMPUTE_FACTOR[0]:.2f}–{whatif.COMPUTE_FACTOR[1]:.2f} "
+        "(traced steps unrepresentative of timed ones). "
         "Fabric parameters are nominal (achievable bandwidth is lower); extend or override them with a fabrics TOML "
         "file (tpbench whatif --fabrics FILE).",
         css="warn",

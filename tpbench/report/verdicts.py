@@ -300,7 +300,10 @@ def fastest_lines(data: ReportData) -> list[str]:
             if min(len(_repeats(best)), len(_repeats(second))) < 2:
                 line += f"; runner-up {_knobs(second, data)} (one repeat: no interval)"
             elif hi < 1:
-                line += f", {_pct(1 - ratio)} [{_pct(1 - hi)}, {_pct(1 - lo)}] faster than the runner-up {_knobs(second, data)}"
+                line += (
+                    f", {_pct(1 - ratio)} [{_pct(1 - hi)}, {_pct(1 - lo)}] "
+                    f"faster than the runner-up {_knobs(second, data)}"
+                )
             else:
                 line += (
                     f", not clearly ahead of the runner-up {_knobs(second, data)} ({_signed(ratio, lo, hi)} step time)"
@@ -376,7 +379,10 @@ def convergence_sentence(v: ConvergenceVerdict, keys: list[str]) -> str:
     if v.reach_ratio is not None:
         r, lo, hi = v.reach_ratio
         if v.repeats < 2:
-            reach = f"reaches the target in {v.cand_time_s:.3g} s of training vs DDP's {v.base_time_s:.3g} s (one repeat: no interval)"
+            reach = (
+                f"reaches the target in {v.cand_time_s:.3g} s of training vs DDP's {v.base_time_s:.3g} s "
+                "(one repeat: no interval)"
+            )
         elif hi < 1:
             reach = f"reaches the target in {_pct(1 - r)} [{_pct(1 - hi)}, {_pct(1 - lo)}] less training time than DDP"
         elif lo > 1:

@@ -141,7 +141,8 @@ def _partition_lines(data: ReportData, partition: pd.DataFrame) -> list[str]:
             parts = [
                 f"{int(r['tensors'])} tensors, {int(r['params']):,} elements"
                 if pd.isna(r["bucket"])
-                else f"bucket {int(r['bucket'])} [{int(r['first'])}:{int(r['first'] + r['tensors'])}] {int(r['params']):,}"
+                else f"bucket {int(r['bucket'])} [{int(r['first'])}:{int(r['first'] + r['tensors'])}] "
+                f"{int(r['params']):,}"
                 for r in runs.to_dict("records")
             ]
             ranks.append(f"rank {rank}: " + ", ".join(parts))
