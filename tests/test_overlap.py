@@ -171,17 +171,14 @@ def test_matches_brute_force_on_random_intervals() -> None:
         iv = pd.DataFrame({"rank": 0, "lane": lane, "start_ns": start, "end_ns": end})
         got = step_overlap(iv, steps(*spans))
         for (lo, hi), row in zip(spans, got.itertuples()):
-            ticks = np.arange(lo, hi)
-
-            def covered(which: tuple[str, ...]) -> np.ndarray:
-                m = np.isin(lane, which)
-                return ((ticks[:, None] >= start[m]) & (ticks[:, None] < end[m])).any(axis=1)
-
-            comp, comm = covered(("compute",)), covered(("comm",))
+            ticks = np.arange(lo, hi)[:, None]
+            # Each lane's covered ticks: a tick is covered when some interval of the lane holds it.
+            covered = {n: ((ticks >= start[lane == n]) & (ticks < end[lane == n])).any(axis=1) for n in lanes}
+            comp, comm = covered["compute"], covered["comm"]
             assert row.compute_ns == comp.sum() and row.comm_ns == comm.sum()
             assert row.overlap_ns == (comp & comm).sum()
-            assert row.idle_ns == (~covered(("compute", "comm", "memcpy", "other"))).sum()
-            assert row.optimizer_ns == covered(("optimizer",)).sum()
+            assert row.idle_ns == (~(comp | comm | covered["memcpy"] | covered["other"])).sum()
+            assert row.optimizer_ns == covered["optimizer"].sum()
 
 
 def test_overlapping_steps_are_refused() -> None:

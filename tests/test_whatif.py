@@ -435,15 +435,19 @@ def _hook_trace(rank: int) -> list[dict]:
     """A sequential-hook step (µs): backward ops, two all-reduces issued, bucket ``rank`` stepped in
     the last hook after waiting for its all-reduce, two broadcasts, then DDP's finalize copy."""
     main, gloo = 100, 200
-    ar = lambda ts, dur, n: _event(
-        "gloo:all_reduce", "user_annotation", gloo, ts, dur, **{"Input Dims": [[n]], "Input type": ["float"]}
-    )  # noqa: E731
-    bc = lambda ts, dur, n: _event(
-        "gloo:broadcast", "user_annotation", gloo, ts, dur, **{"Input Dims": [[n]], "Input type": ["float"]}
-    )  # noqa: E731
-    issue = lambda name, ts: _event(
-        name, "cpu_op", main, ts, 10, **{"Input Dims": [[[1]]], "Input type": ["TensorList"]}
-    )  # noqa: E731
+
+    def collective(name: str, ts: int, dur: int, n: int) -> dict:
+        return _event(name, "user_annotation", gloo, ts, dur, **{"Input Dims": [[n]], "Input type": ["float"]})
+
+    def ar(ts: int, dur: int, n: int) -> dict:
+        return collective("gloo:all_reduce", ts, dur, n)
+
+    def bc(ts: int, dur: int, n: int) -> dict:
+        return collective("gloo:broadcast", ts, dur, n)
+
+    def issue(name: str, ts: int) -> dict:
+        return _event(name, "cpu_op", main, ts, 10, **{"Input Dims": [[[1]]], "Input type": ["TensorList"]})
+
     step_at = {0: 1400, 1: 1600}[rank]
     return [
         _event("ProfilerStep#3", "user_annotation", main, 0, 3000),

@@ -278,16 +278,17 @@ def _soak(rank: int, world_size: int, iterations: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(6)])
     out = {}
+
+    def counting_allreduce(seen: set[int], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """DDP's all-reduce on the default group; the hook state ``seen`` collects the bucket indices."""
+        seen.add(bucket.index())
+        return allreduce_hook(None, bucket)
+
     for wrap in (hook_with_zero_step_interleaved, hook_with_zero_step):
         ddp = DDP(copy.deepcopy(model), bucket_cap_mb=1e-5)  # 10 bytes: one parameter per bucket
         zero = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, overlap_with_ddp=True)
         seen: set[int] = set()
-
-        def counting_allreduce(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-            seen.add(bucket.index())
-            return allreduce_hook(state, bucket)
-
-        ddp.register_comm_hook(None, wrap(counting_allreduce, ddp, zero, shard_buckets=True))
+        ddp.register_comm_hook(seen, wrap(counting_allreduce, ddp, zero, shard_buckets=True))
         torch.manual_seed(rank)
         for _ in range(iterations):
             zero.zero_grad()

@@ -200,7 +200,7 @@ def counterpart(params: dict[str, Any], case_id: str, run: RunData) -> tuple[str
     for cid, p in run.params.items():
         if _same(params, p):
             return cid, ""
-    for cid, p in run.params.items():
+    for p in run.params.values():
         if _same(params, p, WORLD_KEYS):
             diff = ", ".join(f"{k} {p.get(k)} vs {params.get(k)}" for k in WORLD_KEYS if p.get(k) != params.get(k))
             return None, f"different world: {diff}"

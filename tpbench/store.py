@@ -583,7 +583,7 @@ def write_summary(run_dir: Path, summary: pd.DataFrame) -> Path:
     keeps the original values."""
     path = Path(run_dir) / SUMMARY_FILE
     summary = summary.copy()
-    for col in summary.columns[summary.dtypes == object]:
+    for col in [col for col, dtype in summary.dtypes.items() if pd.api.types.is_object_dtype(dtype)]:
         kinds = {type(v) for v in summary[col] if v is not None and not (isinstance(v, float) and pd.isna(v))}
         if len(kinds) > 1 and not kinds <= {int, float}:
             summary[col] = [None if v is None else str(v) for v in summary[col]]

@@ -682,14 +682,17 @@ def select(cases: list[Case], filters: Iterable[str]) -> list[Case]:
         wanted = [w.strip() for w in raw.split("|")]
         if key != "id":
             wanted = [_fmt(_parse_value(w)) for w in wanted]  # 25.0 matches 25, as in the suite
-        if key == "id":
-            match = lambda c: any(c.case_id.startswith(w) for w in wanted)  # noqa: E731
-        elif key in CASE_KEYS or key in CAPTURE_KEYS:
-            match = lambda c: _fmt(getattr(c, key)) in wanted  # noqa: E731
-        else:
+        if key != "id" and key not in CASE_KEYS and key not in CAPTURE_KEYS:
             raise SuiteError(f"--filter {f}: unknown key {key!r}; expected id or one of {', '.join(CASE_KEYS)}")
-        out = [c for c in out if match(c) != neg]
+        out = [c for c in out if _matches(c, key, wanted) != neg]
     return out
+
+
+def _matches(case: Case, key: str, wanted: list[str]) -> bool:
+    """Whether ``case`` has one of the ``wanted`` values of ``key`` (``id``: one of the id prefixes)."""
+    if key == "id":
+        return any(case.case_id.startswith(w) for w in wanted)
+    return _fmt(getattr(case, key)) in wanted
 
 
 def _fmt(v: Any) -> str:

@@ -23,6 +23,7 @@ cross 1 inside the measured range of x, that is the answer, stated with the numb
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -95,7 +96,7 @@ def _matches(frame: pd.DataFrame, row: dict, params: list[str], strict: bool) ->
     for k in params:
         col = frame[k].astype(object)
         unset = col.isna()
-        same = col.map(lambda v: _same(v, row[k]))
+        same = col.map(functools.partial(_same, b=row[k]))
         mask &= same | (unset & (not strict)) | (unset & _isna(row[k]))
     return mask
 

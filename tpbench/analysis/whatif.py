@@ -813,27 +813,27 @@ def run_whatif(
         raise ValueError(f"no finished case on {reference!r}; the run has {links}")
     rate = {link: rate_bits_per_s[link] for link in links}
     slowest = min((link for link in links if rate[link] < math.inf), key=rate.__getitem__, default=None)
+    cache: dict[str, CaseModel] = {}
+
+    def model_of(row: Mapping[str, Any]) -> CaseModel:
+        if row["case_id"] not in cache:
+            cache[row["case_id"]] = model(row)
+        return cache[row["case_id"]]
+
+    def target(row: Mapping[str, Any], host: Fabric | None, refused: str | None = None) -> Target:
+        link = row["interconnect"]
+        fabric = host if rate[link] == math.inf else emulated_link(rate[link], host, link)
+        return Target(row["case_id"], link, fabric, steps_by_case[row["case_id"]], refused)
+
     models, rows = [], []
     for group in _same_but_link(cases):
         by_link = {r["interconnect"]: r for r in group.to_dict("records")}
-        cache: dict[str, CaseModel] = {}
-
-        def model_on(link: str) -> CaseModel:
-            if link not in cache:
-                cache[link] = model(by_link[link])
-            return cache[link]
-
-        def target(link: str, host: Fabric | None, refused: str | None = None) -> Target:
-            row = by_link[link]
-            fabric = host if rate[link] == math.inf else emulated_link(rate[link], host, link)
-            return Target(row["case_id"], link, fabric, steps_by_case[row["case_id"]], refused)
-
-        ref_model = model_on(reference) if reference in by_link else None
+        ref_model = model_of(by_link[reference]) if reference in by_link else None
         if ref_model is not None:
             models.append(ref_model)
             slower = [link for link in by_link if rate[link] < rate[reference]]
             if slower:
-                rows.append(validate(ref_model, [target(link, ref_model.path) for link in slower], SLOWER))
+                rows.append(validate(ref_model, [target(by_link[link], ref_model.path) for link in slower], SLOWER))
         # This host's own path, the floor under faster emulated links: only an unshaped link shows it,
         # and only a twin whose fit is trusted describes it (a refused fit is refused for its path).
         host = ref_model.path if ref_model is not None and rate[reference] == math.inf else None
@@ -847,6 +847,7 @@ def run_whatif(
                 if rate[slowest] < rate[link] and (rate[link] < math.inf or (link == reference and host is not None))
             ]
             if faster:
-                rows.append(validate(model_on(slowest), [target(link, host, why) for link in faster], FASTER))
+                targets = [target(by_link[link], host, why) for link in faster]
+                rows.append(validate(model_of(by_link[slowest]), targets, FASTER))
     validation = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=list(VALIDATION_COLUMNS))
     return RunWhatIf(reference, project(models, fabrics), validation, models)

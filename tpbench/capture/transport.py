@@ -247,17 +247,17 @@ def observe_gloo(rank: int, env: Mapping[str, str] = os.environ) -> GlooRank:
     """Gloo's connections as this process holds them right now (call while the world is up)."""
     store_port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else None
     try:
-        conns = [(l, r) for l, r in established_connections() if store_port not in (l[1], r[1])]
+        conns = [(here, peer) for here, peer in established_connections() if store_port not in (here[1], peer[1])]
         nets = interface_networks()
     except OSError as e:
         return GlooRank(rank, env.get("GLOO_SOCKET_IFNAME"), 0, (), (), (), error=f"cannot read /proc: {e}")
-    local = sorted({l[0] for l, _ in conns})
+    local = sorted({here[0] for here, _ in conns})
     return GlooRank(
         rank=rank,
         socket_ifname=env.get("GLOO_SOCKET_IFNAME"),
         connections=len(conns),
         local_addresses=tuple(local),
-        peer_addresses=tuple(sorted({r[0] for _, r in conns})),
+        peer_addresses=tuple(sorted({peer[0] for _, peer in conns})),
         interfaces=tuple(sorted({_interface_of(a, nets) for a in local})),
     )
 
