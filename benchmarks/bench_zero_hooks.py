@@ -103,7 +103,7 @@ def _rank_main(fn: Callable[..., Any], rank: int, cfg: Config, store: str, out: 
     try:
         dist.init_process_group(cfg.backend, init_method=f"file://{store}", rank=rank, world_size=cfg.world_size)
         result: tuple[str, Any] = ("ok", fn(rank, cfg))
-    except BaseException:  # noqa: BLE001 - the traceback travels back to the parent
+    except BaseException:  # the traceback travels back to the parent
         result = ("error", traceback.format_exc())
     Path(out).write_bytes(pickle.dumps(result))
     os._exit(0)  # destroy_process_group can hang on Gloo; the parent only needs the file

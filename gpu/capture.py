@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = _sweep(root, backend, world_size, interconnect, args.interval_ms, args.rehearse)
             result["runs"][name] = {"run_dir": str(run_dir)}
             result["runs"][name] = check_run(c, run_dir, args.interval_ms)
-        except Exception as e:  # noqa: BLE001 - the other sweep still runs; the error is a failed check
+        except Exception as e:  # the other sweep still runs; the error is a failed check
             c.check(f"{name}: sweep and checks ran", False, f"{type(e).__name__}: {e}")
         result["checks"] = c.results
         result["passed"] = c.passed

@@ -99,14 +99,14 @@ def preflight(rehearse: bool) -> tuple[dict[str, Any], int]:
                 "version": getattr(mod, "__version__", None) or _distribution_version(name),
                 "from": str(Path(mod.__file__).parent),
             }
-        except Exception as e:  # noqa: BLE001 - every missing package is reported, not just the first
+        except Exception as e:  # every missing package is reported, not just the first
             info["packages"][name] = {"error": f"{type(e).__name__}: {e}"}
     try:
-        import tpbench.analysis.timeline  # noqa: F401 - the analysis needs orjson
-        import tpbench.sweep  # noqa: F401
+        import tpbench.analysis.timeline  # the analysis needs orjson
+        import tpbench.sweep
 
         info["tpbench"] = str(Path(tpbench.__file__).parent)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         info["tpbench_error"] = f"{type(e).__name__}: {e}"
     if "error" in info["packages"]["torch"]:
         return info | {"error": "torch cannot be imported: " + info["packages"]["torch"]["error"]}, 2
@@ -259,7 +259,7 @@ def write_summary(out: Path, check: Check) -> None:
     check.figures = {}
     try:
         check.figures = figures(check)
-    except Exception as e:  # noqa: BLE001 - a malformed part result must not lose the summary
+    except Exception as e:  # a malformed part result must not lose the summary
         check.figures = {"error": f"{type(e).__name__}: {e}"}
     doc = {"passed": check.passed, **asdict(check)}
     tmp = out / "gpu_check.json.tmp"
@@ -350,7 +350,7 @@ def orchestrate(args: argparse.Namespace) -> int:
         write_summary(out, check)
     try:
         check.artifacts |= pack(out, work, _runs_of(check))
-    except Exception as e:  # noqa: BLE001 - the summary matters more than the artifacts
+    except Exception as e:  # the summary matters more than the artifacts
         check.artifacts["error"] = f"{type(e).__name__}: {e}"
     check.artifacts["total_seconds"] = round(time.monotonic() - start, 1)
     write_summary(out, check)

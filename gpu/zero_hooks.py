@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         try:
             results[name] = run(cfg)
-        except Exception as e:  # noqa: BLE001 - the other world still runs; the error is reported
+        except Exception as e:  # the other world still runs; the error is reported
             results[name] = {"error": f"{type(e).__name__}: {e}"}
             ok = False
             print(f"== {name}: FAILED\n{e}", flush=True)

@@ -107,7 +107,10 @@ def test_paired_gate_false_alarms_and_power_in_simulation() -> None:
 
     def verdict(effect: float) -> str:
         shared = rng.normal(0, 0.3, 5)
-        side = lambda m: [np.exp(np.log(m) + u + rng.normal(0, 0.03) + rng.normal(0, 0.03, 5)) for u in shared]  # noqa: E731
+
+        def side(m: float) -> list[np.ndarray]:
+            return [np.exp(np.log(m) + u + rng.normal(0, 0.03) + rng.normal(0, 0.03, 5)) for u in shared]
+
         _, lo, hi = paired_ratio_ci(side(10), side(10 * effect))
         return compare.judge(lo, hi, 0.05)
 

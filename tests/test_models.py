@@ -116,7 +116,7 @@ def test_memory_accounting_matches_hand_computed_bytes(run: store.Loaded) -> Non
 def test_partition_and_what_zero_saves(run: store.Loaded) -> None:
     partition = store.read_case_tables(run.run_dir, "partition").merge(run.cases, on="case_id")
     mlp = partition[partition["workload"] == "mlp"]
-    sharded = mlp[(mlp["algorithm"] == "hook_with_zero_step") & (mlp["shard_buckets"] == True)]  # noqa: E712
+    sharded = mlp[(mlp["algorithm"] == "hook_with_zero_step") & (mlp["shard_buckets"] == True)]  # noqa: E712 - element-wise
     assert sharded[["rank", "bucket", "first", "tensors", "params"]].values.tolist() == [
         [0, 0, 0, 4, 1584],
         [1, 0, 4, 2, 1056],

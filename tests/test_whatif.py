@@ -70,8 +70,13 @@ def test_fabric_table_is_user_extendable(tmp_path):
 
 # --------------------------------------------------------------------------- scheduling
 
-AR = lambda k: ("allreduce", k)  # noqa: E731
-BC = lambda k: ("broadcast", k)  # noqa: E731
+
+def AR(k: int) -> tuple[str, int]:
+    return ("allreduce", k)
+
+
+def BC(k: int) -> tuple[str, int]:
+    return ("broadcast", k)
 
 
 def _sk(ranks, colls, nbytes=1.0):
@@ -483,7 +488,10 @@ def test_skeleton_from_traces_applies_the_hook_dependency_rules(tmp_path, monkey
     # Rank 0, in µs: lead-in gap 10 + mm 490 + issue op 10; gap 10 + mm 380 + issue 10; the wait for
     # bucket 0's all-reduce swallows the idle 910–1410; the step's add_ 150 + the gap to the first
     # broadcast issue 340 + its op 10; gap 10 + op 10; the waits before DDP's copy swallow 1930–2400.
-    us = lambda op: round(op.seconds * 1e6) if isinstance(op, Work) else op  # noqa: E731
+
+    def us(op: object) -> object:
+        return round(op.seconds * 1e6) if isinstance(op, Work) else op
+
     assert [us(o) for o in sk.ranks[0]] == [
         510,
         Issue(AR(0)),

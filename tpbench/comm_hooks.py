@@ -85,7 +85,7 @@ def load(path: str, arguments: int) -> Callable[..., Any]:
         sys.path.append(cwd)  # as the ranks (python -m tpbench.worker, started here) see it
     try:
         module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - any import failure is the user's to see, named
+    except Exception as e:  # any import failure is the user's to see, named
         raise CommHookError(
             f"cannot import {module_name!r} (from {cwd} or PYTHONPATH): {type(e).__name__}: {e}"
         ) from None

@@ -43,7 +43,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tpbench.record import (  # noqa: F401  (the case states are the store's vocabulary too)
+from tpbench.record import (  # the case states are the store's vocabulary too
     CASE_STATES,
     DONE,
     FAILED,

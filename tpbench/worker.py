@@ -90,7 +90,7 @@ class Events:
             self._f = os.fdopen(fd, "w", buffering=1)
         elif path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+            self._f = open(path, "a", buffering=1)  # lives as long as the process
         else:
             self._f = None
 

@@ -56,7 +56,7 @@ def _step_fn(kind: str, layers: int) -> tuple[Callable[[], None], int]:
 
     # No annotations: DDP rejects a hook whose bucket annotation is not the GradBucket class itself,
     # and under ``from __future__ import annotations`` it would be a string.
-    def counted_allreduce(state, bucket):  # noqa: ANN001, ANN202
+    def counted_allreduce(state, bucket):
         seen.add(bucket.index())
         return allreduce_hook(state, bucket)
 

@@ -30,7 +30,7 @@ _COMM_META = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Pr
 
 
 def _open(path: Path) -> BinaryIO:
-    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")  # noqa: SIM115
+    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
 
 
 def scan(path: Path, acc: TraceEvents) -> dict[str, Any]:

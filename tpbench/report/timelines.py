@@ -36,7 +36,11 @@ def overlap(page: Page, data: ReportData) -> None:
     df = data.with_cases(totals.merge(counts, on=["run_id", "case_id"]))
     if df.empty:
         return
-    ms = lambda col: df[col] / df["rank_steps"] / 1e6  # noqa: E731 (mean per traced step and rank)
+
+    def ms(col: str) -> pd.Series:
+        """Mean per traced step and rank, in ms."""
+        return df[col] / df["rank_steps"] / 1e6
+
     df = df.assign(
         compute_only=ms("compute_ns") - ms("overlap_ns"),
         overlapped=ms("overlap_ns"),

@@ -62,7 +62,7 @@ def _import(path: str) -> Callable[..., Any]:
         sys.path.append(cwd)  # as the ranks (python -m tpbench.worker, run here) see it
     try:
         module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - any import failure is the user's to see, named
+    except Exception as e:  # any import failure is the user's to see, named
         raise UserWorkloadError(
             f"cannot import {module_name!r} (from {cwd} or PYTHONPATH): {type(e).__name__}: {e}"
         ) from None
@@ -150,7 +150,7 @@ def check(cls: type[Workload], params: object, batch_size: int) -> None:
             batch = workload.train_batch(0)
     except UserWorkloadError:
         raise
-    except Exception as e:  # noqa: BLE001 - the user's code: report what it raised, where
+    except Exception as e:  # the user's code: report what it raised, where
         raise UserWorkloadError(f"{cls.name} raised {type(e).__name__}: {e} (called with ctx.device = meta)") from None
     if not (isinstance(batch, tuple) and len(batch) == 2):
         raise UserWorkloadError(
