@@ -192,9 +192,9 @@ SAMPLED_SUITE = (
 
 def test_worker_writes_nvml_samples_on_the_trace_clock_against_a_fake_nvml(tmp_path):
     """The worker's whole NVML path in a real 2-rank world, with FakeNvml standing in for the
-        driver only because no GPU exists here: parts per repeat, merged nvml.parquet (by the store, as
-    the launcher's recorder does when the case ends), samples tagged
-        with step and phase, and profiled-step samples inside the rank's traced steps."""
+    driver only because no GPU exists here: parts per repeat, merged nvml.parquet (by the store, as
+    the launcher's recorder does when the case ends), samples tagged with step and phase, and
+    profiled-step samples inside the rank's traced steps."""
     (case,) = expand(parse(SAMPLED_SUITE))
     events = run_world(_sampled_case, 2, str(tmp_path), case, timeout_s=180)[0]
     (info,) = [data for kind, data in events if kind == "capture"]

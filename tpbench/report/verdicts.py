@@ -197,7 +197,7 @@ def _signed(ratio: float, lo: float | None = None, hi: float | None = None) -> s
 
 
 def change_text(c: Comparison) -> str:
-    """ "12% [8%, 15%] faster", "5% [2%, 9%] slower", or a signed change with its interval."""
+    """The change as text: "12% [8%, 15%] faster", "5% [2%, 9%] slower", or a signed change with its interval."""
     if c.verdict == "faster":
         return f"{_pct(1 - c.ratio)} [{_pct(1 - c.hi)}, {_pct(1 - c.lo)}] faster"
     if c.verdict == "slower":

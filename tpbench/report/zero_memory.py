@@ -1,5 +1,5 @@
-""" "What ZeRO saves": optimizer state per rank against plain DDP, and how evenly ranks share the
-step, from the exact per-rank figures (``tpbench.analysis.memory``)."""
+"""The "What ZeRO saves" section: optimizer state per rank against plain DDP, and how evenly ranks
+share the step, from the exact per-rank figures (``tpbench.analysis.memory``)."""
 
 from __future__ import annotations
 
