@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 SUITE ?= suites/zero.toml
 PYTEST_ARGS ?=
 
-.PHONY: sweep smoke test test-fast bench env clean-venv chromium
+.PHONY: sweep smoke lint test test-fast bench env clean-venv chromium
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -27,11 +27,16 @@ sweep: $(STAMP)
 smoke: $(STAMP)
 	$(VENV)/bin/tpbench sweep suites/smoke.toml
 
-test: $(STAMP) chromium
+# ruff's lint rules and formatting, configured in pyproject.toml (`ruff format .` formats the tree).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: $(STAMP) lint chromium
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # The unit tests only: none starts a rank process (see the `ranks` mark in tests/conftest.py).
-test-fast: $(STAMP)
+test-fast: $(STAMP) lint
 	$(VENV)/bin/pytest -m "not ranks and not slow" $(PYTEST_ARGS)
 
 # The report's tests drive a real headless Chromium (Debian's package). Installed here when missing

@@ -61,7 +61,13 @@ def measure(tool: str, folder: str) -> dict[str, float]:
         result = TraceAnalysis(trace_dir=folder).get_comm_comp_overlap(visualize=False)
         seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         pct, rows = result["comp_comm_overlap_pctg"].iloc[0], -1
-    return {"seconds": seconds, "cpu_seconds": cpu, "peak_mb": _peak_rss_kb() / 1024, "overlap_pct": float(pct), "intervals": rows}
+    return {
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "peak_mb": _peak_rss_kb() / 1024,
+        "overlap_pct": float(pct),
+        "intervals": rows,
+    }
 
 
 def _peak_rss_kb() -> int:
@@ -77,7 +83,9 @@ def _peak_rss_kb() -> int:
 
 def run_measurement(tool: str, folder: Path) -> dict[str, float]:
     """``measure`` in a fresh interpreter, so neither tool's memory or caches affect the other."""
-    proc = subprocess.run([sys.executable, "-m", __spec__.name, "--measure", tool, str(folder)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", __spec__.name, "--measure", tool, str(folder)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{tool} failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -133,9 +141,11 @@ def main() -> None:
     print(f"{'':10} {'wall s':>8} {'CPU s':>8} {'peak MB':>9} {'overlap %':>10}")
     for name, r in (("tpbench", ours), ("HTA 0.5.0", hta)):
         print(f"{name:10} {r['seconds']:8.2f} {r['cpu_seconds']:8.2f} {r['peak_mb']:9.0f} {r['overlap_pct']:10.2f}")
-    print(f"speed-up {hta['seconds'] / ours['seconds']:.1f}x wall, {hta['cpu_seconds'] / ours['cpu_seconds']:.1f}x CPU "
-          f"(target >= 5x); peak memory {ours['peak_mb'] / hta['peak_mb']:.2f} of HTA's (target <= 0.33); "
-          f"{ours['intervals']:.0f} intervals")
+    print(
+        f"speed-up {hta['seconds'] / ours['seconds']:.1f}x wall, {hta['cpu_seconds'] / ours['cpu_seconds']:.1f}x CPU "
+        f"(target >= 5x); peak memory {ours['peak_mb'] / hta['peak_mb']:.2f} of HTA's (target <= 0.33); "
+        f"{ours['intervals']:.0f} intervals"
+    )
 
 
 if __name__ == "__main__":

@@ -98,8 +98,11 @@ class SimulatedNvml:
 
     def nvmlDeviceGetFieldValues(self, handle, fields):
         self._cost()
-        ok = SimpleNamespace(nvmlReturn=pynvml.NVML_SUCCESS, valueType=pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
-                             value=SimpleNamespace(ullVal=0))
+        ok = SimpleNamespace(
+            nvmlReturn=pynvml.NVML_SUCCESS,
+            valueType=pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+            value=SimpleNamespace(ullVal=0),
+        )
         return [ok for _ in fields]
 
 
@@ -121,13 +124,24 @@ class Overhead:
     ratio_max: float
 
 
-def measure(rounds: int = 8, steps: int = 30, interval_ms: int = 50, sim_query_ms: float = 2.0,
-            width: int = 512, depth: int = 4, batch: int = 32) -> Overhead:
+def measure(
+    rounds: int = 8,
+    steps: int = 30,
+    interval_ms: int = 50,
+    sim_query_ms: float = 2.0,
+    width: int = 512,
+    depth: int = 4,
+    batch: int = 32,
+) -> Overhead:
     """Alternate rounds with the sampler off and on; needs no process group of its own."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    (case,) = expand(parse(SUITE.format(device=device.type, batch=batch, steps=steps, interval=interval_ms,
-                                        width=width, depth=depth)), Machine(gpus=torch.cuda.device_count()))
+    (case,) = expand(
+        parse(
+            SUITE.format(device=device.type, batch=batch, steps=steps, interval=interval_ms, width=width, depth=depth)
+        ),
+        Machine(gpus=torch.cuda.device_count()),
+    )
     gpu = nvml.open_gpu(device) if cuda else nvml.open_device(SimulatedNvml(sim_query_ms))
     if isinstance(gpu, nvml.Unavailable):
         raise SystemExit(f"bench_nvml_overhead: {gpu.reason}")
@@ -139,7 +153,7 @@ def measure(rounds: int = 8, steps: int = 30, interval_ms: int = 50, sim_query_m
         off: list[float] = []
         on: list[float] = []
         for r in range(rounds):
-            for sampled in ((False, True) if r % 2 == 0 else (True, False)):
+            for sampled in (False, True) if r % 2 == 0 else (True, False):
                 runner.gpu = gpu if sampled else nvml.Unavailable("sampler off for the comparison")
                 rows = runner.run_repeat(case, r, profile_after=False)
                 median = float(rows[rows.phase == "timed"].step_ms.median())
@@ -154,10 +168,22 @@ def measure(rounds: int = 8, steps: int = 30, interval_ms: int = 50, sim_query_m
         samples = [len(pd.read_parquet(p)) for p in parts]
         dist.destroy_process_group()
     paired = [a / b for a, b in zip(on, off)]
-    return Overhead("real" if cuda else "simulated", str(device), interval_ms, rounds, steps, off, on,
-                    statistics.mean(samples) if samples else 0.0, cpu_pct,
-                    statistics.median(off), statistics.median(on),
-                    statistics.median(paired), min(paired), max(paired))
+    return Overhead(
+        "real" if cuda else "simulated",
+        str(device),
+        interval_ms,
+        rounds,
+        steps,
+        off,
+        on,
+        statistics.mean(samples) if samples else 0.0,
+        cpu_pct,
+        statistics.median(off),
+        statistics.median(on),
+        statistics.median(paired),
+        min(paired),
+        max(paired),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -175,13 +201,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     result = measure(args.rounds, args.steps, args.interval_ms, args.sim_query_ms, args.width, args.depth, args.batch)
-    print(f"NVML: {result.nvml} ({result.device}), sampling every {result.interval_ms} ms, "
-          f"{result.samples_per_round:.0f} samples per round; the sampler thread used "
-          f"{result.sampler_cpu_pct:.2f}% of one core")
-    print(f"median timed step: off {result.median_off_ms:.3f} ms, on {result.median_on_ms:.3f} ms "
-          f"over {result.rounds} rounds × {result.steps} steps")
-    print(f"ratio on/off (median of per-round ratios): {result.ratio:.4f} "
-          f"[min {result.ratio_min:.3f}, max {result.ratio_max:.3f}] (target <= 1.02)")
+    print(
+        f"NVML: {result.nvml} ({result.device}), sampling every {result.interval_ms} ms, "
+        f"{result.samples_per_round:.0f} samples per round; the sampler thread used "
+        f"{result.sampler_cpu_pct:.2f}% of one core"
+    )
+    print(
+        f"median timed step: off {result.median_off_ms:.3f} ms, on {result.median_on_ms:.3f} ms "
+        f"over {result.rounds} rounds × {result.steps} steps"
+    )
+    print(
+        f"ratio on/off (median of per-round ratios): {result.ratio:.4f} "
+        f"[min {result.ratio_min:.3f}, max {result.ratio_max:.3f}] (target <= 1.02)"
+    )
     if args.json:
         args.json.write_text(json.dumps(asdict(result), indent=1))
     sys.stdout.flush()

@@ -35,7 +35,9 @@ print(json.dumps({"wall_s": time.perf_counter() - w, "cpu_s": time.process_time(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workdir", type=Path, help="where the synthetic run and the report go (default: a temporary folder)")
+    ap.add_argument(
+        "--workdir", type=Path, help="where the synthetic run and the report go (default: a temporary folder)"
+    )
     ap.add_argument("--reuse", action="store_true", help="reuse a synthetic run already in --workdir")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--buckets", type=float, nargs="+", default=[1, 2, 4, 8, 16, 25])
@@ -52,7 +54,9 @@ def main() -> None:
     out = work / "report.html"
     rounds = []
     for _ in range(args.rounds):
-        proc = subprocess.run([sys.executable, "-c", _ROUND, str(run_dir), str(out)], capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", _ROUND, str(run_dir), str(out)], capture_output=True, text=True, check=True
+        )
         rounds.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     html = out.read_text()
     wall = statistics.median(r["wall_s"] for r in rounds)
@@ -61,9 +65,14 @@ def main() -> None:
     print(f"report: {out}")
     walls = ", ".join(f"{r['wall_s']:.2f}" for r in rounds)
     figures = html.count('tpbPlot("fig')
-    print(f"generation time, median of {args.rounds}: {wall:.2f} s wall, {cpu:.2f} s CPU "
-          f"(target <= {TARGET_S:.0f} s; rounds: {walls} s wall)")
-    print(f"file size: {out.stat().st_size / 1e6:.2f} MB, of which plotly.js {_plotly_js_bytes() / 1e6:.2f} MB; {figures} figures")
+    print(
+        f"generation time, median of {args.rounds}: {wall:.2f} s wall, {cpu:.2f} s CPU "
+        f"(target <= {TARGET_S:.0f} s; rounds: {walls} s wall)"
+    )
+    print(
+        f"file size: {out.stat().st_size / 1e6:.2f} MB, "
+        f"of which plotly.js {_plotly_js_bytes() / 1e6:.2f} MB; {figures} figures"
+    )
 
 
 def _plotly_js_bytes() -> int:

@@ -103,7 +103,7 @@ def _rank_main(fn: Callable[..., Any], rank: int, cfg: Config, store: str, out: 
     try:
         dist.init_process_group(cfg.backend, init_method=f"file://{store}", rank=rank, world_size=cfg.world_size)
         result: tuple[str, Any] = ("ok", fn(rank, cfg))
-    except BaseException:  # noqa: BLE001 - the traceback travels back to the parent
+    except BaseException:  # the traceback travels back to the parent
         result = ("error", traceback.format_exc())
     Path(out).write_bytes(pickle.dumps(result))
     os._exit(0)  # destroy_process_group can hang on Gloo; the parent only needs the file
@@ -148,7 +148,10 @@ def overlapped(
 def batches(rank: int, cfg: Config, device: torch.device, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
     return [
-        (torch.randn(cfg.batch_size, cfg.width, generator=g).to(device), torch.randint(0, 16, (cfg.batch_size,), generator=g).to(device))
+        (
+            torch.randn(cfg.batch_size, cfg.width, generator=g).to(device),
+            torch.randint(0, 16, (cfg.batch_size,), generator=g).to(device),
+        )
         for _ in range(count)
     ]
 
@@ -231,7 +234,8 @@ def report(summary: dict[str, Any]) -> str:
     lines = [
         f"ZeRO {cfg['hook']} hook, {cfg['world_size']} x {cfg['backend']}/{cfg['device']}, "
         f"MLP {cfg['depth']}x{cfg['width']}, batch {cfg['batch_size']}, bucket_cap_mb={cfg['bucket_cap_mb']}, "
-        f"shard_buckets={cfg['shard_buckets']}, {cfg['rounds']} rounds x {cfg['steps']} steps, torch {summary['torch']}",
+        f"shard_buckets={cfg['shard_buckets']}, {cfg['rounds']} rounds x {cfg['steps']} steps, "
+        f"torch {summary['torch']}",
     ]
     if summary["torch_gloo_check_bypassed"]:
         lines.append("note: PyTorch's hook refuses Gloo; its backend check was bypassed for this comparison")

@@ -146,22 +146,50 @@ def gpu_style(src: Path, dst: Path) -> None:
     train_tid = next(e["tid"] for e in events if e.get("name", "").startswith("ProfilerStep#"))
     pid = next(e["pid"] for e in events if e.get("tid") == train_tid)
     ops = sorted(
-        (e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op" and e["tid"] == train_tid
-         and e["name"].startswith("aten::")),
+        (
+            e
+            for e in events
+            if e.get("ph") == "X"
+            and e.get("cat") == "cpu_op"
+            and e["tid"] == train_tid
+            and e["name"].startswith("aten::")
+        ),
         key=lambda e: (e["ts"], -e["dur"]),
     )
     out = [e for e in events if not (e.get("cat") == "user_annotation" and e["name"].startswith("gloo:"))]
-    gloo = sorted((e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("gloo:")),
-                  key=lambda e: e["ts"])
+    gloo = sorted(
+        (e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("gloo:")),
+        key=lambda e: e["ts"],
+    )
     streams = {tid: 20 + i for i, tid in enumerate(sorted({e["tid"] for e in gloo}))}
     corr, reach = 1, float("-inf")
 
     def launch(ts: float, name: str, dur: float, stream: int, args: dict) -> None:
         nonlocal corr
-        out.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": pid, "tid": train_tid,
-                    "ts": ts, "dur": min(dur, 1.0), "args": {"correlation": corr}})
-        out.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
-                    "args": {"device": 0, "stream": stream, "correlation": corr, **args}})
+        out.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "pid": pid,
+                "tid": train_tid,
+                "ts": ts,
+                "dur": min(dur, 1.0),
+                "args": {"correlation": corr},
+            }
+        )
+        out.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": name,
+                "pid": 0,
+                "tid": stream,
+                "ts": ts,
+                "dur": dur,
+                "args": {"device": 0, "stream": stream, "correlation": corr, **args},
+            }
+        )
         corr += 1
 
     for op in ops:
@@ -170,10 +198,16 @@ def gpu_style(src: Path, dst: Path) -> None:
         reach = max(reach, op["ts"] + op["dur"])
     group = trace.get("distributedInfo", {}).get("pg_config", [{}])[0]
     for e in gloo:
-        op = e["name"][len("gloo:"):]
+        op = e["name"][len("gloo:") :]
         nelems = sum(math.prod(d) for d in e["args"].get("Input Dims", []) if isinstance(d, list))
-        meta = {"Collective name": op, "In msg nelems": nelems, "Out msg nelems": nelems, "dtype": "Float",
-                "Group size": group.get("pg_size"), "Process Group Name": group.get("pg_name")}
+        meta = {
+            "Collective name": op,
+            "In msg nelems": nelems,
+            "Out msg nelems": nelems,
+            "dtype": "Float",
+            "Group size": group.get("pg_size"),
+            "Process Group Name": group.get("pg_name"),
+        }
         kernel = "ncclDevKernel_" + "".join(w.capitalize() for w in op.split("_")) + "_Sum_f32_RING_LL"
         launch(e["ts"], kernel, e["dur"], streams[e["tid"]], meta)
     trace["traceEvents"] = out

@@ -34,10 +34,19 @@ from tpbench.capture.nvml import COLUMNS as NVML_COLUMNS
 from tpbench.suite import Case, Machine, expand, parse
 
 ENVIRONMENT: dict[str, Any] = {
-    "tpbench": "0.1.0", "git": {"commit": "0123456789abcdef0123", "dirty": False},
-    "torch": "2.13.0", "cuda": "12.8", "nccl": "2.27.3", "gpu_count": 8, "gpu_model": "Synthetic GPU",
-    "gpu_driver": "570.00", "cpu_model": "Synthetic CPU", "cpu_count": 64, "hostname": "synthetic",
-    "python": "3.11.7", "platform": "Linux",
+    "tpbench": "0.1.0",
+    "git": {"commit": "0123456789abcdef0123", "dirty": False},
+    "torch": "2.13.0",
+    "cuda": "12.8",
+    "nccl": "2.27.3",
+    "gpu_count": 8,
+    "gpu_model": "Synthetic GPU",
+    "gpu_driver": "570.00",
+    "cpu_model": "Synthetic CPU",
+    "cpu_count": 64,
+    "hostname": "synthetic",
+    "python": "3.11.7",
+    "platform": "Linux",
 }
 
 SUITE = """\
@@ -100,21 +109,44 @@ def cost(case: Case) -> Cost:
     return Cost(compute=30.0, comm=comm, optimizer=optimizer, hidden=hidden)
 
 
-def make_run(root: Path, *, name: str = "synthetic-zero", buckets: tuple[float, ...] = (1, 2, 4, 8, 16, 25),
-             interconnects: tuple[str, ...] = ("loopback", "tcp-10gbit", "tcp-1gbit"), world_size: int = 2,
-             repeats: int = 3, steps: int = 20, traced: int = 2, seed: int = 0,
-             model: Callable[[Case], Cost] = cost, failed: int = 1, nvml: bool = True) -> Path:
+def make_run(
+    root: Path,
+    *,
+    name: str = "synthetic-zero",
+    buckets: tuple[float, ...] = (1, 2, 4, 8, 16, 25),
+    interconnects: tuple[str, ...] = ("loopback", "tcp-10gbit", "tcp-1gbit"),
+    world_size: int = 2,
+    repeats: int = 3,
+    steps: int = 20,
+    traced: int = 2,
+    seed: int = 0,
+    model: Callable[[Case], Cost] = cost,
+    failed: int = 1,
+    nvml: bool = True,
+) -> Path:
     """Write the run under ``root`` and return its directory."""
-    text = SUITE.format(name=name, world_size=world_size, steps=steps, repeats=repeats, traced=traced,
-                        buckets=list(buckets), interconnects=list(interconnects).__repr__().replace("'", '"'))
+    text = SUITE.format(
+        name=name,
+        world_size=world_size,
+        steps=steps,
+        repeats=repeats,
+        traced=traced,
+        buckets=list(buckets),
+        interconnects=list(interconnects).__repr__().replace("'", '"'),
+    )
     suite = parse(text, f"{name}.toml")
     cases = expand(suite, Machine(gpus=0))
     run = store.Run.create(root, suite.name, suite.path, text, [c.params() for c in cases], dict(ENVIRONMENT))
     rng = np.random.default_rng(seed)
     for i, case in enumerate(cases):
         if i >= len(cases) - failed:
-            run.set_case(case.case_id, store.FAILED, error=f"rank 1 was killed by SIGKILL (synthetic failure of case {i})",
-                         detail="--- rank 1 log (last lines) ---\nRuntimeError: synthetic", failed_at=time.time())
+            run.set_case(
+                case.case_id,
+                store.FAILED,
+                error=f"rank 1 was killed by SIGKILL (synthetic failure of case {i})",
+                detail="--- rank 1 log (last lines) ---\nRuntimeError: synthetic",
+                failed_at=time.time(),
+            )
             continue
         c = model(case)
         _write_steps(run.dir, case, c, rng)
@@ -140,14 +172,22 @@ def _write_steps(run_dir: Path, case: Case, c: Cost, rng: np.random.Generator) -
         for rank in range(case.world_size):
             ms = c.step * drift * rng.lognormal(0, 0.05, n) * (1 - 0.02 * rank)
             ms[: case.warmup_steps] *= 1.8
-            rows.append(pd.DataFrame({
-                "repeat": repeat, "rank": rank, "step": np.arange(n),
-                "phase": ["warmup" if s < case.warmup_steps else "timed" for s in range(n)],
-                "step_ms": ms, "loss": 2.3 * np.exp(-np.arange(n) / 40) + 0.1,
-                "elapsed_s": np.cumsum(ms) / 1e3, "peak_rss_mb": 900 + 40 * rank + 0.5 * case.bucket_cap_mb,
-                "peak_allocated_mb": 2000 + (800 if case.algorithm == "ddp" else 800 / case.world_size),
-                "peak_reserved_mb": 2600 + 4 * case.bucket_cap_mb,
-            }))
+            rows.append(
+                pd.DataFrame(
+                    {
+                        "repeat": repeat,
+                        "rank": rank,
+                        "step": np.arange(n),
+                        "phase": ["warmup" if s < case.warmup_steps else "timed" for s in range(n)],
+                        "step_ms": ms,
+                        "loss": 2.3 * np.exp(-np.arange(n) / 40) + 0.1,
+                        "elapsed_s": np.cumsum(ms) / 1e3,
+                        "peak_rss_mb": 900 + 40 * rank + 0.5 * case.bucket_cap_mb,
+                        "peak_allocated_mb": 2000 + (800 if case.algorithm == "ddp" else 800 / case.world_size),
+                        "peak_reserved_mb": 2600 + 4 * case.bucket_cap_mb,
+                    }
+                )
+            )
         store.write_repeat(run_dir, case.case_id, repeat, pd.concat(rows, ignore_index=True))
     store.finish_case(run_dir, case.case_id, case.repeats)
 
@@ -165,7 +205,21 @@ def _intervals(case: Case, c: Cost, traced: int) -> tuple[pd.DataFrame, pd.DataF
             start = t
             op_ns = int(c.compute * 1e6 / ops)
             for k in range(ops):
-                rows.append((rank, step, "compute", "thread 1", "aten::addmm" if k % 3 else "aten::relu", t, t + op_ns, None, None, None, None))
+                rows.append(
+                    (
+                        rank,
+                        step,
+                        "compute",
+                        "thread 1",
+                        "aten::addmm" if k % 3 else "aten::relu",
+                        t,
+                        t + op_ns,
+                        None,
+                        None,
+                        None,
+                        None,
+                    )
+                )
                 t += op_ns
             backward_start = start + ops // 3 * op_ns
             comm_ns = int(c.comm * 1e6 / buckets)
@@ -173,17 +227,68 @@ def _intervals(case: Case, c: Cost, traced: int) -> tuple[pd.DataFrame, pd.DataF
             for b in range(buckets):
                 ready = backward_start + int((b + 1) / buckets * (t - backward_start))
                 s = max(ready, free)
-                rows.append((rank, step, "comm", "gloo thread", "gloo:all_reduce", s, s + comm_ns, bucket_bytes, "allreduce", "0", case.world_size))
+                rows.append(
+                    (
+                        rank,
+                        step,
+                        "comm",
+                        "gloo thread",
+                        "gloo:all_reduce",
+                        s,
+                        s + comm_ns,
+                        bucket_bytes,
+                        "allreduce",
+                        "0",
+                        case.world_size,
+                    )
+                )
                 free = s + comm_ns
             exposed = max(t, start + int((c.compute + c.comm * (1 - c.hidden)) * 1e6))
             opt_ns = int(c.optimizer * 1e6)
-            rows.append((rank, step, "optimizer", "thread 1", "tpbench.optimizer", exposed, exposed + opt_ns, None, None, None, None))
-            rows.append((rank, step, "compute", "thread 1", "aten::_fused_adamw_", exposed, exposed + opt_ns, None, None, None, None))
+            rows.append(
+                (
+                    rank,
+                    step,
+                    "optimizer",
+                    "thread 1",
+                    "tpbench.optimizer",
+                    exposed,
+                    exposed + opt_ns,
+                    None,
+                    None,
+                    None,
+                    None,
+                )
+            )
+            rows.append(
+                (
+                    rank,
+                    step,
+                    "compute",
+                    "thread 1",
+                    "aten::_fused_adamw_",
+                    exposed,
+                    exposed + opt_ns,
+                    None,
+                    None,
+                    None,
+                    None,
+                )
+            )
             t = max(free, exposed + opt_ns)
             spans.append((rank, step, start, t))
             t += 50_000
     df = pd.DataFrame(rows, columns=list(INTERVAL_COLUMNS))
-    df = df.astype({"rank": "int32", "step": "int64", "start_ns": "int64", "end_ns": "int64", "bytes": "Int64", "group_size": "Int64"})
+    df = df.astype(
+        {
+            "rank": "int32",
+            "step": "int64",
+            "start_ns": "int64",
+            "end_ns": "int64",
+            "bytes": "Int64",
+            "group_size": "Int64",
+        }
+    )
     for col in ("lane", "stream_or_thread", "name", "collective", "process_group"):
         df[col] = df[col].astype("category")
     return df, pd.DataFrame(spans, columns=["rank", "step", "start_ns", "end_ns"])
@@ -202,15 +307,28 @@ def _nvml(case: Case, c: Cost, rng: np.random.Generator, interval_ms: float = 50
         phase = np.where(~inside, "idle", np.where(step < case.warmup_steps, "warmup", "timed"))
         for rank in range(case.world_size):
             busy = inside * (70 + 25 * c.compute / c.step)
-            frames.append(pd.DataFrame({
-                "rank": rank, "repeat": repeat, "step": np.where(inside, step, -1), "phase": phase,
-                "t_ns": (t * 1e6).astype("int64") + repeat * 10**10, "ts_us": t * 1e3, "query_ms": 1.2,
-                "gpu_util_pct": np.clip(busy + rng.normal(0, 3, len(t)), 0, 100), "mem_util_pct": busy * 0.4,
-                "mem_used_mb": 2600 + 4 * case.bucket_cap_mb + rank * 10.0, "power_w": 90 + 4 * busy,
-                "sm_clock_mhz": np.where(inside, 1980.0, 345.0),
-                "pcie_tx_mb_s": inside * (MODEL_MB / c.step * 1e3 * 0.1), "pcie_rx_mb_s": inside * (MODEL_MB / c.step * 1e3 * 0.1),
-                "nvlink_tx_mb_s": np.nan, "nvlink_rx_mb_s": np.nan,
-            }))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "rank": rank,
+                        "repeat": repeat,
+                        "step": np.where(inside, step, -1),
+                        "phase": phase,
+                        "t_ns": (t * 1e6).astype("int64") + repeat * 10**10,
+                        "ts_us": t * 1e3,
+                        "query_ms": 1.2,
+                        "gpu_util_pct": np.clip(busy + rng.normal(0, 3, len(t)), 0, 100),
+                        "mem_util_pct": busy * 0.4,
+                        "mem_used_mb": 2600 + 4 * case.bucket_cap_mb + rank * 10.0,
+                        "power_w": 90 + 4 * busy,
+                        "sm_clock_mhz": np.where(inside, 1980.0, 345.0),
+                        "pcie_tx_mb_s": inside * (MODEL_MB / c.step * 1e3 * 0.1),
+                        "pcie_rx_mb_s": inside * (MODEL_MB / c.step * 1e3 * 0.1),
+                        "nvlink_tx_mb_s": np.nan,
+                        "nvlink_rx_mb_s": np.nan,
+                    }
+                )
+            )
     return pd.concat(frames, ignore_index=True)[list(NVML_COLUMNS)]
 
 
@@ -237,8 +355,16 @@ profiler_steps = 0
 """
 
 
-def make_localsgd_run(root: Path, *, name: str = "synthetic-localsgd", steps: int = 120, repeats: int = 2,
-                      eval_every: int = 10, optimum: float = 1.5, seed: int = 0) -> Path:
+def make_localsgd_run(
+    root: Path,
+    *,
+    name: str = "synthetic-localsgd",
+    steps: int = 120,
+    repeats: int = 2,
+    eval_every: int = 10,
+    optimum: float = 1.5,
+    seed: int = 0,
+) -> Path:
     """A post-local SGD run: local steps are cheaper (no global allreduce) but converge to a
     held-out loss above DDP's, more so the longer the averaging period; parameters drift
     between averagings. Steps carry held-out loss every ``eval_every`` steps, drift before each
@@ -260,12 +386,24 @@ def make_localsgd_run(root: Path, *, name: str = "synthetic-localsgd", steps: in
                 held = optimum + gap * local + 1.2 * np.exp(-step / 18) + rng.normal(0, 0.003, steps)
                 avg = local & ((step - (start or 0) + 1) % (case.averaging_period or 1) == 0)
                 drift = np.where(avg, 0.05 * (case.averaging_period or 1) * (1 + 0.1 * rank), np.nan)
-                rows.append(pd.DataFrame({
-                    "repeat": repeat, "rank": rank, "step": step, "phase": "timed", "step_ms": ms,
-                    "loss": held + rng.normal(0, 0.05, steps), "elapsed_s": np.cumsum(ms) / 1e3, "peak_rss_mb": 540.0 + rank,
-                    "heldout_loss": np.where((step + 1) % eval_every == 0, held, np.nan),
-                    "drift_max_l2": drift, "drift_mean_l2": drift * 0.7, "optimal_loss": optimum,
-                }))
+                rows.append(
+                    pd.DataFrame(
+                        {
+                            "repeat": repeat,
+                            "rank": rank,
+                            "step": step,
+                            "phase": "timed",
+                            "step_ms": ms,
+                            "loss": held + rng.normal(0, 0.05, steps),
+                            "elapsed_s": np.cumsum(ms) / 1e3,
+                            "peak_rss_mb": 540.0 + rank,
+                            "heldout_loss": np.where((step + 1) % eval_every == 0, held, np.nan),
+                            "drift_max_l2": drift,
+                            "drift_mean_l2": drift * 0.7,
+                            "optimal_loss": optimum,
+                        }
+                    )
+                )
             store.write_repeat(run.dir, case.case_id, repeat, pd.concat(rows, ignore_index=True))
         run.case_done(case.case_id, case.repeats)
     run.add_wall_time(float(steps * repeats * len(cases) * 0.07))

@@ -87,7 +87,9 @@ def nccl_logs(run_dir: Path) -> dict[str, Any]:
     out = {}
     for log in sorted((run_dir / "logs").glob("nccl-*.log")):
         parsed = transport.parse_nccl_log(log.read_text(errors="replace"), rank=-1, log=log.name)
-        out[log.name] = {k: v for k, v in parsed.__dict__.items() if k not in ("rank", "log")} | {"bytes": log.stat().st_size}
+        out[log.name] = {k: v for k, v in parsed.__dict__.items() if k not in ("rank", "log")} | {
+            "bytes": log.stat().st_size
+        }
     return out
 
 
@@ -128,29 +130,48 @@ def analyse_case(c: Checks, run_dir: Path, cid: str, entry: dict[str, Any], summ
         "parse_s": round(parse_s, 3),
         "steps_per_rank": {int(r): int(n) for r, n in tl.steps["rank"].value_counts().sort_index().items()},
         "lanes": lanes(iv),
-        "overlap_per_rank": {int(r["rank"]): {k: round(float(r[k]), 3) for k in ("overlap_pct",) if k in r}
-                             for _, r in per_rank.iterrows()},
-        "summary": {k: round(float(row[k].iloc[0]), 4) for k in keys if k in row and len(row) and pd.notna(row[k].iloc[0])},
+        "overlap_per_rank": {
+            int(r["rank"]): {k: round(float(r[k]), 3) for k in ("overlap_pct",) if k in r}
+            for _, r in per_rank.iterrows()
+        },
+        "summary": {
+            k: round(float(row[k].iloc[0]), 4) for k in keys if k in row and len(row) and pd.notna(row[k].iloc[0])
+        },
         "collectives": collectives(coll),
         "observed_transport": entry.get("observed_transport"),
         "fast_path": fast_path(paths),
     }
     ranks = p["world_size"]
     fp = result["fast_path"]
-    c.check(f"{label}: fast path read every piece, as JSON decoding does",
-            fp["pieces"] == fp["pieces_on_fast_path"] and fp["same_as_json_decoding"], json.dumps(fp))
-    c.check(f"{label}: steps on every rank", len(result["steps_per_rank"]) == ranks, json.dumps(result["steps_per_rank"]))
+    c.check(
+        f"{label}: fast path read every piece, as JSON decoding does",
+        fp["pieces"] == fp["pieces_on_fast_path"] and fp["same_as_json_decoding"],
+        json.dumps(fp),
+    )
+    c.check(
+        f"{label}: steps on every rank", len(result["steps_per_rank"]) == ranks, json.dumps(result["steps_per_rank"])
+    )
     compute = result["lanes"].get("compute", {})
-    c.check(f"{label}: CUDA kernels in the compute lane", compute.get("on_gpu_streams", 0) > 0,
-            ", ".join(list(compute.get("top_names", {}))[:2]))
-    c.check(f"{label}: overlap per rank", len(result["overlap_per_rank"]) == ranks, json.dumps(result["overlap_per_rank"]))
+    c.check(
+        f"{label}: CUDA kernels in the compute lane",
+        compute.get("on_gpu_streams", 0) > 0,
+        ", ".join(list(compute.get("top_names", {}))[:2]),
+    )
+    c.check(
+        f"{label}: overlap per rank", len(result["overlap_per_rank"]) == ranks, json.dumps(result["overlap_per_rank"])
+    )
     labels = set(result["collectives"])
     if ranks > 1:  # a lone NCCL rank may launch no kernel at all for an in-place all-reduce
-        c.check(f"{label}: collectives found and labelled", bool(labels) and not labels & {"none", "None", "unknown", ""},
-                ", ".join(sorted(labels)))
+        c.check(
+            f"{label}: collectives found and labelled",
+            bool(labels) and not labels & {"none", "None", "unknown", ""},
+            ", ".join(sorted(labels)),
+        )
     if p["backend"] == "gloo":
-        c.check(f"{label}: memcpys (Gloo stages CUDA tensors through the host)",
-                result["lanes"].get("memcpy", {}).get("intervals", 0) > 0)
+        c.check(
+            f"{label}: memcpys (Gloo stages CUDA tensors through the host)",
+            result["lanes"].get("memcpy", {}).get("intervals", 0) > 0,
+        )
     return result
 
 
@@ -163,11 +184,14 @@ def analyse_run(c: Checks, run_dir: Path) -> dict[str, Any]:
         try:
             case = analyse_case(c, run_dir, cid, entry, loaded.summary)
             out["cases"][case.pop("label")] = case
-        except Exception as e:  # noqa: BLE001 - the other cases are still analysed
+        except Exception as e:  # the other cases are still analysed
             c.check(f"{run_dir.name} {cid}: analysis ran", False, f"{type(e).__name__}: {e}")
     for name, log in out["nccl_logs"].items():
-        c.check(f"{name}: NCCL version and network parsed", bool(log["version"]) and bool(log["network"]),
-                f"NCCL {log['version']}, network {log['network']}, nnodes {log['nnodes']}, transports {log['transports']}")
+        c.check(
+            f"{name}: NCCL version and network parsed",
+            bool(log["version"]) and bool(log["network"]),
+            f"NCCL {log['version']}, network {log['network']}, nnodes {log['nnodes']}, transports {log['transports']}",
+        )
     return out
 
 
@@ -181,8 +205,10 @@ def headline(runs: dict[str, Any]) -> dict[str, Any]:
                 "comm_ms": case["summary"].get("comm_ms"),
                 "compute_ms": case["summary"].get("compute_ms"),
                 "lanes": {k: v["intervals"] for k, v in case["lanes"].items()},
-                "collectives": {k: (v["instances"], v["bytes_median"], v["busbw_gbps_median"])
-                                for k, v in case["collectives"].items()},
+                "collectives": {
+                    k: (v["instances"], v["bytes_median"], v["busbw_gbps_median"])
+                    for k, v in case["collectives"].items()
+                },
                 "parse_s": case["parse_s"],
             }
         for name, log in run.get("nccl_logs", {}).items():
@@ -200,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     for run_dir in args.runs:
         try:
             runs[run_dir.name] = analyse_run(c, run_dir)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             c.check(f"{run_dir}: analysis ran", False, f"{type(e).__name__}: {e}")
     passed = c.passed
     result = {"figures": headline(runs), "runs": runs, "checks": c.results, "passed": passed}

@@ -69,8 +69,16 @@ def _sweep(root: Path, backend: str, world_size: int, interconnect: str, interva
     from tpbench import sweep
 
     suite = root / f"gpu-capture-{backend}{world_size}.toml"
-    suite.write_text(SUITE.format(backend=backend, world_size=world_size, interconnect=interconnect, interval=interval_ms,
-                                  device="cpu" if rehearse else "cuda", **(REHEARSAL_SIZES if rehearse else SIZES)))
+    suite.write_text(
+        SUITE.format(
+            backend=backend,
+            world_size=world_size,
+            interconnect=interconnect,
+            interval=interval_ms,
+            device="cpu" if rehearse else "cuda",
+            **(REHEARSAL_SIZES if rehearse else SIZES),
+        )
+    )
     prepared = sweep.prepare(suite)
     run = sweep.start(prepared, root / "results")
     sweep.execute(run, prepared.cases, lambda kind, data: None)
@@ -86,8 +94,11 @@ def _check_trace(c: Checks, label: str, path: Path, rank: int) -> tuple[float, f
     for e in events:
         cats[e.get("cat", "")] = cats.get(e.get("cat", ""), 0) + 1
     names = {e["name"] for e in events}
-    c.check(f"{label} rank {rank}: distributedInfo", trace.get("distributedInfo", {}).get("rank") == rank,
-            json.dumps(trace.get("distributedInfo", {}))[:120])
+    c.check(
+        f"{label} rank {rank}: distributedInfo",
+        trace.get("distributedInfo", {}).get("rank") == rank,
+        json.dumps(trace.get("distributedInfo", {}))[:120],
+    )
     c.check(f"{label} rank {rank}: CUDA kernels", cats.get("kernel", 0) > 0, f"{cats.get('kernel', 0)} kernels")
     c.check(f"{label} rank {rank}: memcpys", cats.get("gpu_memcpy", 0) > 0, f"{cats.get('gpu_memcpy', 0)} memcpys")
     phases = {"tpbench.forward", "tpbench.backward", "tpbench.optimizer"}
@@ -111,37 +122,62 @@ def check_run(c: Checks, run_dir: Path, interval_ms: int) -> dict[str, Any]:
         c.check(f"{label}: one trace per rank", len(windows) == p["world_size"], f"{len(windows)} traces")
         nv = entry.get("nvml", {})
         c.check(f"{label}: NVML available", nv.get("available") is True, nv.get("reason") or "")
-        case_summary: dict[str, Any] = {"nvml": nv, "observed_transport": entry.get("observed_transport"),
-                                        "clock_sync": entry.get("clock_sync")}
+        case_summary: dict[str, Any] = {
+            "nvml": nv,
+            "observed_transport": entry.get("observed_transport"),
+            "clock_sync": entry.get("clock_sync"),
+        }
         path = store.case_dir(run_dir, cid) / NVML_FILE
         if c.check(f"{label}: nvml.parquet written", path.exists()):
             df = pd.read_parquet(path)
             gaps = df.sort_values("t_ns").groupby(["rank", "repeat"])["t_ns"].diff().dropna() / 1e6
             median_gap = float(gaps.median())
-            c.check(f"{label}: samples at the configured rate", 0.9 * interval_ms <= median_gap <= 1.25 * interval_ms,
-                    f"median interval {median_gap:.1f} ms for {interval_ms} ms, {len(df)} samples, "
-                    f"median query {df['query_ms'].median():.2f} ms")
+            c.check(
+                f"{label}: samples at the configured rate",
+                0.9 * interval_ms <= median_gap <= 1.25 * interval_ms,
+                f"median interval {median_gap:.1f} ms for {interval_ms} ms, {len(df)} samples, "
+                f"median query {df['query_ms'].median():.2f} ms",
+            )
             for col in ("gpu_util_pct", "mem_used_mb", "power_w", "sm_clock_mhz", "pcie_tx_mb_s", "pcie_rx_mb_s"):
                 c.check(f"{label}: {col} sampled", df[col].notna().any(), f"median {df[col].median():.1f}")
-            c.check(f"{label}: timed-step samples", (df["phase"] == "timed").any(), str(df["phase"].value_counts().to_dict()))
+            c.check(
+                f"{label}: timed-step samples",
+                (df["phase"] == "timed").any(),
+                str(df["phase"].value_counts().to_dict()),
+            )
             for r, (lo, hi) in windows.items():
                 prof = df[(df["rank"] == r) & (df["phase"] == "profile")]
-                inside = prof["ts_us"].between(lo - interval_ms * 1e3, hi + interval_ms * 1e3).all() if len(prof) else None
-                c.check(f"{label} rank {r}: profile samples inside the trace window", inside is not False,
-                        f"{len(prof)} samples in the profiled steps" + ("" if len(prof) else " (window shorter than the interval)"))
+                inside = (
+                    prof["ts_us"].between(lo - interval_ms * 1e3, hi + interval_ms * 1e3).all() if len(prof) else None
+                )
+                c.check(
+                    f"{label} rank {r}: profile samples inside the trace window",
+                    inside is not False,
+                    f"{len(prof)} samples in the profiled steps"
+                    + ("" if len(prof) else " (window shorter than the interval)"),
+                )
             case_summary["samples"] = len(df)
             case_summary["median_interval_ms"] = median_gap
             case_summary["median_query_ms"] = float(df["query_ms"].median())
         seen = entry.get("observed_transport") or {}
         if p["backend"] == "gloo":
-            c.check(f"{label}: Gloo observed on lo", seen.get("interfaces") == ["lo"] and seen.get("mismatch") is False,
-                    json.dumps({k: seen.get(k) for k in ("interfaces", "mismatch", "reason")}))
+            c.check(
+                f"{label}: Gloo observed on lo",
+                seen.get("interfaces") == ["lo"] and seen.get("mismatch") is False,
+                json.dumps({k: seen.get(k) for k in ("interfaces", "mismatch", "reason")}),
+            )
         else:
             logs = sorted((run_dir / "logs").glob("nccl-*.log"))
-            c.check(f"{label}: NCCL debug log written", any("NCCL" in log.read_text(errors="replace") for log in logs),
-                    ", ".join(log.name for log in logs) or "no logs/nccl-*.log")
-            c.check(f"{label}: NCCL transport observed", seen.get("backend") == "nccl",
-                    json.dumps({k: seen.get(k) for k in ("transports", "mismatch", "reason")}))
+            c.check(
+                f"{label}: NCCL debug log written",
+                any("NCCL" in log.read_text(errors="replace") for log in logs),
+                ", ".join(log.name for log in logs) or "no logs/nccl-*.log",
+            )
+            c.check(
+                f"{label}: NCCL transport observed",
+                seen.get("backend") == "nccl",
+                json.dumps({k: seen.get(k) for k in ("transports", "mismatch", "reason")}),
+            )
         summary["cases"][label] = case_summary
     return summary
 
@@ -149,13 +185,18 @@ def check_run(c: Checks, run_dir: Path, interval_ms: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--interval-ms", type=int, default=50)
-    ap.add_argument("--root", type=Path, help="where the suites and run directories go (default: a new temporary folder)")
+    ap.add_argument(
+        "--root", type=Path, help="where the suites and run directories go (default: a new temporary folder)"
+    )
     ap.add_argument("--json", type=Path, help="write the checks and run directories here")
     ap.add_argument("--rehearse", action="store_true", help="Gloo ×1 and ×2 on CPU (tests the script, measures no GPU)")
     args = ap.parse_args(argv)
     result: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "rehearsal": args.rehearse}
     if not torch.cuda.is_available() and not args.rehearse:
-        msg = "gpu_capture: no CUDA device is visible (torch.cuda.is_available() is False); run it on an NVIDIA GPU machine"
+        msg = (
+            "gpu_capture: no CUDA device is visible (torch.cuda.is_available() is False); "
+            "run it on an NVIDIA GPU machine"
+        )
         print(msg, file=sys.stderr)
         if args.json:
             args.json.write_text(json.dumps(result | {"error": msg}, indent=1))
@@ -171,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = _sweep(root, backend, world_size, interconnect, args.interval_ms, args.rehearse)
             result["runs"][name] = {"run_dir": str(run_dir)}
             result["runs"][name] = check_run(c, run_dir, args.interval_ms)
-        except Exception as e:  # noqa: BLE001 - the other sweep still runs; the error is a failed check
+        except Exception as e:  # the other sweep still runs; the error is a failed check
             c.check(f"{name}: sweep and checks ran", False, f"{type(e).__name__}: {e}")
         result["checks"] = c.results
         result["passed"] = c.passed

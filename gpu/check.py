@@ -95,16 +95,18 @@ def preflight(rehearse: bool) -> tuple[dict[str, Any], int]:
     for name in PACKAGES:
         try:
             mod = importlib.import_module(name)
-            info["packages"][name] = {"version": getattr(mod, "__version__", None) or _distribution_version(name),
-                                      "from": str(Path(mod.__file__).parent)}
-        except Exception as e:  # noqa: BLE001 - every missing package is reported, not just the first
+            info["packages"][name] = {
+                "version": getattr(mod, "__version__", None) or _distribution_version(name),
+                "from": str(Path(mod.__file__).parent),
+            }
+        except Exception as e:  # every missing package is reported, not just the first
             info["packages"][name] = {"error": f"{type(e).__name__}: {e}"}
     try:
-        import tpbench.analysis.timeline  # noqa: F401 - the analysis needs orjson
-        import tpbench.sweep  # noqa: F401
+        import tpbench.analysis.timeline  # the analysis needs orjson
+        import tpbench.sweep
 
         info["tpbench"] = str(Path(tpbench.__file__).parent)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         info["tpbench_error"] = f"{type(e).__name__}: {e}"
     if "error" in info["packages"]["torch"]:
         return info | {"error": "torch cannot be imported: " + info["packages"]["torch"]["error"]}, 2
@@ -117,14 +119,24 @@ def preflight(rehearse: bool) -> tuple[dict[str, Any], int]:
         info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         info["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
         try:
-            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm",
-                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+            smi = subprocess.run(
+                [
+                    "nvidia-smi",
+                    "--query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm",
+                    "--format=csv,noheader",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
             info["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
         except (OSError, subprocess.TimeoutExpired) as e:
             info["nvidia_smi"] = f"not run: {e}"
     elif not rehearse:
-        return info | {"error": f"no CUDA device is visible to torch {torch.__version__} (torch.version.cuda="
-                                f"{torch.version.cuda}): run the GPU check on a machine with an NVIDIA GPU"}, 2
+        return info | {
+            "error": f"no CUDA device is visible to torch {torch.__version__} (torch.version.cuda="
+            f"{torch.version.cuda}): run the GPU check on a machine with an NVIDIA GPU"
+        }, 2
     if "tpbench_error" in info:
         return info | {"error": "tpbench cannot be imported: " + info["tpbench_error"]}, 1
     return info, 0
@@ -171,14 +183,28 @@ def parts(args: argparse.Namespace, check: Check) -> list[Part]:
 
     return [
         Part("zero_hooks", [py, "-m", "gpu.zero_hooks", "--json", js("zero_hooks"), *rehearse], 110),
-        Part("capture", [py, "-m", "gpu.capture", "--root", str(work / "capture"), "--json", js("capture"),
-                         *rehearse], 130),
+        Part(
+            "capture",
+            [py, "-m", "gpu.capture", "--root", str(work / "capture"), "--json", js("capture"), *rehearse],
+            130,
+        ),
         Part("analysis", [py, "-m", "gpu.analysis", "--json", js("analysis")], 60, needs=("capture",)),
         Part("report", [py, "-m", "tpbench", "report", "-o", str(work / "report.html")], 45, needs=("capture",)),
-        Part("overhead", [py, "-m", "benchmarks.bench_nvml_overhead", "--json", js("overhead"),
-                          *(["--rounds", "2", "--steps", "4", "--width", "64"] if args.rehearse else ["--rounds", "6"])], 45),
-        Part("models", [py, "-m", "gpu.models", "--root", str(work / "models"), "--json", js("models"),
-                        *rehearse], 150),
+        Part(
+            "overhead",
+            [
+                py,
+                "-m",
+                "benchmarks.bench_nvml_overhead",
+                "--json",
+                js("overhead"),
+                *(["--rounds", "2", "--steps", "4", "--width", "64"] if args.rehearse else ["--rounds", "6"]),
+            ],
+            45,
+        ),
+        Part(
+            "models", [py, "-m", "gpu.models", "--root", str(work / "models"), "--json", js("models"), *rehearse], 150
+        ),
     ]
 
 
@@ -212,8 +238,20 @@ def figures(check: Check) -> dict[str, Any]:
         out["models.failed_checks"] = [x["check"] for x in checks if not x["ok"]]
         out["models"] = {name: r.get("figures") for name, r in m.result.get("runs", {}).items()}
     if (o := p.get("overhead")) and o.result:
-        out["overhead"] = {k: o.result[k] for k in ("nvml", "device", "interval_ms", "ratio", "ratio_min", "ratio_max",
-                                                    "median_off_ms", "median_on_ms", "sampler_cpu_pct")}
+        out["overhead"] = {
+            k: o.result[k]
+            for k in (
+                "nvml",
+                "device",
+                "interval_ms",
+                "ratio",
+                "ratio_min",
+                "ratio_max",
+                "median_off_ms",
+                "median_on_ms",
+                "sampler_cpu_pct",
+            )
+        }
     return out
 
 
@@ -221,7 +259,7 @@ def write_summary(out: Path, check: Check) -> None:
     check.figures = {}
     try:
         check.figures = figures(check)
-    except Exception as e:  # noqa: BLE001 - a malformed part result must not lose the summary
+    except Exception as e:  # a malformed part result must not lose the summary
         check.figures = {"error": f"{type(e).__name__}: {e}"}
     doc = {"passed": check.passed, **asdict(check)}
     tmp = out / "gpu_check.json.tmp"
@@ -259,8 +297,24 @@ def orchestrate(args: argparse.Namespace) -> int:
     work.mkdir(parents=True, exist_ok=True)
     check = Check(args.rehearse, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), args.budget_s)
     pre = work / "preflight.json"
-    outcome = run_part(Part("preflight", [sys.executable, "-m", "gpu.check", "--preflight", "--json", str(pre),
-                                          *(["--rehearse"] if args.rehearse else [])], 90), 90, work / "preflight.log", pre)
+    outcome = run_part(
+        Part(
+            "preflight",
+            [
+                sys.executable,
+                "-m",
+                "gpu.check",
+                "--preflight",
+                "--json",
+                str(pre),
+                *(["--rehearse"] if args.rehearse else []),
+            ],
+            90,
+        ),
+        90,
+        work / "preflight.log",
+        pre,
+    )
     outcome.log = (work / "preflight.log").read_text()[-4000:]
     check.parts["preflight"] = outcome
     write_summary(out, check)
@@ -277,12 +331,18 @@ def orchestrate(args: argparse.Namespace) -> int:
         elif left < MIN_PART_S:
             check.parts[part.name] = Outcome("skipped", reason=f"time budget spent ({args.budget_s} s)")
         else:
-            argv = part.argv + (["--runs", *_runs_of(check)] if part.name == "analysis" else
-                                _runs_of(check) if part.name == "report" else [])
+            argv = part.argv + (
+                ["--runs", *_runs_of(check)]
+                if part.name == "analysis"
+                else _runs_of(check)
+                if part.name == "report"
+                else []
+            )
             timeout = min(part.max_s, left)
             print(f"gpu_check: {part.name} (limit {timeout:.0f} s) ...", flush=True)
-            check.parts[part.name] = run_part(replace(part, argv=argv), timeout, out / f"{part.name}.log",
-                                              work / f"{part.name}.json")
+            check.parts[part.name] = run_part(
+                replace(part, argv=argv), timeout, out / f"{part.name}.log", work / f"{part.name}.json"
+            )
             o = check.parts[part.name]
             print(f"gpu_check: {part.name}: {o.status} in {o.seconds} s {o.reason}", flush=True)
         if part.name == "report":
@@ -290,12 +350,17 @@ def orchestrate(args: argparse.Namespace) -> int:
         write_summary(out, check)
     try:
         check.artifacts |= pack(out, work, _runs_of(check))
-    except Exception as e:  # noqa: BLE001 - the summary matters more than the artifacts
+    except Exception as e:  # the summary matters more than the artifacts
         check.artifacts["error"] = f"{type(e).__name__}: {e}"
     check.artifacts["total_seconds"] = round(time.monotonic() - start, 1)
     write_summary(out, check)
-    print(json.dumps({"passed": check.passed, "parts": {k: v.status for k, v in check.parts.items()},
-                      "figures": check.figures}, indent=1, default=str))
+    print(
+        json.dumps(
+            {"passed": check.passed, "parts": {k: v.status for k, v in check.parts.items()}, "figures": check.figures},
+            indent=1,
+            default=str,
+        )
+    )
     print(f"gpu_check: {'PASSED' if check.passed else 'FAILED'}; summary in {out / 'gpu_check.json'}")
     return 0 if check.passed else 1
 
@@ -306,8 +371,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, help="scratch folder for run directories")
     ap.add_argument("--budget-s", type=int, default=330)
     ap.add_argument("--rehearse", action="store_true", help="run on CPU to test the check itself")
-    ap.add_argument("--parts", type=lambda s: [p for p in s.split(",") if p], default=[],
-                    help="comma-separated parts to run (default: all); e.g. models")
+    ap.add_argument(
+        "--parts",
+        type=lambda s: [p for p in s.split(",") if p],
+        default=[],
+        help="comma-separated parts to run (default: all); e.g. models",
+    )
     ap.add_argument("--preflight", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -106,23 +106,37 @@ def check_gpt(c: Checks, run_dir: Path) -> dict[str, Any]:
             continue
         steps = loaded.steps[loaded.steps["case_id"] == cid]
         timed = steps[steps["phase"] == "timed"]
-        c.check(f"gpt {algo}: finite losses", bool(timed["loss"].map(math.isfinite).all()),
-                f"last {float(timed['loss'].iloc[-1]):.3f}")
+        c.check(
+            f"gpt {algo}: finite losses",
+            bool(timed["loss"].map(math.isfinite).all()),
+            f"last {float(timed['loss'].iloc[-1]):.3f}",
+        )
         mem_path = store.case_dir(run_dir, cid) / "memory.parquet"
-        fig: dict[str, Any] = {"median_step_ms": float(timed.groupby("step")["step_ms"].max().median()),
-                               "loss_last": float(timed["loss"].iloc[-1])}
+        fig: dict[str, Any] = {
+            "median_step_ms": float(timed.groupby("step")["step_ms"].max().median()),
+            "loss_last": float(timed["loss"].iloc[-1]),
+        }
         if c.check(f"gpt {algo}: memory table written", mem_path.exists()):
             import pandas as pd
 
             mem = pd.read_parquet(mem_path).iloc[0]
             n = int(mem["param_bytes"]) // 4
-            state, counted = int(mem["optimizer_state_bytes"]), int(mem["param_bytes"] + mem["grad_bytes"] + mem["optimizer_state_bytes"])
+            state, counted = (
+                int(mem["optimizer_state_bytes"]),
+                int(mem["param_bytes"] + mem["grad_bytes"] + mem["optimizer_state_bytes"]),
+            )
             # AdamW: exp_avg + exp_avg_sq in fp32 per element, plus one step counter per parameter tensor.
-            c.check(f"gpt {algo}: AdamW state = 2 x 4 bytes per element + step counters",
-                    8 * n <= state <= 8 * n + 8 * 1000, f"{state} bytes for {n} elements")
+            c.check(
+                f"gpt {algo}: AdamW state = 2 x 4 bytes per element + step counters",
+                8 * n <= state <= 8 * n + 8 * 1000,
+                f"{state} bytes for {n} elements",
+            )
             peak = float(steps["peak_allocated_mb"].max()) * 2**20 if "peak_allocated_mb" in steps else float("nan")
-            c.check(f"gpt {algo}: allocator peak >= counted bytes", peak >= counted,
-                    f"peak {peak / 2**30:.2f} GiB, counted {counted / 2**30:.2f} GiB")
+            c.check(
+                f"gpt {algo}: allocator peak >= counted bytes",
+                peak >= counted,
+                f"peak {peak / 2**30:.2f} GiB, counted {counted / 2**30:.2f} GiB",
+            )
             fig |= {"params": n, "optimizer_state_bytes": state, "counted_bytes": counted, "peak_allocated_bytes": peak}
         out[algo] = fig
     return out
@@ -145,23 +159,33 @@ def check_mixed(c: Checks, run_dir: Path) -> dict[str, Any]:
             per_step = avg.groupby(["repeat", "step"])["param_norm_averaged_l2"].agg(["min", "max", "size"])
             equal = bool(((per_step["max"] - per_step["min"]) <= 1e-6 * per_step["max"].abs()).all())
             c.check(f"{label}: averaging every 4 steps", len(per_step) >= 20 // 4, f"{len(per_step)} averaging steps")
-            c.check(f"{label}: ranks equal after averaging", equal and bool((per_step["size"] == 2).all()),
-                    f"max spread {float((per_step['max'] - per_step['min']).max()):.3g}")
+            c.check(
+                f"{label}: ranks equal after averaging",
+                equal and bool((per_step["size"] == 2).all()),
+                f"max spread {float((per_step['max'] - per_step['min']).max()):.3g}",
+            )
             fig["averaging_steps"] = len(per_step)
-            fig["drift_before_averaging"] = steps.dropna(subset=["drift_max_l2"]).groupby("step")["drift_max_l2"].max().round(4).tolist()
+            fig["drift_before_averaging"] = (
+                steps.dropna(subset=["drift_max_l2"]).groupby("step")["drift_max_l2"].max().round(4).tolist()
+            )
         out[label] = fig
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--root", type=Path, help="where the suites and run directories go (default: a new temporary folder)")
+    ap.add_argument(
+        "--root", type=Path, help="where the suites and run directories go (default: a new temporary folder)"
+    )
     ap.add_argument("--json", type=Path, help="write the checks and figures here")
     ap.add_argument("--rehearse", action="store_true", help="CPU, smallest sizes (tests the script, measures no GPU)")
     args = ap.parse_args(argv)
     result: dict[str, Any] = {"torch": torch.__version__, "rehearsal": args.rehearse, "runs": {}}
     if not torch.cuda.is_available() and not args.rehearse:
-        msg = "gpu_models: no CUDA device is visible (torch.cuda.is_available() is False); run it on an NVIDIA GPU machine"
+        msg = (
+            "gpu_models: no CUDA device is visible (torch.cuda.is_available() is False); "
+            "run it on an NVIDIA GPU machine"
+        )
         print(msg, file=sys.stderr)
         if args.json:
             args.json.write_text(json.dumps(result | {"error": msg}, indent=1))
@@ -171,16 +195,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.rehearse:
         gpu = dict(backend="gloo", interconnect="loopback", device="cpu", batch=2, steps=4, preset="tiny", block=32)
     else:
-        gpu = dict(backend="nccl", interconnect="nccl-default", device="cuda", batch=8, steps=20, preset="gpt2", block=256)
-    sweeps = (("gpt", GPT_SUITE.format(**gpu), check_gpt),
-              ("mixed", MIXED_SUITE.format(device="cpu" if args.rehearse else "cuda",
-                                           preset="tiny" if args.rehearse else "small"), check_mixed))
+        gpu = dict(
+            backend="nccl", interconnect="nccl-default", device="cuda", batch=8, steps=20, preset="gpt2", block=256
+        )
+    sweeps = (
+        ("gpt", GPT_SUITE.format(**gpu), check_gpt),
+        (
+            "mixed",
+            MIXED_SUITE.format(device="cpu" if args.rehearse else "cuda", preset="tiny" if args.rehearse else "small"),
+            check_mixed,
+        ),
+    )
     c = Checks()
     for name, text, check in sweeps:
         try:
             run_dir = _sweep(root, name, text)
             result["runs"][name] = {"run_dir": str(run_dir), "figures": check(c, run_dir)}
-        except Exception as e:  # noqa: BLE001 - the other sweep still runs; the error is a failed check
+        except Exception as e:  # the other sweep still runs; the error is a failed check
             c.check(f"{name}: sweep and checks ran", False, f"{type(e).__name__}: {e}")
         result["checks"] = c.results
         result["passed"] = c.passed

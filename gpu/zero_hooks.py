@@ -32,7 +32,16 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from benchmarks.bench_zero_hooks import Config, batches, bench_rank, build_model, device_for, launch, overlapped, summarize
+from benchmarks.bench_zero_hooks import (
+    Config,
+    batches,
+    bench_rank,
+    build_model,
+    device_for,
+    launch,
+    overlapped,
+    summarize,
+)
 
 PARITY_STEPS = 4
 PARITY_TOLERANCE = 1e-5
@@ -129,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         try:
             results[name] = run(cfg)
-        except Exception as e:  # noqa: BLE001 - the other world still runs; the error is reported
+        except Exception as e:  # the other world still runs; the error is reported
             results[name] = {"error": f"{type(e).__name__}: {e}"}
             ok = False
             print(f"== {name}: FAILED\n{e}", flush=True)

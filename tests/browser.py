@@ -27,10 +27,20 @@ import websocket
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-default-apps", "--disable-extensions", "--mute-audio", "--hide-scrollbars",
-    "--host-resolver-rules=MAP * ~NOTFOUND", "--window-size=1400,1000",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--mute-audio",
+    "--hide-scrollbars",
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+    "--window-size=1400,1000",
 )
 
 ALL_FIGURES_DRAWN = "[...document.querySelectorAll('.js-plotly-plot')].every(d => d.querySelector('svg.main-svg'))"
@@ -68,7 +78,8 @@ class Browser:
         self.profile = tempfile.mkdtemp(prefix="tpbench-chromium-")
         self.proc = subprocess.Popen(
             [executable, *FLAGS, f"--user-data-dir={self.profile}", "--remote-debugging-port=0", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         port = self._port()
         self.ws = websocket.create_connection(self._page_ws(port), timeout=60, suppress_origin=True)
@@ -83,7 +94,9 @@ class Browser:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"chromium exited with {self.proc.returncode}: {self.proc.stderr.read().decode()[-2000:]}")
+                raise RuntimeError(
+                    f"chromium exited with {self.proc.returncode}: {self.proc.stderr.read().decode()[-2000:]}"
+                )
             if marker.exists() and marker.read_text().strip():
                 return int(marker.read_text().split()[0])
             time.sleep(0.05)
@@ -124,7 +137,9 @@ class Browser:
         if msg["method"] == "Page.javascriptDialogOpening":
             # A dialog blocks the page: dismiss it so the test reports it instead of hanging.
             self._id += 1
-            self.ws.send(json.dumps({"id": self._id, "method": "Page.handleJavaScriptDialog", "params": {"accept": False}}))
+            self.ws.send(
+                json.dumps({"id": self._id, "method": "Page.handleJavaScriptDialog", "params": {"accept": False}})
+            )
 
     def _drain(self, seconds: float) -> None:
         """Collect events for ``seconds`` (rendering continues after the load event)."""
@@ -160,10 +175,16 @@ class Browser:
         for e in self._events:
             m, p = e["method"], e.get("params", {})
             if m == "Runtime.consoleAPICalled":
-                result.console.append({"level": "error" if p.get("type") in ("error", "assert") else p.get("type"),
-                                       "text": " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", []))})
+                result.console.append(
+                    {
+                        "level": "error" if p.get("type") in ("error", "assert") else p.get("type"),
+                        "text": " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", [])),
+                    }
+                )
             elif m == "Log.entryAdded":
-                result.console.append({"level": p["entry"].get("level"), "text": p["entry"].get("text"), "url": p["entry"].get("url")})
+                result.console.append(
+                    {"level": p["entry"].get("level"), "text": p["entry"].get("text"), "url": p["entry"].get("url")}
+                )
             elif m == "Runtime.exceptionThrown":
                 result.exceptions.append(p.get("exceptionDetails", {}))
             elif m == "Page.javascriptDialogOpening":

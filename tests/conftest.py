@@ -20,8 +20,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def tpbench(*args: str | Path, cwd: Path = REPO, timeout: float = 300) -> subprocess.CompletedProcess:
     """The real command, ``python -m tpbench ARGS``, in a fresh interpreter."""
-    return subprocess.run([sys.executable, "-m", "tpbench", *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tpbench", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
 
 
 def run_cli(args: list[str]) -> int:
@@ -56,9 +57,20 @@ def worker_processes(run_dir: Path) -> list[str]:
 def tiny_suite(sweep: str, *, name: str | None = None, **defaults: object) -> str:
     """A 2-rank Gloo suite of tiny mlp cases; ``sweep`` is the body of its [sweep] table, whose keys
     leave [defaults]."""
-    base = {"world_size": 2, "backend": '"gloo"', "device": '"cpu"', "batch_size": 8, "warmup_steps": 2,
-            "steps": 4, "repeats": 1, "timeout_s": 60} | defaults
+    base = {
+        "world_size": 2,
+        "backend": '"gloo"',
+        "device": '"cpu"',
+        "batch_size": 8,
+        "warmup_steps": 2,
+        "steps": 4,
+        "repeats": 1,
+        "timeout_s": 60,
+    } | defaults
     swept = {line.split("=")[0].strip() for line in sweep.splitlines()}
     lines = "\n".join(f"{k} = {v}" for k, v in base.items() if k not in swept)
     head = f'[suite]\nname = "{name}"\n' if name else ""
-    return f"{head}[defaults]\n{lines}\n[sweep]\n{sweep}\n[capture]\nprofiler_steps = 0\n[workloads.mlp]\nwidth = 32\ndepth = 2\n"
+    return (
+        f"{head}[defaults]\n{lines}\n[sweep]\n{sweep}\n"
+        "[capture]\nprofiler_steps = 0\n[workloads.mlp]\nwidth = 32\ndepth = 2\n"
+    )

@@ -18,9 +18,19 @@ from tpbench import store
 from tpbench.suite import Machine, expand, parse
 
 ENVIRONMENT: dict[str, Any] = {
-    "tpbench": "0.1.0", "git": {"commit": "0123456789abcdef", "dirty": False},
-    "torch": "2.13.0+cpu", "cuda": None, "nccl": None, "gpu_count": 0, "gpu_model": None, "gpu_driver": None,
-    "cpu_model": "Synthetic CPU", "cpu_count": 2, "hostname": "test", "python": "3.11.7", "platform": "Linux",
+    "tpbench": "0.1.0",
+    "git": {"commit": "0123456789abcdef", "dirty": False},
+    "torch": "2.13.0+cpu",
+    "cuda": None,
+    "nccl": None,
+    "gpu_count": 0,
+    "gpu_model": None,
+    "gpu_driver": None,
+    "cpu_model": "Synthetic CPU",
+    "cpu_count": 2,
+    "hostname": "test",
+    "python": "3.11.7",
+    "platform": "Linux",
 }
 
 SUITE = """\
@@ -60,10 +70,14 @@ def make_run(
     """
     algorithms = sorted(medians)
     repeats = max(len(v) for v in medians.values())
-    text = SUITE.format(world_size=world_size, steps=steps, repeats=repeats, algorithms=list(algorithms)).replace("'", '"')
+    text = SUITE.format(world_size=world_size, steps=steps, repeats=repeats, algorithms=list(algorithms)).replace(
+        "'", '"'
+    )
     text = text.replace("[sweep]", "".join(f"{k} = {v}\n" for k, v in (defaults or {}).items()) + "[sweep]")
     cases = expand(parse(text, "synthetic.toml"), Machine(gpus=0))
-    run = store.Run.create(root, "synthetic", "synthetic.toml", text, [c.params() for c in cases], dict(environment or ENVIRONMENT))
+    run = store.Run.create(
+        root, "synthetic", "synthetic.toml", text, [c.params() for c in cases], dict(environment or ENVIRONMENT)
+    )
     rng = np.random.default_rng(seed)
     for case in cases:
         if case.algorithm in failed:
@@ -75,11 +89,20 @@ def make_run(
             for rank in range(world_size):
                 noise = 1 + jitter * rng.uniform(-1, 1, case.warmup_steps + steps)
                 ms = m * noise * (1 if rank == 0 else 0.97)
-                rows.append(pd.DataFrame({
-                    "repeat": r, "rank": rank, "step": range(len(ms)),
-                    "phase": ["warmup" if i < case.warmup_steps else "timed" for i in range(len(ms))],
-                    "step_ms": ms, "loss": 1.0, "elapsed_s": np.cumsum(ms) / 1e3, "peak_rss_mb": 100.0 + r,
-                }))
+                rows.append(
+                    pd.DataFrame(
+                        {
+                            "repeat": r,
+                            "rank": rank,
+                            "step": range(len(ms)),
+                            "phase": ["warmup" if i < case.warmup_steps else "timed" for i in range(len(ms))],
+                            "step_ms": ms,
+                            "loss": 1.0,
+                            "elapsed_s": np.cumsum(ms) / 1e3,
+                            "peak_rss_mb": 100.0 + r,
+                        }
+                    )
+                )
             store.write_repeat(run.dir, case.case_id, r, pd.concat(rows, ignore_index=True))
         run.case_done(case.case_id, len(values))
     run.set_status("complete")

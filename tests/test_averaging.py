@@ -11,8 +11,13 @@ import torch
 import torch.distributed as dist
 from world import run_world
 
-from tpbench.hooks import (HierarchicalModelAverager, PeriodicModelAverager, average_parameters,
-                           average_parameters_or_parameter_groups, parameter_drift)
+from tpbench.hooks import (
+    HierarchicalModelAverager,
+    PeriodicModelAverager,
+    average_parameters,
+    average_parameters_or_parameter_groups,
+    parameter_drift,
+)
 
 pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
 

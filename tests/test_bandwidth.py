@@ -14,11 +14,27 @@ from tpbench.analysis.timeline import read_traces
 MS = 1_000_000
 
 
-def comm(rank: int, collective: str, start_ms: float, dur_ms: float, nbytes: int | None,
-         group: str | None = "0", size: int | None = 2, step: int = 1) -> dict:
-    return {"rank": rank, "step": step, "lane": "comm", "start_ns": int(start_ms * MS),
-            "end_ns": int((start_ms + dur_ms) * MS), "bytes": nbytes, "collective": collective,
-            "process_group": group, "group_size": size}
+def comm(
+    rank: int,
+    collective: str,
+    start_ms: float,
+    dur_ms: float,
+    nbytes: int | None,
+    group: str | None = "0",
+    size: int | None = 2,
+    step: int = 1,
+) -> dict:
+    return {
+        "rank": rank,
+        "step": step,
+        "lane": "comm",
+        "start_ns": int(start_ms * MS),
+        "end_ns": int((start_ms + dur_ms) * MS),
+        "bytes": nbytes,
+        "collective": collective,
+        "process_group": group,
+        "group_size": size,
+    }
 
 
 def frame(rows: list[dict]) -> pd.DataFrame:
@@ -28,10 +44,19 @@ def frame(rows: list[dict]) -> pd.DataFrame:
     return df
 
 
-@pytest.mark.parametrize(("collective", "n", "factor"), [
-    ("allreduce", 2, 1.0), ("allreduce", 8, 1.75), ("broadcast", 8, 1.0), ("allgather", 4, 0.75),
-    ("reduce_scatter", 4, 0.75), ("alltoall", 2, 0.5), ("reduce", 4, 1.0), ("sendrecv", 4, 1.0),
-])
+@pytest.mark.parametrize(
+    ("collective", "n", "factor"),
+    [
+        ("allreduce", 2, 1.0),
+        ("allreduce", 8, 1.75),
+        ("broadcast", 8, 1.0),
+        ("allgather", 4, 0.75),
+        ("reduce_scatter", 4, 0.75),
+        ("alltoall", 2, 0.5),
+        ("reduce", 4, 1.0),
+        ("sendrecv", 4, 1.0),
+    ],
+)
 def test_busbw_factors_are_nccl_tests(collective: str, n: int, factor: float) -> None:
     assert busbw_factor(collective, n) == factor
 
@@ -55,9 +80,11 @@ def test_time_is_the_fastest_rank_and_bandwidth_uses_gb_of_1e9() -> None:
 def test_instances_match_by_order_within_group_and_collective() -> None:
     """Ranks interleave two groups differently in time; each group's own order still pairs them."""
     rows = [
-        comm(0, "allreduce", 0, 10, 8_000_000, group="a"), comm(0, "broadcast", 5, 4, 1_000_000, group="b"),
+        comm(0, "allreduce", 0, 10, 8_000_000, group="a"),
+        comm(0, "broadcast", 5, 4, 1_000_000, group="b"),
         comm(0, "allreduce", 20, 10, 4_000_000, group="a"),
-        comm(1, "broadcast", 0, 2, 1_000_000, group="b"), comm(1, "allreduce", 3, 8, 8_000_000, group="a"),
+        comm(1, "broadcast", 0, 2, 1_000_000, group="b"),
+        comm(1, "allreduce", 3, 8, 8_000_000, group="a"),
         comm(1, "allreduce", 21, 4, 4_000_000, group="a"),
     ]
     out = collective_bandwidth(frame(rows)).set_index(["process_group", "collective", "instance"])
@@ -70,10 +97,12 @@ def test_instances_match_by_order_within_group_and_collective() -> None:
 
 def test_unknown_bytes_and_group_size() -> None:
     """Without a payload there is no bandwidth; without a group size the ranks seen stand in."""
-    rows = [comm(0, "allgather", 0, 10, None, group=None, size=None),
-            comm(1, "allgather", 0, 10, None, group=None, size=None),
-            comm(0, "reduce_scatter", 20, 10, 30_000_000, group=None, size=None),
-            comm(1, "reduce_scatter", 20, 10, 30_000_000, group=None, size=None)]
+    rows = [
+        comm(0, "allgather", 0, 10, None, group=None, size=None),
+        comm(1, "allgather", 0, 10, None, group=None, size=None),
+        comm(0, "reduce_scatter", 20, 10, 30_000_000, group=None, size=None),
+        comm(1, "reduce_scatter", 20, 10, 30_000_000, group=None, size=None),
+    ]
     out = collective_bandwidth(frame(rows))
     assert np.isnan(out.iloc[0]["algbw_gbps"]) and pd.isna(out.iloc[0]["bytes"])
     assert out.iloc[1]["group_size"] == 2
@@ -105,6 +134,9 @@ def test_one_rank_of_an_older_torch_job_keeps_allreduce_and_sendrecv_apart_at_th
     iv = read_traces(Path(__file__).parent / "fixtures" / "traces" / "old_torch").intervals
     out = collective_bandwidth(iv)
     assert out[["collective", "instance", "group_size", "ranks"]].values.tolist() == [
-        ["allreduce", 0, 4, 1], ["sendrecv", 0, 4, 1], ["allreduce", 1, 4, 1], ["sendrecv", 1, 4, 1],
+        ["allreduce", 0, 4, 1],
+        ["sendrecv", 0, 4, 1],
+        ["allreduce", 1, 4, 1],
+        ["sendrecv", 1, 4, 1],
     ]
     assert out["time_ns"].tolist() == [400_000, 150_000] * 2

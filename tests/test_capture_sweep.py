@@ -16,13 +16,13 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import sweep_in_process
+from world import run_world
 
 from tpbench import store
 from tpbench.capture import NVML_FILE, nvml
 from tpbench.suite import expand, parse
 from tpbench.worker import CaseRunner, Events, Rank
-from conftest import sweep_in_process
-from world import run_world
 
 pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
 
@@ -138,7 +138,9 @@ depth = 1
 
 def _peaks_in_one_world(rank: int, world_size: int, run_dir: str, big, small) -> list[dict[str, float]]:
     ctrl = dist.new_group(backend="gloo")
-    runner = CaseRunner(Rank(rank, world_size, rank, world_size), torch.device("cpu"), Path(run_dir), Events(None), ctrl)
+    runner = CaseRunner(
+        Rank(rank, world_size, rank, world_size), torch.device("cpu"), Path(run_dir), Events(None), ctrl
+    )
     peaks = []
     for case in (big, small, big, small):
         rows = runner.run_repeat(case, 0, profile_after=False)
@@ -181,15 +183,18 @@ def _sampled_case(rank: int, world_size: int, run_dir: str, case) -> list[tuple[
     return events.events
 
 
-SAMPLED_SUITE = MEMORY_SUITE.replace("steps = 2\nrepeats = 1", "steps = 6\nrepeats = 2").replace(
-    "profiler_steps = 0", "profiler_steps = 3\nnvml_interval_ms = 2").replace("width = 32", "width = 384")
+SAMPLED_SUITE = (
+    MEMORY_SUITE.replace("steps = 2\nrepeats = 1", "steps = 6\nrepeats = 2")
+    .replace("profiler_steps = 0", "profiler_steps = 3\nnvml_interval_ms = 2")
+    .replace("width = 32", "width = 384")
+)
 
 
 def test_worker_writes_nvml_samples_on_the_trace_clock_against_a_fake_nvml(tmp_path):
     """The worker's whole NVML path in a real 2-rank world, with FakeNvml standing in for the
     driver only because no GPU exists here: parts per repeat, merged nvml.parquet (by the store, as
-the launcher's recorder does when the case ends), samples tagged
-    with step and phase, and profiled-step samples inside the rank's traced steps."""
+    the launcher's recorder does when the case ends), samples tagged with step and phase, and
+    profiled-step samples inside the rank's traced steps."""
     (case,) = expand(parse(SAMPLED_SUITE))
     events = run_world(_sampled_case, 2, str(tmp_path), case, timeout_s=180)[0]
     (info,) = [data for kind, data in events if kind == "capture"]

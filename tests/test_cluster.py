@@ -19,15 +19,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import REPO, only_run, run_cli, worker_processes
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from tpbench import cli, store, sweep
-from tpbench.training import node_subgroups
 from tpbench.interconnect import InterconnectUnavailable
 from tpbench.launch import EventFiles, Torchrun, torchrun_failures
 from tpbench.suite import Machine, SuiteError, expand, parse
-
-from conftest import REPO, only_run, run_cli, worker_processes
+from tpbench.training import node_subgroups
 
 FAKE_SRUN = f"{shlex.quote(sys.executable)} {shlex.quote(str(REPO / 'tests' / 'fake_srun.py'))} 2"
 
@@ -40,8 +39,18 @@ def free_port() -> int:
 
 def two_nodes(nproc_per_node: int) -> list[str]:
     """``tpbench sweep`` arguments for worlds of two torchrun agents on this machine."""
-    return ["--launcher", "torchrun", "--nnodes", "2", "--nproc-per-node", str(nproc_per_node),
-            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--agent-prefix", FAKE_SRUN]
+    return [
+        "--launcher",
+        "torchrun",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--rdzv-endpoint",
+        f"127.0.0.1:{free_port()}",
+        "--agent-prefix",
+        FAKE_SRUN,
+    ]
 
 
 # --- layout rules, commands and reports (no processes) ------------------------------------------
@@ -61,11 +70,22 @@ def test_auto_sizes_follow_the_torchrun_layout():
     assert (case.world_size, case.ranks_per_node) == (6, 3)
 
 
-@pytest.mark.parametrize("extra, machine, message", [
-    ("world_size = 2\n", Machine(0, 2, 2), 'world_size: expected "auto" or 4 (--nnodes 2 x --nproc-per-node 2) under torchrun, got 2'),
-    ("world_size = 3\n", Machine(0, 2), "world_size: expected a multiple of --nnodes 2 under torchrun, got 3"),
-    ("ranks_per_node = 4\n", Machine(0, 2, 2), "ranks_per_node: expected \"auto\" or a divisor of the 2 ranks per node under torchrun"),
-])
+@pytest.mark.parametrize(
+    "extra, machine, message",
+    [
+        (
+            "world_size = 2\n",
+            Machine(0, 2, 2),
+            'world_size: expected "auto" or 4 (--nnodes 2 x --nproc-per-node 2) under torchrun, got 2',
+        ),
+        ("world_size = 3\n", Machine(0, 2), "world_size: expected a multiple of --nnodes 2 under torchrun, got 3"),
+        (
+            "ranks_per_node = 4\n",
+            Machine(0, 2, 2),
+            'ranks_per_node: expected "auto" or a divisor of the 2 ranks per node under torchrun',
+        ),
+    ],
+)
 def test_layouts_torchrun_cannot_give_are_refused(extra, machine, message):
     with pytest.raises(SuiteError) as e:
         expand(parse(LOCALSGD + extra, "s.toml"), machine)
@@ -86,10 +106,17 @@ def test_torchrun_commands():
     assert "--standalone" in single and single[-3:] == ["-m", "tpbench.worker", str(plan)]
     assert single[single.index("--nproc-per-node") + 1] == "2"
     assert single[single.index("--max-restarts") + 1] == "0"
-    multi = Torchrun(nnodes=2, rdzv_endpoint="node1:29500", agent_prefix=("srun", "--ntasks-per-node=1")).command(plan, 8, "run-w3")
+    multi = Torchrun(nnodes=2, rdzv_endpoint="node1:29500", agent_prefix=("srun", "--ntasks-per-node=1")).command(
+        plan, 8, "run-w3"
+    )
     assert multi[:2] == ["srun", "--ntasks-per-node=1"]
-    for flag, value in [("--nnodes", "2"), ("--nproc-per-node", "4"), ("--rdzv-backend", "c10d"),
-                        ("--rdzv-endpoint", "node1:29500"), ("--rdzv-id", "run-w3")]:
+    for flag, value in [
+        ("--nnodes", "2"),
+        ("--nproc-per-node", "4"),
+        ("--rdzv-backend", "c10d"),
+        ("--rdzv-endpoint", "node1:29500"),
+        ("--rdzv-id", "run-w3"),
+    ]:
         assert multi[multi.index(flag) + 1] == value
     assert "needs --rdzv-endpoint" in Torchrun(nnodes=2).problem()
 
@@ -97,11 +124,16 @@ def test_torchrun_commands():
 def test_failure_reports_blame_the_killed_rank_over_the_ones_torchrun_stopped():
     """Reports in torchrun's own format: the second agent saw rank 3 killed and stopped rank 2
     itself (SIGTERM); the first saw rank 0 exit after a connection error."""
-    def report(failures: dict[int, tuple[int, int]]) -> str:
-        return ChildFailedError("tpbench.worker", {r: ProcessFailure(local, 1000 + r, code, "<N/A>")
-                                                   for r, (local, code) in failures.items()}).format_msg()
 
-    text = report({0: (0, 1)}) + "\n" + "\n".join("1: " + line for line in report({2: (0, -15), 3: (1, -9)}).splitlines())
+    def report(failures: dict[int, tuple[int, int]]) -> str:
+        return ChildFailedError(
+            "tpbench.worker",
+            {r: ProcessFailure(local, 1000 + r, code, "<N/A>") for r, (local, code) in failures.items()},
+        ).format_msg()
+
+    text = (
+        report({0: (0, 1)}) + "\n" + "\n".join("1: " + line for line in report({2: (0, -15), 3: (1, -9)}).splitlines())
+    )
     assert torchrun_failures(text) == [(3, -9), (0, 1), (2, -15)]
 
 
@@ -118,11 +150,14 @@ def test_event_files_are_followed_line_by_line(tmp_path):
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("argv, message", [
-    (["--nnodes", "2"], "--nnodes: only with --launcher torchrun"),
-    (["--launcher", "torchrun", "--nnodes", "2"], "--nnodes 2 needs --rdzv-endpoint"),
-    (["--launcher", "torchrun", "--nnodes", "2", "--rdzv-endpoint", "h:1"], "give --agent-prefix"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--nnodes", "2"], "--nnodes: only with --launcher torchrun"),
+        (["--launcher", "torchrun", "--nnodes", "2"], "--nnodes 2 needs --rdzv-endpoint"),
+        (["--launcher", "torchrun", "--nnodes", "2", "--rdzv-endpoint", "h:1"], "give --agent-prefix"),
+    ],
+)
 def test_torchrun_usage_errors(argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         cli.main(["sweep", str(REPO / "suites" / "smoke.toml"), "--out", str(tmp_path), *argv])
@@ -146,27 +181,59 @@ def test_slurm_script_hands_the_allocation_to_torchrun(tmp_path):
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     (tmp_path / ".venv" / "bin" / "activate").write_text(f'PATH="{shims}:$PATH"\n')
     shims.mkdir()
-    for name, body in [("scontrol", 'printf "gpu-a\\ngpu-b\\n"'), ("tpbench", 'printf "%s\\n" "$@" > "$SLURM_SUBMIT_DIR/args"')]:
+    for name, body in [
+        ("scontrol", 'printf "gpu-a\\ngpu-b\\n"'),
+        ("tpbench", 'printf "%s\\n" "$@" > "$SLURM_SUBMIT_DIR/args"'),
+    ]:
         (shims / name).write_text(f"#!/bin/sh\n{body}\n")
         (shims / name).chmod(0o755)
-    env = os.environ | {"SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_NODELIST": "gpu-[a-b]", "SLURM_JOB_NUM_NODES": "2",
-                        "SLURM_GPUS_ON_NODE": "4", "SLURM_JOB_ID": "1234"}
-    subprocess.run(["bash", str(REPO / "examples" / "slurm" / "sweep.sbatch"), "suites/zero.toml", "--set", "steps=50"],
-                   env=env, cwd=tmp_path, check=True)
+    env = os.environ | {
+        "SLURM_SUBMIT_DIR": str(tmp_path),
+        "SLURM_JOB_NODELIST": "gpu-[a-b]",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_GPUS_ON_NODE": "4",
+        "SLURM_JOB_ID": "1234",
+    }
+    subprocess.run(
+        ["bash", str(REPO / "examples" / "slurm" / "sweep.sbatch"), "suites/zero.toml", "--set", "steps=50"],
+        env=env,
+        cwd=tmp_path,
+        check=True,
+    )
     args = cli.build_parser().parse_args((tmp_path / "args").read_text().splitlines())
-    assert cli._torchrun(args) == Torchrun(nnodes=2, nproc_per_node=4, rdzv_endpoint="gpu-a:29734",
-                                           agent_prefix=("srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"))
+    assert cli._torchrun(args) == Torchrun(
+        nnodes=2,
+        nproc_per_node=4,
+        rdzv_endpoint="gpu-a:29734",
+        agent_prefix=("srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"),
+    )
     assert (args.suite, args.set, args.out) == ("suites/zero.toml", ["steps=50"], tmp_path / "results")
 
 
 # --- two agents x 2 ranks: smoke cases and post-local SGD over the two "nodes" ------------------
 
+
 @pytest.fixture(scope="module")
 def two_node_run(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("cluster")
-    code = run_cli(["sweep", str(REPO / "suites" / "smoke.toml"), *two_nodes(2), "--out", str(tmp / "results"), "--no-report",
-                    "--set", "world_size=auto", "--set", 'algorithm=["ddp", "zero_no_overlap", "post_localSGD_hook"]',
-                    "--set", "start_localSGD_iter=2", "--set", "averaging_period=2"])
+    code = run_cli(
+        [
+            "sweep",
+            str(REPO / "suites" / "smoke.toml"),
+            *two_nodes(2),
+            "--out",
+            str(tmp / "results"),
+            "--no-report",
+            "--set",
+            "world_size=auto",
+            "--set",
+            'algorithm=["ddp", "zero_no_overlap", "post_localSGD_hook"]',
+            "--set",
+            "start_localSGD_iter=2",
+            "--set",
+            "averaging_period=2",
+        ]
+    )
     assert code == 0
     return only_run(tmp / "results")
 
@@ -214,6 +281,7 @@ def test_post_local_sgd_shares_gradients_within_each_node_only(two_node_run):
 
 # --- failures under torchrun ----------------------------------------------------------------------
 
+
 @pytest.mark.ranks
 def test_crash_and_hang_on_the_second_node_fail_only_their_cases(tmp_path):
     suite = tmp_path / "faults.toml"
@@ -239,11 +307,32 @@ def test_crash_and_hang_on_the_second_node_fail_only_their_cases(tmp_path):
 
 # --- --print: the user starts torchrun, --resume records what it did -----------------------------
 
+
 @pytest.mark.ranks
 def test_printed_command_runs_and_resume_records_it(tmp_path, capsys):
     out = tmp_path / "results"
-    assert run_cli(["sweep", str(REPO / "suites" / "smoke.toml"), "--launcher", "torchrun", "--nproc-per-node", "1", "--print",
-                    "--out", str(out), "--set", "world_size=auto", "--set", "repeats=1", "--filter", "algorithm=ddp"]) == 0
+    assert (
+        run_cli(
+            [
+                "sweep",
+                str(REPO / "suites" / "smoke.toml"),
+                "--launcher",
+                "torchrun",
+                "--nproc-per-node",
+                "1",
+                "--print",
+                "--out",
+                str(out),
+                "--set",
+                "world_size=auto",
+                "--set",
+                "repeats=1",
+                "--filter",
+                "algorithm=ddp",
+            ]
+        )
+        == 0
+    )
     run_dir = only_run(out)
     commands = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
     assert len(commands) == 2 and commands[1] == f"tpbench sweep --resume {run_dir}"

@@ -13,12 +13,11 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import tpbench
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 from world import run_world
-
-from conftest import tpbench
 
 from tpbench import store
 from tpbench.comm_hooks import Bf16Support
@@ -57,10 +56,15 @@ def test_bf16_refused_exactly_where_pytorch_refuses_it() -> None:
     assert (found["direct"] is None) == (support.refusal("gloo", wrapped=False) is None), found
     assert support.refusal("gloo", wrapped=True) is None  # the wrapped hook registered above
     assert found["gloo_sum"] == [3.0, 3.0, 3.0]
-    suite = parse('[defaults]\nworld_size = 2\ncomm_hook = "bf16_compress"\n[sweep]\n'
-                  'algorithm = ["hook_with_zero_step", "hook_with_zero_step_interleaved"]\n', "bf16.toml")
+    suite = parse(
+        '[defaults]\nworld_size = 2\ncomm_hook = "bf16_compress"\n[sweep]\n'
+        'algorithm = ["hook_with_zero_step", "hook_with_zero_step_interleaved"]\n',
+        "bf16.toml",
+    )
     assert len(expand(suite, CPU)) == 2
-    direct = parse('[defaults]\nworld_size = 2\ncomm_hook = "bf16_compress"\nalgorithm = "zero_no_overlap"\n', "bf16.toml")
+    direct = parse(
+        '[defaults]\nworld_size = 2\ncomm_hook = "bf16_compress"\nalgorithm = "zero_no_overlap"\n', "bf16.toml"
+    )
     if found["direct"] is None:
         assert len(expand(direct, CPU)) == 1
     else:
@@ -86,13 +90,19 @@ def test_module_that_fails_on_import_is_refused(tmp_path: Path, monkeypatch: pyt
 
 
 def test_state_collapses_for_builtin_hooks_and_old_ids_stay() -> None:
-    suite = parse(f'[defaults]\nworld_size = 2\ncomm_hook_state = "examples.comm_hooks.scaled_fp16:make_state"\n'
-                  f'[sweep]\ncomm_hook = ["allreduce", "fp16_compress", "{EXAMPLE_HOOK}"]\n'
-                  'algorithm = ["ddp", "post_localSGD_hook"]\n', "t.toml")
+    suite = parse(
+        f'[defaults]\nworld_size = 2\ncomm_hook_state = "examples.comm_hooks.scaled_fp16:make_state"\n'
+        f'[sweep]\ncomm_hook = ["allreduce", "fp16_compress", "{EXAMPLE_HOOK}"]\n'
+        'algorithm = ["ddp", "post_localSGD_hook"]\n',
+        "t.toml",
+    )
     cases = expand(suite, CPU)
     assert len(cases) == 6  # post-local SGD at "never" is plain DDP, with any hook of one's own
     assert {c.comm_hook: c.comm_hook_state for c in cases} == {
-        "allreduce": None, "fp16_compress": None, EXAMPLE_HOOK: "examples.comm_hooks.scaled_fp16:make_state"}
+        "allreduce": None,
+        "fp16_compress": None,
+        EXAMPLE_HOOK: "examples.comm_hooks.scaled_fp16:make_state",
+    }
     # A case recorded before comm_hook existed reads back with the same id as the all-reduce case.
     plain = next(c for c in cases if c.comm_hook == "allreduce" and c.algorithm == "ddp")
     old = {k: v for k, v in plain.params().items() if k not in ("comm_hook", "comm_hook_state")}
@@ -108,9 +118,12 @@ def _sweep(tmp_path: Path, *args: str) -> store.Loaded:
 
 def _bytes(run: store.Loaded) -> dict[tuple[str, str], tuple[float, float]]:
     table = run.cases[["case_id", "algorithm", "comm_hook"]].merge(
-        run.summary[["case_id", "allreduce_bytes_per_step", "comm_bytes_per_step"]], on="case_id")
-    return {(r["algorithm"], r["comm_hook"]): (r["allreduce_bytes_per_step"], r["comm_bytes_per_step"])
-            for r in table.to_dict("records")}
+        run.summary[["case_id", "allreduce_bytes_per_step", "comm_bytes_per_step"]], on="case_id"
+    )
+    return {
+        (r["algorithm"], r["comm_hook"]): (r["allreduce_bytes_per_step"], r["comm_bytes_per_step"])
+        for r in table.to_dict("records")
+    }
 
 
 def _gradient_bytes(width: int, depth: int, classes: int) -> int:
@@ -121,8 +134,16 @@ def _gradient_bytes(width: int, depth: int, classes: int) -> int:
 def test_example_hook_runs_through_a_real_sweep_at_half_the_bytes(tmp_path: Path) -> None:
     """examples/comm_hooks from the repository root, as docs/hooks.md says: registered by ddp and
     wrapped by both ZeRO hooks, next to DDP's all-reduce and PyTorch's fp16 compression."""
-    run = _sweep(tmp_path, "examples/comm_hooks/suite.toml", "--set", "steps=2", "--set", "repeats=1",
-                 "--set", "capture.profiler_steps=2")
+    run = _sweep(
+        tmp_path,
+        "examples/comm_hooks/suite.toml",
+        "--set",
+        "steps=2",
+        "--set",
+        "repeats=1",
+        "--set",
+        "capture.profiler_steps=2",
+    )
     assert set(run.cases["status"]) == {"done"} and len(run.cases) == 9
     assert run.steps["loss"].notna().all()
     fp32 = _gradient_bytes(width=256, depth=3, classes=16)
@@ -140,11 +161,13 @@ def test_example_hook_runs_through_a_real_sweep_at_half_the_bytes(tmp_path: Path
 @pytest.mark.ranks
 def test_compression_composes_with_post_local_sgd_and_bf16_with_zero_hooks(tmp_path: Path) -> None:
     suite = tmp_path / "compose.toml"
-    suite.write_text('[defaults]\nworld_size = 2\nbackend = "gloo"\ndevice = "cpu"\nbatch_size = 8\nwarmup_steps = 3\n'
-                     'steps = 2\nrepeats = 1\nstart_localSGD_iter = 0\naveraging_period = 1000\n'
-                     '[sweep]\nalgorithm = ["post_localSGD_hook", "hook_with_zero_step_interleaved"]\n'
-                     'comm_hook = ["allreduce", "fp16_compress"]\n'
-                     '[capture]\nprofiler_steps = 2\n[workloads.mlp]\nwidth = 32\ndepth = 2\n')
+    suite.write_text(
+        '[defaults]\nworld_size = 2\nbackend = "gloo"\ndevice = "cpu"\nbatch_size = 8\nwarmup_steps = 3\n'
+        "steps = 2\nrepeats = 1\nstart_localSGD_iter = 0\naveraging_period = 1000\n"
+        '[sweep]\nalgorithm = ["post_localSGD_hook", "hook_with_zero_step_interleaved"]\n'
+        'comm_hook = ["allreduce", "fp16_compress"]\n'
+        "[capture]\nprofiler_steps = 2\n[workloads.mlp]\nwidth = 32\ndepth = 2\n"
+    )
     run = _sweep(tmp_path, str(suite))
     found = _bytes(run)
     fp32 = _gradient_bytes(width=32, depth=2, classes=16)
@@ -152,28 +175,53 @@ def test_compression_composes_with_post_local_sgd_and_bf16_with_zero_hooks(tmp_p
     assert found[("post_localSGD_hook", "allreduce")] == (fp32, fp32)
     assert found[("post_localSGD_hook", "fp16_compress")] == (fp32 / 2, fp32 / 2)
     assert found[("hook_with_zero_step_interleaved", "fp16_compress")] == (fp32 / 2, fp32 / 2 + fp32)
-    bf16 = _sweep(tmp_path / "bf16", str(suite), "--set", 'algorithm=["hook_with_zero_step_interleaved"]',
-                  "--set", 'comm_hook=["bf16_compress"]')
+    bf16 = _sweep(
+        tmp_path / "bf16",
+        str(suite),
+        "--set",
+        'algorithm=["hook_with_zero_step_interleaved"]',
+        "--set",
+        'comm_hook=["bf16_compress"]',
+    )
     assert _bytes(bf16)[("hook_with_zero_step_interleaved", "bf16_compress")] == (fp32 / 2, fp32 / 2 + fp32)
 
 
 def _pair(hook: str, bucket: float, ratio: float, lo: float, hi: float) -> Comparison:
     kind = ZERO_KINDS[0]  # interleaved / sequential
     context = {"bucket_cap_mb": bucket, "comm_hook": hook}
-    return Comparison(kind, "run", {"algorithm": "hook_with_zero_step_interleaved", **context},
-                      {"algorithm": "hook_with_zero_step", **context}, context, {}, ratio, lo, hi, repeats=5)
+    return Comparison(
+        kind,
+        "run",
+        {"algorithm": "hook_with_zero_step_interleaved", **context},
+        {"algorithm": "hook_with_zero_step", **context},
+        context,
+        {},
+        ratio,
+        lo,
+        hi,
+        repeats=5,
+    )
 
 
 def test_report_says_per_bucket_size_whether_compression_changes_the_winner() -> None:
-    lines = winner_lines([
-        _pair("allreduce", 2, 0.90, 0.85, 0.95), _pair("fp16_compress", 2, 1.10, 1.05, 1.15),
-        _pair("allreduce", 8, 0.90, 0.85, 0.95), _pair("fp16_compress", 8, 0.92, 0.88, 0.97),
-        _pair("allreduce", 32, 1.10, 1.05, 1.15), _pair("fp16_compress", 32, 1.01, 0.97, 1.05),
-        _pair("fp16_compress", 64, 1.10, 1.05, 1.15),  # no all-reduce twin: nothing to compare with
-    ])
+    lines = winner_lines(
+        [
+            _pair("allreduce", 2, 0.90, 0.85, 0.95),
+            _pair("fp16_compress", 2, 1.10, 1.05, 1.15),
+            _pair("allreduce", 8, 0.90, 0.85, 0.95),
+            _pair("fp16_compress", 8, 0.92, 0.88, 0.97),
+            _pair("allreduce", 32, 1.10, 1.05, 1.15),
+            _pair("fp16_compress", 32, 1.01, 0.97, 1.05),
+            _pair("fp16_compress", 64, 1.10, 1.05, 1.15),  # no all-reduce twin: nothing to compare with
+        ]
+    )
     assert len(lines) == 3
     two, eight, big = lines
-    assert two.startswith("At 2 MB buckets: with allreduce, interleaved wins (interleaved/sequential 0.900 [0.850, 0.950])")
+    assert two.startswith(
+        "At 2 MB buckets: with allreduce, interleaved wins (interleaved/sequential 0.900 [0.850, 0.950])"
+    )
     assert two.endswith("Compression changes the answer: interleaved with allreduce, sequential with fp16_compress.")
     assert eight.endswith("Compression does not change the answer (interleaved).")
-    assert big.endswith("Compression changes the answer: sequential with allreduce, no clear winner with fp16_compress.")
+    assert big.endswith(
+        "Compression changes the answer: sequential with allreduce, no clear winner with fp16_compress."
+    )

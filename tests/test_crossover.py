@@ -23,8 +23,16 @@ def synthetic_points(xs, ratio_of_x, *, repeats=6, noise=0.03, seed=1) -> pd.Dat
         b = 100 * np.exp(rng.normal(0, noise, repeats))
         c = 100 * ratio_of_x(x) * np.exp(rng.normal(0, noise, repeats))
         r, lo, hi = ratio_ci(b, c)
-        rows.append({"comm_compute": x, "ratio": r, "ratio_lo": lo, "ratio_hi": hi,
-                     "sequential_reps": b.tolist(), "interleaved_reps": c.tolist()})
+        rows.append(
+            {
+                "comm_compute": x,
+                "ratio": r,
+                "ratio_lo": lo,
+                "ratio_hi": hi,
+                "sequential_reps": b.tolist(),
+                "interleaved_reps": c.tolist(),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -36,7 +44,9 @@ def test_finds_a_known_crossover_with_an_interval_that_covers_it():
     assert est.lo < x0 < est.hi and est.hi / est.lo < 4
     assert est.slope > 0 and est.slope_lo > 0
     assert est.crossing_share > 0.95 and est.wins_below >= 2 and est.wins_above >= 2
-    assert re.match(rf"Interleaved wins below comm:compute ≈ {est.x:.2g} \[{est.lo:.2g}, {est.hi:.2g}\]", est.sentence())
+    assert re.match(
+        rf"Interleaved wins below comm:compute ≈ {est.x:.2g} \[{est.lo:.2g}, {est.hi:.2g}\]", est.sentence()
+    )
     assert est.ratio_at(np.array([est.x]))[0] == pytest.approx(1.0)  # the plotted line crosses 1 at the estimate
 
 
@@ -84,11 +94,22 @@ def test_ratio_points_pair_cases_and_take_comm_compute_from_the_reference():
     for i, ((alg, link), (reps, comm, compute)) in enumerate(spec.items()):
         cid = f"c{i}"
         hook = alg in (SEQUENTIAL, INTERLEAVED)
-        cases.append({"case_id": cid, "algorithm": alg, "interconnect": link, "bucket_cap_mb": 2.0,
-                      "shard_buckets": False if hook else None, "impl": "tpbench" if hook else None, "status": "done"})
+        cases.append(
+            {
+                "case_id": cid,
+                "algorithm": alg,
+                "interconnect": link,
+                "bucket_cap_mb": 2.0,
+                "shard_buckets": False if hook else None,
+                "impl": "tpbench" if hook else None,
+                "status": "done",
+            }
+        )
         for r, m in enumerate(reps):
             for s in range(5):  # odd number of steps: the repeat's median is exactly m
-                steps.append({"case_id": cid, "repeat": r, "rank": 0, "step": s, "phase": "timed", "step_ms": m + (s - 2)})
+                steps.append(
+                    {"case_id": cid, "repeat": r, "rank": 0, "step": s, "phase": "timed", "step_ms": m + (s - 2)}
+                )
         summary.append({"case_id": cid, "comm_ms": comm, "compute_ms": compute})
     pts = crossover.ratio_points(pd.DataFrame(cases), pd.DataFrame(steps), pd.DataFrame(summary))
     assert list(pts["interconnect"]) == ["loopback", "tcp-1gbit"]

@@ -56,8 +56,12 @@ def test_relative_links_resolve(page: Path):
 
 
 def test_pages_keep_within_120_columns():
-    long = [f"{p.relative_to(ROOT)}:{n}" for p in PAGES
-            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if len(line) > 120]
+    long = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in PAGES
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if len(line) > 120
+    ]
     assert not long, long
 
 

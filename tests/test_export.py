@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from synthetic_runs import make_run
+
 from tpbench import export as exports
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,13 +23,22 @@ PYTEST_BENCHMARK = shutil.which("pytest-benchmark", path=str(Path(sys.executable
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    medians = {"ddp": [10.0, 10.4, 9.8, 10.1], "zero_no_overlap": [20.0, 21.0, 19.5, 20.2], "hook_with_zero_step": [15.0]}
+    medians = {
+        "ddp": [10.0, 10.4, 9.8, 10.1],
+        "zero_no_overlap": [20.0, 21.0, 19.5, 20.2],
+        "hook_with_zero_step": [15.0],
+    }
     return make_run(tmp_path_factory.mktemp("export"), medians, failed=["hook_with_zero_step"])
 
 
 def export(run: Path, fmt: str, out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpbench", "export", str(run), "--format", fmt, "-o", str(out)],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "tpbench", "export", str(run), "--format", fmt, "-o", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
 
 
 def test_pytest_benchmark_document(run: Path) -> None:
@@ -53,8 +62,13 @@ def test_pytest_benchmark_compare_reads_the_export(run: Path, tmp_path: Path) ->
     p = export(run, "pytest-benchmark", a)
     assert p.returncode == 0, p.stderr
     shutil.copy(a, b)
-    out = subprocess.run([PYTEST_BENCHMARK, "compare", str(a), str(b), "--columns", "min,median,max,rounds", "--group-by", "name"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    out = subprocess.run(
+        [PYTEST_BENCHMARK, "compare", str(a), str(b), "--columns", "min,median,max,rounds", "--group-by", "name"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "Failed to load" not in out.stdout + out.stderr
     # Both benchmarks of both files are in the table, with their 32 rounds and milliseconds shown.
@@ -75,7 +89,12 @@ def test_custom_smaller_is_better(run: Path, tmp_path: Path) -> None:
     assert isinstance(entries, list) and len(entries) == 2
     for e in entries:
         assert set(e) <= {"name", "value", "unit", "range", "extra"}
-        assert isinstance(e["name"], str) and isinstance(e["unit"], str) and isinstance(e["range"], str) and isinstance(e["extra"], str)
+        assert (
+            isinstance(e["name"], str)
+            and isinstance(e["unit"], str)
+            and isinstance(e["range"], str)
+            and isinstance(e["extra"], str)
+        )
         assert isinstance(e["value"], (int, float)) and math.isfinite(e["value"])
     by = {e["name"]: e for e in entries}
     assert by["synthetic/ddp"]["unit"] == "ms" and by["synthetic/ddp"]["value"] == pytest.approx(10.05, rel=0.02)
@@ -84,9 +103,19 @@ def test_custom_smaller_is_better(run: Path, tmp_path: Path) -> None:
 
 
 def test_export_to_stdout_and_bad_format(run: Path) -> None:
-    p = subprocess.run([sys.executable, "-m", "tpbench", "export", str(run), "--format", "custom-smaller-is-better"],
-                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "tpbench", "export", str(run), "--format", "custom-smaller-is-better"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert p.returncode == 0 and json.loads(p.stdout)[0]["name"].startswith("synthetic/")
-    p = subprocess.run([sys.executable, "-m", "tpbench", "export", str(run), "--format", "csv"],
-                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "tpbench", "export", str(run), "--format", "csv"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert p.returncode == 2

@@ -14,13 +14,12 @@ from typing import Callable
 
 import numpy as np
 import pytest
-
 from conftest import REPO
 from conftest import tpbench as run_tpbench
 from synthetic_runs import ENVIRONMENT, make_run
+
 from tpbench import compare, gate
 from tpbench.analysis.stats import hierarchical_ratio_ci, paired_ratio_ci, t_quantile
-
 
 
 def tpbench(*args: str | Path) -> subprocess.CompletedProcess:
@@ -37,15 +36,18 @@ def noisy(median: float, n: int, spread: float, seed: int) -> list[float]:
 # ---------------------------------------------------------------- verdict logic
 
 
-@pytest.mark.parametrize(("lo", "hi", "verdict"), [
-    (1.06, 1.20, "regression"),
-    (0.80, 0.94, "improvement"),
-    (0.97, 1.03, "pass"),
-    (0.95, 1.05, "pass"),           # the tolerance band is closed
-    (1.02, 1.08, "inconclusive"),   # might be a regression beyond 5%, might not
-    (0.70, 1.40, "inconclusive"),   # far too wide to say anything
-    (0.93, 0.99, "inconclusive"),   # might be an improvement beyond 5%, might not
-])
+@pytest.mark.parametrize(
+    ("lo", "hi", "verdict"),
+    [
+        (1.06, 1.20, "regression"),
+        (0.80, 0.94, "improvement"),
+        (0.97, 1.03, "pass"),
+        (0.95, 1.05, "pass"),  # the tolerance band is closed
+        (1.02, 1.08, "inconclusive"),  # might be a regression beyond 5%, might not
+        (0.70, 1.40, "inconclusive"),  # far too wide to say anything
+        (0.93, 0.99, "inconclusive"),  # might be an improvement beyond 5%, might not
+    ],
+)
 def test_judge(lo: float, hi: float, verdict: str) -> None:
     assert compare.judge(lo, hi, 0.05) == verdict
 
@@ -105,7 +107,10 @@ def test_paired_gate_false_alarms_and_power_in_simulation() -> None:
 
     def verdict(effect: float) -> str:
         shared = rng.normal(0, 0.3, 5)
-        side = lambda m: [np.exp(np.log(m) + u + rng.normal(0, 0.03) + rng.normal(0, 0.03, 5)) for u in shared]  # noqa: E731
+
+        def side(m: float) -> list[np.ndarray]:
+            return [np.exp(np.log(m) + u + rng.normal(0, 0.03) + rng.normal(0, 0.03, 5)) for u in shared]
+
         _, lo, hi = paired_ratio_ci(side(10), side(10 * effect))
         return compare.judge(lo, hi, 0.05)
 
@@ -223,11 +228,17 @@ def test_runs_differing_only_in_repeats_match_case_by_case_in_compare_and_report
     base = make_run(tmp_path / "b", {"ddp": noisy(10, 3, 0.02, 1), "zero_no_overlap": noisy(20, 3, 0.02, 2)})
     cand = make_run(tmp_path / "c", {"ddp": noisy(13, 5, 0.02, 3), "zero_no_overlap": noisy(20, 5, 0.02, 4)})
     rename_case_ids(base, lambda cid: "rep3" + cid[4:])
-    proc = subprocess.run([sys.executable, "-m", "tpbench", "compare", str(base), str(cand), "--format", "json"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tpbench", "compare", str(base), str(cand), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stderr  # the ddp regression
-    by_cli = [(c["case_id"], c["label"], c["verdict"], c["ratio"], c["ci_lo"], c["ci_hi"])
-              for c in json.loads(proc.stdout)["cases"]]
+    by_cli = [
+        (c["case_id"], c["label"], c["verdict"], c["ratio"], c["ci_lo"], c["ci_hi"])
+        for c in json.loads(proc.stdout)["cases"]
+    ]
     assert sorted(v for _, _, v, *_ in by_cli) == ["pass", "regression"]
 
     data = report_data([store.load(base), store.load(cand)])
@@ -269,15 +280,18 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-@pytest.mark.parametrize(("candidate", "flags", "code", "verdict"), [
-    ("same", [], 0, "pass"),
-    ("slow", [], 1, "regression"),
-    ("fast", [], 0, "improvement"),
-    ("wide", [], 0, "inconclusive"),
-    ("wide", ["--fail-on-inconclusive"], 4, "inconclusive"),
-    ("torch", [], 3, "incomparable"),
-    ("slow", ["--threshold", "40%"], 0, "pass"),
-])
+@pytest.mark.parametrize(
+    ("candidate", "flags", "code", "verdict"),
+    [
+        ("same", [], 0, "pass"),
+        ("slow", [], 1, "regression"),
+        ("fast", [], 0, "improvement"),
+        ("wide", [], 0, "inconclusive"),
+        ("wide", ["--fail-on-inconclusive"], 4, "inconclusive"),
+        ("torch", [], 3, "incomparable"),
+        ("slow", ["--threshold", "40%"], 0, "pass"),
+    ],
+)
 def test_compare_exit_codes(runs: dict[str, Path], candidate: str, flags: list[str], code: int, verdict: str) -> None:
     p = tpbench("compare", runs["base"], runs[candidate], "--format", "json", *flags)
     assert p.returncode == code, p.stderr
@@ -385,8 +399,20 @@ def test_gate_catches_slowdown_and_not_noise(tmp_path: Path) -> None:
     the candidate is a regression; the same code on both sides is never one."""
     suite = tmp_path / "gate.toml"
     suite.write_text(GATE_SUITE)
-    same = tpbench("gate", suite, "--baseline", sys.executable, "--candidate", sys.prefix, "--rounds", "2",
-                   "--out", tmp_path / "same", "--format", "json")
+    same = tpbench(
+        "gate",
+        suite,
+        "--baseline",
+        sys.executable,
+        "--candidate",
+        sys.prefix,
+        "--rounds",
+        "2",
+        "--out",
+        tmp_path / "same",
+        "--format",
+        "json",
+    )
     doc = json.loads(same.stdout)
     (case,) = doc["cases"]
     print(f"same code: ratio {case['ratio']:.3f} [{case['ci_lo']:.3f}, {case['ci_hi']:.3f}] -> {case['verdict']}")
@@ -395,8 +421,22 @@ def test_gate_catches_slowdown_and_not_noise(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "same" / "baseline").iterdir()) == ["round01", "round02"]
 
     # Baseline as a source tree (PYTHONPATH), candidate as a virtual environment.
-    slow = tpbench("gate", suite, "--baseline", REPO, "--candidate", sys.prefix, "--rounds", "3",
-                   "--candidate-set", "slowdown_pct=25", "--out", tmp_path / "slow", "--format", "json")
+    slow = tpbench(
+        "gate",
+        suite,
+        "--baseline",
+        REPO,
+        "--candidate",
+        sys.prefix,
+        "--rounds",
+        "3",
+        "--candidate-set",
+        "slowdown_pct=25",
+        "--out",
+        tmp_path / "slow",
+        "--format",
+        "json",
+    )
     doc = json.loads(slow.stdout)
     (case,) = doc["cases"]
     half_width = (math.log(case["ci_hi"]) - math.log(case["ci_lo"])) / 2
@@ -404,8 +444,10 @@ def test_gate_catches_slowdown_and_not_noise(tmp_path: Path) -> None:
     assert doc["paired"] and case["baseline_runs"] == case["candidate_runs"] == 3
     assert case["verdict"] in ("regression", "inconclusive"), slow.stdout
     if case["verdict"] == "inconclusive" and half_width > RESOLUTION_NEEDED:
-        pytest.skip(f"machine too noisy to resolve 25% with 3 rounds: the interval is ±{half_width:.2f} in log ratio "
-                    f"(needs ≤ {RESOLUTION_NEEDED:.2f}); ratio {case['ratio']:.2f} [{case['ci_lo']:.2f}, {case['ci_hi']:.2f}]")
+        pytest.skip(
+            f"machine too noisy to resolve 25% with 3 rounds: the interval is ±{half_width:.2f} in log ratio "
+            f"(needs ≤ {RESOLUTION_NEEDED:.2f}); ratio {case['ratio']:.2f} [{case['ci_lo']:.2f}, {case['ci_hi']:.2f}]"
+        )
     assert case["verdict"] == "regression" and slow.returncode == 1 and case["ci_lo"] > 1.05
 
 

@@ -15,11 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tpbench import store
-
 from conftest import run_cli
 from test_reliability import tiny_suite_file as tiny_suite
+
+from tpbench import store
 
 pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
 
@@ -37,8 +36,9 @@ def tree(root: Path) -> set[Path]:
 # --- 1. rendezvous does not depend on the characters of a path ---------------------------------
 
 
-@pytest.mark.parametrize("out_name,suite_name", [("res#ults?x=1", "plain"), ("plain", "su#ite?a=b"),
-                                                  ("new\nline %20 ü", "plain")])
+@pytest.mark.parametrize(
+    "out_name,suite_name", [("res#ults?x=1", "plain"), ("plain", "su#ite?a=b"), ("new\nline %20 ü", "plain")]
+)
 def test_url_characters_in_paths_rendezvous_inside_the_run_and_leave_nothing_behind(tmp_path, out_name, suite_name):
     """'#', '?', a newline, '%20' in --out or in the suite name: two sweeps into the same root both
     finish (exit 0), and nothing is left outside the run directories (no stray rendezvous file)."""
@@ -103,12 +103,18 @@ def test_resume_dry_run_lists_the_missing_cases_and_runs_nothing(done_run, tmp_p
     assert (tree(run), (run / "run.json").read_bytes()) == before
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--set", "steps=9"], "--set with --resume: a resumed run runs its own suite"),
-    (["--filter", "algorithm=ddp"], "--filter with --resume"),
-    (["--out", "elsewhere"], "--out with --resume: a resumed run runs its own suite's missing cases unchanged, in its own"),
-    (["OTHER"], "with --resume: not the suite"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--set", "steps=9"], "--set with --resume: a resumed run runs its own suite"),
+        (["--filter", "algorithm=ddp"], "--filter with --resume"),
+        (
+            ["--out", "elsewhere"],
+            "--out with --resume: a resumed run runs its own suite's missing cases unchanged, in its own",
+        ),
+        (["OTHER"], "with --resume: not the suite"),
+    ],
+)
 def test_resume_refuses_what_would_change_its_cases(done_run, tmp_path, capsys, extra, message):
     """Exit 2, one line, and the run is not touched."""
     run = copy_run(done_run, tmp_path, missing=1)
@@ -137,8 +143,13 @@ def test_a_run_being_swept_belongs_to_its_sweep_and_a_stop_signal_interrupts_it_
 
     suite = tiny_suite(tmp_path, "steps = [4, 4000]")
     out = tmp_path / "results"
-    p = subprocess.Popen([*SWEEP, str(suite), "--out", str(out), "--no-report"], cwd=tmp_path,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [*SWEEP, str(suite), "--out", str(out), "--no-report"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline, run_dir = time.monotonic() + 120, None
     while time.monotonic() < deadline and run_dir is None:
         for r in store.iter_runs(out) if out.exists() else []:
@@ -240,9 +251,11 @@ STEPS_DAMAGE = {
 
 
 def _commands(run: Path, tmp_path: Path) -> dict[str, list[str]]:
-    return {"report": ["report", str(run), "-o", str(tmp_path / "r.html")],
-            "compare": ["compare", str(run), str(run)],
-            "export": ["export", str(run), "--format", "pytest-benchmark", "-o", str(tmp_path / "b.json")]}
+    return {
+        "report": ["report", str(run), "-o", str(tmp_path / "r.html")],
+        "compare": ["compare", str(run), str(run)],
+        "export": ["export", str(run), "--format", "pytest-benchmark", "-o", str(tmp_path / "b.json")],
+    }
 
 
 @pytest.mark.parametrize("command", ["report", "compare", "export"])
@@ -284,11 +297,13 @@ def test_a_repeat_that_ends_after_its_timeout_fails_as_timed_out(tmp_path):
     events = run.dir / "events" / "w0"
     events.mkdir(parents=True)
     t = 1_000.0
-    lines = [{"event": "world_ready", "t": t, "world": "w0", "nodes": []},
-             {"event": "repeat_start", "t": t, "case": case.case_id, "repeat": 0},
-             {"event": "repeat_end", "t": t + 2.5, "case": case.case_id, "repeat": 0, "median_ms": 1.0},
-             {"event": "case_end", "t": t + 2.5, "case": case.case_id},
-             {"event": "world_done", "t": t + 2.6, "world": "w0"}]
+    lines = [
+        {"event": "world_ready", "t": t, "world": "w0", "nodes": []},
+        {"event": "repeat_start", "t": t, "case": case.case_id, "repeat": 0},
+        {"event": "repeat_end", "t": t + 2.5, "case": case.case_id, "repeat": 0, "median_ms": 1.0},
+        {"event": "case_end", "t": t + 2.5, "case": case.case_id},
+        {"event": "world_done", "t": t + 2.6, "world": "w0"},
+    ]
     (events / "rank0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
     outcome = Supervisor(PrintedWorldRecord(run.dir, "w0", 2), {case.case_id: case}, run, lambda k, e: None).supervise()
     assert outcome.failed_case == case.case_id
@@ -314,7 +329,8 @@ def test_equal_numbers_make_one_case_with_the_id_existing_results_have():
     assert ids("", "timeout_s=300.0") == default
     assert ids("[defaults]\nlr = 1") == ids("[defaults]\nlr = 1.0")
     assert ids("[defaults]\nworkload = 'markov'\n[workloads.markov]\nleak = 1") == ids(
-        "[defaults]\nworkload = 'markov'\n[workloads.markov]\nleak = 1.0")
+        "[defaults]\nworkload = 'markov'\n[workloads.markov]\nleak = 1.0"
+    )
     assert ids("[sweep]\nbucket_cap_mb = [25.0, 4]")[0] == default[0]
     cases = expand(parse("[sweep]\nbucket_cap_mb = [25, 4]", "x.toml"), Machine(gpus=0))
     assert [c.bucket_cap_mb for c in select(cases, ["bucket_cap_mb=25.0"])] == [25]
@@ -346,17 +362,25 @@ def test_markup_in_names_and_paths_is_printed_verbatim_and_files_follow_the_umas
     file is 0664, as a plain ``open`` would make it, so a team can share the results."""
     suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]', name="zero [v2]")
     out, reports = tmp_path / "b[/x]", tmp_path / "reports [red]"
-    proc = sweep(str(suite), "--out", str(out), "--reports-dir", str(reports), cwd=tmp_path,
-                 preexec_fn=lambda: os.umask(0o002))
+    proc = sweep(
+        str(suite), "--out", str(out), "--reports-dir", str(reports), cwd=tmp_path, preexec_fn=lambda: os.umask(0o002)
+    )
     assert proc.returncode == 0, proc.stderr
     run_dir = next(store.iter_runs(out))
     assert run_dir.parent.name == "zero [v2]"
     report = reports / f"zero [v2]-{run_dir.name}.html"
     assert f"Run directory: {run_dir}\n" in proc.stderr and f"Report: {report}\n" in proc.stderr, proc.stderr
     assert "zero [v2]" in proc.stdout  # the summary table's title
-    written = [run_dir / "run.json", run_dir / "summary.parquet", report, *run_dir.glob("cases/*/*.parquet"),
-               *run_dir.glob("plans/*.json")]
-    assert {oct(p.stat().st_mode & 0o777) for p in written} == {"0o664"}, {str(p): oct(p.stat().st_mode) for p in written}
+    written = [
+        run_dir / "run.json",
+        run_dir / "summary.parquet",
+        report,
+        *run_dir.glob("cases/*/*.parquet"),
+        *run_dir.glob("plans/*.json"),
+    ]
+    assert {oct(p.stat().st_mode & 0o777) for p in written} == {"0o664"}, {
+        str(p): oct(p.stat().st_mode) for p in written
+    }
     assert not list(tmp_path.rglob("*.tmp"))
 
 
@@ -376,8 +400,15 @@ def test_list_tolerates_a_suites_folder_of_broken_files(tmp_path, capsys):
     assert run_cli(["list", "--suites", str(suites)]) == 0
     text = capsys.readouterr().out
     assert "uses [red]no markup[/red]" in text.replace("\n", "")
-    for name in ("b-syntax", "c-binary", "d-suite-not-a-table", "e-description-a-number", "f-nested", "g-a-folder",
-                 "h-[bold]name"):
+    for name in (
+        "b-syntax",
+        "c-binary",
+        "d-suite-not-a-table",
+        "e-description-a-number",
+        "f-nested",
+        "g-a-folder",
+        "h-[bold]name",
+    ):
         assert name in text, name
     assert text.count("(unreadable:") == 4, text  # syntax, binary, nested, folder
 
@@ -385,8 +416,13 @@ def test_list_tolerates_a_suites_folder_of_broken_files(tmp_path, capsys):
 # --- 8. disk: the report's folder is checked before the sweep; errors name the user's file ------
 
 
-@pytest.mark.parametrize("where,message", [("a-file/r.html", "a-file: report directory is not writable"),
-                                           ("a-folder", "a-folder: is a folder; --report takes the report's file name")])
+@pytest.mark.parametrize(
+    "where,message",
+    [
+        ("a-file/r.html", "a-file: report directory is not writable"),
+        ("a-folder", "a-folder: is a folder; --report takes the report's file name"),
+    ],
+)
 def test_an_unusable_report_path_is_refused_before_the_sweep(tmp_path, capsys, where, message):
     suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]')
     (tmp_path / "a-file").write_text("")
@@ -425,8 +461,13 @@ def test_torchrun_with_zero_nodes_is_refused(tmp_path, capsys):
 def test_allow_env_lets_a_profile_set_a_variable_that_changes_what_runs():
     from tpbench.interconnect import resolve
 
-    profiles = {"traced": {"backend": "gloo", "env": {"LD_PRELOAD": "/opt/libtrace.so", "GLOO_SOCKET_IFNAME": "lo"},
-                           "allow_env": ["LD_PRELOAD"]}}
+    profiles = {
+        "traced": {
+            "backend": "gloo",
+            "env": {"LD_PRELOAD": "/opt/libtrace.so", "GLOO_SOCKET_IFNAME": "lo"},
+            "allow_env": ["LD_PRELOAD"],
+        }
+    }
     assert dict(resolve("traced", profiles).env) == {"LD_PRELOAD": "/opt/libtrace.so", "GLOO_SOCKET_IFNAME": "lo"}
     profiles["traced"]["allow_env"] = []
     with pytest.raises(ValueError, match="env.LD_PRELOAD changes what every rank runs"):
@@ -442,8 +483,13 @@ def test_a_disk_that_fills_up_mid_sweep_names_the_file_leaves_no_temporary_and_l
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], check=True)
     try:
         suite = tiny_suite(tmp_path, "steps = [20, 21]")
-        p = subprocess.Popen([*SWEEP, str(suite), "--out", str(disk / "results"), "--no-report"], cwd=tmp_path,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            [*SWEEP, str(suite), "--out", str(disk / "results"), "--no-report"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.monotonic() + 60
         while not list(disk.glob("results/tiny/*/run.json")) and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -33,8 +33,10 @@ TRACES = Path(__file__).parent / "fixtures" / "traces"
 GLOO, GPU_STYLE = TRACES / "gloo2", TRACES / "gloo2_gpu_style"
 
 # HTA's own pandas and 0/0 warnings are not ours to fix.
-pytestmark = [pytest.mark.filterwarnings("ignore:The inplace keyword"),
-              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:The inplace keyword"),
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+]
 
 
 def tpbench_pct(folder: Path) -> pd.Series:
@@ -75,20 +77,55 @@ def test_hand_built_gpu_trace_with_streams_and_memcpy(tmp_path: Path) -> None:
     """Compute on two streams, memcpy (neither compute nor comm), NCCL on two streams, three
     steps of which HTA drops the last: comm 250 + 250 µs, overlap 50 + 50 µs → 20 %."""
     kernels = [  # (name, stream, start µs, duration µs)
-        ("gemm", 7, 100, 200), ("gemm", 8, 200, 200), ("Memcpy DtoD (Device -> Device)", 7, 450, 50),
+        ("gemm", 7, 100, 200),
+        ("gemm", 8, 200, 200),
+        ("Memcpy DtoD (Device -> Device)", 7, 450, 50),
         ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 20, 350, 250),
-        ("gemm", 7, 1100, 100), ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 20, 1150, 200),
+        ("gemm", 7, 1100, 100),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 20, 1150, 200),
         ("ncclDevKernel_Broadcast_RING_LL", 21, 1300, 100),
-        ("gemm", 7, 2100, 100), ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 20, 2100, 100),
+        ("gemm", 7, 2100, 100),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 20, 2100, 100),
     ]
-    events: list[dict] = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i + 1}", "pid": 1, "tid": 1,
-                           "ts": 1000 * i, "dur": 1000, "args": {}} for i in range(3)]
+    events: list[dict] = [
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": f"ProfilerStep#{i + 1}",
+            "pid": 1,
+            "tid": 1,
+            "ts": 1000 * i,
+            "dur": 1000,
+            "args": {},
+        }
+        for i in range(3)
+    ]
     for corr, (name, stream, ts, dur) in enumerate(kernels, start=1):
         cat = "gpu_memcpy" if name.startswith("Memcpy") else "kernel"
-        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
-                       "ts": ts - 5, "dur": 2, "args": {"correlation": corr}})
-        events.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
-                       "args": {"device": 0, "stream": stream, "correlation": corr}})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "pid": 1,
+                "tid": 1,
+                "ts": ts - 5,
+                "dur": 2,
+                "args": {"correlation": corr},
+            }
+        )
+        events.append(
+            {
+                "ph": "X",
+                "cat": cat,
+                "name": name,
+                "pid": 0,
+                "tid": stream,
+                "ts": ts,
+                "dur": dur,
+                "args": {"device": 0, "stream": stream, "correlation": corr},
+            }
+        )
     with gzip.open(tmp_path / "rank0.json.gz", "wt") as f:
         json.dump({"distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": events}, f)
     assert tpbench_pct(tmp_path).tolist() == [20.0]

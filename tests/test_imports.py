@@ -50,7 +50,9 @@ def import_graph() -> dict[str, set[str]]:
     for p in paths:
         name = _module_name(p)
         # A package's own __init__ importing its submodules is how a package is built, not a cycle.
-        graph[name] = {m for m in _imports(ast.parse(p.read_text()), modules) if m != name and not m.startswith(name + ".")}
+        graph[name] = {
+            m for m in _imports(ast.parse(p.read_text()), modules) if m != name and not m.startswith(name + ".")
+        }
     return graph
 
 
@@ -107,7 +109,9 @@ def test_dependency_rules():
     graph = import_graph()
     for module, deps in graph.items():
         if module.startswith("tpbench.analysis"):
-            assert {d for d in deps if not d.startswith("tpbench.analysis")} <= {"tpbench", "tpbench.algorithms"}, module
+            assert {d for d in deps if not d.startswith("tpbench.analysis")} <= {"tpbench", "tpbench.algorithms"}, (
+                module
+            )
         if module.startswith("tpbench.hooks"):
             assert all(d.startswith("tpbench.hooks") for d in deps), module
     assert [m for m, deps in graph.items() if "tpbench.training" in deps] == ["tpbench.worker"]
@@ -121,8 +125,12 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def _torch_imported(code: str) -> bool:
     """Whether running ``code`` in a fresh interpreter imported torch (``code`` must run to its end)."""
-    out = subprocess.run([sys.executable, "-c", code + "\nimport sys; print('torch imported:', 'torch' in sys.modules)"],
-                         cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys; print('torch imported:', 'torch' in sys.modules)"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     (line,) = [x for x in out.stdout.splitlines() if x.startswith("torch imported: ")]
     return line == "torch imported: True"
@@ -138,8 +146,9 @@ except SystemExit as e:
 """
 
 
-@pytest.mark.parametrize("module", ["tpbench.report", "tpbench.gate", "tpbench.suite", "tpbench.sweep",
-                                    "tpbench.algorithms", "tpbench.cli"])
+@pytest.mark.parametrize(
+    "module", ["tpbench.report", "tpbench.gate", "tpbench.suite", "tpbench.sweep", "tpbench.algorithms", "tpbench.cli"]
+)
 def test_module_imports_without_torch(module):
     assert not _torch_imported(f"import {module}")
 

@@ -335,8 +335,14 @@ def test_emulated_1gbit_link_limits_gloo_allreduce_to_its_rate(no_leftovers: Non
         ranks = [
             subprocess.Popen(
                 net.wrap([sys.executable, "-c", _RANK, str(n_bytes // 4), str(iterations)]),
-                env={**os.environ, **net.env, "MASTER_PORT": "29500", "RANK": str(r), "WORLD_SIZE": str(world),
-                     "OMP_NUM_THREADS": "1"},
+                env={
+                    **os.environ,
+                    **net.env,
+                    "MASTER_PORT": "29500",
+                    "RANK": str(r),
+                    "WORLD_SIZE": str(world),
+                    "OMP_NUM_THREADS": "1",
+                },
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,

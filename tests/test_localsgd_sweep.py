@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import sweep_in_process
 
 from tpbench import store
 from tpbench.workloads.markov import TinyTransformer
-
-from conftest import sweep_in_process
 
 pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
 
@@ -132,7 +131,7 @@ def test_averaging_traffic_appears_in_the_traces_of_averaging_steps(run):
 
 # The harness as it was before averaging was fixed: gradients cleared right after the optimizer
 # step, so the averager saw none. Installed in the rank processes only, through PYTHONPATH.
-OLD_ORDER = '''
+OLD_ORDER = """
 import dataclasses
 from tpbench import training
 
@@ -151,7 +150,7 @@ def _old_order(model, ctx):
 
 
 training.BUILDERS["post_localSGD_hook"] = _old_order
-'''
+"""
 
 
 def test_an_averaging_step_that_would_average_nothing_fails_the_case(tmp_path, monkeypatch):

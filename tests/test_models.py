@@ -54,8 +54,13 @@ def run(tmp_path_factory) -> store.Loaded:
     """One sweep: every built-in workload at its smallest size x every algorithm (both shard_buckets)."""
     tmp = tmp_path_factory.mktemp("models")
     (tmp / "models.toml").write_text(SUITE)
-    proc = subprocess.run([sys.executable, "-m", "tpbench", "sweep", "models.toml", "--out", "results", "--no-report"],
-                          capture_output=True, text=True, cwd=tmp, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tpbench", "sweep", "models.toml", "--out", "results", "--no-report"],
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return store.load(next(store.iter_runs(tmp / "results")))
 
@@ -72,7 +77,9 @@ def test_every_model_trains_under_every_algorithm(run: store.Loaded) -> None:
 def _accounts(run: store.Loaded, workload: str) -> dict[tuple[str, object], list[dict]]:
     memory = store.read_case_tables(run.run_dir, "memory").merge(run.cases, on="case_id")
     memory = memory[memory["workload"] == workload].sort_values("rank")
-    return {(a, s): g.to_dict("records") for (a, s), g in memory.groupby(["algorithm", memory["shard_buckets"].map(str)])}
+    return {
+        (a, s): g.to_dict("records") for (a, s), g in memory.groupby(["algorithm", memory["shard_buckets"].map(str)])
+    }
 
 
 def test_memory_accounting_matches_hand_computed_bytes(run: store.Loaded) -> None:
@@ -89,25 +96,36 @@ def test_memory_accounting_matches_hand_computed_bytes(run: store.Loaded) -> Non
         assert [(r["optimizer_state_bytes"], r["stepped_params"]) for r in acc[(algo, "None")]] == [(full, 2640)] * 2
     # zero_no_overlap: ZeRO's greedy partition, largest tensor first to the least-loaded rank:
     # W0, W1 (1024 each) to ranks 0 and 1, W2 (512) to rank 0, the three biases to rank 1.
-    assert [(r["optimizer_state_bytes"], r["stepped_params"], r["stepped_tensors"]) for r in acc[("zero_no_overlap", "None")]] \
-        == [(1536 * 8 + 2 * 4, 1536, 2), (1104 * 8 + 4 * 4, 1104, 4)]
+    assert [
+        (r["optimizer_state_bytes"], r["stepped_params"], r["stepped_tensors"])
+        for r in acc[("zero_no_overlap", "None")]
+    ] == [(1536 * 8 + 2 * 4, 1536, 2), (1104 * 8 + 4 * 4, 1104, 4)]
     for hook in ("hook_with_zero_step", "hook_with_zero_step_interleaved"):
         # One 25 MB bucket: without shard_buckets it goes wholly to rank 0.
-        assert [(r["optimizer_state_bytes"], r["stepped_params"]) for r in acc[(hook, "False")]] == [(full, 2640), (0, 0)]
+        assert [(r["optimizer_state_bytes"], r["stepped_params"]) for r in acc[(hook, "False")]] == [
+            (full, 2640),
+            (0, 0),
+        ]
         # With shard_buckets the bucket (reverse layer order: b2 W2 b1 W1 | b0 W0) is cut at the
         # tensor boundary nearest half its 2640 elements: 1584 (4 tensors) and 1056 (2 tensors).
-        assert [(r["optimizer_state_bytes"], r["stepped_params"], r["stepped_tensors"]) for r in acc[(hook, "True")]] \
-            == [(1584 * 8 + 4 * 4, 1584, 4), (1056 * 8 + 2 * 4, 1056, 2)]
+        assert [
+            (r["optimizer_state_bytes"], r["stepped_params"], r["stepped_tensors"]) for r in acc[(hook, "True")]
+        ] == [(1584 * 8 + 4 * 4, 1584, 4), (1056 * 8 + 2 * 4, 1056, 2)]
 
 
 def test_partition_and_what_zero_saves(run: store.Loaded) -> None:
     partition = store.read_case_tables(run.run_dir, "partition").merge(run.cases, on="case_id")
     mlp = partition[partition["workload"] == "mlp"]
-    sharded = mlp[(mlp["algorithm"] == "hook_with_zero_step") & (mlp["shard_buckets"] == True)]  # noqa: E712
-    assert sharded[["rank", "bucket", "first", "tensors", "params"]].values.tolist() == [[0, 0, 0, 4, 1584], [1, 0, 4, 2, 1056]]
+    sharded = mlp[(mlp["algorithm"] == "hook_with_zero_step") & (mlp["shard_buckets"] == True)]  # noqa: E712 - element-wise
+    assert sharded[["rank", "bucket", "first", "tensors", "params"]].values.tolist() == [
+        [0, 0, 0, 4, 1584],
+        [1, 0, 4, 2, 1056],
+    ]
     assert set(partition["algorithm"]) == {"zero_no_overlap", "hook_with_zero_step", "hook_with_zero_step_interleaved"}
     memory = store.read_case_tables(run.run_dir, "memory").assign(run_id="r")
-    summary = per_case(memory, partition.assign(run_id="r")[["run_id", "case_id", "rank", "bucket"]]).merge(run.cases, on="case_id")
+    summary = per_case(memory, partition.assign(run_id="r")[["run_id", "case_id", "rank", "bucket"]]).merge(
+        run.cases, on="case_id"
+    )
     ddp = summary[summary["algorithm"] == "ddp"].set_index("workload")["ddp_state_bytes"]
     for row in summary[summary["sharded"]].to_dict("records"):
         # Sharded state sums to exactly plain DDP's full state, for every model.
@@ -149,8 +167,14 @@ def test_permutation_chain_optimum_is_exact_with_coinciding_successors() -> None
 
 
 def test_list_shows_each_model_presets_and_parameter_counts() -> None:
-    proc = subprocess.run([sys.executable, "-m", "tpbench", "list"], capture_output=True, text=True, cwd=REPO, timeout=120,
-                          env={**os.environ, "COLUMNS": "250"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "tpbench", "list"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "250"},
+    )
     assert proc.returncode == 0, proc.stderr
     for text in ("gpt2: 124.44 M", "resnet18: 11.17 M", "large: 256.02 M", "n_layer=(preset)"):
         assert text in proc.stdout, text

@@ -32,10 +32,17 @@ class FakeNvml:
     NVMLError = pynvml.NVMLError
 
     def __init__(self, fields: set[int] | None = None, links: int = 0, fail_after: int | None = None) -> None:
-        self.supported = fields if fields is not None else {
-            pynvml.NVML_FI_DEV_POWER_INSTANT, pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
-            pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, pynvml.NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES,
-            pynvml.NVML_FI_DEV_NVLINK_COUNT_RCV_BYTES}
+        self.supported = (
+            fields
+            if fields is not None
+            else {
+                pynvml.NVML_FI_DEV_POWER_INSTANT,
+                pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+                pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+                pynvml.NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES,
+                pynvml.NVML_FI_DEV_NVLINK_COUNT_RCV_BYTES,
+            }
+        )
         self.links = links
         self.fail_after = fail_after
         self.queries = 0
@@ -59,7 +66,9 @@ class FakeNvml:
 
     def nvmlDeviceGetNvLinkState(self, handle, link):
         if link >= self.links:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED if self.links == 0 else pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            raise pynvml.NVMLError(
+                pynvml.NVML_ERROR_NOT_SUPPORTED if self.links == 0 else pynvml.NVML_ERROR_INVALID_ARGUMENT
+            )
         return pynvml.NVML_FEATURE_ENABLED
 
     def _query(self) -> None:
@@ -91,15 +100,20 @@ class FakeNvml:
         for f in field_ids:
             fid, scope = f if isinstance(f, tuple) else (f, 0)
             ok = fid in self.supported
-            value = {pynvml.NVML_FI_DEV_POWER_INSTANT: 300_000,
-                     pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: self.counter * 1_000_000,
-                     pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: self.counter * 2_000_000,
-                     pynvml.NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES: self.counter * 10_000_000,
-                     pynvml.NVML_FI_DEV_NVLINK_COUNT_RCV_BYTES: self.counter * 20_000_000}.get(fid, 0)
-            out.append(SimpleNamespace(
-                nvmlReturn=pynvml.NVML_SUCCESS if ok else pynvml.NVML_ERROR_NOT_SUPPORTED,
-                valueType=pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
-                value=SimpleNamespace(ullVal=value)))
+            value = {
+                pynvml.NVML_FI_DEV_POWER_INSTANT: 300_000,
+                pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: self.counter * 1_000_000,
+                pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: self.counter * 2_000_000,
+                pynvml.NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES: self.counter * 10_000_000,
+                pynvml.NVML_FI_DEV_NVLINK_COUNT_RCV_BYTES: self.counter * 20_000_000,
+            }.get(fid, 0)
+            out.append(
+                SimpleNamespace(
+                    nvmlReturn=pynvml.NVML_SUCCESS if ok else pynvml.NVML_ERROR_NOT_SUPPORTED,
+                    valueType=pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+                    value=SimpleNamespace(ullVal=value),
+                )
+            )
         return out
 
 
@@ -138,8 +152,11 @@ def test_sampler_arrives_at_the_configured_rate_and_counters_become_rates():
 def test_fallbacks_when_fields_are_missing_and_no_nvlink():
     gpu = nvml.open_device(FakeNvml(fields=set()))
     assert not gpu.power_field and not gpu.pcie_counters and gpu.nvlink_links == () and gpu.fields == []
-    assert gpu.sources == {"power_w": "nvmlDeviceGetPowerUsage", "pcie": "nvmlDeviceGetPcieThroughput",
-                           "nvlink": "none (no active NVLink, or no byte counters)"}
+    assert gpu.sources == {
+        "power_w": "nvmlDeviceGetPowerUsage",
+        "pcie": "nvmlDeviceGetPcieThroughput",
+        "nvlink": "none (no active NVLink, or no byte counters)",
+    }
     df = nvml.samples_frame(gpu, _sample(gpu, 0.1), [], rank=1, repeat=2)
     assert df["power_w"].eq(250).all()
     assert df["pcie_tx_mb_s"].eq(1000 * 1024 / 1e6).all()  # KB/s straight from the call
@@ -207,8 +224,13 @@ def test_trace_clock_is_unix_time_and_the_probe_measures_the_offset(tmp_path):
 
 def test_trace_base_is_read_from_the_header_only(tmp_path):
     p = tmp_path / "t.json.gz"
-    p.write_bytes(gzip.compress(b'{"schemaVersion": 1, "baseTimeNanoseconds": 1790857026000000000, "traceEvents": ['
-                                + b'{"ph": "X"},' * 100_000 + b'{}]}'))
+    p.write_bytes(
+        gzip.compress(
+            b'{"schemaVersion": 1, "baseTimeNanoseconds": 1790857026000000000, "traceEvents": ['
+            + b'{"ph": "X"},' * 100_000
+            + b"{}]}"
+        )
+    )
     assert nvml.trace_base_ns(p) == 1790857026000000000
     (tmp_path / "bad.json").write_text('{"traceEvents": []}')
     with pytest.raises(ValueError, match="baseTimeNanoseconds"):

@@ -10,7 +10,12 @@ import pandas as pd
 import pytest
 
 from tpbench.analysis.overlap import (
-    STEP_OVERLAP_COLUMNS, hta_overlap_pct, overlap_totals, step_overlap, union, union_length,
+    STEP_OVERLAP_COLUMNS,
+    hta_overlap_pct,
+    overlap_totals,
+    step_overlap,
+    union,
+    union_length,
 )
 from tpbench.analysis.timeline import read_traces
 
@@ -19,15 +24,25 @@ FIXTURE = Path(__file__).parent / "fixtures" / "traces" / "gloo2"
 
 def frame(*rows: tuple[str, int, int], rank: int = 0) -> pd.DataFrame:
     """Intervals as (lane, start, end) on one rank."""
-    return pd.DataFrame({
-        "rank": [rank] * len(rows), "lane": [r[0] for r in rows],
-        "start_ns": [r[1] for r in rows], "end_ns": [r[2] for r in rows],
-    })
+    return pd.DataFrame(
+        {
+            "rank": [rank] * len(rows),
+            "lane": [r[0] for r in rows],
+            "start_ns": [r[1] for r in rows],
+            "end_ns": [r[2] for r in rows],
+        }
+    )
 
 
 def steps(*spans: tuple[int, int], rank: int = 0) -> pd.DataFrame:
-    return pd.DataFrame({"rank": rank, "step": range(1, len(spans) + 1),
-                         "start_ns": [s for s, _ in spans], "end_ns": [e for _, e in spans]})
+    return pd.DataFrame(
+        {
+            "rank": rank,
+            "step": range(1, len(spans) + 1),
+            "start_ns": [s for s, _ in spans],
+            "end_ns": [e for _, e in spans],
+        }
+    )
 
 
 def metrics(iv: pd.DataFrame, st: pd.DataFrame) -> list[dict]:
@@ -51,8 +66,14 @@ def test_nested_intervals_count_once() -> None:
 def test_several_streams_and_threads() -> None:
     iv = frame(("compute", 0, 40), ("compute", 30, 70), ("comm", 60, 100), ("comm", 90, 120))
     assert metrics(iv, steps((0, 150))) == [
-        {"compute_ns": 70, "comm_ns": 60, "overlap_ns": 10, "exposed_comm_ns": 50, "idle_ns": 30,
-         "overlap_pct": pytest.approx(100 / 6)}
+        {
+            "compute_ns": 70,
+            "comm_ns": 60,
+            "overlap_ns": 10,
+            "exposed_comm_ns": 50,
+            "idle_ns": 30,
+            "overlap_pct": pytest.approx(100 / 6),
+        }
     ]
 
 
@@ -87,7 +108,10 @@ def test_ranks_are_separate_and_a_rank_without_intervals_still_has_rows() -> Non
     out = step_overlap(iv, st)
     assert list(out.columns) == list(STEP_OVERLAP_COLUMNS)
     assert out[["rank", "comm_ns", "compute_ns", "overlap_ns", "idle_ns"]].values.tolist() == [
-        [0, 10, 0, 0, 0], [1, 0, 10, 0, 0], [2, 0, 0, 0, 10]]
+        [0, 10, 0, 0, 0],
+        [1, 0, 10, 0, 0],
+        [2, 0, 0, 0, 10],
+    ]
 
 
 def test_totals_are_ratios_of_sums() -> None:
@@ -102,11 +126,20 @@ def test_totals_are_ratios_of_sums() -> None:
 def test_hta_window_drops_each_ranks_last_step_unless_it_is_the_only_one() -> None:
     """Rank 0: steps 50 % and 10 % overlapped, then a last step (100 %) HTA leaves out → 30 %;
     rank 1 has one step only, which HTA keeps."""
-    iv = pd.concat([
-        frame(("comm", 0, 10), ("compute", 0, 5), ("comm", 100, 110), ("compute", 100, 101),
-              ("comm", 200, 210), ("compute", 200, 210), rank=0),
-        frame(("comm", 0, 10), ("compute", 0, 2), rank=1),
-    ])
+    iv = pd.concat(
+        [
+            frame(
+                ("comm", 0, 10),
+                ("compute", 0, 5),
+                ("comm", 100, 110),
+                ("compute", 100, 101),
+                ("comm", 200, 210),
+                ("compute", 200, 210),
+                rank=0,
+            ),
+            frame(("comm", 0, 10), ("compute", 0, 2), rank=1),
+        ]
+    )
     per_step = step_overlap(iv, pd.concat([steps((0, 50), (100, 150), (200, 250), rank=0), steps((0, 50), rank=1)]))
     assert overlap_totals(per_step).set_index("rank")["overlap_pct"].round(3).tolist() == [53.333, 20.0]
     assert hta_overlap_pct(per_step).to_dict() == {0: pytest.approx(30.0), 1: pytest.approx(20.0)}
@@ -138,17 +171,14 @@ def test_matches_brute_force_on_random_intervals() -> None:
         iv = pd.DataFrame({"rank": 0, "lane": lane, "start_ns": start, "end_ns": end})
         got = step_overlap(iv, steps(*spans))
         for (lo, hi), row in zip(spans, got.itertuples()):
-            ticks = np.arange(lo, hi)
-
-            def covered(which: tuple[str, ...]) -> np.ndarray:
-                m = np.isin(lane, which)
-                return ((ticks[:, None] >= start[m]) & (ticks[:, None] < end[m])).any(axis=1)
-
-            comp, comm = covered(("compute",)), covered(("comm",))
+            ticks = np.arange(lo, hi)[:, None]
+            # Each lane's covered ticks: a tick is covered when some interval of the lane holds it.
+            covered = {n: ((ticks >= start[lane == n]) & (ticks < end[lane == n])).any(axis=1) for n in lanes}
+            comp, comm = covered["compute"], covered["comm"]
             assert row.compute_ns == comp.sum() and row.comm_ns == comm.sum()
             assert row.overlap_ns == (comp & comm).sum()
-            assert row.idle_ns == (~covered(("compute", "comm", "memcpy", "other"))).sum()
-            assert row.optimizer_ns == covered(("optimizer",)).sum()
+            assert row.idle_ns == (~(comp | comm | covered["memcpy"] | covered["other"])).sum()
+            assert row.optimizer_ns == covered["optimizer"].sum()
 
 
 def test_overlapping_steps_are_refused() -> None:

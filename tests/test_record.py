@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-
 from synthetic_runs import make_run
+
 from tpbench import store
 from tpbench.record import SCHEMA_VERSION
 
@@ -26,8 +26,12 @@ def run(tmp_path: Path) -> Path:
 
 
 def export(run: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpbench", "export", str(run), "--format", "custom-smaller-is-better"],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "tpbench", "export", str(run), "--format", "custom-smaller-is-better"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_run_json_and_summary_carry_the_schema_version(run: Path) -> None:
@@ -53,8 +57,10 @@ def test_an_unknown_run_json_version_is_refused_naming_the_file_and_version(run:
 
 def test_an_unknown_summary_version_is_refused_naming_the_file(run: Path) -> None:
     table = pq.read_table(run / "summary.parquet")
-    pq.write_table(table.replace_schema_metadata(table.schema.metadata | {store.SUMMARY_VERSION_KEY: b"7"}),
-                   run / "summary.parquet")
+    pq.write_table(
+        table.replace_schema_metadata(table.schema.metadata | {store.SUMMARY_VERSION_KEY: b"7"}),
+        run / "summary.parquet",
+    )
     p = export(run)
     assert p.returncode == 3
     (line,) = p.stderr.strip().splitlines()

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import run_cli, tiny_suite
 
 from tpbench import store
-
-from conftest import run_cli, tiny_suite
 
 HERE = Path(__file__).resolve().parent
 CATALOGUE = sorted((HERE / "data" / "bad_suites").glob("*.toml"))
@@ -28,7 +27,7 @@ CATALOGUE = sorted((HERE / "data" / "bad_suites").glob("*.toml"))
 def expected_message(path: Path) -> str:
     first = path.read_text().splitlines()[0]
     assert first.startswith("# expect: "), path
-    return first[len("# expect: "):]
+    return first[len("# expect: ") :]
 
 
 def test_catalogue_is_large_enough():
@@ -56,7 +55,9 @@ def tiny_suite_file(tmp_path: Path, sweep: str, name: str = "tiny", **defaults: 
 def rank_pids(run_dir: Path) -> dict[int, int]:
     """Rank → pid of the worker processes of a run (read from their environment)."""
     pids = {}
-    for line in subprocess.run(["pgrep", "-f", f"tpbench.worker {run_dir}"], capture_output=True, text=True).stdout.split():
+    for line in subprocess.run(
+        ["pgrep", "-f", f"tpbench.worker {run_dir}"], capture_output=True, text=True
+    ).stdout.split():
         try:
             env = Path(f"/proc/{line}/environ").read_bytes().split(b"\0")
         except OSError:
@@ -70,10 +71,15 @@ def rank_pids(run_dir: Path) -> dict[int, int]:
 @pytest.mark.ranks
 def test_kill_9_of_a_rank_mid_case_fails_that_case_only(tmp_path):
     # The second case runs long enough to be killed from outside while it is in flight.
-    suite = tiny_suite_file(tmp_path, 'steps = [4, 4000, 5]')
+    suite = tiny_suite_file(tmp_path, "steps = [4, 4000, 5]")
     out = tmp_path / "results"
-    p = subprocess.Popen([sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(out), "--no-report"],
-                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(out), "--no-report"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     killed = None
     while time.monotonic() < deadline and killed is None:
@@ -109,8 +115,12 @@ def test_full_results_directory_fails_before_any_case(tmp_path):
                 f.write(b"\0" * 4096)
                 f.flush()
         suite = tiny_suite_file(tmp_path, 'algorithm = ["ddp"]')
-        proc = subprocess.run([sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(full / "results"), "--no-report"],
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(full / "results"), "--no-report"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 3, proc.stderr
         assert "not writable" in proc.stderr and "No space left on device" in proc.stderr
         assert not list((full / "results").rglob("run.json"))
@@ -122,8 +132,12 @@ def test_full_results_directory_fails_before_any_case(tmp_path):
 def finished_run(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("done")
     suite = tiny_suite_file(tmp, 'algorithm = ["ddp", "zero_no_overlap"]')
-    code = subprocess.run([sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(tmp / "results"), "--no-report"],
-                          capture_output=True, text=True, timeout=300)
+    code = subprocess.run(
+        [sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(tmp / "results"), "--no-report"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert code.returncode == 0, code.stderr
     return next(store.iter_runs(tmp / "results"))
 
@@ -164,12 +178,17 @@ def test_two_concurrent_sweeps_into_one_root_are_both_intact_and_bitwise_reprodu
     count; on GPU, cuBLAS/NCCL reduction order can differ, see docs/reliability.md)."""
     suite = tiny_suite_file(
         tmp_path,
-        'algorithm = ["ddp", "zero_no_overlap", "hook_with_zero_step", "hook_with_zero_step_interleaved", "post_localSGD_hook"]',
-        start_localSGD_iter=3, averaging_period=2, bucket_cap_mb=0.01,
+        'algorithm = ["ddp", "zero_no_overlap", "hook_with_zero_step", "hook_with_zero_step_interleaved", '
+        '"post_localSGD_hook"]',
+        start_localSGD_iter=3,
+        averaging_period=2,
+        bucket_cap_mb=0.01,
     )
     out = tmp_path / "results"
     cmd = [sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(out), "--no-report"]
-    procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err

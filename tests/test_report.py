@@ -23,7 +23,8 @@ import pytest
 from benchmarks import synth_run
 from tpbench import store
 from tpbench.record import RunRecord
-from tpbench.report import build_report, data as report_data, verdicts
+from tpbench.report import build_report, verdicts
+from tpbench.report import data as report_data
 from tpbench.suite import Machine, expand, parse
 
 ZERO_SUITE = """\
@@ -42,18 +43,33 @@ interconnect = ["loopback", "tcp-1gbit"]
 """
 
 
-def in_memory_run(suite_text: str, medians: dict[str, list[float]] | callable, run_id: str = "20260101T000000Z-aaaaaa",
-                  environment: dict | None = None) -> store.Loaded:
+def in_memory_run(
+    suite_text: str,
+    medians: dict[str, list[float]] | callable,
+    run_id: str = "20260101T000000Z-aaaaaa",
+    environment: dict | None = None,
+) -> store.Loaded:
     """A finished run held in memory: real cases, per-repeat medians from ``medians(case params)``."""
     cases = expand(parse(suite_text, "test.toml"), Machine(gpus=0))
-    meta = {"run_id": run_id, "suite": {"name": "zero-test", "text": suite_text}, "status": "complete",
-            "environment": environment or dict(synth_run.ENVIRONMENT),
-            "cases": {c.case_id: {"params": c.params(), "status": "done"} for c in cases}}
+    meta = {
+        "run_id": run_id,
+        "suite": {"name": "zero-test", "text": suite_text},
+        "status": "complete",
+        "environment": environment or dict(synth_run.ENVIRONMENT),
+        "cases": {c.case_id: {"params": c.params(), "status": "done"} for c in cases},
+    }
     rows = []
     for c in cases:
         reps = np.asarray(medians(c.params()), dtype=float)
-        rows.append({"case_id": c.case_id, "median_ms": float(np.median(reps)), "ci_lo_ms": float(reps.min()),
-                     "ci_hi_ms": float(reps.max()), "repeat_medians_ms": reps.tolist()})
+        rows.append(
+            {
+                "case_id": c.case_id,
+                "median_ms": float(np.median(reps)),
+                "ci_lo_ms": float(reps.min()),
+                "ci_hi_ms": float(reps.max()),
+                "repeat_medians_ms": reps.tolist(),
+            }
+        )
     cases_table = store.cases_table(RunRecord.from_json(meta))
     return store.Loaded(Path("/nonexistent"), meta, cases_table, pd.DataFrame(), pd.DataFrame(rows))
 
@@ -75,18 +91,28 @@ def test_interleaved_vs_sequential_in_words_with_intervals():
     # 2 bucket sizes x 2 shard_buckets x 2 interconnects, each pair agreeing on all of them.
     assert len(comps) == 8
     for c in comps:
-        assert c.candidate["algorithm"] == "hook_with_zero_step_interleaved" and c.baseline["algorithm"] == "hook_with_zero_step"
+        assert (
+            c.candidate["algorithm"] == "hook_with_zero_step_interleaved"
+            and c.baseline["algorithm"] == "hook_with_zero_step"
+        )
         assert all(c.candidate[k] == c.baseline[k] for k in ("bucket_cap_mb", "shard_buckets", "interconnect"))
-    loop = next(c for c in comps if c.context == {"bucket_cap_mb": 4, "shard_buckets": False, "interconnect": "loopback"})
+    loop = next(
+        c for c in comps if c.context == {"bucket_cap_mb": 4, "shard_buckets": False, "interconnect": "loopback"}
+    )
     assert loop.verdict == "faster"
     assert loop.lo == pytest.approx(79.2 / 101) and loop.hi == pytest.approx(80.8 / 99)  # extremes of the bootstrap
     assert verdicts.sentence(loop, list(loop.context)) == (
-        "interleaved is 20% [18%, 22%] faster than sequential at 4 MB buckets on loopback, shard_buckets=False.")
+        "interleaved is 20% [18%, 22%] faster than sequential at 4 MB buckets on loopback, shard_buckets=False."
+    )
     lines = verdicts.group_sentences(comps)
-    assert ("interleaved is faster than sequential at 1, 4 MB buckets on loopback, shard_buckets=False "
-            "(most: 20% [18%, 22%] at 1 MB).") in lines
-    assert any(line.startswith("sequential wins at 1, 4 MB buckets on tcp-1gbit, shard_buckets=True (interleaved up to 25%")
-               for line in lines)
+    assert (
+        "interleaved is faster than sequential at 1, 4 MB buckets on loopback, shard_buckets=False "
+        "(most: 20% [18%, 22%] at 1 MB)."
+    ) in lines
+    assert any(
+        line.startswith("sequential wins at 1, 4 MB buckets on tcp-1gbit, shard_buckets=True (interleaved up to 25%")
+        for line in lines
+    )
 
 
 def test_collapsed_parameters_share_one_baseline_and_noise_is_not_called():
@@ -103,7 +129,10 @@ def test_collapsed_parameters_share_one_baseline_and_noise_is_not_called():
     lines = verdicts.group_sentences(comps)
     # One line per interconnect and sharding: the two hook variants are judged apart, never folded together.
     assert len(lines) == 4 and all("no clear difference at 1, 4 MB buckets" in line for line in lines)
-    assert "sequential (shard_buckets=True) vs zero_no_overlap on loopback: no clear difference at 1, 4 MB buckets." in lines
+    assert (
+        "sequential (shard_buckets=True) vs zero_no_overlap on loopback: no clear difference at 1, 4 MB buckets."
+        in lines
+    )
 
 
 def test_a_single_repeat_is_never_called():
@@ -155,16 +184,42 @@ def test_local_sgd_verdict_time_to_target_and_final_gap():
                 for step in range(40):
                     # Both reach the target at step 29 (held-out loss evaluated every 10 steps).
                     held = np.nan if (step + 1) % 10 else (1.3 if step < 29 else final)
-                    rows.append({"case_id": case.case_id, "repeat": repeat, "rank": rank, "step": step, "phase": "timed",
-                                 "step_ms": step_ms * (1 + 0.01 * repeat), "loss": 1.5, "heldout_loss": held,
-                                 "optimal_loss": optimum})
+                    rows.append(
+                        {
+                            "case_id": case.case_id,
+                            "repeat": repeat,
+                            "rank": rank,
+                            "step": step,
+                            "phase": "timed",
+                            "step_ms": step_ms * (1 + 0.01 * repeat),
+                            "loss": 1.5,
+                            "heldout_loss": held,
+                            "optimal_loss": optimum,
+                        }
+                    )
     steps = pd.DataFrame(rows)
-    summary = pd.DataFrame([
-        {"case_id": c.case_id, "median_ms": ms, "ci_lo_ms": ms, "ci_hi_ms": ms * 1.02, "repeat_medians_ms": [ms, ms * 1.01, ms * 1.02],
-         "final_heldout_loss": final, "optimal_loss": optimum, "target_loss": target}
-        for c, ms, final in ((never, 100.0, 1.02), (local, 60.0, 1.04))])
-    meta = {"run_id": "r1", "suite": {"name": "lsgd-test", "text": LOCALSGD_SUITE}, "status": "complete",
-            "environment": dict(synth_run.ENVIRONMENT), "cases": {c.case_id: {"params": c.params(), "status": "done"} for c in cases}}
+    summary = pd.DataFrame(
+        [
+            {
+                "case_id": c.case_id,
+                "median_ms": ms,
+                "ci_lo_ms": ms,
+                "ci_hi_ms": ms * 1.02,
+                "repeat_medians_ms": [ms, ms * 1.01, ms * 1.02],
+                "final_heldout_loss": final,
+                "optimal_loss": optimum,
+                "target_loss": target,
+            }
+            for c, ms, final in ((never, 100.0, 1.02), (local, 60.0, 1.04))
+        ]
+    )
+    meta = {
+        "run_id": "r1",
+        "suite": {"name": "lsgd-test", "text": LOCALSGD_SUITE},
+        "status": "complete",
+        "environment": dict(synth_run.ENVIRONMENT),
+        "cases": {c.case_id: {"params": c.params(), "status": "done"} for c in cases},
+    }
     cases_table = store.cases_table(RunRecord.from_json(meta))
     data = report_data.load([store.Loaded(Path("/nonexistent"), meta, cases_table, steps, summary)])
     [v] = verdicts.convergence_verdicts(data)
@@ -194,8 +249,20 @@ def headings(html: str) -> set[str]:
 def test_sections_appear_only_with_their_data(runs):
     full, bare = runs
     with_all = headings(build_report([store.load(full)]))
-    assert {"verdicts", "environment", "step-time", "speedups", "overlap", "timeline", "collectives", "telemetry",
-            "memory", "comparisons", "failed", "cases"} <= with_all
+    assert {
+        "verdicts",
+        "environment",
+        "step-time",
+        "speedups",
+        "overlap",
+        "timeline",
+        "collectives",
+        "telemetry",
+        "memory",
+        "comparisons",
+        "failed",
+        "cases",
+    } <= with_all
     without = headings(build_report([store.load(bare)]))
     assert {"verdicts", "step-time", "speedups", "memory", "cases"} <= without
     assert not {"overlap", "timeline", "collectives", "telemetry", "failed", "convergence", "traces"} & without
@@ -210,7 +277,9 @@ def hostile_copy(run_dir: Path, dest: Path) -> Path:
     meta["suite"]["description"] = "<img src=x onerror=alert(2)> & friends"
     first, second = list(meta["cases"])[:2]
     meta["cases"][first]["params"]["interconnect"] = "<b>lo</b><script>alert(3)</script>"
-    meta["cases"][second].update(status="failed", error="<img src=y onerror=alert(4)>", detail="</pre><script>alert(5)</script>")
+    meta["cases"][second].update(
+        status="failed", error="<img src=y onerror=alert(4)>", detail="</pre><script>alert(5)</script>"
+    )
     (dest / "run.json").write_text(json.dumps(meta))
     return dest
 
@@ -235,8 +304,12 @@ def test_report_command_compares_several_runs(runs, tmp_path):
     meta["environment"]["torch"] = "2.14.0"
     (other / "run.json").write_text(json.dumps(meta))
     out = tmp_path / "cmp.html"
-    proc = subprocess.run([sys.executable, "-m", "tpbench", "report", str(full), str(other), "-o", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tpbench", "report", str(full), str(other), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     html = out.read_text()
     assert "across-runs" in headings(html)

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from browser import ALL_FIGURES_DRAWN, Browser, ensure_chromium
 from test_report import hostile_copy, synth_run
 
@@ -54,8 +53,10 @@ depth = 2
 def chromium() -> str:
     path = ensure_chromium()
     if path is None:
-        pytest.skip("no chromium found, and it cannot be installed here (not root, or no apt-get): "
-                    "install Debian's chromium package to run the browser tests")
+        pytest.skip(
+            "no chromium found, and it cannot be installed here (not root, or no apt-get): "
+            "install Debian's chromium package to run the browser tests"
+        )
     return path
 
 
@@ -71,19 +72,37 @@ def smoke_run(tmp_path_factory) -> Path:
     each test writes the report it looks at)."""
     tmp = tmp_path_factory.mktemp("report-smoke")
     (tmp / "suite.toml").write_text(SUITE)
-    proc = subprocess.run([sys.executable, "-m", "tpbench", "sweep", str(tmp / "suite.toml"), "--out", str(tmp / "results"),
-                           "--no-report"], capture_output=True, text=True, cwd=tmp, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tpbench",
+            "sweep",
+            str(tmp / "suite.toml"),
+            "--out",
+            str(tmp / "results"),
+            "--no-report",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [run_dir] = store.iter_runs(tmp / "results")
     # The sweep parsed the traces into the tables the report reads (it never opens a trace itself).
-    assert all(store.read_case_table(run_dir, cid, "intervals") is not None for cid in store.read_run_json(run_dir)["cases"])
+    assert all(
+        store.read_case_table(run_dir, cid, "intervals") is not None for cid in store.read_run_json(run_dir)["cases"]
+    )
     return run_dir
 
 
 def figures(browser: Browser) -> tuple[int, int]:
     """(figures on the page, figures plotly drew: an svg.main-svg inside)."""
     total = browser.evaluate("document.querySelectorAll('.js-plotly-plot, div.figure').length")
-    drawn = browser.evaluate("[...document.querySelectorAll('div.figure')].filter(d => d.querySelector('svg.main-svg')).length")
+    drawn = browser.evaluate(
+        "[...document.querySelectorAll('div.figure')].filter(d => d.querySelector('svg.main-svg')).length"
+    )
     return total, drawn
 
 
@@ -97,8 +116,17 @@ def test_smoke_report_renders_every_figure_without_errors(browser, smoke_run, tm
     assert total >= 6 and drawn == total
     assert browser.evaluate(ALL_FIGURES_DRAWN)
     text = browser.evaluate("document.body.innerText")
-    for heading in ("Verdicts", "Environment", "Step time", "Overlap, exposed communication and idle time",
-                    "Timeline of one step", "Collectives", "Memory per rank", "All cases", "Raw traces"):
+    for heading in (
+        "Verdicts",
+        "Environment",
+        "Step time",
+        "Overlap, exposed communication and idle time",
+        "Timeline of one step",
+        "Collectives",
+        "Memory per rank",
+        "All cases",
+        "Raw traces",
+    ):
         assert heading in text
     assert browser.evaluate("document.querySelectorAll('a[href$=\".json.gz\"]').length") == 4  # 2 cases x 2 ranks
     shot = browser.screenshot(ARTIFACTS / "report-smoke.png")
@@ -124,7 +152,9 @@ def test_markup_in_user_text_renders_as_text(browser, smoke_run, tmp_path):
     assert "<script>alert(1)</script>" in text  # the suite name, as typed
     assert "<img src=y onerror=alert(4)>" in text  # a failure's cause
     assert browser.evaluate("document.querySelectorAll('img').length") == 0
-    assert browser.evaluate("document.querySelectorAll('body script').length") == figures(browser)[0]  # one per figure, nothing else
+    assert (
+        browser.evaluate("document.querySelectorAll('body script').length") == figures(browser)[0]
+    )  # one per figure, nothing else
     # Inside the figures (legend, ticks, hover labels are SVG text): shown literally, not as bold markup.
     svg_text = browser.evaluate("[...document.querySelectorAll('svg text')].map(t => t.textContent).join('\\n')")
     assert "<b>lo</b><script>alert(3)</script>" in svg_text
@@ -139,8 +169,12 @@ def test_several_runs_in_one_report(browser, smoke_run, tmp_path):
     meta["environment"]["torch"] = "9.9.9"
     (other / "run.json").write_text(json.dumps(meta))
     out = tmp_path / "compare.html"
-    proc = subprocess.run([sys.executable, "-m", "tpbench", "report", str(smoke_run), str(other), "-o", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tpbench", "report", str(smoke_run), str(other), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     page = browser.load(out)
     assert page.errors == [] and page.dialogs == []
@@ -157,16 +191,32 @@ def synthetic_runs(tmp_path_factory) -> dict[str, Path]:
     and interconnects with NVML samples, and a post-local SGD sweep with held-out losses and drift."""
     root = tmp_path_factory.mktemp("synthetic")
     return {
-        "zero": synth_run.make_run(root, buckets=(1, 4, 16), interconnects=("loopback", "tcp-1gbit"), repeats=2, steps=6),
+        "zero": synth_run.make_run(
+            root, buckets=(1, 4, 16), interconnects=("loopback", "tcp-1gbit"), repeats=2, steps=6
+        ),
         "localsgd": synth_run.make_localsgd_run(root, steps=60, repeats=2),
     }
 
 
-@pytest.mark.parametrize("which, sections", [
-    ("zero", ["Speedups", "Overlap, exposed communication and idle time", "Timeline of one step", "Collectives",
-              "GPU telemetry", "Memory per rank", "All comparisons", "Failed cases (1)"]),
-    ("localsgd", ["Convergence", "Time to target", "Parameter drift before averaging"]),
-])
+@pytest.mark.parametrize(
+    "which, sections",
+    [
+        (
+            "zero",
+            [
+                "Speedups",
+                "Overlap, exposed communication and idle time",
+                "Timeline of one step",
+                "Collectives",
+                "GPU telemetry",
+                "Memory per rank",
+                "All comparisons",
+                "Failed cases (1)",
+            ],
+        ),
+        ("localsgd", ["Convergence", "Time to target", "Parameter drift before averaging"]),
+    ],
+)
 def test_every_section_renders(browser, synthetic_runs, tmp_path, which, sections):
     out = report.write_report([synthetic_runs[which]], tmp_path / f"{which}.html")
     page = browser.load(out)

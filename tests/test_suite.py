@@ -51,8 +51,10 @@ def test_auto_resolves_to_two_gloo_ranks_on_cpu_and_gpus_with_nccl():
 
 def test_ids_ignore_budget_keys_but_not_measured_parameters():
     a = expand(parse("[defaults]\ntimeout_s = 10\nrepeats = 2\n"), CPU)[0]
-    b = expand(parse("[defaults]\ntimeout_s = 20\nrepeats = 5\nsteps = 7\nslowdown_pct = 10\n"
-                     "[capture]\nprofiler_steps = 0\n"), CPU)[0]
+    b = expand(
+        parse("[defaults]\ntimeout_s = 20\nrepeats = 5\nsteps = 7\nslowdown_pct = 10\n[capture]\nprofiler_steps = 0\n"),
+        CPU,
+    )[0]
     c = expand(parse("[defaults]\nbucket_cap_mb = 4\n"), CPU)[0]
     assert a.case_id == b.case_id != c.case_id
     # A budget key the suite sweeps keeps its cases apart within the run.
@@ -61,7 +63,9 @@ def test_ids_ignore_budget_keys_but_not_measured_parameters():
 
 
 def test_overrides_replace_sweeps_and_defaults_and_reach_tables():
-    suite = with_overrides(parse(BASE, "t.toml"), ["bucket_cap_mb=25", "steps=9", "workloads.mlp.width=32", "capture.profiler_steps=0"])
+    suite = with_overrides(
+        parse(BASE, "t.toml"), ["bucket_cap_mb=25", "steps=9", "workloads.mlp.width=32", "capture.profiler_steps=0"]
+    )
     cases = expand(suite, CPU)
     assert {c.bucket_cap_mb for c in cases} == {25}
     assert all(c.steps == 9 and dict(c.workload_params)["width"] == 32 and c.profiler_steps == 0 for c in cases)
@@ -97,8 +101,21 @@ def test_cli_unknown_key_exits_2_names_key_and_writes_nothing(tmp_path):
     suite.write_text("[defaults]\nstepz = 3\n")
     out = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(out), "--reports-dir", str(tmp_path / "reports")],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "tpbench",
+            "sweep",
+            str(suite),
+            "--out",
+            str(out),
+            "--reports-dir",
+            str(tmp_path / "reports"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
     assert "bad.toml" in proc.stderr and "stepz" in proc.stderr and "expected one of" in proc.stderr

@@ -11,20 +11,20 @@ import time
 
 import pandas as pd
 import pytest
+from conftest import REPO, only_run, tiny_suite, tpbench, worker_processes
 
 from tpbench import store
 
-from conftest import REPO, only_run, tiny_suite, tpbench, worker_processes
-
 pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
-
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("smoke")
     # Relative --out, as `make sweep` uses: rank processes must still find the run's files.
-    proc = tpbench("sweep", str(REPO / "suites" / "smoke.toml"), "--out", "results", "--reports-dir", "reports", cwd=tmp)
+    proc = tpbench(
+        "sweep", str(REPO / "suites" / "smoke.toml"), "--out", "results", "--reports-dir", "reports", cwd=tmp
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return tmp, only_run(tmp / "results"), proc
 
@@ -92,9 +92,14 @@ def test_interrupt_then_resume_runs_only_what_is_missing(tmp_path):
     out = tmp_path / "results"
     # A job started in the background by a shell (as CI may run us) inherits SIGINT ignored;
     # give the sweep the disposition an interactive user's Ctrl-C would meet.
-    p = subprocess.Popen([sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(out), "--no-report"],
-                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tpbench", "sweep", str(suite), "--out", str(out), "--no-report"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 120
     run_dir = None
     while time.monotonic() < deadline:
@@ -119,8 +124,11 @@ def test_interrupt_then_resume_runs_only_what_is_missing(tmp_path):
     statuses = sorted(c["status"] for c in meta["cases"].values())
     assert statuses == ["done", "done", "pending", "pending"]
     assert worker_processes(run_dir) == []
-    done_files = {cid: (run_dir / "cases" / cid / "steps.parquet").stat().st_mtime_ns
-                  for cid, c in meta["cases"].items() if c["status"] == "done"}
+    done_files = {
+        cid: (run_dir / "cases" / cid / "steps.parquet").stat().st_mtime_ns
+        for cid, c in meta["cases"].items()
+        if c["status"] == "done"
+    }
 
     proc = tpbench("sweep", "--resume", str(run_dir), "--no-report", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -137,7 +145,9 @@ def test_interrupt_then_resume_runs_only_what_is_missing(tmp_path):
 def test_unwritable_results_root_fails_before_running(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    proc = tpbench("sweep", str(REPO / "suites" / "smoke.toml"), "--out", str(blocker / "results"), "--no-report", cwd=tmp_path)
+    proc = tpbench(
+        "sweep", str(REPO / "suites" / "smoke.toml"), "--out", str(blocker / "results"), "--no-report", cwd=tmp_path
+    )
     assert proc.returncode == 3
     assert "not writable" in proc.stderr and str(blocker) in proc.stderr
 
@@ -145,8 +155,10 @@ def test_unwritable_results_root_fails_before_running(tmp_path):
 def test_a_world_that_cannot_start_is_retried_once_then_fails_its_cases_with_the_cause(tmp_path):
     # A profile pointing Gloo at an interface that does not exist: every world dies starting up.
     suite = tmp_path / "broken.toml"
-    suite.write_text(tiny_suite('algorithm = ["ddp", "zero_no_overlap"]', interconnect='"broken"')
-                     + '[interconnects.broken]\nbackend = "gloo"\nenv = { GLOO_SOCKET_IFNAME = "nonexistent0" }\n')
+    suite.write_text(
+        tiny_suite('algorithm = ["ddp", "zero_no_overlap"]', interconnect='"broken"')
+        + '[interconnects.broken]\nbackend = "gloo"\nenv = { GLOO_SOCKET_IFNAME = "nonexistent0" }\n'
+    )
     proc = tpbench("sweep", str(suite), "--out", str(tmp_path / "results"), "--no-report", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     run_dir = only_run(tmp_path / "results")

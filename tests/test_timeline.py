@@ -39,8 +39,14 @@ def write(path: Path, events: list[dict], meta: dict | None = None, layout: str 
     return path
 
 
-DIST = {"distributedInfo": {"backend": "gloo", "rank": 3, "world_size": 2,
-                            "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1]}]}}
+DIST = {
+    "distributedInfo": {
+        "backend": "gloo",
+        "rank": 3,
+        "world_size": 2,
+        "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1]}],
+    }
+}
 
 CPU_EVENTS = [
     {"ph": "M", "name": "thread_name", "pid": 100, "tid": 2, "args": {"name": "pt_gloo_runloop"}},
@@ -83,7 +89,10 @@ def test_cpu_trace_lanes_steps_and_gloo_metadata(tmp_path: Path) -> None:
     assert (comm["bytes"], comm["collective"], comm["process_group"], comm["group_size"]) == (4000, "allreduce", "0", 2)
     assert iv.loc[iv["lane"] != "comm", "bytes"].isna().all()
     assert t.steps.to_dict("list") == {
-        "rank": [3, 3], "step": [5, 6], "start_ns": [1_000_000, 1_100_000], "end_ns": [1_100_000, 1_200_000]
+        "rank": [3, 3],
+        "step": [5, 6],
+        "start_ns": [1_000_000, 1_100_000],
+        "end_ns": [1_100_000, 1_200_000],
     }
 
 
@@ -91,13 +100,38 @@ GPU_EVENTS = [
     op("ProfilerStep#1", 1, 0, 1000, cat="user_annotation"),
     op("aten::mm", 1, 5, 10),  # CPU ops do not count once a trace has kernels
     op("gemm_kernel", 7, 10, 100, cat="kernel", stream=7, correlation=1),
-    op("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 20, 50, 200, cat="kernel",
-       stream=20, correlation=2, **{"Collective name": "allreduce", "In msg nelems": 1024, "Out msg nelems": 1024,
-                                    "dtype": "Float", "Group size": 4, "Process Group Name": "0"}),
+    op(
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+        20,
+        50,
+        200,
+        cat="kernel",
+        stream=20,
+        correlation=2,
+        **{
+            "Collective name": "allreduce",
+            "In msg nelems": 1024,
+            "Out msg nelems": 1024,
+            "dtype": "Float",
+            "Group size": 4,
+            "Process Group Name": "0",
+        },
+    ),
     # No metadata on the kernel: it comes from the record_param_comms op around its launch.
-    op("record_param_comms", 1, 285, 10, **{"Collective name": "_allgather_base", "In msg nelems": 256,
-                                            "Out msg nelems": 1024, "dtype": "BFloat16", "Group size": 4,
-                                            "Process Group Name": "1"}),
+    op(
+        "record_param_comms",
+        1,
+        285,
+        10,
+        **{
+            "Collective name": "_allgather_base",
+            "In msg nelems": 256,
+            "Out msg nelems": 1024,
+            "dtype": "BFloat16",
+            "Group size": 4,
+            "Process Group Name": "1",
+        },
+    ),
     op("cudaLaunchKernel", 1, 290, 2, cat="cuda_runtime", correlation=3),
     op("ncclDevKernel_AllGather_RING_LL(x)", 20, 300, 100, cat="kernel", stream=20, correlation=3),
     # Neither: only the kernel name says which collective; bytes unknown.
@@ -112,8 +146,10 @@ GPU_EVENTS = [
 def test_gpu_trace_kernels_streams_and_nccl_metadata(tmp_path: Path) -> None:
     iv = read_trace(write(tmp_path / "rank0.json.gz", GPU_EVENTS)).intervals
     plain = iv.astype(object).where(iv.notna(), None)
-    got = [(r.lane, r.stream_or_thread, r.start_ns, r.collective, r.process_group, r.bytes, r.group_size)
-           for r in plain.itertuples()]
+    got = [
+        (r.lane, r.stream_or_thread, r.start_ns, r.collective, r.process_group, r.bytes, r.group_size)
+        for r in plain.itertuples()
+    ]
     na = None
     assert got == [
         ("compute", "stream 7", 10_000, na, na, na, na),
@@ -128,8 +164,9 @@ def test_gpu_trace_kernels_streams_and_nccl_metadata(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("layout", ["kineto", "one-line", "indent"])
-def test_reader_is_independent_of_layout_and_chunking(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      layout: str) -> None:
+def test_reader_is_independent_of_layout_and_chunking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
     """Tiny chunks cut the array everywhere, also inside nested ``}, {`` of an event's args."""
     nested = op("aten::cat", 1, 1160, 5, **{"Input Dims": [[1], [2]], "Extra": [{"a": 1}, {"b": {"c": 2}}]})
     events = [*CPU_EVENTS, nested]
@@ -140,11 +177,15 @@ def test_reader_is_independent_of_layout_and_chunking(tmp_path: Path, monkeypatc
         pd.testing.assert_frame_equal(read_trace(path).intervals, reference)
 
 
-def read_both_ways(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[timeline.Timeline, timeline.Timeline, list[bool]]:
+def read_both_ways(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[timeline.Timeline, timeline.Timeline, list[bool]]:
     """Read ``path`` as is, then with the regex fast path disabled (JSON decoding only)."""
     real = trace_events.TraceEvents._take_fast
     used: list[bool] = []
-    monkeypatch.setattr(trace_events.TraceEvents, "_take_fast", lambda self, piece: used.append(real(self, piece)) or used[-1])
+    monkeypatch.setattr(
+        trace_events.TraceEvents, "_take_fast", lambda self, piece: used.append(real(self, piece)) or used[-1]
+    )
     fast = read_traces(path)
     monkeypatch.setattr(trace_events.TraceEvents, "_take_fast", lambda self, piece: False)
     return fast, read_traces(path), used
@@ -161,8 +202,9 @@ def test_fast_path_reads_real_traces_exactly_as_json_decoding(monkeypatch: pytes
 
 
 @pytest.mark.parametrize("events", [CPU_EVENTS, GPU_EVENTS], ids=["cpu", "gpu"])
-def test_fast_path_matches_json_decoding_on_hand_built_traces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                              events: list[dict]) -> None:
+def test_fast_path_matches_json_decoding_on_hand_built_traces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, events: list[dict]
+) -> None:
     fast, slow, used = read_both_ways(write(tmp_path / "rank0.json", events, DIST), monkeypatch)
     assert all(used)
     pd.testing.assert_frame_equal(fast.intervals, slow.intervals)
@@ -172,7 +214,16 @@ def test_events_the_fast_path_cannot_account_for_send_the_piece_to_json_decoding
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An event with its keys in another order is still read: the piece falls back, whole."""
-    reordered = {"ph": "X", "name": "aten::sub", "cat": "cpu_op", "pid": 100, "tid": 1, "ts": 1150, "dur": 5, "args": {}}
+    reordered = {
+        "ph": "X",
+        "name": "aten::sub",
+        "cat": "cpu_op",
+        "pid": 100,
+        "tid": 1,
+        "ts": 1150,
+        "dur": 5,
+        "args": {},
+    }
     events = [*CPU_EVENTS[:5], reordered, *CPU_EVENTS[5:]]  # not last: the last event is always decoded as JSON
     fast, slow, used = read_both_ways(write(tmp_path / "rank0.json", events, DIST), monkeypatch)
     assert used == [False]
@@ -199,7 +250,9 @@ def test_real_gloo_trace(tmp_path: Path) -> None:
         gloo = [e for e in events if e.get("name", "").startswith("gloo:")]
         mine = iv[(iv["rank"] == rank) & (iv["lane"] == "comm")]
         assert len(mine) == len(gloo) > 0
-        assert (mine["end_ns"] - mine["start_ns"]).sum() == pytest.approx(sum(e["dur"] for e in gloo) * 1e3, abs=len(gloo))
+        assert (mine["end_ns"] - mine["start_ns"]).sum() == pytest.approx(
+            sum(e["dur"] for e in gloo) * 1e3, abs=len(gloo)
+        )
         train = next(e["tid"] for e in events if e.get("name", "").startswith("ProfilerStep#"))
         compute = iv[(iv["rank"] == rank) & (iv["lane"] == "compute")]
         assert set(compute["stream_or_thread"].astype(str)) == {f"thread {train}"}
@@ -269,12 +322,20 @@ def test_real_h200_trace_puts_cuda_work_gloo_ranges_and_zero_annotations_in_thei
     where = iv.groupby("lane", observed=True)["stream_or_thread"].agg(lambda s: {x.split()[0] for x in s}).to_dict()
     assert where == {"compute": {"stream"}, "comm": {"thread"}, "optimizer": {"stream"}, "memcpy": {"stream"}}
     assert iv.groupby(["rank", "lane"], observed=True).size().to_dict() == {
-        (0, "compute"): 261, (0, "comm"): 12, (0, "optimizer"): 6, (0, "memcpy"): 99,
-        (1, "compute"): 213, (1, "comm"): 12, (1, "optimizer"): 6, (1, "memcpy"): 99,
+        (0, "compute"): 261,
+        (0, "comm"): 12,
+        (0, "optimizer"): 6,
+        (0, "memcpy"): 99,
+        (1, "compute"): 213,
+        (1, "comm"): 12,
+        (1, "optimizer"): 6,
+        (1, "memcpy"): 99,
     }
     comm = iv[iv["lane"] == "comm"]
     assert set(comm["name"]) == {"gloo:all_reduce", "gloo:broadcast"} and (comm["group_size"] == 2).all()
     # Two buckets of the 16.8M-parameter MLP, float32: 8,425,488 and 8,392,704 elements.
     assert set(comm["bytes"]) == {33_701_952, 33_570_816}
     assert set(iv.loc[iv["lane"] == "optimizer", "name"].str.replace(r"\[bucket=\d\]", "", regex=True)) == {
-        "tpbench.zero.step", "tpbench.zero.broadcast"}
+        "tpbench.zero.step",
+        "tpbench.zero.broadcast",
+    }

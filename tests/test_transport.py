@@ -13,11 +13,11 @@ import socket
 from pathlib import Path
 
 import pytest
+from world import run_world
 
 from tpbench.capture import transport
 from tpbench.capture.transport import GlooRank, NcclRank
 from tpbench.interconnect import resolve
-from world import run_world
 
 LOGS = Path(__file__).parent / "fixtures" / "nccl_logs"
 
@@ -70,10 +70,16 @@ def test_asked_shm_but_log_shows_p2p_is_a_mismatch():
     assert set(verdict["ranks"]) == {"0", "1"}
 
 
-@pytest.mark.parametrize(("profile", "log"), [
-    ("nccl-p2p", "p2p_cumem.log"), ("nccl-shm", "shm.log"), ("nccl-socket", "socket.log"),
-    ("nccl-default", "ib_two_nodes.log"), ("nccl-default", "p2p_cumem.log"),
-])
+@pytest.mark.parametrize(
+    ("profile", "log"),
+    [
+        ("nccl-p2p", "p2p_cumem.log"),
+        ("nccl-shm", "shm.log"),
+        ("nccl-socket", "socket.log"),
+        ("nccl-default", "ib_two_nodes.log"),
+        ("nccl-default", "p2p_cumem.log"),
+    ],
+)
 def test_matching_profiles(profile, log):
     verdict = transport.summarize(resolve(profile), [_parse(log)])
     assert verdict["mismatch"] is False and verdict["reason"] is None
@@ -103,8 +109,11 @@ def test_nccl_log_path_expands_host_and_pid_like_nccl(tmp_path):
 
 def test_launcher_env_names_a_file_per_rank_and_refuses_percent(tmp_path):
     env = transport.nccl_debug_env(tmp_path / "nccl-w0-rank1.log")
-    assert env == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,P2P,SHM,NET",
-                   "NCCL_DEBUG_FILE": str(tmp_path / "nccl-w0-rank1.log")}
+    assert env == {
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,P2P,SHM,NET",
+        "NCCL_DEBUG_FILE": str(tmp_path / "nccl-w0-rank1.log"),
+    }
     with pytest.raises(ValueError, match="%"):
         transport.nccl_debug_env(tmp_path / "100%" / "x.log")
 

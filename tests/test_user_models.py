@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import REPO, tpbench
 
 from tpbench import store
 from tpbench.suite import Machine, SuiteError, expand, load
-
-from conftest import REPO, tpbench
 
 pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
 
@@ -39,9 +38,21 @@ def test_cli_refuses_a_raising_factory_with_exit_2_and_one_line(tmp_path: Path) 
 
 def test_worked_example_sweeps_end_to_end(tmp_path: Path) -> None:
     """examples/own_model through a real 2-rank sweep, from the repository root as docs/models.md says."""
-    proc = tpbench("sweep", "examples/own_model/suite.toml", "--set", "steps=2", "--set", "repeats=1",
-                   "--set", "capture.profiler_steps=0", "--out", str(tmp_path / "results"),
-                   "--report", str(tmp_path / "report.html"), cwd=REPO)
+    proc = tpbench(
+        "sweep",
+        "examples/own_model/suite.toml",
+        "--set",
+        "steps=2",
+        "--set",
+        "repeats=1",
+        "--set",
+        "capture.profiler_steps=0",
+        "--out",
+        str(tmp_path / "results"),
+        "--report",
+        str(tmp_path / "report.html"),
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = store.load(next(store.iter_runs(tmp_path / "results")))
     assert set(run.cases["status"]) == {"done"} and len(run.cases) == 8
@@ -53,9 +64,11 @@ def test_worked_example_sweeps_end_to_end(tmp_path: Path) -> None:
 
 def test_model_too_big_for_memory_fails_its_case_not_the_sweep(tmp_path: Path) -> None:
     suite = tmp_path / "huge.toml"
-    suite.write_text('[defaults]\nworld_size = 2\nbackend = "gloo"\ndevice = "cpu"\nbatch_size = 4\nwarmup_steps = 1\n'
-                     'steps = 2\nrepeats = 1\ntimeout_s = 60\n[sweep]\nworkload = ["user_models:huge", "user_models:good"]\n'
-                     '[capture]\nprofiler_steps = 0\n')
+    suite.write_text(
+        '[defaults]\nworld_size = 2\nbackend = "gloo"\ndevice = "cpu"\nbatch_size = 4\nwarmup_steps = 1\n'
+        'steps = 2\nrepeats = 1\ntimeout_s = 60\n[sweep]\nworkload = ["user_models:huge", "user_models:good"]\n'
+        "[capture]\nprofiler_steps = 0\n"
+    )
     proc = tpbench("sweep", str(suite), "--out", str(tmp_path / "results"), "--no-report", cwd=BAD)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     run = store.load(next(store.iter_runs(tmp_path / "results")))

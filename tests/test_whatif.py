@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import sweep_in_process
 
 from tpbench import store, whatif_run
 from tpbench.analysis import timeline, trace_events, whatif
-from tpbench.report import build_report
-from conftest import sweep_in_process
 from tpbench.analysis.whatif import CollectiveSpec, Fabric, Issue, StepSkeleton, Wait, Work, collective_time, simulate
+from tpbench.report import build_report
 
 # --------------------------------------------------------------------------- α–β costs
 
@@ -54,7 +54,10 @@ def test_shared_medium_carries_every_ranks_traffic():
 
 def test_fabric_table_is_user_extendable(tmp_path):
     user = tmp_path / "mine.toml"
-    user.write_text('[fabrics.cxl]\nlatency_us = 1.5\nbandwidth_GBps = 32\n\n[fabrics.nvlink4]\nlatency_us = 4\nbandwidth_GBps = 370\n')
+    user.write_text(
+        "[fabrics.cxl]\nlatency_us = 1.5\nbandwidth_GBps = 32\n\n"
+        "[fabrics.nvlink4]\nlatency_us = 4\nbandwidth_GBps = 370\n"
+    )
     fabrics = whatif_run.load_fabrics([user])
     assert {"nvlink4", "pcie5-x16", "ib-ndr", "100gbe", "cxl"} <= set(fabrics)
     assert fabrics["cxl"].alpha_s == pytest.approx(1.5e-6) and fabrics["cxl"].beta_Bps == pytest.approx(32e9)
@@ -67,12 +70,19 @@ def test_fabric_table_is_user_extendable(tmp_path):
 
 # --------------------------------------------------------------------------- scheduling
 
-AR = lambda k: ("allreduce", k)  # noqa: E731
-BC = lambda k: ("broadcast", k)  # noqa: E731
+
+def AR(k: int) -> tuple[str, int]:
+    return ("allreduce", k)
+
+
+def BC(k: int) -> tuple[str, int]:
+    return ("broadcast", k)
 
 
 def _sk(ranks, colls, nbytes=1.0):
-    return StepSkeleton(1, tuple(tuple(r) for r in ranks), tuple(CollectiveSpec(k, nbytes, len(ranks)) for k in colls), 0.0)
+    return StepSkeleton(
+        1, tuple(tuple(r) for r in ranks), tuple(CollectiveSpec(k, nbytes, len(ranks)) for k in colls), 0.0
+    )
 
 
 def _const(seconds):
@@ -106,10 +116,32 @@ def _zero_skeleton(interleaved: bool):
         ops += [Wait((BC(0), BC(1))), Work(0.1)]
         ranks.append(ops)
     if interleaved:  # rank 0 steps bucket 0 before the last backward chunk
-        ranks[0] = [Work(1), Issue(AR(0)), Work(0.2), Issue(AR(1)), Wait((AR(0),)), Work(0.5), Issue(BC(0)),
-                    Work(0.8), Issue(BC(1)), Wait((BC(0), BC(1))), Work(0.1)]
-        ranks[1] = [Work(1), Issue(AR(0)), Work(0.2), Issue(AR(1)), Issue(BC(0)), Work(0.8), Wait((AR(1),)),
-                    Work(0.5), Issue(BC(1)), Wait((BC(0), BC(1))), Work(0.1)]
+        ranks[0] = [
+            Work(1),
+            Issue(AR(0)),
+            Work(0.2),
+            Issue(AR(1)),
+            Wait((AR(0),)),
+            Work(0.5),
+            Issue(BC(0)),
+            Work(0.8),
+            Issue(BC(1)),
+            Wait((BC(0), BC(1))),
+            Work(0.1),
+        ]
+        ranks[1] = [
+            Work(1),
+            Issue(AR(0)),
+            Work(0.2),
+            Issue(AR(1)),
+            Issue(BC(0)),
+            Work(0.8),
+            Wait((AR(1),)),
+            Work(0.5),
+            Issue(BC(1)),
+            Wait((BC(0), BC(1))),
+            Work(0.1),
+        ]
     return _sk(ranks, [AR(0), AR(1), BC(0), BC(1)])
 
 
@@ -129,10 +161,38 @@ def test_sequential_and_interleaved_dependencies_by_hand():
 def test_stepping_a_bucket_in_its_own_hook_stalls_backward_on_slow_links():
     """NCCL's interleaving (lag 0): bucket k is stepped right after its all-reduce is issued, so
     the next bucket's backward waits for the all-reduce; the sequential hook keeps backward going."""
-    seq = [[Work(1), Issue(AR(0)), Work(1), Issue(AR(1)), Wait((AR(0),)), Work(0.5), Issue(BC(0)),
-            Wait((AR(1),)), Work(0.5), Issue(BC(1)), Wait((BC(0), BC(1))), Work(0.1)]]
-    lag0 = [[Work(1), Issue(AR(0)), Wait((AR(0),)), Work(0.5), Issue(BC(0)), Work(1), Issue(AR(1)),
-             Wait((AR(1),)), Work(0.5), Issue(BC(1)), Wait((BC(0), BC(1))), Work(0.1)]]
+    seq = [
+        [
+            Work(1),
+            Issue(AR(0)),
+            Work(1),
+            Issue(AR(1)),
+            Wait((AR(0),)),
+            Work(0.5),
+            Issue(BC(0)),
+            Wait((AR(1),)),
+            Work(0.5),
+            Issue(BC(1)),
+            Wait((BC(0), BC(1))),
+            Work(0.1),
+        ]
+    ]
+    lag0 = [
+        [
+            Work(1),
+            Issue(AR(0)),
+            Wait((AR(0),)),
+            Work(0.5),
+            Issue(BC(0)),
+            Work(1),
+            Issue(AR(1)),
+            Wait((AR(1),)),
+            Work(0.5),
+            Issue(BC(1)),
+            Wait((BC(0), BC(1))),
+            Work(0.1),
+        ]
+    ]
     order = [AR(0), AR(1), BC(0), BC(1)]
     # Sequential, 2 s per collective: ar0 1–3, ar1 3–5, step 0 at 3–3.5, step 1 at 5–5.5; bc0 5–7, bc1 7–9.
     assert simulate(_sk(seq, order), _const(2.0)).step_s == pytest.approx(9.1)
@@ -165,7 +225,9 @@ def test_calibration_recovers_a_known_compute_factor():
     assert whatif.calibrate_compute([sk], f, truth) == pytest.approx(1.7, rel=1e-6)
     # Within the timed steps' interval, compute stays as traced; below it, the factor stops at its edge.
     assert whatif.calibrate_compute([sk], f, truth, lowest_s=whatif.median_step_s([sk], f, 0.9)) == 1.0
-    assert whatif.calibrate_compute([sk], f, truth, lowest_s=whatif.median_step_s([sk], f, 1.2)) == pytest.approx(1.2, rel=1e-6)
+    assert whatif.calibrate_compute([sk], f, truth, lowest_s=whatif.median_step_s([sk], f, 1.2)) == pytest.approx(
+        1.2, rel=1e-6
+    )
 
 
 def test_calibration_refuses_when_communication_alone_exceeds_the_timed_step():
@@ -182,13 +244,22 @@ def test_calibration_refuses_when_communication_alone_exceeds_the_timed_step():
     assert math.isnan(model.step_ms(whatif_run.load_fabrics()["nvlink4"]))
 
 
-@pytest.mark.parametrize("fit, reason", [
-    (whatif.Fit(traced_ms=50, replay_ms=65, comm_only_ms=10, measured_ms=50, factor=1.0), "does not reproduce its own traced"),
-    (whatif.Fit(traced_ms=95, replay_ms=92, comm_only_ms=37, measured_ms=36, factor=None), "alone (37.0 ms) exceeds"),
-    (whatif.Fit(traced_ms=55, replay_ms=57, comm_only_ms=29, measured_ms=40, factor=0.40), "scaled ×0.40"),
-    (whatif.Fit(traced_ms=43, replay_ms=37, comm_only_ms=3, measured_ms=26, factor=0.70), None),
-    (whatif.Fit(traced_ms=42, replay_ms=41, comm_only_ms=13, measured_ms=53, factor=1.43), None),
-])
+@pytest.mark.parametrize(
+    "fit, reason",
+    [
+        (
+            whatif.Fit(traced_ms=50, replay_ms=65, comm_only_ms=10, measured_ms=50, factor=1.0),
+            "does not reproduce its own traced",
+        ),
+        (
+            whatif.Fit(traced_ms=95, replay_ms=92, comm_only_ms=37, measured_ms=36, factor=None),
+            "alone (37.0 ms) exceeds",
+        ),
+        (whatif.Fit(traced_ms=55, replay_ms=57, comm_only_ms=29, measured_ms=40, factor=0.40), "scaled ×0.40"),
+        (whatif.Fit(traced_ms=43, replay_ms=37, comm_only_ms=3, measured_ms=26, factor=0.70), None),
+        (whatif.Fit(traced_ms=42, replay_ms=41, comm_only_ms=13, measured_ms=53, factor=1.43), None),
+    ],
+)
 def test_each_fit_check_names_its_reason(fit, reason):
     got = fit.refusal()
     assert got is None if reason is None else reason in got
@@ -267,9 +338,9 @@ def test_a_run_traced_on_a_busy_machine_refuses_or_stays_within_bounds():
     params = loaded.cases.set_index("case_id")
     reasons = {m.case_id: m.refused for m in result.models}
     assert "alone (37.5 ms) exceeds the timed step" in reasons["1c52ac5cb99d"]  # zero_no_overlap, 25 MB: traced ×2.6
-    assert "scaled ×0.12" in reasons["b2b0b342806b"]                              # zero_no_overlap, 4 MB
+    assert "scaled ×0.12" in reasons["b2b0b342806b"]  # zero_no_overlap, 4 MB
     assert "does not reproduce its own traced steps" in reasons["bdf2f52bb12c"]  # hook, 4 MB, sharded
-    assert reasons["1d3c71874772"] is None                                # hook, 25 MB, sharded
+    assert reasons["1d3c71874772"] is None  # hook, 25 MB, sharded
     p = result.projections
     assert p.loc[p["refused"].notna(), "projected_ms"].isna().all()
     made = p[p["refused"].isna()]
@@ -307,12 +378,14 @@ def test_validation_runs_both_directions_and_refuses_what_rests_on_a_refused_fit
     errors = result.errors().set_index("direction")
     assert errors.loc[slower, "predicted"] == 2 and errors.loc[slower, "refused"] == 1
     assert errors.loc[faster, "predicted"] == 2 and errors.loc[faster, "refused"] == 1
-    assert errors.loc[faster, "worst_abs_error_pct"] == pytest.approx(made.loc[made["direction"] == faster, "error_pct"].abs().max())
+    assert errors.loc[faster, "worst_abs_error_pct"] == pytest.approx(
+        made.loc[made["direction"] == faster, "error_pct"].abs().max()
+    )
 
 
 def test_report_shows_the_reason_in_place_of_the_number():
     html = build_report([store.load(BUSY_RUN)])
-    section = html[html.index('id="whatif"'):]
+    section = html[html.index('id="whatif"') :]
     rows: dict[str, str] = {}
     # The first table after the heading: later ones (the cases table) share its labels.
     for r in re.findall(r"<tr>.*?</tr>", section, re.S):
@@ -326,15 +399,18 @@ def test_report_shows_the_reason_in_place_of_the_number():
 def test_whatif_command_shows_and_stores_refusals(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(BUSY_RUN, run)
-    p = subprocess.run([sys.executable, "-m", "tpbench", "whatif", str(run), "--fabric", "nvlink4"],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "tpbench", "whatif", str(run), "--fabric", "nvlink4"], capture_output=True, text=True
+    )
     assert p.returncode == 0, p.stderr
     rows = {line.split("│")[1].strip(): line for line in p.stdout.splitlines() if line.count("│") > 4}
     assert "refused" in rows["zero_no_overlap bucket_cap_mb=25 (*)"]
     assert "refused" not in rows["hook_with_zero_step bucket_cap_mb=25"]
     assert "unrepresentative of timed steps" in " ".join(p.stderr.split())  # the footnote gives the reason
     stored = pd.read_parquet(run / "whatif.parquet").set_index("case_id")
-    assert "unrepresentative" in stored.loc["1c52ac5cb99d", "refused"] and pd.isna(stored.loc["1c52ac5cb99d", "projected_ms"])
+    assert "unrepresentative" in stored.loc["1c52ac5cb99d", "refused"] and pd.isna(
+        stored.loc["1c52ac5cb99d", "projected_ms"]
+    )
     assert pd.isna(stored.loc["1d3c71874772", "refused"]) and stored.loc["1d3c71874772", "projected_ms"] > 0
 
 
@@ -346,9 +422,16 @@ def _event(name, cat, tid, ts, dur, **args):
 
 
 def _write_trace(path: Path, rank: int, events: list[dict]) -> None:
-    doc = {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2,
-                                                   "pg_config": [{"pg_name": "0", "pg_size": 2, "ranks": [0, 1]}]},
-           "traceEvents": events}
+    doc = {
+        "schemaVersion": 1,
+        "distributedInfo": {
+            "backend": "gloo",
+            "rank": rank,
+            "world_size": 2,
+            "pg_config": [{"pg_name": "0", "pg_size": 2, "ranks": [0, 1]}],
+        },
+        "traceEvents": events,
+    }
     with gzip.open(path, "wt") as f:
         json.dump(doc, f, indent=2)  # torch's own layout: one key per line
 
@@ -357,21 +440,35 @@ def _hook_trace(rank: int) -> list[dict]:
     """A sequential-hook step (µs): backward ops, two all-reduces issued, bucket ``rank`` stepped in
     the last hook after waiting for its all-reduce, two broadcasts, then DDP's finalize copy."""
     main, gloo = 100, 200
-    ar = lambda ts, dur, n: _event("gloo:all_reduce", "user_annotation", gloo, ts, dur, **{"Input Dims": [[n]], "Input type": ["float"]})  # noqa: E731
-    bc = lambda ts, dur, n: _event("gloo:broadcast", "user_annotation", gloo, ts, dur, **{"Input Dims": [[n]], "Input type": ["float"]})  # noqa: E731
-    issue = lambda name, ts: _event(name, "cpu_op", main, ts, 10, **{"Input Dims": [[[1]]], "Input type": ["TensorList"]})  # noqa: E731
+
+    def collective(name: str, ts: int, dur: int, n: int) -> dict:
+        return _event(name, "user_annotation", gloo, ts, dur, **{"Input Dims": [[n]], "Input type": ["float"]})
+
+    def ar(ts: int, dur: int, n: int) -> dict:
+        return collective("gloo:all_reduce", ts, dur, n)
+
+    def bc(ts: int, dur: int, n: int) -> dict:
+        return collective("gloo:broadcast", ts, dur, n)
+
+    def issue(name: str, ts: int) -> dict:
+        return _event(name, "cpu_op", main, ts, 10, **{"Input Dims": [[[1]]], "Input type": ["TensorList"]})
+
     step_at = {0: 1400, 1: 1600}[rank]
     return [
         _event("ProfilerStep#3", "user_annotation", main, 0, 3000),
-        _event("aten::mm", "cpu_op", main, 10, 490),                       # backward, 490 µs
-        issue("c10d::allreduce_", 500), ar(510, 300, 1000),                # bucket 0: 4 kB
-        _event("aten::mm", "cpu_op", main, 520, 380),                      # 20 µs gap, then 380
-        issue("c10d::allreduce_", 900), ar(910, 400, 3000),                # bucket 1: 12 kB
+        _event("aten::mm", "cpu_op", main, 10, 490),  # backward, 490 µs
+        issue("c10d::allreduce_", 500),
+        ar(510, 300, 1000),  # bucket 0: 4 kB
+        _event("aten::mm", "cpu_op", main, 520, 380),  # 20 µs gap, then 380
+        issue("c10d::allreduce_", 900),
+        ar(910, 400, 3000),  # bucket 1: 12 kB
         _event(f"tpbench.zero.step[bucket={rank}]", "user_annotation", main, step_at, 200),
-        _event("aten::add_", "cpu_op", main, step_at + 10, 150),           # the step's own compute
-        issue("c10d::broadcast_", 1900), bc(1910, 200, 1000),
-        issue("c10d::broadcast_", 1920), bc(2110, 200, 3000),
-        _event("aten::copy_", "cpu_op", main, 2400, 100),                  # DDP finalize, after the waits
+        _event("aten::add_", "cpu_op", main, step_at + 10, 150),  # the step's own compute
+        issue("c10d::broadcast_", 1900),
+        bc(1910, 200, 1000),
+        issue("c10d::broadcast_", 1920),
+        bc(2110, 200, 3000),
+        _event("aten::copy_", "cpu_op", main, 2400, 100),  # DDP finalize, after the waits
     ]
 
 
@@ -386,16 +483,28 @@ def test_skeleton_from_traces_applies_the_hook_dependency_rules(tmp_path, monkey
     marks = whatif.marks_from_table(tl.marks)
     assert [len(m.issues) for m in marks] == [4, 4] and [m.rank for m in marks] == [0, 1]
     (sk,) = whatif.skeletons(marks, intervals)
-    assert [(c.key, c.nbytes) for c in sk.collectives] == [
-        (AR(0), 4000), (AR(1), 12000), (BC(0), 4000), (BC(1), 12000)]
+    assert [(c.key, c.nbytes) for c in sk.collectives] == [(AR(0), 4000), (AR(1), 12000), (BC(0), 4000), (BC(1), 12000)]
     assert sk.measured_s == pytest.approx(3e-3)
     # Rank 0, in µs: lead-in gap 10 + mm 490 + issue op 10; gap 10 + mm 380 + issue 10; the wait for
     # bucket 0's all-reduce swallows the idle 910–1410; the step's add_ 150 + the gap to the first
     # broadcast issue 340 + its op 10; gap 10 + op 10; the waits before DDP's copy swallow 1930–2400.
-    us = lambda op: round(op.seconds * 1e6) if isinstance(op, Work) else op  # noqa: E731
+
+    def us(op: object) -> object:
+        return round(op.seconds * 1e6) if isinstance(op, Work) else op
+
     assert [us(o) for o in sk.ranks[0]] == [
-        510, Issue(AR(0)), 400, Issue(AR(1)), Wait((AR(0),)), 500, Issue(BC(0)), 20, Issue(BC(1)),
-        Wait((AR(0), AR(1), BC(0), BC(1))), 100]
+        510,
+        Issue(AR(0)),
+        400,
+        Issue(AR(1)),
+        Wait((AR(0),)),
+        500,
+        Issue(BC(0)),
+        20,
+        Issue(BC(1)),
+        Wait((AR(0), AR(1), BC(0), BC(1))),
+        100,
+    ]
     assert sk.ranks[1][4] == Wait((AR(1),))  # rank 1 owns bucket 1
 
 
@@ -439,7 +548,6 @@ profiler_steps = 5
 width = 512
 depth = 4
 """
-
 
 
 @pytest.mark.ranks

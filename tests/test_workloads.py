@@ -75,7 +75,9 @@ def test_optimal_loss_matches_sampled_chain() -> None:
     # 2. A count-based bigram model fitted to the sample (knows nothing of the true matrix).
     vocab = w.params.vocab
     counts = torch.zeros(vocab * vocab, dtype=torch.float64)
-    counts.index_add_(0, (seq[:, :-1] * vocab + seq[:, 1:]).reshape(-1), torch.ones(seq[:, 1:].numel(), dtype=torch.float64))
+    counts.index_add_(
+        0, (seq[:, :-1] * vocab + seq[:, 1:]).reshape(-1), torch.ones(seq[:, 1:].numel(), dtype=torch.float64)
+    )
     counts = counts.view(vocab, vocab)
     fitted = counts / counts.sum(dim=1, keepdim=True)
     plug_in = -(counts * torch.log(fitted.clamp(min=1e-300))).sum().item() / counts.sum().item()

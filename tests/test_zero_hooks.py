@@ -61,8 +61,12 @@ EXTRA = [
     Case(False, True, False, False, bucket_cap_mb=ONE_BUCKET_MB),
     Case(True, True, False, False, bucket_cap_mb=ONE_BUCKET_MB),
     # Each hook wrapping each compression, sharded or not, on both Gloo paths.
-    *(Case(interleaved, shard, False, False, hook=hook)
-      for hook in ("fp16", "bf16") for interleaved in (False, True) for shard in (False, True)),
+    *(
+        Case(interleaved, shard, False, False, hook=hook)
+        for hook in ("fp16", "bf16")
+        for interleaved in (False, True)
+        for shard in (False, True)
+    ),
     Case(True, True, True, False, hook="fp16"),
     Case(True, False, False, True, hook="bf16", stream_ordered=True),
     Case(True, False, False, False, stream_ordered=True),
@@ -274,16 +278,17 @@ def _soak(rank: int, world_size: int, iterations: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(6)])
     out = {}
+
+    def counting_allreduce(seen: set[int], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """DDP's all-reduce on the default group; the hook state ``seen`` collects the bucket indices."""
+        seen.add(bucket.index())
+        return allreduce_hook(None, bucket)
+
     for wrap in (hook_with_zero_step_interleaved, hook_with_zero_step):
         ddp = DDP(copy.deepcopy(model), bucket_cap_mb=1e-5)  # 10 bytes: one parameter per bucket
         zero = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, overlap_with_ddp=True)
         seen: set[int] = set()
-
-        def counting_allreduce(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-            seen.add(bucket.index())
-            return allreduce_hook(state, bucket)
-
-        ddp.register_comm_hook(None, wrap(counting_allreduce, ddp, zero, shard_buckets=True))
+        ddp.register_comm_hook(seen, wrap(counting_allreduce, ddp, zero, shard_buckets=True))
         torch.manual_seed(rank)
         for _ in range(iterations):
             zero.zero_grad()
@@ -316,7 +321,9 @@ def test_plan_shards_partitions_every_bucket() -> None:
     two = plan_shards([[4096, 64] * 4], 2, shard_buckets=True)
     assert sorted((s.stop - s.start) for s in two) == [4, 4]
     whole = plan_shards(buckets, 3, shard_buckets=False)
-    assert [(s.bucket, s.rank, s.start, s.stop) for s in whole] == [(k, k % 3, 0, len(n)) for k, n in enumerate(buckets)]
+    assert [(s.bucket, s.rank, s.start, s.stop) for s in whole] == [
+        (k, k % 3, 0, len(n)) for k, n in enumerate(buckets)
+    ]
 
 
 def test_unsupported_torch_is_named() -> None:

@@ -28,7 +28,7 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, store: str, o
     try:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
         result: tuple[str, Any] = ("ok", fn(rank, world_size, *args))
-    except BaseException:  # noqa: BLE001 - the traceback travels back to the test
+    except BaseException:  # the traceback travels back to the test
         result = ("error", traceback.format_exc())
     Path(out).write_bytes(pickle.dumps(result))
     os._exit(0)

@@ -61,7 +61,9 @@ def _local_optimizer(optimizer: torch.optim.Optimizer) -> Any:
     return private.zero_local_optimizer(optimizer) if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
 
 
-def measure(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int) -> tuple[RankAccount, list[PartitionRun]]:
+def measure(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int
+) -> tuple[RankAccount, list[PartitionRun]]:
     """This rank's figures, and (for ZeRO, the same on every rank) the partition."""
     params = [p for p in model.parameters()]
     local = _local_optimizer(optimizer)
@@ -77,8 +79,10 @@ def measure(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int)
     )
     runs: list[PartitionRun] = []
     if isinstance(optimizer, ZeroRedundancyOptimizer):
-        runs = [PartitionRun(r, bucket, first, len(ps), sum(p.numel() for p in ps))
-                for r, bucket, first, ps in private.zero_partition(optimizer)]
+        runs = [
+            PartitionRun(r, bucket, first, len(ps), sum(p.numel() for p in ps))
+            for r, bucket, first, ps in private.zero_partition(optimizer)
+        ]
     return account, runs
 
 
@@ -89,4 +93,3 @@ def write(run_dir: Path, case_id: str, measured: list[tuple[RankAccount, list[Pa
     if runs:
         df = pd.DataFrame([asdict(r) for r in runs]).astype({"bucket": "Int64"})
         store.write_case_table(run_dir, case_id, "partition", df)
-

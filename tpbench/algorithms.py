@@ -21,12 +21,25 @@ if TYPE_CHECKING:
 
 # Keys that only some algorithms use; every other case key applies to all of them.
 ALGORITHM_SPECIFIC_KEYS = frozenset(
-    {"impl", "shard_buckets", "start_localSGD_iter", "post_local_gradient_allreduce", "averaging_period", "ranks_per_node"}
+    {
+        "impl",
+        "shard_buckets",
+        "start_localSGD_iter",
+        "post_local_gradient_allreduce",
+        "averaging_period",
+        "ranks_per_node",
+    }
 )
 # What a user tunes; every other varying parameter describes the setting (world, link, workload),
 # within which "fastest" is a recommendation.
-TUNING_KEYS = ALGORITHM_SPECIFIC_KEYS | {"algorithm", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
-                                         "comm_hook", "comm_hook_state"}
+TUNING_KEYS = ALGORITHM_SPECIFIC_KEYS | {
+    "algorithm",
+    "bucket_cap_mb",
+    "gradient_as_bucket_view",
+    "static_graph",
+    "comm_hook",
+    "comm_hook_state",
+}
 
 
 @dataclass(frozen=True)
@@ -61,8 +74,9 @@ class Algorithm:
         if self.own_hook(case) and comm_hooks.is_import_path(case.comm_hook):
             return "comm_hook", (
                 f"{self.name} registers its own hook, which takes no inner hook, so a hook of your own cannot be "
-                f"composed with it; expected \"allreduce\", \"fp16_compress\" or \"bf16_compress\" (PyTorch's "
-                f"compression wrappers around it), got {case.comm_hook!r}")
+                f'composed with it; expected "allreduce", "fp16_compress" or "bf16_compress" (PyTorch\'s '
+                f"compression wrappers around it), got {case.comm_hook!r}"
+            )
         return comm_hooks.check(case, wrapped=self.wraps_comm_hook)
 
 
@@ -82,22 +96,32 @@ ALGORITHMS: dict[str, Algorithm] = {
     for a in [
         Algorithm("ddp", "DDP all-reduce, full optimizer on every rank"),
         Algorithm("zero_no_overlap", "DDP + ZeroRedundancyOptimizer stepped after backward (no overlap)"),
-        Algorithm("hook_with_zero_step",
-                  "ZeRO step overlapped with backward: all buckets stepped after the last one is reduced",
-                  short="sequential", **_ZERO_HOOK),
-        Algorithm("hook_with_zero_step_interleaved",
-                  "ZeRO step overlapped with backward: each bucket stepped as soon as it is reduced",
-                  short="interleaved", **_ZERO_HOOK),
+        Algorithm(
+            "hook_with_zero_step",
+            "ZeRO step overlapped with backward: all buckets stepped after the last one is reduced",
+            short="sequential",
+            **_ZERO_HOOK,
+        ),
+        Algorithm(
+            "hook_with_zero_step_interleaved",
+            "ZeRO step overlapped with backward: each bucket stepped as soon as it is reduced",
+            short="interleaved",
+            **_ZERO_HOOK,
+        ),
         Algorithm(
             "post_localSGD_hook",
             "post-local SGD: global gradient averaging until start_localSGD_iter, then node-local, "
             "plus PeriodicModelAverager after the optimizer step",
-            uses=frozenset({"impl", "start_localSGD_iter", "post_local_gradient_allreduce", "averaging_period",
-                            "ranks_per_node"}),
+            uses=frozenset(
+                {"impl", "start_localSGD_iter", "post_local_gradient_allreduce", "averaging_period", "ranks_per_node"}
+            ),
             torch_impl_backends=frozenset({"gloo", "nccl"}),
             # "never" is plain DDP: nothing local-SGD-specific applies.
-            moot=lambda p: frozenset({"impl", "post_local_gradient_allreduce", "averaging_period", "ranks_per_node"})
-            if p["start_localSGD_iter"] == "never" else frozenset(),
+            moot=lambda p: (
+                frozenset({"impl", "post_local_gradient_allreduce", "averaging_period", "ranks_per_node"})
+                if p["start_localSGD_iter"] == "never"
+                else frozenset()
+            ),
             own_hook=lambda case: case.start_localSGD_iter != "never",
         ),
     ]
@@ -115,4 +139,5 @@ LOCALSGD, LOCALSGD_BASELINE = "post_localSGD_hook", "ddp"
 def is_plain_ddp(params: dict[str, Any]) -> bool:
     """Whether a case is plain DDP: ``ddp``, or post-local SGD that never switches to local SGD."""
     return params["algorithm"] == LOCALSGD_BASELINE or (
-        params["algorithm"] == LOCALSGD and params.get("start_localSGD_iter") == "never")
+        params["algorithm"] == LOCALSGD and params.get("start_localSGD_iter") == "never"
+    )

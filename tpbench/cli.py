@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -38,9 +38,15 @@ class SweepProgress:
         self.labels = labels([cases])[0]
         self.repeats = {c.case_id: c.repeats for c in cases}
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[current]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-            console=console, transient=False,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[current]}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
         )
         self.task = self.progress.add_task("repeats", total=total_items, current="starting worlds…")
         self.done_cases = 0
@@ -51,13 +57,19 @@ class SweepProgress:
             self.progress.update(self.task, current=f"starting {data['world_size']} ranks on {data['interconnect']}…")
         elif event == "repeat_start":
             label = self.labels.get(data["case"], data["case"])
-            self.progress.update(self.task, current=f"case {self.done_cases + 1}/{self.total_cases}: {escape(label)} (repeat {data['repeat'] + 1}/{self.repeats.get(data['case'], '?')})")
+            self.progress.update(
+                self.task,
+                current=f"case {self.done_cases + 1}/{self.total_cases}: {escape(label)} "
+                f"(repeat {data['repeat'] + 1}/{self.repeats.get(data['case'], '?')})",
+            )
         elif event == "repeat_end":
             self.progress.advance(self.task)
         elif event == "case_end":
             self.done_cases += 1
         elif event == "world_retry":
-            self.progress.console.print(Text.assemble(("world failed: ", "yellow"), f"{data['cause']}; trying a fresh one"))
+            self.progress.console.print(
+                Text.assemble(("world failed: ", "yellow"), f"{data['cause']}; trying a fresh one")
+            )
         elif event == "case_failed":
             self.done_cases += 1
             label = self.labels.get(data["case"], data["case"])
@@ -66,13 +78,28 @@ class SweepProgress:
 
 def _summary_table(loaded) -> Table:
     t = Table(title=escape(f"{loaded.record.suite.name} · run {loaded.record.run_id}"))
-    for col, just in [("case", "left"), ("status", "left"), ("median ms", "right"), ("95% CI", "right"), ("p10–p90 ms", "right"), ("samples/s", "right")]:
+    for col, just in [
+        ("case", "left"),
+        ("status", "left"),
+        ("median ms", "right"),
+        ("95% CI", "right"),
+        ("p10–p90 ms", "right"),
+        ("samples/s", "right"),
+    ]:
         t.add_column(col, justify=just)
     s = loaded.table
-    for row in s.sort_values("median_ms", na_position="last").to_dict("records") if "median_ms" in s else s.to_dict("records"):
+    for row in (
+        s.sort_values("median_ms", na_position="last").to_dict("records") if "median_ms" in s else s.to_dict("records")
+    ):
         if row.get("median_ms") == row.get("median_ms") and row.get("median_ms") is not None:
-            t.add_row(escape(row["label"]), row["status"], f"{row['median_ms']:.2f}", f"[{row['ci_lo_ms']:.2f}, {row['ci_hi_ms']:.2f}]",
-                      f"{row['p10_ms']:.2f}–{row['p90_ms']:.2f}", f"{row['samples_per_s']:.0f}")
+            t.add_row(
+                escape(row["label"]),
+                row["status"],
+                f"{row['median_ms']:.2f}",
+                f"[{row['ci_lo_ms']:.2f}, {row['ci_hi_ms']:.2f}]",
+                f"{row['p10_ms']:.2f}–{row['p90_ms']:.2f}",
+                f"{row['samples_per_s']:.0f}",
+            )
         else:
             t.add_row(escape(row["label"]), f"[red]{row['status']}[/]", "", "", "", "")
     return t
@@ -82,20 +109,35 @@ def _torchrun(args: argparse.Namespace):
     """The torchrun launcher the arguments ask for (None: local); a usage error as ``SystemExit``."""
     from tpbench.launch import Torchrun
 
-    given = [f for f, v in (("--nnodes", args.nnodes), ("--nproc-per-node", args.nproc_per_node),
-                            ("--rdzv-endpoint", args.rdzv_endpoint), ("--agent-prefix", args.agent_prefix)) if v is not None]
+    given = [
+        f
+        for f, v in (
+            ("--nnodes", args.nnodes),
+            ("--nproc-per-node", args.nproc_per_node),
+            ("--rdzv-endpoint", args.rdzv_endpoint),
+            ("--agent-prefix", args.agent_prefix),
+        )
+        if v is not None
+    ]
     if args.launcher != "torchrun":
         # On --resume, --print alone reuses the run's own torchrun settings.
         if given or (args.print_only and not args.resume):
             _usage(f"{', '.join(given or ['--print'])}: only with --launcher torchrun")
         return None
-    launcher = Torchrun(nnodes=1 if args.nnodes is None else args.nnodes, nproc_per_node=args.nproc_per_node, rdzv_endpoint=args.rdzv_endpoint,
-                        agent_prefix=tuple(shlex.split(args.agent_prefix or "")))
+    launcher = Torchrun(
+        nnodes=1 if args.nnodes is None else args.nnodes,
+        nproc_per_node=args.nproc_per_node,
+        rdzv_endpoint=args.rdzv_endpoint,
+        agent_prefix=tuple(shlex.split(args.agent_prefix or "")),
+    )
     if launcher.problem():
         _usage(launcher.problem())
     if launcher.nnodes > 1 and not launcher.agent_prefix and not args.print_only:
-        _usage(f"--nnodes {launcher.nnodes} starts agents on {launcher.nnodes} machines: give --agent-prefix "
-               "(e.g. 'srun --ntasks-per-node=1 --kill-on-bad-exit=1') to start them from here, or --print to start them yourself")
+        _usage(
+            f"--nnodes {launcher.nnodes} starts agents on {launcher.nnodes} machines: give --agent-prefix "
+            "(e.g. 'srun --ntasks-per-node=1 --kill-on-bad-exit=1') to start them from here, "
+            "or --print to start them yourself"
+        )
     return launcher
 
 
@@ -118,8 +160,12 @@ def _print_worlds(run, cases: list, launcher) -> int:
         out.print(shlex.join(["env", *env, *w.command]), soft_wrap=True, highlight=False, markup=False)
     if len(worlds) > 1:
         out.print("# run the worlds one after another", soft_wrap=True)
-    out.print(f"# when every torchrun has exited, record the results (and run what is missing):\n"
-              f"tpbench sweep --resume {shlex.quote(str(run.dir))}", soft_wrap=True, markup=False)
+    out.print(
+        f"# when every torchrun has exited, record the results (and run what is missing):\n"
+        f"tpbench sweep --resume {shlex.quote(str(run.dir))}",
+        soft_wrap=True,
+        markup=False,
+    )
     return EXIT_OK
 
 
@@ -131,8 +177,12 @@ def _cases_table(title: str, cases: list) -> Table:
     for col in ("case_id", "case", "world", "repeats × steps"):
         t.add_column(col)
     for c in cases:
-        t.add_row(c.case_id, escape(names[c.case_id]), f"{c.world_size}×{c.backend}/{c.device} {escape(c.interconnect)}",
-                  f"{c.repeats}×{c.steps}")
+        t.add_row(
+            c.case_id,
+            escape(names[c.case_id]),
+            f"{c.world_size}×{c.backend}/{c.device} {escape(c.interconnect)}",
+            f"{c.repeats}×{c.steps}",
+        )
     return t
 
 
@@ -143,8 +193,10 @@ def _check_resume_args(args: argparse.Namespace) -> None:
 
     changed = [f for f, v in (("--set", args.set), ("--filter", args.filter), ("--out", args.out)) if v]
     if changed:
-        _usage(f"{', '.join(changed)} with --resume: a resumed run runs its own suite's missing cases unchanged, "
-               "in its own directory (start a new sweep to change them)")
+        _usage(
+            f"{', '.join(changed)} with --resume: a resumed run runs its own suite's missing cases unchanged, "
+            "in its own directory (start a new sweep to change them)"
+        )
     if args.suite:
         recorded = store.read_run_json(args.resume)["suite"].get("text")
         try:
@@ -152,8 +204,10 @@ def _check_resume_args(args: argparse.Namespace) -> None:
         except (OSError, UnicodeDecodeError):
             same = False
         if not same:
-            _usage(f"{args.suite} with --resume: not the suite {args.resume} was started from "
-                   "(a resumed run runs its own suite, kept in its run.json; drop SUITE)")
+            _usage(
+                f"{args.suite} with --resume: not the suite {args.resume} was started from "
+                "(a resumed run runs its own suite, kept in its run.json; drop SUITE)"
+            )
 
 
 # Signals a sweep handles as Ctrl-C: SIGTERM is what schedulers and CI send to stop a job, SIGHUP
@@ -206,7 +260,9 @@ def _sweep(args: argparse.Namespace) -> int:
         _check_resume_args(args)
         if args.dry_run:
             run = store.Run.open(args.resume)
-            out.print(_cases_table(f"{run.dir}: {len(sweep.missing(run))} cases to resume (dry run)", sweep.missing(run)))
+            out.print(
+                _cases_table(f"{run.dir}: {len(sweep.missing(run))} cases to resume (dry run)", sweep.missing(run))
+            )
             return EXIT_OK
         run, cases = sweep.reopen(args.resume)
         launcher = launcher if args.launcher else sweep.launcher_of(run)
@@ -245,12 +301,22 @@ def _sweep(args: argparse.Namespace) -> int:
         loaded = sweep.finalize(run.dir)
     except KeyboardInterrupt as e:
         said, code = _interrupted(e)
-        console.print(Text.assemble("\n", (said, "yellow"), " Finished cases are kept. Resume with:\n  ",
-                                    shlex.join(["tpbench", "sweep", "--resume", str(run.dir)])), soft_wrap=True)
+        console.print(
+            Text.assemble(
+                "\n",
+                (said, "yellow"),
+                " Finished cases are kept. Resume with:\n  ",
+                shlex.join(["tpbench", "sweep", "--resume", str(run.dir)]),
+            ),
+            soft_wrap=True,
+        )
         return code
     out.print(_summary_table(loaded))
     eff = loaded.meta.get("efficiency", {})
-    console.print(f"Wall {time.monotonic() - t0:.1f} s; timed steps {eff.get('timed_s', 0):.1f} s; {eff.get('processes_started')} rank processes started.")
+    console.print(
+        f"Wall {time.monotonic() - t0:.1f} s; timed steps {eff.get('timed_s', 0):.1f} s; "
+        f"{eff.get('processes_started')} rank processes started."
+    )
     if not args.no_report:
         path = report.write_report([run.dir], args.report or report.default_report_path(run.dir, args.reports_dir))
         console.print(f"Report: {path}", markup=False, soft_wrap=True)
@@ -306,7 +372,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     for name, cls in WORKLOADS.items():
         sizes = ", ".join(f"{k}: {_count(v)}" for k, v in preset_sizes(cls).items())
         from_preset = set(next(iter(cls.presets.values()), {}))
-        keys = (f"{f.name}={'(preset)' if f.name in from_preset else repr(f.default)}" for f in dataclasses.fields(cls.Params))
+        keys = (
+            f"{f.name}={'(preset)' if f.name in from_preset else repr(f.default)}"
+            for f in dataclasses.fields(cls.Params)
+        )
         w.add_row(name, ", ".join(keys), sizes)
     out.print(w)
     suites_dir = Path(args.suites)
@@ -340,9 +409,17 @@ def _verdict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metric", default="step_ms", help="per-step column to compare, lower is better (default: step_ms)")
     p.add_argument("--threshold", default="5%", help="changes within ±THRESHOLD pass (default: 5%%)")
     p.add_argument("--format", choices=("text", "md", "json"), default="text", help="output on stdout (default: text)")
-    p.add_argument("--fail-on-inconclusive", action="store_true", help="exit 4 when a case is inconclusive (default: exit 0)")
-    p.add_argument("--ignore-env", action="append", default=[], choices=COMPARABLE_KEYS, metavar="KEY",
-                   help=f"compare even though this fingerprint key differs ({', '.join(COMPARABLE_KEYS)})")
+    p.add_argument(
+        "--fail-on-inconclusive", action="store_true", help="exit 4 when a case is inconclusive (default: exit 0)"
+    )
+    p.add_argument(
+        "--ignore-env",
+        action="append",
+        default=[],
+        choices=COMPARABLE_KEYS,
+        metavar="KEY",
+        help=f"compare even though this fingerprint key differs ({', '.join(COMPARABLE_KEYS)})",
+    )
 
 
 def _print_verdict(comparison, fmt: str) -> int:
@@ -357,11 +434,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from tpbench import compare
 
     if len(args.runs) < 2:
-        console.print("tpbench compare: error: give BASELINE_RUN... CANDIDATE_RUN (at least two run directories)", soft_wrap=True)
+        console.print(
+            "tpbench compare: error: give BASELINE_RUN... CANDIDATE_RUN (at least two run directories)", soft_wrap=True
+        )
         return EXIT_USAGE
-    comparison = compare.compare_runs(args.runs[:-1], args.runs[-1:], metric=args.metric,
-                                      threshold=compare.parse_threshold(args.threshold),
-                                      fail_on_inconclusive=args.fail_on_inconclusive, ignore_env=args.ignore_env)
+    comparison = compare.compare_runs(
+        args.runs[:-1],
+        args.runs[-1:],
+        metric=args.metric,
+        threshold=compare.parse_threshold(args.threshold),
+        fail_on_inconclusive=args.fail_on_inconclusive,
+        ignore_env=args.ignore_env,
+    )
     return _print_verdict(comparison, args.format)
 
 
@@ -372,22 +456,40 @@ def cmd_gate(args: argparse.Namespace) -> int:
     out = (args.out or Path("results") / "gate" / store.new_run_id()).absolute()
     baseline = gate.resolve_side("baseline", args.baseline, out / "baseline")
     candidate = gate.resolve_side("candidate", args.candidate, out / "candidate")
-    run = gate.run_gate(args.suite, baseline, candidate, out, rounds=args.rounds, overrides=args.set, filters=args.filter,
-                        candidate_overrides=args.candidate_set,
-                        announce=lambda line: console.print(line, soft_wrap=True, markup=False))
+    run = gate.run_gate(
+        args.suite,
+        baseline,
+        candidate,
+        out,
+        rounds=args.rounds,
+        overrides=args.set,
+        filters=args.filter,
+        candidate_overrides=args.candidate_set,
+        announce=lambda line: console.print(line, soft_wrap=True, markup=False),
+    )
     console.print(f"Gate runs: {run.out}", soft_wrap=True, markup=False)
-    comparison = compare.compare_runs(run.baseline, run.candidate, metric=args.metric, threshold=threshold, paired=True,
-                                      fail_on_inconclusive=args.fail_on_inconclusive, ignore_env=args.ignore_env)
+    comparison = compare.compare_runs(
+        run.baseline,
+        run.candidate,
+        metric=args.metric,
+        threshold=threshold,
+        paired=True,
+        fail_on_inconclusive=args.fail_on_inconclusive,
+        ignore_env=args.ignore_env,
+    )
     return _print_verdict(comparison, args.format)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from tpbench import export as exports, store
+    from tpbench import export as exports
+    from tpbench import store
 
     export = exports.export_run(args.run, args.format)
     text = json.dumps(export.document, indent=2, allow_nan=False) + "\n"
     for label in export.skipped:
-        console.print(f"[yellow]not exported:[/] {escape(label)} (no timed steps: the case failed or never ran)", soft_wrap=True)
+        console.print(
+            f"[yellow]not exported:[/] {escape(label)} (no timed steps: the case failed or never ran)", soft_wrap=True
+        )
     if args.output:
         store.atomic_write_bytes(args.output, text.encode())
         console.print(f"Wrote {args.output}", soft_wrap=True, markup=False)
@@ -401,14 +503,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     def suite_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a default or a swept key (capture.KEY, workloads.NAME.KEY reach those tables)")
-        p.add_argument("--filter", action="append", default=[], metavar="KEY=V1|V2",
-                       help="keep only matching cases (KEY!=V excludes; id=PREFIX matches case ids)")
+        p.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a default or a swept key (capture.KEY, workloads.NAME.KEY reach those tables)",
+        )
+        p.add_argument(
+            "--filter",
+            action="append",
+            default=[],
+            metavar="KEY=V1|V2",
+            help="keep only matching cases (KEY!=V excludes; id=PREFIX matches case ids)",
+        )
 
     def allow_large_arg(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--allow-large", action="store_true",
-                       help="run worlds and sweeps beyond this machine's limits (4 ranks per core, 512 MiB per rank; 10000 cases)")
+        p.add_argument(
+            "--allow-large",
+            action="store_true",
+            help="run worlds and sweeps beyond this machine's limits (4 ranks per core, 512 MiB per rank; 10000 cases)",
+        )
 
     p = sub.add_parser("sweep", help="run a suite")
     p.add_argument("suite", nargs="?", help="suite TOML file (not needed with --resume)")
@@ -421,17 +536,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", type=Path, metavar="FILE", help="report path (default: reports/<suite>-<run_id>.html)")
     p.add_argument("--reports-dir", type=Path, default=Path("reports"), help=argparse.SUPPRESS)
     t = p.add_argument_group("torchrun (multi-node; the results root must be on a filesystem every node sees)")
-    t.add_argument("--launcher", choices=("local", "torchrun"),
-                   help="start the ranks here (local, the default) or each world as a torchrun job; --resume reuses the run's")
+    t.add_argument(
+        "--launcher",
+        choices=("local", "torchrun"),
+        help="start the ranks here (local, the default) or each world as a torchrun job; --resume reuses the run's",
+    )
     t.add_argument("--nnodes", type=int, help="nodes per world (default: 1)")
     t.add_argument("--nproc-per-node", type=int, help="ranks per node (default: the world size / --nnodes)")
-    t.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
-                   help="c10d rendezvous on the first node (needed with --nnodes > 1; default: torchrun --standalone)")
-    t.add_argument("--agent-prefix", metavar="CMD",
-                   help="command that starts one torchrun agent per node, e.g. 'srun --ntasks-per-node=1 --kill-on-bad-exit=1'")
-    t.add_argument("--print", dest="print_only", action="store_true",
-                   help="write the plans and print the torchrun command(s) to run on every node, then exit; "
-                        "`--resume RUN_DIR` afterwards records what they did")
+    t.add_argument(
+        "--rdzv-endpoint",
+        metavar="HOST:PORT",
+        help="c10d rendezvous on the first node (needed with --nnodes > 1; default: torchrun --standalone)",
+    )
+    t.add_argument(
+        "--agent-prefix",
+        metavar="CMD",
+        help="command that starts one torchrun agent per node, e.g. 'srun --ntasks-per-node=1 --kill-on-bad-exit=1'",
+    )
+    t.add_argument(
+        "--print",
+        dest="print_only",
+        action="store_true",
+        help="write the plans and print the torchrun command(s) to run on every node, then exit; "
+        "`--resume RUN_DIR` afterwards records what they did",
+    )
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("report", help="write the HTML report of one run, or compare several")
@@ -453,19 +581,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("compare", help="judge a candidate run against baseline run(s): pass/regression/improvement/…")
-    p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="BASELINE_RUN... CANDIDATE_RUN (several baselines are pooled)")
+    p.add_argument(
+        "runs",
+        nargs="+",
+        type=Path,
+        metavar="RUN_DIR",
+        help="BASELINE_RUN... CANDIDATE_RUN (several baselines are pooled)",
+    )
     _verdict_args(p)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("gate", help="run a suite for baseline and candidate in this job, rounds interleaved, and judge")
     p.add_argument("suite", help="suite TOML file")
-    p.add_argument("--baseline", required=True, metavar="PATH_OR_CMD",
-                   help="python executable, venv directory, source tree (pyproject.toml) or tpbench command prefix")
+    p.add_argument(
+        "--baseline",
+        required=True,
+        metavar="PATH_OR_CMD",
+        help="python executable, venv directory, source tree (pyproject.toml) or tpbench command prefix",
+    )
     p.add_argument("--candidate", required=True, metavar="PATH_OR_CMD", help="same forms as --baseline")
-    p.add_argument("--rounds", type=int, default=5, help="sweeps per side, alternating; more rounds, more power (default: 5)")
+    p.add_argument(
+        "--rounds", type=int, default=5, help="sweeps per side, alternating; more rounds, more power (default: 5)"
+    )
     suite_args(p)
-    p.add_argument("--candidate-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override for the candidate only (e.g. slowdown_pct=10 to check the gate itself)")
+    p.add_argument(
+        "--candidate-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override for the candidate only (e.g. slowdown_pct=10 to check the gate itself)",
+    )
     p.add_argument("--out", type=Path, help="where the rounds' runs go (default: results/gate/<id>)")
     _verdict_args(p)
     p.set_defaults(func=cmd_gate)
@@ -476,12 +621,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write here instead of stdout")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("whatif", help="project a run's step times onto other fabrics (α–β model), validated on its emulated links")
+    p = sub.add_parser(
+        "whatif", help="project a run's step times onto other fabrics (α–β model), validated on its emulated links"
+    )
     p.add_argument("run", type=Path, metavar="RUN_DIR")
-    p.add_argument("--fabric", action="append", default=[], metavar="NAME", help="project onto these fabrics only (default: all)")
-    p.add_argument("--fabrics", action="append", default=[], type=Path, metavar="FILE",
-                   help="TOML with [fabrics.NAME] latency_us, bandwidth_GBps (adds to or overrides the built-in table)")
-    p.add_argument("--reference", metavar="LINK", help="interconnect whose cases are modelled (default: loopback, else the run's first)")
+    p.add_argument(
+        "--fabric", action="append", default=[], metavar="NAME", help="project onto these fabrics only (default: all)"
+    )
+    p.add_argument(
+        "--fabrics",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="TOML with [fabrics.NAME] latency_us, bandwidth_GBps (adds to or overrides the built-in table)",
+    )
+    p.add_argument(
+        "--reference",
+        metavar="LINK",
+        help="interconnect whose cases are modelled (default: loopback, else the run's first)",
+    )
     p.set_defaults(func=cmd_whatif)
     return ap
 
@@ -494,7 +653,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     fabrics = whatif_run.load_fabrics(args.fabrics)
     unknown = [f for f in args.fabric if f not in fabrics]
     if unknown:
-        console.print(f"tpbench whatif: error: unknown fabric(s) {', '.join(unknown)}; known: {', '.join(fabrics)}", markup=False)
+        console.print(
+            f"tpbench whatif: error: unknown fabric(s) {', '.join(unknown)}; known: {', '.join(fabrics)}", markup=False
+        )
         return EXIT_USAGE
     try:
         loaded = store.load(args.run)
@@ -512,17 +673,30 @@ def cmd_whatif(args: argparse.Namespace) -> int:
             t.add_column(col, justify="right" if col in ("measured ms [95% CI]", "predicted ms", "error") else "left")
         for r in result.validation.to_dict("records"):
             made = pd.isna(r["refused"])
-            t.add_row(r["direction"], labels[r["case_id"]], r["reference_link"], r["interconnect"],
-                      f"{r['measured_ms']:.1f} [{r['ci_lo_ms']:.1f}, {r['ci_hi_ms']:.1f}]",
-                      f"{r['predicted_ms']:.1f}" if made else "refused", f"{r['error_pct']:+.1f}%" if made else "")
+            t.add_row(
+                r["direction"],
+                labels[r["case_id"]],
+                r["reference_link"],
+                r["interconnect"],
+                f"{r['measured_ms']:.1f} [{r['ci_lo_ms']:.1f}, {r['ci_hi_ms']:.1f}]",
+                f"{r['predicted_ms']:.1f}" if made else "refused",
+                f"{r['error_pct']:+.1f}%" if made else "",
+            )
         out.print(t)
         refused = result.validation.dropna(subset=["refused"]).drop_duplicates(["reference_case", "refused"])
         for r in refused.to_dict("records"):
-            console.print(Text.assemble(("refused ", "yellow"), f"predictions from {r['reference_link']} "
-                                        f"{labels[r['reference_case']]}: {r['refused']}"))
+            console.print(
+                Text.assemble(
+                    ("refused ", "yellow"),
+                    f"predictions from {r['reference_link']} {labels[r['reference_case']]}: {r['refused']}",
+                )
+            )
         for e in result.errors().to_dict("records"):
-            out.print(f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}% "
-                      f"over {e['predicted']} predictions ({e['refused']} refused)", markup=False)
+            out.print(
+                f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}% "
+                f"over {e['predicted']} predictions ({e['refused']} refused)",
+                markup=False,
+            )
     t = Table(title="PROJECTED step time (ms): this machine's compute with each fabric's α–β communication")
     t.add_column("case")
     t.add_column(f"measured ({result.reference})", justify="right")
@@ -533,9 +707,12 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     for cid, grp in result.projections.groupby("case_id", sort=False):
         ms = grp.set_index("fabric")["projected_ms"]
         refused = pd.notna(grp["refused"].iloc[0])
-        t.add_row(labels[cid] + (" (*)" if refused else ""), f"{grp['measured_ms'].iloc[0]:.1f}",
-                  "" if refused else f"{grp['compute_ms'].iloc[0]:.1f}",
-                  *("refused" if refused else f"{ms[n]:.1f}" for n in names))
+        t.add_row(
+            labels[cid] + (" (*)" if refused else ""),
+            f"{grp['measured_ms'].iloc[0]:.1f}",
+            "" if refused else f"{grp['compute_ms'].iloc[0]:.1f}",
+            *("refused" if refused else f"{ms[n]:.1f}" for n in names),
+        )
     out.print(t)
     for m in result.models:
         if m.refused is not None:

@@ -85,8 +85,10 @@ def load(path: str, arguments: int) -> Callable[..., Any]:
         sys.path.append(cwd)  # as the ranks (python -m tpbench.worker, started here) see it
     try:
         module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - any import failure is the user's to see, named
-        raise CommHookError(f"cannot import {module_name!r} (from {cwd} or PYTHONPATH): {type(e).__name__}: {e}") from None
+    except Exception as e:  # any import failure is the user's to see, named
+        raise CommHookError(
+            f"cannot import {module_name!r} (from {cwd} or PYTHONPATH): {type(e).__name__}: {e}"
+        ) from None
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -132,9 +134,11 @@ class Bf16Support:
             have = ".".join(map(str, self.nccl)) if self.nccl else "none"
             return f"bf16_compress: NCCL all-reduces bfloat16 from 2.10 on; this torch has NCCL {have}"
         if not wrapped and not ((self.gpu_build and nccl_ok) or self.xccl):
-            return ("bf16_compress: PyTorch's DDP registers bf16 compression only on a torch built with CUDA 11+ and "
-                    f"NCCL 2.10+ (or XPU and XCCL), and this torch ({self.torch_version or 'unknown'}) is not; "
-                    "the ZeRO hooks, which wrap the hook, can use it (Gloo all-reduces bfloat16)")
+            return (
+                "bf16_compress: PyTorch's DDP registers bf16 compression only on a torch built with CUDA 11+ and "
+                f"NCCL 2.10+ (or XPU and XCCL), and this torch ({self.torch_version or 'unknown'}) is not; "
+                "the ZeRO hooks, which wrap the hook, can use it (Gloo all-reduces bfloat16)"
+            )
         return None
 
 

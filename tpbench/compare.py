@@ -45,7 +45,13 @@ from tpbench.environment import COMPARABLE_KEYS, commit_text
 from tpbench.suite import identity
 
 PASS, REGRESSION, IMPROVEMENT, INCONCLUSIVE, INCOMPARABLE, MISSING = (
-    "pass", "regression", "improvement", "inconclusive", "incomparable", "missing")
+    "pass",
+    "regression",
+    "improvement",
+    "inconclusive",
+    "incomparable",
+    "missing",
+)
 # Verdicts from worst to best, the order tallies list them in.
 VERDICTS = (REGRESSION, INCOMPARABLE, MISSING, INCONCLUSIVE, IMPROVEMENT, PASS)
 EXIT_PASS, EXIT_REGRESSION, EXIT_USAGE, EXIT_INCOMPARABLE, EXIT_INCONCLUSIVE = 0, 1, 2, 3, 4
@@ -161,16 +167,22 @@ class RunData:
         values: dict[str, np.ndarray] = {}
         if not loaded.steps.empty:
             if metric not in loaded.steps.columns:
-                numeric = sorted(c for c in loaded.steps.select_dtypes("number").columns if c not in ("repeat", "rank", "step"))
-                raise GateError(f"--metric {metric}: not recorded in {loaded.run_dir}; expected one of {', '.join(numeric)}")
+                numeric = sorted(
+                    c for c in loaded.steps.select_dtypes("number").columns if c not in ("repeat", "rank", "step")
+                )
+                raise GateError(
+                    f"--metric {metric}: not recorded in {loaded.run_dir}; expected one of {', '.join(numeric)}"
+                )
             per_repeat = repeat_medians(loaded.steps, metric).dropna(subset=[metric])
             values = {cid: g[metric].to_numpy(dtype=float) for cid, g in per_repeat.groupby("case_id")}
         cases = loaded.record.cases
         return cls(
-            Path(loaded.run_dir), dict(loaded.environment),
+            Path(loaded.run_dir),
+            dict(loaded.environment),
             {cid: dict(c.params) for cid, c in cases.items()},
             {cid: c.status for cid, c in cases.items()},
-            values, dict(zip(loaded.cases["case_id"], loaded.cases["label"])),
+            values,
+            dict(zip(loaded.cases["case_id"], loaded.cases["label"])),
         )
 
 
@@ -188,18 +200,23 @@ def counterpart(params: dict[str, Any], case_id: str, run: RunData) -> tuple[str
     for cid, p in run.params.items():
         if _same(params, p):
             return cid, ""
-    for cid, p in run.params.items():
+    for p in run.params.values():
         if _same(params, p, WORLD_KEYS):
             diff = ", ".join(f"{k} {p.get(k)} vs {params.get(k)}" for k in WORLD_KEYS if p.get(k) != params.get(k))
             return None, f"different world: {diff}"
     return None, ""
 
 
-def environment_differences(baseline: dict[str, Any], candidate: dict[str, Any], ignore: Iterable[str] = ()) -> list[str]:
+def environment_differences(
+    baseline: dict[str, Any], candidate: dict[str, Any], ignore: Iterable[str] = ()
+) -> list[str]:
     """The comparable keys on which two fingerprints differ, as 'key: baseline vs candidate'."""
     skip = set(ignore)
-    return [f"{k}: {baseline.get(k)} vs {candidate.get(k)}" for k in COMPARABLE_KEYS
-            if k not in skip and baseline.get(k) != candidate.get(k)]
+    return [
+        f"{k}: {baseline.get(k)} vs {candidate.get(k)}"
+        for k in COMPARABLE_KEYS
+        if k not in skip and baseline.get(k) != candidate.get(k)
+    ]
 
 
 def compare_runs(
@@ -222,30 +239,58 @@ def compare_runs(
     if not baseline or not candidate:
         raise GateError("compare needs at least one baseline run and one candidate run")
     if paired and len(baseline) != len(candidate):
-        raise GateError(f"paired comparison needs as many baseline as candidate runs, got {len(baseline)} and {len(candidate)}")
+        raise GateError(
+            f"paired comparison needs as many baseline as candidate runs, got {len(baseline)} and {len(candidate)}"
+        )
     unknown = set(ignore_env) - set(COMPARABLE_KEYS)
     if unknown:
         raise GateError(f"--ignore-env {', '.join(sorted(unknown))}: expected one of {', '.join(COMPARABLE_KEYS)}")
     base = [RunData.of(d, metric) for d in baseline]
     cand = [RunData.of(d, metric) for d in candidate]
-    env_diff = sorted({f"{Path(b.dir).name} vs {Path(c.dir).name}: {d}"
-                       for b in base for c in cand for d in environment_differences(b.environment, c.environment, ignore_env)}
-                      | {f"candidate runs {Path(cand[0].dir).name} vs {Path(c.dir).name}: {d}"
-                         for c in cand[1:] for d in environment_differences(cand[0].environment, c.environment, ignore_env)})
+    env_diff = sorted(
+        {
+            f"{Path(b.dir).name} vs {Path(c.dir).name}: {d}"
+            for b in base
+            for c in cand
+            for d in environment_differences(b.environment, c.environment, ignore_env)
+        }
+        | {
+            f"candidate runs {Path(cand[0].dir).name} vs {Path(c.dir).name}: {d}"
+            for c in cand[1:]
+            for d in environment_differences(cand[0].environment, c.environment, ignore_env)
+        }
+    )
     ref = cand[0]
     results = [
         _judge_case(cid, ref.labels[cid], ref.params[cid], base, cand, threshold, confidence, bool(env_diff), paired)
         for cid in ref.params
     ]
     return Comparison(
-        metric, threshold, confidence, fail_on_inconclusive,
-        [str(b.dir) for b in base], [str(c.dir) for c in cand], env_diff, results, paired,
-        sorted({commit_text(b.environment) for b in base}), sorted({commit_text(c.environment) for c in cand}),
+        metric,
+        threshold,
+        confidence,
+        fail_on_inconclusive,
+        [str(b.dir) for b in base],
+        [str(c.dir) for c in cand],
+        env_diff,
+        results,
+        paired,
+        sorted({commit_text(b.environment) for b in base}),
+        sorted({commit_text(c.environment) for c in cand}),
     )
 
 
-def _judge_case(case_id: str, label: str, params: dict[str, Any], base: list[RunData], cand: list[RunData],
-                threshold: float, confidence: float, env_differs: bool, paired: bool) -> CaseResult:
+def _judge_case(
+    case_id: str,
+    label: str,
+    params: dict[str, Any],
+    base: list[RunData],
+    cand: list[RunData],
+    threshold: float,
+    confidence: float,
+    env_differs: bool,
+    paired: bool,
+) -> CaseResult:
     cand_per_run = [r.values.get(case_id) for r in cand]
     base_per_run: list[np.ndarray | None] = []
     world_diff = ""
@@ -260,8 +305,14 @@ def _judge_case(case_id: str, label: str, params: dict[str, Any], base: list[Run
         base_values = [v for v in base_per_run if v is not None]
         cand_values = [v for v in cand_per_run if v is not None]
     n_b, n_c = sum(v.size for v in base_values), sum(v.size for v in cand_values)
-    common = {"case_id": case_id, "label": label, "baseline_repeats": n_b, "candidate_repeats": n_c,
-              "baseline_runs": len(base_values), "candidate_runs": len(cand_values)}
+    common = {
+        "case_id": case_id,
+        "label": label,
+        "baseline_repeats": n_b,
+        "candidate_repeats": n_c,
+        "baseline_runs": len(base_values),
+        "candidate_runs": len(cand_values),
+    }
     if not any(v is not None for v in cand_per_run):
         states = sorted({r.status.get(case_id, "absent") for r in cand})
         return CaseResult(verdict=MISSING, reason=f"no candidate data (case {'/'.join(states)})", **common)
@@ -277,12 +328,20 @@ def _judge_case(case_id: str, label: str, params: dict[str, Any], base: list[Run
         ratio, lo, hi = paired_ratio_ci(base_values, cand_values, confidence=confidence)
     else:
         ratio, lo, hi = hierarchical_ratio_ci(base_values, cand_values, confidence=confidence)
-    numbers = {"baseline_median": float(np.median(np.concatenate(base_values))),
-               "candidate_median": float(np.median(np.concatenate(cand_values))),
-               "ratio": ratio, "ci_lo": lo, "ci_hi": hi}
+    numbers = {
+        "baseline_median": float(np.median(np.concatenate(base_values))),
+        "candidate_median": float(np.median(np.concatenate(cand_values))),
+        "ratio": ratio,
+        "ci_lo": lo,
+        "ci_hi": hi,
+    }
     if env_differs:
         return CaseResult(verdict=INCOMPARABLE, reason="environments differ (see above)", **common, **numbers)
     if min(n_b, n_c) < MIN_REPEATS:
-        return CaseResult(verdict=INCONCLUSIVE, reason=f"too few repeats ({n_b} baseline, {n_c} candidate; need {MIN_REPEATS} a side)",
-                          **common, **numbers)
+        return CaseResult(
+            verdict=INCONCLUSIVE,
+            reason=f"too few repeats ({n_b} baseline, {n_c} candidate; need {MIN_REPEATS} a side)",
+            **common,
+            **numbers,
+        )
     return CaseResult(verdict=judge(lo, hi, threshold), **common, **numbers)

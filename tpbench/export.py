@@ -14,7 +14,6 @@ from tpbench.analysis.stats import CONFIDENCE, bootstrap_ci, slowest_rank
 from tpbench.compare import GateError
 from tpbench.suite import Case, varying_keys
 
-
 EXPORT_FORMATS = ("pytest-benchmark", "custom-smaller-is-better")
 # The pytest-benchmark storage layout we write (unchanged in what `pytest-benchmark compare` reads since 3.x).
 PYTEST_BENCHMARK_VERSION = "5.1.0"
@@ -63,33 +62,70 @@ def export_pytest_benchmark(run_dir: str | Path) -> Export:
         inside = s[(s >= q1 - 1.5 * iqr) & (s <= q3 + 1.5 * iqr)]
         param = "-".join(f"{k}={getattr(case, k)}" for k in keys if k != "algorithm")
         name = case.algorithm + (f"[{param}]" if param else "")
-        benchmarks.append({
-            "group": suite, "name": name, "fullname": f"{suite}::{name}",
-            "params": {k: getattr(case, k) for k in keys if k != "algorithm"} or None,
-            "param": param or None,
-            "extra_info": {"case_id": case.case_id, "label": label, "run_id": loaded.meta["run_id"],
-                           "repeat_medians_ms": reps.tolist(), "case": case.params()},
-            "options": {"timer": "tpbench", "warmup": case.warmup_steps, "min_rounds": case.steps, "disable_gc": False,
-                        "max_time": None, "min_time": None, "precision": None, "confidence": None},
-            "stats": {
-                "min": float(s[0]), "max": float(s[-1]), "mean": mean, "stddev": std, "rounds": int(s.size),
-                "median": float(np.median(s)), "iqr": iqr, "q1": q1, "q3": q3,
-                "iqr_outliers": int(s.size - inside.size),
-                "stddev_outliers": int(((s < mean - std) | (s > mean + std)).sum()),
-                "outliers": f"{int(((s < mean - std) | (s > mean + std)).sum())};{int(s.size - inside.size)}",
-                "ld15iqr": float(inside[0]), "hd15iqr": float(inside[-1]),
-                "ops": 1 / mean, "total": float(s.sum()), "data": s.tolist(), "iterations": 1,
-            },
-        })
+        benchmarks.append(
+            {
+                "group": suite,
+                "name": name,
+                "fullname": f"{suite}::{name}",
+                "params": {k: getattr(case, k) for k in keys if k != "algorithm"} or None,
+                "param": param or None,
+                "extra_info": {
+                    "case_id": case.case_id,
+                    "label": label,
+                    "run_id": loaded.meta["run_id"],
+                    "repeat_medians_ms": reps.tolist(),
+                    "case": case.params(),
+                },
+                "options": {
+                    "timer": "tpbench",
+                    "warmup": case.warmup_steps,
+                    "min_rounds": case.steps,
+                    "disable_gc": False,
+                    "max_time": None,
+                    "min_time": None,
+                    "precision": None,
+                    "confidence": None,
+                },
+                "stats": {
+                    "min": float(s[0]),
+                    "max": float(s[-1]),
+                    "mean": mean,
+                    "stddev": std,
+                    "rounds": int(s.size),
+                    "median": float(np.median(s)),
+                    "iqr": iqr,
+                    "q1": q1,
+                    "q3": q3,
+                    "iqr_outliers": int(s.size - inside.size),
+                    "stddev_outliers": int(((s < mean - std) | (s > mean + std)).sum()),
+                    "outliers": f"{int(((s < mean - std) | (s > mean + std)).sum())};{int(s.size - inside.size)}",
+                    "ld15iqr": float(inside[0]),
+                    "hd15iqr": float(inside[-1]),
+                    "ops": 1 / mean,
+                    "total": float(s.sum()),
+                    "data": s.tolist(),
+                    "iterations": 1,
+                },
+            }
+        )
     git = env.get("git") or {}
     document = {
         "machine_info": {
-            "node": env.get("hostname"), "processor": env.get("cpu_model"), "python_version": env.get("python"),
-            "platform": env.get("platform"), "cpu": {"brand_raw": env.get("cpu_model"), "count": env.get("cpu_count")},
+            "node": env.get("hostname"),
+            "processor": env.get("cpu_model"),
+            "python_version": env.get("python"),
+            "platform": env.get("platform"),
+            "cpu": {"brand_raw": env.get("cpu_model"), "count": env.get("cpu_count")},
             "tpbench_environment": env,
         },
-        "commit_info": {"id": git.get("commit") or "unversioned", "dirty": bool(git.get("dirty")),
-                        "project": "tpbench", "branch": None, "time": None, "author_time": None},
+        "commit_info": {
+            "id": git.get("commit") or "unversioned",
+            "dirty": bool(git.get("dirty")),
+            "project": "tpbench",
+            "branch": None,
+            "time": None,
+            "author_time": None,
+        },
         "benchmarks": benchmarks,
         "datetime": loaded.meta.get("created"),
         "version": PYTEST_BENCHMARK_VERSION,
@@ -110,14 +146,19 @@ def export_custom_smaller_is_better(run_dir: str | Path) -> Export:
     entries = []
     for case, label, _ms, reps in cases:
         lo, hi = bootstrap_ci(reps)
-        entries.append({
-            "name": f"{suite}/{label}",
-            "unit": "ms",
-            "value": round(float(np.median(reps)), 6),
-            "range": f"± {round((hi - lo) / 2, 6)}",
-            "extra": (f"{CONFIDENCE:.0%} CI [{lo:.4g}, {hi:.4g}] ms over {reps.size} repeats; case {case.case_id}; "
-                      f"run {loaded.meta['run_id']}; torch {env.get('torch')}; {case.world_size}×{case.backend}/{case.device}"),
-        })
+        entries.append(
+            {
+                "name": f"{suite}/{label}",
+                "unit": "ms",
+                "value": round(float(np.median(reps)), 6),
+                "range": f"± {round((hi - lo) / 2, 6)}",
+                "extra": (
+                    f"{CONFIDENCE:.0%} CI [{lo:.4g}, {hi:.4g}] ms over {reps.size} repeats; case {case.case_id}; "
+                    f"run {loaded.meta['run_id']}; torch {env.get('torch')}; "
+                    f"{case.world_size}×{case.backend}/{case.device}"
+                ),
+            }
+        )
     return Export(entries, skipped)
 
 

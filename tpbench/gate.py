@@ -64,7 +64,9 @@ def resolve_side(name: str, spec: str, work_dir: Path) -> Side:
         pythonpath = os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH", "")) if p)
         return Side(name, spec, "source", (sys.executable, "-m", "tpbench"), {"PYTHONPATH": pythonpath}, cwd=Path(tree))
     if path.exists():
-        raise GateError(f"--{name} {spec}: expected a python executable, a venv, a source tree with pyproject.toml, or a command")
+        raise GateError(
+            f"--{name} {spec}: expected a python executable, a venv, a source tree with pyproject.toml, or a command"
+        )
     argv = tuple(shlex.split(spec))
     if not argv or shutil.which(argv[0]) is None:
         raise GateError(f"--{name} {spec}: no such file, directory or command")
@@ -81,8 +83,16 @@ class GateRun:
 
 
 def sweep_command(side: Side, suite: Path, out: Path, overrides: Sequence[str], filters: Sequence[str]) -> list[str]:
-    return [*side.argv, "sweep", str(suite), "--no-report", "--out", str(out),
-            *(a for o in overrides for a in ("--set", o)), *(a for f in filters for a in ("--filter", f))]
+    return [
+        *side.argv,
+        "sweep",
+        str(suite),
+        "--no-report",
+        "--out",
+        str(out),
+        *(a for o in overrides for a in ("--set", o)),
+        *(a for f in filters for a in ("--filter", f)),
+    ]
 
 
 def run_gate(
@@ -113,17 +123,21 @@ def run_gate(
     out = Path(out).absolute()
     runs: dict[str, list[Path]] = {"baseline": [], "candidate": []}
     for r in range(rounds):
-        for side in ((baseline, candidate) if r % 2 == 0 else (candidate, baseline)):
+        for side in (baseline, candidate) if r % 2 == 0 else (candidate, baseline):
             root = out / side.name / f"round{r + 1:02d}"
             root.mkdir(parents=True, exist_ok=True)
             extra = list(candidate_overrides) if side is candidate else []
             cmd = sweep_command(side, suite, root, [*overrides, *extra], filters)
             announce(f"tpbench gate: round {r + 1}/{rounds}, {side.name}: {shlex.join(cmd)}")
-            proc = subprocess.run(cmd, env=os.environ | side.env, cwd=side.cwd, stdout=sys.stderr.fileno(), stdin=subprocess.DEVNULL)
+            proc = subprocess.run(
+                cmd, env=os.environ | side.env, cwd=side.cwd, stdout=sys.stderr.fileno(), stdin=subprocess.DEVNULL
+            )
             found = list(store.iter_runs(root))
             # Exit 1 means some case failed: the run still exists and the comparison reports the case.
             if proc.returncode not in (0, 1) or len(found) != 1:
-                raise SideError(f"{side.name} ({side.spec}), round {r + 1}: `{shlex.join(cmd)}` exited with {proc.returncode}"
-                                f" and left {len(found)} run(s) in {root}; its output is above")
+                raise SideError(
+                    f"{side.name} ({side.spec}), round {r + 1}: `{shlex.join(cmd)}` exited with {proc.returncode}"
+                    f" and left {len(found)} run(s) in {root}; its output is above"
+                )
             runs[side.name].append(found[0])
     return GateRun(out, runs["baseline"], runs["candidate"])

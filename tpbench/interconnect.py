@@ -60,7 +60,9 @@ _RATE_RE = re.compile(r"(?P<num>\d+(?:\.\d+)?)(?P<unit>[a-z]+)")
 # (256 KiB at 1 kbit/s is half an hour), and a 16 MB collective would take minutes anyway.
 _MIN_RATE_BITS_PER_S = 1e6
 _MAX_RATE_BITS_PER_S = 1e12
-_RATE_EXPECTED = "a rate like '500mbit', '1gbit' or '2.5gbit' (units: bit, kbit, mbit, gbit, tbit; lowercase; 1mbit to 1tbit)"
+_RATE_EXPECTED = (
+    "a rate like '500mbit', '1gbit' or '2.5gbit' (units: bit, kbit, mbit, gbit, tbit; lowercase; 1mbit to 1tbit)"
+)
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -111,7 +113,9 @@ def parse_rate(text: str) -> float:
     if bits < _MIN_RATE_BITS_PER_S:
         raise ValueError(f"bad rate {text!r}: must be at least 1mbit")
     if bits > _MAX_RATE_BITS_PER_S:
-        raise ValueError(f"bad rate {text!r}: must be at most 1tbit (no loopback comes near it; above, tc's numbers overflow)")
+        raise ValueError(
+            f"bad rate {text!r}: must be at most 1tbit (no loopback comes near it; above, tc's numbers overflow)"
+        )
     return bits
 
 
@@ -179,8 +183,10 @@ def _user_profile(name: str, table: Mapping[str, Any]) -> Interconnect:
         raise ValueError(f"{where}: allow_env must be a list of variable names")
     for key in env:
         if _changes_what_runs(key) and key not in allowed:
-            raise ValueError(f"{where}: env.{key} changes what every rank runs (a suite is code); "
-                             f'to mean it, add allow_env = ["{key}"] to the profile')
+            raise ValueError(
+                f"{where}: env.{key} changes what every rank runs (a suite is code); "
+                f'to mean it, add allow_env = ["{key}"] to the profile'
+            )
     rate = None
     if "rate" in table:
         rate = parse_rate(table["rate"])
@@ -305,8 +311,23 @@ def world_network(ic: Interconnect) -> Iterator[WorldNetwork]:
             _run(["ip", "netns", "add", name], "creating a network namespace")
             _run(["ip", "-n", name, "link", "set", "lo", "up"], "bringing up lo in the namespace")
             _run(
-                ["tc", "-n", name, "qdisc", "add", "dev", "lo", "root", "tbf",
-                 "rate", f"{round(ic.rate_bits_per_s)}bit", "burst", str(burst), "limit", str(limit)],
+                [
+                    "tc",
+                    "-n",
+                    name,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    "lo",
+                    "root",
+                    "tbf",
+                    "rate",
+                    f"{round(ic.rate_bits_per_s)}bit",
+                    "burst",
+                    str(burst),
+                    "limit",
+                    str(limit),
+                ],
                 "adding a tbf qdisc (is the kernel's sch_tbf available?)",
             )
             yield WorldNetwork(namespace=name, env={**env, **_NAMESPACE_OWNED_ENV})

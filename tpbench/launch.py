@@ -37,8 +37,8 @@ from typing import Any, Callable, Iterable, Protocol
 from tpbench import store
 from tpbench.capture import transport
 from tpbench.interconnect import Interconnect, WorldNetwork, resolve, world_network
-from tpbench.suite import Case
 from tpbench.plan import Plan
+from tpbench.suite import Case
 
 # A world that has not rendezvoused by then is not going to.
 STARTUP_TIMEOUT_S = 180.0
@@ -70,12 +70,7 @@ def group_cases(cases: Iterable[Case]) -> list[LaunchGroup]:
 def interleave(cases: list[Case], done: set[tuple[str, int]] = frozenset()) -> list[tuple[str, int]]:
     """Round-robin schedule of (case_id, repeat) items, skipping those already done."""
     rounds = max((c.repeats for c in cases), default=0)
-    return [
-        (c.case_id, r)
-        for r in range(rounds)
-        for c in cases
-        if r < c.repeats and (c.case_id, r) not in done
-    ]
+    return [(c.case_id, r) for r in range(rounds) for c in cases if r < c.repeats and (c.case_id, r) not in done]
 
 
 @dataclass
@@ -142,18 +137,36 @@ class World:
         for r in range(world_size):
             read_fd, write_fd = os.pipe()
             # NCCL ranks log their transport choices for capture; a profile's env may still override.
-            nccl = transport.nccl_debug_env(log_dir / f"nccl-{plan.world}-rank{r}.log") if plan.cases[0]["backend"] == "nccl" else {}
-            env = os.environ | nccl | dict(net.env) | {
-                "RANK": str(r), "WORLD_SIZE": str(world_size),
-                "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(world_size),
-                "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
-            }
+            nccl = (
+                transport.nccl_debug_env(log_dir / f"nccl-{plan.world}-rank{r}.log")
+                if plan.cases[0]["backend"] == "nccl"
+                else {}
+            )
+            env = (
+                os.environ
+                | nccl
+                | dict(net.env)
+                | {
+                    "RANK": str(r),
+                    "WORLD_SIZE": str(world_size),
+                    "LOCAL_RANK": str(r),
+                    "LOCAL_WORLD_SIZE": str(world_size),
+                    "OMP_NUM_THREADS": str(threads),
+                    "PYTHONUNBUFFERED": "1",
+                }
+            )
             log = log_dir / f"{plan.world}-rank{r}.log"
             argv = net.wrap([sys.executable, "-m", "tpbench.worker", str(plan_path), "--event-fd", str(write_fd)])
             with open(log, "wb") as out:
                 p = subprocess.Popen(
-                    argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    pass_fds=(write_fd,), start_new_session=True, preexec_fn=_die_with_parent,
+                    argv,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    pass_fds=(write_fd,),
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
                 )
             os.close(write_fd)
             self.procs.append(p)
@@ -235,7 +248,10 @@ class Torchrun:
         if self.nnodes < 1 or (self.nproc_per_node is not None and self.nproc_per_node < 1):
             return "--nnodes and --nproc-per-node must be >= 1"
         if self.nnodes > 1 and not self.rdzv_endpoint:
-            return f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT (a port on the first node that every node can reach)"
+            return (
+                f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT "
+                "(a port on the first node that every node can reach)"
+            )
         return None
 
     def command(self, plan_path: Path, world_size: int, rdzv_id: str) -> list[str]:
@@ -245,8 +261,20 @@ class Torchrun:
             rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", self.rdzv_endpoint, "--rdzv-id", rdzv_id]
         else:
             rdzv = ["--standalone"]
-        return [*self.agent_prefix, *torchrun_executable(), "--nnodes", str(self.nnodes), "--nproc-per-node", str(per_node),
-                *rdzv, "--max-restarts", "0", "-m", "tpbench.worker", str(plan_path)]
+        return [
+            *self.agent_prefix,
+            *torchrun_executable(),
+            "--nnodes",
+            str(self.nnodes),
+            "--nproc-per-node",
+            str(per_node),
+            *rdzv,
+            "--max-restarts",
+            "0",
+            "-m",
+            "tpbench.worker",
+            str(plan_path),
+        ]
 
 
 def torchrun_executable() -> list[str]:
@@ -329,8 +357,16 @@ class TorchrunWorld:
     # How long agents get to stop their ranks after SIGTERM before they are killed.
     stop_s = 15.0
 
-    def __init__(self, plan: Plan, plan_path: Path, launcher: Torchrun, world_size: int, env: dict[str, str],
-                 log_dir: Path, rdzv_id: str) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        plan_path: Path,
+        launcher: Torchrun,
+        world_size: int,
+        env: dict[str, str],
+        log_dir: Path,
+        rdzv_id: str,
+    ) -> None:
         assert plan.events_dir is not None
         self.world_size = world_size
         self.events = EventFiles(Path(plan.events_dir))
@@ -341,8 +377,13 @@ class TorchrunWorld:
         with open(self.agent_log, "wb") as out:
             # SIGTERM, not SIGKILL, if the launcher dies: agents then stop their ranks (and srun its tasks).
             self.proc = subprocess.Popen(
-                argv, env=os.environ | env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=functools.partial(_die_with_parent, signal.SIGTERM),
+                argv,
+                env=os.environ | env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=functools.partial(_die_with_parent, signal.SIGTERM),
             )
 
     def read_events(self, timeout: float) -> list[dict[str, Any]]:
@@ -376,7 +417,9 @@ class TorchrunWorld:
         return [(r, c) for r, c in self._failures() if c < 0 and c != -signal.SIGTERM]
 
     def log_tails(self) -> list[tuple[str, str]]:
-        return [(f"rank {r} log", _tail(log)) for r, log in enumerate(self.rank_logs)] + [("torchrun", _tail(self.agent_log, 40))]
+        return [(f"rank {r} log", _tail(log)) for r, log in enumerate(self.rank_logs)] + [
+            ("torchrun", _tail(self.agent_log, 40))
+        ]
 
     def kill(self) -> None:
         """SIGTERM to the job's process group: agents stop their ranks, srun forwards it to every node."""
@@ -401,8 +444,14 @@ def _exit_cause(rank: int, code: int) -> str:
 class Supervisor:
     """Follows one world's events until it finishes, fails or hangs."""
 
-    def __init__(self, world: WorldProcesses, cases: dict[str, Case], run: store.Run, listener: Listener,
-                 interconnect: Interconnect | None = None) -> None:
+    def __init__(
+        self,
+        world: WorldProcesses,
+        cases: dict[str, Case],
+        run: store.Run,
+        listener: Listener,
+        interconnect: Interconnect | None = None,
+    ) -> None:
         self.world = world
         self.interconnect = interconnect  # what the world asked for, to judge the observed transport
         self.cases = cases
@@ -458,7 +507,9 @@ class Supervisor:
         info: dict[str, Any] = {"nvml": ev["nvml"], "clock_sync": ev["clock_sync"]}
         if self.interconnect is not None:
             seen = ev["transport"]
-            info["observed_transport"] = transport.summarize(self.interconnect, transport.from_dicts(seen["backend"], seen["ranks"]))
+            info["observed_transport"] = transport.summarize(
+                self.interconnect, transport.from_dicts(seen["backend"], seen["ranks"])
+            )
         self.run.case_captured(cid, info)
 
     def _fail(self, cause: str, hung: bool = False) -> WorldOutcome:
@@ -510,7 +561,9 @@ class Supervisor:
                 return self._fail("the world exited before finishing its plan")
             now = time.monotonic()
             if not self.ready and now - started > self.world.startup_s:
-                return self._fail(f"the world did not start within {self.world.startup_s:.0f} s (rendezvous)", hung=True)
+                return self._fail(
+                    f"the world did not start within {self.world.startup_s:.0f} s (rendezvous)", hung=True
+                )
             if self.current:
                 cid, repeat, t0 = self.current
                 limit = self.cases[cid].timeout_s
@@ -518,13 +571,15 @@ class Supervisor:
                     return self._fail(f"timed out after {limit:g} s in repeat {repeat} (a rank hung)", hung=True)
 
 
-def _write_plan(run: store.Run, group: LaunchGroup, schedule: list[tuple[str, int]], launcher: Torchrun | None,
-                **entry: Any) -> tuple[Plan, Path]:
+def _write_plan(
+    run: store.Run, group: LaunchGroup, schedule: list[tuple[str, int]], launcher: Torchrun | None, **entry: Any
+) -> tuple[Plan, Path]:
     """The next world's plan, saved under ``plans/``, and its entry in run.json."""
     world_name = run.next_world()
     scheduled = {cid for cid, _ in schedule}
     plan = Plan(
-        run_dir=str(run.dir), world=world_name,
+        run_dir=str(run.dir),
+        world=world_name,
         cases=[c.params() for c in group.cases if c.case_id in scheduled],
         schedule=schedule,
         rendezvous_file=None if launcher else str(run.dir / "plans" / f"{world_name}.rdzv"),
@@ -532,13 +587,22 @@ def _write_plan(run: store.Run, group: LaunchGroup, schedule: list[tuple[str, in
     )
     plan_path = run.dir / "plans" / f"{world_name}.json"
     plan.save(plan_path)
-    run.world_started({"world": world_name, "key": list(group.key), "items": len(schedule), "started": time.time(),
-                       "launcher": "torchrun" if launcher else "local", **entry})
+    run.world_started(
+        {
+            "world": world_name,
+            "key": list(group.key),
+            "items": len(schedule),
+            "started": time.time(),
+            "launcher": "torchrun" if launcher else "local",
+            **entry,
+        }
+    )
     return plan, plan_path
 
 
-def _supervise(world: WorldProcesses, cases: dict[str, Case], run: store.Run, listener: Listener,
-               ic: Interconnect) -> WorldOutcome:
+def _supervise(
+    world: WorldProcesses, cases: dict[str, Case], run: store.Run, listener: Listener, ic: Interconnect
+) -> WorldOutcome:
     try:
         return Supervisor(world, cases, run, listener, interconnect=ic).supervise()
     finally:
@@ -558,8 +622,13 @@ def _done_repeats(run: store.Run, cases: Iterable[Case]) -> set[tuple[str, int]]
     return {(c.case_id, r) for c in cases for r in store.finished_repeats(run.dir, c.case_id)}
 
 
-def run_group(run: store.Run, group: LaunchGroup, user_interconnects: dict[str, Any], listener: Listener,
-              launcher: Torchrun | None = None) -> None:
+def run_group(
+    run: store.Run,
+    group: LaunchGroup,
+    user_interconnects: dict[str, Any],
+    listener: Listener,
+    launcher: Torchrun | None = None,
+) -> None:
     """Run every pending repeat of a group's cases, restarting the world after each failure.
 
     ``launcher`` None starts the ranks here (network namespace included, for emulated links);
@@ -576,15 +645,27 @@ def run_group(run: store.Run, group: LaunchGroup, user_interconnects: dict[str, 
         if not schedule:
             return
         plan, plan_path = _write_plan(run, group, schedule, launcher)
-        listener("world_start", {"world": plan.world, "world_size": group.world_size, "interconnect": ic.name, "items": len(schedule)})
+        listener(
+            "world_start",
+            {"world": plan.world, "world_size": group.world_size, "interconnect": ic.name, "items": len(schedule)},
+        )
         if launcher is None:
             with world_network(ic) as net:
-                outcome = _supervise(World(plan, plan_path, group.world_size, net, run.dir / "logs"), cases, run, listener, ic)
+                outcome = _supervise(
+                    World(plan, plan_path, group.world_size, net, run.dir / "logs"), cases, run, listener, ic
+                )
             # Its ranks exit without closing the FileStore, which would have removed the file.
             Path(plan.rendezvous_file).unlink(missing_ok=True)
         else:
-            world = TorchrunWorld(plan, plan_path, launcher, group.world_size, torchrun_env(ic, launcher, plan, run.dir / "logs"),
-                                  run.dir / "logs", rdzv_id=f"tpbench-{run.run_id}-{plan.world}")
+            world = TorchrunWorld(
+                plan,
+                plan_path,
+                launcher,
+                group.world_size,
+                torchrun_env(ic, launcher, plan, run.dir / "logs"),
+                run.dir / "logs",
+                rdzv_id=f"tpbench-{run.run_id}-{plan.world}",
+            )
             outcome = _supervise(world, cases, run, listener, ic)
         done |= outcome.completed
         if outcome.cause is None:
@@ -608,7 +689,9 @@ class PrintedWorld:
     command: list[str]
 
 
-def print_group(run: store.Run, group: LaunchGroup, user_interconnects: dict[str, Any], launcher: Torchrun) -> PrintedWorld | None:
+def print_group(
+    run: store.Run, group: LaunchGroup, user_interconnects: dict[str, Any], launcher: Torchrun
+) -> PrintedWorld | None:
     """Write the plan of a group's pending repeats as a world the user starts (``--print``);
     ``ingest_printed`` reads back what it did. None when nothing is pending."""
     schedule = interleave(group.cases, _done_repeats(run, group.cases))
@@ -617,7 +700,9 @@ def print_group(run: store.Run, group: LaunchGroup, user_interconnects: dict[str
     ic = resolve(group.key[3], user_interconnects)
     plan, plan_path = _write_plan(run, group, schedule, launcher, printed=True)
     env = torchrun_env(ic, launcher, plan, run.dir / "logs")
-    return PrintedWorld(plan.world, plan_path, env, launcher.command(plan_path, group.world_size, f"tpbench-{run.run_id}-{plan.world}"))
+    return PrintedWorld(
+        plan.world, plan_path, env, launcher.command(plan_path, group.world_size, f"tpbench-{run.run_id}-{plan.world}")
+    )
 
 
 class PrintedWorldRecord:
@@ -651,7 +736,9 @@ class PrintedWorldRecord:
         pass
 
 
-def ingest_printed(run: store.Run, cases: dict[str, Case], user_interconnects: dict[str, Any], listener: Listener) -> None:
+def ingest_printed(
+    run: store.Run, cases: dict[str, Case], user_interconnects: dict[str, Any], listener: Listener
+) -> None:
     """Record what the printed worlds of a run did, from their events files, as if supervised:
     finished cases become done, a case that raised or was cut short becomes failed. A printed
     world with no events yet has not been started; it is left alone (its cases stay pending)."""

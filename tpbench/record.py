@@ -14,10 +14,11 @@ it) instead of misreading it. Version history:
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
+
+import tomllib
 
 SCHEMA_VERSION = 1
 KNOWN_VERSIONS = (0, 1)
@@ -32,8 +33,10 @@ CAPTURE_KEYS = ("nvml", "clock_sync", "transport", "observed_transport")
 def version_problem(version: Any) -> str | None:
     """Why this tpbench cannot read a record of this schema version, or None."""
     if isinstance(version, bool) or not isinstance(version, int) or version not in KNOWN_VERSIONS:
-        return (f"schema_version {version!r} is not one this tpbench reads "
-                f"({', '.join(map(str, KNOWN_VERSIONS))}); a newer tpbench wrote it: upgrade tpbench to read it")
+        return (
+            f"schema_version {version!r} is not one this tpbench reads "
+            f"({', '.join(map(str, KNOWN_VERSIONS))}); a newer tpbench wrote it: upgrade tpbench to read it"
+        )
     return None
 
 
@@ -71,8 +74,15 @@ class CaseRecord:
 
     @classmethod
     def from_json(cls, case_id: str, entry: Mapping[str, Any]) -> CaseRecord:
-        return cls(case_id, _frozen(entry["params"]), entry["status"], entry.get("error"), entry.get("detail"),
-                   entry.get("failed_at"), _frozen({k: entry[k] for k in CAPTURE_KEYS if k in entry}))
+        return cls(
+            case_id,
+            _frozen(entry["params"]),
+            entry["status"],
+            entry.get("error"),
+            entry.get("detail"),
+            entry.get("failed_at"),
+            _frozen({k: entry[k] for k in CAPTURE_KEYS if k in entry}),
+        )
 
 
 @dataclass(frozen=True)
@@ -102,12 +112,17 @@ class RunRecord:
         meta = migrate(dict(meta))
         suite = meta["suite"]
         return cls(
-            meta["schema_version"], meta["run_id"],
+            meta["schema_version"],
+            meta["run_id"],
             SuiteSource(suite["name"], suite.get("path"), suite["text"], suite.get("description")),
-            meta.get("created"), meta.get("status"), _frozen(meta["environment"]),
+            meta.get("created"),
+            meta.get("status"),
+            _frozen(meta["environment"]),
             MappingProxyType({cid: CaseRecord.from_json(cid, e) for cid, e in meta["cases"].items()}),
             _frozen(meta.get("launcher") or {"name": "local"}),
-            tuple(_frozen(w) for w in meta.get("worlds", [])), _frozen(meta.get("efficiency")), meta.get("wall_s"),
+            tuple(_frozen(w) for w in meta.get("worlds", [])),
+            _frozen(meta.get("efficiency")),
+            meta.get("wall_s"),
         )
 
     def suite_table(self, table: str) -> dict[str, Any]:

@@ -25,19 +25,34 @@ def _rows(c: Comparison) -> list[list[str]]:
     for r in c.cases:
         ci = f"[{_pct(r.ci_lo)}, {_pct(r.ci_hi)}]" if r.ci_lo is not None else ""
         reps = f"{r.baseline_repeats}/{r.candidate_repeats}"
-        rows.append([r.label, _num(r.baseline_median), _num(r.candidate_median), _pct(r.ratio), ci, reps, r.verdict, r.reason])
+        rows.append(
+            [r.label, _num(r.baseline_median), _num(r.candidate_median), _pct(r.ratio), ci, reps, r.verdict, r.reason]
+        )
     return rows
 
 
 def _header(c: Comparison) -> list[str]:
-    return ["case", f"baseline {c.metric}", f"candidate {c.metric}", "change", f"{c.confidence:.0%} CI", "repeats b/c", "verdict", "note"]
+    return [
+        "case",
+        f"baseline {c.metric}",
+        f"candidate {c.metric}",
+        "change",
+        f"{c.confidence:.0%} CI",
+        "repeats b/c",
+        "verdict",
+        "note",
+    ]
 
 
 def _preamble(c: Comparison) -> list[str]:
     lines = [
         f"metric {c.metric} (lower is better), threshold ±{c.threshold:.1%}, "
-        + (f"{c.confidence:.0%} t interval of the ratio over paired rounds (geometric mean of per-round ratios of medians)"
-           if c.paired else f"{c.confidence:.0%} bootstrap CI of the ratio of medians over repeats"),
+        + (
+            f"{c.confidence:.0%} t interval of the ratio over paired rounds "
+            "(geometric mean of per-round ratios of medians)"
+            if c.paired
+            else f"{c.confidence:.0%} bootstrap CI of the ratio of medians over repeats"
+        ),
         f"baseline: {len(c.baseline_runs)} run(s), commit {', '.join(c.baseline_commits)}",
         f"candidate: {len(c.candidate_runs)} run(s), commit {', '.join(c.candidate_commits)}",
     ]
@@ -65,12 +80,19 @@ def render_text(c: Comparison) -> str:
     return "\n".join(lines + ["", _footer(c)]) + "\n"
 
 
-_MARK = {REGRESSION: "🔴 **regression**", IMPROVEMENT: "🟢 improvement", PASS: "✅ pass",
-         INCONCLUSIVE: "⚪ inconclusive", INCOMPARABLE: "⚠️ incomparable", MISSING: "⚠️ missing"}
+_MARK = {
+    REGRESSION: "🔴 **regression**",
+    IMPROVEMENT: "🟢 improvement",
+    PASS: "✅ pass",
+    INCONCLUSIVE: "⚪ inconclusive",
+    INCOMPARABLE: "⚠️ incomparable",
+    MISSING: "⚠️ missing",
+}
 
 
 def render_markdown(c: Comparison) -> str:
     """For CI job summaries and PR comments: a headline, the table, the method in one line."""
+
     def esc(s: str) -> str:
         return s.replace("|", "\\|")
 

@@ -31,8 +31,8 @@ import functools
 import json
 import os
 import secrets
-import socket
 import shutil
+import socket
 import tempfile
 import time
 from dataclasses import dataclass
@@ -43,8 +43,17 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tpbench.record import (  # noqa: F401  (the case states are the store's vocabulary too)
-    CASE_STATES, DONE, FAILED, PENDING, RUNNING, SCHEMA_VERSION, RunRecord, migrate, version_problem)
+from tpbench.record import (  # the case states are the store's vocabulary too
+    CASE_STATES,
+    DONE,
+    FAILED,
+    PENDING,
+    RUNNING,
+    SCHEMA_VERSION,
+    RunRecord,
+    migrate,
+    version_problem,
+)
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
@@ -185,6 +194,7 @@ def finish_case(run_dir: Path, case_id: str, repeats: int, clock_sync: dict[str,
 
 def finish_telemetry(run_dir: Path, case_id: str, clock_sync: dict[str, Any] | None) -> None:
     """Merge a case's telemetry parts into nvml.parquet, each rank's samples on its trace clock."""
+
     def on_trace_clock(samples: pd.DataFrame) -> pd.DataFrame:
         for rank, clock in (clock_sync or {}).items():
             if clock is not None:
@@ -192,8 +202,11 @@ def finish_telemetry(run_dir: Path, case_id: str, clock_sync: dict[str, Any] | N
                 samples.loc[mine, "ts_us"] = samples.loc[mine, "t_ns"] / 1e3 + clock["offset_us"]
         return samples
 
-    _merge_parts(sorted((case_dir(run_dir, case_id) / NVML_PARTS).glob("r*.parquet")),
-                 case_dir(run_dir, case_id) / NVML_FILE, on_trace_clock)
+    _merge_parts(
+        sorted((case_dir(run_dir, case_id) / NVML_PARTS).glob("r*.parquet")),
+        case_dir(run_dir, case_id) / NVML_FILE,
+        on_trace_clock,
+    )
 
 
 def _merge_parts(parts: list[Path], out: Path, transform: Callable[[pd.DataFrame], pd.DataFrame]) -> None:
@@ -241,8 +254,16 @@ class Run:
         return RunRecord.from_json(self._meta)
 
     @classmethod
-    def create(cls, root: Path, suite_name: str, suite_path: str, suite_text: str,
-               cases: list[dict[str, Any]], environment: dict[str, Any], launcher: dict[str, Any] | None = None) -> Run:
+    def create(
+        cls,
+        root: Path,
+        suite_name: str,
+        suite_path: str,
+        suite_text: str,
+        cases: list[dict[str, Any]],
+        environment: dict[str, Any],
+        launcher: dict[str, Any] | None = None,
+    ) -> Run:
         """A new run directory under ``root/suite_name`` with every case pending; ``launcher``: how
         its worlds are started (so that ``--resume`` starts them the same way)."""
         # Absolute: rank processes get file:// rendezvous paths and plan paths from it.
@@ -532,8 +553,10 @@ def cases_table(record: RunRecord) -> pd.DataFrame:
     from tpbench.suite import Case, labels
 
     names = labels([[Case.from_params(c.params) for c in record.cases.values()]])[0]
-    rows = [dict(c.params) | {"label": names[cid], "status": c.status, "error": c.error, "detail": c.detail}
-            for cid, c in record.cases.items()]
+    rows = [
+        dict(c.params) | {"label": names[cid], "status": c.status, "error": c.error, "detail": c.detail}
+        for cid, c in record.cases.items()
+    ]
     table = pd.DataFrame(rows)
     for col in table.columns:
         # A parameter collapsed to None for some cases would turn ints into floats (4 → 4.0) in
@@ -560,7 +583,7 @@ def write_summary(run_dir: Path, summary: pd.DataFrame) -> Path:
     keeps the original values."""
     path = Path(run_dir) / SUMMARY_FILE
     summary = summary.copy()
-    for col in summary.columns[summary.dtypes == object]:
+    for col in [col for col, dtype in summary.dtypes.items() if pd.api.types.is_object_dtype(dtype)]:
         kinds = {type(v) for v in summary[col] if v is not None and not (isinstance(v, float) and pd.isna(v))}
         if len(kinds) > 1 and not kinds <= {int, float}:
             summary[col] = [None if v is None else str(v) for v in summary[col]]

@@ -22,10 +22,11 @@ import itertools
 import json
 import math
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
+
+import tomllib
 
 from tpbench import comm_hooks
 from tpbench.algorithms import ALGORITHM_SPECIFIC_KEYS, ALGORITHMS
@@ -34,8 +35,9 @@ from tpbench.workload_params import PARAMS, UserWorkloadError, is_import_path, u
 # Keys that set a case's measurement budget or capture, and test-only knobs (an injected slowdown
 # exists to be compared against a run without it): recorded with a case, not part of what it
 # measures, so runs that differ only in them compare case by case.
-BUDGET_KEYS = frozenset({"repeats", "steps", "warmup_steps", "timeout_s", "profiler_steps", "nvml_interval_ms",
-                         "slowdown_pct", "fault"})
+BUDGET_KEYS = frozenset(
+    {"repeats", "steps", "warmup_steps", "timeout_s", "profiler_steps", "nvml_interval_ms", "slowdown_pct", "fault"}
+)
 # Keys added after results existed, with the value that is the behaviour before them: at it they
 # stay out of the identity, so the cases of earlier runs compare with new runs case by case, and
 # a stored case without them reads as having it (``store.read_run_json``).
@@ -60,6 +62,7 @@ def _int(lo: int, *extra: str) -> Callable[[Any], bool]:
 def _num(lo: float, *, strict: bool, hi: float) -> Callable[[Any], bool]:
     """A finite number above ``lo`` and at most ``hi``: inf or NaN would be accepted by every
     comparison below and fail only later (a case "done" with NaN losses, a timer that never fires)."""
+
     def ok(v: Any) -> bool:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v > hi:
             return False
@@ -285,8 +288,10 @@ def parse(text: str, path: str = "<suite>") -> Suite:
         raise SuiteError(f"{path}: TOML nested too deeply to be a suite") from None
     if not doc:
         # Probably the wrong file (or an unsaved one): say so rather than run the full defaults.
-        raise SuiteError(f"{path}: empty suite: expected at least one of the tables {', '.join(sorted(_TABLES))} "
-                         "(a [suite] table alone runs the defaults)")
+        raise SuiteError(
+            f"{path}: empty suite: expected at least one of the tables {', '.join(sorted(_TABLES))} "
+            "(a [suite] table alone runs the defaults)"
+        )
     return dataclasses.replace(_validate(doc, path), text=text)
 
 
@@ -303,8 +308,12 @@ def _validate(doc: dict[str, Any], path: str) -> Suite:
             raise _fail(path, f"[suite] {k}", "unknown key; expected name or description")
     name = meta.get("name", Path(path).stem)
     if not _good_name(name):
-        raise _fail(path, "[suite] name", f"expected a non-empty name without '/', control characters or a leading '.', "
-                    f"of at most {_MAX_NAME} characters, got {name!r}")
+        raise _fail(
+            path,
+            "[suite] name",
+            f"expected a non-empty name without '/', control characters or a leading '.', "
+            f"of at most {_MAX_NAME} characters, got {name!r}",
+        )
     description = meta.get("description", "")
     if not isinstance(description, str):
         raise _fail(path, "[suite] description", "expected a string")
@@ -348,8 +357,16 @@ def _validate(doc: dict[str, Any], path: str) -> Suite:
             want = type(fields[k].default)
             if type(v) is not want and not (want is float and type(v) is int):
                 raise _fail(path, f"[workloads.{wname}] {k}", f"expected {want.__name__}, got {v!r}")
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and (v <= 0 and fields[k].default > 0 or not math.isfinite(v)):
-                raise _fail(path, f"[workloads.{wname}] {k}", f"expected a finite value{' > 0' if fields[k].default > 0 else ''}, got {v!r}")
+            if (
+                isinstance(v, (int, float))
+                and not isinstance(v, bool)
+                and (v <= 0 and fields[k].default > 0 or not math.isfinite(v))
+            ):
+                raise _fail(
+                    path,
+                    f"[workloads.{wname}] {k}",
+                    f"expected a finite value{' > 0' if fields[k].default > 0 else ''}, got {v!r}",
+                )
         workloads[wname] = {k: canonical(fields[k].default, v) for k, v in table.items()}
 
     interconnects = doc.get("interconnects", {})
@@ -370,8 +387,13 @@ _MAX_NAME = 100
 
 
 def _good_name(name: Any) -> bool:
-    return (isinstance(name, str) and 0 < len(name) <= _MAX_NAME and "/" not in name and not name.startswith(".")
-            and name.isprintable())
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= _MAX_NAME
+        and "/" not in name
+        and not name.startswith(".")
+        and name.isprintable()
+    )
 
 
 def load(path: str | Path) -> Suite:
@@ -455,8 +477,11 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
     keys = list(suite.sweep)
     combinations = math.prod(len(v) for v in suite.sweep.values())
     if machine.max_cases is not None and combinations > machine.max_cases:
-        raise _fail(path, "[sweep]", f"expected at most {machine.max_cases} combinations, got {combinations} "
-                    "(--allow-large runs it anyway)")
+        raise _fail(
+            path,
+            "[sweep]",
+            f"expected at most {machine.max_cases} combinations, got {combinations} (--allow-large runs it anyway)",
+        )
     swept_budget = [k for k in keys if k in BUDGET_KEYS]
     cases: dict[str, Case] = {}
     for combo in itertools.product(*(suite.sweep[k] for k in keys)):
@@ -492,7 +517,9 @@ def params_of(name: str) -> type:
 
 
 @functools.cache
-def _checked_workload(path: str, name: str, table: tuple[tuple[str, Any], ...], batch_size: int) -> tuple[tuple[str, Any], ...]:
+def _checked_workload(
+    path: str, name: str, table: tuple[tuple[str, Any], ...], batch_size: int
+) -> tuple[tuple[str, Any], ...]:
     try:
         params_cls = params_of(name)
     except UserWorkloadError as e:
@@ -521,25 +548,35 @@ def _workload_params(suite: Suite, name: str, batch_size: int) -> tuple[tuple[st
 
 def _check_combination(path: str, r: dict[str, Any], machine: Machine, suite: Suite) -> None:
     if r["device"] == "cuda" and machine.gpus == 0:
-        raise _fail(path, "device", "expected a machine with CUDA GPUs for device = \"cuda\"; this one has none")
+        raise _fail(path, "device", 'expected a machine with CUDA GPUs for device = "cuda"; this one has none')
     if r["backend"] == "nccl" and r["device"] != "cuda":
         raise _fail(path, "backend", 'expected device = "cuda" with backend = "nccl"')
     if machine.nnodes is not None:
         _check_torchrun_layout(path, r, machine)
     elif r["backend"] == "nccl" and r["world_size"] > machine.gpus:
-        raise _fail(path, "world_size", f"expected at most {machine.gpus} NCCL ranks (one per GPU), got {r['world_size']}")
+        raise _fail(
+            path, "world_size", f"expected at most {machine.gpus} NCCL ranks (one per GPU), got {r['world_size']}"
+        )
     elif machine.max_ranks is not None and r["world_size"] > machine.max_ranks:
-        raise _fail(path, "world_size", f"expected at most {machine.max_ranks} ranks on this machine ({machine.capacity}: "
-                    f"{RANKS_PER_CORE} per core, {MB_PER_RANK} MiB each), got {r['world_size']} (--allow-large runs it anyway)")
+        raise _fail(
+            path,
+            "world_size",
+            f"expected at most {machine.max_ranks} ranks on this machine ({machine.capacity}: "
+            f"{RANKS_PER_CORE} per core, {MB_PER_RANK} MiB each), got {r['world_size']} (--allow-large runs it anyway)",
+        )
     if r["world_size"] % r["ranks_per_node"] != 0:
-        raise _fail(path, "ranks_per_node", f"expected a divisor of world_size {r['world_size']}, got {r['ranks_per_node']}")
+        raise _fail(
+            path, "ranks_per_node", f"expected a divisor of world_size {r['world_size']}, got {r['ranks_per_node']}"
+        )
     if r["slowdown_pct"] and r["warmup_steps"] < 1:
         raise _fail(path, "slowdown_pct", "expected warmup_steps >= 1: the delay is calibrated on the warm-up steps")
     fault = r["fault"]
     if fault != "none":
         kind, _, rank = fault.partition(":")
         if kind not in ("crash", "hang") or not rank.isdigit() or int(rank) >= r["world_size"]:
-            raise _fail(path, "fault", f'expected "none", "crash:RANK" or "hang:RANK" with RANK < world_size, got {fault!r}')
+            raise _fail(
+                path, "fault", f'expected "none", "crash:RANK" or "hang:RANK" with RANK < world_size, got {fault!r}'
+            )
     from tpbench.interconnect import resolve
 
     try:
@@ -547,7 +584,9 @@ def _check_combination(path: str, r: dict[str, Any], machine: Machine, suite: Su
     except ValueError as e:
         raise _fail(path, "interconnect", str(e)) from None
     if ic.backend != r["backend"]:
-        raise _fail(path, "interconnect", f"profile {ic.name!r} is for backend {ic.backend}, but the case uses {r['backend']}")
+        raise _fail(
+            path, "interconnect", f"profile {ic.name!r} is for backend {ic.backend}, but the case uses {r['backend']}"
+        )
 
 
 def _check_torchrun_layout(path: str, r: dict[str, Any], machine: Machine) -> None:
@@ -555,16 +594,26 @@ def _check_torchrun_layout(path: str, r: dict[str, Any], machine: Machine) -> No
     that asks for another size, or for node subgroups that span machines, is refused here."""
     nnodes, world_size = machine.nnodes, r["world_size"]
     if machine.nproc_per_node is not None and world_size != nnodes * machine.nproc_per_node:
-        raise _fail(path, "world_size", f'expected "auto" or {nnodes * machine.nproc_per_node} '
-                    f"(--nnodes {nnodes} x --nproc-per-node {machine.nproc_per_node}) under torchrun, got {world_size}")
+        raise _fail(
+            path,
+            "world_size",
+            f'expected "auto" or {nnodes * machine.nproc_per_node} '
+            f"(--nnodes {nnodes} x --nproc-per-node {machine.nproc_per_node}) under torchrun, got {world_size}",
+        )
     if world_size % nnodes != 0:
         raise _fail(path, "world_size", f"expected a multiple of --nnodes {nnodes} under torchrun, got {world_size}")
     per_node = world_size // nnodes
     if r["backend"] == "nccl" and per_node > machine.gpus:
-        raise _fail(path, "world_size", f"expected at most {machine.gpus} NCCL ranks per node (one per GPU), got {per_node}")
+        raise _fail(
+            path, "world_size", f"expected at most {machine.gpus} NCCL ranks per node (one per GPU), got {per_node}"
+        )
     if per_node % r["ranks_per_node"] != 0:
-        raise _fail(path, "ranks_per_node", f'expected "auto" or a divisor of the {per_node} ranks per node under torchrun '
-                    f"(a node subgroup cannot span machines), got {r['ranks_per_node']}")
+        raise _fail(
+            path,
+            "ranks_per_node",
+            f'expected "auto" or a divisor of the {per_node} ranks per node under torchrun '
+            f"(a node subgroup cannot span machines), got {r['ranks_per_node']}",
+        )
 
 
 def identity(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -573,8 +622,11 @@ def identity(params: Mapping[str, Any]) -> dict[str, Any]:
     two runs measure the same thing when their identities agree (on the keys both have: a key
     added by a newer tpbench must not orphan every stored case)."""
     specs = CASE_KEYS | CAPTURE_KEYS
-    return {k: canonical(specs[k].default, v) if k in specs else v for k, v in params.items()
-            if k not in BUDGET_KEYS and k != "case_id" and not (k in ADDED_KEYS and v == ADDED_KEYS[k])}
+    return {
+        k: canonical(specs[k].default, v) if k in specs else v
+        for k, v in params.items()
+        if k not in BUDGET_KEYS and k != "case_id" and not (k in ADDED_KEYS and v == ADDED_KEYS[k])
+    }
 
 
 def case_id(case: Case, budget: Iterable[str] = ()) -> str:
@@ -592,8 +644,7 @@ def varying_keys(cases: list[Case]) -> list[str]:
         return []
     params = [c.params() for c in cases]
     return [
-        k for k in params[0]
-        if k != "case_id" and len({json.dumps(p[k]) for p in params if p.get(k) is not None}) > 1
+        k for k in params[0] if k != "case_id" and len({json.dumps(p[k]) for p in params if p.get(k) is not None}) > 1
     ]
 
 
@@ -631,14 +682,17 @@ def select(cases: list[Case], filters: Iterable[str]) -> list[Case]:
         wanted = [w.strip() for w in raw.split("|")]
         if key != "id":
             wanted = [_fmt(_parse_value(w)) for w in wanted]  # 25.0 matches 25, as in the suite
-        if key == "id":
-            match = lambda c: any(c.case_id.startswith(w) for w in wanted)  # noqa: E731
-        elif key in CASE_KEYS or key in CAPTURE_KEYS:
-            match = lambda c: _fmt(getattr(c, key)) in wanted  # noqa: E731
-        else:
+        if key != "id" and key not in CASE_KEYS and key not in CAPTURE_KEYS:
             raise SuiteError(f"--filter {f}: unknown key {key!r}; expected id or one of {', '.join(CASE_KEYS)}")
-        out = [c for c in out if match(c) != neg]
+        out = [c for c in out if _matches(c, key, wanted) != neg]
     return out
+
+
+def _matches(case: Case, key: str, wanted: list[str]) -> bool:
+    """Whether ``case`` has one of the ``wanted`` values of ``key`` (``id``: one of the id prefixes)."""
+    if key == "id":
+        return any(case.case_id.startswith(w) for w in wanted)
+    return _fmt(getattr(case, key)) in wanted
 
 
 def _fmt(v: Any) -> str:

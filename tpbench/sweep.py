@@ -30,8 +30,13 @@ class Prepared:
     cases: list[Case]
 
 
-def prepare(suite_path: str | Path, overrides: Iterable[str] = (), filters: Iterable[str] = (),
-            launcher: Torchrun | None = None, allow_large: bool = False) -> Prepared:
+def prepare(
+    suite_path: str | Path,
+    overrides: Iterable[str] = (),
+    filters: Iterable[str] = (),
+    launcher: Torchrun | None = None,
+    allow_large: bool = False,
+) -> Prepared:
     """Load, override, validate and expand a suite; raises ``SuiteError`` before anything runs.
 
     Under torchrun "auto" sizes resolve against the torchrun layout (``--nnodes`` x
@@ -42,7 +47,9 @@ def prepare(suite_path: str | Path, overrides: Iterable[str] = (), filters: Iter
     machine = Machine.detect(limited=not allow_large)
     if launcher is not None:
         # Its layout is the user's explicit choice, on machines this one cannot see.
-        machine = dataclasses.replace(machine, nnodes=launcher.nnodes, nproc_per_node=launcher.nproc_per_node, max_ranks=None)
+        machine = dataclasses.replace(
+            machine, nnodes=launcher.nnodes, nproc_per_node=launcher.nproc_per_node, max_ranks=None
+        )
     cases = select(expand(suite, machine), filters)
     return Prepared(suite, cases)
 
@@ -55,11 +62,19 @@ def start(prepared: Prepared, out_root: Path, launcher: Torchrun | None = None) 
         if launcher is not None and ic.shaped:
             raise InterconnectUnavailable(
                 f"interconnect {ic.name!r} emulates a link in a network namespace of one machine; torchrun worlds "
-                "use the real network between their nodes: run it with the local launcher")
+                "use the real network between their nodes: run it with the local launcher"
+            )
         check_available(ic)
     s = prepared.suite
-    return store.Run.create(out_root, s.name, s.path, s.text, [c.params() for c in prepared.cases], fingerprint(),
-                            {"name": "torchrun", **asdict(launcher)} if launcher else {"name": "local"})
+    return store.Run.create(
+        out_root,
+        s.name,
+        s.path,
+        s.text,
+        [c.params() for c in prepared.cases],
+        fingerprint(),
+        {"name": "torchrun", **asdict(launcher)} if launcher else {"name": "local"},
+    )
 
 
 def launcher_of(run: store.Run) -> Torchrun | None:
@@ -147,8 +162,11 @@ def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:
         store.write_case_table(run_dir, cid, "marks", tl.marks)
         if per_step.empty:
             continue
-        row = {"case_id": cid, "overlap_pct": float(overlap.hta_overlap_pct(per_step).mean()),
-               **bandwidth.bytes_per_step(collectives, sorted(per_step["step"].unique().tolist()))}
+        row = {
+            "case_id": cid,
+            "overlap_pct": float(overlap.hta_overlap_pct(per_step).mean()),
+            **bandwidth.bytes_per_step(collectives, sorted(per_step["step"].unique().tolist())),
+        }
         for col in ("compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns", "idle_ns", "optimizer_ns"):
             row[col.replace("_ns", "_ms")] = float(per_step[col].median()) / 1e6
         rows.append(row)
@@ -162,9 +180,15 @@ def _memory_summary(run_dir: Path) -> pd.DataFrame:
     if memory.empty:
         return pd.DataFrame()
     df = per_case(memory.assign(run_id=""), partition.assign(run_id="") if len(partition) else partition)
-    return df[["case_id", "state_max_bytes", "ddp_state_bytes", "state_saved_pct", "imbalance", "buckets"]].rename(columns={
-        "state_max_bytes": "opt_state_max_bytes", "ddp_state_bytes": "opt_state_ddp_bytes",
-        "state_saved_pct": "opt_state_saved_pct", "imbalance": "step_imbalance", "buckets": "zero_buckets"})
+    return df[["case_id", "state_max_bytes", "ddp_state_bytes", "state_saved_pct", "imbalance", "buckets"]].rename(
+        columns={
+            "state_max_bytes": "opt_state_max_bytes",
+            "ddp_state_bytes": "opt_state_ddp_bytes",
+            "state_saved_pct": "opt_state_saved_pct",
+            "imbalance": "step_imbalance",
+            "buckets": "zero_buckets",
+        }
+    )
 
 
 def finalize(run_dir: Path) -> store.Loaded:

@@ -81,8 +81,11 @@ def comm_hook(case: Case) -> Callable[..., Any]:
     """The case's hook as a function, ``allreduce_hook`` for ``"allreduce"`` (what the ZeRO hooks wrap)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    builtin = {ALLREDUCE: default_hooks.allreduce_hook, "fp16_compress": default_hooks.fp16_compress_hook,
-               "bf16_compress": default_hooks.bf16_compress_hook}
+    builtin = {
+        ALLREDUCE: default_hooks.allreduce_hook,
+        "fp16_compress": default_hooks.fp16_compress_hook,
+        "bf16_compress": default_hooks.bf16_compress_hook,
+    }
     return builtin[case.comm_hook] if case.comm_hook in builtin else comm_hooks.load(case.comm_hook, 2)
 
 
@@ -98,7 +101,10 @@ def compress(case: Case, inner: Callable[..., Any]) -> Callable[..., Any]:
     A hook of one's own does not compose (refused at validation by the algorithm)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    wrappers = {"fp16_compress": default_hooks.fp16_compress_wrapper, "bf16_compress": default_hooks.bf16_compress_wrapper}
+    wrappers = {
+        "fp16_compress": default_hooks.fp16_compress_wrapper,
+        "bf16_compress": default_hooks.bf16_compress_wrapper,
+    }
     if case.comm_hook == ALLREDUCE:
         return inner
     if case.comm_hook not in wrappers:
@@ -190,9 +196,9 @@ def node_subgroups(nodes: tuple[tuple[int, ...], ...], ranks_per_node: int) -> l
     if any(len(n) % ranks_per_node for n in nodes):
         raise ValueError(
             f"ranks_per_node = {ranks_per_node} would put ranks of different machines in one node subgroup: "
-            f"this world's nodes have {'/'.join(map(str, sizes))} ranks each; use \"auto\" (the real nodes) or a divisor"
+            f'this world\'s nodes have {"/".join(map(str, sizes))} ranks each; use "auto" (the real nodes) or a divisor'
         )
-    return [list(n[i:i + ranks_per_node]) for n in nodes for i in range(0, len(n), ranks_per_node)]
+    return [list(n[i : i + ranks_per_node]) for n in nodes for i in range(0, len(n), ranks_per_node)]
 
 
 _SUBGROUPS: dict[int, dist.ProcessGroup] = {}
@@ -228,8 +234,8 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
     ``start_localSGD_iter = "never"`` is plain DDP, the baseline every local-SGD case is judged
     against. ``comm_hook`` compression wraps ``post_localSGD_hook`` in PyTorch's
     ``fp16_compress_wrapper``/``bf16_compress_wrapper`` (the hook takes no inner hook, so a hook of
-    one's own is refused by ``tpbench.algorithms.Algorithm.check``). Node subgroups come from the world's real nodes (``ctx.nodes``), split further when
-    ``ranks_per_node`` emulates smaller ones.
+    one's own is refused by ``tpbench.algorithms.Algorithm.check``). Node subgroups come from the
+    world's real nodes (``ctx.nodes``), split further when ``ranks_per_node`` emulates smaller ones.
 
     The order is PyTorch's documented one: ``optimizer.step()``, then
     ``averager.average_parameters()``, and only then are the gradients cleared, because both
@@ -261,7 +267,9 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
     ddp = _ddp(model, ctx)
     subgroup = _intra_node_subgroup(ctx, case.ranks_per_node)
     state = state_cls(
-        process_group=None, subgroup=subgroup, start_localSGD_iter=case.start_localSGD_iter,
+        process_group=None,
+        subgroup=subgroup,
+        start_localSGD_iter=case.start_localSGD_iter,
         post_local_gradient_allreduce=case.post_local_gradient_allreduce,
     )
     ddp.register_comm_hook(state, compress(case, hook))
@@ -277,13 +285,18 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
         if not chosen_by_averager(params):
             raise AveragingSkipped(
                 f"post_localSGD_hook: model averaging is due at step {schedule.step} but the averager would average "
-                f"none of the {len(params)} parameters (it averages only parameters with a gradient, and none has one): "
+                f"none of the {len(params)} parameters "
+                "(it averages only parameters with a gradient, and none has one): "
                 "gradients must still be present when average_parameters runs"
             )
         with record_function("tpbench.drift"):  # its collectives, told apart from the averaging's in traces
             drift = parameter_drift(params)
-        measured.update(drift_max_l2=drift.max_l2, drift_mean_l2=drift.mean_l2, param_norm_l2=_param_norm(params),
-                        untimed_ms=(time.perf_counter_ns() - t0) / 1e6)
+        measured.update(
+            drift_max_l2=drift.max_l2,
+            drift_mean_l2=drift.mean_l2,
+            param_norm_l2=_param_norm(params),
+            untimed_ms=(time.perf_counter_ns() - t0) / 1e6,
+        )
 
     def after_averaging() -> None:
         t0 = time.perf_counter_ns()

@@ -37,7 +37,11 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
 
     def model(row: Mapping[str, Any]) -> whatif.CaseModel:
         cid = row["case_id"]
-        return whatif.case_model(cid, row, *(store.read_case_table(loaded.run_dir, cid, t) for t in ("intervals", "overlap", "marks")),
-                                 steps_by_case[cid])
+        return whatif.case_model(
+            cid,
+            row,
+            *(store.read_case_table(loaded.run_dir, cid, t) for t in ("intervals", "overlap", "marks")),
+            steps_by_case[cid],
+        )
 
     return whatif.run_whatif(done, steps_by_case, rate, model, fabrics, reference)

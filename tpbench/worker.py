@@ -31,27 +31,26 @@ import datetime as _dt
 import json
 import os
 import signal
-import statistics
 import socket
+import statistics
 import sys
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pandas as pd
 import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from tpbench import accounting, capture, store
+from tpbench import accounting, capture, store, workloads
 from tpbench.capture import nvml, profiler, transport
 from tpbench.environment import fingerprint
 from tpbench.plan import Plan
 from tpbench.suite import Case
 from tpbench.training import BuildContext, Training, build
-from tpbench import workloads
 from tpbench.workloads import WorkloadContext
 
 
@@ -91,7 +90,7 @@ class Events:
             self._f = os.fdopen(fd, "w", buffering=1)
         elif path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+            self._f = open(path, "a", buffering=1)  # lives as long as the process
         else:
             self._f = None
 
@@ -162,8 +161,15 @@ def _peak_rss_mb() -> float:
 class CaseRunner:
     """Runs repeats of cases on this rank, within an initialized process group."""
 
-    def __init__(self, rank: Rank, device: torch.device, run_dir: Path, events: Events, ctrl: dist.ProcessGroup,
-                 nodes: tuple[tuple[int, ...], ...] | None = None) -> None:
+    def __init__(
+        self,
+        rank: Rank,
+        device: torch.device,
+        run_dir: Path,
+        events: Events,
+        ctrl: dist.ProcessGroup,
+        nodes: tuple[tuple[int, ...], ...] | None = None,
+    ) -> None:
         self.rank = rank
         self.device = device
         self.run_dir = run_dir
@@ -186,8 +192,10 @@ class CaseRunner:
             ),
         )
         model = workload.build_model()
-        training = build(model, BuildContext(case, self.device, rank=self.rank.rank, world_size=self.rank.world_size,
-                                                                            nodes=self.nodes))
+        training = build(
+            model,
+            BuildContext(case, self.device, rank=self.rank.rank, world_size=self.rank.world_size, nodes=self.nodes),
+        )
         return workload, training
 
     def run_repeat(self, case: Case, repeat: int, profile_after: bool) -> pd.DataFrame | None:
@@ -265,8 +273,15 @@ class CaseRunner:
             rows["optimal_loss"] = workload.optimal_loss
         return rows
 
-    def _capture(self, case: Case, repeat: int, sampler: nvml.Sampler | None, spans: list[nvml.Span],
-                 clock: nvml.ClockSync | None, last: bool) -> capture.RankCapture:
+    def _capture(
+        self,
+        case: Case,
+        repeat: int,
+        sampler: nvml.Sampler | None,
+        spans: list[nvml.Span],
+        clock: nvml.ClockSync | None,
+        last: bool,
+    ) -> capture.RankCapture:
         """This rank's telemetry for the repeat; on a case's last repeat also the transport it used."""
         cap = capture.RankCapture(self.rank.rank, capture.nvml_status(self.gpu), clock=clock)
         if sampler is not None:
@@ -362,7 +377,9 @@ def _world(plan: Plan, rank: Rank, backend: str, timeout_s: float) -> Iterator[d
         rdzv = dist.FileStore(plan.rendezvous_file, rank.world_size)
         dist.init_process_group(backend, store=rdzv, rank=rank.rank, world_size=rank.world_size, timeout=timeout)
     else:
-        dist.init_process_group(backend, init_method="env://", rank=rank.rank, world_size=rank.world_size, timeout=timeout)
+        dist.init_process_group(
+            backend, init_method="env://", rank=rank.rank, world_size=rank.world_size, timeout=timeout
+        )
     # Barriers and result gathering use a Gloo group of their own, so they never queue behind
     # (or show up among) the measured collectives.
     yield dist.new_group(backend="gloo")
@@ -386,8 +403,11 @@ def gather_nodes(rank: Rank, ctrl: dist.ProcessGroup) -> list[Node]:
     run.json: under torchrun the sweeping process sees only its own machine. A collective over
     ``ctrl``.
     """
-    mine = {"node": rank.node, "hostname": socket.gethostname(),
-            "fingerprint": fingerprint() if rank.local_rank == 0 else None}
+    mine = {
+        "node": rank.node,
+        "hostname": socket.gethostname(),
+        "fingerprint": fingerprint() if rank.local_rank == 0 else None,
+    }
     everyone: list[Any] = [None] * rank.world_size
     dist.all_gather_object(everyone, mine, group=ctrl)
     nodes: dict[int, Node] = {}

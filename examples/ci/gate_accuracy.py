@@ -74,8 +74,21 @@ def _tpbench(*args: str) -> int:
 
 def _gate(suite: Path, out: Path, rounds: int, *extra: str) -> None:
     py = sys.executable
-    _tpbench("gate", str(suite), "--baseline", py, "--candidate", py, "--rounds", str(rounds),
-             "--out", str(out), "--format", "json", *extra)
+    _tpbench(
+        "gate",
+        str(suite),
+        "--baseline",
+        py,
+        "--candidate",
+        py,
+        "--rounds",
+        str(rounds),
+        "--out",
+        str(out),
+        "--format",
+        "json",
+        *extra,
+    )
 
 
 def collect(out: Path, pairs: int, rounds: int, knob: list[float]) -> None:
@@ -151,23 +164,28 @@ def score(out: Path, threshold: float, slowdown: float, regroup: list[int]) -> s
     jobs = {
         "compare, 1 stored baseline": (
             [([runs[i]], [runs[i + 1]], False) for i in range(len(runs) - 1)],
-            [([runs[i]], [slow[i + 1]], False) for i in range(len(runs) - 1)]),
+            [([runs[i]], [slow[i + 1]], False) for i in range(len(runs) - 1)],
+        ),
         "compare, 3 stored baselines pooled": (
-            [(runs[i - 3:i], [runs[i]], False) for i in range(3, len(runs))],
-            [(runs[i - 3:i], [slow[i]], False) for i in range(3, len(runs))]),
+            [(runs[i - 3 : i], [runs[i]], False) for i in range(3, len(runs))],
+            [(runs[i - 3 : i], [slow[i]], False) for i in range(3, len(runs))],
+        ),
         f"gate, {settings['rounds']} paired rounds a side": (
             [(b, c, True) for b, c in gates],
-            [(b, [_slowed(r, factor, scratch) for r in c], True) for b, c in gates]),
+            [(b, [_slowed(r, factor, scratch) for r in c], True) for b, c in gates],
+        ),
     }
     # Longer gates from the same rounds: consecutive gates' rounds regrouped, without overlap.
     pairs = [(b, c) for bs, cs in gates for b, c in zip(bs, cs)]
     for n in regroup:
-        chunks = [pairs[i:i + n] for i in range(0, len(pairs) - n + 1, n)]
+        chunks = [pairs[i : i + n] for i in range(0, len(pairs) - n + 1, n)]
         jobs[f"gate, {n} paired rounds a side (regrouped)"] = (
             [([b for b, _ in ch], [c for _, c in ch], True) for ch in chunks],
-            [([b for b, _ in ch], [_slowed(c, factor, scratch) for _, c in ch], True) for ch in chunks])
+            [([b for b, _ in ch], [_slowed(c, factor, scratch) for _, c in ch], True) for ch in chunks],
+        )
     lines = [
-        f"threshold ±{threshold:.0%}; detection of an exact {slowdown:.0%} slowdown (candidate step times × {factor:g})",
+        f"threshold ±{threshold:.0%}; "
+        f"detection of an exact {slowdown:.0%} slowdown (candidate step times × {factor:g})",
         "",
         "| method | pairs | A/A: regression | A/A: improvement | A/A: inconclusive | A/A ratio, median [p10–p90] "
         f"| +{slowdown:.0%}: regression | +{slowdown:.0%}: inconclusive |",
@@ -175,9 +193,12 @@ def score(out: Path, threshold: float, slowdown: float, regroup: list[int]) -> s
     ]
     for name, (aa_jobs, slow_jobs) in jobs.items():
         aa, sl = _tally(aa_jobs, threshold), _tally(slow_jobs, threshold)
-        lines.append(f"| {name} | {len(aa.verdicts)} | {aa.rate('regression')} | {aa.rate('improvement')} | {aa.rate('inconclusive')} "
-                     f"| {aa.spread()} "
-                     f"| {sl.rate('regression')} | {sl.rate('inconclusive')} |")
+        lines.append(
+            f"| {name} | {len(aa.verdicts)} "
+            f"| {aa.rate('regression')} | {aa.rate('improvement')} | {aa.rate('inconclusive')} "
+            f"| {aa.spread()} "
+            f"| {sl.rate('regression')} | {sl.rate('inconclusive')} |"
+        )
     knob_dir = out / "knob"
     if knob_dir.is_dir():
         lines += ["", "| `--candidate-set slowdown_pct=N` gate | realized ratio [CI] | verdict |", "|---|---:|---|"]
@@ -187,8 +208,11 @@ def score(out: Path, threshold: float, slowdown: float, regroup: list[int]) -> s
                 (case,) = compare.compare_runs(*sides, threshold=threshold, paired=True).cases
                 lines.append(f"| {g.name} | {case.ratio:.3f} [{case.ci_lo:.3f}, {case.ci_hi:.3f}] | {case.verdict} |")
     spread = [float(np.median(repeat_medians(store.load(r).steps)["step_ms"])) for r in runs]
-    lines += ["", f"run medians over the A/A compare sweeps: {min(spread):.1f}–{max(spread):.1f} ms "
-                  f"(median {np.median(spread):.1f} ms, {len(spread)} runs)"]
+    lines += [
+        "",
+        f"run medians over the A/A compare sweeps: {min(spread):.1f}–{max(spread):.1f} ms "
+        f"(median {np.median(spread):.1f} ms, {len(spread)} runs)",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -199,19 +223,35 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--pairs", type=int, default=20)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--knob", type=float, action="append", default=[], metavar="PCT",
-                   help="also run a gate with --candidate-set slowdown_pct=PCT (repeatable)")
+    p.add_argument(
+        "--knob",
+        type=float,
+        action="append",
+        default=[],
+        metavar="PCT",
+        help="also run a gate with --candidate-set slowdown_pct=PCT (repeatable)",
+    )
     p = sub.add_parser("score")
     p.add_argument("out", type=Path)
     p.add_argument("--threshold", default="5%")
     p.add_argument("--slowdown", default="10%")
-    p.add_argument("--regroup", type=int, action="append", default=[], metavar="N",
-                   help="also score gates of N rounds made of the collected gates' rounds, regrouped")
+    p.add_argument(
+        "--regroup",
+        type=int,
+        action="append",
+        default=[],
+        metavar="N",
+        help="also score gates of N rounds made of the collected gates' rounds, regrouped",
+    )
     args = ap.parse_args()
     if args.command == "collect":
         collect(args.out, args.pairs, args.rounds, args.knob)
     else:
-        sys.stdout.write(score(args.out, compare.parse_threshold(args.threshold), compare.parse_threshold(args.slowdown), args.regroup))
+        sys.stdout.write(
+            score(
+                args.out, compare.parse_threshold(args.threshold), compare.parse_threshold(args.slowdown), args.regroup
+            )
+        )
 
 
 if __name__ == "__main__":

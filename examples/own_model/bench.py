@@ -15,7 +15,9 @@ from tpbench.workloads import Bench, WorkloadContext, batch_seed
 
 def build(ctx: WorkloadContext, width: int = 256, depth: int = 3, features: int = 32, classes: int = 10) -> Bench:
     torch.manual_seed(ctx.seed)  # the same model on every rank
-    layers = [nn.Linear(features, width), nn.GELU()] + [m for _ in range(depth - 1) for m in (nn.Linear(width, width), nn.GELU())]
+    layers = [nn.Linear(features, width), nn.GELU()] + [
+        m for _ in range(depth - 1) for m in (nn.Linear(width, width), nn.GELU())
+    ]
     model = nn.Sequential(*layers, nn.Linear(width, classes)).to(ctx.device)
     teacher = torch.randn(features, classes, generator=torch.Generator().manual_seed(1234))
 

@@ -50,14 +50,16 @@ def test_expand_large_suite(benchmark) -> None:
 
 def _steps_frame(cases: int, repeats: int, ranks: int, steps: int, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
     rng = np.random.default_rng(seed)
-    idx = pd.MultiIndex.from_product([range(cases), range(repeats), range(ranks), range(steps)],
-                                     names=["case", "repeat", "rank", "step"]).to_frame(index=False)
+    idx = pd.MultiIndex.from_product(
+        [range(cases), range(repeats), range(ranks), range(steps)], names=["case", "repeat", "rank", "step"]
+    ).to_frame(index=False)
     idx["case_id"] = "c" + idx.pop("case").astype(str)
     idx["phase"] = np.where(idx["step"] < 3, "warmup", "timed")
     idx["step_ms"] = rng.lognormal(np.log(10), 0.1, len(idx))
     idx["peak_rss_mb"] = 500.0
-    case_table = pd.DataFrame({"case_id": [f"c{i}" for i in range(cases)], "status": "done",
-                               "batch_size": 32, "world_size": ranks})
+    case_table = pd.DataFrame(
+        {"case_id": [f"c{i}" for i in range(cases)], "status": "done", "batch_size": 32, "world_size": ranks}
+    )
     return idx, case_table
 
 

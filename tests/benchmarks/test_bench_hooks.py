@@ -49,13 +49,14 @@ def _model(layers: int) -> torch.nn.Module:
 def _step_fn(kind: str, layers: int) -> tuple[Callable[[], None], int]:
     """A warmed-up training step of ``kind`` and the number of DDP buckets it runs through."""
     ddp = DDP(_model(layers), bucket_cap_mb=BUCKET_CAP_MB)
-    zero = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD, lr=0.01,
-                                   overlap_with_ddp=kind != "allreduce_then_zero_step")
+    zero = ZeroRedundancyOptimizer(
+        ddp.parameters(), optimizer_class=torch.optim.SGD, lr=0.01, overlap_with_ddp=kind != "allreduce_then_zero_step"
+    )
     seen: set[int] = set()
 
     # No annotations: DDP rejects a hook whose bucket annotation is not the GradBucket class itself,
     # and under ``from __future__ import annotations`` it would be a string.
-    def counted_allreduce(state, bucket):  # noqa: ANN001, ANN202
+    def counted_allreduce(state, bucket):
         seen.add(bucket.index())
         return allreduce_hook(state, bucket)
 

@@ -17,8 +17,17 @@ import numpy as np
 import pandas as pd
 
 COLLECTIVE_BANDWIDTH_COLUMNS = (
-    "process_group", "collective", "instance", "step", "bytes", "group_size", "ranks",
-    "time_ns", "slowest_ns", "algbw_gbps", "busbw_gbps",
+    "process_group",
+    "collective",
+    "instance",
+    "step",
+    "bytes",
+    "group_size",
+    "ranks",
+    "time_ns",
+    "slowest_ns",
+    "algbw_gbps",
+    "busbw_gbps",
 )
 
 
@@ -47,21 +56,27 @@ def collective_bandwidth(intervals: pd.DataFrame) -> pd.DataFrame:
     comm = intervals[(intervals["lane"] == "comm") & intervals["collective"].notna()]
     if comm.empty:
         return _empty()
-    df = pd.DataFrame({
-        "rank": comm["rank"].to_numpy(),
-        "process_group": comm["process_group"].astype(object).fillna("").to_numpy(),
-        "collective": comm["collective"].astype(object).to_numpy(),
-        "start_ns": comm["start_ns"].to_numpy(),
-        "dur_ns": (comm["end_ns"] - comm["start_ns"]).to_numpy(),
-        "step": comm["step"].to_numpy(),
-        "bytes": comm["bytes"].to_numpy(dtype="float64", na_value=np.nan),
-        "group_size": comm["group_size"].to_numpy(dtype="float64", na_value=np.nan),
-    }).sort_values(["rank", "start_ns"], kind="stable")
+    df = pd.DataFrame(
+        {
+            "rank": comm["rank"].to_numpy(),
+            "process_group": comm["process_group"].astype(object).fillna("").to_numpy(),
+            "collective": comm["collective"].astype(object).to_numpy(),
+            "start_ns": comm["start_ns"].to_numpy(),
+            "dur_ns": (comm["end_ns"] - comm["start_ns"]).to_numpy(),
+            "step": comm["step"].to_numpy(),
+            "bytes": comm["bytes"].to_numpy(dtype="float64", na_value=np.nan),
+            "group_size": comm["group_size"].to_numpy(dtype="float64", na_value=np.nan),
+        }
+    ).sort_values(["rank", "start_ns"], kind="stable")
     df["instance"] = df.groupby(["rank", "process_group", "collective"], sort=False).cumcount()
     g = df.groupby(["process_group", "collective", "instance"], sort=False)
     out = g.agg(
-        step=("step", "min"), bytes=("bytes", "max"), group_size=("group_size", "max"),
-        ranks=("rank", "nunique"), time_ns=("dur_ns", "min"), slowest_ns=("dur_ns", "max"),
+        step=("step", "min"),
+        bytes=("bytes", "max"),
+        group_size=("group_size", "max"),
+        ranks=("rank", "nunique"),
+        time_ns=("dur_ns", "min"),
+        slowest_ns=("dur_ns", "max"),
         first_ns=("start_ns", "min"),
     ).reset_index()
     out["group_size"] = out["group_size"].fillna(out["ranks"]).astype("int64")
@@ -77,8 +92,7 @@ def collective_bandwidth(intervals: pd.DataFrame) -> pd.DataFrame:
 
 
 def _empty() -> pd.DataFrame:
-    types = {"process_group": object, "collective": object, "bytes": "Int64", "algbw_gbps": float,
-             "busbw_gbps": float}
+    types = {"process_group": object, "collective": object, "bytes": "Int64", "algbw_gbps": float, "busbw_gbps": float}
     return pd.DataFrame({c: pd.Series(dtype=types.get(c, "int64")) for c in COLLECTIVE_BANDWIDTH_COLUMNS})
 
 
@@ -93,7 +107,10 @@ def bytes_per_step(collectives: pd.DataFrame, steps: list[int]) -> dict[str, flo
     mine = collectives[collectives["step"].isin(steps)]
     payload = mine["bytes"].astype("float64")
     allreduce = payload[mine["collective"] == "allreduce"]
-    return {"allreduce_bytes_per_step": _total(allreduce) / len(steps), "comm_bytes_per_step": _total(payload) / len(steps)}
+    return {
+        "allreduce_bytes_per_step": _total(allreduce) / len(steps),
+        "comm_bytes_per_step": _total(payload) / len(steps),
+    }
 
 
 def _total(payload: pd.Series) -> float:

@@ -23,7 +23,8 @@ def curves(steps: pd.DataFrame) -> pd.DataFrame:
     cumulative training time in seconds (slowest rank per step). Warm-up steps are included:
     convergence starts at the first step, timed or not."""
     per_step = steps.groupby(["case_id", "repeat", "step"], as_index=False).agg(
-        loss=("loss", "mean"), step_ms=("step_ms", "max"),
+        loss=("loss", "mean"),
+        step_ms=("step_ms", "max"),
         **({"heldout_loss": ("heldout_loss", "mean")} if "heldout_loss" in steps else {}),
         **({"drift_max_l2": ("drift_max_l2", "max")} if "drift_max_l2" in steps else {}),
     )
@@ -59,14 +60,16 @@ def summarize(steps: pd.DataFrame) -> pd.DataFrame:
                 reach_steps.append(float(hit["step"].iloc[0] + 1) if len(hit) else np.nan)
                 reach_times.append(float(hit["train_time_s"].iloc[0]) if len(hit) else np.nan)
         final = float(np.median(finals))
-        rows.append({
-            "case_id": case_id,
-            "final_heldout_loss": final,
-            "optimal_loss": opt,
-            "target_loss": target,
-            "gap_to_optimum": final - opt if opt is not None else np.nan,
-            # A median of values containing NaN is NaN: one repeat that misses makes the case miss.
-            "steps_to_target": float(np.median(reach_steps)) if reach_steps else np.nan,
-            "time_to_target_s": float(np.median(reach_times)) if reach_times else np.nan,
-        })
+        rows.append(
+            {
+                "case_id": case_id,
+                "final_heldout_loss": final,
+                "optimal_loss": opt,
+                "target_loss": target,
+                "gap_to_optimum": final - opt if opt is not None else np.nan,
+                # A median of values containing NaN is NaN: one repeat that misses makes the case miss.
+                "steps_to_target": float(np.median(reach_steps)) if reach_steps else np.nan,
+                "time_to_target_s": float(np.median(reach_times)) if reach_times else np.nan,
+            }
+        )
     return pd.DataFrame(rows)

@@ -23,6 +23,7 @@ cross 1 inside the measured range of x, that is the answer, stated with the numb
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -67,16 +68,23 @@ def ratio_points(cases: pd.DataFrame, steps: pd.DataFrame, summary: pd.DataFrame
         ratio, lo, hi = ratio_ci(b, c)
         ref = refs[_matches(refs, s, params, strict=False)]
         source = ref.iloc[0]["case_id"] if len(ref) else s["case_id"]
-        rows.append({
-            **{k: s[k] for k in params},
-            "sequential_case": s["case_id"], "interleaved_case": i["case_id"],
-            "comm_compute": _comm_compute(figures, source),
-            "comm_compute_from": REFERENCE if len(ref) else SEQUENTIAL,
-            "allreduce_bytes_per_step": _figure(figures, s["case_id"], "allreduce_bytes_per_step"),
-            "sequential_ms": float(np.median(b)), "interleaved_ms": float(np.median(c)),
-            "ratio": ratio, "ratio_lo": lo, "ratio_hi": hi,
-            "sequential_reps": b.tolist(), "interleaved_reps": c.tolist(),
-        })
+        rows.append(
+            {
+                **{k: s[k] for k in params},
+                "sequential_case": s["case_id"],
+                "interleaved_case": i["case_id"],
+                "comm_compute": _comm_compute(figures, source),
+                "comm_compute_from": REFERENCE if len(ref) else SEQUENTIAL,
+                "allreduce_bytes_per_step": _figure(figures, s["case_id"], "allreduce_bytes_per_step"),
+                "sequential_ms": float(np.median(b)),
+                "interleaved_ms": float(np.median(c)),
+                "ratio": ratio,
+                "ratio_lo": lo,
+                "ratio_hi": hi,
+                "sequential_reps": b.tolist(),
+                "interleaved_reps": c.tolist(),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -88,7 +96,7 @@ def _matches(frame: pd.DataFrame, row: dict, params: list[str], strict: bool) ->
     for k in params:
         col = frame[k].astype(object)
         unset = col.isna()
-        same = col.map(lambda v: _same(v, row[k]))
+        same = col.map(functools.partial(_same, b=row[k]))
         mask &= same | (unset & (not strict)) | (unset & _isna(row[k]))
     return mask
 
@@ -102,7 +110,9 @@ def _isna(v: object) -> bool:
 
 
 def _figure(figures: pd.DataFrame, case_id: str, column: str) -> float:
-    return float(figures.loc[case_id, column]) if case_id in figures.index and column in figures.columns else float("nan")
+    return (
+        float(figures.loc[case_id, column]) if case_id in figures.index and column in figures.columns else float("nan")
+    )
 
 
 def _comm_compute(figures: pd.DataFrame, case_id: str) -> float:
@@ -150,16 +160,26 @@ class Crossover:
         span = f"comm:compute {self.x_min:.2g}–{self.x_max:.2g}"
         if self.x is None:
             where = "above" if self.ratio_min > 1 else "below" if self.ratio_max < 1 else "around"
-            who = {"above": "the sequential hook was never slower", "below": "the interleaved hook was never slower",
-                   "around": "neither hook wins consistently"}[where]
-            return (f"No crossover observed over {span} ({self.points} points): interleaved/sequential stays {where} 1 "
-                    f"(ratios {self.ratio_min:.2f}–{self.ratio_max:.2f}); {who} in the fit.")
+            who = {
+                "above": "the sequential hook was never slower",
+                "below": "the interleaved hook was never slower",
+                "around": "neither hook wins consistently",
+            }[where]
+            return (
+                f"No crossover observed over {span} ({self.points} points): interleaved/sequential stays {where} 1 "
+                f"(ratios {self.ratio_min:.2f}–{self.ratio_max:.2f}); {who} in the fit."
+            )
         first, second = ("interleaved", "sequential") if self.slope > 0 else ("sequential", "interleaved")
-        evidence = (f"{self.wins_below} point(s) significantly below 1 and {self.wins_above} significantly above"
-                    if self.wins_below or self.wins_above else "no single point differs from 1 significantly")
-        return (f"{first.capitalize()} wins below comm:compute ≈ {self.x:.2g} [{self.lo:.2g}, {self.hi:.2g}] "
-                f"({CONFIDENCE:.0%} CI), {second} above it; measured over {span}, {self.points} points, {evidence}; "
-                f"{self.crossing_share:.0%} of bootstrap refits cross 1 inside the measured range.")
+        evidence = (
+            f"{self.wins_below} point(s) significantly below 1 and {self.wins_above} significantly above"
+            if self.wins_below or self.wins_above
+            else "no single point differs from 1 significantly"
+        )
+        return (
+            f"{first.capitalize()} wins below comm:compute ≈ {self.x:.2g} [{self.lo:.2g}, {self.hi:.2g}] "
+            f"({CONFIDENCE:.0%} CI), {second} above it; measured over {span}, {self.points} points, {evidence}; "
+            f"{self.crossing_share:.0%} of bootstrap refits cross 1 inside the measured range."
+        )
 
 
 def _wls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -173,8 +193,9 @@ def _wls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.nd
     return ym - s * xm, s
 
 
-def estimate_crossover(points: pd.DataFrame, *, samples: int = BOOTSTRAP_SAMPLES, confidence: float = CONFIDENCE,
-                       seed: int = 0) -> Crossover:
+def estimate_crossover(
+    points: pd.DataFrame, *, samples: int = BOOTSTRAP_SAMPLES, confidence: float = CONFIDENCE, seed: int = 0
+) -> Crossover:
     """Fit log(ratio) = a + s·log(comm:compute) over ``ratio_points`` rows and find the root.
 
     Each bootstrap sample redraws every point's repeats (both cases independently), recomputes
@@ -203,17 +224,24 @@ def estimate_crossover(points: pd.DataFrame, *, samples: int = BOOTSTRAP_SAMPLES
     root = -a / s if s != 0 else float("nan")
     alpha = (1 - confidence) / 2
     finite = roots[np.isfinite(roots)]
-    lo, hi = (np.quantile(finite, [alpha, 1 - alpha]) if finite.size else (np.nan, np.nan))
+    lo, hi = np.quantile(finite, [alpha, 1 - alpha]) if finite.size else (np.nan, np.nan)
     x_lo, x_hi = x.min(), x.max()
     inside = bool(np.isfinite(root) and x_lo <= root <= x_hi)
     slope_lo, slope_hi = np.quantile(s_b, [alpha, 1 - alpha])
     return Crossover(
         x=float(np.exp(root)) if inside else None,
-        lo=float(np.exp(lo)), hi=float(np.exp(hi)),
-        intercept=float(a), slope=float(s), slope_lo=float(slope_lo), slope_hi=float(slope_hi),
-        x_min=float(np.exp(x_lo)), x_max=float(np.exp(x_hi)),
-        ratio_min=float(pts["ratio"].min()), ratio_max=float(pts["ratio"].max()),
+        lo=float(np.exp(lo)),
+        hi=float(np.exp(hi)),
+        intercept=float(a),
+        slope=float(s),
+        slope_lo=float(slope_lo),
+        slope_hi=float(slope_hi),
+        x_min=float(np.exp(x_lo)),
+        x_max=float(np.exp(x_hi)),
+        ratio_min=float(pts["ratio"].min()),
+        ratio_max=float(pts["ratio"].max()),
         crossing_share=float(np.mean((roots >= x_lo) & (roots <= x_hi))),
         points=len(pts),
-        wins_below=int((pts["ratio_hi"] < 1).sum()), wins_above=int((pts["ratio_lo"] > 1).sum()),
+        wins_below=int((pts["ratio_hi"] < 1).sum()),
+        wins_above=int((pts["ratio_lo"] > 1).sum()),
     )

@@ -19,18 +19,22 @@ def per_case(memory: pd.DataFrame, partition: pd.DataFrame) -> pd.DataFrame:
     """
     if memory.empty:
         return pd.DataFrame()
-    out = memory.groupby(KEYS).agg(
-        ranks=("rank", "size"),
-        state_max_bytes=("optimizer_state_bytes", "max"),
-        state_min_bytes=("optimizer_state_bytes", "min"),
-        state_total_bytes=("optimizer_state_bytes", "sum"),
-        stepped_max=("stepped_params", "max"),
-        stepped_min=("stepped_params", "min"),
-        stepped_mean=("stepped_params", "mean"),
-        stepped_total=("stepped_params", "sum"),
-        param_bytes=("param_bytes", "max"),
-        grad_bytes=("grad_bytes", "max"),
-    ).reset_index()
+    out = (
+        memory.groupby(KEYS)
+        .agg(
+            ranks=("rank", "size"),
+            state_max_bytes=("optimizer_state_bytes", "max"),
+            state_min_bytes=("optimizer_state_bytes", "min"),
+            state_total_bytes=("optimizer_state_bytes", "sum"),
+            stepped_max=("stepped_params", "max"),
+            stepped_min=("stepped_params", "min"),
+            stepped_mean=("stepped_params", "mean"),
+            stepped_total=("stepped_params", "sum"),
+            param_bytes=("param_bytes", "max"),
+            grad_bytes=("grad_bytes", "max"),
+        )
+        .reset_index()
+    )
     sharded = set(map(tuple, partition[KEYS].drop_duplicates().to_numpy())) if not partition.empty else set()
     out["sharded"] = [k in sharded for k in zip(out["run_id"], out["case_id"])]
     out["ddp_state_bytes"] = out["state_total_bytes"].where(out["sharded"], out["state_max_bytes"])

@@ -25,8 +25,16 @@ import numpy as np
 import pandas as pd
 
 STEP_OVERLAP_COLUMNS = (
-    "rank", "step", "span_ns", "compute_ns", "comm_ns", "overlap_ns", "exposed_comm_ns",
-    "idle_ns", "optimizer_ns", "overlap_pct",
+    "rank",
+    "step",
+    "span_ns",
+    "compute_ns",
+    "comm_ns",
+    "overlap_ns",
+    "exposed_comm_ns",
+    "idle_ns",
+    "optimizer_ns",
+    "overlap_pct",
 )
 _WORK_LANES = ("compute", "comm", "memcpy", "other")
 
@@ -61,7 +69,9 @@ def step_overlap(intervals: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     by_rank = dict(tuple(intervals.groupby("rank", sort=False, observed=True)))
     out = [_rank_overlap(by_rank.get(rank, intervals.iloc[:0]), st) for rank, st in steps.groupby("rank", sort=True)]
     if not out:
-        return pd.DataFrame({c: pd.Series(dtype="float64" if c == "overlap_pct" else "int64") for c in STEP_OVERLAP_COLUMNS})
+        return pd.DataFrame(
+            {c: pd.Series(dtype="float64" if c == "overlap_pct" else "int64") for c in STEP_OVERLAP_COLUMNS}
+        )
     return pd.concat(out, ignore_index=True).sort_values(["rank", "step"], ignore_index=True)
 
 
@@ -100,7 +110,9 @@ def _rank_overlap(iv: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     st_end = steps["end_ns"].to_numpy(np.int64)
     n = len(steps)
     if np.any(st_start[1:] < st_end[:-1]):
-        raise ValueError(f"steps of rank {steps['rank'].iloc[0]} overlap in time; expected one ProfilerStep after another")
+        raise ValueError(
+            f"steps of rank {steps['rank'].iloc[0]} overlap in time; expected one ProfilerStep after another"
+        )
     idx, s, e = _clip_to_steps(iv["start_ns"].to_numpy(np.int64), iv["end_ns"].to_numpy(np.int64), st_start, st_end)
     lane = iv["lane"].to_numpy(dtype=object)[idx[1]] if len(idx[1]) else np.array([], dtype=object)
     step_of = idx[0]
@@ -116,18 +128,20 @@ def _rank_overlap(iv: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     overlap = compute + comm - both
     work = per_step(np.isin(lane, _WORK_LANES))
     span = st_end - st_start
-    return pd.DataFrame({
-        "rank": np.full(n, steps["rank"].iloc[0] if n else 0, dtype=np.int64),
-        "step": steps["step"].to_numpy(np.int64),
-        "span_ns": span,
-        "compute_ns": compute,
-        "comm_ns": comm,
-        "overlap_ns": overlap,
-        "exposed_comm_ns": comm - overlap,
-        "idle_ns": span - work,
-        "optimizer_ns": per_step(lane == "optimizer"),
-        "overlap_pct": _pct(overlap, comm),
-    })
+    return pd.DataFrame(
+        {
+            "rank": np.full(n, steps["rank"].iloc[0] if n else 0, dtype=np.int64),
+            "step": steps["step"].to_numpy(np.int64),
+            "span_ns": span,
+            "compute_ns": compute,
+            "comm_ns": comm,
+            "overlap_ns": overlap,
+            "exposed_comm_ns": comm - overlap,
+            "idle_ns": span - work,
+            "optimizer_ns": per_step(lane == "optimizer"),
+            "overlap_pct": _pct(overlap, comm),
+        }
+    )
 
 
 def _clip_to_steps(

@@ -29,7 +29,9 @@ def repeat_medians(steps: pd.DataFrame, metric: str = "step_ms") -> pd.DataFrame
     if metric == "step_ms":
         per_step = slowest_rank(steps)
     else:
-        per_step = steps[steps["phase"] == "timed"].groupby(["case_id", "repeat", "step"], as_index=False)[metric].mean()
+        per_step = (
+            steps[steps["phase"] == "timed"].groupby(["case_id", "repeat", "step"], as_index=False)[metric].mean()
+        )
     return per_step.groupby(["case_id", "repeat"], as_index=False)[metric].median()
 
 
@@ -55,7 +57,12 @@ def bootstrap_ci(
 
 
 def ratio_ci(
-    baseline: np.ndarray, candidate: np.ndarray, *, samples: int = BOOTSTRAP_SAMPLES, confidence: float = CONFIDENCE, seed: int = 0
+    baseline: np.ndarray,
+    candidate: np.ndarray,
+    *,
+    samples: int = BOOTSTRAP_SAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
 ) -> tuple[float, float, float]:
     """Ratio of medians candidate/baseline over per-repeat values, with a bootstrap interval.
 
@@ -81,7 +88,9 @@ def summarize(steps: pd.DataFrame, cases: pd.DataFrame) -> pd.DataFrame:
     their error and no numbers, so a summary never silently drops a case.
     """
     rows = []
-    per_step = slowest_rank(steps) if not steps.empty else pd.DataFrame(columns=["case_id", "repeat", "step", "step_ms"])
+    per_step = (
+        slowest_rank(steps) if not steps.empty else pd.DataFrame(columns=["case_id", "repeat", "step", "step_ms"])
+    )
     by_case = dict(tuple(per_step.groupby("case_id"))) if not per_step.empty else {}
     memory_cols = [c for c in ("peak_rss_mb", "peak_allocated_mb", "peak_reserved_mb") if c in steps]
     # One groupby for every case's memory peaks: filtering the steps table per case is quadratic.

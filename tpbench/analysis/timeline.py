@@ -41,8 +41,17 @@ from tpbench.analysis.trace_events import KERNEL_COMM, TraceEvents, canonical_co
 
 LANES = ("compute", "comm", "optimizer", "memcpy", "other")
 INTERVAL_COLUMNS = (
-    "rank", "step", "lane", "stream_or_thread", "name", "start_ns", "end_ns",
-    "bytes", "collective", "process_group", "group_size",
+    "rank",
+    "step",
+    "lane",
+    "stream_or_thread",
+    "name",
+    "start_ns",
+    "end_ns",
+    "bytes",
+    "collective",
+    "process_group",
+    "group_size",
 )
 STEP_COLUMNS = ("rank", "step", "start_ns", "end_ns")
 MARK_COLUMNS = ("rank", "kind", "tid", "start_ns", "end_ns", "index", "collective")
@@ -54,11 +63,34 @@ _ZERO_STEP_RE = re.compile(r"tpbench\.zero\.step\[bucket=(\d+)\]")
 # Element sizes for the dtype spellings that appear in traces: c10 ScalarType names (NCCL
 # metadata) and C++ type names (``Input type`` of recorded ops).
 DTYPE_BYTES: dict[str, int] = {
-    "Float": 4, "float": 4, "Double": 8, "double": 8, "Half": 2, "c10::Half": 2,
-    "BFloat16": 2, "c10::BFloat16": 2, "Long": 8, "long int": 8, "int64_t": 8, "Int": 4, "int": 4,
-    "Short": 2, "short int": 2, "Char": 1, "signed char": 1, "Byte": 1, "unsigned char": 1,
-    "Bool": 1, "bool": 1, "ComplexFloat": 8, "c10::complex<float>": 8, "ComplexDouble": 16,
-    "c10::complex<double>": 16, "Float8_e4m3fn": 1, "c10::Float8_e4m3fn": 1, "Float8_e5m2": 1,
+    "Float": 4,
+    "float": 4,
+    "Double": 8,
+    "double": 8,
+    "Half": 2,
+    "c10::Half": 2,
+    "BFloat16": 2,
+    "c10::BFloat16": 2,
+    "Long": 8,
+    "long int": 8,
+    "int64_t": 8,
+    "Int": 4,
+    "int": 4,
+    "Short": 2,
+    "short int": 2,
+    "Char": 1,
+    "signed char": 1,
+    "Byte": 1,
+    "unsigned char": 1,
+    "Bool": 1,
+    "bool": 1,
+    "ComplexFloat": 8,
+    "c10::complex<float>": 8,
+    "ComplexDouble": 16,
+    "c10::complex<double>": 16,
+    "Float8_e4m3fn": 1,
+    "c10::Float8_e4m3fn": 1,
+    "Float8_e5m2": 1,
     "c10::Float8_e5m2": 1,
 }
 
@@ -120,14 +152,17 @@ def read_trace(path: str | Path, rank: int | None = None, alone: bool = True) ->
     if rank is None:
         m = _RANK_RE.search(Path(path).name)
         if m is None and not alone:
-            raise ValueError(f"{path}: no rank given, none in distributedInfo or in the file name "
-                             "(with several traces each must name its rank)")
+            raise ValueError(
+                f"{path}: no rank given, none in distributedInfo or in the file name "
+                "(with several traces each must name its rank)"
+            )
         if m is None:
             warnings.warn(f"{path}: no rank in distributedInfo or in the file name; taken as rank 0", stacklevel=2)
         rank = int(m.group(1)) if m else 0
     if not events.steps:
-        warnings.warn(f"{path}: no ProfilerStep#N in the trace; the whole trace is analysed as one step (step 0)",
-                      stacklevel=2)
+        warnings.warn(
+            f"{path}: no ProfilerStep#N in the trace; the whole trace is analysed as one step (step 0)", stacklevel=2
+        )
     return _timeline(events, int(rank), dist)
 
 
@@ -149,26 +184,41 @@ def _timeline(ev: TraceEvents, rank: int, dist: dict[str, Any]) -> Timeline:
 
 
 def _marks(ev: TraceEvents, rank: int) -> pd.DataFrame:
-    zero = [(tid, ts, dur, int(m.group(1))) for tid, ts, dur, name in ev.cpu_ranges
-            if (m := _ZERO_STEP_RE.fullmatch(name))]
-    rows = ([("step", tid, ts, dur, step, None) for step, tid, ts, dur in ev.steps]
-            + [("issue", tid, ts, dur, -1, coll) for tid, ts, dur, coll in ev.issues]
-            + [("zero_step", tid, ts, dur, bucket, None) for tid, ts, dur, bucket in zero])
+    zero = [
+        (tid, ts, dur, int(m.group(1))) for tid, ts, dur, name in ev.cpu_ranges if (m := _ZERO_STEP_RE.fullmatch(name))
+    ]
+    rows = (
+        [("step", tid, ts, dur, step, None) for step, tid, ts, dur in ev.steps]
+        + [("issue", tid, ts, dur, -1, coll) for tid, ts, dur, coll in ev.issues]
+        + [("zero_step", tid, ts, dur, bucket, None) for tid, ts, dur, bucket in zero]
+    )
     start, end = _rows_span(rows, 2, 3)
-    return pd.DataFrame({
-        "rank": np.full(len(rows), rank, dtype=np.int32), "kind": [r[0] for r in rows],
-        "tid": np.array([r[1] for r in rows], dtype=np.int64), "start_ns": start, "end_ns": end,
-        "index": np.array([r[4] for r in rows], dtype=np.int64), "collective": [r[5] for r in rows],
-    }, columns=list(MARK_COLUMNS))
+    return pd.DataFrame(
+        {
+            "rank": np.full(len(rows), rank, dtype=np.int32),
+            "kind": [r[0] for r in rows],
+            "tid": np.array([r[1] for r in rows], dtype=np.int64),
+            "start_ns": start,
+            "end_ns": end,
+            "index": np.array([r[4] for r in rows], dtype=np.int64),
+            "collective": [r[5] for r in rows],
+        },
+        columns=list(MARK_COLUMNS),
+    )
 
 
 def _gloo_part(ev: TraceEvents, pg_name: str | None, pg_size: int | None) -> pd.DataFrame:
     rows = ev.gloo
     collective = [canonical_collective(r[3][len("gloo:") :]) for r in rows]
     return _part(
-        "comm", [f"thread {r[0]}" for r in rows], [r[3] for r in rows], *_rows_span(rows, 1, 2),
+        "comm",
+        [f"thread {r[0]}" for r in rows],
+        [r[3] for r in rows],
+        *_rows_span(rows, 1, 2),
         nbytes=[_gloo_bytes(r[4], r[5], c, pg_size) for r, c in zip(rows, collective)],
-        collective=collective, process_group=[pg_name] * len(rows), group_size=[pg_size] * len(rows),
+        collective=collective,
+        process_group=[pg_name] * len(rows),
+        group_size=[pg_size] * len(rows),
     )
 
 
@@ -193,8 +243,11 @@ def _aten_part(ev: TraceEvents, names: list[str], train_tid: int | None) -> pd.D
         keep[lo:hi] = outer & ~_inside(s, gloo.get(t))
         lane[lo:hi] = np.where((t == train_tid) | _inside(s, opt.get(t)), compute, other)
     return _part(
-        pd.Categorical.from_codes(lane[keep], LANES), _labels("thread", tid[keep]),
-        pd.Categorical.from_codes(name[keep], names), start[keep], end[keep],
+        pd.Categorical.from_codes(lane[keep], LANES),
+        _labels("thread", tid[keep]),
+        pd.Categorical.from_codes(name[keep], names),
+        start[keep],
+        end[keep],
     )
 
 
@@ -222,8 +275,15 @@ def _kernel_part(ev: TraceEvents, names: list[str], pg_name: str | None, pg_size
         size[i] = meta.get("Group size") or pg_size
     lane_codes = np.array([LANES.index(x) for x in ("compute", "comm", "memcpy")], dtype=np.int8)[kind]
     return _part(
-        pd.Categorical.from_codes(lane_codes, LANES), _labels("stream", k["stream"]),
-        name, start, end, nbytes=nbytes, collective=collective, process_group=group, group_size=size,
+        pd.Categorical.from_codes(lane_codes, LANES),
+        _labels("stream", k["stream"]),
+        name,
+        start,
+        end,
+        nbytes=nbytes,
+        collective=collective,
+        process_group=group,
+        group_size=size,
     )
 
 
@@ -322,7 +382,9 @@ def _ns_span(ts_us: np.ndarray, dur_us: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def _rows_span(rows: Sequence[tuple[Any, ...]], ts: int, dur: int) -> tuple[np.ndarray, np.ndarray]:
     """``_ns_span`` of the ``ts`` and ``dur`` fields (µs) of tuples."""
-    return _ns_span(np.array([r[ts] for r in rows], dtype=np.float64), np.array([r[dur] for r in rows], dtype=np.float64))
+    return _ns_span(
+        np.array([r[ts] for r in rows], dtype=np.float64), np.array([r[dur] for r in rows], dtype=np.float64)
+    )
 
 
 def _merged_by_thread(rows: Iterable[tuple[int, float, float]]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -345,7 +407,10 @@ def _inside(t: np.ndarray, merged: tuple[np.ndarray, np.ndarray] | None) -> np.n
 def _ranges_part(rows: list[tuple[int, float, float, str]], where: str) -> pd.DataFrame:
     """Optimizer-lane ranges from (thread or stream, ts µs, dur µs, name) rows."""
     return _part(
-        "optimizer", [f"{where} {r[0]}" for r in rows], [r[3] for r in rows], *_rows_span(rows, 1, 2),
+        "optimizer",
+        [f"{where} {r[0]}" for r in rows],
+        [r[3] for r in rows],
+        *_rows_span(rows, 1, 2),
     )
 
 
@@ -356,48 +421,66 @@ def _labels(where: str, ids: np.ndarray) -> pd.Categorical:
 
 
 def _part(
-    lane: str | pd.Categorical, where: Sequence[str] | pd.Categorical, name: Sequence[str] | pd.Categorical,
-    start: np.ndarray, end: np.ndarray, *, nbytes: Sequence[int | None] | None = None,
-    collective: Sequence[str | None] | None = None, process_group: Sequence[str | None] | None = None,
+    lane: str | pd.Categorical,
+    where: Sequence[str] | pd.Categorical,
+    name: Sequence[str] | pd.Categorical,
+    start: np.ndarray,
+    end: np.ndarray,
+    *,
+    nbytes: Sequence[int | None] | None = None,
+    collective: Sequence[str | None] | None = None,
+    process_group: Sequence[str | None] | None = None,
     group_size: Sequence[int | None] | None = None,
 ) -> pd.DataFrame:
     """One lane's intervals in the frame's column types; collective columns stay NA unless given."""
     n = len(start)
     none = np.ones(n, dtype=bool)
-    return pd.DataFrame({
-        "lane": lane if isinstance(lane, pd.Categorical) else pd.Categorical.from_codes(np.full(n, LANES.index(lane), np.int8), LANES),
-        "stream_or_thread": _strings(where),
-        "name": _strings(name),
-        "start_ns": start,
-        "end_ns": end,
-        "bytes": pd.array(nbytes, dtype="Int64") if nbytes is not None else pd.arrays.IntegerArray(np.zeros(n, np.int64), none),
-        "collective": _strings(collective if collective is not None else np.full(n, None)),
-        "process_group": _strings(process_group if process_group is not None else np.full(n, None)),
-        "group_size": pd.array(group_size, dtype="Int64") if group_size is not None else pd.arrays.IntegerArray(np.zeros(n, np.int64), none),
-    })
+    return pd.DataFrame(
+        {
+            "lane": lane
+            if isinstance(lane, pd.Categorical)
+            else pd.Categorical.from_codes(np.full(n, LANES.index(lane), np.int8), LANES),
+            "stream_or_thread": _strings(where),
+            "name": _strings(name),
+            "start_ns": start,
+            "end_ns": end,
+            "bytes": pd.array(nbytes, dtype="Int64")
+            if nbytes is not None
+            else pd.arrays.IntegerArray(np.zeros(n, np.int64), none),
+            "collective": _strings(collective if collective is not None else np.full(n, None)),
+            "process_group": _strings(process_group if process_group is not None else np.full(n, None)),
+            "group_size": pd.array(group_size, dtype="Int64")
+            if group_size is not None
+            else pd.arrays.IntegerArray(np.zeros(n, np.int64), none),
+        }
+    )
 
 
 def _whole_trace_step(rank: int, parts: list[pd.DataFrame]) -> pd.DataFrame:
     """Step 0 spanning every interval: how a trace without ``ProfilerStep#N`` is analysed (as HTA does)."""
     starts = [p["start_ns"].min() for p in parts if len(p)]
     ends = [p["end_ns"].max() for p in parts if len(p)]
-    return pd.DataFrame({
-        "rank": np.full(1 if starts else 0, rank, dtype=np.int32),
-        "step": np.zeros(1 if starts else 0, dtype=np.int64),
-        "start_ns": np.array([min(starts)] if starts else [], dtype=np.int64),
-        "end_ns": np.array([max(ends)] if ends else [], dtype=np.int64),
-    })
+    return pd.DataFrame(
+        {
+            "rank": np.full(1 if starts else 0, rank, dtype=np.int32),
+            "step": np.zeros(1 if starts else 0, dtype=np.int64),
+            "start_ns": np.array([min(starts)] if starts else [], dtype=np.int64),
+            "end_ns": np.array([max(ends)] if ends else [], dtype=np.int64),
+        }
+    )
 
 
 def _steps_frame(rank: int, steps: list[tuple[int, int, float, float]]) -> pd.DataFrame:
     rows = sorted(steps)
     start, end = _rows_span(rows, 2, 3)
-    return pd.DataFrame({
-        "rank": np.full(len(rows), rank, dtype=np.int32),
-        "step": np.array([s[0] for s in rows], dtype=np.int64),
-        "start_ns": start,
-        "end_ns": end,
-    })
+    return pd.DataFrame(
+        {
+            "rank": np.full(len(rows), rank, dtype=np.int32),
+            "step": np.array([s[0] for s in rows], dtype=np.int64),
+            "start_ns": start,
+            "end_ns": end,
+        }
+    )
 
 
 def _strings(values: Sequence[str | None] | pd.Categorical) -> pd.Categorical:
@@ -426,6 +509,8 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """``pd.concat`` that keeps categorical columns categorical when the parts' categories differ."""
     out = pd.concat(frames, ignore_index=True)
     for c in ("stream_or_thread", "name", "collective", "process_group"):
-        out[c] = pd.api.types.union_categoricals([f[c] for f in frames], sort_categories=True).remove_unused_categories()
+        out[c] = pd.api.types.union_categoricals(
+            [f[c] for f in frames], sort_categories=True
+        ).remove_unused_categories()
     out["lane"] = pd.Categorical(out["lane"], categories=LANES)
     return out

@@ -30,7 +30,7 @@ _COMM_META = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Pr
 
 
 def _open(path: Path) -> BinaryIO:
-    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")  # noqa: SIM115
+    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
 
 
 def scan(path: Path, acc: TraceEvents) -> dict[str, Any]:
@@ -102,12 +102,21 @@ _X = rb'"ph": "X",\s*"cat":\s*"'
 
 def _head(cats: bytes, capture: bool = True) -> bytes:
     """An X event's fields up to ``dur``; with ``capture``: cat, name (JSON-quoted), tid, ts, dur."""
+
     def g(p: bytes) -> bytes:
         return (b"(" if capture else b"(?:") + p + b")"
 
     return (
-        _X + g(cats) + rb'",\s*"name":\s*' + g(_STR) + rb',\s*"pid":\s*(?:"[^"]*"|-?\d+),\s*"tid":\s*'
-        + g(rb'"[^"]*"|-?\d+') + rb',\s*"ts":\s*' + g(_NUM) + rb',\s*"dur":\s*' + g(_NUM)
+        _X
+        + g(cats)
+        + rb'",\s*"name":\s*'
+        + g(_STR)
+        + rb',\s*"pid":\s*(?:"[^"]*"|-?\d+),\s*"tid":\s*'
+        + g(rb'"[^"]*"|-?\d+')
+        + rb',\s*"ts":\s*'
+        + g(_NUM)
+        + rb',\s*"dur":\s*'
+        + g(_NUM)
     )
 
 
@@ -119,11 +128,16 @@ def _arg(key: bytes) -> bytes:
 _HEADS = re.compile(_head(rb'[^"]*'))
 _TRACE_SPANS = re.compile(rb'"ph":\s*"X",\s*"cat":\s*"Trace"')
 _KERNEL_ARGS = re.compile(
-    _head(rb"kernel|gpu_memcpy|gpu_memset", capture=False) + rb',\s*"args":\s*\{' + _arg(b"stream") + _arg(b"correlation")
+    _head(rb"kernel|gpu_memcpy|gpu_memset", capture=False)
+    + rb',\s*"args":\s*\{'
+    + _arg(b"stream")
+    + _arg(b"correlation")
 )
-_LAUNCH_ARGS = re.compile(_head(rb"cuda_runtime|cuda_driver", capture=False) + rb'(?:,\s*"args":\s*\{' + _arg(b"correlation") + b")?")
+_LAUNCH_ARGS = re.compile(
+    _head(rb"cuda_runtime|cuda_driver", capture=False) + rb'(?:,\s*"args":\s*\{' + _arg(b"correlation") + b")?"
+)
 _SPECIAL = re.compile(  # whole objects, for JSON decoding
-    rb'\{\s*' + _X + rb'(?:user_annotation"|gpu_user_annotation"|'
+    rb"\{\s*" + _X + rb'(?:user_annotation"|gpu_user_annotation"|'
     rb'cpu_op",\s*"name":\s*"(?:record_param_comms|ProfilerStep|c10d::)[^"\\]*(?:\\.[^"\\]*)*"|'
     rb'kernel",\s*"name":\s*"nccl[^"\\]*(?:\\.[^"\\]*)*")'
     rb'(?:[^{}"]|' + _STR + rb'|\{(?:[^{}"]|' + _STR + rb")*\})*\}"
@@ -184,7 +198,9 @@ class TraceEvents:
         self.name_classes: list[int] = []  # _name_class of each name, by code
         self.quoted: dict[bytes, int] = {}  # JSON-quoted name → code
         self.aten = _Columns(tid=np.int64, ts=np.float64, dur=np.float64, name=np.int64)
-        self.kernels = _Columns(stream=np.int64, ts=np.float64, dur=np.float64, name=np.int64, kind=np.int8, corr=np.int64)
+        self.kernels = _Columns(
+            stream=np.int64, ts=np.float64, dur=np.float64, name=np.int64, kind=np.int8, corr=np.int64
+        )
         self.launches = _Columns(corr=np.int64, tid=np.int64, ts=np.float64)  # correlation → (thread, time)
         self.nccl_meta: dict[int, dict[str, Any]] = {}  # kernel correlation → metadata from its own args
         self.comms: list[tuple[int, float, float, dict[str, Any]]] = []  # record_param_comms
@@ -235,8 +251,10 @@ class TraceEvents:
         is_gpu = is_kernel | (cat == b"gpu_memcpy") | (cat == b"gpu_memset")
         is_launch = (cat == b"cuda_runtime") | (cat == b"cuda_driver")
         is_special = (
-            (cat == b"user_annotation") | (cat == b"gpu_user_annotation")
-            | (is_cpu & (cls == _STEP_OR_COMMS)) | (is_kernel & (cls == _NCCL))
+            (cat == b"user_annotation")
+            | (cat == b"gpu_user_annotation")
+            | (is_cpu & (cls == _STEP_OR_COMMS))
+            | (is_kernel & (cls == _NCCL))
         )
         kernel_args = _KERNEL_ARGS.findall(piece) if is_gpu.any() else []
         launch_args = _LAUNCH_ARGS.findall(piece) if is_launch.any() else []
@@ -253,13 +271,20 @@ class TraceEvents:
         if is_gpu.any():
             kind = _kernel_kinds(is_kernel[is_gpu], cls[is_gpu])
             stream_corr = np.array(kernel_args).astype(np.int64)
-            self.kernels.add(stream=stream_corr[:, 0], ts=ts[is_gpu], dur=dur[is_gpu], name=code[is_gpu], kind=kind,
-                             corr=stream_corr[:, 1])
+            self.kernels.add(
+                stream=stream_corr[:, 0],
+                ts=ts[is_gpu],
+                dur=dur[is_gpu],
+                name=code[is_gpu],
+                kind=kind,
+                corr=stream_corr[:, 1],
+            )
         if is_launch.any():
             corr = np.array(launch_args)
             has = corr != b""
-            self.launches.add(corr=corr[has].astype(np.int64), tid=tid[is_launch][has].astype(np.int64),
-                              ts=ts[is_launch][has])
+            self.launches.add(
+                corr=corr[has].astype(np.int64), tid=tid[is_launch][has].astype(np.int64), ts=ts[is_launch][has]
+            )
         for e in special_events:
             self._special(e)
         return True
@@ -283,8 +308,16 @@ class TraceEvents:
                 aten.append((e["tid"], e["ts"], e["dur"], self.code(name)))
             elif cat in ("kernel", "gpu_memcpy", "gpu_memset"):
                 args = e.get("args", {})
-                gpu.append((args.get("stream", e.get("tid", -1)), e["ts"], e["dur"], self.code(name), cat == "kernel",
-                            args.get("correlation", -1)))
+                gpu.append(
+                    (
+                        args.get("stream", e.get("tid", -1)),
+                        e["ts"],
+                        e["dur"],
+                        self.code(name),
+                        cat == "kernel",
+                        args.get("correlation", -1),
+                    )
+                )
                 self._special(e)  # an NCCL kernel's metadata
             elif cat in ("cuda_runtime", "cuda_driver"):
                 if (corr := e.get("args", {}).get("correlation")) is not None:
@@ -311,12 +344,14 @@ class TraceEvents:
         elif cat in ("user_annotation", "cpu_op") and (m := _STEP_RE.match(name)):
             self.steps.append((int(m.group(1)), e["tid"], e["ts"], e["dur"]))
         elif cat == "cpu_op" and name.startswith("c10d::"):
-            if (collective := canonical_collective(name[len("c10d::"):])) in COSTED_COLLECTIVES:
+            if (collective := canonical_collective(name[len("c10d::") :])) in COSTED_COLLECTIVES:
                 self.issues.append((e["tid"], e["ts"], e["dur"], collective))
         elif cat == "cpu_op" and name == "record_param_comms":
             args = e.get("args", {})
             # Older torch versions record no collective metadata here: keep only what is there.
-            self.comms.append((e["tid"], e["ts"], e["dur"], {k: args[k] for k in _COMM_META if args.get(k) is not None}))
+            self.comms.append(
+                (e["tid"], e["ts"], e["dur"], {k: args[k] for k in _COMM_META if args.get(k) is not None})
+            )
         elif cat == "gpu_user_annotation" and _is_optimizer_range(name):
             self.gpu_ranges.append((e.get("args", {}).get("stream", e["tid"]), e["ts"], e["dur"], name))
         elif cat == "kernel" and "Collective name" in (args := e.get("args", {})):
@@ -334,9 +369,18 @@ def canonical_collective(name: str) -> str:
     """``all_reduce``, ``allreduce_coalesced``, ``_allgather_base``, ``AllReduce`` … → one spelling."""
     n = name.replace("_", "").lower()
     for key, canon in (
-        ("allreduce", "allreduce"), ("allgather", "allgather"), ("reducescatter", "reduce_scatter"),
-        ("alltoall", "alltoall"), ("broadcast", "broadcast"), ("reduce", "reduce"), ("gather", "gather"),
-        ("scatter", "scatter"), ("sendrecv", "sendrecv"), ("send", "send"), ("recv", "recv"), ("barrier", "barrier"),
+        ("allreduce", "allreduce"),
+        ("allgather", "allgather"),
+        ("reducescatter", "reduce_scatter"),
+        ("alltoall", "alltoall"),
+        ("broadcast", "broadcast"),
+        ("reduce", "reduce"),
+        ("gather", "gather"),
+        ("scatter", "scatter"),
+        ("sendrecv", "sendrecv"),
+        ("send", "send"),
+        ("recv", "recv"),
+        ("barrier", "barrier"),
     ):
         if key in n:
             return canon

@@ -71,13 +71,13 @@ a fabric that is no slower than that path on every collective never exceeds the 
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import tomllib
 
 from tpbench.analysis.bandwidth import busbw_factor
 from tpbench.analysis.stats import bootstrap_ci, repeat_medians
@@ -139,7 +139,9 @@ def parse_fabrics(text: str, source: str = "<fabrics>") -> dict[str, Fabric]:
             raise ValueError(f"{where}: expected a table")
         extra = set(t) - {"latency_us", "bandwidth_GBps", "shared", "description"}
         if extra:
-            raise ValueError(f"{where}: unknown key(s) {sorted(extra)}; expected latency_us, bandwidth_GBps, shared, description")
+            raise ValueError(
+                f"{where}: unknown key(s) {sorted(extra)}; expected latency_us, bandwidth_GBps, shared, description"
+            )
         try:
             lat, bw = float(t["latency_us"]), float(t["bandwidth_GBps"])
         except KeyError as e:
@@ -154,8 +156,14 @@ def parse_fabrics(text: str, source: str = "<fabrics>") -> dict[str, Fabric]:
 
 def emulated_link(rate_bits_per_s: float, host: Fabric | None, name: str | None = None) -> Fabric:
     """A ``tcp-<rate>`` link: a shared medium at the tbf rate, behind this host's own path."""
-    return Fabric(name or f"tcp-{rate_bits_per_s:g}bit", 0.0, rate_bits_per_s / 8, shared=True,
-                  description="tbf-shaped loopback (one medium for all ranks)", floor=host)
+    return Fabric(
+        name or f"tcp-{rate_bits_per_s:g}bit",
+        0.0,
+        rate_bits_per_s / 8,
+        shared=True,
+        description="tbf-shaped loopback (one medium for all ranks)",
+        floor=host,
+    )
 
 
 def collective_time(collective: str, nbytes: float, n: int, fabric: Fabric) -> float:
@@ -284,21 +292,50 @@ def marks_from_table(table: pd.DataFrame) -> list[TraceMarks]:
     out = []
     for rank, g in table.groupby("rank", sort=True):
         by = {k: g[g["kind"] == k] for k in MARK_KINDS}
-        out.append(TraceMarks(
-            int(rank),
-            sorted(zip(by["step"]["index"].astype(int), by["step"]["tid"].astype(int), by["step"]["start_ns"].astype(int), by["step"]["end_ns"].astype(int))),
-            sorted(zip(by["issue"]["tid"].astype(int), by["issue"]["start_ns"].astype(int), by["issue"]["end_ns"].astype(int), by["issue"]["collective"])),
-            sorted(zip(by["zero_step"]["tid"].astype(int), by["zero_step"]["start_ns"].astype(int), by["zero_step"]["end_ns"].astype(int), by["zero_step"]["index"].astype(int))),
-        ))
+        out.append(
+            TraceMarks(
+                int(rank),
+                sorted(
+                    zip(
+                        by["step"]["index"].astype(int),
+                        by["step"]["tid"].astype(int),
+                        by["step"]["start_ns"].astype(int),
+                        by["step"]["end_ns"].astype(int),
+                    )
+                ),
+                sorted(
+                    zip(
+                        by["issue"]["tid"].astype(int),
+                        by["issue"]["start_ns"].astype(int),
+                        by["issue"]["end_ns"].astype(int),
+                        by["issue"]["collective"],
+                    )
+                ),
+                sorted(
+                    zip(
+                        by["zero_step"]["tid"].astype(int),
+                        by["zero_step"]["start_ns"].astype(int),
+                        by["zero_step"]["end_ns"].astype(int),
+                        by["zero_step"]["index"].astype(int),
+                    )
+                ),
+            )
+        )
     return out
 
 
-def _rank_step_ops(marks: TraceMarks, step: tuple[int, int, int, int], intervals: pd.DataFrame) -> tuple[list[Op], list[tuple[Key, float | None]]]:
+def _rank_step_ops(
+    marks: TraceMarks, step: tuple[int, int, int, int], intervals: pd.DataFrame
+) -> tuple[list[Op], list[tuple[Key, float | None]]]:
     """One rank's ops for one step and its collectives (key, bytes) in issue order."""
     _, tid, s0, s1 = step
     mine = intervals[intervals["rank"] == marks.rank]
-    compute = mine[(mine["lane"] == "compute") & (mine["stream_or_thread"] == f"thread {tid}")
-                   & (mine["start_ns"] >= s0) & (mine["start_ns"] < s1)]
+    compute = mine[
+        (mine["lane"] == "compute")
+        & (mine["stream_or_thread"] == f"thread {tid}")
+        & (mine["start_ns"] >= s0)
+        & (mine["start_ns"] < s1)
+    ]
     comm = mine[(mine["lane"] == "comm") & (mine["start_ns"] >= s0) & (mine["start_ns"] < s1)].sort_values("start_ns")
     sizes = {c: g["bytes"].tolist() for c, g in comm.groupby(comm["collective"].astype(str), sort=False)}
     ranges = [(a, b, k) for t, a, b, k in marks.zero_steps if t == tid and s0 <= a < s1]
@@ -367,7 +404,9 @@ def skeletons(marks: Sequence[TraceMarks], intervals: pd.DataFrame) -> list[Step
         keys = [k for k, _ in colls[0]]
         for r, c in enumerate(colls):
             if sorted(k for k, _ in c) != sorted(keys):
-                raise ValueError(f"step {step}: rank {marks[r].rank} issued different collectives than rank {marks[0].rank}")
+                raise ValueError(
+                    f"step {step}: rank {marks[r].rank} issued different collectives than rank {marks[0].rank}"
+                )
         sizes: dict[Key, float] = {}
         for c in colls:
             for k, b in c:
@@ -415,8 +454,13 @@ def median_step_s(skels: Sequence[StepSkeleton], fabric: Fabric, compute_scale: 
     return float(np.median([simulate(sk, cost, compute_scale).step_s for sk in skels]))
 
 
-def calibrate_compute(skels: Sequence[StepSkeleton], fabric: Fabric, measured_s: float, lowest_s: float | None = None,
-                      bounds: tuple[float, float] = (0.01, 100.0)) -> float | None:
+def calibrate_compute(
+    skels: Sequence[StepSkeleton],
+    fabric: Fabric,
+    measured_s: float,
+    lowest_s: float | None = None,
+    bounds: tuple[float, float] = (0.01, 100.0),
+) -> float | None:
     """The factor on thread work, nearest 1, whose replay on the case's own path lands in
     [``lowest_s``, ``measured_s``] (default: exactly ``measured_s``), or None when no factor
     within ``bounds`` does.
@@ -494,17 +538,23 @@ class Fit:
         """Why this case's projections would not be trustworthy, or None when they are."""
         residual = self.replay_ms / self.traced_ms - 1
         if abs(residual) > REPLAY_RESIDUAL:
-            return (f"the model does not reproduce its own traced steps (replay {self.replay_ms:.1f} ms vs "
-                    f"traced {self.traced_ms:.1f} ms, {residual:+.0%}; limit ±{REPLAY_RESIDUAL:.0%})")
+            return (
+                f"the model does not reproduce its own traced steps (replay {self.replay_ms:.1f} ms vs "
+                f"traced {self.traced_ms:.1f} ms, {residual:+.0%}; limit ±{REPLAY_RESIDUAL:.0%})"
+            )
         unlike = f"traced steps ({self.traced_ms:.1f} ms) unrepresentative of timed steps ({self.measured_ms:.1f} ms)"
         if self.factor is None:
             if self.comm_only_ms > self.measured_ms:
-                return (f"{unlike}: the modelled communication on the measured link alone ({self.comm_only_ms:.1f} ms) "
-                        "exceeds the timed step, so no compute factor fits")
+                return (
+                    f"{unlike}: the modelled communication on the measured link alone ({self.comm_only_ms:.1f} ms) "
+                    "exceeds the timed step, so no compute factor fits"
+                )
             return f"{unlike}: no compute factor makes the replay match them"
         if not COMPUTE_FACTOR[0] <= self.factor <= COMPUTE_FACTOR[1]:
-            return (f"{unlike}: compute would have to be scaled ×{self.factor:.2f} to match them "
-                    f"(limit ×{COMPUTE_FACTOR[0]:.2f}–{COMPUTE_FACTOR[1]:.2f})")
+            return (
+                f"{unlike}: compute would have to be scaled ×{self.factor:.2f} to match them "
+                f"(limit ×{COMPUTE_FACTOR[0]:.2f}–{COMPUTE_FACTOR[1]:.2f})"
+            )
         return None
 
 
@@ -548,8 +598,9 @@ class CaseModel:
         return all(fast(c) <= here(c) for sk in self.skeletons for c in sk.collectives)
 
 
-def calibrated(case_id: str, params: Mapping[str, Any], skels: list[StepSkeleton], path: Fabric,
-               reps_ms: np.ndarray) -> CaseModel:
+def calibrated(
+    case_id: str, params: Mapping[str, Any], skels: list[StepSkeleton], path: Fabric, reps_ms: np.ndarray
+) -> CaseModel:
     """Calibrate a case's skeletons on its path against its per-repeat median step times (ms)."""
     measured = float(np.median(reps_ms))
     ci = bootstrap_ci(reps_ms)
@@ -563,11 +614,19 @@ def calibrated(case_id: str, params: Mapping[str, Any], skels: list[StepSkeleton
     return CaseModel(case_id, dict(params), skels, path, fit, measured, ci, fit.refusal())
 
 
-def case_model(case_id: str, params: Mapping[str, Any], intervals: pd.DataFrame | None, overlap: pd.DataFrame,
-               marks: pd.DataFrame | None, step_rows: pd.DataFrame) -> CaseModel:
+def case_model(
+    case_id: str,
+    params: Mapping[str, Any],
+    intervals: pd.DataFrame | None,
+    overlap: pd.DataFrame,
+    marks: pd.DataFrame | None,
+    step_rows: pd.DataFrame,
+) -> CaseModel:
     """One finished case's model, calibrated from its analysed tables (intervals, overlap, marks)."""
     if intervals is None or marks is None:
-        raise ValueError(f"case {case_id} has no analysed traces (profiler_steps = 0, or a run older than its marks table)")
+        raise ValueError(
+            f"case {case_id} has no analysed traces (profiler_steps = 0, or a run older than its marks table)"
+        )
     skels = skeletons(marks_from_table(marks), intervals)
     if not skels:
         raise ValueError(f"case {case_id}: no profiled step common to all ranks")
@@ -575,8 +634,17 @@ def case_model(case_id: str, params: Mapping[str, Any], intervals: pd.DataFrame 
     return calibrated(case_id, params, skels, fit_host_path(skels, overlap), reps)
 
 
-PROJECTION_COLUMNS = ("case_id", "fabric", "measured_ms", "compute_ms", "projected_ms", "speedup", "comm_share",
-                      "no_slower_than_measured", "refused")
+PROJECTION_COLUMNS = (
+    "case_id",
+    "fabric",
+    "measured_ms",
+    "compute_ms",
+    "projected_ms",
+    "speedup",
+    "comm_share",
+    "no_slower_than_measured",
+    "refused",
+)
 
 
 def project(models: Sequence[CaseModel], fabrics: Mapping[str, Fabric]) -> pd.DataFrame:
@@ -592,15 +660,35 @@ def project(models: Sequence[CaseModel], fabrics: Mapping[str, Fabric]) -> pd.Da
         floor_ms = m.critical_path_ms()
         for name, fab in fabrics.items():
             ms = m.step_ms(fab)
-            rows.append({"case_id": m.case_id, "fabric": name, "measured_ms": m.measured_ms, "compute_ms": floor_ms,
-                         "projected_ms": ms, "speedup": m.measured_ms / ms,
-                         "comm_share": (ms - floor_ms) / ms if ms > 0 else float("nan"),
-                         "no_slower_than_measured": m.no_slower_than_measured(fab), "refused": m.refused})
+            rows.append(
+                {
+                    "case_id": m.case_id,
+                    "fabric": name,
+                    "measured_ms": m.measured_ms,
+                    "compute_ms": floor_ms,
+                    "projected_ms": ms,
+                    "speedup": m.measured_ms / ms,
+                    "comm_share": (ms - floor_ms) / ms if ms > 0 else float("nan"),
+                    "no_slower_than_measured": m.no_slower_than_measured(fab),
+                    "refused": m.refused,
+                }
+            )
     return pd.DataFrame(rows, columns=list(PROJECTION_COLUMNS))
 
 
-VALIDATION_COLUMNS = ("direction", "reference_case", "reference_link", "case_id", "interconnect", "measured_ms",
-                      "ci_lo_ms", "ci_hi_ms", "predicted_ms", "error_pct", "refused")
+VALIDATION_COLUMNS = (
+    "direction",
+    "reference_case",
+    "reference_link",
+    "case_id",
+    "interconnect",
+    "measured_ms",
+    "ci_lo_ms",
+    "ci_hi_ms",
+    "predicted_ms",
+    "error_pct",
+    "refused",
+)
 SLOWER = "slower link from a faster twin"
 FASTER = "faster link from a slower twin"
 
@@ -630,10 +718,21 @@ def validate(reference: CaseModel, targets: Iterable[Target], direction: str) ->
         refused = reference.refused or t.refused
         pred = float("nan") if refused else reference.step_ms(t.fabric)
         meas = float(np.median(reps))
-        rows.append({"direction": direction, "reference_case": reference.case_id,
-                     "reference_link": reference.params.get("interconnect"), "case_id": t.case_id,
-                     "interconnect": t.interconnect, "measured_ms": meas, "ci_lo_ms": lo, "ci_hi_ms": hi,
-                     "predicted_ms": pred, "error_pct": 100 * (pred - meas) / meas, "refused": refused})
+        rows.append(
+            {
+                "direction": direction,
+                "reference_case": reference.case_id,
+                "reference_link": reference.params.get("interconnect"),
+                "case_id": t.case_id,
+                "interconnect": t.interconnect,
+                "measured_ms": meas,
+                "ci_lo_ms": lo,
+                "ci_hi_ms": hi,
+                "predicted_ms": pred,
+                "error_pct": 100 * (pred - meas) / meas,
+                "refused": refused,
+            }
+        )
     return pd.DataFrame(rows, columns=list(VALIDATION_COLUMNS))
 
 
@@ -642,10 +741,18 @@ def error_summary(validation: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for direction, g in validation.groupby("direction", sort=False):
         err = g.loc[g["refused"].isna(), "error_pct"].abs()
-        rows.append({"direction": direction, "predicted": len(err), "refused": int(g["refused"].notna().sum()),
-                     "mean_abs_error_pct": float(err.mean()) if len(err) else float("nan"),
-                     "worst_abs_error_pct": float(err.max()) if len(err) else float("nan")})
-    return pd.DataFrame(rows, columns=["direction", "predicted", "refused", "mean_abs_error_pct", "worst_abs_error_pct"])
+        rows.append(
+            {
+                "direction": direction,
+                "predicted": len(err),
+                "refused": int(g["refused"].notna().sum()),
+                "mean_abs_error_pct": float(err.mean()) if len(err) else float("nan"),
+                "worst_abs_error_pct": float(err.max()) if len(err) else float("nan"),
+            }
+        )
+    return pd.DataFrame(
+        rows, columns=["direction", "predicted", "refused", "mean_abs_error_pct", "worst_abs_error_pct"]
+    )
 
 
 # Parameters that say which cases are "the same case on another link".
@@ -673,9 +780,14 @@ class RunWhatIf:
         return error_summary(self.validation)
 
 
-def run_whatif(cases: pd.DataFrame, steps_by_case: Mapping[str, pd.DataFrame], rate_bits_per_s: Mapping[str, float],
-               model: Callable[[Mapping[str, Any]], CaseModel], fabrics: Mapping[str, Fabric],
-               reference: str | None = None) -> RunWhatIf:
+def run_whatif(
+    cases: pd.DataFrame,
+    steps_by_case: Mapping[str, pd.DataFrame],
+    rate_bits_per_s: Mapping[str, float],
+    model: Callable[[Mapping[str, Any]], CaseModel],
+    fabrics: Mapping[str, Fabric],
+    reference: str | None = None,
+) -> RunWhatIf:
     """Model every case on the reference link (default: loopback if the run has it, else its
     first interconnect) and project those onto ``fabrics``. Then validate the model on the run's
     emulated links, in both directions, among cases with the same parameters but the link:
@@ -701,27 +813,27 @@ def run_whatif(cases: pd.DataFrame, steps_by_case: Mapping[str, pd.DataFrame], r
         raise ValueError(f"no finished case on {reference!r}; the run has {links}")
     rate = {link: rate_bits_per_s[link] for link in links}
     slowest = min((link for link in links if rate[link] < math.inf), key=rate.__getitem__, default=None)
+    cache: dict[str, CaseModel] = {}
+
+    def model_of(row: Mapping[str, Any]) -> CaseModel:
+        if row["case_id"] not in cache:
+            cache[row["case_id"]] = model(row)
+        return cache[row["case_id"]]
+
+    def target(row: Mapping[str, Any], host: Fabric | None, refused: str | None = None) -> Target:
+        link = row["interconnect"]
+        fabric = host if rate[link] == math.inf else emulated_link(rate[link], host, link)
+        return Target(row["case_id"], link, fabric, steps_by_case[row["case_id"]], refused)
+
     models, rows = [], []
     for group in _same_but_link(cases):
         by_link = {r["interconnect"]: r for r in group.to_dict("records")}
-        cache: dict[str, CaseModel] = {}
-
-        def model_on(link: str) -> CaseModel:
-            if link not in cache:
-                cache[link] = model(by_link[link])
-            return cache[link]
-
-        def target(link: str, host: Fabric | None, refused: str | None = None) -> Target:
-            row = by_link[link]
-            fabric = host if rate[link] == math.inf else emulated_link(rate[link], host, link)
-            return Target(row["case_id"], link, fabric, steps_by_case[row["case_id"]], refused)
-
-        ref_model = model_on(reference) if reference in by_link else None
+        ref_model = model_of(by_link[reference]) if reference in by_link else None
         if ref_model is not None:
             models.append(ref_model)
             slower = [link for link in by_link if rate[link] < rate[reference]]
             if slower:
-                rows.append(validate(ref_model, [target(link, ref_model.path) for link in slower], SLOWER))
+                rows.append(validate(ref_model, [target(by_link[link], ref_model.path) for link in slower], SLOWER))
         # This host's own path, the floor under faster emulated links: only an unshaped link shows it,
         # and only a twin whose fit is trusted describes it (a refused fit is refused for its path).
         host = ref_model.path if ref_model is not None and rate[reference] == math.inf else None
@@ -729,9 +841,13 @@ def run_whatif(cases: pd.DataFrame, steps_by_case: Mapping[str, pd.DataFrame], r
         if host is not None and ref_model.refused:
             why = f"the link's description comes from the {reference} twin, itself refused: {ref_model.refused}"
         if slowest in by_link:
-            faster = [link for link in by_link
-                      if rate[slowest] < rate[link] and (rate[link] < math.inf or (link == reference and host is not None))]
+            faster = [
+                link
+                for link in by_link
+                if rate[slowest] < rate[link] and (rate[link] < math.inf or (link == reference and host is not None))
+            ]
             if faster:
-                rows.append(validate(model_on(slowest), [target(link, host, why) for link in faster], FASTER))
+                targets = [target(by_link[link], host, why) for link in faster]
+                rows.append(validate(model_of(by_link[slowest]), targets, FASTER))
     validation = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=list(VALIDATION_COLUMNS))
     return RunWhatIf(reference, project(models, fabrics), validation, models)

@@ -50,19 +50,26 @@ def nvml_status(gpu: nvml.Gpu | nvml.Unavailable) -> dict[str, Any]:
 def write_repeat(run_dir: Path, case_id: str, repeat: int, captures: list[RankCapture]) -> None:
     frames = [c.samples for c in captures if c.samples is not None and not c.samples.empty]
     if frames:
-        store.atomic_write_parquet(store.case_dir(run_dir, case_id) / store.NVML_PARTS / f"r{repeat:04d}.parquet",
-                                   pd.concat(frames, ignore_index=True))
+        store.atomic_write_parquet(
+            store.case_dir(run_dir, case_id) / store.NVML_PARTS / f"r{repeat:04d}.parquet",
+            pd.concat(frames, ignore_index=True),
+        )
 
 
-def case_info(run_dir: Path, case_id: str, interval_ms: int, backend: str,
-              captures: list[RankCapture]) -> dict[str, Any]:
+def case_info(
+    run_dir: Path, case_id: str, interval_ms: int, backend: str, captures: list[RankCapture]
+) -> dict[str, Any]:
     """The case's entry for run.json, from its telemetry parts so far (read, not merged: the
     recorder finishes the case directory, ``store.finish_case``, with the clock offsets given here).
 
     ``captures`` are the ranks' captures of the case's last repeat, the one that was profiled.
     """
     parts = sorted((store.case_dir(run_dir, case_id) / store.NVML_PARTS).glob("r*.parquet"))
-    samples = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True) if parts else pd.DataFrame(columns=nvml.COLUMNS)
+    samples = (
+        pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+        if parts
+        else pd.DataFrame(columns=nvml.COLUMNS)
+    )
     return {
         "nvml": _nvml_entry(samples, interval_ms, captures),
         "clock_sync": {str(c.rank): dataclasses.asdict(c.clock) if c.clock else None for c in captures},
@@ -86,5 +93,10 @@ def _nvml_entry(samples: pd.DataFrame, interval_ms: int, captures: list[RankCapt
         ranks[str(c.rank)] = entry
     available = any("unavailable" not in e for e in ranks.values())
     reasons = sorted({e["unavailable"] for e in ranks.values() if "unavailable" in e})
-    return {"available": available, "reason": "; ".join(reasons) or None, "interval_ms": interval_ms,
-            "file": NVML_FILE if available else None, "ranks": ranks}
+    return {
+        "available": available,
+        "reason": "; ".join(reasons) or None,
+        "interval_ms": interval_ms,
+        "file": NVML_FILE if available else None,
+        "ranks": ranks,
+    }

@@ -17,10 +17,11 @@ converts its TSC-based approximate clock to CLOCK_REALTIME) and writes each trac
 µs relative to the trace's ``baseTimeNanoseconds``: Unix µs = ts + baseTimeNanoseconds / 1000.
 Rather than trust that, the worker measures the offset in every profiled window: it opens an
 empty ``record_function(CLOCK_PROBE)`` between two sampler-clock reads (a few times, keeping the
-tightest) and reads the probe's start back from the profiler's results (``ClockSync``). Then ``ts_us = t_ns / 1000 + offset_us`` puts a
-sample on the same axis as that rank's trace events, within ``uncertainty_us`` at the probe. Far
-from the probe, NTP slewing of CLOCK_REALTIME against CLOCK_MONOTONIC (typically tens of ppm) adds
-its drift; samples inside the traced window, the ones drawn over a trace, are exact to µs.
+tightest) and reads the probe's start back from the profiler's results (``ClockSync``). Then
+``ts_us = t_ns / 1000 + offset_us`` puts a sample on the same axis as that rank's trace events,
+within ``uncertainty_us`` at the probe. Far from the probe, NTP slewing of CLOCK_REALTIME against
+CLOCK_MONOTONIC (typically tens of ppm) adds its drift; samples inside the traced window, the ones
+drawn over a trace, are exact to µs.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ class Gpu:
         return {
             "power_w": "field POWER_INSTANT" if self.power_field else "nvmlDeviceGetPowerUsage",
             "pcie": "field PCIE_COUNT_{TX,RX}_BYTES" if self.pcie_counters else "nvmlDeviceGetPcieThroughput",
-            "nvlink": f"byte counters of {len(self.nvlink_links)} active link(s)" if self.nvlink_links
+            "nvlink": f"byte counters of {len(self.nvlink_links)} active link(s)"
+            if self.nvlink_links
             else "none (no active NVLink, or no byte counters)",
         }
 
@@ -123,7 +125,17 @@ class Gpu:
             link_values = list(it)
             nv_tx = sum(link_values[0::2]) * self.nvlink_unit_bytes
             nv_rx = sum(link_values[1::2]) * self.nvlink_unit_bytes
-        return (float(util.gpu), float(util.memory), mem.used / 2**20, power_mw / 1e3, float(sm), pcie_tx, pcie_rx, nv_tx, nv_rx)
+        return (
+            float(util.gpu),
+            float(util.memory),
+            mem.used / 2**20,
+            power_mw / 1e3,
+            float(sm),
+            pcie_tx,
+            pcie_rx,
+            nv_tx,
+            nv_rx,
+        )
 
 
 def _value(v: Any) -> float:
@@ -167,9 +179,15 @@ def open_device(lib: Any, *, uuid: str | None = None, index: int = 0) -> Gpu:
         index = lib.nvmlDeviceGetIndex(handle)
     name = lib.nvmlDeviceGetName(handle)
     name = name.decode() if isinstance(name, bytes) else str(name)
-    power, tx, rx = _field_ok(lib, handle, [pynvml.NVML_FI_DEV_POWER_INSTANT,
-                                            pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
-                                            pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES])
+    power, tx, rx = _field_ok(
+        lib,
+        handle,
+        [
+            pynvml.NVML_FI_DEV_POWER_INSTANT,
+            pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+            pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+        ],
+    )
     links = _active_links(lib, handle)
     unit, nvlink_fields = 1, []
     for tx_field, rx_field, unit_bytes in _NVLINK_COUNTERS if links else ():
@@ -179,9 +197,11 @@ def open_device(lib: Any, *, uuid: str | None = None, index: int = 0) -> Gpu:
             break
     if not nvlink_fields:
         links = ()  # no NVLink, or links without byte counters: nothing to sample
-    fields = ([pynvml.NVML_FI_DEV_POWER_INSTANT] if power else []) + (
-        [pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES] if tx and rx else []
-    ) + nvlink_fields
+    fields = (
+        ([pynvml.NVML_FI_DEV_POWER_INSTANT] if power else [])
+        + ([pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES] if tx and rx else [])
+        + nvlink_fields
+    )
     return Gpu(lib, handle, index, name, power, tx and rx, links, unit, fields)
 
 
@@ -213,7 +233,9 @@ class Span:
     phase: str  # "warmup" | "timed" | "profile"
 
 
-def step_spans(t_start_s: float, ends_s: Sequence[float], warmup_steps: int, first_step: int = 0, phase: str | None = None) -> list[Span]:
+def step_spans(
+    t_start_s: float, ends_s: Sequence[float], warmup_steps: int, first_step: int = 0, phase: str | None = None
+) -> list[Span]:
     """Spans of consecutive steps that started at ``t_start_s`` (perf_counter seconds) and ended at
     ``t_start_s + ends_s[i]``: a step spans from the previous step's end to its own end, which is
     exactly what the worker's loop records, with no extra clock read in the timed loop."""
@@ -282,7 +304,9 @@ def start_sampler(gpu: Gpu | Unavailable, interval_ms: int) -> Sampler | None:
     return Sampler(gpu, interval_ms).start() if isinstance(gpu, Gpu) else None
 
 
-def samples_frame(gpu: Gpu, rows: list[tuple[float, ...]], spans: Sequence[Span], rank: int, repeat: int) -> pd.DataFrame:
+def samples_frame(
+    gpu: Gpu, rows: list[tuple[float, ...]], spans: Sequence[Span], rank: int, repeat: int
+) -> pd.DataFrame:
     """Raw samples → rows of nvml.parquet (without ``ts_us``, which needs the case's clock sync).
 
     Counters become rates over the interval since the previous sample (the first sample of a
@@ -293,7 +317,8 @@ def samples_frame(gpu: Gpu, rows: list[tuple[float, ...]], spans: Sequence[Span]
     df["t_ns"] = df["t_ns"].astype("int64")
     dt_s = df["t_ns"].diff() / 1e9
     counters = (["pcie_tx_mb_s", "pcie_rx_mb_s"] if gpu.pcie_counters else []) + (
-        ["nvlink_tx_mb_s", "nvlink_rx_mb_s"] if gpu.nvlink_links else [])
+        ["nvlink_tx_mb_s", "nvlink_rx_mb_s"] if gpu.nvlink_links else []
+    )
     for col in counters:
         delta = df[col].diff()
         df[col] = (delta / 1e6 / dt_s).where(delta >= 0)  # a counter reset is a gap, not a negative rate

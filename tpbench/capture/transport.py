@@ -141,7 +141,9 @@ def parse_nccl_log(text: str, rank: int, log: str | None = None) -> NcclRank:
         elif m := _NETWORK_RE.search(line):
             network = m["net"]
         elif m := _NET_DEVICES_RE.search(line):
-            devices += [f"{m['net']}:{d}" for d in _NET_DEVICE_RE.findall(m["devs"]) if f"{m['net']}:{d}" not in devices]
+            devices += [
+                f"{m['net']}:{d}" for d in _NET_DEVICE_RE.findall(m["devs"]) if f"{m['net']}:{d}" not in devices
+            ]
     return NcclRank(rank, log, version, network, tuple(devices), nnodes, dict(families), dict(modes))
 
 
@@ -188,7 +190,7 @@ def _hex_address(text: str) -> tuple[str, int]:
     """/proc/net/tcp address ``0100007F:1F90`` → ("127.0.0.1", 8080); IPv6 in 32-bit host-order words."""
     addr, port = text.split(":")
     raw = bytes.fromhex(addr)
-    words = b"".join(struct.pack("<I", struct.unpack(">I", raw[i:i + 4])[0]) for i in range(0, len(raw), 4))
+    words = b"".join(struct.pack("<I", struct.unpack(">I", raw[i : i + 4])[0]) for i in range(0, len(raw), 4))
     ip = ipaddress.ip_address(words)
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
         ip = ip.ipv4_mapped
@@ -245,17 +247,17 @@ def observe_gloo(rank: int, env: Mapping[str, str] = os.environ) -> GlooRank:
     """Gloo's connections as this process holds them right now (call while the world is up)."""
     store_port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT", "").isdigit() else None
     try:
-        conns = [(l, r) for l, r in established_connections() if store_port not in (l[1], r[1])]
+        conns = [(here, peer) for here, peer in established_connections() if store_port not in (here[1], peer[1])]
         nets = interface_networks()
     except OSError as e:
         return GlooRank(rank, env.get("GLOO_SOCKET_IFNAME"), 0, (), (), (), error=f"cannot read /proc: {e}")
-    local = sorted({l[0] for l, _ in conns})
+    local = sorted({here[0] for here, _ in conns})
     return GlooRank(
         rank=rank,
         socket_ifname=env.get("GLOO_SOCKET_IFNAME"),
         connections=len(conns),
         local_addresses=tuple(local),
-        peer_addresses=tuple(sorted({r[0] for _, r in conns})),
+        peer_addresses=tuple(sorted({peer[0] for _, peer in conns})),
         interfaces=tuple(sorted({_interface_of(a, nets) for a in local})),
     )
 
@@ -300,21 +302,36 @@ def summarize(ic: Interconnect, ranks: Sequence[NcclRank | GlooRank]) -> dict[st
         families = sorted({f for r in ranks if isinstance(r, NcclRank) for f in r.transports})
         nnodes = max((r.nnodes for r in ranks if isinstance(r, NcclRank) and r.nnodes), default=None)
         expected = expected_nccl_families(ic, nnodes)
-        entry |= {"transports": families, "expected": sorted(expected) if expected is not None else None,
-                  "nnodes": nnodes if nnodes is not None else "unknown"}
+        entry |= {
+            "transports": families,
+            "expected": sorted(expected) if expected is not None else None,
+            "nnodes": nnodes if nnodes is not None else "unknown",
+        }
         if errors:
             return entry | {"mismatch": None, "reason": "; ".join(errors)}
         if not families:
-            return entry | {"mismatch": None, "reason": "no inter-rank connection in the NCCL logs (a single rank connects to nobody)"}
+            return entry | {
+                "mismatch": None,
+                "reason": "no inter-rank connection in the NCCL logs (a single rank connects to nobody)",
+            }
         if expected is None:
             return entry | {"mismatch": False, "reason": None}
-        unexpected = [f for f in families if f not in expected and not (ANY_NETWORK in expected and f.startswith("NET/"))]
+        unexpected = [
+            f for f in families if f not in expected and not (ANY_NETWORK in expected and f.startswith("NET/"))
+        ]
         if nnodes is None and unexpected and all(f.startswith("NET/") for f in unexpected):
-            return entry | {"mismatch": None, "reason": f"the NCCL logs show {', '.join(unexpected)} but not how many "
-                                                        "nodes the world spans (no nNodes line): a network is expected "
-                                                        "between nodes, so this is not judged"}
+            return entry | {
+                "mismatch": None,
+                "reason": f"the NCCL logs show {', '.join(unexpected)} but not how many "
+                "nodes the world spans (no nNodes line): a network is expected "
+                "between nodes, so this is not judged",
+            }
         if unexpected:
-            return entry | {"mismatch": True, "reason": f"asked {ic.name} (allows {', '.join(sorted(expected))}) but the NCCL log shows {', '.join(unexpected)}"}
+            return entry | {
+                "mismatch": True,
+                "reason": f"asked {ic.name} (allows {', '.join(sorted(expected))}) "
+                f"but the NCCL log shows {', '.join(unexpected)}",
+            }
         return entry | {"mismatch": False, "reason": None}
     # Gloo: world_network points Gloo at `lo` unless the profile names another interface.
     want = ic.env.get("GLOO_SOCKET_IFNAME", "lo")
@@ -326,7 +343,10 @@ def summarize(ic: Interconnect, ranks: Sequence[NcclRank | GlooRank]) -> dict[st
         return entry | {"mismatch": None, "reason": "no Gloo TCP connection found (a single rank connects to nobody)"}
     wrong = [i for i in interfaces if i != want]
     if wrong:
-        return entry | {"mismatch": True, "reason": f"asked {ic.name} (Gloo on {want}) but connections run over {', '.join(wrong)}"}
+        return entry | {
+            "mismatch": True,
+            "reason": f"asked {ic.name} (Gloo on {want}) but connections run over {', '.join(wrong)}",
+        }
     return entry | {"mismatch": False, "reason": None}
 
 

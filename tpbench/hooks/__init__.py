@@ -34,6 +34,6 @@ __all__ = [
     "resolve_ranks_per_node",
 ]
 
-from tpbench.hooks.zero import hook_with_zero_step, hook_with_zero_step_interleaved  # noqa: E402
+from tpbench.hooks.zero import hook_with_zero_step, hook_with_zero_step_interleaved
 
 __all__ += ["hook_with_zero_step", "hook_with_zero_step_interleaved"]

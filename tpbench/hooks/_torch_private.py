@@ -221,8 +221,12 @@ def zero_partition(zero: ZeroRedundancyOptimizer) -> list[tuple[int, int | None,
     one entry per rank with ``bucket`` None, from ZeRO's own greedy partition of the parameters.
     """
     if zero._overlap_with_ddp:
-        return [(rank, bucket, a.offset, list(a.parameters))
-                for rank, per_bucket in enumerate(zero._bucket_assignments_per_rank_cache)
-                for bucket, a in sorted(per_bucket.items())]
-    return [(rank, None, 0, [p for group in groups for p in group["params"]])
-            for rank, groups in enumerate(zero._partition_parameters())]
+        return [
+            (rank, bucket, a.offset, list(a.parameters))
+            for rank, per_bucket in enumerate(zero._bucket_assignments_per_rank_cache)
+            for bucket, a in sorted(per_bucket.items())
+        ]
+    return [
+        (rank, None, 0, [p for group in groups for p in group["params"]])
+        for rank, groups in enumerate(zero._partition_parameters())
+    ]

@@ -59,7 +59,9 @@ def average_parameters(params: Iterable[torch.Tensor], process_group: dist.Proce
         return
     tensors = list(params)
     if any(not isinstance(t, torch.Tensor) for t in tensors):
-        raise TypeError("average_parameters takes tensors; for optimizer.param_groups use average_parameters_or_parameter_groups")
+        raise TypeError(
+            "average_parameters takes tensors; for optimizer.param_groups use average_parameters_or_parameter_groups"
+        )
     if not tensors:
         return
     flat = torch.cat([t.detach().reshape(-1) for t in tensors])
@@ -76,7 +78,9 @@ def average_parameters(params: Iterable[torch.Tensor], process_group: dist.Proce
             offset += t.numel()
 
 
-def average_parameters_or_parameter_groups(params: ParamsOrGroups, process_group: dist.ProcessGroup | None = None) -> None:
+def average_parameters_or_parameter_groups(
+    params: ParamsOrGroups, process_group: dist.ProcessGroup | None = None
+) -> None:
     """Average the parameters that have a gradient, from ``model.parameters()`` or
     ``optimizer.param_groups`` (PyTorch's function of the same name; what the averagers call)."""
     average_parameters(get_params_to_average(params), process_group)
@@ -114,8 +118,7 @@ def parameter_drift(params: Iterable[torch.Tensor], group: dist.ProcessGroup | N
 def _warn_if_pointless(largest_period: int) -> None:
     if largest_period == 1:
         warnings.warn(
-            "averaging parameters every step costs at least as much as DDP's gradient allreduce; "
-            "use plain DDP instead",
+            "averaging parameters every step costs at least as much as DDP's gradient allreduce; use plain DDP instead",
             stacklevel=3,
         )
 
@@ -205,7 +208,9 @@ class HierarchicalModelAverager:
         self.step = 0
         self.period_process_group_dict: OrderedDict[int, dist.ProcessGroup] = OrderedDict()
         for period, size in period_group_size_dict.items():
-            logger.info("groups of %s ranks average parameters every %s steps (unless a higher level does)", size, period)
+            logger.info(
+                "groups of %s ranks average parameters every %s steps (unless a higher level does)", size, period
+            )
             if size == overall:
                 self.period_process_group_dict[period] = process_group
             else:

@@ -133,12 +133,17 @@ class PostLocalSGDState:
         try:
             size = resolve_ranks_per_node()
         except ValueError as e:
-            warnings.warn(f"{e}; post_localSGD_hook will raise this when local SGD starts "
-                          f"(iteration {start_localSGD_iter})", stacklevel=3)
+            warnings.warn(
+                f"{e}; post_localSGD_hook will raise this when local SGD starts (iteration {start_localSGD_iter})",
+                stacklevel=3,
+            )
             return None
         if world is not None and world % size:
-            warnings.warn(f"world size {world} is not divisible by the {size} ranks per node; post_localSGD_hook "
-                          f"will fail when local SGD starts (iteration {start_localSGD_iter})", stacklevel=3)
+            warnings.warn(
+                f"world size {world} is not divisible by the {size} ranks per node; post_localSGD_hook "
+                f"will fail when local SGD starts (iteration {start_localSGD_iter})",
+                stacklevel=3,
+            )
         return size
 
     def maybe_increase_iter(self, bucket: dist.GradBucket) -> None:

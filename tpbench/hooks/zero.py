@@ -297,9 +297,7 @@ def _wrap(
     internals = private.ZeroInternals(zero)
     private.require_ddp_internals(ddp)
     if not internals.overlap_with_ddp:
-        raise ValueError(
-            "ZeroRedundancyOptimizer must be constructed with `overlap_with_ddp=True` to use this hook"
-        )
+        raise ValueError("ZeroRedundancyOptimizer must be constructed with `overlap_with_ddp=True` to use this hook")
     if ddp.find_unused_parameters and not ddp.static_graph:
         raise ValueError(
             "DDP with find_unused_parameters=True (and no static_graph) never rebuilds its buckets, "

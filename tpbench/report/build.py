@@ -10,12 +10,33 @@ import pandas as pd
 
 from tpbench import compare, store
 from tpbench.environment import commit_text
-from tpbench.report import comm_hooks, convergence, interconnect, performance, telemetry, timelines, verdicts, zero_memory
+from tpbench.report import (
+    comm_hooks,
+    convergence,
+    interconnect,
+    performance,
+    telemetry,
+    timelines,
+    verdicts,
+    zero_memory,
+)
 from tpbench.report.data import ReportData, load
 from tpbench.report.html import Page, esc, plain_templates
 
-ENVIRONMENT_KEYS = ("torch", "cuda", "nccl", "gpu_model", "gpu_count", "gpu_driver", "cpu_model", "cpu_count",
-                    "hostname", "platform", "python", "tpbench")
+ENVIRONMENT_KEYS = (
+    "torch",
+    "cuda",
+    "nccl",
+    "gpu_model",
+    "gpu_count",
+    "gpu_driver",
+    "cpu_model",
+    "cpu_count",
+    "hostname",
+    "platform",
+    "python",
+    "tpbench",
+)
 
 
 def default_report_path(run_dir: Path, reports_root: Path = Path("reports")) -> Path:
@@ -77,12 +98,20 @@ def _run_line(page: Page, data: ReportData, run: store.Loaded) -> None:
     counts = ", ".join(f"{n} {s}" for s, n in statuses.items())
     desc = meta["suite"].get("description") or run.record.suite_table("suite").get("description", "")
     tag = f"{data.tags[meta['run_id']]}: " if data.multi else ""
-    page.paragraph(f"{tag}run {meta['run_id']} of suite {meta['suite']['name']} ({meta.get('status', '?')}; "
-                   f"{len(meta['cases'])} cases: {counts}). {desc}", css="muted")
+    page.paragraph(
+        f"{tag}run {meta['run_id']} of suite {meta['suite']['name']} ({meta.get('status', '?')}; "
+        f"{len(meta['cases'])} cases: {counts}). {desc}",
+        css="muted",
+    )
 
 
-def _headlines(page: Page, data: ReportData, comparisons: dict[str, list[verdicts.Comparison]],
-               conv: list[verdicts.ConvergenceVerdict], cross: list[compare.Comparison]) -> None:
+def _headlines(
+    page: Page,
+    data: ReportData,
+    comparisons: dict[str, list[verdicts.Comparison]],
+    conv: list[verdicts.ConvergenceVerdict],
+    cross: list[compare.Comparison],
+) -> None:
     """The recommendation per setting, the headline comparison (interleaved against sequential,
     PyTorch's hooks against ours, local SGD against DDP, runs against runs) in the open; the
     comparisons against zero_no_overlap folded below them, one click away."""
@@ -94,9 +123,13 @@ def _headlines(page: Page, data: ReportData, comparisons: dict[str, list[verdict
             by_run.setdefault(c.run_id, []).append(c)
         for run_id, cs in by_run.items():
             (more if key in secondary else lines).extend(
-                verdicts.group_sentences(cs, prefix=f"[{data.tags[run_id]}] " if data.multi else ""))
+                verdicts.group_sentences(cs, prefix=f"[{data.tags[run_id]}] " if data.multi else "")
+            )
     keys = [k for k in data.context_keys if k not in verdicts.LOCALSGD_KIND.sides]
-    lines += [(f"[{data.tags[v.comparison.run_id]}] " if data.multi else "") + verdicts.convergence_sentence(v, keys) for v in conv]
+    lines += [
+        (f"[{data.tags[v.comparison.run_id]}] " if data.multi else "") + verdicts.convergence_sentence(v, keys)
+        for v in conv
+    ]
     lines += verdicts.across_runs_lines(data, cross)
     if not lines and not more:
         return
@@ -123,7 +156,9 @@ def _environment(page: Page, data: ReportData) -> None:
     page.table(table)
     transport = _transport(data)
     if not transport.empty:
-        page.paragraph("Transport observed per interconnect (the sockets or NCCL transports the ranks actually used):", css="muted")
+        page.paragraph(
+            "Transport observed per interconnect (the sockets or NCCL transports the ranks actually used):", css="muted"
+        )
         page.table(transport)
     for r in data.runs:
         eff = r.meta.get("efficiency")
@@ -137,8 +172,10 @@ def _environment(page: Page, data: ReportData) -> None:
                 css="muted",
             )
     for r in data.runs:
-        page.details(f"Suite file of {data.tags[r.meta['run_id']]} ({r.meta['suite'].get('path') or 'unknown path'})",
-                     r.meta["suite"].get("text", ""))
+        page.details(
+            f"Suite file of {data.tags[r.meta['run_id']]} ({r.meta['suite'].get('path') or 'unknown path'})",
+            r.meta["suite"].get("text", ""),
+        )
 
 
 def _transport(data: ReportData) -> pd.DataFrame:
@@ -150,9 +187,13 @@ def _transport(data: ReportData) -> pd.DataFrame:
                 continue
             key = (data.tags[r.meta["run_id"]], t.get("asked"), t.get("backend"))
             rows[key] = {
-                **({"run": key[0]} if data.multi else {}), "interconnect": t.get("asked"), "backend": t.get("backend"),
-                "observed": ", ".join(map(str, t.get("interfaces") or [])), "expected": ", ".join(map(str, t.get("expected") or [])),
-                "mismatch": "yes" if t.get("mismatch") else "", "note": t.get("reason") or "",
+                **({"run": key[0]} if data.multi else {}),
+                "interconnect": t.get("asked"),
+                "backend": t.get("backend"),
+                "observed": ", ".join(map(str, t.get("interfaces") or [])),
+                "expected": ", ".join(map(str, t.get("expected") or [])),
+                "mismatch": "yes" if t.get("mismatch") else "",
+                "note": t.get("reason") or "",
             }
     return pd.DataFrame(list(rows.values()))
 
@@ -161,14 +202,26 @@ def _across_runs_table(page: Page, data: ReportData, cross: list[compare.Compari
     if not cross:
         return
     page.heading("Across runs", anchor="across-runs")
-    page.paragraph(f"The same case (same identity: parameters less budget keys such as repeats) in each run "
-                   f"against the first run, judged as `tpbench compare FIRST RUN` judges it: ratio of median step "
-                   f"times with its {cross[0].confidence:.0%} bootstrap interval over repeats, threshold "
-                   f"±{cross[0].threshold:.0%}.", css="muted")
-    rows = [{"run": verdicts.run_tag(data, c.candidate_runs[0]), "against": verdicts.run_tag(data, c.baseline_runs[0]),
-             "case": verdicts.case_label(data, c, r.case_id), "ratio": r.ratio,
-             f"{c.confidence:.0%} CI": f"[{r.ci_lo:.3g}, {r.ci_hi:.3g}]" if r.ci_lo is not None else "",
-             "verdict": r.verdict, "note": r.reason} for c in cross for r in c.cases]
+    page.paragraph(
+        f"The same case (same identity: parameters less budget keys such as repeats) in each run "
+        f"against the first run, judged as `tpbench compare FIRST RUN` judges it: ratio of median step "
+        f"times with its {cross[0].confidence:.0%} bootstrap interval over repeats, threshold "
+        f"±{cross[0].threshold:.0%}.",
+        css="muted",
+    )
+    rows = [
+        {
+            "run": verdicts.run_tag(data, c.candidate_runs[0]),
+            "against": verdicts.run_tag(data, c.baseline_runs[0]),
+            "case": verdicts.case_label(data, c, r.case_id),
+            "ratio": r.ratio,
+            f"{c.confidence:.0%} CI": f"[{r.ci_lo:.3g}, {r.ci_hi:.3g}]" if r.ci_lo is not None else "",
+            "verdict": r.verdict,
+            "note": r.reason,
+        }
+        for c in cross
+        for r in c.cases
+    ]
     page.table(pd.DataFrame(rows), scroll=len(rows) > 20)
 
 
@@ -188,8 +241,27 @@ def _cases_table(page: Page, data: ReportData) -> None:
     if data.cases.empty:
         return
     page.heading("All cases", anchor="cases")
-    cols = ["run", "label", "case_id", "status", "median_ms", "ci_lo_ms", "ci_hi_ms", "p10_ms", "p90_ms",
-            "samples_per_s", "timed_steps", "overlap_pct", "exposed_comm_ms", "allreduce_bytes_per_step", "comm_bytes_per_step", "max_peak_rss_mb", "max_peak_allocated_mb", "final_heldout_loss", "time_to_target_s"]
+    cols = [
+        "run",
+        "label",
+        "case_id",
+        "status",
+        "median_ms",
+        "ci_lo_ms",
+        "ci_hi_ms",
+        "p10_ms",
+        "p90_ms",
+        "samples_per_s",
+        "timed_steps",
+        "overlap_pct",
+        "exposed_comm_ms",
+        "allreduce_bytes_per_step",
+        "comm_bytes_per_step",
+        "max_peak_rss_mb",
+        "max_peak_allocated_mb",
+        "final_heldout_loss",
+        "time_to_target_s",
+    ]
     if not data.multi:
         cols.remove("run")
     table = data.cases[[c for c in cols if c in data.cases]]
@@ -206,7 +278,10 @@ def _traces(page: Page, data: ReportData, out_dir: Path) -> None:
             items.append(f"{esc(name)} ({esc(row['case_id'])}): {links}")
     if items:
         page.heading("Raw traces", anchor="traces")
-        page.paragraph("torch.profiler Chrome traces, one per rank, linked relative to this file: open one in "
-                       "Perfetto (ui.perfetto.dev, \"Open trace file\") or chrome://tracing, or load a case's folder "
-                       "with Holistic Trace Analysis.", css="muted")
+        page.paragraph(
+            "torch.profiler Chrome traces, one per rank, linked relative to this file: open one in "
+            'Perfetto (ui.perfetto.dev, "Open trace file") or chrome://tracing, or load a case\'s folder '
+            "with Holistic Trace Analysis.",
+            css="muted",
+        )
         page.raw_list(items)

@@ -23,7 +23,12 @@ from tpbench.report.html import Page, plot_text
 from tpbench.report.verdicts import Comparison
 
 BASELINE = "allreduce"
-_WINNER = {"faster": "interleaved", "slower": "sequential", "unclear": "no clear winner", "single": "undecided (one repeat)"}
+_WINNER = {
+    "faster": "interleaved",
+    "slower": "sequential",
+    "unclear": "no clear winner",
+    "single": "undecided (one repeat)",
+}
 
 
 def section(page: Page, data: ReportData, interleaved_vs_sequential: list[Comparison]) -> None:
@@ -40,7 +45,9 @@ def section(page: Page, data: ReportData, interleaved_vs_sequential: list[Compar
         "Each line is one bucket size (and setting): the winner of hook_with_zero_step_interleaved against "
         "hook_with_zero_step when both wrap the same communication hook (interleaved / sequential step time, 95% "
         "bootstrap CI over repeats; a winner is named only when the interval excludes 1), and whether compression "
-        "changes it from the all-reduce hook's.", css="muted")
+        "changes it from the all-reduce hook's.",
+        css="muted",
+    )
     page.bullets(lines, css="verdicts")
     page.figure(_figure(interleaved_vs_sequential))
 
@@ -54,17 +61,22 @@ def _bytes(page: Page, data: ReportData) -> None:
     table = done.groupby(keys, sort=False)[cols].median().reset_index()
     ref = table.loc[table["comm_hook"] == BASELINE, keys[:-1] + cols]
     table = table.merge(ref, on=keys[:-1], how="left", suffixes=("", "_ref"))
-    table = table.assign(**{
-        "all-reduce MB/step": table["allreduce_bytes_per_step"] / 1e6,
-        "all collectives MB/step": table["comm_bytes_per_step"] / 1e6,
-        f"all-reduce bytes vs {BASELINE}": table["allreduce_bytes_per_step"] / table["allreduce_bytes_per_step_ref"],
-        f"all bytes vs {BASELINE}": table["comm_bytes_per_step"] / table["comm_bytes_per_step_ref"],
-    }).drop(columns=cols + [f"{c}_ref" for c in cols])
+    table = table.assign(
+        **{
+            "all-reduce MB/step": table["allreduce_bytes_per_step"] / 1e6,
+            "all collectives MB/step": table["comm_bytes_per_step"] / 1e6,
+            f"all-reduce bytes vs {BASELINE}": table["allreduce_bytes_per_step"]
+            / table["allreduce_bytes_per_step_ref"],
+            f"all bytes vs {BASELINE}": table["comm_bytes_per_step"] / table["comm_bytes_per_step_ref"],
+        }
+    ).drop(columns=cols + [f"{c}_ref" for c in cols])
     page.paragraph(
         "Collective payload per traced step, as nccl-tests counts it (an all-reduce of B bytes is B), from the "
         "traces' recorded tensor sizes and dtypes; median over the cases of each algorithm and hook. fp16/bf16 "
         "compression halves the all-reduce; the ZeRO hooks' parameter broadcasts stay in the parameters' dtype, "
-        "so their total falls by less.", css="muted")
+        "so their total falls by less.",
+        css="muted",
+    )
     page.table(table.rename(columns={"algo": "algorithm"}))
 
 
@@ -86,10 +98,16 @@ def winner_lines(comparisons: list[Comparison]) -> list[str]:
         line = f"{where[0].upper()}{where[1:]}: " + "; ".join(parts) + "."
         if BASELINE in by_hook:
             base = _WINNER[by_hook[BASELINE].verdict]
-            changed = {h: _WINNER[c.verdict] for h, c in by_hook.items() if h != BASELINE and _WINNER[c.verdict] != base}
-            line += (f" Compression changes the answer: {base} with {BASELINE}, "
-                     + ", ".join(f"{w} with {h}" for h, w in changed.items()) + "."
-                     if changed else f" Compression does not change the answer ({base}).")
+            changed = {
+                h: _WINNER[c.verdict] for h, c in by_hook.items() if h != BASELINE and _WINNER[c.verdict] != base
+            }
+            line += (
+                f" Compression changes the answer: {base} with {BASELINE}, "
+                + ", ".join(f"{w} with {h}" for h, w in changed.items())
+                + "."
+                if changed
+                else f" Compression does not change the answer ({base})."
+            )
         lines.append(line)
     return lines
 
@@ -106,19 +124,34 @@ def _ratio(c: Comparison) -> str:
 
 def _figure(comparisons: list[Comparison]) -> go.Figure:
     """Interleaved/sequential per wrapped hook (across), one line per bucket size and setting."""
-    rows = pd.DataFrame([{
-        "hook": str(c.context.get("comm_hook")),
-        "series": context_text(rest := {k: v for k, v in (c.context | c.variant).items() if k != "comm_hook"}, list(rest)),
-        "ratio": c.ratio, "lo": c.lo, "hi": c.hi, "label": f"{_wins(c)} ({_ratio(c)})",
-    } for c in comparisons])
+    rows = pd.DataFrame(
+        [
+            {
+                "hook": str(c.context.get("comm_hook")),
+                "series": context_text(
+                    rest := {k: v for k, v in (c.context | c.variant).items() if k != "comm_hook"}, list(rest)
+                ),
+                "ratio": c.ratio,
+                "lo": c.lo,
+                "hi": c.hi,
+                "label": f"{_wins(c)} ({_ratio(c)})",
+            }
+            for c in comparisons
+        ]
+    )
     fig = go.Figure()
     for name, grp in rows.groupby("series", sort=False):
-        fig.add_trace(go.Scatter(
-            x=grp["hook"], y=grp["ratio"], mode="lines+markers", name=plot_text(name or "cases"),
-            error_y=dict(type="data", array=grp["hi"] - grp["ratio"], arrayminus=grp["ratio"] - grp["lo"]),
-            text=[plot_text(t) for t in grp["label"]],
-            hovertemplate="%{x}<br>interleaved/sequential %{y:.3f}<br>%{text}<extra></extra>",
-        ))
+        fig.add_trace(
+            go.Scatter(
+                x=grp["hook"],
+                y=grp["ratio"],
+                mode="lines+markers",
+                name=plot_text(name or "cases"),
+                error_y=dict(type="data", array=grp["hi"] - grp["ratio"], arrayminus=grp["ratio"] - grp["lo"]),
+                text=[plot_text(t) for t in grp["label"]],
+                hovertemplate="%{x}<br>interleaved/sequential %{y:.3f}<br>%{text}<extra></extra>",
+            )
+        )
     fig.add_hline(y=1.0, line_dash="dot", line_color="#5b6475")
     fig.update_xaxes(type="category", title="wrapped communication hook")
     fig.update_yaxes(title="step time, interleaved / sequential")

@@ -22,7 +22,6 @@ from tpbench.report.html import Page, plot_text
 from tpbench.report.verdicts import ConvergenceVerdict
 
 
-
 def _curves(data: ReportData) -> pd.DataFrame:
     """Per (run, case, step): held-out loss, training time and drift, each the mean over repeats."""
     steps = data.steps()
@@ -39,11 +38,16 @@ def section(page: Page, data: ReportData, verdicts: list[ConvergenceVerdict]) ->
     if steps.empty or "heldout_loss" not in steps or steps["heldout_loss"].isna().all():
         return
     curves = data.with_cases(_curves(data))
-    curves["case"] = [plot_text(f"{r} · {lab}" if data.multi else lab) for r, lab in zip(curves["run"], curves["label"])]
+    curves["case"] = [
+        plot_text(f"{r} · {lab}" if data.multi else lab) for r, lab in zip(curves["run"], curves["label"])
+    ]
     page.heading("Convergence", anchor="convergence")
-    page.paragraph(f"Held-out loss (mean over ranks, then over repeats) against step and against training time "
-                   f"(cumulative slowest-rank step time: evaluation and drift measurement excluded). Dashed: the "
-                   f"workload's known optimum; dotted: the target, {TARGET_RELATIVE_GAP:.0%} above it.", css="muted")
+    page.paragraph(
+        f"Held-out loss (mean over ranks, then over repeats) against step and against training time "
+        f"(cumulative slowest-rank step time: evaluation and drift measurement excluded). Dashed: the "
+        f"workload's known optimum; dotted: the target, {TARGET_RELATIVE_GAP:.0%} above it.",
+        css="muted",
+    )
     page.figure(_loss_figure(curves.dropna(subset=["heldout_loss"]), data))
     _time_to_target(page, data, verdicts)
     if "drift_max_l2" in curves and curves["drift_max_l2"].notna().any():
@@ -51,21 +55,44 @@ def section(page: Page, data: ReportData, verdicts: list[ConvergenceVerdict]) ->
 
 
 def _loss_figure(curves: pd.DataFrame, data: ReportData) -> go.Figure:
-    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.03,
-                        subplot_titles=["held-out loss vs step", "held-out loss vs training time"])
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        shared_yaxes=True,
+        horizontal_spacing=0.03,
+        subplot_titles=["held-out loss vs step", "held-out loss vs training time"],
+    )
     colors = px.colors.qualitative.Plotly + px.colors.qualitative.Dark24
     for i, (case, c) in enumerate(curves.sort_values(["order", "step"], kind="stable").groupby("case", sort=False)):
         color = colors[i % len(colors)]
         for col, x in ((1, "step"), (2, "train_time_s")):
-            fig.add_scatter(x=c[x] + (1 if x == "step" else 0), y=c["heldout_loss"], mode="lines+markers", name=case,
-                            legendgroup=case, showlegend=col == 1, line=dict(color=color), marker=dict(size=5),
-                            row=1, col=col, hovertemplate=f"{case}<br>%{{x:.4g}}: %{{y:.4f}}<extra></extra>")
+            fig.add_scatter(
+                x=c[x] + (1 if x == "step" else 0),
+                y=c["heldout_loss"],
+                mode="lines+markers",
+                name=case,
+                legendgroup=case,
+                showlegend=col == 1,
+                line=dict(color=color),
+                marker=dict(size=5),
+                row=1,
+                col=col,
+                hovertemplate=f"{case}<br>%{{x:.4g}}: %{{y:.4f}}<extra></extra>",
+            )
     optima = data.cases["optimal_loss"].dropna().unique() if "optimal_loss" in data.cases else []
     for opt in optima:
-        fig.add_hline(y=float(opt), line=dict(dash="dash", color="#333"), annotation_text=f"optimum {opt:.4f}",
-                      annotation_position="bottom left")
-        fig.add_hline(y=float(opt) * (1 + TARGET_RELATIVE_GAP), line=dict(dash="dot", color="#777"),
-                      annotation_text="target", annotation_position="top left")
+        fig.add_hline(
+            y=float(opt),
+            line=dict(dash="dash", color="#333"),
+            annotation_text=f"optimum {opt:.4f}",
+            annotation_position="bottom left",
+        )
+        fig.add_hline(
+            y=float(opt) * (1 + TARGET_RELATIVE_GAP),
+            line=dict(dash="dot", color="#777"),
+            annotation_text="target",
+            annotation_position="top left",
+        )
     fig.update_xaxes(title_text="steps trained", row=1, col=1)
     fig.update_xaxes(title_text="training time (s)", row=1, col=2)
     fig.update_yaxes(title_text="held-out loss (nats)", row=1, col=1)
@@ -75,7 +102,9 @@ def _loss_figure(curves: pd.DataFrame, data: ReportData) -> go.Figure:
 
 def _time_to_target(page: Page, data: ReportData, verdicts: list[ConvergenceVerdict]) -> None:
     cols = ["final_heldout_loss", "optimal_loss", "gap_to_optimum", "steps_to_target", "time_to_target_s", "median_ms"]
-    rows = data.cases.dropna(subset=["final_heldout_loss"]) if "final_heldout_loss" in data.cases else data.cases.iloc[:0]
+    rows = (
+        data.cases.dropna(subset=["final_heldout_loss"]) if "final_heldout_loss" in data.cases else data.cases.iloc[:0]
+    )
     if rows.empty:
         return
     vs = {(v.comparison.run_id, v.comparison.candidate["case_id"]): v for v in verdicts}
@@ -83,26 +112,55 @@ def _time_to_target(page: Page, data: ReportData, verdicts: list[ConvergenceVerd
     for r in rows.to_dict("records"):
         v = vs.get((r["run_id"], r["case_id"]))
         ratio = v.reach_ratio if v else None
-        table.append({
-            **({"run": r["run"]} if data.multi else {}), "case": r["label"], **{c: r.get(c) for c in cols},
-            "time to target vs DDP": f"{ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}]" if ratio and v.repeats >= 2
-            else f"{ratio[0]:.2f}" if ratio else "",
-            "final loss − DDP": v.final_delta if v else None,
-        })
+        table.append(
+            {
+                **({"run": r["run"]} if data.multi else {}),
+                "case": r["label"],
+                **{c: r.get(c) for c in cols},
+                "time to target vs DDP": f"{ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}]"
+                if ratio and v.repeats >= 2
+                else f"{ratio[0]:.2f}"
+                if ratio
+                else "",
+                "final loss − DDP": v.final_delta if v else None,
+            }
+        )
     page.heading("Time to target", level=3)
-    page.paragraph("Median over repeats; a case reaches the target only if every repeat does (otherwise blank). "
-                   "Ratios: candidate / DDP training time to target, with 95% bootstrap interval over repeats.", css="muted")
-    page.table(pd.DataFrame(table).rename(columns={"final_heldout_loss": "final held-out loss", "optimal_loss": "optimum",
-                                                   "gap_to_optimum": "gap to optimum", "steps_to_target": "steps to target",
-                                                   "time_to_target_s": "time to target (s)", "median_ms": "step ms"}),
-               float_format="{:.4g}", scroll=len(table) > 20)
+    page.paragraph(
+        "Median over repeats; a case reaches the target only if every repeat does (otherwise blank). "
+        "Ratios: candidate / DDP training time to target, with 95% bootstrap interval over repeats.",
+        css="muted",
+    )
+    page.table(
+        pd.DataFrame(table).rename(
+            columns={
+                "final_heldout_loss": "final held-out loss",
+                "optimal_loss": "optimum",
+                "gap_to_optimum": "gap to optimum",
+                "steps_to_target": "steps to target",
+                "time_to_target_s": "time to target (s)",
+                "median_ms": "step ms",
+            }
+        ),
+        float_format="{:.4g}",
+        scroll=len(table) > 20,
+    )
 
 
 def _drift(page: Page, curves: pd.DataFrame) -> None:
     page.heading("Parameter drift before averaging", level=3)
-    page.paragraph("Largest L2 distance of a rank's parameters from their mean across ranks, measured just before "
-                   "each model averaging (mean over repeats): how far local steps let the replicas wander.", css="muted")
-    fig = px.line(curves.sort_values(["order", "step"], kind="stable"), x="step", y="drift_max_l2", color="case", markers=True,
-                  labels={"drift_max_l2": "max L2 drift", "case": ""})
+    page.paragraph(
+        "Largest L2 distance of a rank's parameters from their mean across ranks, measured just before "
+        "each model averaging (mean over repeats): how far local steps let the replicas wander.",
+        css="muted",
+    )
+    fig = px.line(
+        curves.sort_values(["order", "step"], kind="stable"),
+        x="step",
+        y="drift_max_l2",
+        color="case",
+        markers=True,
+        labels={"drift_max_l2": "max L2 drift", "case": ""},
+    )
     fig.update_layout(height=380, margin=MARGIN, legend=LEGEND_BELOW)
     page.figure(fig)

@@ -149,7 +149,12 @@ def _order_keys(cases: pd.DataFrame, runs: list[store.Loaded], context: list[str
 
     algo_pos = {a: i for i, a in enumerate(ALGORITHMS)}
     return [
-        (run_pos[row["run_id"]], algo_pos.get(row["algorithm"], len(algo_pos)), row["algo"], *(key(row.get(k)) for k in context))
+        (
+            run_pos[row["run_id"]],
+            algo_pos.get(row["algorithm"], len(algo_pos)),
+            row["algo"],
+            *(key(row.get(k)) for k in context),
+        )
         for row in cases.to_dict("records")
     ]
 

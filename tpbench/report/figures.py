@@ -26,10 +26,15 @@ def series(data: ReportData, df: pd.DataFrame, exclude: set[str]) -> pd.Series:
     """What tells lines apart: the algorithm (with its impl) plus every other varying key not on an
     axis or facet (``exclude``)."""
     others = [k for k in data.context_keys if k not in exclude | {"impl"}]
-    return pd.Series([
-        " ".join([row["algo"], *(f"{k}={row[k]}" for k in others if row.get(k) is not None and not pd.isna(row.get(k)))])
-        for row in df.to_dict("records")
-    ], index=df.index)
+    return pd.Series(
+        [
+            " ".join(
+                [row["algo"], *(f"{k}={row[k]}" for k in others if row.get(k) is not None and not pd.isna(row.get(k)))]
+            )
+            for row in df.to_dict("records")
+        ],
+        index=df.index,
+    )
 
 
 def facet_common(data: ReportData, df: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, list[str | None]]:

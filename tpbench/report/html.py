@@ -117,8 +117,10 @@ class Page:
         layout.pop("template", None)
         payload = to_json_plotly({"data": spec.get("data", []), "layout": layout})  # "<" etc. escaped: script-safe
         div = f"fig{self.figures}"
-        self.parts.append(f'<div id="{div}" class="figure" style="height:{int(layout.get("height", 450))}px"></div>'
-                          f'<script>tpbPlot("{div}", {payload});</script>')
+        self.parts.append(
+            f'<div id="{div}" class="figure" style="height:{int(layout.get("height", 450))}px"></div>'
+            f'<script>tpbPlot("{div}", {payload});</script>'
+        )
 
     def render(self) -> str:
         nav = ""
@@ -129,12 +131,10 @@ class Page:
         at = next((i for i, p in enumerate(body) if p.startswith("<h2")), len(body))
         body.insert(at, nav)
         return (
-            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f"<title>{esc(self.title)}</title><style>{_CSS}</style>"
-            f"<script type=\"text/javascript\">{plotly.offline.get_plotlyjs()}</script>"
-            f"<script>{_plot_function()}</script></head><body>"
-            + "\n".join(body)
-            + "</body></html>\n"
+            f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script>'
+            f"<script>{_plot_function()}</script></head><body>" + "\n".join(body) + "</body></html>\n"
         )
 
 
@@ -143,9 +143,11 @@ def _plot_function() -> str:
     template = pio.templates["plotly_white"].to_plotly_json()
     template["layout"]["font"] = {"family": "system-ui, sans-serif", "size": 12}
     config = {"displaylogo": False, "responsive": True}
-    return (f"const TPB_TEMPLATE = {to_json_plotly(template)}; const TPB_CONFIG = {to_json_plotly(config)};\n"
-            "function tpbPlot(id, fig) { fig.layout.template = TPB_TEMPLATE; "
-            "Plotly.newPlot(id, fig.data, fig.layout, TPB_CONFIG); }")
+    return (
+        f"const TPB_TEMPLATE = {to_json_plotly(template)}; const TPB_CONFIG = {to_json_plotly(config)};\n"
+        "function tpbPlot(id, fig) { fig.layout.template = TPB_TEMPLATE; "
+        "Plotly.newPlot(id, fig.data, fig.layout, TPB_CONFIG); }"
+    )
 
 
 @contextmanager

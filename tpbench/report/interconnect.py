@@ -61,8 +61,18 @@ def _crossover_section(page: Page, run: store.Loaded, suffix: str, anchor: str) 
                     by_bucket.append(f"bucket_cap_mb={bucket:g}: {e}")
             page.bullets(by_bucket)
     page.figure(_crossover_figure(points, est))
-    cols = ["interconnect", "bucket_cap_mb", "comm_hook", "allreduce MB/step", "comm_compute", "sequential_ms",
-            "interleaved_ms", "ratio", "ratio_lo", "ratio_hi"]
+    cols = [
+        "interconnect",
+        "bucket_cap_mb",
+        "comm_hook",
+        "allreduce MB/step",
+        "comm_compute",
+        "sequential_ms",
+        "interleaved_ms",
+        "ratio",
+        "ratio_lo",
+        "ratio_hi",
+    ]
     shown = points.assign(**{"allreduce MB/step": points["allreduce_bytes_per_step"] / 1e6})
     page.table(shown.sort_values("comm_compute")[[c for c in cols if c in shown]])
 
@@ -75,17 +85,29 @@ def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None) -> 
     keys = [k for k in ("bucket_cap_mb", "comm_hook") if k in points]
     for values, grp in points.groupby(keys, sort=False):
         named = dict(zip(keys, values))
-        name = " ".join(f"{k}={v:g}" if k == "bucket_cap_mb" else f"{k}={v}" for k, v in named.items()
-                        if k != "comm_hook" or len(hooks) > 1)
+        name = " ".join(
+            f"{k}={v:g}" if k == "bucket_cap_mb" else f"{k}={v}"
+            for k, v in named.items()
+            if k != "comm_hook" or len(hooks) > 1
+        )
         grp = grp.sort_values("comm_compute")
-        fig.add_trace(go.Scatter(
-            x=grp["comm_compute"], y=grp["ratio"], mode="markers", name=plot_text(name or "cases"),
-            marker=dict(symbol=_SYMBOLS[hooks.index(named["comm_hook"]) % len(_SYMBOLS)], size=9),
-            error_y=dict(type="data", array=grp["ratio_hi"] - grp["ratio"], arrayminus=grp["ratio"] - grp["ratio_lo"]),
-            text=[plot_text(f"{link}, {hook}" + (f", all-reduce {b / 1e6:.3g} MB/step" if np.isfinite(b) else ""))
-                  for link, hook, b in zip(grp["interconnect"], grp["comm_hook"], grp["allreduce_bytes_per_step"])],
-            hovertemplate="%{text}<br>comm:compute %{x:.2f}<br>interleaved/sequential %{y:.3f}<extra></extra>",
-        ))
+        fig.add_trace(
+            go.Scatter(
+                x=grp["comm_compute"],
+                y=grp["ratio"],
+                mode="markers",
+                name=plot_text(name or "cases"),
+                marker=dict(symbol=_SYMBOLS[hooks.index(named["comm_hook"]) % len(_SYMBOLS)], size=9),
+                error_y=dict(
+                    type="data", array=grp["ratio_hi"] - grp["ratio"], arrayminus=grp["ratio"] - grp["ratio_lo"]
+                ),
+                text=[
+                    plot_text(f"{link}, {hook}" + (f", all-reduce {b / 1e6:.3g} MB/step" if np.isfinite(b) else ""))
+                    for link, hook, b in zip(grp["interconnect"], grp["comm_hook"], grp["allreduce_bytes_per_step"])
+                ],
+                hovertemplate="%{text}<br>comm:compute %{x:.2f}<br>interleaved/sequential %{y:.3f}<extra></extra>",
+            )
+        )
     xs = points["comm_compute"].dropna()
     lo_x, hi_x = float(xs.min()) / 1.3, float(xs.max()) * 1.3
     fig.add_hline(y=1.0, line_dash="dot", line_color="#5b6475")
@@ -94,9 +116,12 @@ def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None) -> 
         fig.add_trace(go.Scatter(x=grid, y=est.ratio_at(grid), mode="lines", name="fit", line=dict(color="#5b6475")))
         if est.x is not None:
             fig.add_vrect(x0=max(est.lo, lo_x), x1=min(est.hi, hi_x), fillcolor="#f0a202", opacity=0.15, line_width=0)
-            fig.add_vline(x=est.x, line_color="#f0a202",
-                          annotation_text=f"crossover ≈ {est.x:.2g} [{est.lo:.2g}, {est.hi:.2g}]")
-    fig.update_xaxes(type="log", title="communication : computation (no-overlap reference)", range=[np.log10(lo_x), np.log10(hi_x)])
+            fig.add_vline(
+                x=est.x, line_color="#f0a202", annotation_text=f"crossover ≈ {est.x:.2g} [{est.lo:.2g}, {est.hi:.2g}]"
+            )
+    fig.update_xaxes(
+        type="log", title="communication : computation (no-overlap reference)", range=[np.log10(lo_x), np.log10(hi_x)]
+    )
     fig.update_yaxes(title="step time, interleaved / sequential")
     fig.update_layout(height=430, margin=dict(l=10, r=10, t=30, b=10))
     return fig
@@ -107,7 +132,9 @@ _SYMBOLS = ("circle", "diamond", "square", "triangle-up", "x", "star")
 
 def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fabric], suffix: str, anchor: str) -> None:
     # A run traced nothing (profiler_steps = 0): no section, rather than one saying there is nothing.
-    if run.steps.empty or not any((store.case_dir(run.run_dir, cid) / "marks.parquet").exists() for cid in run.meta["cases"]):
+    if run.steps.empty or not any(
+        (store.case_dir(run.run_dir, cid) / "marks.parquet").exists() for cid in run.meta["cases"]
+    ):
         return
     try:
         result = whatif_run.run_whatif(run, fabrics)
@@ -129,7 +156,8 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fab
         "communication) and, on a fabric no slower than the measured link, never above the measured step. A case "
         f"is refused, with the reason, when its traced steps replay more than {whatif.REPLAY_RESIDUAL:.0%} away "
         "from themselves, or when matching the timed steps would need a compute factor outside "
-        f"×{whatif.COMPUTE_FACTOR[0]:.2f}–{whatif.COMPUTE_FACTOR[1]:.2f} (traced steps unrepresentative of timed ones). "
+        f"×{whatif.COMPUTE_FACTOR[0]:.2f}–{whatif.COMPUTE_FACTOR[1]:.2f} "
+        "(traced steps unrepresentative of timed ones). "
         "Fabric parameters are nominal (achievable bandwidth is lower); extend or override them with a fabrics TOML "
         "file (tpbench whatif --fabrics FILE).",
         css="warn",
@@ -150,8 +178,18 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fab
     if refused:
         page.paragraph(f"{refused} of {len(first)} cases refused: their fit is too poor for a number.", css="warn")
     page.table(wide.reset_index())
-    fab = pd.DataFrame([{"fabric": f.name, "latency_us": f.alpha_s * 1e6, "bandwidth_GBps": f.beta_Bps / 1e9,
-                         "shared medium": f.shared, "description": f.description} for f in fabrics.values()])
+    fab = pd.DataFrame(
+        [
+            {
+                "fabric": f.name,
+                "latency_us": f.alpha_s * 1e6,
+                "bandwidth_GBps": f.beta_Bps / 1e9,
+                "shared medium": f.shared,
+                "description": f.description,
+            }
+            for f in fabrics.values()
+        ]
+    )
     page.table(fab)
 
 
@@ -164,38 +202,71 @@ def _validation(page: Page, result: whatif.RunWhatIf, labels: dict[str, str]) ->
         "and a faster link from the twin on the slowest emulated link. Only the target link's description is "
         "used: a tcp-<rate> link's rate, and the reference link's bandwidth as its traced collectives reached "
         "it (as nccl-tests would report a real fabric's); never the target's step times. Measured: median of "
-        "repeat medians with 95% bootstrap CI.", css="muted")
-    page.bullets([
-        f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}% "
-        f"over {e['predicted']} predictions" + (f" ({e['refused']} refused)" if e["refused"] else "")
-        for e in result.errors().to_dict("records")
-    ], css="verdicts")
+        "repeat medians with 95% bootstrap CI.",
+        css="muted",
+    )
+    page.bullets(
+        [
+            f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}% "
+            f"over {e['predicted']} predictions" + (f" ({e['refused']} refused)" if e["refused"] else "")
+            for e in result.errors().to_dict("records")
+        ],
+        css="verdicts",
+    )
     made = v[v["refused"].isna()]
     if len(made):
         page.figure(_validation_figure(made))
-    shown = v.assign(predicted=v["predicted_ms"].map(lambda x: f"{x:.3g}").where(v["refused"].isna(), "refused"),
-                     error=v["error_pct"].map(lambda x: f"{x:+.1f}%").where(v["refused"].isna(), ""))
-    page.table(shown[["direction", "case", "reference_link", "interconnect", "measured_ms", "ci_lo_ms", "ci_hi_ms",
-                      "predicted", "error", "refused"]].fillna({"refused": ""}).rename(columns={"refused": "why refused"}),
-               scroll=len(shown) > 12)
+    shown = v.assign(
+        predicted=v["predicted_ms"].map(lambda x: f"{x:.3g}").where(v["refused"].isna(), "refused"),
+        error=v["error_pct"].map(lambda x: f"{x:+.1f}%").where(v["refused"].isna(), ""),
+    )
+    page.table(
+        shown[
+            [
+                "direction",
+                "case",
+                "reference_link",
+                "interconnect",
+                "measured_ms",
+                "ci_lo_ms",
+                "ci_hi_ms",
+                "predicted",
+                "error",
+                "refused",
+            ]
+        ]
+        .fillna({"refused": ""})
+        .rename(columns={"refused": "why refused"}),
+        scroll=len(shown) > 12,
+    )
 
 
 def _validation_figure(v: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     for (direction, link), grp in v.groupby(["direction", "interconnect"], sort=False):
-        fig.add_trace(go.Scatter(
-            x=grp["measured_ms"], y=grp["predicted_ms"], mode="markers",
-            name=plot_text(f"{link} ({'from faster' if direction == whatif.SLOWER else 'from slower'})"),
-            marker=dict(symbol="circle" if direction == whatif.SLOWER else "diamond"),
-            error_x=dict(type="data", array=grp["ci_hi_ms"] - grp["measured_ms"], arrayminus=grp["measured_ms"] - grp["ci_lo_ms"]),
-            text=[plot_text(c) for c in grp["case"]],
-            hovertemplate="%{text}<br>measured %{x:.1f} ms<br>predicted %{y:.1f} ms<extra></extra>",
-        ))
+        fig.add_trace(
+            go.Scatter(
+                x=grp["measured_ms"],
+                y=grp["predicted_ms"],
+                mode="markers",
+                name=plot_text(f"{link} ({'from faster' if direction == whatif.SLOWER else 'from slower'})"),
+                marker=dict(symbol="circle" if direction == whatif.SLOWER else "diamond"),
+                error_x=dict(
+                    type="data",
+                    array=grp["ci_hi_ms"] - grp["measured_ms"],
+                    arrayminus=grp["measured_ms"] - grp["ci_lo_ms"],
+                ),
+                text=[plot_text(c) for c in grp["case"]],
+                hovertemplate="%{text}<br>measured %{x:.1f} ms<br>predicted %{y:.1f} ms<extra></extra>",
+            )
+        )
     top = float(max(v["ci_hi_ms"].max(), v["predicted_ms"].max())) * 1.05
-    fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="predicted = measured", line=dict(dash="dot", color="#5b6475")))
+    fig.add_trace(
+        go.Scatter(
+            x=[0, top], y=[0, top], mode="lines", name="predicted = measured", line=dict(dash="dot", color="#5b6475")
+        )
+    )
     fig.update_xaxes(title="measured step time (ms)", range=[0, top])
     fig.update_yaxes(title="predicted step time (ms)", range=[0, top])
     fig.update_layout(height=420, margin=dict(l=10, r=10, t=30, b=10))
     return fig
-
-

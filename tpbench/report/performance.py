@@ -11,13 +11,17 @@ from tpbench.report.figures import LEGEND_BELOW, LEGEND_TOP, MARGIN, bucket_tick
 from tpbench.report.html import Page, plot_text
 from tpbench.report.verdicts import Comparison, change_text
 
+
 def step_time(page: Page, data: ReportData) -> None:
     done = data.done
     if done.empty:
         return
     page.heading("Step time", anchor="step-time")
-    page.paragraph("Median of the slowest rank's step time over timed steps; error bars: 95% bootstrap CI over "
-                   "repeats (the repeat is the independent unit).", css="muted")
+    page.paragraph(
+        "Median of the slowest rank's step time over timed steps; error bars: 95% bootstrap CI over "
+        "repeats (the repeat is the independent unit).",
+        css="muted",
+    )
     done = done.assign(err_plus=done["ci_hi_ms"] - done["median_ms"], err_minus=done["median_ms"] - done["ci_lo_ms"])
     if "bucket_cap_mb" in data.context_keys:
         page.figure(_against_bucket_size(data, done))
@@ -27,14 +31,34 @@ def step_time(page: Page, data: ReportData) -> None:
 
 def _against_bucket_size(data: ReportData, done: pd.DataFrame) -> go.Figure:
     df, (frow, fcol) = facet_common(data, done, ["shard_buckets", "interconnect"])
-    df = df.assign(series=series(data, df, {"bucket_cap_mb", "shard_buckets", "interconnect"}),
-                   ci=[f"[{lo:.3g}, {hi:.3g}]" for lo, hi in zip(df["ci_lo_ms"], df["ci_hi_ms"])])
-    df = display(df.sort_values(["bucket_cap_mb", "order"], kind="stable"), ["series", "run", "label", *filter(None, (frow, fcol))])
+    df = df.assign(
+        series=series(data, df, {"bucket_cap_mb", "shard_buckets", "interconnect"}),
+        ci=[f"[{lo:.3g}, {hi:.3g}]" for lo, hi in zip(df["ci_lo_ms"], df["ci_hi_ms"])],
+    )
+    df = display(
+        df.sort_values(["bucket_cap_mb", "order"], kind="stable"),
+        ["series", "run", "label", *filter(None, (frow, fcol))],
+    )
     fig = px.line(
-        df, x="bucket_cap_mb", y="median_ms", color="series", line_dash="run" if data.multi else None,
-        error_y="err_plus", error_y_minus="err_minus", facet_row=frow, facet_col=fcol, markers=True, log_x=True,
-        hover_name="label", hover_data={"ci": True, "run": data.multi, "series": False, "err_plus": False, "err_minus": False},
-        labels={"bucket_cap_mb": "bucket_cap_mb (MB)", "median_ms": "step time (ms)", "series": "", "ci": "95% CI (ms)"},
+        df,
+        x="bucket_cap_mb",
+        y="median_ms",
+        color="series",
+        line_dash="run" if data.multi else None,
+        error_y="err_plus",
+        error_y_minus="err_minus",
+        facet_row=frow,
+        facet_col=fcol,
+        markers=True,
+        log_x=True,
+        hover_name="label",
+        hover_data={"ci": True, "run": data.multi, "series": False, "err_plus": False, "err_minus": False},
+        labels={
+            "bucket_cap_mb": "bucket_cap_mb (MB)",
+            "median_ms": "step time (ms)",
+            "series": "",
+            "ci": "95% CI (ms)",
+        },
     )
     rows = df[frow].nunique() if frow else 1
     bucket_ticks(fig, df["bucket_cap_mb"])
@@ -46,8 +70,15 @@ def _against_bucket_size(data: ReportData, done: pd.DataFrame) -> go.Figure:
 def _bars(data: ReportData, done: pd.DataFrame) -> go.Figure:
     df = display(done, ["label", "run", "algo"])
     fig = px.bar(
-        df, x="median_ms", y="label", color="run" if data.multi else "algo", orientation="h", barmode="group",
-        error_x="err_plus", error_x_minus="err_minus", hover_data={"err_plus": False, "err_minus": False},
+        df,
+        x="median_ms",
+        y="label",
+        color="run" if data.multi else "algo",
+        orientation="h",
+        barmode="group",
+        error_x="err_plus",
+        error_x_minus="err_minus",
+        hover_data={"err_plus": False, "err_minus": False},
         labels={"median_ms": "step time (ms)", "label": "", "algo": "algorithm", "run": "run"},
     )
     fig.update_yaxes(autorange="reversed")
@@ -61,8 +92,11 @@ def heatmaps(page: Page, data: ReportData, comparisons: dict[str, list[Compariso
     if not present:
         return
     page.heading("Speedups", anchor="speedups")
-    page.paragraph("Ratio of median step times (candidate / baseline) per matched pair of cases, with its 95% "
-                   "bootstrap interval; below 1 (blue) the candidate is faster.", css="muted")
+    page.paragraph(
+        "Ratio of median step times (candidate / baseline) per matched pair of cases, with its 95% "
+        "bootstrap interval; below 1 (blue) the candidate is faster.",
+        css="muted",
+    )
     for key, cs in present.items():
         page.figure(_heatmap(data, key, cs))
 
@@ -72,13 +106,15 @@ def _heatmap(data: ReportData, key: str, cs: list[Comparison]) -> go.Figure:
     for c in cs:
         shared = context_text(c.context, [k for k in c.context if k != "bucket_cap_mb"])
         y = ", ".join(filter(None, [shared, *(f"{k}={v}" for k, v in c.variant.items())])) or "all"
-        rows.append({
-            "x": f"{c.context['bucket_cap_mb']:g} MB" if "bucket_cap_mb" in c.context else "all",
-            "bucket": c.context.get("bucket_cap_mb", 0),
-            "y": plot_text((f"{data.tags[c.run_id]} · " if data.multi else "") + y),
-            "ratio": c.ratio,
-            "text": f"{c.ratio:.2f}<br>[{c.lo:.2f}, {c.hi:.2f}]",
-        })
+        rows.append(
+            {
+                "x": f"{c.context['bucket_cap_mb']:g} MB" if "bucket_cap_mb" in c.context else "all",
+                "bucket": c.context.get("bucket_cap_mb", 0),
+                "y": plot_text((f"{data.tags[c.run_id]} · " if data.multi else "") + y),
+                "ratio": c.ratio,
+                "text": f"{c.ratio:.2f}<br>[{c.lo:.2f}, {c.hi:.2f}]",
+            }
+        )
     df = pd.DataFrame(rows)
     xs = list(dict.fromkeys(df.sort_values("bucket")["x"]))
     ys = list(dict.fromkeys(df["y"]))
@@ -86,13 +122,26 @@ def _heatmap(data: ReportData, key: str, cs: list[Comparison]) -> go.Figure:
     text = df.pivot_table(index="y", columns="x", values="text", aggfunc="first").reindex(index=ys, columns=xs)
     spread = max(0.05, float((df["ratio"] - 1).abs().max()))
     kind = cs[0].kind
-    fig = go.Figure(go.Heatmap(
-        z=z.to_numpy(), x=xs, y=ys, text=text.fillna("").to_numpy(), texttemplate="%{text}",
-        colorscale="RdBu_r", zmid=1, zmin=1 - spread, zmax=1 + spread, colorbar=dict(title="ratio"),
-        hovertemplate="%{y}<br>%{x}: %{text}<extra></extra>",
-    ))
-    fig.update_layout(title=plot_text(f"{key}: step time ratio (< 1: {kind.candidate} faster)"),
-                      height=max(260, 60 * len(ys) + 140), margin=MARGIN)
+    fig = go.Figure(
+        go.Heatmap(
+            z=z.to_numpy(),
+            x=xs,
+            y=ys,
+            text=text.fillna("").to_numpy(),
+            texttemplate="%{text}",
+            colorscale="RdBu_r",
+            zmid=1,
+            zmin=1 - spread,
+            zmax=1 + spread,
+            colorbar=dict(title="ratio"),
+            hovertemplate="%{y}<br>%{x}: %{text}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=plot_text(f"{key}: step time ratio (< 1: {kind.candidate} faster)"),
+        height=max(260, 60 * len(ys) + 140),
+        margin=MARGIN,
+    )
     fig.update_yaxes(autorange="reversed")
     return fig
 
@@ -101,15 +150,18 @@ def comparisons_table(page: Page, data: ReportData, comparisons: list[Comparison
     if not comparisons:
         return
     page.heading("All comparisons", anchor="comparisons")
-    rows = [{
-        **({"run": data.tags[c.run_id]} if data.multi else {}),
-        "comparison": c.kind.key,
-        "candidate": c.candidate["label"],
-        "baseline": c.baseline["label"],
-        "candidate ms": c.candidate["median_ms"],
-        "baseline ms": c.baseline["median_ms"],
-        "ratio": c.ratio,
-        "95% CI": f"[{c.lo:.3g}, {c.hi:.3g}]",
-        "verdict": change_text(c),
-    } for c in comparisons]
+    rows = [
+        {
+            **({"run": data.tags[c.run_id]} if data.multi else {}),
+            "comparison": c.kind.key,
+            "candidate": c.candidate["label"],
+            "baseline": c.baseline["label"],
+            "candidate ms": c.candidate["median_ms"],
+            "baseline ms": c.baseline["median_ms"],
+            "ratio": c.ratio,
+            "95% CI": f"[{c.lo:.3g}, {c.hi:.3g}]",
+            "verdict": change_text(c),
+        }
+        for c in comparisons
+    ]
     page.table(pd.DataFrame(rows), scroll=len(rows) > 20)

@@ -34,10 +34,13 @@ def nvml(page: Page, data: ReportData) -> None:
             page.paragraph("No NVML samples in this report: " + "; ".join(sorted(reasons)) + ".", css="muted")
         return
     page.heading("GPU telemetry", anchor="telemetry")
-    page.paragraph("NVML samples of one repeat per algorithm (the case with the median step time), every rank's own "
-                   "GPU. Shaded: warm-up (orange), timed (blue) and traced (green) steps; vertical lines: step "
-                   "boundaries, placed between the last sample of a step and the first of the next, so within one "
-                   "sampling interval.", css="muted")
+    page.paragraph(
+        "NVML samples of one repeat per algorithm (the case with the median step time), every rank's own "
+        "GPU. Shaded: warm-up (orange), timed (blue) and traced (green) steps; vertical lines: step "
+        "boundaries, placed between the last sample of a step and the first of the next, so within one "
+        "sampling interval.",
+        css="muted",
+    )
     for row, mine in cases:
         repeat = int(mine["repeat"].min())
         title = f"{row['run']} · {row['label']}" if data.multi else row["label"]
@@ -61,23 +64,30 @@ def _nvml_figure(df: pd.DataFrame) -> go.Figure:
     panels = [(t, cols) for t, cols in panels if cols]
     t0 = int(df["t_ns"].min())
     df = df.assign(t_s=(df["t_ns"] - t0) / 1e9)
-    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                        subplot_titles=[t for t, _ in panels])
+    fig = make_subplots(
+        rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.04, subplot_titles=[t for t, _ in panels]
+    )
     colors = px.colors.qualitative.Plotly
     ranks = sorted(int(r) for r in df["rank"].unique())
     for i, (_, cols) in enumerate(panels, start=1):
         for rank in ranks:
             mine = df[df["rank"] == rank]
             for j, col in enumerate(cols):
-                fig.add_scatter(x=mine["t_s"], y=mine[col], mode="lines", row=i, col=1,
-                                name=f"rank {rank}" + (f" {col.split('_')[1]}" if len(cols) > 1 else ""),
-                                legendgroup=f"rank {rank}", showlegend=(i == 1 and j == 0),
-                                line=dict(color=colors[rank % len(colors)], dash="dot" if j else "solid", width=1.5),
-                                hovertemplate=f"rank {rank} {col}: %{{y:.4g}} at %{{x:.3f}} s<extra></extra>")
+                fig.add_scatter(
+                    x=mine["t_s"],
+                    y=mine[col],
+                    mode="lines",
+                    row=i,
+                    col=1,
+                    name=f"rank {rank}" + (f" {col.split('_')[1]}" if len(cols) > 1 else ""),
+                    legendgroup=f"rank {rank}",
+                    showlegend=(i == 1 and j == 0),
+                    line=dict(color=colors[rank % len(colors)], dash="dot" if j else "solid", width=1.5),
+                    hovertemplate=f"rank {rank} {col}: %{{y:.4g}} at %{{x:.3f}} s<extra></extra>",
+                )
     first = df[df["rank"] == ranks[0]]
     shapes = _phase_bands(first) + _step_lines(first)
-    fig.update_layout(shapes=shapes, height=170 * len(panels) + 120, margin=MARGIN,
-                      legend=LEGEND_TOP)
+    fig.update_layout(shapes=shapes, height=170 * len(panels) + 120, margin=MARGIN, legend=LEGEND_TOP)
     fig.update_xaxes(title_text="seconds since the repeat's first sample", row=len(panels), col=1)
     return fig
 
@@ -92,8 +102,20 @@ def _phase_bands(df: pd.DataFrame) -> list[dict]:
         if i == len(phase) or phase[i] != phase[start]:
             if phase[start] in PHASE_COLORS:
                 end = t[i] if i < len(t) else t[-1]
-                bands.append(dict(type="rect", xref="x", yref="paper", x0=t[start], x1=end, y0=0, y1=1,
-                                  fillcolor=PHASE_COLORS[phase[start]], line_width=0, layer="below"))
+                bands.append(
+                    dict(
+                        type="rect",
+                        xref="x",
+                        yref="paper",
+                        x0=t[start],
+                        x1=end,
+                        y0=0,
+                        y1=1,
+                        fillcolor=PHASE_COLORS[phase[start]],
+                        line_width=0,
+                        layer="below",
+                    )
+                )
             start = i
     return bands
 
@@ -104,8 +126,12 @@ def _step_lines(df: pd.DataFrame) -> list[dict]:
     at = [(t[i - 1] + t[i]) / 2 for i in range(1, len(step)) if step[i] != step[i - 1] and step[i] >= 0]
     if len(at) > MAX_STEP_LINES:
         return []
-    return [dict(type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1,
-                 line=dict(color="rgba(60,60,60,0.35)", width=1)) for x in at]
+    return [
+        dict(
+            type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1, line=dict(color="rgba(60,60,60,0.35)", width=1)
+        )
+        for x in at
+    ]
 
 
 # Beyond this many cases, memory per rank is drawn for one representative case per algorithm.
@@ -130,12 +156,28 @@ def memory(page: Page, data: ReportData) -> None:
     long["rank"] = "rank " + long["rank"].astype(str)
     long = display(long, ["case"])
     page.heading("Memory per rank", anchor="memory")
-    page.paragraph("Peak per rank over all steps of a case: process RSS (on CPU mostly the runtime, about the same for "
-                   "every case; the exact optimizer state is in \"What ZeRO saves\"), and on GPU the CUDA caching "
-                   "allocator's allocated and reserved bytes." + ("" if few else " Many cases: shown for the case with the median "
-                   "step time of each algorithm; every case's maximum over ranks is in the table of all cases."), css="muted")
-    fig = px.bar(long, x="MB", y="case", color="rank", facet_col="metric" if len(cols) > 1 else None,
-                 orientation="h", barmode="group", labels={"case": ""})
+    page.paragraph(
+        "Peak per rank over all steps of a case: process RSS (on CPU mostly the runtime, about the same for "
+        'every case; the exact optimizer state is in "What ZeRO saves"), and on GPU the CUDA caching '
+        "allocator's allocated and reserved bytes."
+        + (
+            ""
+            if few
+            else " Many cases: shown for the case with the median "
+            "step time of each algorithm; every case's maximum over ranks is in the table of all cases."
+        ),
+        css="muted",
+    )
+    fig = px.bar(
+        long,
+        x="MB",
+        y="case",
+        color="rank",
+        facet_col="metric" if len(cols) > 1 else None,
+        orientation="h",
+        barmode="group",
+        labels={"case": ""},
+    )
     fig.update_xaxes(matches=None)
     fig.update_yaxes(autorange="reversed")
     n = long["case"].nunique() * max(1, long["rank"].nunique() // 2)

@@ -36,43 +36,98 @@ def overlap(page: Page, data: ReportData) -> None:
     df = data.with_cases(totals.merge(counts, on=["run_id", "case_id"]))
     if df.empty:
         return
-    ms = lambda col: df[col] / df["rank_steps"] / 1e6  # noqa: E731 (mean per traced step and rank)
-    df = df.assign(compute_only=ms("compute_ns") - ms("overlap_ns"), overlapped=ms("overlap_ns"),
-                   exposed=ms("exposed_comm_ns"), idle=ms("idle_ns"), comm=ms("comm_ns"), compute=ms("compute_ns"),
-                   optimizer=ms("optimizer_ns"), span=ms("span_ns")).sort_values("order", kind="stable")
+
+    def ms(col: str) -> pd.Series:
+        """Mean per traced step and rank, in ms."""
+        return df[col] / df["rank_steps"] / 1e6
+
+    df = df.assign(
+        compute_only=ms("compute_ns") - ms("overlap_ns"),
+        overlapped=ms("overlap_ns"),
+        exposed=ms("exposed_comm_ns"),
+        idle=ms("idle_ns"),
+        comm=ms("comm_ns"),
+        compute=ms("compute_ns"),
+        optimizer=ms("optimizer_ns"),
+        span=ms("span_ns"),
+    ).sort_values("order", kind="stable")
     df["name"] = [f"{r} · {lab}" if data.multi else lab for r, lab in zip(df["run"], df["label"])]
     page.heading("Overlap, exposed communication and idle time", anchor="overlap")
-    page.paragraph("Per traced step and rank (mean): compute that ran alone, compute and communication at the "
-                   "same time (overlapped), communication nothing hid (exposed), and time with nothing running "
-                   "(idle). overlap % = overlapped / communication, as Holistic Trace Analysis defines it. "
-                   "Traced steps run after the timed ones, under the profiler.", css="muted")
-    timed = df[["run_id", "case_id", "span"]].merge(data.done[["run_id", "case_id", "median_ms"]], on=["run_id", "case_id"])
+    page.paragraph(
+        "Per traced step and rank (mean): compute that ran alone, compute and communication at the "
+        "same time (overlapped), communication nothing hid (exposed), and time with nothing running "
+        "(idle). overlap % = overlapped / communication, as Holistic Trace Analysis defines it. "
+        "Traced steps run after the timed ones, under the profiler.",
+        css="muted",
+    )
+    timed = df[["run_id", "case_id", "span"]].merge(
+        data.done[["run_id", "case_id", "median_ms"]], on=["run_id", "case_id"]
+    )
     if len(timed):
         ratio = float(np.median(timed["span"] / timed["median_ms"]))
-        page.paragraph(f"Traced steps took {ratio:.2g}× as long as the timed steps' median (profiler overhead).", css="muted")
+        page.paragraph(
+            f"Traced steps took {ratio:.2g}× as long as the timed steps' median (profiler overhead).", css="muted"
+        )
     if "bucket_cap_mb" in data.context_keys and len(df) > MAX_BARS:
         page.figure(_overlap_against_bucket_size(data, df))
     else:
         page.figure(_overlap_bars(df))
-    table = df[["name", "overlap_pct", "compute", "comm", "overlapped", "exposed", "idle", "optimizer", "span", "rank_steps"]]
-    page.table(table.rename(columns={"name": "case", "overlap_pct": "overlap %", "compute": "compute ms", "comm": "comm ms",
-                                     "overlapped": "overlapped ms", "exposed": "exposed comm ms", "idle": "idle ms",
-                                     "optimizer": "optimizer ms", "span": "step ms (traced)", "rank_steps": "rank-steps"}),
-               scroll=len(table) > 20)
+    table = df[
+        ["name", "overlap_pct", "compute", "comm", "overlapped", "exposed", "idle", "optimizer", "span", "rank_steps"]
+    ]
+    page.table(
+        table.rename(
+            columns={
+                "name": "case",
+                "overlap_pct": "overlap %",
+                "compute": "compute ms",
+                "comm": "comm ms",
+                "overlapped": "overlapped ms",
+                "exposed": "exposed comm ms",
+                "idle": "idle ms",
+                "optimizer": "optimizer ms",
+                "span": "step ms (traced)",
+                "rank_steps": "rank-steps",
+            }
+        ),
+        scroll=len(table) > 20,
+    )
 
 
 def _overlap_bars(df: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     names = [plot_text(n) for n in df["name"]]
-    for col, title, color in (("compute_only", "compute only", LANE_COLORS["compute"]), ("overlapped", "overlapped", "#72b7b2"),
-                              ("exposed", "exposed comm", LANE_COLORS["comm"]), ("idle", "idle", "#d3d3d3")):
-        fig.add_bar(y=names, x=df[col], name=title, orientation="h", marker_color=color,
-                    hovertemplate="%{y}<br>" + title + ": %{x:.3g} ms<extra></extra>")
-    fig.add_scatter(y=names, x=df[["compute_only", "overlapped", "exposed", "idle"]].sum(axis=1), mode="text",
-                    text=[f"  {p:.0f}% overlap" if pd.notna(p) else "" for p in df["overlap_pct"]],
-                    textposition="middle right", showlegend=False, hoverinfo="skip", cliponaxis=False)
-    fig.update_layout(barmode="stack", height=max(260, 30 * len(df) + 130), margin=dict(MARGIN, r=110),
-                      xaxis_title="ms per step and rank", legend=LEGEND_TOP)
+    for col, title, color in (
+        ("compute_only", "compute only", LANE_COLORS["compute"]),
+        ("overlapped", "overlapped", "#72b7b2"),
+        ("exposed", "exposed comm", LANE_COLORS["comm"]),
+        ("idle", "idle", "#d3d3d3"),
+    ):
+        fig.add_bar(
+            y=names,
+            x=df[col],
+            name=title,
+            orientation="h",
+            marker_color=color,
+            hovertemplate="%{y}<br>" + title + ": %{x:.3g} ms<extra></extra>",
+        )
+    fig.add_scatter(
+        y=names,
+        x=df[["compute_only", "overlapped", "exposed", "idle"]].sum(axis=1),
+        mode="text",
+        text=[f"  {p:.0f}% overlap" if pd.notna(p) else "" for p in df["overlap_pct"]],
+        textposition="middle right",
+        showlegend=False,
+        hoverinfo="skip",
+        cliponaxis=False,
+    )
+    fig.update_layout(
+        barmode="stack",
+        height=max(260, 30 * len(df) + 130),
+        margin=dict(MARGIN, r=110),
+        xaxis_title="ms per step and rank",
+        legend=LEGEND_TOP,
+    )
     fig.update_yaxes(autorange="reversed")
     return fig
 
@@ -81,13 +136,32 @@ def _overlap_against_bucket_size(data: ReportData, df: pd.DataFrame) -> go.Figur
     """Many cases: overlap %, exposed communication and idle time as lines over bucket size."""
     df, (fcol,) = facet_common(data, df, ["interconnect"])
     df = df.assign(series=series(data, df, {"bucket_cap_mb", "interconnect"}))
-    long = df.melt(id_vars=["series", "label", "run", "bucket_cap_mb", "order", *([fcol] if fcol else [])],
-                   value_vars=["overlap_pct", "exposed", "idle"], var_name="metric", value_name="value")
-    long["metric"] = long["metric"].map({"overlap_pct": "overlap %", "exposed": "exposed comm (ms)", "idle": "idle (ms)"})
-    long = display(long.sort_values(["bucket_cap_mb", "order"], kind="stable"), ["series", "label", "run", *([fcol] if fcol else [])])
-    fig = px.line(long, x="bucket_cap_mb", y="value", color="series", line_dash="run" if data.multi else None,
-                  facet_row="metric", facet_col=fcol, markers=True, log_x=True, hover_name="label",
-                  labels={"bucket_cap_mb": "bucket_cap_mb (MB)", "value": "", "series": ""})
+    long = df.melt(
+        id_vars=["series", "label", "run", "bucket_cap_mb", "order", *([fcol] if fcol else [])],
+        value_vars=["overlap_pct", "exposed", "idle"],
+        var_name="metric",
+        value_name="value",
+    )
+    long["metric"] = long["metric"].map(
+        {"overlap_pct": "overlap %", "exposed": "exposed comm (ms)", "idle": "idle (ms)"}
+    )
+    long = display(
+        long.sort_values(["bucket_cap_mb", "order"], kind="stable"),
+        ["series", "label", "run", *([fcol] if fcol else [])],
+    )
+    fig = px.line(
+        long,
+        x="bucket_cap_mb",
+        y="value",
+        color="series",
+        line_dash="run" if data.multi else None,
+        facet_row="metric",
+        facet_col=fcol,
+        markers=True,
+        log_x=True,
+        hover_name="label",
+        labels={"bucket_cap_mb": "bucket_cap_mb (MB)", "value": "", "series": ""},
+    )
     fig.update_yaxes(matches=None, rangemode="tozero")
     bucket_ticks(fig, long["bucket_cap_mb"])
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
@@ -100,14 +174,19 @@ def gantt(page: Page, data: ReportData) -> None:
     if not cases:
         return
     page.heading("Timeline of one step", anchor="timeline")
-    page.paragraph("Per algorithm, the case with its median step time, and of that case's traced steps the one with "
-                   "the median span. Lanes per rank: compute, communication, optimizer (the optimizer lane marks "
-                   "ranges whose work is also in compute or comm). Time from the step's earliest event on any rank.",
-                   css="muted")
+    page.paragraph(
+        "Per algorithm, the case with its median step time, and of that case's traced steps the one with "
+        "the median span. Lanes per rank: compute, communication, optimizer (the optimizer lane marks "
+        "ranges whose work is also in compute or comm). Time from the step's earliest event on any rank.",
+        css="muted",
+    )
     overlap_steps = data.table("overlap")
     for row, iv in cases:
-        spans = overlap_steps[(overlap_steps["run_id"] == row["run_id"]) & (overlap_steps["case_id"] == row["case_id"])] \
-            if not overlap_steps.empty else overlap_steps
+        spans = (
+            overlap_steps[(overlap_steps["run_id"] == row["run_id"]) & (overlap_steps["case_id"] == row["case_id"])]
+            if not overlap_steps.empty
+            else overlap_steps
+        )
         step = _median_step(iv, spans)
         title = f"{row['run']} · {row['label']}" if data.multi else row["label"]
         page.heading(f"{title} (case {row['case_id']}, step {step})", level=3)
@@ -148,12 +227,27 @@ def _gantt_figure(iv: pd.DataFrame) -> go.Figure:
             base += list((s - origin) / 1e6)
             width += list((e - s) / 1e6)
             hover += names
-        fig.add_bar(y=ys, x=width, base=base, orientation="h", name=lane, marker_color=LANE_COLORS[lane],
-                    marker_line_width=0, hovertext=hover, hovertemplate="%{hovertext}<br>%{base:.3f} ms + %{x:.3f} ms<extra></extra>")
+        fig.add_bar(
+            y=ys,
+            x=width,
+            base=base,
+            orientation="h",
+            name=lane,
+            marker_color=LANE_COLORS[lane],
+            marker_line_width=0,
+            hovertext=hover,
+            hovertemplate="%{hovertext}<br>%{base:.3f} ms + %{x:.3f} ms<extra></extra>",
+        )
     order = [f"rank {r} · {lane}" for r in ranks for lane in lanes]
     fig.update_yaxes(categoryorder="array", categoryarray=order, autorange="reversed")
-    fig.update_layout(barmode="overlay", bargap=0.25, height=max(220, 26 * len(order) + 110), margin=MARGIN,
-                      xaxis_title="ms since the step's first event", legend=LEGEND_TOP)
+    fig.update_layout(
+        barmode="overlay",
+        bargap=0.25,
+        height=max(220, 26 * len(order) + 110),
+        margin=MARGIN,
+        xaxis_title="ms since the step's first event",
+        legend=LEGEND_TOP,
+    )
     return fig
 
 
@@ -167,39 +261,78 @@ def bandwidth(page: Page, data: ReportData) -> None:
     page.heading("Collectives", anchor="collectives")
     df = df.assign(time_ms=df["time_ns"] / 1e6)
     if df["busbw_gbps"].notna().any():
-        page.paragraph("Bus bandwidth per collective as nccl-tests defines it (algbw = bytes / time, GB = 1e9; busbw = "
-                       "algbw × 2(n−1)/n for allreduce, (n−1)/n for allgather and reduce-scatter, 1 for broadcast); "
-                       "time is the collective's shortest duration across ranks. Median per case, collective and size.",
-                       css="muted")
-        agg = (df.dropna(subset=["busbw_gbps"]).groupby(["run_id", "case_id", "collective", "bytes"], as_index=False, observed=True)
-               .agg(busbw_gbps=("busbw_gbps", "median"), time_ms=("time_ms", "median"), n=("busbw_gbps", "size")))
+        page.paragraph(
+            "Bus bandwidth per collective as nccl-tests defines it (algbw = bytes / time, GB = 1e9; busbw = "
+            "algbw × 2(n−1)/n for allreduce, (n−1)/n for allgather and reduce-scatter, 1 for broadcast); "
+            "time is the collective's shortest duration across ranks. Median per case, collective and size.",
+            css="muted",
+        )
+        agg = (
+            df.dropna(subset=["busbw_gbps"])
+            .groupby(["run_id", "case_id", "collective", "bytes"], as_index=False, observed=True)
+            .agg(busbw_gbps=("busbw_gbps", "median"), time_ms=("time_ms", "median"), n=("busbw_gbps", "size"))
+        )
         agg = display(data.with_cases(agg), ["algo", "label", "run", "collective"])
         agg["bytes"] = agg["bytes"].astype(float)
-        fig = px.scatter(agg, x="bytes", y="busbw_gbps", color="algo", symbol="collective", log_x=True,
-                         facet_col="run" if data.multi else None, hover_name="label",
-                         hover_data={"time_ms": ":.3g", "n": True},
-                         labels={"bytes": "message size (bytes)", "busbw_gbps": "busbw (GB/s)", "algo": "algorithm",
-                                 "n": "instances", "time_ms": "median time (ms)"})
+        fig = px.scatter(
+            agg,
+            x="bytes",
+            y="busbw_gbps",
+            color="algo",
+            symbol="collective",
+            log_x=True,
+            facet_col="run" if data.multi else None,
+            hover_name="label",
+            hover_data={"time_ms": ":.3g", "n": True},
+            labels={
+                "bytes": "message size (bytes)",
+                "busbw_gbps": "busbw (GB/s)",
+                "algo": "algorithm",
+                "n": "instances",
+                "time_ms": "median time (ms)",
+            },
+        )
     else:
-        page.paragraph("These traces do not record message sizes (Gloo on this PyTorch records no input shapes for "
-                       "its collectives), so bandwidth cannot be computed; shown instead: each collective's transfer "
-                       "time (its shortest duration across ranks), median per case.", css="muted")
-        agg = (df.groupby(["run_id", "case_id", "collective"], as_index=False, observed=True)
-               .agg(time_ms=("time_ms", "median"), n=("time_ms", "size")))
+        page.paragraph(
+            "These traces do not record message sizes (Gloo on this PyTorch records no input shapes for "
+            "its collectives), so bandwidth cannot be computed; shown instead: each collective's transfer "
+            "time (its shortest duration across ranks), median per case.",
+            css="muted",
+        )
+        agg = df.groupby(["run_id", "case_id", "collective"], as_index=False, observed=True).agg(
+            time_ms=("time_ms", "median"), n=("time_ms", "size")
+        )
         agg = display(data.with_cases(agg).sort_values("order", kind="stable"), ["algo", "label", "run", "collective"])
         agg["case"] = [f"{r} · {lab}" if data.multi else lab for r, lab in zip(agg["run"], agg["label"])]
-        fig = px.scatter(agg, x="time_ms", y="case", color="collective", hover_data={"n": True},
-                         labels={"time_ms": "median transfer time (ms)", "case": "", "n": "instances"})
+        fig = px.scatter(
+            agg,
+            x="time_ms",
+            y="case",
+            color="collective",
+            hover_data={"n": True},
+            labels={"time_ms": "median transfer time (ms)", "case": "", "n": "instances"},
+        )
         fig.update_traces(marker_size=10)
         fig.update_yaxes(autorange="reversed")
         fig.update_layout(height=max(260, 26 * agg["case"].nunique() + 140))
     fig.update_layout(margin=MARGIN)
     page.figure(fig)
-    summary = (df.groupby(["run", "label", "collective"], as_index=False, observed=True, sort=False)
-               .agg(instances=("time_ms", "size"), median_ms=("time_ms", "median"), bytes=("bytes", "median"),
-                    busbw_gbps=("busbw_gbps", "median")))
+    summary = df.groupby(["run", "label", "collective"], as_index=False, observed=True, sort=False).agg(
+        instances=("time_ms", "size"),
+        median_ms=("time_ms", "median"),
+        bytes=("bytes", "median"),
+        busbw_gbps=("busbw_gbps", "median"),
+    )
     if not data.multi:
         summary = summary.drop(columns="run")
-    page.table(summary.rename(columns={"label": "case", "median_ms": "median time ms", "bytes": "median bytes",
-                                       "busbw_gbps": "median busbw GB/s"}), scroll=len(summary) > 20)
-
+    page.table(
+        summary.rename(
+            columns={
+                "label": "case",
+                "median_ms": "median time ms",
+                "bytes": "median bytes",
+                "busbw_gbps": "median busbw GB/s",
+            }
+        ),
+        scroll=len(summary) > 20,
+    )

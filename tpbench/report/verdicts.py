@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 
 from tpbench import compare as engine
-from tpbench.analysis import convergence
 from tpbench.algorithms import ALGORITHMS, COMPARED_PAIRS, LOCALSGD, TUNING_KEYS, is_plain_ddp
+from tpbench.analysis import convergence
 from tpbench.analysis.stats import ratio_ci
 from tpbench.environment import COMPARABLE_KEYS
 from tpbench.report.data import ReportData, context_text
@@ -59,7 +59,9 @@ def _algorithms(candidate: str, baseline: str) -> Kind:
 ZERO_KINDS = tuple(_algorithms(candidate, baseline) for candidate, baseline in COMPARED_PAIRS)
 
 LOCALSGD_KIND = Kind(
-    "post-local SGD / DDP", "post-local SGD", "DDP",
+    "post-local SGD / DDP",
+    "post-local SGD",
+    "DDP",
     lambda row: row["algorithm"] == LOCALSGD and not is_plain_ddp(row),
     is_plain_ddp,
     # Post-local SGD's own parameters define the sides; impl is matched on like any other key.
@@ -74,9 +76,14 @@ def impl_kinds(data: ReportData) -> list[Kind]:
         return []
     both = done.groupby("algorithm")["impl"].agg(lambda s: {"torch", "tpbench"} <= set(s.dropna()))
     return [
-        Kind(f"{a}: torch / tpbench", f"PyTorch's {a}", f"tpbench's {a}",
-             lambda row, a=a: row["algorithm"] == a and row.get("impl") == "torch",
-             lambda row, a=a: row["algorithm"] == a and row.get("impl") == "tpbench", frozenset({"impl"}))
+        Kind(
+            f"{a}: torch / tpbench",
+            f"PyTorch's {a}",
+            f"tpbench's {a}",
+            lambda row, a=a: row["algorithm"] == a and row.get("impl") == "torch",
+            lambda row, a=a: row["algorithm"] == a and row.get("impl") == "tpbench",
+            frozenset({"impl"}),
+        )
         for a in sorted(both[both].index)
     ]
 
@@ -122,9 +129,16 @@ def compare(data: ReportData, kind: Kind) -> list[Comparison]:
         bases = [r for r in records if kind.is_baseline(r)]
         if not cands or not bases:
             continue
-        keys = [k for k in data.context_keys if k not in kind.sides
-                and any(_present(r.get(k)) for r in cands) and any(_present(r.get(k)) for r in bases)]
-        variant = [k for k in data.context_keys if k not in kind.sides and k not in keys and any(_present(r.get(k)) for r in cands)]
+        keys = [
+            k
+            for k in data.context_keys
+            if k not in kind.sides and any(_present(r.get(k)) for r in cands) and any(_present(r.get(k)) for r in bases)
+        ]
+        variant = [
+            k
+            for k in data.context_keys
+            if k not in kind.sides and k not in keys and any(_present(r.get(k)) for r in cands)
+        ]
         by_key: dict[str, list[dict[str, Any]]] = {}
         for b in bases:
             by_key.setdefault(_key(b, keys), []).append(b)
@@ -132,9 +146,20 @@ def compare(data: ReportData, kind: Kind) -> list[Comparison]:
             for b in by_key.get(_key(c, keys), []):
                 base_reps, cand_reps = _repeats(b), _repeats(c)
                 ratio, lo, hi = ratio_ci(base_reps, cand_reps)
-                out.append(Comparison(kind, run_id, c, b, {k: c.get(k) for k in keys},
-                                      {k: c.get(k) for k in variant if _present(c.get(k))}, ratio, lo, hi,
-                                      min(len(base_reps), len(cand_reps))))
+                out.append(
+                    Comparison(
+                        kind,
+                        run_id,
+                        c,
+                        b,
+                        {k: c.get(k) for k in keys},
+                        {k: c.get(k) for k in variant if _present(c.get(k))},
+                        ratio,
+                        lo,
+                        hi,
+                        min(len(base_reps), len(cand_reps)),
+                    )
+                )
     return out
 
 
@@ -155,6 +180,7 @@ def _repeats(row: dict[str, Any]) -> np.ndarray:
 
 # --- words -------------------------------------------------------------------------------------
 
+
 def _pct(x: float) -> str:
     """A magnitude in percent: whole numbers, with one decimal below 10% so small effects don't read as 0%."""
     v = abs(x) * 100
@@ -163,6 +189,7 @@ def _pct(x: float) -> str:
 
 def _signed(ratio: float, lo: float | None = None, hi: float | None = None) -> str:
     """A ratio as a signed change, "+3% [-1%, +8%]" (the interval when given)."""
+
     def one(r: float) -> str:
         return ("+" if r >= 1 else "-") + _pct(r - 1)
 
@@ -170,7 +197,7 @@ def _signed(ratio: float, lo: float | None = None, hi: float | None = None) -> s
 
 
 def change_text(c: Comparison) -> str:
-    """"12% [8%, 15%] faster", "5% [2%, 9%] slower", or a signed change with its interval."""
+    """The change as text: "12% [8%, 15%] faster", "5% [2%, 9%] slower", or a signed change with its interval."""
     if c.verdict == "faster":
         return f"{_pct(1 - c.ratio)} [{_pct(1 - c.hi)}, {_pct(1 - c.lo)}] faster"
     if c.verdict == "slower":
@@ -195,7 +222,9 @@ def group_sentences(comparisons: list[Comparison], prefix: str = "") -> list[str
     at 4 MB); sequential wins at 25 MB (by 5% [2%, 9%])")."""
     groups: dict[tuple, list[Comparison]] = {}
     for c in comparisons:
-        rest = tuple((k, json.dumps(v, default=str)) for k, v in (c.context | c.variant).items() if k != "bucket_cap_mb")
+        rest = tuple(
+            (k, json.dumps(v, default=str)) for k, v in (c.context | c.variant).items() if k != "bucket_cap_mb"
+        )
         groups.setdefault((c.kind.key, c.run_id, rest), []).append(c)
     lines = []
     for group in groups.values():
@@ -213,12 +242,16 @@ def group_sentences(comparisons: list[Comparison], prefix: str = "") -> list[str
         other = [c for c in group if c.verdict in ("unclear", "single")]
         if faster:
             best = faster[0]
-            parts.append(f"{name} is faster than {base} at {_sizes(faster, group)}{ctx} "
-                         f"(most: {change_text(best).removesuffix(' faster')} at {_mb(best)})")
+            parts.append(
+                f"{name} is faster than {base} at {_sizes(faster, group)}{ctx} "
+                f"(most: {change_text(best).removesuffix(' faster')} at {_mb(best)})"
+            )
         if slower:
             worst = slower[0]
-            parts.append(f"{base} wins at {_sizes(slower, group)}{ctx if not faster else ''} "
-                         f"({name} up to {change_text(worst)} at {_mb(worst)})")
+            parts.append(
+                f"{base} wins at {_sizes(slower, group)}{ctx if not faster else ''} "
+                f"({name} up to {change_text(worst)} at {_mb(worst)})"
+            )
         if other:
             head = "" if parts else f"{name} vs {base}{ctx}: "
             parts.append(f"{head}no clear difference at {_sizes(other, group)}")
@@ -257,23 +290,30 @@ def fastest_lines(data: ReportData) -> list[str]:
         best = grp.iloc[0].to_dict()
         where = context_text(best, setting)
         head = f"[{best['run']}] " if data.multi else ""
-        line = (f"{head}Fastest{' ' + where if where else ''}: {_knobs(best, data)} at {best['median_ms']:.3g} ms/step "
-                f"[{best['ci_lo_ms']:.3g}, {best['ci_hi_ms']:.3g}]")
+        line = (
+            f"{head}Fastest{' ' + where if where else ''}: {_knobs(best, data)} at {best['median_ms']:.3g} ms/step "
+            f"[{best['ci_lo_ms']:.3g}, {best['ci_hi_ms']:.3g}]"
+        )
         if len(grp) > 1:
             second = grp.iloc[1].to_dict()
             ratio, lo, hi = ratio_ci(_repeats(second), _repeats(best))
             if min(len(_repeats(best)), len(_repeats(second))) < 2:
                 line += f"; runner-up {_knobs(second, data)} (one repeat: no interval)"
             elif hi < 1:
-                line += f", {_pct(1 - ratio)} [{_pct(1 - hi)}, {_pct(1 - lo)}] faster than the runner-up {_knobs(second, data)}"
+                line += (
+                    f", {_pct(1 - ratio)} [{_pct(1 - hi)}, {_pct(1 - lo)}] "
+                    f"faster than the runner-up {_knobs(second, data)}"
+                )
             else:
-                line += (f", not clearly ahead of the runner-up {_knobs(second, data)} "
-                         f"({_signed(ratio, lo, hi)} step time)")
+                line += (
+                    f", not clearly ahead of the runner-up {_knobs(second, data)} ({_signed(ratio, lo, hi)} step time)"
+                )
         lines.append(line + ".")
     return lines
 
 
 # --- convergence (post-local SGD) ----------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ConvergenceVerdict:
@@ -304,10 +344,18 @@ def convergence_verdicts(data: ReportData) -> list[ConvergenceVerdict]:
         ratio = None
         if ct.notna().all() and bt.notna().all() and len(ct) and len(bt):
             ratio = ratio_ci(bt.to_numpy(), ct.to_numpy())
-        out.append(ConvergenceVerdict(
-            c, ratio, int(ct.notna().sum()), int(bt.notna().sum()), float(ct.median()), float(bt.median()),
-            float(cand["final_heldout_loss"] - base["final_heldout_loss"]), min(len(ct), len(bt)),
-        ))
+        out.append(
+            ConvergenceVerdict(
+                c,
+                ratio,
+                int(ct.notna().sum()),
+                int(bt.notna().sum()),
+                float(ct.median()),
+                float(bt.median()),
+                float(cand["final_heldout_loss"] - base["final_heldout_loss"]),
+                min(len(ct), len(bt)),
+            )
+        )
     return out
 
 
@@ -322,23 +370,31 @@ def reach_times(steps: pd.DataFrame, run_id: str, case_id: str, target: float) -
 
 def convergence_sentence(v: ConvergenceVerdict, keys: list[str]) -> str:
     c = v.comparison
-    setting = " ".join(f"{k}={c.candidate.get(k)}" for k in ("start_localSGD_iter", "averaging_period") if _present(c.candidate.get(k)))
+    setting = " ".join(
+        f"{k}={c.candidate.get(k)}" for k in ("start_localSGD_iter", "averaging_period") if _present(c.candidate.get(k))
+    )
     ctx = context_text(c.context, keys)
     who = f"post-local SGD ({setting}{', ' + ctx if ctx else ''})"
     ends = _ends(v.final_delta)
     if v.reach_ratio is not None:
         r, lo, hi = v.reach_ratio
         if v.repeats < 2:
-            reach = f"reaches the target in {v.cand_time_s:.3g} s of training vs DDP's {v.base_time_s:.3g} s (one repeat: no interval)"
+            reach = (
+                f"reaches the target in {v.cand_time_s:.3g} s of training vs DDP's {v.base_time_s:.3g} s "
+                "(one repeat: no interval)"
+            )
         elif hi < 1:
             reach = f"reaches the target in {_pct(1 - r)} [{_pct(1 - hi)}, {_pct(1 - lo)}] less training time than DDP"
         elif lo > 1:
-            reach = f"needs {_pct(r - 1)} [{_pct(lo - 1)}, {_pct(hi - 1)}] more training time than DDP to reach the target"
+            reach = (
+                f"needs {_pct(r - 1)} [{_pct(lo - 1)}, {_pct(hi - 1)}] more training time than DDP to reach the target"
+            )
         else:
-            reach = (f"reaches the target in about the same training time as DDP "
-                     f"({_signed(r, lo, hi)})")
+            reach = f"reaches the target in about the same training time as DDP ({_signed(r, lo, hi)})"
     elif v.cand_reached == 0:
-        reach = "never reaches the target" + (f" (DDP does, in {v.base_time_s:.3g} s)" if v.base_reached else " (nor does DDP)")
+        reach = "never reaches the target" + (
+            f" (DDP does, in {v.base_time_s:.3g} s)" if v.base_reached else " (nor does DDP)"
+        )
     elif v.base_reached == 0:
         reach = f"reaches the target in {v.cand_time_s:.3g} s of training, which DDP never does"
     else:
@@ -352,8 +408,7 @@ def _steps_phrase(c: Comparison) -> str:
         return f"its steps are {change_text(c)} than DDP's"
     if c.verdict == "single":
         return f"its step time differs by {_signed(c.ratio)} from DDP's (one repeat: no interval)"
-    return (f"its step time is not clearly different from DDP's "
-            f"({_signed(c.ratio, c.lo, c.hi)})")
+    return f"its step time is not clearly different from DDP's ({_signed(c.ratio, c.lo, c.hi)})"
 
 
 def _ends(delta: float) -> str:
@@ -363,6 +418,7 @@ def _ends(delta: float) -> str:
 
 
 # --- several runs -----------------------------------------------------------------------------
+
 
 def against_first_run(data: ReportData) -> list[engine.Comparison]:
     """Each later run against the first, by the comparison engine of ``tpbench compare``: the same
@@ -394,9 +450,11 @@ def across_runs_lines(data: ReportData, comps: list[engine.Comparison]) -> list[
         counts = collections.Counter(r.verdict for r in c.cases)
         ratios = np.array([r.ratio for r in judged])
         tally = ", ".join(f"{counts[v]} {v}" for v in engine.VERDICTS if counts[v])
-        line = (f"Run {run_tag(data, c.candidate_runs[0])} against run {run_tag(data, c.baseline_runs[0])}, over "
-                f"{len(judged)} common case(s): {tally} (threshold ±{c.threshold:.0%}); median step-time ratio "
-                f"{np.median(ratios):.3g} (range {ratios.min():.3g}–{ratios.max():.3g})")
+        line = (
+            f"Run {run_tag(data, c.candidate_runs[0])} against run {run_tag(data, c.baseline_runs[0])}, over "
+            f"{len(judged)} common case(s): {tally} (threshold ±{c.threshold:.0%}); median step-time ratio "
+            f"{np.median(ratios):.3g} (range {ratios.min():.3g}–{ratios.max():.3g})"
+        )
         called = [r for r in judged if r.verdict in (engine.REGRESSION, engine.IMPROVEMENT)]
         if called:
             big = max(called, key=lambda r: abs(np.log(r.ratio)))

@@ -9,17 +9,16 @@ gives either kind.
 
 import torch
 
+from tpbench.workload_params import UserWorkloadError, is_import_path, unknown
 from tpbench.workloads.base import Workload, WorkloadContext, batch_seed
 from tpbench.workloads.embedding import Embedding
 from tpbench.workloads.gpt import GPT
 from tpbench.workloads.imported import Bench, imported_workload
 from tpbench.workloads.markov import MarkovChainLM
 from tpbench.workloads.mlp import MLP
-from tpbench.workload_params import UserWorkloadError, is_import_path, unknown
 from tpbench.workloads.resnet import ResNet
 
 WORKLOADS: dict[str, type[Workload]] = {w.name: w for w in (MLP, MarkovChainLM, GPT, ResNet, Embedding)}
-
 
 
 _imported: dict[str, type[Workload]] = {}
@@ -53,5 +52,14 @@ def preset_sizes(cls: type[Workload]) -> dict[str, int]:
     return {name: parameter_count(cls, cls.Params(preset=name)) for name in cls.presets}
 
 
-__all__ = ["WORKLOADS", "Bench", "UserWorkloadError", "Workload", "WorkloadContext", "batch_seed", "parameter_count",
-           "preset_sizes", "resolve"]
+__all__ = [
+    "WORKLOADS",
+    "Bench",
+    "UserWorkloadError",
+    "Workload",
+    "WorkloadContext",
+    "batch_seed",
+    "parameter_count",
+    "preset_sizes",
+    "resolve",
+]

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tpbench.workloads.base import Workload, batch_seed
 from tpbench.workload_params import EMBEDDING_PRESETS, EmbeddingParams
+from tpbench.workloads.base import Workload, batch_seed
 
 
 class EmbeddingMLP(nn.Module):
@@ -58,7 +58,9 @@ class Embedding(Workload):
         return ids.to(self.ctx.device), y.to(self.ctx.device)
 
     def train_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._samples(self.ctx.batch_size, torch.Generator().manual_seed(batch_seed(self.ctx.seed, self.ctx.rank, step)))
+        return self._samples(
+            self.ctx.batch_size, torch.Generator().manual_seed(batch_seed(self.ctx.seed, self.ctx.rank, step))
+        )
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(output, targets)

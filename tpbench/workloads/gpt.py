@@ -22,12 +22,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from tpbench.workload_params import GPT_PRESETS, GPTParams
 from tpbench.workloads.base import Workload, batch_seed
-from tpbench.workload_params import GPTParams, GPT_PRESETS
 from tpbench.workloads.markov import TinyTransformer, sample_chain
 
 
-def permutation_chain(states: int, fanout: int, concentration: float, seed: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+def permutation_chain(
+    states: int, fanout: int, concentration: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, float]:
     """``(successors, probs, entropy_rate)`` of a mixture of ``fanout`` random permutations.
 
     The weights are one Dirichlet(``concentration``) draw shared by all rows (which keeps the
@@ -66,7 +68,8 @@ class GPT(Workload):
         super().__init__(params, ctx)
         p = params
         self.successors, self.probs, self._optimal_loss = permutation_chain(
-            p.vocab_size, p.fanout, p.concentration, p.chain_seed)
+            p.vocab_size, p.fanout, p.concentration, p.chain_seed
+        )
         self.uniform = torch.full((p.vocab_size,), 1.0 / p.vocab_size, dtype=torch.float64)
 
     def build_model(self) -> nn.Module:

@@ -30,8 +30,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from tpbench.workloads.base import Workload, WorkloadContext
 from tpbench.workload_params import UserWorkloadError
+from tpbench.workloads.base import Workload, WorkloadContext
 
 
 @dataclass
@@ -62,11 +62,15 @@ def _import(path: str) -> Callable[..., Any]:
         sys.path.append(cwd)  # as the ranks (python -m tpbench.worker, run here) see it
     try:
         module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - any import failure is the user's to see, named
-        raise UserWorkloadError(f"cannot import {module_name!r} (from {cwd} or PYTHONPATH): {type(e).__name__}: {e}") from None
+    except Exception as e:  # any import failure is the user's to see, named
+        raise UserWorkloadError(
+            f"cannot import {module_name!r} (from {cwd} or PYTHONPATH): {type(e).__name__}: {e}"
+        ) from None
     factory = getattr(module, attr, None)
     if not callable(factory):
-        raise UserWorkloadError(f"expected a function {attr!r} in module {module_name!r}, found {type(factory).__name__}")
+        raise UserWorkloadError(
+            f"expected a function {attr!r} in module {module_name!r}, found {type(factory).__name__}"
+        )
     return factory
 
 
@@ -90,7 +94,9 @@ def _bench(path: str, result: Any) -> Bench:
     if not isinstance(result, Bench):
         raise UserWorkloadError(f"expected {path} to return a tpbench.workloads.Bench, got {type(result).__name__}")
     if not isinstance(result.model, nn.Module):
-        raise UserWorkloadError(f"expected Bench.model from {path} to be a torch.nn.Module, got {type(result.model).__name__}")
+        raise UserWorkloadError(
+            f"expected Bench.model from {path} to be a torch.nn.Module, got {type(result.model).__name__}"
+        )
     for name in ("train_batch", "loss"):
         if not callable(getattr(result, name)):
             raise UserWorkloadError(f"expected Bench.{name} from {path} to be callable")
@@ -144,8 +150,9 @@ def check(cls: type[Workload], params: object, batch_size: int) -> None:
             batch = workload.train_batch(0)
     except UserWorkloadError:
         raise
-    except Exception as e:  # noqa: BLE001 - the user's code: report what it raised, where
+    except Exception as e:  # the user's code: report what it raised, where
         raise UserWorkloadError(f"{cls.name} raised {type(e).__name__}: {e} (called with ctx.device = meta)") from None
     if not (isinstance(batch, tuple) and len(batch) == 2):
-        raise UserWorkloadError(f"expected Bench.train_batch(step) from {cls.name} to return (inputs, targets), "
-                                f"got {type(batch).__name__}")
+        raise UserWorkloadError(
+            f"expected Bench.train_batch(step) from {cls.name} to return (inputs, targets), got {type(batch).__name__}"
+        )

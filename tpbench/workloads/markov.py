@@ -25,8 +25,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tpbench.workloads.base import Workload, WorkloadContext, batch_seed
 from tpbench.workload_params import MarkovParams
+from tpbench.workloads.base import Workload, WorkloadContext, batch_seed
 
 
 def stationary_distribution(transition: np.ndarray) -> np.ndarray:
@@ -77,7 +77,11 @@ def sample_sequences(
 
 
 def sample_chain(
-    successors: torch.Tensor, probs: torch.Tensor, start: torch.Tensor, count: int, length: int,
+    successors: torch.Tensor,
+    probs: torch.Tensor,
+    start: torch.Tensor,
+    count: int,
+    length: int,
     generator: torch.Generator,
 ) -> torch.Tensor:
     """Sequences of a chain given row-wise: from state ``i`` the next is ``successors[i, j]`` with

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tpbench.workloads.base import Workload, batch_seed
 from tpbench.workload_params import MLPParams
+from tpbench.workloads.base import Workload, batch_seed
 
 
 class MLP(Workload):

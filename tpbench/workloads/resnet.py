@@ -12,8 +12,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tpbench.workloads.base import Workload, batch_seed
 from tpbench.workload_params import RESNET_PRESETS, ResNetParams
+from tpbench.workloads.base import Workload, batch_seed
 
 
 class _Basic(nn.Module):
@@ -72,7 +72,9 @@ class ResNet(Workload):
         return x.to(self.ctx.device), y.to(self.ctx.device)
 
     def train_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._images(self.ctx.batch_size, torch.Generator().manual_seed(batch_seed(self.ctx.seed, self.ctx.rank, step)))
+        return self._images(
+            self.ctx.batch_size, torch.Generator().manual_seed(batch_seed(self.ctx.seed, self.ctx.rank, step))
+        )
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(output, targets)
