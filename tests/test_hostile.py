@@ -531,3 +531,41 @@ def test_a_foreign_derived_table_exits_3_naming_the_file(traced_run, tmp_path, c
     assert run_cli(["report", str(run), "-o", str(tmp_path / "r.html")]) == 3
     err = capsys.readouterr().err
     assert f"{victim}: not a tpbench {table} table" in err and "Traceback" not in err, err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+def test_a_sweep_that_would_not_fit_on_the_disk_is_refused_before_it_runs(tmp_path):
+    """2 MiB free; the suite's cases trace 3 steps on 2 ranks each (about 1.6 MiB a case by the
+    estimate the shipped suites were measured for): refused up front, exit 3 naming the root, the
+    free space and the need, and nothing written."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], check=True)
+    try:
+        suite = tiny_suite(tmp_path, 'algorithm = ["ddp", "zero_no_overlap"]')
+        suite.write_text(suite.read_text().replace("profiler_steps = 0", "profiler_steps = 3"))
+        p = subprocess.run(
+            [*SWEEP, str(suite), "--out", str(disk / "results"), "--no-report"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=120,
+        )
+        assert p.returncode == 3, p.stderr
+        assert f"{disk / 'results'}: " in p.stderr and "MiB free, the cases to run need about" in p.stderr, p.stderr
+        assert "2 case(s)" in p.stderr, p.stderr
+        assert not list(disk.rglob("run.json"))
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_space_check_uses_the_largest_finished_case_when_it_is_larger(tmp_path):
+    """Between worlds the estimate grows to the largest case this run has written (here an
+    impossible 1 PiB), so a run whose cases turned out bigger than estimated stops before a world
+    that cannot fit, rather than inside it."""
+    from tpbench import sweep
+
+    [case] = sweep.prepare(tiny_suite(tmp_path, 'algorithm = ["ddp"]')).cases
+    sweep.check_space(tmp_path, [case])  # a few KiB: fits
+    with pytest.raises(store.StoreError, match=r"largest finished case \(1073741824\.0 MiB\)"):
+        sweep.check_space(tmp_path, [case], largest_done=2**50)

@@ -393,6 +393,28 @@ def check_writable(root: Path, what: str = "results directory") -> None:
         raise StoreError(f"{root}: {what} is not writable: {e.strerror or e}") from None
 
 
+def check_space(root: Path, need_bytes: int, why: str) -> None:
+    """Fail before cases run when the results filesystem cannot hold what they will write: a
+    sweep that fills the disk half-way has spent its hours for a run it must resume elsewhere.
+    ``why`` says how ``need_bytes`` was estimated (the message shows it)."""
+    free = shutil.disk_usage(root).free
+    if free < need_bytes:
+        raise StoreError(
+            f"{root}: {_mib(free)} free, the cases to run need about {_mib(need_bytes)} ({why}); "
+            "free some space, or sweep fewer cases or traced steps"
+        )
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def case_bytes(run_dir: Path, case_id: str) -> int:
+    """Bytes a case's directory holds on disk now (its traces, steps and derived tables)."""
+    folder = case_dir(run_dir, case_id)
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
+
+
 def read_run_json(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / RUN_FILE
     if not Path(run_dir).is_dir():

@@ -54,6 +54,36 @@ def prepare(
     return Prepared(suite, cases)
 
 
+# What a case writes, for the free-space check. Measured on the shipped suites: the largest case
+# directory of `make sweep` (suites/zero.toml, gpt mini, 3 traced steps x 2 ranks) held 0.94 MB,
+# about 156 KiB per traced step and rank with its derived tables, and a step row takes about 200
+# bytes; rounded up, since bigger models trace more kernels. Once a case of the run has finished,
+# its size replaces the estimate where it is larger.
+TRACE_BYTES_PER_RANK_STEP = 256 * 1024
+STEP_ROW_BYTES = 256
+CASE_BASE_BYTES = 64 * 1024
+
+
+def case_estimate(case: Case) -> int:
+    """Bytes one case will write: its traces, its step rows and a little for the rest."""
+    rows = case.repeats * (case.warmup_steps + case.steps) * STEP_ROW_BYTES
+    return CASE_BASE_BYTES + case.world_size * (case.profiler_steps * TRACE_BYTES_PER_RANK_STEP + rows)
+
+
+def check_space(root: Path, cases: list[Case], largest_done: int = 0) -> None:
+    """Refuse to run ``cases`` when ``root``'s filesystem cannot hold them (see ``case_estimate``;
+    ``largest_done``: the largest case directory this run has written, a better estimate)."""
+    need = sum(max(case_estimate(c), largest_done) for c in cases)
+    why = f"{len(cases)} case(s): traced steps x ranks x {TRACE_BYTES_PER_RANK_STEP // 1024} KiB, step rows"
+    if largest_done:
+        why += f", or the largest finished case ({largest_done / 2**20:.1f} MiB)"
+    store.check_space(root, need, why)
+
+
+def _largest_done(run: store.Run) -> int:
+    return max((store.case_bytes(run.dir, cid) for cid, st in run.case_status().items() if st == store.DONE), default=0)
+
+
 def start(prepared: Prepared, out_root: Path, launcher: Torchrun | None = None) -> store.Run:
     """Create the run directory (checked writable) with every case pending, and the launcher
     recorded so that ``--resume`` starts worlds the same way."""
@@ -65,6 +95,8 @@ def start(prepared: Prepared, out_root: Path, launcher: Torchrun | None = None) 
                 "use the real network between their nodes: run it with the local launcher"
             )
         check_available(ic)
+    store.check_writable(out_root)
+    check_space(out_root, prepared.cases)
     s = prepared.suite
     return store.Run.create(
         out_root,
@@ -111,6 +143,8 @@ def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
     cases = {cid: Case.from_params(c.params) for cid, c in run.record.cases.items()}
     ingest_printed(run, cases, run.record.suite_table("interconnects"), lambda kind, ev: None)
     todo = missing(run)
+    if todo:
+        check_space(run.dir, todo, _largest_done(run))
     for case in todo:
         run.reset_case(case.case_id)
     if todo:
@@ -127,7 +161,10 @@ def execute(run: store.Run, cases: list[Case], listener: Listener, launcher: Tor
     user_ics = run.record.suite_table("interconnects")
     t0 = time.monotonic()
     try:
-        for group in group_cases(cases):
+        groups = group_cases(cases)
+        for i, group in enumerate(groups):
+            if i:  # the first world's space was checked before the run began (start, reopen)
+                check_space(run.dir, [c for g in groups[i:] for c in g.cases], _largest_done(run))
             run_group(run, group, user_ics, listener, launcher)
     except KeyboardInterrupt:
         for cid, status in run.case_status().items():
