@@ -31,13 +31,12 @@ tpbench runs in (the rank processes run there), or from ``PYTHONPATH``.
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
-import os
 import re
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
+
+from tpbench import user_code
 
 if TYPE_CHECKING:
     from tpbench.suite import Case
@@ -80,15 +79,10 @@ def moot(params: dict[str, Any]) -> frozenset[str]:
 def load(path: str, arguments: int) -> Callable[..., Any]:
     """The function ``path`` names, checked to accept ``arguments`` positional arguments."""
     module_name, _, attr = path.partition(":")
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.append(cwd)  # as the ranks (python -m tpbench.worker, started here) see it
     try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # any import failure is the user's to see, named
-        raise CommHookError(
-            f"cannot import {module_name!r} (from {cwd} or PYTHONPATH): {type(e).__name__}: {e}"
-        ) from None
+        module = user_code.import_module(module_name)
+    except ImportError as e:
+        raise CommHookError(str(e)) from None
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):

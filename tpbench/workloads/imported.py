@@ -20,16 +20,14 @@ processes run there too), or from ``PYTHONPATH``.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
-import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from tpbench import user_code
 from tpbench.workload_params import UserWorkloadError
 from tpbench.workloads.base import Workload, WorkloadContext
 
@@ -57,15 +55,10 @@ def _import(path: str) -> Callable[..., Any]:
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise UserWorkloadError(f"expected a workload name or an import path MODULE:FACTORY, got {path!r}")
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.append(cwd)  # as the ranks (python -m tpbench.worker, run here) see it
     try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # any import failure is the user's to see, named
-        raise UserWorkloadError(
-            f"cannot import {module_name!r} (from {cwd} or PYTHONPATH): {type(e).__name__}: {e}"
-        ) from None
+        module = user_code.import_module(module_name)
+    except ImportError as e:
+        raise UserWorkloadError(str(e)) from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise UserWorkloadError(
