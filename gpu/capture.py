@@ -65,25 +65,30 @@ SIZES = dict(width=2048, batch=64, steps=30, repeats=2)
 REHEARSAL_SIZES = dict(width=128, batch=8, steps=4, repeats=1)
 
 
-def _sweep(root: Path, backend: str, world_size: int, interconnect: str, interval_ms: int, rehearse: bool) -> Path:
+def run_suite(root: Path, name: str, text: str) -> Path:
+    """Write suite ``text`` as ``root/NAME.toml`` and sweep it through the library, as ``tpbench
+    sweep`` does (run directories under ``root/results``); the run directory."""
     from tpbench import sweep
 
-    suite = root / f"gpu-capture-{backend}{world_size}.toml"
-    suite.write_text(
-        SUITE.format(
-            backend=backend,
-            world_size=world_size,
-            interconnect=interconnect,
-            interval=interval_ms,
-            device="cpu" if rehearse else "cuda",
-            **(REHEARSAL_SIZES if rehearse else SIZES),
-        )
-    )
+    suite = root / f"{name}.toml"
+    suite.write_text(text)
     prepared = sweep.prepare(suite)
     run = sweep.start(prepared, root / "results")
     sweep.execute(run, prepared.cases, lambda kind, data: None)
     sweep.finalize(run.dir)
     return run.dir
+
+
+def _sweep(root: Path, backend: str, world_size: int, interconnect: str, interval_ms: int, rehearse: bool) -> Path:
+    text = SUITE.format(
+        backend=backend,
+        world_size=world_size,
+        interconnect=interconnect,
+        interval=interval_ms,
+        device="cpu" if rehearse else "cuda",
+        **(REHEARSAL_SIZES if rehearse else SIZES),
+    )
+    return run_suite(root, f"gpu-capture-{backend}{world_size}", text)
 
 
 def _check_trace(c: Checks, label: str, path: Path, rank: int) -> tuple[float, float]:

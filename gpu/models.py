@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from gpu.analysis import Checks
+from gpu.capture import run_suite
 
 GPT_SUITE = """
 [suite]
@@ -81,18 +82,6 @@ preset = "{preset}"
 [workloads.embedding]
 preset = "{preset}"
 """
-
-
-def _sweep(root: Path, name: str, text: str) -> Path:
-    from tpbench import sweep
-
-    suite = root / f"{name}.toml"
-    suite.write_text(text)
-    prepared = sweep.prepare(suite)
-    run = sweep.start(prepared, root / "results")
-    sweep.execute(run, prepared.cases, lambda kind, data: None)
-    sweep.finalize(run.dir)
-    return run.dir
 
 
 def check_gpt(c: Checks, run_dir: Path) -> dict[str, Any]:
@@ -209,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     c = Checks()
     for name, text, check in sweeps:
         try:
-            run_dir = _sweep(root, name, text)
+            run_dir = run_suite(root, name, text)
             result["runs"][name] = {"run_dir": str(run_dir), "figures": check(c, run_dir)}
         except Exception as e:  # the other sweep still runs; the error is a failed check
             c.check(f"{name}: sweep and checks ran", False, f"{type(e).__name__}: {e}")
