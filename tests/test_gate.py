@@ -9,17 +9,19 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import astuple
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import pytest
+import scipy.stats
 from conftest import REPO
 from conftest import tpbench as run_tpbench
 from synthetic_runs import ENVIRONMENT, make_run
 
 from tpbench import compare, gate
-from tpbench.analysis.stats import hierarchical_ratio_ci, paired_ratio_ci, t_quantile
+from tpbench.analysis.stats import Ratio, hierarchical_ratio_ci, paired_ratio, unpaired_ratio
 
 
 def tpbench(*args: str | Path) -> subprocess.CompletedProcess:
@@ -66,10 +68,10 @@ def test_parse_threshold_rejects(text: str) -> None:
 def test_ratio_ci_known_answers() -> None:
     base = [np.array(noisy(10, 8, 0.02, 1))]
     # 30% slower, tight: the whole interval sits near 1.3.
-    r, lo, hi = hierarchical_ratio_ci(base, [np.array(noisy(13, 8, 0.02, 2))])
+    r, lo, hi, *_ = astuple(hierarchical_ratio_ci(base, [np.array(noisy(13, 8, 0.02, 2))]))
     assert r == pytest.approx(1.3, rel=0.03) and 1.25 < lo < 1.3 < hi < 1.35
     # Identical distributions: the interval covers 1 and is narrow.
-    r, lo, hi = hierarchical_ratio_ci(base, [np.array(noisy(10, 8, 0.02, 3))])
+    r, lo, hi, *_ = astuple(hierarchical_ratio_ci(base, [np.array(noisy(10, 8, 0.02, 3))]))
     assert lo < 1 < hi and hi - lo < 0.05
 
 
@@ -78,9 +80,8 @@ def test_between_run_spread_widens_the_interval() -> None:
     tight = [np.array(noisy(10, 6, 0.01, s)) for s in range(3)]
     spread = [np.array(noisy(m, 6, 0.01, s)) for s, m in enumerate((9, 10, 11.5))]
     cand = [np.array(noisy(10.5, 6, 0.01, 9))]
-    _, lo_t, hi_t = hierarchical_ratio_ci(tight, cand)
-    _, lo_s, hi_s = hierarchical_ratio_ci(spread, cand)
-    assert hi_s - lo_s > 3 * (hi_t - lo_t)
+    t, s = hierarchical_ratio_ci(tight, cand), hierarchical_ratio_ci(spread, cand)
+    assert s.half_width > 3 * t.half_width
 
 
 def test_paired_rounds_cancel_shared_drift() -> None:
@@ -89,15 +90,43 @@ def test_paired_rounds_cancel_shared_drift() -> None:
     drift = [1.0, 1.5, 0.8, 1.3]
     base = [np.array(noisy(10 * d, 5, 0.01, i)) for i, d in enumerate(drift)]
     cand = [np.array(noisy(12 * d, 5, 0.01, 10 + i)) for i, d in enumerate(drift)]
-    _, lo_u, hi_u = hierarchical_ratio_ci(base, cand)
-    ratio, lo_p, hi_p = paired_ratio_ci(base, cand)
-    assert compare.judge(lo_u, hi_u, 0.05) == "inconclusive"
-    assert compare.judge(lo_p, hi_p, 0.05) == "regression" and ratio == pytest.approx(1.2, rel=0.02) and lo_p > 1.15
+    u = hierarchical_ratio_ci(base, cand)
+    p = paired_ratio(medians(base), medians(cand))
+    assert compare.judge(u.lo, u.hi, 0.05) == "inconclusive"
+    assert compare.judge(p.lo, p.hi, 0.05) == "regression" and p.ratio == pytest.approx(1.2, rel=0.02) and p.lo > 1.15
 
 
-@pytest.mark.parametrize(("df", "q"), [(1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (1000, 1.962)])
-def test_t_quantile(df: int, q: float) -> None:
-    assert t_quantile(0.975, df) == pytest.approx(q, abs=2e-3)
+def medians(runs: list[np.ndarray]) -> dict[int, float]:
+    return {i: float(np.median(r)) for i, r in enumerate(runs)}
+
+
+@pytest.mark.parametrize(("n", "q"), [(2, 12.706), (3, 4.303), (5, 2.776), (10, 2.262)])
+def test_paired_interval_uses_t_quantiles(n: int, q: float) -> None:
+    """Log ratios alternating ±0.1 around log 1.1: the half-width in log space is t(n-1) · sd / sqrt(n)."""
+    d = np.log(1.1) + 0.1 * np.array([(-1) ** i for i in range(n)])
+    r = paired_ratio({i: 1.0 for i in range(n)}, {i: float(np.exp(v)) for i, v in enumerate(d)})
+    half = q * np.std(d, ddof=1) / np.sqrt(n)
+    assert r.method == "paired" and r.n == n
+    assert np.log(r.hi) - np.log(r.ratio) == pytest.approx(half, rel=1e-3)
+    assert r.half_width == pytest.approx(np.exp(half) - 1, rel=1e-3)
+
+
+def test_paired_ratio_uses_common_rounds_only_and_single_has_no_interval() -> None:
+    r = paired_ratio({0: 10.0, 1: 10.0, 5: 10.0}, {0: 11.0, 1: 11.0, 7: 50.0})
+    assert r.n == 2 and r.ratio == pytest.approx(1.1)
+    one = paired_ratio({0: 10.0}, {0: 12.0})
+    assert one.method == "single" and not one.has_interval and np.isnan(one.half_width)
+
+
+def test_unpaired_ratio_is_welch_on_logs() -> None:
+    rng = np.random.default_rng(3)
+    b, c = 10 * np.exp(rng.normal(0, 0.05, 12)), 11 * np.exp(rng.normal(0, 0.02, 6))
+    r = unpaired_ratio(b, c)
+    assert r.method == "unpaired" and r.lo < r.ratio < r.hi
+    assert r.ratio == pytest.approx(np.exp(np.log(c).mean() - np.log(b).mean()))
+    # scipy's own Welch test on the logs gives the same interval.
+    ci = scipy.stats.ttest_ind(np.log(c), np.log(b), equal_var=False).confidence_interval(0.95)
+    assert isinstance(r, Ratio) and (r.lo, r.hi) == pytest.approx((np.exp(ci.low), np.exp(ci.high)))
 
 
 def test_paired_gate_false_alarms_and_power_in_simulation() -> None:
@@ -111,8 +140,8 @@ def test_paired_gate_false_alarms_and_power_in_simulation() -> None:
         def side(m: float) -> list[np.ndarray]:
             return [np.exp(np.log(m) + u + rng.normal(0, 0.03) + rng.normal(0, 0.03, 5)) for u in shared]
 
-        _, lo, hi = paired_ratio_ci(side(10), side(10 * effect))
-        return compare.judge(lo, hi, 0.05)
+        r = paired_ratio(medians(side(10)), medians(side(10 * effect)))
+        return compare.judge(r.lo, r.hi, 0.05)
 
     same = [verdict(1.0) for _ in range(400)]
     slower = [verdict(1.15) for _ in range(200)]
@@ -152,7 +181,7 @@ def test_too_few_repeats_is_inconclusive(tmp_path: Path) -> None:
     b = make_run(tmp_path / "b", {"ddp": [10, 10.1]})
     c = make_run(tmp_path / "c", {"ddp": [20, 20.1]})
     (case,) = compare.compare_runs([b], [c]).cases
-    assert case.verdict == "inconclusive" and "too few repeats" in case.reason
+    assert case.verdict == "inconclusive" and "too few to judge (2 baseline, 2 candidate repeats" in case.reason
 
 
 def test_several_baselines_judge_against_their_spread(tmp_path: Path) -> None:

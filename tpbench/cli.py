@@ -473,7 +473,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
         run.candidate,
         metric=args.metric,
         threshold=threshold,
-        paired=True,
+        pairing="rounds",
         fail_on_inconclusive=args.fail_on_inconclusive,
         ignore_env=args.ignore_env,
     )

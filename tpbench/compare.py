@@ -25,10 +25,14 @@ repeats are pooled for the point estimate and the interval comes from a two-stag
 (runs, then repeats within runs), so the spread *between* runs, the main source of false alarms
 with stored baselines, widens the interval. A single candidate run against several baselines is
 judged against their spread: its draws are also scaled by the baselines' run-to-run effects
-(``analysis.stats.hierarchical_ratio_ci``). The rounds of ``tpbench gate`` are paired (round i of
-both sides ran back to back): each round gives one log ratio of run medians, in which whatever
-the machine was doing then cancels, and the interval is Student's t over the rounds, calibrated
-for the handful of rounds a gate has (``analysis.stats.paired_ratio_ci``).
+(``analysis.stats.hierarchical_ratio_ci``).
+
+Runs made side by side are paired (``pairing``): "repeats" for the two runs of a lockstep gate
+(repeat i of a case on one side ran right before or after repeat i on the other), "rounds" for
+gate rounds of whole sweeps (run i of each side back to back). Each pair gives one log ratio, in
+which whatever the machine was doing then cancels, and the interval is Student's t over the pairs
+(``analysis.stats.paired_ratio``). Every result carries its half-width: the smallest change the
+comparison could have seen, stated beside every verdict.
 """
 
 from __future__ import annotations
@@ -40,7 +44,14 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from tpbench import store
-from tpbench.analysis.stats import CONFIDENCE, hierarchical_ratio_ci, paired_ratio_ci, repeat_medians
+from tpbench.analysis.stats import (
+    CONFIDENCE,
+    Ratio,
+    hierarchical_ratio_ci,
+    paired_ratio,
+    repeat_values,
+    windows_of,
+)
 from tpbench.environment import COMPARABLE_KEYS, commit_text
 from tpbench.suite import identity
 
@@ -107,6 +118,13 @@ class CaseResult:
     candidate_repeats: int = 0
     baseline_runs: int = 0
     candidate_runs: int = 0
+    # Half the interval's width as a fraction of the ratio: the smallest change this case could
+    # have told from none ("resolves ±4%"); None without an interval.
+    half_width: float | None = None
+    pairs: int = 0  # the pairs a paired interval rests on (0: unpaired)
+
+
+PAIRINGS = ("none", "rounds", "repeats")
 
 
 @dataclass(frozen=True)
@@ -121,7 +139,7 @@ class Comparison:
     candidate_runs: list[str]
     environment_differences: list[str]
     cases: list[CaseResult]
-    paired: bool = False
+    pairing: str = "none"
     baseline_commits: list[str] = field(default_factory=list)
     candidate_commits: list[str] = field(default_factory=list)
 
@@ -158,13 +176,14 @@ class RunData:
     environment: dict[str, Any]
     params: dict[str, dict[str, Any]]  # case_id → params
     status: dict[str, str]  # case_id → status
-    values: dict[str, np.ndarray]  # case_id → per-repeat medians of the metric (done cases)
+    values: dict[str, dict[int, float]]  # case_id → repeat → that repeat's value (stats.repeat_values)
     labels: dict[str, str]  # case_id → label (``store.Loaded.cases``)
 
     @classmethod
     def of(cls, run: store.Loaded | str | Path, metric: str = "step_ms") -> RunData:
         loaded = run if isinstance(run, store.Loaded) else store.load(run)
-        values: dict[str, np.ndarray] = {}
+        values: dict[str, dict[int, float]] = {}
+        cases = loaded.record.cases
         if not loaded.steps.empty:
             if metric not in loaded.steps.columns:
                 numeric = sorted(
@@ -173,9 +192,12 @@ class RunData:
                 raise GateError(
                     f"--metric {metric}: not recorded in {loaded.run_dir}; expected one of {', '.join(numeric)}"
                 )
-            per_repeat = repeat_medians(loaded.steps, metric).dropna(subset=[metric])
-            values = {cid: g[metric].to_numpy(dtype=float) for cid, g in per_repeat.groupby("case_id")}
-        cases = loaded.record.cases
+            windows = windows_of({cid: c.params for cid, c in cases.items()})
+            per_repeat = repeat_values(loaded.steps, metric, windows).dropna(subset=[metric])
+            values = {
+                cid: dict(zip(g["repeat"].astype(int), g[metric].astype(float)))
+                for cid, g in per_repeat.groupby("case_id")
+            }
         return cls(
             Path(loaded.run_dir),
             dict(loaded.environment),
@@ -228,20 +250,25 @@ def compare_runs(
     fail_on_inconclusive: bool = False,
     ignore_env: Iterable[str] = (),
     confidence: float = CONFIDENCE,
-    paired: bool = False,
+    pairing: str = "none",
 ) -> Comparison:
     """Judge every case of the candidate run(s) against the baseline run(s).
 
-    Lower is better for every metric (times, memory). ``paired``: baseline run i and candidate
-    run i ran back to back (gate rounds; see ``paired_ratio_ci``). Broken run directories raise
-    ``store.StoreError`` naming the file; an unknown metric raises ``GateError``.
+    Lower is better for every metric (times, memory). ``pairing`` (see the module docstring):
+    "none", "rounds" (baseline run i and candidate run i ran back to back) or "repeats" (one run a
+    side, made in lockstep). Broken run directories raise ``store.StoreError`` naming the file; an
+    unknown metric raises ``GateError``.
     """
     if not baseline or not candidate:
         raise GateError("compare needs at least one baseline run and one candidate run")
-    if paired and len(baseline) != len(candidate):
+    if pairing not in PAIRINGS:
+        raise GateError(f"pairing {pairing!r}: expected one of {', '.join(PAIRINGS)}")
+    if pairing == "rounds" and len(baseline) != len(candidate):
         raise GateError(
             f"paired comparison needs as many baseline as candidate runs, got {len(baseline)} and {len(candidate)}"
         )
+    if pairing == "repeats" and not len(baseline) == len(candidate) == 1:
+        raise GateError(f"pairing by repeats needs one run a side, got {len(baseline)} and {len(candidate)}")
     unknown = set(ignore_env) - set(COMPARABLE_KEYS)
     if unknown:
         raise GateError(f"--ignore-env {', '.join(sorted(unknown))}: expected one of {', '.join(COMPARABLE_KEYS)}")
@@ -262,7 +289,7 @@ def compare_runs(
     )
     ref = cand[0]
     results = [
-        _judge_case(cid, ref.labels[cid], ref.params[cid], base, cand, threshold, confidence, bool(env_diff), paired)
+        _judge_case(cid, ref.labels[cid], ref.params[cid], base, cand, threshold, confidence, bool(env_diff), pairing)
         for cid in ref.params
     ]
     return Comparison(
@@ -274,7 +301,7 @@ def compare_runs(
         [str(c.dir) for c in cand],
         env_diff,
         results,
-        paired,
+        pairing,
         sorted({commit_text(b.environment) for b in base}),
         sorted({commit_text(c.environment) for c in cand}),
     )
@@ -289,22 +316,22 @@ def _judge_case(
     threshold: float,
     confidence: float,
     env_differs: bool,
-    paired: bool,
+    pairing: str,
 ) -> CaseResult:
     cand_per_run = [r.values.get(case_id) for r in cand]
-    base_per_run: list[np.ndarray | None] = []
+    base_per_run: list[dict[int, float] | None] = []
     world_diff = ""
     for run in base:
         cid, why = counterpart(params, case_id, run)
         base_per_run.append(run.values.get(cid) if cid is not None else None)
         world_diff = world_diff or why
-    if paired:  # keep the rounds where both sides have data, so pairs stay aligned
-        both = [(b, c) for b, c in zip(base_per_run, cand_per_run) if b is not None and c is not None]
+    if pairing == "rounds":  # keep the rounds where both sides have data, so pairs stay aligned
+        both = [(b, c) for b, c in zip(base_per_run, cand_per_run) if b and c]
         base_values, cand_values = [b for b, _ in both], [c for _, c in both]
     else:
-        base_values = [v for v in base_per_run if v is not None]
-        cand_values = [v for v in cand_per_run if v is not None]
-    n_b, n_c = sum(v.size for v in base_values), sum(v.size for v in cand_values)
+        base_values = [v for v in base_per_run if v]
+        cand_values = [v for v in cand_per_run if v]
+    n_b, n_c = sum(len(v) for v in base_values), sum(len(v) for v in cand_values)
     common = {
         "case_id": case_id,
         "label": label,
@@ -313,35 +340,53 @@ def _judge_case(
         "baseline_runs": len(base_values),
         "candidate_runs": len(cand_values),
     }
-    if not any(v is not None for v in cand_per_run):
+    if not any(cand_per_run):
         states = sorted({r.status.get(case_id, "absent") for r in cand})
         return CaseResult(verdict=MISSING, reason=f"no candidate data (case {'/'.join(states)})", **common)
-    if not any(v is not None for v in base_per_run):
+    if not any(base_per_run):
         if world_diff:
             return CaseResult(verdict=INCOMPARABLE, reason=world_diff, **common)
         return CaseResult(verdict=MISSING, reason="no baseline data for this case", **common)
     if not base_values:
         return CaseResult(verdict=MISSING, reason="no round has data on both sides", **common)
-    if np.median(np.concatenate(base_values)) <= 0:
+    b_all = np.concatenate([list(v.values()) for v in base_values])
+    c_all = np.concatenate([list(v.values()) for v in cand_values])
+    if np.median(b_all) <= 0:
         return CaseResult(verdict=INCONCLUSIVE, reason="baseline median is 0: no ratio", **common)
-    if paired and len(base_values) >= 2:
-        ratio, lo, hi = paired_ratio_ci(base_values, cand_values, confidence=confidence)
-    else:
-        ratio, lo, hi = hierarchical_ratio_ci(base_values, cand_values, confidence=confidence)
+    est = _estimate(base_values, cand_values, pairing, confidence)
     numbers = {
-        "baseline_median": float(np.median(np.concatenate(base_values))),
-        "candidate_median": float(np.median(np.concatenate(cand_values))),
-        "ratio": ratio,
-        "ci_lo": lo,
-        "ci_hi": hi,
+        "baseline_median": float(np.median(b_all)),
+        "candidate_median": float(np.median(c_all)),
+        "ratio": est.ratio,
+        "ci_lo": est.lo,
+        "ci_hi": est.hi,
+        "half_width": est.half_width if est.has_interval else None,
+        "pairs": est.n if est.method == "paired" else 0,
     }
     if env_differs:
         return CaseResult(verdict=INCOMPARABLE, reason="environments differ (see above)", **common, **numbers)
-    if min(n_b, n_c) < MIN_REPEATS:
+    if min(n_b, n_c) < MIN_REPEATS or (est.method == "paired" and est.n < MIN_REPEATS):
+        have = f"{est.n} pairs" if est.method == "paired" else f"{n_b} baseline, {n_c} candidate repeats"
         return CaseResult(
             verdict=INCONCLUSIVE,
-            reason=f"too few repeats ({n_b} baseline, {n_c} candidate; need {MIN_REPEATS} a side)",
+            reason=f"too few to judge ({have}; need {MIN_REPEATS})",
             **common,
             **numbers,
         )
-    return CaseResult(verdict=judge(lo, hi, threshold), **common, **numbers)
+    return CaseResult(verdict=judge(est.lo, est.hi, threshold), **common, **numbers)
+
+
+def _estimate(base: list[dict[int, float]], cand: list[dict[int, float]], pairing: str, confidence: float) -> Ratio:
+    """The ratio and interval of one case under the comparison's pairing (module docstring)."""
+    if pairing == "repeats" and len(set(base[0]) & set(cand[0])) >= 2:
+        return paired_ratio(base[0], cand[0], confidence=confidence)
+    if pairing == "rounds" and len(base) >= 2:
+        medians = [(float(np.median(list(b.values()))), float(np.median(list(c.values())))) for b, c in zip(base, cand)]
+        return paired_ratio(
+            {i: m for i, (m, _) in enumerate(medians)},
+            {i: m for i, (_, m) in enumerate(medians)},
+            confidence=confidence,
+        )
+    return hierarchical_ratio_ci(
+        [np.array(list(v.values())) for v in base], [np.array(list(v.values())) for v in cand], confidence=confidence
+    )

@@ -47,12 +47,12 @@ def _header(c: Comparison) -> list[str]:
 def _preamble(c: Comparison) -> list[str]:
     lines = [
         f"metric {c.metric} (lower is better), threshold ±{c.threshold:.1%}, "
-        + (
-            f"{c.confidence:.0%} t interval of the ratio over paired rounds "
-            "(geometric mean of per-round ratios of medians)"
-            if c.paired
-            else f"{c.confidence:.0%} bootstrap CI of the ratio of medians over repeats"
-        ),
+        + {
+            "rounds": f"{c.confidence:.0%} t interval of the ratio over paired rounds "
+            "(geometric mean of per-round ratios of medians)",
+            "repeats": f"{c.confidence:.0%} t interval of the ratio over repeats paired in lockstep "
+            "(geometric mean of per-pair ratios)",
+        }.get(c.pairing, f"{c.confidence:.0%} bootstrap CI of the ratio of medians over repeats"),
         f"baseline: {len(c.baseline_runs)} run(s), commit {', '.join(c.baseline_commits)}",
         f"candidate: {len(c.candidate_runs)} run(s), commit {', '.join(c.candidate_commits)}",
     ]

@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from tpbench import compare, store
-from tpbench.analysis.stats import repeat_medians
+from tpbench.analysis.stats import repeat_values
 
 SUITE = """\
 [suite]
@@ -147,7 +147,7 @@ class Tally:
 def _tally(jobs: list[tuple[list[Path], list[Path], bool]], threshold: float) -> Tally:
     verdicts, ratios = [], []
     for b, c, paired in jobs:
-        (case,) = compare.compare_runs(b, c, threshold=threshold, paired=paired).cases
+        (case,) = compare.compare_runs(b, c, threshold=threshold, pairing="rounds" if paired else "none").cases
         verdicts.append(case.verdict)
         ratios.append(case.ratio if case.ratio is not None else float("nan"))
     return Tally(verdicts, ratios)
@@ -205,9 +205,9 @@ def score(out: Path, threshold: float, slowdown: float, regroup: list[int]) -> s
         for g in sorted(knob_dir.iterdir(), key=lambda p: float(p.name)):
             sides = _gate_sides(g)
             if sides:
-                (case,) = compare.compare_runs(*sides, threshold=threshold, paired=True).cases
+                (case,) = compare.compare_runs(*sides, threshold=threshold, pairing="rounds").cases
                 lines.append(f"| {g.name} | {case.ratio:.3f} [{case.ci_lo:.3f}, {case.ci_hi:.3f}] | {case.verdict} |")
-    spread = [float(np.median(repeat_medians(store.load(r).steps)["step_ms"])) for r in runs]
+    spread = [float(np.median(repeat_values(store.load(r).steps)["step_ms"])) for r in runs]
     lines += [
         "",
         f"run medians over the A/A compare sweeps: {min(spread):.1f}–{max(spread):.1f} ms "

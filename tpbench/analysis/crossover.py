@@ -12,7 +12,7 @@ that line falls: each (link, bucket size, ...) gives a point
   The reference matches the pair on every parameter it has, ``comm_hook`` included, so a pair
   wrapping a compression hook sits at its own, compressed, comm:compute.
 - y: interleaved / sequential step time, a ratio of medians of per-repeat medians with a
-  bootstrap CI (``stats.ratio_ci``): repeats are the independent unit.
+  t interval (``stats.unpaired_ratio``): repeats are the independent unit.
 
 The crossover is where a straight line through log y against log x crosses zero, weighted by
 each point's bootstrap variance, so a point measured while the machine was busy counts less. Its
@@ -32,7 +32,7 @@ import pandas as pd
 
 from tpbench.algorithms import INTERLEAVED, SEQUENTIAL
 from tpbench.algorithms import NO_OVERLAP as REFERENCE
-from tpbench.analysis.stats import BOOTSTRAP_SAMPLES, CONFIDENCE, ratio_ci, repeat_medians
+from tpbench.analysis.stats import BOOTSTRAP_SAMPLES, CONFIDENCE, repeat_values, unpaired_ratio
 
 _NOT_PARAMS = ("case_id", "algorithm", "label", "status", "error", "detail")
 
@@ -50,7 +50,7 @@ def ratio_points(cases: pd.DataFrame, steps: pd.DataFrame, summary: pd.DataFrame
     """
     done = cases[cases["status"] == "done"] if "status" in cases else cases
     params = [c for c in done.columns if c not in _NOT_PARAMS]
-    reps = repeat_medians(steps) if not steps.empty else pd.DataFrame(columns=["case_id", "repeat", "step_ms"])
+    reps = repeat_values(steps) if not steps.empty else pd.DataFrame(columns=["case_id", "repeat", "step_ms"])
     by_case = {cid: g["step_ms"].to_numpy() for cid, g in reps.groupby("case_id")}
     figures = summary.set_index("case_id") if "case_id" in summary else pd.DataFrame()
     seq = done[done["algorithm"] == SEQUENTIAL]
@@ -65,7 +65,8 @@ def ratio_points(cases: pd.DataFrame, steps: pd.DataFrame, summary: pd.DataFrame
         if i["case_id"] not in by_case:
             continue
         b, c = by_case[s["case_id"]], by_case[i["case_id"]]
-        ratio, lo, hi = ratio_ci(b, c)
+        est = unpaired_ratio(b, c)
+        ratio, lo, hi = est.ratio, est.lo, est.hi
         ref = refs[_matches(refs, s, params, strict=False)]
         source = ref.iloc[0]["case_id"] if len(ref) else s["case_id"]
         rows.append(

@@ -1,21 +1,40 @@
-"""Step-time statistics: medians with bootstrap confidence intervals over repeats.
+"""Step-time statistics: the per-repeat value, intervals for one case and for ratios of two.
 
 A repeat is the independent unit: steps within one repeat share a warm-up, a bucket rebuild and
 whatever the machine was doing at the time, so they are correlated and a CI over steps would be
-far too narrow. Each repeat is reduced to its median (of the slowest rank's step times) and the
-bootstrap resamples those.
+far too narrow. Each repeat is reduced to one value (``repeat_values``) and intervals are over
+those values.
+
+A ratio of two cases (or of one case in two runs) is stated as ``Ratio``, always with its
+half-width: the smallest change the data could have told from no change. Two kinds:
+
+- ``paired_ratio``: the two sides ran in the same rounds (the cases of one world, round by round;
+  the two sides of a lockstep gate, item by item), so round i of one and round i of the other
+  were measured next to each other. Each round gives one log ratio, in which whatever the machine
+  was doing then cancels, and the interval is Student's t over the rounds.
+- ``unpaired_ratio``: no such pairing (cases of different worlds, stored runs). Welch's t interval
+  of the difference of mean log values.
+
+Both work on logs because step times are positive and their noise multiplies; the estimate is a
+ratio of geometric means. t quantiles come from scipy.stats: the intervals of a gate with few
+rounds depend on the tails of t, which is not something to integrate by hand.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
+from scipy import stats as _scipy
 
 BOOTSTRAP_SAMPLES = 4000
 CONFIDENCE = 0.95
+# Post-local SGD's algorithm name (algorithms.LOCALSGD; not imported: analysis/ stays torch-free
+# and below the declarations).
+_LOCALSGD = "post_localSGD_hook"
 
 
 def slowest_rank(steps: pd.DataFrame) -> pd.DataFrame:
@@ -24,15 +43,123 @@ def slowest_rank(steps: pd.DataFrame) -> pd.DataFrame:
     return timed.groupby(["case_id", "repeat", "step"], as_index=False, sort=True)["step_ms"].max()
 
 
-def repeat_medians(steps: pd.DataFrame, metric: str = "step_ms") -> pd.DataFrame:
-    """One row per (case_id, repeat) with the median of ``metric`` over that repeat's timed steps."""
-    if metric == "step_ms":
-        per_step = slowest_rank(steps)
-    else:
-        per_step = (
-            steps[steps["phase"] == "timed"].groupby(["case_id", "repeat", "step"], as_index=False)[metric].mean()
-        )
-    return per_step.groupby(["case_id", "repeat"], as_index=False)[metric].median()
+def averaging_window(params: Mapping[str, Any]) -> int:
+    """How many consecutive steps make one unit of a case's work: 1, except post-local SGD after its
+    switch, where one step in ``averaging_period`` also averages the model and costs more."""
+    if params.get("algorithm") != _LOCALSGD or params.get("start_localSGD_iter") in (None, "never"):
+        return 1
+    return int(params.get("averaging_period") or 1)
+
+
+def repeat_values(
+    steps: pd.DataFrame, metric: str = "step_ms", windows: Mapping[str, int] | None = None
+) -> pd.DataFrame:
+    """One row per (case_id, repeat): that repeat's value of ``metric``.
+
+    Per step, ``step_ms`` is the slowest rank's (a step lasts as long as it does), any other metric
+    (``cpu_ms``, memory) the mean over ranks. Per repeat, the median over steps: robust to the odd
+    step the machine interrupted. A case whose work repeats over several steps (``windows``:
+    case_id → ``averaging_window``, e.g. post-local SGD averaging every 4th step) is first
+    averaged over whole windows of consecutive timed steps and the median taken over windows,
+    so the periodic cost is in the value instead of being the outlier a median drops. Fewer timed
+    steps than one window: their mean.
+    """
+    timed = steps[steps["phase"] == "timed"]
+    how = "max" if metric == "step_ms" else "mean"
+    per_step = timed.groupby(["case_id", "repeat", "step"], as_index=False, sort=True)[metric].agg(how)
+    windows = windows or {}
+    rows = []
+    for (cid, rep), g in per_step.groupby(["case_id", "repeat"], sort=True):
+        v = g[metric].to_numpy(dtype=float)
+        w = max(1, int(windows.get(cid, 1)))
+        if w > 1:
+            whole = v.size // w
+            v = v[: whole * w].reshape(whole, w).mean(axis=1) if whole else np.array([np.nanmean(v)])
+        rows.append({"case_id": cid, "repeat": int(rep), metric: float(np.nanmedian(v)) if v.size else math.nan})
+    return pd.DataFrame(rows, columns=["case_id", "repeat", metric])
+
+
+def windows_of(cases: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """``averaging_window`` of each case (case_id → params)."""
+    return {cid: averaging_window(p) for cid, p in cases.items()}
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """candidate / baseline with its confidence interval.
+
+    ``n``: the pairs (paired) or the fewer values of the two sides (unpaired) it rests on.
+    ``method``: "paired", "unpaired" or "single" (too few values for an interval: lo = hi = ratio).
+    """
+
+    ratio: float
+    lo: float
+    hi: float
+    n: int
+    method: str
+
+    @property
+    def half_width(self) -> float:
+        """The interval's half-width as a fraction of the ratio (0.04: "resolves ±4%"), the
+        smallest change this comparison could have told from none; NaN without an interval."""
+        return half_width(self.lo, self.hi) if self.method != "single" else math.nan
+
+    @property
+    def has_interval(self) -> bool:
+        return self.method != "single"
+
+
+def half_width(lo: float, hi: float) -> float:
+    """Half-width of a ratio interval, as a fraction: half its width in log space, back as a ratio
+    (symmetric for the t intervals, the mean of both sides for a bootstrap's)."""
+    if not (lo > 0 and hi > 0):
+        return math.nan
+    return math.exp((math.log(hi) - math.log(lo)) / 2) - 1
+
+
+def _t(confidence: float, df: float) -> float:
+    return float(_scipy.t.ppf(1 - (1 - confidence) / 2, df))
+
+
+def paired_ratio(
+    baseline: Mapping[int, float], candidate: Mapping[int, float], *, confidence: float = CONFIDENCE
+) -> Ratio:
+    """The ratio of two sides measured in the same rounds, from the rounds both have.
+
+    ``baseline``/``candidate``: round (repeat index) → that repeat's value. ``d_i = log(c_i / b_i)``;
+    estimate ``exp(mean(d))`` with a Student t interval over the rounds (n−1 degrees of freedom:
+    exact for normal log ratios, and honest about few or disagreeing rounds, where a percentile
+    bootstrap cannot reach past the most extreme round). One common round: no interval.
+    """
+    common = sorted(set(baseline) & set(candidate))
+    d = np.log([candidate[k] / baseline[k] for k in common]) if common else np.array([])
+    if d.size == 0:
+        raise ValueError("paired_ratio needs at least one round both sides ran")
+    mean = float(np.mean(d))
+    if d.size < 2:
+        return Ratio(math.exp(mean), math.exp(mean), math.exp(mean), 1, "single")
+    half = _t(confidence, d.size - 1) * float(np.std(d, ddof=1)) / math.sqrt(d.size)
+    return Ratio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), int(d.size), "paired")
+
+
+def unpaired_ratio(baseline: np.ndarray, candidate: np.ndarray, *, confidence: float = CONFIDENCE) -> Ratio:
+    """The ratio of geometric means of two independent sets of per-repeat values, with Welch's t
+    interval on the difference of mean logs (Welch–Satterthwaite degrees of freedom). Fewer than
+    two values on a side: no interval."""
+    b, c = np.log(np.asarray(baseline, dtype=float)), np.log(np.asarray(candidate, dtype=float))
+    if b.size == 0 or c.size == 0:
+        raise ValueError("unpaired_ratio needs at least one value on each side")
+    diff = float(c.mean() - b.mean())
+    n = int(min(b.size, c.size))
+    if n < 2:
+        return Ratio(math.exp(diff), math.exp(diff), math.exp(diff), n, "single")
+    vb, vc = b.var(ddof=1) / b.size, c.var(ddof=1) / c.size
+    se = math.sqrt(vb + vc)
+    if se == 0:
+        return Ratio(math.exp(diff), math.exp(diff), math.exp(diff), n, "unpaired")
+    df = (vb + vc) ** 2 / (vb**2 / (b.size - 1) + vc**2 / (c.size - 1))
+    half = _t(confidence, df) * se
+    return Ratio(math.exp(diff), math.exp(diff - half), math.exp(diff + half), n, "unpaired")
 
 
 def bootstrap_ci(
@@ -56,33 +183,11 @@ def bootstrap_ci(
     return (float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha)))
 
 
-def ratio_ci(
-    baseline: np.ndarray,
-    candidate: np.ndarray,
-    *,
-    samples: int = BOOTSTRAP_SAMPLES,
-    confidence: float = CONFIDENCE,
-    seed: int = 0,
-) -> tuple[float, float, float]:
-    """Ratio of medians candidate/baseline over per-repeat values, with a bootstrap interval.
-
-    Both sides are resampled independently (their repeats are not paired).
-    """
-    b = np.asarray(baseline, dtype=float)
-    c = np.asarray(candidate, dtype=float)
-    point = float(np.median(c) / np.median(b))
-    if b.size < 2 and c.size < 2:
-        return point, point, point
-    rng = np.random.default_rng(seed)
-    bs = np.median(b[rng.integers(0, b.size, size=(samples, b.size))], axis=1)
-    cs = np.median(c[rng.integers(0, c.size, size=(samples, c.size))], axis=1)
-    r = cs / bs
-    alpha = (1 - confidence) / 2
-    return point, float(np.quantile(r, alpha)), float(np.quantile(r, 1 - alpha))
-
-
 def summarize(steps: pd.DataFrame, cases: pd.DataFrame) -> pd.DataFrame:
     """One row per case: the case's parameters and status, step-time medians, spreads and CIs.
+
+    ``repeat_medians_ms`` holds each repeat's value (``repeat_values``, in ``repeat_ids`` order),
+    the unit every comparison of cases works on.
 
     ``cases`` is the store's per-case table (params + status); failed cases keep a row with
     their error and no numbers, so a summary never silently drops a case.
@@ -92,6 +197,9 @@ def summarize(steps: pd.DataFrame, cases: pd.DataFrame) -> pd.DataFrame:
         slowest_rank(steps) if not steps.empty else pd.DataFrame(columns=["case_id", "repeat", "step", "step_ms"])
     )
     by_case = dict(tuple(per_step.groupby("case_id"))) if not per_step.empty else {}
+    windows = {c["case_id"]: averaging_window(c) for c in cases.to_dict("records")}
+    per_repeat = repeat_values(steps, "step_ms", windows) if not steps.empty else pd.DataFrame()
+    by_repeat = dict(tuple(per_repeat.groupby("case_id"))) if not per_repeat.empty else {}
     memory_cols = [c for c in ("peak_rss_mb", "peak_allocated_mb", "peak_reserved_mb") if c in steps]
     # One groupby for every case's memory peaks: filtering the steps table per case is quadratic.
     peaks = steps.groupby("case_id")[memory_cols].max().to_dict("index") if memory_cols and not steps.empty else {}
@@ -99,7 +207,8 @@ def summarize(steps: pd.DataFrame, cases: pd.DataFrame) -> pd.DataFrame:
         row = dict(case)
         data = by_case.get(case["case_id"])
         if data is not None and len(data):
-            reps = data.groupby("repeat")["step_ms"].median().to_numpy()
+            mine = by_repeat[case["case_id"]]
+            reps = mine["step_ms"].to_numpy()
             ms = data["step_ms"].to_numpy()
             median = float(np.median(ms))
             lo, hi = bootstrap_ci(reps)
@@ -110,6 +219,7 @@ def summarize(steps: pd.DataFrame, cases: pd.DataFrame) -> pd.DataFrame:
                 "ci_lo_ms": lo,
                 "ci_hi_ms": hi,
                 "repeat_medians_ms": reps.tolist(),
+                "repeat_ids": mine["repeat"].astype(int).tolist(),
                 "samples_per_s": case["batch_size"] * case["world_size"] / (median / 1e3),
                 "timed_steps": int(len(ms)),
             }
@@ -150,7 +260,7 @@ def hierarchical_ratio_ci(
     samples: int = BOOTSTRAP_SAMPLES,
     confidence: float = CONFIDENCE,
     seed: int = 0,
-) -> tuple[float, float, float]:
+) -> Ratio:
     """Ratio of medians candidate/baseline when each side is several runs of per-repeat values.
 
     Repeats of one run share a process start, a machine state and (for stored baselines) a job, so
@@ -162,17 +272,18 @@ def hierarchical_ratio_ci(
     runs, the single run is judged against their spread: each bootstrap draw of its repeats is
     also scaled by one of the other side's run effects (``run_effects``), i.e. the candidate is
     treated as one more run that could have landed anywhere the baselines did. With one run on
-    each side only the repeats are resampled (``ratio_ci``), and between-run noise is not in the
-    interval at all; the gate documents that stored single baselines are the weakest evidence.
-    The point estimate pools all repeats of each side. Runs made in pairs: ``paired_ratio_ci``.
+    each side only the repeats are resampled, and between-run noise is not in the interval at all;
+    the gate documents that stored single baselines are the weakest evidence. The point estimate
+    pools all repeats of each side. Runs made side by side in lockstep: ``paired_ratio``.
     """
     b = [np.asarray(g, dtype=float) for g in baseline if len(g)]
     c = [np.asarray(g, dtype=float) for g in candidate if len(g)]
     if not b or not c:
         raise ValueError("hierarchical_ratio_ci needs at least one value on each side")
     point = float(np.median(np.concatenate(c)) / np.median(np.concatenate(b)))
+    n = min(sum(g.size for g in b), sum(g.size for g in c))
     if sum(g.size for g in b) < 2 and sum(g.size for g in c) < 2:
-        return point, point, point
+        return Ratio(point, point, point, n, "single")
     rng = np.random.default_rng(seed)
     cs = _two_stage_medians(c, rng.integers(0, len(c), size=(samples, len(c))), rng)
     bs = _two_stage_medians(b, rng.integers(0, len(b), size=(samples, len(b))), rng)
@@ -182,37 +293,4 @@ def hierarchical_ratio_ci(
         bs = bs * rng.choice(run_effects(c), size=samples)
     r = cs / bs
     alpha = (1 - confidence) / 2
-    return point, float(np.quantile(r, alpha)), float(np.quantile(r, 1 - alpha))
-
-
-def t_quantile(p: float, df: int) -> float:
-    """Quantile of Student's t (p >= 0.5), by integrating its density: numpy only, 1e-4 accurate."""
-    x = np.linspace(0.0, 200.0, 400_001)
-    log_pdf = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-    pdf = np.exp(log_pdf - (df + 1) / 2 * np.log1p(x * x / df))
-    cdf = 0.5 + np.concatenate([[0.0], np.cumsum((pdf[1:] + pdf[:-1]) / 2 * np.diff(x))])
-    return float(np.interp(p, cdf, x))
-
-
-def paired_ratio_ci(
-    baseline: list[np.ndarray], candidate: list[np.ndarray], *, confidence: float = CONFIDENCE
-) -> tuple[float, float, float]:
-    """Ratio candidate/baseline from runs made in pairs (round i of each side back to back).
-
-    Whatever the machine was doing during a round hit both of its runs, so each round gives one
-    log ratio of run medians, ``d_i = log(median(c_i) / median(b_i))``, in which that shared state
-    cancels; the estimate is ``exp(mean(d))`` with a Student t interval over the rounds.
-
-    Why not the bootstrap used elsewhere: the unit here is the round, and a gate has 3 to 10 of
-    them. A percentile bootstrap over so few values is far too narrow (it cannot reach past the
-    most extreme round), while t with n−1 degrees of freedom is exact for normal log ratios and
-    widens honestly when rounds are few or disagree. Simulated on rounds with large shared drift,
-    pooling the repeats of all rounds lost most of the power the pairing should give; this keeps it.
-    Needs at least two pairs.
-    """
-    if len(baseline) != len(candidate) or len(baseline) < 2:
-        raise ValueError(f"paired_ratio_ci needs at least two pairs of runs, got {len(baseline)} and {len(candidate)}")
-    d = np.log([np.median(c) / np.median(b) for b, c in zip(baseline, candidate)])
-    half = t_quantile(1 - (1 - confidence) / 2, d.size - 1) * float(np.std(d, ddof=1)) / math.sqrt(d.size)
-    mean = float(np.mean(d))
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+    return Ratio(point, float(np.quantile(r, alpha)), float(np.quantile(r, 1 - alpha)), n, "unpaired")

@@ -80,7 +80,7 @@ import pandas as pd
 import tomllib
 
 from tpbench.analysis.bandwidth import busbw_factor
-from tpbench.analysis.stats import bootstrap_ci, repeat_medians
+from tpbench.analysis.stats import bootstrap_ci, repeat_values
 from tpbench.analysis.timeline import MARK_KINDS
 
 # --------------------------------------------------------------------------- fabrics
@@ -630,7 +630,7 @@ def case_model(
     skels = skeletons(marks_from_table(marks), intervals)
     if not skels:
         raise ValueError(f"case {case_id}: no profiled step common to all ranks")
-    reps = repeat_medians(step_rows)["step_ms"].to_numpy()
+    reps = repeat_values(step_rows)["step_ms"].to_numpy()
     return calibrated(case_id, params, skels, fit_host_path(skels, overlap), reps)
 
 
@@ -713,7 +713,7 @@ def validate(reference: CaseModel, targets: Iterable[Target], direction: str) ->
     (``refused`` says why; the numbers are NaN)."""
     rows = []
     for t in targets:
-        reps = repeat_medians(t.step_rows)["step_ms"].to_numpy()
+        reps = repeat_values(t.step_rows)["step_ms"].to_numpy()
         lo, hi = bootstrap_ci(reps)
         refused = reference.refused or t.refused
         pred = float("nan") if refused else reference.step_ms(t.fabric)

@@ -4,7 +4,7 @@ A comparison pairs two cases of one run that differ only in what is being compar
 algorithm, or the hook's implementation) and agree on every other parameter that varies, e.g.
 the interleaved and the sequential ZeRO hook at 4 MB buckets on loopback. Its number is the
 ratio of median step times, candidate / baseline, with the bootstrap interval of
-``analysis.stats.ratio_ci`` over per-repeat medians: repeats are the independent unit. A
+``analysis.stats.unpaired_ratio`` over per-repeat values: repeats are the independent unit. A
 difference is called only when the interval excludes 1; a case with a single repeat has no
 interval and is never called.
 
@@ -26,7 +26,7 @@ import pandas as pd
 from tpbench import compare as engine
 from tpbench.algorithms import ALGORITHMS, COMPARED_PAIRS, LOCALSGD, TUNING_KEYS, is_plain_ddp
 from tpbench.analysis import convergence
-from tpbench.analysis.stats import ratio_ci
+from tpbench.analysis.stats import unpaired_ratio
 from tpbench.environment import COMPARABLE_KEYS
 from tpbench.report.data import ReportData, context_text
 
@@ -145,7 +145,8 @@ def compare(data: ReportData, kind: Kind) -> list[Comparison]:
         for c in cands:
             for b in by_key.get(_key(c, keys), []):
                 base_reps, cand_reps = _repeats(b), _repeats(c)
-                ratio, lo, hi = ratio_ci(base_reps, cand_reps)
+                est = unpaired_ratio(base_reps, cand_reps)
+                ratio, lo, hi = est.ratio, est.lo, est.hi
                 out.append(
                     Comparison(
                         kind,
@@ -296,7 +297,8 @@ def fastest_lines(data: ReportData) -> list[str]:
         )
         if len(grp) > 1:
             second = grp.iloc[1].to_dict()
-            ratio, lo, hi = ratio_ci(_repeats(second), _repeats(best))
+            est = unpaired_ratio(_repeats(second), _repeats(best))
+            ratio, lo, hi = est.ratio, est.lo, est.hi
             if min(len(_repeats(best)), len(_repeats(second))) < 2:
                 line += f"; runner-up {_knobs(second, data)} (one repeat: no interval)"
             elif hi < 1:
@@ -343,7 +345,8 @@ def convergence_verdicts(data: ReportData) -> list[ConvergenceVerdict]:
         bt = reach_times(steps, c.run_id, base["case_id"], target)
         ratio = None
         if ct.notna().all() and bt.notna().all() and len(ct) and len(bt):
-            ratio = ratio_ci(bt.to_numpy(), ct.to_numpy())
+            est = unpaired_ratio(bt.to_numpy(), ct.to_numpy())
+            ratio = (est.ratio, est.lo, est.hi)
         out.append(
             ConvergenceVerdict(
                 c,
