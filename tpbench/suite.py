@@ -179,6 +179,11 @@ class Case:
         """Cases with the same key share one world of rank processes."""
         return (self.world_size, self.backend, self.device, self.interconnect)
 
+    @classmethod
+    def world_of(cls, params: Mapping[str, Any]) -> tuple[int, str, str, str]:
+        """``launch_key`` from a case's stored parameters."""
+        return (params["world_size"], params["backend"], params["device"], params["interconnect"])
+
     def label(self, varying: Iterable[str] = ()) -> str:
         """A short human name: the algorithm plus the values of the keys that vary in the suite."""
         parts = [self.algorithm + ("" if self.impl in (None, "tpbench") else f"[{self.impl}]")]
@@ -701,3 +706,9 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float) and v.is_integer():
         return str(int(v))
     return str(v)
+
+
+def ran_together(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two cases of one run (stored parameters) shared a world, and so ran round by round:
+    repeat i of each in round i, next to each other in time (``launch.interleave``)."""
+    return Case.world_of(a) == Case.world_of(b)

@@ -162,6 +162,19 @@ def unpaired_ratio(baseline: np.ndarray, candidate: np.ndarray, *, confidence: f
     return Ratio(math.exp(diff), math.exp(diff - half), math.exp(diff + half), n, "unpaired")
 
 
+def case_ratio(
+    baseline: Mapping[int, float], candidate: Mapping[int, float], *, paired: bool, confidence: float = CONFIDENCE
+) -> Ratio:
+    """Two cases of one run, each as repeat → value: paired by repeat when they ran round by round
+    in the same world (``paired``, see ``suite.ran_together``) and share at least two rounds,
+    else unpaired. The rule every within-run comparison (report, ``tpbench compare RUN``) uses."""
+    if paired and len(set(baseline) & set(candidate)) >= 2:
+        return paired_ratio(baseline, candidate, confidence=confidence)
+    return unpaired_ratio(
+        np.fromiter(baseline.values(), float), np.fromiter(candidate.values(), float), confidence=confidence
+    )
+
+
 def bootstrap_ci(
     values: np.ndarray,
     statistic: Callable[[np.ndarray], np.ndarray] = lambda a: np.median(a, axis=-1),
