@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from dataclasses import astuple
@@ -277,6 +278,8 @@ def test_runs_differing_only_in_repeats_match_case_by_case_in_compare_and_report
     assert sorted(data.cases["label"]) == ["ddp", "ddp", "zero_no_overlap", "zero_no_overlap"]
     html = build_report(data.runs)
     assert "over 2 common case(s): 1 regression, 1 pass" in html
+    (line,) = verdicts.across_runs_lines(data, [engine])
+    assert "; the intervals resolve ±" in line and re.search(r"\(regression, resolves ±\d+(\.\d)?%\)\.$", line)
 
 
 def rename_case_ids(run: Path, new: Callable[[str], str]) -> None:

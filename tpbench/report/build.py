@@ -137,7 +137,12 @@ def _headlines(
     page.bullets(lines, css="verdicts")
     if more:
         page.details_list(f"{len(more)} more: each ZeRO hook against zero_no_overlap", more)
-    notes = "Intervals: 95% bootstrap over repeats; a difference is called only when its interval excludes no change."
+    notes = (
+        "Intervals: 95% t interval over rounds, paired by round for cases of one world (each round's ratio "
+        "measured side by side), unpaired (Welch) for cases of different worlds; a difference is called only when "
+        'its interval excludes no change, and "this run resolves ±x%" is the interval\'s half-width, the '
+        "smallest difference it could have told from none."
+    )
     if any(comparisons.get(k.key) for k in verdicts.ZERO_KINDS):
         notes += " " + "; ".join(f"{short} = {name}" for name, short in verdicts.SHORT.items()) + "."
     page.paragraph(notes, css="muted")
@@ -206,7 +211,7 @@ def _across_runs_table(page: Page, data: ReportData, cross: list[compare.Compari
         f"The same case (same identity: parameters less budget keys such as repeats) in each run "
         f"against the first run, judged as `tpbench compare FIRST RUN` judges it: ratio of median step "
         f"times with its {cross[0].confidence:.0%} bootstrap interval over repeats, threshold "
-        f"±{cross[0].threshold:.0%}.",
+        f'±{cross[0].threshold:.0%}; "resolves": the interval\'s half-width.',
         css="muted",
     )
     rows = [
@@ -216,6 +221,7 @@ def _across_runs_table(page: Page, data: ReportData, cross: list[compare.Compari
             "case": verdicts.case_label(data, c, r.case_id),
             "ratio": r.ratio,
             f"{c.confidence:.0%} CI": f"[{r.ci_lo:.3g}, {r.ci_hi:.3g}]" if r.ci_lo is not None else "",
+            "resolves": f"±{r.half_width:.1%}" if r.half_width is not None else "",
             "verdict": r.verdict,
             "note": r.reason,
         }

@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from tpbench.report.data import ReportData, context_text
 from tpbench.report.figures import LEGEND_BELOW, MARGIN
 from tpbench.report.html import Page, plot_text
-from tpbench.report.verdicts import Comparison
+from tpbench.report.verdicts import Comparison, resolution
 
 BASELINE = "allreduce"
 _WINNER = {
@@ -44,8 +44,9 @@ def section(page: Page, data: ReportData, interleaved_vs_sequential: list[Compar
     page.paragraph(
         "Each line is one bucket size (and setting): the winner of hook_with_zero_step_interleaved against "
         "hook_with_zero_step when both wrap the same communication hook (interleaved / sequential step time, 95% "
-        "bootstrap CI over repeats; a winner is named only when the interval excludes 1), and whether compression "
-        "changes it from the all-reduce hook's.",
+        "t interval over rounds, paired by round when the two ran in one world; a winner is named only when the "
+        "interval excludes 1; ± is its half-width, the smallest difference the run could resolve), and whether "
+        "compression changes it from the all-reduce hook's.",
         css="muted",
     )
     page.bullets(lines, css="verdicts")
@@ -119,7 +120,7 @@ def _wins(c: Comparison) -> str:
 
 def _ratio(c: Comparison) -> str:
     interval = "" if c.verdict == "single" else f" [{c.lo:.3f}, {c.hi:.3f}]"
-    return f"interleaved/sequential {c.ratio:.3f}{interval}"
+    return f"interleaved/sequential {c.ratio:.3f}{interval}; {resolution([c.est])}"
 
 
 def _figure(comparisons: list[Comparison]) -> go.Figure:

@@ -16,6 +16,7 @@ from plotly.subplots import make_subplots
 
 from tpbench.analysis import convergence
 from tpbench.analysis.convergence import TARGET_RELATIVE_GAP
+from tpbench.analysis.stats import Ratio
 from tpbench.report.data import ReportData
 from tpbench.report.figures import LEGEND_BELOW, MARGIN
 from tpbench.report.html import Page, plot_text
@@ -111,24 +112,21 @@ def _time_to_target(page: Page, data: ReportData, verdicts: list[ConvergenceVerd
     table = []
     for r in rows.to_dict("records"):
         v = vs.get((r["run_id"], r["case_id"]))
-        ratio = v.reach_ratio if v else None
+        est = v.reach_ratio if v else None
         table.append(
             {
                 **({"run": r["run"]} if data.multi else {}),
                 "case": r["label"],
                 **{c: r.get(c) for c in cols},
-                "time to target vs DDP": f"{ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}]"
-                if ratio and v.repeats >= 2
-                else f"{ratio[0]:.2f}"
-                if ratio
-                else "",
+                "time to target vs DDP": _ratio_cell(est),
                 "final loss − DDP": v.final_delta if v else None,
             }
         )
     page.heading("Time to target", level=3)
     page.paragraph(
         "Median over repeats; a case reaches the target only if every repeat does (otherwise blank). "
-        "Ratios: candidate / DDP training time to target, with 95% bootstrap interval over repeats.",
+        "Ratios: candidate / DDP training time to target, with its 95% t interval over repeats (paired by round "
+        "when both ran in one world) and its half-width, the smallest difference it could resolve.",
         css="muted",
     )
     page.table(
@@ -145,6 +143,14 @@ def _time_to_target(page: Page, data: ReportData, verdicts: list[ConvergenceVerd
         float_format="{:.4g}",
         scroll=len(table) > 20,
     )
+
+
+def _ratio_cell(est: Ratio | None) -> str:
+    if est is None:
+        return ""
+    if not est.has_interval:
+        return f"{est.ratio:.2f} (one repeat)"
+    return f"{est.ratio:.2f} [{est.lo:.2f}, {est.hi:.2f}] ±{est.half_width:.1%}"
 
 
 def _drift(page: Page, curves: pd.DataFrame) -> None:

@@ -93,8 +93,8 @@ def heatmaps(page: Page, data: ReportData, comparisons: dict[str, list[Compariso
         return
     page.heading("Speedups", anchor="speedups")
     page.paragraph(
-        "Ratio of median step times (candidate / baseline) per matched pair of cases, with its 95% "
-        "bootstrap interval; below 1 (blue) the candidate is faster.",
+        "Step time ratio (candidate / baseline) per matched pair of cases, with its 95% interval (paired by "
+        "round when the two ran in one world); below 1 (blue) the candidate is faster.",
         css="muted",
     )
     for key, cs in present.items():
@@ -150,6 +150,11 @@ def comparisons_table(page: Page, data: ReportData, comparisons: list[Comparison
     if not comparisons:
         return
     page.heading("All comparisons", anchor="comparisons")
+    page.paragraph(
+        "resolves: the half-width of the ratio's 95% interval, the smallest difference the comparison could have "
+        "told from none; paired: the rounds of a paired ratio (the two cases ran in one world), else unpaired.",
+        css="muted",
+    )
     rows = [
         {
             **({"run": data.tags[c.run_id]} if data.multi else {}),
@@ -160,6 +165,8 @@ def comparisons_table(page: Page, data: ReportData, comparisons: list[Comparison
             "baseline ms": c.baseline["median_ms"],
             "ratio": c.ratio,
             "95% CI": f"[{c.lo:.3g}, {c.hi:.3g}]",
+            "resolves": f"±{c.est.half_width:.1%}" if c.est.has_interval else "",
+            "paired": f"{c.est.n} rounds" if c.est.method == "paired" else c.est.method,
             "verdict": change_text(c),
         }
         for c in comparisons

@@ -2,10 +2,13 @@
 
 A comparison pairs two cases of one run that differ only in what is being compared (the
 algorithm, or the hook's implementation) and agree on every other parameter that varies, e.g.
-the interleaved and the sequential ZeRO hook at 4 MB buckets on loopback. Its number is the
-ratio of median step times, candidate / baseline, with the bootstrap interval of
-``analysis.stats.unpaired_ratio`` over per-repeat values: repeats are the independent unit. A
-difference is called only when the interval excludes 1; a case with a single repeat has no
+the interleaved and the sequential ZeRO hook at 4 MB buckets on loopback. Its number is
+``stats.case_ratio`` of the two cases' per-repeat values (repeats are the independent unit):
+paired by round when the two ran in the same world (``suite.ran_together``: repeat i of each
+measured next to each other, so whatever the machine did then cancels in their ratio), else
+unpaired. A difference is called only when the interval excludes 1; every statement of a
+comparison also says its half-width, what the run could resolve, so "no clear difference" is
+never said without how small a difference would have shown. A case with a single repeat has no
 interval and is never called.
 
 Parameters that do not apply to one side (``shard_buckets`` for ``zero_no_overlap``, collapsed
@@ -18,7 +21,7 @@ from __future__ import annotations
 import collections
 import json
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -26,9 +29,10 @@ import pandas as pd
 from tpbench import compare as engine
 from tpbench.algorithms import ALGORITHMS, COMPARED_PAIRS, LOCALSGD, TUNING_KEYS, is_plain_ddp
 from tpbench.analysis import convergence
-from tpbench.analysis.stats import unpaired_ratio
+from tpbench.analysis.stats import Ratio, case_ratio
 from tpbench.environment import COMPARABLE_KEYS
 from tpbench.report.data import ReportData, context_text
+from tpbench.suite import ran_together
 
 # Short words for algorithms in sentences; the report spells them out once beside the verdicts.
 SHORT = {a.name: a.short for a in ALGORITHMS.values() if a.short}
@@ -96,10 +100,19 @@ class Comparison:
     baseline: dict[str, Any]
     context: dict[str, Any]  # the parameters both sides share (matched on)
     variant: dict[str, Any]  # candidate parameters the baseline lacks, e.g. shard_buckets against zero_no_overlap
-    ratio: float
-    lo: float
-    hi: float
-    repeats: int  # the fewer repeats of the two sides
+    est: Ratio  # candidate / baseline step time (``stats.case_ratio``)
+
+    @property
+    def ratio(self) -> float:
+        return self.est.ratio
+
+    @property
+    def lo(self) -> float:
+        return self.est.lo
+
+    @property
+    def hi(self) -> float:
+        return self.est.hi
 
     @property
     def name(self) -> str:
@@ -110,13 +123,23 @@ class Comparison:
     @property
     def verdict(self) -> str:
         """faster / slower (the candidate, with the interval excluding 1), unclear, or single (no interval)."""
-        if self.repeats < 2:
-            return "single"
-        if self.hi < 1:
-            return "faster"
-        if self.lo > 1:
-            return "slower"
-        return "unclear"
+        return verdict_of(self.est)
+
+
+def verdict_of(est: Ratio) -> str:
+    """faster / slower (the interval of candidate / baseline excludes 1), unclear, or single (no interval)."""
+    if not est.has_interval:
+        return "single"
+    if est.hi < 1:
+        return "faster"
+    if est.lo > 1:
+        return "slower"
+    return "unclear"
+
+
+def case_estimate(baseline: dict[str, Any], candidate: dict[str, Any]) -> Ratio:
+    """candidate / baseline step time of two cases of one run, by the one rule (``stats.case_ratio``)."""
+    return case_ratio(repeat_values(baseline), repeat_values(candidate), paired=ran_together(baseline, candidate))
 
 
 def compare(data: ReportData, kind: Kind) -> list[Comparison]:
@@ -144,9 +167,6 @@ def compare(data: ReportData, kind: Kind) -> list[Comparison]:
             by_key.setdefault(_key(b, keys), []).append(b)
         for c in cands:
             for b in by_key.get(_key(c, keys), []):
-                base_reps, cand_reps = _repeats(b), _repeats(c)
-                est = unpaired_ratio(base_reps, cand_reps)
-                ratio, lo, hi = est.ratio, est.lo, est.hi
                 out.append(
                     Comparison(
                         kind,
@@ -155,10 +175,7 @@ def compare(data: ReportData, kind: Kind) -> list[Comparison]:
                         b,
                         {k: c.get(k) for k in keys},
                         {k: c.get(k) for k in variant if _present(c.get(k))},
-                        ratio,
-                        lo,
-                        hi,
-                        min(len(base_reps), len(cand_reps)),
+                        case_estimate(b, c),
                     )
                 )
     return out
@@ -172,11 +189,15 @@ def _key(row: dict[str, Any], keys: list[str]) -> str:
     return json.dumps([row.get(k) for k in keys], default=str)
 
 
-def _repeats(row: dict[str, Any]) -> np.ndarray:
+def repeat_values(row: dict[str, Any]) -> dict[int, float]:
+    """A case's per-repeat values (summary's ``repeat_medians_ms``) keyed by repeat (``repeat_ids``;
+    their positions for a summary without them); its median alone when it has no per-repeat values."""
     reps = row.get("repeat_medians_ms")
     if reps is None or (isinstance(reps, float) and np.isnan(reps)):
-        return np.array([row["median_ms"]], dtype=float)
-    return np.asarray(reps, dtype=float)
+        return {0: float(row["median_ms"])}
+    ids = row.get("repeat_ids")
+    ids = range(len(reps)) if ids is None or (isinstance(ids, float) and np.isnan(ids)) else ids
+    return {int(i): float(v) for i, v in zip(ids, reps)}
 
 
 # --- words -------------------------------------------------------------------------------------
@@ -197,15 +218,29 @@ def _signed(ratio: float, lo: float | None = None, hi: float | None = None) -> s
     return one(ratio) + (f" [{one(lo)}, {one(hi)}]" if lo is not None and hi is not None else "")
 
 
+def resolution(ests: Iterable[Ratio]) -> str:
+    """What one or several comparisons could resolve: "this run resolves ±4.0%" (the interval's
+    half-width, the smallest difference it could have told from none), for several the largest
+    ("±4.0% or better at each"); "one repeat: no interval" where there is none."""
+    ests = list(ests)
+    widths = [e.half_width for e in ests if e.has_interval]
+    if not widths:
+        return "one repeat: no interval"
+    text = f"this run resolves ±{_pct(max(widths))}" + (" or better at each" if len(widths) > 1 else "")
+    missing = len(ests) - len(widths)
+    return text + (f", {missing} with one repeat and no interval" if missing else "")
+
+
 def change_text(c: Comparison) -> str:
-    """The change as text: "12% [8%, 15%] faster", "5% [2%, 9%] slower", or a signed change with its interval."""
+    """The change as text: "12% [8%, 15%] faster", "5% [2%, 9%] slower", "no clear difference (+1% [-3%, +5%]
+    step time)" or, with one repeat, the signed change alone (``resolution`` says what it could resolve)."""
     if c.verdict == "faster":
         return f"{_pct(1 - c.ratio)} [{_pct(1 - c.hi)}, {_pct(1 - c.lo)}] faster"
     if c.verdict == "slower":
         return f"{_pct(c.ratio - 1)} [{_pct(c.lo - 1)}, {_pct(c.hi - 1)}] slower"
     if c.verdict == "single":
-        return f"{_signed(c.ratio)} step time (one repeat: no interval)"
-    return f"{_signed(c.ratio, c.lo, c.hi)} step time, not a clear difference"
+        return f"{_signed(c.ratio)} step time"
+    return f"no clear difference ({_signed(c.ratio, c.lo, c.hi)} step time)"
 
 
 def sentence(c: Comparison, keys: list[str]) -> str:
@@ -213,14 +248,15 @@ def sentence(c: Comparison, keys: list[str]) -> str:
     ctx = f" {ctx}" if ctx else ""
     name, base = c.name, c.kind.baseline
     if c.verdict in ("faster", "slower"):
-        return f"{name} is {change_text(c)} than {base}{ctx}."
-    return f"{name} vs {base}{ctx}: {change_text(c)}."
+        return f"{name} is {change_text(c)} than {base}{ctx} ({resolution([c.est])})."
+    return f"{name} vs {base}{ctx}: {change_text(c)} ({resolution([c.est])})."
 
 
 def group_sentences(comparisons: list[Comparison], prefix: str = "") -> list[str]:
-    """One line per kind and setting; bucket sizes of one setting are folded into that line
-    ("interleaved is faster than sequential at 1, 4 MB buckets on loopback (most: 15% [8%, 20%]
-    at 4 MB); sequential wins at 25 MB (by 5% [2%, 9%])")."""
+    """One line per kind and setting; bucket sizes of one setting are folded into that line, each
+    part with the largest half-width among its sizes ("interleaved is faster than sequential at 1,
+    4 MB buckets on loopback (most: 15% [8%, 20%] at 4 MB; this run resolves ±6.0% or better at
+    each); sequential wins at 25 MB (...)")."""
     groups: dict[tuple, list[Comparison]] = {}
     for c in comparisons:
         rest = tuple(
@@ -245,17 +281,18 @@ def group_sentences(comparisons: list[Comparison], prefix: str = "") -> list[str
             best = faster[0]
             parts.append(
                 f"{name} is faster than {base} at {_sizes(faster, group)}{ctx} "
-                f"(most: {change_text(best).removesuffix(' faster')} at {_mb(best)})"
+                f"(most: {change_text(best).removesuffix(' faster')} at {_mb(best)}; "
+                f"{resolution(c.est for c in faster)})"
             )
         if slower:
             worst = slower[0]
             parts.append(
                 f"{base} wins at {_sizes(slower, group)}{ctx if not faster else ''} "
-                f"({name} up to {change_text(worst)} at {_mb(worst)})"
+                f"({name} up to {change_text(worst)} at {_mb(worst)}; {resolution(c.est for c in slower)})"
             )
         if other:
             head = "" if parts else f"{name} vs {base}{ctx}: "
-            parts.append(f"{head}no clear difference at {_sizes(other, group)}")
+            parts.append(f"{head}no clear difference at {_sizes(other, group)} ({resolution(c.est for c in other)})")
         lines.append(prefix + "; ".join(parts) + ".")
     return lines
 
@@ -279,15 +316,20 @@ def _knobs(row: dict[str, Any], data: ReportData) -> str:
     return " ".join([row["algo"], *knobs])
 
 
+def _geometric_mean(values: dict[int, float]) -> float:
+    return float(np.exp(np.mean(np.log(list(values.values())))))
+
+
 def fastest_lines(data: ReportData) -> list[str]:
     """Per run and setting: the fastest case, its interval, and how sure we are that it beats the runner-up."""
     done = data.done
     setting = [k for k in data.context_keys if k not in TUNING_KEYS]
     lines = []
     for _, grp in done.groupby(["run_id", *setting], dropna=False, sort=False):
-        # Ranked by the statistic the ratio below compares (median of per-repeat medians), so the
-        # fastest is never "slower" than its runner-up.
-        grp = grp.assign(_rank=[float(np.median(_repeats(r))) for r in grp.to_dict("records")]).sort_values("_rank")
+        # Ranked by the statistic the ratio below compares (geometric mean of per-repeat values),
+        # so the fastest is never "slower" than its runner-up.
+        records = grp.to_dict("records")
+        grp = grp.assign(_rank=[_geometric_mean(repeat_values(r)) for r in records]).sort_values("_rank")
         best = grp.iloc[0].to_dict()
         where = context_text(best, setting)
         head = f"[{best['run']}] " if data.multi else ""
@@ -297,18 +339,18 @@ def fastest_lines(data: ReportData) -> list[str]:
         )
         if len(grp) > 1:
             second = grp.iloc[1].to_dict()
-            est = unpaired_ratio(_repeats(second), _repeats(best))
-            ratio, lo, hi = est.ratio, est.lo, est.hi
-            if min(len(_repeats(best)), len(_repeats(second))) < 2:
-                line += f"; runner-up {_knobs(second, data)} (one repeat: no interval)"
-            elif hi < 1:
+            est = case_estimate(second, best)
+            if not est.has_interval:
+                line += f"; runner-up {_knobs(second, data)} ({resolution([est])})"
+            elif est.hi < 1:
                 line += (
-                    f", {_pct(1 - ratio)} [{_pct(1 - hi)}, {_pct(1 - lo)}] "
-                    f"faster than the runner-up {_knobs(second, data)}"
+                    f", {_pct(1 - est.ratio)} [{_pct(1 - est.hi)}, {_pct(1 - est.lo)}] "
+                    f"faster than the runner-up {_knobs(second, data)} ({resolution([est])})"
                 )
             else:
                 line += (
-                    f", not clearly ahead of the runner-up {_knobs(second, data)} ({_signed(ratio, lo, hi)} step time)"
+                    f", not clearly ahead of the runner-up {_knobs(second, data)} "
+                    f"({_signed(est.ratio, est.lo, est.hi)} step time; {resolution([est])})"
                 )
         lines.append(line + ".")
     return lines
@@ -320,18 +362,17 @@ def fastest_lines(data: ReportData) -> list[str]:
 @dataclass(frozen=True)
 class ConvergenceVerdict:
     comparison: Comparison
-    reach_ratio: tuple[float, float, float] | None  # time to target, candidate / baseline, with CI
+    reach_ratio: Ratio | None  # training time to target, candidate / baseline (``stats.case_ratio`` over repeats)
     cand_reached: int  # repeats of the candidate that reached the target
     base_reached: int
     cand_time_s: float
     base_time_s: float
     final_delta: float  # median final held-out loss, candidate − baseline (nats)
-    repeats: int
 
 
 def convergence_verdicts(data: ReportData) -> list[ConvergenceVerdict]:
-    """Post-local SGD against DDP: training time to the target loss (ratio with CI over repeats),
-    and where the held-out loss ends."""
+    """Post-local SGD against DDP: training time to the target loss (ratio with CI over repeats,
+    paired by round when the two ran in one world), and where the held-out loss ends."""
     steps = data.steps()
     if steps.empty or "heldout_loss" not in steps or "target_loss" not in data.cases:
         return []
@@ -345,8 +386,7 @@ def convergence_verdicts(data: ReportData) -> list[ConvergenceVerdict]:
         bt = reach_times(steps, c.run_id, base["case_id"], target)
         ratio = None
         if ct.notna().all() and bt.notna().all() and len(ct) and len(bt):
-            est = unpaired_ratio(bt.to_numpy(), ct.to_numpy())
-            ratio = (est.ratio, est.lo, est.hi)
+            ratio = case_ratio(bt.to_dict(), ct.to_dict(), paired=ran_together(base, cand))
         out.append(
             ConvergenceVerdict(
                 c,
@@ -356,7 +396,6 @@ def convergence_verdicts(data: ReportData) -> list[ConvergenceVerdict]:
                 float(ct.median()),
                 float(bt.median()),
                 float(cand["final_heldout_loss"] - base["final_heldout_loss"]),
-                min(len(ct), len(bt)),
             )
         )
     return out
@@ -380,20 +419,23 @@ def convergence_sentence(v: ConvergenceVerdict, keys: list[str]) -> str:
     who = f"post-local SGD ({setting}{', ' + ctx if ctx else ''})"
     ends = _ends(v.final_delta)
     if v.reach_ratio is not None:
-        r, lo, hi = v.reach_ratio
-        if v.repeats < 2:
-            reach = (
-                f"reaches the target in {v.cand_time_s:.3g} s of training vs DDP's {v.base_time_s:.3g} s "
-                "(one repeat: no interval)"
-            )
+        est = v.reach_ratio
+        r, lo, hi = est.ratio, est.lo, est.hi
+        said = resolution([est])
+        if not est.has_interval:
+            reach = f"reaches the target in {v.cand_time_s:.3g} s of training vs DDP's {v.base_time_s:.3g} s ({said})"
         elif hi < 1:
-            reach = f"reaches the target in {_pct(1 - r)} [{_pct(1 - hi)}, {_pct(1 - lo)}] less training time than DDP"
+            reach = (
+                f"reaches the target in {_pct(1 - r)} [{_pct(1 - hi)}, {_pct(1 - lo)}] less training time than DDP "
+                f"({said})"
+            )
         elif lo > 1:
             reach = (
-                f"needs {_pct(r - 1)} [{_pct(lo - 1)}, {_pct(hi - 1)}] more training time than DDP to reach the target"
+                f"needs {_pct(r - 1)} [{_pct(lo - 1)}, {_pct(hi - 1)}] more training time than DDP to reach the "
+                f"target ({said})"
             )
         else:
-            reach = f"reaches the target in about the same training time as DDP ({_signed(r, lo, hi)})"
+            reach = f"reaches the target in about the same training time as DDP ({_signed(r, lo, hi)}; {said})"
     elif v.cand_reached == 0:
         reach = "never reaches the target" + (
             f" (DDP does, in {v.base_time_s:.3g} s)" if v.base_reached else " (nor does DDP)"
@@ -407,11 +449,12 @@ def convergence_sentence(v: ConvergenceVerdict, keys: list[str]) -> str:
 
 
 def _steps_phrase(c: Comparison) -> str:
+    said = resolution([c.est])
     if c.verdict in ("faster", "slower"):
-        return f"its steps are {change_text(c)} than DDP's"
+        return f"its steps are {change_text(c)} than DDP's ({said})"
     if c.verdict == "single":
-        return f"its step time differs by {_signed(c.ratio)} from DDP's (one repeat: no interval)"
-    return f"its step time is not clearly different from DDP's ({_signed(c.ratio, c.lo, c.hi)})"
+        return f"its step time differs by {_signed(c.ratio)} from DDP's ({said})"
+    return f"its step time is not clearly different from DDP's ({_signed(c.ratio, c.lo, c.hi)}; {said})"
 
 
 def _ends(delta: float) -> str:
@@ -445,6 +488,8 @@ def case_label(data: ReportData, c: engine.Comparison, case_id: str) -> str:
 
 
 def across_runs_lines(data: ReportData, comps: list[engine.Comparison]) -> list[str]:
+    """Per later run: the tally of verdicts against the first run, the range of what its intervals
+    resolve (``CaseResult.half_width``) and the largest change called."""
     lines = []
     for c in comps:
         judged = [r for r in c.cases if r.ratio is not None]
@@ -458,10 +503,19 @@ def across_runs_lines(data: ReportData, comps: list[engine.Comparison]) -> list[
             f"{len(judged)} common case(s): {tally} (threshold ±{c.threshold:.0%}); median step-time ratio "
             f"{np.median(ratios):.3g} (range {ratios.min():.3g}–{ratios.max():.3g})"
         )
+        widths = sorted(r.half_width for r in judged if r.half_width is not None and np.isfinite(r.half_width))
+        line += (
+            f"; the intervals resolve ±{_pct(widths[0])} to ±{_pct(widths[-1])} (median ±{_pct(np.median(widths))})"
+            if widths
+            else "; no case has an interval (too few repeats)"
+        )
         called = [r for r in judged if r.verdict in (engine.REGRESSION, engine.IMPROVEMENT)]
         if called:
             big = max(called, key=lambda r: abs(np.log(r.ratio)))
             change = _signed(big.ratio, big.ci_lo, big.ci_hi)
-            line += f"; largest change: {case_label(data, c, big.case_id)}, {change} ({big.verdict})"
+            line += (
+                f"; largest change: {case_label(data, c, big.case_id)}, {change} ({big.verdict}, "
+                f"resolves ±{_pct(big.half_width)})"
+            )
         lines.append(line + ".")
     return lines
