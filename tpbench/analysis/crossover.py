@@ -11,14 +11,20 @@ that line falls: each (link, bucket size, ...) gives a point
   Without overlap, the communication figure is what the link costs, not what was left exposed.
   The reference matches the pair on every parameter it has, ``comm_hook`` included, so a pair
   wrapping a compression hook sits at its own, compressed, comm:compute.
-- y: interleaved / sequential step time, a ratio of medians of per-repeat medians with a
-  t interval (``stats.unpaired_ratio``): repeats are the independent unit.
+- y: interleaved / sequential step time by ``stats.case_ratio`` over per-repeat values. The two
+  cases agree on every parameter but the algorithm, so on their world too: they ran round by round
+  and the ratio is paired by round (the geometric mean of per-round ratios, t interval over rounds).
 
-The crossover is where a straight line through log y against log x crosses zero, weighted by
-each point's bootstrap variance, so a point measured while the machine was busy counts less. Its
-CI comes from refitting on bootstrap resamples of every point's repeats. A line is a summary, not
-a law: the report shows the points, so a curve that bends is seen. When the fitted line does not
-cross 1 inside the measured range of x, that is the answer, stated with the numbers.
+A crossover is named only when the data place it: at least one point where interleaved is clearly
+faster (interval below 1) and one where sequential is (interval above 1), every clear win of one on
+the low side of every clear win of the other. Then the value given is where a straight line through
+log y against log x crosses zero (weighted by each point's bootstrap variance, so a point measured
+while the machine was busy counts less), with a CI from refitting on bootstrap resamples of the
+rounds (each round's pair kept together), or, when the line crosses elsewhere, the gap between the
+last clear win of one and the first of the other. Otherwise the statement says what the points do
+show: one hook faster at every point, or both within ±x% at every point (every interval inside
+[1−x, 1+x]), with the measured range of x. A line is a summary, not a law: the report shows the
+points, so a curve that bends is seen.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import pandas as pd
 
 from tpbench.algorithms import INTERLEAVED, SEQUENTIAL
 from tpbench.algorithms import NO_OVERLAP as REFERENCE
-from tpbench.analysis.stats import BOOTSTRAP_SAMPLES, CONFIDENCE, repeat_values, unpaired_ratio
+from tpbench.analysis.stats import BOOTSTRAP_SAMPLES, CONFIDENCE, case_ratio, half_width, repeat_values, windows_of
 
 _NOT_PARAMS = ("case_id", "algorithm", "label", "status", "error", "detail")
 
@@ -45,13 +51,22 @@ def ratio_points(cases: pd.DataFrame, steps: pd.DataFrame, summary: pd.DataFrame
     parameters, ``sequential_case``, ``interleaved_case``, ``comm_compute`` and the algorithm it
     was measured on (``comm_compute_from``), the sequential case's ``allreduce_bytes_per_step``
     (from the traces; it differs by wrapped hook), ``sequential_ms``/``interleaved_ms`` (medians of
-    repeat medians), ``ratio``, ``ratio_lo``, ``ratio_hi`` and the per-repeat medians of both
-    (``sequential_reps``, ``interleaved_reps``) for bootstraps downstream.
+    per-repeat values), ``ratio``, ``ratio_lo``, ``ratio_hi``, ``half_width`` (``stats.case_ratio``;
+    NaN with one repeat, which has no interval), ``paired``
+    and the per-repeat values of both (``sequential_reps``, ``interleaved_reps``; when paired,
+    the rounds both ran, in the same order) for the bootstrap downstream.
     """
     done = cases[cases["status"] == "done"] if "status" in cases else cases
     params = [c for c in done.columns if c not in _NOT_PARAMS]
-    reps = repeat_values(steps) if not steps.empty else pd.DataFrame(columns=["case_id", "repeat", "step_ms"])
-    by_case = {cid: g["step_ms"].to_numpy() for cid, g in reps.groupby("case_id")}
+    windows = windows_of({r["case_id"]: r for r in done.to_dict("records")})
+    reps = (
+        repeat_values(steps, windows=windows)
+        if not steps.empty
+        else pd.DataFrame(columns=["case_id", "repeat", "step_ms"])
+    )
+    by_case = {
+        cid: dict(zip(g["repeat"].astype(int), g["step_ms"].astype(float))) for cid, g in reps.groupby("case_id")
+    }
     figures = summary.set_index("case_id") if "case_id" in summary else pd.DataFrame()
     seq = done[done["algorithm"] == SEQUENTIAL]
     inter = done[done["algorithm"] == INTERLEAVED]
@@ -65,8 +80,11 @@ def ratio_points(cases: pd.DataFrame, steps: pd.DataFrame, summary: pd.DataFrame
         if i["case_id"] not in by_case:
             continue
         b, c = by_case[s["case_id"]], by_case[i["case_id"]]
-        est = unpaired_ratio(b, c)
-        ratio, lo, hi = est.ratio, est.lo, est.hi
+        # Equal on every parameter but the algorithm, world keys included: the pair ran together
+        # (``suite.ran_together``; analysis/ does not import the suite).
+        est = case_ratio(b, c, paired=True)
+        paired = est.method == "paired"
+        rounds = sorted(set(b) & set(c)) if paired else None
         ref = refs[_matches(refs, s, params, strict=False)]
         source = ref.iloc[0]["case_id"] if len(ref) else s["case_id"]
         rows.append(
@@ -77,13 +95,15 @@ def ratio_points(cases: pd.DataFrame, steps: pd.DataFrame, summary: pd.DataFrame
                 "comm_compute": _comm_compute(figures, source),
                 "comm_compute_from": REFERENCE if len(ref) else SEQUENTIAL,
                 "allreduce_bytes_per_step": _figure(figures, s["case_id"], "allreduce_bytes_per_step"),
-                "sequential_ms": float(np.median(b)),
-                "interleaved_ms": float(np.median(c)),
-                "ratio": ratio,
-                "ratio_lo": lo,
-                "ratio_hi": hi,
-                "sequential_reps": b.tolist(),
-                "interleaved_reps": c.tolist(),
+                "sequential_ms": float(np.median(list(b.values()))),
+                "interleaved_ms": float(np.median(list(c.values()))),
+                "ratio": est.ratio,
+                "ratio_lo": est.lo,
+                "ratio_hi": est.hi,
+                "half_width": est.half_width,
+                "paired": paired,
+                "sequential_reps": [b[k] for k in rounds] if paired else list(b.values()),
+                "interleaved_reps": [c[k] for k in rounds] if paired else list(c.values()),
             }
         )
     return pd.DataFrame(rows)
@@ -125,15 +145,18 @@ def _comm_compute(figures: pd.DataFrame, case_id: str) -> float:
 
 @dataclass(frozen=True)
 class Crossover:
-    """Where interleaved/sequential crosses 1, as comm:compute, from a log–log line fit.
+    """Where interleaved/sequential crosses 1, as comm:compute, if the data place it.
 
-    ``x`` is None when the fitted line does not cross 1 inside the measured range
-    [``x_min``, ``x_max``]; ``lo``/``hi`` are the bootstrap interval's ends and may fall outside
-    the range (then the data cannot place the crossover that precisely). ``slope`` is
-    d log(ratio) / d log(comm:compute): positive means interleaved wins below the crossover, as
-    PyTorch's documentation has it. ``crossing_share``: the share of bootstrap refits whose root
-    lies in the measured range. ``wins_below``/``wins_above``: points whose ratio CI lies wholly
-    below/above 1.
+    The fit: ``x`` is where the log–log line crosses 1, None when it does not inside the measured
+    range [``x_min``, ``x_max``]; ``lo``/``hi`` are its bootstrap interval's ends and may fall
+    outside the range. ``slope`` is d log(ratio) / d log(comm:compute): positive means interleaved
+    wins below the crossing, as PyTorch's documentation has it. ``crossing_share``: the share of
+    bootstrap refits whose root lies in the measured range.
+
+    The points: ``interleaved_at``/``sequential_at`` are the comm:compute of the points whose
+    interval lies wholly below/above 1 (that hook clearly faster); ``spread``: the smallest x with
+    every point's interval inside [1−x, 1+x]; ``half_width``: the largest interval half-width (both
+    NaN when no point has an interval). Points with one repeat have no interval and count for neither.
     """
 
     x: float | None
@@ -149,38 +172,107 @@ class Crossover:
     ratio_max: float
     crossing_share: float
     points: int
-    wins_below: int
-    wins_above: int
+    interleaved_at: tuple[float, ...]
+    sequential_at: tuple[float, ...]
+    spread: float
+    half_width: float
 
     def ratio_at(self, comm_compute: np.ndarray) -> np.ndarray:
         """The fitted line, interleaved/sequential at these comm:compute ratios (for plotting)."""
         return np.exp(self.intercept + self.slope * np.log(np.asarray(comm_compute, dtype=float)))
 
+    @property
+    def low_side(self) -> str | None:
+        """The hook whose clear wins all lie below every clear win of the other: the data place a
+        crossover between them. None when either hook has no clear win or their wins interleave."""
+        if not self.interleaved_at or not self.sequential_at:
+            return None
+        if max(self.interleaved_at) < min(self.sequential_at):
+            return "interleaved"
+        if max(self.sequential_at) < min(self.interleaved_at):
+            return "sequential"
+        return None
+
+    @property
+    def placed(self) -> bool:
+        return self.low_side is not None
+
+    @property
+    def gap(self) -> tuple[float, float] | None:
+        """Where the placed crossover lies by the points alone: from the low side's last clear win
+        to the high side's first."""
+        if self.low_side is None:
+            return None
+        low, high = (
+            (self.interleaved_at, self.sequential_at)
+            if self.low_side == "interleaved"
+            else (self.sequential_at, self.interleaved_at)
+        )
+        return max(low), min(high)
+
+    @property
+    def fit_placed(self) -> bool:
+        """The fitted line's crossing lies where the points place the crossover (the figure marks it then)."""
+        gap = self.gap
+        return gap is not None and self.x is not None and gap[0] <= self.x <= gap[1]
+
     def sentence(self) -> str:
-        """The finding in words, with its numbers."""
-        span = f"comm:compute {self.x_min:.2g}–{self.x_max:.2g}"
-        if self.x is None:
-            where = "above" if self.ratio_min > 1 else "below" if self.ratio_max < 1 else "around"
-            who = {
-                "above": "the sequential hook was never slower",
-                "below": "the interleaved hook was never slower",
-                "around": "neither hook wins consistently",
-            }[where]
-            return (
-                f"No crossover observed over {span} ({self.points} points): interleaved/sequential stays {where} 1 "
-                f"(ratios {self.ratio_min:.2f}–{self.ratio_max:.2f}); {who} in the fit."
+        """The finding in words, with its numbers: a crossover only where the points place it."""
+        span = f"comm:compute {_range((self.x_min, self.x_max))}"
+        measured = f"{self.points} points, each resolving ±{self.half_width:.1%} or better"
+        inter, seq, n = len(self.interleaved_at), len(self.sequential_at), self.points
+        if self.placed:
+            low = self.low_side
+            high = "sequential" if low == "interleaved" else "interleaved"
+            low_at, high_at = (
+                (self.interleaved_at, self.sequential_at)
+                if low == "interleaved"
+                else (self.sequential_at, self.interleaved_at)
             )
-        first, second = ("interleaved", "sequential") if self.slope > 0 else ("sequential", "interleaved")
-        evidence = (
-            f"{self.wins_below} point(s) significantly below 1 and {self.wins_above} significantly above"
-            if self.wins_below or self.wins_above
-            else "no single point differs from 1 significantly"
-        )
+            if self.fit_placed:
+                where = (
+                    f"≈ {self.x:.2g} [{self.lo:.2g}, {self.hi:.2g}] "
+                    f"({CONFIDENCE:.0%} CI of the fitted line's crossing; "
+                    f"{self.crossing_share:.0%} of bootstrap refits cross inside the measured range)"
+                )
+            else:
+                gap = self.gap
+                where = f"somewhere in {_range(gap)} (the fitted line crosses elsewhere)"
+            return (
+                f"{low.capitalize()} wins below comm:compute {where}, {high} above it: {low} clearly faster at "
+                f"{len(low_at)} point(s) (comm:compute {_range(low_at)}), {high} at {len(high_at)} "
+                f"({_range(high_at)}); measured over {span}, {measured}."
+            )
+        if inter and seq:
+            return (
+                f"No crossover placed within {span}: interleaved is clearly faster at {inter} point(s) (comm:compute "
+                f"{_range(self.interleaved_at)}) and sequential at {seq} ({_range(self.sequential_at)}), but their "
+                f"wins interleave along comm:compute, so no single crossing separates them ({measured})."
+            )
+        if not math.isfinite(self.half_width):
+            return f"No crossover placed within {span}: one repeat per point, so no point has an interval ({n} points)."
+        if not inter and not seq:
+            return (
+                f"No crossover within {span}: interleaved and sequential within ±{self.spread:.1%} at every "
+                f"measured point ({n} points)."
+            )
+        who, at = ("interleaved", self.interleaved_at) if inter else ("sequential", self.sequential_at)
+        other = "sequential" if inter else "interleaved"
+        by = f"interleaved/sequential {self.ratio_min:.3f}–{self.ratio_max:.3f}"
+        if len(at) == n:
+            return (
+                f"{who.capitalize()} faster at every measured point ({span}, {n} points, {by}); no crossover within it."
+            )
         return (
-            f"{first.capitalize()} wins below comm:compute ≈ {self.x:.2g} [{self.lo:.2g}, {self.hi:.2g}] "
-            f"({CONFIDENCE:.0%} CI), {second} above it; measured over {span}, {self.points} points, {evidence}; "
-            f"{self.crossing_share:.0%} of bootstrap refits cross 1 inside the measured range."
+            f"No crossover placed within {span}: {who} clearly faster at {len(at)} of {n} points (comm:compute "
+            f"{_range(at)}), no clear difference at the other {n - len(at)}, {other} never clearly faster "
+            f"({by}; every interval within ±{self.spread:.1%})."
         )
+
+
+def _range(xs: tuple[float, ...]) -> str:
+    lo, hi = min(xs), max(xs)
+    return f"{lo:.2g}" if f"{lo:.2g}" == f"{hi:.2g}" else f"{lo:.2g}–{hi:.2g}"
 
 
 def _wls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -199,21 +291,27 @@ def estimate_crossover(
 ) -> Crossover:
     """Fit log(ratio) = a + s·log(comm:compute) over ``ratio_points`` rows and find the root.
 
-    Each bootstrap sample redraws every point's repeats (both cases independently), recomputes
-    its ratio of medians and refits the line with the same weights; the root's percentile
-    interval is the CI. Needs at least two points with distinct, finite comm:compute.
+    Each bootstrap sample redraws every point's per-repeat values as the ratio was formed: a paired
+    point (``paired``) redraws rounds, each round's pair of values together, and takes the mean log
+    ratio; an unpaired one redraws each side's repeats on their own. The line is refitted with the
+    same weights, and the root's percentile interval is the CI. Needs at least two points with
+    distinct, finite comm:compute.
     """
     pts = points[np.isfinite(points["comm_compute"]) & (points["comm_compute"] > 0)]
     if len(pts) < 2 or pts["comm_compute"].nunique() < 2:
         raise ValueError("a crossover needs at least two points with distinct comm:compute ratios")
     rng = np.random.default_rng(seed)
     x = np.log(pts["comm_compute"].to_numpy(dtype=float))
+    paired = pts["paired"] if "paired" in pts else pd.Series(False, index=pts.index)
     draws = np.empty((len(pts), samples))
-    for j, (b, c) in enumerate(zip(pts["sequential_reps"], pts["interleaved_reps"])):
-        b, c = np.asarray(b, dtype=float), np.asarray(c, dtype=float)
-        bs = np.median(b[rng.integers(0, b.size, size=(samples, b.size))], axis=1)
-        cs = np.median(c[rng.integers(0, c.size, size=(samples, c.size))], axis=1)
-        draws[j] = np.log(cs / bs)
+    for j, (b, c, pair) in enumerate(zip(pts["sequential_reps"], pts["interleaved_reps"], paired)):
+        b, c = np.log(np.asarray(b, dtype=float)), np.log(np.asarray(c, dtype=float))
+        if pair:
+            d = c - b
+            draws[j] = d[rng.integers(0, d.size, size=(samples, d.size))].mean(axis=1)
+        else:
+            cs = c[rng.integers(0, c.size, size=(samples, c.size))].mean(axis=1)
+            draws[j] = cs - b[rng.integers(0, b.size, size=(samples, b.size))].mean(axis=1)
     y = np.log(pts["ratio"].to_numpy(dtype=float))
     # A point whose repeats never moved has zero variance; floor it at a 1% spread so one
     # lucky point cannot take all the weight.
@@ -229,6 +327,14 @@ def estimate_crossover(
     x_lo, x_hi = x.min(), x.max()
     inside = bool(np.isfinite(root) and x_lo <= root <= x_hi)
     slope_lo, slope_hi = np.quantile(s_b, [alpha, 1 - alpha])
+    cc, r_lo, r_hi = (pts[k].to_numpy(dtype=float) for k in ("comm_compute", "ratio_lo", "ratio_hi"))
+    widths = (
+        pts["half_width"].to_numpy(dtype=float)
+        if "half_width" in pts
+        else np.array([half_width(a, b) for a, b in zip(r_lo, r_hi)])
+    )
+    # A point without an interval (one repeat) is never a clear win, and bounds nothing.
+    known = np.isfinite(widths)
     return Crossover(
         x=float(np.exp(root)) if inside else None,
         lo=float(np.exp(lo)),
@@ -243,6 +349,8 @@ def estimate_crossover(
         ratio_max=float(pts["ratio"].max()),
         crossing_share=float(np.mean((roots >= x_lo) & (roots <= x_hi))),
         points=len(pts),
-        wins_below=int((pts["ratio_hi"] < 1).sum()),
-        wins_above=int((pts["ratio_lo"] > 1).sum()),
+        interleaved_at=tuple(float(v) for v in cc[known & (r_hi < 1)]),
+        sequential_at=tuple(float(v) for v in cc[known & (r_lo > 1)]),
+        spread=float(np.max(np.maximum(r_hi - 1, 1 - r_lo)[known])) if known.any() else math.nan,
+        half_width=float(np.max(widths[known])) if known.any() else math.nan,
     )

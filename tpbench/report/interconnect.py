@@ -37,12 +37,14 @@ def _crossover_section(page: Page, run: store.Loaded, suffix: str, anchor: str) 
     page.heading(f"Interleaved vs sequential ZeRO hook across links{suffix}", anchor=f"crossover{anchor}")
     page.paragraph(
         "Each point is one link, bucket size and wrapped communication hook: the step time of "
-        "hook_with_zero_step_interleaved over that of hook_with_zero_step (ratio of medians of per-repeat medians; "
-        "error bars: 95% bootstrap CI over repeats), "
+        "hook_with_zero_step_interleaved over that of hook_with_zero_step (geometric mean of per-round ratios; "
+        "error bars: 95% t interval over rounds, paired by round), "
         "against the communication:computation ratio of the no-overlap reference case on the same link and hook "
         f"({points['comm_compute_from'].iloc[0]}: traced communication time per step over compute time per step). "
-        "Below 1 the interleaved hook is faster. The line is a weighted fit of log ratio against log comm:compute; "
-        "the shaded band is the crossover's 95% CI from refitting on bootstrap resamples of the repeats.",
+        "Below 1 the interleaved hook is faster. A crossover is named only where the points place it: a point where "
+        "each hook is clearly faster, on opposite sides. The line is a weighted fit of log ratio against log "
+        "comm:compute; the shaded band, drawn only then, is its crossing's 95% CI from refitting on bootstrap "
+        "resamples of the rounds (each round's pair kept together).",
         css="muted",
     )
     try:
@@ -72,8 +74,14 @@ def _crossover_section(page: Page, run: store.Loaded, suffix: str, anchor: str) 
         "ratio",
         "ratio_lo",
         "ratio_hi",
+        "resolves",
     ]
-    shown = points.assign(**{"allreduce MB/step": points["allreduce_bytes_per_step"] / 1e6})
+    shown = points.assign(
+        **{
+            "allreduce MB/step": points["allreduce_bytes_per_step"] / 1e6,
+            "resolves": [f"±{w:.1%}" if np.isfinite(w) else "one repeat" for w in points["half_width"]],
+        }
+    )
     page.table(shown.sort_values("comm_compute")[[c for c in cols if c in shown]])
 
 
@@ -114,7 +122,7 @@ def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None) -> 
     if est is not None:
         grid = np.geomspace(lo_x, hi_x, 50)
         fig.add_trace(go.Scatter(x=grid, y=est.ratio_at(grid), mode="lines", name="fit", line=dict(color="#5b6475")))
-        if est.x is not None:
+        if est.fit_placed:
             fig.add_vrect(x0=max(est.lo, lo_x), x1=min(est.hi, hi_x), fillcolor="#f0a202", opacity=0.15, line_width=0)
             fig.add_vline(
                 x=est.x, line_color="#f0a202", annotation_text=f"crossover ≈ {est.x:.2g} [{est.lo:.2g}, {est.hi:.2g}]"
