@@ -19,14 +19,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from synthetic_runs import make_run
 
-from benchmarks import synth_run
+from benchmarks import budget_resolution, synth_run
 from tpbench import store
 from tpbench.analysis import stats
 from tpbench.record import RunRecord
 from tpbench.report import build_report, verdicts
 from tpbench.report import data as report_data
 from tpbench.suite import Machine, expand, parse
+from tpbench.sweep import finalize
 
 ZERO_SUITE = """\
 [suite]
@@ -366,3 +368,17 @@ def test_report_command_compares_several_runs(runs, tmp_path):
     # have too few repeats for a verdict, as `tpbench compare` says of them too).
     (line,) = re.findall(r"Run B · torch 2.14.0 against run A · torch 2.13.0, over \d+ common case\(s\): [^<]*", html)
     assert "regression" not in line and "improvement" not in line and "median step-time ratio 1 (range 1–1)" in line
+
+
+def test_budget_resolution_counts_what_the_reports_comparisons_resolve(tmp_path):
+    """benchmarks/budget_resolution reads a run as its report does: the one comparison of these
+    two cases of one world is paired, and its half-width is the report's."""
+    drift = [100.0, 130.0, 85.0, 115.0, 95.0]
+    run = make_run(tmp_path, {"zero_no_overlap": drift, "hook_with_zero_step": [v * 0.9 for v in drift]}, jitter=0.002)
+    finalize(run)  # the summary, as a sweep leaves it
+    res = budget_resolution.resolution(run)
+    [c] = verdicts.compare(report_data.load([store.load(run)]), verdicts.ZERO_KINDS[1])
+    assert (res.comparisons, res.paired, res.within_target) == (1, 1, 1)
+    assert res.median_half_width == res.max_half_width == pytest.approx(c.est.half_width) and c.est.half_width < 0.05
+    assert res.shape == "5x3+8"
+    assert "half-width <= 5%: 1/1 (100%)" in budget_resolution.line(res)
