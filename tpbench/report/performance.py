@@ -94,7 +94,8 @@ def heatmaps(page: Page, data: ReportData, comparisons: dict[str, list[Compariso
     page.heading("Speedups", anchor="speedups")
     page.paragraph(
         "Step time ratio (candidate / baseline) per matched pair of cases, with its 95% interval (paired by "
-        "round when the two ran in one world); below 1 (blue) the candidate is faster.",
+        "round when the two ran in one world) and its half-width (±, what the run could resolve); below 1 (blue) "
+        "the candidate is faster.",
         css="muted",
     )
     for key, cs in present.items():
@@ -112,7 +113,8 @@ def _heatmap(data: ReportData, key: str, cs: list[Comparison]) -> go.Figure:
                 "bucket": c.context.get("bucket_cap_mb", 0),
                 "y": plot_text((f"{data.tags[c.run_id]} · " if data.multi else "") + y),
                 "ratio": c.ratio,
-                "text": f"{c.ratio:.2f}<br>[{c.lo:.2f}, {c.hi:.2f}]",
+                "text": f"{c.ratio:.2f}<br>[{c.lo:.2f}, {c.hi:.2f}]"
+                + (f"<br>±{c.est.half_width:.1%}" if c.est.has_interval else "<br>one repeat"),
             }
         )
     df = pd.DataFrame(rows)
@@ -139,7 +141,7 @@ def _heatmap(data: ReportData, key: str, cs: list[Comparison]) -> go.Figure:
     )
     fig.update_layout(
         title=plot_text(f"{key}: step time ratio (< 1: {kind.candidate} faster)"),
-        height=max(260, 60 * len(ys) + 140),
+        height=max(260, 70 * len(ys) + 140),
         margin=MARGIN,
     )
     fig.update_yaxes(autorange="reversed")
