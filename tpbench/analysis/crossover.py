@@ -38,7 +38,7 @@ import pandas as pd
 
 from tpbench.algorithms import INTERLEAVED, SEQUENTIAL
 from tpbench.algorithms import NO_OVERLAP as REFERENCE
-from tpbench.analysis.stats import BOOTSTRAP_SAMPLES, CONFIDENCE, case_ratio, half_width, repeat_values, windows_of
+from tpbench.analysis.stats import BOOTSTRAP_SAMPLES, CONFIDENCE, case_ratio, half_width, repeat_values
 
 _NOT_PARAMS = ("case_id", "algorithm", "label", "status", "error", "detail")
 
@@ -52,18 +52,13 @@ def ratio_points(cases: pd.DataFrame, steps: pd.DataFrame, summary: pd.DataFrame
     was measured on (``comm_compute_from``), the sequential case's ``allreduce_bytes_per_step``
     (from the traces; it differs by wrapped hook), ``sequential_ms``/``interleaved_ms`` (medians of
     per-repeat values), ``ratio``, ``ratio_lo``, ``ratio_hi``, ``half_width`` (``stats.case_ratio``;
-    NaN with one repeat, which has no interval), ``paired``
-    and the per-repeat values of both (``sequential_reps``, ``interleaved_reps``; when paired,
-    the rounds both ran, in the same order) for the bootstrap downstream.
+    NaN with one repeat, which has no interval), ``paired`` and the per-repeat values of both
+    (``sequential_reps``, ``interleaved_reps``; when paired, the rounds both ran, in the same
+    order) for the bootstrap downstream.
     """
     done = cases[cases["status"] == "done"] if "status" in cases else cases
     params = [c for c in done.columns if c not in _NOT_PARAMS]
-    windows = windows_of({r["case_id"]: r for r in done.to_dict("records")})
-    reps = (
-        repeat_values(steps, windows=windows)
-        if not steps.empty
-        else pd.DataFrame(columns=["case_id", "repeat", "step_ms"])
-    )
+    reps = repeat_values(steps) if not steps.empty else pd.DataFrame(columns=["case_id", "repeat", "step_ms"])
     by_case = {
         cid: dict(zip(g["repeat"].astype(int), g["step_ms"].astype(float))) for cid, g in reps.groupby("case_id")
     }
