@@ -4,6 +4,7 @@ machine's load per repeat with the report's list of noisy repeats."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -56,7 +57,7 @@ def test_a_resume_skips_done_items_in_the_same_order():
 
 def test_cases_with_fewer_repeats_leave_the_later_rounds():
     short, *rest = _cases(n=3, repeats=3)
-    longer = [c.__class__(**{**c.__dict__, "repeats": 5}) for c in rest]
+    longer = [dataclasses.replace(c, repeats=5) for c in rest]
     schedule = interleave([short, *longer])
     assert [r for cid, r in schedule if cid == short.case_id] == [0, 1, 2]
     assert sorted(r for _, r in schedule[-2:]) == [4, 4]
