@@ -24,6 +24,7 @@ import ctypes
 import functools
 import json
 import os
+import random
 import re
 import selectors
 import signal
@@ -68,9 +69,29 @@ def group_cases(cases: Iterable[Case]) -> list[LaunchGroup]:
 
 
 def interleave(cases: list[Case], done: set[tuple[str, int]] = frozenset()) -> list[tuple[str, int]]:
-    """Round-robin schedule of (case_id, repeat) items, skipping those already done."""
+    """The (case_id, repeat) items of a world, round by round, skipping those already done.
+
+    Round ``r`` holds repeat ``r`` of every case (comparisons pair cases by repeat index), in an
+    order shuffled per round (``round_order``), so that no case always runs first after the
+    barrier, or always follows the same neighbour: position within a round cancels over rounds.
+    """
     rounds = max((c.repeats for c in cases), default=0)
-    return [(c.case_id, r) for r in range(rounds) for c in cases if r < c.repeats and (c.case_id, r) not in done]
+    return [
+        (c.case_id, r)
+        for r in range(rounds)
+        for c in round_order([c for c in cases if r < c.repeats], r)
+        if (c.case_id, r) not in done
+    ]
+
+
+def round_order(cases: list[Case], round_index: int) -> list[Case]:
+    """``cases`` shuffled for round ``round_index``, seeded by the cases' ``seed`` values and the
+    round: the same suite gets the same schedule in every run, on every side of a gate, and on a
+    resume (done items are skipped from the same order, never reshuffled)."""
+    seeds = sorted({c.seed for c in cases})
+    order = list(cases)
+    random.Random(f"tpbench-round:{seeds}:{round_index}").shuffle(order)
+    return order
 
 
 @dataclass
@@ -110,6 +131,46 @@ def _die_with_parent(sig: int = signal.SIGKILL) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
 
 
+# What every rank does about garbage collection (``worker.CaseRunner.run_repeat``), as run.json says it.
+GC_POLICY = "collected before, disabled during timed steps"
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """Where the ranks of a local world run: each rank's own block of cores (``cores[r]``; None:
+    not pinned, and ``why``) and the intra-op threads every rank uses (``threads``)."""
+
+    cores: tuple[tuple[int, ...], ...] | None
+    threads: int
+    why: str = ""
+
+    def record(self) -> dict[str, Any]:
+        """The world's ``noise_controls`` in run.json."""
+        pinning = {str(r): list(c) for r, c in enumerate(self.cores)} if self.cores else f"off: {self.why}"
+        return {"gc": GC_POLICY, "pinning": pinning, "threads_per_rank": self.threads}
+
+
+def rank_layout(available: Iterable[int], world_size: int) -> RankLayout:
+    """Pin each rank to a disjoint block of equal size of the ``available`` cores, leaving at least
+    one core spare (for the launcher, the gate, the OS): two ranks sharing a core, or a rank
+    moved between cores mid-step, is noise the machine did not need to add. With no core to
+    spare nothing is pinned. Each rank gets one intra-op thread per core of its block (unpinned:
+    its share of the cores), fixed for the whole world."""
+    cores = sorted(available)
+    if len(cores) <= world_size:
+        why = f"{len(cores)} cores for {world_size} ranks (no spare core)"
+        return RankLayout(None, max(1, len(cores) // world_size), why)
+    per = (len(cores) - 1) // world_size
+    return RankLayout(tuple(tuple(cores[r * per : (r + 1) * per]) for r in range(world_size)), per)
+
+
+def _start_rank(cores: tuple[int, ...] | None) -> None:
+    """In a rank's child process before exec: die with the launcher, run on its own cores."""
+    _die_with_parent()
+    if cores:
+        os.sched_setaffinity(0, cores)
+
+
 def _tail(path: Path, lines: int = 15) -> str:
     with contextlib.suppress(OSError):
         return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
@@ -124,7 +185,9 @@ class World:
     # A world that has not rendezvoused by then is not going to.
     startup_s = STARTUP_TIMEOUT_S
 
-    def __init__(self, plan: Plan, plan_path: Path, world_size: int, net: WorldNetwork, log_dir: Path) -> None:
+    def __init__(
+        self, plan: Plan, plan_path: Path, world_size: int, net: WorldNetwork, log_dir: Path, layout: RankLayout
+    ) -> None:
         self.plan = plan
         self.world_size = world_size
         self.procs: list[subprocess.Popen] = []
@@ -133,7 +196,6 @@ class World:
         self.buffers: dict[int, bytes] = {}
         self.sel = selectors.DefaultSelector()
         log_dir.mkdir(parents=True, exist_ok=True)
-        threads = max(1, (os.cpu_count() or 1) // world_size)
         for r in range(world_size):
             read_fd, write_fd = os.pipe()
             # NCCL ranks log their transport choices for capture; a profile's env may still override.
@@ -151,7 +213,7 @@ class World:
                     "WORLD_SIZE": str(world_size),
                     "LOCAL_RANK": str(r),
                     "LOCAL_WORLD_SIZE": str(world_size),
-                    "OMP_NUM_THREADS": str(threads),
+                    "OMP_NUM_THREADS": str(layout.threads),
                     "PYTHONUNBUFFERED": "1",
                 }
             )
@@ -166,7 +228,7 @@ class World:
                     stdin=subprocess.DEVNULL,
                     pass_fds=(write_fd,),
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=functools.partial(_start_rank, layout.cores[r] if layout.cores else None),
                 )
             os.close(write_fd)
             self.procs.append(p)
@@ -283,6 +345,13 @@ def torchrun_executable() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
 
 
+def torchrun_layout(launcher: Torchrun, world_size: int) -> RankLayout:
+    """Torchrun's ranks are started by its agents, never pinned; each gets its share of the cores
+    (of the launching machine: every node is assumed alike)."""
+    per_node = launcher.nproc_per_node or world_size // launcher.nnodes
+    return RankLayout(None, max(1, (os.cpu_count() or 1) // per_node), "torchrun starts the ranks")
+
+
 def torchrun_env(ic: Interconnect, launcher: Torchrun, plan: Plan, log_dir: Path) -> dict[str, str]:
     """Environment a torchrun world's agents pass to their ranks.
 
@@ -291,10 +360,10 @@ def torchrun_env(ic: Interconnect, launcher: Torchrun, plan: Plan, log_dir: Path
     launcher, but NCCL_DEBUG_FILE has no rank pattern: host name and pid keep the files apart
     (``transport.nccl_log_path`` expands them back).
     """
-    per_node = launcher.nproc_per_node or plan.cases[0]["world_size"] // launcher.nnodes
     # As the local launcher does (torchrun would otherwise set 1, with a warning); the worker sets
-    # torch's intra-op threads to the same share of the node's cores.
-    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // per_node)), **ic.env}
+    # torch's intra-op threads to the same number.
+    threads = torchrun_layout(launcher, plan.cases[0]["world_size"]).threads
+    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), **ic.env}
     if ic.backend == "gloo" and launcher.nnodes == 1:
         env = {"GLOO_SOCKET_IFNAME": "lo", **env}
     if plan.cases[0]["backend"] == "nccl":
@@ -572,9 +641,15 @@ class Supervisor:
 
 
 def _write_plan(
-    run: store.Run, group: LaunchGroup, schedule: list[tuple[str, int]], launcher: Torchrun | None, **entry: Any
+    run: store.Run,
+    group: LaunchGroup,
+    schedule: list[tuple[str, int]],
+    launcher: Torchrun | None,
+    layout: RankLayout,
+    **entry: Any,
 ) -> tuple[Plan, Path]:
-    """The next world's plan, saved under ``plans/``, and its entry in run.json."""
+    """The next world's plan, saved under ``plans/``, and its entry in run.json: the schedule in
+    the order it runs, and what was done against noise (``RankLayout.record``)."""
     world_name = run.next_world()
     scheduled = {cid for cid, _ in schedule}
     plan = Plan(
@@ -592,8 +667,10 @@ def _write_plan(
             "world": world_name,
             "key": list(group.key),
             "items": len(schedule),
+            "schedule": [list(item) for item in schedule],
             "started": time.time(),
             "launcher": "torchrun" if launcher else "local",
+            "noise_controls": layout.record(),
             **entry,
         }
     )
@@ -639,12 +716,16 @@ def run_group(
     done = _done_repeats(run, group.cases)
     failed: set[str] = set()
     retried = False
+    if launcher is None:
+        layout = rank_layout(os.sched_getaffinity(0), group.world_size)
+    else:
+        layout = torchrun_layout(launcher, group.world_size)
     while True:
         live = [c for c in group.cases if c.case_id not in failed]
         schedule = interleave(live, done)
         if not schedule:
             return
-        plan, plan_path = _write_plan(run, group, schedule, launcher)
+        plan, plan_path = _write_plan(run, group, schedule, launcher, layout)
         listener(
             "world_start",
             {"world": plan.world, "world_size": group.world_size, "interconnect": ic.name, "items": len(schedule)},
@@ -652,7 +733,7 @@ def run_group(
         if launcher is None:
             with world_network(ic) as net:
                 outcome = _supervise(
-                    World(plan, plan_path, group.world_size, net, run.dir / "logs"), cases, run, listener, ic
+                    World(plan, plan_path, group.world_size, net, run.dir / "logs", layout), cases, run, listener, ic
                 )
             # Its ranks exit without closing the FileStore, which would have removed the file.
             Path(plan.rendezvous_file).unlink(missing_ok=True)
@@ -698,7 +779,9 @@ def print_group(
     if not schedule:
         return None
     ic = resolve(group.key[3], user_interconnects)
-    plan, plan_path = _write_plan(run, group, schedule, launcher, printed=True)
+    plan, plan_path = _write_plan(
+        run, group, schedule, launcher, torchrun_layout(launcher, group.world_size), printed=True
+    )
     env = torchrun_env(ic, launcher, plan, run.dir / "logs")
     return PrintedWorld(
         plan.world, plan_path, env, launcher.command(plan_path, group.world_size, f"tpbench-{run.run_id}-{plan.world}")

@@ -36,12 +36,22 @@ from tpbench.workload_params import PARAMS, UserWorkloadError, is_import_path, u
 # exists to be compared against a run without it): recorded with a case, not part of what it
 # measures, so runs that differ only in them compare case by case.
 BUDGET_KEYS = frozenset(
-    {"repeats", "steps", "warmup_steps", "timeout_s", "profiler_steps", "nvml_interval_ms", "slowdown_pct", "fault"}
+    {
+        "repeats",
+        "steps",
+        "warmup_steps",
+        "timeout_s",
+        "profiler_steps",
+        "nvml_interval_ms",
+        "slowdown_pct",
+        "slowdown_kind",
+        "fault",
+    }
 )
 # Keys added after results existed, with the value that is the behaviour before them: at it they
 # stay out of the identity, so the cases of earlier runs compare with new runs case by case, and
 # a stored case without them reads as having it (``store.read_run_json``).
-ADDED_KEYS = {"comm_hook": comm_hooks.ALLREDUCE, "comm_hook_state": None}
+ADDED_KEYS = {"comm_hook": comm_hooks.ALLREDUCE, "comm_hook_state": None, "slowdown_kind": "sleep"}
 
 
 class SuiteError(ValueError):
@@ -112,6 +122,11 @@ CASE_KEYS: dict[str, KeySpec] = {
     "ranks_per_node": KeySpec("auto", 'an integer >= 1 or "auto"', _int(1, "auto")),
     "eval_every": KeySpec(0, "an integer >= 0 (steps between held-out evaluations; 0 = never)", _int(0)),
     "slowdown_pct": KeySpec(0.0, "a percentage >= 0 and <= 1000", _num(0, strict=False, hi=1000)),
+    "slowdown_kind": KeySpec(
+        "sleep",
+        '"sleep" (slowdown_pct waits) or "cpu" (slowdown_pct burns CPU on the training thread)',
+        _one_of("sleep", "cpu"),
+    ),
     "fault": KeySpec("none", '"none", "crash:RANK" or "hang:RANK" (test-only fault injection)', _str),
 }
 
@@ -159,6 +174,7 @@ class Case:
     # Defaults: what runs recorded before these keys existed ran.
     comm_hook: str = comm_hooks.ALLREDUCE
     comm_hook_state: str | None = None
+    slowdown_kind: str = "sleep"
     case_id: str = ""
 
     def params(self) -> dict[str, Any]:

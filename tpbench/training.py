@@ -40,8 +40,8 @@ class Training:
     # Model averaging or anything else that runs after the optimizer step; its own phase in traces.
     after_step: Callable[[], None] | None = None
     # Extra per-step columns (e.g. parameter drift before averaging), read after the step's timer
-    # stops. The reserved key ``untimed_ms`` is time spent measuring inside the step, which the
-    # worker subtracts from the step time.
+    # stops. The reserved keys ``untimed_ms`` and ``untimed_cpu_ms`` are the wall and CPU time
+    # spent measuring inside the step, which the worker subtracts from the step's times.
     metrics: Callable[[], dict[str, float]] | None = None
     # The optimizer the case steps (a ZeroRedundancyOptimizer for ZeRO cases): its state and
     # partition are what tpbench.accounting counts.
@@ -242,9 +242,10 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
     implementations' averagers average only the parameters that have a gradient. At each
     averaging step the drift across ranks (and each rank's parameter norm) is measured just before
     averaging, and the parameter norm again just after it (equal on every rank of the averaging
-    group when averaging worked); the time that takes is reported as ``untimed_ms`` and left out
-    of the step time. An averaging step at which the averager would average no parameter fails
-    the case (``AveragingSkipped``) instead of silently training without averaging.
+    group when averaging worked); the time that takes is reported as ``untimed_ms`` (wall) and
+    ``untimed_cpu_ms`` and left out of the step's times. An averaging step at which the averager
+    would average no parameter fails the case (``AveragingSkipped``) instead of silently training
+    without averaging.
     """
     case = ctx.case
     if case.start_localSGD_iter == "never":
@@ -280,7 +281,7 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
     measured: dict[str, float] = {}
 
     def before_averaging() -> None:
-        t0 = time.perf_counter_ns()
+        t0, cpu0 = time.perf_counter_ns(), time.process_time_ns()
         params = list(ddp.parameters())
         if not chosen_by_averager(params):
             raise AveragingSkipped(
@@ -296,12 +297,14 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
             drift_mean_l2=drift.mean_l2,
             param_norm_l2=_param_norm(params),
             untimed_ms=(time.perf_counter_ns() - t0) / 1e6,
+            untimed_cpu_ms=(time.process_time_ns() - cpu0) / 1e6,
         )
 
     def after_averaging() -> None:
-        t0 = time.perf_counter_ns()
+        t0, cpu0 = time.perf_counter_ns(), time.process_time_ns()
         measured["param_norm_averaged_l2"] = _param_norm(ddp.parameters())
         measured["untimed_ms"] += (time.perf_counter_ns() - t0) / 1e6
+        measured["untimed_cpu_ms"] += (time.process_time_ns() - cpu0) / 1e6
 
     def after_step() -> None:
         due = schedule.next_averaging_group() is not None

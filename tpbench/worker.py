@@ -28,6 +28,7 @@ import contextlib
 import ctypes
 import dataclasses
 import datetime as _dt
+import gc
 import json
 import os
 import signal
@@ -46,7 +47,7 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from tpbench import accounting, capture, store, workloads
-from tpbench.capture import nvml, profiler, transport
+from tpbench.capture import machine_load, nvml, profiler, transport
 from tpbench.environment import fingerprint
 from tpbench.plan import Plan
 from tpbench.suite import Case
@@ -103,7 +104,9 @@ class Events:
 
 
 class StepTimer:
-    """Wall time of one step: CUDA events + synchronize on GPU, perf_counter_ns on CPU."""
+    """Wall time of one step (CUDA events + synchronize on GPU, perf_counter_ns on CPU) and the
+    process's CPU time over the same span: every thread's, the training thread's and the
+    communication threads' (Gloo's, NCCL's proxy), which is what a busy runner steals from."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -112,17 +115,33 @@ class StepTimer:
             self._end = torch.cuda.Event(enable_timing=True)
 
     def start(self) -> None:
+        self._cpu0 = time.process_time_ns()
         if self.cuda:
             self._start.record()
         else:
             self._t0 = time.perf_counter_ns()
 
-    def stop_ms(self) -> float:
+    def stop_ms(self) -> tuple[float, float]:
+        """(wall ms, CPU ms) since ``start``."""
         if self.cuda:
             self._end.record()
             self._end.synchronize()
-            return self._start.elapsed_time(self._end)
-        return (time.perf_counter_ns() - self._t0) / 1e6
+            wall = self._start.elapsed_time(self._end)
+        else:
+            wall = (time.perf_counter_ns() - self._t0) / 1e6
+        return wall, (time.process_time_ns() - self._cpu0) / 1e6
+
+
+class GcCounter:
+    """Counts the garbage collections that start (a ``gc.callbacks`` entry), to show that none ran
+    inside a timed step."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.count += 1
 
 
 def _phase(profiled: bool, name: str) -> contextlib.AbstractContextManager:
@@ -209,36 +228,50 @@ class CaseRunner:
         fault_kind, _, fault_rank = case.fault.partition(":")
         faulty = case.fault != "none" and repeat == 0 and int(fault_rank) == self.rank.rank
         step_ms: list[float] = []
+        cpu_ms: list[float] = []
+        gc_runs: list[int] = []
         losses: list[torch.Tensor] = []
         ends: list[float] = []
         extra: list[dict[str, float]] = []
         heldout = workload.heldout_batches() if case.eval_every else []
         delay_s = 0.0
+        slow_down = _burn if case.slowdown_kind == "cpu" else _delay
+        collections = GcCounter()
+        gc_was_enabled = gc.isenabled()
+        gc.callbacks.append(collections)
         dist.barrier(group=self.ctrl)
         t_start = time.perf_counter()
-        for i in range(case.warmup_steps + case.steps):
-            if i == case.warmup_steps:
-                # A fixed delay from the warm-up: proportional to each step's own time, the ranks'
-                # delays would feed each other through the next collective and compound.
-                # The first warm-up step carries one-off costs (allocation, bucket rebuild): skip it.
-                calibration = step_ms[1:] or step_ms
-                delay_s = statistics.median(calibration) * case.slowdown_pct / 100 / 1e3 if case.slowdown_pct else 0.0
-                dist.barrier(group=self.ctrl)
-            if faulty and i == case.warmup_steps + 1:
-                _inject(fault_kind)
-            x, y = workload.train_batch(i)
-            timer.start()
-            losses.append(train_step(training, workload, x, y))
-            if delay_s:
-                _delay(delay_s)
-            ms = timer.stop_ms()
-            ends.append(time.perf_counter() - t_start)
-            # Below this line nothing counts as step time.
-            row = training.metrics() if training.metrics else {}
-            step_ms.append(ms - row.pop("untimed_ms", 0.0))
-            if heldout and (i + 1) % case.eval_every == 0:
-                row["heldout_loss"] = _evaluate(training.model, workload, heldout)
-            extra.append(row)
+        try:
+            for i in range(case.warmup_steps + case.steps):
+                if i == case.warmup_steps:
+                    delay_s = _slowdown_s(case, step_ms, cpu_ms)
+                    # No collection inside a timed step: one now, none until the timed steps end.
+                    gc.collect()
+                    gc.disable()
+                    load_start = self._machine_snapshot()
+                if faulty and i == case.warmup_steps + 1:
+                    _inject(fault_kind)
+                x, y = workload.train_batch(i)
+                before = collections.count
+                timer.start()
+                losses.append(train_step(training, workload, x, y))
+                if delay_s:
+                    slow_down(delay_s)
+                ms, cpu = timer.stop_ms()
+                ends.append(time.perf_counter() - t_start)
+                # Below this line nothing counts as step time.
+                gc_runs.append(collections.count - before)
+                row = training.metrics() if training.metrics else {}
+                step_ms.append(ms - row.pop("untimed_ms", 0.0))
+                cpu_ms.append(cpu - row.pop("untimed_cpu_ms", 0.0))
+                if heldout and (i + 1) % case.eval_every == 0:
+                    row["heldout_loss"] = _evaluate(training.model, workload, heldout)
+                extra.append(row)
+            load = machine_load.over_window(load_start, self._machine_snapshot())
+        finally:
+            gc.callbacks.remove(collections)
+            if gc_was_enabled:
+                gc.enable()
         # Peaks are read before the profiled steps: the profiler's own buffers are not the case's.
         memory = {"peak_rss_mb": _peak_rss_mb(), **self._gpu_memory()}
         # Exact bytes and step work, once per case (on its last repeat), after the timed steps.
@@ -250,9 +283,12 @@ class CaseRunner:
             spans += profile_spans
         mine = {
             "step_ms": step_ms,
+            "cpu_ms": cpu_ms,
+            "gc_collections": gc_runs,
             "loss": torch.stack(losses).float().cpu().tolist(),
             "elapsed_s": ends,
             "extra": extra,
+            **load,
             **memory,
             "capture": self._capture(case, repeat, sampler, spans, clock, last=profile_after),
             "accounting": counted,
@@ -272,6 +308,18 @@ class CaseRunner:
         if workload.optimal_loss is not None:
             rows["optimal_loss"] = workload.optimal_loss
         return rows
+
+    def _machine_snapshot(self) -> machine_load.CpuSnapshot | None:
+        """/proc/stat read by each node's local rank 0 while every other rank of the world waits
+        at a barrier (so that its runnable tasks are the machine's others); None on other ranks.
+        Ends with the ranks together, as a repeat's timed steps must start."""
+        dist.barrier(group=self.ctrl)
+        snap = None
+        if self.rank.local_rank == 0:
+            time.sleep(machine_load.SETTLE_S)
+            snap = machine_load.snapshot()
+        dist.barrier(group=self.ctrl)
+        return snap
 
     def _capture(
         self,
@@ -320,6 +368,28 @@ def _evaluate(model: torch.nn.Module, workload, batches: list[tuple[torch.Tensor
     total = sum(float(workload.loss(module(x), y)) for x, y in batches)
     model.train(was_training)
     return total / len(batches)
+
+
+def _slowdown_s(case: Case, step_ms: list[float], cpu_ms: list[float]) -> float:
+    """``slowdown_pct``'s delay per timed step, in seconds: that share of the warm-up's median
+    step time (``slowdown_kind = "sleep"``) or of its median CPU time per step (``"cpu"``).
+
+    A fixed delay from the warm-up: proportional to each step's own time, the ranks' delays would
+    feed each other through the next collective and compound. The first warm-up step carries
+    one-off costs (allocation, bucket rebuild): it is left out.
+    """
+    if not case.slowdown_pct:
+        return 0.0
+    per_step = cpu_ms if case.slowdown_kind == "cpu" else step_ms
+    return statistics.median(per_step[1:] or per_step) * case.slowdown_pct / 100 / 1e3
+
+
+def _burn(seconds: float) -> None:
+    """``slowdown_kind = "cpu"``: burn this much CPU time on the training thread, so that a step's
+    CPU time grows by it (and its wall time, by at least as much)."""
+    deadline = time.thread_time() + seconds
+    while time.thread_time() < deadline:
+        pass
 
 
 def _delay(seconds: float) -> None:
@@ -418,6 +488,16 @@ def gather_nodes(rank: Rank, ctrl: dist.ProcessGroup) -> list[Node]:
     return [nodes[k] for k in sorted(nodes)]
 
 
+def _threads(rank: Rank) -> int:
+    """Intra-op threads: the number the launcher chose for every rank of the world
+    (``OMP_NUM_THREADS``: one per core of a pinned rank's block, else its share of the cores),
+    else this rank's share of the cores it may run on."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    return max(1, len(os.sched_getaffinity(0)) // rank.local_world_size)
+
+
 def _check_world(rank: Rank, case: Case) -> None:
     """A plan started with another layout than it was written for (a hand-typed torchrun
     command) fails before the rendezvous, saying what to start."""
@@ -437,7 +517,7 @@ def run_plan(plan: Plan, events: Events) -> None:
     except ValueError:
         events.emit("error", case=None, repeat=None, rank=rank.rank, error=traceback.format_exc())
         os._exit(1)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // rank.local_world_size))
+    torch.set_num_threads(_threads(rank))
     device = _device(rank, first.device)
     # Longer than the launcher's per-case limit, so a hang is reported by the launcher as a hang of
     # that case rather than by Gloo as a receive timeout on whichever rank waited.

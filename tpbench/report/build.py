@@ -74,6 +74,7 @@ def _page(data: ReportData, runs: list[store.Loaded], out_dir: Path) -> Page:
     _headlines(page, data, comparisons, conv, cross)
     _environment(page, data)
     performance.step_time(page, data)
+    telemetry.machine_load(page, data)
     performance.heatmaps(page, data, comparisons)
     interconnect.sections(page, data.runs)
     comm_hooks.section(page, data, comparisons[verdicts.ZERO_KINDS[0].key])

@@ -1,4 +1,5 @@
-"""GPU telemetry (NVML samples over time, with step boundaries) and peak memory per rank."""
+"""GPU telemetry (NVML samples over time, with step boundaries), the machine's load per repeat, and
+peak memory per rank."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from tpbench.analysis.noise import STEAL_PCT_NOISY, noisy_repeats
 from tpbench.report.data import ReportData
 from tpbench.report.figures import LEGEND_TOP, MARGIN, display
 from tpbench.report.html import Page
@@ -132,6 +134,55 @@ def _step_lines(df: pd.DataFrame) -> list[dict]:
         )
         for x in at
     ]
+
+
+# The noisiest repeats listed (by step time against their case's median); the count says how many more.
+MAX_NOISY_ROWS = 15
+
+
+def machine_load(page: Page, data: ReportData) -> None:
+    """The repeats that ran on a busy machine, with their step time against their case's median;
+    a line saying none did when the runs recorded load but nothing was flagged."""
+    frames = []
+    for run in data.runs:
+        nodes = max(1, len(run.environment.get("nodes") or []))
+        per_node = {cid: int(e["params"]["world_size"]) // nodes for cid, e in run.meta["cases"].items()}
+        flagged = noisy_repeats(run.steps, int(run.environment.get("cpu_count") or 1), per_node)
+        if not flagged.empty:
+            frames.append(flagged.assign(run_id=run.meta["run_id"]))
+    if not frames:
+        return
+    repeats = pd.concat(frames, ignore_index=True)
+    noisy = data.with_cases(repeats[repeats["noisy"]]).sort_values("relative", ascending=False)
+    page.heading("Machine load", anchor="machine-load")
+    criteria = (
+        f"1-minute load average above the core count, CPU steal above {STEAL_PCT_NOISY:g}%, or other tasks "
+        "runnable while the world's ranks waited, more than the cores the world leaves spare"
+    )
+    if noisy.empty:
+        page.paragraph(f"No repeat ran on a busy machine ({criteria}).", css="muted")
+        return
+    page.paragraph(
+        f"{len(noisy)} of {len(repeats)} repeats ran on a busy machine ({criteria}); the noisiest first, "
+        "with their median step time against their case's median over repeats.",
+        css="muted",
+    )
+    shown = noisy.head(MAX_NOISY_ROWS)
+    rows = pd.DataFrame(
+        {
+            **({"run": shown["run"]} if data.multi else {}),
+            "case": shown["label"],
+            "repeat": shown["repeat"],
+            "step time vs case median": [f"{r - 1:+.0%}" for r in shown["relative"]],
+            "load1": shown["load1"].round(2),
+            "other runnable": shown["runnable"],
+            "steal %": shown["steal_pct"].round(1),
+            "why": shown["why"],
+        }
+    )
+    page.table(rows)
+    if len(noisy) > len(shown):
+        page.paragraph(f"{len(noisy) - len(shown)} more noisy repeats not listed.", css="muted")
 
 
 # Beyond this many cases, memory per rank is drawn for one representative case per algorithm.

@@ -1,0 +1,284 @@
+"""What tpbench does against noise and what it records of it: the order of cases within a round,
+pinning and threads, CPU time per step, the CPU-burning slowdown, no GC in timed steps, and the
+machine's load per repeat with the report's list of noisy repeats."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import run_cli, sweep_in_process, tiny_suite
+
+from tpbench.analysis.noise import noisy_repeats
+from tpbench.analysis.stats import repeat_medians
+from tpbench.capture import machine_load
+from tpbench.launch import GC_POLICY, _start_rank, interleave, rank_layout
+from tpbench.report import build_report
+from tpbench.suite import Machine, expand, parse
+
+MACHINE = Machine(gpus=0)
+
+
+def _cases(seed: int = 0, n: int = 6, repeats: int = 8):
+    widths = ", ".join(str(8 * (i + 1)) for i in range(n))
+    text = tiny_suite(f"bucket_cap_mb = [{widths}]", repeats=repeats, seed=seed)
+    return expand(parse(text), MACHINE)
+
+
+def test_each_round_holds_every_case_once_in_a_seeded_order_of_its_own():
+    cases = _cases()
+    ids = [c.case_id for c in cases]
+    schedule = interleave(cases)
+    rounds = [schedule[r * len(ids) : (r + 1) * len(ids)] for r in range(8)]
+    for r, items in enumerate(rounds):
+        assert sorted(items) == sorted((cid, r) for cid in ids)  # round r is repeat r of every case
+    orders = [tuple(cid for cid, _ in items) for items in rounds]
+    assert len(set(orders)) > 1 and set(orders) != {tuple(ids)}  # shuffled, differently per round
+    # Reproducible: the same suite gets the same schedule (both sides of a gate, a resume, a rerun).
+    assert interleave(_cases()) == schedule
+    assert interleave(_cases(seed=1)) != schedule
+
+
+def test_a_resume_skips_done_items_in_the_same_order():
+    cases = _cases()
+    schedule = interleave(cases)
+    done = set(schedule[:7]) | {schedule[20]}
+    assert interleave(cases, done) == [item for item in schedule if item not in done]
+
+
+def test_cases_with_fewer_repeats_leave_the_later_rounds():
+    short, *rest = _cases(n=3, repeats=3)
+    longer = [dataclasses.replace(c, repeats=5) for c in rest]
+    schedule = interleave([short, *longer])
+    assert [r for cid, r in schedule if cid == short.case_id] == [0, 1, 2]
+    assert sorted(r for _, r in schedule[-2:]) == [4, 4]
+
+
+def test_ranks_are_pinned_only_with_a_core_to_spare():
+    unpinned = rank_layout({0, 1}, 2)
+    assert unpinned.cores is None and unpinned.threads == 1
+    assert unpinned.record() == {
+        "gc": GC_POLICY,
+        "pinning": "off: 2 cores for 2 ranks (no spare core)",
+        "threads_per_rank": 1,
+    }
+    big = rank_layout(range(16), 2)
+    assert big.cores == (tuple(range(7)), tuple(range(7, 14))) and big.threads == 7
+    assert big.record()["pinning"] == {"0": list(range(7)), "1": list(range(7, 14))}
+    # Whatever cores the launcher may use (an affinity mask, a cgroup), blocks are disjoint and one is spare.
+    odd = rank_layout({9, 3, 5}, 2)
+    assert odd.cores == ((3,), (5,)) and odd.threads == 1
+    four = rank_layout(range(8), 4)
+    assert len({c for block in four.cores for c in block}) == 4 and four.threads == 1
+
+
+def test_a_pinned_rank_runs_only_on_its_cores():
+    core = min(os.sched_getaffinity(0))
+    out = subprocess.run(
+        [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+        capture_output=True,
+        text=True,
+        preexec_fn=functools.partial(_start_rank, (core,)),
+        check=True,
+    ).stdout
+    assert json.loads(out) == [core]
+
+
+PROC_STAT = """cpu  100 5 50 800 10 0 5 {steal} 0 0
+cpu0 50 2 25 400 5 0 2 {steal} 0 0
+intr 1 2 3
+procs_running {running}
+procs_blocked 0
+"""
+
+
+def test_steal_and_runnable_from_proc_stat():
+    start = machine_load.parse_proc_stat(PROC_STAT.format(steal=30, running=2))
+    end = machine_load.parse_proc_stat(PROC_STAT.format(steal=30, running=4).replace("cpu  100", "cpu  160"))
+    assert start == machine_load.CpuSnapshot(total=1000, steal=30, runnable=2)
+    load = machine_load.over_window(start, end)
+    assert load["steal_pct"] == 0 and load["runnable"] == 2  # mean of 1 and 3 other tasks
+    stolen = machine_load.parse_proc_stat(PROC_STAT.format(steal=90, running=1).replace("cpu  100", "cpu  140"))
+    assert machine_load.over_window(start, stolen)["steal_pct"] == pytest.approx(100 * 60 / 100)
+    old_kernel = machine_load.parse_proc_stat("cpu  100 5 50 800 10 0 5\nprocs_running 1\n")
+    assert old_kernel.steal is None and math.isnan(machine_load.over_window(old_kernel, old_kernel)["steal_pct"])
+    assert machine_load.parse_proc_stat("nothing here\n") is None
+    assert all(math.isnan(v) for v in machine_load.over_window(None, None).values())
+
+
+def _steps(loads: dict[tuple[str, int], tuple[float, float, float]], step_ms: dict[tuple[str, int], float]):
+    rows = []
+    for (cid, repeat), (load1, steal, runnable) in loads.items():
+        for rank in (0, 1):
+            for step in range(3):
+                rows.append(
+                    {
+                        "case_id": cid,
+                        "repeat": repeat,
+                        "rank": rank,
+                        "step": step,
+                        "phase": "timed",
+                        "step_ms": step_ms[(cid, repeat)],
+                        "load1": load1 if rank == 0 else math.nan,
+                        "steal_pct": steal if rank == 0 else math.nan,
+                        "runnable": runnable if rank == 0 else math.nan,
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def test_noisy_repeats_are_flagged_with_why_and_their_relative_step_time():
+    quiet = (0.5, 0.0, 0.0)
+    loads = {("a", 0): quiet, ("a", 1): (4.5, 0, 0), ("a", 2): quiet, ("b", 0): (0.5, 12.0, 0), ("b", 1): (0.5, 0, 2)}
+    times = {("a", 0): 10.0, ("a", 1): 15.0, ("a", 2): 10.0, ("b", 0): 20.0, ("b", 1): 20.0}
+    steps = _steps(loads, times)
+    out = noisy_repeats(steps, cpu_count=4, ranks_per_node={"a": 2, "b": 2}).set_index(["case_id", "repeat"])
+    assert list(out["noisy"]) == [False, True, False, True, False]
+    assert out.loc[("a", 1), "why"] == "load 4.50 > 4 cores"
+    assert out.loc[("a", 1), "relative"] == 1.5 and out.loc[("a", 0), "relative"] == 1.0
+    assert out.loc[("b", 0), "why"] == "steal 12%"
+    # 2 other tasks fit the 2 cores 2 ranks leave spare on 4; beside 3 ranks they do not.
+    crowded = noisy_repeats(steps, 4, {"a": 2, "b": 3}).set_index(["case_id", "repeat"]).loc[("b", 1)]
+    assert crowded["noisy"] and crowded["why"] == "other tasks runnable: 2 (spare cores: 1)"
+    assert noisy_repeats(steps.drop(columns=["load1", "steal_pct", "runnable"]), 4, {}).empty
+
+
+def test_slowdown_kind_defaults_to_sleep_and_is_a_budget_key():
+    sleep, cpu = expand(parse(tiny_suite('slowdown_kind = ["sleep", "cpu"]', slowdown_pct=10)), MACHINE)
+    assert (sleep.slowdown_kind, cpu.slowdown_kind) == ("sleep", "cpu")
+    (default,) = expand(parse(tiny_suite("algorithm = ['ddp']")), MACHINE)
+    assert default.slowdown_kind == "sleep"
+    # A budget key: the same case as far as runs compare (only the id of a suite sweeping it differs).
+    (plain,) = expand(parse(tiny_suite("algorithm = ['ddp']", slowdown_kind='"cpu"')), MACHINE)
+    assert plain.case_id == default.case_id
+
+
+SLOWDOWN_SUITE = """[suite]
+name = "noise"
+[defaults]
+world_size = 2
+backend = "gloo"
+device = "cpu"
+batch_size = 32
+warmup_steps = 3
+steps = 6
+repeats = 2
+timeout_s = 60
+[sweep]
+slowdown_pct = [0, 200]
+slowdown_kind = ["sleep", "cpu"]
+[capture]
+profiler_steps = 0
+[workloads.mlp]
+width = 256
+depth = 4
+"""
+
+
+@pytest.fixture(scope="module")
+def slowdowns(tmp_path_factory):
+    return sweep_in_process(tmp_path_factory.mktemp("noise"), SLOWDOWN_SUITE)
+
+
+def _medians(loaded, metric: str) -> dict[tuple[float, str], float]:
+    timed = loaded.steps[loaded.steps["phase"] == "timed"]
+    per_case = timed.groupby("case_id")[metric].median()
+    return {(p["slowdown_pct"], p["slowdown_kind"]): per_case[cid] for cid, p in _params(loaded).items()}
+
+
+def _params(loaded):
+    return {cid: e["params"] for cid, e in loaded.meta["cases"].items()}
+
+
+@pytest.mark.ranks
+def test_cpu_slowdown_burns_cpu_and_sleep_slowdown_only_waits(slowdowns):
+    """200% of the warm-up's CPU time burnt triples a step's CPU time; a 200% sleep triples its wall
+    time and leaves its CPU time about where it was (its last millisecond spins, see worker._delay)."""
+    cpu, wall = _medians(slowdowns, "cpu_ms"), _medians(slowdowns, "step_ms")
+    base_cpu = min(cpu[(0.0, "sleep")], cpu[(0.0, "cpu")])
+    base_wall = min(wall[(0.0, "sleep")], wall[(0.0, "cpu")])
+    assert cpu[(200.0, "cpu")] > 2 * base_cpu, cpu
+    assert wall[(200.0, "cpu")] > 1.5 * base_wall, wall
+    assert wall[(200.0, "sleep")] > 2 * base_wall, wall
+    assert cpu[(200.0, "sleep")] < 0.6 * cpu[(200.0, "cpu")], cpu
+    assert (slowdowns.steps["cpu_ms"] > 0).all()
+
+
+@pytest.mark.ranks
+def test_a_sweep_records_its_noise_controls_schedule_and_load(slowdowns):
+    (world,) = slowdowns.meta["worlds"]
+    controls = world["noise_controls"]
+    assert controls["gc"] == GC_POLICY
+    assert controls == rank_layout(os.sched_getaffinity(0), 2).record()
+    assert sorted(map(tuple, world["schedule"])) == sorted((cid, r) for cid in _params(slowdowns) for r in (0, 1))
+    assert [r for _, r in world["schedule"]] == [0, 0, 0, 0, 1, 1, 1, 1]
+    timed = slowdowns.steps[slowdowns.steps["phase"] == "timed"]
+    rank0 = timed[timed["rank"] == 0]
+    assert rank0["load1"].notna().all() and (rank0["runnable"] >= 0).all() and (rank0["steal_pct"] >= 0).all()
+    assert timed[timed["rank"] == 1]["load1"].isna().all()  # one reader per machine
+    assert rank0.groupby(["case_id", "repeat"])["load1"].nunique().eq(1).all()  # constant within a repeat
+    html = build_report([slowdowns])
+    assert 'id="machine-load"' in html and ("ran on a busy machine" in html)
+
+
+@pytest.mark.ranks
+def test_compare_judges_cpu_ms(slowdowns, capsys):
+    """``--metric cpu_ms`` compares the CPU time column (per step the mean over ranks)."""
+    run = str(slowdowns.run_dir)
+    assert run_cli(["compare", run, run, "--metric", "cpu_ms", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    cpu = repeat_medians(slowdowns.steps, "cpu_ms").groupby("case_id")["cpu_ms"].median()
+    assert out["metric"] == "cpu_ms" and len(out["cases"]) == 4
+    for case in out["cases"]:
+        assert case["baseline_median"] == pytest.approx(cpu[case["case_id"]]) and case["ratio"] == 1.0
+
+
+GC_WORKLOAD = '''
+import gc
+
+import torch
+
+from tpbench.workloads import Bench, WorkloadContext, batch_seed
+
+
+class Collecting(torch.nn.Sequential):
+    """A model whose forward pass sets the collector to run after every allocation, while it may run."""
+
+    def forward(self, x):
+        gc.set_threshold(1)
+        return super().forward(x)
+
+
+def build(ctx: WorkloadContext, width: int = 16) -> Bench:
+    torch.manual_seed(ctx.seed)
+    model = Collecting(torch.nn.Linear(8, width), torch.nn.Linear(width, 2)).to(ctx.device)
+
+    def train_batch(step: int):
+        g = torch.Generator().manual_seed(batch_seed(ctx.seed, ctx.rank, step))
+        x = torch.randn(ctx.batch_size, 8, generator=g)
+        return x, (x[:, 0] > 0).long()
+
+    return Bench(model=model, train_batch=train_batch, loss=torch.nn.functional.cross_entropy)
+'''
+
+
+@pytest.mark.ranks
+def test_no_garbage_collection_runs_inside_a_timed_step(tmp_path, monkeypatch):
+    """With the collector set to run after every allocation, warm-up steps collect and timed steps
+    never do: it is disabled during them."""
+    (tmp_path / "gc_workload.py").write_text(textwrap.dedent(GC_WORKLOAD))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{Path(__file__).resolve().parent.parent}")
+    loaded = sweep_in_process(tmp_path, tiny_suite("algorithm = ['ddp']", workload='"gc_workload:build"'))
+    steps = loaded.steps
+    assert (steps[steps["phase"] == "warmup"]["gc_collections"] > 0).any()
+    assert (steps[steps["phase"] == "timed"]["gc_collections"] == 0).all()
