@@ -19,7 +19,7 @@ import pytest
 from conftest import run_cli, sweep_in_process, tiny_suite
 
 from tpbench.analysis.noise import noisy_repeats
-from tpbench.analysis.stats import repeat_medians
+from tpbench.analysis.stats import repeat_values
 from tpbench.capture import machine_load
 from tpbench.launch import GC_POLICY, _start_rank, interleave, rank_layout
 from tpbench.report import build_report
@@ -236,7 +236,7 @@ def test_compare_judges_cpu_ms(slowdowns, capsys):
     run = str(slowdowns.run_dir)
     assert run_cli(["compare", run, run, "--metric", "cpu_ms", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    cpu = repeat_medians(slowdowns.steps, "cpu_ms").groupby("case_id")["cpu_ms"].median()
+    cpu = repeat_values(slowdowns.steps, "cpu_ms").groupby("case_id")["cpu_ms"].median()
     assert out["metric"] == "cpu_ms" and len(out["cases"]) == 4
     for case in out["cases"]:
         assert case["baseline_median"] == pytest.approx(cpu[case["case_id"]]) and case["ratio"] == 1.0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tpbench.analysis.stats import repeat_medians
+from tpbench.analysis.stats import repeat_values
 
 LOAD_COLUMNS = ("load1", "steal_pct", "runnable")
 STEAL_PCT_NOISY = 5.0
@@ -27,7 +27,7 @@ def noisy_repeats(steps: pd.DataFrame, cpu_count: int, ranks_per_node: dict[str,
         return pd.DataFrame()
     timed = steps[steps["phase"] == "timed"]
     load = timed.groupby(["case_id", "repeat"], as_index=False)[cols].max()
-    medians = repeat_medians(steps)
+    medians = repeat_values(steps)
     medians["relative"] = medians["step_ms"] / medians.groupby("case_id")["step_ms"].transform("median")
     out = load.merge(medians, on=["case_id", "repeat"])
     reasons = [
