@@ -45,9 +45,11 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from tpbench import accounting, capture, store, workloads
+from tpbench import accounting, capture, lockstep, store, workloads
+from tpbench.analysis.stats import repeat_values, windows_of
 from tpbench.capture import nvml, profiler, transport
 from tpbench.environment import fingerprint
+from tpbench.lockstep import GateClient
 from tpbench.plan import Plan
 from tpbench.suite import Case
 from tpbench.training import BuildContext, Training, build
@@ -428,6 +430,45 @@ def _check_world(rank: Rank, case: Case) -> None:
         )
 
 
+class Lockstep:
+    """This world's side of a lockstep gate (``tpbench.lockstep``); permits everything without one.
+
+    Rank 0 asks the gate before each item and tells the other ranks the answer over the control
+    group, so the whole world runs the item or the whole world ends its plan. The wait happens
+    before ``repeat_start``: the launcher's per-repeat time-out does not run while the other side
+    measures.
+    """
+
+    def __init__(self, plan: Plan, rank: Rank, ctrl: dist.ProcessGroup) -> None:
+        self.ctrl = ctrl
+        self.enabled = plan.lockstep is not None
+        self.client = GateClient(plan.lockstep, plan.run_dir) if self.enabled and rank.rank == 0 else None
+        self.metric = "step_ms"
+
+    def permits(self, case_id: str, repeat: int) -> bool:
+        if not self.enabled:
+            return True
+        answer = [None]
+        if self.client is not None:
+            reply = self.client.ask(case_id, repeat)
+            self.metric = reply.get("metric", self.metric)
+            answer = [reply["msg"]]
+        dist.broadcast_object_list(answer, src=0, group=self.ctrl)
+        return answer[0] == lockstep.GO
+
+    def done(self, case: Case, repeat: int, rows: pd.DataFrame) -> None:
+        """Tell the gate the item is over, with its value of the gate's metric (None: not recorded)."""
+        if self.client is None:
+            return
+        value = None
+        if self.metric in rows.columns:
+            values = repeat_values(
+                rows.assign(case_id=case.case_id), self.metric, windows_of({case.case_id: case.params()})
+            )
+            value = float(values[self.metric].iloc[0]) if len(values) else None
+        self.client.done(case.case_id, repeat, value)
+
+
 def run_plan(plan: Plan, events: Events) -> None:
     rank = Rank.from_env()
     cases = {c["case_id"]: Case.from_params(c) for c in plan.cases}
@@ -447,11 +488,16 @@ def run_plan(plan: Plan, events: Events) -> None:
         runner = CaseRunner(rank, device, Path(plan.run_dir), events, ctrl, nodes=tuple(tuple(n.ranks) for n in nodes))
         if rank.rank == 0:
             events.emit("world_ready", world=plan.world, nodes=[dataclasses.asdict(n) for n in nodes])
+        gate = Lockstep(plan, rank, ctrl)
         for case_id, repeat in plan.schedule:
             case = cases[case_id]
-            if rank.rank == 0:
-                events.emit("repeat_start", case=case_id, repeat=repeat)
             try:
+                if not gate.permits(case_id, repeat):
+                    if rank.rank == 0:
+                        events.emit("stopped", world=plan.world)
+                    break
+                if rank.rank == 0:
+                    events.emit("repeat_start", case=case_id, repeat=repeat)
                 rows = runner.run_repeat(case, repeat, profile_after=repeat == case.repeats - 1)
                 if rows is not None:
                     store.write_repeat(Path(plan.run_dir), case_id, repeat, rows)
@@ -459,6 +505,7 @@ def run_plan(plan: Plan, events: Events) -> None:
                     events.emit("repeat_end", case=case_id, repeat=repeat, median_ms=float(timed.median()))
                     if repeat == case.repeats - 1:
                         events.emit("case_end", case=case_id)
+                    gate.done(case, repeat, rows)
             except Exception:
                 events.emit("error", case=case_id, repeat=repeat, rank=rank.rank, error=traceback.format_exc())
                 os._exit(1)
