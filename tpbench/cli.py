@@ -464,17 +464,29 @@ def cmd_gate(args: argparse.Namespace) -> int:
         candidate_overrides=args.candidate_set,
         announce=lambda line: console.print(line, soft_wrap=True, markup=False),
     )
+    lockstep_only = {
+        "--repeats": args.repeats,
+        "--target-ci": args.target_ci,
+        "--seed": args.seed,
+        "--budget-s": args.budget_s,
+    }
+    misplaced = [f for f, v in lockstep_only.items() if v is not None] if args.mode == "rounds" else []
+    if args.mode == "lockstep" and args.rounds is not None:
+        misplaced = ["--rounds"]
+    if misplaced:
+        raise compare.GateError(f"{', '.join(misplaced)}: not an option of --mode {args.mode}")
     if args.mode == "rounds":
-        run = gate.run_gate(args.suite, baseline, candidate, out, rounds=args.rounds, **sides)
+        run = gate.run_gate(args.suite, baseline, candidate, out, rounds=args.rounds or 5, **sides)
         baseline_runs, candidate_runs, pairing = run.baseline, run.candidate, "rounds"
     else:
-        cfg = gate.Lockstep(
-            repeats=args.repeats or (gate.ADAPTIVE_REPEATS if args.target_ci else gate.Lockstep.repeats),
-            target_ci=None if args.target_ci is None else _percent("--target-ci", args.target_ci),
-            budget_s=args.budget_s,
-            metric=args.metric,
-            seed=args.seed,
-        )
+        given = {
+            k: v
+            for k, v in (("repeats", args.repeats), ("budget_s", args.budget_s), ("seed", args.seed))
+            if v is not None
+        }
+        if args.target_ci is not None:
+            given = {"repeats": gate.ADAPTIVE_REPEATS} | given | {"target_ci": _percent("--target-ci", args.target_ci)}
+        cfg = gate.Lockstep(metric=args.metric, **given)
         run = gate.run_lockstep(args.suite, baseline, candidate, out, cfg, **sides)
         baseline_runs, candidate_runs, pairing = [run.baseline], [run.candidate], "repeats"
     console.print(f"Gate runs: {run.out}", soft_wrap=True, markup=False)
@@ -646,12 +658,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--budget-s",
         type=float,
-        default=480.0,
         metavar="SECONDS",
         help="lockstep: stop after this long, whatever is left (default: 480)",
     )
-    p.add_argument("--seed", type=int, default=0, help="lockstep: seed of each round's side order (default: 0)")
-    p.add_argument("--rounds", type=int, default=5, help="rounds mode: sweeps per side, alternating (default: 5)")
+    p.add_argument("--seed", type=int, help="lockstep: seed of each round's side order (default: 0)")
+    p.add_argument("--rounds", type=int, help="rounds mode: sweeps per side, alternating (default: 5)")
     suite_args(p)
     p.add_argument(
         "--candidate-set",

@@ -195,6 +195,7 @@ class _Side:
     side: Side
     proc: subprocess.Popen
     log: Path
+    root: Path  # where its sweep writes its run
     server: socket.socket
     conn: socket.socket | None = None
     buffer: bytes = b""
@@ -203,6 +204,7 @@ class _Side:
     run_dir: str | None = None
     values: dict[str, dict[int, float]] = field(default_factory=dict)
     items: int = 0
+    last_done: dict[str, Any] = field(default_factory=dict)  # the last ``done`` message
 
     @property
     def exited(self) -> bool:
@@ -245,8 +247,13 @@ class _Conductor:
                 self._handle(side, m)
         for s in self.sides:
             code = s.proc.poll()
-            if code is not None and s.conn is None and code not in (0, 1):
+            if code is None or s.conn is not None:
+                continue
+            # Exit 1 means some case failed: the run still exists and the comparison reports the case.
+            if code not in (0, 1):
                 raise SideError(_failed(s, f"exited with {code}"))
+            if not any(store.iter_runs(s.root)):
+                raise SideError(_failed(s, f"exited with {code} and left no run in {s.root}"))
 
     def _drop(self, side: _Side) -> None:
         """The side's world closed its connection: it ended, or died (its item in flight is over)."""
@@ -262,6 +269,7 @@ class _Conductor:
         elif m["msg"] == lockstep.DONE:
             side.inflight = None
             side.items += 1
+            side.last_done = m
             if m.get("value") is not None:
                 side.values.setdefault(m["case"], {})[int(m["repeat"])] = float(m["value"])
 
@@ -382,6 +390,8 @@ def run_lockstep(
                         "start": t0,
                         "end": time.time(),
                         "done": s.items > before,  # False: its world died in it
+                        # When the item ran by the world's own clock (rank 0's).
+                        **({k: s.last_done[k] for k in ("began", "ended")} if s.items > before else {}),
                     }
                 )
             if entry["items"]:
@@ -464,7 +474,7 @@ def _start(
             start_new_session=True,
             preexec_fn=_die_with_gate,
         )
-    return _Side(side, proc, log, server)
+    return _Side(side, proc, log, root, server)
 
 
 def _die_with_gate() -> None:

@@ -4,7 +4,8 @@ A lockstep gate keeps one world per side alive and lets exactly one of them run 
 repeat) item at a time. Before each item of its plan, rank 0 of a world sends ``ready`` and waits
 for the gate's answer: ``go`` (run it; the answer names the metric the gate judges) or ``stop``
 (run nothing more: the world ends its plan). After a ``go`` it sends ``done`` with the repeat's
-value of that metric, computed as ``tpbench compare`` computes it.
+value of that metric, computed as ``tpbench compare`` computes it, and when the item began and
+ended by its own clock.
 
 Messages are JSON lines over a Unix socket at a path the gate chose. A path-based socket reaches
 the gate from inside the network namespace of an emulated link, where TCP to the gate's localhost
@@ -52,5 +53,6 @@ class GateClient:
                 raise ConnectionError("the lockstep gate closed its socket (the gate ended or failed)")
             self.buffer += chunk
 
-    def done(self, case_id: str, repeat: int, value: float | None) -> None:
-        send(self.sock, DONE, case=case_id, repeat=repeat, value=value)
+    def done(self, case_id: str, repeat: int, value: float | None, began: float, ended: float) -> None:
+        """The item is over: its value, and when it began and ended on rank 0's wall clock."""
+        send(self.sock, DONE, case=case_id, repeat=repeat, value=value, began=began, ended=ended)

@@ -456,8 +456,9 @@ class Lockstep:
         dist.broadcast_object_list(answer, src=0, group=self.ctrl)
         return answer[0] == lockstep.GO
 
-    def done(self, case: Case, repeat: int, rows: pd.DataFrame) -> None:
-        """Tell the gate the item is over, with its value of the gate's metric (None: not recorded)."""
+    def done(self, case: Case, repeat: int, rows: pd.DataFrame, began: float) -> None:
+        """Tell the gate the item is over, with its value of the gate's metric (None: not recorded)
+        and when it began (``began``) and ended on this clock."""
         if self.client is None:
             return
         value = None
@@ -466,7 +467,7 @@ class Lockstep:
                 rows.assign(case_id=case.case_id), self.metric, windows_of({case.case_id: case.params()})
             )
             value = float(values[self.metric].iloc[0]) if len(values) else None
-        self.client.done(case.case_id, repeat, value)
+        self.client.done(case.case_id, repeat, value, began, time.time())
 
 
 def run_plan(plan: Plan, events: Events) -> None:
@@ -498,6 +499,7 @@ def run_plan(plan: Plan, events: Events) -> None:
                     break
                 if rank.rank == 0:
                     events.emit("repeat_start", case=case_id, repeat=repeat)
+                began = time.time()
                 rows = runner.run_repeat(case, repeat, profile_after=repeat == case.repeats - 1)
                 if rows is not None:
                     store.write_repeat(Path(plan.run_dir), case_id, repeat, rows)
@@ -505,7 +507,7 @@ def run_plan(plan: Plan, events: Events) -> None:
                     events.emit("repeat_end", case=case_id, repeat=repeat, median_ms=float(timed.median()))
                     if repeat == case.repeats - 1:
                         events.emit("case_end", case=case_id)
-                    gate.done(case, repeat, rows)
+                    gate.done(case, repeat, rows, began)
             except Exception:
                 events.emit("error", case=case_id, repeat=repeat, rank=rank.rank, error=traceback.format_exc())
                 os._exit(1)

@@ -6,7 +6,7 @@ ways of gating:
 
 - ``compare``: a stored baseline run against a later candidate run (separate sweeps, as when the
   baseline comes from another job); also with the three previous runs pooled as baselines;
-- ``gate``: ``tpbench gate`` (both sides in the same job, rounds interleaved and paired).
+- ``gate``: ``tpbench gate --mode rounds`` (both sides in the same job, rounds interleaved and paired).
 
 Only identical-code runs are collected. Detection is measured on the same runs with every step
 time of the candidate side multiplied by (1 + slowdown): an exact slowdown on top of the
@@ -81,6 +81,8 @@ def _gate(suite: Path, out: Path, rounds: int, *extra: str) -> None:
         py,
         "--candidate",
         py,
+        "--mode",
+        "rounds",
         "--rounds",
         str(rounds),
         "--out",
