@@ -98,18 +98,24 @@ def test_target_ci_stops_after_the_fewest_pairs_and_leaves_honest_runs(tmp_path:
     assert report.returncode == 0 and (tmp_path / "r.html").stat().st_size > 0, report.stderr
 
 
-def test_a_side_whose_world_dies_is_reported_without_a_hang(tmp_path: Path) -> None:
-    """The candidate's world is killed in its first item (fault crash:1): the gate sees its
-    connection end, the candidate's sweep fails the case and exits, the baseline runs on alone,
-    and the verdict names the case as missing (exit 3); gate.json records the item as not done."""
-    text = tiny_suite('algorithm = ["ddp"]', warmup_steps=3, steps=6, batch_size=32)
-    p, out = gate(tmp_path, text, "--repeats", "4", "--candidate-set", "fault=crash:1", "--format", "json")
+def test_a_side_whose_worlds_die_is_reported_without_a_hang(tmp_path: Path) -> None:
+    """The candidate's world is killed in its first item of each case (fault crash:1): the gate sees
+    its connection end, the candidate's sweep fails that case and starts a fresh world, which
+    connects and asks again; the baseline runs its items meanwhile, never two at once, and the
+    verdict names both cases as missing (exit 3). gate.json records the candidate's items as not done."""
+    text = tiny_suite('algorithm = ["ddp", "zero_no_overlap"]', warmup_steps=3, steps=6, batch_size=32)
+    p, out = gate(tmp_path, text, "--repeats", "3", "--candidate-set", "fault=crash:1", "--format", "json")
     assert p.returncode == 3, p.stderr
-    (case,) = json.loads(p.stdout)["cases"]
-    assert case["verdict"] == "missing" and "failed" in case["reason"]
-    items = [i for r in json.loads((out / "gate.json").read_text())["rounds"] for i in r["items"]]
-    assert [i["done"] for i in items if i["side"] == "candidate"] == [False]
-    assert sum(i["side"] == "baseline" for i in items) == 4
+    cases = json.loads(p.stdout)["cases"]
+    assert [c["verdict"] for c in cases] == ["missing", "missing"] and all("failed" in c["reason"] for c in cases)
+    record = json.loads((out / "gate.json").read_text())
+    items = [i for r in record["rounds"] for i in r["items"]]
+    assert sorted((i["case"], i["repeat"], i["done"]) for i in items if i["side"] == "candidate") == sorted(
+        (c["case_id"], 0, False) for c in cases
+    )
+    assert sum(i["side"] == "baseline" and i["done"] for i in items) == 6
+    meta = store.read_run_json(Path(record["sides"]["candidate"]["run"]))
+    assert len(meta["worlds"]) == 2 and {c["status"] for c in meta["cases"].values()} == {"failed"}
 
 
 def test_a_side_too_old_for_lockstep_is_named_with_the_way_out(tmp_path: Path) -> None:
