@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, tiny_suite
+from conftest import REPO, tiny_suite, worker_processes
 from conftest import tpbench as run_tpbench
 
-from tpbench import store
+from tpbench import compare, report, store
+from tpbench import gate as gate_module
 
 pytestmark = pytest.mark.ranks
 
@@ -36,26 +37,32 @@ def gate(tmp_path: Path, suite_text: str, *flags: str | Path, baseline: str | Pa
     return p, out
 
 
-def test_lockstep_alternates_items_of_worlds_started_once_and_aa_is_not_a_regression(tmp_path: Path) -> None:
-    """Two cases, 6 repeats: each side's sweep starts one world; every round runs one item of each
-    side, in the order gate.json records (drawn from the seed), and by the worlds' own clocks no
-    item of one side overlaps an item of the other. The same code on both sides (a source tree
-    and a venv) is not called a regression."""
+def test_lockstep_alternates_items_of_worlds_started_once_stops_early_and_aa_is_not_a_regression(
+    tmp_path: Path,
+) -> None:
+    """Two cases, 30 repeats planned, a target any 10 pairs meet. Each side's sweep starts one
+    world; every round runs one item of each side, in the order gate.json records (drawn from the
+    seed), and by the worlds' own clocks no item of one side overlaps an item of the other. After
+    10 pairs per case the gate answers stop: each world ends its plan cleanly and each case is done
+    with ``repeats_run`` 10 of the 30 planned, runs that compare and report read. The same code on
+    both sides (a source tree and a venv) is not called a regression."""
     text = tiny_suite('algorithm = ["ddp", "zero_no_overlap"]', warmup_steps=3, steps=6, batch_size=32)
-    p, out = gate(tmp_path, text, "--repeats", "6", "--seed", "7", "--threshold", "10%", "--format", "json")
+    flags = ("--repeats", "30", "--target-ci", "99%", "--seed", "7", "--threshold", "10%", "--format", "json")
+    p, out = gate(tmp_path, text, *flags)
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert doc["pairing"] == "repeats"
     assert {c["verdict"] for c in doc["cases"]} <= {"pass", "inconclusive"}, doc
-    assert all(c["pairs"] == 6 for c in doc["cases"]), doc
+    assert [c["pairs"] for c in doc["cases"]] == [10, 10], doc
 
     record = json.loads((out / "gate.json").read_text())
-    assert record["mode"] == "lockstep" and record["seed"] == 7 and record["stopped"] == "the plans ended"
+    assert record["mode"] == "lockstep" and record["seed"] == 7
+    assert record["stopped"].startswith("every case resolved to ±99.0%")
     rounds = record["rounds"]
-    assert len(rounds) == 12  # 2 cases x 6 repeats, one item per side each round
+    assert len(rounds) == 20  # 2 cases x 10 repeats, one item per side each round
     rng = random.Random(7)
     for r in rounds:
-        assert r["order"] == [s for s in rng.sample(["baseline", "candidate"], 2)]
+        assert r["order"] == rng.sample(["baseline", "candidate"], 2)
         assert [i["side"] for i in r["items"]] == r["order"]
         (a, b) = r["items"]
         assert (a["case"], a["repeat"]) == (b["case"], b["repeat"])  # item i of one side is item i of the other
@@ -68,34 +75,15 @@ def test_lockstep_alternates_items_of_worlds_started_once_and_aa_is_not_a_regres
     for i in items:
         assert i["start"] <= i["began"] <= i["ended"] <= i["end"]  # inside the gate's go … done
 
-    for side in ("baseline", "candidate"):
-        meta = store.read_run_json(Path(record["sides"][side]["run"]))
-        assert len(meta["worlds"]) == 1 and meta["status"] == "complete"
-        assert {c["status"] for c in meta["cases"].values()} == {"done"}
-
-
-def test_target_ci_stops_after_the_fewest_pairs_and_leaves_honest_runs(tmp_path: Path) -> None:
-    """With a target any 10 pairs meet, the gate answers stop after 10 rounds: each side's world
-    ends its plan cleanly, the case is done with ``repeats_run`` 10 of the 30 planned, and
-    `tpbench compare` and `tpbench report` read the runs."""
-    text = tiny_suite('algorithm = ["ddp"]', warmup_steps=3, steps=6, batch_size=32)
-    p, out = gate(tmp_path, text, "--repeats", "30", "--target-ci", "99%", "--format", "json")
-    assert p.returncode == 0, p.stderr
-    record = json.loads((out / "gate.json").read_text())
-    assert len(record["rounds"]) == 10 and record["stopped"].startswith("every case resolved to ±99.0%")
-    (case,) = json.loads(p.stdout)["cases"]
-    assert case["pairs"] == 10
     runs = [Path(record["sides"][s]["run"]) for s in ("baseline", "candidate")]
     for run in runs:
         meta = store.read_run_json(run)
-        (entry,) = meta["cases"].values()
-        assert (entry["status"], entry["repeats_run"], entry["params"]["repeats"]) == ("done", 10, 30)
-        assert meta["status"] == "complete" and len(meta["worlds"]) == 1
+        assert len(meta["worlds"]) == 1 and meta["status"] == "complete"
+        for entry in meta["cases"].values():
+            assert (entry["status"], entry["repeats_run"], entry["params"]["repeats"]) == ("done", 10, 30)
         assert sorted(store.load(run).steps["repeat"].unique()) == list(range(10))
-    compared = tpbench("compare", *runs, "--format", "json")
-    assert compared.returncode == 0 and json.loads(compared.stdout)["cases"][0]["candidate_repeats"] == 10
-    report = tpbench("report", runs[1], "-o", tmp_path / "r.html")
-    assert report.returncode == 0 and (tmp_path / "r.html").stat().st_size > 0, report.stderr
+    assert all(c.candidate_repeats == 10 for c in compare.compare_runs(runs[:1], runs[1:]).cases)
+    assert report.write_report(runs, tmp_path / "r.html").stat().st_size > 0
 
 
 def test_a_side_whose_worlds_die_is_reported_without_a_hang(tmp_path: Path) -> None:
@@ -130,3 +118,18 @@ def test_a_side_too_old_for_lockstep_is_named_with_the_way_out(tmp_path: Path) -
     p, out = gate(tmp_path, tiny_suite('algorithm = ["ddp"]'), "--repeats", "3", baseline=old)
     assert p.returncode == 3
     assert "baseline" in p.stderr and "--mode rounds" in p.stderr and str(out / "baseline.log") in p.stderr
+
+
+def test_a_silent_side_stops_the_gate_after_the_stall_limit(tmp_path: Path) -> None:
+    """A candidate whose command never starts a world nor exits (`sh -c "sleep 60"` as its
+    tpbench): after ``stall_s`` of silence the gate raises a SideError naming it and its log, and
+    both sides' processes are gone."""
+    suite = tmp_path / "gate.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp"]'))
+    out = tmp_path / "gate"
+    baseline = gate_module.resolve_side("baseline", str(REPO), out / "baseline")
+    silent = gate_module.resolve_side("candidate", 'sh -c "sleep 60"', out / "candidate")
+    with pytest.raises(gate_module.SideError, match=r"candidate \(sh -c .*said nothing for 3 s") as e:
+        gate_module.run_lockstep(suite, baseline, silent, out, gate_module.Lockstep(repeats=2, stall_s=3))
+    assert str(out / "candidate.log") in str(e.value)
+    assert not worker_processes(out / "baseline")

@@ -201,7 +201,6 @@ class _Side:
     buffer: bytes = b""
     parked: tuple[str, int] | None = None  # the item its world asked to run, waiting for an answer
     inflight: tuple[str, int] | None = None  # the item its world runs now
-    run_dir: str | None = None
     values: dict[str, dict[int, float]] = field(default_factory=dict)
     items: int = 0
     last_done: dict[str, Any] = field(default_factory=dict)  # the last ``done`` message
@@ -238,7 +237,10 @@ class _Conductor:
                 side.conn = conn
                 self.sel.register(conn, selectors.EVENT_READ, (side, "conn"))
                 continue
-            chunk = side.conn.recv(65536)
+            try:
+                chunk = side.conn.recv(65536)
+            except ConnectionError:
+                chunk = b""
             if not chunk:
                 self._drop(side)
                 continue
@@ -265,7 +267,6 @@ class _Conductor:
     def _handle(self, side: _Side, m: dict[str, Any]) -> None:
         if m["msg"] == lockstep.READY:
             side.parked = (m["case"], int(m["repeat"]))
-            side.run_dir = m["run"]
         elif m["msg"] == lockstep.DONE:
             side.inflight = None
             side.items += 1
@@ -274,7 +275,12 @@ class _Conductor:
                 side.values.setdefault(m["case"], {})[int(m["repeat"])] = float(m["value"])
 
     def answer(self, side: _Side, msg: str, **data: Any) -> None:
-        lockstep.send(side.conn, msg, **data)
+        """Answer the side's waiting world; a world that died meanwhile is simply over."""
+        try:
+            lockstep.send(side.conn, msg, **data)
+        except OSError:
+            self._drop(side)
+            return
         if msg == lockstep.GO:
             side.inflight = side.parked
         side.parked = None

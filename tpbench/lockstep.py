@@ -35,15 +35,14 @@ def split_lines(buffer: bytes) -> tuple[list[dict[str, Any]], bytes]:
 class GateClient:
     """Rank 0's end: asks before each item, reports each item done."""
 
-    def __init__(self, path: str, run_dir: str) -> None:
+    def __init__(self, path: str) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(path)
-        self.run_dir = run_dir
         self.buffer = b""
 
     def ask(self, case_id: str, repeat: int) -> dict[str, Any]:
         """Wait for the gate's answer to running this item (``msg`` is GO or STOP)."""
-        send(self.sock, READY, case=case_id, repeat=repeat, run=self.run_dir)
+        send(self.sock, READY, case=case_id, repeat=repeat)
         while True:
             found, self.buffer = split_lines(self.buffer)
             if found:

@@ -17,6 +17,9 @@ plan names (``events_dir``, on the run directory's shared filesystem). A rank th
 the traceback and exits at once: the other ranks are probably blocked in a collective by then,
 and only the launcher can tear the world down.
 
+Under a lockstep gate (``tpbench gate``; the plan's ``lockstep`` socket) rank 0 asks the gate
+before each item and the world runs it, or ends its plan, as told (``Turns``).
+
 Right after the rendezvous the ranks exchange where they run (``gather_nodes``): post-local SGD
 takes its node subgroups from the real nodes, and the launcher records every node in run.json.
 """
@@ -49,7 +52,6 @@ from tpbench import accounting, capture, lockstep, store, workloads
 from tpbench.analysis.stats import repeat_values, windows_of
 from tpbench.capture import nvml, profiler, transport
 from tpbench.environment import fingerprint
-from tpbench.lockstep import GateClient
 from tpbench.plan import Plan
 from tpbench.suite import Case
 from tpbench.training import BuildContext, Training, build
@@ -430,7 +432,7 @@ def _check_world(rank: Rank, case: Case) -> None:
         )
 
 
-class Lockstep:
+class Turns:
     """This world's side of a lockstep gate (``tpbench.lockstep``); permits everything without one.
 
     Rank 0 asks the gate before each item and tells the other ranks the answer over the control
@@ -442,7 +444,7 @@ class Lockstep:
     def __init__(self, plan: Plan, rank: Rank, ctrl: dist.ProcessGroup) -> None:
         self.ctrl = ctrl
         self.enabled = plan.lockstep is not None
-        self.client = GateClient(plan.lockstep, plan.run_dir) if self.enabled and rank.rank == 0 else None
+        self.client = lockstep.GateClient(plan.lockstep) if self.enabled and rank.rank == 0 else None
         self.metric = "step_ms"
 
     def permits(self, case_id: str, repeat: int) -> bool:
@@ -489,7 +491,7 @@ def run_plan(plan: Plan, events: Events) -> None:
         runner = CaseRunner(rank, device, Path(plan.run_dir), events, ctrl, nodes=tuple(tuple(n.ranks) for n in nodes))
         if rank.rank == 0:
             events.emit("world_ready", world=plan.world, nodes=[dataclasses.asdict(n) for n in nodes])
-        gate = Lockstep(plan, rank, ctrl)
+        gate = Turns(plan, rank, ctrl)
         for case_id, repeat in plan.schedule:
             case = cases[case_id]
             try:
