@@ -290,14 +290,48 @@ class _Conductor:
         self.last = time.monotonic()
         while not ready():
             self.pump(0.2)
-            if time.monotonic() - self.last > self.stall_s:
-                silent = [s for s in self.sides if not s.idle]
-                raise SideError(
-                    "; ".join(
-                        _failed(s, f"said nothing for {self.stall_s:.0f} s while the gate waited for {what}")
-                        for s in silent or self.sides
-                    )
+            self._check_stall(what)
+
+    def _check_stall(self, what: str) -> None:
+        if time.monotonic() - self.last > self.stall_s:
+            silent = [s for s in self.sides if not s.idle] or self.sides
+            raise SideError(
+                "; ".join(
+                    _failed(s, f"said nothing for {self.stall_s:.0f} s while the gate waited for {what}")
+                    for s in silent
                 )
+            )
+
+    def run_item(self, side: _Side, metric: str) -> dict[str, Any] | None:
+        """Let ``side`` run the item it asked for once every side is idle; None if it has exited.
+        Returns the item as gate.json records it."""
+        self.wait_until(lambda: all(o.idle for o in self.sides), "both sides to be ready")
+        if side.exited:
+            return None
+        (case, repeat), start, before = side.parked, time.time(), side.items
+        self.answer(side, lockstep.GO, metric=metric)
+        self.wait_until(lambda: side.inflight is None, f"{side.side.name}'s item {case} {repeat} to end")
+        done = side.items > before  # False: its world died in it
+        return {
+            "side": side.side.name,
+            "case": case,
+            "repeat": repeat,
+            "start": start,
+            "end": time.time(),
+            "done": done,
+            # When the item ran by the world's own clock (rank 0's).
+            **({k: side.last_done[k] for k in ("began", "ended")} if done else {}),
+        }
+
+    def finish(self) -> None:
+        """Answer stop to whatever asks from now on, until every side's sweep has exited."""
+        self.last = time.monotonic()
+        while not all(s.exited for s in self.sides):
+            for s in self.sides:
+                if s.parked is not None:
+                    self.answer(s, lockstep.STOP)
+            self.pump(0.2)
+            self._check_stall("the sweeps to finish")
 
 
 def _failed(s: _Side, what: str) -> str:
@@ -373,6 +407,7 @@ def run_lockstep(
     sides: list[_Side] = []
     rounds: list[dict[str, Any]] = []
     stopped = None
+    misaligned = False
     started = time.monotonic()
     try:
         for side in (baseline, candidate):
@@ -380,40 +415,21 @@ def run_lockstep(
         conductor = _Conductor(sides, cfg.stall_s)
         while stopped is None and not all(s.exited for s in sides):
             order = rng.sample(sides, len(sides))
-            entry: dict[str, Any] = {"round": len(rounds) + 1, "order": [s.side.name for s in order], "items": []}
-            for s in order:
-                conductor.wait_until(lambda: all(o.idle for o in sides), "both sides to be ready")
-                if s.exited:
-                    continue
-                item, t0, before = s.parked, time.time(), s.items
-                conductor.answer(s, lockstep.GO, metric=cfg.metric)
-                conductor.wait_until(lambda s=s: s.inflight is None, f"{s.side.name}'s item {item} to end")
-                entry["items"].append(
-                    {
-                        "side": s.side.name,
-                        "case": item[0],
-                        "repeat": item[1],
-                        "start": t0,
-                        "end": time.time(),
-                        "done": s.items > before,  # False: its world died in it
-                        # When the item ran by the world's own clock (rank 0's).
-                        **({k: s.last_done[k] for k in ("began", "ended")} if s.items > before else {}),
-                    }
-                )
-            if entry["items"]:
-                rounds.append(entry)
+            items = [i for i in (conductor.run_item(s, cfg.metric) for s in order) if i is not None]
+            if items:
+                rounds.append({"round": len(rounds) + 1, "order": [s.side.name for s in order], "items": items})
+                if not misaligned and len({(i["case"], i["repeat"]) for i in items}) > 1:
+                    misaligned = True
+                    announce(
+                        f"tpbench gate: warning: in round {len(rounds)} the sides ran different items "
+                        "(their plans differ): pairs of repeats are no longer neighbours in time"
+                    )
                 if len(rounds) % 10 == 0:
                     announce(f"tpbench gate: {len(rounds)} rounds, {time.monotonic() - started:.0f} s")
             stopped = _stop_reason(sides, cfg, started)
         if stopped:
             announce(f"tpbench gate: stopping after {len(rounds)} rounds: {stopped}")
-        # Whatever asks from now on is told to stop; then every sweep finishes its run and exits.
-        while not all(s.exited for s in sides):
-            conductor.wait_until(lambda: all(s.idle for s in sides), "the sweeps to finish")
-            for s in sides:
-                if s.parked is not None:
-                    conductor.answer(s, lockstep.STOP)
-            conductor.pump(0.2)
+        conductor.finish()
     except BaseException:
         for s in sides:
             _kill(s.proc)
