@@ -256,6 +256,8 @@ def _sweep(args: argparse.Namespace) -> int:
     from tpbench import report, store, sweep
 
     launcher = _torchrun(args)
+    if args.lockstep and not Path(args.lockstep).is_socket():
+        _usage(f"--lockstep {args.lockstep}: no gate listens there (a Unix socket of `tpbench gate`)")
     if args.resume:
         _check_resume_args(args)
         if args.dry_run:
@@ -671,7 +673,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override for the candidate only (e.g. slowdown_pct=10 to check the gate itself)",
     )
-    p.add_argument("--out", type=Path, help="where the rounds' runs go (default: results/gate/<id>)")
+    p.add_argument("--out", type=Path, help="where the gate's runs, logs and gate.json go (default: results/gate/<id>)")
     _verdict_args(p)
     p.set_defaults(func=cmd_gate)
 

@@ -401,6 +401,9 @@ def run_lockstep(
     if not suite.is_file():
         raise GateError(f"{suite}: no such suite file")
     out = Path(out).absolute()
+    earlier = [out / s.name for s in (baseline, candidate) if (out / s.name).is_dir()]
+    if (out / GATE_FILE).exists() or any(any(store.iter_runs(d)) for d in earlier):
+        raise GateError(f"--out {out}: holds an earlier gate's runs; give a new folder")
     out.mkdir(parents=True, exist_ok=True)
     sockets = Path(tempfile.mkdtemp(prefix="tpbg-"))  # short: a socket path has ~100 bytes
     rng = random.Random(cfg.seed)
