@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 import pytest
 import scipy.stats
-from conftest import REPO
+from conftest import REPO, tiny_suite
 from conftest import tpbench as run_tpbench
 from synthetic_runs import ENVIRONMENT, make_run
 
@@ -451,6 +451,36 @@ def test_lockstep_gate_calls_a_30pct_slowdown_a_regression_beside_a_busy_process
     print(f"slowdown_pct=30: ratio {case['ratio']:.3f} [{case['ci_lo']:.3f}, {case['ci_hi']:.3f}] -> {case['verdict']}")
     assert doc["pairing"] == "repeats" and case["pairs"] == 20
     assert case["verdict"] == "regression" and slow.returncode == 1, slow.stdout + slow.stderr
+
+
+@pytest.mark.ranks
+def test_rounds_mode_sweeps_whole_suites_alternately(tmp_path: Path) -> None:
+    """--mode rounds (for a side too old for lockstep): one whole sweep per side and round, each
+    round's two runs paired; lockstep's options are refused there."""
+    suite = tmp_path / "gate.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp"]', repeats=3))
+    p = tpbench(
+        "gate",
+        suite,
+        "--baseline",
+        REPO,
+        "--candidate",
+        sys.prefix,
+        "--mode",
+        "rounds",
+        "--rounds",
+        "2",
+        "--out",
+        tmp_path / "g",
+        "--format",
+        "json",
+    )
+    assert p.returncode in (0, 1), p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["pairing"] == "rounds" and doc["cases"][0]["baseline_runs"] == doc["cases"][0]["candidate_runs"] == 2
+    assert sorted(d.name for d in (tmp_path / "g" / "candidate").iterdir()) == ["round01", "round02"]
+    p = tpbench("gate", suite, "--baseline", REPO, "--candidate", sys.prefix, "--mode", "rounds", "--repeats", "9")
+    assert p.returncode == 2 and "--repeats: not an option of --mode rounds" in p.stderr
 
 
 @pytest.mark.ranks
