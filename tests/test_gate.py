@@ -416,6 +416,11 @@ depth = 4
 """
 
 
+def same_code_gate(suite: Path, *flags: str | Path) -> subprocess.CompletedProcess:
+    """`tpbench gate` of this tree as a source tree (baseline) against this venv (candidate)."""
+    return tpbench("gate", suite, "--baseline", REPO, "--candidate", sys.prefix, *flags)
+
+
 @pytest.mark.ranks
 def test_lockstep_gate_calls_a_30pct_slowdown_a_regression_beside_a_busy_process(tmp_path: Path) -> None:
     """A few-ms step, 20 pairs through the lockstep gate, with a CPU-bound process competing for
@@ -427,13 +432,8 @@ def test_lockstep_gate_calls_a_30pct_slowdown_a_regression_beside_a_busy_process
     suite.write_text(GATE_SUITE)
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        slow = tpbench(
-            "gate",
+        slow = same_code_gate(
             suite,
-            "--baseline",
-            REPO,
-            "--candidate",
-            sys.prefix,
             "--repeats",
             "20",
             "--candidate-set",
@@ -459,27 +459,12 @@ def test_rounds_mode_sweeps_whole_suites_alternately(tmp_path: Path) -> None:
     round's two runs paired; lockstep's options are refused there."""
     suite = tmp_path / "gate.toml"
     suite.write_text(tiny_suite('algorithm = ["ddp"]', repeats=3))
-    p = tpbench(
-        "gate",
-        suite,
-        "--baseline",
-        REPO,
-        "--candidate",
-        sys.prefix,
-        "--mode",
-        "rounds",
-        "--rounds",
-        "2",
-        "--out",
-        tmp_path / "g",
-        "--format",
-        "json",
-    )
+    p = same_code_gate(suite, "--mode", "rounds", "--rounds", "2", "--out", tmp_path / "g", "--format", "json")
     assert p.returncode in (0, 1), p.stderr
     doc = json.loads(p.stdout)
     assert doc["pairing"] == "rounds" and doc["cases"][0]["baseline_runs"] == doc["cases"][0]["candidate_runs"] == 2
     assert sorted(d.name for d in (tmp_path / "g" / "candidate").iterdir()) == ["round01", "round02"]
-    p = tpbench("gate", suite, "--baseline", REPO, "--candidate", sys.prefix, "--mode", "rounds", "--repeats", "9")
+    p = same_code_gate(suite, "--mode", "rounds", "--repeats", "9")
     assert p.returncode == 2 and "--repeats: not an option of --mode rounds" in p.stderr
 
 
