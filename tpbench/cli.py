@@ -256,6 +256,8 @@ def _sweep(args: argparse.Namespace) -> int:
     from tpbench import report, store, sweep
 
     launcher = _torchrun(args)
+    if args.lockstep and not Path(args.lockstep).is_socket():
+        _usage(f"--lockstep {args.lockstep}: no gate listens there (a Unix socket of `tpbench gate`)")
     if args.resume:
         _check_resume_args(args)
         if args.dry_run:
@@ -288,6 +290,8 @@ def _sweep(args: argparse.Namespace) -> int:
         run = sweep.start(prepared, args.out or Path("results"), launcher)
     console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
     if args.print_only:
+        if args.lockstep:
+            _usage("--print: a lockstep gate paces worlds this command starts itself; drop --lockstep")
         return _print_worlds(run, cases, launcher)
     done = set()
     for c in cases:
@@ -297,7 +301,7 @@ def _sweep(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     try:
         with listener.progress:
-            sweep.execute(run, cases, listener, launcher)
+            sweep.execute(run, cases, listener, launcher, args.lockstep)
         loaded = sweep.finalize(run.dir)
     except KeyboardInterrupt as e:
         said, code = _interrupted(e)
@@ -456,28 +460,62 @@ def cmd_gate(args: argparse.Namespace) -> int:
     out = (args.out or Path("results") / "gate" / store.new_run_id()).absolute()
     baseline = gate.resolve_side("baseline", args.baseline, out / "baseline")
     candidate = gate.resolve_side("candidate", args.candidate, out / "candidate")
-    run = gate.run_gate(
-        args.suite,
-        baseline,
-        candidate,
-        out,
-        rounds=args.rounds,
+    sides = dict(
         overrides=args.set,
         filters=args.filter,
         candidate_overrides=args.candidate_set,
         announce=lambda line: console.print(line, soft_wrap=True, markup=False),
     )
+    lockstep_only = {
+        "--repeats": args.repeats,
+        "--target-ci": args.target_ci,
+        "--seed": args.seed,
+        "--budget-s": args.budget_s,
+    }
+    misplaced = [f for f, v in lockstep_only.items() if v is not None] if args.mode == "rounds" else []
+    if args.mode == "lockstep" and args.rounds is not None:
+        misplaced = ["--rounds"]
+    if misplaced:
+        raise compare.GateError(f"{', '.join(misplaced)}: not an option of --mode {args.mode}")
+    if args.mode == "rounds":
+        run = gate.run_gate(args.suite, baseline, candidate, out, rounds=args.rounds or 5, **sides)
+        baseline_runs, candidate_runs, pairing = run.baseline, run.candidate, "rounds"
+    else:
+        given = {
+            k: v
+            for k, v in (("repeats", args.repeats), ("budget_s", args.budget_s), ("seed", args.seed))
+            if v is not None
+        }
+        if args.target_ci is not None:
+            given = {"repeats": gate.ADAPTIVE_REPEATS} | given | {"target_ci": _percent("--target-ci", args.target_ci)}
+        cfg = gate.Lockstep(metric=args.metric, **given)
+        run = gate.run_lockstep(args.suite, baseline, candidate, out, cfg, **sides)
+        baseline_runs, candidate_runs, pairing = [run.baseline], [run.candidate], "repeats"
     console.print(f"Gate runs: {run.out}", soft_wrap=True, markup=False)
     comparison = compare.compare_runs(
-        run.baseline,
-        run.candidate,
+        baseline_runs,
+        candidate_runs,
         metric=args.metric,
         threshold=threshold,
-        pairing="rounds",
+        pairing=pairing,
         fail_on_inconclusive=args.fail_on_inconclusive,
         ignore_env=args.ignore_env,
     )
     return _print_verdict(comparison, args.format)
+
+
+def _percent(flag: str, text: str) -> float:
+    """``2%`` or ``0.02`` → 0.02, in (0, 1)."""
+    from tpbench.compare import GateError
+
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < 1:
+        raise GateError(f"{flag} {text}: expected a percentage above 0 and below 100, like 2%")
+    return value
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -535,6 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     p.add_argument("--report", type=Path, metavar="FILE", help="report path (default: reports/<suite>-<run_id>.html)")
     p.add_argument("--reports-dir", type=Path, default=Path("reports"), help=argparse.SUPPRESS)
+    # Set by `tpbench gate` (lockstep mode): the Unix socket its worlds ask before each item.
+    p.add_argument("--lockstep", metavar="SOCKET", help=argparse.SUPPRESS)
     t = p.add_argument_group("torchrun (multi-node; the results root must be on a filesystem every node sees)")
     t.add_argument(
         "--launcher",
@@ -591,7 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
     _verdict_args(p)
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("gate", help="run a suite for baseline and candidate in this job, rounds interleaved, and judge")
+    p = sub.add_parser("gate", help="run a suite for baseline and candidate in this job, in lockstep, and judge")
     p.add_argument("suite", help="suite TOML file")
     p.add_argument(
         "--baseline",
@@ -601,8 +641,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--candidate", required=True, metavar="PATH_OR_CMD", help="same forms as --baseline")
     p.add_argument(
-        "--rounds", type=int, default=5, help="sweeps per side, alternating; more rounds, more power (default: 5)"
+        "--mode",
+        choices=("lockstep", "rounds"),
+        default="lockstep",
+        help="lockstep: one world per side, alternating repeat by repeat (default); rounds: whole sweeps "
+        "alternating, for a side whose tpbench predates lockstep",
     )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        help="lockstep: the most repeats per case (default: 30; 500 with --target-ci)",
+    )
+    p.add_argument(
+        "--target-ci",
+        metavar="PCT",
+        help="lockstep: stop once every case's interval half-width is at most PCT (after 10 pairs per case)",
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        metavar="SECONDS",
+        help="lockstep: stop after this long, whatever is left (default: 480)",
+    )
+    p.add_argument("--seed", type=int, help="lockstep: seed of each round's side order (default: 0)")
+    p.add_argument("--rounds", type=int, help="rounds mode: sweeps per side, alternating (default: 5)")
     suite_args(p)
     p.add_argument(
         "--candidate-set",
@@ -611,7 +673,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override for the candidate only (e.g. slowdown_pct=10 to check the gate itself)",
     )
-    p.add_argument("--out", type=Path, help="where the rounds' runs go (default: results/gate/<id>)")
+    p.add_argument("--out", type=Path, help="where the gate's runs, logs and gate.json go (default: results/gate/<id>)")
     _verdict_args(p)
     p.set_defaults(func=cmd_gate)
 

@@ -1,25 +1,39 @@
-"""The same-job gate (``tpbench gate``): sweep baseline and candidate in this job, rounds interleaved.
+"""The same-job gate (``tpbench gate``): baseline and candidate measured side by side in this job.
 
-``run_gate`` runs baseline and candidate in the same job, rounds interleaved, each side through
-its own ``tpbench`` command in a subprocess (a Python environment, a source tree, or any command
-prefix): that is how two versions of the code under test are measured side by side, and why this
-module never imports the worker or the launcher.
+Each side runs through its own ``tpbench`` command in a subprocess (a Python environment, a source
+tree, or any command prefix): that is how two versions of the code under test are measured side
+by side, and why this module never imports the worker or the launcher.
 
-The runs it leaves are judged by ``tpbench.compare`` (paired rounds) and written by ``tpbench.render``.
+``run_lockstep`` (the default) starts each side's sweep once and paces their worlds item by item
+over ``tpbench.lockstep``: per round one (case, repeat) item of each side, in a seeded random
+order, never both at once, until the plans end, every case's interval is as narrow as asked, or
+the time budget is spent. ``run_gate`` (``--mode rounds``) sweeps whole suites alternately, for a
+side whose tpbench predates lockstep. The runs either leaves are judged by ``tpbench.compare``
+(paired by repeats or by rounds) and written by ``tpbench.render``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import json
 import os
+import random
+import selectors
 import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
-from tpbench import store
+from tpbench import lockstep, store
+from tpbench.analysis.stats import paired_ratio
 from tpbench.compare import GateError
 
 
@@ -141,3 +155,368 @@ def run_gate(
                 )
             runs[side.name].append(found[0])
     return GateRun(out, runs["baseline"], runs["candidate"])
+
+
+# ---------------------------------------------------------------- lockstep
+
+
+# How long the gate waits without a word from a side (a message, a world connecting, its sweep
+# exiting) before it gives up on the gate: longer than a world's start-up limit (180 s) plus a repeat.
+STALL_S = 600.0
+# The fewest pairs per case before --target-ci may stop the gate.
+MIN_PAIRS = 10
+# The most repeats per case a --target-ci gate plans: the target or the budget ends it first.
+ADAPTIVE_REPEATS = 500
+GATE_FILE = "gate.json"
+
+
+@dataclass(frozen=True)
+class Lockstep:
+    """How a lockstep gate runs: overrides for both sides, and when to stop."""
+
+    repeats: int = 30
+    target_ci: float | None = None  # stop once every case's half-width is at most this (a fraction)
+    budget_s: float = 480.0
+    min_pairs: int = MIN_PAIRS
+    metric: str = "step_ms"
+    seed: int = 0
+    stall_s: float = STALL_S
+
+    def overrides(self) -> list[str]:
+        """``--set`` values for both sides (before the user's own): the planned repeats, and no
+        profiling, which a gate never reads. Both are budget keys: cases keep their identity."""
+        return [f"repeats={self.repeats}", "capture.profiler_steps=0"]
+
+
+@dataclass
+class _Side:
+    """One side's sweep process as the gate follows it."""
+
+    side: Side
+    proc: subprocess.Popen
+    log: Path
+    root: Path  # where its sweep writes its run
+    server: socket.socket
+    conn: socket.socket | None = None
+    buffer: bytes = b""
+    parked: tuple[str, int] | None = None  # the item its world asked to run, waiting for an answer
+    inflight: tuple[str, int] | None = None  # the item its world runs now
+    values: dict[str, dict[int, float]] = field(default_factory=dict)
+    items: int = 0
+    last_done: dict[str, Any] = field(default_factory=dict)  # the last ``done`` message
+
+    @property
+    def exited(self) -> bool:
+        return self.proc.poll() is not None and self.conn is None
+
+    @property
+    def idle(self) -> bool:
+        """Doing nothing that could disturb the other side: waiting for an answer, or gone."""
+        return self.parked is not None or self.exited
+
+
+class _Conductor:
+    """The gate's end of the lockstep protocol: one listening socket per side, the sides' worlds
+    connecting (again, after a failed world) and asking before each item."""
+
+    def __init__(self, sides: list[_Side], stall_s: float) -> None:
+        self.sides = sides
+        self.stall_s = stall_s
+        self.sel = selectors.DefaultSelector()
+        for s in sides:
+            self.sel.register(s.server, selectors.EVENT_READ, (s, "server"))
+        self.last = time.monotonic()
+
+    def pump(self, timeout: float) -> None:
+        for key, _ in self.sel.select(timeout):
+            side, what = key.data
+            self.last = time.monotonic()
+            if what == "server":
+                conn, _ = side.server.accept()
+                self._drop(side)  # a new world: the previous one is over
+                side.conn = conn
+                self.sel.register(conn, selectors.EVENT_READ, (side, "conn"))
+                continue
+            try:
+                chunk = side.conn.recv(65536)
+            except ConnectionError:
+                chunk = b""
+            if not chunk:
+                self._drop(side)
+                continue
+            messages, side.buffer = lockstep.split_lines(side.buffer + chunk)
+            for m in messages:
+                self._handle(side, m)
+        for s in self.sides:
+            code = s.proc.poll()
+            if code is None or s.conn is not None:
+                continue
+            # Exit 1 means some case failed: the run still exists and the comparison reports the case.
+            if code not in (0, 1):
+                raise SideError(_failed(s, f"exited with {code}"))
+            if not any(store.iter_runs(s.root)):
+                raise SideError(_failed(s, f"exited with {code} and left no run in {s.root}"))
+
+    def _drop(self, side: _Side) -> None:
+        """The side's world closed its connection: it ended, or died (its item in flight is over)."""
+        if side.conn is not None:
+            self.sel.unregister(side.conn)
+            side.conn.close()
+        side.conn, side.buffer, side.parked, side.inflight = None, b"", None, None
+
+    def _handle(self, side: _Side, m: dict[str, Any]) -> None:
+        if m["msg"] == lockstep.READY:
+            side.parked = (m["case"], int(m["repeat"]))
+        elif m["msg"] == lockstep.DONE:
+            side.inflight = None
+            side.items += 1
+            side.last_done = m
+            if m.get("value") is not None:
+                side.values.setdefault(m["case"], {})[int(m["repeat"])] = float(m["value"])
+
+    def answer(self, side: _Side, msg: str, **data: Any) -> None:
+        """Answer the side's waiting world; a world that died meanwhile is simply over."""
+        try:
+            lockstep.send(side.conn, msg, **data)
+        except OSError:
+            self._drop(side)
+            return
+        if msg == lockstep.GO:
+            side.inflight = side.parked
+        side.parked = None
+
+    def wait_until(self, ready: Callable[[], bool], what: str) -> None:
+        """Pump until ``ready()``; a SideError naming the sides that went silent after ``stall_s``."""
+        self.last = time.monotonic()
+        while not ready():
+            self.pump(0.2)
+            self._check_stall(what)
+
+    def _check_stall(self, what: str) -> None:
+        if time.monotonic() - self.last > self.stall_s:
+            silent = [s for s in self.sides if not s.idle] or self.sides
+            raise SideError(
+                "; ".join(
+                    _failed(s, f"said nothing for {self.stall_s:.0f} s while the gate waited for {what}")
+                    for s in silent
+                )
+            )
+
+    def run_item(self, side: _Side, metric: str) -> dict[str, Any] | None:
+        """Let ``side`` run the item it asked for once every side is idle; None if it has exited.
+        Returns the item as gate.json records it."""
+        self.wait_until(lambda: all(o.idle for o in self.sides), "both sides to be ready")
+        if side.exited:
+            return None
+        (case, repeat), start, before = side.parked, time.time(), side.items
+        self.answer(side, lockstep.GO, metric=metric)
+        self.wait_until(lambda: side.inflight is None, f"{side.side.name}'s item {case} {repeat} to end")
+        done = side.items > before  # False: its world died in it
+        return {
+            "side": side.side.name,
+            "case": case,
+            "repeat": repeat,
+            "start": start,
+            "end": time.time(),
+            "done": done,
+            # When the item ran by the world's own clock (rank 0's).
+            **({k: side.last_done[k] for k in ("began", "ended")} if done else {}),
+        }
+
+    def finish(self) -> None:
+        """Answer stop to whatever asks from now on, until every side's sweep has exited."""
+        self.last = time.monotonic()
+        while not all(s.exited for s in self.sides):
+            for s in self.sides:
+                if s.parked is not None:
+                    self.answer(s, lockstep.STOP)
+            self.pump(0.2)
+            self._check_stall("the sweeps to finish")
+
+
+def _failed(s: _Side, what: str) -> str:
+    """What went wrong with a side, with the end of its log (and the way out for an old tpbench)."""
+    text = s.log.read_text(errors="replace") if s.log.exists() else ""
+    tail = "\n".join(text.strip().splitlines()[-15:])
+    hint = ""
+    if "--lockstep" in text and "unrecognized arguments" in text:
+        hint = "; its tpbench predates lockstep gates: run the gate with --mode rounds"
+    return f"{s.side.name} ({s.side.spec}): its sweep {what}{hint}; log: {s.log}\n{tail}"
+
+
+@dataclass(frozen=True)
+class LockstepRun:
+    """What a lockstep gate left: one run per side, and gate.json (the rounds, their order, why it stopped)."""
+
+    out: Path
+    baseline: Path
+    candidate: Path
+    record: dict[str, Any]
+
+
+def _stop_reason(sides: list[_Side], cfg: Lockstep, started: float) -> str | None:
+    """Why the gate should stop now (budget spent; every case resolved to --target-ci), or None."""
+    if time.monotonic() - started >= cfg.budget_s:
+        return f"budget of {cfg.budget_s:g} s spent"
+    if cfg.target_ci is None:
+        return None
+    base, cand = sides
+    widths = []
+    for cid in sorted(set(base.values) | set(cand.values)):
+        b, c = base.values.get(cid, {}), cand.values.get(cid, {})
+        if len(b.keys() & c.keys()) < cfg.min_pairs:
+            return None
+        widths.append(paired_ratio(b, c).half_width)
+    if widths and all(w <= cfg.target_ci for w in widths):
+        return f"every case resolved to ±{cfg.target_ci:.1%} or better (widest ±{max(widths):.1%})"
+    return None
+
+
+def run_lockstep(
+    suite: str | Path,
+    baseline: Side,
+    candidate: Side,
+    out: Path,
+    cfg: Lockstep = Lockstep(),
+    *,
+    overrides: Sequence[str] = (),
+    filters: Sequence[str] = (),
+    candidate_overrides: Sequence[str] = (),
+    announce: Callable[[str], None] = lambda line: None,
+) -> LockstepRun:
+    """Start both sides' sweeps once and pace them item by item (module docstring).
+
+    Each round gives one item to each side in an order drawn from ``cfg.seed``; an item starts
+    only while the other side's world is parked, waiting for its own answer (or gone), so no
+    start-up, analysis or measurement of one side overlaps the other's measured item. Both sides
+    sweep the same suite with the same filters, so item i of one is item i of the other. Sweep
+    output goes to ``out/<side>.log``; gate.json in ``out`` records every item's side, case,
+    repeat, start and end, the rounds' orders and why the gate stopped.
+    """
+    if cfg.repeats < 1 or cfg.budget_s <= 0:
+        raise GateError(
+            f"--repeats {cfg.repeats}, --budget-s {cfg.budget_s:g}: expected at least 1 repeat, a budget > 0"
+        )
+    suite = Path(suite).absolute()
+    if not suite.is_file():
+        raise GateError(f"{suite}: no such suite file")
+    out = Path(out).absolute()
+    earlier = [out / s.name for s in (baseline, candidate) if (out / s.name).is_dir()]
+    if (out / GATE_FILE).exists() or any(any(store.iter_runs(d)) for d in earlier):
+        raise GateError(f"--out {out}: holds an earlier gate's runs; give a new folder")
+    out.mkdir(parents=True, exist_ok=True)
+    sockets = Path(tempfile.mkdtemp(prefix="tpbg-"))  # short: a socket path has ~100 bytes
+    rng = random.Random(cfg.seed)
+    sides: list[_Side] = []
+    rounds: list[dict[str, Any]] = []
+    stopped = None
+    misaligned = False
+    started = time.monotonic()
+    try:
+        for side in (baseline, candidate):
+            sides.append(_start(side, suite, out, sockets, cfg, overrides, filters, candidate_overrides, announce))
+        conductor = _Conductor(sides, cfg.stall_s)
+        while stopped is None and not all(s.exited for s in sides):
+            order = rng.sample(sides, len(sides))
+            items = [i for i in (conductor.run_item(s, cfg.metric) for s in order) if i is not None]
+            if items:
+                rounds.append({"round": len(rounds) + 1, "order": [s.side.name for s in order], "items": items})
+                if not misaligned and len({(i["case"], i["repeat"]) for i in items}) > 1:
+                    misaligned = True
+                    announce(
+                        f"tpbench gate: warning: in round {len(rounds)} the sides ran different items "
+                        "(their plans differ): pairs of repeats are no longer neighbours in time"
+                    )
+                if len(rounds) % 10 == 0:
+                    announce(f"tpbench gate: {len(rounds)} rounds, {time.monotonic() - started:.0f} s")
+            stopped = _stop_reason(sides, cfg, started)
+        if stopped:
+            announce(f"tpbench gate: stopping after {len(rounds)} rounds: {stopped}")
+        conductor.finish()
+    except BaseException:
+        for s in sides:
+            _kill(s.proc)
+        raise
+    finally:
+        for s in sides:
+            s.server.close()
+        shutil.rmtree(sockets, ignore_errors=True)
+    runs = []
+    for s in sides:
+        found = list(store.iter_runs(out / s.side.name))
+        if len(found) != 1:
+            raise SideError(_failed(s, f"exited with {s.proc.returncode} and left {len(found)} run(s)"))
+        runs.append(found[0])
+    record = {
+        "mode": "lockstep",
+        "seed": cfg.seed,
+        "metric": cfg.metric,
+        "repeats": cfg.repeats,
+        "target_ci": cfg.target_ci,
+        "budget_s": cfg.budget_s,
+        "stopped": stopped or "the plans ended",
+        "wall_s": time.monotonic() - started,
+        "sides": {
+            s.side.name: {"spec": s.side.spec, "run": str(r), "log": str(s.log), "exit_code": s.proc.returncode}
+            for s, r in zip(sides, runs)
+        },
+        "rounds": rounds,
+    }
+    store.atomic_write_bytes(out / GATE_FILE, json.dumps(record, indent=1).encode())
+    return LockstepRun(out, runs[0], runs[1], record)
+
+
+def _start(
+    side: Side,
+    suite: Path,
+    out: Path,
+    sockets: Path,
+    cfg: Lockstep,
+    overrides: Sequence[str],
+    filters: Sequence[str],
+    candidate_overrides: Sequence[str],
+    announce: Callable[[str], None],
+) -> _Side:
+    """Listen on the side's socket, then start its sweep (output to ``out/<side>.log``)."""
+    path = sockets / side.name[0]
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(4)
+    root = out / side.name
+    root.mkdir(parents=True, exist_ok=True)
+    extra = list(candidate_overrides) if side.name == "candidate" else []
+    cmd = [*sweep_command(side, suite, root, [*cfg.overrides(), *overrides, *extra], filters), "--lockstep", str(path)]
+    announce(f"tpbench gate: {side.name}: {shlex.join(cmd)}")
+    log = out / f"{side.name}.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            cmd,
+            env=os.environ | side.env,
+            cwd=side.cwd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_gate,
+        )
+    return _Side(side, proc, log, root, server)
+
+
+def _die_with_gate() -> None:
+    """In a side's sweep before exec: a stop signal if the gate dies, so the sweep ends its run cleanly."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Stop a side's sweep: SIGTERM (it marks its run interrupted and ends its worlds), then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

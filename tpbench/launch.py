@@ -100,6 +100,7 @@ class WorldOutcome:
     failed_case: str | None = None
     cause: str | None = None
     detail: str | None = None
+    stopped: bool = False  # a lockstep gate told the world to end its plan early
 
 
 @dataclass(frozen=True)
@@ -565,6 +566,8 @@ class Supervisor:
             self._record_capture(ev)
         elif kind == "error":
             self.errors.append(ev)
+        elif kind == "stopped":
+            self.outcome.stopped = True
         elif kind == "world_done":
             self.finished = True
         self.listener(kind, ev)
@@ -646,6 +649,7 @@ def _write_plan(
     schedule: list[tuple[str, int]],
     launcher: Torchrun | None,
     layout: RankLayout,
+    lockstep: str | None = None,
     **entry: Any,
 ) -> tuple[Plan, Path]:
     """The next world's plan, saved under ``plans/``, and its entry in run.json: the schedule in
@@ -659,6 +663,7 @@ def _write_plan(
         schedule=schedule,
         rendezvous_file=None if launcher else str(run.dir / "plans" / f"{world_name}.rdzv"),
         events_dir=str(run.dir / "events" / world_name) if launcher else None,
+        lockstep=lockstep,
     )
     plan_path = run.dir / "plans" / f"{world_name}.json"
     plan.save(plan_path)
@@ -705,11 +710,15 @@ def run_group(
     user_interconnects: dict[str, Any],
     listener: Listener,
     launcher: Torchrun | None = None,
-) -> None:
+    lockstep: str | None = None,
+) -> bool:
     """Run every pending repeat of a group's cases, restarting the world after each failure.
 
     ``launcher`` None starts the ranks here (network namespace included, for emulated links);
-    a ``Torchrun`` starts each world as a torchrun job.
+    a ``Torchrun`` starts each world as a torchrun job. ``lockstep``: the socket of a lockstep
+    gate the worlds ask before each item (``tpbench.lockstep``). Returns True when that gate
+    stopped the world early: the cases it cut short are then done with the repeats they ran
+    (``store.Run.case_cut``).
     """
     ic: Interconnect = resolve(group.key[3], user_interconnects)
     cases = {c.case_id: c for c in group.cases}
@@ -724,8 +733,8 @@ def run_group(
         live = [c for c in group.cases if c.case_id not in failed]
         schedule = interleave(live, done)
         if not schedule:
-            return
-        plan, plan_path = _write_plan(run, group, schedule, launcher, layout)
+            return False
+        plan, plan_path = _write_plan(run, group, schedule, launcher, layout, lockstep)
         listener(
             "world_start",
             {"world": plan.world, "world_size": group.world_size, "interconnect": ic.name, "items": len(schedule)},
@@ -749,6 +758,12 @@ def run_group(
             )
             outcome = _supervise(world, cases, run, listener, ic)
         done |= outcome.completed
+        if outcome.stopped and outcome.cause is None:
+            for case in live:
+                ran = store.finished_repeats(run.dir, case.case_id)
+                if ran and run.case_status()[case.case_id] != store.DONE:
+                    run.case_cut(case.case_id, len(ran))
+            return True
         if outcome.cause is None:
             continue
         if outcome.failed_case is None and not retried:

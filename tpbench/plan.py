@@ -28,6 +28,9 @@ class Plan:
     # Set for worlds started by torchrun: its ranks inherit no pipe from tpbench, so each appends
     # its events to ``<events_dir>/rank<r>.jsonl`` on the run directory's shared filesystem.
     events_dir: str | None = None
+    # Set by ``tpbench sweep --lockstep SOCKET`` (``tpbench gate``): rank 0 asks the gate on this Unix
+    # socket before each item and stops when told (``tpbench.lockstep``).
+    lockstep: str | None = None
 
     def save(self, path: Path) -> None:
         store.atomic_write_bytes(path, json.dumps(dataclasses.asdict(self), indent=1).encode())

@@ -322,6 +322,13 @@ class Run:
         finish_case(self.dir, case_id, repeats, self._meta["cases"][case_id].get("clock_sync"))
         self.set_case(case_id, DONE)
 
+    def case_cut(self, case_id: str, repeats_run: int) -> None:
+        """A lockstep gate stopped the case's world before its last repeat: the case is done with
+        the repeats it ran, 0 .. ``repeats_run`` - 1 (``repeats_run`` in its entry; its params keep
+        the planned ``repeats``)."""
+        finish_case(self.dir, case_id, repeats_run, self._meta["cases"][case_id].get("clock_sync"))
+        self.set_case(case_id, DONE, repeats_run=repeats_run)
+
     def case_captured(self, case_id: str, capture: dict[str, Any]) -> None:
         """What a case's capture recorded (``record.CAPTURE_KEYS``), into its entry."""
         self._meta["cases"][case_id].update(capture)

@@ -152,11 +152,18 @@ def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
     return run, todo
 
 
-def execute(run: store.Run, cases: list[Case], listener: Listener, launcher: Torchrun | None = None) -> None:
+def execute(
+    run: store.Run,
+    cases: list[Case],
+    listener: Listener,
+    launcher: Torchrun | None = None,
+    lockstep: str | None = None,
+) -> None:
     """Run the cases' worlds one after another (``launcher``: None, rank processes started here;
     else torchrun jobs). On Ctrl-C the run is marked interrupted and the case in flight goes back
     to pending (its finished repeats stay), so ``--resume`` picks it up. The run stays
-    ``running`` until ``finalize`` has written its summary."""
+    ``running`` until ``finalize`` has written its summary. ``lockstep``: the socket of the
+    ``tpbench gate`` that paces every item; once it says stop, no further world starts."""
     reap_stale_namespaces()
     user_ics = run.record.suite_table("interconnects")
     t0 = time.monotonic()
@@ -165,7 +172,8 @@ def execute(run: store.Run, cases: list[Case], listener: Listener, launcher: Tor
         for i, group in enumerate(groups):
             if i:  # the first world's space was checked before the run began (start, reopen)
                 check_space(run.dir, [c for g in groups[i:] for c in g.cases], _largest_done(run))
-            run_group(run, group, user_ics, listener, launcher)
+            if run_group(run, group, user_ics, listener, launcher, lockstep):
+                break
     except KeyboardInterrupt:
         for cid, status in run.case_status().items():
             if status == store.RUNNING:

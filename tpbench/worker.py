@@ -17,6 +17,9 @@ plan names (``events_dir``, on the run directory's shared filesystem). A rank th
 the traceback and exits at once: the other ranks are probably blocked in a collective by then,
 and only the launcher can tear the world down.
 
+Under a lockstep gate (``tpbench gate``; the plan's ``lockstep`` socket) rank 0 asks the gate
+before each item and the world runs it, or ends its plan, as told (``Turns``).
+
 Right after the rendezvous the ranks exchange where they run (``gather_nodes``): post-local SGD
 takes its node subgroups from the real nodes, and the launcher records every node in run.json.
 """
@@ -46,7 +49,8 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from tpbench import accounting, capture, store, workloads
+from tpbench import accounting, capture, lockstep, store, workloads
+from tpbench.analysis.stats import repeat_values, windows_of
 from tpbench.capture import machine_load, nvml, profiler, transport
 from tpbench.environment import fingerprint
 from tpbench.plan import Plan
@@ -508,6 +512,46 @@ def _check_world(rank: Rank, case: Case) -> None:
         )
 
 
+class Turns:
+    """This world's side of a lockstep gate (``tpbench.lockstep``); permits everything without one.
+
+    Rank 0 asks the gate before each item and tells the other ranks the answer over the control
+    group, so the whole world runs the item or the whole world ends its plan. The wait happens
+    before ``repeat_start``: the launcher's per-repeat time-out does not run while the other side
+    measures.
+    """
+
+    def __init__(self, plan: Plan, rank: Rank, ctrl: dist.ProcessGroup) -> None:
+        self.ctrl = ctrl
+        self.enabled = plan.lockstep is not None
+        self.client = lockstep.GateClient(plan.lockstep) if self.enabled and rank.rank == 0 else None
+        self.metric = "step_ms"
+
+    def permits(self, case_id: str, repeat: int) -> bool:
+        if not self.enabled:
+            return True
+        answer = [None]
+        if self.client is not None:
+            reply = self.client.ask(case_id, repeat)
+            self.metric = reply.get("metric", self.metric)
+            answer = [reply["msg"]]
+        dist.broadcast_object_list(answer, src=0, group=self.ctrl)
+        return answer[0] == lockstep.GO
+
+    def done(self, case: Case, repeat: int, rows: pd.DataFrame, began: float) -> None:
+        """Tell the gate the item is over, with its value of the gate's metric (None: not recorded)
+        and when it began (``began``) and ended on this clock."""
+        if self.client is None:
+            return
+        value = None
+        if self.metric in rows.columns:
+            values = repeat_values(
+                rows.assign(case_id=case.case_id), self.metric, windows_of({case.case_id: case.params()})
+            )
+            value = float(values[self.metric].iloc[0]) if len(values) else None
+        self.client.done(case.case_id, repeat, value, began, time.time())
+
+
 def run_plan(plan: Plan, events: Events) -> None:
     rank = Rank.from_env()
     cases = {c["case_id"]: Case.from_params(c) for c in plan.cases}
@@ -527,11 +571,17 @@ def run_plan(plan: Plan, events: Events) -> None:
         runner = CaseRunner(rank, device, Path(plan.run_dir), events, ctrl, nodes=tuple(tuple(n.ranks) for n in nodes))
         if rank.rank == 0:
             events.emit("world_ready", world=plan.world, nodes=[dataclasses.asdict(n) for n in nodes])
+        gate = Turns(plan, rank, ctrl)
         for case_id, repeat in plan.schedule:
             case = cases[case_id]
-            if rank.rank == 0:
-                events.emit("repeat_start", case=case_id, repeat=repeat)
             try:
+                if not gate.permits(case_id, repeat):
+                    if rank.rank == 0:
+                        events.emit("stopped", world=plan.world)
+                    break
+                if rank.rank == 0:
+                    events.emit("repeat_start", case=case_id, repeat=repeat)
+                began = time.time()
                 rows = runner.run_repeat(case, repeat, profile_after=repeat == case.repeats - 1)
                 if rows is not None:
                     store.write_repeat(Path(plan.run_dir), case_id, repeat, rows)
@@ -539,6 +589,7 @@ def run_plan(plan: Plan, events: Events) -> None:
                     events.emit("repeat_end", case=case_id, repeat=repeat, median_ms=float(timed.median()))
                     if repeat == case.repeats - 1:
                         events.emit("case_end", case=case_id)
+                    gate.done(case, repeat, rows, began)
             except Exception:
                 events.emit("error", case=case_id, repeat=repeat, rank=rank.rank, error=traceback.format_exc())
                 os._exit(1)
