@@ -433,16 +433,30 @@ def _print_verdict(comparison, fmt: str) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from tpbench import compare
 
-    if len(args.runs) < 2:
+    threshold = compare.parse_threshold(args.threshold)
+    if len(args.runs) == 1:
+        within = compare.within_run(
+            args.runs[0],
+            metric=args.metric,
+            threshold=threshold,
+            fail_on_inconclusive=args.fail_on_inconclusive,
+            pairs=args.pair,
+            filters=args.filter,
+        )
+        return _print_verdict(within, args.format)
+    if args.pair or args.filter:
+        flags = ", ".join(f for f, v in (("--pair", args.pair), ("--filter", args.filter)) if v)
         console.print(
-            "tpbench compare: error: give BASELINE_RUN... CANDIDATE_RUN (at least two run directories)", soft_wrap=True
+            f"tpbench compare: error: {flags}: only with a single RUN_DIR (pairs of cases within one run)",
+            soft_wrap=True,
+            markup=False,
         )
         return EXIT_USAGE
     comparison = compare.compare_runs(
         args.runs[:-1],
         args.runs[-1:],
         metric=args.metric,
-        threshold=compare.parse_threshold(args.threshold),
+        threshold=threshold,
         fail_on_inconclusive=args.fail_on_inconclusive,
         ignore_env=args.ignore_env,
     )
@@ -580,15 +594,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suites", default="suites", help="folder of suites (default: suites)")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("compare", help="judge a candidate run against baseline run(s): pass/regression/improvement/…")
+    p = sub.add_parser(
+        "compare",
+        help="judge a candidate run against baseline run(s), or the cases of one run pair by pair: "
+        "pass/regression/improvement/…",
+    )
     p.add_argument(
         "runs",
         nargs="+",
         type=Path,
         metavar="RUN_DIR",
-        help="BASELINE_RUN... CANDIDATE_RUN (several baselines are pooled)",
+        help="BASELINE_RUN... CANDIDATE_RUN (several baselines are pooled); one RUN_DIR: its cases that differ "
+        "in one swept key, pair by pair",
     )
     _verdict_args(p)
+    p.add_argument(
+        "--pair",
+        action="append",
+        default=[],
+        metavar="KEY=BASELINE..CANDIDATE",
+        help="one run: judge only these comparisons (repeatable), e.g. "
+        "algorithm=hook_with_zero_step..hook_with_zero_step_interleaved",
+    )
+    p.add_argument(
+        "--filter",
+        action="append",
+        default=[],
+        metavar="KEY=V1|V2",
+        help="one run: compare only the cases that match (as for sweep; KEY!=V excludes)",
+    )
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("gate", help="run a suite for baseline and candidate in this job, rounds interleaved, and judge")

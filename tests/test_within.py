@@ -1,0 +1,162 @@
+"""``tpbench compare RUN_DIR``: the cases of one run judged pair by pair (``compare.within_run``).
+
+Synthetic runs (``synthetic_runs.make_run``) carry known answers; one real sweep of 2 Gloo ranks
+checks the command end to end.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli, tiny_suite
+from synthetic_runs import make_run
+
+from tpbench import compare, render
+
+# Per-round drift shared by every case of a world: paired comparisons cancel it, unpaired ones cannot.
+DRIFT = [10.0, 13.0, 9.0, 15.0, 10.5, 12.0]
+
+
+def scaled(f: float) -> list[float]:
+    return [m * f for m in DRIFT]
+
+
+def by_selector(w: compare.WithinRun) -> dict[str, list[compare.CasePair]]:
+    out: dict[str, list[compare.CasePair]] = {}
+    for p in w.pairs:
+        out.setdefault(p.selector, []).append(p)
+    return out
+
+
+@pytest.fixture(scope="module")
+def zero_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three ZeRO algorithms x shard_buckets x two world sizes: sharding costs 20%, the overlap
+    hooks save 10% against zero_no_overlap, and 3 ranks cost the same as 2 but in other rounds."""
+
+    def factor(case) -> float:
+        f = 1.2 if case.shard_buckets else 1.0
+        return f * (1.0 if case.algorithm == "zero_no_overlap" else 0.9) * (1.0 if case.world_size == 2 else 1.001)
+
+    return make_run(
+        tmp_path_factory.mktemp("within"),
+        {"zero_no_overlap": DRIFT, "hook_with_zero_step": DRIFT, "hook_with_zero_step_interleaved": DRIFT},
+        sweep={"shard_buckets": "[false, true]", "world_size": "[2, 3]"},
+        factor=factor,
+    )
+
+
+def test_pairs_orientation_pairing_and_moot_keys(zero_run: Path) -> None:
+    w = compare.within_run(zero_run)
+    pairs = by_selector(w)
+    # Each overlap hook against zero_no_overlap, whose shard_buckets is moot (None): both the
+    # sharded and the unsharded hook case match it, as in the report.
+    assert set(pairs) == {
+        "algorithm=hook_with_zero_step..hook_with_zero_step_interleaved",
+        "algorithm=zero_no_overlap..hook_with_zero_step",
+        "algorithm=zero_no_overlap..hook_with_zero_step_interleaved",
+        "shard_buckets=false..true",
+        "world_size=2..3",
+    }
+    moot = pairs["algorithm=zero_no_overlap..hook_with_zero_step"]
+    assert sorted(p.context["shard_buckets"] for p in moot) == [False, False, True, True]
+    assert len({p.baseline_case for p in moot}) == 2  # one zero_no_overlap case per world size
+    for p in pairs["algorithm=zero_no_overlap..hook_with_zero_step"]:
+        expected = 0.9 * (1.2 if p.context["shard_buckets"] else 1.0)
+        assert p.method == "paired" and p.result.pairs == len(DRIFT)
+        assert p.result.ratio == pytest.approx(expected, rel=0.02)
+    # Same world: the drift cancels round by round; across worlds it cannot (Welch over repeats).
+    for p in pairs["shard_buckets=false..true"]:
+        assert p.method == "paired" and p.result.verdict == compare.REGRESSION and p.result.half_width < 0.02
+    for p in pairs["world_size=2..3"]:
+        assert p.method == "unpaired" and p.result.pairs == 0
+        assert p.result.verdict == compare.INCONCLUSIVE and p.result.half_width > 0.1
+    for p in pairs["algorithm=hook_with_zero_step..hook_with_zero_step_interleaved"]:
+        assert p.result.verdict == compare.PASS
+    assert w.verdict == compare.REGRESSION and w.exit_code == 1
+    assert w.keys == ["algorithm", "world_size", "shard_buckets"]
+
+
+def test_orientation_rules() -> None:
+    a, b = {"algorithm": "ddp"}, {"algorithm": "post_localSGD_hook", "start_localSGD_iter": 10}
+    assert compare.orient("algorithm", b, a, ["post_localSGD_hook", "ddp"]) == (a, b)
+    never = {"algorithm": "post_localSGD_hook", "start_localSGD_iter": "never"}
+    assert compare.orient("start_localSGD_iter", b, never, [10, "never"]) == (never, b)
+    x, y = {"algorithm": "ddp", "static_graph": True}, {"algorithm": "ddp", "static_graph": False}
+    assert compare.orient("static_graph", x, y, [True, False]) == (y, x)
+    x, y = {"algorithm": "ddp", "bucket_cap_mb": 25}, {"algorithm": "ddp", "bucket_cap_mb": 1.5}
+    assert compare.orient("bucket_cap_mb", x, y, [25, 1.5]) == (y, x)
+    x, y = {"algorithm": "ddp", "interconnect": "tcp"}, {"algorithm": "ddp", "interconnect": "loopback"}
+    assert compare.orient("interconnect", x, y, ["loopback", "tcp"]) == (y, x)
+    s = {"algorithm": "hook_with_zero_step"}
+    i = {"algorithm": "hook_with_zero_step_interleaved"}
+    assert compare.orient("algorithm", i, s, ["hook_with_zero_step_interleaved", "hook_with_zero_step"]) == (s, i)
+
+
+def test_pair_selection_flips_sides_and_gates_the_exit_code(zero_run: Path, capsys) -> None:
+    sel = "algorithm=hook_with_zero_step_interleaved..hook_with_zero_step"
+    w = compare.within_run(zero_run, pairs=[sel])
+    assert len(w.pairs) == 4 and {p.selector for p in w.pairs} == {sel}
+    assert all(p.result.verdict == compare.PASS for p in w.pairs)
+    # One command gates CI on one internal comparison: sharding must not be slower (it is).
+    assert run_cli(["compare", str(zero_run), "--pair", "shard_buckets=false..true", "--format", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == "regression" and len(doc["pairs"]) == 4
+    assert all(p["result"]["half_width"] > 0 and p["method"] == "paired" for p in doc["pairs"])
+    assert run_cli(["compare", str(zero_run), "--pair", "shard_buckets=true..false"]) == 0
+    assert "improvement (resolves ±" in capsys.readouterr().out
+    assert run_cli(["compare", str(zero_run), "--pair", sel, "--filter", "world_size=3", "--format", "md"]) == 0
+    md = capsys.readouterr().out
+    assert md.startswith("### tpbench compare (within one run): ✅ pass")
+    assert md.count("✅ pass (resolves ±") == 2
+
+
+@pytest.mark.parametrize(
+    ("selector", "message"),
+    [
+        ("algorithm=ddp", "expected KEY=BASELINE..CANDIDATE"),
+        ("bucket_cap_mb=1..4", "'bucket_cap_mb' is not swept in this run; swept: algorithm, world_size, shard_buckets"),
+        (
+            "algorithm=ddp..zero_no_overlap",
+            "algorithm has no value 'ddp' in this run; it has hook_with_zero_step, hook_with_zero_step_interleaved,",
+        ),
+        ("world_size=2..2", "no two done cases differ only in world_size with these values; comparisons of "),
+    ],
+)
+def test_pair_errors_name_what_exists(zero_run: Path, selector: str, message: str, capsys) -> None:
+    assert run_cli(["compare", str(zero_run), "--pair", selector]) == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+
+
+def test_too_few_rounds_are_inconclusive_and_verdicts_state_the_half_width(tmp_path: Path) -> None:
+    run = make_run(tmp_path, {"ddp": [10, 11], "zero_no_overlap": [12, 13]})
+    (p,) = compare.within_run(run).pairs
+    assert p.result.verdict == compare.INCONCLUSIVE and "too few to judge (2 pairs; need 3)" in p.result.reason
+    assert render.verdict_text(p.result).startswith("inconclusive: could only resolve ±")
+    text = render.render_text(compare.within_run(run))
+    assert "resolves" in text.splitlines()[3] and "the widest interval resolves ±" in text
+
+
+def test_runs_compare_states_half_widths_too(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    base = make_run(tmp_path / "a", {"ddp": list(10 * (1 + 0.01 * rng.uniform(-1, 1, 6)))})
+    cand = make_run(tmp_path / "b", {"ddp": list(10 * (1 + 0.01 * rng.uniform(-1, 1, 6)))}, seed=1)
+    text = render.render_text(compare.compare_runs([base], [cand]))
+    assert "pass (resolves ±" in text and "| resolves |" not in text and "resolves" in text.splitlines()[4]
+
+
+@pytest.mark.ranks
+def test_real_sweep_compared_within(tmp_path: Path, capsys) -> None:
+    suite = tmp_path / "suite.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp", "zero_no_overlap"]', warmup_steps=3, repeats=3))
+    assert run_cli(["sweep", str(suite), "--out", str(tmp_path / "results"), "--no-report"]) == 0
+    capsys.readouterr()
+    (run,) = (tmp_path / "results").glob("*/*")
+    code = run_cli(["compare", str(run), "--format", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    (p,) = doc["pairs"]
+    assert p["key"] == "algorithm" and (p["baseline_value"], p["candidate_value"]) == ("ddp", "zero_no_overlap")
+    assert p["method"] == "paired" and p["result"]["pairs"] == 3 and p["result"]["half_width"] > 0
+    assert code == compare.exit_code_of(doc["verdict"], False) and doc["verdict"] == p["result"]["verdict"]
