@@ -14,7 +14,7 @@ import pytest
 from conftest import run_cli, tiny_suite
 from synthetic_runs import make_run
 
-from tpbench import compare, render
+from tpbench import compare, render, store, sweep
 
 # Per-round drift shared by every case of a world: paired comparisons cancel it, unpaired ones cannot.
 DRIFT = [10.0, 13.0, 9.0, 15.0, 10.5, 12.0]
@@ -160,3 +160,100 @@ def test_real_sweep_compared_within(tmp_path: Path, capsys) -> None:
     assert p["key"] == "algorithm" and (p["baseline_value"], p["candidate_value"]) == ("ddp", "zero_no_overlap")
     assert p["method"] == "paired" and p["result"]["pairs"] == 3 and p["result"]["half_width"] > 0
     assert code == compare.exit_code_of(doc["verdict"], False) and doc["verdict"] == p["result"]["verdict"]
+
+
+# ---------------------------------------------------------------- adaptive sweeps (--target-ci)
+
+
+def _adaptive_suite(tmp_path: Path) -> Path:
+    suite = tmp_path / "suite.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp", "zero_no_overlap"]', warmup_steps=3, repeats=3))
+    return suite
+
+
+def _record(run: Path) -> dict:
+    return json.loads((run / "run.json").read_text())
+
+
+def _planned(tmp_path: Path, target: float) -> store.Run:
+    """An adaptive run whose planned repeats have run (its budget still open), released by this process."""
+    prepared = sweep.prepare(_adaptive_suite(tmp_path))
+    run = sweep.start(prepared, tmp_path / "r")
+    sweep.start_adaptive(run, target, 1e6)
+    sweep.execute(run, prepared.cases, lambda kind, data: None)
+    return run
+
+
+@pytest.mark.ranks
+def test_adaptive_sweep_adds_rounds_until_the_budget_is_spent(tmp_path: Path, capsys) -> None:
+    """A target no run on this machine reaches: batches of rounds (each at most doubling the
+    rounds there are) until the budget cannot pay for a world start and two more rounds, all
+    recorded in run.json. The budget is set from the planned part's own time (2.5 times it: one
+    more world start fits, a second after it does not), so the test does not depend on the
+    machine's speed; --resume continues the adaptive loop where the run left it."""
+    run = _planned(tmp_path, 0.001)
+    run.set_adaptive(dict(run.record.adaptive) | {"budget_s": 2.5 * run.record.wall_s})
+    run.set_status("interrupted")
+    run.lock.release()
+    assert run_cli(["sweep", "--resume", str(run.dir), "--no-report"]) == 0
+    assert "adaptive batch 1: 1 comparison(s) above ±0.1%" in capsys.readouterr().err
+    meta = _record(run.dir)
+    adaptive = meta["adaptive"]
+    assert meta["status"] == "complete" and adaptive["state"] == "budget" and adaptive["target_ci"] == 0.001
+    assert adaptive["batches"] and adaptive["wall_s"] == meta["wall_s"]
+    first = adaptive["batches"][0]
+    assert all(old == 3 and 3 + 2 <= new <= 6 for old, new in first["repeats"].values())
+    repeats = {cid: c["params"]["repeats"] for cid, c in meta["cases"].items()}
+    assert adaptive["rounds_added"] == {cid: n - 3 for cid, n in repeats.items()}
+    assert len(set(repeats.values())) == 1  # one world: the cases keep running round by round
+    before, after = adaptive["half_widths_before"][0], adaptive["half_widths_after"][0]
+    assert before["pair"] == after["pair"] == "algorithm: ddp → zero_no_overlap" and before["method"] == "paired"
+    # The summary and compare just see cases with more repeats.
+    loaded = store.load(run.dir)
+    assert [len(r) for r in loaded.summary["repeat_ids"]] == list(repeats.values())
+    assert run_cli(["compare", str(run.dir), "--format", "json"]) in (0, 1)
+    (p,) = json.loads(capsys.readouterr().out)["pairs"]
+    assert p["result"]["pairs"] == max(repeats.values())
+
+
+@pytest.mark.ranks
+def test_adaptive_sweep_with_a_target_met_adds_nothing(tmp_path: Path, capsys) -> None:
+    args = ["sweep", str(_adaptive_suite(tmp_path)), "--out", str(tmp_path / "r"), "--no-report"]
+    assert run_cli([*args, "--target-ci", "100000%", "--budget-s", "600"]) == 0
+    assert "adaptive: target met; 1 of 1 comparison(s) resolve ±100000.0%, 0 repeat(s) added" in capsys.readouterr().err
+    (run,) = (tmp_path / "r").glob("*/*")
+    adaptive = _record(run)["adaptive"]
+    assert adaptive["state"] == "met" and adaptive["batches"] == [] and adaptive["rounds_added"] == {}
+
+
+@pytest.mark.ranks
+def test_interrupted_adaptive_batch_resumes(tmp_path: Path, capsys) -> None:
+    """A batch recorded and its cases extended, its world never run (what Ctrl-C right after
+    ``next_batch`` leaves): --resume runs the pending repeats and closes the adaptive loop."""
+    run = _planned(tmp_path, 0.001)
+    batch = sweep.next_batch(run)
+    assert batch is not None and batch.items == 6 and all(c.repeats == 6 for c in batch.cases)
+    run.set_status("interrupted")
+    run.lock.release()
+    meta = _record(run.dir)
+    assert {c["status"] for c in meta["cases"].values()} == {"pending"}
+    for cid in meta["cases"]:  # the planned repeats went back to parts, kept
+        assert store.finished_repeats(run.dir, cid) == {0, 1, 2}
+    # Budget: pay for this batch, not for another.
+    meta["adaptive"]["budget_s"] = meta["wall_s"] + 1e-3
+    (run.dir / "run.json").write_text(json.dumps(meta))
+    assert run_cli(["sweep", "--resume", str(run.dir), "--no-report"]) == 0
+    meta = _record(run.dir)
+    assert meta["status"] == "complete" and meta["adaptive"]["state"] == "budget"
+    assert meta["adaptive"]["rounds_added"] == {cid: 3 for cid in meta["cases"]}
+    steps = store.load(run.dir).steps
+    assert sorted(steps["repeat"].unique()) == list(range(6))
+    assert run_cli(["sweep", "--resume", str(run.dir), "--target-ci", "5%"]) == 2
+
+
+def test_adaptive_flags_are_checked(tmp_path: Path, capsys) -> None:
+    suite = _adaptive_suite(tmp_path)
+    assert run_cli(["sweep", str(suite), "--target-ci", "5%"]) == 2
+    assert "--target-ci and --budget-s go together" in capsys.readouterr().err
+    assert run_cli(["sweep", str(suite), "--target-ci", "0%", "--budget-s", "10"]) == 2
+    assert "expected a percentage like 5%" in capsys.readouterr().err

@@ -191,7 +191,17 @@ def _check_resume_args(args: argparse.Namespace) -> None:
     missing cases measure what the finished ones did."""
     from tpbench import store
 
-    changed = [f for f, v in (("--set", args.set), ("--filter", args.filter), ("--out", args.out)) if v]
+    changed = [
+        f
+        for f, v in (
+            ("--set", args.set),
+            ("--filter", args.filter),
+            ("--out", args.out),
+            ("--target-ci", args.target_ci),
+            ("--budget-s", args.budget_s),
+        )
+        if v
+    ]
     if changed:
         _usage(
             f"{', '.join(changed)} with --resume: a resumed run runs its own suite's missing cases unchanged, "
@@ -256,6 +266,10 @@ def _sweep(args: argparse.Namespace) -> int:
     from tpbench import report, store, sweep
 
     launcher = _torchrun(args)
+    if (args.target_ci is None) != (args.budget_s is None) and not args.resume:
+        _usage("--target-ci and --budget-s go together: the rounds an adaptive sweep adds need a limit")
+    if args.target_ci is not None and args.print_only:
+        _usage("--target-ci with --print: an adaptive sweep decides its rounds as it runs; run it here")
     if args.resume:
         _check_resume_args(args)
         if args.dry_run:
@@ -286,6 +300,8 @@ def _sweep(args: argparse.Namespace) -> int:
                 raise store.StoreError(f"{args.report}: is a folder; --report takes the report's file name")
             store.check_writable(args.report.parent if args.report else args.reports_dir, "report directory")
         run = sweep.start(prepared, args.out or Path("results"), launcher)
+        if args.target_ci is not None:
+            sweep.start_adaptive(run, args.target_ci, args.budget_s)
     console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
     if args.print_only:
         return _print_worlds(run, cases, launcher)
@@ -298,6 +314,7 @@ def _sweep(args: argparse.Namespace) -> int:
     try:
         with listener.progress:
             sweep.execute(run, cases, listener, launcher)
+        _adapt(run, launcher)
         loaded = sweep.finalize(run.dir)
     except KeyboardInterrupt as e:
         said, code = _interrupted(e)
@@ -322,6 +339,60 @@ def _sweep(args: argparse.Namespace) -> int:
         console.print(f"Report: {path}", markup=False, soft_wrap=True)
     failed = [cid for cid, s in run.case_status().items() if s == store.FAILED]
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _adapt(run, launcher) -> None:
+    """The adaptive phase (``--target-ci``): a line per batch, then its progress like the sweep's."""
+    from tpbench import sweep
+
+    while (batch := sweep.next_batch(run)) is not None:
+        widest = max((hw for _, hw in batch.comparisons if hw is not None), default=None)
+        console.print(
+            f"adaptive batch {batch.number}: {len(batch.comparisons)} comparison(s) above ±"
+            f"{run.record.adaptive['target_ci']:.1%}"
+            + (f" (widest ±{widest:.1%})" if widest is not None else "")
+            + f"; +{max(batch.added.values())} round(s) for {len(batch.cases)} case(s), "
+            f"{run.record.wall_s or 0:.0f} of {run.record.adaptive['budget_s']:g} s spent",
+            markup=False,
+            soft_wrap=True,
+        )
+        listener = SweepProgress(batch.cases, batch.items)
+        with listener.progress:
+            sweep.execute(run, batch.cases, listener, launcher)
+    adaptive = run.record.adaptive
+    if adaptive:
+        after = [c["half_width"] for c in adaptive.get("half_widths_after", [])]
+        within = sum(hw is not None and hw <= adaptive["target_ci"] for hw in after)
+        said = {sweep.TARGET_MET: "target met", sweep.BUDGET_SPENT: "budget spent"}.get(adaptive["state"], "")
+        console.print(
+            f"adaptive: {said}; {within} of {len(after)} comparison(s) resolve ±{adaptive['target_ci']:.1%}, "
+            f"{sum(adaptive.get('rounds_added', {}).values())} repeat(s) added over {len(adaptive['batches'])} "
+            "batch(es)",
+            markup=False,
+            soft_wrap=True,
+        )
+
+
+def _target_ci(text: str) -> float:
+    """``--target-ci 5%`` or ``0.05``: the half-width every within-run comparison should reach."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text}: expected a percentage like 5% or a fraction like 0.05, above 0")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: expected a number of seconds > 0")
+    return value
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -549,6 +620,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     p.add_argument("--report", type=Path, metavar="FILE", help="report path (default: reports/<suite>-<run_id>.html)")
     p.add_argument("--reports-dir", type=Path, default=Path("reports"), help=argparse.SUPPRESS)
+    a = p.add_argument_group("adaptive budget (after the planned repeats, rounds for comparisons still too wide)")
+    a.add_argument(
+        "--target-ci",
+        type=_target_ci,
+        metavar="PCT",
+        help="add rounds until every within-run comparison (`tpbench compare RUN_DIR`) resolves ±PCT, e.g. 5%%",
+    )
+    a.add_argument(
+        "--budget-s",
+        type=_seconds,
+        metavar="SECONDS",
+        help="with --target-ci: stop adding rounds once the run has spent this long running worlds, "
+        "the planned repeats included",
+    )
     t = p.add_argument_group("torchrun (multi-node; the results root must be on a filesystem every node sees)")
     t.add_argument(
         "--launcher",
