@@ -257,3 +257,37 @@ def test_adaptive_flags_are_checked(tmp_path: Path, capsys) -> None:
     assert "--target-ci and --budget-s go together" in capsys.readouterr().err
     assert run_cli(["sweep", str(suite), "--target-ci", "0%", "--budget-s", "10"]) == 2
     assert "expected a percentage like 5%" in capsys.readouterr().err
+
+
+def test_report_and_compare_match_the_same_cases(zero_run: Path, tmp_path: Path) -> None:
+    """The report's algorithm comparisons (``verdicts.compare``) are pairs ``compare RUN_DIR`` lists
+    too, moot keys and post-local SGD against plain DDP included."""
+    from tpbench.algorithms import is_plain_ddp
+    from tpbench.report import data as report_data
+    from tpbench.report import verdicts
+
+    def report_pairs(loaded: store.Loaded, kinds) -> set[tuple[str, str]]:
+        rd = report_data.load([loaded])
+        return {(c.baseline["case_id"], c.candidate["case_id"]) for k in kinds for c in verdicts.compare(rd, k)}
+
+    loaded = sweep.finalize(zero_run)
+    mine = {(p.baseline_case, p.candidate_case) for p in compare.within_run(loaded).pairs if p.key == "algorithm"}
+    assert report_pairs(loaded, verdicts.ZERO_KINDS) == mine and len(mine) == 12
+
+    localsgd = sweep.finalize(
+        make_run(
+            tmp_path,
+            {"ddp": DRIFT, "post_localSGD_hook": scaled(0.9)},
+            sweep={"start_localSGD_iter": '["never", 2]', "averaging_period": "[2, 4]"},
+        )
+    )
+    w = compare.within_run(localsgd)
+    plain = {cid for cid, c in localsgd.record.cases.items() if is_plain_ddp(c.params)}
+    mine = {(p.baseline_case, p.candidate_case) for p in w.pairs if p.baseline_case in plain}
+    mine = {(b, c) for b, c in mine if c not in plain}
+    assert report_pairs(localsgd, [verdicts.LOCALSGD_KIND]) == mine and len(mine) == 4
+    assert {p.selector for p in w.pairs} == {
+        "algorithm=ddp..post_localSGD_hook",
+        "start_localSGD_iter=never..2",
+        "averaging_period=2..4",
+    }
