@@ -291,3 +291,16 @@ def test_report_and_compare_match_the_same_cases(zero_run: Path, tmp_path: Path)
         "start_localSGD_iter=never..2",
         "averaging_period=2..4",
     }
+
+
+def test_repeats_raised_by_an_adaptive_sweep_do_not_part_cases(tmp_path: Path) -> None:
+    run = make_run(tmp_path, {"ddp": DRIFT, "zero_no_overlap": scaled(1.1)})
+    meta = _record(run)
+    cid = next(iter(meta["cases"]))
+    meta["cases"][cid]["params"]["repeats"] = 9  # as if extended; its extra repeats never ran
+    (run / "run.json").write_text(json.dumps(meta))
+    assert compare.within_run(run).pairs == []  # repeats 6 vs 9 would be a second swept key
+    meta["adaptive"] = {"planned_repeats": {c: 6 for c in meta["cases"]}}
+    (run / "run.json").write_text(json.dumps(meta))
+    (p,) = compare.within_run(run).pairs
+    assert p.selector == "algorithm=ddp..zero_no_overlap" and p.result.ratio == pytest.approx(1.1, rel=0.02)

@@ -56,7 +56,7 @@ from tpbench.analysis.stats import (
 )
 from tpbench.environment import COMPARABLE_KEYS, commit_text
 from tpbench.record import RunRecord
-from tpbench.suite import BUDGET_KEYS, Case, SuiteError, identity, ran_together, select, value_text, varying_keys
+from tpbench.suite import Case, SuiteError, identity, ran_together, select, value_text, varying_keys
 
 PASS, REGRESSION, IMPROVEMENT, INCONCLUSIVE, INCOMPARABLE, MISSING = (
     "pass",
@@ -459,11 +459,15 @@ def exit_code_of(verdict: str, fail_on_inconclusive: bool) -> int:
 
 
 def swept_keys(record: RunRecord) -> list[str]:
-    """The keys that vary among a run's cases, budget keys only where the suite sweeps them (an
-    adaptive sweep raises some cases' ``repeats``: that does not make them different cases)."""
-    cases = [Case.from_params(c.params) for c in record.cases.values()]
-    swept = set(record.suite_table("sweep"))
-    return [k for k in varying_keys(cases) if k not in BUDGET_KEYS or k in swept]
+    """The keys that vary among a run's cases: what a suite sweeps (budget keys included when it
+    sweeps them). ``repeats`` as planned: an adaptive sweep raises some cases' repeats
+    (``adaptive.planned_repeats``), which does not make them different cases."""
+    planned = record.adaptive.get("planned_repeats", {})
+    cases = [
+        Case.from_params(dict(c.params) | {"repeats": planned.get(cid, c.params["repeats"])})
+        for cid, c in record.cases.items()
+    ]
+    return varying_keys(cases)
 
 
 def _differing(a: Mapping[str, Any], b: Mapping[str, Any], keys: list[str]) -> list[str]:
