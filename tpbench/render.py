@@ -21,6 +21,7 @@ from tpbench.compare import (
     MISSING,
     PASS,
     REGRESSION,
+    CasePair,
     CaseResult,
     Comparison,
     WithinRun,
@@ -54,25 +55,22 @@ def verdict_text(r: CaseResult) -> str:
     return f"{r.verdict} (resolves {hw})"
 
 
-def _how(r: CaseResult, c: Result, pairs_of: dict[int, str]) -> str:
-    """What the interval rests on: "6 pairs", or the repeats of each side "5/5"."""
-    if isinstance(c, WithinRun):
-        return pairs_of[id(r)]
-    return f"{r.baseline_repeats}/{r.candidate_repeats}"
+def _rounds(p: CasePair) -> str:
+    """What a within-run interval rests on: "6 paired" rounds, or each side's repeats."""
+    if p.method == "paired":
+        return f"{p.result.pairs} paired"
+    how = "unpaired" if p.method == "unpaired" else "no interval"
+    return f"{how} {p.result.baseline_repeats}/{p.result.candidate_repeats}"
 
 
 def _rows(c: Result) -> list[list[str]]:
-    pairs_of = {}
     if isinstance(c, WithinRun):
-        pairs_of = {
-            id(p.result): f"{p.result.pairs} paired"
-            if p.method == "paired"
-            else f"unpaired {p.result.baseline_repeats}/{p.result.candidate_repeats}"
-            for p in c.pairs
-        }
+        entries = [(p.result, _rounds(p)) for p in c.pairs]
+    else:
+        entries = [(r, f"{r.baseline_repeats}/{r.candidate_repeats}") for r in c.cases]
     rows = []
-    for r in c.cases:
-        ci = f"[{_pct(r.ci_lo)}, {_pct(r.ci_hi)}]" if r.ci_lo is not None else ""
+    for r, basis in entries:
+        ci = f"[{_pct(r.ci_lo)}, {_pct(r.ci_hi)}]" if r.half_width is not None else ""
         rows.append(
             [
                 r.label,
@@ -81,7 +79,7 @@ def _rows(c: Result) -> list[list[str]]:
                 _pct(r.ratio),
                 ci,
                 _resolves(r),
-                _how(r, c, pairs_of),
+                basis,
                 verdict_text(r),
                 r.reason,
             ]
