@@ -107,6 +107,9 @@ def test_pair_selection_flips_sides_and_gates_the_exit_code(zero_run: Path, caps
     assert all(p["result"]["half_width"] > 0 and p["method"] == "paired" for p in doc["pairs"])
     assert run_cli(["compare", str(zero_run), "--pair", "shard_buckets=true..false"]) == 0
     assert "improvement (resolves ±" in capsys.readouterr().out
+    assert len(compare.within_run(zero_run, pairs=["world_size=2.0..3"]).pairs) == 5
+    assert run_cli(["compare", str(zero_run), "--pair", "shard_buckets=true..false"]) == 0
+    assert "improvement (resolves ±" in capsys.readouterr().out
     assert run_cli(["compare", str(zero_run), "--pair", sel, "--filter", "world_size=3", "--format", "md"]) == 0
     md = capsys.readouterr().out
     assert md.startswith("### tpbench compare (within one run): ✅ pass")

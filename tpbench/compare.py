@@ -593,6 +593,14 @@ def _pair(
 Matched = tuple[str, dict[str, Any], dict[str, Any]]  # (key, baseline params, candidate params)
 
 
+def _spelled(text: str) -> str:
+    """A value typed in ``--pair`` as ``value_text`` spells the run's: 1.0 is 1."""
+    try:
+        return value_text(float(text))
+    except ValueError:
+        return text.strip()
+
+
 def select_pairs(
     found: list[Matched], selectors: Sequence[str], keys: list[str], order: Mapping[str, list[Any]]
 ) -> list[Matched]:
@@ -603,7 +611,7 @@ def select_pairs(
     kept: list[Matched] = []
     for sel in selectors:
         key, eq, values = sel.partition("=")
-        base_text, dots, cand_text = (v.strip() for v in values.partition(".."))
+        base_text, dots, cand_text = (_spelled(v) for v in values.partition(".."))
         key = key.strip()
         if not eq or not dots or not key or not base_text or not cand_text:
             raise GateError(f"--pair {sel}: expected KEY=BASELINE..CANDIDATE, e.g. algorithm=ddp..zero_no_overlap")
