@@ -9,13 +9,13 @@ way the worker and the launcher do it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from tpbench import store
-from tpbench.suite import Machine, expand, parse
+from tpbench.suite import Case, Machine, expand, parse
 
 ENVIRONMENT: dict[str, Any] = {
     "tpbench": "0.1.0",
@@ -61,12 +61,16 @@ def make_run(
     environment: Mapping[str, Any] | None = None,
     failed: Sequence[str] = (),
     defaults: Mapping[str, Any] | None = None,
+    sweep: Mapping[str, Any] | None = None,
+    factor: Callable[[Case], float] | None = None,
 ) -> Path:
     """A finished run with one case per algorithm; ``medians[algorithm]`` are its per-repeat medians (ms).
 
     Steps scatter ±``jitter`` around their repeat's median; rank 1 is a little faster so the
     slowest-rank rule is exercised. Algorithms in ``failed`` are recorded as failed, without steps.
-    ``defaults`` adds suite defaults (values in TOML syntax).
+    ``defaults`` adds suite defaults, ``sweep`` more swept keys (values in TOML syntax); then
+    ``medians`` are per algorithm and ``factor(case)`` scales them per case (cases of one world
+    share each repeat's round, as a sweep's do).
     """
     algorithms = sorted(medians)
     repeats = max(len(v) for v in medians.values())
@@ -74,6 +78,8 @@ def make_run(
         "'", '"'
     )
     text = text.replace("[sweep]", "".join(f"{k} = {v}\n" for k, v in (defaults or {}).items()) + "[sweep]")
+    text = "".join(line for line in text.splitlines(True) if line.split(" = ")[0] not in (sweep or {}))
+    text = text.replace("[capture]", "".join(f"{k} = {v}\n" for k, v in (sweep or {}).items()) + "[capture]")
     cases = expand(parse(text, "synthetic.toml"), Machine(gpus=0))
     run = store.Run.create(
         root, "synthetic", "synthetic.toml", text, [c.params() for c in cases], dict(environment or ENVIRONMENT)
@@ -83,10 +89,10 @@ def make_run(
         if case.algorithm in failed:
             run.set_case(case.case_id, store.FAILED, error="synthetic failure")
             continue
-        values = medians[case.algorithm]
+        values = [m * (factor(case) if factor else 1.0) for m in medians[case.algorithm]]
         for r, m in enumerate(values):
             rows = []
-            for rank in range(world_size):
+            for rank in range(case.world_size):
                 noise = 1 + jitter * rng.uniform(-1, 1, case.warmup_steps + steps)
                 ms = m * noise * (1 if rank == 0 else 0.97)
                 rows.append(

@@ -191,7 +191,17 @@ def _check_resume_args(args: argparse.Namespace) -> None:
     missing cases measure what the finished ones did."""
     from tpbench import store
 
-    changed = [f for f, v in (("--set", args.set), ("--filter", args.filter), ("--out", args.out)) if v]
+    changed = [
+        f
+        for f, v in (
+            ("--set", args.set),
+            ("--filter", args.filter),
+            ("--out", args.out),
+            ("--target-ci", args.target_ci),
+            ("--budget-s", args.budget_s),
+        )
+        if v
+    ]
     if changed:
         _usage(
             f"{', '.join(changed)} with --resume: a resumed run runs its own suite's missing cases unchanged, "
@@ -258,6 +268,12 @@ def _sweep(args: argparse.Namespace) -> int:
     launcher = _torchrun(args)
     if args.lockstep and not Path(args.lockstep).is_socket():
         _usage(f"--lockstep {args.lockstep}: no gate listens there (a Unix socket of `tpbench gate`)")
+    if (args.target_ci is None) != (args.budget_s is None) and not args.resume:
+        _usage("--target-ci and --budget-s go together: the rounds an adaptive sweep adds need a limit")
+    if args.target_ci is not None and args.print_only:
+        _usage("--target-ci with --print: an adaptive sweep decides its rounds as it runs; run it here")
+    if args.target_ci is not None and args.lockstep:
+        _usage("--target-ci with --lockstep: the gate decides when its sides stop")
     if args.resume:
         _check_resume_args(args)
         if args.dry_run:
@@ -288,6 +304,8 @@ def _sweep(args: argparse.Namespace) -> int:
                 raise store.StoreError(f"{args.report}: is a folder; --report takes the report's file name")
             store.check_writable(args.report.parent if args.report else args.reports_dir, "report directory")
         run = sweep.start(prepared, args.out or Path("results"), launcher)
+        if args.target_ci is not None:
+            sweep.start_adaptive(run, args.target_ci, args.budget_s)
     console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
     if args.print_only:
         if args.lockstep:
@@ -302,6 +320,7 @@ def _sweep(args: argparse.Namespace) -> int:
     try:
         with listener.progress:
             sweep.execute(run, cases, listener, launcher, args.lockstep)
+        _adapt(run, launcher)
         loaded = sweep.finalize(run.dir)
     except KeyboardInterrupt as e:
         said, code = _interrupted(e)
@@ -326,6 +345,60 @@ def _sweep(args: argparse.Namespace) -> int:
         console.print(f"Report: {path}", markup=False, soft_wrap=True)
     failed = [cid for cid, s in run.case_status().items() if s == store.FAILED]
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _adapt(run, launcher) -> None:
+    """The adaptive phase (``--target-ci``): a line per batch, then its progress like the sweep's."""
+    from tpbench import sweep
+
+    while (batch := sweep.next_batch(run)) is not None:
+        widest = max((hw for _, hw in batch.comparisons if hw is not None), default=None)
+        console.print(
+            f"adaptive batch {batch.number}: {len(batch.comparisons)} comparison(s) above ±"
+            f"{run.record.adaptive['target_ci']:.1%}"
+            + (f" (widest ±{widest:.1%})" if widest is not None else "")
+            + f"; +{max(batch.added.values())} round(s) for {len(batch.cases)} case(s), "
+            f"{run.record.wall_s or 0:.0f} of {run.record.adaptive['budget_s']:g} s spent",
+            markup=False,
+            soft_wrap=True,
+        )
+        listener = SweepProgress(batch.cases, batch.items)
+        with listener.progress:
+            sweep.execute(run, batch.cases, listener, launcher)
+    adaptive = run.record.adaptive
+    if adaptive:
+        after = [c["half_width"] for c in adaptive.get("half_widths_after", [])]
+        within = sum(hw is not None and hw <= adaptive["target_ci"] for hw in after)
+        said = {sweep.TARGET_MET: "target met", sweep.BUDGET_SPENT: "budget spent"}.get(adaptive["state"], "")
+        console.print(
+            f"adaptive: {said}; {within} of {len(after)} comparison(s) resolve ±{adaptive['target_ci']:.1%}, "
+            f"{sum(adaptive.get('rounds_added', {}).values())} repeat(s) added over {len(adaptive['batches'])} "
+            "batch(es)",
+            markup=False,
+            soft_wrap=True,
+        )
+
+
+def _target_ci(text: str) -> float:
+    """``--target-ci 5%`` or ``0.05``: the half-width every within-run comparison should reach."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text}: expected a percentage like 5% or a fraction like 0.05, above 0")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: expected a number of seconds > 0")
+    return value
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -437,16 +510,30 @@ def _print_verdict(comparison, fmt: str) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from tpbench import compare
 
-    if len(args.runs) < 2:
+    threshold = compare.parse_threshold(args.threshold)
+    if len(args.runs) == 1:
+        within = compare.within_run(
+            args.runs[0],
+            metric=args.metric,
+            threshold=threshold,
+            fail_on_inconclusive=args.fail_on_inconclusive,
+            pairs=args.pair,
+            filters=args.filter,
+        )
+        return _print_verdict(within, args.format)
+    if args.pair or args.filter:
+        flags = ", ".join(f for f, v in (("--pair", args.pair), ("--filter", args.filter)) if v)
         console.print(
-            "tpbench compare: error: give BASELINE_RUN... CANDIDATE_RUN (at least two run directories)", soft_wrap=True
+            f"tpbench compare: error: {flags}: only with a single RUN_DIR (pairs of cases within one run)",
+            soft_wrap=True,
+            markup=False,
         )
         return EXIT_USAGE
     comparison = compare.compare_runs(
         args.runs[:-1],
         args.runs[-1:],
         metric=args.metric,
-        threshold=compare.parse_threshold(args.threshold),
+        threshold=threshold,
         fail_on_inconclusive=args.fail_on_inconclusive,
         ignore_env=args.ignore_env,
     )
@@ -575,6 +662,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reports-dir", type=Path, default=Path("reports"), help=argparse.SUPPRESS)
     # Set by `tpbench gate` (lockstep mode): the Unix socket its worlds ask before each item.
     p.add_argument("--lockstep", metavar="SOCKET", help=argparse.SUPPRESS)
+    a = p.add_argument_group("adaptive budget (after the planned repeats, rounds for comparisons still too wide)")
+    a.add_argument(
+        "--target-ci",
+        type=_target_ci,
+        metavar="PCT",
+        help="add rounds until every within-run comparison (`tpbench compare RUN_DIR`) resolves ±PCT, e.g. 5%%",
+    )
+    a.add_argument(
+        "--budget-s",
+        type=_seconds,
+        metavar="SECONDS",
+        help="with --target-ci: stop adding rounds once the run has spent this long running worlds, "
+        "the planned repeats included",
+    )
     t = p.add_argument_group("torchrun (multi-node; the results root must be on a filesystem every node sees)")
     t.add_argument(
         "--launcher",
@@ -620,15 +721,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suites", default="suites", help="folder of suites (default: suites)")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("compare", help="judge a candidate run against baseline run(s): pass/regression/improvement/…")
+    p = sub.add_parser(
+        "compare",
+        help="judge a candidate run against baseline run(s), or the cases of one run pair by pair: "
+        "pass/regression/improvement/…",
+    )
     p.add_argument(
         "runs",
         nargs="+",
         type=Path,
         metavar="RUN_DIR",
-        help="BASELINE_RUN... CANDIDATE_RUN (several baselines are pooled)",
+        help="BASELINE_RUN... CANDIDATE_RUN (several baselines are pooled); one RUN_DIR: its cases that differ "
+        "in one swept key, pair by pair",
     )
     _verdict_args(p)
+    p.add_argument(
+        "--pair",
+        action="append",
+        default=[],
+        metavar="KEY=BASELINE..CANDIDATE",
+        help="one run: judge only these comparisons (repeatable), e.g. "
+        "algorithm=hook_with_zero_step..hook_with_zero_step_interleaved",
+    )
+    p.add_argument(
+        "--filter",
+        action="append",
+        default=[],
+        metavar="KEY=V1|V2",
+        help="one run: compare only the cases that match (as for sweep; KEY!=V excludes)",
+    )
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("gate", help="run a suite for baseline and candidate in this job, in lockstep, and judge")

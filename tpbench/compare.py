@@ -39,21 +39,24 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from tpbench import store
+from tpbench.algorithms import COMPARED_PAIRS, is_plain_ddp
 from tpbench.analysis.stats import (
     CONFIDENCE,
     Ratio,
+    case_ratio,
     hierarchical_ratio_ci,
     paired_ratio,
     repeat_values,
     windows_of,
 )
 from tpbench.environment import COMPARABLE_KEYS, commit_text
-from tpbench.suite import identity
+from tpbench.record import RunRecord
+from tpbench.suite import Case, SuiteError, identity, ran_together, select, value_text, varying_keys
 
 PASS, REGRESSION, IMPROVEMENT, INCONCLUSIVE, INCOMPARABLE, MISSING = (
     "pass",
@@ -146,20 +149,11 @@ class Comparison:
     @property
     def verdict(self) -> str:
         """The worst verdict: a confirmed regression outranks not being able to judge some case."""
-        found = {c.verdict for c in self.cases}
-        for v in VERDICTS[:-1]:
-            if v in found:
-                return v
-        return PASS
+        return worst_verdict(c.verdict for c in self.cases)
 
     @property
     def exit_code(self) -> int:
-        return {
-            REGRESSION: EXIT_REGRESSION,
-            INCOMPARABLE: EXIT_INCOMPARABLE,
-            MISSING: EXIT_INCOMPARABLE,
-            INCONCLUSIVE: EXIT_INCONCLUSIVE if self.fail_on_inconclusive else EXIT_PASS,
-        }.get(self.verdict, EXIT_PASS)
+        return exit_code_of(self.verdict, self.fail_on_inconclusive)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"verdict": self.verdict, "exit_code": self.exit_code}
@@ -390,3 +384,253 @@ def _estimate(base: list[dict[int, float]], cand: list[dict[int, float]], pairin
     return hierarchical_ratio_ci(
         [np.array(list(v.values())) for v in base], [np.array(list(v.values())) for v in cand], confidence=confidence
     )
+
+
+# ---------------------------------------------------------------- comparing the cases of one run
+
+
+@dataclass(frozen=True)
+class CasePair:
+    """Two cases of one run that differ in exactly one swept key, the candidate judged against the
+    baseline (``result``: the same verdict, interval and half-width as a case of ``compare_runs``).
+
+    ``context``: the other swept keys, as both cases have them (a key moot for the baseline, e.g.
+    ``shard_buckets`` against ``zero_no_overlap``, is the candidate's). ``method``: "paired" (the
+    two ran round by round in one world: one log ratio per round), "unpaired" or "single"."""
+
+    key: str
+    baseline_value: Any
+    candidate_value: Any
+    context: dict[str, Any]
+    baseline_case: str
+    candidate_case: str
+    method: str
+    result: CaseResult
+
+    @property
+    def selector(self) -> str:
+        """How ``--pair`` names it: ``key=baseline..candidate``."""
+        return f"{self.key}={value_text(self.baseline_value)}..{value_text(self.candidate_value)}"
+
+
+@dataclass(frozen=True)
+class WithinRun:
+    """Every comparison of cases within one run (``within_run``), ready to render."""
+
+    run: str
+    metric: str
+    threshold: float
+    confidence: float
+    fail_on_inconclusive: bool
+    commit: str
+    keys: list[str]  # the swept keys pairs may differ in
+    pairs: list[CasePair]
+
+    @property
+    def cases(self) -> list[CaseResult]:
+        return [p.result for p in self.pairs]
+
+    @property
+    def verdict(self) -> str:
+        return worst_verdict(r.verdict for r in self.cases)
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code_of(self.verdict, self.fail_on_inconclusive)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"verdict": self.verdict, "exit_code": self.exit_code}
+
+
+def worst_verdict(verdicts: Iterable[str]) -> str:
+    """The verdict a set of results is summed up by: a regression outranks not being able to judge."""
+    found = set(verdicts)
+    return next((v for v in VERDICTS[:-1] if v in found), PASS)
+
+
+def exit_code_of(verdict: str, fail_on_inconclusive: bool) -> int:
+    """The exit code of ``compare``/``gate`` for an overall verdict (module docstring)."""
+    return {
+        REGRESSION: EXIT_REGRESSION,
+        INCOMPARABLE: EXIT_INCOMPARABLE,
+        MISSING: EXIT_INCOMPARABLE,
+        INCONCLUSIVE: EXIT_INCONCLUSIVE if fail_on_inconclusive else EXIT_PASS,
+    }.get(verdict, EXIT_PASS)
+
+
+def swept_keys(record: RunRecord) -> list[str]:
+    """The keys that vary among a run's cases: what a suite sweeps (budget keys included when it
+    sweeps them). ``repeats`` as planned: an adaptive sweep raises some cases' repeats
+    (``adaptive.planned_repeats``), which does not make them different cases."""
+    planned = record.adaptive.get("planned_repeats", {})
+    cases = [
+        Case.from_params(dict(c.params) | {"repeats": planned.get(cid, c.params["repeats"])})
+        for cid, c in record.cases.items()
+    ]
+    return varying_keys(cases)
+
+
+def _differing(a: Mapping[str, Any], b: Mapping[str, Any], keys: list[str]) -> list[str]:
+    """The keys on which two cases differ, a key moot for one of them (None) aside: collapsed by
+    the suite, it says nothing about what the two measure (the report's rule, ``verdicts.compare``)."""
+    return [k for k in keys if a.get(k) is not None and b.get(k) is not None and a.get(k) != b.get(k)]
+
+
+def orient(key: str, a: Mapping[str, Any], b: Mapping[str, Any], order: Sequence[Any]) -> tuple[Any, Any]:
+    """(baseline, candidate) of two cases differing in ``key``: post-local SGD against plain DDP,
+    the ZeRO hooks as ``algorithms.COMPARED_PAIRS`` has them (interleaved against sequential, each
+    against ``zero_no_overlap``), False before True, the smaller number first, else the order the
+    run's cases have the values in (``order``: the suite's)."""
+    if is_plain_ddp(a) != is_plain_ddp(b):
+        return (a, b) if is_plain_ddp(a) else (b, a)
+    va, vb = a[key], b[key]
+    if key == "algorithm":
+        if (vb, va) in COMPARED_PAIRS:
+            return a, b
+        if (va, vb) in COMPARED_PAIRS:
+            return b, a
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
+    if isinstance(va, bool) and isinstance(vb, bool):
+        first = not va
+    elif numeric:
+        first = va < vb
+    else:
+        first = order.index(va) < order.index(vb)
+    return (a, b) if first else (b, a)
+
+
+def within_run(
+    run: store.Loaded | str | Path,
+    *,
+    metric: str = "step_ms",
+    threshold: float = 0.05,
+    confidence: float = CONFIDENCE,
+    fail_on_inconclusive: bool = False,
+    pairs: Sequence[str] | None = None,
+    filters: Sequence[str] = (),
+) -> WithinRun:
+    """Judge every pair of done cases of one run that differ in exactly one swept key.
+
+    Per repeat the value of ``metric`` (``stats.repeat_values``); the ratio candidate/baseline of
+    two cases by ``stats.case_ratio``, paired by round when they shared a world
+    (``suite.ran_together``); the verdict by ``judge`` with ``threshold``, as for runs. ``pairs``
+    keeps only the comparisons named ``key=BASELINE..CANDIDATE`` (``select_pairs``); ``filters``
+    keeps the cases ``suite.select`` keeps (``--filter``). Raises ``GateError`` for a selector or
+    filter naming what the run does not have.
+    """
+    loaded = run if isinstance(run, store.Loaded) else store.load(run)
+    data = RunData.of(loaded, metric)
+    keys = swept_keys(loaded.record)
+    done = [cid for cid in data.params if data.status[cid] == store.DONE and data.values.get(cid)]
+    try:
+        kept = {c.case_id for c in select([Case.from_params(data.params[cid]) for cid in done], filters)}
+    except SuiteError as e:
+        raise GateError(str(e)) from None
+    done = [cid for cid in done if cid in kept]
+    order = {k: list(dict.fromkeys(p.get(k) for p in data.params.values())) for k in keys}
+    found: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    for i, x in enumerate(done):
+        for y in done[i + 1 :]:
+            px, py = data.params[x], data.params[y]
+            diff = _differing(px, py, keys)
+            if len(diff) == 1:
+                found.append((diff[0], *orient(diff[0], px, py, order[diff[0]])))
+    found.sort(key=lambda m: (keys.index(m[0]), done.index(m[1]["case_id"]), done.index(m[2]["case_id"])))
+    if pairs:
+        found = select_pairs(found, pairs, keys, order)
+    judged = [_pair(key, base, cand, keys, data, threshold, confidence) for key, base, cand in found]
+    return WithinRun(
+        str(loaded.run_dir),
+        metric,
+        threshold,
+        confidence,
+        fail_on_inconclusive,
+        commit_text(loaded.environment),
+        keys,
+        judged,
+    )
+
+
+def _pair(
+    key: str,
+    base: Mapping[str, Any],
+    cand: Mapping[str, Any],
+    keys: list[str],
+    data: RunData,
+    threshold: float,
+    confidence: float,
+) -> CasePair:
+    b, c = data.values[base["case_id"]], data.values[cand["case_id"]]
+    est = case_ratio(b, c, paired=ran_together(base, cand), confidence=confidence)
+    context = {k: cand.get(k) if cand.get(k) is not None else base.get(k) for k in keys if k != key}
+    context = {k: v for k, v in context.items() if v is not None}
+    label = f"{key}: {value_text(base[key])} → {value_text(cand[key])}"
+    if context:
+        label += " (" + " ".join(f"{k}={value_text(v)}" for k, v in context.items()) + ")"
+    numbers = {
+        "case_id": cand["case_id"],
+        "label": label,
+        "baseline_median": float(np.median(list(b.values()))),
+        "candidate_median": float(np.median(list(c.values()))),
+        "ratio": est.ratio,
+        "ci_lo": est.lo,
+        "ci_hi": est.hi,
+        "baseline_repeats": len(b),
+        "candidate_repeats": len(c),
+        "baseline_runs": 1,
+        "candidate_runs": 1,
+        "half_width": est.half_width if est.has_interval else None,
+        "pairs": est.n if est.method == "paired" else 0,
+    }
+    if min(len(b), len(c)) < MIN_REPEATS or (est.method == "paired" and est.n < MIN_REPEATS):
+        have = f"{est.n} pairs" if est.method == "paired" else f"{len(b)} baseline, {len(c)} candidate repeats"
+        result = CaseResult(verdict=INCONCLUSIVE, reason=f"too few to judge ({have}; need {MIN_REPEATS})", **numbers)
+    else:
+        result = CaseResult(verdict=judge(est.lo, est.hi, threshold), **numbers)
+    return CasePair(key, base[key], cand[key], context, base["case_id"], cand["case_id"], est.method, result)
+
+
+Matched = tuple[str, dict[str, Any], dict[str, Any]]  # (key, baseline params, candidate params)
+
+
+def _spelled(text: str) -> str:
+    """A value typed in ``--pair`` as ``value_text`` spells the run's: 1.0 is 1."""
+    try:
+        return value_text(float(text))
+    except ValueError:
+        return text.strip()
+
+
+def select_pairs(
+    found: list[Matched], selectors: Sequence[str], keys: list[str], order: Mapping[str, list[Any]]
+) -> list[Matched]:
+    """The comparisons ``--pair key=BASELINE..CANDIDATE`` names (one per context of the other
+    keys), oriented as named: the sides are swapped where the selector reverses ``orient``'s. A
+    key or value the run does not sweep, or two values no two done cases differ in alone, is a
+    ``GateError`` saying what exists."""
+    kept: list[Matched] = []
+    for sel in selectors:
+        key, eq, values = sel.partition("=")
+        base_text, dots, cand_text = (_spelled(v) for v in values.partition(".."))
+        key = key.strip()
+        if not eq or not dots or not key or not base_text or not cand_text:
+            raise GateError(f"--pair {sel}: expected KEY=BASELINE..CANDIDATE, e.g. algorithm=ddp..zero_no_overlap")
+        if key not in keys:
+            raise GateError(f"--pair {sel}: {key!r} is not swept in this run; swept: {', '.join(keys) or 'nothing'}")
+        have = [value_text(v) for v in order[key] if v is not None]
+        for v in (base_text, cand_text):
+            if v not in have:
+                raise GateError(f"--pair {sel}: {key} has no value {v!r} in this run; it has {', '.join(have)}")
+        mine = []
+        for k, b, c in found:
+            sides = (value_text(b[k]), value_text(c[k]))
+            if k == key and sides in ((base_text, cand_text), (cand_text, base_text)):
+                mine.append((k, b, c) if sides == (base_text, cand_text) else (k, c, b))
+        if not mine:
+            named = sorted({f"{k}={value_text(b[k])}..{value_text(c[k])}" for k, b, c in found if k == key})
+            raise GateError(
+                f"--pair {sel}: no two done cases differ only in {key} with these values; "
+                f"comparisons of {key} in this run: {', '.join(named) or 'none'}"
+            )
+        kept += [m for m in mine if m not in kept]
+    return kept

@@ -91,7 +91,8 @@ class RunRecord:
 
     ``environment`` is the fingerprint of ``environment.fingerprint`` (``nodes`` added when the
     world reported them); ``worlds`` the launched worlds in order; ``wall_s`` the time spent
-    running them; ``efficiency`` the sweep's accounting of its wall time, written when it finished.
+    running them; ``efficiency`` the sweep's accounting of its wall time, written when it finished;
+    ``adaptive`` what an adaptive sweep (``--target-ci``) did after its planned repeats (empty: none).
     """
 
     schema_version: int
@@ -105,6 +106,7 @@ class RunRecord:
     worlds: tuple[Mapping[str, Any], ...]
     efficiency: Mapping[str, Any]
     wall_s: float | None
+    adaptive: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, meta: Mapping[str, Any]) -> RunRecord:
@@ -123,6 +125,7 @@ class RunRecord:
             tuple(_frozen(w) for w in meta.get("worlds", [])),
             _frozen(meta.get("efficiency")),
             meta.get("wall_s"),
+            _frozen(meta.get("adaptive")),
         )
 
     def suite_table(self, table: str) -> dict[str, Any]:

@@ -1,5 +1,10 @@
 """A comparison (``tpbench.compare``) as text for CI logs, Markdown for job summaries and PR
-comments, or JSON for machines: what ``tpbench compare`` and ``tpbench gate`` write on stdout."""
+comments, or JSON for machines: what ``tpbench compare`` and ``tpbench gate`` write on stdout.
+
+Every verdict is stated with its half-width, the smallest change the comparison could have told
+from none: "pass (resolves ±3.1%)", "inconclusive: could only resolve ±12%". Runs compared case by
+case (``Comparison``) and the cases of one run compared pair by pair (``WithinRun``) share the
+columns, the verdict words and the footer."""
 
 from __future__ import annotations
 
@@ -9,7 +14,20 @@ from typing import Any
 
 import numpy as np
 
-from tpbench.compare import IMPROVEMENT, INCOMPARABLE, INCONCLUSIVE, MISSING, PASS, REGRESSION, Comparison
+from tpbench.compare import (
+    IMPROVEMENT,
+    INCOMPARABLE,
+    INCONCLUSIVE,
+    MISSING,
+    PASS,
+    REGRESSION,
+    CasePair,
+    CaseResult,
+    Comparison,
+    WithinRun,
+)
+
+Result = Comparison | WithinRun
 
 
 def _pct(x: float | None) -> str:
@@ -20,31 +38,77 @@ def _num(x: float | None) -> str:
     return "" if x is None or not math.isfinite(x) else f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
 
 
-def _rows(c: Comparison) -> list[list[str]]:
+def _resolves(r: CaseResult) -> str:
+    """The half-width as "±3.1%" ("" without an interval)."""
+    hw = r.half_width
+    return "" if hw is None or not math.isfinite(hw) else f"±{hw * 100:.1f}%"
+
+
+def verdict_text(r: CaseResult) -> str:
+    """The verdict with what the comparison could resolve: "pass (resolves ±3.1%)",
+    "inconclusive: could only resolve ±12.0%"; the bare word without an interval."""
+    hw = _resolves(r)
+    if not hw or r.verdict in (INCOMPARABLE, MISSING):
+        return r.verdict
+    if r.verdict == INCONCLUSIVE:
+        return f"inconclusive: could only resolve {hw}"
+    return f"{r.verdict} (resolves {hw})"
+
+
+def _rounds(p: CasePair) -> str:
+    """What a within-run interval rests on: "6 paired" rounds, or each side's repeats."""
+    if p.method == "paired":
+        return f"{p.result.pairs} paired"
+    how = "unpaired" if p.method == "unpaired" else "no interval"
+    return f"{how} {p.result.baseline_repeats}/{p.result.candidate_repeats}"
+
+
+def _rows(c: Result) -> list[list[str]]:
+    if isinstance(c, WithinRun):
+        entries = [(p.result, _rounds(p)) for p in c.pairs]
+    else:
+        entries = [(r, f"{r.baseline_repeats}/{r.candidate_repeats}") for r in c.cases]
     rows = []
-    for r in c.cases:
-        ci = f"[{_pct(r.ci_lo)}, {_pct(r.ci_hi)}]" if r.ci_lo is not None else ""
-        reps = f"{r.baseline_repeats}/{r.candidate_repeats}"
+    for r, basis in entries:
+        ci = f"[{_pct(r.ci_lo)}, {_pct(r.ci_hi)}]" if r.half_width is not None else ""
         rows.append(
-            [r.label, _num(r.baseline_median), _num(r.candidate_median), _pct(r.ratio), ci, reps, r.verdict, r.reason]
+            [
+                r.label,
+                _num(r.baseline_median),
+                _num(r.candidate_median),
+                _pct(r.ratio),
+                ci,
+                _resolves(r),
+                basis,
+                verdict_text(r),
+                r.reason,
+            ]
         )
     return rows
 
 
-def _header(c: Comparison) -> list[str]:
+def _header(c: Result) -> list[str]:
+    within = isinstance(c, WithinRun)
     return [
-        "case",
+        "comparison (baseline → candidate)" if within else "case",
         f"baseline {c.metric}",
         f"candidate {c.metric}",
         "change",
         f"{c.confidence:.0%} CI",
-        "repeats b/c",
+        "resolves",
+        "rounds" if within else "repeats b/c",
         "verdict",
         "note",
     ]
 
 
-def _preamble(c: Comparison) -> list[str]:
+def _preamble(c: Result) -> list[str]:
+    if isinstance(c, WithinRun):
+        return [
+            f"metric {c.metric} (lower is better), threshold ±{c.threshold:.1%}, {c.confidence:.0%} t interval of the "
+            "ratio of geometric means over repeats: paired by round for cases of one world, Welch otherwise",
+            f"run {c.run}, commit {c.commit}: pairs of cases that differ in one of {', '.join(c.keys) or 'no key'}",
+        ]
     lines = [
         f"metric {c.metric} (lower is better), threshold ±{c.threshold:.1%}, "
         + {
@@ -60,19 +124,24 @@ def _preamble(c: Comparison) -> list[str]:
     return lines
 
 
-def _footer(c: Comparison) -> str:
-    counts = {}
+def _footer(c: Result) -> str:
+    counts: dict[str, int] = {}
     for r in c.cases:
         counts[r.verdict] = counts.get(r.verdict, 0) + 1
-    tally = ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
-    return f"verdict: {c.verdict} ({tally}); exit code {c.exit_code}"
+    tally = ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) or "nothing to compare"
+    widths = [r for r in c.cases if _resolves(r)]
+    widest = ""
+    if widths:
+        worst = max(widths, key=lambda r: r.half_width or 0.0)
+        widest = f"; the widest interval resolves {_resolves(worst)} ({worst.label})"
+    return f"verdict: {c.verdict} ({tally}){widest}; exit code {c.exit_code}"
 
 
-def render_text(c: Comparison) -> str:
+def render_text(c: Result) -> str:
     """A plain aligned table (no colour: it ends up in CI logs)."""
     table = [_header(c)] + _rows(c)
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    right = {1, 2, 3, 4, 5}
+    right = {1, 2, 3, 4, 5, 6}
     lines = _preamble(c) + [""]
     for row in table:
         cells = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
@@ -90,24 +159,25 @@ _MARK = {
 }
 
 
-def render_markdown(c: Comparison) -> str:
+def render_markdown(c: Result) -> str:
     """For CI job summaries and PR comments: a headline, the table, the method in one line."""
 
     def esc(s: str) -> str:
         return s.replace("|", "\\|")
 
-    lines = [f"### tpbench gate: {_MARK[c.verdict]}", ""]
+    title = "tpbench compare (within one run)" if isinstance(c, WithinRun) else "tpbench gate"
+    lines = [f"### {title}: {_MARK[c.verdict]}", ""]
     lines += [f"- {esc(line)}" for line in _preamble(c)]
     header = _header(c)
-    lines += ["", "| " + " | ".join(header) + " |", "|" + "|".join(["---", *["---:"] * 5, "---", "---"]) + "|"]
+    lines += ["", "| " + " | ".join(header) + " |", "|" + "|".join(["---", *["---:"] * 6, "---", "---"]) + "|"]
     for row, r in zip(_rows(c), c.cases):
-        row[6] = _MARK[r.verdict]
+        row[7] = _MARK[r.verdict] + row[7].removeprefix(r.verdict)
         lines.append("| " + " | ".join(esc(x) for x in row) + " |")
     lines += ["", f"{_footer(c)}.", ""]
     return "\n".join(lines)
 
 
-def render_json(c: Comparison) -> str:
+def render_json(c: Result) -> str:
     return json.dumps(c.to_dict(), indent=2, allow_nan=False, default=_json_default) + "\n"
 
 

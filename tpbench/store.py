@@ -224,6 +224,22 @@ def finished_repeats(run_dir: Path, case_id: str) -> set[int]:
     return {int(p.stem[1:]) for p in (case_dir(run_dir, case_id) / "parts").glob("r*.parquet")}
 
 
+def unmerge_case(run_dir: Path, case_id: str) -> None:
+    """Split a finished case's steps.parquet and nvml.parquet back into their per-repeat parts, the
+    state of a case whose world stopped mid-way, so that more repeats can be added (an adaptive
+    sweep) and ``finish_case`` merges them all. Parts are written before the merged files go: an
+    interruption in between leaves both, and the merge rewrites the same rows."""
+    d = case_dir(run_dir, case_id)
+    for merged, parts in ((d / STEPS_FILE, d / "parts"), (d / NVML_FILE, d / NVML_PARTS)):
+        if not merged.exists():
+            continue
+        df = _read_parquet(merged)
+        for repeat, rows in df.groupby("repeat"):
+            # ts_us is derived from the case's clock offsets when the parts are merged again.
+            atomic_write_parquet(parts / f"r{int(repeat):04d}.parquet", rows.drop(columns="ts_us", errors="ignore"))
+        merged.unlink()
+
+
 def discard_partial(run_dir: Path, case_id: str) -> None:
     """Drop everything a case left (repeats, traces, telemetry parts) so that a rerun starts it clean."""
     d = case_dir(run_dir, case_id)
@@ -341,6 +357,20 @@ class Run:
         self.set_case(case_id, PENDING)
 
     # --- events of a world and of the run
+    def extend_case(self, case_id: str, repeats: int) -> None:
+        """A done case gets more repeats (an adaptive sweep): its ``repeats`` raised, its files back
+        in parts (``unmerge_case``) and its state pending, so the next world runs only the new ones."""
+        entry = self._meta["cases"][case_id]
+        if repeats <= entry["params"]["repeats"]:
+            raise StoreError(f"case {case_id}: cannot extend {entry['params']['repeats']} repeats to {repeats}")
+        unmerge_case(self.dir, case_id)
+        entry["params"]["repeats"] = repeats
+        self.set_case(case_id, PENDING)
+
+    def set_adaptive(self, adaptive: dict[str, Any]) -> None:
+        """The adaptive phase's record: its target and budget, its batches, where it stands."""
+        self._meta["adaptive"] = adaptive
+        self._save()
 
     def next_world(self) -> str:
         """The name the next world started will have."""

@@ -702,7 +702,7 @@ def select(cases: list[Case], filters: Iterable[str]) -> list[Case]:
             raise SuiteError(f"--filter {f}: expected KEY=VALUE[|VALUE...] or KEY!=VALUE")
         wanted = [w.strip() for w in raw.split("|")]
         if key != "id":
-            wanted = [_fmt(_parse_value(w)) for w in wanted]  # 25.0 matches 25, as in the suite
+            wanted = [value_text(_parse_value(w)) for w in wanted]  # 25.0 matches 25, as in the suite
         if key != "id" and key not in CASE_KEYS and key not in CAPTURE_KEYS:
             raise SuiteError(f"--filter {f}: unknown key {key!r}; expected id or one of {', '.join(CASE_KEYS)}")
         out = [c for c in out if _matches(c, key, wanted) != neg]
@@ -713,10 +713,11 @@ def _matches(case: Case, key: str, wanted: list[str]) -> bool:
     """Whether ``case`` has one of the ``wanted`` values of ``key`` (``id``: one of the id prefixes)."""
     if key == "id":
         return any(case.case_id.startswith(w) for w in wanted)
-    return _fmt(getattr(case, key)) in wanted
+    return value_text(getattr(case, key)) in wanted
 
 
-def _fmt(v: Any) -> str:
+def value_text(v: Any) -> str:
+    """A parameter value as the command line writes it (true, 25 for 25.0): how ``--filter`` matches."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float) and v.is_integer():

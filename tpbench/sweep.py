@@ -7,14 +7,16 @@ progress. Nothing here prints.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import pandas as pd
 
-from tpbench import store
+from tpbench import compare, store
 from tpbench.analysis import bandwidth, convergence, overlap, timeline
 from tpbench.analysis.memory import per_case
 from tpbench.analysis.stats import slowest_rank, summarize
@@ -267,3 +269,142 @@ def _finalize(run_dir: Path) -> store.Loaded:
     failed = [cid for cid, status in run.case_status().items() if status == store.FAILED]
     run.set_status("complete" if not failed else "complete_with_failures", efficiency=efficiency)
     return store.load(run_dir)
+
+
+# ---------------------------------------------------------------- adaptive sweeps
+
+# A batch adds at least this many rounds: one more round barely moves a t interval.
+MIN_ROUNDS = 2
+ADAPTING, TARGET_MET, BUDGET_SPENT = "running", "met", "budget"
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Rounds an adaptive sweep adds: the cases (with their raised ``repeats``) and what for."""
+
+    number: int
+    cases: list[Case]
+    added: dict[str, int]  # case_id → repeats this batch adds
+    comparisons: list[tuple[str, float | None]]  # (label, half-width) still above the target
+
+    @property
+    def items(self) -> int:
+        return sum(self.added.values())
+
+
+def start_adaptive(run: store.Run, target: float, budget_s: float) -> None:
+    """Make a run adaptive: after its planned repeats, ``next_batch`` adds rounds until every
+    within-run comparison (``compare.within_run``) resolves ±``target`` or the run has spent
+    ``budget_s`` seconds running worlds (``wall_s``, the planned repeats included)."""
+    run.set_adaptive(
+        {
+            "target_ci": target,
+            "budget_s": budget_s,
+            "state": ADAPTING,
+            "planned_repeats": {cid: c.params["repeats"] for cid, c in run.record.cases.items()},
+            "batches": [],
+        }
+    )
+
+
+def _half_widths(pairs: list[compare.CasePair]) -> list[dict[str, Any]]:
+    return [{"pair": p.result.label, "half_width": p.result.half_width, "method": p.method} for p in pairs]
+
+
+def _costs(loaded: store.Loaded, wall_s: float) -> tuple[float, float]:
+    """Seconds per world start and per repeat, from the run so far: a repeat's steps as its ranks
+    timed them (``elapsed_s``: warm-up and timed steps), the rest of ``wall_s`` (starting ranks,
+    building models, tracing) spread over the worlds started."""
+    repeats = (
+        loaded.steps.groupby(["case_id", "repeat"])["elapsed_s"].max()
+        if "elapsed_s" in loaded.steps
+        else pd.Series(dtype=float)
+    )
+    worlds = max(len(loaded.record.worlds), 1)
+    if repeats.empty:
+        return 0.0, wall_s / worlds
+    return max(wall_s - float(repeats.sum()), 0.0) / worlds, float(repeats.mean())
+
+
+def next_batch(run: store.Run) -> Batch | None:
+    """The next batch of an adaptive run, its cases already extended (``store.Run.extend_case``)
+    and it recorded in run.json; None once every comparison resolves the target or the budget
+    cannot pay for ``MIN_ROUNDS`` more rounds (the record says which, with the half-widths).
+
+    A comparison of n rounds with half-width hw needs about n·(hw/target)² rounds (the t
+    interval narrows as 1/√n); no interval yet: n more. The cases of each world involved are
+    raised to one common count, so that their new repeats run round by round in one world start
+    and pair with each other. Unpaired comparisons (cases of different worlds) are extended too:
+    more repeats narrow Welch's interval as well, only more slowly. Time per repeat is estimated
+    from the run so far (``_costs``); the budget is checked before each batch, so a run ends past
+    it by as much as its last batch's estimate was short."""
+    rec = json.loads(json.dumps(dict(run.record.adaptive)))
+    if rec.get("state") != ADAPTING:
+        return None
+    target, budget = float(rec["target_ci"]), float(rec["budget_s"])
+    loaded = store.load(run.dir)
+    pairs = compare.within_run(loaded).pairs
+    rec.setdefault("half_widths_before", _half_widths(pairs))
+    wide = [p for p in pairs if p.result.half_width is None or p.result.half_width > target]
+    cases = {cid: Case.from_params(c.params) for cid, c in run.record.cases.items()}
+    spent = float(run.record.wall_s or 0.0)
+    start_s, repeat_s = _costs(loaded, spent)
+    need: dict[tuple, int] = {}
+    involved: dict[tuple, set[str]] = {}
+    for p in wide:
+        n = p.result.pairs or min(p.result.baseline_repeats, p.result.candidate_repeats)
+        hw = p.result.half_width
+        rounds = math.ceil(n * (hw / target) ** 2) - n if hw else n
+        # At most doubling what there is: a half-width from few rounds is itself a rough estimate.
+        rounds = max(MIN_ROUNDS, min(rounds, n))
+        for cid in (p.baseline_case, p.candidate_case):
+            world = cases[cid].launch_key
+            need[world] = max(need.get(world, 0), rounds)
+            involved.setdefault(world, set()).add(cid)
+
+    def plan(cap: int) -> dict[str, int]:
+        """case_id → its new repeats, each world's rounds capped at ``cap``."""
+        out = {}
+        for world, cids in involved.items():
+            top = max(cases[c].repeats for c in cids) + min(need[world], cap)
+            out |= {c: top for c in cids}
+        return out
+
+    def cost(p: dict[str, int]) -> float:
+        return len(involved) * start_s + sum(n - cases[c].repeats for c, n in p.items()) * repeat_s
+
+    # The most rounds the remaining budget pays for (cost grows with the cap): a binary search,
+    # since a target far below the noise asks for millions.
+    lo, hi = MIN_ROUNDS - 1, max(need.values(), default=0)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if cost(plan(mid)) <= budget - spent else (lo, mid - 1)
+    cap = lo
+    if not wide or cap < MIN_ROUNDS:
+        added = {c: cases[c].repeats - n for c, n in rec["planned_repeats"].items() if c in cases}
+        rec |= {
+            "state": BUDGET_SPENT if wide else TARGET_MET,
+            "wall_s": spent,
+            "half_widths_after": _half_widths(pairs),
+            "rounds_added": {c: n for c, n in added.items() if n > 0},
+        }
+        run.set_adaptive(rec)
+        return None
+    new = plan(cap)
+    batch = Batch(
+        len(rec["batches"]) + 1,
+        [dataclasses.replace(cases[c], repeats=n) for c, n in new.items()],
+        {c: n - cases[c].repeats for c, n in new.items()},
+        [(p.result.label, p.result.half_width) for p in wide],
+    )
+    rec["batches"].append(
+        {
+            "started_wall_s": spent,
+            "comparisons": _half_widths(wide),
+            "repeats": {c: [cases[c].repeats, n] for c, n in new.items()},
+        }
+    )
+    run.set_adaptive(rec)
+    for c, n in new.items():
+        run.extend_case(c, n)
+    return batch

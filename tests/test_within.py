@@ -1,0 +1,309 @@
+"""``tpbench compare RUN_DIR``: the cases of one run judged pair by pair (``compare.within_run``).
+
+Synthetic runs (``synthetic_runs.make_run``) carry known answers; one real sweep of 2 Gloo ranks
+checks the command end to end.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli, tiny_suite
+from synthetic_runs import make_run
+
+from tpbench import compare, render, store, sweep
+
+# Per-round drift shared by every case of a world: paired comparisons cancel it, unpaired ones cannot.
+DRIFT = [10.0, 13.0, 9.0, 15.0, 10.5, 12.0]
+
+
+def scaled(f: float) -> list[float]:
+    return [m * f for m in DRIFT]
+
+
+def by_selector(w: compare.WithinRun) -> dict[str, list[compare.CasePair]]:
+    out: dict[str, list[compare.CasePair]] = {}
+    for p in w.pairs:
+        out.setdefault(p.selector, []).append(p)
+    return out
+
+
+@pytest.fixture(scope="module")
+def zero_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three ZeRO algorithms x shard_buckets x two world sizes: sharding costs 20%, the overlap
+    hooks save 10% against zero_no_overlap, and 3 ranks cost the same as 2 but in other rounds."""
+
+    def factor(case) -> float:
+        f = 1.2 if case.shard_buckets else 1.0
+        return f * (1.0 if case.algorithm == "zero_no_overlap" else 0.9) * (1.0 if case.world_size == 2 else 1.001)
+
+    return make_run(
+        tmp_path_factory.mktemp("within"),
+        {"zero_no_overlap": DRIFT, "hook_with_zero_step": DRIFT, "hook_with_zero_step_interleaved": DRIFT},
+        sweep={"shard_buckets": "[false, true]", "world_size": "[2, 3]"},
+        factor=factor,
+    )
+
+
+def test_pairs_orientation_pairing_and_moot_keys(zero_run: Path) -> None:
+    w = compare.within_run(zero_run)
+    pairs = by_selector(w)
+    # Each overlap hook against zero_no_overlap, whose shard_buckets is moot (None): both the
+    # sharded and the unsharded hook case match it, as in the report.
+    assert set(pairs) == {
+        "algorithm=hook_with_zero_step..hook_with_zero_step_interleaved",
+        "algorithm=zero_no_overlap..hook_with_zero_step",
+        "algorithm=zero_no_overlap..hook_with_zero_step_interleaved",
+        "shard_buckets=false..true",
+        "world_size=2..3",
+    }
+    moot = pairs["algorithm=zero_no_overlap..hook_with_zero_step"]
+    assert sorted(p.context["shard_buckets"] for p in moot) == [False, False, True, True]
+    assert len({p.baseline_case for p in moot}) == 2  # one zero_no_overlap case per world size
+    for p in pairs["algorithm=zero_no_overlap..hook_with_zero_step"]:
+        expected = 0.9 * (1.2 if p.context["shard_buckets"] else 1.0)
+        assert p.method == "paired" and p.result.pairs == len(DRIFT)
+        assert p.result.ratio == pytest.approx(expected, rel=0.02)
+    # Same world: the drift cancels round by round; across worlds it cannot (Welch over repeats).
+    for p in pairs["shard_buckets=false..true"]:
+        assert p.method == "paired" and p.result.verdict == compare.REGRESSION and p.result.half_width < 0.02
+    for p in pairs["world_size=2..3"]:
+        assert p.method == "unpaired" and p.result.pairs == 0
+        assert p.result.verdict == compare.INCONCLUSIVE and p.result.half_width > 0.1
+    for p in pairs["algorithm=hook_with_zero_step..hook_with_zero_step_interleaved"]:
+        assert p.result.verdict == compare.PASS
+    assert w.verdict == compare.REGRESSION and w.exit_code == 1
+    assert w.keys == ["algorithm", "world_size", "shard_buckets"]
+
+
+def test_orientation_rules() -> None:
+    a, b = {"algorithm": "ddp"}, {"algorithm": "post_localSGD_hook", "start_localSGD_iter": 10}
+    assert compare.orient("algorithm", b, a, ["post_localSGD_hook", "ddp"]) == (a, b)
+    never = {"algorithm": "post_localSGD_hook", "start_localSGD_iter": "never"}
+    assert compare.orient("start_localSGD_iter", b, never, [10, "never"]) == (never, b)
+    x, y = {"algorithm": "ddp", "static_graph": True}, {"algorithm": "ddp", "static_graph": False}
+    assert compare.orient("static_graph", x, y, [True, False]) == (y, x)
+    x, y = {"algorithm": "ddp", "bucket_cap_mb": 25}, {"algorithm": "ddp", "bucket_cap_mb": 1.5}
+    assert compare.orient("bucket_cap_mb", x, y, [25, 1.5]) == (y, x)
+    x, y = {"algorithm": "ddp", "interconnect": "tcp"}, {"algorithm": "ddp", "interconnect": "loopback"}
+    assert compare.orient("interconnect", x, y, ["loopback", "tcp"]) == (y, x)
+    s = {"algorithm": "hook_with_zero_step"}
+    i = {"algorithm": "hook_with_zero_step_interleaved"}
+    assert compare.orient("algorithm", i, s, ["hook_with_zero_step_interleaved", "hook_with_zero_step"]) == (s, i)
+
+
+def test_pair_selection_flips_sides_and_gates_the_exit_code(zero_run: Path, capsys) -> None:
+    sel = "algorithm=hook_with_zero_step_interleaved..hook_with_zero_step"
+    w = compare.within_run(zero_run, pairs=[sel])
+    assert len(w.pairs) == 4 and {p.selector for p in w.pairs} == {sel}
+    assert all(p.result.verdict == compare.PASS for p in w.pairs)
+    # One command gates CI on one internal comparison: sharding must not be slower (it is).
+    assert run_cli(["compare", str(zero_run), "--pair", "shard_buckets=false..true", "--format", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == "regression" and len(doc["pairs"]) == 4
+    assert all(p["result"]["half_width"] > 0 and p["method"] == "paired" for p in doc["pairs"])
+    assert run_cli(["compare", str(zero_run), "--pair", "shard_buckets=true..false"]) == 0
+    assert "improvement (resolves ±" in capsys.readouterr().out
+    assert len(compare.within_run(zero_run, pairs=["world_size=2.0..3"]).pairs) == 5
+    assert run_cli(["compare", str(zero_run), "--pair", "shard_buckets=true..false"]) == 0
+    assert "improvement (resolves ±" in capsys.readouterr().out
+    assert run_cli(["compare", str(zero_run), "--pair", sel, "--filter", "world_size=3", "--format", "md"]) == 0
+    md = capsys.readouterr().out
+    assert md.startswith("### tpbench compare (within one run): ✅ pass")
+    assert md.count("✅ pass (resolves ±") == 2
+
+
+@pytest.mark.parametrize(
+    ("selector", "message"),
+    [
+        ("algorithm=ddp", "expected KEY=BASELINE..CANDIDATE"),
+        ("bucket_cap_mb=1..4", "'bucket_cap_mb' is not swept in this run; swept: algorithm, world_size, shard_buckets"),
+        (
+            "algorithm=ddp..zero_no_overlap",
+            "algorithm has no value 'ddp' in this run; it has hook_with_zero_step, hook_with_zero_step_interleaved,",
+        ),
+        ("world_size=2..2", "no two done cases differ only in world_size with these values; comparisons of "),
+    ],
+)
+def test_pair_errors_name_what_exists(zero_run: Path, selector: str, message: str, capsys) -> None:
+    assert run_cli(["compare", str(zero_run), "--pair", selector]) == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+
+
+def test_too_few_rounds_are_inconclusive_and_verdicts_state_the_half_width(tmp_path: Path) -> None:
+    run = make_run(tmp_path, {"ddp": [10, 11], "zero_no_overlap": [12, 13]})
+    (p,) = compare.within_run(run).pairs
+    assert p.result.verdict == compare.INCONCLUSIVE and "too few to judge (2 pairs; need 3)" in p.result.reason
+    assert render.verdict_text(p.result).startswith("inconclusive: could only resolve ±")
+    text = render.render_text(compare.within_run(run))
+    assert "resolves" in text.splitlines()[3] and "the widest interval resolves ±" in text
+
+
+def test_runs_compare_states_half_widths_too(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    base = make_run(tmp_path / "a", {"ddp": list(10 * (1 + 0.01 * rng.uniform(-1, 1, 6)))})
+    cand = make_run(tmp_path / "b", {"ddp": list(10 * (1 + 0.01 * rng.uniform(-1, 1, 6)))}, seed=1)
+    text = render.render_text(compare.compare_runs([base], [cand]))
+    assert "pass (resolves ±" in text and "| resolves |" not in text and "resolves" in text.splitlines()[4]
+
+
+@pytest.mark.ranks
+def test_real_sweep_compared_within(tmp_path: Path, capsys) -> None:
+    suite = tmp_path / "suite.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp", "zero_no_overlap"]', warmup_steps=3, repeats=3))
+    assert run_cli(["sweep", str(suite), "--out", str(tmp_path / "results"), "--no-report"]) == 0
+    capsys.readouterr()
+    (run,) = (tmp_path / "results").glob("*/*")
+    code = run_cli(["compare", str(run), "--format", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    (p,) = doc["pairs"]
+    assert p["key"] == "algorithm" and (p["baseline_value"], p["candidate_value"]) == ("ddp", "zero_no_overlap")
+    assert p["method"] == "paired" and p["result"]["pairs"] == 3 and p["result"]["half_width"] > 0
+    assert code == compare.exit_code_of(doc["verdict"], False) and doc["verdict"] == p["result"]["verdict"]
+
+
+# ---------------------------------------------------------------- adaptive sweeps (--target-ci)
+
+
+def _adaptive_suite(tmp_path: Path) -> Path:
+    suite = tmp_path / "suite.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp", "zero_no_overlap"]', warmup_steps=3, repeats=3))
+    return suite
+
+
+def _record(run: Path) -> dict:
+    return json.loads((run / "run.json").read_text())
+
+
+def _planned(tmp_path: Path, target: float) -> store.Run:
+    """An adaptive run whose planned repeats have run (its budget still open), released by this process."""
+    prepared = sweep.prepare(_adaptive_suite(tmp_path))
+    run = sweep.start(prepared, tmp_path / "r")
+    sweep.start_adaptive(run, target, 1e6)
+    sweep.execute(run, prepared.cases, lambda kind, data: None)
+    return run
+
+
+@pytest.mark.ranks
+def test_adaptive_sweep_adds_rounds_until_the_budget_is_spent(tmp_path: Path, capsys) -> None:
+    """A target no run on this machine reaches: batches of rounds (each at most doubling the
+    rounds there are) until the budget cannot pay for a world start and two more rounds, all
+    recorded in run.json. The budget is set from the planned part's own time (2.5 times it: one
+    more world start fits, a second after it does not), so the test does not depend on the
+    machine's speed; --resume continues the adaptive loop where the run left it."""
+    run = _planned(tmp_path, 0.001)
+    run.set_adaptive(dict(run.record.adaptive) | {"budget_s": 2.5 * run.record.wall_s})
+    run.set_status("interrupted")
+    run.lock.release()
+    assert run_cli(["sweep", "--resume", str(run.dir), "--no-report"]) == 0
+    assert "adaptive batch 1: 1 comparison(s) above ±0.1%" in capsys.readouterr().err
+    meta = _record(run.dir)
+    adaptive = meta["adaptive"]
+    assert meta["status"] == "complete" and adaptive["state"] == "budget" and adaptive["target_ci"] == 0.001
+    assert adaptive["batches"] and adaptive["wall_s"] == meta["wall_s"]
+    first = adaptive["batches"][0]
+    assert all(old == 3 and 3 + 2 <= new <= 6 for old, new in first["repeats"].values())
+    repeats = {cid: c["params"]["repeats"] for cid, c in meta["cases"].items()}
+    assert adaptive["rounds_added"] == {cid: n - 3 for cid, n in repeats.items()}
+    assert len(set(repeats.values())) == 1  # one world: the cases keep running round by round
+    before, after = adaptive["half_widths_before"][0], adaptive["half_widths_after"][0]
+    assert before["pair"] == after["pair"] == "algorithm: ddp → zero_no_overlap" and before["method"] == "paired"
+    # The summary and compare just see cases with more repeats.
+    loaded = store.load(run.dir)
+    assert [len(r) for r in loaded.summary["repeat_ids"]] == list(repeats.values())
+    assert run_cli(["compare", str(run.dir), "--format", "json"]) in (0, 1)
+    (p,) = json.loads(capsys.readouterr().out)["pairs"]
+    assert p["result"]["pairs"] == max(repeats.values())
+
+
+@pytest.mark.ranks
+def test_adaptive_sweep_with_a_target_met_adds_nothing(tmp_path: Path, capsys) -> None:
+    args = ["sweep", str(_adaptive_suite(tmp_path)), "--out", str(tmp_path / "r"), "--no-report"]
+    assert run_cli([*args, "--target-ci", "100000%", "--budget-s", "600"]) == 0
+    assert "adaptive: target met; 1 of 1 comparison(s) resolve ±100000.0%, 0 repeat(s) added" in capsys.readouterr().err
+    (run,) = (tmp_path / "r").glob("*/*")
+    adaptive = _record(run)["adaptive"]
+    assert adaptive["state"] == "met" and adaptive["batches"] == [] and adaptive["rounds_added"] == {}
+
+
+@pytest.mark.ranks
+def test_interrupted_adaptive_batch_resumes(tmp_path: Path, capsys) -> None:
+    """A batch recorded and its cases extended, its world never run (what Ctrl-C right after
+    ``next_batch`` leaves): --resume runs the pending repeats and closes the adaptive loop."""
+    run = _planned(tmp_path, 0.001)
+    batch = sweep.next_batch(run)
+    assert batch is not None and batch.items == 6 and all(c.repeats == 6 for c in batch.cases)
+    run.set_status("interrupted")
+    run.lock.release()
+    meta = _record(run.dir)
+    assert {c["status"] for c in meta["cases"].values()} == {"pending"}
+    for cid in meta["cases"]:  # the planned repeats went back to parts, kept
+        assert store.finished_repeats(run.dir, cid) == {0, 1, 2}
+    # Budget: pay for this batch, not for another.
+    meta["adaptive"]["budget_s"] = meta["wall_s"] + 1e-3
+    (run.dir / "run.json").write_text(json.dumps(meta))
+    assert run_cli(["sweep", "--resume", str(run.dir), "--no-report"]) == 0
+    meta = _record(run.dir)
+    assert meta["status"] == "complete" and meta["adaptive"]["state"] == "budget"
+    assert meta["adaptive"]["rounds_added"] == {cid: 3 for cid in meta["cases"]}
+    steps = store.load(run.dir).steps
+    assert sorted(steps["repeat"].unique()) == list(range(6))
+    assert run_cli(["sweep", "--resume", str(run.dir), "--target-ci", "5%"]) == 2
+
+
+def test_adaptive_flags_are_checked(tmp_path: Path, capsys) -> None:
+    suite = _adaptive_suite(tmp_path)
+    assert run_cli(["sweep", str(suite), "--target-ci", "5%"]) == 2
+    assert "--target-ci and --budget-s go together" in capsys.readouterr().err
+    assert run_cli(["sweep", str(suite), "--target-ci", "0%", "--budget-s", "10"]) == 2
+    assert "expected a percentage like 5%" in capsys.readouterr().err
+
+
+def test_report_and_compare_match_the_same_cases(zero_run: Path, tmp_path: Path) -> None:
+    """The report's algorithm comparisons (``verdicts.compare``) are pairs ``compare RUN_DIR`` lists
+    too, moot keys and post-local SGD against plain DDP included."""
+    from tpbench.algorithms import is_plain_ddp
+    from tpbench.report import data as report_data
+    from tpbench.report import verdicts
+
+    def report_pairs(loaded: store.Loaded, kinds) -> set[tuple[str, str]]:
+        rd = report_data.load([loaded])
+        return {(c.baseline["case_id"], c.candidate["case_id"]) for k in kinds for c in verdicts.compare(rd, k)}
+
+    loaded = sweep.finalize(zero_run)
+    mine = {(p.baseline_case, p.candidate_case) for p in compare.within_run(loaded).pairs if p.key == "algorithm"}
+    assert report_pairs(loaded, verdicts.ZERO_KINDS) == mine and len(mine) == 12
+
+    localsgd = sweep.finalize(
+        make_run(
+            tmp_path,
+            {"ddp": DRIFT, "post_localSGD_hook": scaled(0.9)},
+            sweep={"start_localSGD_iter": '["never", 2]', "averaging_period": "[2, 4]"},
+        )
+    )
+    w = compare.within_run(localsgd)
+    plain = {cid for cid, c in localsgd.record.cases.items() if is_plain_ddp(c.params)}
+    mine = {(p.baseline_case, p.candidate_case) for p in w.pairs if p.baseline_case in plain}
+    mine = {(b, c) for b, c in mine if c not in plain}
+    assert report_pairs(localsgd, [verdicts.LOCALSGD_KIND]) == mine and len(mine) == 4
+    assert {p.selector for p in w.pairs} == {
+        "algorithm=ddp..post_localSGD_hook",
+        "start_localSGD_iter=never..2",
+        "averaging_period=2..4",
+    }
+
+
+def test_repeats_raised_by_an_adaptive_sweep_do_not_part_cases(tmp_path: Path) -> None:
+    run = make_run(tmp_path, {"ddp": DRIFT, "zero_no_overlap": scaled(1.1)})
+    meta = _record(run)
+    cid = next(iter(meta["cases"]))
+    meta["cases"][cid]["params"]["repeats"] = 9  # as if extended; its extra repeats never ran
+    (run / "run.json").write_text(json.dumps(meta))
+    assert compare.within_run(run).pairs == []  # repeats 6 vs 9 would be a second swept key
+    meta["adaptive"] = {"planned_repeats": {c: 6 for c in meta["cases"]}}
+    (run / "run.json").write_text(json.dumps(meta))
+    (p,) = compare.within_run(run).pairs
+    assert p.selector == "algorithm=ddp..zero_no_overlap" and p.result.ratio == pytest.approx(1.1, rel=0.02)
