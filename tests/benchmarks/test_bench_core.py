@@ -78,8 +78,8 @@ def test_gate_verdict_per_case(benchmark) -> None:
     rng = np.random.default_rng(0)
     base = [rng.lognormal(np.log(10), 0.05, 10) for _ in range(5)]
     cand = [rng.lognormal(np.log(11), 0.05, 10)]
-    ratio, lo, hi = benchmark(hierarchical_ratio_ci, base, cand)
-    assert lo < ratio < hi and ratio > 1.05
+    r = benchmark(hierarchical_ratio_ci, base, cand)
+    assert r.lo < r.ratio < r.hi and r.ratio > 1.05
 
 
 @pytest.mark.skipif(not FIXTURE_TRACES.is_dir(), reason="no trace fixture in tests/fixtures/traces/gloo2")
