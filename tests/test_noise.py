@@ -63,14 +63,16 @@ def test_cases_with_fewer_repeats_leave_the_later_rounds():
     assert sorted(r for _, r in schedule[-2:]) == [4, 4]
 
 
-def test_ranks_are_pinned_only_with_a_core_to_spare():
-    unpinned = rank_layout({0, 1}, 2)
+def test_ranks_are_pinned_to_a_core_each_and_one_spare_where_there_is_one():
+    unpinned = rank_layout({0, 1, 2}, 4)
     assert unpinned.cores is None and unpinned.threads == 1
     assert unpinned.record() == {
         "gc": GC_POLICY,
-        "pinning": "off: 2 cores for 2 ranks (no spare core)",
+        "pinning": "off: 3 cores for 4 ranks (fewer cores than ranks)",
         "threads_per_rank": 1,
     }
+    tight = rank_layout({0, 1}, 2)
+    assert tight.cores == ((0,), (1,)) and tight.record()["pinning"] == {"0": [0], "1": [1]}
     big = rank_layout(range(16), 2)
     assert big.cores == (tuple(range(7)), tuple(range(7, 14))) and big.threads == 7
     assert big.record()["pinning"] == {"0": list(range(7)), "1": list(range(7, 14))}

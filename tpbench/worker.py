@@ -125,6 +125,10 @@ class StepTimer:
         else:
             self._t0 = time.perf_counter_ns()
 
+    def cpu_s(self) -> float:
+        """The process's CPU time since ``start``, in seconds."""
+        return (time.process_time_ns() - self._cpu0) / 1e9
+
     def stop_ms(self) -> tuple[float, float]:
         """(wall ms, CPU ms) since ``start``."""
         if self.cuda:
@@ -239,7 +243,7 @@ class CaseRunner:
         extra: list[dict[str, float]] = []
         heldout = workload.heldout_batches() if case.eval_every else []
         delay_s = 0.0
-        slow_down = _burn if case.slowdown_kind == "cpu" else _delay
+        burn = case.slowdown_pct / 100 if case.slowdown_kind == "cpu" else 0.0
         collections = GcCounter()
         gc_was_enabled = gc.isenabled()
         gc.callbacks.append(collections)
@@ -248,7 +252,7 @@ class CaseRunner:
         try:
             for i in range(case.warmup_steps + case.steps):
                 if i == case.warmup_steps:
-                    delay_s = _slowdown_s(case, step_ms, cpu_ms)
+                    delay_s = _slowdown_s(case, step_ms)
                     # No collection inside a timed step: one now, none until the timed steps end.
                     gc.collect()
                     gc.disable()
@@ -260,7 +264,9 @@ class CaseRunner:
                 timer.start()
                 losses.append(train_step(training, workload, x, y))
                 if delay_s:
-                    slow_down(delay_s)
+                    _delay(delay_s)
+                elif burn and i >= case.warmup_steps:
+                    _burn(timer.cpu_s() * burn)
                 ms, cpu = timer.stop_ms()
                 ends.append(time.perf_counter() - t_start)
                 # Below this line nothing counts as step time.
@@ -374,23 +380,25 @@ def _evaluate(model: torch.nn.Module, workload, batches: list[tuple[torch.Tensor
     return total / len(batches)
 
 
-def _slowdown_s(case: Case, step_ms: list[float], cpu_ms: list[float]) -> float:
-    """``slowdown_pct``'s delay per timed step, in seconds: that share of the warm-up's median
-    step time (``slowdown_kind = "sleep"``) or of its median CPU time per step (``"cpu"``).
+def _slowdown_s(case: Case, step_ms: list[float]) -> float:
+    """``slowdown_kind = "sleep"``: the delay per timed step, in seconds, that share of the
+    warm-up's median step time.
 
-    A fixed delay from the warm-up: proportional to each step's own time, the ranks' delays would
-    feed each other through the next collective and compound. The first warm-up step carries
-    one-off costs (allocation, bucket rebuild): it is left out.
+    A fixed delay from the warm-up: proportional to each step's own wall time, the ranks' delays
+    would feed each other through the next collective and compound. The first warm-up step
+    carries one-off costs (allocation, bucket rebuild): it is left out.
     """
-    if not case.slowdown_pct:
+    if not case.slowdown_pct or case.slowdown_kind != "sleep":
         return 0.0
-    per_step = cpu_ms if case.slowdown_kind == "cpu" else step_ms
-    return statistics.median(per_step[1:] or per_step) * case.slowdown_pct / 100 / 1e3
+    return statistics.median(step_ms[1:] or step_ms) * case.slowdown_pct / 100 / 1e3
 
 
 def _burn(seconds: float) -> None:
-    """``slowdown_kind = "cpu"``: burn this much CPU time on the training thread, so that a step's
-    CPU time grows by it (and its wall time, by at least as much)."""
+    """``slowdown_kind = "cpu"``: burn this much CPU time on the training thread. The amount is
+    ``slowdown_pct`` of the step's own CPU time so far (every thread's), so the step's CPU time
+    grows by exactly that share, whatever the machine does to it: an exact slowdown of the work.
+    A rank's CPU time does not include waiting for its peers, so the burns do not compound
+    through the collectives as wall-time delays would."""
     deadline = time.thread_time() + seconds
     while time.thread_time() < deadline:
         pass
