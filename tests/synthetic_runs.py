@@ -63,6 +63,7 @@ def make_run(
     defaults: Mapping[str, Any] | None = None,
     sweep: Mapping[str, Any] | None = None,
     factor: Callable[[Case], float] | None = None,
+    cpu_ms: Callable[[Case], float] | None = None,
 ) -> Path:
     """A finished run with one case per algorithm; ``medians[algorithm]`` are its per-repeat medians (ms).
 
@@ -70,7 +71,8 @@ def make_run(
     slowest-rank rule is exercised. Algorithms in ``failed`` are recorded as failed, without steps.
     ``defaults`` adds suite defaults, ``sweep`` more swept keys (values in TOML syntax); then
     ``medians`` are per algorithm and ``factor(case)`` scales them per case (cases of one world
-    share each repeat's round, as a sweep's do).
+    share each repeat's round, as a sweep's do). ``cpu_ms(case)``: each step's CPU time (with the
+    same jitter); without it the steps record none, as runs from before it was recorded.
     """
     algorithms = sorted(medians)
     repeats = max(len(v) for v in medians.values())
@@ -107,6 +109,7 @@ def make_run(
                             "elapsed_s": np.cumsum(ms) / 1e3,
                             "peak_rss_mb": 100.0 + r,
                         }
+                        | ({"cpu_ms": cpu_ms(case) * noise} if cpu_ms else {})
                     )
                 )
             store.write_repeat(run.dir, case.case_id, r, pd.concat(rows, ignore_index=True))

@@ -185,6 +185,32 @@ def test_cases_of_one_world_are_paired_by_round_so_shared_drift_cancels():
     assert "(this run resolves ±0." in verdicts.sentence(c, list(c.context))
 
 
+def test_metric_cpu_ms_compares_cpu_time_and_says_so(tmp_path):
+    """Sequential's steps take 20% longer on the wall clock but the same CPU time (it waits, say):
+    by step time it is slower, by CPU time no different, and the sentences name what they compare."""
+    medians = {"zero_no_overlap": [10, 10.2, 9.9, 10.1], "hook_with_zero_step": [12, 12.2, 11.9, 12.1]}
+    run = make_run(tmp_path / "run", medians, cpu_ms=lambda case: 5.0, jitter=0.002)
+    kind = verdicts.ZERO_KINDS[1]  # sequential / zero_no_overlap
+    wall = verdicts.compare(report_data.load([store.load(run)]), kind)
+    cpu_data = report_data.load([store.load(run)], metric="cpu_ms")
+    cpu = verdicts.compare(cpu_data, kind)
+    assert [c.verdict for c in wall] == ["slower"] and [c.verdict for c in cpu] == ["unclear"]
+    assert "CPU time per step" in verdicts.sentence(cpu[0], list(cpu[0].context))
+    assert "Verdicts compare CPU time per step (cpu_ms)" in build_report([store.load(run)], tmp_path, "cpu_ms")
+
+
+def test_report_metric_not_recorded_is_an_error_naming_the_run(tmp_path):
+    run = make_run(tmp_path / "old", {"ddp": [10, 10.1, 9.9]})  # no cpu_ms, like runs made before it was recorded
+    proc = subprocess.run(
+        [sys.executable, "-m", "tpbench", "report", str(run), "--metric", "cpu_ms", "-o", str(tmp_path / "r.html")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 3 and "--metric cpu_ms was not recorded" in " ".join(proc.stderr.split())
+    assert str(run) in proc.stderr.replace("\n", "")
+
+
 def test_cases_of_different_worlds_are_compared_unpaired():
     """The hooks on loopback and on tcp-1gbit ran in different worlds: a comparison across worlds
     must not pair repeats that did not run together."""

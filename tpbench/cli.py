@@ -405,7 +405,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from tpbench import report
 
     out_path = args.output or report.default_report_path(args.runs[0])
-    path = report.write_report(args.runs, out_path)
+    path = report.write_report(args.runs, out_path, args.metric)
     console.print(f"Report: {path}", markup=False, soft_wrap=True)
     return EXIT_OK
 
@@ -706,6 +706,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write the HTML report of one run, or compare several")
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
     p.add_argument("-o", "--output", type=Path, metavar="FILE")
+    p.add_argument(
+        "--metric",
+        choices=("step_ms", "cpu_ms"),
+        default="step_ms",
+        help="what the verdicts compare: wall time per step (default) or the ranks' CPU time per step",
+    )
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("validate", help="check a suite without running it")

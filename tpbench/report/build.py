@@ -44,20 +44,21 @@ def default_report_path(run_dir: Path, reports_root: Path = Path("reports")) -> 
     return Path(reports_root) / f"{meta['suite']['name']}-{meta['run_id']}.html"
 
 
-def write_report(run_dirs: list[Path], out: Path) -> Path:
+def write_report(run_dirs: list[Path], out: Path, metric: str = "step_ms") -> Path:
     """Load the runs, build their report and write it atomically to ``out``."""
     runs = [store.load(d) for d in run_dirs]
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    store.atomic_write_bytes(out, build_report(runs, out.parent.resolve()).encode())
+    store.atomic_write_bytes(out, build_report(runs, out.parent.resolve(), metric).encode())
     return out
 
 
-def build_report(runs: list[store.Loaded], out_dir: Path = Path(".")) -> str:
+def build_report(runs: list[store.Loaded], out_dir: Path = Path("."), metric: str = "step_ms") -> str:
     """The whole HTML page for one run, or several runs compared side by side. ``out_dir`` is
-    where the page will live: links to traces are relative to it."""
+    where the page will live: links to traces are relative to it. ``metric``: what the verdicts
+    compare (``data.METRIC_WORDS``); the charts always show step time."""
     with plain_templates():
-        return _page(load(runs), runs, out_dir).render()
+        return _page(load(runs, metric), runs, out_dir).render()
 
 
 def _page(data: ReportData, runs: list[store.Loaded], out_dir: Path) -> Page:
@@ -139,6 +140,7 @@ def _headlines(
     if more:
         page.details_list(f"{len(more)} more: each ZeRO hook against zero_no_overlap", more)
     notes = (
+        f"Verdicts compare {data.what} ({data.metric}). "
         "Intervals: 95% t interval over rounds, paired by round for cases of one world (each round's ratio "
         "measured side by side), unpaired (Welch) for cases of different worlds; a difference is called only when "
         'its interval excludes no change, and "this run resolves ±x%" is the interval\'s half-width, the '

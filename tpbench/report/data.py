@@ -16,6 +16,7 @@ import pandas as pd
 
 from tpbench import store
 from tpbench.algorithms import ALGORITHMS
+from tpbench.analysis.stats import repeat_values, windows_of
 from tpbench.environment import commit_text
 from tpbench.suite import Case, labels, shown_keys
 
@@ -23,6 +24,9 @@ from tpbench.suite import Case, labels, shown_keys
 
 # Summary columns every section may rely on (NaN where a case has no numbers).
 STEP_TIME_COLUMNS = ("median_ms", "ci_lo_ms", "ci_hi_ms", "p10_ms", "p90_ms", "repeat_medians_ms")
+
+# What each metric the report can compare by is called in its sentences (``tpbench report --metric``).
+METRIC_WORDS = {"step_ms": "step time", "cpu_ms": "CPU time per step"}
 
 # Environment keys that make runs differ, in the order a run's tag names them.
 _TAG_KEYS = ("gpu_model", "torch", "cuda", "nccl", "gpu_driver", "cpu_model", "hostname", "commit")
@@ -38,8 +42,15 @@ class ReportData:
     tags: dict[str, str]
     cases: pd.DataFrame
     context_keys: list[str]
+    # The per-step column comparisons are made on; ``cases``' per-repeat values are of it.
+    metric: str = "step_ms"
     _tables: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False)
     _steps: pd.DataFrame | None = field(default=None, repr=False)
+
+    @property
+    def what(self) -> str:
+        """The compared quantity in words: "step time" or "CPU time per step"."""
+        return METRIC_WORDS[self.metric]
 
     @property
     def multi(self) -> bool:
@@ -99,9 +110,13 @@ class ReportData:
         return df.merge(self.cases[keep], on=["run_id", "case_id"], how="inner")
 
 
-def load(runs: list[store.Loaded]) -> ReportData:
+def load(runs: list[store.Loaded], metric: str = "step_ms") -> ReportData:
+    """The report's view of ``runs``; comparisons by ``metric`` (``METRIC_WORDS``): with ``cpu_ms``
+    each case's per-repeat values (``repeat_medians_ms``, ``repeat_ids``) are its CPU times."""
+    if metric not in METRIC_WORDS:
+        raise ValueError(f"--metric {metric}: expected one of {', '.join(METRIC_WORDS)}")
     tags = run_tags(runs)
-    frames = [_run_cases(r, tags[r.meta["run_id"]]) for r in runs]
+    frames = [_run_cases(r, tags[r.meta["run_id"]], metric) for r in runs]
     cases = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     for col in STEP_TIME_COLUMNS:
         # A run without summary.parquet (interrupted before its end) still gets a report of its cases.
@@ -116,7 +131,7 @@ def load(runs: list[store.Loaded]) -> ReportData:
         keys = _order_keys(cases, runs, context)
         cases = cases.iloc[sorted(range(len(cases)), key=keys.__getitem__)].reset_index(drop=True)
         cases["order"] = range(len(cases))
-    return ReportData(runs, tags, cases, context)
+    return ReportData(runs, tags, cases, context, metric)
 
 
 def _algo(algorithm: str, impl: Any) -> str:
@@ -124,8 +139,20 @@ def _algo(algorithm: str, impl: Any) -> str:
     return algorithm + ("" if impl in (None, "tpbench") or pd.isna(impl) else f"[{impl}]")
 
 
-def _run_cases(run: store.Loaded, tag: str) -> pd.DataFrame:
-    return run.table.assign(run_id=run.meta["run_id"], run=tag)
+def _run_cases(run: store.Loaded, tag: str, metric: str) -> pd.DataFrame:
+    table = run.table.assign(run_id=run.meta["run_id"], run=tag)
+    if metric == "step_ms" or table.empty:
+        return table
+    if metric not in run.steps:
+        raise store.StoreError(f"{run.run_dir}: --metric {metric} was not recorded in this run's steps")
+    windows = windows_of({cid: c.params for cid, c in run.record.cases.items()})
+    per_repeat = repeat_values(run.steps, metric, windows).dropna(subset=[metric])
+    by_case = {cid: g for cid, g in per_repeat.groupby("case_id")}
+    values = [by_case.get(cid) for cid in table["case_id"]]
+    return table.assign(
+        repeat_medians_ms=[None if g is None else g[metric].tolist() for g in values],
+        repeat_ids=[None if g is None else g["repeat"].astype(int).tolist() for g in values],
+    )
 
 
 def _labels(cases: pd.DataFrame, runs: list[store.Loaded], run_cases: list[list[Case]]) -> list[str]:

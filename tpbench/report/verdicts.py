@@ -100,7 +100,8 @@ class Comparison:
     baseline: dict[str, Any]
     context: dict[str, Any]  # the parameters both sides share (matched on)
     variant: dict[str, Any]  # candidate parameters the baseline lacks, e.g. shard_buckets against zero_no_overlap
-    est: Ratio  # candidate / baseline step time (``stats.case_ratio``)
+    est: Ratio  # candidate / baseline of the report's metric (``stats.case_ratio``)
+    what: str = "step time"  # that metric in words (``ReportData.what``)
 
     @property
     def ratio(self) -> float:
@@ -176,6 +177,7 @@ def compare(data: ReportData, kind: Kind) -> list[Comparison]:
                         {k: c.get(k) for k in keys},
                         {k: c.get(k) for k in variant if _present(c.get(k))},
                         case_estimate(b, c),
+                        data.what,
                     )
                 )
     return out
@@ -239,8 +241,8 @@ def change_text(c: Comparison) -> str:
     if c.verdict == "slower":
         return f"{_pct(c.ratio - 1)} [{_pct(c.lo - 1)}, {_pct(c.hi - 1)}] slower"
     if c.verdict == "single":
-        return f"{_signed(c.ratio)} step time"
-    return f"no clear difference ({_signed(c.ratio, c.lo, c.hi)} step time)"
+        return f"{_signed(c.ratio)} {c.what}"
+    return f"no clear difference ({_signed(c.ratio, c.lo, c.hi)} {c.what})"
 
 
 def sentence(c: Comparison, keys: list[str]) -> str:
@@ -333,10 +335,11 @@ def fastest_lines(data: ReportData) -> list[str]:
         best = grp.iloc[0].to_dict()
         where = context_text(best, setting)
         head = f"[{best['run']}] " if data.multi else ""
-        line = (
-            f"{head}Fastest{' ' + where if where else ''}: {_knobs(best, data)} at {best['median_ms']:.3g} ms/step "
-            f"[{best['ci_lo_ms']:.3g}, {best['ci_hi_ms']:.3g}]"
-        )
+        if data.metric == "step_ms":
+            at = f"{best['median_ms']:.3g} ms/step [{best['ci_lo_ms']:.3g}, {best['ci_hi_ms']:.3g}]"
+        else:
+            at = f"{best['_rank']:.3g} ms {data.what} (geometric mean over repeats)"
+        line = f"{head}Fastest{' ' + where if where else ''}: {_knobs(best, data)} at {at}"
         if len(grp) > 1:
             second = grp.iloc[1].to_dict()
             est = case_estimate(second, best)
@@ -350,7 +353,7 @@ def fastest_lines(data: ReportData) -> list[str]:
             else:
                 line += (
                     f", not clearly ahead of the runner-up {_knobs(second, data)} "
-                    f"({_signed(est.ratio, est.lo, est.hi)} step time; {resolution([est])})"
+                    f"({_signed(est.ratio, est.lo, est.hi)} {data.what}; {resolution([est])})"
                 )
         lines.append(line + ".")
     return lines
@@ -453,8 +456,8 @@ def _steps_phrase(c: Comparison) -> str:
     if c.verdict in ("faster", "slower"):
         return f"its steps are {change_text(c)} than DDP's ({said})"
     if c.verdict == "single":
-        return f"its step time differs by {_signed(c.ratio)} from DDP's ({said})"
-    return f"its step time is not clearly different from DDP's ({_signed(c.ratio, c.lo, c.hi)}; {said})"
+        return f"its {c.what} differs by {_signed(c.ratio)} from DDP's ({said})"
+    return f"its {c.what} is not clearly different from DDP's ({_signed(c.ratio, c.lo, c.hi)}; {said})"
 
 
 def _ends(delta: float) -> str:
@@ -473,7 +476,10 @@ def against_first_run(data: ReportData) -> list[engine.Comparison]:
     the report's environment table shows what differs."""
     if not data.multi:
         return []
-    return [engine.compare_runs([data.runs[0]], [run], ignore_env=COMPARABLE_KEYS) for run in data.runs[1:]]
+    return [
+        engine.compare_runs([data.runs[0]], [run], metric=data.metric, ignore_env=COMPARABLE_KEYS)
+        for run in data.runs[1:]
+    ]
 
 
 def run_tag(data: ReportData, run_dir: str) -> str:
