@@ -13,11 +13,13 @@ beside its verdicts.
 
 Usage::
 
-    python examples/ci/gate_accuracy.py --out DIR [--gates 20] [--slowdown 0 --slowdown 10]
-        [--metric step_ms --metric cpu_ms] [--competitor 1] [--threshold 5%] [-- GATE_ARGS...]
+    python examples/ci/gate_accuracy.py --out DIR [--suite suites/gate.toml] [--gates 20]
+        [--slowdown 0 --slowdown 10] [--metric step_ms --metric cpu_ms] [--competitor 1]
+        [--threshold 5%] [--table] [-- GATE_ARGS...]
 
 Everything after ``--`` goes to ``tpbench gate`` (e.g. ``--repeats 40``). Results: one folder per
-gate under DIR, ``DIR/gates.jsonl`` (one line per gate and metric) and a Markdown table on stdout.
+gate under DIR, ``DIR/gates.jsonl`` (one line per gate and metric, with its interval) and a Markdown
+table on stdout; ``--table --threshold 2%`` prints the table of what DIR holds judged at another threshold.
 """
 
 from __future__ import annotations
@@ -32,30 +34,8 @@ from pathlib import Path
 
 from tpbench import compare, store
 
-SUITE = """\
-[suite]
-name = "gate-accuracy"
-description = "One DDP case of about 15 ms per step on 2 CPU ranks, compute-bound, for measuring gates"
-
-[defaults]
-world_size = 2
-backend = "gloo"
-device = "cpu"
-algorithm = "ddp"
-workload = "mlp"
-batch_size = 512
-warmup_steps = 3
-steps = 10
-repeats = 5
-timeout_s = 300
-
-[capture]
-profiler_steps = 0
-
-[workloads.mlp]
-width = 256
-depth = 4
-"""
+# The shipped gate suite: one compute-bound DDP case of about 15 ms per step on 2 CPU ranks.
+SUITE = Path(__file__).resolve().parents[2] / "suites" / "gate.toml"
 
 
 def _busy_loops(n: int) -> list[subprocess.Popen]:
@@ -144,6 +124,7 @@ def main() -> None:
     argv = argv[: argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--suite", type=Path, default=SUITE, help="the suite gated (default: suites/gate.toml)")
     ap.add_argument("--gates", type=int, default=20, help="gates per slowdown (default 20)")
     ap.add_argument("--slowdown", type=float, action="append", help="percent; repeatable (default: 0 and 10)")
     ap.add_argument("--metric", action="append", help="step_ms and/or cpu_ms (default: both)")
@@ -155,8 +136,7 @@ def main() -> None:
     log = args.out / "gates.jsonl"
     if not args.table:
         args.out.mkdir(parents=True, exist_ok=True)
-        suite = args.out / "suite.toml"
-        suite.write_text(SUITE)
+        suite = args.suite.absolute()
         busy = _busy_loops(args.competitor)
         try:
             for i in range(args.gates):
