@@ -190,6 +190,7 @@ def test_metric_cpu_ms_compares_cpu_time_and_says_so(tmp_path):
     by step time it is slower, by CPU time no different, and the sentences name what they compare."""
     medians = {"zero_no_overlap": [10, 10.2, 9.9, 10.1], "hook_with_zero_step": [12, 12.2, 11.9, 12.1]}
     run = make_run(tmp_path / "run", medians, cpu_ms=lambda case: 5.0, jitter=0.002)
+    finalize(run)
     kind = verdicts.ZERO_KINDS[1]  # sequential / zero_no_overlap
     wall = verdicts.compare(report_data.load([store.load(run)]), kind)
     cpu_data = report_data.load([store.load(run)], metric="cpu_ms")
@@ -408,3 +409,20 @@ def test_budget_resolution_counts_what_the_reports_comparisons_resolve(tmp_path)
     assert res.median_half_width == res.max_half_width == pytest.approx(c.est.half_width) and c.est.half_width < 0.05
     assert res.shape == "5x3+8"
     assert "half-width <= 5%: 1/1 (100%)" in budget_resolution.line(res)
+
+
+def test_an_adaptive_sweeps_raised_repeats_do_not_split_its_cases(tmp_path):
+    """An adaptive sweep raised one case's repeats: the report still pairs it with the others (its
+    repeats as planned, from run.json's ``adaptive`` record), instead of treating 9 and 6 repeats
+    as two settings with nothing to compare."""
+    run = make_run(tmp_path / "run", {"zero_no_overlap": [10.0] * 6, "hook_with_zero_step": [9.0] * 6}, jitter=0.002)
+    meta = json.loads((run / "run.json").read_text())
+    seq = next(cid for cid, c in meta["cases"].items() if c["params"]["algorithm"] == "hook_with_zero_step")
+    meta["adaptive"] = {"planned_repeats": {cid: 6 for cid in meta["cases"]}}
+    meta["cases"][seq]["params"]["repeats"] = 9
+    (run / "run.json").write_text(json.dumps(meta))
+    finalize(run)
+    data = report_data.load([store.load(run)])
+    assert "repeats" not in data.context_keys
+    (comparison,) = verdicts.compare(data, verdicts.ZERO_KINDS[1])
+    assert comparison.verdict == "faster"

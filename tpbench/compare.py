@@ -460,14 +460,8 @@ def exit_code_of(verdict: str, fail_on_inconclusive: bool) -> int:
 
 def swept_keys(record: RunRecord) -> list[str]:
     """The keys that vary among a run's cases: what a suite sweeps (budget keys included when it
-    sweeps them). ``repeats`` as planned: an adaptive sweep raises some cases' repeats
-    (``adaptive.planned_repeats``), which does not make them different cases."""
-    planned = record.adaptive.get("planned_repeats", {})
-    cases = [
-        Case.from_params(dict(c.params) | {"repeats": planned.get(cid, c.params["repeats"])})
-        for cid, c in record.cases.items()
-    ]
-    return varying_keys(cases)
+    sweeps them), ``repeats`` as planned (``RunRecord.planned_params``)."""
+    return varying_keys([Case.from_params(record.planned_params(cid)) for cid in record.cases])
 
 
 def _differing(a: Mapping[str, Any], b: Mapping[str, Any], keys: list[str]) -> list[str]:

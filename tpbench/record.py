@@ -128,6 +128,12 @@ class RunRecord:
             _frozen(meta.get("adaptive")),
         )
 
+    def planned_params(self, case_id: str) -> dict[str, Any]:
+        """A case's parameters with ``repeats`` as the suite planned them: an adaptive sweep raises
+        some cases' repeats (``adaptive.planned_repeats``), which does not make them other cases."""
+        params = dict(self.cases[case_id].params)
+        return params | {"repeats": self.adaptive.get("planned_repeats", {}).get(case_id, params["repeats"])}
+
     def suite_table(self, table: str) -> dict[str, Any]:
         """One table of the suite file the run was started from (``suite``, ``interconnects``, ...),
         read back from its text; empty when the suite has no such table."""

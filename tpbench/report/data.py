@@ -122,7 +122,8 @@ def load(runs: list[store.Loaded], metric: str = "step_ms") -> ReportData:
         # A run without summary.parquet (interrupted before its end) still gets a report of its cases.
         if col not in cases:
             cases[col] = pd.Series([None] * len(cases), dtype=object if col == "repeat_medians_ms" else float)
-    run_cases = [[Case.from_params(e["params"]) for e in r.meta["cases"].values()] for r in runs]
+    # Repeats as planned: an adaptive sweep's raised repeats must not split its cases into settings.
+    run_cases = [[Case.from_params(r.record.planned_params(cid)) for cid in r.record.cases] for r in runs]
     # impl stays a context key (pairs of cases must agree on it); labels show it with the algorithm.
     context = [k for k in shown_keys(run_cases) if k != "algorithm"]
     if not cases.empty:
