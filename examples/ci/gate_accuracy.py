@@ -111,11 +111,11 @@ def table(rows: list[dict], threshold: float) -> str:
 
 
 def _verdict(row: dict, threshold: float) -> str:
-    if row.get("ci_lo") is None or row["verdict"] not in (*compare.VERDICTS, "no runs"):
+    """The gate's verdict at ``threshold``: judged again from its interval where it has one."""
+    judged = (compare.PASS, compare.REGRESSION, compare.IMPROVEMENT, compare.INCONCLUSIVE)
+    if row.get("ci_lo") is None or row["verdict"] not in judged:
         return row["verdict"]
-    if row["verdict"] in (compare.PASS, compare.REGRESSION, compare.IMPROVEMENT, compare.INCONCLUSIVE):
-        return compare.judge(row["ci_lo"], row["ci_hi"], threshold)
-    return row["verdict"]
+    return compare.judge(row["ci_lo"], row["ci_hi"], threshold)
 
 
 def main() -> None:
