@@ -162,6 +162,37 @@ def unpaired_ratio(baseline: np.ndarray, candidate: np.ndarray, *, confidence: f
     return Ratio(math.exp(diff), math.exp(diff - half), math.exp(diff + half), n, "unpaired")
 
 
+def spent_confidence(confidence: float, looks: int, comparisons: int = 1) -> float:
+    """The confidence each single interval must have so that all of them hold together.
+
+    A rule that looks at its intervals after every round (a race eliminating arms, a gate or an
+    adaptive sweep that stops once it is sure) gets ``looks`` chances per comparison to be fooled
+    by noise, and ``comparisons`` comparisons per look. Uniform alpha spending with a Bonferroni
+    union bound: each interval is built at ``1 - (1 - confidence) / (looks * comparisons)``, so the
+    chance that any interval at any look misses its true ratio is at most ``1 - confidence``,
+    whenever and however the rule stops (anytime-valid over at most ``looks`` looks). Conservative,
+    exact per interval under normal log ratios (the t interval) and needing no assumption on how
+    the looks depend on each other; ``looks`` is the most the rule can take (the budget's rounds),
+    not the number it happens to take.
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    return 1 - (1 - confidence) / (max(1, int(looks)) * max(1, int(comparisons)))
+
+
+def sequential_ratio(
+    baseline: Mapping[int, float],
+    candidate: Mapping[int, float],
+    *,
+    looks: int,
+    comparisons: int = 1,
+    confidence: float = CONFIDENCE,
+) -> Ratio:
+    """``paired_ratio`` at the confidence a rule that peeks needs (``spent_confidence``): the one
+    interval ``tpbench tune``, ``gate --target-ci`` and ``sweep --target-ci`` decide by."""
+    return paired_ratio(baseline, candidate, confidence=spent_confidence(confidence, looks, comparisons))
+
+
 def case_ratio(
     baseline: Mapping[int, float], candidate: Mapping[int, float], *, paired: bool, confidence: float = CONFIDENCE
 ) -> Ratio:
