@@ -189,7 +189,7 @@ def _cases_table(title: str, cases: list) -> Table:
 def _check_resume_args(args: argparse.Namespace) -> None:
     """``--resume`` runs the run's own suite: what would change its cases is refused, so that the
     missing cases measure what the finished ones did."""
-    from tpbench import store
+    from tpbench import store, user_files
 
     changed = [
         f
@@ -210,8 +210,8 @@ def _check_resume_args(args: argparse.Namespace) -> None:
     if args.suite:
         recorded = store.read_run_json(args.resume)["suite"].get("text")
         try:
-            same = Path(args.suite).read_text() == recorded
-        except (OSError, UnicodeDecodeError):
+            same = user_files.read_text(args.suite, "suite file") == recorded
+        except ValueError:
             same = False
         if not same:
             _usage(
@@ -379,6 +379,12 @@ def _adapt(run, launcher) -> None:
         )
 
 
+# Bounds of the adaptive options: a target below 0.1% asks for more rounds than any budget holds
+# (and 1e-200 overflows the batch size), and a budget beyond a week is a typo.
+MIN_TARGET_CI, MAX_TARGET_CI = 0.001, 0.5
+MAX_BUDGET_S = 7 * 24 * 3600.0
+
+
 def _target_ci(text: str) -> float:
     """``--target-ci 5%`` or ``0.05``: the half-width every within-run comparison should reach."""
     raw = text.strip()
@@ -386,18 +392,22 @@ def _target_ci(text: str) -> float:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
     except ValueError:
         value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text}: expected a percentage like 5% or a fraction like 0.05, above 0")
+    if not MIN_TARGET_CI <= value <= MAX_TARGET_CI:
+        raise argparse.ArgumentTypeError(
+            f"{text}: expected a percentage like 5% or a fraction like 0.05, "
+            f"from {MIN_TARGET_CI:.1%} to {MAX_TARGET_CI:.0%}"
+        )
     return value
 
 
 def _seconds(text: str) -> float:
+    """A time budget: finite, above 0 and at most ``MAX_BUDGET_S`` (NaN, inf and 1e308 would never end)."""
     try:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text}: expected a number of seconds > 0")
+    if not 0 < value <= MAX_BUDGET_S:
+        raise argparse.ArgumentTypeError(f"{text}: expected a number of seconds > 0 and <= {MAX_BUDGET_S:g} (7 days)")
     return value
 
 
@@ -616,7 +626,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             f"[yellow]not exported:[/] {escape(label)} (no timed steps: the case failed or never ran)", soft_wrap=True
         )
     if args.output:
-        store.atomic_write_bytes(args.output, text.encode())
+        store.write_output(args.output, text.encode())
         console.print(f"Wrote {args.output}", soft_wrap=True, markup=False)
     else:
         sys.stdout.write(text)
@@ -786,7 +796,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--budget-s",
-        type=float,
+        type=_seconds,
         metavar="SECONDS",
         help="lockstep: stop after this long, whatever is left (default: 480)",
     )
@@ -839,7 +849,11 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
     from tpbench import store, whatif_run
 
-    fabrics = whatif_run.load_fabrics(args.fabrics)
+    try:
+        fabrics = whatif_run.load_fabrics(args.fabrics)
+    except ValueError as e:
+        _error(e)
+        return EXIT_USAGE
     unknown = [f for f in args.fabric if f not in fabrics]
     if unknown:
         console.print(

@@ -43,6 +43,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tpbench import user_files
 from tpbench.record import (  # the case states are the store's vocabulary too
     CASE_STATES,
     DONE,
@@ -142,6 +143,21 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+
+
+def write_output(path: Path, data: bytes) -> Path:
+    """Write a file the user named (``report -o``, ``export -o``): through a symlink to its target,
+    in place into an existing special file (``/dev/null``, a FIFO), atomically otherwise; a device
+    node is never replaced by a regular file. Returns where it landed."""
+    target, in_place = user_files.output_target(path)
+    if not in_place:
+        atomic_write_bytes(target, data)
+        return target
+    try:
+        user_files.write_in_place(target, data)
+    except OSError as e:
+        raise StoreError(f"{path}: cannot write: {e.strerror or e}") from None
+    return target
 
 
 def atomic_write_parquet(path: Path, df: pd.DataFrame, metadata: dict[bytes, bytes] | None = None) -> None:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import tomllib
 
-from tpbench import comm_hooks
+from tpbench import comm_hooks, user_files
 from tpbench.algorithms import ALGORITHM_SPECIFIC_KEYS, ALGORITHMS
 from tpbench.workload_params import PARAMS, UserWorkloadError, is_import_path, unknown
 
@@ -420,11 +420,9 @@ def _good_name(name: Any) -> bool:
 def load(path: str | Path) -> Suite:
     p = Path(path)
     try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise SuiteError(f"{p}: no such suite file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SuiteError(f"{p}: cannot read: {e}") from None
+        text = user_files.read_text(p, "suite file")
+    except ValueError as e:
+        raise SuiteError(str(e)) from None
     return parse(text, str(p))
 
 

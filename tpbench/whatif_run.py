@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tpbench import store
+from tpbench import store, user_files
 from tpbench.analysis import whatif
 from tpbench.analysis.whatif import Fabric, RunWhatIf
 from tpbench.interconnect import resolve
@@ -22,7 +22,7 @@ def load_fabrics(extra: Iterable[str | Path] = ()) -> dict[str, Fabric]:
     """The built-in fabrics, then each user file's (a user file may redefine a built-in)."""
     fabrics = whatif.parse_fabrics(whatif.FABRICS_TOML, "built-in fabrics")
     for path in extra:
-        fabrics |= whatif.parse_fabrics(Path(path).read_text(), str(path))
+        fabrics |= whatif.parse_fabrics(user_files.read_text(path, "fabrics file"), str(path))
     return fabrics
 
 

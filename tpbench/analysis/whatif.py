@@ -71,6 +71,7 @@ a fabric that is no slower than that path on every collective never exceeds the 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -125,16 +126,36 @@ bandwidth_GBps = 12.5
 """
 
 
+# Bounds a fabrics file's numbers must lie within: past them a value is a typo, not a link.
+MAX_FABRICS = 64
+MAX_LATENCY_US = 1e6  # one second per hop
+MAX_BANDWIDTH_GBPS = 1e6  # a petabyte per second
+_FABRIC_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
+
+
 def parse_fabrics(text: str, source: str = "<fabrics>") -> dict[str, Fabric]:
     """Fabrics from TOML: ``[fabrics.NAME]`` with ``latency_us``, ``bandwidth_GBps`` (1e9 bytes/s)
-    and optional ``shared`` (bool) and ``description``. Errors name the source, fabric and key."""
-    doc = tomllib.loads(text)
-    out: dict[str, Fabric] = {}
+    and optional ``shared`` (a boolean) and ``description`` (a string). Every error is a
+    ``ValueError`` naming the source, fabric and key and what was expected: a name of letters,
+    digits and ``_.+-`` (it is printed in tables and the report), finite numbers within
+    ``MAX_LATENCY_US`` / ``MAX_BANDWIDTH_GBPS``, at most ``MAX_FABRICS`` fabrics."""
+    try:
+        doc = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError) as e:
+        raise ValueError(f"{source}: not valid TOML: {str(e) or 'nested too deeply'}") from None
     unknown_top = set(doc) - {"fabrics"}
     if unknown_top:
         raise ValueError(f"{source}: unknown table(s) {sorted(unknown_top)}; expected [fabrics.NAME]")
-    for name, t in doc.get("fabrics", {}).items():
+    tables = doc.get("fabrics", {})
+    if not isinstance(tables, dict):
+        raise ValueError(f"{source}: fabrics must be tables [fabrics.NAME], got {type(tables).__name__}")
+    if len(tables) > MAX_FABRICS:
+        raise ValueError(f"{source}: {len(tables)} fabrics; at most {MAX_FABRICS} per file")
+    out: dict[str, Fabric] = {}
+    for name, t in tables.items():
         where = f"{source}: [fabrics.{name}]"
+        if not _FABRIC_NAME.fullmatch(name):
+            raise ValueError(f"{where}: expected a name of letters, digits and _.+- (at most 64 characters)")
         if not isinstance(t, dict):
             raise ValueError(f"{where}: expected a table")
         extra = set(t) - {"latency_us", "bandwidth_GBps", "shared", "description"}
@@ -142,16 +163,26 @@ def parse_fabrics(text: str, source: str = "<fabrics>") -> dict[str, Fabric]:
             raise ValueError(
                 f"{where}: unknown key(s) {sorted(extra)}; expected latency_us, bandwidth_GBps, shared, description"
             )
-        try:
-            lat, bw = float(t["latency_us"]), float(t["bandwidth_GBps"])
-        except KeyError as e:
-            raise ValueError(f"{where}: missing {e.args[0]}") from None
-        except (TypeError, ValueError):
-            raise ValueError(f"{where}: latency_us and bandwidth_GBps must be numbers") from None
-        if lat < 0 or bw <= 0:
-            raise ValueError(f"{where}: need latency_us >= 0 and bandwidth_GBps > 0")
-        out[name] = Fabric(name, lat * 1e-6, bw * 1e9, bool(t.get("shared", False)), str(t.get("description", "")))
+        lat = _bounded_number(t, "latency_us", where, 0.0, MAX_LATENCY_US, low_open=False)
+        bw = _bounded_number(t, "bandwidth_GBps", where, 0.0, MAX_BANDWIDTH_GBPS, low_open=True)
+        shared, description = t.get("shared", False), t.get("description", "")
+        if not isinstance(shared, bool):
+            raise ValueError(f"{where}: shared must be true or false, got {shared!r}")
+        if not isinstance(description, str):
+            raise ValueError(f"{where}: description must be a string, got {description!r}")
+        out[name] = Fabric(name, lat * 1e-6, bw * 1e9, shared, description)
     return out
+
+
+def _bounded_number(t: dict, key: str, where: str, low: float, high: float, *, low_open: bool) -> float:
+    if key not in t:
+        raise ValueError(f"{where}: missing {key}")
+    v = t[key]
+    low_ok = (v > low if low_open else v >= low) if isinstance(v, (int, float)) else False
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low_ok or v > high:
+        bound = ">" if low_open else ">="
+        raise ValueError(f"{where}: {key} must be a finite number {bound} {low:g} and <= {high:g}, got {v!r}")
+    return float(v)
 
 
 def emulated_link(rate_bits_per_s: float, host: Fabric | None, name: str | None = None) -> Fabric:

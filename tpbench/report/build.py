@@ -49,7 +49,7 @@ def write_report(run_dirs: list[Path], out: Path, metric: str = "step_ms") -> Pa
     runs = [store.load(d) for d in run_dirs]
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    store.atomic_write_bytes(out, build_report(runs, out.parent.resolve(), metric).encode())
+    store.write_output(out, build_report(runs, out.parent.resolve(), metric).encode())
     return out
 
 
