@@ -344,8 +344,8 @@ def test_compare_text_and_markdown(runs: dict[str, Path]) -> None:
 
 
 def test_compare_usage_errors(runs: dict[str, Path], tmp_path: Path) -> None:
-    p = tpbench("compare", runs["base"])  # one run, one case: no pair within it to judge
-    assert p.returncode == 0 and "nothing to compare" in p.stdout
+    p = tpbench("compare", runs["base"])  # one run, one case: no pair within it to judge, no "pass"
+    assert p.returncode == 2 and "nothing to compare" in p.stderr and "pass" not in p.stdout
     p = tpbench("compare", runs["base"], runs["slow"], "--pair", "algorithm=ddp..zero_no_overlap")
     assert p.returncode == 2 and "only with a single RUN_DIR" in p.stderr
     p = tpbench("compare", runs["base"], runs["slow"], "--threshold", "lots")

@@ -134,3 +134,20 @@ def test_adaptive_target_must_lie_within_its_bounds(tmp_path, capsys, value):
         run_cli(["sweep", "suites/smoke.toml", "--target-ci", value, "--budget-s", "60", "--out", str(tmp_path)]) == 2
     )
     assert "from 0.1% to 50%" in capsys.readouterr().err
+
+
+# --- compare: nothing to compare is not a pass; metrics are recorded columns ---------------------
+
+
+def test_compare_of_a_filter_matching_nothing_or_of_no_pair_exits_2(run_dir, tmp_path, capsys):
+    assert run_cli(["compare", str(run_dir), "--filter", "algorithm=ddp", "--fail-on-inconclusive"]) == 2
+    assert "nothing to compare" in capsys.readouterr().err
+    assert run_cli(["compare", str(run_dir), "--filter", "bucket_cap_mb=999"]) == 2
+    assert "--filter bucket_cap_mb=999: matches no finished case" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("metric", ["repeat", "rank", "nonesuch"])
+def test_compare_metric_that_is_not_a_recorded_measurement_exits_2(run_dir, capsys, metric):
+    assert run_cli(["compare", str(run_dir), "--metric", metric]) == 2
+    err = capsys.readouterr().err
+    assert f"--metric {metric}: not recorded" in err and "step_ms" in err and "Traceback" not in err

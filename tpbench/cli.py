@@ -530,6 +530,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
             pairs=args.pair,
             filters=args.filter,
         )
+        if not within.pairs:
+            # "pass" over no comparison would let a CI job pass on a typo or a one-case run.
+            console.print(
+                f"tpbench compare: error: {args.runs[0]}: nothing to compare: no two finished cases"
+                + (" that --filter/--pair keep" if args.filter or args.pair else "")
+                + " differ in exactly one swept key",
+                soft_wrap=True,
+                markup=False,
+            )
+            return EXIT_USAGE
         return _print_verdict(within, args.format)
     if args.pair or args.filter:
         flags = ", ".join(f for f, v in (("--pair", args.pair), ("--filter", args.filter)) if v)

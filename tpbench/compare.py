@@ -179,10 +179,10 @@ class RunData:
         values: dict[str, dict[int, float]] = {}
         cases = loaded.record.cases
         if not loaded.steps.empty:
-            if metric not in loaded.steps.columns:
-                numeric = sorted(
-                    c for c in loaded.steps.select_dtypes("number").columns if c not in ("repeat", "rank", "step")
-                )
+            numeric = sorted(
+                c for c in loaded.steps.select_dtypes("number").columns if c not in ("repeat", "rank", "step")
+            )
+            if metric not in numeric:
                 raise GateError(
                     f"--metric {metric}: not recorded in {loaded.run_dir}; expected one of {', '.join(numeric)}"
                 )
@@ -520,6 +520,8 @@ def within_run(
         kept = {c.case_id for c in select([Case.from_params(data.params[cid]) for cid in done], filters)}
     except SuiteError as e:
         raise GateError(str(e)) from None
+    if filters and not kept:
+        raise GateError(f"--filter {' '.join(filters)}: matches no finished case of {loaded.run_dir}")
     done = [cid for cid in done if cid in kept]
     order = {k: list(dict.fromkeys(p.get(k) for p in data.params.values())) for k in keys}
     found: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
