@@ -8,8 +8,11 @@ No rank process starts here: runs come from ``synthetic_runs.make_run``.
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import tempfile
 import threading
+from pathlib import Path
 
 import pytest
 from conftest import run_cli
@@ -151,3 +154,128 @@ def test_compare_metric_that_is_not_a_recorded_measurement_exits_2(run_dir, caps
     assert run_cli(["compare", str(run_dir), "--metric", metric]) == 2
     err = capsys.readouterr().err
     assert f"--metric {metric}: not recorded" in err and "step_ms" in err and "Traceback" not in err
+
+
+# --- the gate: its budget holds while it waits, one gate per folder, only its sides' worlds ------
+
+
+@pytest.mark.ranks
+def test_a_side_that_never_connects_stops_the_gate_when_the_budget_is_spent(tmp_path, monkeypatch):
+    """The candidate's command never starts a world (`sleep`): the gate must not wait out its
+    600 s stall limit but stop once its 3 s budget is spent, name the side, and leave no process."""
+    from conftest import REPO, tiny_suite, worker_processes
+
+    from tpbench import gate
+
+    suite = tmp_path / "gate.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp"]'))
+    out = tmp_path / "gate"
+    baseline = gate.resolve_side("baseline", str(REPO), out / "baseline")
+    silent = gate.resolve_side("candidate", 'sh -c "sleep 300"', out / "candidate")
+    cfg = gate.Lockstep(repeats=2, budget_s=3, finish_grace_s=5)
+    sockets = tmp_path / "tmp"
+    sockets.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(sockets))
+    with pytest.raises(gate.SideError, match=r"candidate \(sh -c .*ran no item before the gate stopped \(budget of 3"):
+        gate.run_lockstep(suite, baseline, silent, out, cfg)
+    assert not worker_processes(out / "baseline")
+    assert not list(sockets.iterdir())
+
+
+def test_a_second_gate_into_the_same_folder_is_refused_naming_the_first(tmp_path, capsys):
+    from tpbench import store
+
+    out = tmp_path / "gate"
+    out.mkdir()
+    held = store.RunLock(out)  # what the first gate holds while it runs
+    try:
+        assert run_cli(["gate", "suites/gate.toml", "--baseline", ".", "--candidate", ".", "--out", str(out)]) == 3
+    finally:
+        held.release()
+    assert f"{out}: in use by pid {os.getpid()}" in capsys.readouterr().err
+
+
+def test_only_the_sides_own_processes_may_take_their_turns():
+    """A third `sweep --lockstep` given a gate's socket is refused: the gate accepts a world only
+    when the connecting process descends from that side's sweep (SO_PEERCRED + /proc)."""
+    import socket
+    import subprocess
+    import sys
+
+    from tpbench.gate import _descends_from, _peer_pid
+
+    a, b = socket.socketpair(socket.AF_UNIX)
+    assert _peer_pid(a) == os.getpid()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert _descends_from(child.pid, os.getpid())
+        assert _descends_from(os.getpid(), os.getpid())
+        assert not _descends_from(os.getpid(), child.pid)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_tmpdir_too_long_for_a_socket_path_falls_back_to_tmp(tmp_path, monkeypatch):
+    from tpbench import gate
+
+    long = tmp_path / ("d" * 120)
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    folder = gate._socket_folder()
+    try:
+        assert folder.parent == Path("/tmp") and len(os.fsencode(folder / "c")) <= 107
+    finally:
+        folder.rmdir()
+    assert not list(long.iterdir())
+
+
+def test_user_code_in_the_callers_folder_imports_from_a_gate_side(tmp_path, monkeypatch):
+    """A gate's sides run in out/<side>; the caller's folder reaches them as TPBENCH_USER_PATH,
+    appended after everything else so it never shadows the side's own tpbench."""
+    import sys
+
+    from tpbench import user_code
+
+    (tmp_path / "mine_for_gate.py").write_text("VALUE = 42\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv(user_code.USER_PATH_ENV, str(tmp_path))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert user_code.import_module("mine_for_gate").VALUE == 42
+    assert sys.path[-1] == str(tmp_path)
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_to_the_gate_says_so_stops_the_sides_and_removes_its_sockets(tmp_path, stop):
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO, tiny_suite, worker_processes
+
+    suite = tmp_path / "gate.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp"]', steps=200, repeats=5))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = tmp_path / "gate"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tpbench", "gate", str(suite), "--baseline", str(REPO), "--candidate", str(REPO)]
+        + ["--out", str(out)],
+        env=os.environ | {"TMPDIR": str(tmp)},
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 240
+    while not worker_processes(out / "baseline") and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    proc.send_signal(stop)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + stop, err
+    assert f"Terminated ({signal.Signals(stop).name})." in err
+    assert not list(tmp.glob("tpbg-*"))
+    assert not worker_processes(out / "baseline") and not worker_processes(out / "candidate")

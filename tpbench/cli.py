@@ -561,6 +561,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
+    with _stop_signals_interrupt():  # SIGTERM/SIGHUP: the sides stopped, their sockets removed, said so
+        return _gate(args)
+
+
+def _gate(args: argparse.Namespace) -> int:
     from tpbench import compare, gate, store
 
     threshold = compare.parse_threshold(args.threshold)  # before minutes of sweeps, not after

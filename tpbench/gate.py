@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import math
 import os
 import random
 import selectors
@@ -24,6 +25,7 @@ import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tpbench import lockstep, store
+from tpbench import lockstep, store, user_code
 from tpbench.analysis.stats import paired_ratio
 from tpbench.compare import GateError
 
@@ -181,6 +183,7 @@ class Lockstep:
     metric: str = "step_ms"
     seed: int = 0
     stall_s: float = STALL_S
+    finish_grace_s: float = 60.0  # once the budget is spent, how long a side may take to end its world
 
     def overrides(self) -> list[str]:
         """``--set`` values for both sides (before the user's own): the planned repeats, and no
@@ -219,9 +222,10 @@ class _Conductor:
     """The gate's end of the lockstep protocol: one listening socket per side, the sides' worlds
     connecting (again, after a failed world) and asking before each item."""
 
-    def __init__(self, sides: list[_Side], stall_s: float) -> None:
+    def __init__(self, sides: list[_Side], stall_s: float, deadline: float = math.inf) -> None:
         self.sides = sides
         self.stall_s = stall_s
+        self.deadline = deadline  # time.monotonic() when the budget is spent: no wait outlasts it
         self.sel = selectors.DefaultSelector()
         for s in sides:
             self.sel.register(s.server, selectors.EVENT_READ, (s, "server"))
@@ -233,6 +237,11 @@ class _Conductor:
             self.last = time.monotonic()
             if what == "server":
                 conn, _ = side.server.accept()
+                if not _descends_from(_peer_pid(conn), side.proc.pid):
+                    # Only the side's own worlds may take its turns: another sweep given this
+                    # socket would displace the real one.
+                    conn.close()
+                    continue
                 self._drop(side)  # a new world: the previous one is over
                 side.conn = conn
                 self.sel.register(conn, selectors.EVENT_READ, (side, "conn"))
@@ -286,10 +295,13 @@ class _Conductor:
         side.parked = None
 
     def wait_until(self, ready: Callable[[], bool], what: str) -> None:
-        """Pump until ``ready()``; a SideError naming the sides that went silent after ``stall_s``."""
+        """Pump until ``ready()``; a SideError naming the sides that went silent after ``stall_s``,
+        ``BudgetSpent`` once the budget's deadline passes."""
         self.last = time.monotonic()
         while not ready():
             self.pump(0.2)
+            if time.monotonic() >= self.deadline:
+                raise BudgetSpent(what)
             self._check_stall(what)
 
     def _check_stall(self, what: str) -> None:
@@ -323,15 +335,53 @@ class _Conductor:
             **({k: side.last_done[k] for k in ("began", "ended")} if done else {}),
         }
 
-    def finish(self) -> None:
-        """Answer stop to whatever asks from now on, until every side's sweep has exited."""
-        self.last = time.monotonic()
+    def finish(self, grace_s: float | None = None) -> None:
+        """Answer stop to whatever asks from now on, until every side's sweep has exited. With
+        ``grace_s`` (the budget is spent), a side still running after that long is stopped."""
+        self.last = started = time.monotonic()
         while not all(s.exited for s in self.sides):
             for s in self.sides:
                 if s.parked is not None:
                     self.answer(s, lockstep.STOP)
             self.pump(0.2)
+            if grace_s is not None and time.monotonic() - started > grace_s:
+                for s in self.sides:
+                    if not s.exited:
+                        _kill(s.proc)
+                        self._drop(s)
+                return
             self._check_stall("the sweeps to finish")
+
+
+class BudgetSpent(Exception):
+    """The gate's budget ran out while it waited (``what``): it stops, whatever is left."""
+
+
+def _peer_pid(conn: socket.socket) -> int | None:
+    """The pid of the process at the other end of a Unix socket (SO_PEERCRED; None elsewhere)."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return None
+    return struct.unpack("3i", creds)[0]
+
+
+def _descends_from(pid: int | None, ancestor: int) -> bool:
+    """Whether ``pid`` is ``ancestor`` or one of its descendants, by /proc's parent links; True
+    where that cannot be told (no peer credentials, no /proc), as before the check existed."""
+    if pid is None or not Path("/proc/self/stat").exists():
+        return True
+    for _ in range(64):
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # "pid (comm) state ppid ...": the ppid
+    return False
 
 
 def _failed(s: _Side, what: str) -> str:
@@ -401,11 +451,16 @@ def run_lockstep(
     if not suite.is_file():
         raise GateError(f"{suite}: no such suite file")
     out = Path(out).absolute()
-    earlier = [out / s.name for s in (baseline, candidate) if (out / s.name).is_dir()]
-    if (out / GATE_FILE).exists() or any(any(store.iter_runs(d)) for d in earlier):
-        raise GateError(f"--out {out}: holds an earlier gate's runs; give a new folder")
     out.mkdir(parents=True, exist_ok=True)
-    sockets = Path(tempfile.mkdtemp(prefix="tpbg-"))  # short: a socket path has ~100 bytes
+    lock = store.RunLock(out)  # a second gate into this folder is refused, naming this one
+    try:
+        earlier = [out / s.name for s in (baseline, candidate) if (out / s.name).is_dir()]
+        if (out / GATE_FILE).exists() or any(any(store.iter_runs(d)) for d in earlier):
+            raise GateError(f"--out {out}: holds an earlier gate's runs; give a new folder")
+        sockets = _socket_folder()
+    except BaseException:
+        lock.release()
+        raise
     rng = random.Random(cfg.seed)
     sides: list[_Side] = []
     rounds: list[dict[str, Any]] = []
@@ -415,10 +470,14 @@ def run_lockstep(
     try:
         for side in (baseline, candidate):
             sides.append(_start(side, suite, out, sockets, cfg, overrides, filters, candidate_overrides, announce))
-        conductor = _Conductor(sides, cfg.stall_s)
+        conductor = _Conductor(sides, cfg.stall_s, started + cfg.budget_s)
         while stopped is None and not all(s.exited for s in sides):
             order = rng.sample(sides, len(sides))
-            items = [i for i in (conductor.run_item(s, cfg.metric) for s in order) if i is not None]
+            try:
+                items = [i for i in (conductor.run_item(s, cfg.metric) for s in order) if i is not None]
+            except BudgetSpent as e:
+                stopped = f"budget of {cfg.budget_s:g} s spent while waiting for {e}"
+                break
             if items:
                 rounds.append({"round": len(rounds) + 1, "order": [s.side.name for s in order], "items": items})
                 if not misaligned and len({(i["case"], i["repeat"]) for i in items}) > 1:
@@ -432,7 +491,7 @@ def run_lockstep(
             stopped = _stop_reason(sides, cfg, started)
         if stopped:
             announce(f"tpbench gate: stopping after {len(rounds)} rounds: {stopped}")
-        conductor.finish()
+        conductor.finish(cfg.finish_grace_s if stopped and stopped.startswith("budget") else None)
     except BaseException:
         for s in sides:
             _kill(s.proc)
@@ -441,12 +500,18 @@ def run_lockstep(
         for s in sides:
             s.server.close()
         shutil.rmtree(sockets, ignore_errors=True)
-    runs = []
+        lock.release()
+    runs, problems = [], []
     for s in sides:
         found = list(store.iter_runs(out / s.side.name))
-        if len(found) != 1:
-            raise SideError(_failed(s, f"exited with {s.proc.returncode} and left {len(found)} run(s)"))
-        runs.append(found[0])
+        if not found and not s.items:
+            problems.append(_failed(s, f"ran no item before the gate stopped ({stopped or 'its sweep exited'})"))
+        elif len(found) != 1:
+            problems.append(_failed(s, f"exited with {s.proc.returncode} and left {len(found)} run(s)"))
+        else:
+            runs.append(found[0])
+    if problems:
+        raise SideError("\n".join(problems))
     record = {
         "mode": "lockstep",
         "seed": cfg.seed,
@@ -464,6 +529,24 @@ def run_lockstep(
     }
     store.atomic_write_bytes(out / GATE_FILE, json.dumps(record, indent=1).encode())
     return LockstepRun(out, runs[0], runs[1], record)
+
+
+# A Unix socket's path holds at most 107 bytes (sun_path, Linux).
+_SUN_PATH_MAX = 107
+
+
+def _socket_folder() -> Path:
+    """A private folder for the sides' sockets: in TMPDIR, or in /tmp where TMPDIR's path is too
+    long for a socket path; an error naming TMPDIR where neither will do."""
+    for parent in (None, "/tmp"):
+        folder = Path(tempfile.mkdtemp(prefix="tpbg-", dir=parent))
+        if len(os.fsencode(folder / "c")) <= _SUN_PATH_MAX:
+            return folder
+        folder.rmdir()
+    raise GateError(
+        f"TMPDIR={tempfile.gettempdir()}: too long for a Unix socket path (at most {_SUN_PATH_MAX} bytes), "
+        "and so is /tmp's; set TMPDIR to a shorter folder"
+    )
 
 
 def _start(
@@ -491,7 +574,9 @@ def _start(
     with open(log, "wb") as f:
         proc = subprocess.Popen(
             cmd,
-            env=os.environ | side.env,
+            # The sides run in their own folders; the suite's own code (a workload or hook named
+            # MODULE:NAME) is imported from the caller's folder, as validation found it.
+            env=os.environ | side.env | {user_code.USER_PATH_ENV: os.getcwd()},
             cwd=side.cwd,
             stdout=f,
             stderr=subprocess.STDOUT,
