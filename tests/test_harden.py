@@ -279,3 +279,38 @@ def test_a_stop_signal_to_the_gate_says_so_stops_the_sides_and_removes_its_socke
     assert f"Terminated ({signal.Signals(stop).name})." in err
     assert not list(tmp.glob("tpbg-*"))
     assert not worker_processes(out / "baseline") and not worker_processes(out / "candidate")
+
+
+# --- a disk that fills while a trace is written leaves no temporary trace file ------------------
+
+
+def test_a_disk_full_during_the_trace_export_leaves_no_temporary_trace_file(tmp_path):
+    """A real tmpfs filled to its last few KiB: the traced steps' export fails with ENOSPC, and
+    neither the exporter's files nor the gzip part stay behind."""
+    import subprocess
+
+    import torch
+
+    from tpbench.capture.profiler import trace_steps
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], check=False).returncode:
+        pytest.skip("needs root to mount a tmpfs")
+    try:
+        with pytest.raises(OSError), open(disk / "filler", "wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+        (disk / "filler").write_bytes((disk / "filler").read_bytes()[: -16 * 1024])  # 16 KiB left
+        model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
+        x = torch.randn(4, 64)
+
+        def step(_: int) -> None:
+            model(x).sum().backward()
+
+        with pytest.raises(OSError):
+            trace_steps(step, 3, 0, torch.device("cpu"), disk / "trace" / "rank0.json.gz")
+        assert [p.name for p in (disk / "trace").iterdir()] == []
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)

@@ -502,11 +502,13 @@ def test_a_disk_that_fills_up_mid_sweep_names_the_file_leaves_no_temporary_and_l
         run_dir = next(store.iter_runs(disk / "results"))
         assert f"{run_dir}/" in err and "No space left on device" in err, err
         assert not [q for q in disk.rglob("*") if ".tmp" in q.name]
-        store.read_run_json(run_dir)
         (disk / "filler").unlink()
+        # The space the run held back let run.json say the sweep stopped: not "running".
+        assert store.read_run_json(run_dir)["status"] == "interrupted"
         proc = sweep("--resume", str(run_dir), "--no-report", cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
         assert set(store.load(run_dir).cases.status) == {"done"}
+        assert not (run_dir / store.RESERVE_FILE).exists()  # given back once the run is complete
     finally:
         subprocess.run(["umount", str(disk)], check=False)
 

@@ -58,6 +58,11 @@ from tpbench.record import (  # the case states are the store's vocabulary too
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
+# Space held back while a run is swept, given up when the disk fills so that run.json can still
+# say how the sweep ended (an atomic write needs room for a second copy): at least 256 KiB, and
+# four run.jsons' worth.
+RESERVE_FILE = ".reserve"
+RESERVE_MIN_BYTES = 256 * 1024
 SUMMARY_FILE = "summary.parquet"
 STEPS_FILE = "steps.parquet"
 
@@ -322,6 +327,7 @@ class Run:
         }
         run = cls(run_dir, meta, lock)
         run._save()
+        run.hold_reserve()
         return run
 
     @classmethod
@@ -334,7 +340,34 @@ class Run:
         return cls(run_dir, read_run_json(run_dir) if own else meta, lock)
 
     def _save(self) -> None:
-        atomic_write_bytes(self.dir / RUN_FILE, json.dumps(self._meta, indent=2, default=str).encode())
+        data = json.dumps(self._meta, indent=2, default=str).encode()
+        try:
+            atomic_write_bytes(self.dir / RUN_FILE, data)
+        except StoreError:
+            if not self.release_reserve():
+                raise
+            atomic_write_bytes(self.dir / RUN_FILE, data)
+
+    def hold_reserve(self) -> None:
+        """Set aside space (``RESERVE_FILE``) while the run is swept; best effort: a disk too full
+        for it is found by the space check or by the first write."""
+        size = max(RESERVE_MIN_BYTES, 4 * _size(self.dir / RUN_FILE))
+        path = self.dir / RESERVE_FILE
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, size)  # blocks really allocated, not a sparse file
+            finally:
+                os.close(fd)
+        except OSError:
+            path.unlink(missing_ok=True)
+
+    def release_reserve(self) -> bool:
+        """Give the reserved space back (the disk is full, or the sweep is over); whether there was any."""
+        path = self.dir / RESERVE_FILE
+        existed = path.exists()
+        path.unlink(missing_ok=True)
+        return existed
 
     # --- events of a case
 
@@ -428,6 +461,13 @@ class Run:
 
     def case_status(self) -> dict[str, str]:
         return {cid: c["status"] for cid, c in self._meta["cases"].items()}
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def check_writable(root: Path, what: str = "results directory") -> None:

@@ -6,6 +6,7 @@ progress. Nothing here prints.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -150,6 +151,7 @@ def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
     for case in todo:
         run.reset_case(case.case_id)
     if todo:
+        run.hold_reserve()
         run.set_status(store.RUNNING, resumed=time.time())
     return run, todo
 
@@ -177,13 +179,26 @@ def execute(
             if run_group(run, group, user_ics, listener, launcher, lockstep):
                 break
     except KeyboardInterrupt:
-        for cid, status in run.case_status().items():
-            if status == store.RUNNING:
-                run.set_case(cid, store.PENDING)
-        run.set_status("interrupted", interrupted=time.time())
+        _mark_interrupted(run)
+        raise
+    except (OSError, store.StoreError):
+        # A disk that filled up: the run stops like an interrupted one, so that it does not read as
+        # still running and ``--resume`` (with space again) runs what is missing. Writing that needs
+        # a little space too; if even that fails, the run stays as it was and resumes all the same.
+        with contextlib.suppress(OSError, store.StoreError):
+            _mark_interrupted(run)
         raise
     finally:
-        run.add_wall_time(time.monotonic() - t0)
+        with contextlib.suppress(OSError, store.StoreError):
+            run.add_wall_time(time.monotonic() - t0)
+
+
+def _mark_interrupted(run: store.Run) -> None:
+    """The case in flight back to pending (its finished repeats stay), the run interrupted."""
+    for cid, status in run.case_status().items():
+        if status == store.RUNNING:
+            run.set_case(cid, store.PENDING)
+    run.set_status("interrupted", interrupted=time.time())
 
 
 def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:
@@ -268,6 +283,7 @@ def _finalize(run_dir: Path) -> store.Loaded:
     }
     failed = [cid for cid, status in run.case_status().items() if status == store.FAILED]
     run.set_status("complete" if not failed else "complete_with_failures", efficiency=efficiency)
+    run.release_reserve()
     return store.load(run_dir)
 
 

@@ -46,10 +46,15 @@ def trace_steps(
             prof.step()
     tmp = out.with_suffix(".tmp.json")
     part = out.with_name(out.name + ".part")
-    prof.export_chrome_trace(str(tmp))
-    with open(tmp, "rb") as src, gzip.open(part, "wb", compresslevel=3) as dst:
-        shutil.copyfileobj(src, dst)
-    os.replace(part, out)
-    tmp.unlink()
+    try:
+        prof.export_chrome_trace(str(tmp))
+        with open(tmp, "rb") as src, gzip.open(part, "wb", compresslevel=3) as dst:
+            shutil.copyfileobj(src, dst)
+        os.replace(part, out)
+    finally:
+        # A full disk can stop the export or the gzip half-way: none of their files may stay
+        # (the exporter writes its own ``<tmp>.tmp`` before renaming it onto ``tmp``).
+        for leftover in (tmp, tmp.with_name(tmp.name + ".tmp"), part):
+            leftover.unlink(missing_ok=True)
     spans = nvml.step_spans(t_start, ends, 0, first_step=first_step, phase="profile")
     return nvml.clock_sync(prof, brackets, out), spans
