@@ -314,3 +314,13 @@ def test_a_disk_full_during_the_trace_export_leaves_no_temporary_trace_file(tmp_
         assert [p.name for p in (disk / "trace").iterdir()] == []
     finally:
         subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_a_results_folder_whose_path_is_not_utf8_is_refused_before_anything_runs(tmp_path, capsys):
+    """torch's FileStore and profiler take only UTF-8 paths: such an --out is refused in one line
+    (exit 2) rather than failing every rank and leaving a run that reads as running."""
+    out = os.fsdecode(os.fsencode(tmp_path) + b"/results\xff")
+    assert run_cli(["sweep", "suites/smoke.toml", "--out", out]) == 2
+    assert "not a UTF-8 path" in capsys.readouterr().err
+    assert run_cli(["gate", "suites/gate.toml", "--baseline", ".", "--candidate", ".", "--out", out]) == 2
+    assert list(tmp_path.iterdir()) == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shlex
 import signal
 import sys
@@ -400,6 +401,18 @@ def _target_ci(text: str) -> float:
     return value
 
 
+def _out_dir(text: str) -> Path:
+    """A results folder: its path must be UTF-8, since torch's file store (the ranks' rendezvous)
+    and its profiler (the traces) take only such paths; refused here rather than by every rank."""
+    try:
+        os.fsencode(text).decode("utf-8")
+    except UnicodeDecodeError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: not a UTF-8 path; torch's file store and profiler cannot write under it"
+        ) from None
+    return Path(text)
+
+
 def _seconds(text: str) -> float:
     """A time budget: finite, above 0 and at most ``MAX_BUDGET_S`` (NaN, inf and 1e308 would never end)."""
     try:
@@ -679,7 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("suite", nargs="?", help="suite TOML file (not needed with --resume)")
     suite_args(p)
     allow_large_arg(p)
-    p.add_argument("--out", type=Path, help="results root (default: results)")
+    p.add_argument("--out", type=_out_dir, help="results root (default: results)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="run only the missing or failed cases of RUN_DIR")
     p.add_argument("--dry-run", action="store_true", help="list the cases and exit")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
@@ -825,7 +838,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override for the candidate only (e.g. slowdown_pct=10 to check the gate itself)",
     )
-    p.add_argument("--out", type=Path, help="where the gate's runs, logs and gate.json go (default: results/gate/<id>)")
+    p.add_argument(
+        "--out", type=_out_dir, help="where the gate's runs, logs and gate.json go (default: results/gate/<id>)"
+    )
     _verdict_args(p)
     p.set_defaults(func=cmd_gate)
 
