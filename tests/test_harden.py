@@ -324,3 +324,36 @@ def test_a_results_folder_whose_path_is_not_utf8_is_refused_before_anything_runs
     assert "not a UTF-8 path" in capsys.readouterr().err
     assert run_cli(["gate", "suites/gate.toml", "--baseline", ".", "--candidate", ".", "--out", out]) == 2
     assert list(tmp_path.iterdir()) == []
+
+
+# --- run.json entries of the wrong type: exit 3 naming the file, never a traceback ---------------
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"adaptive": 5},
+        {"adaptive": "yes"},
+        {"adaptive": {"target_ci": "5%", "budget_s": 60, "state": "adapting"}},
+        {"adaptive": {"target_ci": 0.05, "budget_s": 60, "state": "adapting", "planned_repeats": [3]}},
+        {"adaptive": {"target_ci": 0.05, "budget_s": 60, "state": "adapting", "planned_repeats": {"x": "3"}}},
+        {"adaptive": {"target_ci": 0.05, "budget_s": 60}},
+        {"efficiency": [1]},
+        {"launcher": "local"},
+        {"status": 3},
+        {"wall_s": "long"},
+    ],
+)
+@pytest.mark.parametrize("command", ["report", "compare", "export"])
+def test_run_json_entries_of_the_wrong_type_exit_3_naming_the_file(run_dir, tmp_path, capsys, entry, command):
+    import json
+    import shutil
+
+    damaged = tmp_path / "run"
+    shutil.copytree(run_dir, damaged)
+    meta = json.loads((damaged / "run.json").read_text())
+    (damaged / "run.json").write_text(json.dumps(meta | entry))
+    args = {"report": ["-o", str(tmp_path / "r.html")], "export": ["--format", "pytest-benchmark"], "compare": []}
+    assert run_cli([command, str(damaged), *args[command]]) == 3
+    err = capsys.readouterr().err
+    assert f"{damaged}/run.json: corrupted (" in err.replace("\n", "") and "Traceback" not in err

@@ -565,6 +565,16 @@ def _run_json_problem(meta: Any) -> str | None:
         return "'cases' is empty"
     if not isinstance(meta.get("worlds", []), list) or not all(isinstance(w, dict) for w in meta.get("worlds", [])):
         return "'worlds' is not a list of objects"
+    for key in ("launcher", "efficiency", "adaptive"):
+        if meta.get(key) is not None and not isinstance(meta[key], dict):
+            return f"{key!r} is a {type(meta[key]).__name__}, expected a JSON object"
+    if meta.get("status") is not None and not isinstance(meta["status"], str):
+        return f"'status' is a {type(meta['status']).__name__}, expected a string"
+    if meta.get("wall_s") is not None and not _finite_number(meta["wall_s"]):
+        return f"'wall_s' = {meta['wall_s']!r}, expected a number of seconds"
+    problem = _adaptive_problem(meta.get("adaptive") or {})
+    if problem:
+        return f"'adaptive': {problem}"
     for cid, entry in meta["cases"].items():
         if not isinstance(entry, dict) or not isinstance(entry.get("params"), dict):
             return f"case {cid}: expected an object with 'params' and 'status'"
@@ -573,6 +583,30 @@ def _run_json_problem(meta: Any) -> str | None:
         problem = _params_problem(entry["params"])
         if problem:
             return f"case {cid}: {problem}"
+    return None
+
+
+def _finite_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+
+def _adaptive_problem(adaptive: dict[str, Any]) -> str | None:
+    """An adaptive sweep's record (``sweep.start_adaptive``) checked where its readers index it."""
+    if not adaptive:
+        return None
+    for key in ("target_ci", "budget_s"):
+        if not _finite_number(adaptive.get(key)):
+            return f"{key} = {adaptive.get(key)!r}, expected a finite number"
+    if not isinstance(adaptive.get("state"), str):
+        return f"state = {adaptive.get('state')!r}, expected a string"
+    for key, kind in (("planned_repeats", dict), ("rounds_added", dict), ("batches", list)):
+        if key in adaptive and not isinstance(adaptive[key], kind):
+            return f"{key} is a {type(adaptive[key]).__name__}, expected a {'JSON object' if kind is dict else 'list'}"
+    planned = adaptive.get("planned_repeats", {})
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in planned.values()):
+        return "planned_repeats must map case ids to repeat counts"
+    if not isinstance(adaptive.get("half_widths_after", []), list):
+        return "half_widths_after is not a list"
     return None
 
 
