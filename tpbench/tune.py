@@ -132,11 +132,15 @@ class Race:
     def round_complete(self) -> bool:
         return self.ended is None and bool(self.live) and all(self.rounds in self.values[a] for a in self.live)
 
+    def judged(self, arm: str) -> dict[int, float]:
+        """The arm's values of the rounds judged so far (a replay holds later ones already)."""
+        return {r: v for r, v in self.values[arm].items() if r < self.rounds}
+
     def interval(self, base: str, arm: str) -> Ratio:
-        """``arm`` / ``base`` over the rounds both ran, at the race's spent confidence."""
+        """``arm`` / ``base`` over the judged rounds both ran, at the race's spent confidence."""
         return sequential_ratio(
-            self.values[base],
-            self.values[arm],
+            self.judged(base),
+            self.judged(arm),
             looks=self.looks,
             comparisons=self.comparisons,
             confidence=self.options.confidence,
@@ -146,13 +150,7 @@ class Race:
         """The live arm with the lowest geometric mean over the rounds judged (all live arms ran them)."""
         if not self.live:
             return None
-        judged = max(self.rounds, 1)
-
-        def mean_log(a: str) -> float:
-            v = [x for r, x in self.values[a].items() if r < judged]
-            return float(np.mean(np.log(v))) if v else math.inf
-
-        return min(self.live, key=mean_log)
+        return min(self.live, key=lambda a: _geomean(self.judged(a)))
 
     def close_round(self) -> dict[str, Any]:
         """Judge the round just completed: eliminate, maybe end; returns the round's history entry."""
@@ -474,12 +472,12 @@ def race(
     def persist() -> None:
         _save(run, _record(options, races, spent()))
 
-    def judged(rc: Race, entry: dict[str, Any]) -> None:
+    def round_judged(rc: Race, entry: dict[str, Any]) -> None:
         persist()
         on_round(rc, entry)
 
     sockets = Path(tempfile.mkdtemp(prefix="tpbt-"))  # short: a socket path has ~100 bytes
-    conductor = _Conductor(sockets / "s", options.metric, judged)
+    conductor = _Conductor(sockets / "s", options.metric, round_judged)
 
     def watch(kind: str, data: dict[str, Any]) -> None:
         if kind == "case_failed":
@@ -568,7 +566,7 @@ def _result(run: store.Run, cases: list[Case], races: list[Race], options: Optio
     across = spent_confidence(options.confidence, 1, n_arms - 1)
     eps = options.epsilon
     winners = [(r, r.leader()) for r in races if r.leader() is not None]
-    best_race, best = min(winners, key=lambda w: _geomean(w[0].values[w[1]])) if winners else (None, None)
+    best_race, best = min(winners, key=lambda w: _geomean(w[0].judged(w[1]))) if winners else (None, None)
     status: dict[str, str] = {}
     ratios: dict[str, Ratio] = {}
     for r in races:
@@ -586,8 +584,8 @@ def _result(run: store.Run, cases: list[Case], races: list[Race], options: Optio
         if winner is None:
             continue
         w = unpaired_ratio(
-            np.fromiter(best_race.values[best].values(), float),
-            np.fromiter(r.values[winner].values(), float),
+            np.fromiter(best_race.judged(best).values(), float),
+            np.fromiter(r.judged(winner).values(), float),
             confidence=across,
         )
         for a in r.live:
@@ -605,10 +603,10 @@ def _result(run: store.Run, cases: list[Case], races: list[Race], options: Optio
             home = next(r for r in races if a in r.arms)
             if home is best_race:
                 ratios[a] = best_race.interval(best, a)
-            elif home.values[a]:
+            elif home.judged(a):
                 ratios[a] = unpaired_ratio(
-                    np.fromiter(best_race.values[best].values(), float),
-                    np.fromiter(home.values[a].values(), float),
+                    np.fromiter(best_race.judged(best).values(), float),
+                    np.fromiter(home.judged(a).values(), float),
                     confidence=across,
                 )
     world_of = {a: r.world for r in races for a in r.arms}
@@ -623,7 +621,7 @@ def _result(run: store.Run, cases: list[Case], races: list[Race], options: Optio
                 {k: c.params()[k] for k in swept},
                 world_of[a],
                 status.get(a, UNRESOLVED),
-                len(home.values[a]),
+                len(home.judged(a)),
                 rr.ratio if rr else None,
                 rr.lo if rr and rr.method != "single" else None,
                 rr.hi if rr and rr.method != "single" else None,
