@@ -147,6 +147,10 @@ def test_a_planted_tune_eliminates_the_slow_arm_early_and_prints_its_json(tmp_pa
     assert run_cli(["compare", str(run_dir)]) in (0, 1, 4)
     capsys.readouterr()
     assert run_cli(["export", "--format", "pytest-benchmark", str(run_dir)]) == 0
+    assert run_cli(["report", str(run_dir), "-o", str(tmp_path / "report.html")]) == 0
+    page = (tmp_path / "report.html").read_text()
+    assert page.index(">Recommendation<") < page.index(">Environment<")  # the report opens with it
+    assert doc["claim"].split(":")[0] in page
 
 
 @pytest.mark.ranks
