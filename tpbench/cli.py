@@ -372,7 +372,11 @@ def _adapt(run, launcher) -> None:
     if adaptive:
         after = [c["half_width"] for c in adaptive.get("half_widths_after", [])]
         within = sum(hw is not None and hw <= adaptive["target_ci"] for hw in after)
-        said = {sweep.TARGET_MET: "target met", sweep.BUDGET_SPENT: "budget spent"}.get(adaptive["state"], "")
+        said = {
+            sweep.TARGET_MET: "target met",
+            sweep.BUDGET_SPENT: "budget spent",
+            sweep.LOOKS_SPENT: f"the most batches ({sweep.MAX_BATCHES}) added",
+        }.get(adaptive["state"], "")
         console.print(
             f"adaptive: {said}; {within} of {len(after)} comparison(s) resolve ±{adaptive['target_ci']:.1%}, "
             f"{sum(adaptive.get('rounds_added', {}).values())} repeat(s) added over {len(adaptive['batches'])} "
@@ -444,15 +448,6 @@ class TuneProgress:
         )
 
 
-def _fraction(text: str) -> float:
-    """``2%`` or ``0.02`` as a fraction; NaN when it is neither (``Options.check`` says what is expected)."""
-    raw = str(text).strip()
-    try:
-        return float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
-    except ValueError:
-        return float("nan")
-
-
 def cmd_tune(args: argparse.Namespace) -> int:
     with _stop_signals_interrupt():
         return _tune(args)
@@ -470,7 +465,7 @@ def _tune(args: argparse.Namespace) -> int:
         launcher = launcher if args.launcher else sweep.launcher_of(run)
     else:
         options = tune.Options(
-            epsilon=_fraction(args.epsilon),
+            epsilon=_percent("--epsilon", args.epsilon),
             confidence=args.confidence,
             budget_s=args.budget_s,
             metric=args.metric,
@@ -723,6 +718,13 @@ def cmd_gate(args: argparse.Namespace) -> int:
         cfg = gate.Lockstep(metric=args.metric, **given)
         run = gate.run_lockstep(args.suite, baseline, candidate, out, cfg, **sides)
         baseline_runs, candidate_runs, pairing = [run.baseline], [run.candidate], "repeats"
+        if "answer" in run.record:
+            console.print(
+                f"Gate answer: {run.record['answer']} (each case's pairs by the sequential rule, target "
+                f"±{cfg.target_ci:.1%}; {run.record['stopped']})",
+                soft_wrap=True,
+                markup=False,
+            )
     console.print(f"Gate runs: {run.out}", soft_wrap=True, markup=False)
     comparison = compare.compare_runs(
         baseline_runs,
