@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -204,3 +205,24 @@ def test_resume_after_sigkill_runs_no_round_twice_and_loses_none(tmp_path, capsy
     rounds = [e["round"] for e in store.read_tune(run_dir)["history"]]
     assert rounds == list(range(1, len(rounds) + 1))  # every round judged once, in order
     assert rounds[-1] == max(a["rounds"] for a in doc["arms"])
+
+
+def test_arms_of_two_worlds_are_raced_apart_and_their_winners_compared_unpaired(tmp_path):
+    """World size 1 and 2 cannot share rounds: each world's race, then the winners unpaired. The
+    2-rank world's winner is 30 % slower than the 1-rank one's: the whole world goes."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("world_size = [1, 2]\nslowdown_pct = [0, 40]", repeats=20))
+    cases = tune.prepare(suite).cases
+    groups = tune.group_cases(cases)
+    assert len(groups) == 2
+    races = []
+    for i, g in enumerate(groups):
+        world = {c.case_id: (1.3 if c.world_size == 2 else 1.0) * (1.4 if c.slowdown_pct else 1.0) for c in g.cases}
+        values = synthetic(world, 20, seed=i)
+        races.append(run_race(Race(list(world), 20, Options(), comparisons=len(cases) - 1, world=i), values))
+    result = tune._result(SimpleNamespace(dir=tmp_path), cases, races, Options(), 0.0)
+    by = {(a.params["world_size"], a.params["slowdown_pct"]): a for a in result.arms}
+    assert by[(1, 0)].status == "recommended" and result.state == "recommended"
+    assert by[(1, 40)].status == by[(2, 40)].status == "eliminated" and by[(1, 40)].eliminated_at == 5
+    assert by[(2, 0)].status == "eliminated" and by[(2, 0)].eliminated_at is None  # across worlds
+    assert by[(2, 0)].lo > 1 and result.claim.startswith(by[(1, 0)].label + ": the best of 4 settings")

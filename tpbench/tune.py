@@ -375,6 +375,7 @@ class _Conductor:
                         self._handle(conn, m)
         except BaseException as e:  # the main thread reports it; the worlds see the socket close
             self.error = e
+            self.server.close()  # and a fresh world is refused at once instead of waiting unanswered
         finally:
             for conn in buffers:
                 conn.close()
@@ -588,13 +589,10 @@ def _result(run: store.Run, cases: list[Case], races: list[Race], options: Optio
             np.fromiter(r.judged(winner).values(), float),
             confidence=across,
         )
+        # The world's arms left share its winner's outcome: they are tied with it (or undecided).
+        tied = decided and 1 - eps <= w.lo and w.hi <= 1 + eps
         for a in r.live:
-            if w.lo > 1:
-                status[a] = ELIMINATED
-            elif decided and w.hi <= 1 + eps and w.lo >= 1 - eps and a == winner:
-                status[a] = TIED
-            else:
-                status[a] = UNRESOLVED if a == winner or not decided else TIED
+            status[a] = ELIMINATED if w.lo > 1 else TIED if tied else UNRESOLVED
     if best is not None:
         status[best] = RECOMMENDED
         for a in by_id:
