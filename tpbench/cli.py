@@ -458,19 +458,36 @@ def _tune(args: argparse.Namespace) -> int:
 
     launcher = _torchrun(args)
     if args.resume:
-        given = [f for f, v in (("--set", args.set), ("--filter", args.filter), ("--out", args.out)) if v]
+        given = [
+            f
+            for f, v in (
+                ("--set", args.set),
+                ("--filter", args.filter),
+                ("--out", args.out),
+                ("--epsilon", args.epsilon),
+                ("--confidence", args.confidence),
+                ("--budget-s", args.budget_s),
+                ("--metric", args.metric),
+                ("--min-rounds", args.min_rounds),
+            )
+            if v is not None and v != []
+        ]
         if given or args.suite:
-            _usage(f"{', '.join(given or [args.suite])} with --resume: a resumed tune races its own settings", "tune")
+            _usage(
+                f"{', '.join(given or [args.suite])} with --resume: a resumed tune races its own settings with its "
+                "own options (tune.json)",
+                "tune",
+            )
         run, options = tune.reopen(args.resume)
         launcher = launcher if args.launcher else sweep.launcher_of(run)
     else:
-        options = tune.Options(
-            epsilon=_percent("--epsilon", args.epsilon),
-            confidence=args.confidence,
-            budget_s=args.budget_s,
-            metric=args.metric,
-            min_rounds=args.min_rounds,
-        )
+        given = {
+            k: v
+            for k, v in (("confidence", args.confidence), ("metric", args.metric), ("min_rounds", args.min_rounds))
+            if v is not None
+        }
+        epsilon = _percent("--epsilon", args.epsilon) if args.epsilon is not None else tune.Options.epsilon
+        options = tune.Options(epsilon=epsilon, budget_s=args.budget_s, **given)
         options.check()
         if args.dry_run:
             prepared = tune.prepare(args.suite, args.set, args.filter, launcher, args.allow_large)
@@ -864,20 +881,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="results root (default: results)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="go on with an interrupted tune of RUN_DIR")
     p.add_argument("--dry-run", action="store_true", help="list the settings and exit")
-    p.add_argument("--epsilon", default="2%", metavar="PCT", help="settings within ±PCT are tied (default: 2%%)")
-    p.add_argument(
-        "--confidence", type=float, default=0.95, help="of the whole claim, above 0.5, below 1 (default: 0.95)"
-    )
+    p.add_argument("--epsilon", metavar="PCT", help="settings within ±PCT are tied (default: 2%%)")
+    p.add_argument("--confidence", type=float, help="of the whole claim, above 0.5, below 1 (default: 0.95)")
     p.add_argument(
         "--budget-s", type=float, metavar="SECONDS", help="stop after this long, resolved or not (default: no limit)"
     )
-    p.add_argument(
-        "--metric", choices=("step_ms", "cpu_ms"), default="step_ms", help="what is raced (default: wall time per step)"
-    )
+    p.add_argument("--metric", choices=("step_ms", "cpu_ms"), help="what is raced (default: wall time per step)")
     p.add_argument(
         "--min-rounds",
         type=int,
-        default=5,
         help="rounds every setting runs before the first elimination (default: 5); the suite's repeats is the most",
     )
     p.add_argument("--format", choices=("text", "md", "json"), default="text", help="how to print the result")

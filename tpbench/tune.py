@@ -492,11 +492,12 @@ def race(
                 left = sum(len(r.arms) for r in races[i:])
                 share = None if options.budget_s is None else (options.budget_s - spent()) * len(rc.arms) / left
                 until = None if share is None else spent() + share
+                if until is not None and share <= 0:
+                    rc.end(BUDGET)  # an earlier world spent it all: this one starts no world
+            if rc.ended is None:
                 with conductor.lock:
                     conductor.race = rc
                     conductor.deadline = (lambda: False) if until is None else (lambda u=until: spent() >= u)
-                    if until is not None and share <= 0:
-                        rc.end(BUDGET)
                 sweep.execute(
                     run,
                     [c for c in g.cases if run.case_status()[c.case_id] != store.DONE],
@@ -513,7 +514,8 @@ def race(
             _cut(run, g.cases)
             persist()
     except KeyboardInterrupt:
-        persist()
+        with conductor.lock:
+            persist()
         raise
     finally:
         conductor.close()
