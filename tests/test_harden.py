@@ -337,7 +337,7 @@ def test_a_results_folder_whose_path_is_not_utf8_is_refused_before_anything_runs
         {"adaptive": {"target_ci": "5%", "budget_s": 60, "state": "adapting"}},
         {"adaptive": {"target_ci": 0.05, "budget_s": 60, "state": "adapting", "planned_repeats": [3]}},
         {"adaptive": {"target_ci": 0.05, "budget_s": 60, "state": "adapting", "planned_repeats": {"x": "3"}}},
-        {"adaptive": {"target_ci": 0.05, "budget_s": 60}},
+        {"adaptive": {"target_ci": 0.05, "budget_s": 60, "state": 5}},
         {"efficiency": [1]},
         {"launcher": "local"},
         {"status": 3},

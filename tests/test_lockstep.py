@@ -57,7 +57,8 @@ def test_lockstep_alternates_items_of_worlds_started_once_stops_early_and_aa_is_
 
     record = json.loads((out / "gate.json").read_text())
     assert record["mode"] == "lockstep" and record["seed"] == 7
-    assert record["stopped"].startswith("every case resolved to ±99.0%")
+    assert record["stopped"].startswith("every case decided (same")  # by the sequential rule, ±99 %
+    assert record["answer"] == "same" and set(record["answers"].values()) == {"same"}
     rounds = record["rounds"]
     assert len(rounds) == 20  # 2 cases x 10 repeats, one item per side each round
     rng = random.Random(7)

@@ -2,7 +2,7 @@
 
 Exit codes: 0 success, 1 a case failed (sweep) or a regression (compare, gate), 2 usage error or
 bad suite, 3 missing/broken results or incomparable runs, 4 inconclusive (with
---fail-on-inconclusive), 130 interrupted.
+--fail-on-inconclusive) or a tune unresolved, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from rich.table import Table
 from rich.text import Text
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_RESULTS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+# `tpbench tune` ended without a decision (the budget or the rounds ran out): 4, as an inconclusive
+# comparison is.
+EXIT_UNRESOLVED = 4
 
 console = Console(stderr=True, highlight=False)
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -142,8 +145,8 @@ def _torchrun(args: argparse.Namespace):
     return launcher
 
 
-def _usage(message: str) -> None:
-    console.print(f"tpbench sweep: error: {message}", soft_wrap=True, markup=False)
+def _usage(message: str, command: str = "sweep") -> None:
+    console.print(f"tpbench {command}: error: {message}", soft_wrap=True, markup=False)
     raise SystemExit(EXIT_USAGE)
 
 
@@ -370,7 +373,11 @@ def _adapt(run, launcher) -> None:
     if adaptive:
         after = [c["half_width"] for c in adaptive.get("half_widths_after", [])]
         within = sum(hw is not None and hw <= adaptive["target_ci"] for hw in after)
-        said = {sweep.TARGET_MET: "target met", sweep.BUDGET_SPENT: "budget spent"}.get(adaptive["state"], "")
+        said = {
+            sweep.TARGET_MET: "target met",
+            sweep.BUDGET_SPENT: "budget spent",
+            sweep.LOOKS_SPENT: f"the most batches ({sweep.MAX_BATCHES}) added",
+        }.get(adaptive["state"], "")
         console.print(
             f"adaptive: {said}; {within} of {len(after)} comparison(s) resolve ±{adaptive['target_ci']:.1%}, "
             f"{sum(adaptive.get('rounds_added', {}).values())} repeat(s) added over {len(adaptive['batches'])} "
@@ -422,6 +429,156 @@ def _seconds(text: str) -> float:
     if not 0 < value <= MAX_BUDGET_S:
         raise argparse.ArgumentTypeError(f"{text}: expected a number of seconds > 0 and <= {MAX_BUDGET_S:g} (7 days)")
     return value
+
+
+class TuneProgress:
+    """The race as it goes: the round, the settings left and the current leader, the item running."""
+
+    def __init__(self, cases: list) -> None:
+        from tpbench.suite import labels
+
+        self.labels = labels([cases])[0]
+        self.total = len(cases)
+        self.progress = Progress(
+            TextColumn("[bold]tune"),
+            TextColumn("{task.fields[race]}"),
+            TextColumn("{task.fields[current]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self.task = self.progress.add_task("tune", total=None, race=f"{self.total} settings", current="starting…")
+
+    def __call__(self, event: str, data: dict[str, Any]) -> None:
+        """Launcher events (the item running)."""
+        if event == "world_start":
+            self.progress.update(self.task, current=f"starting {data['world_size']} ranks on {data['interconnect']}…")
+        elif event == "repeat_start":
+            label = self.labels.get(data["case"], data["case"])
+            self.progress.update(self.task, current=f"round {data['repeat'] + 1}: {escape(label)}")
+        elif event == "case_failed":
+            label = self.labels.get(data["case"], data["case"])
+            self.progress.console.print(Text.assemble(("setting failed: ", "red"), f"{label}: {data['cause']}"))
+
+    def round(self, race, entry: dict[str, Any]) -> None:
+        """A judged round (on the tune's conductor thread)."""
+        leader = self.labels.get(entry["leader"], entry["leader"])
+        gone = "".join(f"; eliminated {escape(self.labels.get(a, a))}" for a in entry["eliminated"])
+        self.progress.update(
+            self.task,
+            race=f"round {entry['round']}/{race.max_rounds}: {len(entry['live'])} of {len(race.arms)} left, "
+            f"leader {escape(leader)}{gone}",
+        )
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    with _stop_signals_interrupt():
+        return _tune(args)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from tpbench import sweep, tune
+
+    launcher = _torchrun(args)
+    if args.resume:
+        given = [
+            f
+            for f, v in (
+                ("--set", args.set),
+                ("--filter", args.filter),
+                ("--out", args.out),
+                ("--epsilon", args.epsilon),
+                ("--confidence", args.confidence),
+                ("--budget-s", args.budget_s),
+                ("--metric", args.metric),
+                ("--min-rounds", args.min_rounds),
+            )
+            if v is not None and v != []
+        ]
+        if given or args.suite:
+            _usage(
+                f"{', '.join(given or [args.suite])} with --resume: a resumed tune races its own settings with its "
+                "own options (tune.json)",
+                "tune",
+            )
+        run, options = tune.reopen(args.resume)
+        launcher = launcher if args.launcher else sweep.launcher_of(run)
+    else:
+        given = {
+            k: v
+            for k, v in (("confidence", args.confidence), ("metric", args.metric), ("min_rounds", args.min_rounds))
+            if v is not None
+        }
+        epsilon = _percent("--epsilon", args.epsilon) if args.epsilon is not None else tune.Options.epsilon
+        options = tune.Options(epsilon=epsilon, budget_s=args.budget_s, **given)
+        options.check()
+        if args.dry_run:
+            prepared = tune.prepare(args.suite, args.set, args.filter, launcher, args.allow_large)
+            title = (
+                f"{prepared.suite.name}: {len(prepared.cases)} settings to race, "
+                f"at most {prepared.cases[0].repeats} rounds (dry run)"
+            )
+            out.print(_cases_table(title, prepared.cases))
+            return EXIT_OK
+        run, _ = tune.start(
+            args.suite, options, args.set, args.filter, args.out or Path("results"), launcher, args.allow_large
+        )
+    console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
+    listener = TuneProgress([c for c in (tune.Case.from_params(c.params) for c in run.record.cases.values())])
+    try:
+        with listener.progress:
+            result = tune.race(run, options, listener, launcher, listener.round)
+    except KeyboardInterrupt as e:
+        said, code = _interrupted(e)
+        console.print(
+            Text.assemble(
+                "\n",
+                (said, "yellow"),
+                " The race so far is kept. Resume with:\n  ",
+                shlex.join(["tpbench", "tune", "--resume", str(run.dir)]),
+            ),
+            soft_wrap=True,
+        )
+        return code
+    _print_tune(result, args.format)
+    return EXIT_UNRESOLVED if result.state == tune.UNRESOLVED else EXIT_OK
+
+
+def _print_tune(result, fmt: str) -> None:
+    if fmt == "json":
+        sys.stdout.write(json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n")
+        return
+    rows = [
+        (
+            a.label,
+            a.status,
+            str(a.rounds),
+            "—" if a.ratio is None else f"{a.ratio - 1:+.1%}",
+            "—" if a.lo is None else f"[{a.lo - 1:+.1%}, {a.hi - 1:+.1%}]",
+            "" if a.eliminated_at is None else f"after round {a.eliminated_at}",
+        )
+        for a in result.arms
+    ]
+    head = ("setting", "status", "rounds", "vs recommended", f"{result.confidence:.0%} interval (spent)", "eliminated")
+    cost = (
+        f"wall {result.wall_s:.0f} s; timed steps {result.timed_s:.1f} s, "
+        f"{result.timed_s / result.grid_timed_s:.0%} of the {result.grid_timed_s:.1f} s the whole grid would have timed"
+        if result.grid_timed_s
+        else f"wall {result.wall_s:.0f} s"
+    )
+    if fmt == "md":
+        lines = [f"**{result.claim}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        sys.stdout.write("\n".join([*lines, "", cost, ""]) + "\n")
+        return
+    out.print(result.claim, markup=False, soft_wrap=True)
+    t = Table()
+    for col in head:
+        t.add_column(col)
+    for r in rows:
+        t.add_row(*map(escape, r))
+    out.print(t)
+    console.print(f"{cost}. Run directory: {result.run_dir}", markup=False, soft_wrap=True)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -616,6 +773,13 @@ def _gate(args: argparse.Namespace) -> int:
         cfg = gate.Lockstep(metric=args.metric, **given)
         run = gate.run_lockstep(args.suite, baseline, candidate, out, cfg, **sides)
         baseline_runs, candidate_runs, pairing = [run.baseline], [run.candidate], "repeats"
+        if "answer" in run.record:
+            console.print(
+                f"Gate answer: {run.record['answer']} (each case's pairs by the sequential rule, target "
+                f"±{cfg.target_ci:.1%}; {run.record['stopped']})",
+                soft_wrap=True,
+                markup=False,
+            )
     console.print(f"Gate runs: {run.out}", soft_wrap=True, markup=False)
     comparison = compare.compare_runs(
         baseline_runs,
@@ -688,6 +852,28 @@ def build_parser() -> argparse.ArgumentParser:
             help="run worlds and sweeps beyond this machine's limits (4 ranks per core, 512 MiB per rank; 10000 cases)",
         )
 
+    def torchrun_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+        t = p.add_argument_group("torchrun (multi-node; the results root must be on a filesystem every node sees)")
+        t.add_argument(
+            "--launcher",
+            choices=("local", "torchrun"),
+            help="start the ranks here (local, the default) or each world as a torchrun job; --resume reuses the run's",
+        )
+        t.add_argument("--nnodes", type=int, help="nodes per world (default: 1)")
+        t.add_argument("--nproc-per-node", type=int, help="ranks per node (default: the world size / --nnodes)")
+        t.add_argument(
+            "--rdzv-endpoint",
+            metavar="HOST:PORT",
+            help="c10d rendezvous on the first node (needed with --nnodes > 1; default: torchrun --standalone)",
+        )
+        t.add_argument(
+            "--agent-prefix",
+            metavar="CMD",
+            help="command that starts one torchrun agent per node, "
+            "e.g. 'srun --ntasks-per-node=1 --kill-on-bad-exit=1'",
+        )
+        return t
+
     p = sub.add_parser("sweep", help="run a suite")
     p.add_argument("suite", nargs="?", help="suite TOML file (not needed with --resume)")
     suite_args(p)
@@ -714,24 +900,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --target-ci: stop adding rounds once the run has spent this long running worlds, "
         "the planned repeats included",
     )
-    t = p.add_argument_group("torchrun (multi-node; the results root must be on a filesystem every node sees)")
-    t.add_argument(
-        "--launcher",
-        choices=("local", "torchrun"),
-        help="start the ranks here (local, the default) or each world as a torchrun job; --resume reuses the run's",
-    )
-    t.add_argument("--nnodes", type=int, help="nodes per world (default: 1)")
-    t.add_argument("--nproc-per-node", type=int, help="ranks per node (default: the world size / --nnodes)")
-    t.add_argument(
-        "--rdzv-endpoint",
-        metavar="HOST:PORT",
-        help="c10d rendezvous on the first node (needed with --nnodes > 1; default: torchrun --standalone)",
-    )
-    t.add_argument(
-        "--agent-prefix",
-        metavar="CMD",
-        help="command that starts one torchrun agent per node, e.g. 'srun --ntasks-per-node=1 --kill-on-bad-exit=1'",
-    )
+    t = torchrun_args(p)
     t.add_argument(
         "--print",
         dest="print_only",
@@ -740,6 +909,30 @@ def build_parser() -> argparse.ArgumentParser:
         "`--resume RUN_DIR` afterwards records what they did",
     )
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser(
+        "tune", help="race a suite's swept settings and name the best, with a margin and a confidence (docs/tune.md)"
+    )
+    p.add_argument("suite", nargs="?", help="suite TOML file: its swept grid is the settings raced (not with --resume)")
+    suite_args(p)
+    allow_large_arg(p)
+    p.add_argument("--out", type=Path, help="results root (default: results)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="go on with an interrupted tune of RUN_DIR")
+    p.add_argument("--dry-run", action="store_true", help="list the settings and exit")
+    p.add_argument("--epsilon", metavar="PCT", help="settings within ±PCT are tied (default: 2%%)")
+    p.add_argument("--confidence", type=float, help="of the whole claim, above 0.5, below 1 (default: 0.95)")
+    p.add_argument(
+        "--budget-s", type=float, metavar="SECONDS", help="stop after this long, resolved or not (default: no limit)"
+    )
+    p.add_argument("--metric", choices=("step_ms", "cpu_ms"), help="what is raced (default: wall time per step)")
+    p.add_argument(
+        "--min-rounds",
+        type=int,
+        help="rounds every setting runs before the first elimination (default: 5); the suite's repeats is the most",
+    )
+    p.add_argument("--format", choices=("text", "md", "json"), default="text", help="how to print the result")
+    torchrun_args(p)
+    p.set_defaults(func=cmd_tune, print_only=False)
 
     p = sub.add_parser("report", help="write the HTML report of one run, or compare several")
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
@@ -965,10 +1158,11 @@ def main(argv: list[str] | None = None) -> None:
     from tpbench.interconnect import InterconnectUnavailable
     from tpbench.store import StoreError
     from tpbench.suite import SuiteError
+    from tpbench.tune import TuneError
 
     args = build_parser().parse_args(argv)
-    if args.command == "sweep" and not args.suite and not args.resume:
-        console.print("tpbench sweep: error: give a SUITE file, or --resume RUN_DIR", markup=False)
+    if args.command in ("sweep", "tune") and not args.suite and not args.resume:
+        console.print(f"tpbench {args.command}: error: give a SUITE file, or --resume RUN_DIR", markup=False)
         sys.exit(EXIT_USAGE)
     try:
         code = args.func(args)
@@ -986,7 +1180,7 @@ def main(argv: list[str] | None = None) -> None:
         # Before a run directory exists (or outside a sweep): nothing to resume, nothing to say but that.
         said, code = _interrupted(e)
         console.print(said, markup=False)
-    except GateError as e:
+    except (GateError, TuneError) as e:
         _error(e)
         code = EXIT_USAGE
     except SideError as e:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from tpbench import lockstep, store, user_code
-from tpbench.analysis.stats import paired_ratio
+from tpbench.analysis.stats import sequential_ratio
 from tpbench.compare import GateError
 
 
@@ -404,21 +404,48 @@ class LockstepRun:
     record: dict[str, Any]
 
 
+# What a gate with --target-ci answers, as Chromium's Pinpoint does: the sides differ, they are the
+# same to within the target, or the budget ran out first.
+SAME, DIFFERENT, UNKNOWN = "same", "different", "unknown"
+
+
+def answers(sides: list[_Side], cfg: Lockstep) -> dict[str, str]:
+    """Per case, what its pairs say so far at the confidence a rule that peeks after every round
+    needs (``stats.sequential_ratio``: looks = the rounds from ``min_pairs`` to ``repeats``,
+    comparisons = the cases): DIFFERENT when the interval excludes 1, SAME when it lies within
+    ±``target_ci`` (and so holds 1), else UNKNOWN (also before ``min_pairs`` pairs)."""
+    base, cand = sides
+    cases = sorted(set(base.values) | set(cand.values))
+    looks = max(1, cfg.repeats - cfg.min_pairs + 1)
+    out = {}
+    for cid in cases:
+        b, c = base.values.get(cid, {}), cand.values.get(cid, {})
+        if len(b.keys() & c.keys()) < cfg.min_pairs:
+            out[cid] = UNKNOWN
+            continue
+        r = sequential_ratio(b, c, looks=looks, comparisons=len(cases))
+        target = cfg.target_ci or 0.0
+        out[cid] = DIFFERENT if r.lo > 1 or r.hi < 1 else SAME if r.half_width <= target else UNKNOWN
+    return out
+
+
+def answer_of(per_case: dict[str, str]) -> str:
+    """The gate's one answer: different if any case differs, same if every case is the same, else unknown."""
+    if any(a == DIFFERENT for a in per_case.values()):
+        return DIFFERENT
+    return SAME if per_case and all(a == SAME for a in per_case.values()) else UNKNOWN
+
+
 def _stop_reason(sides: list[_Side], cfg: Lockstep, started: float) -> str | None:
-    """Why the gate should stop now (budget spent; every case resolved to --target-ci), or None."""
+    """Why the gate should stop now (budget spent; with --target-ci, every case decided: the same
+    or different by ``answers``), or None."""
     if time.monotonic() - started >= cfg.budget_s:
         return f"budget of {cfg.budget_s:g} s spent"
     if cfg.target_ci is None:
         return None
-    base, cand = sides
-    widths = []
-    for cid in sorted(set(base.values) | set(cand.values)):
-        b, c = base.values.get(cid, {}), cand.values.get(cid, {})
-        if len(b.keys() & c.keys()) < cfg.min_pairs:
-            return None
-        widths.append(paired_ratio(b, c).half_width)
-    if widths and all(w <= cfg.target_ci for w in widths):
-        return f"every case resolved to ±{cfg.target_ci:.1%} or better (widest ±{max(widths):.1%})"
+    per_case = answers(sides, cfg)
+    if per_case and UNKNOWN not in per_case.values():
+        return f"every case decided ({answer_of(per_case)}, sequential rule, target ±{cfg.target_ci:.1%})"
     return None
 
 
@@ -501,6 +528,7 @@ def run_lockstep(
             s.server.close()
         shutil.rmtree(sockets, ignore_errors=True)
         lock.release()
+    per_case = answers(sides, cfg) if cfg.target_ci is not None else None
     runs, problems = [], []
     for s in sides:
         found = list(store.iter_runs(out / s.side.name))
@@ -520,6 +548,7 @@ def run_lockstep(
         "target_ci": cfg.target_ci,
         "budget_s": cfg.budget_s,
         "stopped": stopped or "the plans ended",
+        **({"answer": answer_of(per_case), "answers": per_case} if per_case is not None else {}),
         "wall_s": time.monotonic() - started,
         "sides": {
             s.side.name: {"spec": s.side.spec, "run": str(r), "log": str(s.log), "exit_code": s.proc.returncode}

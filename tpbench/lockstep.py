@@ -1,11 +1,13 @@
-"""The lockstep protocol between ``tpbench gate`` and the rank 0 of each side's world.
+"""The lockstep protocol between a conductor (``tpbench gate``, ``tpbench tune``) and the rank 0 of a world.
 
 A lockstep gate keeps one world per side alive and lets exactly one of them run one (case,
 repeat) item at a time. Before each item of its plan, rank 0 of a world sends ``ready`` and waits
-for the gate's answer: ``go`` (run it; the answer names the metric the gate judges) or ``stop``
-(run nothing more: the world ends its plan). After a ``go`` it sends ``done`` with the repeat's
-value of that metric, computed as ``tpbench compare`` computes it, and when the item began and
-ended by its own clock.
+for the gate's answer: ``go`` (run it; the answer names the metric the gate judges), ``skip``
+(run nothing for this item and go on with the plan: ``tpbench tune`` answers it for an arm it has
+eliminated) or ``stop`` (run nothing more: the world ends its plan). A world that skipped any item
+ends as one that was stopped, so the cases it cut short are done with the repeats they ran. After
+a ``go`` it sends ``done`` with the repeat's value of that metric, computed as ``tpbench compare``
+computes it, and when the item began and ended by its own clock.
 
 Messages are JSON lines over a Unix socket at a path the gate chose. A path-based socket reaches
 the gate from inside the network namespace of an emulated link, where TCP to the gate's localhost
@@ -19,7 +21,7 @@ import json
 import socket
 from typing import Any
 
-GO, STOP, READY, DONE = "go", "stop", "ready", "done"
+GO, SKIP, STOP, READY, DONE = "go", "skip", "stop", "ready", "done"
 
 
 def send(sock: socket.socket, msg: str, **data: Any) -> None:
@@ -41,7 +43,7 @@ class GateClient:
         self.buffer = b""
 
     def ask(self, case_id: str, repeat: int) -> dict[str, Any]:
-        """Wait for the gate's answer to running this item (``msg`` is GO or STOP)."""
+        """Wait for the gate's answer to running this item (``msg`` is GO, SKIP or STOP)."""
         send(self.sock, READY, case=case_id, repeat=repeat)
         while True:
             found, self.buffer = split_lines(self.buffer)

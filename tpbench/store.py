@@ -245,6 +245,37 @@ def finished_repeats(run_dir: Path, case_id: str) -> set[int]:
     return {int(p.stem[1:]) for p in (case_dir(run_dir, case_id) / "parts").glob("r*.parquet")}
 
 
+def case_steps(run_dir: Path, case_id: str) -> pd.DataFrame:
+    """Every finished repeat of a case as rows, whether merged (a done case) or still in parts
+    (a case in progress): what ``tpbench tune --resume`` replays its race from."""
+    d = case_dir(run_dir, case_id)
+    files = [d / STEPS_FILE] if (d / STEPS_FILE).exists() else sorted((d / "parts").glob("r*.parquet"))
+    return pd.concat([_read_parquet(f) for f in files], ignore_index=True) if files else pd.DataFrame()
+
+
+TUNE_FILE = "tune.json"
+
+
+def write_tune(run_dir: Path, record: dict[str, Any]) -> None:
+    """Save a tune's race (``tpbench.tune``) beside run.json, versioned like it."""
+    doc = {"schema_version": SCHEMA_VERSION, **record}
+    atomic_write_bytes(Path(run_dir) / TUNE_FILE, json.dumps(doc, indent=1, allow_nan=False).encode())
+
+
+def read_tune(run_dir: Path) -> dict[str, Any] | None:
+    """A run's tune.json, or None when the run is no tune."""
+    path = Path(run_dir) / TUNE_FILE
+    if not path.exists():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise StoreError(f"{path}: unreadable ({e})") from e
+    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
+        raise StoreError(f"{path}: expected a tune record of schema_version {SCHEMA_VERSION}")
+    return doc
+
+
 def unmerge_case(run_dir: Path, case_id: str) -> None:
     """Split a finished case's steps.parquet and nvml.parquet back into their per-repeat parts, the
     state of a case whose world stopped mid-way, so that more repeats can be added (an adaptive
@@ -595,10 +626,10 @@ def _adaptive_problem(adaptive: dict[str, Any]) -> str | None:
     if not adaptive:
         return None
     for key in ("target_ci", "budget_s"):
-        if not _finite_number(adaptive.get(key)):
-            return f"{key} = {adaptive.get(key)!r}, expected a finite number"
-    if not isinstance(adaptive.get("state"), str):
-        return f"state = {adaptive.get('state')!r}, expected a string"
+        if key in adaptive and not _finite_number(adaptive[key]):
+            return f"{key} = {adaptive[key]!r}, expected a finite number"
+    if "state" in adaptive and not isinstance(adaptive["state"], str):
+        return f"state = {adaptive['state']!r}, expected a string"
     for key, kind in (("planned_repeats", dict), ("rounds_added", dict), ("batches", list)):
         if key in adaptive and not isinstance(adaptive[key], kind):
             return f"{key} is a {type(adaptive[key]).__name__}, expected a {'JSON object' if kind is dict else 'list'}"

@@ -20,7 +20,7 @@ import pandas as pd
 from tpbench import compare, store
 from tpbench.analysis import bandwidth, convergence, overlap, timeline
 from tpbench.analysis.memory import per_case
-from tpbench.analysis.stats import slowest_rank, summarize
+from tpbench.analysis.stats import CONFIDENCE, slowest_rank, spent_confidence, summarize
 from tpbench.environment import fingerprint
 from tpbench.interconnect import InterconnectUnavailable, check_available, reap_stale_namespaces, resolve
 from tpbench.launch import Listener, PrintedWorld, Torchrun, group_cases, ingest_printed, print_group, run_group
@@ -291,7 +291,11 @@ def _finalize(run_dir: Path) -> store.Loaded:
 
 # A batch adds at least this many rounds: one more round barely moves a t interval.
 MIN_ROUNDS = 2
-ADAPTING, TARGET_MET, BUDGET_SPENT = "running", "met", "budget"
+# The most batches an adaptive run adds. Each batch at most doubles the rounds, so six allow 64
+# times the planned ones; the bound is what lets the rule peek after each batch and stay valid:
+# its intervals spend their confidence over MAX_BATCHES + 1 looks (``stats.sequential_ratio``).
+MAX_BATCHES = 6
+ADAPTING, TARGET_MET, BUDGET_SPENT, LOOKS_SPENT = "running", "met", "budget", "looks"
 
 
 @dataclass(frozen=True)
@@ -342,10 +346,20 @@ def _costs(loaded: store.Loaded, wall_s: float) -> tuple[float, float]:
     return max(wall_s - float(repeats.sum()), 0.0) / worlds, float(repeats.mean())
 
 
+def _sequential_pairs(loaded: store.Loaded) -> list[compare.CasePair]:
+    """The run's within-run comparisons with the intervals the adaptive rule decides by: at the
+    confidence spent over every look it may take (the planned repeats, then each batch) and every
+    comparison (``stats.spent_confidence``), so that peeking after each batch raises no false
+    "resolved"."""
+    n = len(compare.within_run(loaded).pairs)
+    return compare.within_run(loaded, confidence=spent_confidence(CONFIDENCE, MAX_BATCHES + 1, n)).pairs
+
+
 def next_batch(run: store.Run) -> Batch | None:
     """The next batch of an adaptive run, its cases already extended (``store.Run.extend_case``)
-    and it recorded in run.json; None once every comparison resolves the target or the budget
-    cannot pay for ``MIN_ROUNDS`` more rounds (the record says which, with the half-widths).
+    and it recorded in run.json; None once every comparison resolves the target, the budget
+    cannot pay for ``MIN_ROUNDS`` more rounds, or ``MAX_BATCHES`` have run (the record says which,
+    with the half-widths). Half-widths are the sequential rule's (``_sequential_pairs``).
 
     A comparison of n rounds with half-width hw needs about n·(hw/target)² rounds (the t
     interval narrows as 1/√n); no interval yet: n more. The cases of each world involved are
@@ -359,7 +373,7 @@ def next_batch(run: store.Run) -> Batch | None:
         return None
     target, budget = float(rec["target_ci"]), float(rec["budget_s"])
     loaded = store.load(run.dir)
-    pairs = compare.within_run(loaded).pairs
+    pairs = _sequential_pairs(loaded)
     rec.setdefault("half_widths_before", _half_widths(pairs))
     wide = [p for p in pairs if p.result.half_width is None or p.result.half_width > target]
     cases = {cid: Case.from_params(c.params) for cid, c in run.record.cases.items()}
@@ -396,10 +410,10 @@ def next_batch(run: store.Run) -> Batch | None:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if cost(plan(mid)) <= budget - spent else (lo, mid - 1)
     cap = lo
-    if not wide or cap < MIN_ROUNDS:
+    if not wide or cap < MIN_ROUNDS or len(rec["batches"]) >= MAX_BATCHES:
         added = {c: cases[c].repeats - n for c, n in rec["planned_repeats"].items() if c in cases}
         rec |= {
-            "state": BUDGET_SPENT if wide else TARGET_MET,
+            "state": TARGET_MET if not wide else BUDGET_SPENT if cap < MIN_ROUNDS else LOOKS_SPENT,
             "wall_s": spent,
             "half_widths_after": _half_widths(pairs),
             "rounds_added": {c: n for c, n in added.items() if n > 0},

@@ -535,17 +535,21 @@ class Turns:
         self.enabled = plan.lockstep is not None
         self.client = lockstep.GateClient(plan.lockstep) if self.enabled and rank.rank == 0 else None
         self.metric = "step_ms"
+        # Told to skip an item or to stop: the world ends as a stopped one, its cases cut short.
+        self.cut = False
 
-    def permits(self, case_id: str, repeat: int) -> bool:
+    def answer(self, case_id: str, repeat: int) -> str:
+        """GO, SKIP (this item only) or STOP (the rest of the plan), the same on every rank."""
         if not self.enabled:
-            return True
+            return lockstep.GO
         answer = [None]
         if self.client is not None:
             reply = self.client.ask(case_id, repeat)
             self.metric = reply.get("metric", self.metric)
             answer = [reply["msg"]]
         dist.broadcast_object_list(answer, src=0, group=self.ctrl)
-        return answer[0] == lockstep.GO
+        self.cut |= answer[0] != lockstep.GO
+        return answer[0]
 
     def done(self, case: Case, repeat: int, rows: pd.DataFrame, began: float) -> None:
         """Tell the gate the item is over, with its value of the gate's metric (None: not recorded)
@@ -584,9 +588,10 @@ def run_plan(plan: Plan, events: Events) -> None:
         for case_id, repeat in plan.schedule:
             case = cases[case_id]
             try:
-                if not gate.permits(case_id, repeat):
-                    if rank.rank == 0:
-                        events.emit("stopped", world=plan.world)
+                answer = gate.answer(case_id, repeat)
+                if answer == lockstep.SKIP:
+                    continue
+                if answer != lockstep.GO:
                     break
                 if rank.rank == 0:
                     events.emit("repeat_start", case=case_id, repeat=repeat)
@@ -602,6 +607,8 @@ def run_plan(plan: Plan, events: Events) -> None:
             except Exception:
                 events.emit("error", case=case_id, repeat=repeat, rank=rank.rank, error=traceback.format_exc())
                 os._exit(1)
+        if gate.cut and rank.rank == 0:
+            events.emit("stopped", world=plan.world)
         dist.barrier(group=ctrl)
         if rank.rank == 0:
             events.emit("world_done", world=plan.world)

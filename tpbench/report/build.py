@@ -15,6 +15,7 @@ from tpbench.report import (
     convergence,
     interconnect,
     performance,
+    recommendation,
     telemetry,
     timelines,
     verdicts,
@@ -68,6 +69,7 @@ def _page(data: ReportData, runs: list[store.Loaded], out_dir: Path) -> Page:
     for r in runs:
         _run_line(page, data, r)
 
+    recommendation.section(page, runs)  # a tune's answer comes before everything else
     kinds = [*verdicts.ZERO_KINDS, *verdicts.impl_kinds(data)]
     comparisons = {k.key: verdicts.compare(data, k) for k in kinds}
     conv = verdicts.convergence_verdicts(data)

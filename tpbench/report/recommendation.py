@@ -1,0 +1,106 @@
+"""The "Recommendation" section of a tune's report: the claim, every setting's outcome, and the race
+chart (each setting's ratio interval to the round's leader against rounds, eliminations marked).
+
+It reads the run's tune.json (``tpbench.tune`` writes it; ``store.read_tune`` reads it back), so
+the report needs none of the tune's machinery."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from tpbench import store
+from tpbench.report.figures import LEGEND_TOP, MARGIN
+from tpbench.report.html import Page, plot_text
+
+
+def section(page: Page, runs: list[store.Loaded]) -> None:
+    tuned = [(r, t) for r in runs if (t := store.read_tune(r.run_dir)) and t.get("result")]
+    if not tuned:
+        return
+    page.heading("Recommendation", anchor="recommendation")
+    for run, saved in tuned:
+        result = saved["result"]
+        if len(tuned) > 1:
+            page.heading(f"run {run.meta['run_id']}", level=3)
+        page.paragraph(result["claim"])
+        page.paragraph(
+            f"Raced by tpbench tune on {result['metric']}: after each round, once "
+            f"{saved['options']['min_rounds']} had run, a setting was eliminated when its paired ratio to the "
+            f"leader (the lowest geometric mean) was clearly above 1; intervals at {result['confidence']:.0%} "
+            "confidence spent over every round the race could look at and every setting (docs/tune.md). "
+            f"Timed steps: {result['timed_s']:.1f} s of the {result['grid_timed_s']:.1f} s the whole grid "
+            "would have timed.",
+            css="muted",
+        )
+        page.table(_table(result))
+        names = {a["case_id"]: a["label"] for a in result["arms"]}
+        page.figure(_race_figure(saved["history"], names, result["epsilon"]))
+
+
+def _pct(v: float | None) -> str:
+    return "" if v is None else f"{v - 1:+.1%}"
+
+
+def _table(result: dict) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                "setting": a["label"],
+                "status": a["status"],
+                "rounds": a["rounds"],
+                "vs recommended": _pct(a["ratio"]),
+                "interval": "" if a["lo"] is None else f"[{_pct(a['lo'])}, {_pct(a['hi'])}]",
+                "eliminated after round": a["eliminated_at"],
+            }
+            for a in result["arms"]
+        ]
+    )
+
+
+def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> go.Figure:
+    """Per setting, its ratio to that round's leader with the race's interval, round by round; a
+    cross where it was eliminated; the ±epsilon band shaded."""
+    fig = go.Figure()
+    rows = [
+        {"arm": arm, "round": e["round"], "ratio": v[0], "lo": v[1], "hi": v[2], "out": arm in e["eliminated"]}
+        for e in history
+        for arm, v in e["intervals"].items()
+    ]
+    df = pd.DataFrame(rows, columns=["arm", "round", "ratio", "lo", "hi", "out"])
+    top = float(df["ratio"].max()) if len(df) else 1.0
+    for arm, d in df.groupby("arm", sort=False):
+        # The first rounds' intervals are astronomically wide: clip the bars to the chart.
+        hi, lo = d["hi"].clip(upper=2 * top), d["lo"].clip(lower=0)
+        fig.add_trace(
+            go.Scatter(
+                x=d["round"],
+                y=d["ratio"],
+                mode="lines+markers",
+                name=plot_text(names.get(arm, arm)),
+                error_y=dict(type="data", symmetric=False, array=hi - d["ratio"], arrayminus=d["ratio"] - lo),
+            )
+        )
+        out = d[d["out"]]
+        if len(out):
+            fig.add_trace(
+                go.Scatter(
+                    x=out["round"],
+                    y=out["ratio"],
+                    mode="markers",
+                    marker=dict(symbol="x", size=14, color="#a4262c"),
+                    name=plot_text(f"{names.get(arm, arm)} eliminated"),
+                    showlegend=False,
+                )
+            )
+    fig.add_hrect(y0=1 - epsilon, y1=1 + epsilon, fillcolor="#d9dde5", opacity=0.5, line_width=0)
+    fig.update_layout(
+        title="The race: each setting's ratio to the round's leader (×: eliminated; band: ±epsilon)",
+        xaxis_title="round",
+        yaxis_title="ratio to the leader",
+        yaxis_range=[0.8, min(2 * top, 3.0)],
+        margin=MARGIN,
+        legend=LEGEND_TOP,
+        height=420,
+    )
+    return fig

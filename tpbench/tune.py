@@ -1,0 +1,692 @@
+"""``tpbench tune``: race a suite's swept grid and name the best setting, with a margin and a confidence.
+
+The suite's cases are the candidate settings ("arms"); its ``repeats`` is the most rounds any arm
+may get. The arms of one world run round by round as a sweep runs them (``launch.interleave``:
+round r holds repeat r of every arm, in a seeded order), paced item by item over the lockstep
+protocol (``tpbench.lockstep``): this process serves the socket its worlds ask before each item and
+answers ``go``, ``skip`` (an eliminated arm: it costs nothing more) or ``stop`` (the race is over).
+
+The rule (docs/tune.md): after each round, once ``min_rounds`` have run, the leader is the live arm
+with the lowest geometric mean; an arm whose ratio to the leader is clearly above 1 is eliminated.
+Every interval is ``stats.sequential_ratio`` (paired by round) at the confidence the whole race
+spends: the miss probability split uniformly over the looks the race may take and over the arms
+other than the best (a Bonferroni union bound), so the race may look after every round. It ends
+with one arm left (recommended), every arm left within ±epsilon of the leader (tied), or the most
+rounds or the budget spent (unresolved: the best guess, and about how many rounds would decide it).
+
+Arms of different worlds (world size, backend, device, interconnect) share no rounds: each world
+is raced on its own, then the world winners are compared unpaired (``stats.unpaired_ratio``) at the
+same spent confidence. The race is saved to ``tune.json`` after every round; a resumed tune replays
+it from the stored repeats, round by round, and goes on from where the race stood.
+
+Nothing here prints; the CLI shows ``Result``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import selectors
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from tpbench import lockstep, store, sweep
+from tpbench.analysis.stats import (
+    Ratio,
+    repeat_values,
+    sequential_ratio,
+    slowest_rank,
+    spent_confidence,
+    unpaired_ratio,
+    windows_of,
+)
+from tpbench.launch import Listener, Torchrun, group_cases
+from tpbench.suite import Case, labels, varying_keys
+
+# Rounds every arm runs before the first elimination: a t interval from fewer rounds rests on a
+# variance estimate from 1–3 degrees of freedom, and spends its share of the error on looks that
+# cannot decide anything.
+MIN_ROUNDS = 5
+METRICS = ("step_ms", "cpu_ms")
+RECOMMENDED, TIED, ELIMINATED, UNRESOLVED, FAILED = "recommended", "tied", "eliminated", "unresolved", "failed"
+# Why a world's race ended.
+ONE_LEFT, ALL_TIED, MAX_ROUNDS, BUDGET = "one arm left", "tied within epsilon", "most rounds run", "budget spent"
+# What a tune overrides in the suite: it reads no trace (docs/tune.md, "Traces").
+OVERRIDES = ("capture.profiler_steps=0",)
+
+
+class TuneError(ValueError):
+    """Bad tune options or a suite that cannot be raced: exit 2."""
+
+
+@dataclass(frozen=True)
+class Options:
+    epsilon: float = 0.02  # a fraction: arms within ±epsilon of the leader are tied
+    confidence: float = 0.95
+    budget_s: float | None = None  # wall seconds for the whole tune (None: only the rounds bound it)
+    metric: str = "step_ms"
+    min_rounds: int = MIN_ROUNDS
+
+    def check(self) -> None:
+        """One line naming the option and what was expected (``TuneError``)."""
+        if not (math.isfinite(self.epsilon) and 0 < self.epsilon < 1):
+            raise TuneError(f"--epsilon {self.epsilon:g}: expected a margin above 0% and below 100%, like 2%")
+        if not (math.isfinite(self.confidence) and 0.5 < self.confidence < 1):
+            raise TuneError(f"--confidence {self.confidence:g}: expected a number above 0.5 and below 1, like 0.95")
+        if self.budget_s is not None and not (math.isfinite(self.budget_s) and self.budget_s > 0):
+            raise TuneError(f"--budget-s {self.budget_s:g}: expected a number of seconds > 0")
+        if self.metric not in METRICS:
+            raise TuneError(f"--metric {self.metric}: expected one of {', '.join(METRICS)}")
+        if self.min_rounds < 2:
+            raise TuneError(f"--min-rounds {self.min_rounds}: expected at least 2 (an interval needs two rounds)")
+
+
+# ---------------------------------------------------------------- the race of one world (pure)
+
+
+class Race:
+    """The arms of one world raced round by round: values in, eliminations and an ending out.
+
+    ``comparisons``: the arms of the whole tune less one (the union bound covers every interval
+    that involves the true best arm, whichever world it is in); ``looks``: the rounds at which the
+    race may decide, ``max_rounds - min_rounds + 1``.
+    """
+
+    def __init__(self, arms: list[str], max_rounds: int, options: Options, comparisons: int, world: int = 0) -> None:
+        self.arms = list(arms)
+        self.world = world
+        self.max_rounds = max_rounds
+        self.min_rounds = min(options.min_rounds, max_rounds)
+        self.options = options
+        self.comparisons = max(1, comparisons)
+        self.values: dict[str, dict[int, float]] = {a: {} for a in arms}
+        self.live = list(arms)
+        self.eliminated: dict[str, int] = {}  # arm → the round (1-based) after which it went
+        self.failed: set[str] = set()
+        self.rounds = 0  # complete rounds judged
+        self.ended: str | None = None
+        self.history: list[dict[str, Any]] = []
+
+    @property
+    def looks(self) -> int:
+        return self.max_rounds - self.min_rounds + 1
+
+    def record(self, arm: str, round_index: int, value: float) -> None:
+        if arm in self.values:
+            self.values[arm][round_index] = float(value)
+
+    def drop(self, arm: str) -> None:
+        """An arm whose case failed leaves the race (it is reported as failed)."""
+        if arm in self.live:
+            self.live.remove(arm)
+            self.failed.add(arm)
+
+    def round_complete(self) -> bool:
+        return self.ended is None and bool(self.live) and all(self.rounds in self.values[a] for a in self.live)
+
+    def judged(self, arm: str) -> dict[int, float]:
+        """The arm's values of the rounds judged so far (a replay holds later ones already)."""
+        return {r: v for r, v in self.values[arm].items() if r < self.rounds}
+
+    def interval(self, base: str, arm: str) -> Ratio:
+        """``arm`` / ``base`` over the judged rounds both ran, at the race's spent confidence."""
+        return sequential_ratio(
+            self.judged(base),
+            self.judged(arm),
+            looks=self.looks,
+            comparisons=self.comparisons,
+            confidence=self.options.confidence,
+        )
+
+    def leader(self) -> str | None:
+        """The live arm with the lowest geometric mean over the rounds judged (all live arms ran them)."""
+        if not self.live:
+            return None
+        return min(self.live, key=lambda a: _geomean(self.judged(a)))
+
+    def close_round(self) -> dict[str, Any]:
+        """Judge the round just completed: eliminate, maybe end; returns the round's history entry."""
+        self.rounds += 1
+        leader = self.leader()
+        eps = self.options.epsilon
+        intervals = {a: self.interval(leader, a) for a in self.live if a != leader} if self.rounds >= 2 else {}
+        gone = []
+        if self.rounds >= self.min_rounds:
+            gone = [a for a, r in intervals.items() if r.lo > 1]
+            for a in gone:
+                self.live.remove(a)
+                self.eliminated[a] = self.rounds
+        rest = {a: r for a, r in intervals.items() if a not in gone}
+        if len(self.live) == 1:
+            self.ended = ONE_LEFT
+        elif (
+            self.rounds >= self.min_rounds and rest and all(1 - eps <= r.lo and r.hi <= 1 + eps for r in rest.values())
+        ):
+            self.ended = ALL_TIED
+        elif self.rounds >= self.max_rounds:
+            self.ended = MAX_ROUNDS
+        entry = {
+            "world": self.world,
+            "round": self.rounds,
+            "leader": leader,
+            "live": list(self.live),
+            "eliminated": gone,
+            "intervals": {a: [r.ratio, r.lo, r.hi] for a, r in intervals.items()},
+            "ended": self.ended,
+        }
+        self.history.append(entry)
+        return entry
+
+    def end(self, why: str) -> None:
+        if self.ended is None:
+            self.ended = why
+
+    def replay(self, values: dict[str, dict[int, float]], ended: str | None = None) -> None:
+        """Rebuild the race from stored values, round by round, as it was run; ``ended``: how the
+        saved race ended where that was not a consequence of the values (the budget)."""
+        for arm, per_round in values.items():
+            for r, v in per_round.items():
+                self.record(arm, r, v)
+        while self.round_complete():
+            self.close_round()
+        if ended == BUDGET:
+            self.end(BUDGET)
+
+    def rounds_to_decide(self) -> int | None:
+        """About how many more rounds would decide every arm still in the race: an interval
+        narrows as 1/√n, and each arm needs its half-width (in logs) below the larger of its
+        distance above 1 (to be eliminated) and its distance below 1 + epsilon (to be tied)."""
+        leader = self.leader()
+        need = 0
+        for a in self.live:
+            if a == leader:
+                continue
+            r = self.interval(leader, a)
+            if r.method != "paired" or r.n < 2:
+                continue
+            hw = (math.log(r.hi) - math.log(r.lo)) / 2
+            d = math.log(r.ratio)
+            target = max(d, math.log(1 + self.options.epsilon) - d)
+            need = max(need, math.ceil(r.n * (hw / target) ** 2) - r.n if target > 0 else r.n)
+        return need or None
+
+
+# ---------------------------------------------------------------- the result
+
+
+@dataclass
+class Arm:
+    case_id: str
+    label: str
+    params: dict[str, Any]  # the swept keys' values: what tells this setting from the others
+    world: int
+    status: str
+    rounds: int
+    ratio: float | None  # to the recommended arm (None: the recommended arm itself, or no interval)
+    lo: float | None
+    hi: float | None
+    eliminated_at: int | None  # the round after which it went (None: not eliminated in its world's race)
+
+    def to_json(self) -> dict[str, Any]:
+        keep = ("case_id", "label", "params", "status", "rounds", "ratio", "lo", "hi", "eliminated_at")
+        return {k: v for k, v in asdict(self).items() if k in keep}
+
+
+@dataclass
+class Result:
+    run_dir: Path
+    state: str  # RECOMMENDED (one arm is the best), TIED (within epsilon) or UNRESOLVED
+    recommended: Arm | None
+    claim: str
+    arms: list[Arm]
+    epsilon: float
+    confidence: float
+    metric: str
+    wall_s: float
+    timed_s: float
+    grid_timed_s: float
+    rounds_to_decide: int | None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        rec = self.recommended
+        return {
+            "run_dir": str(self.run_dir),
+            "state": self.state,
+            "recommended": {"case_id": rec.case_id, "label": rec.label, "params": rec.params} if rec else None,
+            "epsilon": self.epsilon,
+            "confidence": self.confidence,
+            "metric": self.metric,
+            "claim": self.claim,
+            "arms": [a.to_json() for a in self.arms],
+            "wall_s": self.wall_s,
+            "timed_s": self.timed_s,
+            "grid_timed_s": self.grid_timed_s,
+            "rounds_to_decide": self.rounds_to_decide,
+        }
+
+
+# ---------------------------------------------------------------- starting and resuming
+
+
+def start(
+    suite_path: str | Path,
+    options: Options,
+    overrides: Iterable[str] = (),
+    filters: Iterable[str] = (),
+    out_root: Path = Path("results"),
+    launcher: Torchrun | None = None,
+    allow_large: bool = False,
+) -> tuple[store.Run, list[Case]]:
+    """Check the options and the grid, create the run directory with every arm pending and an
+    empty race in tune.json."""
+    options.check()
+    prepared = prepare(suite_path, overrides, filters, launcher, allow_large)
+    run = sweep.start(prepared, out_root, launcher)
+    _save(run, {"options": asdict(options), "wall_s": 0.0, "worlds": {}, "history": []})
+    return run, prepared.cases
+
+
+def prepare(
+    suite_path: str | Path,
+    overrides: Iterable[str] = (),
+    filters: Iterable[str] = (),
+    launcher: Torchrun | None = None,
+    allow_large: bool = False,
+) -> sweep.Prepared:
+    """The suite's arms (``sweep.prepare`` with the tune's own overrides last), checked raceable."""
+    prepared = sweep.prepare(suite_path, [*overrides, *OVERRIDES], filters, launcher, allow_large)
+    if len(prepared.cases) < 2:
+        raise TuneError(f"{suite_path}: {len(prepared.cases)} case(s) after --filter; a tune races two or more")
+    short = [c for c in prepared.cases if c.repeats < 2]
+    if short:
+        raise TuneError(
+            f"{suite_path}: repeats = {short[0].repeats}: expected at least 2 (the most rounds an arm gets)"
+        )
+    return prepared
+
+
+def reopen(run_dir: Path) -> tuple[store.Run, Options]:
+    """A tune to resume (``sweep.reopen``: owned by this process, finished repeats kept) and its options."""
+    saved = store.read_tune(run_dir)
+    if saved is None:
+        raise store.StoreError(f"{run_dir}: no {store.TUNE_FILE}; not a tune (resume a sweep with tpbench sweep)")
+    run, _ = sweep.reopen(run_dir)
+    return run, Options(**saved["options"])
+
+
+def _save(run: store.Run, record: dict[str, Any]) -> None:
+    store.write_tune(run.dir, record)
+
+
+# ---------------------------------------------------------------- racing
+
+
+class _Conductor:
+    """The tune's end of the lockstep protocol, served on a thread while ``sweep.execute`` runs a
+    world: answers each item from the current race and records each item's value."""
+
+    def __init__(self, path: Path, metric: str, on_round: Callable[[Race, dict[str, Any]], None]) -> None:
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(path))
+        self.server.listen(4)
+        self.metric = metric
+        self.on_round = on_round
+        self.race: Race | None = None
+        self.deadline: Callable[[], bool] = lambda: False
+        self.lock = threading.Lock()
+        self.closing = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._serve, name="tpbench-tune", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self.server, selectors.EVENT_READ, None)
+        buffers: dict[socket.socket, bytes] = {}
+        try:
+            while not self.closing.is_set():
+                for key, _ in sel.select(0.2):
+                    if key.data is None:
+                        conn, _ = self.server.accept()
+                        buffers[conn] = b""
+                        sel.register(conn, selectors.EVENT_READ, "conn")
+                        continue
+                    conn = key.fileobj
+                    try:
+                        chunk = conn.recv(65536)
+                    except ConnectionError:
+                        chunk = b""
+                    if not chunk:  # the world ended (or died): its item in flight is over
+                        sel.unregister(conn)
+                        conn.close()
+                        buffers.pop(conn, None)
+                        continue
+                    messages, buffers[conn] = lockstep.split_lines(buffers[conn] + chunk)
+                    for m in messages:
+                        self._handle(conn, m)
+        except BaseException as e:  # the main thread reports it; the worlds see the socket close
+            self.error = e
+            self.server.close()  # and a fresh world is refused at once instead of waiting unanswered
+        finally:
+            for conn in buffers:
+                conn.close()
+            sel.close()
+
+    def _handle(self, conn: socket.socket, m: dict[str, Any]) -> None:
+        with self.lock:
+            race = self.race
+            if m["msg"] == lockstep.DONE:
+                if race is not None and m.get("value") is not None:
+                    race.record(m["case"], int(m["repeat"]), float(m["value"]))
+                return
+            if m["msg"] != lockstep.READY:
+                return
+            answer = lockstep.STOP
+            if race is not None:
+                self.settle()
+                if race.ended is None:
+                    answer = lockstep.GO if m["case"] in race.live else lockstep.SKIP
+        with contextlib.suppress(OSError):  # a world that died meanwhile is simply over
+            lockstep.send(conn, answer, metric=self.metric)
+
+    def settle(self) -> None:
+        """Judge every round the race has completed; after each, end the race if its budget is
+        spent. Called with the lock held."""
+        race = self.race
+        while race is not None and race.round_complete():
+            entry = race.close_round()
+            if race.ended is None and self.deadline():
+                race.end(BUDGET)
+                entry["ended"] = BUDGET
+            self.on_round(race, entry)
+
+    def drop(self, arm: str) -> None:
+        with self.lock:
+            if self.race is not None:
+                self.race.drop(arm)
+
+    def close(self) -> None:
+        self.closing.set()
+        self.thread.join()
+        self.server.close()
+
+
+def _stored_values(run: store.Run, cases: list[Case], metric: str) -> dict[str, dict[int, float]]:
+    """Each arm's value per finished round, from its stored repeats, computed as its world
+    reported them (``stats.repeat_values``)."""
+    out: dict[str, dict[int, float]] = {}
+    windows = windows_of({c.case_id: c.params() for c in cases})
+    for c in cases:
+        rows = store.case_steps(run.dir, c.case_id)
+        if rows.empty or metric not in rows:
+            out[c.case_id] = {}
+            continue
+        v = repeat_values(rows.assign(case_id=c.case_id), metric, windows)
+        out[c.case_id] = {int(r): float(x) for r, x in zip(v["repeat"], v[metric])}
+    return out
+
+
+def race(
+    run: store.Run,
+    options: Options,
+    listener: Listener = lambda kind, data: None,
+    launcher: Torchrun | None = None,
+    on_round: Callable[[Race, dict[str, Any]], None] = lambda race, entry: None,
+) -> Result:
+    """Run (or go on with) the tune of ``run``: each world's race in turn, then the result,
+    saved to tune.json, the run finalized as a sweep is (summary, status), so that report,
+    compare and export read it as any run.
+
+    ``listener`` gets the launcher's events (the CLI's progress); ``on_round`` each judged round
+    (called on the conductor's thread). ``KeyboardInterrupt`` (Ctrl-C, a stop signal) leaves the
+    run interrupted with the race saved as of its last round: ``--resume`` goes on from there.
+    """
+    saved = store.read_tune(run.dir) or {"wall_s": 0.0, "worlds": {}, "history": []}
+    cases = [Case.from_params(c.params) for c in run.record.cases.values()]
+    groups = group_cases(cases)
+    n_arms = len(cases)
+    races = [
+        Race([c.case_id for c in g.cases], max(c.repeats for c in g.cases), options, n_arms - 1, world=i)
+        for i, g in enumerate(groups)
+    ]
+    stored = _stored_values(run, cases, options.metric)
+    status = run.case_status()
+    for rc in races:
+        for a in rc.arms:
+            if status[a] == store.FAILED:
+                rc.drop(a)
+        rc.replay({a: stored[a] for a in rc.arms}, saved["worlds"].get(str(rc.world), {}).get("ended"))
+    base_wall, t0 = float(saved.get("wall_s", 0.0)), time.monotonic()
+
+    def spent() -> float:
+        return base_wall + time.monotonic() - t0
+
+    def persist() -> None:
+        _save(run, _record(options, races, spent()))
+
+    def round_judged(rc: Race, entry: dict[str, Any]) -> None:
+        persist()
+        on_round(rc, entry)
+
+    sockets = Path(tempfile.mkdtemp(prefix="tpbt-"))  # short: a socket path has ~100 bytes
+    conductor = _Conductor(sockets / "s", options.metric, round_judged)
+
+    def watch(kind: str, data: dict[str, Any]) -> None:
+        if kind == "case_failed":
+            conductor.drop(data["case"])
+        listener(kind, data)
+
+    try:
+        for i, (rc, g) in enumerate(zip(races, groups)):
+            if rc.ended is None:
+                # The world's share of what is left of the budget, by its share of the arms left to race.
+                left = sum(len(r.arms) for r in races[i:])
+                share = None if options.budget_s is None else (options.budget_s - spent()) * len(rc.arms) / left
+                until = None if share is None else spent() + share
+                if until is not None and share <= 0:
+                    rc.end(BUDGET)  # an earlier world spent it all: this one starts no world
+            if rc.ended is None:
+                with conductor.lock:
+                    conductor.race = rc
+                    conductor.deadline = (lambda: False) if until is None else (lambda u=until: spent() >= u)
+                sweep.execute(
+                    run,
+                    [c for c in g.cases if run.case_status()[c.case_id] != store.DONE],
+                    watch,
+                    launcher,
+                    str(sockets / "s"),
+                )
+                if conductor.error is not None:
+                    raise conductor.error
+                with conductor.lock:
+                    conductor.settle()
+                    rc.end(MAX_ROUNDS)  # the world ran its whole plan
+                    conductor.race = None
+            _cut(run, g.cases)
+            persist()
+    except KeyboardInterrupt:
+        with conductor.lock:
+            persist()
+        raise
+    finally:
+        conductor.close()
+        shutil.rmtree(sockets, ignore_errors=True)
+    sweep.finalize(run.dir)
+    result = _result(run, cases, races, options, spent())
+    _save(run, _record(options, races, result.wall_s) | {"result": result.to_json()})
+    return result
+
+
+def _cut(run: store.Run, cases: list[Case]) -> None:
+    """After a world's race: every arm it ran that is not done yet is done with the rounds it ran
+    (a race ended by the budget, or replayed as ended on a resume)."""
+    status = run.case_status()
+    for c in cases:
+        ran = store.finished_repeats(run.dir, c.case_id)
+        if status[c.case_id] not in (store.DONE, store.FAILED) and ran:
+            run.case_cut(c.case_id, len(ran))
+
+
+def _record(options: Options, races: list[Race], wall_s: float) -> dict[str, Any]:
+    """tune.json: the options, how each world's race stands, every judged round (the race chart)."""
+    return {
+        "options": asdict(options),
+        "wall_s": wall_s,
+        "worlds": {
+            str(r.world): {
+                "arms": r.arms,
+                "rounds": r.rounds,
+                "ended": r.ended,
+                "live": r.live,
+                "eliminated": r.eliminated,
+                "failed": sorted(r.failed),
+            }
+            for r in races
+        },
+        "history": [e for r in races for e in r.history],
+    }
+
+
+def _geomean(values: dict[int, float]) -> float:
+    return float(np.exp(np.mean(np.log(list(values.values()))))) if values else math.inf
+
+
+def _result(run: store.Run, cases: list[Case], races: list[Race], options: Options, wall_s: float) -> Result:
+    """The recommendation across worlds, each arm's status and ratio to it, the claim and the cost."""
+    n_arms = len(cases)
+    by_id = {c.case_id: c for c in cases}
+    names = labels([cases])[0]
+    swept = varying_keys(cases)
+    across = spent_confidence(options.confidence, 1, n_arms - 1)
+    eps = options.epsilon
+    winners = [(r, r.leader()) for r in races if r.leader() is not None]
+    best_race, best = min(winners, key=lambda w: _geomean(w[0].judged(w[1]))) if winners else (None, None)
+    status: dict[str, str] = {}
+    ratios: dict[str, Ratio] = {}
+    for r in races:
+        for a in r.eliminated:
+            status[a] = ELIMINATED
+        for a in r.failed:
+            status[a] = FAILED
+        decided = r.ended in (ONE_LEFT, ALL_TIED)
+        if r is best_race:
+            for a in r.live:
+                if a != best:
+                    status[a] = TIED if decided else UNRESOLVED
+            continue
+        winner = r.leader()
+        if winner is None:
+            continue
+        w = unpaired_ratio(
+            np.fromiter(best_race.judged(best).values(), float),
+            np.fromiter(r.judged(winner).values(), float),
+            confidence=across,
+        )
+        # The world's arms left share its winner's outcome: they are tied with it (or undecided).
+        tied = decided and 1 - eps <= w.lo and w.hi <= 1 + eps
+        for a in r.live:
+            status[a] = ELIMINATED if w.lo > 1 else TIED if tied else UNRESOLVED
+    if best is not None:
+        status[best] = RECOMMENDED
+        for a in by_id:
+            if a == best or not best_race:
+                continue
+            home = next(r for r in races if a in r.arms)
+            if home is best_race:
+                ratios[a] = best_race.interval(best, a)
+            elif home.judged(a):
+                ratios[a] = unpaired_ratio(
+                    np.fromiter(best_race.judged(best).values(), float),
+                    np.fromiter(home.judged(a).values(), float),
+                    confidence=across,
+                )
+    world_of = {a: r.world for r in races for a in r.arms}
+    arms = []
+    for c in cases:
+        a, rr = c.case_id, ratios.get(c.case_id)
+        home = next(r for r in races if a in r.arms)
+        arms.append(
+            Arm(
+                a,
+                names[a],
+                {k: c.params()[k] for k in swept},
+                world_of[a],
+                status.get(a, UNRESOLVED),
+                len(home.judged(a)),
+                rr.ratio if rr else None,
+                rr.lo if rr and rr.method != "single" else None,
+                rr.hi if rr and rr.method != "single" else None,
+                home.eliminated.get(a),
+            )
+        )
+    order = {RECOMMENDED: 0, TIED: 1, UNRESOLVED: 2, ELIMINATED: 3, FAILED: 4}
+    arms.sort(key=lambda x: (order[x.status], x.ratio if x.ratio is not None else math.inf))
+    counts = {s: sum(x.status == s for x in arms) for s in order}
+    state = UNRESOLVED if counts[UNRESOLVED] else TIED if counts[TIED] else RECOMMENDED
+    rec = next((x for x in arms if x.status == RECOMMENDED), None)
+    more = max((r.rounds_to_decide() or 0 for r in races if r.ended not in (ONE_LEFT, ALL_TIED)), default=0) or None
+    timed_s, grid_timed_s = _timed(run, cases, rec.rounds if rec else 0)
+    claim = _claim(rec, state, counts, n_arms, options, races, more)
+    history = [e for r in races for e in r.history]
+    return Result(
+        run.dir,
+        state,
+        rec,
+        claim,
+        arms,
+        eps,
+        options.confidence,
+        options.metric,
+        wall_s,
+        timed_s,
+        grid_timed_s,
+        more,
+        history,
+    )
+
+
+def _claim(
+    rec: Arm | None, state: str, counts: dict[str, int], n: int, options: Options, races: list[Race], more: int | None
+) -> str:
+    """The one sentence: which setting, how close to the best, how sure, and what the others did."""
+    if rec is None:
+        return f"no recommendation: every one of the {n} settings failed"
+    conf = f"{options.confidence:.0%} confidence"
+    gone = f"{counts[ELIMINATED]} eliminated"
+    failed = f", {counts[FAILED]} failed" if counts[FAILED] else ""
+    if state == RECOMMENDED:
+        return f"{rec.label}: the best of {n} settings, {conf}; {gone}{failed}"
+    if state == TIED:
+        return (
+            f"{rec.label}: within {options.epsilon:.0%} of the best of {n} settings, {conf}; "
+            f"tied with {counts[TIED]}, {gone}{failed}"
+        )
+    why = sorted({r.ended for r in races if r.ended not in (ONE_LEFT, ALL_TIED)} - {None}) or [MAX_ROUNDS]
+    then = f"; about {more} more round(s) would decide it" if more else ""
+    return (
+        f"{rec.label}: the best guess of {n} settings, unresolved ({', '.join(why)}): {counts[UNRESOLVED]} "
+        f"still within reach of it at {conf} and ±{options.epsilon:.0%}, {gone}{failed}{then}"
+    )
+
+
+def _timed(run: store.Run, cases: list[Case], rounds: int) -> tuple[float, float]:
+    """The timed-step seconds the tune ran (slowest rank per step, every arm and round), and what
+    every arm would have timed over ``rounds`` rounds (each arm's mean per round × ``rounds``)."""
+    timed = grid = 0.0
+    for c in cases:
+        rows = store.case_steps(run.dir, c.case_id)
+        if rows.empty:
+            continue
+        per_round = slowest_rank(rows.assign(case_id=c.case_id)).groupby("repeat")["step_ms"].sum() / 1e3
+        timed += float(per_round.sum())
+        grid += float(per_round.mean()) * rounds
+    return timed, grid
