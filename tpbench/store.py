@@ -654,7 +654,7 @@ def write_summary(run_dir: Path, summary: pd.DataFrame) -> Path:
 # intervals (analysis.timeline), overlap per rank and step (analysis.overlap), collectives with
 # bandwidth (analysis.bandwidth), marks for the what-if replay (analysis.whatif), nvml samples
 # (capture.nvml), exact bytes and step work per rank and ZeRO's partition (accounting).
-CASE_TABLES = ("intervals", "overlap", "collectives", "marks", "nvml", "memory", "partition")
+CASE_TABLES = ("intervals", "overlap", "collectives", "marks", "nvml", "memory", "partition", "ddp_buckets")
 
 
 def write_case_table(run_dir: Path, case_id: str, name: str, df: pd.DataFrame) -> Path:
