@@ -68,7 +68,6 @@ class Case(NamedTuple):
             + ("-stream_ordered" if self.stream_ordered else "")
         )
 
-
     @property
     def _caps(self) -> str:
         if self.bucket_cap_mb_list is not None:
