@@ -67,3 +67,21 @@ def test_report_says_the_buckets_and_splits_the_hooks_advantage(run, tmp_path):
     assert 'bucket_cap_mb = "default" → 2 buckets of' in page
     assert "comes from packing the broadcasts (zero_no_overlap with parameters_as_bucket_view = true)" in page
     assert "At 1 MB buckets, of sequential" in page and "At DDP's default buckets, of sequential" in page
+
+
+def test_a_cap_per_bucket_reaches_ddp(tmp_path):
+    """bucket_cap_mb_list in a sweep: [1] holds the tiny mlp in one bucket, a small first cap splits it."""
+    text = tiny_suite('bucket_cap_mb_list = [[0.002, 1], [1]]\nalgorithm = ["ddp", "zero_no_overlap"]\n', name="caps")
+    run = sweep_in_process(tmp_path, text)
+    built = {
+        (row["algorithm"], tuple(row["bucket_cap_mb_list"])): row["ddp_buckets"]
+        for row in run.summary.to_dict("records")
+    }
+    assert built == {
+        ("ddp", (0.002, 1)): 2,
+        ("ddp", (1,)): 1,
+        ("zero_no_overlap", (0.002, 1)): 2,
+        ("zero_no_overlap", (1,)): 1,
+    }
+    page = html.unescape(write_report([run.run_dir], tmp_path / "report.html").read_text())
+    assert "bucket_cap_mb_list = [0.002, 1] → 2 buckets of" in page

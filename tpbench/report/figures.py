@@ -60,6 +60,12 @@ def on_bucket_axis(values: pd.Series) -> pd.Series:
     return pd.to_numeric(values.map(lambda v: DEFAULT_AT_MB if v == DDP_DEFAULT else v), errors="coerce")
 
 
+def bucket_axis(data: ReportData, df: pd.DataFrame) -> bool:
+    """Whether the cases go on a bucket-size axis: bucket_cap_mb varies and every case has one (a
+    case with ``bucket_cap_mb_list`` has none, and would drop off the axis)."""
+    return "bucket_cap_mb" in data.context_keys and bool(on_bucket_axis(df["bucket_cap_mb"]).notna().all())
+
+
 def bucket_ticks(fig, values: pd.Series) -> None:
     """Log-scale bucket axes labelled with the swept sizes only, not plotly's 2-3-4-…-9 minor ticks;
     ``values`` as the cases have them, so DDP's default reads as such."""

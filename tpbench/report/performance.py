@@ -13,6 +13,7 @@ from tpbench.report.figures import (
     LEGEND_BELOW,
     LEGEND_TOP,
     MARGIN,
+    bucket_axis,
     bucket_ticks,
     display,
     facet_common,
@@ -38,7 +39,7 @@ def step_time(page: Page, data: ReportData) -> None:
     if buckets:
         page.paragraph("The gradient buckets DDP really built: " + "; ".join(buckets) + ".", css="muted")
     done = done.assign(err_plus=done["ci_hi_ms"] - done["median_ms"], err_minus=done["median_ms"] - done["ci_lo_ms"])
-    if "bucket_cap_mb" in data.context_keys:
+    if bucket_axis(data, done):
         page.figure(_against_bucket_size(data, done))
     else:
         page.figure(_bars(data, done))

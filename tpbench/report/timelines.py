@@ -20,6 +20,7 @@ from tpbench.report.figures import (
     LEGEND_BELOW,
     LEGEND_TOP,
     MARGIN,
+    bucket_axis,
     bucket_ticks,
     display,
     facet_common,
@@ -77,7 +78,7 @@ def overlap(page: Page, data: ReportData) -> None:
         page.paragraph(
             f"Traced steps took {ratio:.2g}× as long as the timed steps' median (profiler overhead).", css="muted"
         )
-    if "bucket_cap_mb" in data.context_keys and len(df) > MAX_BARS:
+    if bucket_axis(data, df) and len(df) > MAX_BARS:
         page.figure(_overlap_against_bucket_size(data, df))
     else:
         page.figure(_overlap_bars(df))
