@@ -75,22 +75,27 @@ def _no_overlap(packed: bool) -> Callable[[dict[str, Any]], bool]:
     return lambda row: row["algorithm"] == NO_OVERLAP and bool(_present(row.get(PACKED)) and row[PACKED]) == packed
 
 
+# zero_no_overlap by how it broadcasts, in sentences: PyTorch's default and parameters_as_bucket_view.
+UNPACKED_WORD = f"{NO_OVERLAP} (per-parameter broadcasts)"
+PACKED_WORD = f"{NO_OVERLAP} (packed broadcasts)"
+
+
 def _zero_kind(candidate: str, baseline: str) -> Kind:
     """A pair of ``COMPARED_PAIRS``; against zero_no_overlap that is its unpacked default (one broadcast
-    per parameter), so that a run with both baselines compares each hook case with one of them here."""
-    if baseline != NO_OVERLAP:
-        return _algorithms(candidate, baseline)
+    per parameter), named so, so that a run with both baselines compares each hook case with one of
+    them here and says which."""
     kind = _algorithms(candidate, baseline)
-    return Kind(kind.key, kind.candidate, kind.baseline, kind.is_candidate, _no_overlap(False), kind.sides | {PACKED})
+    if baseline != NO_OVERLAP:
+        return kind
+    return Kind(kind.key, kind.candidate, UNPACKED_WORD, kind.is_candidate, _no_overlap(False), kind.sides | {PACKED})
 
 
-PACKED_WORD = "packed no overlap"
 # Where the hooks' advantage over zero_no_overlap comes from: packing its broadcasts (packed /
 # unpacked zero_no_overlap) and overlap itself (each hook / packed zero_no_overlap).
 PACKING_KIND = Kind(
-    f"{PACKED_WORD} / no overlap",
+    f"{PACKED_WORD} / {UNPACKED_WORD}",
     PACKED_WORD,
-    "no overlap",
+    UNPACKED_WORD,
     _no_overlap(True),
     _no_overlap(False),
     frozenset({"algorithm", PACKED}),
@@ -395,8 +400,8 @@ def attribution_lines(
             lines.append(
                 prefix(x.run_id)
                 + f"{ctx[0].upper() + ctx[1:] + ', o' if ctx else 'O'}f {x.name}'s {_times(x.est)} {x.what} against "
-                f"zero_no_overlap, {_times(y.est)} comes from packing the broadcasts (zero_no_overlap with "
-                f"{PACKED} = true) and {_times(z.est)} from overlap ({x.name} against the packed one)."
+                f"{UNPACKED_WORD}, {_times(y.est)} comes from packing the broadcasts ({NO_OVERLAP} with "
+                f"{PACKED} = true) and {_times(z.est)} from overlap ({x.name} against {PACKED_WORD})."
             )
     return lines
 
