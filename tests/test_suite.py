@@ -197,3 +197,13 @@ def test_bucket_cap_mb_list_refused_on_a_torch_without_it(monkeypatch):
     ):
         expand(parse(text, "t.toml"), CPU)
     assert expand(parse('[defaults]\nbucket_cap_mb = "default"\n', "t.toml"), CPU)  # the rest still runs
+
+
+def test_cases_from_before_the_packed_key_keep_their_ids():
+    # The ids a suite of these algorithms had before parameters_as_bucket_view existed (it is False
+    # for zero_no_overlap, collapsed for the others): runs from then still match case by case.
+    suite = parse(
+        '[defaults]\nwarmup_steps = 3\n[sweep]\nalgorithm = ["ddp", "zero_no_overlap", "hook_with_zero_step"]\n'
+    )
+    before = {"ddp": "ea105e14acf2", "zero_no_overlap": "51093eadc7d9", "hook_with_zero_step": "f80838c023e1"}
+    assert {c.algorithm: c.case_id for c in expand(suite, CPU)} == before

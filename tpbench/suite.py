@@ -58,6 +58,9 @@ ADDED_KEYS = {
     "parameters_as_bucket_view": False,
     "bucket_cap_mb_list": None,
 }
+# Added keys that only some algorithms use: collapsed (None) for the others, which had no such key
+# before either, so there None is the old behaviour too.
+ADDED_ALGORITHM_KEYS = frozenset({"parameters_as_bucket_view"})
 # DDP's own bucketing: ``bucket_cap_mb = "default"`` passes nothing, so DDP uses 25 MB buckets and a
 # 1 MB first bucket; any number passed also sets the first bucket to it (torch's ``_BucketCapacityConfig``).
 DDP_DEFAULT = "default"
@@ -712,8 +715,13 @@ def identity(params: Mapping[str, Any]) -> dict[str, Any]:
     return {
         k: canonical(specs[k].default, v) if k in specs else v
         for k, v in params.items()
-        if k not in BUDGET_KEYS and k != "case_id" and not (k in ADDED_KEYS and v == ADDED_KEYS[k])
+        if k not in BUDGET_KEYS and k != "case_id" and not (k in ADDED_KEYS and _old_behaviour(k, v))
     }
+
+
+def _old_behaviour(key: str, value: Any) -> bool:
+    """Whether an added key's value is what cases ran before the key existed."""
+    return value == ADDED_KEYS[key] or (value is None and key in ADDED_ALGORITHM_KEYS)
 
 
 def case_id(case: Case, budget: Iterable[str] = ()) -> str:
