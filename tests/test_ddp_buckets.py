@@ -8,7 +8,7 @@ import html
 import pytest
 from conftest import sweep_in_process, tiny_suite
 
-from tpbench import store
+from tpbench import compare, store
 from tpbench.report import write_report
 
 pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
@@ -85,3 +85,6 @@ def test_a_cap_per_bucket_reaches_ddp(tmp_path):
     }
     page = html.unescape(write_report([run.run_dir], tmp_path / "report.html").read_text())
     assert "bucket_cap_mb_list = [0.002, 1] → 2 buckets of" in page
+    # `tpbench compare RUN_DIR` pairs cases by a list-valued key too.
+    keys = [p.key for p in compare.within_run(run).pairs]
+    assert keys.count("bucket_cap_mb_list") == 2 and keys.count("algorithm") == 2
