@@ -64,10 +64,7 @@ def _sentences(cases: pd.DataFrame, context_keys: list[str]) -> list[str]:
         )
     hooks = cases[cases["algorithm"].isin(ZERO_HOOKS)].dropna(subset=["bucket_cap_mb"])
     # Both hooks partition alike: one sentence per setting (bucket size, model, ...) of each run.
-    keys = [
-        "bucket_cap_mb",
-        *(k for k in context_keys if k not in ("algorithm", "impl", "shard_buckets", "bucket_cap_mb")),
-    ]
+    keys = ["bucket_cap_mb", *model_keys]
     for _, grp in hooks.groupby(["run_id", *keys], sort=True, dropna=False):
         by_shard = {bool(s): g.iloc[0] for s, g in grp.groupby("shard_buckets")}
         parts = []
