@@ -141,7 +141,7 @@ SEQUENTIAL, INTERLEAVED, NO_OVERLAP = "hook_with_zero_step", "hook_with_zero_ste
 ZERO_HOOKS = (SEQUENTIAL, INTERLEAVED)
 # The algorithm pairs (candidate, baseline) the report compares case by case within a run; a hook
 # against zero_no_overlap is against its default, parameters_as_bucket_view = false (one broadcast per
-# parameter), and, where the run has it, also against the packed one (PACKED_PAIRS).
+# parameter), and, where the run has it, also against the packed one (report.verdicts.OVERLAP_KINDS).
 COMPARED_PAIRS = ((INTERLEAVED, SEQUENTIAL), (SEQUENTIAL, NO_OVERLAP), (INTERLEAVED, NO_OVERLAP))
 # zero_no_overlap's key that packs its broadcasts: the hooks' advantage over the unpacked baseline
 # is split into packing (packed / unpacked zero_no_overlap) times overlap (hook / packed).
