@@ -137,9 +137,41 @@ def test_collapsed_parameters_share_one_baseline_and_noise_is_not_called():
     # One line per interconnect and sharding: the two hook variants are judged apart, never folded together.
     assert len(lines) == 4 and all("no clear difference at 1, 4 MB buckets" in line for line in lines)
     assert (
-        "sequential (shard_buckets=True) vs zero_no_overlap on loopback: no clear difference at 1, 4 MB buckets "
-        "(this run resolves ±9.3% or better at each)." in lines
+        "sequential (shard_buckets=True) vs zero_no_overlap (per-parameter broadcasts) on loopback: no clear "
+        "difference at 1, 4 MB buckets (this run resolves ±9.3% or better at each)." in lines
     )
+
+
+def test_hooks_advantage_splits_into_packing_and_overlap():
+    """With both zero_no_overlap baselines, each hook is judged against the unpacked one (named so),
+    and that ratio X splits into packing Y (packed / unpacked) times overlap Z (hook / packed)."""
+    suite = ZERO_SUITE.replace("shard_buckets = [false, true]", "parameters_as_bucket_view = [false, true]").replace(
+        'interconnect = ["loopback", "tcp-1gbit"]', ""
+    )
+
+    def medians(p: dict) -> list[float]:
+        wobble = (1.0, 1.01, 0.99)
+        if p["algorithm"] == "zero_no_overlap":
+            return [(50.0 if p["parameters_as_bucket_view"] else 100.0) * w for w in wobble]
+        return [40.0 * w for w in wobble]  # both hooks: 0.4 of unpacked, 0.8 of packed
+
+    data = report_data.load([in_memory_run(suite, medians)])
+    kinds = {k.key: k for k in verdicts.ZERO_KINDS}
+    comparisons = {key: verdicts.compare(data, k) for key, k in kinds.items()}
+    against_unpacked = comparisons[verdicts.ZERO_KINDS[1].key]
+    assert len(against_unpacked) == 2 and {c.baseline["parameters_as_bucket_view"] for c in against_unpacked} == {False}
+    assert all(c.ratio == pytest.approx(0.4) for c in against_unpacked)
+    assert "than zero_no_overlap (per-parameter broadcasts) at" in verdicts.group_sentences(against_unpacked)[0]
+    lines = verdicts.attribution_lines(comparisons)
+    assert len(lines) == 4  # two hooks x two bucket sizes
+    assert lines[0].startswith(
+        "At 1 MB buckets, of sequential's 0.40× [0.40, 0.40] step time against zero_no_overlap (per-parameter "
+        "broadcasts), 0.50× [0.50, 0.50] comes from packing the broadcasts (zero_no_overlap with "
+        "parameters_as_bucket_view = true) and 0.80× [0.80, 0.80] from overlap"
+    ), lines[0]
+    # A run without the packed baseline has nothing to split.
+    plain = report_data.load([in_memory_run(suite.replace("parameters_as_bucket_view = [false, true]", ""), medians)])
+    assert verdicts.attribution_lines({k.key: verdicts.compare(plain, k) for k in verdicts.ZERO_KINDS}) == []
 
 
 def test_a_single_repeat_is_never_called():

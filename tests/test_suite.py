@@ -125,3 +125,85 @@ def test_cli_unknown_key_exits_2_names_key_and_writes_nothing(tmp_path):
 def test_shipped_suites_validate():
     for path in sorted((REPO / "suites").glob("*.toml")):
         assert expand(load(path), CPU), path
+
+
+ZERO = """
+[defaults]
+world_size = 2
+warmup_steps = 3
+[sweep]
+algorithm = ["zero_no_overlap", "hook_with_zero_step", "hook_with_zero_step_interleaved"]
+parameters_as_bucket_view = [false, true]
+"""
+
+
+def test_parameters_as_bucket_view_doubles_only_zero_no_overlap():
+    # PyTorch ignores it with overlap_with_ddp (the ZeRO hooks): collapsed there, never run twice.
+    cases = expand(parse(ZERO, "t.toml"), CPU)
+    by_algo = {
+        a: [c.parameters_as_bucket_view for c in cases if c.algorithm == a] for a in {c.algorithm for c in cases}
+    }
+    assert sorted(by_algo["zero_no_overlap"]) == [False, True]
+    assert by_algo["hook_with_zero_step"] == by_algo["hook_with_zero_step_interleaved"] == [None]
+    assert len({c.case_id for c in cases}) == 4
+
+
+def test_new_keys_at_their_old_behaviour_keep_case_ids():
+    # Stored runs from before these keys ran unpacked with bucket_cap_mb and no list: same cases.
+    plain = expand(parse(BASE, "t.toml"), CPU)
+    explicit = expand(parse(BASE.replace("steps = 3", "steps = 3\nparameters_as_bucket_view = false"), "t.toml"), CPU)
+    assert [c.case_id for c in plain] == [c.case_id for c in explicit]
+
+
+def test_bucketing_keys_validate_sweep_and_collapse():
+    suite = parse(
+        '[defaults]\nworld_size = 2\n[sweep]\nalgorithm = ["ddp", "zero_no_overlap"]\n'
+        'bucket_cap_mb = ["default", 1]\nbucket_cap_mb_list = [[1, 25], [4.0, 25]]\n',
+        "t.toml",
+    )
+    cases = expand(suite, CPU)
+    # bucket_cap_mb_list replaces bucket_cap_mb in DDP: the two caps collapse into one case per list.
+    assert len(cases) == 4
+    assert {c.bucket_cap_mb for c in cases} == {None}
+    assert sorted(map(tuple, {tuple(c.bucket_cap_mb_list) for c in cases})) == [(1, 25), (4, 25)]
+    default = expand(parse('[defaults]\nbucket_cap_mb = "default"\n'), CPU)[0]
+    assert default.bucket_cap_mb == "default" and default.bucket_cap_mb_list is None
+    assert select([default], ["bucket_cap_mb=default"]) == [default]
+    # --set: a list of lists sweeps a list key, a flat list sets it.
+    swept = expand(with_overrides(parse(BASE, "t.toml"), ["bucket_cap_mb_list=[[1, 25], [2]]"]), CPU)
+    assert {tuple(c.bucket_cap_mb_list) for c in swept} == {(1, 25), (2,)}
+    assert {
+        tuple(c.bucket_cap_mb_list) for c in expand(with_overrides(parse(BASE), ["bucket_cap_mb_list=[1,25]"]), CPU)
+    } == {(1, 25)}
+    for bad, expected in [
+        ('bucket_cap_mb = "auto"', 'or "default"'),
+        ("bucket_cap_mb_list = []", "a non-empty list of megabytes"),
+        ('bucket_cap_mb_list = [1, "x"]', "a non-empty list of megabytes"),
+        ("parameters_as_bucket_view = 1", "true or false"),
+    ]:
+        with pytest.raises(SuiteError, match=expected):
+            parse(f"[defaults]\n{bad}\n", "t.toml")
+
+
+def test_bucket_cap_mb_list_refused_on_a_torch_without_it(monkeypatch):
+    # This venv's torch takes bucket_cap_mb_list; an older one cannot be installed beside it, so the
+    # version the suite reads from torch's package metadata is replaced by 2.12's.
+    from tpbench import suite as suite_module
+
+    monkeypatch.setattr(suite_module, "torch_version", lambda: (2, 12))
+    text = "[defaults]\nbucket_cap_mb_list = [1, 25]\n"
+    with pytest.raises(
+        SuiteError, match=r"t.toml: bucket_cap_mb_list: expected torch >= 2.13.*installed torch is 2.12"
+    ):
+        expand(parse(text, "t.toml"), CPU)
+    assert expand(parse('[defaults]\nbucket_cap_mb = "default"\n', "t.toml"), CPU)  # the rest still runs
+
+
+def test_cases_from_before_the_packed_key_keep_their_ids():
+    # The ids a suite of these algorithms had before parameters_as_bucket_view existed (it is False
+    # for zero_no_overlap, collapsed for the others): runs from then still match case by case.
+    suite = parse(
+        '[defaults]\nwarmup_steps = 3\n[sweep]\nalgorithm = ["ddp", "zero_no_overlap", "hook_with_zero_step"]\n'
+    )
+    before = {"ddp": "ea105e14acf2", "zero_no_overlap": "51093eadc7d9", "hook_with_zero_step": "f80838c023e1"}
+    assert {c.algorithm: c.case_id for c in expand(suite, CPU)} == before

@@ -25,13 +25,18 @@ from world import run_world
 
 from tpbench.hooks import hook_with_zero_step, hook_with_zero_step_interleaved
 from tpbench.hooks import zero as zero_module
-from tpbench.hooks._torch_private import require_supported_torch
+from tpbench.hooks._torch_private import ddp_buckets, require_supported_torch
 from tpbench.hooks.zero import plan_shards
 
 pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
 
 SMALL_BUCKETS_MB = 0.004  # ~1000 floats: several buckets, some with several parameters
 ONE_BUCKET_MB = 25.0
+# A cap per bucket (DDP's bucket_cap_mb_list, torch >= 2.13), the last for the rest: on _model() it
+# builds 3 buckets where the single 0.004 MB cap builds 2 (the gradient bytes in ready order are
+# 32 + 1024 | 128 + 4096 | 128 + 2048), so a list that DDP did not get shows in the buckets.
+CAP_LIST_MB = (0.001, 0.004)
+CAP_LIST_BUCKET_BYTES = [1056, 4224, 2176]
 STEPS = 4
 
 
@@ -41,18 +46,33 @@ class Case(NamedTuple):
     gradient_as_bucket_view: bool
     static_graph: bool
     hook: str = "allreduce"
-    bucket_cap_mb: float = SMALL_BUCKETS_MB
+    bucket_cap_mb: float | None = SMALL_BUCKETS_MB
+    """None: DDP's own bucketing (nothing passed: 25 MB buckets, the first 1 MB), as bucket_cap_mb = "default"."""
     stream_ordered: bool = False
     """Take the NCCL path (step each bucket in its own hook) on Gloo, where it is slower but valid."""
+    bucket_cap_mb_list: tuple[float, ...] | None = None
+
+    @property
+    def bucketing(self) -> dict[str, Any]:
+        """DDP's bucket arguments, as tpbench's training passes them for the case's suite keys."""
+        if self.bucket_cap_mb_list is not None:
+            return {"bucket_cap_mb_list": list(self.bucket_cap_mb_list)}
+        return {} if self.bucket_cap_mb is None else {"bucket_cap_mb": self.bucket_cap_mb}
 
     @property
     def id(self) -> str:
         kind = "interleaved" if self.interleaved else "sequential"
         return (
             f"{kind}-shard{int(self.shard_buckets)}-gabv{int(self.gradient_as_bucket_view)}"
-            f"-static{int(self.static_graph)}-{self.hook}-cap{self.bucket_cap_mb:g}"
+            f"-static{int(self.static_graph)}-{self.hook}-cap{self._caps}"
             + ("-stream_ordered" if self.stream_ordered else "")
         )
+
+    @property
+    def _caps(self) -> str:
+        if self.bucket_cap_mb_list is not None:
+            return "list" + "-".join(f"{c:g}" for c in self.bucket_cap_mb_list)
+        return "default" if self.bucket_cap_mb is None else f"{self.bucket_cap_mb:g}"
 
 
 GRID = [Case(*flags) for flags in itertools.product([False, True], repeat=4)]
@@ -71,6 +91,17 @@ EXTRA = [
     Case(True, False, False, True, hook="bf16", stream_ordered=True),
     Case(True, False, False, False, stream_ordered=True),
     Case(True, True, True, True, stream_ordered=True),
+    # DDP's own bucketing and a cap per bucket, for each hook, sharded or not, static graph too.
+    *(
+        Case(interleaved, shard, False, static, bucket_cap_mb=None)
+        for interleaved in (False, True)
+        for shard, static in ((False, False), (True, True))
+    ),
+    *(
+        Case(interleaved, shard, gabv, static, bucket_cap_mb_list=CAP_LIST_MB)
+        for interleaved in (False, True)
+        for shard, gabv, static in ((False, False, False), (True, False, False), (True, True, True))
+    ),
 ]
 CASES = GRID + EXTRA
 HOOKS = {"allreduce": allreduce_hook, "fp16": fp16_compress_hook, "bf16": bf16_compress_hook}
@@ -108,9 +139,9 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 def _overlapped(case: Case, model: torch.nn.Module) -> tuple[DDP, ZeroRedundancyOptimizer]:
     ddp = DDP(
         copy.deepcopy(model),
-        bucket_cap_mb=case.bucket_cap_mb,
         gradient_as_bucket_view=case.gradient_as_bucket_view,
         static_graph=case.static_graph,
+        **case.bucketing,
     )
     zero = ZeroRedundancyOptimizer(
         ddp.parameters(), optimizer_class=torch.optim.SGD, overlap_with_ddp=True, **_optimizer_kwargs()
@@ -126,15 +157,15 @@ def _check_case(rank: int, case: Case) -> dict[str, Any]:
     ddp, zero = _overlapped(case, model)
     ref = DDP(
         copy.deepcopy(model),
-        bucket_cap_mb=case.bucket_cap_mb,
         gradient_as_bucket_view=case.gradient_as_bucket_view,
         static_graph=case.static_graph,
+        **case.bucketing,
     )
     if case.hook != "allreduce":
         ref.register_comm_hook(None, REFERENCE_HOOKS[case.hook])
     ref_optim = torch.optim.SGD(ref.parameters(), **_optimizer_kwargs())
     # The same training without compression: the hooked model must be nearer the compressed reference.
-    plain = DDP(copy.deepcopy(model), bucket_cap_mb=case.bucket_cap_mb)
+    plain = DDP(copy.deepcopy(model), **case.bucketing)
     plain_optim = torch.optim.SGD(plain.parameters(), **_optimizer_kwargs())
     warmup = 3 if case.static_graph else 2
     torch.manual_seed(100 + rank)  # each rank its own data, so the reduction matters
@@ -167,6 +198,8 @@ def _check_case(rank: int, case: Case) -> dict[str, Any]:
         "step_diffs": step_diffs,
         "plain_diffs": plain_diffs,
         "params": _params(ddp),
+        "bucket_bytes": [b.bytes for b in ddp_buckets(ddp) or []],
+        "ref_bucket_bytes": [b.bytes for b in ddp_buckets(ref) or []],
     }
 
 
@@ -253,6 +286,22 @@ def test_parity_with_ddp_and_local_optimizer(world: dict[str, Any], case: Case) 
     first = world["ranks"][0]["cases"][case]["params"]
     for rank, result in enumerate(world["ranks"][1:], start=1):
         assert _max_diff(first, result["cases"][case]["params"]) == 0.0, f"rank {rank} differs from rank 0"
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.bucket_cap_mb is None or c.bucket_cap_mb_list], ids=lambda c: c.id
+)
+def test_bucketings_reach_ddp(world: dict[str, Any], case: Case) -> None:
+    """The parity above holds under the bucketing asked for, not under one DDP fell back to: a cap
+    list builds its own buckets, DDP's default (1 MB first bucket) holds this small model in one;
+    and the hooked model and its reference bucket alike."""
+    for result in world["ranks"]:
+        r = result["cases"][case]
+        assert r["bucket_bytes"] == r["ref_bucket_bytes"]
+        if case.bucket_cap_mb_list:
+            assert r["bucket_bytes"] == CAP_LIST_BUCKET_BYTES
+        else:
+            assert len(r["bucket_bytes"]) == 1
 
 
 def test_profiler_ranges_name_each_bucket(world: dict[str, Any]) -> None:

@@ -10,7 +10,9 @@ every DDP rank holds full gradients, and ZeRO stage 1 does not shard them; DDP's
 buckets hold another copy unless ``gradient_as_bucket_view``), of optimizer state (every tensor
 in the optimizer's state: AdamW's ``exp_avg``, ``exp_avg_sq`` and ``step``), and the parameters
 this rank's optimizer steps. For ZeRO cases also the partition: which rank steps which run of
-which DDP bucket (hooks) or which parameters (``zero_no_overlap``).
+which DDP bucket (hooks) or which parameters (``zero_no_overlap``). For every case the gradient
+buckets DDP really built (table ``ddp_buckets``): what ``bucket_cap_mb`` asked for is a cap, and
+the buckets DDP fills up to it (and past it by up to one tensor) are what the step communicates.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import pandas as pd
 import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
 
 from tpbench import store
 from tpbench.hooks import _torch_private as private
@@ -84,6 +87,15 @@ def measure(
             for r, bucket, first, ps in private.zero_partition(optimizer)
         ]
     return account, runs
+
+
+def write_ddp_buckets(run_dir: Path, case_id: str, model: torch.nn.Module) -> None:
+    """Store the buckets ``model`` (a DDP module, after its buckets were rebuilt) reduces with:
+    table ``ddp_buckets``, one row per bucket (bucket, bytes, params). The same on every rank."""
+    buckets = private.ddp_buckets(model) if isinstance(model, DistributedDataParallel) else None
+    if buckets:
+        df = pd.DataFrame([{"bucket": i, **asdict(b)} for i, b in enumerate(buckets)]).astype({"params": "Int64"})
+        store.write_case_table(run_dir, case_id, "ddp_buckets", df)
 
 
 def write(run_dir: Path, case_id: str, measured: list[tuple[RankAccount, list[PartitionRun]]]) -> None:

@@ -28,6 +28,7 @@ ALGORITHM_SPECIFIC_KEYS = frozenset(
         "post_local_gradient_allreduce",
         "averaging_period",
         "ranks_per_node",
+        "parameters_as_bucket_view",
     }
 )
 # What a user tunes; every other varying parameter describes the setting (world, link, workload),
@@ -35,6 +36,7 @@ ALGORITHM_SPECIFIC_KEYS = frozenset(
 TUNING_KEYS = ALGORITHM_SPECIFIC_KEYS | {
     "algorithm",
     "bucket_cap_mb",
+    "bucket_cap_mb_list",
     "gradient_as_bucket_view",
     "static_graph",
     "comm_hook",
@@ -95,7 +97,14 @@ ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in [
         Algorithm("ddp", "DDP all-reduce, full optimizer on every rank"),
-        Algorithm("zero_no_overlap", "DDP + ZeroRedundancyOptimizer stepped after backward (no overlap)"),
+        Algorithm(
+            "zero_no_overlap",
+            "DDP + ZeroRedundancyOptimizer stepped after backward (no overlap); parameters_as_bucket_view packs "
+            "its broadcasts into one per rank",
+            # The ZeRO hooks broadcast one flat tensor per DDP bucket shard whatever it says: PyTorch
+            # ignores parameters_as_bucket_view with overlap_with_ddp, so it is theirs to collapse.
+            uses=frozenset({"parameters_as_bucket_view"}),
+        ),
         Algorithm(
             "hook_with_zero_step",
             "ZeRO step overlapped with backward: all buckets stepped after the last one is reduced",
@@ -130,8 +139,13 @@ ALGORITHMS: dict[str, Algorithm] = {
 # The ZeRO variants by role: the two overlap hooks and the step after backward they are judged by.
 SEQUENTIAL, INTERLEAVED, NO_OVERLAP = "hook_with_zero_step", "hook_with_zero_step_interleaved", "zero_no_overlap"
 ZERO_HOOKS = (SEQUENTIAL, INTERLEAVED)
-# The algorithm pairs (candidate, baseline) the report compares case by case within a run.
+# The algorithm pairs (candidate, baseline) the report compares case by case within a run; a hook
+# against zero_no_overlap is against its default, parameters_as_bucket_view = false (one broadcast per
+# parameter), and, where the run has it, also against the packed one (report.verdicts.OVERLAP_KINDS).
 COMPARED_PAIRS = ((INTERLEAVED, SEQUENTIAL), (SEQUENTIAL, NO_OVERLAP), (INTERLEAVED, NO_OVERLAP))
+# zero_no_overlap's key that packs its broadcasts: the hooks' advantage over the unpacked baseline
+# is split into packing (packed / unpacked zero_no_overlap) times overlap (hook / packed).
+PACKED = "parameters_as_bucket_view"
 # Post-local SGD is judged against plain DDP, which it is with start_localSGD_iter = "never".
 LOCALSGD, LOCALSGD_BASELINE = "post_localSGD_hook", "ddp"
 

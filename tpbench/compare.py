@@ -37,6 +37,7 @@ comparison could have seen, stated beside every verdict.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -523,7 +524,8 @@ def within_run(
     if filters and not kept:
         raise GateError(f"--filter {' '.join(filters)}: matches no finished case of {loaded.run_dir}")
     done = [cid for cid in done if cid in kept]
-    order = {k: list(dict.fromkeys(p.get(k) for p in data.params.values())) for k in keys}
+    # Values in the run's order, by their JSON text: a bucket_cap_mb_list value is a list.
+    order = {k: list({json.dumps(p.get(k)): p.get(k) for p in data.params.values()}.values()) for k in keys}
     found: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
     for i, x in enumerate(done):
         for y in done[i + 1 :]:

@@ -562,13 +562,18 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
 def _with_added_keys(meta: Any) -> Any:
     """A run.json whose cases predate a key added since (``suite.ADDED_KEYS``), given the key's
     old behaviour: such runs keep loading."""
-    from tpbench.suite import ADDED_KEYS
+    from tpbench.algorithms import ALGORITHMS
+    from tpbench.suite import ADDED_ALGORITHM_KEYS, ADDED_KEYS
 
     if isinstance(meta, dict) and isinstance(meta.get("cases"), dict):
         for entry in meta["cases"].values():
             if isinstance(entry, dict) and isinstance(entry.get("params"), dict):
+                params = entry["params"]
+                algorithm = ALGORITHMS.get(params.get("algorithm"))
                 for key, value in ADDED_KEYS.items():
-                    entry["params"].setdefault(key, value)
+                    # An algorithm-specific key the case's algorithm does not use is collapsed, as the suite does.
+                    unused = key in ADDED_ALGORITHM_KEYS and (algorithm is None or key not in algorithm.uses)
+                    params.setdefault(key, None if unused else value)
     return meta
 
 
@@ -775,7 +780,7 @@ def write_summary(run_dir: Path, summary: pd.DataFrame) -> Path:
 # intervals (analysis.timeline), overlap per rank and step (analysis.overlap), collectives with
 # bandwidth (analysis.bandwidth), marks for the what-if replay (analysis.whatif), nvml samples
 # (capture.nvml), exact bytes and step work per rank and ZeRO's partition (accounting).
-CASE_TABLES = ("intervals", "overlap", "collectives", "marks", "nvml", "memory", "partition")
+CASE_TABLES = ("intervals", "overlap", "collectives", "marks", "nvml", "memory", "partition", "ddp_buckets")
 
 
 def write_case_table(run_dir: Path, case_id: str, name: str, df: pd.DataFrame) -> Path:

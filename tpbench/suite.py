@@ -51,7 +51,23 @@ BUDGET_KEYS = frozenset(
 # Keys added after results existed, with the value that is the behaviour before them: at it they
 # stay out of the identity, so the cases of earlier runs compare with new runs case by case, and
 # a stored case without them reads as having it (``store.read_run_json``).
-ADDED_KEYS = {"comm_hook": comm_hooks.ALLREDUCE, "comm_hook_state": None, "slowdown_kind": "sleep"}
+ADDED_KEYS = {
+    "comm_hook": comm_hooks.ALLREDUCE,
+    "comm_hook_state": None,
+    "slowdown_kind": "sleep",
+    "parameters_as_bucket_view": False,
+    "bucket_cap_mb_list": None,
+}
+# Added keys that only some algorithms use: collapsed (None) for the others, which had no such key
+# before either, so there None is the old behaviour too.
+ADDED_ALGORITHM_KEYS = frozenset({"parameters_as_bucket_view"})
+# DDP's own bucketing: ``bucket_cap_mb = "default"`` passes nothing, so DDP uses 25 MB buckets and a
+# 1 MB first bucket; any number passed also sets the first bucket to it (torch's ``_BucketCapacityConfig``).
+DDP_DEFAULT = "default"
+# Keys whose value is itself a list: in ``--set`` a list of lists sweeps them, a flat list sets them.
+LIST_KEYS = frozenset({"bucket_cap_mb_list"})
+# The first torch whose DistributedDataParallel takes ``bucket_cap_mb_list`` (public since 2.13).
+BUCKET_CAP_MB_LIST_TORCH = (2, 13)
 
 
 class SuiteError(ValueError):
@@ -85,6 +101,11 @@ def _one_of(*choices: str) -> Callable[[Any], bool]:
     return lambda v: isinstance(v, str) and v in choices
 
 
+def _caps(v: Any) -> bool:
+    """A non-empty list of bucket caps in MB, each as ``bucket_cap_mb`` takes it (None: not set)."""
+    return v is None or (isinstance(v, list) and bool(v) and all(_num(0, strict=True, hi=1e6)(x) for x in v))
+
+
 def _bool(v: Any) -> bool:
     return isinstance(v, bool)
 
@@ -109,10 +130,21 @@ CASE_KEYS: dict[str, KeySpec] = {
     "repeats": KeySpec(3, "an integer >= 1", _int(1)),
     "seed": KeySpec(0, "an integer >= 0", _int(0)),
     "timeout_s": KeySpec(300, "a number of seconds > 0 and <= 604800 (a week)", _num(0, strict=True, hi=604800)),
-    "bucket_cap_mb": KeySpec(25, "a number of megabytes > 0 and <= 1000000", _num(0, strict=True, hi=1e6)),
+    "bucket_cap_mb": KeySpec(
+        25,
+        f'a number of megabytes > 0 and <= 1000000, or "{DDP_DEFAULT}" (DDP\'s own: 25 MB, the first bucket 1 MB)',
+        lambda v: v == DDP_DEFAULT or _num(0, strict=True, hi=1e6)(v),
+    ),
+    "bucket_cap_mb_list": KeySpec(
+        None,
+        "a non-empty list of megabytes > 0 and <= 1000000, one cap per bucket in DDP's order, the last for the rest "
+        "(torch >= 2.13; replaces bucket_cap_mb)",
+        _caps,
+    ),
     "gradient_as_bucket_view": KeySpec(False, "true or false", _bool),
     "static_graph": KeySpec(False, "true or false", _bool),
     "shard_buckets": KeySpec(False, "true or false", _bool),
+    "parameters_as_bucket_view": KeySpec(False, "true or false", _bool),
     "comm_hook": KeySpec("allreduce", comm_hooks.EXPECTED, comm_hooks.valid_name),
     "comm_hook_state": KeySpec(comm_hooks.NO_STATE, comm_hooks.STATE_EXPECTED, comm_hooks.valid_state),
     "interconnect": KeySpec("loopback", "an interconnect profile name", _str),
@@ -156,7 +188,7 @@ class Case:
     repeats: int
     seed: int
     timeout_s: float
-    bucket_cap_mb: float
+    bucket_cap_mb: float | str | None
     gradient_as_bucket_view: bool
     static_graph: bool
     shard_buckets: bool | None
@@ -175,6 +207,8 @@ class Case:
     comm_hook: str = comm_hooks.ALLREDUCE
     comm_hook_state: str | None = None
     slowdown_kind: str = "sleep"
+    parameters_as_bucket_view: bool | None = False
+    bucket_cap_mb_list: list[float] | None = None
     case_id: str = ""
 
     def params(self) -> dict[str, Any]:
@@ -290,6 +324,8 @@ def canonical(default: Any, value: Any) -> Any:
     key's default. A float key's integer becomes a float (``lr = 1`` is ``1.0``); an integer
     key's integral float becomes an integer (``bucket_cap_mb = 25.0`` is ``25``). Values written
     in the default's type are unchanged, so the ids of existing results are too."""
+    if isinstance(value, list):  # bucket_cap_mb_list: its caps in bucket_cap_mb's form
+        return [canonical(CASE_KEYS["bucket_cap_mb"].default, v) for v in value]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return value
     if isinstance(default, float):
@@ -452,11 +488,18 @@ def _apply_override(doc: dict[str, Any], assignment: str) -> None:
         table[parts[-1]] = value
     elif len(parts) > 1:
         raise SuiteError(f"--set {assignment}: expected KEY, capture.KEY or workloads.NAME.KEY")
-    elif key in doc.get("sweep", {}) or isinstance(value, list):
+    elif key in doc.get("sweep", {}) or _sweeps(key, value):
         doc.setdefault("sweep", {})[key] = value if isinstance(value, list) else [value]
         doc.get("defaults", {}).pop(key, None)
     else:
         doc.setdefault("defaults", {})[key] = value
+
+
+def _sweeps(key: str, value: Any) -> bool:
+    """Whether a ``--set`` value is a list of values to sweep (for a list key: a list of lists)."""
+    if key in LIST_KEYS:
+        return isinstance(value, list) and bool(value) and all(isinstance(v, list) for v in value)
+    return isinstance(value, list)
 
 
 def with_overrides(suite: Suite, assignments: Iterable[str]) -> Suite:
@@ -510,7 +553,7 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
             raise _fail(path, "algorithm", f"expected one of {', '.join(ALGORITHMS)}, got {raw['algorithm']!r}")
         r = _resolve_machine(raw, machine)
         _check_combination(path, r, machine, suite)
-        for k in (ALGORITHM_SPECIFIC_KEYS - algo.uses) | algo.moot(r) | comm_hooks.moot(r):
+        for k in (ALGORITHM_SPECIFIC_KEYS - algo.uses) | algo.moot(r) | comm_hooks.moot(r) | _moot_bucketing(r):
             r[k] = None
         r["workload_params"] = _workload_params(suite, r["workload"], r["batch_size"])
         case = Case(**r)
@@ -520,6 +563,23 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
         case = dataclasses.replace(case, case_id=case_id(case, swept_budget))
         cases.setdefault(case.case_id, case)
     return list(cases.values())
+
+
+def _moot_bucketing(r: dict[str, Any]) -> frozenset[str]:
+    """``bucket_cap_mb`` when ``bucket_cap_mb_list`` is set: DDP ignores it then."""
+    return frozenset({"bucket_cap_mb"}) if r["bucket_cap_mb_list"] is not None else frozenset()
+
+
+def torch_version() -> tuple[int, int] | None:
+    """The installed torch's (major, minor), read from its package metadata without importing it
+    (validation stays torch-free); None when torch is not installed here."""
+    from importlib import metadata
+
+    try:
+        major, minor = metadata.version("torch").split("+")[0].split(".")[:2]
+        return int(major), int(minor)
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
 
 
 def params_of(name: str) -> type:
@@ -587,6 +647,15 @@ def _check_combination(path: str, r: dict[str, Any], machine: Machine, suite: Su
         raise _fail(
             path, "ranks_per_node", f"expected a divisor of world_size {r['world_size']}, got {r['ranks_per_node']}"
         )
+    if r["bucket_cap_mb_list"] is not None and (torch_version() or (0, 0)) < BUCKET_CAP_MB_LIST_TORCH:
+        have = ".".join(map(str, torch_version() or ())) or "none"
+        need = ".".join(map(str, BUCKET_CAP_MB_LIST_TORCH))
+        raise _fail(
+            path,
+            "bucket_cap_mb_list",
+            f"expected torch >= {need}, whose DistributedDataParallel takes a cap per bucket; the installed torch is "
+            f'{have} (use bucket_cap_mb, or bucket_cap_mb = "{DDP_DEFAULT}" for DDP\'s 1 MB first bucket)',
+        )
     if r["slowdown_pct"] and r["warmup_steps"] < 1:
         raise _fail(path, "slowdown_pct", "expected warmup_steps >= 1: the delay is calibrated on the warm-up steps")
     fault = r["fault"]
@@ -644,8 +713,13 @@ def identity(params: Mapping[str, Any]) -> dict[str, Any]:
     return {
         k: canonical(specs[k].default, v) if k in specs else v
         for k, v in params.items()
-        if k not in BUDGET_KEYS and k != "case_id" and not (k in ADDED_KEYS and v == ADDED_KEYS[k])
+        if k not in BUDGET_KEYS and k != "case_id" and not (k in ADDED_KEYS and _old_behaviour(k, v))
     }
+
+
+def _old_behaviour(key: str, value: Any) -> bool:
+    """Whether an added key's value is what cases ran before the key existed."""
+    return value == ADDED_KEYS[key] or (value is None and key in ADDED_ALGORITHM_KEYS)
 
 
 def case_id(case: Case, budget: Iterable[str] = ()) -> str:

@@ -253,6 +253,25 @@ def _memory_summary(run_dir: Path) -> pd.DataFrame:
     )
 
 
+def _ddp_bucket_summary(run_dir: Path) -> pd.DataFrame:
+    """Per case, the gradient buckets DDP really built (table ``ddp_buckets``): their count
+    (``ddp_buckets``), each one's bytes in reduction order (``ddp_bucket_bytes``) and the first's
+    (``ddp_first_bucket_bytes``, the bucket that waits for the last gradients of backward)."""
+    buckets = store.read_case_tables(run_dir, "ddp_buckets")
+    if buckets.empty:
+        return pd.DataFrame()
+    rows = [
+        {
+            "case_id": cid,
+            "ddp_buckets": len(grp),
+            "ddp_bucket_bytes": [int(b) for b in grp["bytes"]],
+            "ddp_first_bucket_bytes": int(grp["bytes"].iloc[0]),
+        }
+        for cid, grp in buckets.sort_values("bucket").groupby("case_id", sort=False)
+    ]
+    return pd.DataFrame(rows)
+
+
 def finalize(run_dir: Path) -> store.Loaded:
     """Write summary.parquet and the run's efficiency figures, then mark the run complete (so a
     run is ``complete`` only with its summary); returns the loaded run. Interrupted, the run is
@@ -267,7 +286,12 @@ def finalize(run_dir: Path) -> store.Loaded:
 def _finalize(run_dir: Path) -> store.Loaded:
     loaded = store.load(run_dir)
     summary = summarize(loaded.steps, loaded.cases)
-    for extra in (convergence.summarize(loaded.steps), analyze_traces(run_dir, loaded.cases), _memory_summary(run_dir)):
+    for extra in (
+        convergence.summarize(loaded.steps),
+        analyze_traces(run_dir, loaded.cases),
+        _memory_summary(run_dir),
+        _ddp_bucket_summary(run_dir),
+    ):
         if len(extra):
             summary = summary.merge(extra, on="case_id", how="left")
     store.write_summary(run_dir, summary)

@@ -20,6 +20,7 @@ from torch.profiler import record_function
 
 from tpbench import comm_hooks
 from tpbench.comm_hooks import ALLREDUCE
+from tpbench.suite import DDP_DEFAULT
 
 if TYPE_CHECKING:
     from tpbench.suite import Case
@@ -112,15 +113,26 @@ def compress(case: Case, inner: Callable[..., Any]) -> Callable[..., Any]:
     return wrappers[case.comm_hook](inner)
 
 
+def bucketing(case: Case) -> dict[str, Any]:
+    """DDP's bucket arguments for a case: ``bucket_cap_mb = "default"`` passes none (DDP's own 25 MB
+    buckets and 1 MB first bucket), ``bucket_cap_mb_list`` only where set, so a torch without that
+    argument still runs every other case."""
+    if case.bucket_cap_mb_list is not None:
+        return {"bucket_cap_mb_list": list(case.bucket_cap_mb_list)}
+    if case.bucket_cap_mb == DDP_DEFAULT:
+        return {}
+    return {"bucket_cap_mb": case.bucket_cap_mb}
+
+
 def _ddp(model: torch.nn.Module, ctx: BuildContext) -> DDP:
     case = ctx.case
     return DDP(
         model,
         device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
         process_group=ctx.process_group,
-        bucket_cap_mb=case.bucket_cap_mb,
         gradient_as_bucket_view=case.gradient_as_bucket_view,
         static_graph=case.static_graph,
+        **bucketing(case),
     )
 
 
@@ -151,6 +163,8 @@ def _zero(ddp: DDP, ctx: BuildContext, overlap_with_ddp: bool) -> ZeroRedundancy
         optimizer_class=OPTIMIZERS[ctx.case.optimizer](),
         process_group=ctx.process_group,
         overlap_with_ddp=overlap_with_ddp,
+        # Ignored (with a warning) by PyTorch under overlap_with_ddp: the suite collapses it there.
+        parameters_as_bucket_view=bool(ctx.case.parameters_as_bucket_view),
         lr=ctx.case.lr,
     )
 

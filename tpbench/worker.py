@@ -314,6 +314,7 @@ class CaseRunner:
             info = capture.case_info(self.run_dir, case.case_id, case.nvml_interval_ms, case.backend, captures)
             self.events.emit("capture", case=case.case_id, **info)
             accounting.write(self.run_dir, case.case_id, counts)
+            accounting.write_ddp_buckets(self.run_dir, case.case_id, training.model)
         rows = _rows(case, repeat, gathered)
         if workload.optimal_loss is not None:
             rows["optimal_loss"] = workload.optimal_loss

@@ -97,6 +97,38 @@ def ddp_has_rebuilt_buckets(ddp: DistributedDataParallel) -> bool:
 
 
 @dataclass(frozen=True)
+class DdpBucket:
+    """One gradient bucket DDP really built, in the order it reduces them (bucket 0 first)."""
+
+    bytes: int
+    params: int | None
+    """How many parameters it holds (None where DDP's logging data does not say)."""
+
+
+def ddp_buckets(ddp: DistributedDataParallel) -> list[DdpBucket] | None:
+    """The buckets DDP reduces with, from its reducer's logging data (``_get_ddp_logging_data``):
+    the rebuilt ones once DDP has rebuilt its buckets (after the first iteration, in the order the
+    gradients became ready), else those it started with. Exact for every algorithm, since every
+    one of them runs DDP's reducer. None on a torch outside :data:`SUPPORTED_TORCH` or whose
+    logging data lacks the sizes: the figures are a record, not a reason to fail a case."""
+    try:
+        require_supported_torch()
+    except RuntimeError:
+        return None
+    data = ddp._get_ddp_logging_data()
+    rebuilt = bool(data.get("has_rebuilt_buckets")) and data.get("rebuilt_bucket_sizes")
+    sizes = data.get("rebuilt_bucket_sizes") if rebuilt else data.get("bucket_sizes")
+    if not isinstance(sizes, str) or not sizes.strip():
+        return None
+    indices = data.get("rebuilt_per_bucket_param_indices", "") if rebuilt else ""
+    counts: list[int | None] = [len(b.split()) for b in indices.split(",")] if indices else []
+    byte_sizes = [int(b) for b in sizes.split(",")]
+    if len(counts) != len(byte_sizes):
+        counts = [None] * len(byte_sizes)
+    return [DdpBucket(b, n) for b, n in zip(byte_sizes, counts)]
+
+
+@dataclass(frozen=True)
 class Shard:
     """A contiguous run of one DDP bucket's parameters that one rank steps and then broadcasts."""
 

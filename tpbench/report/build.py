@@ -129,6 +129,7 @@ def _headlines(
             (more if key in secondary else lines).extend(
                 verdicts.group_sentences(cs, prefix=f"[{data.tags[run_id]}] " if data.multi else "")
             )
+    lines += verdicts.attribution_lines(comparisons, lambda run_id: f"[{data.tags[run_id]}] " if data.multi else "")
     keys = [k for k in data.context_keys if k not in verdicts.LOCALSGD_KIND.sides]
     lines += [
         (f"[{data.tags[v.comparison.run_id]}] " if data.multi else "") + verdicts.convergence_sentence(v, keys)
@@ -140,7 +141,7 @@ def _headlines(
     page.heading("Verdicts", anchor="verdicts")
     page.bullets(lines, css="verdicts")
     if more:
-        page.details_list(f"{len(more)} more: each ZeRO hook against zero_no_overlap", more)
+        page.details_list(f"{len(more)} more: each ZeRO hook against zero_no_overlap (unpacked and packed)", more)
     notes = (
         f"Verdicts compare {data.what} ({data.metric}). "
         "Intervals: 95% t interval over rounds, paired by round for cases of one world (each round's ratio "

@@ -18,7 +18,7 @@ from tpbench import store
 from tpbench.algorithms import ALGORITHMS
 from tpbench.analysis.stats import repeat_values, windows_of
 from tpbench.environment import commit_text
-from tpbench.suite import Case, labels, shown_keys
+from tpbench.suite import DDP_DEFAULT, Case, labels, shown_keys
 
 # Plot and table order: baselines first, then what is measured against them.
 
@@ -215,7 +215,9 @@ def context_text(row: dict[str, Any], keys: list[str]) -> str:
         v = row.get(k)
         if v is None or (isinstance(v, float) and pd.isna(v)):
             continue
-        if k == "bucket_cap_mb":
+        if k == "bucket_cap_mb" and v == DDP_DEFAULT:
+            parts.append("at DDP's default buckets")
+        elif k == "bucket_cap_mb":
             parts.append(f"at {v:g} MB buckets" if isinstance(v, (int, float)) else f"at {v} MB buckets")
         elif k == "interconnect":
             parts.append(f"on {v}")

@@ -6,6 +6,7 @@ import pandas as pd
 
 from tpbench.report.data import ReportData
 from tpbench.report.html import plot_text
+from tpbench.suite import DDP_DEFAULT
 
 MARGIN = dict(l=10, r=10, t=50, b=10)
 # Legends sit above the plot area, left-aligned, so they never cover bars or lines.
@@ -50,7 +51,25 @@ def facet_common(data: ReportData, df: pd.DataFrame, keys: list[str]) -> tuple[p
     return df, facets
 
 
+# Where ``bucket_cap_mb = "default"`` (DDP's own bucketing) sits on a bucket-size axis: its 25 MB cap.
+DEFAULT_AT_MB = 25.0
+
+
+def on_bucket_axis(values: pd.Series) -> pd.Series:
+    """``bucket_cap_mb`` values as positions on a bucket-size axis ("default" at DDP's 25 MB cap)."""
+    return pd.to_numeric(values.map(lambda v: DEFAULT_AT_MB if v == DDP_DEFAULT else v), errors="coerce")
+
+
+def bucket_axis(data: ReportData, df: pd.DataFrame) -> bool:
+    """Whether the cases go on a bucket-size axis: bucket_cap_mb varies and every case has one (a
+    case with ``bucket_cap_mb_list`` has none, and would drop off the axis)."""
+    return "bucket_cap_mb" in data.context_keys and bool(on_bucket_axis(df["bucket_cap_mb"]).notna().all())
+
+
 def bucket_ticks(fig, values: pd.Series) -> None:
-    """Log-scale bucket axes labelled with the swept sizes only, not plotly's 2-3-4-…-9 minor ticks."""
-    sizes = sorted({float(v) for v in values.dropna()})
-    fig.update_xaxes(tickvals=sizes, ticktext=[f"{v:g}" for v in sizes])
+    """Log-scale bucket axes labelled with the swept sizes only, not plotly's 2-3-4-…-9 minor ticks;
+    ``values`` as the cases have them, so DDP's default reads as such."""
+    sizes = sorted(set(on_bucket_axis(values).dropna()))
+    default = (values == DDP_DEFAULT).any()
+    text = [f"{v:g}" + (" (default)" if default and v == DEFAULT_AT_MB else "") for v in sizes]
+    fig.update_xaxes(tickvals=sizes, ticktext=text)

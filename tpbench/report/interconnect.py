@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 from tpbench import store, whatif_run
 from tpbench.analysis import crossover, whatif
 from tpbench.report.html import Page, plot_text
+from tpbench.suite import value_text
 
 
 def sections(page: Page, runs: list[store.Loaded], fabrics: dict[str, whatif.Fabric] | None = None) -> None:
@@ -58,9 +59,11 @@ def _crossover_section(page: Page, run: store.Loaded, suffix: str, anchor: str) 
         if "bucket_cap_mb" in points and points["bucket_cap_mb"].nunique() > 1:
             for bucket, grp in points.groupby("bucket_cap_mb"):
                 try:
-                    by_bucket.append(f"bucket_cap_mb={bucket:g}: {crossover.estimate_crossover(grp).sentence()}")
+                    by_bucket.append(
+                        f"bucket_cap_mb={value_text(bucket)}: {crossover.estimate_crossover(grp).sentence()}"
+                    )
                 except ValueError as e:
-                    by_bucket.append(f"bucket_cap_mb={bucket:g}: {e}")
+                    by_bucket.append(f"bucket_cap_mb={value_text(bucket)}: {e}")
             page.bullets(by_bucket)
     page.figure(_crossover_figure(points, est))
     cols = [
@@ -93,11 +96,7 @@ def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None) -> 
     keys = [k for k in ("bucket_cap_mb", "comm_hook") if k in points]
     for values, grp in points.groupby(keys, sort=False):
         named = dict(zip(keys, values))
-        name = " ".join(
-            f"{k}={v:g}" if k == "bucket_cap_mb" else f"{k}={v}"
-            for k, v in named.items()
-            if k != "comm_hook" or len(hooks) > 1
-        )
+        name = " ".join(f"{k}={value_text(v)}" for k, v in named.items() if k != "comm_hook" or len(hooks) > 1)
         grp = grp.sort_values("comm_compute")
         fig.add_trace(
             go.Scatter(

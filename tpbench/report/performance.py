@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import collections
+
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
 from tpbench.report.data import ReportData, context_text
-from tpbench.report.figures import LEGEND_BELOW, LEGEND_TOP, MARGIN, bucket_ticks, display, facet_common, series
+from tpbench.report.figures import (
+    LEGEND_BELOW,
+    LEGEND_TOP,
+    MARGIN,
+    bucket_axis,
+    bucket_ticks,
+    display,
+    facet_common,
+    on_bucket_axis,
+    series,
+)
 from tpbench.report.html import Page, plot_text
-from tpbench.report.verdicts import Comparison, change_text
+from tpbench.report.verdicts import Comparison, change_text, mb_text
+from tpbench.suite import DDP_DEFAULT
 
 
 def step_time(page: Page, data: ReportData) -> None:
@@ -22,11 +35,47 @@ def step_time(page: Page, data: ReportData) -> None:
         "repeats (the repeat is the independent unit).",
         css="muted",
     )
+    buckets = ddp_bucket_lines(done)
+    if buckets:
+        page.paragraph("The gradient buckets DDP really built: " + "; ".join(buckets) + ".", css="muted")
     done = done.assign(err_plus=done["ci_hi_ms"] - done["median_ms"], err_minus=done["median_ms"] - done["ci_lo_ms"])
-    if "bucket_cap_mb" in data.context_keys:
+    if bucket_axis(data, done):
         page.figure(_against_bucket_size(data, done))
     else:
         page.figure(_bars(data, done))
+
+
+def ddp_bucket_lines(done: pd.DataFrame) -> list[str]:
+    """Per bucket setting, the buckets DDP built (summary's ``ddp_bucket_bytes``, in reduction order):
+    "bucket_cap_mb = 0.5 → 7 buckets of 0.39–0.52 MB (first 0.39 MB)". A setting that built different
+    buckets for different cases (other models) says for which."""
+    if "ddp_bucket_bytes" not in done:
+        return []
+    seen: dict[tuple[str, tuple[int, ...]], list[str]] = {}
+    for row in done.to_dict("records"):
+        sizes = row.get("ddp_bucket_bytes")
+        if sizes is None or (isinstance(sizes, float) and pd.isna(sizes)) or not len(sizes):
+            continue
+        seen.setdefault((_asked(row), tuple(int(b) for b in sizes)), []).append(row["label"])
+    per_setting = collections.Counter(asked for asked, _ in seen)
+    lines = []
+    for (asked, sizes), cases in seen.items():
+        mb = [b / 2**20 for b in sizes]
+        built = f"{len(mb)} bucket{'s' if len(mb) > 1 else ''} of " + (
+            f"{mb[0]:.2f} MB" if len(mb) == 1 else f"{min(mb):.2f}–{max(mb):.2f} MB (first {mb[0]:.2f} MB)"
+        )
+        which = f" ({', '.join(cases)})" if per_setting[asked] > 1 else ""
+        lines.append(f"{asked} → {built}{which}")
+    return lines
+
+
+def _asked(row: dict) -> str:
+    """The bucketing a case asked DDP for, as the suite writes it."""
+    caps = row.get("bucket_cap_mb_list")
+    if caps is not None and not (isinstance(caps, float) and pd.isna(caps)):
+        return f"bucket_cap_mb_list = [{', '.join(f'{float(c):g}' for c in caps)}]"
+    v = row.get("bucket_cap_mb")
+    return f'bucket_cap_mb = "{v}"' if v == DDP_DEFAULT else f"bucket_cap_mb = {float(v):g}"
 
 
 def _against_bucket_size(data: ReportData, done: pd.DataFrame) -> go.Figure:
@@ -35,8 +84,9 @@ def _against_bucket_size(data: ReportData, done: pd.DataFrame) -> go.Figure:
         series=series(data, df, {"bucket_cap_mb", "shard_buckets", "interconnect"}),
         ci=[f"[{lo:.3g}, {hi:.3g}]" for lo, hi in zip(df["ci_lo_ms"], df["ci_hi_ms"])],
     )
+    sizes = df["bucket_cap_mb"]
     df = display(
-        df.sort_values(["bucket_cap_mb", "order"], kind="stable"),
+        df.assign(bucket_cap_mb=on_bucket_axis(sizes)).sort_values(["bucket_cap_mb", "order"], kind="stable"),
         ["series", "run", "label", *filter(None, (frow, fcol))],
     )
     fig = px.line(
@@ -61,7 +111,7 @@ def _against_bucket_size(data: ReportData, done: pd.DataFrame) -> go.Figure:
         },
     )
     rows = df[frow].nunique() if frow else 1
-    bucket_ticks(fig, df["bucket_cap_mb"])
+    bucket_ticks(fig, sizes)
     fig.update_yaxes(matches=None, rangemode="tozero")
     fig.update_layout(height=300 * rows + 160, margin=MARGIN, legend=LEGEND_BELOW)
     return fig
@@ -109,8 +159,8 @@ def _heatmap(data: ReportData, key: str, cs: list[Comparison]) -> go.Figure:
         y = ", ".join(filter(None, [shared, *(f"{k}={v}" for k, v in c.variant.items())])) or "all"
         rows.append(
             {
-                "x": f"{c.context['bucket_cap_mb']:g} MB" if "bucket_cap_mb" in c.context else "all",
-                "bucket": c.context.get("bucket_cap_mb", 0),
+                "x": mb_text(c.context["bucket_cap_mb"]) if "bucket_cap_mb" in c.context else "all",
+                "bucket": float(on_bucket_axis(pd.Series([c.context.get("bucket_cap_mb", 0)])).iloc[0]),
                 "y": plot_text((f"{data.tags[c.run_id]} · " if data.multi else "") + y),
                 "ratio": c.ratio,
                 "text": f"{c.ratio:.2f}<br>[{c.lo:.2f}, {c.hi:.2f}]"

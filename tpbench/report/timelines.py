@@ -16,7 +16,17 @@ import plotly.graph_objects as go
 
 from tpbench.analysis.overlap import overlap_totals, union
 from tpbench.report.data import ReportData
-from tpbench.report.figures import LEGEND_BELOW, LEGEND_TOP, MARGIN, bucket_ticks, display, facet_common, series
+from tpbench.report.figures import (
+    LEGEND_BELOW,
+    LEGEND_TOP,
+    MARGIN,
+    bucket_axis,
+    bucket_ticks,
+    display,
+    facet_common,
+    on_bucket_axis,
+    series,
+)
 from tpbench.report.html import Page, plot_text
 
 LANE_COLORS = {"compute": "#4c78a8", "comm": "#f58518", "optimizer": "#54a24b", "memcpy": "#b279a2", "other": "#9d9da0"}
@@ -68,7 +78,7 @@ def overlap(page: Page, data: ReportData) -> None:
         page.paragraph(
             f"Traced steps took {ratio:.2g}× as long as the timed steps' median (profiler overhead).", css="muted"
         )
-    if "bucket_cap_mb" in data.context_keys and len(df) > MAX_BARS:
+    if bucket_axis(data, df) and len(df) > MAX_BARS:
         page.figure(_overlap_against_bucket_size(data, df))
     else:
         page.figure(_overlap_bars(df))
@@ -145,8 +155,9 @@ def _overlap_against_bucket_size(data: ReportData, df: pd.DataFrame) -> go.Figur
     long["metric"] = long["metric"].map(
         {"overlap_pct": "overlap %", "exposed": "exposed comm (ms)", "idle": "idle (ms)"}
     )
+    sizes = long["bucket_cap_mb"]
     long = display(
-        long.sort_values(["bucket_cap_mb", "order"], kind="stable"),
+        long.assign(bucket_cap_mb=on_bucket_axis(sizes)).sort_values(["bucket_cap_mb", "order"], kind="stable"),
         ["series", "label", "run", *([fcol] if fcol else [])],
     )
     fig = px.line(
@@ -163,7 +174,7 @@ def _overlap_against_bucket_size(data: ReportData, df: pd.DataFrame) -> go.Figur
         labels={"bucket_cap_mb": "bucket_cap_mb (MB)", "value": "", "series": ""},
     )
     fig.update_yaxes(matches=None, rangemode="tozero")
-    bucket_ticks(fig, long["bucket_cap_mb"])
+    bucket_ticks(fig, sizes)
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
     fig.update_layout(height=3 * 260 + 160, margin=MARGIN, legend=LEGEND_BELOW)
     return fig

@@ -27,12 +27,21 @@ import numpy as np
 import pandas as pd
 
 from tpbench import compare as engine
-from tpbench.algorithms import ALGORITHMS, COMPARED_PAIRS, LOCALSGD, TUNING_KEYS, is_plain_ddp
+from tpbench.algorithms import (
+    ALGORITHMS,
+    COMPARED_PAIRS,
+    LOCALSGD,
+    NO_OVERLAP,
+    PACKED,
+    TUNING_KEYS,
+    ZERO_HOOKS,
+    is_plain_ddp,
+)
 from tpbench.analysis import convergence
 from tpbench.analysis.stats import Ratio, case_ratio
 from tpbench.environment import COMPARABLE_KEYS
 from tpbench.report.data import ReportData, context_text
-from tpbench.suite import ran_together
+from tpbench.suite import DDP_DEFAULT, ran_together
 
 # Short words for algorithms in sentences; the report spells them out once beside the verdicts.
 SHORT = {a.name: a.short for a in ALGORITHMS.values() if a.short}
@@ -60,7 +69,50 @@ def _algorithms(candidate: str, baseline: str) -> Kind:
     return Kind(f"{c} / {b}", c, b, _algorithm(candidate), _algorithm(baseline), frozenset({"algorithm"}))
 
 
-ZERO_KINDS = tuple(_algorithms(candidate, baseline) for candidate, baseline in COMPARED_PAIRS)
+def _no_overlap(packed: bool) -> Callable[[dict[str, Any]], bool]:
+    """zero_no_overlap with its broadcasts packed (``parameters_as_bucket_view``) or not; a run from
+    before the key reads as unpacked, which is what it ran."""
+    return lambda row: row["algorithm"] == NO_OVERLAP and bool(_present(row.get(PACKED)) and row[PACKED]) == packed
+
+
+# zero_no_overlap by how it broadcasts, in sentences: PyTorch's default and parameters_as_bucket_view.
+UNPACKED_WORD = f"{NO_OVERLAP} (per-parameter broadcasts)"
+PACKED_WORD = f"{NO_OVERLAP} (packed broadcasts)"
+
+
+def _zero_kind(candidate: str, baseline: str) -> Kind:
+    """A pair of ``COMPARED_PAIRS``; against zero_no_overlap that is its unpacked default (one broadcast
+    per parameter), named so, so that a run with both baselines compares each hook case with one of
+    them here and says which."""
+    kind = _algorithms(candidate, baseline)
+    if baseline != NO_OVERLAP:
+        return kind
+    return Kind(kind.key, kind.candidate, UNPACKED_WORD, kind.is_candidate, _no_overlap(False), kind.sides | {PACKED})
+
+
+# Where the hooks' advantage over zero_no_overlap comes from: packing its broadcasts (packed /
+# unpacked zero_no_overlap) and overlap itself (each hook / packed zero_no_overlap).
+PACKING_KIND = Kind(
+    f"{PACKED_WORD} / {UNPACKED_WORD}",
+    PACKED_WORD,
+    UNPACKED_WORD,
+    _no_overlap(True),
+    _no_overlap(False),
+    frozenset({"algorithm", PACKED}),
+)
+OVERLAP_KINDS = tuple(
+    Kind(
+        f"{SHORT.get(h, h)} / {PACKED_WORD}",
+        SHORT.get(h, h),
+        PACKED_WORD,
+        _algorithm(h),
+        _no_overlap(True),
+        frozenset({"algorithm", PACKED}),
+    )
+    for h in ZERO_HOOKS
+)
+# The first is the headline (interleaved / sequential); the rest are folded below it.
+ZERO_KINDS = (*(_zero_kind(c, b) for c, b in COMPARED_PAIRS), PACKING_KIND, *OVERLAP_KINDS)
 
 LOCALSGD_KIND = Kind(
     "post-local SGD / DDP",
@@ -300,16 +352,65 @@ def group_sentences(comparisons: list[Comparison], prefix: str = "") -> list[str
 
 
 def _mb(c: Comparison) -> str:
-    return f"{c.context['bucket_cap_mb']:g} MB"
+    return mb_text(c.context["bucket_cap_mb"])
 
 
 def _sizes(cs: list[Comparison], of: list[Comparison]) -> str:
-    """The bucket sizes of ``cs`` in words; "every bucket size (1–25 MB)" when they are all of ``of``."""
-    sizes = sorted({float(c.context["bucket_cap_mb"]) for c in cs})
-    every = sorted({float(c.context["bucket_cap_mb"]) for c in of})
-    if sizes == every and len(sizes) > 2:
-        return f"every bucket size ({sizes[0]:g}–{sizes[-1]:g} MB)"
-    return ", ".join(f"{s:g}" for s in sizes) + " MB buckets"
+    """The bucket sizes of ``cs`` in words; "every bucket size (1–25 MB)" when they are all of ``of``
+    (DDP's own bucketing, ``bucket_cap_mb = "default"``, said by name after the numbers)."""
+    sizes = sorted({c.context["bucket_cap_mb"] for c in cs}, key=_mb_order)
+    every = sorted({c.context["bucket_cap_mb"] for c in of}, key=_mb_order)
+    numbers = [float(s) for s in sizes if s != DDP_DEFAULT]
+    if sizes == every and len(sizes) > 2 and len(numbers) == len(sizes):
+        return f"every bucket size ({numbers[0]:g}–{numbers[-1]:g} MB)"
+    words = [", ".join(f"{s:g}" for s in numbers) + " MB buckets"] if numbers else []
+    return " and ".join(words + ([mb_text(DDP_DEFAULT)] if len(numbers) < len(sizes) else []))
+
+
+def _mb_order(v: Any) -> tuple[int, float]:
+    return (1, 0.0) if v == DDP_DEFAULT else (0, float(v))
+
+
+def mb_text(v: Any) -> str:
+    """A ``bucket_cap_mb`` in words: "4 MB", or DDP's own bucketing for "default"."""
+    return "DDP's default buckets (25 MB, 1 MB first)" if v == DDP_DEFAULT else f"{float(v):g} MB"
+
+
+def attribution_lines(
+    comparisons: dict[str, list[Comparison]], prefix: Callable[[str], str] = lambda run: ""
+) -> list[str]:
+    """Per ZeRO hook case and setting (bucket size above all): its step time against unpacked
+    zero_no_overlap (X) split into what packing zero_no_overlap's broadcasts gives (Y: packed /
+    unpacked zero_no_overlap) and what overlap gives beyond it (Z: the hook / packed zero_no_overlap),
+    X = Y·Z, each with its own interval (``case_estimate``). Only where the run has both baselines."""
+    packing = {(c.run_id, c.baseline["case_id"]): c for c in comparisons.get(PACKING_KIND.key, [])}
+    overlap = {
+        (c.run_id, c.candidate["case_id"], c.baseline["case_id"]): c
+        for k in OVERLAP_KINDS
+        for c in comparisons.get(k.key, [])
+    }
+    lines = []
+    for hook in ZERO_HOOKS:
+        for x in comparisons.get(_zero_kind(hook, NO_OVERLAP).key, []):
+            y = packing.get((x.run_id, x.baseline["case_id"]))
+            z = y and overlap.get((x.run_id, x.candidate["case_id"], y.candidate["case_id"]))
+            if not (y and z):
+                continue
+            ctx = context_text(x.context, list(x.context))
+            lines.append(
+                prefix(x.run_id)
+                + f"{ctx[0].upper() + ctx[1:] + ', o' if ctx else 'O'}f {x.name}'s {_times(x.est)} {x.what} against "
+                f"{UNPACKED_WORD}, {_times(y.est)} comes from packing the broadcasts ({NO_OVERLAP} with "
+                f"{PACKED} = true) and {_times(z.est)} from overlap ({x.name} against {PACKED_WORD})."
+            )
+    return lines
+
+
+def _times(est: Ratio) -> str:
+    """A ratio as a factor with its interval: "0.35× [0.33, 0.38]" ("0.35×, one repeat" without one)."""
+    if not est.has_interval:
+        return f"{est.ratio:.2f}× (one repeat, no interval)"
+    return f"{est.ratio:.2f}× [{est.lo:.2f}, {est.hi:.2f}]"
 
 
 def _knobs(row: dict[str, Any], data: ReportData) -> str:

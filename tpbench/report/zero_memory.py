@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from tpbench.algorithms import ZERO_HOOKS
+from tpbench.algorithms import PACKED, ZERO_HOOKS
 from tpbench.analysis.memory import per_case
 from tpbench.report.data import ReportData, context_text
 from tpbench.report.figures import LEGEND_TOP, MARGIN, display
@@ -48,7 +48,9 @@ def _mb(v: float) -> str:
 
 def _sentences(cases: pd.DataFrame, context_keys: list[str]) -> list[str]:
     out = []
-    model_keys = [k for k in context_keys if k not in ("algorithm", "impl", "shard_buckets", "bucket_cap_mb")]
+    # What ZeRO is tuned by is compared within one sentence; the rest (model, world) makes sentences.
+    tuning = ("algorithm", "impl", "shard_buckets", "bucket_cap_mb", "bucket_cap_mb_list", PACKED)
+    model_keys = [k for k in context_keys if k not in tuning]
     for _, sharded in cases[cases["sharded"]].groupby(["run_id", *model_keys], sort=True, dropna=False):
         best = sharded.loc[sharded["state_max_bytes"].idxmin()]
         worst = sharded.loc[sharded["state_max_bytes"].idxmax()]
@@ -62,10 +64,7 @@ def _sentences(cases: pd.DataFrame, context_keys: list[str]) -> list[str]:
         )
     hooks = cases[cases["algorithm"].isin(ZERO_HOOKS)].dropna(subset=["bucket_cap_mb"])
     # Both hooks partition alike: one sentence per setting (bucket size, model, ...) of each run.
-    keys = [
-        "bucket_cap_mb",
-        *(k for k in context_keys if k not in ("algorithm", "impl", "shard_buckets", "bucket_cap_mb")),
-    ]
+    keys = ["bucket_cap_mb", *model_keys]
     for _, grp in hooks.groupby(["run_id", *keys], sort=True, dropna=False):
         by_shard = {bool(s): g.iloc[0] for s, g in grp.groupby("shard_buckets")}
         parts = []
