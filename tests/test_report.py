@@ -167,7 +167,8 @@ def test_hooks_advantage_splits_into_packing_and_overlap():
     assert lines[0].startswith(
         "At 1 MB buckets, of sequential's 0.40× [0.40, 0.40] step time against zero_no_overlap (per-parameter "
         "broadcasts), 0.50× [0.50, 0.50] comes from packing the broadcasts (zero_no_overlap with "
-        "parameters_as_bucket_view = true) and 0.80× [0.80, 0.80] from overlap"
+        "parameters_as_bucket_view = true) and 0.80× [0.80, 0.80] from the hook itself (sequential against "
+        "zero_no_overlap (packed broadcasts): the step overlapped with backward"
     ), lines[0]
     # A run without the packed baseline has nothing to split.
     plain = report_data.load([in_memory_run(suite.replace("parameters_as_bucket_view = [false, true]", ""), medians)])

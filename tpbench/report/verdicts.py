@@ -401,7 +401,9 @@ def attribution_lines(
                 prefix(x.run_id)
                 + f"{ctx[0].upper() + ctx[1:] + ', o' if ctx else 'O'}f {x.name}'s {_times(x.est)} {x.what} against "
                 f"{UNPACKED_WORD}, {_times(y.est)} comes from packing the broadcasts ({NO_OVERLAP} with "
-                f"{PACKED} = true) and {_times(z.est)} from overlap ({x.name} against {PACKED_WORD})."
+                f"{PACKED} = true) and {_times(z.est)} from the hook itself ({x.name} against {PACKED_WORD}: the "
+                "step overlapped with backward, and stepped bucket by bucket over the hook's own partition of "
+                "the parameters, whose balance the ZeRO memory section shows)."
             )
     return lines
 
