@@ -11,8 +11,10 @@ Before anything runs, the suite check imports the factory and calls it once with
 allocated, so a model too big for this machine is still checked), then calls ``train_batch(0)``.
 Import errors, a factory that raises, exits (``sys.exit``, ``KeyboardInterrupt``) or does not
 return within ``tpbench.user_code.LIMIT_S`` (60 s; the import and the call each), a wrong return
-value or an unknown parameter stop the sweep there, naming the suite file, key and factory. On the ranks a model that does not fit in memory
-fails its case with the cause; the other cases run.
+value or an unknown parameter stop the sweep there, naming the suite file, key and factory. On
+the ranks a model that does not fit in memory fails its case with the cause; the other cases run,
+and so does a factory that changes torch's process-wide state (default dtype, thread counts, ...)
+or trains into NaN or inf (see ``tpbench.worker``).
 
 The module is imported as ``python -m`` would from the directory tpbench runs in (the rank
 processes run there too), or from ``PYTHONPATH``.
