@@ -10,6 +10,7 @@ validates them, which must not be pytest's.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -147,3 +148,21 @@ def test_non_finite_training_fails_its_case_with_the_cause_and_is_never_ranked(t
     # Within the run there is then nothing to rank: the one finished case has no pair.
     assert run_cli(["compare", str(run.run_dir)]) == 2
     assert "nothing to compare" in capsys.readouterr().err
+
+
+@pytest.mark.ranks
+def test_compare_never_ranks_a_case_whose_training_became_non_finite(tmp_path, monkeypatch):
+    """The same case finite in the baseline and NaN in the candidate: the candidate failed, so the
+    comparison is "missing" (exit 3), never a pass or an improvement. The gate judges its sides
+    with the same engine (``compare.compare_runs``)."""
+    suite = _suite(tmp_path, 'workload = ["user_models:nan_when_asked"]', repeats=2)
+    base = tpbench("sweep", suite, "--out", tmp_path / "base", "--no-report", cwd=BAD)
+    assert base.returncode == 0, base.stdout + base.stderr
+    monkeypatch.setenv("TPBENCH_TEST_NAN", "1")
+    cand = tpbench("sweep", suite, "--out", tmp_path / "cand", "--no-report", cwd=BAD)
+    assert cand.returncode == 1, cand.stdout + cand.stderr
+    runs = [only_run(tmp_path / "base"), only_run(tmp_path / "cand")]
+    proc = tpbench("compare", *runs, "--format", "json", cwd=BAD)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    (case,) = json.loads(proc.stdout)["cases"]
+    assert case["verdict"] == "missing" and "failed" in case["reason"], case

@@ -113,6 +113,16 @@ def nan_params(ctx: WorkloadContext) -> Bench:
     return bench
 
 
+def nan_when_asked(ctx: WorkloadContext) -> Bench:
+    """``good``, with a NaN weight on the ranks where the environment sets ``TPBENCH_TEST_NAN``:
+    one case identity, finite in one run and not in another."""
+    bench = good(ctx)
+    if os.environ.get("TPBENCH_TEST_NAN") and ctx.device.type != "meta":
+        with torch.no_grad():
+            bench.model[0].weight[0, 0] = float("nan")
+    return bench
+
+
 def nan_grads(state: object, bucket: torch.distributed.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """A communication hook that writes NaN into every gradient."""
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
