@@ -127,6 +127,25 @@ def test_a_factory_that_changes_torch_state_fails_its_case_and_the_next_starts_c
     assert losses == reference.steps.sort_values(["rank", "step"])["loss"].tolist()
 
 
+def test_every_change_to_torch_state_is_named_between_items(monkeypatch):
+    """The flags the world tests do not flip, mocked here: flipping them for real would change the
+    state of this test process."""
+    import torch
+
+    from tpbench import worker
+
+    before = worker._torch_state()
+    monkeypatch.setattr(torch, "is_grad_enabled", lambda: False)
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "medium")
+    with pytest.raises(RuntimeError) as e:
+        worker._check_torch_state(before)
+    assert str(e.value) == (
+        "the case (its workload factory or hook) changed torch's grad mode from True to False; "
+        "deterministic algorithms flag from False to True; float32 matmul precision from highest to medium"
+    )
+
+
 # --- non-finite training ------------------------------------------------------------------------------
 
 

@@ -282,9 +282,9 @@ class CaseRunner:
             gc.callbacks.remove(collections)
             if gc_was_enabled:
                 gc.enable()
-        _check_finite(repeat, self.rank.rank, losses, training.model)
         # Peaks are read before the profiled steps: the profiler's own buffers are not the case's.
         memory = {"peak_rss_mb": _peak_rss_mb(), **self._gpu_memory()}
+        _check_finite(repeat, self.rank.rank, losses, training.model)  # after the peaks: it allocates
         # Exact bytes and step work, once per case (on its last repeat), after the timed steps.
         counted = accounting.measure(training.model, training.optimizer, self.rank.rank) if profile_after else None
         spans = nvml.step_spans(t_start, ends, case.warmup_steps)
@@ -393,11 +393,13 @@ def _check_finite(repeat: int, rank: int, losses: list[torch.Tensor], model: tor
         raise FloatingPointError(
             f"non-finite training: the loss was {values[step].item()} at step {step} of repeat {repeat} on rank {rank}"
         )
-    for name, p in model.named_parameters():
-        if not bool(torch.isfinite(p.detach()).all()):
-            raise FloatingPointError(
-                f"non-finite training: parameter {name} holds NaN or inf after repeat {repeat} on rank {rank}"
-            )
+    named = list(model.named_parameters())
+    finite = [torch.isfinite(p.detach()).all() for _, p in named]
+    if finite and not bool(torch.stack(finite).all()):  # one device sync, not one per parameter
+        name = next(n for (n, _), ok in zip(named, finite) if not ok)
+        raise FloatingPointError(
+            f"non-finite training: parameter {name} holds NaN or inf after repeat {repeat} on rank {rank}"
+        )
 
 
 def _torch_state() -> dict[str, Any]:
