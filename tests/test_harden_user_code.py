@@ -81,6 +81,14 @@ def test_a_factory_that_exits_or_raises_keyboardinterrupt_fails_as_that_factory(
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.ranks
+def test_a_factory_that_exits_on_the_ranks_fails_its_case_naming_systemexit(tmp_path):
+    code, out, run = _sweep(tmp_path, _suite(tmp_path, 'workload = ["user_models:exits_on_ranks", "user_models:good"]'))
+    assert code == 1, out
+    errors = _errors(run)
+    assert "raised SystemExit: 0" in errors["user_models:exits_on_ranks"] and errors["user_models:good"] == ""
+
+
 # --- process hygiene ----------------------------------------------------------------------------------
 
 

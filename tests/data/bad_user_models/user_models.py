@@ -79,6 +79,13 @@ def interrupts(ctx: WorkloadContext) -> Bench:
     raise KeyboardInterrupt
 
 
+def exits_on_ranks(ctx: WorkloadContext) -> Bench:
+    """Passes the meta-device check, then calls ``sys.exit(0)`` on every rank."""
+    if ctx.device.type != "meta":
+        sys.exit(0)
+    return good(ctx)
+
+
 def sleeps(ctx: WorkloadContext) -> Bench:
     time.sleep(3600)
     return good(ctx)
