@@ -80,8 +80,8 @@ def load(path: str, arguments: int) -> Callable[..., Any]:
     """The function ``path`` names, checked to accept ``arguments`` positional arguments."""
     module_name, _, attr = path.partition(":")
     try:
-        module = user_code.import_module(module_name)
-    except ImportError as e:
+        module = user_code.limited(f"{path} (importing {module_name})", lambda: user_code.import_module(module_name))
+    except (ImportError, user_code.UserCodeFailed) as e:
         raise CommHookError(str(e)) from None
     obj: Any = module
     for part in attr.split("."):

@@ -195,6 +195,7 @@ class World:
         self.plan = plan
         self.world_size = world_size
         self.procs: list[subprocess.Popen] = []
+        self.groups_killed = False
         self.logs: list[Path] = []
         self.readers: dict[int, int] = {}  # read fd → rank
         self.buffers: dict[int, bytes] = {}
@@ -275,9 +276,14 @@ class World:
         return [(f"rank {r} log", _tail(log)) for r, log in enumerate(self.logs)]
 
     def kill(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
+        """Kill each rank's process group (its session), also where the rank itself has exited: what
+        the user's code started in a rank (a forked worker, a server) dies with the world. Once only,
+        right as the world ends: a group keeps its id reserved while any member lives, so no other
+        process can be hit. (Code that calls setsid() itself leaves the group and is not reached.)"""
+        if not self.groups_killed:
+            self.groups_killed = True
+            for p in self.procs:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(p.pid, signal.SIGKILL)
         for p in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -284,6 +284,7 @@ class CaseRunner:
                 gc.enable()
         # Peaks are read before the profiled steps: the profiler's own buffers are not the case's.
         memory = {"peak_rss_mb": _peak_rss_mb(), **self._gpu_memory()}
+        _check_finite(repeat, self.rank.rank, losses, training.model)  # after the peaks: it allocates
         # Exact bytes and step work, once per case (on its last repeat), after the timed steps.
         counted = accounting.measure(training.model, training.optimizer, self.rank.rank) if profile_after else None
         spans = nvml.step_spans(t_start, ends, case.warmup_steps)
@@ -379,6 +380,58 @@ def _evaluate(model: torch.nn.Module, workload, batches: list[tuple[torch.Tensor
     total = sum(float(workload.loss(module(x), y)) for x, y in batches)
     model.train(was_training)
     return total / len(batches)
+
+
+def _check_finite(repeat: int, rank: int, losses: list[torch.Tensor], model: torch.nn.Module) -> None:
+    """Non-finite training fails its case (FloatingPointError, the cause in run.json): its step
+    times are not those of training (NaN arithmetic, skipped work) and it must never be ranked.
+    Checked once per repeat, after the steps: every step's loss, then the parameters (a hook that
+    writes NaN into the gradients shows there first)."""
+    values = torch.stack(losses).float().cpu()
+    bad = (~torch.isfinite(values)).nonzero()
+    if len(bad):
+        step = int(bad[0])
+        raise FloatingPointError(
+            f"non-finite training: the loss was {values[step].item()} at step {step} of repeat {repeat} on rank {rank}"
+        )
+    named = list(model.named_parameters())
+    finite = [torch.isfinite(p.detach()).all() for _, p in named]
+    if finite and not bool(torch.stack(finite).all()):  # one device sync, not one per parameter
+        name = next(n for (n, _), ok in zip(named, finite) if not ok)
+        raise FloatingPointError(
+            f"non-finite training: parameter {name} holds NaN or inf after repeat {repeat} on rank {rank}"
+        )
+
+
+def _torch_state() -> dict[str, Any]:
+    """torch's process-wide settings that one case's code (its workload factory, its hook) could
+    change and that would otherwise carry into the next case of the same world."""
+    return {
+        "default dtype": torch.get_default_dtype(),
+        "default device": torch.get_default_device(),
+        "intra-op thread count": torch.get_num_threads(),
+        "inter-op thread count": torch.get_num_interop_threads(),
+        "grad mode": torch.is_grad_enabled(),
+        "deterministic algorithms flag": torch.are_deterministic_algorithms_enabled(),
+        "deterministic algorithms warn-only flag": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "anomaly detection": torch.is_anomaly_enabled(),
+        "float32 matmul precision": torch.get_float32_matmul_precision(),
+        "cuDNN benchmark flag": torch.backends.cudnn.benchmark,
+        "cuDNN deterministic flag": torch.backends.cudnn.deterministic,
+    }
+
+
+def _check_torch_state(before: dict[str, Any]) -> None:
+    """Fail the item (its case, with the cause) when it left torch's process-wide state changed;
+    the launcher then runs the remaining cases in a fresh world, which starts clean."""
+    after = _torch_state()
+    changed = [f"{k} from {_shown(before[k])} to {_shown(after[k])}" for k in before if after[k] != before[k]]
+    if changed:
+        raise RuntimeError(f"the case (its workload factory or hook) changed torch's {'; '.join(changed)}")
+
+
+def _shown(value: Any) -> str:
+    return str(value).removeprefix("torch.")
 
 
 def _slowdown_s(case: Case, step_ms: list[float]) -> float:
@@ -586,6 +639,7 @@ def run_plan(plan: Plan, events: Events) -> None:
         if rank.rank == 0:
             events.emit("world_ready", world=plan.world, nodes=[dataclasses.asdict(n) for n in nodes])
         gate = Turns(plan, rank, ctrl)
+        torch_state = _torch_state()
         for case_id, repeat in plan.schedule:
             case = cases[case_id]
             try:
@@ -598,6 +652,7 @@ def run_plan(plan: Plan, events: Events) -> None:
                     events.emit("repeat_start", case=case_id, repeat=repeat)
                 began = time.time()
                 rows = runner.run_repeat(case, repeat, profile_after=repeat == case.repeats - 1)
+                _check_torch_state(torch_state)
                 if rows is not None:
                     store.write_repeat(Path(plan.run_dir), case_id, repeat, rows)
                     timed = rows[rows.phase == "timed"].groupby("step").step_ms.max()
@@ -605,7 +660,7 @@ def run_plan(plan: Plan, events: Events) -> None:
                     if repeat == case.repeats - 1:
                         events.emit("case_end", case=case_id)
                     gate.done(case, repeat, rows, began)
-            except Exception:
+            except BaseException:  # the user's code may raise SystemExit or KeyboardInterrupt: its case's failure
                 events.emit("error", case=case_id, repeat=repeat, rank=rank.rank, error=traceback.format_exc())
                 os._exit(1)
         if gate.cut and rank.rank == 0:

@@ -9,9 +9,12 @@ the types a suite may give. It returns a :class:`Bench`.
 Before anything runs, the suite check imports the factory and calls it once with
 ``ctx.device`` the meta device and ``torch.device("meta")`` as the default device (nothing is
 allocated, so a model too big for this machine is still checked), then calls ``train_batch(0)``.
-Import errors, a factory that raises, a wrong return value or an unknown parameter stop the
-sweep there, naming the suite file and key. On the ranks a model that does not fit in memory
-fails its case with the cause; the other cases run.
+Import errors, a factory that raises, exits (``sys.exit``, ``KeyboardInterrupt``) or does not
+return within ``tpbench.user_code.LIMIT_S`` (60 s; the import and the call each), a wrong return
+value or an unknown parameter stop the sweep there, naming the suite file, key and factory. On
+the ranks a model that does not fit in memory fails its case with the cause; the other cases run,
+and so does a factory that changes torch's process-wide state (default dtype, thread counts, ...)
+or trains into NaN or inf (see ``tpbench.worker``).
 
 The module is imported as ``python -m`` would from the directory tpbench runs in (the rank
 processes run there too), or from ``PYTHONPATH``.
@@ -56,8 +59,8 @@ def _import(path: str) -> Callable[..., Any]:
     if not module_name or not attr:
         raise UserWorkloadError(f"expected a workload name or an import path MODULE:FACTORY, got {path!r}")
     try:
-        module = user_code.import_module(module_name)
-    except ImportError as e:
+        module = user_code.limited(f"{path} (importing {module_name})", lambda: user_code.import_module(module_name))
+    except (ImportError, user_code.UserCodeFailed) as e:
         raise UserWorkloadError(str(e)) from None
     factory = getattr(module, attr, None)
     if not callable(factory):
@@ -137,14 +140,25 @@ def check(cls: type[Workload], params: object, batch_size: int) -> None:
     """Call the factory once on the meta device, and its ``train_batch(0)``: the protocol's
     mistakes surface before the sweep, without allocating the model."""
     ctx = WorkloadContext(rank=0, world_size=1, batch_size=batch_size, seed=0, device=torch.device("meta"))
-    try:
+
+    def on_meta() -> Any:
         with torch.device("meta"):
-            workload = cls(params, ctx)
-            batch = workload.train_batch(0)
+            return cls(params, ctx).train_batch(0)
+
+    # What the factory changes of torch's process-wide state is the ranks' concern (the worker
+    # fails such a case); here it must not stay behind in the process that validates.
+    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    try:
+        batch = user_code.limited(cls.name, on_meta)
     except UserWorkloadError:
         raise
+    except user_code.UserCodeFailed as e:
+        raise UserWorkloadError(f"{e} (called with ctx.device = meta)") from None
     except Exception as e:  # the user's code: report what it raised, where
         raise UserWorkloadError(f"{cls.name} raised {type(e).__name__}: {e} (called with ctx.device = meta)") from None
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.set_num_threads(threads)
     if not (isinstance(batch, tuple) and len(batch) == 2):
         raise UserWorkloadError(
             f"expected Bench.train_batch(step) from {cls.name} to return (inputs, targets), got {type(batch).__name__}"

@@ -1,6 +1,13 @@
 """Factories for tests/test_user_models.py: one that keeps the protocol (``good``), one whose model
 cannot fit in any machine's memory (``huge``), and one per way of breaking the protocol (used
-by the NN-*.toml suites next to this file, each with its expected error on its first line)."""
+by the NN-*.toml suites next to this file, each with its expected error on its first line).
+tests/test_harden_user_code.py uses the hostile ones at the end: they sleep, fork, change torch's
+process-wide state or train into NaN."""
+
+import os
+import sys
+import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -62,3 +69,69 @@ def no_ctx() -> Bench:
 
 
 not_a_function = 3
+
+
+def exits(ctx: WorkloadContext) -> Bench:
+    sys.exit(0)
+
+
+def interrupts(ctx: WorkloadContext) -> Bench:
+    raise KeyboardInterrupt
+
+
+def exits_on_ranks(ctx: WorkloadContext) -> Bench:
+    """Passes the meta-device check, then calls ``sys.exit(0)`` on every rank."""
+    if ctx.device.type != "meta":
+        sys.exit(0)
+    return good(ctx)
+
+
+def sleeps(ctx: WorkloadContext) -> Bench:
+    time.sleep(3600)
+    return good(ctx)
+
+
+def forks(ctx: WorkloadContext, pid_dir: str = "") -> Bench:
+    """On the ranks (not on the meta device), leaves a child behind that would sleep for 10 minutes,
+    its pid in a file under ``pid_dir``."""
+    if ctx.device.type != "meta":
+        child = os.fork()
+        if child == 0:
+            time.sleep(600)
+            os._exit(0)
+        (Path(pid_dir) / str(child)).touch()
+    return good(ctx)
+
+
+def doubles(ctx: WorkloadContext) -> Bench:
+    torch.set_default_dtype(torch.float64)
+    return good(ctx)
+
+
+def threads(ctx: WorkloadContext) -> Bench:
+    torch.set_num_threads(7)
+    return good(ctx)
+
+
+def nan_params(ctx: WorkloadContext) -> Bench:
+    bench = good(ctx)
+    with torch.no_grad():
+        bench.model[0].weight[0, 0] = float("nan")
+    return bench
+
+
+def nan_when_asked(ctx: WorkloadContext) -> Bench:
+    """``good``, with a NaN weight on the ranks where the environment sets ``TPBENCH_TEST_NAN``:
+    one case identity, finite in one run and not in another."""
+    bench = good(ctx)
+    if os.environ.get("TPBENCH_TEST_NAN") and ctx.device.type != "meta":
+        with torch.no_grad():
+            bench.model[0].weight[0, 0] = float("nan")
+    return bench
+
+
+def nan_grads(state: object, bucket: torch.distributed.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """A communication hook that writes NaN into every gradient."""
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(bucket.buffer().fill_(float("nan")))
+    return fut
