@@ -23,6 +23,7 @@ LIMIT_S = 60.0
 class UserCodeFailed(Exception):
     """The user's code, run by ``limited``, did not return: the message says how, naming it."""
 
+
 # Where else the user's code lives: ``tpbench gate`` runs each side in a folder of its own and
 # names the caller's folder here (the ranks inherit it). Appended, never first: the side's own
 # tpbench must not be shadowed by a checkout in the caller's folder.
