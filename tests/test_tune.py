@@ -94,7 +94,10 @@ def test_replaying_stored_values_rebuilds_the_same_race():
         ["--confidence", "inf"],
         ["--budget-s", "0"],
         ["--budget-s", "nan"],
+        ["--budget-s", "inf"],
+        ["--budget-s", "1e308"],
         ["--min-rounds", "1"],
+        ["--out", "results\udcff"],
     ],
 )
 def test_bad_options_exit_2_before_anything_runs(tmp_path, capsys, bad):
