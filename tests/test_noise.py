@@ -96,7 +96,7 @@ def test_a_pinned_rank_runs_only_on_its_cores():
     assert json.loads(out) == [core]
 
 
-PROC_STAT = """cpu  {user} 5 50 800 10 0 5 {steal} 0 0
+PROC_STAT = """cpu  100 5 50 {idle} 10 0 5 {steal} 0 0
 cpu0 50 2 25 400 5 0 2 {steal} 0 0
 cpu1 50 3 25 400 5 0 3 0 0 0
 intr 1 2 3
@@ -105,23 +105,23 @@ procs_blocked 0
 """
 
 
-def _snap(user: int = 100, steal: int = 30, running: int = 2, at: float = 0.0, load1: float = 2.3):
-    snap = machine_load.parse_proc_stat(PROC_STAT.format(user=user, steal=steal, running=running))
+def _snap(idle: int = 800, steal: int = 30, running: int = 2, at: float = 0.0, load1: float = 2.3):
+    snap = machine_load.parse_proc_stat(PROC_STAT.format(idle=idle, steal=steal, running=running))
     return dataclasses.replace(snap, at=at, load1=load1)
 
 
 def test_busy_cpu_steal_and_runnable_from_proc_stat():
-    start = machine_load.parse_proc_stat(PROC_STAT.format(user=100, steal=30, running=2))
-    # busy: user + nice + system + irq + softirq; idle, iowait and steal are not.
-    assert start == machine_load.CpuSnapshot(total=1000, busy=160, steal=30, runnable=2, cpus=2)
-    # Over 1 s at 100 ticks/s: 60 busy ticks are 0.6 cores, of which the world's ranks used 0.5 s.
-    end = _snap(user=160, running=4, at=1.0, load1=2.4)
+    start = machine_load.parse_proc_stat(PROC_STAT.format(idle=800, steal=30, running=2))
+    assert start == machine_load.CpuSnapshot(total=1000, idle=810, steal=30, runnable=2, cpus=2)
+    # Over 1 s at 100 ticks/s, 2 CPUs offer 200 ticks: 140 idle leave 0.6 cores busy, of which the
+    # world's ranks used 0.5 s. Busy is what idle and steal leave (the busy columns are sampled).
+    end = _snap(idle=940, running=4, at=1.0, load1=2.4)
     load = machine_load.over_window(_snap(), end, world_cpu_s=0.5, ticks_per_s=100)
     assert load["busy_cores"] == pytest.approx(0.6) and load["other_cores"] == pytest.approx(0.1)
     assert load["other_cores_res"] == pytest.approx(2 / 100)  # one tick per CPU over the window
     assert load["steal_pct"] == 0 and load["runnable"] == 2 and load["load1"] == 2.4  # runnable: mean of 1 and 3
-    stolen = _snap(user=140, steal=90, running=1, at=1.0)
-    assert machine_load.over_window(_snap(), stolen, 0.0, 100)["steal_pct"] == pytest.approx(100 * 60 / 100)
+    stolen = machine_load.over_window(_snap(), _snap(idle=840, steal=90, running=1, at=1.0), 0.0, 100)
+    assert stolen["steal_pct"] == pytest.approx(100 * 60 / 100) and stolen["busy_cores"] == pytest.approx(1.0)
     old_kernel = machine_load.parse_proc_stat("cpu  100 5 50 800 10 0 5\nprocs_running 1\n")
     assert old_kernel.steal is None and math.isnan(machine_load.over_window(old_kernel, old_kernel, 0.0)["steal_pct"])
     assert machine_load.parse_proc_stat("nothing here\n") is None
@@ -312,8 +312,10 @@ def test_no_garbage_collection_runs_inside_a_timed_step(tmp_path, monkeypatch):
 LOAD_SUITE = tiny_suite("bucket_cap_mb = [1, 4]", batch_size=32, steps=100, repeats=5)
 
 
-def _busy_ticks() -> int:
-    return machine_load.parse_proc_stat(machine_load.PROC_STAT.read_text()).busy
+def _away_ticks() -> tuple[int, int]:
+    """Idle, iowait and steal ticks so far, and the CPUs: what the machine did not spend busy."""
+    snap = machine_load.parse_proc_stat(machine_load.PROC_STAT.read_text())
+    return snap.idle + (snap.steal or 0), snap.cpus
 
 
 def _flagged(loaded) -> pd.DataFrame:
@@ -328,10 +330,11 @@ def test_the_worlds_own_ranks_are_not_counted_as_load(tmp_path):
     repeat in 20 is flagged; the helpers that share a development machine may load it, so there
     the flag rate is not asserted."""
     hz = os.sysconf("SC_CLK_TCK")
-    busy0, t0, mine0 = _busy_ticks(), time.monotonic(), machine_load.own_cpu_s()
+    (away0, cpus), t0, mine0 = _away_ticks(), time.monotonic(), machine_load.own_cpu_s()
     loaded = sweep_in_process(tmp_path, LOAD_SUITE)
     wall = time.monotonic() - t0
-    independent = ((_busy_ticks() - busy0) / hz - (machine_load.own_cpu_s() - mine0)) / wall
+    busy_s = cpus * wall - (_away_ticks()[0] - away0) / hz
+    independent = (busy_s - (machine_load.own_cpu_s() - mine0)) / wall
     timed = loaded.steps[(loaded.steps["phase"] == "timed") & (loaded.steps["rank"] == 0)]
     per_repeat = timed.groupby(["case_id", "repeat"])[["busy_cores", "other_cores", "other_cores_res"]].first()
     assert len(per_repeat) == 10 and (per_repeat["other_cores_res"] < 0.1).all()

@@ -3,9 +3,13 @@
 Read from the kernel outside the timed steps, by each node's local rank 0, once as they start and
 once as they end, each time while the world's other ranks wait asleep at a barrier. The evidence is
 ``other_cores``: the CPU the machine's *other* processes used over the window, in cores, exactly the
-machine's busy CPU time (``/proc/stat``: user, nice, system, irq, softirq of every CPU) less the CPU
-time the node's own rank processes used in the same window (every thread of each, and its waited
-children: ``own_cpu_s``, read by each rank at the same two barriers). The 1-minute load average is
+machine's busy CPU time less the CPU time the node's own rank processes used in the same window
+(every thread of each, and its waited children: ``own_cpu_s``, read by each rank at the same two
+barriers). Busy time is the window's CPU capacity (its length times the CPUs) less the idle, iowait
+and steal time ``/proc/stat`` reports, not the sum of its busy columns: a tickless kernel accounts
+idle time exactly but busy time by sampling at the clock tick, which misses the short bursts of a
+rank that computes and waits by turns (on the 2-core development VM the busy columns came to about
+0.2 cores less than the ranks' own exact CPU time). The 1-minute load average is
 no evidence (it counts the world's own ranks, so every 2-rank world on 2 cores looks busy); it is
 recorded beside CPU steal over the window (time a hypervisor gave this machine's CPUs to other
 guests; NaN where the kernel does not report it) and the other tasks runnable (``procs_running``
@@ -26,7 +30,7 @@ from pathlib import Path
 
 PROC_STAT = Path("/proc/stat")
 # Columns of the aggregate "cpu" line: user nice system idle iowait irq softirq steal (guest time is
-# already counted in user, so it is left out of the total). Busy: all but idle, iowait and steal.
+# already counted in user, so it is left out of the total).
 _IDLE_FIELDS = (3, 4)
 _STEAL_FIELD = 7
 
@@ -38,12 +42,12 @@ LOAD_KEYS = ("load1", "steal_pct", "runnable", "busy_cores", "other_cores", "oth
 
 @dataclass(frozen=True)
 class CpuSnapshot:
-    """One read of /proc/stat: cumulative CPU ticks (all CPUs), the busy ones among them, steal
-    (None: not reported), the tasks runnable at that moment (None: not reported); with the
-    monotonic time of the read, the CPUs counted and the 1-minute load average (NaN: none)."""
+    """One read of /proc/stat: cumulative CPU ticks (all CPUs), the idle and iowait ones among
+    them, steal (None: not reported), the tasks runnable at that moment (None: not reported); with
+    the monotonic time of the read, the CPUs counted and the 1-minute load average (NaN: none)."""
 
     total: int
-    busy: int
+    idle: int
     steal: int | None
     runnable: int | None
     cpus: int = 1
@@ -54,19 +58,19 @@ class CpuSnapshot:
 def parse_proc_stat(text: str) -> CpuSnapshot | None:
     """A snapshot from /proc/stat's text (``at`` and ``load1`` left unset); None when it has no
     aggregate ``cpu`` line."""
-    total, busy, steal, runnable, cpus = None, 0, None, None, 0
+    total, idle, steal, runnable, cpus = None, 0, None, None, 0
     for line in text.splitlines():
         fields = line.split()
         if fields and fields[0] == "cpu":
             ticks = [int(v) for v in fields[1 : _STEAL_FIELD + 2]]
             total = sum(ticks)
             steal = ticks[_STEAL_FIELD] if len(ticks) > _STEAL_FIELD else None
-            busy = total - sum(ticks[i] for i in _IDLE_FIELDS) - (steal or 0)
+            idle = sum(ticks[i] for i in _IDLE_FIELDS)
         elif fields and fields[0].startswith("cpu") and fields[0][3:].isdigit():
             cpus += 1
         elif len(fields) == 2 and fields[0] == "procs_running":
             runnable = int(fields[1])
-    return None if total is None else CpuSnapshot(total, busy, steal, runnable, max(cpus, 1))
+    return None if total is None else CpuSnapshot(total, idle, steal, runnable, max(cpus, 1))
 
 
 def snapshot(path: Path = PROC_STAT) -> CpuSnapshot | None:
@@ -81,7 +85,7 @@ def snapshot(path: Path = PROC_STAT) -> CpuSnapshot | None:
         load1 = os.getloadavg()[0]
     except OSError:
         load1 = NAN
-    return CpuSnapshot(snap.total, snap.busy, snap.steal, snap.runnable, snap.cpus, time.monotonic(), load1)
+    return CpuSnapshot(snap.total, snap.idle, snap.steal, snap.runnable, snap.cpus, time.monotonic(), load1)
 
 
 def own_cpu_s() -> float:
@@ -111,7 +115,8 @@ def over_window(
     window = end.at - start.at
     if window > 0:
         hz = ticks_per_s or os.sysconf("SC_CLK_TCK")
-        busy = (end.busy - start.busy) / hz / window
+        away = (end.idle - start.idle) + ((end.steal or 0) - (start.steal or 0))
+        busy = end.cpus - away / hz / window
         out |= {
             "busy_cores": busy,
             "other_cores": busy - world_cpu_s / window,
