@@ -279,7 +279,9 @@ def test_runs_differing_only_in_repeats_match_case_by_case_in_compare_and_report
     html = build_report(data.runs)
     assert "over 2 common case(s): 1 regression, 1 pass" in html
     (line,) = verdicts.across_runs_lines(data, [engine])
-    assert "; the intervals resolve ±" in line and re.search(r"\(regression, resolves ±\d+(\.\d)?%\)\.$", line)
+    assert "; the intervals resolve ±" in line and re.search(
+        r"\(regression: slower, beyond the ±5% threshold; resolves ±\d+(\.\d)?%\)\.$", line
+    )
 
 
 def rename_case_ids(run: Path, new: Callable[[str], str]) -> None:

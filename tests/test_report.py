@@ -108,16 +108,19 @@ def test_interleaved_vs_sequential_in_words_with_intervals():
     assert loop.est.method == "paired" and loop.est.n == 3
     assert loop.lo < loop.ratio < loop.hi < 1 and loop.ratio == pytest.approx(0.8, rel=1e-3)
     assert verdicts.sentence(loop, list(loop.context)) == (
-        "interleaved is 20% [18%, 22%] faster than sequential at 4 MB buckets on loopback, shard_buckets=False "
-        "(this run resolves ±2.5%)."
+        "interleaved vs sequential at 4 MB buckets on loopback, shard_buckets=False, step time: "
+        "faster: -20.0% [-22.0%, -18.0%], beyond the ±5% threshold (this run resolves ±2.5%)."
     )
     lines = verdicts.group_sentences(comps)
     assert (
-        "interleaved is faster than sequential at 1, 4 MB buckets on loopback, shard_buckets=False "
-        "(most: 20% [18%, 22%] at 1 MB; this run resolves ±2.5% or better at each)."
+        "interleaved vs sequential on loopback, shard_buckets=False, step time, at 1, 4 MB buckets: faster, beyond "
+        "the ±5% threshold (most: -20.0% [-22.0%, -18.0%] at 1 MB; this run resolves ±2.5% or better at each)."
     ) in lines
     assert any(
-        line.startswith("sequential wins at 1, 4 MB buckets on tcp-1gbit, shard_buckets=True (interleaved up to 25%")
+        line.startswith(
+            "interleaved vs sequential on tcp-1gbit, shard_buckets=True, step time, at 1, 4 MB buckets: slower, "
+            "beyond the ±5% threshold (most: +25.0%"
+        )
         for line in lines
     )
 
@@ -132,13 +135,14 @@ def test_collapsed_parameters_share_one_baseline_and_noise_is_not_called():
         by_base.setdefault(c.baseline["case_id"], set()).add(c.candidate["shard_buckets"])
     assert set(map(frozenset, by_base.values())) == {frozenset({False, True})}
     assert "shard_buckets" not in comps[0].context
-    assert {c.verdict for c in comps} == {"unclear"}
+    assert {c.verdict for c in comps} == {"no difference shown"}
     lines = verdicts.group_sentences(comps)
     # One line per interconnect and sharding: the two hook variants are judged apart, never folded together.
-    assert len(lines) == 4 and all("no clear difference at 1, 4 MB buckets" in line for line in lines)
+    assert len(lines) == 4 and all("at 1, 4 MB buckets: no difference shown, could only resolve ±" in x for x in lines)
     assert (
-        "sequential (shard_buckets=True) vs zero_no_overlap (per-parameter broadcasts) on loopback: no clear "
-        "difference at 1, 4 MB buckets (this run resolves ±9.3% or better at each)." in lines
+        "sequential (shard_buckets=True) vs zero_no_overlap (per-parameter broadcasts) on loopback, step time, at 1, "
+        "4 MB buckets: no difference shown, could only resolve ±9.3% (most: +0.2% [-8.3%, +9.5%] at 1 MB; this run "
+        "resolves ±9.3% or better at each)." in lines
     )
 
 
@@ -161,7 +165,7 @@ def test_hooks_advantage_splits_into_packing_and_overlap():
     against_unpacked = comparisons[verdicts.ZERO_KINDS[1].key]
     assert len(against_unpacked) == 2 and {c.baseline["parameters_as_bucket_view"] for c in against_unpacked} == {False}
     assert all(c.ratio == pytest.approx(0.4) for c in against_unpacked)
-    assert "than zero_no_overlap (per-parameter broadcasts) at" in verdicts.group_sentences(against_unpacked)[0]
+    assert "vs zero_no_overlap (per-parameter broadcasts), step time, at" in verdicts.group_sentences(against_unpacked)[0]
     lines = verdicts.attribution_lines(comparisons)
     assert len(lines) == 4  # two hooks x two bucket sizes
     assert lines[0].startswith(
@@ -179,8 +183,10 @@ def test_a_single_repeat_is_never_called():
     suite = ZERO_SUITE.replace('interconnect = ["loopback", "tcp-1gbit"]', 'interconnect = ["loopback"]')
     data = report_data.load([in_memory_run(suite, lambda p: zero_medians(p)[:1])])
     comps = verdicts.compare(data, verdicts.ZERO_KINDS[0])
-    assert comps and {c.verdict for c in comps} == {"single"}
-    assert verdicts.sentence(comps[0], list(comps[0].context)).endswith("step time (one repeat: no interval).")
+    assert comps and {c.verdict for c in comps} == {"no interval"}
+    assert verdicts.sentence(comps[0], list(comps[0].context)).endswith(
+        "step time: no interval: -19.2%, not judged (one repeat: no interval)."
+    )
 
 
 def test_fastest_line_names_the_setting_and_the_evidence_against_the_runner_up():
@@ -189,8 +195,11 @@ def test_fastest_line_names_the_setting_and_the_evidence_against_the_runner_up()
     assert len(lines) == 2  # one per interconnect: the setting, not a tuning knob
     loop = next(line for line in lines if "on loopback" in line)
     assert loop.startswith("Fastest on loopback: hook_with_zero_step_interleaved")
-    assert "not clearly ahead of the runner-up hook_with_zero_step_interleaved" in loop  # its twin configuration
-    assert "; this run resolves ±" in loop
+    # Against its twin configuration, the same step time:
+    assert (
+        "; against the runner-up hook_with_zero_step_interleaved" in loop and "step time: no difference shown" in loop
+    )
+    assert "(this run resolves ±" in loop
 
 
 def drifting_medians(p: dict) -> list[float]:
@@ -214,7 +223,7 @@ def test_cases_of_one_world_are_paired_by_round_so_shared_drift_cancels():
     c = comps[0]
     unpaired = stats.case_ratio(verdicts.repeat_values(c.baseline), verdicts.repeat_values(c.candidate), paired=False)
     assert unpaired.lo < 1 < unpaired.hi and unpaired.half_width > 0.15
-    assert verdicts.sentence(c, list(c.context)).startswith("interleaved is 4.0% [")
+    assert "step time: faster: -4.0% [" in verdicts.sentence(c, list(c.context))
     assert "(this run resolves ±0." in verdicts.sentence(c, list(c.context))
 
 
@@ -228,7 +237,7 @@ def test_metric_cpu_ms_compares_cpu_time_and_says_so(tmp_path):
     wall = verdicts.compare(report_data.load([store.load(run)]), kind)
     cpu_data = report_data.load([store.load(run)], metric="cpu_ms")
     cpu = verdicts.compare(cpu_data, kind)
-    assert [c.verdict for c in wall] == ["slower"] and [c.verdict for c in cpu] == ["unclear"]
+    assert [c.verdict for c in wall] == ["slower"] and [c.verdict for c in cpu] == ["no difference shown"]
     assert "CPU time per step" in verdicts.sentence(cpu[0], list(cpu[0].context))
     assert "Verdicts compare CPU time per step (cpu_ms)" in build_report([store.load(run)], tmp_path, "cpu_ms")
 
@@ -337,9 +346,9 @@ def test_local_sgd_verdict_time_to_target_and_final_gap():
     assert v.reach_ratio.ratio == pytest.approx(0.6) and v.reach_ratio.method == "paired"
     assert v.final_delta == pytest.approx(0.02)
     text = verdicts.convergence_sentence(v, [])
-    assert text.startswith("post-local SGD (start_localSGD_iter=10 averaging_period=4) reaches the target in 40% [")
-    assert "less training time than DDP (this run resolves ±" in text and "but ends 0.02 nats above it" in text
-    assert "its steps are 40% [" in text and "faster than DDP's (this run resolves ±" in text
+    assert text.startswith("post-local SGD (start_localSGD_iter=10 averaging_period=4) reaches the target in ")
+    assert ", time to the target faster: -40.0% [" in text and "but ends 0.02 nats above it" in text
+    assert "its step time against DDP's, faster: -40.0% [" in text and "(this run resolves ±" in text
 
 
 @pytest.fixture(scope="module")

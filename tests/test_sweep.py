@@ -63,7 +63,7 @@ def test_smoke_summary_report_and_efficiency(smoke):
     assert len(reports) == 1
     html = reports[0].read_text()
     assert "zero_no_overlap" in html and html.count("<script") >= 2 and "<script src=" not in html
-    assert "smoke" in proc.stdout and "median ms" in proc.stdout
+    assert "smoke" in proc.stdout and "ms/step" in proc.stdout
 
 
 def test_crash_and_hang_fail_only_their_case_and_leave_no_process(tmp_path):

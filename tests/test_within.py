@@ -106,14 +106,12 @@ def test_pair_selection_flips_sides_and_gates_the_exit_code(zero_run: Path, caps
     assert doc["verdict"] == "regression" and len(doc["pairs"]) == 4
     assert all(p["result"]["half_width"] > 0 and p["method"] == "paired" for p in doc["pairs"])
     assert run_cli(["compare", str(zero_run), "--pair", "shard_buckets=true..false"]) == 0
-    assert "improvement (resolves ±" in capsys.readouterr().out
+    assert "improvement: faster, beyond the ±5% threshold" in capsys.readouterr().out
     assert len(compare.within_run(zero_run, pairs=["world_size=2.0..3"]).pairs) == 5
-    assert run_cli(["compare", str(zero_run), "--pair", "shard_buckets=true..false"]) == 0
-    assert "improvement (resolves ±" in capsys.readouterr().out
     assert run_cli(["compare", str(zero_run), "--pair", sel, "--filter", "world_size=3", "--format", "md"]) == 0
     md = capsys.readouterr().out
     assert md.startswith("### tpbench compare (within one run): ✅ pass")
-    assert md.count("✅ pass (resolves ±") == 2
+    assert md.count("✅ pass: ") == 2 and md.count("within the ±5% threshold") == 2
 
 
 @pytest.mark.parametrize(
@@ -137,9 +135,10 @@ def test_too_few_rounds_are_inconclusive_and_verdicts_state_the_half_width(tmp_p
     run = make_run(tmp_path, {"ddp": [10, 11], "zero_no_overlap": [12, 13]})
     (p,) = compare.within_run(run).pairs
     assert p.result.verdict == compare.INCONCLUSIVE and "too few to judge (2 pairs; need 3)" in p.result.reason
-    assert render.verdict_text(p.result).startswith("inconclusive: could only resolve ±")
+    assert render.verdict_text(p.result) == "inconclusive: slower, too few to judge (2 pairs; need 3)"
     text = render.render_text(compare.within_run(run))
     assert "resolves" in text.splitlines()[3] and "the widest interval resolves ±" in text
+    assert text.count("too few to judge") == 1  # said once: in the verdict, not again as a note
 
 
 def test_runs_compare_states_half_widths_too(tmp_path: Path) -> None:
@@ -147,7 +146,8 @@ def test_runs_compare_states_half_widths_too(tmp_path: Path) -> None:
     base = make_run(tmp_path / "a", {"ddp": list(10 * (1 + 0.01 * rng.uniform(-1, 1, 6)))})
     cand = make_run(tmp_path / "b", {"ddp": list(10 * (1 + 0.01 * rng.uniform(-1, 1, 6)))}, seed=1)
     text = render.render_text(compare.compare_runs([base], [cand]))
-    assert "pass (resolves ±" in text and "| resolves |" not in text and "resolves" in text.splitlines()[4]
+    assert "pass: no difference shown, within the ±5% threshold" in text and "| resolves |" not in text
+    assert "resolves" in text.splitlines()[4]
 
 
 @pytest.mark.ranks
@@ -276,6 +276,15 @@ def test_report_and_compare_match_the_same_cases(zero_run: Path, tmp_path: Path)
     loaded = sweep.finalize(zero_run)
     mine = {(p.baseline_case, p.candidate_case) for p in compare.within_run(loaded).pairs if p.key == "algorithm"}
     assert report_pairs(loaded, verdicts.ZERO_KINDS) == mine and len(mine) == 12
+    # And they say the same of each: one interval, one verdict, in the same words.
+    words = {(p.baseline_case, p.candidate_case): p.result.words for p in compare.within_run(loaded).pairs}
+    rd = report_data.load([loaded])
+    said = {
+        (c.baseline["case_id"], c.candidate["case_id"]): c.said.words
+        for k in verdicts.ZERO_KINDS
+        for c in verdicts.compare(rd, k)
+    }
+    assert said == {pair: words[pair] for pair in said}
 
     localsgd = sweep.finalize(
         make_run(
@@ -307,3 +316,30 @@ def test_repeats_raised_by_an_adaptive_sweep_do_not_part_cases(tmp_path: Path) -
     (run / "run.json").write_text(json.dumps(meta))
     (p,) = compare.within_run(run).pairs
     assert p.selector == "algorithm=ddp..zero_no_overlap" and p.result.ratio == pytest.approx(1.1, rel=0.02)
+
+
+def test_report_and_compare_say_the_same_of_a_difference_not_shown_beyond_the_threshold(tmp_path: Path) -> None:
+    """Interleaved 1–15% slower than sequential round by round: the interval excludes no change but
+    reaches past the ±5% threshold. The report and ``compare RUN_DIR`` give it the same words, and
+    neither says "could only resolve" of an interval that resolved a difference."""
+    from tpbench.report import build_report, verdicts
+    from tpbench.report import data as report_data
+
+    slower = [1.02, 1.15, 1.05, 1.12, 1.01, 1.10]
+    run = sweep.finalize(
+        make_run(
+            tmp_path,
+            {"hook_with_zero_step": DRIFT, "hook_with_zero_step_interleaved": [m * f for m, f in zip(DRIFT, slower)]},
+            jitter=0.0,
+        )
+    )
+    (pair,) = compare.within_run(run).pairs
+    (c,) = verdicts.compare(report_data.load([run]), verdicts.ZERO_KINDS[0])
+    assert (pair.baseline_case, pair.candidate_case) == (c.baseline["case_id"], c.candidate["case_id"])
+    assert 1 < c.lo < 1.05 < c.hi and (pair.result.ci_lo, pair.result.ci_hi) == (c.lo, c.hi)
+    assert pair.result.words == c.said.words == "slower, not shown beyond the ±5% threshold"
+    assert pair.result.verdict == compare.INCONCLUSIVE
+    text = render.render_text(compare.within_run(run))
+    assert "inconclusive: slower, not shown beyond the ±5% threshold" in text and "could only resolve" not in text
+    html = build_report([run])
+    assert f"{c.said.text} (this run resolves ±" in html and "could only resolve" not in html

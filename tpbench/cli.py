@@ -81,13 +81,17 @@ class SweepProgress:
 
 
 def _summary_table(loaded) -> Table:
-    t = Table(title=escape(f"{loaded.record.suite.name} · run {loaded.record.run_id}"))
+    t = Table(
+        title=escape(f"{loaded.record.suite.name} · run {loaded.record.run_id}"),
+        caption="ms/step: the median of the repeats' values, with the 95% CI of that median; "
+        "steps p10–p90: the spread of single timed steps",
+    )
     for col, just in [
         ("case", "left"),
         ("status", "left"),
-        ("median ms", "right"),
+        ("ms/step", "right"),
         ("95% CI", "right"),
-        ("p10–p90 ms", "right"),
+        ("steps p10–p90", "right"),
         ("samples/s", "right"),
     ]:
         t.add_column(col, justify=just)

@@ -7,12 +7,11 @@ one rule for which cases match (``suite.identity``: runs that differ only in bud
 A gate that fires on noise gets switched off, so a regression is called only on strong evidence:
 per case, the ratio of medians candidate/baseline computed over *repeats* (steps within a repeat
 are not independent), with a bootstrap confidence interval whose lower end must exceed
-1 + threshold. Verdicts:
+1 + threshold. Each interval's verdict and its words come from ``tpbench.verdict`` (the one
+vocabulary the report uses too): ``regression``, ``improvement``, ``pass``, ``inconclusive`` (the
+CI straddles a threshold, or too few repeats), with the direction ("slower, not shown beyond the
+±5% threshold") in ``CaseResult.words``. The engine adds:
 
-- ``regression``   CI lower bound > 1 + threshold
-- ``improvement``  CI upper bound < 1 − threshold
-- ``pass``         CI inside [1 − threshold, 1 + threshold]: any change is within tolerance
-- ``inconclusive`` the CI straddles a threshold (too wide to decide), or too few repeats
 - ``incomparable`` the environments differ in what matters (``environment.COMPARABLE_KEYS``) or
                    the case ran on a different world (world size, backend, device)
 - ``missing``      the candidate's case has no counterpart in the baseline, or no data
@@ -58,21 +57,20 @@ from tpbench.analysis.stats import (
 from tpbench.environment import COMPARABLE_KEYS, commit_text
 from tpbench.record import RunRecord
 from tpbench.suite import Case, SuiteError, identity, ran_together, select, value_text, varying_keys
+from tpbench.verdict import IMPROVEMENT as IMPROVEMENT
+from tpbench.verdict import INCONCLUSIVE as INCONCLUSIVE
+from tpbench.verdict import MIN_REPEATS as MIN_REPEATS
+from tpbench.verdict import PASS as PASS
+from tpbench.verdict import REGRESSION as REGRESSION
+from tpbench.verdict import THRESHOLD, Verdict
+from tpbench.verdict import judge as judge
+from tpbench.verdict import of as verdict_of
 
-PASS, REGRESSION, IMPROVEMENT, INCONCLUSIVE, INCOMPARABLE, MISSING = (
-    "pass",
-    "regression",
-    "improvement",
-    "inconclusive",
-    "incomparable",
-    "missing",
-)
+INCOMPARABLE, MISSING = "incomparable", "missing"
 # Verdicts from worst to best, the order tallies list them in.
 VERDICTS = (REGRESSION, INCOMPARABLE, MISSING, INCONCLUSIVE, IMPROVEMENT, PASS)
 EXIT_PASS, EXIT_REGRESSION, EXIT_USAGE, EXIT_INCOMPARABLE, EXIT_INCONCLUSIVE = 0, 1, 2, 3, 4
 
-# Fewer per-repeat values than this on a side and no bootstrap interval means anything.
-MIN_REPEATS = 3
 # Parameters of the world a case ran on: a case that matches on everything else but these is the
 # same case on another machine shape, which is incomparable rather than missing.
 WORLD_KEYS = ("world_size", "backend", "device", "ranks_per_node")
@@ -92,17 +90,6 @@ def parse_threshold(text: str) -> float:
     if not 0 <= value < 1:
         raise GateError(f"--threshold {text}: expected a value in [0%, 100%)")
     return value
-
-
-def judge(lo: float, hi: float, threshold: float) -> str:
-    """The verdict of one ratio interval (see the module docstring)."""
-    if lo > 1 + threshold:
-        return REGRESSION
-    if hi < 1 - threshold:
-        return IMPROVEMENT
-    if lo >= 1 - threshold and hi <= 1 + threshold:
-        return PASS
-    return INCONCLUSIVE
 
 
 @dataclass(frozen=True)
@@ -126,6 +113,9 @@ class CaseResult:
     # have told from none ("resolves ±4%"); None without an interval.
     half_width: float | None = None
     pairs: int = 0  # the pairs a paired interval rests on (0: unpaired)
+    # The verdict in the words every output uses (``verdict.Verdict.words``): "slower, not shown
+    # beyond the ±5% threshold"; empty without numbers (missing, incomparable by world).
+    words: str = ""
 
 
 PAIRINGS = ("none", "rounds", "repeats")
@@ -241,7 +231,7 @@ def compare_runs(
     candidate: Sequence[store.Loaded | str | Path],
     *,
     metric: str = "step_ms",
-    threshold: float = 0.05,
+    threshold: float = THRESHOLD,
     fail_on_inconclusive: bool = False,
     ignore_env: Iterable[str] = (),
     confidence: float = CONFIDENCE,
@@ -358,17 +348,17 @@ def _judge_case(
         "half_width": est.half_width if est.has_interval else None,
         "pairs": est.n if est.method == "paired" else 0,
     }
+    said = verdict_of(est, threshold, baseline_n=n_b, candidate_n=n_c)
     if env_differs:
-        return CaseResult(verdict=INCOMPARABLE, reason="environments differ (see above)", **common, **numbers)
-    if min(n_b, n_c) < MIN_REPEATS or (est.method == "paired" and est.n < MIN_REPEATS):
-        have = f"{est.n} pairs" if est.method == "paired" else f"{n_b} baseline, {n_c} candidate repeats"
         return CaseResult(
-            verdict=INCONCLUSIVE,
-            reason=f"too few to judge ({have}; need {MIN_REPEATS})",
-            **common,
-            **numbers,
+            verdict=INCOMPARABLE, reason="environments differ (see above)", words=said.words, **common, **numbers
         )
-    return CaseResult(verdict=judge(est.lo, est.hi, threshold), **common, **numbers)
+    return CaseResult(verdict=said.call, reason=_too_few(said), words=said.words, **common, **numbers)
+
+
+def _too_few(said: Verdict) -> str:
+    """The reason of a case too few repeats leave unjudged (the clause itself), else ""."""
+    return said.clause if said.clause.startswith("too few") else ""
 
 
 def _estimate(base: list[dict[int, float]], cand: list[dict[int, float]], pairing: str, confidence: float) -> Ratio:
@@ -498,7 +488,7 @@ def within_run(
     run: store.Loaded | str | Path,
     *,
     metric: str = "step_ms",
-    threshold: float = 0.05,
+    threshold: float = THRESHOLD,
     confidence: float = CONFIDENCE,
     fail_on_inconclusive: bool = False,
     pairs: Sequence[str] | None = None,
@@ -580,11 +570,8 @@ def _pair(
         "half_width": est.half_width if est.has_interval else None,
         "pairs": est.n if est.method == "paired" else 0,
     }
-    if min(len(b), len(c)) < MIN_REPEATS or (est.method == "paired" and est.n < MIN_REPEATS):
-        have = f"{est.n} pairs" if est.method == "paired" else f"{len(b)} baseline, {len(c)} candidate repeats"
-        result = CaseResult(verdict=INCONCLUSIVE, reason=f"too few to judge ({have}; need {MIN_REPEATS})", **numbers)
-    else:
-        result = CaseResult(verdict=judge(est.lo, est.hi, threshold), **numbers)
+    said = verdict_of(est, threshold, baseline_n=len(b), candidate_n=len(c))
+    result = CaseResult(verdict=said.call, reason=_too_few(said), words=said.words, **numbers)
     return CasePair(key, base[key], cand[key], context, base["case_id"], cand["case_id"], est.method, result)
 
 

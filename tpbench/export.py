@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from tpbench import store
-from tpbench.analysis.stats import CONFIDENCE, bootstrap_ci, slowest_rank
+from tpbench.analysis.stats import CONFIDENCE, bootstrap_ci, repeat_values, slowest_rank, windows_of
 from tpbench.compare import GateError
 from tpbench.suite import Case, varying_keys
 
@@ -26,17 +26,19 @@ class Export:
 
 
 def _export_cases(loaded: store.Loaded) -> tuple[list[tuple[Case, str, np.ndarray, np.ndarray]], list[str]]:
-    """Done cases with their label, per-step times (slowest rank, ms) and per-repeat medians (ms)."""
+    """Done cases with their label, per-step times (slowest rank, ms) and per-repeat values (ms,
+    ``stats.repeat_values``: the values the gate, the report and the summary's ``median_ms`` use)."""
     params = {cid: c.params for cid, c in loaded.record.cases.items()}
     names = dict(zip(loaded.cases["case_id"], loaded.cases["label"]))
     per_step = slowest_rank(loaded.steps) if not loaded.steps.empty else None
+    per_repeat = repeat_values(loaded.steps, windows=windows_of(params)) if per_step is not None else None
     out, skipped = [], []
     for cid, p in params.items():
         data = per_step[per_step["case_id"] == cid] if per_step is not None else None
         if data is None or data.empty:
             skipped.append(names[cid])
             continue
-        reps = data.groupby("repeat")["step_ms"].median().to_numpy()
+        reps = per_repeat[per_repeat["case_id"] == cid]["step_ms"].to_numpy()
         out.append((Case.from_params(p), names[cid], data["step_ms"].to_numpy(dtype=float), reps))
     return out, skipped
 

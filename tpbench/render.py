@@ -1,10 +1,12 @@
 """A comparison (``tpbench.compare``) as text for CI logs, Markdown for job summaries and PR
 comments, or JSON for machines: what ``tpbench compare`` and ``tpbench gate`` write on stdout.
 
-Every verdict is stated with its half-width, the smallest change the comparison could have told
-from none: "pass (resolves ±3.1%)", "inconclusive: could only resolve ±12%". Runs compared case by
-case (``Comparison``) and the cases of one run compared pair by pair (``WithinRun``) share the
-columns, the verdict words and the footer."""
+Every verdict is the call (what the exit code follows) with the words of ``tpbench.verdict``, the
+report's too: "inconclusive: slower, not shown beyond the ±5% threshold", "inconclusive: no
+difference shown, could only resolve ±12.0%", "pass: no difference shown, within the ±5% threshold";
+the "resolves" column is each interval's half-width, the smallest change it could have told from
+none. Runs compared case by case (``Comparison``) and the cases of one run compared pair by pair
+(``WithinRun``) share the columns, the verdict words and the footer."""
 
 from __future__ import annotations
 
@@ -45,14 +47,9 @@ def _resolves(r: CaseResult) -> str:
 
 
 def verdict_text(r: CaseResult) -> str:
-    """The verdict with what the comparison could resolve: "pass (resolves ±3.1%)",
-    "inconclusive: could only resolve ±12.0%"; the bare word without an interval."""
-    hw = _resolves(r)
-    if not hw or r.verdict in (INCOMPARABLE, MISSING):
-        return r.verdict
-    if r.verdict == INCONCLUSIVE:
-        return f"inconclusive: could only resolve {hw}"
-    return f"{r.verdict} (resolves {hw})"
+    """The call with the verdict's words (``CaseResult.words``): "inconclusive: slower, not shown
+    beyond the ±5% threshold"; the bare word where there are none (missing, incomparable)."""
+    return f"{r.verdict}: {r.words}" if r.words and r.verdict not in (INCOMPARABLE, MISSING) else r.verdict
 
 
 def _rounds(p: CasePair) -> str:
@@ -81,7 +78,7 @@ def _rows(c: Result) -> list[list[str]]:
                 _resolves(r),
                 basis,
                 verdict_text(r),
-                r.reason,
+                "" if r.reason and r.reason in r.words else r.reason,
             ]
         )
     return rows

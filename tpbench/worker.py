@@ -196,6 +196,7 @@ class CaseRunner:
         events: Events,
         ctrl: dist.ProcessGroup,
         nodes: tuple[tuple[int, ...], ...] | None = None,
+        hosts: tuple[tuple[int, ...], ...] | None = None,
     ) -> None:
         self.rank = rank
         self.device = device
@@ -203,6 +204,7 @@ class CaseRunner:
         self.events = events
         self.ctrl = ctrl
         self.nodes = nodes  # the ranks of each real node (see gather_nodes); None: one node
+        self.hosts = hosts or nodes  # the ranks of each machine (hostname): whose CPU is the world's there
         self.gpu = nvml.open_gpu(device)  # once per process: nvmlInit is not free
 
     def _build(self, case: Case) -> tuple[Any, Training]:
@@ -256,7 +258,7 @@ class CaseRunner:
                     # No collection inside a timed step: one now, none until the timed steps end.
                     gc.collect()
                     gc.disable()
-                    load_start = self._machine_snapshot()
+                    load_start, cpu_start = self._machine_snapshot()
                 if faulty and i == case.warmup_steps + 1:
                     _inject(fault_kind)
                 x, y = workload.train_batch(i)
@@ -277,7 +279,7 @@ class CaseRunner:
                 if heldout and (i + 1) % case.eval_every == 0:
                     row["heldout_loss"] = _evaluate(training.model, workload, heldout)
                 extra.append(row)
-            load = machine_load.over_window(load_start, self._machine_snapshot())
+            load_end, cpu_end = self._machine_snapshot()
         finally:
             gc.callbacks.remove(collections)
             if gc_was_enabled:
@@ -299,7 +301,7 @@ class CaseRunner:
             "loss": torch.stack(losses).float().cpu().tolist(),
             "elapsed_s": ends,
             "extra": extra,
-            **load,
+            "load_window": (load_start, load_end, cpu_end - cpu_start),
             **memory,
             "capture": self._capture(case, repeat, sampler, spans, clock, last=profile_after),
             "accounting": counted,
@@ -308,6 +310,7 @@ class CaseRunner:
         dist.gather_object(mine, gathered, dst=0, group=self.ctrl)
         if gathered is None:
             return None
+        _machine_loads(gathered, self.hosts)
         captures = [m.pop("capture") for m in gathered]
         counts = [m.pop("accounting") for m in gathered]
         capture.write_repeat(self.run_dir, case.case_id, repeat, captures)
@@ -321,17 +324,19 @@ class CaseRunner:
             rows["optimal_loss"] = workload.optimal_loss
         return rows
 
-    def _machine_snapshot(self) -> machine_load.CpuSnapshot | None:
+    def _machine_snapshot(self) -> tuple[machine_load.CpuSnapshot | None, float]:
         """/proc/stat read by each node's local rank 0 while every other rank of the world waits
-        at a barrier (so that its runnable tasks are the machine's others); None on other ranks.
-        Ends with the ranks together, as a repeat's timed steps must start."""
+        at a barrier (so that its runnable tasks are the machine's others; None on other ranks),
+        and this rank's own CPU time, read by every rank as the barrier releases it. Ends with the
+        ranks together, as a repeat's timed steps must start."""
         dist.barrier(group=self.ctrl)
+        own = machine_load.own_cpu_s()
         snap = None
         if self.rank.local_rank == 0:
             time.sleep(machine_load.SETTLE_S)
             snap = machine_load.snapshot()
         dist.barrier(group=self.ctrl)
-        return snap
+        return snap, own
 
     def _capture(
         self,
@@ -475,6 +480,17 @@ def _inject(kind: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     while True:
         time.sleep(3600)
+
+
+def _machine_loads(gathered: list[dict[str, Any]], hosts: tuple[tuple[int, ...], ...] | None) -> None:
+    """Turn each rank's ``load_window`` into its load columns (``machine_load.over_window``): on
+    each machine the reader's snapshots less the CPU of the world's ranks on that machine only
+    (``hosts``: ranks per hostname; None: all on one), NaN on the other ranks' rows."""
+    windows = [m.pop("load_window") for m in gathered]
+    for ranks in hosts or (tuple(range(len(gathered))),):
+        world_cpu_s = sum(windows[r][2] for r in ranks)
+        for r in ranks:
+            gathered[r] |= machine_load.over_window(windows[r][0], windows[r][1], world_cpu_s)
 
 
 def _rows(case: Case, repeat: int, gathered: list[dict[str, Any]]) -> pd.DataFrame:
@@ -635,7 +651,18 @@ def run_plan(plan: Plan, events: Events) -> None:
     timeout = 2 * max(c.timeout_s for c in cases.values()) + 60
     with _world(plan, rank, first.backend, timeout) as ctrl:
         nodes = gather_nodes(rank, ctrl)
-        runner = CaseRunner(rank, device, Path(plan.run_dir), events, ctrl, nodes=tuple(tuple(n.ranks) for n in nodes))
+        hosts = {n.hostname: () for n in nodes}
+        for n in nodes:
+            hosts[n.hostname] += tuple(n.ranks)
+        runner = CaseRunner(
+            rank,
+            device,
+            Path(plan.run_dir),
+            events,
+            ctrl,
+            nodes=tuple(tuple(n.ranks) for n in nodes),
+            hosts=tuple(hosts.values()),
+        )
         if rank.rank == 0:
             events.emit("world_ready", world=plan.world, nodes=[dataclasses.asdict(n) for n in nodes])
         gate = Turns(plan, rank, ctrl)
@@ -655,8 +682,8 @@ def run_plan(plan: Plan, events: Events) -> None:
                 _check_torch_state(torch_state)
                 if rows is not None:
                     store.write_repeat(Path(plan.run_dir), case_id, repeat, rows)
-                    timed = rows[rows.phase == "timed"].groupby("step").step_ms.max()
-                    events.emit("repeat_end", case=case_id, repeat=repeat, median_ms=float(timed.median()))
+                    value = repeat_values(rows.assign(case_id=case_id), windows=windows_of({case_id: case.params()}))
+                    events.emit("repeat_end", case=case_id, repeat=repeat, median_ms=float(value["step_ms"].iloc[0]))
                     if repeat == case.repeats - 1:
                         events.emit("case_end", case=case_id)
                     gate.done(case, repeat, rows, began)

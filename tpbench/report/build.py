@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tpbench import compare, store
+from tpbench import compare, store, verdict
 from tpbench.environment import commit_text
 from tpbench.report import (
     comm_hooks,
@@ -145,9 +145,11 @@ def _headlines(
     notes = (
         f"Verdicts compare {data.what} ({data.metric}). "
         "Intervals: 95% t interval over rounds, paired by round for cases of one world (each round's ratio "
-        "measured side by side), unpaired (Welch) for cases of different worlds; a difference is called only when "
-        'its interval excludes no change, and "this run resolves ±x%" is the interval\'s half-width, the '
-        "smallest difference it could have told from none."
+        "measured side by side), unpaired (Welch) for cases of different worlds; a direction (slower, faster) is "
+        "named only when its interval excludes no change, and judged against the "
+        f"±{verdict.THRESHOLD:.0%} threshold in the words tpbench compare uses for the same interval; "
+        '"this run resolves ±x%" is the interval\'s half-width, the smallest difference it could have told from '
+        "none."
     )
     if any(comparisons.get(k.key) for k in verdicts.ZERO_KINDS):
         notes += " " + "; ".join(f"{short} = {name}" for name, short in verdicts.SHORT.items()) + "."

@@ -17,6 +17,7 @@ import json
 import pandas as pd
 import plotly.graph_objects as go
 
+from tpbench import verdict
 from tpbench.report.data import ReportData, context_text
 from tpbench.report.figures import LEGEND_BELOW, MARGIN
 from tpbench.report.html import Page, plot_text
@@ -24,10 +25,10 @@ from tpbench.report.verdicts import Comparison, resolution
 
 BASELINE = "allreduce"
 _WINNER = {
-    "faster": "interleaved",
-    "slower": "sequential",
-    "unclear": "no clear winner",
-    "single": "undecided (one repeat)",
+    verdict.FASTER: "interleaved",
+    verdict.SLOWER: "sequential",
+    verdict.NO_DIFFERENCE: "no clear winner",
+    verdict.NO_INTERVAL: "undecided (one repeat)",
 }
 
 
@@ -115,12 +116,14 @@ def winner_lines(comparisons: list[Comparison]) -> list[str]:
 
 def _wins(c: Comparison) -> str:
     who = _WINNER[c.verdict]
-    return f"{who} wins" if c.verdict in ("faster", "slower") else who
+    return f"{who} wins" if c.verdict in (verdict.FASTER, verdict.SLOWER) else who
 
 
 def _ratio(c: Comparison) -> str:
-    interval = "" if c.verdict == "single" else f" [{c.lo:.3f}, {c.hi:.3f}]"
-    return f"interleaved/sequential {c.ratio:.3f}{interval}; {resolution([c.est])}"
+    """The ratio with the verdict's words (``verdict.Verdict.words``), which say whether the win
+    reaches beyond the threshold."""
+    interval = "" if c.verdict == verdict.NO_INTERVAL else f" [{c.lo:.3f}, {c.hi:.3f}]"
+    return f"interleaved/sequential {c.ratio:.3f}{interval}: {c.said.words}; {resolution([c.est])}"
 
 
 def _figure(comparisons: list[Comparison]) -> go.Figure:

@@ -76,7 +76,10 @@ def overlap(page: Page, data: ReportData) -> None:
     if len(timed):
         ratio = float(np.median(timed["span"] / timed["median_ms"]))
         page.paragraph(
-            f"Traced steps took {ratio:.2g}× as long as the timed steps' median (profiler overhead).", css="muted"
+            f"Traced steps took {ratio:.2g}× as long as the timed steps' median: the profiler's overhead, and "
+            "whatever sets the few traced steps apart from the median (for post-local SGD, whether an averaging "
+            "step was among them; the machine's load then).",
+            css="muted",
         )
     if bucket_axis(data, df) and len(df) > MAX_BARS:
         page.figure(_overlap_against_bucket_size(data, df))

@@ -6,10 +6,11 @@ the interleaved and the sequential ZeRO hook at 4 MB buckets on loopback. Its nu
 ``stats.case_ratio`` of the two cases' per-repeat values (repeats are the independent unit):
 paired by round when the two ran in the same world (``suite.ran_together``: repeat i of each
 measured next to each other, so whatever the machine did then cancels in their ratio), else
-unpaired. A difference is called only when the interval excludes 1; every statement of a
-comparison also says its half-width, what the run could resolve, so "no clear difference" is
-never said without how small a difference would have shown. A case with a single repeat has no
-interval and is never called.
+unpaired. Its verdict is ``tpbench.verdict``'s, the words ``tpbench compare`` prints for the same
+interval: a direction only when the interval excludes 1, judged against the ±5% threshold
+("slower: +9.0% [+1.0%, +17.6%], not shown beyond the ±5% threshold"); every statement also says
+its half-width, what the run could resolve. A case with a single repeat has no interval and is
+never called.
 
 Parameters that do not apply to one side (``shard_buckets`` for ``zero_no_overlap``, collapsed
 to None by the suite) are not matched on: each sharded and unsharded hook case is compared with
@@ -27,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from tpbench import compare as engine
+from tpbench import verdict
 from tpbench.algorithms import (
     ALGORITHMS,
     COMPARED_PAIRS,
@@ -174,20 +176,19 @@ class Comparison:
         return f"{self.kind.candidate} ({extra})" if extra else self.kind.candidate
 
     @property
+    def said(self) -> verdict.Verdict:
+        """The verdict of its interval, as ``tpbench compare`` states it for the same two cases."""
+        return judged(self.est, self.baseline, self.candidate)
+
+    @property
     def verdict(self) -> str:
-        """faster / slower (the candidate, with the interval excluding 1), unclear, or single (no interval)."""
-        return verdict_of(self.est)
+        """The candidate's direction (``verdict.FASTER``, ``SLOWER``, ``NO_DIFFERENCE``, ``NO_INTERVAL``)."""
+        return self.said.direction
 
 
-def verdict_of(est: Ratio) -> str:
-    """faster / slower (the interval of candidate / baseline excludes 1), unclear, or single (no interval)."""
-    if not est.has_interval:
-        return "single"
-    if est.hi < 1:
-        return "faster"
-    if est.lo > 1:
-        return "slower"
-    return "unclear"
+def judged(est: Ratio, baseline: dict[str, Any], candidate: dict[str, Any]) -> verdict.Verdict:
+    """``verdict.of`` for two cases of one run (each side's repeats decide whether it may be judged)."""
+    return verdict.of(est, baseline_n=len(repeat_values(baseline)), candidate_n=len(repeat_values(candidate)))
 
 
 def case_estimate(baseline: dict[str, Any], candidate: dict[str, Any]) -> Ratio:
@@ -263,15 +264,6 @@ def _pct(x: float) -> str:
     return f"{v:.1f}%" if v < 9.95 else f"{v:.0f}%"
 
 
-def _signed(ratio: float, lo: float | None = None, hi: float | None = None) -> str:
-    """A ratio as a signed change, "+3% [-1%, +8%]" (the interval when given)."""
-
-    def one(r: float) -> str:
-        return ("+" if r >= 1 else "-") + _pct(r - 1)
-
-    return one(ratio) + (f" [{one(lo)}, {one(hi)}]" if lo is not None and hi is not None else "")
-
-
 def resolution(ests: Iterable[Ratio]) -> str:
     """What one or several comparisons could resolve: "this run resolves ±4.0%" (the interval's
     half-width, the smallest difference it could have told from none), for several the largest
@@ -286,31 +278,24 @@ def resolution(ests: Iterable[Ratio]) -> str:
 
 
 def change_text(c: Comparison) -> str:
-    """The change as text: "12% [8%, 15%] faster", "5% [2%, 9%] slower", "no clear difference (+1% [-3%, +5%]
-    step time)" or, with one repeat, the signed change alone (``resolution`` says what it could resolve)."""
-    if c.verdict == "faster":
-        return f"{_pct(1 - c.ratio)} [{_pct(1 - c.hi)}, {_pct(1 - c.lo)}] faster"
-    if c.verdict == "slower":
-        return f"{_pct(c.ratio - 1)} [{_pct(c.lo - 1)}, {_pct(c.hi - 1)}] slower"
-    if c.verdict == "single":
-        return f"{_signed(c.ratio)} {c.what}"
-    return f"no clear difference ({_signed(c.ratio, c.lo, c.hi)} {c.what})"
+    """The verdict in full (``verdict.Verdict.text``), of the comparison's metric: "slower: +9.0%
+    [+1.0%, +17.6%], not shown beyond the ±5% threshold"."""
+    return c.said.text
 
 
 def sentence(c: Comparison, keys: list[str]) -> str:
     ctx = context_text(c.context, keys)
     ctx = f" {ctx}" if ctx else ""
-    name, base = c.name, c.kind.baseline
-    if c.verdict in ("faster", "slower"):
-        return f"{name} is {change_text(c)} than {base}{ctx} ({resolution([c.est])})."
-    return f"{name} vs {base}{ctx}: {change_text(c)} ({resolution([c.est])})."
+    return f"{c.name} vs {c.kind.baseline}{ctx}, {c.what}: {change_text(c)} ({resolution([c.est])})."
 
 
 def group_sentences(comparisons: list[Comparison], prefix: str = "") -> list[str]:
-    """One line per kind and setting; bucket sizes of one setting are folded into that line, each
-    part with the largest half-width among its sizes ("interleaved is faster than sequential at 1,
-    4 MB buckets on loopback (most: 15% [8%, 20%] at 4 MB; this run resolves ±6.0% or better at
-    each); sequential wins at 25 MB (...)")."""
+    """One line per kind and setting; bucket sizes of one setting are folded into that line, one
+    part per verdict (its words, ``verdict.Verdict.words``), each with its largest change and the
+    largest half-width among its sizes ("interleaved vs sequential on loopback, step time, at 1, 4 MB
+    buckets: faster, beyond the ±5% threshold (most: -15.0% [-20.0%, -8.0%] at 4 MB; this run
+    resolves ±6.0% or better at each); at 25 MB buckets: slower, not shown beyond the ±5% threshold
+    (...)")."""
     groups: dict[tuple, list[Comparison]] = {}
     for c in comparisons:
         rest = tuple(
@@ -325,30 +310,23 @@ def group_sentences(comparisons: list[Comparison], prefix: str = "") -> list[str
             continue
         rest_keys = [k for k in keys if k != "bucket_cap_mb"]
         ctx = context_text(group[0].context, rest_keys)
-        ctx = f" {ctx}" if ctx else ""
-        name, base = group[0].name, group[0].kind.baseline
+        head = f"{group[0].name} vs {group[0].kind.baseline}{' ' + ctx if ctx else ''}, {group[0].what}, "
+        by_verdict: dict[tuple[str, str], list[Comparison]] = {}
+        for c in sorted(group, key=lambda c: _ORDER.index(c.verdict)):
+            by_verdict.setdefault((c.verdict, c.said.call), []).append(c)
         parts = []
-        faster = sorted((c for c in group if c.verdict == "faster"), key=lambda c: c.ratio)
-        slower = sorted((c for c in group if c.verdict == "slower"), key=lambda c: -c.ratio)
-        other = [c for c in group if c.verdict in ("unclear", "single")]
-        if faster:
-            best = faster[0]
-            parts.append(
-                f"{name} is faster than {base} at {_sizes(faster, group)}{ctx} "
-                f"(most: {change_text(best).removesuffix(' faster')} at {_mb(best)}; "
-                f"{resolution(c.est for c in faster)})"
-            )
-        if slower:
-            worst = slower[0]
-            parts.append(
-                f"{base} wins at {_sizes(slower, group)}{ctx if not faster else ''} "
-                f"({name} up to {change_text(worst)} at {_mb(worst)}; {resolution(c.est for c in slower)})"
-            )
-        if other:
-            head = "" if parts else f"{name} vs {base}{ctx}: "
-            parts.append(f"{head}no clear difference at {_sizes(other, group)} ({resolution(c.est for c in other)})")
-        lines.append(prefix + "; ".join(parts) + ".")
+        for cs in by_verdict.values():
+            most = max(cs, key=lambda c: abs(np.log(c.ratio)))
+            where = f"most: {most.said.change} at {_mb(most)}" if len(cs) > 1 else most.said.change
+            # One verdict's clause may hold a number ("could only resolve ±9.3%"): the widest's.
+            widest = max(cs, key=lambda c: c.est.half_width if c.est.has_interval else 0.0)
+            parts.append(f"at {_sizes(cs, group)}: {widest.said.words} ({where}; {resolution(c.est for c in cs)})")
+        lines.append(prefix + head + "; ".join(parts) + ".")
     return lines
+
+
+# The order of a folded line's parts: called differences first.
+_ORDER = (verdict.FASTER, verdict.SLOWER, verdict.NO_DIFFERENCE, verdict.NO_INTERVAL)
 
 
 def _mb(c: Comparison) -> str:
@@ -446,18 +424,10 @@ def fastest_lines(data: ReportData) -> list[str]:
         if len(grp) > 1:
             second = grp.iloc[1].to_dict()
             est = case_estimate(second, best)
-            if not est.has_interval:
-                line += f"; runner-up {_knobs(second, data)} ({resolution([est])})"
-            elif est.hi < 1:
-                line += (
-                    f", {_pct(1 - est.ratio)} [{_pct(1 - est.hi)}, {_pct(1 - est.lo)}] "
-                    f"faster than the runner-up {_knobs(second, data)} ({resolution([est])})"
-                )
-            else:
-                line += (
-                    f", not clearly ahead of the runner-up {_knobs(second, data)} "
-                    f"({_signed(est.ratio, est.lo, est.hi)} {data.what}; {resolution([est])})"
-                )
+            line += (
+                f"; against the runner-up {_knobs(second, data)}, {data.what}: "
+                f"{judged(est, second, best).text} ({resolution([est])})"
+            )
         lines.append(line + ".")
     return lines
 
@@ -524,24 +494,16 @@ def convergence_sentence(v: ConvergenceVerdict, keys: list[str]) -> str:
     ctx = context_text(c.context, keys)
     who = f"post-local SGD ({setting}{', ' + ctx if ctx else ''})"
     ends = _ends(v.final_delta)
+    sooner = False
     if v.reach_ratio is not None:
         est = v.reach_ratio
-        r, lo, hi = est.ratio, est.lo, est.hi
         said = resolution([est])
-        if not est.has_interval:
-            reach = f"reaches the target in {v.cand_time_s:.3g} s of training vs DDP's {v.base_time_s:.3g} s ({said})"
-        elif hi < 1:
-            reach = (
-                f"reaches the target in {_pct(1 - r)} [{_pct(1 - hi)}, {_pct(1 - lo)}] less training time than DDP "
-                f"({said})"
-            )
-        elif lo > 1:
-            reach = (
-                f"needs {_pct(r - 1)} [{_pct(lo - 1)}, {_pct(hi - 1)}] more training time than DDP to reach the "
-                f"target ({said})"
-            )
-        else:
-            reach = f"reaches the target in about the same training time as DDP ({_signed(r, lo, hi)}; {said})"
+        reach = f"reaches the target in {v.cand_time_s:.3g} s of training vs DDP's {v.base_time_s:.3g} s"
+        if est.has_interval:
+            tt = verdict.of(est, baseline_n=v.base_reached, candidate_n=v.cand_reached)
+            sooner = tt.direction == verdict.FASTER
+            reach += f", time to the target {tt.text}"
+        reach += f" ({said})"
     elif v.cand_reached == 0:
         reach = "never reaches the target" + (
             f" (DDP does, in {v.base_time_s:.3g} s)" if v.base_reached else " (nor does DDP)"
@@ -550,17 +512,12 @@ def convergence_sentence(v: ConvergenceVerdict, keys: list[str]) -> str:
         reach = f"reaches the target in {v.cand_time_s:.3g} s of training, which DDP never does"
     else:
         reach = f"reaches the target in only {v.cand_reached} of its repeats (DDP: {v.base_reached})"
-    join = " but " if (("less" in reach or "which DDP" in reach) and v.final_delta > 0.005) else " and "
+    join = " but " if ((sooner or "which DDP" in reach) and v.final_delta > 0.005) else " and "
     return f"{who} {reach}{join}{ends}; {_steps_phrase(c)}."
 
 
 def _steps_phrase(c: Comparison) -> str:
-    said = resolution([c.est])
-    if c.verdict in ("faster", "slower"):
-        return f"its steps are {change_text(c)} than DDP's ({said})"
-    if c.verdict == "single":
-        return f"its {c.what} differs by {_signed(c.ratio)} from DDP's ({said})"
-    return f"its {c.what} is not clearly different from DDP's ({_signed(c.ratio, c.lo, c.hi)}; {said})"
+    return f"its {c.what} against DDP's, {change_text(c)} ({resolution([c.est])})"
 
 
 def _ends(delta: float) -> str:
@@ -621,9 +578,9 @@ def across_runs_lines(data: ReportData, comps: list[engine.Comparison]) -> list[
         called = [r for r in judged if r.verdict in (engine.REGRESSION, engine.IMPROVEMENT)]
         if called:
             big = max(called, key=lambda r: abs(np.log(r.ratio)))
-            change = _signed(big.ratio, big.ci_lo, big.ci_hi)
+            change = verdict.change(big.ratio, big.ci_lo, big.ci_hi)
             line += (
-                f"; largest change: {case_label(data, c, big.case_id)}, {change} ({big.verdict}, "
+                f"; largest change: {case_label(data, c, big.case_id)}, {change} ({big.verdict}: {big.words}; "
                 f"resolves ±{_pct(big.half_width)})"
             )
         lines.append(line + ".")

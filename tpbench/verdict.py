@@ -1,0 +1,112 @@
+"""One interval, one verdict: the words every comparison states its result in.
+
+A ratio candidate / baseline with its confidence interval (``analysis.stats.Ratio``) and a
+threshold give one ``Verdict``, used by the report, ``tpbench compare`` (runs, and the cases of one
+run), ``tpbench gate`` and the exports, so the same interval never reads as "sequential wins" in
+one place and "inconclusive" in another. It says two things:
+
+- the *direction*, from whether the interval excludes 1: ``slower`` (it lies above), ``faster``
+  (below), ``no difference shown`` (it contains 1), ``no interval`` (one repeat);
+- the *call* against the threshold t, the word ``compare`` and ``gate`` exit by
+  (docs/gates.md): ``regression`` (the interval lies above 1 + t), ``improvement`` (below 1 − t),
+  ``pass`` (inside [1 − t, 1 + t]: any change is within tolerance), ``inconclusive`` otherwise, or
+  with fewer than ``MIN_REPEATS`` values on a side.
+
+Its clause says which, in words: "beyond the ±5% threshold", "within the ±5% threshold", "not
+shown beyond the ±5% threshold" (the interval excludes no change but reaches across the threshold:
+a difference was resolved, one beyond the threshold was not), "could only resolve ±7.9%" (said
+only when the interval contains no change), "too few to judge (2 pairs; need 3)", "not judged"
+(no interval). In full:
+"slower: +9.0% [+1.0%, +17.6%], not shown beyond the ±5% threshold". A slower-but-not-beyond
+result is ``inconclusive`` (exit 0, 4 with ``--fail-on-inconclusive``) when its interval reaches
+past 1 + t, ``pass`` when it stays inside it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tpbench.analysis.stats import Ratio
+
+PASS, REGRESSION, IMPROVEMENT, INCONCLUSIVE = "pass", "regression", "improvement", "inconclusive"
+FASTER, SLOWER, NO_DIFFERENCE, NO_INTERVAL = "faster", "slower", "no difference shown", "no interval"
+# The threshold a comparison judges by unless told otherwise (``--threshold``; the report's).
+THRESHOLD = 0.05
+# Fewer per-repeat values than this on a side (or pairs, for a paired interval) and the interval
+# is not judged: a t interval on one degree of freedom is 12.7 standard errors wide.
+MIN_REPEATS = 3
+
+
+def judge(lo: float, hi: float, threshold: float) -> str:
+    """The call of one ratio interval against ``threshold`` (see the module docstring)."""
+    if lo > 1 + threshold:
+        return REGRESSION
+    if hi < 1 - threshold:
+        return IMPROVEMENT
+    if lo >= 1 - threshold and hi <= 1 + threshold:
+        return PASS
+    return INCONCLUSIVE
+
+
+def enough(est: Ratio, baseline_n: int, candidate_n: int) -> bool:
+    """Whether an interval rests on enough values to be judged: ``MIN_REPEATS`` on each side, and
+    as many pairs when it is paired."""
+    return min(baseline_n, candidate_n) >= MIN_REPEATS and (est.method != "paired" or est.n >= MIN_REPEATS)
+
+
+def change(ratio: float, lo: float | None = None, hi: float | None = None) -> str:
+    """A ratio as a signed change with its interval when given: "+9.0% [+1.0%, +17.6%]"."""
+
+    def pct(r: float | None) -> str:
+        return "" if r is None or not math.isfinite(r) else f"{(r - 1) * 100:+.1f}%"
+
+    return pct(ratio) + (f" [{pct(lo)}, {pct(hi)}]" if lo is not None and hi is not None else "")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one interval says (module docstring): ``call`` decides exit codes, ``direction`` and
+    ``clause`` are the words every output uses, ``change`` the numbers."""
+
+    call: str
+    direction: str
+    clause: str
+    change: str
+
+    @property
+    def words(self) -> str:
+        """The verdict without its numbers: "slower, not shown beyond the ±5% threshold"."""
+        return f"{self.direction}, {self.clause}"
+
+    @property
+    def text(self) -> str:
+        """The verdict in full: "slower: +9.0% [+1.0%, +17.6%], not shown beyond the ±5% threshold"."""
+        return f"{self.direction}: {self.change}, {self.clause}"
+
+
+def of(
+    est: Ratio, threshold: float = THRESHOLD, *, baseline_n: int | None = None, candidate_n: int | None = None
+) -> Verdict:
+    """The verdict of ``est`` (candidate / baseline) against ``threshold``; ``baseline_n`` and
+    ``candidate_n`` (each side's values, default: the interval's own count) decide ``enough``."""
+    if not est.has_interval:
+        return Verdict(INCONCLUSIVE, NO_INTERVAL, "not judged", change(est.ratio))
+    numbers = change(est.ratio, est.lo, est.hi)
+    direction = SLOWER if est.lo > 1 else FASTER if est.hi < 1 else NO_DIFFERENCE
+    limit = f"the ±{threshold * 100:g}% threshold"
+    b = est.n if baseline_n is None else baseline_n
+    c = est.n if candidate_n is None else candidate_n
+    if not enough(est, b, c):
+        have = f"{est.n} pairs" if est.method == "paired" else f"{b} baseline, {c} candidate repeats"
+        return Verdict(INCONCLUSIVE, direction, f"too few to judge ({have}; need {MIN_REPEATS})", numbers)
+    call = judge(est.lo, est.hi, threshold)
+    if call in (REGRESSION, IMPROVEMENT):
+        clause = f"beyond {limit}"
+    elif call == PASS:
+        clause = f"within {limit}"
+    elif direction == NO_DIFFERENCE:
+        clause = f"could only resolve ±{est.half_width * 100:.1f}%"
+    else:
+        clause = f"not shown beyond {limit}"
+    return Verdict(call, direction, clause, numbers)
