@@ -357,3 +357,31 @@ def test_run_json_entries_of_the_wrong_type_exit_3_naming_the_file(run_dir, tmp_
     assert run_cli([command, str(damaged), *args[command]]) == 3
     err = capsys.readouterr().err
     assert f"{damaged}/run.json: corrupted (" in err.replace("\n", "") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo"])
+def test_a_run_json_that_is_not_a_regular_file_exits_3_without_reading_it(run_dir, tmp_path, capsys, special):
+    import shutil
+
+    damaged = tmp_path / "run"
+    shutil.copytree(run_dir, damaged)
+    (damaged / "run.json").unlink()
+    if special == "fifo":
+        os.mkfifo(damaged / "run.json")
+    else:
+        (damaged / "run.json").symlink_to(special)
+    assert run_cli(["report", str(damaged), "-o", str(tmp_path / "r.html")]) == 3
+    assert f"{damaged}/run.json: corrupted (the run.json is not a regular file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("repeats", ["0", "100000"])
+def test_gate_repeats_out_of_bounds_exit_2(tmp_path, capsys, repeats):
+    out = tmp_path / "g"
+    assert (
+        run_cli(
+            ["gate", "suites/gate.toml", "--baseline", ".", "--candidate", ".", "--repeats", repeats]
+            + ["--out", str(out)]
+        )
+        == 2
+    )
+    assert "expected 1 to 10000 repeats" in capsys.readouterr().err

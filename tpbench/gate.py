@@ -169,6 +169,8 @@ STALL_S = 600.0
 MIN_PAIRS = 10
 # The most repeats per case a --target-ci gate plans: the target or the budget ends it first.
 ADAPTIVE_REPEATS = 500
+# The most repeats a gate accepts (--repeats): each is planned up front, and no budget runs past it.
+MAX_REPEATS = 10_000
 GATE_FILE = "gate.json"
 
 
@@ -470,9 +472,10 @@ def run_lockstep(
     output goes to ``out/<side>.log``; gate.json in ``out`` records every item's side, case,
     repeat, start and end, the rounds' orders and why the gate stopped.
     """
-    if cfg.repeats < 1 or cfg.budget_s <= 0:
+    if not 1 <= cfg.repeats <= MAX_REPEATS or not 0 < cfg.budget_s < math.inf:
         raise GateError(
-            f"--repeats {cfg.repeats}, --budget-s {cfg.budget_s:g}: expected at least 1 repeat, a budget > 0"
+            f"--repeats {cfg.repeats}, --budget-s {cfg.budget_s:g}: expected 1 to {MAX_REPEATS} repeats and a "
+            "finite budget > 0"
         )
     suite = Path(suite).absolute()
     if not suite.is_file():

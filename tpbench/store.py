@@ -58,6 +58,8 @@ from tpbench.record import (  # the case states are the store's vocabulary too
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
+# run.json holds every case's parameters: 10 000 cases (the most a sweep has) take a few MiB.
+MAX_RUN_JSON_BYTES = 256 << 20
 # Space held back while a run is swept, given up when the disk fills so that run.json can still
 # say how the sweep ended (an atomic write needs room for a second copy): at least 256 KiB, and
 # four run.jsons' worth.
@@ -543,12 +545,15 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / RUN_FILE
     if not Path(run_dir).is_dir():
         raise StoreError(f"{run_dir}: no such run directory")
+    if not path.exists() and not path.is_symlink():
+        raise StoreError(f"{path}: missing; {run_dir} is not a tpbench run (or its sweep never started)")
     try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise StoreError(f"{path}: missing; {run_dir} is not a tpbench run (or its sweep never started)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        # Only a regular file, and only so much of it: a run.json replaced by /dev/zero is refused, not read.
+        meta = json.loads(user_files.read_text(path, "run.json", MAX_RUN_JSON_BYTES))
+    except json.JSONDecodeError as e:
         raise StoreError(f"{path}: corrupted ({e})") from None
+    except ValueError as e:
+        raise StoreError(f"{path}: corrupted ({str(e).removeprefix(f'{path}: ')})") from None
     except RecursionError:
         raise StoreError(f"{path}: corrupted (nested too deeply to be a run.json)") from None
     if isinstance(meta, dict) and (problem := version_problem(meta.get("schema_version", 0))):
