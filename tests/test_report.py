@@ -165,7 +165,8 @@ def test_hooks_advantage_splits_into_packing_and_overlap():
     against_unpacked = comparisons[verdicts.ZERO_KINDS[1].key]
     assert len(against_unpacked) == 2 and {c.baseline["parameters_as_bucket_view"] for c in against_unpacked} == {False}
     assert all(c.ratio == pytest.approx(0.4) for c in against_unpacked)
-    assert "vs zero_no_overlap (per-parameter broadcasts), step time, at" in verdicts.group_sentences(against_unpacked)[0]
+    said = verdicts.group_sentences(against_unpacked)[0]
+    assert "vs zero_no_overlap (per-parameter broadcasts), step time, at" in said
     lines = verdicts.attribution_lines(comparisons)
     assert len(lines) == 4  # two hooks x two bucket sizes
     assert lines[0].startswith(
