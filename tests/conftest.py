@@ -40,7 +40,7 @@ def sweep_in_process(folder: Path, text: str) -> store.Loaded:
     prepared = sweep.prepare(suite)
     run = sweep.start(prepared, folder / "results")
     sweep.execute(run, prepared.cases, lambda kind, data: None)
-    return sweep.finalize(run.dir)
+    return sweep.finalize(run)
 
 
 def only_run(root: Path) -> Path:

@@ -232,7 +232,7 @@ def test_metric_cpu_ms_compares_cpu_time_and_says_so(tmp_path):
     by step time it is slower, by CPU time no different, and the sentences name what they compare."""
     medians = {"zero_no_overlap": [10, 10.2, 9.9, 10.1], "hook_with_zero_step": [12, 12.2, 11.9, 12.1]}
     run = make_run(tmp_path / "run", medians, cpu_ms=lambda case: 5.0, jitter=0.002)
-    finalize(run)
+    finalize(store.Run.open(run))
     kind = verdicts.ZERO_KINDS[1]  # sequential / zero_no_overlap
     wall = verdicts.compare(report_data.load([store.load(run)]), kind)
     cpu_data = report_data.load([store.load(run)], metric="cpu_ms")
@@ -444,7 +444,7 @@ def test_budget_resolution_counts_what_the_reports_comparisons_resolve(tmp_path)
     two cases of one world is paired, and its half-width is the report's."""
     drift = [100.0, 130.0, 85.0, 115.0, 95.0]
     run = make_run(tmp_path, {"zero_no_overlap": drift, "hook_with_zero_step": [v * 0.9 for v in drift]}, jitter=0.002)
-    finalize(run)  # the summary, as a sweep leaves it
+    finalize(store.Run.open(run))  # the summary, as a sweep leaves it
     res = budget_resolution.resolution(run)
     [c] = verdicts.compare(report_data.load([store.load(run)]), verdicts.ZERO_KINDS[1])
     assert (res.comparisons, res.paired, res.within_target) == (1, 1, 1)
@@ -463,7 +463,7 @@ def test_an_adaptive_sweeps_raised_repeats_do_not_split_its_cases(tmp_path):
     meta["adaptive"] = {"planned_repeats": {cid: 6 for cid in meta["cases"]}}
     meta["cases"][seq]["params"]["repeats"] = 9
     (run / "run.json").write_text(json.dumps(meta))
-    finalize(run)
+    finalize(store.Run.open(run))
     data = report_data.load([store.load(run)])
     assert "repeats" not in data.context_keys
     (comparison,) = verdicts.compare(data, verdicts.ZERO_KINDS[1])

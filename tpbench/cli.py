@@ -14,7 +14,6 @@ import os
 import shlex
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -154,11 +153,8 @@ def _usage(message: str, command: str = "sweep") -> None:
     raise SystemExit(EXIT_USAGE)
 
 
-def _print_worlds(run, cases: list, launcher) -> int:
+def _print_worlds(run, worlds: list, launcher) -> int:
     """``--print``: the command(s) to start on every node, then how to record what they did."""
-    from tpbench import sweep
-
-    worlds = sweep.print_worlds(run, cases, launcher)
     where = "on this machine" if launcher.nnodes == 1 else f"on each of the {launcher.nnodes} nodes, at the same time"
     if launcher.agent_prefix:
         where = "once (the prefix starts one agent per node)"
@@ -273,6 +269,79 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     from tpbench import report, store, sweep
 
+    launcher = _check_sweep_args(args)
+    if args.resume:
+        _check_resume_args(args)
+        if args.dry_run:
+            run = store.Run.open(args.resume)
+            todo = sweep.missing(run)
+            out.print(_cases_table(f"{run.dir}: {len(todo)} cases to resume (dry run)", todo))
+            return EXIT_OK
+        suite, launcher = None, launcher if args.launcher else sweep.RECORDED
+    else:
+        suite = sweep.prepare(args.suite, args.set, args.filter, launcher, allow_large=args.allow_large)
+        if not suite.cases:
+            console.print("[yellow]No case matches the filters.[/]")
+            return EXIT_USAGE
+        if args.dry_run:
+            out.print(_cases_table(f"{suite.suite.name}: {len(suite.cases)} cases (dry run)", suite.cases))
+            return EXIT_OK
+        if not args.no_report:  # before hours of sweeping, not after
+            if args.report and args.report.is_dir():
+                raise store.StoreError(f"{args.report}: is a folder; --report takes the report's file name")
+            store.check_writable(args.report.parent if args.report else args.reports_dir, "report directory")
+    display = _SweepDisplay()
+    try:
+        outcome = sweep.run(
+            suite,
+            out=args.out or Path("results"),
+            launcher=launcher,
+            resume=args.resume,
+            target_ci=args.target_ci,
+            budget_s=args.budget_s,
+            lockstep=args.lockstep,
+            print_only=args.print_only,
+            progress=display,
+        )
+    except sweep.SweepError as e:
+        _usage(str(e))
+    except KeyboardInterrupt as e:
+        if display.run is None:
+            raise
+        said, code = _interrupted(e)
+        console.print(
+            Text.assemble(
+                "\n",
+                (said, "yellow"),
+                " Finished cases are kept. Resume with:\n  ",
+                shlex.join(["tpbench", "sweep", "--resume", str(display.run.dir)]),
+            ),
+            soft_wrap=True,
+        )
+        return code
+    if outcome.loaded is None and not args.print_only:
+        console.print(f"Nothing to resume: every case of {outcome.run.dir} is done.", markup=False, soft_wrap=True)
+        return EXIT_OK
+    if args.print_only:
+        console.print(f"Run directory: {outcome.run.dir}", markup=False, soft_wrap=True)
+        return _print_worlds(outcome.run, outcome.printed, outcome.launcher)
+    _print_adaptive(outcome.loaded.record.adaptive)
+    out.print(_summary_table(outcome.loaded))
+    eff = outcome.loaded.meta.get("efficiency", {})
+    console.print(
+        f"Wall {outcome.wall_s:.1f} s; timed steps {eff.get('timed_s', 0):.1f} s; "
+        f"{eff.get('processes_started')} rank processes started."
+    )
+    if not args.no_report:
+        run_dir = outcome.run.dir
+        path = report.write_report([run_dir], args.report or report.default_report_path(run_dir, args.reports_dir))
+        console.print(f"Report: {path}", markup=False, soft_wrap=True)
+    return EXIT_FAILED if outcome.failed else EXIT_OK
+
+
+def _check_sweep_args(args: argparse.Namespace):
+    """The options' combinations a sweep refuses (a usage error as ``SystemExit``); the torchrun
+    launcher they ask for (None: local)."""
     launcher = _torchrun(args)
     if args.lockstep and not Path(args.lockstep).is_socket():
         _usage(f"--lockstep {args.lockstep}: no gate listens there (a Unix socket of `tpbench gate`)")
@@ -282,113 +351,68 @@ def _sweep(args: argparse.Namespace) -> int:
         _usage("--target-ci with --print: an adaptive sweep decides its rounds as it runs; run it here")
     if args.target_ci is not None and args.lockstep:
         _usage("--target-ci with --lockstep: the gate decides when its sides stop")
-    if args.resume:
-        _check_resume_args(args)
-        if args.dry_run:
-            run = store.Run.open(args.resume)
-            out.print(
-                _cases_table(f"{run.dir}: {len(sweep.missing(run))} cases to resume (dry run)", sweep.missing(run))
-            )
-            return EXIT_OK
-        run, cases = sweep.reopen(args.resume)
-        launcher = launcher if args.launcher else sweep.launcher_of(run)
-        if args.print_only and launcher is None:
-            _usage(f"--print: {run.dir} runs with the local launcher; add --launcher torchrun")
-        finished = run.record.status in ("complete", "complete_with_failures")
-        if not cases and finished and (run.dir / store.SUMMARY_FILE).exists():
-            console.print(f"Nothing to resume: every case of {run.dir} is done.", markup=False, soft_wrap=True)
-            return EXIT_OK
-    else:
-        prepared = sweep.prepare(args.suite, args.set, args.filter, launcher, allow_large=args.allow_large)
-        cases = prepared.cases
-        if not cases:
-            console.print("[yellow]No case matches the filters.[/]")
-            return EXIT_USAGE
-        if args.dry_run:
-            out.print(_cases_table(f"{prepared.suite.name}: {len(cases)} cases (dry run)", cases))
-            return EXIT_OK
-        if not args.no_report:  # before hours of sweeping, not after
-            if args.report and args.report.is_dir():
-                raise store.StoreError(f"{args.report}: is a folder; --report takes the report's file name")
-            store.check_writable(args.report.parent if args.report else args.reports_dir, "report directory")
-        run = sweep.start(prepared, args.out or Path("results"), launcher)
-        if args.target_ci is not None:
-            sweep.start_adaptive(run, args.target_ci, args.budget_s)
-    console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
-    if args.print_only:
-        if args.lockstep:
-            _usage("--print: a lockstep gate paces worlds this command starts itself; drop --lockstep")
-        return _print_worlds(run, cases, launcher)
-    done = set()
-    for c in cases:
-        done |= {(c.case_id, r) for r in store.finished_repeats(run.dir, c.case_id)}
-    total = sum(c.repeats for c in cases) - len(done)
-    listener = SweepProgress(cases, total)
-    t0 = time.monotonic()
-    try:
-        with listener.progress:
-            sweep.execute(run, cases, listener, launcher, args.lockstep)
-        _adapt(run, launcher)
-        loaded = sweep.finalize(run.dir)
-    except KeyboardInterrupt as e:
-        said, code = _interrupted(e)
-        console.print(
-            Text.assemble(
-                "\n",
-                (said, "yellow"),
-                " Finished cases are kept. Resume with:\n  ",
-                shlex.join(["tpbench", "sweep", "--resume", str(run.dir)]),
-            ),
-            soft_wrap=True,
-        )
-        return code
-    out.print(_summary_table(loaded))
-    eff = loaded.meta.get("efficiency", {})
+    if args.print_only and args.lockstep:
+        _usage("--print: a lockstep gate paces worlds this command starts itself; drop --lockstep")
+    return launcher
+
+
+class _SweepDisplay:
+    """The sweep's ``Progress``: the run directory once it exists, a line per adaptive batch, and
+    each phase's progress bar (``SweepProgress``)."""
+
+    def __init__(self) -> None:
+        self.run = None
+
+    def __call__(self, phase):
+        if self.run is None:
+            self.run = phase.run
+            console.print(f"Run directory: {phase.run.dir}", markup=False, soft_wrap=True)
+        if phase.batch is not None:
+            _print_batch(phase.run.record, phase.batch)
+        listener = SweepProgress(phase.cases, phase.items)
+        return _listening(listener)
+
+
+@contextlib.contextmanager
+def _listening(listener: SweepProgress) -> Iterator[SweepProgress]:
+    with listener.progress:
+        yield listener
+
+
+def _print_batch(record, batch) -> None:
+    """The line an adaptive batch starts with: what is still too wide, and the rounds it adds."""
+    widest = max((hw for _, hw in batch.comparisons if hw is not None), default=None)
     console.print(
-        f"Wall {time.monotonic() - t0:.1f} s; timed steps {eff.get('timed_s', 0):.1f} s; "
-        f"{eff.get('processes_started')} rank processes started."
+        f"adaptive batch {batch.number}: {len(batch.comparisons)} comparison(s) above ±"
+        f"{record.adaptive['target_ci']:.1%}"
+        + (f" (widest ±{widest:.1%})" if widest is not None else "")
+        + f"; +{max(batch.added.values())} round(s) for {len(batch.cases)} case(s), "
+        f"{record.wall_s or 0:.0f} of {record.adaptive['budget_s']:g} s spent",
+        markup=False,
+        soft_wrap=True,
     )
-    if not args.no_report:
-        path = report.write_report([run.dir], args.report or report.default_report_path(run.dir, args.reports_dir))
-        console.print(f"Report: {path}", markup=False, soft_wrap=True)
-    failed = [cid for cid, s in run.case_status().items() if s == store.FAILED]
-    return EXIT_FAILED if failed else EXIT_OK
 
 
-def _adapt(run, launcher) -> None:
-    """The adaptive phase (``--target-ci``): a line per batch, then its progress like the sweep's."""
+def _print_adaptive(adaptive) -> None:
+    """How an adaptive sweep ended (nothing for a planned one)."""
     from tpbench import sweep
 
-    while (batch := sweep.next_batch(run)) is not None:
-        widest = max((hw for _, hw in batch.comparisons if hw is not None), default=None)
-        console.print(
-            f"adaptive batch {batch.number}: {len(batch.comparisons)} comparison(s) above ±"
-            f"{run.record.adaptive['target_ci']:.1%}"
-            + (f" (widest ±{widest:.1%})" if widest is not None else "")
-            + f"; +{max(batch.added.values())} round(s) for {len(batch.cases)} case(s), "
-            f"{run.record.wall_s or 0:.0f} of {run.record.adaptive['budget_s']:g} s spent",
-            markup=False,
-            soft_wrap=True,
-        )
-        listener = SweepProgress(batch.cases, batch.items)
-        with listener.progress:
-            sweep.execute(run, batch.cases, listener, launcher)
-    adaptive = run.record.adaptive
-    if adaptive:
-        after = [c["half_width"] for c in adaptive.get("half_widths_after", [])]
-        within = sum(hw is not None and hw <= adaptive["target_ci"] for hw in after)
-        said = {
-            sweep.TARGET_MET: "target met",
-            sweep.BUDGET_SPENT: "budget spent",
-            sweep.LOOKS_SPENT: f"the most batches ({sweep.MAX_BATCHES}) added",
-        }.get(adaptive["state"], "")
-        console.print(
-            f"adaptive: {said}; {within} of {len(after)} comparison(s) resolve ±{adaptive['target_ci']:.1%}, "
-            f"{sum(adaptive.get('rounds_added', {}).values())} repeat(s) added over {len(adaptive['batches'])} "
-            "batch(es)",
-            markup=False,
-            soft_wrap=True,
-        )
+    if not adaptive:
+        return
+    after = [c["half_width"] for c in adaptive.get("half_widths_after", [])]
+    within = sum(hw is not None and hw <= adaptive["target_ci"] for hw in after)
+    said = {
+        sweep.TARGET_MET: "target met",
+        sweep.BUDGET_SPENT: "budget spent",
+        sweep.LOOKS_SPENT: f"the most batches ({sweep.MAX_BATCHES}) added",
+    }.get(adaptive["state"], "")
+    console.print(
+        f"adaptive: {said}; {within} of {len(after)} comparison(s) resolve ±{adaptive['target_ci']:.1%}, "
+        f"{sum(adaptive.get('rounds_added', {}).values())} repeat(s) added over {len(adaptive['batches'])} "
+        "batch(es)",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 # Bounds of the adaptive options: a target below 0.1% asks for more rounds than any budget holds

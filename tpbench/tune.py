@@ -520,7 +520,7 @@ def race(
     finally:
         conductor.close()
         shutil.rmtree(sockets, ignore_errors=True)
-    sweep.finalize(run.dir)
+    sweep.finalize(run)
     result = _result(run, cases, races, options, spent())
     _save(run, _record(options, races, result.wall_s) | {"result": result.to_json()})
     return result
