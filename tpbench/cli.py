@@ -370,13 +370,14 @@ class _SweepDisplay:
         if phase.batch is not None:
             _print_batch(phase.run.record, phase.batch)
         listener = SweepProgress(phase.cases, phase.items)
-        return _listening(listener)
+        return _showing(listener.progress, listener)
 
 
 @contextlib.contextmanager
-def _listening(listener: SweepProgress) -> Iterator[SweepProgress]:
-    with listener.progress:
-        yield listener
+def _showing(progress: Progress, watcher: Any) -> Iterator[Any]:
+    """``watcher`` while ``progress`` is on the terminal."""
+    with progress:
+        yield watcher
 
 
 def _print_batch(record, batch) -> None:
@@ -529,8 +530,7 @@ def _tune(args: argparse.Namespace) -> int:
                 "own options (tune.json)",
                 "tune",
             )
-        run, options = tune.reopen(args.resume)
-        launcher = launcher if args.launcher else sweep.launcher_of(run)
+        suite, options, launcher = None, tune.Options(), launcher if args.launcher else sweep.RECORDED
     else:
         given = {
             k: v
@@ -538,7 +538,7 @@ def _tune(args: argparse.Namespace) -> int:
             if v is not None
         }
         epsilon = _percent("--epsilon", args.epsilon) if args.epsilon is not None else tune.Options.epsilon
-        options = tune.Options(epsilon=epsilon, budget_s=args.budget_s, **given)
+        suite, options = args.suite, tune.Options(epsilon=epsilon, budget_s=args.budget_s, **given)
         options.check()
         if args.dry_run:
             prepared = tune.prepare(args.suite, args.set, args.filter, launcher, args.allow_large)
@@ -548,28 +548,50 @@ def _tune(args: argparse.Namespace) -> int:
             )
             out.print(_cases_table(title, prepared.cases))
             return EXIT_OK
-        run, _ = tune.start(
-            args.suite, options, args.set, args.filter, args.out or Path("results"), launcher, args.allow_large
-        )
-    console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
-    listener = TuneProgress([c for c in (tune.Case.from_params(c.params) for c in run.record.cases.values())])
+    display = _TuneDisplay()
     try:
-        with listener.progress:
-            result = tune.race(run, options, listener, launcher, listener.round)
+        result = tune.run(
+            suite,
+            options,
+            overrides=args.set,
+            filters=args.filter,
+            out=args.out or Path("results"),
+            launcher=launcher,
+            resume=args.resume,
+            allow_large=args.allow_large,
+            progress=display,
+        )
     except KeyboardInterrupt as e:
+        if display.run is None:
+            raise
         said, code = _interrupted(e)
         console.print(
             Text.assemble(
                 "\n",
                 (said, "yellow"),
                 " The race so far is kept. Resume with:\n  ",
-                shlex.join(["tpbench", "tune", "--resume", str(run.dir)]),
+                shlex.join(["tpbench", "tune", "--resume", str(display.run.dir)]),
             ),
             soft_wrap=True,
         )
         return code
     _print_tune(result, args.format)
     return EXIT_UNRESOLVED if result.state == tune.UNRESOLVED else EXIT_OK
+
+
+class _TuneDisplay:
+    """The tune's ``Progress``: the run directory, then the race as it goes (``TuneProgress``)."""
+
+    def __init__(self) -> None:
+        self.run = None
+
+    def __call__(self, run):
+        from tpbench import tune
+
+        self.run = run
+        console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
+        listener = TuneProgress([tune.Case.from_params(c.params) for c in run.record.cases.values()])
+        return _showing(listener.progress, tune.Watch(listener, listener.round))
 
 
 def _print_tune(result, fmt: str) -> None:
@@ -767,15 +789,6 @@ def _gate(args: argparse.Namespace) -> int:
     from tpbench import compare, gate, store
 
     threshold = compare.parse_threshold(args.threshold)  # before minutes of sweeps, not after
-    out = (args.out or Path("results") / "gate" / store.new_run_id()).absolute()
-    baseline = gate.resolve_side("baseline", args.baseline, out / "baseline")
-    candidate = gate.resolve_side("candidate", args.candidate, out / "candidate")
-    sides = dict(
-        overrides=args.set,
-        filters=args.filter,
-        candidate_overrides=args.candidate_set,
-        announce=lambda line: console.print(line, soft_wrap=True, markup=False),
-    )
     lockstep_only = {
         "--repeats": args.repeats,
         "--target-ci": args.target_ci,
@@ -787,38 +800,37 @@ def _gate(args: argparse.Namespace) -> int:
         misplaced = ["--rounds"]
     if misplaced:
         raise compare.GateError(f"{', '.join(misplaced)}: not an option of --mode {args.mode}")
-    if args.mode == "rounds":
-        run = gate.run_gate(args.suite, baseline, candidate, out, rounds=args.rounds or 5, **sides)
-        baseline_runs, candidate_runs, pairing = run.baseline, run.candidate, "rounds"
-    else:
-        given = {
-            k: v
-            for k, v in (("repeats", args.repeats), ("budget_s", args.budget_s), ("seed", args.seed))
-            if v is not None
-        }
-        if args.target_ci is not None:
-            given = {"repeats": gate.ADAPTIVE_REPEATS} | given | {"target_ci": _percent("--target-ci", args.target_ci)}
-        cfg = gate.Lockstep(metric=args.metric, **given)
-        run = gate.run_lockstep(args.suite, baseline, candidate, out, cfg, **sides)
-        baseline_runs, candidate_runs, pairing = [run.baseline], [run.candidate], "repeats"
-        if "answer" in run.record:
-            console.print(
-                f"Gate answer: {run.record['answer']} (each case's pairs by the sequential rule, target "
-                f"±{cfg.target_ci:.1%}; {run.record['stopped']})",
-                soft_wrap=True,
-                markup=False,
-            )
-    console.print(f"Gate runs: {run.out}", soft_wrap=True, markup=False)
-    comparison = compare.compare_runs(
-        baseline_runs,
-        candidate_runs,
-        metric=args.metric,
+    given = {
+        k: v for k, v in (("repeats", args.repeats), ("budget_s", args.budget_s), ("seed", args.seed)) if v is not None
+    }
+    if args.target_ci is not None:
+        given = {"repeats": gate.ADAPTIVE_REPEATS} | given | {"target_ci": _percent("--target-ci", args.target_ci)}
+    cfg = gate.Lockstep(metric=args.metric, **given)
+    judged = gate.run(
+        args.suite,
+        args.baseline,
+        args.candidate,
+        (args.out or Path("results") / "gate" / store.new_run_id()).absolute(),
+        mode=args.mode,
+        rounds=args.rounds or 5,
+        cfg=cfg,
+        overrides=args.set,
+        filters=args.filter,
+        candidate_overrides=args.candidate_set,
+        announce=lambda line: console.print(line, soft_wrap=True, markup=False),
         threshold=threshold,
-        pairing=pairing,
         fail_on_inconclusive=args.fail_on_inconclusive,
         ignore_env=args.ignore_env,
     )
-    return _print_verdict(comparison, args.format)
+    if judged.record is not None and "answer" in judged.record:
+        console.print(
+            f"Gate answer: {judged.record['answer']} (each case's pairs by the sequential rule, target "
+            f"±{cfg.target_ci:.1%}; {judged.record['stopped']})",
+            soft_wrap=True,
+            markup=False,
+        )
+    console.print(f"Gate runs: {judged.out}", soft_wrap=True, markup=False)
+    return _print_verdict(judged.comparison, args.format)
 
 
 def _percent(flag: str, text: str) -> float:
@@ -837,19 +849,17 @@ def _percent(flag: str, text: str) -> float:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from tpbench import export as exports
-    from tpbench import store
 
     export = exports.export_run(args.run, args.format)
-    text = json.dumps(export.document, indent=2, allow_nan=False) + "\n"
     for label in export.skipped:
         console.print(
             f"[yellow]not exported:[/] {escape(label)} (no timed steps: the case failed or never ran)", soft_wrap=True
         )
     if args.output:
-        store.write_output(args.output, text.encode())
+        export.write(args.output)
         console.print(f"Wrote {args.output}", soft_wrap=True, markup=False)
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(export.text)
     return EXIT_OK
 
 
@@ -1096,9 +1106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from tpbench import store, whatif_run
+    from tpbench import whatif_run
 
     try:
         fabrics = whatif_run.load_fabrics(args.fabrics)
@@ -1112,67 +1120,43 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     try:
-        loaded = store.load(args.run)
-        result = whatif_run.run_whatif(loaded, {k: fabrics[k] for k in (args.fabric or fabrics)}, args.reference)
+        written = whatif_run.write(args.run, {k: fabrics[k] for k in (args.fabric or fabrics)}, args.reference)
     except ValueError as e:
         _error(e)
         return EXIT_RESULTS
-    run_dir = Path(args.run)
-    store.atomic_write_parquet(run_dir / "whatif.parquet", result.projections)
-    store.atomic_write_parquet(run_dir / "whatif_validation.parquet", result.validation)
-    labels = dict(zip(loaded.cases["case_id"], loaded.cases["label"]))
-    if len(result.validation):
-        t = Table(title="validation: emulated links predicted from their twins on other links")
-        for col in ("direction", "case", "from", "link", "measured ms [95% CI]", "predicted ms", "error"):
-            t.add_column(col, justify="right" if col in ("measured ms [95% CI]", "predicted ms", "error") else "left")
-        for r in result.validation.to_dict("records"):
-            made = pd.isna(r["refused"])
-            t.add_row(
-                r["direction"],
-                labels[r["case_id"]],
-                r["reference_link"],
-                r["interconnect"],
-                f"{r['measured_ms']:.1f} [{r['ci_lo_ms']:.1f}, {r['ci_hi_ms']:.1f}]",
-                f"{r['predicted_ms']:.1f}" if made else "refused",
-                f"{r['error_pct']:+.1f}%" if made else "",
-            )
-        out.print(t)
-        refused = result.validation.dropna(subset=["refused"]).drop_duplicates(["reference_case", "refused"])
-        for r in refused.to_dict("records"):
-            console.print(
-                Text.assemble(
-                    ("refused ", "yellow"),
-                    f"predictions from {r['reference_link']} {labels[r['reference_case']]}: {r['refused']}",
-                )
-            )
-        for e in result.errors().to_dict("records"):
-            out.print(
-                f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}% "
-                f"over {e['predicted']} predictions ({e['refused']} refused)",
-                markup=False,
-            )
+    if len(written.result.validation):
+        _print_whatif_validation(written)
     t = Table(title="PROJECTED step time (ms): this machine's compute with each fabric's α–β communication")
     t.add_column("case")
-    t.add_column(f"measured ({result.reference})", justify="right")
+    t.add_column(f"measured ({written.result.reference})", justify="right")
     t.add_column("compute critical path", justify="right")
-    names = list(dict.fromkeys(result.projections["fabric"]))
-    for name in names:
+    for name in written.fabrics():
         t.add_column(name, justify="right")
-    for cid, grp in result.projections.groupby("case_id", sort=False):
-        ms = grp.set_index("fabric")["projected_ms"]
-        refused = pd.notna(grp["refused"].iloc[0])
-        t.add_row(
-            labels[cid] + (" (*)" if refused else ""),
-            f"{grp['measured_ms'].iloc[0]:.1f}",
-            "" if refused else f"{grp['compute_ms'].iloc[0]:.1f}",
-            *("refused" if refused else f"{ms[n]:.1f}" for n in names),
-        )
+    for row in written.projection_rows():
+        t.add_row(*row)
     out.print(t)
-    for m in result.models:
-        if m.refused is not None:
-            console.print(Text.assemble(("(*) refused ", "yellow"), f"{labels[m.case_id]}: {m.refused}"))
-    console.print(f"tables: {run_dir / 'whatif.parquet'}, {run_dir / 'whatif_validation.parquet'}", markup=False)
+    for line in written.refused_models():
+        console.print(Text.assemble(("(*) refused ", "yellow"), line))
+    console.print(f"tables: {written.projections_path}, {written.validation_path}", markup=False)
     return EXIT_OK
+
+
+def _print_whatif_validation(written) -> None:
+    """The what-if's validation: each emulated link predicted from its twins, what was refused, the errors."""
+    t = Table(title="validation: emulated links predicted from their twins on other links")
+    for col in ("direction", "case", "from", "link", "measured ms [95% CI]", "predicted ms", "error"):
+        t.add_column(col, justify="right" if col in ("measured ms [95% CI]", "predicted ms", "error") else "left")
+    for row in written.validation_rows():
+        t.add_row(*row)
+    out.print(t)
+    for line in written.refused_references():
+        console.print(Text.assemble(("refused ", "yellow"), line))
+    for e in written.result.errors().to_dict("records"):
+        out.print(
+            f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}% "
+            f"over {e['predicted']} predictions ({e['refused']} refused)",
+            markup=False,
+        )
 
 
 def _error(e: Exception) -> None:
