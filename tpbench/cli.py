@@ -250,6 +250,24 @@ def _interrupted(e: KeyboardInterrupt) -> tuple[str, int]:
     return "Interrupted.", EXIT_INTERRUPTED
 
 
+def _resumable(e: KeyboardInterrupt, run, command: str, kept: str) -> int:
+    """Ctrl-C or a stop signal once the run exists: what is kept and how to resume it; the exit
+    code. Before (no ``run``), the interrupt goes on to ``main``: there is nothing to resume."""
+    if run is None:
+        raise e
+    said, code = _interrupted(e)
+    console.print(
+        Text.assemble(
+            "\n",
+            (said, "yellow"),
+            f" {kept} Resume with:\n  ",
+            shlex.join(["tpbench", command, "--resume", str(run.dir)]),
+        ),
+        soft_wrap=True,
+    )
+    return code
+
+
 @contextlib.contextmanager
 def _stop_signals_interrupt() -> Iterator[None]:
     """While a sweep runs, stop signals raise ``Terminated``; the previous handlers come back after."""
@@ -306,19 +324,7 @@ def _sweep(args: argparse.Namespace) -> int:
     except sweep.SweepError as e:
         _usage(str(e))
     except KeyboardInterrupt as e:
-        if display.run is None:
-            raise
-        said, code = _interrupted(e)
-        console.print(
-            Text.assemble(
-                "\n",
-                (said, "yellow"),
-                " Finished cases are kept. Resume with:\n  ",
-                shlex.join(["tpbench", "sweep", "--resume", str(display.run.dir)]),
-            ),
-            soft_wrap=True,
-        )
-        return code
+        return _resumable(e, display.run, "sweep", "Finished cases are kept.")
     if outcome.loaded is None and not args.print_only:
         console.print(f"Nothing to resume: every case of {outcome.run.dir} is done.", markup=False, soft_wrap=True)
         return EXIT_OK
@@ -562,19 +568,7 @@ def _tune(args: argparse.Namespace) -> int:
             progress=display,
         )
     except KeyboardInterrupt as e:
-        if display.run is None:
-            raise
-        said, code = _interrupted(e)
-        console.print(
-            Text.assemble(
-                "\n",
-                (said, "yellow"),
-                " The race so far is kept. Resume with:\n  ",
-                shlex.join(["tpbench", "tune", "--resume", str(display.run.dir)]),
-            ),
-            soft_wrap=True,
-        )
-        return code
+        return _resumable(e, display.run, "tune", "The race so far is kept.")
     _print_tune(result, args.format)
     return EXIT_UNRESOLVED if result.state == tune.UNRESOLVED else EXIT_OK
 
