@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_suite
 
 from tpbench import algorithms, store
 from tpbench.analysis.memory import per_case
@@ -26,27 +27,14 @@ pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
 REPO = Path(__file__).resolve().parent.parent
 ALGORITHMS = list(algorithms.ALGORITHMS)
 
-SUITE = f"""
-[defaults]
-world_size = 2
-backend = "gloo"
-device = "cpu"
-batch_size = 4
-warmup_steps = 3
-steps = 2
-repeats = 1
-timeout_s = 120
-start_localSGD_iter = 2     # post-local SGD goes local within the run
-[sweep]
-workload = {sorted(WORKLOADS)!r}
-algorithm = {ALGORITHMS!r}
-shard_buckets = [false, true]
-[capture]
-profiler_steps = 0
-[workloads.mlp]
-width = 32
-depth = 2
-""".replace("'", '"')
+SUITE = tiny_suite(
+    f"workload = {sorted(WORKLOADS)!r}\nalgorithm = {ALGORITHMS!r}\nshard_buckets = [false, true]".replace("'", '"'),
+    batch_size=4,
+    warmup_steps=3,
+    steps=2,
+    timeout_s=120,
+    start_localSGD_iter=2,  # post-local SGD goes local within the run
+)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import localsgd_suite
 from synthetic_runs import make_run
 
 from benchmarks import budget_resolution, synth_run
@@ -165,7 +166,9 @@ def test_hooks_advantage_splits_into_packing_and_overlap():
     against_unpacked = comparisons[verdicts.ZERO_KINDS[1].key]
     assert len(against_unpacked) == 2 and {c.baseline["parameters_as_bucket_view"] for c in against_unpacked} == {False}
     assert all(c.ratio == pytest.approx(0.4) for c in against_unpacked)
-    assert "vs zero_no_overlap (per-parameter broadcasts), step time, at" in verdicts.group_sentences(against_unpacked)[0]
+    assert (
+        "vs zero_no_overlap (per-parameter broadcasts), step time, at" in verdicts.group_sentences(against_unpacked)[0]
+    )
     lines = verdicts.attribution_lines(comparisons)
     assert len(lines) == 4  # two hooks x two bucket sizes
     assert lines[0].startswith(
@@ -271,24 +274,13 @@ def test_cases_of_different_worlds_are_compared_unpaired():
     assert verdicts.case_estimate(loop, twin).method == "paired"
 
 
-LOCALSGD_SUITE = """\
-[suite]
-name = "lsgd-test"
-[defaults]
-algorithm = "post_localSGD_hook"
-world_size = 4
-ranks_per_node = 2
-backend = "gloo"
-device = "cpu"
-workload = "markov"
-warmup_steps = 0
-steps = 40
-repeats = 3
-eval_every = 10
-[sweep]
-start_localSGD_iter = ["never", 10]
-averaging_period = [4]
-"""
+LOCALSGD_SUITE = localsgd_suite(
+    'start_localSGD_iter = ["never", 10]\naveraging_period = [4]',
+    name="lsgd-test",
+    steps=40,
+    repeats=3,
+    eval_every=10,
+)
 
 
 def test_local_sgd_verdict_time_to_target_and_final_gap():
