@@ -325,7 +325,7 @@ def _sweep(args: argparse.Namespace) -> int:
         _usage(str(e))
     except KeyboardInterrupt as e:
         return _resumable(e, display.run, "sweep", "Finished cases are kept.")
-    if outcome.loaded is None and not args.print_only:
+    if outcome.nothing_left:
         console.print(f"Nothing to resume: every case of {outcome.run.dir} is done.", markup=False, soft_wrap=True)
         return EXIT_OK
     if args.print_only:

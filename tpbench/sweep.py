@@ -526,6 +526,7 @@ class Outcome:
     run: store.Run
     cases: list[Case]
     loaded: store.Loaded | None = None  # None: nothing was left to resume, or the worlds were printed
+    nothing_left: bool = False  # resumed a run whose cases were all done and summarized: nothing ran
     printed: list[PrintedWorld] = field(default_factory=list)  # ``print_only``: the worlds to start
     launcher: Torchrun | None = None  # the launcher the cases were (or are to be) started with
     wall_s: float = 0.0  # seconds from the first world to the summary
@@ -560,7 +561,7 @@ def run(
     if resume is not None:
         the_run, cases, launcher = _resume(resume, launcher, print_only)
         if not cases and _summarized(the_run):
-            return Outcome(the_run, [])
+            return Outcome(the_run, [], nothing_left=True)
     else:
         launcher = None if launcher == RECORDED else launcher
         prepared = suite if isinstance(suite, Prepared) else prepare(suite, overrides, filters, launcher, allow_large)
