@@ -37,10 +37,7 @@ def sweep_in_process(folder: Path, text: str) -> store.Loaded:
     """Sweep the suite ``text`` (written to ``folder/suite.toml``) into ``folder/results``, finalized."""
     suite = folder / "suite.toml"
     suite.write_text(text)
-    prepared = sweep.prepare(suite)
-    run = sweep.start(prepared, folder / "results")
-    sweep.execute(run, prepared.cases, lambda kind, data: None)
-    return sweep.finalize(run)
+    return sweep.run(suite, out=folder / "results").loaded
 
 
 def only_run(root: Path) -> Path:
