@@ -160,7 +160,7 @@ def make_run(
         run.set_case(case.case_id, store.DONE)
     run.add_wall_time(float(sum(model(c).step for c in cases) * (steps + 3) * repeats / 1e3 * 1.3))
     run.set_status("complete_with_failures" if failed else "complete")
-    sweep.finalize(run.dir)
+    sweep.finalize(run)
     return run.dir
 
 
@@ -408,7 +408,7 @@ def make_localsgd_run(
         run.case_done(case.case_id, case.repeats)
     run.add_wall_time(float(steps * repeats * len(cases) * 0.07))
     run.set_status("complete")
-    sweep.finalize(run.dir)
+    sweep.finalize(run)
     return run.dir
 
 

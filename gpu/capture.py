@@ -75,7 +75,7 @@ def run_suite(root: Path, name: str, text: str) -> Path:
     prepared = sweep.prepare(suite)
     run = sweep.start(prepared, root / "results")
     sweep.execute(run, prepared.cases, lambda kind, data: None)
-    sweep.finalize(run.dir)
+    sweep.finalize(run)
     return run.dir
 
 

@@ -37,10 +37,7 @@ def sweep_in_process(folder: Path, text: str) -> store.Loaded:
     """Sweep the suite ``text`` (written to ``folder/suite.toml``) into ``folder/results``, finalized."""
     suite = folder / "suite.toml"
     suite.write_text(text)
-    prepared = sweep.prepare(suite)
-    run = sweep.start(prepared, folder / "results")
-    sweep.execute(run, prepared.cases, lambda kind, data: None)
-    return sweep.finalize(run.dir)
+    return sweep.run(suite, out=folder / "results").loaded
 
 
 def only_run(root: Path) -> Path:
@@ -54,9 +51,18 @@ def worker_processes(run_dir: Path) -> list[str]:
     return [line for line in out.splitlines() if "pgrep" not in line]
 
 
-def tiny_suite(sweep: str, *, name: str | None = None, **defaults: object) -> str:
+def tiny_suite(
+    sweep: str,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    profiler_steps: int = 0,
+    mlp: dict[str, int] | None = None,
+    **defaults: object,
+) -> str:
     """A 2-rank Gloo suite of tiny mlp cases; ``sweep`` is the body of its [sweep] table, whose keys
-    leave [defaults]."""
+    leave [defaults]. ``defaults`` (TOML values as text) replace or add to the [defaults] below;
+    ``profiler_steps`` traced steps per case; ``mlp``: the [workloads.mlp] table (width 32, depth 2)."""
     base = {
         "world_size": 2,
         "backend": '"gloo"',
@@ -70,7 +76,27 @@ def tiny_suite(sweep: str, *, name: str | None = None, **defaults: object) -> st
     swept = {line.split("=")[0].strip() for line in sweep.splitlines()}
     lines = "\n".join(f"{k} = {v}" for k, v in base.items() if k not in swept)
     head = f'[suite]\nname = "{name}"\n' if name else ""
+    if description is not None:
+        head += f'description = "{description}"\n'
+    workload = "\n".join(f"{k} = {v}" for k, v in (mlp or {"width": 32, "depth": 2}).items())
     return (
         f"{head}[defaults]\n{lines}\n[sweep]\n{sweep}\n"
-        "[capture]\nprofiler_steps = 0\n[workloads.mlp]\nwidth = 32\ndepth = 2\n"
+        f"[capture]\nprofiler_steps = {profiler_steps}\n[workloads.mlp]\n{workload}\n"
     )
+
+
+def localsgd_suite(sweep: str, *, name: str, tables: str = "", **defaults: object) -> str:
+    """Post-local SGD on 4 Gloo ranks in 2 emulated nodes, of the markov workload (whose drift and
+    convergence these suites measure); ``sweep`` is the body of its [sweep] table, ``defaults``
+    (TOML values as text) add to [defaults], ``tables`` (TOML) follows, e.g. [capture]."""
+    base = {
+        "algorithm": '"post_localSGD_hook"',
+        "world_size": 4,
+        "ranks_per_node": 2,
+        "backend": '"gloo"',
+        "device": '"cpu"',
+        "workload": '"markov"',
+        "warmup_steps": 0,
+    } | defaults
+    lines = "\n".join(f"{k} = {v}" for k, v in base.items())
+    return f'[suite]\nname = "{name}"\n[defaults]\n{lines}\n[sweep]\n{sweep}\n{tables}'

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import sweep_in_process
+from conftest import sweep_in_process, tiny_suite
 from world import run_world
 
 from tpbench import store
@@ -26,27 +26,16 @@ from tpbench.worker import CaseRunner, Events, Rank
 
 pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
 
-SUITE = """
-[suite]
-name = "capture"
-[defaults]
-world_size = 2
-backend = "gloo"
-device = "cpu"
-workload = "mlp"
-batch_size = 8
-warmup_steps = 3
-steps = 4
-repeats = 2
-timeout_s = 90
-[sweep]
-algorithm = ["ddp", "zero_no_overlap"]
-[capture]
-profiler_steps = 2
-[workloads.mlp]
-width = 64
-depth = 2
-"""
+SUITE = tiny_suite(
+    'algorithm = ["ddp", "zero_no_overlap"]',
+    name="capture",
+    workload='"mlp"',
+    warmup_steps=3,
+    repeats=2,
+    timeout_s=90,
+    profiler_steps=2,
+    mlp={"width": 64, "depth": 2},
+)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import REPO, only_run, run_cli, worker_processes
+from conftest import REPO, only_run, run_cli, tiny_suite, worker_processes
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from tpbench import cli, store, sweep
@@ -285,11 +285,7 @@ def test_post_local_sgd_shares_gradients_within_each_node_only(two_node_run):
 @pytest.mark.ranks
 def test_crash_and_hang_on_the_second_node_fail_only_their_cases(tmp_path):
     suite = tmp_path / "faults.toml"
-    suite.write_text(
-        '[defaults]\nworld_size = "auto"\nbackend = "gloo"\ndevice = "cpu"\nbatch_size = 8\nwarmup_steps = 2\n'
-        'steps = 4\nrepeats = 1\ntimeout_s = 8\n[sweep]\nfault = ["none", "crash:1", "hang:1"]\n'
-        "[capture]\nprofiler_steps = 0\n[workloads.mlp]\nwidth = 32\ndepth = 2\n"
-    )
+    suite.write_text(tiny_suite('fault = ["none", "crash:1", "hang:1"]', world_size='"auto"', timeout_s=8))
     assert run_cli(["sweep", str(suite), *two_nodes(1), "--out", str(tmp_path / "results"), "--no-report"]) == 1
     run_dir = only_run(tmp_path / "results")
     meta = json.loads((run_dir / "run.json").read_text())

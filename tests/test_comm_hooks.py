@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import tpbench
+from conftest import tiny_suite, tpbench
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -163,11 +163,16 @@ def test_example_hook_runs_through_a_real_sweep_at_half_the_bytes(tmp_path: Path
 def test_compression_composes_with_post_local_sgd_and_bf16_with_zero_hooks(tmp_path: Path) -> None:
     suite = tmp_path / "compose.toml"
     suite.write_text(
-        '[defaults]\nworld_size = 2\nbackend = "gloo"\ndevice = "cpu"\nbatch_size = 8\nwarmup_steps = 3\n'
-        "steps = 2\nrepeats = 1\nstart_localSGD_iter = 0\naveraging_period = 1000\n"
-        '[sweep]\nalgorithm = ["post_localSGD_hook", "hook_with_zero_step_interleaved"]\n'
-        'comm_hook = ["allreduce", "fp16_compress"]\n'
-        "[capture]\nprofiler_steps = 2\n[workloads.mlp]\nwidth = 32\ndepth = 2\n"
+        tiny_suite(
+            'algorithm = ["post_localSGD_hook", "hook_with_zero_step_interleaved"]\n'
+            'comm_hook = ["allreduce", "fp16_compress"]',
+            warmup_steps=3,
+            steps=2,
+            timeout_s=300,  # the default
+            start_localSGD_iter=0,
+            averaging_period=1000,
+            profiler_steps=2,
+        )
     )
     run = _sweep(tmp_path, str(suite))
     found = _bytes(run)

@@ -44,7 +44,7 @@ def test_packed_baseline_runs_only_for_zero_no_overlap(run):
 
 def test_summary_holds_the_buckets_every_case_built(run):
     summary = run.summary.set_index("case_id")
-    memory = store.read_case_tables(run.run_dir, "memory").groupby("case_id")["grad_bytes"].first()
+    memory = store.read_case_tables(run, "memory").groupby("case_id")["grad_bytes"].first()
     for case in run.cases.to_dict("records"):
         row = summary.loc[case["case_id"]]
         sizes = list(row["ddp_bucket_bytes"])

@@ -192,7 +192,7 @@ def test_ctrl_c_during_the_end_of_sweep_analysis_leaves_a_run_resume_completes(d
 
     monkeypatch.setattr(sweep_mod, "analyze_traces", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        sweep_mod.finalize(run)
+        sweep_mod.finalize(store.Run.open(run))
     assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
     assert not (run / "summary.parquet").exists()
     monkeypatch.undo()

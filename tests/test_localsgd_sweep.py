@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import sweep_in_process
+from conftest import localsgd_suite, sweep_in_process
 
 from tpbench import store
 from tpbench.workloads.markov import TinyTransformer
@@ -25,32 +25,18 @@ pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
 STEPS = 19  # timed steps 0..18; the profiler's warm-up is step 19, traced steps are 20 and 21
 MARKOV = {"vocab": 32, "seq_len": 8, "d_model": 16, "n_layers": 1, "n_heads": 2}
 MARKOV_TOML = "\n".join(f"{k} = {v}" for k, v in MARKOV.items())
-SUITE = f"""
-[suite]
-name = "lsgd-harness"
-[defaults]
-algorithm = "post_localSGD_hook"
-world_size = 4
-ranks_per_node = 2
-backend = "gloo"
-device = "cpu"
-workload = "markov"
-batch_size = 8
-warmup_steps = 0
-steps = {STEPS}
-repeats = 1
-start_localSGD_iter = 0
-timeout_s = 120
-[sweep]
-impl = ["tpbench", "torch"]
-averaging_period = [4, 16]
-[capture]
-profiler_steps = 2
-[workloads.markov]
-non_iid = "node"
-heldout_sequences = 16
-{MARKOV_TOML}
-"""
+SUITE = localsgd_suite(
+    'impl = ["tpbench", "torch"]\naveraging_period = [4, 16]',
+    name="lsgd-harness",
+    batch_size=8,
+    steps=STEPS,
+    repeats=1,
+    start_localSGD_iter=0,
+    timeout_s=120,
+    tables='[capture]\nprofiler_steps = 2\n[workloads.markov]\nnon_iid = "node"\nheldout_sequences = 16\n'
+    + MARKOV_TOML
+    + "\n",
+)
 
 
 @pytest.fixture(scope="module")

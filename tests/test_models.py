@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_suite
 
 from tpbench import algorithms, store
 from tpbench.analysis.memory import per_case
@@ -26,27 +27,14 @@ pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
 REPO = Path(__file__).resolve().parent.parent
 ALGORITHMS = list(algorithms.ALGORITHMS)
 
-SUITE = f"""
-[defaults]
-world_size = 2
-backend = "gloo"
-device = "cpu"
-batch_size = 4
-warmup_steps = 3
-steps = 2
-repeats = 1
-timeout_s = 120
-start_localSGD_iter = 2     # post-local SGD goes local within the run
-[sweep]
-workload = {sorted(WORKLOADS)!r}
-algorithm = {ALGORITHMS!r}
-shard_buckets = [false, true]
-[capture]
-profiler_steps = 0
-[workloads.mlp]
-width = 32
-depth = 2
-""".replace("'", '"')
+SUITE = tiny_suite(
+    f"workload = {sorted(WORKLOADS)!r}\nalgorithm = {ALGORITHMS!r}\nshard_buckets = [false, true]".replace("'", '"'),
+    batch_size=4,
+    warmup_steps=3,
+    steps=2,
+    timeout_s=120,
+    start_localSGD_iter=2,  # post-local SGD goes local within the run
+)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +63,7 @@ def test_every_model_trains_under_every_algorithm(run: store.Loaded) -> None:
 
 
 def _accounts(run: store.Loaded, workload: str) -> dict[tuple[str, object], list[dict]]:
-    memory = store.read_case_tables(run.run_dir, "memory").merge(run.cases, on="case_id")
+    memory = store.read_case_tables(run, "memory").merge(run.cases, on="case_id")
     memory = memory[memory["workload"] == workload].sort_values("rank")
     return {
         (a, s): g.to_dict("records") for (a, s), g in memory.groupby(["algorithm", memory["shard_buckets"].map(str)])
@@ -114,7 +102,7 @@ def test_memory_accounting_matches_hand_computed_bytes(run: store.Loaded) -> Non
 
 
 def test_partition_and_what_zero_saves(run: store.Loaded) -> None:
-    partition = store.read_case_tables(run.run_dir, "partition").merge(run.cases, on="case_id")
+    partition = store.read_case_tables(run, "partition").merge(run.cases, on="case_id")
     mlp = partition[partition["workload"] == "mlp"]
     sharded = mlp[(mlp["algorithm"] == "hook_with_zero_step") & (mlp["shard_buckets"] == True)]  # noqa: E712 - element-wise
     assert sharded[["rank", "bucket", "first", "tensors", "params"]].values.tolist() == [
@@ -122,7 +110,7 @@ def test_partition_and_what_zero_saves(run: store.Loaded) -> None:
         [1, 0, 4, 2, 1056],
     ]
     assert set(partition["algorithm"]) == {"zero_no_overlap", "hook_with_zero_step", "hook_with_zero_step_interleaved"}
-    memory = store.read_case_tables(run.run_dir, "memory").assign(run_id="r")
+    memory = store.read_case_tables(run, "memory").assign(run_id="r")
     summary = per_case(memory, partition.assign(run_id="r")[["run_id", "case_id", "rank", "bucket"]]).merge(
         run.cases, on="case_id"
     )

@@ -184,26 +184,15 @@ def test_slowdown_kind_defaults_to_sleep_and_is_a_budget_key():
     assert plain.case_id == default.case_id
 
 
-SLOWDOWN_SUITE = """[suite]
-name = "noise"
-[defaults]
-world_size = 2
-backend = "gloo"
-device = "cpu"
-batch_size = 32
-warmup_steps = 3
-steps = 6
-repeats = 2
-timeout_s = 60
-[sweep]
-slowdown_pct = [0, 200]
-slowdown_kind = ["sleep", "cpu"]
-[capture]
-profiler_steps = 0
-[workloads.mlp]
-width = 256
-depth = 4
-"""
+SLOWDOWN_SUITE = tiny_suite(
+    'slowdown_pct = [0, 200]\nslowdown_kind = ["sleep", "cpu"]',
+    name="noise",
+    batch_size=32,
+    warmup_steps=3,
+    steps=6,
+    repeats=2,
+    mlp={"width": 256, "depth": 4},
+)
 
 
 @pytest.fixture(scope="module")

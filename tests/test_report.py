@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import localsgd_suite
 from synthetic_runs import make_run
 
 from benchmarks import budget_resolution, synth_run
@@ -233,7 +234,7 @@ def test_metric_cpu_ms_compares_cpu_time_and_says_so(tmp_path):
     by step time it is slower, by CPU time no different, and the sentences name what they compare."""
     medians = {"zero_no_overlap": [10, 10.2, 9.9, 10.1], "hook_with_zero_step": [12, 12.2, 11.9, 12.1]}
     run = make_run(tmp_path / "run", medians, cpu_ms=lambda case: 5.0, jitter=0.002)
-    finalize(run)
+    finalize(store.Run.open(run))
     kind = verdicts.ZERO_KINDS[1]  # sequential / zero_no_overlap
     wall = verdicts.compare(report_data.load([store.load(run)]), kind)
     cpu_data = report_data.load([store.load(run)], metric="cpu_ms")
@@ -272,24 +273,13 @@ def test_cases_of_different_worlds_are_compared_unpaired():
     assert verdicts.case_estimate(loop, twin).method == "paired"
 
 
-LOCALSGD_SUITE = """\
-[suite]
-name = "lsgd-test"
-[defaults]
-algorithm = "post_localSGD_hook"
-world_size = 4
-ranks_per_node = 2
-backend = "gloo"
-device = "cpu"
-workload = "markov"
-warmup_steps = 0
-steps = 40
-repeats = 3
-eval_every = 10
-[sweep]
-start_localSGD_iter = ["never", 10]
-averaging_period = [4]
-"""
+LOCALSGD_SUITE = localsgd_suite(
+    'start_localSGD_iter = ["never", 10]\naveraging_period = [4]',
+    name="lsgd-test",
+    steps=40,
+    repeats=3,
+    eval_every=10,
+)
 
 
 def test_local_sgd_verdict_time_to_target_and_final_gap():
@@ -445,7 +435,7 @@ def test_budget_resolution_counts_what_the_reports_comparisons_resolve(tmp_path)
     two cases of one world is paired, and its half-width is the report's."""
     drift = [100.0, 130.0, 85.0, 115.0, 95.0]
     run = make_run(tmp_path, {"zero_no_overlap": drift, "hook_with_zero_step": [v * 0.9 for v in drift]}, jitter=0.002)
-    finalize(run)  # the summary, as a sweep leaves it
+    finalize(store.Run.open(run))  # the summary, as a sweep leaves it
     res = budget_resolution.resolution(run)
     [c] = verdicts.compare(report_data.load([store.load(run)]), verdicts.ZERO_KINDS[1])
     assert (res.comparisons, res.paired, res.within_target) == (1, 1, 1)
@@ -464,7 +454,7 @@ def test_an_adaptive_sweeps_raised_repeats_do_not_split_its_cases(tmp_path):
     meta["adaptive"] = {"planned_repeats": {cid: 6 for cid in meta["cases"]}}
     meta["cases"][seq]["params"]["repeats"] = 9
     (run / "run.json").write_text(json.dumps(meta))
-    finalize(run)
+    finalize(store.Run.open(run))
     data = report_data.load([store.load(run)])
     assert "repeats" not in data.context_keys
     (comparison,) = verdicts.compare(data, verdicts.ZERO_KINDS[1])

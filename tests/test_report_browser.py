@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from browser import ALL_FIGURES_DRAWN, Browser, ensure_chromium
+from conftest import tiny_suite
 from test_report import hostile_copy, synth_run
 
 from tpbench import report, store
@@ -25,28 +26,17 @@ pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "test-artifacts"
 
-SUITE = """\
-[suite]
-name = "report-smoke"
-description = "Two tiny cases on 2 Gloo ranks, traced, for the browser test"
-[defaults]
-world_size = 2
-backend = "gloo"
-device = "cpu"
-workload = "mlp"
-batch_size = 8
-warmup_steps = 3
-steps = 6
-repeats = 2
-timeout_s = 120
-[sweep]
-algorithm = ["ddp", "zero_no_overlap"]
-[capture]
-profiler_steps = 2
-[workloads.mlp]
-width = 32
-depth = 2
-"""
+SUITE = tiny_suite(
+    'algorithm = ["ddp", "zero_no_overlap"]',
+    name="report-smoke",
+    description="Two tiny cases on 2 Gloo ranks, traced, for the browser test",
+    workload='"mlp"',
+    warmup_steps=3,
+    steps=6,
+    repeats=2,
+    timeout_s=120,
+    profiler_steps=2,
+)
 
 
 @pytest.fixture(scope="module")

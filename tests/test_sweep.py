@@ -170,3 +170,31 @@ def test_a_world_that_cannot_start_is_retried_once_then_fails_its_cases_with_the
     assert all(c["error"].startswith("rank") for c in meta["cases"].values()), meta["cases"]
     assert any("nonexistent0" in (c.get("detail") or "") for c in meta["cases"].values())
     assert worker_processes(run_dir) == []
+
+
+def test_the_library_sweep_tells_its_progress_each_phase_and_returns_the_finished_run(tmp_path):
+    """``sweep.run``, as the command calls it: the progress it is given sees the phase (its cases and
+    items) before any world starts and gets the launcher's events; the outcome holds the finished
+    run, summarized and complete, owned by this process."""
+    import contextlib
+
+    from tpbench import sweep
+
+    suite = tmp_path / "lib.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp", "zero_no_overlap"]', repeats=2))
+    phases, events = [], []
+
+    def progress(phase: sweep.Phase):
+        phases.append((len(phase.cases), phase.items, phase.batch, phase.run.record.status))
+        return contextlib.nullcontext(lambda kind, data: events.append(kind))
+
+    outcome = sweep.run(suite, out=tmp_path / "results", progress=progress)
+    assert phases == [(2, 4, None, "running")]
+    assert events.count("repeat_end") == 4 and events.count("case_end") == 2
+    assert outcome.loaded is not None and outcome.loaded.record.status == "complete"
+    assert set(outcome.loaded.table["status"]) == {"done"} and outcome.failed == []
+    assert (outcome.run.dir / store.SUMMARY_FILE).exists() and outcome.run.lock is not None
+    # Resumed with nothing left, it says so and runs nothing.
+    outcome.run.lock.release()
+    again = sweep.run(resume=outcome.run.dir, launcher=sweep.RECORDED, progress=progress)
+    assert again.nothing_left and again.loaded is None and len(phases) == 1

@@ -57,7 +57,7 @@ def test_worked_example_sweeps_end_to_end(tmp_path: Path) -> None:
     run = store.load(next(store.iter_runs(tmp_path / "results")))
     assert set(run.cases["status"]) == {"done"} and len(run.cases) == 8
     assert run.steps["loss"].notna().all()
-    memory = store.read_case_tables(run.run_dir, "memory")
+    memory = store.read_case_tables(run, "memory")
     assert len(memory) == 2 * len(run.cases)
     assert "What ZeRO saves" in (tmp_path / "report.html").read_text()
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import sweep_in_process
+from conftest import sweep_in_process, tiny_suite
 
 from tpbench import store, whatif_run
 from tpbench.analysis import timeline, trace_events, whatif
@@ -526,28 +526,18 @@ needs_netns = pytest.mark.skipif(
     reason="emulated links need root and iproute2 (ip, tc)",
 )
 
-VALIDATION_SUITE = """\
-[suite]
-name = "whatif-check"
-[defaults]
-algorithm = "ddp"
-world_size = 2
-backend = "gloo"
-device = "cpu"
-workload = "mlp"
-batch_size = 8
-warmup_steps = 3
-steps = 8
-repeats = 3
-timeout_s = 120
-[sweep]
-interconnect = ["loopback", "tcp-1gbit"]
-[capture]
-profiler_steps = 5
-[workloads.mlp]
-width = 512
-depth = 4
-"""
+VALIDATION_SUITE = tiny_suite(
+    'interconnect = ["loopback", "tcp-1gbit"]',
+    name="whatif-check",
+    algorithm='"ddp"',
+    workload='"mlp"',
+    warmup_steps=3,
+    steps=8,
+    repeats=3,
+    timeout_s=120,
+    profiler_steps=5,
+    mlp={"width": 512, "depth": 4},
+)
 
 
 @pytest.mark.ranks

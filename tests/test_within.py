@@ -273,7 +273,7 @@ def test_report_and_compare_match_the_same_cases(zero_run: Path, tmp_path: Path)
         rd = report_data.load([loaded])
         return {(c.baseline["case_id"], c.candidate["case_id"]) for k in kinds for c in verdicts.compare(rd, k)}
 
-    loaded = sweep.finalize(zero_run)
+    loaded = sweep.finalize(store.Run.open(zero_run))
     mine = {(p.baseline_case, p.candidate_case) for p in compare.within_run(loaded).pairs if p.key == "algorithm"}
     assert report_pairs(loaded, verdicts.ZERO_KINDS) == mine and len(mine) == 12
     # And they say the same of each: one interval, one verdict, in the same words.
@@ -287,10 +287,12 @@ def test_report_and_compare_match_the_same_cases(zero_run: Path, tmp_path: Path)
     assert said == {pair: words[pair] for pair in said}
 
     localsgd = sweep.finalize(
-        make_run(
-            tmp_path,
-            {"ddp": DRIFT, "post_localSGD_hook": scaled(0.9)},
-            sweep={"start_localSGD_iter": '["never", 2]', "averaging_period": "[2, 4]"},
+        store.Run.open(
+            make_run(
+                tmp_path,
+                {"ddp": DRIFT, "post_localSGD_hook": scaled(0.9)},
+                sweep={"start_localSGD_iter": '["never", 2]', "averaging_period": "[2, 4]"},
+            )
         )
     )
     w = compare.within_run(localsgd)
@@ -327,10 +329,15 @@ def test_report_and_compare_say_the_same_of_a_difference_not_shown_beyond_the_th
 
     slower = [1.02, 1.15, 1.05, 1.12, 1.01, 1.10]
     run = sweep.finalize(
-        make_run(
-            tmp_path,
-            {"hook_with_zero_step": DRIFT, "hook_with_zero_step_interleaved": [m * f for m, f in zip(DRIFT, slower)]},
-            jitter=0.0,
+        store.Run.open(
+            make_run(
+                tmp_path,
+                {
+                    "hook_with_zero_step": DRIFT,
+                    "hook_with_zero_step_interleaved": [m * f for m, f in zip(DRIFT, slower)],
+                },
+                jitter=0.0,
+            )
         )
     )
     (pair,) = compare.within_run(run).pairs

@@ -14,7 +14,6 @@ import os
 import shlex
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -154,11 +153,8 @@ def _usage(message: str, command: str = "sweep") -> None:
     raise SystemExit(EXIT_USAGE)
 
 
-def _print_worlds(run, cases: list, launcher) -> int:
+def _print_worlds(run, worlds: list, launcher) -> int:
     """``--print``: the command(s) to start on every node, then how to record what they did."""
-    from tpbench import sweep
-
-    worlds = sweep.print_worlds(run, cases, launcher)
     where = "on this machine" if launcher.nnodes == 1 else f"on each of the {launcher.nnodes} nodes, at the same time"
     if launcher.agent_prefix:
         where = "once (the prefix starts one agent per node)"
@@ -254,6 +250,24 @@ def _interrupted(e: KeyboardInterrupt) -> tuple[str, int]:
     return "Interrupted.", EXIT_INTERRUPTED
 
 
+def _resumable(e: KeyboardInterrupt, run, command: str, kept: str) -> int:
+    """Ctrl-C or a stop signal once the run exists: what is kept and how to resume it; the exit
+    code. Before (no ``run``), the interrupt goes on to ``main``: there is nothing to resume."""
+    if run is None:
+        raise e
+    said, code = _interrupted(e)
+    console.print(
+        Text.assemble(
+            "\n",
+            (said, "yellow"),
+            f" {kept} Resume with:\n  ",
+            shlex.join(["tpbench", command, "--resume", str(run.dir)]),
+        ),
+        soft_wrap=True,
+    )
+    return code
+
+
 @contextlib.contextmanager
 def _stop_signals_interrupt() -> Iterator[None]:
     """While a sweep runs, stop signals raise ``Terminated``; the previous handlers come back after."""
@@ -273,6 +287,67 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     from tpbench import report, store, sweep
 
+    launcher = _check_sweep_args(args)
+    if args.resume:
+        _check_resume_args(args)
+        if args.dry_run:
+            run = store.Run.open(args.resume)
+            todo = sweep.missing(run)
+            out.print(_cases_table(f"{run.dir}: {len(todo)} cases to resume (dry run)", todo))
+            return EXIT_OK
+        suite, launcher = None, launcher if args.launcher else sweep.RECORDED
+    else:
+        suite = sweep.prepare(args.suite, args.set, args.filter, launcher, allow_large=args.allow_large)
+        if not suite.cases:
+            console.print("[yellow]No case matches the filters.[/]")
+            return EXIT_USAGE
+        if args.dry_run:
+            out.print(_cases_table(f"{suite.suite.name}: {len(suite.cases)} cases (dry run)", suite.cases))
+            return EXIT_OK
+        if not args.no_report:  # before hours of sweeping, not after
+            if args.report and args.report.is_dir():
+                raise store.StoreError(f"{args.report}: is a folder; --report takes the report's file name")
+            store.check_writable(args.report.parent if args.report else args.reports_dir, "report directory")
+    display = _SweepDisplay()
+    try:
+        outcome = sweep.run(
+            suite,
+            out=args.out or Path("results"),
+            launcher=launcher,
+            resume=args.resume,
+            target_ci=args.target_ci,
+            budget_s=args.budget_s,
+            lockstep=args.lockstep,
+            print_only=args.print_only,
+            progress=display,
+        )
+    except sweep.SweepError as e:
+        _usage(str(e))
+    except KeyboardInterrupt as e:
+        return _resumable(e, display.run, "sweep", "Finished cases are kept.")
+    if outcome.nothing_left:
+        console.print(f"Nothing to resume: every case of {outcome.run.dir} is done.", markup=False, soft_wrap=True)
+        return EXIT_OK
+    if args.print_only:
+        console.print(f"Run directory: {outcome.run.dir}", markup=False, soft_wrap=True)
+        return _print_worlds(outcome.run, outcome.printed, outcome.launcher)
+    _print_adaptive(outcome.loaded.record.adaptive)
+    out.print(_summary_table(outcome.loaded))
+    eff = outcome.loaded.meta.get("efficiency", {})
+    console.print(
+        f"Wall {outcome.wall_s:.1f} s; timed steps {eff.get('timed_s', 0):.1f} s; "
+        f"{eff.get('processes_started')} rank processes started."
+    )
+    if not args.no_report:
+        run_dir = outcome.run.dir
+        path = report.write_report([run_dir], args.report or report.default_report_path(run_dir, args.reports_dir))
+        console.print(f"Report: {path}", markup=False, soft_wrap=True)
+    return EXIT_FAILED if outcome.failed else EXIT_OK
+
+
+def _check_sweep_args(args: argparse.Namespace):
+    """The options' combinations a sweep refuses (a usage error as ``SystemExit``); the torchrun
+    launcher they ask for (None: local)."""
     launcher = _torchrun(args)
     if args.lockstep and not Path(args.lockstep).is_socket():
         _usage(f"--lockstep {args.lockstep}: no gate listens there (a Unix socket of `tpbench gate`)")
@@ -282,113 +357,69 @@ def _sweep(args: argparse.Namespace) -> int:
         _usage("--target-ci with --print: an adaptive sweep decides its rounds as it runs; run it here")
     if args.target_ci is not None and args.lockstep:
         _usage("--target-ci with --lockstep: the gate decides when its sides stop")
-    if args.resume:
-        _check_resume_args(args)
-        if args.dry_run:
-            run = store.Run.open(args.resume)
-            out.print(
-                _cases_table(f"{run.dir}: {len(sweep.missing(run))} cases to resume (dry run)", sweep.missing(run))
-            )
-            return EXIT_OK
-        run, cases = sweep.reopen(args.resume)
-        launcher = launcher if args.launcher else sweep.launcher_of(run)
-        if args.print_only and launcher is None:
-            _usage(f"--print: {run.dir} runs with the local launcher; add --launcher torchrun")
-        finished = run.record.status in ("complete", "complete_with_failures")
-        if not cases and finished and (run.dir / store.SUMMARY_FILE).exists():
-            console.print(f"Nothing to resume: every case of {run.dir} is done.", markup=False, soft_wrap=True)
-            return EXIT_OK
-    else:
-        prepared = sweep.prepare(args.suite, args.set, args.filter, launcher, allow_large=args.allow_large)
-        cases = prepared.cases
-        if not cases:
-            console.print("[yellow]No case matches the filters.[/]")
-            return EXIT_USAGE
-        if args.dry_run:
-            out.print(_cases_table(f"{prepared.suite.name}: {len(cases)} cases (dry run)", cases))
-            return EXIT_OK
-        if not args.no_report:  # before hours of sweeping, not after
-            if args.report and args.report.is_dir():
-                raise store.StoreError(f"{args.report}: is a folder; --report takes the report's file name")
-            store.check_writable(args.report.parent if args.report else args.reports_dir, "report directory")
-        run = sweep.start(prepared, args.out or Path("results"), launcher)
-        if args.target_ci is not None:
-            sweep.start_adaptive(run, args.target_ci, args.budget_s)
-    console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
-    if args.print_only:
-        if args.lockstep:
-            _usage("--print: a lockstep gate paces worlds this command starts itself; drop --lockstep")
-        return _print_worlds(run, cases, launcher)
-    done = set()
-    for c in cases:
-        done |= {(c.case_id, r) for r in store.finished_repeats(run.dir, c.case_id)}
-    total = sum(c.repeats for c in cases) - len(done)
-    listener = SweepProgress(cases, total)
-    t0 = time.monotonic()
-    try:
-        with listener.progress:
-            sweep.execute(run, cases, listener, launcher, args.lockstep)
-        _adapt(run, launcher)
-        loaded = sweep.finalize(run.dir)
-    except KeyboardInterrupt as e:
-        said, code = _interrupted(e)
-        console.print(
-            Text.assemble(
-                "\n",
-                (said, "yellow"),
-                " Finished cases are kept. Resume with:\n  ",
-                shlex.join(["tpbench", "sweep", "--resume", str(run.dir)]),
-            ),
-            soft_wrap=True,
-        )
-        return code
-    out.print(_summary_table(loaded))
-    eff = loaded.meta.get("efficiency", {})
+    if args.print_only and args.lockstep:
+        _usage("--print: a lockstep gate paces worlds this command starts itself; drop --lockstep")
+    return launcher
+
+
+class _SweepDisplay:
+    """The sweep's ``Progress``: the run directory once it exists, a line per adaptive batch, and
+    each phase's progress bar (``SweepProgress``)."""
+
+    def __init__(self) -> None:
+        self.run = None
+
+    def __call__(self, phase):
+        if self.run is None:
+            self.run = phase.run
+            console.print(f"Run directory: {phase.run.dir}", markup=False, soft_wrap=True)
+        if phase.batch is not None:
+            _print_batch(phase.run.record, phase.batch)
+        listener = SweepProgress(phase.cases, phase.items)
+        return _showing(listener.progress, listener)
+
+
+@contextlib.contextmanager
+def _showing(progress: Progress, watcher: Any) -> Iterator[Any]:
+    """``watcher`` while ``progress`` is on the terminal."""
+    with progress:
+        yield watcher
+
+
+def _print_batch(record, batch) -> None:
+    """The line an adaptive batch starts with: what is still too wide, and the rounds it adds."""
+    widest = max((hw for _, hw in batch.comparisons if hw is not None), default=None)
     console.print(
-        f"Wall {time.monotonic() - t0:.1f} s; timed steps {eff.get('timed_s', 0):.1f} s; "
-        f"{eff.get('processes_started')} rank processes started."
+        f"adaptive batch {batch.number}: {len(batch.comparisons)} comparison(s) above ±"
+        f"{record.adaptive['target_ci']:.1%}"
+        + (f" (widest ±{widest:.1%})" if widest is not None else "")
+        + f"; +{max(batch.added.values())} round(s) for {len(batch.cases)} case(s), "
+        f"{record.wall_s or 0:.0f} of {record.adaptive['budget_s']:g} s spent",
+        markup=False,
+        soft_wrap=True,
     )
-    if not args.no_report:
-        path = report.write_report([run.dir], args.report or report.default_report_path(run.dir, args.reports_dir))
-        console.print(f"Report: {path}", markup=False, soft_wrap=True)
-    failed = [cid for cid, s in run.case_status().items() if s == store.FAILED]
-    return EXIT_FAILED if failed else EXIT_OK
 
 
-def _adapt(run, launcher) -> None:
-    """The adaptive phase (``--target-ci``): a line per batch, then its progress like the sweep's."""
+def _print_adaptive(adaptive) -> None:
+    """How an adaptive sweep ended (nothing for a planned one)."""
     from tpbench import sweep
 
-    while (batch := sweep.next_batch(run)) is not None:
-        widest = max((hw for _, hw in batch.comparisons if hw is not None), default=None)
-        console.print(
-            f"adaptive batch {batch.number}: {len(batch.comparisons)} comparison(s) above ±"
-            f"{run.record.adaptive['target_ci']:.1%}"
-            + (f" (widest ±{widest:.1%})" if widest is not None else "")
-            + f"; +{max(batch.added.values())} round(s) for {len(batch.cases)} case(s), "
-            f"{run.record.wall_s or 0:.0f} of {run.record.adaptive['budget_s']:g} s spent",
-            markup=False,
-            soft_wrap=True,
-        )
-        listener = SweepProgress(batch.cases, batch.items)
-        with listener.progress:
-            sweep.execute(run, batch.cases, listener, launcher)
-    adaptive = run.record.adaptive
-    if adaptive:
-        after = [c["half_width"] for c in adaptive.get("half_widths_after", [])]
-        within = sum(hw is not None and hw <= adaptive["target_ci"] for hw in after)
-        said = {
-            sweep.TARGET_MET: "target met",
-            sweep.BUDGET_SPENT: "budget spent",
-            sweep.LOOKS_SPENT: f"the most batches ({sweep.MAX_BATCHES}) added",
-        }.get(adaptive["state"], "")
-        console.print(
-            f"adaptive: {said}; {within} of {len(after)} comparison(s) resolve ±{adaptive['target_ci']:.1%}, "
-            f"{sum(adaptive.get('rounds_added', {}).values())} repeat(s) added over {len(adaptive['batches'])} "
-            "batch(es)",
-            markup=False,
-            soft_wrap=True,
-        )
+    if not adaptive:
+        return
+    after = [c["half_width"] for c in adaptive.get("half_widths_after", [])]
+    within = sum(hw is not None and hw <= adaptive["target_ci"] for hw in after)
+    said = {
+        sweep.TARGET_MET: "target met",
+        sweep.BUDGET_SPENT: "budget spent",
+        sweep.LOOKS_SPENT: f"the most batches ({sweep.MAX_BATCHES}) added",
+    }.get(adaptive["state"], "")
+    console.print(
+        f"adaptive: {said}; {within} of {len(after)} comparison(s) resolve ±{adaptive['target_ci']:.1%}, "
+        f"{sum(adaptive.get('rounds_added', {}).values())} repeat(s) added over {len(adaptive['batches'])} "
+        "batch(es)",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 # Bounds of the adaptive options: a target below 0.1% asks for more rounds than any budget holds
@@ -506,8 +537,7 @@ def _tune(args: argparse.Namespace) -> int:
                 "own options (tune.json)",
                 "tune",
             )
-        run, options = tune.reopen(args.resume)
-        launcher = launcher if args.launcher else sweep.launcher_of(run)
+        suite, options, launcher = None, tune.Options(), launcher if args.launcher else sweep.RECORDED
     else:
         given = {
             k: v
@@ -515,7 +545,7 @@ def _tune(args: argparse.Namespace) -> int:
             if v is not None
         }
         epsilon = _percent("--epsilon", args.epsilon) if args.epsilon is not None else tune.Options.epsilon
-        options = tune.Options(epsilon=epsilon, budget_s=args.budget_s, **given)
+        suite, options = args.suite, tune.Options(epsilon=epsilon, budget_s=args.budget_s, **given)
         options.check()
         if args.dry_run:
             prepared = tune.prepare(args.suite, args.set, args.filter, launcher, args.allow_large)
@@ -525,28 +555,38 @@ def _tune(args: argparse.Namespace) -> int:
             )
             out.print(_cases_table(title, prepared.cases))
             return EXIT_OK
-        run, _ = tune.start(
-            args.suite, options, args.set, args.filter, args.out or Path("results"), launcher, args.allow_large
-        )
-    console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
-    listener = TuneProgress([c for c in (tune.Case.from_params(c.params) for c in run.record.cases.values())])
+    display = _TuneDisplay()
     try:
-        with listener.progress:
-            result = tune.race(run, options, listener, launcher, listener.round)
-    except KeyboardInterrupt as e:
-        said, code = _interrupted(e)
-        console.print(
-            Text.assemble(
-                "\n",
-                (said, "yellow"),
-                " The race so far is kept. Resume with:\n  ",
-                shlex.join(["tpbench", "tune", "--resume", str(run.dir)]),
-            ),
-            soft_wrap=True,
+        result = tune.run(
+            suite,
+            options,
+            overrides=args.set,
+            filters=args.filter,
+            out=args.out or Path("results"),
+            launcher=launcher,
+            resume=args.resume,
+            allow_large=args.allow_large,
+            progress=display,
         )
-        return code
+    except KeyboardInterrupt as e:
+        return _resumable(e, display.run, "tune", "The race so far is kept.")
     _print_tune(result, args.format)
     return EXIT_UNRESOLVED if result.state == tune.UNRESOLVED else EXIT_OK
+
+
+class _TuneDisplay:
+    """The tune's ``Progress``: the run directory, then the race as it goes (``TuneProgress``)."""
+
+    def __init__(self) -> None:
+        self.run = None
+
+    def __call__(self, run):
+        from tpbench import tune
+
+        self.run = run
+        console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
+        listener = TuneProgress([tune.Case.from_params(c.params) for c in run.record.cases.values()])
+        return _showing(listener.progress, tune.Watch(listener, listener.round))
 
 
 def _print_tune(result, fmt: str) -> None:
@@ -744,15 +784,6 @@ def _gate(args: argparse.Namespace) -> int:
     from tpbench import compare, gate, store
 
     threshold = compare.parse_threshold(args.threshold)  # before minutes of sweeps, not after
-    out = (args.out or Path("results") / "gate" / store.new_run_id()).absolute()
-    baseline = gate.resolve_side("baseline", args.baseline, out / "baseline")
-    candidate = gate.resolve_side("candidate", args.candidate, out / "candidate")
-    sides = dict(
-        overrides=args.set,
-        filters=args.filter,
-        candidate_overrides=args.candidate_set,
-        announce=lambda line: console.print(line, soft_wrap=True, markup=False),
-    )
     lockstep_only = {
         "--repeats": args.repeats,
         "--target-ci": args.target_ci,
@@ -764,38 +795,37 @@ def _gate(args: argparse.Namespace) -> int:
         misplaced = ["--rounds"]
     if misplaced:
         raise compare.GateError(f"{', '.join(misplaced)}: not an option of --mode {args.mode}")
-    if args.mode == "rounds":
-        run = gate.run_gate(args.suite, baseline, candidate, out, rounds=args.rounds or 5, **sides)
-        baseline_runs, candidate_runs, pairing = run.baseline, run.candidate, "rounds"
-    else:
-        given = {
-            k: v
-            for k, v in (("repeats", args.repeats), ("budget_s", args.budget_s), ("seed", args.seed))
-            if v is not None
-        }
-        if args.target_ci is not None:
-            given = {"repeats": gate.ADAPTIVE_REPEATS} | given | {"target_ci": _percent("--target-ci", args.target_ci)}
-        cfg = gate.Lockstep(metric=args.metric, **given)
-        run = gate.run_lockstep(args.suite, baseline, candidate, out, cfg, **sides)
-        baseline_runs, candidate_runs, pairing = [run.baseline], [run.candidate], "repeats"
-        if "answer" in run.record:
-            console.print(
-                f"Gate answer: {run.record['answer']} (each case's pairs by the sequential rule, target "
-                f"±{cfg.target_ci:.1%}; {run.record['stopped']})",
-                soft_wrap=True,
-                markup=False,
-            )
-    console.print(f"Gate runs: {run.out}", soft_wrap=True, markup=False)
-    comparison = compare.compare_runs(
-        baseline_runs,
-        candidate_runs,
-        metric=args.metric,
+    given = {
+        k: v for k, v in (("repeats", args.repeats), ("budget_s", args.budget_s), ("seed", args.seed)) if v is not None
+    }
+    if args.target_ci is not None:
+        given = {"repeats": gate.ADAPTIVE_REPEATS} | given | {"target_ci": _percent("--target-ci", args.target_ci)}
+    cfg = gate.Lockstep(metric=args.metric, **given)
+    judged = gate.run(
+        args.suite,
+        args.baseline,
+        args.candidate,
+        (args.out or Path("results") / "gate" / store.new_run_id()).absolute(),
+        mode=args.mode,
+        rounds=args.rounds or 5,
+        cfg=cfg,
+        overrides=args.set,
+        filters=args.filter,
+        candidate_overrides=args.candidate_set,
+        announce=lambda line: console.print(line, soft_wrap=True, markup=False),
         threshold=threshold,
-        pairing=pairing,
         fail_on_inconclusive=args.fail_on_inconclusive,
         ignore_env=args.ignore_env,
     )
-    return _print_verdict(comparison, args.format)
+    if judged.record is not None and "answer" in judged.record:
+        console.print(
+            f"Gate answer: {judged.record['answer']} (each case's pairs by the sequential rule, target "
+            f"±{cfg.target_ci:.1%}; {judged.record['stopped']})",
+            soft_wrap=True,
+            markup=False,
+        )
+    console.print(f"Gate runs: {judged.out}", soft_wrap=True, markup=False)
+    return _print_verdict(judged.comparison, args.format)
 
 
 def _percent(flag: str, text: str) -> float:
@@ -814,19 +844,17 @@ def _percent(flag: str, text: str) -> float:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from tpbench import export as exports
-    from tpbench import store
 
     export = exports.export_run(args.run, args.format)
-    text = json.dumps(export.document, indent=2, allow_nan=False) + "\n"
     for label in export.skipped:
         console.print(
             f"[yellow]not exported:[/] {escape(label)} (no timed steps: the case failed or never ran)", soft_wrap=True
         )
     if args.output:
-        store.write_output(args.output, text.encode())
+        export.write(args.output)
         console.print(f"Wrote {args.output}", soft_wrap=True, markup=False)
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(export.text)
     return EXIT_OK
 
 
@@ -1073,9 +1101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from tpbench import store, whatif_run
+    from tpbench import whatif_run
 
     try:
         fabrics = whatif_run.load_fabrics(args.fabrics)
@@ -1089,67 +1115,43 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     try:
-        loaded = store.load(args.run)
-        result = whatif_run.run_whatif(loaded, {k: fabrics[k] for k in (args.fabric or fabrics)}, args.reference)
+        written = whatif_run.write(args.run, {k: fabrics[k] for k in (args.fabric or fabrics)}, args.reference)
     except ValueError as e:
         _error(e)
         return EXIT_RESULTS
-    run_dir = Path(args.run)
-    store.atomic_write_parquet(run_dir / "whatif.parquet", result.projections)
-    store.atomic_write_parquet(run_dir / "whatif_validation.parquet", result.validation)
-    labels = dict(zip(loaded.cases["case_id"], loaded.cases["label"]))
-    if len(result.validation):
-        t = Table(title="validation: emulated links predicted from their twins on other links")
-        for col in ("direction", "case", "from", "link", "measured ms [95% CI]", "predicted ms", "error"):
-            t.add_column(col, justify="right" if col in ("measured ms [95% CI]", "predicted ms", "error") else "left")
-        for r in result.validation.to_dict("records"):
-            made = pd.isna(r["refused"])
-            t.add_row(
-                r["direction"],
-                labels[r["case_id"]],
-                r["reference_link"],
-                r["interconnect"],
-                f"{r['measured_ms']:.1f} [{r['ci_lo_ms']:.1f}, {r['ci_hi_ms']:.1f}]",
-                f"{r['predicted_ms']:.1f}" if made else "refused",
-                f"{r['error_pct']:+.1f}%" if made else "",
-            )
-        out.print(t)
-        refused = result.validation.dropna(subset=["refused"]).drop_duplicates(["reference_case", "refused"])
-        for r in refused.to_dict("records"):
-            console.print(
-                Text.assemble(
-                    ("refused ", "yellow"),
-                    f"predictions from {r['reference_link']} {labels[r['reference_case']]}: {r['refused']}",
-                )
-            )
-        for e in result.errors().to_dict("records"):
-            out.print(
-                f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}% "
-                f"over {e['predicted']} predictions ({e['refused']} refused)",
-                markup=False,
-            )
+    if len(written.result.validation):
+        _print_whatif_validation(written)
     t = Table(title="PROJECTED step time (ms): this machine's compute with each fabric's α–β communication")
     t.add_column("case")
-    t.add_column(f"measured ({result.reference})", justify="right")
+    t.add_column(f"measured ({written.result.reference})", justify="right")
     t.add_column("compute critical path", justify="right")
-    names = list(dict.fromkeys(result.projections["fabric"]))
-    for name in names:
+    for name in written.fabrics():
         t.add_column(name, justify="right")
-    for cid, grp in result.projections.groupby("case_id", sort=False):
-        ms = grp.set_index("fabric")["projected_ms"]
-        refused = pd.notna(grp["refused"].iloc[0])
-        t.add_row(
-            labels[cid] + (" (*)" if refused else ""),
-            f"{grp['measured_ms'].iloc[0]:.1f}",
-            "" if refused else f"{grp['compute_ms'].iloc[0]:.1f}",
-            *("refused" if refused else f"{ms[n]:.1f}" for n in names),
-        )
+    for row in written.projection_rows():
+        t.add_row(*row)
     out.print(t)
-    for m in result.models:
-        if m.refused is not None:
-            console.print(Text.assemble(("(*) refused ", "yellow"), f"{labels[m.case_id]}: {m.refused}"))
-    console.print(f"tables: {run_dir / 'whatif.parquet'}, {run_dir / 'whatif_validation.parquet'}", markup=False)
+    for line in written.refused_models():
+        console.print(Text.assemble(("(*) refused ", "yellow"), line))
+    console.print(f"tables: {written.projections_path}, {written.validation_path}", markup=False)
     return EXIT_OK
+
+
+def _print_whatif_validation(written) -> None:
+    """The what-if's validation: each emulated link predicted from its twins, what was refused, the errors."""
+    t = Table(title="validation: emulated links predicted from their twins on other links")
+    for col in ("direction", "case", "from", "link", "measured ms [95% CI]", "predicted ms", "error"):
+        t.add_column(col, justify="right" if col in ("measured ms [95% CI]", "predicted ms", "error") else "left")
+    for row in written.validation_rows():
+        t.add_row(*row)
+    out.print(t)
+    for line in written.refused_references():
+        console.print(Text.assemble(("refused ", "yellow"), line))
+    for e in written.result.errors().to_dict("records"):
+        out.print(
+            f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}% "
+            f"over {e['predicted']} predictions ({e['refused']} refused)",
+            markup=False,
+        )
 
 
 def _error(e: Exception) -> None:

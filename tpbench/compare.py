@@ -121,8 +121,28 @@ class CaseResult:
 PAIRINGS = ("none", "rounds", "repeats")
 
 
+class _Verdicts:
+    """The overall verdict and exit code of a set of case results, and the dict rendered as JSON:
+    the same for runs compared (``Comparison``) and cases within one run (``WithinRun``)."""
+
+    cases: list[CaseResult]
+    fail_on_inconclusive: bool
+
+    @property
+    def verdict(self) -> str:
+        """The worst verdict: a confirmed regression outranks not being able to judge some case."""
+        return worst_verdict(c.verdict for c in self.cases)
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code_of(self.verdict, self.fail_on_inconclusive)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"verdict": self.verdict, "exit_code": self.exit_code}
+
+
 @dataclass(frozen=True)
-class Comparison:
+class Comparison(_Verdicts):
     """Everything a gate decided, ready to render as text, Markdown or JSON."""
 
     metric: str
@@ -136,18 +156,6 @@ class Comparison:
     pairing: str = "none"
     baseline_commits: list[str] = field(default_factory=list)
     candidate_commits: list[str] = field(default_factory=list)
-
-    @property
-    def verdict(self) -> str:
-        """The worst verdict: a confirmed regression outranks not being able to judge some case."""
-        return worst_verdict(c.verdict for c in self.cases)
-
-    @property
-    def exit_code(self) -> int:
-        return exit_code_of(self.verdict, self.fail_on_inconclusive)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"verdict": self.verdict, "exit_code": self.exit_code}
 
 
 # ---------------------------------------------------------------- comparing runs
@@ -405,7 +413,7 @@ class CasePair:
 
 
 @dataclass(frozen=True)
-class WithinRun:
+class WithinRun(_Verdicts):
     """Every comparison of cases within one run (``within_run``), ready to render."""
 
     run: str
@@ -420,17 +428,6 @@ class WithinRun:
     @property
     def cases(self) -> list[CaseResult]:
         return [p.result for p in self.pairs]
-
-    @property
-    def verdict(self) -> str:
-        return worst_verdict(r.verdict for r in self.cases)
-
-    @property
-    def exit_code(self) -> int:
-        return exit_code_of(self.verdict, self.fail_on_inconclusive)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"verdict": self.verdict, "exit_code": self.exit_code}
 
 
 def worst_verdict(verdicts: Iterable[str]) -> str:

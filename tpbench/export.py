@@ -3,6 +3,7 @@ github-action-benchmark's ``customSmallerIsBetter`` input (``tpbench export``)."
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,15 @@ PYTEST_BENCHMARK_VERSION = "5.1.0"
 class Export:
     document: Any
     skipped: list[str]  # labels of cases without data (failed, pending)
+
+    @property
+    def text(self) -> str:
+        """The document as it is printed or written: indented JSON, no NaN."""
+        return json.dumps(self.document, indent=2, allow_nan=False) + "\n"
+
+    def write(self, path: Path) -> Path:
+        """Write the document to the file the user named (``export -o``; see ``store.write_output``)."""
+        return store.write_output(path, self.text.encode())
 
 
 def _export_cases(loaded: store.Loaded) -> tuple[list[tuple[Case, str, np.ndarray, np.ndarray]], list[str]]:
@@ -55,61 +65,7 @@ def export_pytest_benchmark(run_dir: str | Path) -> Export:
     suite = loaded.meta["suite"]["name"]
     cases, skipped = _export_cases(loaded)
     keys = varying_keys([c for c, *_ in cases])
-    benchmarks = []
-    for case, label, ms, reps in cases:
-        s = np.sort(ms / 1e3)
-        q1, q3 = (float(np.quantile(s, q)) for q in (0.25, 0.75))
-        iqr = q3 - q1
-        mean, std = float(s.mean()), float(s.std(ddof=1)) if s.size > 1 else 0.0
-        inside = s[(s >= q1 - 1.5 * iqr) & (s <= q3 + 1.5 * iqr)]
-        param = "-".join(f"{k}={getattr(case, k)}" for k in keys if k != "algorithm")
-        name = case.algorithm + (f"[{param}]" if param else "")
-        benchmarks.append(
-            {
-                "group": suite,
-                "name": name,
-                "fullname": f"{suite}::{name}",
-                "params": {k: getattr(case, k) for k in keys if k != "algorithm"} or None,
-                "param": param or None,
-                "extra_info": {
-                    "case_id": case.case_id,
-                    "label": label,
-                    "run_id": loaded.meta["run_id"],
-                    "repeat_medians_ms": reps.tolist(),
-                    "case": case.params(),
-                },
-                "options": {
-                    "timer": "tpbench",
-                    "warmup": case.warmup_steps,
-                    "min_rounds": case.steps,
-                    "disable_gc": False,
-                    "max_time": None,
-                    "min_time": None,
-                    "precision": None,
-                    "confidence": None,
-                },
-                "stats": {
-                    "min": float(s[0]),
-                    "max": float(s[-1]),
-                    "mean": mean,
-                    "stddev": std,
-                    "rounds": int(s.size),
-                    "median": float(np.median(s)),
-                    "iqr": iqr,
-                    "q1": q1,
-                    "q3": q3,
-                    "iqr_outliers": int(s.size - inside.size),
-                    "stddev_outliers": int(((s < mean - std) | (s > mean + std)).sum()),
-                    "outliers": f"{int(((s < mean - std) | (s > mean + std)).sum())};{int(s.size - inside.size)}",
-                    "ld15iqr": float(inside[0]),
-                    "hd15iqr": float(inside[-1]),
-                    "ops": 1 / mean,
-                    "total": float(s.sum()),
-                    "data": s.tolist(),
-                    "iterations": 1,
-                },
-            }
-        )
+    benchmarks = [_pytest_benchmark(loaded, suite, keys, *c) for c in cases]
     git = env.get("git") or {}
     document = {
         "machine_info": {
@@ -133,6 +89,63 @@ def export_pytest_benchmark(run_dir: str | Path) -> Export:
         "version": PYTEST_BENCHMARK_VERSION,
     }
     return Export(document, skipped)
+
+
+def _pytest_benchmark(
+    loaded: store.Loaded, suite: str, keys: list[str], case: Case, label: str, ms: np.ndarray, reps: np.ndarray
+) -> dict[str, Any]:
+    """One case as a pytest-benchmark benchmark: its timed steps' statistics in seconds."""
+    s = np.sort(ms / 1e3)
+    q1, q3 = (float(np.quantile(s, q)) for q in (0.25, 0.75))
+    iqr = q3 - q1
+    mean, std = float(s.mean()), float(s.std(ddof=1)) if s.size > 1 else 0.0
+    inside = s[(s >= q1 - 1.5 * iqr) & (s <= q3 + 1.5 * iqr)]
+    param = "-".join(f"{k}={getattr(case, k)}" for k in keys if k != "algorithm")
+    name = case.algorithm + (f"[{param}]" if param else "")
+    return {
+        "group": suite,
+        "name": name,
+        "fullname": f"{suite}::{name}",
+        "params": {k: getattr(case, k) for k in keys if k != "algorithm"} or None,
+        "param": param or None,
+        "extra_info": {
+            "case_id": case.case_id,
+            "label": label,
+            "run_id": loaded.meta["run_id"],
+            "repeat_medians_ms": reps.tolist(),
+            "case": case.params(),
+        },
+        "options": {
+            "timer": "tpbench",
+            "warmup": case.warmup_steps,
+            "min_rounds": case.steps,
+            "disable_gc": False,
+            "max_time": None,
+            "min_time": None,
+            "precision": None,
+            "confidence": None,
+        },
+        "stats": {
+            "min": float(s[0]),
+            "max": float(s[-1]),
+            "mean": mean,
+            "stddev": std,
+            "rounds": int(s.size),
+            "median": float(np.median(s)),
+            "iqr": iqr,
+            "q1": q1,
+            "q3": q3,
+            "iqr_outliers": int(s.size - inside.size),
+            "stddev_outliers": int(((s < mean - std) | (s > mean + std)).sum()),
+            "outliers": f"{int(((s < mean - std) | (s > mean + std)).sum())};{int(s.size - inside.size)}",
+            "ld15iqr": float(inside[0]),
+            "hd15iqr": float(inside[-1]),
+            "ops": 1 / mean,
+            "total": float(s.sum()),
+            "data": s.tolist(),
+            "iterations": 1,
+        },
+    }
 
 
 def export_custom_smaller_is_better(run_dir: str | Path) -> Export:

@@ -9,7 +9,8 @@ over ``tpbench.lockstep``: per round one (case, repeat) item of each side, in a 
 order, never both at once, until the plans end, every case's interval is as narrow as asked, or
 the time budget is spent. ``run_gate`` (``--mode rounds``) sweeps whole suites alternately, for a
 side whose tpbench predates lockstep. The runs either leaves are judged by ``tpbench.compare``
-(paired by repeats or by rounds) and written by ``tpbench.render``.
+(paired by repeats or by rounds) and written by ``tpbench.render``. ``run`` is ``tpbench gate``:
+the sides resolved, the gate of either mode, its judgement.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tpbench import lockstep, store, user_code
+from tpbench import compare, lockstep, store, user_code
 from tpbench.analysis.stats import sequential_ratio
 from tpbench.compare import GateError
 
@@ -481,44 +482,15 @@ def run_lockstep(
     if not suite.is_file():
         raise GateError(f"{suite}: no such suite file")
     out = Path(out).absolute()
-    out.mkdir(parents=True, exist_ok=True)
-    lock = store.RunLock(out)  # a second gate into this folder is refused, naming this one
-    try:
-        earlier = [out / s.name for s in (baseline, candidate) if (out / s.name).is_dir()]
-        if (out / GATE_FILE).exists() or any(any(store.iter_runs(d)) for d in earlier):
-            raise GateError(f"--out {out}: holds an earlier gate's runs; give a new folder")
-        sockets = _socket_folder()
-    except BaseException:
-        lock.release()
-        raise
-    rng = random.Random(cfg.seed)
+    lock, sockets = _claim(out, baseline, candidate)
     sides: list[_Side] = []
     rounds: list[dict[str, Any]] = []
-    stopped = None
-    misaligned = False
     started = time.monotonic()
     try:
         for side in (baseline, candidate):
             sides.append(_start(side, suite, out, sockets, cfg, overrides, filters, candidate_overrides, announce))
         conductor = _Conductor(sides, cfg.stall_s, started + cfg.budget_s)
-        while stopped is None and not all(s.exited for s in sides):
-            order = rng.sample(sides, len(sides))
-            try:
-                items = [i for i in (conductor.run_item(s, cfg.metric) for s in order) if i is not None]
-            except BudgetSpent as e:
-                stopped = f"budget of {cfg.budget_s:g} s spent while waiting for {e}"
-                break
-            if items:
-                rounds.append({"round": len(rounds) + 1, "order": [s.side.name for s in order], "items": items})
-                if not misaligned and len({(i["case"], i["repeat"]) for i in items}) > 1:
-                    misaligned = True
-                    announce(
-                        f"tpbench gate: warning: in round {len(rounds)} the sides ran different items "
-                        "(their plans differ): pairs of repeats are no longer neighbours in time"
-                    )
-                if len(rounds) % 10 == 0:
-                    announce(f"tpbench gate: {len(rounds)} rounds, {time.monotonic() - started:.0f} s")
-            stopped = _stop_reason(sides, cfg, started)
+        stopped = _pace(conductor, sides, cfg, started, rounds, announce)
         if stopped:
             announce(f"tpbench gate: stopping after {len(rounds)} rounds: {stopped}")
         conductor.finish(cfg.finish_grace_s if stopped and stopped.startswith("budget") else None)
@@ -532,17 +504,7 @@ def run_lockstep(
         shutil.rmtree(sockets, ignore_errors=True)
         lock.release()
     per_case = answers(sides, cfg) if cfg.target_ci is not None else None
-    runs, problems = [], []
-    for s in sides:
-        found = list(store.iter_runs(out / s.side.name))
-        if not found and not s.items:
-            problems.append(_failed(s, f"ran no item before the gate stopped ({stopped or 'its sweep exited'})"))
-        elif len(found) != 1:
-            problems.append(_failed(s, f"exited with {s.proc.returncode} and left {len(found)} run(s)"))
-        else:
-            runs.append(found[0])
-    if problems:
-        raise SideError("\n".join(problems))
+    runs = _side_runs(sides, out, stopped)
     record = {
         "mode": "lockstep",
         "seed": cfg.seed,
@@ -561,6 +523,70 @@ def run_lockstep(
     }
     store.atomic_write_bytes(out / GATE_FILE, json.dumps(record, indent=1).encode())
     return LockstepRun(out, runs[0], runs[1], record)
+
+
+def _pace(
+    conductor: _Conductor,
+    sides: list[_Side],
+    cfg: Lockstep,
+    started: float,
+    rounds: list[dict[str, Any]],
+    announce: Callable[[str], None],
+) -> str | None:
+    """Round after round, one item of each side in an order drawn from ``cfg.seed``, each round
+    appended to ``rounds``, until the plans end (None) or the gate should stop (why)."""
+    rng = random.Random(cfg.seed)
+    misaligned = False
+    stopped = None
+    while stopped is None and not all(s.exited for s in sides):
+        order = rng.sample(sides, len(sides))
+        try:
+            items = [i for i in (conductor.run_item(s, cfg.metric) for s in order) if i is not None]
+        except BudgetSpent as e:
+            return f"budget of {cfg.budget_s:g} s spent while waiting for {e}"
+        if items:
+            rounds.append({"round": len(rounds) + 1, "order": [s.side.name for s in order], "items": items})
+            if not misaligned and len({(i["case"], i["repeat"]) for i in items}) > 1:
+                misaligned = True
+                announce(
+                    f"tpbench gate: warning: in round {len(rounds)} the sides ran different items "
+                    "(their plans differ): pairs of repeats are no longer neighbours in time"
+                )
+            if len(rounds) % 10 == 0:
+                announce(f"tpbench gate: {len(rounds)} rounds, {time.monotonic() - started:.0f} s")
+        stopped = _stop_reason(sides, cfg, started)
+    return stopped
+
+
+def _claim(out: Path, baseline: Side, candidate: Side) -> tuple[store.RunLock, Path]:
+    """``out`` locked for this gate (a second gate into it is refused, naming this one) and
+    checked free of an earlier gate's runs, and a folder for the sides' sockets."""
+    out.mkdir(parents=True, exist_ok=True)
+    lock = store.RunLock(out)
+    try:
+        earlier = [out / s.name for s in (baseline, candidate) if (out / s.name).is_dir()]
+        if (out / GATE_FILE).exists() or any(any(store.iter_runs(d)) for d in earlier):
+            raise GateError(f"--out {out}: holds an earlier gate's runs; give a new folder")
+        return lock, _socket_folder()
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _side_runs(sides: list[_Side], out: Path, stopped: str | None) -> list[Path]:
+    """Each side's one run; ``SideError`` (with the end of its log) for a side that left none or several."""
+    runs, problems = [], []
+    for s in sides:
+        found = list(store.iter_runs(out / s.side.name))
+        if not found and not s.items:
+            problems.append(_failed(s, f"ran no item before the gate stopped ({stopped or 'its sweep exited'})"))
+        elif len(found) != 1:
+            problems.append(_failed(s, f"exited with {s.proc.returncode} and left {len(found)} run(s)"))
+        else:
+            runs.append(found[0])
+    if problems:
+        raise SideError("\n".join(problems))
+    return runs
 
 
 # A Unix socket's path holds at most 107 bytes (sun_path, Linux).
@@ -637,3 +663,59 @@ def _kill(proc: subprocess.Popen) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+# ---------------------------------------------------------------- the whole gate
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A gate run and judged: where its runs are, the comparison, and (lockstep) gate.json's record."""
+
+    out: Path
+    comparison: compare.Comparison
+    record: dict[str, Any] | None = None  # a lockstep gate's gate.json; None for --mode rounds
+
+
+def run(
+    suite: str | Path,
+    baseline: str,
+    candidate: str,
+    out: Path,
+    *,
+    mode: str = "lockstep",
+    rounds: int = 5,
+    cfg: Lockstep = Lockstep(),
+    overrides: Sequence[str] = (),
+    filters: Sequence[str] = (),
+    candidate_overrides: Sequence[str] = (),
+    announce: Callable[[str], None] = lambda line: None,
+    threshold: float = compare.THRESHOLD,
+    fail_on_inconclusive: bool = False,
+    ignore_env: Sequence[str] = (),
+) -> Judged:
+    """``tpbench gate``: resolve the ``baseline`` and ``candidate`` specs (``resolve_side``), run
+    them in ``mode`` (``run_lockstep`` with ``cfg``, or ``run_gate``'s ``rounds``) into ``out``, and
+    judge the candidate's runs against the baseline's (``compare.compare_runs``, on ``cfg.metric``,
+    paired by repeats or by rounds)."""
+    base = resolve_side("baseline", baseline, out / "baseline")
+    cand = resolve_side("candidate", candidate, out / "candidate")
+    sides = dict(overrides=overrides, filters=filters, candidate_overrides=candidate_overrides, announce=announce)
+    record = None
+    if mode == "rounds":
+        done = run_gate(suite, base, cand, out, rounds=rounds, **sides)
+        baseline_runs, candidate_runs, pairing, where = done.baseline, done.candidate, "rounds", done.out
+    else:
+        stepped = run_lockstep(suite, base, cand, out, cfg, **sides)
+        baseline_runs, candidate_runs, pairing, where = [stepped.baseline], [stepped.candidate], "repeats", stepped.out
+        record = stepped.record
+    comparison = compare.compare_runs(
+        baseline_runs,
+        candidate_runs,
+        metric=cfg.metric,
+        threshold=threshold,
+        pairing=pairing,
+        fail_on_inconclusive=fail_on_inconclusive,
+        ignore_env=ignore_env,
+    )
+    return Judged(where, comparison, record)

@@ -818,10 +818,13 @@ def read_case_table(run_dir: Path, case_id: str, name: str) -> pd.DataFrame | No
     return df
 
 
-def read_case_tables(run_dir: Path, name: str) -> pd.DataFrame:
-    """One derived table for every case of a run that has it, with a case_id column."""
-    meta = read_run_json(run_dir)
-    frames = [t.assign(case_id=cid) for cid in meta["cases"] if (t := read_case_table(run_dir, cid, name)) is not None]
+def read_case_tables(loaded: Loaded, name: str) -> pd.DataFrame:
+    """One derived table for every case of a loaded run that has it, with a case_id column."""
+    frames = [
+        t.assign(case_id=cid)
+        for cid in loaded.record.cases
+        if (t := read_case_table(loaded.run_dir, cid, name)) is not None
+    ]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

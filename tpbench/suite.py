@@ -359,22 +359,7 @@ def _validate(doc: dict[str, Any], path: str) -> Suite:
         if not isinstance(doc[table], dict):
             raise _fail(path, table, "expected a table, e.g. [" + table + "]")
 
-    meta = doc.get("suite", {})
-    for k in meta:
-        if k not in ("name", "description"):
-            raise _fail(path, f"[suite] {k}", "unknown key; expected name or description")
-    name = meta.get("name", Path(path).stem)
-    if not _good_name(name):
-        raise _fail(
-            path,
-            "[suite] name",
-            f"expected a non-empty name without '/', control characters or a leading '.', "
-            f"of at most {_MAX_NAME} characters, got {name!r}",
-        )
-    description = meta.get("description", "")
-    if not isinstance(description, str):
-        raise _fail(path, "[suite] description", "expected a string")
-
+    name, description = _suite_meta(doc, path)
     defaults = dict(doc.get("defaults", {}))
     for k, v in defaults.items():
         if k not in CASE_KEYS:
@@ -399,6 +384,43 @@ def _validate(doc: dict[str, Any], path: str) -> Suite:
             raise _fail(path, f"[capture] {k}", f"unknown key; expected one of {', '.join(CAPTURE_KEYS)}")
         capture[k] = _check_value(path, f"[capture] {k}", CAPTURE_KEYS[k], v)
 
+    workloads = _workload_tables(doc, path)
+
+    interconnects = doc.get("interconnects", {})
+    from tpbench.interconnect import resolve
+
+    for iname in interconnects:
+        # Every profile, used or not: a mistake in one should not wait until a case uses it.
+        try:
+            resolve(iname, interconnects)
+        except ValueError as e:
+            raise _fail(path, f"[interconnects.{iname}]", str(e)) from None
+
+    return Suite(name, description, path, "", defaults, sweep, capture, workloads, dict(interconnects))
+
+
+def _suite_meta(doc: dict[str, Any], path: str) -> tuple[str, str]:
+    """The [suite] table's name (default: the file's stem) and description, checked."""
+    meta = doc.get("suite", {})
+    for k in meta:
+        if k not in ("name", "description"):
+            raise _fail(path, f"[suite] {k}", "unknown key; expected name or description")
+    name = meta.get("name", Path(path).stem)
+    if not _good_name(name):
+        raise _fail(
+            path,
+            "[suite] name",
+            f"expected a non-empty name without '/', control characters or a leading '.', "
+            f"of at most {_MAX_NAME} characters, got {name!r}",
+        )
+    description = meta.get("description", "")
+    if not isinstance(description, str):
+        raise _fail(path, "[suite] description", "expected a string")
+    return name, description
+
+
+def _workload_tables(doc: dict[str, Any], path: str) -> dict[str, dict[str, Any]]:
+    """The [workloads.NAME] tables, each key checked against the workload's parameters."""
     workloads: dict[str, dict[str, Any]] = {}
     for wname, table in doc.get("workloads", {}).items():
         try:
@@ -425,18 +447,7 @@ def _validate(doc: dict[str, Any], path: str) -> Suite:
                     f"expected a finite value{' > 0' if fields[k].default > 0 else ''}, got {v!r}",
                 )
         workloads[wname] = {k: canonical(fields[k].default, v) for k, v in table.items()}
-
-    interconnects = doc.get("interconnects", {})
-    from tpbench.interconnect import resolve
-
-    for iname in interconnects:
-        # Every profile, used or not: a mistake in one should not wait until a case uses it.
-        try:
-            resolve(iname, interconnects)
-        except ValueError as e:
-            raise _fail(path, f"[interconnects.{iname}]", str(e)) from None
-
-    return Suite(name, description, path, "", defaults, sweep, capture, workloads, dict(interconnects))
+    return workloads
 
 
 # A suite name becomes a folder and a report file name, and is printed: keep it short and printable.

@@ -1,7 +1,8 @@
 """A sweep from end to end: suite → cases → worlds → store → summary (→ report, by the caller).
 
-This is the library function behind ``tpbench sweep``; the CLI only parses arguments and shows
-progress. Nothing here prints.
+``run`` is the library function behind ``tpbench sweep`` (a new sweep, a resumed one, an adaptive
+one, or worlds printed for torchrun); the CLI only parses arguments and shows progress through the
+``Progress`` it passes. Nothing here prints.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import dataclasses
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Literal
 
 import pandas as pd
 
@@ -235,10 +236,10 @@ def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _memory_summary(run_dir: Path) -> pd.DataFrame:
+def _memory_summary(loaded: store.Loaded) -> pd.DataFrame:
     """Per case, from the exact per-rank accounting: the fullest rank's optimizer state, plain DDP's,
     the share saved, the step-work imbalance (max / mean) and, for ZeRO hooks, the bucket count."""
-    memory, partition = store.read_case_tables(run_dir, "memory"), store.read_case_tables(run_dir, "partition")
+    memory, partition = store.read_case_tables(loaded, "memory"), store.read_case_tables(loaded, "partition")
     if memory.empty:
         return pd.DataFrame()
     df = per_case(memory.assign(run_id=""), partition.assign(run_id="") if len(partition) else partition)
@@ -253,11 +254,11 @@ def _memory_summary(run_dir: Path) -> pd.DataFrame:
     )
 
 
-def _ddp_bucket_summary(run_dir: Path) -> pd.DataFrame:
+def _ddp_bucket_summary(loaded: store.Loaded) -> pd.DataFrame:
     """Per case, the gradient buckets DDP really built (table ``ddp_buckets``): their count
     (``ddp_buckets``), each one's bytes in reduction order (``ddp_bucket_bytes``) and the first's
     (``ddp_first_bucket_bytes``, the bucket that waits for the last gradients of backward)."""
-    buckets = store.read_case_tables(run_dir, "ddp_buckets")
+    buckets = store.read_case_tables(loaded, "ddp_buckets")
     if buckets.empty:
         return pd.DataFrame()
     rows = [
@@ -272,30 +273,29 @@ def _ddp_bucket_summary(run_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def finalize(run_dir: Path) -> store.Loaded:
+def finalize(run: store.Run) -> store.Loaded:
     """Write summary.parquet and the run's efficiency figures, then mark the run complete (so a
     run is ``complete`` only with its summary); returns the loaded run. Interrupted, the run is
     marked ``interrupted`` and ``--resume`` finishes the analysis."""
     try:
-        return _finalize(run_dir)
+        return _finalize(run)
     except KeyboardInterrupt:
-        store.Run.open(run_dir).set_status("interrupted", interrupted=time.time())
+        run.set_status("interrupted", interrupted=time.time())
         raise
 
 
-def _finalize(run_dir: Path) -> store.Loaded:
-    loaded = store.load(run_dir)
+def _finalize(run: store.Run) -> store.Loaded:
+    loaded = store.load(run.dir)
     summary = summarize(loaded.steps, loaded.cases)
     for extra in (
         convergence.summarize(loaded.steps),
-        analyze_traces(run_dir, loaded.cases),
-        _memory_summary(run_dir),
-        _ddp_bucket_summary(run_dir),
+        analyze_traces(run.dir, loaded.cases),
+        _memory_summary(loaded),
+        _ddp_bucket_summary(loaded),
     ):
         if len(extra):
             summary = summary.merge(extra, on="case_id", how="left")
-    store.write_summary(run_dir, summary)
-    run = store.Run.open(run_dir)
+    store.write_summary(run.dir, summary)
     timed_s = float(slowest_rank(loaded.steps)["step_ms"].sum() / 1e3) if not loaded.steps.empty else 0.0
     record = run.record
     efficiency = {
@@ -308,7 +308,7 @@ def _finalize(run_dir: Path) -> store.Loaded:
     failed = [cid for cid, status in run.case_status().items() if status == store.FAILED]
     run.set_status("complete" if not failed else "complete_with_failures", efficiency=efficiency)
     run.release_reserve()
-    return store.load(run_dir)
+    return store.load(run.dir)
 
 
 # ---------------------------------------------------------------- adaptive sweeps
@@ -385,13 +385,9 @@ def next_batch(run: store.Run) -> Batch | None:
     cannot pay for ``MIN_ROUNDS`` more rounds, or ``MAX_BATCHES`` have run (the record says which,
     with the half-widths). Half-widths are the sequential rule's (``_sequential_pairs``).
 
-    A comparison of n rounds with half-width hw needs about n·(hw/target)² rounds (the t
-    interval narrows as 1/√n); no interval yet: n more. The cases of each world involved are
-    raised to one common count, so that their new repeats run round by round in one world start
-    and pair with each other. Unpaired comparisons (cases of different worlds) are extended too:
-    more repeats narrow Welch's interval as well, only more slowly. Time per repeat is estimated
-    from the run so far (``_costs``); the budget is checked before each batch, so a run ends past
-    it by as much as its last batch's estimate was short."""
+    Rounds per comparison: ``_Growth``. Time per repeat is estimated from the run so far
+    (``_costs``); the budget is checked before each batch, so a run ends past it by as much as its
+    last batch's estimate was short."""
     rec = json.loads(json.dumps(dict(run.record.adaptive)))
     if rec.get("state") != ADAPTING:
         return None
@@ -402,38 +398,8 @@ def next_batch(run: store.Run) -> Batch | None:
     wide = [p for p in pairs if p.result.half_width is None or p.result.half_width > target]
     cases = {cid: Case.from_params(c.params) for cid, c in run.record.cases.items()}
     spent = float(run.record.wall_s or 0.0)
-    start_s, repeat_s = _costs(loaded, spent)
-    need: dict[tuple, int] = {}
-    involved: dict[tuple, set[str]] = {}
-    for p in wide:
-        n = p.result.pairs or min(p.result.baseline_repeats, p.result.candidate_repeats)
-        hw = p.result.half_width
-        rounds = math.ceil(n * (hw / target) ** 2) - n if hw else n
-        # At most doubling what there is: a half-width from few rounds is itself a rough estimate.
-        rounds = max(MIN_ROUNDS, min(rounds, n))
-        for cid in (p.baseline_case, p.candidate_case):
-            world = cases[cid].launch_key
-            need[world] = max(need.get(world, 0), rounds)
-            involved.setdefault(world, set()).add(cid)
-
-    def plan(cap: int) -> dict[str, int]:
-        """case_id → its new repeats, each world's rounds capped at ``cap``."""
-        out = {}
-        for world, cids in involved.items():
-            top = max(cases[c].repeats for c in cids) + min(need[world], cap)
-            out |= {c: top for c in cids}
-        return out
-
-    def cost(p: dict[str, int]) -> float:
-        return len(involved) * start_s + sum(n - cases[c].repeats for c, n in p.items()) * repeat_s
-
-    # The most rounds the remaining budget pays for (cost grows with the cap): a binary search,
-    # since a target far below the noise asks for millions.
-    lo, hi = MIN_ROUNDS - 1, max(need.values(), default=0)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if cost(plan(mid)) <= budget - spent else (lo, mid - 1)
-    cap = lo
+    growth = _Growth.of(wide, cases, target, *_costs(loaded, spent))
+    cap = growth.affordable_cap(budget - spent)
     if not wide or cap < MIN_ROUNDS or len(rec["batches"]) >= MAX_BATCHES:
         added = {c: cases[c].repeats - n for c, n in rec["planned_repeats"].items() if c in cases}
         rec |= {
@@ -444,7 +410,7 @@ def next_batch(run: store.Run) -> Batch | None:
         }
         run.set_adaptive(rec)
         return None
-    new = plan(cap)
+    new = growth.plan(cap)
     batch = Batch(
         len(rec["batches"]) + 1,
         [dataclasses.replace(cases[c], repeats=n) for c, n in new.items()],
@@ -462,3 +428,174 @@ def next_batch(run: store.Run) -> Batch | None:
     for c, n in new.items():
         run.extend_case(c, n)
     return batch
+
+
+@dataclass(frozen=True)
+class _Growth:
+    """The rounds an adaptive batch would add, per world, and what they cost.
+
+    A comparison of n rounds with half-width hw needs about n·(hw/target)² rounds (the t
+    interval narrows as 1/√n); no interval yet: n more. The cases of each world involved are
+    raised to one common count, so that their new repeats run round by round in one world start
+    and pair with each other. Unpaired comparisons (cases of different worlds) are extended too:
+    more repeats narrow Welch's interval as well, only more slowly."""
+
+    cases: dict[str, Case]
+    need: dict[tuple, int]  # world → the rounds its widest comparison asks for
+    involved: dict[tuple, set[str]]  # world → the case ids of its comparisons
+    start_s: float  # seconds per world start
+    repeat_s: float  # seconds per repeat
+
+    @classmethod
+    def of(
+        cls, wide: list[compare.CasePair], cases: dict[str, Case], target: float, start_s: float, repeat_s: float
+    ) -> _Growth:
+        need: dict[tuple, int] = {}
+        involved: dict[tuple, set[str]] = {}
+        for p in wide:
+            n = p.result.pairs or min(p.result.baseline_repeats, p.result.candidate_repeats)
+            hw = p.result.half_width
+            rounds = math.ceil(n * (hw / target) ** 2) - n if hw else n
+            # At most doubling what there is: a half-width from few rounds is itself a rough estimate.
+            rounds = max(MIN_ROUNDS, min(rounds, n))
+            for cid in (p.baseline_case, p.candidate_case):
+                world = cases[cid].launch_key
+                need[world] = max(need.get(world, 0), rounds)
+                involved.setdefault(world, set()).add(cid)
+        return cls(cases, need, involved, start_s, repeat_s)
+
+    def plan(self, cap: int) -> dict[str, int]:
+        """case_id → its new repeats, each world's rounds capped at ``cap``."""
+        out = {}
+        for world, cids in self.involved.items():
+            top = max(self.cases[c].repeats for c in cids) + min(self.need[world], cap)
+            out |= {c: top for c in cids}
+        return out
+
+    def cost(self, plan: dict[str, int]) -> float:
+        return (
+            len(self.involved) * self.start_s + sum(n - self.cases[c].repeats for c, n in plan.items()) * self.repeat_s
+        )
+
+    def affordable_cap(self, left_s: float) -> int:
+        """The most rounds ``left_s`` seconds pay for (cost grows with the cap): a binary search,
+        since a target far below the noise asks for millions. Below ``MIN_ROUNDS``: none."""
+        lo, hi = MIN_ROUNDS - 1, max(self.need.values(), default=0)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self.cost(self.plan(mid)) <= left_s else (lo, mid - 1)
+        return lo
+
+
+# ---------------------------------------------------------------- the whole sweep
+
+
+class SweepError(ValueError):
+    """Options a sweep cannot honour together (``--print`` with the local launcher, a suite whose
+    filters keep no case): exit 2, before anything runs."""
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A stretch of worlds ``run`` starts: the planned (or, resumed, the missing) cases, then each
+    adaptive batch."""
+
+    run: store.Run
+    cases: list[Case]
+    items: int  # (case, repeat) items still to run
+    batch: Batch | None = None  # the adaptive batch; None for the planned repeats
+
+
+# Given each phase before its worlds start, the listener of its launcher events as a context (the
+# CLI's progress display stays open while the phase runs).
+Progress = Callable[[Phase], contextlib.AbstractContextManager[Listener]]
+
+
+def _no_progress(phase: Phase) -> contextlib.AbstractContextManager[Listener]:
+    return contextlib.nullcontext(lambda kind, data: None)
+
+
+# ``run(resume=..., launcher=RECORDED)``: start worlds as the run was started (its recorded launcher).
+RECORDED = "recorded"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What ``run`` did: the run (owned by this process), the cases it ran, and the finished run."""
+
+    run: store.Run
+    cases: list[Case]
+    loaded: store.Loaded | None = None  # None: nothing was left to resume, or the worlds were printed
+    nothing_left: bool = False  # resumed a run whose cases were all done and summarized: nothing ran
+    printed: list[PrintedWorld] = field(default_factory=list)  # ``print_only``: the worlds to start
+    launcher: Torchrun | None = None  # the launcher the cases were (or are to be) started with
+    wall_s: float = 0.0  # seconds from the first world to the summary
+
+    @property
+    def failed(self) -> list[str]:
+        """The run's failed cases (exit 1 on the command line)."""
+        return [cid for cid, s in self.run.case_status().items() if s == store.FAILED]
+
+
+def run(
+    suite: str | Path | Prepared | None = None,
+    *,
+    overrides: Iterable[str] = (),
+    filters: Iterable[str] = (),
+    out: Path = Path("results"),
+    launcher: Torchrun | None | Literal["recorded"] = None,
+    resume: Path | None = None,
+    target_ci: float | None = None,
+    budget_s: float | None = None,
+    lockstep: str | None = None,
+    print_only: bool = False,
+    allow_large: bool = False,
+    progress: Progress = _no_progress,
+) -> Outcome:
+    """A sweep end to end: a new run of ``suite`` (a path, or already ``prepare``d) under ``out``, or
+    the missing cases of ``resume``; then, with ``target_ci`` and ``budget_s``, the adaptive
+    batches (``next_batch``); then ``finalize``. ``print_only``: the torchrun worlds are planned and
+    returned (``Outcome.printed``) for the user to start, not run. ``launcher``: None runs ranks
+    here; ``RECORDED`` (with ``resume``) starts them as the run was started. ``progress`` is told of
+    each phase before its worlds start. Ctrl-C leaves the run interrupted and resumable."""
+    if resume is not None:
+        the_run, cases, launcher = _resume(resume, launcher, print_only)
+        if not cases and _summarized(the_run):
+            return Outcome(the_run, [], nothing_left=True)
+    else:
+        launcher = None if launcher == RECORDED else launcher
+        prepared = suite if isinstance(suite, Prepared) else prepare(suite, overrides, filters, launcher, allow_large)
+        if not prepared.cases:
+            raise SweepError(f"{prepared.suite.path}: no case matches the filters")
+        if print_only and launcher is None:
+            raise SweepError("--print: only with --launcher torchrun")
+        the_run, cases = start(prepared, Path(out), launcher), prepared.cases
+        if target_ci is not None and budget_s is not None:
+            start_adaptive(the_run, target_ci, budget_s)
+    if print_only:
+        return Outcome(the_run, cases, printed=print_worlds(the_run, cases, launcher), launcher=launcher)
+    done = {(c.case_id, r) for c in cases for r in store.finished_repeats(the_run.dir, c.case_id)}
+    t0 = time.monotonic()
+    with progress(Phase(the_run, cases, sum(c.repeats for c in cases) - len(done))) as listener:
+        execute(the_run, cases, listener, launcher, lockstep)
+    while (batch := next_batch(the_run)) is not None:
+        with progress(Phase(the_run, batch.cases, batch.items, batch)) as listener:
+            execute(the_run, batch.cases, listener, launcher)
+    loaded = finalize(the_run)
+    return Outcome(the_run, cases, loaded, wall_s=time.monotonic() - t0, launcher=launcher)
+
+
+def _resume(
+    run_dir: Path, launcher: Torchrun | None | Literal["recorded"], print_only: bool
+) -> tuple[store.Run, list[Case], Torchrun | None]:
+    """A run reopened to resume (``reopen``), its missing cases and the launcher to start them with."""
+    the_run, cases = reopen(run_dir)
+    launcher = launcher_of(the_run) if launcher == RECORDED else launcher
+    if print_only and launcher is None:
+        raise SweepError(f"--print: {the_run.dir} runs with the local launcher; add --launcher torchrun")
+    return the_run, cases, launcher
+
+
+def _summarized(run: store.Run) -> bool:
+    """Complete with its summary written: a resume of it has nothing to do."""
+    return run.record.status in ("complete", "complete_with_failures") and (run.dir / store.SUMMARY_FILE).exists()

@@ -264,21 +264,9 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
     case = ctx.case
     if case.start_localSGD_iter == "never":
         return build_ddp(model, ctx)
-    from tpbench.hooks import PeriodicModelAverager, parameter_drift
+    from tpbench.hooks import PeriodicModelAverager
 
-    if case.impl == "torch":
-        from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as torch_hook
-        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager as TorchAverager
-        from torch.distributed.algorithms.model_averaging.utils import get_params_to_average
-
-        state_cls, hook, averager_cls = torch_hook.PostLocalSGDState, torch_hook.post_localSGD_hook, TorchAverager
-        chosen_by_averager = get_params_to_average
-    else:
-        from tpbench.hooks import PostLocalSGDState, post_localSGD_hook
-        from tpbench.hooks.averaging import get_params_to_average
-
-        state_cls, hook, averager_cls = PostLocalSGDState, post_localSGD_hook, PeriodicModelAverager
-        chosen_by_averager = get_params_to_average
+    state_cls, hook, averager_cls, chosen_by_averager = _post_localsgd_impl(case.impl)
     ddp = _ddp(model, ctx)
     subgroup = _intra_node_subgroup(ctx, case.ranks_per_node)
     state = state_cls(
@@ -295,24 +283,7 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
     measured: dict[str, float] = {}
 
     def before_averaging() -> None:
-        t0, cpu0 = time.perf_counter_ns(), time.process_time_ns()
-        params = list(ddp.parameters())
-        if not chosen_by_averager(params):
-            raise AveragingSkipped(
-                f"post_localSGD_hook: model averaging is due at step {schedule.step} but the averager would average "
-                f"none of the {len(params)} parameters "
-                "(it averages only parameters with a gradient, and none has one): "
-                "gradients must still be present when average_parameters runs"
-            )
-        with record_function("tpbench.drift"):  # its collectives, told apart from the averaging's in traces
-            drift = parameter_drift(params)
-        measured.update(
-            drift_max_l2=drift.max_l2,
-            drift_mean_l2=drift.mean_l2,
-            param_norm_l2=_param_norm(params),
-            untimed_ms=(time.perf_counter_ns() - t0) / 1e6,
-            untimed_cpu_ms=(time.process_time_ns() - cpu0) / 1e6,
-        )
+        measured.update(_before_averaging(list(ddp.parameters()), schedule.step, chosen_by_averager))
 
     def after_averaging() -> None:
         t0, cpu0 = time.perf_counter_ns(), time.process_time_ns()
@@ -336,6 +307,46 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
         return out
 
     return Training(ddp, optimizer.step, after_step=after_step, metrics=metrics, optimizer=optimizer)
+
+
+def _post_localsgd_impl(impl: str) -> tuple[Any, Callable, Any, Callable]:
+    """Post-local SGD's state class, hook, averager class and the averager's choice of parameters:
+    PyTorch's (``impl = "torch"``) or tpbench's reference ones."""
+    if impl == "torch":
+        from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as torch_hook
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager as TorchAverager
+        from torch.distributed.algorithms.model_averaging.utils import get_params_to_average
+
+        return torch_hook.PostLocalSGDState, torch_hook.post_localSGD_hook, TorchAverager, get_params_to_average
+    from tpbench.hooks import PeriodicModelAverager, PostLocalSGDState, post_localSGD_hook
+    from tpbench.hooks.averaging import get_params_to_average
+
+    return PostLocalSGDState, post_localSGD_hook, PeriodicModelAverager, get_params_to_average
+
+
+def _before_averaging(params: list[torch.nn.Parameter], step: int, chosen_by_averager: Callable) -> dict[str, float]:
+    """Just before an averaging step: the drift across ranks and this rank's parameter norm, with the
+    time measuring took (``untimed_ms``, ``untimed_cpu_ms``). ``AveragingSkipped`` when the
+    averager would average no parameter (none has a gradient)."""
+    from tpbench.hooks import parameter_drift
+
+    t0, cpu0 = time.perf_counter_ns(), time.process_time_ns()
+    if not chosen_by_averager(params):
+        raise AveragingSkipped(
+            f"post_localSGD_hook: model averaging is due at step {step} but the averager would average "
+            f"none of the {len(params)} parameters "
+            "(it averages only parameters with a gradient, and none has one): "
+            "gradients must still be present when average_parameters runs"
+        )
+    with record_function("tpbench.drift"):  # its collectives, told apart from the averaging's in traces
+        drift = parameter_drift(params)
+    return dict(
+        drift_max_l2=drift.max_l2,
+        drift_mean_l2=drift.mean_l2,
+        param_norm_l2=_param_norm(params),
+        untimed_ms=(time.perf_counter_ns() - t0) / 1e6,
+        untimed_cpu_ms=(time.process_time_ns() - cpu0) / 1e6,
+    )
 
 
 # Each algorithm of ``tpbench.algorithms.ALGORITHMS`` by name (a test keeps the two tables alike).

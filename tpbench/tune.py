@@ -453,18 +453,7 @@ def race(
     saved = store.read_tune(run.dir) or {"wall_s": 0.0, "worlds": {}, "history": []}
     cases = [Case.from_params(c.params) for c in run.record.cases.values()]
     groups = group_cases(cases)
-    n_arms = len(cases)
-    races = [
-        Race([c.case_id for c in g.cases], max(c.repeats for c in g.cases), options, n_arms - 1, world=i)
-        for i, g in enumerate(groups)
-    ]
-    stored = _stored_values(run, cases, options.metric)
-    status = run.case_status()
-    for rc in races:
-        for a in rc.arms:
-            if status[a] == store.FAILED:
-                rc.drop(a)
-        rc.replay({a: stored[a] for a in rc.arms}, saved["worlds"].get(str(rc.world), {}).get("ended"))
+    races = _replayed_races(run, cases, groups, options, saved)
     base_wall, t0 = float(saved.get("wall_s", 0.0)), time.monotonic()
 
     def spent() -> float:
@@ -487,13 +476,7 @@ def race(
 
     try:
         for i, (rc, g) in enumerate(zip(races, groups)):
-            if rc.ended is None:
-                # The world's share of what is left of the budget, by its share of the arms left to race.
-                left = sum(len(r.arms) for r in races[i:])
-                share = None if options.budget_s is None else (options.budget_s - spent()) * len(rc.arms) / left
-                until = None if share is None else spent() + share
-                if until is not None and share <= 0:
-                    rc.end(BUDGET)  # an earlier world spent it all: this one starts no world
+            until = _world_deadline(races, i, options, spent()) if rc.ended is None else None
             if rc.ended is None:
                 with conductor.lock:
                     conductor.race = rc
@@ -520,10 +503,79 @@ def race(
     finally:
         conductor.close()
         shutil.rmtree(sockets, ignore_errors=True)
-    sweep.finalize(run.dir)
+    sweep.finalize(run)
     result = _result(run, cases, races, options, spent())
     _save(run, _record(options, races, result.wall_s) | {"result": result.to_json()})
     return result
+
+
+def _replayed_races(
+    run: store.Run, cases: list[Case], groups: list, options: Options, saved: dict[str, Any]
+) -> list[Race]:
+    """One race per world, replayed from what the run holds (a resumed tune goes on where it was):
+    the failed arms dropped, the stored values judged again, a world's end as tune.json says."""
+    races = [
+        Race([c.case_id for c in g.cases], max(c.repeats for c in g.cases), options, len(cases) - 1, world=i)
+        for i, g in enumerate(groups)
+    ]
+    stored = _stored_values(run, cases, options.metric)
+    status = run.case_status()
+    for rc in races:
+        for a in rc.arms:
+            if status[a] == store.FAILED:
+                rc.drop(a)
+        rc.replay({a: stored[a] for a in rc.arms}, saved["worlds"].get(str(rc.world), {}).get("ended"))
+    return races
+
+
+def _world_deadline(races: list[Race], i: int, options: Options, spent: float) -> float | None:
+    """When world ``i``'s race must end (seconds spent; None: no budget): its share of what is left
+    of the budget, by its share of the arms left to race. None left: the race ends (``BUDGET``) here."""
+    if options.budget_s is None:
+        return None
+    rc = races[i]
+    share = (options.budget_s - spent) * len(rc.arms) / sum(len(r.arms) for r in races[i:])
+    if share <= 0:
+        rc.end(BUDGET)  # an earlier world spent it all: this one starts no world
+    return spent + share
+
+
+@dataclass(frozen=True)
+class Watch:
+    """Who follows a race: the launcher's events (the item running) and each judged round (called
+    on the conductor's thread)."""
+
+    listener: Listener = lambda kind, data: None
+    on_round: Callable[[Race, dict[str, Any]], None] = lambda race, entry: None
+
+
+# Given the tune's run once its directory exists, its ``Watch`` as a context (the CLI's progress
+# display stays open while the race runs).
+Progress = Callable[[store.Run], contextlib.AbstractContextManager[Watch]]
+
+
+def run(
+    suite: str | Path | None = None,
+    options: Options = Options(),
+    *,
+    overrides: Iterable[str] = (),
+    filters: Iterable[str] = (),
+    out: Path = Path("results"),
+    launcher: Torchrun | None | str = None,
+    resume: Path | None = None,
+    allow_large: bool = False,
+    progress: Progress = lambda run: contextlib.nullcontext(Watch()),
+) -> Result:
+    """``tpbench tune``: a new tune of ``suite`` with ``options`` under ``out`` (``start``), or the
+    tune in ``resume`` gone on with its own options (``reopen``; ``launcher`` ``sweep.RECORDED``:
+    the run's own), raced to its result (``race``)."""
+    if resume is not None:
+        the_run, options = reopen(resume)
+        launcher = sweep.launcher_of(the_run) if launcher == sweep.RECORDED else launcher
+    else:
+        the_run, _ = start(suite, options, overrides, filters, out, launcher, allow_large)
+    with progress(the_run) as watch:
+        return race(the_run, options, watch.listener, launcher, watch.on_round)
 
 
 def _cut(run: store.Run, cases: list[Case]) -> None:
@@ -563,15 +615,45 @@ def _geomean(values: dict[int, float]) -> float:
 def _result(run: store.Run, cases: list[Case], races: list[Race], options: Options, wall_s: float) -> Result:
     """The recommendation across worlds, each arm's status and ratio to it, the claim and the cost."""
     n_arms = len(cases)
-    by_id = {c.case_id: c for c in cases}
-    names = labels([cases])[0]
-    swept = varying_keys(cases)
     across = spent_confidence(options.confidence, 1, n_arms - 1)
-    eps = options.epsilon
     winners = [(r, r.leader()) for r in races if r.leader() is not None]
     best_race, best = min(winners, key=lambda w: _geomean(w[0].judged(w[1]))) if winners else (None, None)
+    status = _statuses(races, best_race, best, options.epsilon, across)
+    ratios = _ratios_to_best(cases, races, best_race, best, across) if best is not None else {}
+    if best is not None:
+        status[best] = RECOMMENDED
+    arms = _arms(cases, races, status, ratios)
+    order = {RECOMMENDED: 0, TIED: 1, UNRESOLVED: 2, ELIMINATED: 3, FAILED: 4}
+    arms.sort(key=lambda x: (order[x.status], x.ratio if x.ratio is not None else math.inf))
+    counts = {s: sum(x.status == s for x in arms) for s in order}
+    state = UNRESOLVED if counts[UNRESOLVED] else TIED if counts[TIED] else RECOMMENDED
+    rec = next((x for x in arms if x.status == RECOMMENDED), None)
+    more = max((r.rounds_to_decide() or 0 for r in races if r.ended not in (ONE_LEFT, ALL_TIED)), default=0) or None
+    timed_s, grid_timed_s = _timed(run, cases, rec.rounds if rec else 0)
+    claim = _claim(rec, state, counts, n_arms, options, races, more)
+    history = [e for r in races for e in r.history]
+    return Result(
+        run.dir,
+        state,
+        rec,
+        claim,
+        arms,
+        options.epsilon,
+        options.confidence,
+        options.metric,
+        wall_s,
+        timed_s,
+        grid_timed_s,
+        more,
+        history,
+    )
+
+
+def _statuses(races: list[Race], best_race: Race | None, best: str | None, eps: float, across: float) -> dict[str, str]:
+    """Each arm's status but the recommended one's: eliminated or failed in its world; in the best
+    arm's world tied with it (or unresolved); in another world, its winner's outcome against the
+    best arm, unpaired at the confidence spent ``across`` the arms."""
     status: dict[str, str] = {}
-    ratios: dict[str, Ratio] = {}
     for r in races:
         for a in r.eliminated:
             status[a] = ELIMINATED
@@ -595,20 +677,34 @@ def _result(run: store.Run, cases: list[Case], races: list[Race], options: Optio
         tied = decided and 1 - eps <= w.lo and w.hi <= 1 + eps
         for a in r.live:
             status[a] = ELIMINATED if w.lo > 1 else TIED if tied else UNRESOLVED
-    if best is not None:
-        status[best] = RECOMMENDED
-        for a in by_id:
-            if a == best or not best_race:
-                continue
-            home = next(r for r in races if a in r.arms)
-            if home is best_race:
-                ratios[a] = best_race.interval(best, a)
-            elif home.judged(a):
-                ratios[a] = unpaired_ratio(
-                    np.fromiter(best_race.judged(best).values(), float),
-                    np.fromiter(home.judged(a).values(), float),
-                    confidence=across,
-                )
+    return status
+
+
+def _ratios_to_best(
+    cases: list[Case], races: list[Race], best_race: Race, best: str, across: float
+) -> dict[str, Ratio]:
+    """Each other arm's ratio to the best one: paired in the best arm's world, unpaired elsewhere."""
+    ratios: dict[str, Ratio] = {}
+    for c in cases:
+        a = c.case_id
+        if a == best:
+            continue
+        home = next(r for r in races if a in r.arms)
+        if home is best_race:
+            ratios[a] = best_race.interval(best, a)
+        elif home.judged(a):
+            ratios[a] = unpaired_ratio(
+                np.fromiter(best_race.judged(best).values(), float),
+                np.fromiter(home.judged(a).values(), float),
+                confidence=across,
+            )
+    return ratios
+
+
+def _arms(cases: list[Case], races: list[Race], status: dict[str, str], ratios: dict[str, Ratio]) -> list[Arm]:
+    """Each arm as the result shows it, in the grid's order."""
+    names = labels([cases])[0]
+    swept = varying_keys(cases)
     world_of = {a: r.world for r in races for a in r.arms}
     arms = []
     for c in cases:
@@ -628,30 +724,7 @@ def _result(run: store.Run, cases: list[Case], races: list[Race], options: Optio
                 home.eliminated.get(a),
             )
         )
-    order = {RECOMMENDED: 0, TIED: 1, UNRESOLVED: 2, ELIMINATED: 3, FAILED: 4}
-    arms.sort(key=lambda x: (order[x.status], x.ratio if x.ratio is not None else math.inf))
-    counts = {s: sum(x.status == s for x in arms) for s in order}
-    state = UNRESOLVED if counts[UNRESOLVED] else TIED if counts[TIED] else RECOMMENDED
-    rec = next((x for x in arms if x.status == RECOMMENDED), None)
-    more = max((r.rounds_to_decide() or 0 for r in races if r.ended not in (ONE_LEFT, ALL_TIED)), default=0) or None
-    timed_s, grid_timed_s = _timed(run, cases, rec.rounds if rec else 0)
-    claim = _claim(rec, state, counts, n_arms, options, races, more)
-    history = [e for r in races for e in r.history]
-    return Result(
-        run.dir,
-        state,
-        rec,
-        claim,
-        arms,
-        eps,
-        options.confidence,
-        options.metric,
-        wall_s,
-        timed_s,
-        grid_timed_s,
-        more,
-        history,
-    )
+    return arms
 
 
 def _claim(

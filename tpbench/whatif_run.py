@@ -2,15 +2,19 @@
 
 It reads each finished case's analysed tables (intervals, overlap, marks) and step rows, resolves
 the run's interconnects to their rates, and reads the user's fabric files; ``tpbench whatif`` and
-the report's what-if section call it.
+the report's what-if section call it. ``write`` is ``tpbench whatif``: the what-if computed and
+stored beside the run, with the rows its tables print.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from tpbench import store, user_files
 from tpbench.analysis import whatif
@@ -45,3 +49,81 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
         )
 
     return whatif.run_whatif(done, steps_by_case, rate, model, fabrics, reference)
+
+
+PROJECTIONS_FILE, VALIDATION_FILE = "whatif.parquet", "whatif_validation.parquet"
+
+
+@dataclass(frozen=True)
+class Written:
+    """A run's what-if as ``write`` stored it: the result, the case labels, the two tables' paths."""
+
+    result: RunWhatIf
+    labels: dict[str, str]  # case_id → label
+    projections_path: Path
+    validation_path: Path
+
+    def validation_rows(self) -> list[tuple[str, ...]]:
+        """Per prediction of an emulated link: direction, case, from, link, measured ms [95% CI],
+        predicted ms (or "refused") and the error."""
+        rows = []
+        for r in self.result.validation.to_dict("records"):
+            made = pd.isna(r["refused"])
+            rows.append(
+                (
+                    r["direction"],
+                    self.labels[r["case_id"]],
+                    r["reference_link"],
+                    r["interconnect"],
+                    f"{r['measured_ms']:.1f} [{r['ci_lo_ms']:.1f}, {r['ci_hi_ms']:.1f}]",
+                    f"{r['predicted_ms']:.1f}" if made else "refused",
+                    f"{r['error_pct']:+.1f}%" if made else "",
+                )
+            )
+        return rows
+
+    def refused_references(self) -> list[str]:
+        """Per reference case whose predictions were refused: which link, which case, and why."""
+        refused = self.result.validation.dropna(subset=["refused"]).drop_duplicates(["reference_case", "refused"])
+        return [
+            f"predictions from {r['reference_link']} {self.labels[r['reference_case']]}: {r['refused']}"
+            for r in refused.to_dict("records")
+        ]
+
+    def fabrics(self) -> list[str]:
+        """The fabrics projected onto, in the order of the projections."""
+        return list(dict.fromkeys(self.result.projections["fabric"]))
+
+    def projection_rows(self) -> list[tuple[str, ...]]:
+        """Per case: its label ("(*)" when its model was refused), measured ms, the compute critical
+        path and the projected ms on each of ``fabrics()``."""
+        names = self.fabrics()
+        rows = []
+        for cid, grp in self.result.projections.groupby("case_id", sort=False):
+            ms = grp.set_index("fabric")["projected_ms"]
+            refused = pd.notna(grp["refused"].iloc[0])
+            rows.append(
+                (
+                    self.labels[cid] + (" (*)" if refused else ""),
+                    f"{grp['measured_ms'].iloc[0]:.1f}",
+                    "" if refused else f"{grp['compute_ms'].iloc[0]:.1f}",
+                    *("refused" if refused else f"{ms[n]:.1f}" for n in names),
+                )
+            )
+        return rows
+
+    def refused_models(self) -> list[str]:
+        """Per case whose model was refused: its label and why."""
+        return [f"{self.labels[m.case_id]}: {m.refused}" for m in self.result.models if m.refused is not None]
+
+
+def write(run_dir: str | Path, fabrics: Mapping[str, Fabric], reference: str | None = None) -> Written:
+    """``run_whatif`` on the run in ``run_dir``, its projections and validation written beside it
+    (whatif.parquet, whatif_validation.parquet). ``ValueError`` when the run cannot be modelled."""
+    loaded = store.load(run_dir)
+    result = run_whatif(loaded, fabrics, reference)
+    projections, validation = loaded.run_dir / PROJECTIONS_FILE, loaded.run_dir / VALIDATION_FILE
+    store.atomic_write_parquet(projections, result.projections)
+    store.atomic_write_parquet(validation, result.validation)
+    labels = dict(zip(loaded.cases["case_id"], loaded.cases["label"]))
+    return Written(result, labels, projections, validation)

@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 
 from tpbench import verdict
 from tpbench.report.data import ReportData, context_text
-from tpbench.report.figures import LEGEND_BELOW, MARGIN
+from tpbench.report.figures import LEGEND_BELOW, MARGIN, ratio_trace
 from tpbench.report.html import Page, plot_text
 from tpbench.report.verdicts import Comparison, resolution
 
@@ -146,12 +146,11 @@ def _figure(comparisons: list[Comparison]) -> go.Figure:
     fig = go.Figure()
     for name, grp in rows.groupby("series", sort=False):
         fig.add_trace(
-            go.Scatter(
-                x=grp["hook"],
-                y=grp["ratio"],
+            ratio_trace(
+                grp,
+                "hook",
+                name,
                 mode="lines+markers",
-                name=plot_text(name or "cases"),
-                error_y=dict(type="data", array=grp["hi"] - grp["ratio"], arrayminus=grp["ratio"] - grp["lo"]),
                 text=[plot_text(t) for t in grp["label"]],
                 hovertemplate="%{x}<br>interleaved/sequential %{y:.3f}<br>%{text}<extra></extra>",
             )

@@ -78,7 +78,7 @@ class ReportData:
         if name not in self._tables:
             frames = []
             for r in self.runs:
-                t = store.read_case_tables(r.run_dir, name)
+                t = store.read_case_tables(r, name)
                 if not t.empty:
                     frames.append(t.assign(run_id=r.meta["run_id"]))
             self._tables[name] = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

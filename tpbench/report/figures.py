@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
 
 from tpbench.report.data import ReportData
 from tpbench.report.html import plot_text
@@ -73,3 +75,54 @@ def bucket_ticks(fig, values: pd.Series) -> None:
     default = (values == DDP_DEFAULT).any()
     text = [f"{v:g}" + (" (default)" if default and v == DEFAULT_AT_MB else "") for v in sizes]
     fig.update_xaxes(tickvals=sizes, ticktext=text)
+
+
+def lines_against_bucket_size(
+    data: ReportData,
+    df: pd.DataFrame,
+    y: str,
+    keep: list[str],
+    row_height: int,
+    facet_row: str | None = None,
+    facet_col: str | None = None,
+    labels: dict[str, str] | None = None,
+    **line_args: object,
+) -> go.Figure:
+    """A line per ``series`` of ``y`` against ``bucket_cap_mb`` on a log axis ticked with the swept
+    sizes (DDP's default as such), a dash per run when several are compared, each y axis from 0.
+    ``keep``: the columns ``display`` makes plot-safe; ``row_height``: pixels per facet row."""
+    sizes = df["bucket_cap_mb"]
+    df = display(
+        df.assign(bucket_cap_mb=on_bucket_axis(sizes)).sort_values(["bucket_cap_mb", "order"], kind="stable"), keep
+    )
+    fig = px.line(
+        df,
+        x="bucket_cap_mb",
+        y=y,
+        color="series",
+        line_dash="run" if data.multi else None,
+        facet_row=facet_row,
+        facet_col=facet_col,
+        markers=True,
+        log_x=True,
+        hover_name="label",
+        labels={"bucket_cap_mb": "bucket_cap_mb (MB)", "series": "", **(labels or {})},
+        **line_args,
+    )
+    rows = df[facet_row].nunique() if facet_row else 1
+    bucket_ticks(fig, sizes)
+    fig.update_yaxes(matches=None, rangemode="tozero")
+    fig.update_layout(height=row_height * rows + 160, margin=MARGIN, legend=LEGEND_BELOW)
+    return fig
+
+
+def ratio_trace(grp: pd.DataFrame, x: str, name: str, lo: str = "lo", hi: str = "hi", **scatter: object) -> go.Scatter:
+    """One series of ratios (``grp["ratio"]``) against ``x``, their intervals (``lo``, ``hi``) as
+    error bars, ``name`` plot-safe ("cases" when empty)."""
+    return go.Scatter(
+        x=grp[x],
+        y=grp["ratio"],
+        name=plot_text(name or "cases"),
+        error_y=dict(type="data", array=grp[hi] - grp["ratio"], arrayminus=grp["ratio"] - grp[lo]),
+        **scatter,
+    )

@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 
 from tpbench import store, whatif_run
 from tpbench.analysis import crossover, whatif
+from tpbench.report.figures import ratio_trace
 from tpbench.report.html import Page, plot_text
 from tpbench.suite import value_text
 
@@ -99,15 +100,14 @@ def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None) -> 
         name = " ".join(f"{k}={value_text(v)}" for k, v in named.items() if k != "comm_hook" or len(hooks) > 1)
         grp = grp.sort_values("comm_compute")
         fig.add_trace(
-            go.Scatter(
-                x=grp["comm_compute"],
-                y=grp["ratio"],
+            ratio_trace(
+                grp,
+                "comm_compute",
+                name,
+                lo="ratio_lo",
+                hi="ratio_hi",
                 mode="markers",
-                name=plot_text(name or "cases"),
                 marker=dict(symbol=_SYMBOLS[hooks.index(named["comm_hook"]) % len(_SYMBOLS)], size=9),
-                error_y=dict(
-                    type="data", array=grp["ratio_hi"] - grp["ratio"], arrayminus=grp["ratio"] - grp["ratio_lo"]
-                ),
                 text=[
                     plot_text(f"{link}, {hook}" + (f", all-reduce {b / 1e6:.3g} MB/step" if np.isfinite(b) else ""))
                     for link, hook, b in zip(grp["interconnect"], grp["comm_hook"], grp["allreduce_bytes_per_step"])

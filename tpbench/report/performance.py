@@ -10,13 +10,12 @@ import plotly.graph_objects as go
 
 from tpbench.report.data import ReportData, context_text
 from tpbench.report.figures import (
-    LEGEND_BELOW,
     LEGEND_TOP,
     MARGIN,
     bucket_axis,
-    bucket_ticks,
     display,
     facet_common,
+    lines_against_bucket_size,
     on_bucket_axis,
     series,
 )
@@ -84,37 +83,19 @@ def _against_bucket_size(data: ReportData, done: pd.DataFrame) -> go.Figure:
         series=series(data, df, {"bucket_cap_mb", "shard_buckets", "interconnect"}),
         ci=[f"[{lo:.3g}, {hi:.3g}]" for lo, hi in zip(df["ci_lo_ms"], df["ci_hi_ms"])],
     )
-    sizes = df["bucket_cap_mb"]
-    df = display(
-        df.assign(bucket_cap_mb=on_bucket_axis(sizes)).sort_values(["bucket_cap_mb", "order"], kind="stable"),
-        ["series", "run", "label", *filter(None, (frow, fcol))],
-    )
-    fig = px.line(
+    return lines_against_bucket_size(
+        data,
         df,
-        x="bucket_cap_mb",
-        y="median_ms",
-        color="series",
-        line_dash="run" if data.multi else None,
-        error_y="err_plus",
-        error_y_minus="err_minus",
+        "median_ms",
+        ["series", "run", "label", *filter(None, (frow, fcol))],
+        row_height=300,
         facet_row=frow,
         facet_col=fcol,
-        markers=True,
-        log_x=True,
-        hover_name="label",
+        labels={"median_ms": "step time (ms)", "ci": "95% CI (ms)"},
+        error_y="err_plus",
+        error_y_minus="err_minus",
         hover_data={"ci": True, "run": data.multi, "series": False, "err_plus": False, "err_minus": False},
-        labels={
-            "bucket_cap_mb": "bucket_cap_mb (MB)",
-            "median_ms": "step time (ms)",
-            "series": "",
-            "ci": "95% CI (ms)",
-        },
     )
-    rows = df[frow].nunique() if frow else 1
-    bucket_ticks(fig, sizes)
-    fig.update_yaxes(matches=None, rangemode="tozero")
-    fig.update_layout(height=300 * rows + 160, margin=MARGIN, legend=LEGEND_BELOW)
-    return fig
 
 
 def _bars(data: ReportData, done: pd.DataFrame) -> go.Figure:

@@ -17,14 +17,12 @@ import plotly.graph_objects as go
 from tpbench.analysis.overlap import overlap_totals, union
 from tpbench.report.data import ReportData
 from tpbench.report.figures import (
-    LEGEND_BELOW,
     LEGEND_TOP,
     MARGIN,
     bucket_axis,
-    bucket_ticks,
     display,
     facet_common,
-    on_bucket_axis,
+    lines_against_bucket_size,
     series,
 )
 from tpbench.report.html import Page, plot_text
@@ -158,28 +156,17 @@ def _overlap_against_bucket_size(data: ReportData, df: pd.DataFrame) -> go.Figur
     long["metric"] = long["metric"].map(
         {"overlap_pct": "overlap %", "exposed": "exposed comm (ms)", "idle": "idle (ms)"}
     )
-    sizes = long["bucket_cap_mb"]
-    long = display(
-        long.assign(bucket_cap_mb=on_bucket_axis(sizes)).sort_values(["bucket_cap_mb", "order"], kind="stable"),
-        ["series", "label", "run", *([fcol] if fcol else [])],
-    )
-    fig = px.line(
+    fig = lines_against_bucket_size(
+        data,
         long,
-        x="bucket_cap_mb",
-        y="value",
-        color="series",
-        line_dash="run" if data.multi else None,
+        "value",
+        ["series", "label", "run", *([fcol] if fcol else [])],
+        row_height=260,
         facet_row="metric",
         facet_col=fcol,
-        markers=True,
-        log_x=True,
-        hover_name="label",
-        labels={"bucket_cap_mb": "bucket_cap_mb (MB)", "value": "", "series": ""},
+        labels={"value": ""},
     )
-    fig.update_yaxes(matches=None, rangemode="tozero")
-    bucket_ticks(fig, sizes)
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
-    fig.update_layout(height=3 * 260 + 160, margin=MARGIN, legend=LEGEND_BELOW)
     return fig
 
 
@@ -274,63 +261,77 @@ def bandwidth(page: Page, data: ReportData) -> None:
         return
     page.heading("Collectives", anchor="collectives")
     df = df.assign(time_ms=df["time_ns"] / 1e6)
-    if df["busbw_gbps"].notna().any():
-        page.paragraph(
-            "Bus bandwidth per collective as nccl-tests defines it (algbw = bytes / time, GB = 1e9; busbw = "
-            "algbw × 2(n−1)/n for allreduce, (n−1)/n for allgather and reduce-scatter, 1 for broadcast); "
-            "time is the collective's shortest duration across ranks. Median per case, collective and size.",
-            css="muted",
-        )
-        agg = (
-            df.dropna(subset=["busbw_gbps"])
-            .groupby(["run_id", "case_id", "collective", "bytes"], as_index=False, observed=True)
-            .agg(busbw_gbps=("busbw_gbps", "median"), time_ms=("time_ms", "median"), n=("busbw_gbps", "size"))
-        )
-        agg = display(data.with_cases(agg), ["algo", "label", "run", "collective"])
-        agg["bytes"] = agg["bytes"].astype(float)
-        fig = px.scatter(
-            agg,
-            x="bytes",
-            y="busbw_gbps",
-            color="algo",
-            symbol="collective",
-            log_x=True,
-            facet_col="run" if data.multi else None,
-            hover_name="label",
-            hover_data={"time_ms": ":.3g", "n": True},
-            labels={
-                "bytes": "message size (bytes)",
-                "busbw_gbps": "busbw (GB/s)",
-                "algo": "algorithm",
-                "n": "instances",
-                "time_ms": "median time (ms)",
-            },
-        )
-    else:
-        page.paragraph(
-            "These traces do not record message sizes (Gloo on this PyTorch records no input shapes for "
-            "its collectives), so bandwidth cannot be computed; shown instead: each collective's transfer "
-            "time (its shortest duration across ranks), median per case.",
-            css="muted",
-        )
-        agg = df.groupby(["run_id", "case_id", "collective"], as_index=False, observed=True).agg(
-            time_ms=("time_ms", "median"), n=("time_ms", "size")
-        )
-        agg = display(data.with_cases(agg).sort_values("order", kind="stable"), ["algo", "label", "run", "collective"])
-        agg["case"] = [f"{r} · {lab}" if data.multi else lab for r, lab in zip(agg["run"], agg["label"])]
-        fig = px.scatter(
-            agg,
-            x="time_ms",
-            y="case",
-            color="collective",
-            hover_data={"n": True},
-            labels={"time_ms": "median transfer time (ms)", "case": "", "n": "instances"},
-        )
-        fig.update_traces(marker_size=10)
-        fig.update_yaxes(autorange="reversed")
-        fig.update_layout(height=max(260, 26 * agg["case"].nunique() + 140))
+    fig = _busbw(page, data, df) if df["busbw_gbps"].notna().any() else _transfer_times(page, data, df)
     fig.update_layout(margin=MARGIN)
     page.figure(fig)
+    _collectives_table(page, data, df)
+
+
+def _busbw(page: Page, data: ReportData, df: pd.DataFrame) -> go.Figure:
+    """Bus bandwidth against message size, per collective and case (traces that record sizes)."""
+    page.paragraph(
+        "Bus bandwidth per collective as nccl-tests defines it (algbw = bytes / time, GB = 1e9; busbw = "
+        "algbw × 2(n−1)/n for allreduce, (n−1)/n for allgather and reduce-scatter, 1 for broadcast); "
+        "time is the collective's shortest duration across ranks. Median per case, collective and size.",
+        css="muted",
+    )
+    agg = (
+        df.dropna(subset=["busbw_gbps"])
+        .groupby(["run_id", "case_id", "collective", "bytes"], as_index=False, observed=True)
+        .agg(busbw_gbps=("busbw_gbps", "median"), time_ms=("time_ms", "median"), n=("busbw_gbps", "size"))
+    )
+    agg = display(data.with_cases(agg), ["algo", "label", "run", "collective"])
+    agg["bytes"] = agg["bytes"].astype(float)
+    fig = px.scatter(
+        agg,
+        x="bytes",
+        y="busbw_gbps",
+        color="algo",
+        symbol="collective",
+        log_x=True,
+        facet_col="run" if data.multi else None,
+        hover_name="label",
+        hover_data={"time_ms": ":.3g", "n": True},
+        labels={
+            "bytes": "message size (bytes)",
+            "busbw_gbps": "busbw (GB/s)",
+            "algo": "algorithm",
+            "n": "instances",
+            "time_ms": "median time (ms)",
+        },
+    )
+    return fig
+
+
+def _transfer_times(page: Page, data: ReportData, df: pd.DataFrame) -> go.Figure:
+    """Each collective's transfer time per case, for traces without message sizes (Gloo)."""
+    page.paragraph(
+        "These traces do not record message sizes (Gloo on this PyTorch records no input shapes for "
+        "its collectives), so bandwidth cannot be computed; shown instead: each collective's transfer "
+        "time (its shortest duration across ranks), median per case.",
+        css="muted",
+    )
+    agg = df.groupby(["run_id", "case_id", "collective"], as_index=False, observed=True).agg(
+        time_ms=("time_ms", "median"), n=("time_ms", "size")
+    )
+    agg = display(data.with_cases(agg).sort_values("order", kind="stable"), ["algo", "label", "run", "collective"])
+    agg["case"] = [f"{r} · {lab}" if data.multi else lab for r, lab in zip(agg["run"], agg["label"])]
+    fig = px.scatter(
+        agg,
+        x="time_ms",
+        y="case",
+        color="collective",
+        hover_data={"n": True},
+        labels={"time_ms": "median transfer time (ms)", "case": "", "n": "instances"},
+    )
+    fig.update_traces(marker_size=10)
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(height=max(260, 26 * agg["case"].nunique() + 140))
+    return fig
+
+
+def _collectives_table(page: Page, data: ReportData, df: pd.DataFrame) -> None:
+    """Per case and collective: instances, median time, bytes and busbw."""
     summary = df.groupby(["run", "label", "collective"], as_index=False, observed=True, sort=False).agg(
         instances=("time_ms", "size"),
         median_ms=("time_ms", "median"),
