@@ -73,8 +73,8 @@ def in_memory_run(
                 "repeat_medians_ms": reps.tolist(),
             }
         )
-    cases_table = store.cases_table(RunRecord.from_json(meta))
-    return store.Loaded(Path("/nonexistent"), meta, cases_table, pd.DataFrame(), pd.DataFrame(rows))
+    record = RunRecord.from_json(meta)
+    return store.Loaded(Path("/nonexistent"), record, store.cases_table(record), pd.DataFrame(), pd.DataFrame(rows))
 
 
 def zero_medians(p: dict) -> list[float]:
@@ -165,7 +165,9 @@ def test_hooks_advantage_splits_into_packing_and_overlap():
     against_unpacked = comparisons[verdicts.ZERO_KINDS[1].key]
     assert len(against_unpacked) == 2 and {c.baseline["parameters_as_bucket_view"] for c in against_unpacked} == {False}
     assert all(c.ratio == pytest.approx(0.4) for c in against_unpacked)
-    assert "vs zero_no_overlap (per-parameter broadcasts), step time, at" in verdicts.group_sentences(against_unpacked)[0]
+    assert (
+        "vs zero_no_overlap (per-parameter broadcasts), step time, at" in verdicts.group_sentences(against_unpacked)[0]
+    )
     lines = verdicts.attribution_lines(comparisons)
     assert len(lines) == 4  # two hooks x two bucket sizes
     assert lines[0].startswith(
@@ -339,8 +341,8 @@ def test_local_sgd_verdict_time_to_target_and_final_gap():
         "environment": dict(synth_run.ENVIRONMENT),
         "cases": {c.case_id: {"params": c.params(), "status": "done"} for c in cases},
     }
-    cases_table = store.cases_table(RunRecord.from_json(meta))
-    data = report_data.load([store.Loaded(Path("/nonexistent"), meta, cases_table, steps, summary)])
+    record = RunRecord.from_json(meta)
+    data = report_data.load([store.Loaded(Path("/nonexistent"), record, store.cases_table(record), steps, summary)])
     [v] = verdicts.convergence_verdicts(data)
     assert v.cand_reached == v.base_reached == 3
     assert v.reach_ratio.ratio == pytest.approx(0.6) and v.reach_ratio.method == "paired"

@@ -216,7 +216,7 @@ def _check_resume_args(args: argparse.Namespace) -> None:
             "in its own directory (start a new sweep to change them)"
         )
     if args.suite:
-        recorded = store.read_run_json(args.resume)["suite"].get("text")
+        recorded = store.read_record(args.resume).suite.text
         try:
             same = user_files.read_text(args.suite, "suite file") == recorded
         except ValueError:
@@ -272,6 +272,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from tpbench import report, store, sweep
+    from tpbench.record import Efficiency
 
     launcher = _torchrun(args)
     if args.lockstep and not Path(args.lockstep).is_socket():
@@ -294,7 +295,7 @@ def _sweep(args: argparse.Namespace) -> int:
         launcher = launcher if args.launcher else sweep.launcher_of(run)
         if args.print_only and launcher is None:
             _usage(f"--print: {run.dir} runs with the local launcher; add --launcher torchrun")
-        finished = run.record.status in ("complete", "complete_with_failures")
+        finished = run.record.finished
         if not cases and finished and (run.dir / store.SUMMARY_FILE).exists():
             console.print(f"Nothing to resume: every case of {run.dir} is done.", markup=False, soft_wrap=True)
             return EXIT_OK
@@ -343,10 +344,10 @@ def _sweep(args: argparse.Namespace) -> int:
         )
         return code
     out.print(_summary_table(loaded))
-    eff = loaded.meta.get("efficiency", {})
+    eff = loaded.record.efficiency or Efficiency()
     console.print(
-        f"Wall {time.monotonic() - t0:.1f} s; timed steps {eff.get('timed_s', 0):.1f} s; "
-        f"{eff.get('processes_started')} rank processes started."
+        f"Wall {time.monotonic() - t0:.1f} s; timed steps {eff.timed_s:.1f} s; "
+        f"{eff.processes_started} rank processes started."
     )
     if not args.no_report:
         path = report.write_report([run.dir], args.report or report.default_report_path(run.dir, args.reports_dir))
@@ -360,13 +361,14 @@ def _adapt(run, launcher) -> None:
     from tpbench import sweep
 
     while (batch := sweep.next_batch(run)) is not None:
+        adaptive = run.record.adaptive
         widest = max((hw for _, hw in batch.comparisons if hw is not None), default=None)
         console.print(
             f"adaptive batch {batch.number}: {len(batch.comparisons)} comparison(s) above ±"
-            f"{run.record.adaptive['target_ci']:.1%}"
+            f"{adaptive.target_ci:.1%}"
             + (f" (widest ±{widest:.1%})" if widest is not None else "")
             + f"; +{max(batch.added.values())} round(s) for {len(batch.cases)} case(s), "
-            f"{run.record.wall_s or 0:.0f} of {run.record.adaptive['budget_s']:g} s spent",
+            f"{run.record.wall_s or 0:.0f} of {adaptive.budget_s:g} s spent",
             markup=False,
             soft_wrap=True,
         )
@@ -375,16 +377,16 @@ def _adapt(run, launcher) -> None:
             sweep.execute(run, batch.cases, listener, launcher)
     adaptive = run.record.adaptive
     if adaptive:
-        after = [c["half_width"] for c in adaptive.get("half_widths_after", [])]
-        within = sum(hw is not None and hw <= adaptive["target_ci"] for hw in after)
+        after = [c["half_width"] for c in adaptive.half_widths_after or ()]
+        within = sum(hw is not None and hw <= adaptive.target_ci for hw in after)
         said = {
             sweep.TARGET_MET: "target met",
             sweep.BUDGET_SPENT: "budget spent",
             sweep.LOOKS_SPENT: f"the most batches ({sweep.MAX_BATCHES}) added",
-        }.get(adaptive["state"], "")
+        }.get(adaptive.state, "")
         console.print(
-            f"adaptive: {said}; {within} of {len(after)} comparison(s) resolve ±{adaptive['target_ci']:.1%}, "
-            f"{sum(adaptive.get('rounds_added', {}).values())} repeat(s) added over {len(adaptive['batches'])} "
+            f"adaptive: {said}; {within} of {len(after)} comparison(s) resolve ±{adaptive.target_ci:.1%}, "
+            f"{sum((adaptive.rounds_added or {}).values())} repeat(s) added over {len(adaptive.batches)} "
             "batch(es)",
             markup=False,
             soft_wrap=True,
@@ -528,7 +530,7 @@ def _tune(args: argparse.Namespace) -> int:
             args.suite, options, args.set, args.filter, args.out or Path("results"), launcher, args.allow_large
         )
     console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
-    listener = TuneProgress([c for c in (tune.Case.from_params(c.params) for c in run.record.cases.values())])
+    listener = TuneProgress([c.case for c in run.record.cases.values()])
     try:
         with listener.progress:
             result = tune.race(run, options, listener, launcher, listener.round)
