@@ -44,8 +44,8 @@ CASE_STATES = (PENDING, RUNNING, DONE, FAILED)
 INTERRUPTED, PRINTED, COMPLETE, COMPLETE_WITH_FAILURES = "interrupted", "printed", "complete", "complete_with_failures"
 RUN_STATES = (RUNNING, INTERRUPTED, PRINTED, COMPLETE, COMPLETE_WITH_FAILURES)
 FINISHED = (COMPLETE, COMPLETE_WITH_FAILURES)
-# What a case's capture left in its entry (telemetry summary, clock offsets, observed transport).
-CAPTURE_KEYS = ("nvml", "clock_sync", "transport", "observed_transport")
+# What a case's capture leaves in its entry (``Capture``): telemetry, clock offsets, observed transport.
+CAPTURED_KEYS = ("nvml", "clock_sync", "observed_transport")
 
 # Keys added after results existed, with the value that is the behaviour before them: at it they
 # stay out of the identity (``suite.identity``), so the cases of earlier runs compare with new runs
@@ -195,8 +195,8 @@ class WorldRecord(_Entry):
     what was done against noise, and for a printed world (``--print``) whether its events were read
     back; under torchrun the nodes and ranks it really ran on."""
 
-    world: str
-    key: tuple[Any, ...]
+    world: str = ""
+    key: tuple[Any, ...] = ()
     items: int = 0
     schedule: tuple[tuple[Any, ...], ...] = ()
     started: float | None = None

@@ -45,6 +45,7 @@ import pyarrow.parquet as pq
 
 from tpbench import user_files
 from tpbench.record import (  # the case states are the store's vocabulary too
+    CAPTURED_KEYS,
     CASE_STATES,
     DONE,
     FAILED,
@@ -426,7 +427,7 @@ class Run:
         self.set_case(case_id, DONE, repeats_run=repeats_run)
 
     def case_captured(self, case_id: str, capture: dict[str, Any]) -> None:
-        """What a case's capture recorded (``record.CAPTURE_KEYS``), into its entry."""
+        """What a case's capture recorded (``record.Capture``: ``record.CAPTURED_KEYS``), into its entry."""
         self._meta["cases"][case_id].update(capture)
         self._save()
 
@@ -606,6 +607,9 @@ def _run_json_problem(meta: Any) -> str | None:
             return f"case {cid}: expected an object with 'params' and 'status'"
         if entry.get("status") not in CASE_STATES:
             return f"case {cid}: status {entry.get('status')!r}, expected one of {', '.join(CASE_STATES)}"
+        for key in CAPTURED_KEYS:
+            if entry.get(key) is not None and not isinstance(entry[key], dict):
+                return f"case {cid}: {key!r} is a {type(entry[key]).__name__}, expected a JSON object"
         problem = _params_problem(entry["params"])
         if problem:
             return f"case {cid}: {problem}"
