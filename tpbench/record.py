@@ -118,8 +118,16 @@ class _Entry:
 
     @classmethod
     def from_json(cls, entry: Mapping[str, Any] | None) -> Any:
-        names = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        return cls(**{k: _field_value(names[k], v) for k, v in (entry or {}).items() if k in names})
+        """Keys this tpbench does not know are left out; a null where the field takes none reads
+        as the default."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        return cls(
+            **{
+                k: _field_value(str(fields[k].type), v)
+                for k, v in (entry or {}).items()
+                if k in fields and (v is not None or "None" in str(fields[k].type))
+            }
+        )
 
     def to_json(self) -> dict[str, Any]:
         """As run.json holds it: fields that are None left out, sequences as lists."""
@@ -127,9 +135,9 @@ class _Entry:
         return json.loads(json.dumps({k: v for k, v in values.items() if v is not None}, default=_plain))
 
 
-def _field_value(f: dataclasses.Field, value: Any) -> Any:
-    """A JSON value as a frozen field holds it: objects read-only, lists as tuples."""
-    kind = str(f.type)
+def _field_value(kind: str, value: Any) -> Any:
+    """A JSON value as a frozen field of type ``kind`` holds it (the annotation as written: this
+    module's annotations are strings): objects read-only, lists as tuples."""
     if value is None:
         return None
     if kind.startswith("Mapping"):
