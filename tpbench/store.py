@@ -37,7 +37,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator
 
 import pandas as pd
 import pyarrow as pa
@@ -701,8 +701,9 @@ class Loaded:
         return self.cases.merge(self.summary[numbers], on="case_id", how="left")
 
     @property
-    def environment(self) -> Mapping[str, Any]:
-        return self.record.environment
+    def environment(self) -> dict[str, Any]:
+        """The run's environment fingerprint, a copy (exports write it out as JSON)."""
+        return dict(self.record.environment)
 
 
 def load(run_dir: str | Path) -> Loaded:
