@@ -59,15 +59,12 @@ def resolution(run_dir: Path, target: float = TARGET) -> Resolution:
     ests = [c.est for k in kinds for c in verdicts.compare(data, k)]
     widths = [e.half_width for e in ests if e.has_interval]
     shapes = sorted(
-        {
-            f"{e['params']['repeats']}x{e['params']['warmup_steps']}+{e['params']['steps']}"
-            for e in loaded.meta["cases"].values()
-        }
+        {f"{e.params['repeats']}x{e.params['warmup_steps']}+{e.params['steps']}" for e in loaded.record.cases.values()}
     )
     return Resolution(
         Path(run_dir),
         ", ".join(shapes),
-        (loaded.meta.get("efficiency") or {}).get("wall_s"),
+        loaded.record.efficiency.wall_s if loaded.record.efficiency else None,
         len(ests),
         sum(e.method == "paired" for e in ests),
         sum(w <= target for w in widths),

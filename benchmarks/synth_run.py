@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from tpbench import store, sweep
+from tpbench import record, store, sweep
 from tpbench.analysis.bandwidth import collective_bandwidth
 from tpbench.analysis.overlap import step_overlap
 from tpbench.analysis.timeline import INTERVAL_COLUMNS
@@ -159,7 +159,7 @@ def make_run(
             store.write_case_table(run.dir, case.case_id, "nvml", _nvml(case, c, rng))
         run.set_case(case.case_id, store.DONE)
     run.add_wall_time(float(sum(model(c).step for c in cases) * (steps + 3) * repeats / 1e3 * 1.3))
-    run.set_status("complete_with_failures" if failed else "complete")
+    run.set_status(record.COMPLETE_WITH_FAILURES if failed else record.COMPLETE)
     sweep.finalize(run)
     return run.dir
 
@@ -407,7 +407,7 @@ def make_localsgd_run(
             store.write_repeat(run.dir, case.case_id, repeat, pd.concat(rows, ignore_index=True))
         run.case_done(case.case_id, case.repeats)
     run.add_wall_time(float(steps * repeats * len(cases) * 0.07))
-    run.set_status("complete")
+    run.set_status(record.COMPLETE)
     sweep.finalize(run)
     return run.dir
 

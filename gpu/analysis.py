@@ -28,6 +28,7 @@ import pandas as pd
 from tpbench import store
 from tpbench.analysis import overlap, timeline, trace_events
 from tpbench.capture import transport
+from tpbench.record import CaseRecord
 
 TOP_NAMES = 4
 
@@ -109,8 +110,8 @@ class Checks:
         return all(r["ok"] for r in self.results)
 
 
-def analyse_case(c: Checks, run_dir: Path, cid: str, entry: dict[str, Any], summary: pd.DataFrame) -> dict[str, Any]:
-    p = entry["params"]
+def analyse_case(c: Checks, run_dir: Path, cid: str, entry: CaseRecord, summary: pd.DataFrame) -> dict[str, Any]:
+    p = entry.params
     label = f"{p['backend']}x{p['world_size']} {p['algorithm']}"
     paths = store.traces(run_dir, cid)
     t0 = time.perf_counter()
@@ -138,7 +139,7 @@ def analyse_case(c: Checks, run_dir: Path, cid: str, entry: dict[str, Any], summ
             k: round(float(row[k].iloc[0]), 4) for k in keys if k in row and len(row) and pd.notna(row[k].iloc[0])
         },
         "collectives": collectives(coll),
-        "observed_transport": entry.get("observed_transport"),
+        "observed_transport": t.to_json() if (t := entry.capture.observed_transport) else None,
         "fast_path": fast_path(paths),
     }
     ranks = p["world_size"]
@@ -178,8 +179,8 @@ def analyse_case(c: Checks, run_dir: Path, cid: str, entry: dict[str, Any], summ
 def analyse_run(c: Checks, run_dir: Path) -> dict[str, Any]:
     loaded = store.load(run_dir)
     out: dict[str, Any] = {"run_dir": str(run_dir), "cases": {}, "nccl_logs": nccl_logs(run_dir)}
-    for cid, entry in loaded.meta["cases"].items():
-        if entry["status"] != "done":
+    for cid, entry in loaded.record.cases.items():
+        if entry.status != store.DONE:
             continue
         try:
             case = analyse_case(c, run_dir, cid, entry, loaded.summary)

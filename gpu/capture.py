@@ -118,19 +118,21 @@ def check_run(c: Checks, run_dir: Path, interval_ms: int) -> dict[str, Any]:
 
     loaded = store.load(run_dir)
     summary: dict[str, Any] = {"run_dir": str(run_dir), "cases": {}}
-    for cid, entry in loaded.meta["cases"].items():
-        p = entry["params"]
+    for cid, entry in loaded.record.cases.items():
+        p = entry.params
         label = f"{p['backend']}×{p['world_size']} {p['algorithm']}"
-        if not c.check(f"{label}: case done", entry["status"] == "done", entry.get("error") or ""):
+        if not c.check(f"{label}: case done", entry.status == store.DONE, entry.error or ""):
             continue
         windows = {r: _check_trace(c, label, path, r) for r, path in enumerate(store.traces(run_dir, cid))}
         c.check(f"{label}: one trace per rank", len(windows) == p["world_size"], f"{len(windows)} traces")
-        nv = entry.get("nvml", {})
+        capture = entry.capture
+        nv = capture.nvml.to_json() if capture.nvml else {}
         c.check(f"{label}: NVML available", nv.get("available") is True, nv.get("reason") or "")
+        seen = capture.observed_transport.to_json() if capture.observed_transport else {}
         case_summary: dict[str, Any] = {
             "nvml": nv,
-            "observed_transport": entry.get("observed_transport"),
-            "clock_sync": entry.get("clock_sync"),
+            "observed_transport": seen or None,
+            "clock_sync": dict(capture.clock_sync) or None,
         }
         path = store.case_dir(run_dir, cid) / NVML_FILE
         if c.check(f"{label}: nvml.parquet written", path.exists()):
@@ -164,7 +166,6 @@ def check_run(c: Checks, run_dir: Path, interval_ms: int) -> dict[str, Any]:
             case_summary["samples"] = len(df)
             case_summary["median_interval_ms"] = median_gap
             case_summary["median_query_ms"] = float(df["query_ms"].median())
-        seen = entry.get("observed_transport") or {}
         if p["backend"] == "gloo":
             c.check(
                 f"{label}: Gloo observed on lo",

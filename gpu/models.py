@@ -89,9 +89,9 @@ def check_gpt(c: Checks, run_dir: Path) -> dict[str, Any]:
 
     loaded = store.load(run_dir)
     out: dict[str, Any] = {}
-    for cid, entry in loaded.meta["cases"].items():
-        algo = entry["params"]["algorithm"]
-        if not c.check(f"gpt {algo}: case done", entry["status"] == "done", entry.get("error") or ""):
+    for cid, entry in loaded.record.cases.items():
+        algo = entry.params["algorithm"]
+        if not c.check(f"gpt {algo}: case done", entry.status == store.DONE, entry.error or ""):
             continue
         steps = loaded.steps[loaded.steps["case_id"] == cid]
         timed = steps[steps["phase"] == "timed"]
@@ -136,10 +136,10 @@ def check_mixed(c: Checks, run_dir: Path) -> dict[str, Any]:
 
     loaded = store.load(run_dir)
     out: dict[str, Any] = {}
-    for cid, entry in loaded.meta["cases"].items():
-        p = entry["params"]
+    for cid, entry in loaded.record.cases.items():
+        p = entry.params
         label = f"{p['workload']} {p['algorithm']}"
-        if not c.check(f"{label}: case done", entry["status"] == "done", entry.get("error") or ""):
+        if not c.check(f"{label}: case done", entry.status == store.DONE, entry.error or ""):
             continue
         steps = loaded.steps[(loaded.steps["case_id"] == cid) & (loaded.steps["phase"] == "timed")]
         fig: dict[str, Any] = {"median_step_ms": float(steps.groupby("step")["step_ms"].max().median())}

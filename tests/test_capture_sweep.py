@@ -73,9 +73,9 @@ def test_one_parseable_trace_per_rank_with_phases_collectives_and_distributed_in
 
 
 def test_clock_sync_maps_the_sampler_clock_onto_each_trace(run):
-    for cid, entry in run.meta["cases"].items():
+    for cid, case in run.record.cases.items():
         for rank, path in enumerate(store.traces(run.run_dir, cid)):
-            sync = entry["clock_sync"][str(rank)]
+            sync = case.capture.clock_sync[str(rank)]
             trace = _trace(path)
             assert sync["trace_base_ns"] == trace["baseTimeNanoseconds"]
             probes = [e["ts"] for e in trace["traceEvents"] if e.get("name") == nvml.CLOCK_PROBE]
@@ -85,19 +85,19 @@ def test_clock_sync_maps_the_sampler_clock_onto_each_trace(run):
 
 
 def test_gloo_transport_is_observed_and_matches_loopback(run):
-    for entry in run.meta["cases"].values():
-        seen = entry["observed_transport"]
-        assert seen["asked"] == "loopback" and seen["backend"] == "gloo"
-        assert seen["interfaces"] == ["lo"] and seen["mismatch"] is False
+    for case in run.record.cases.values():
+        seen = case.capture.observed_transport
+        assert seen.asked == "loopback" and seen.backend == "gloo"
+        assert seen.interfaces == ("lo",) and seen.mismatch is False
         for rank in ("0", "1"):
-            assert seen["ranks"][rank]["local_addresses"] == ["127.0.0.1"]
-            assert seen["ranks"][rank]["connections"] >= 1
+            assert seen.ranks[rank]["local_addresses"] == ["127.0.0.1"]
+            assert seen.ranks[rank]["connections"] >= 1
 
 
 def test_nvml_is_recorded_unavailable_on_cpu(run):
-    for cid, entry in run.meta["cases"].items():
-        assert entry["nvml"]["available"] is False
-        assert "CPU" in entry["nvml"]["reason"]
+    for cid, case in run.record.cases.items():
+        assert case.capture.nvml.available is False
+        assert "CPU" in case.capture.nvml.reason
         assert not (store.case_dir(run.run_dir, cid) / NVML_FILE).exists()
 
 

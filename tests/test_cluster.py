@@ -241,9 +241,9 @@ def two_node_run(tmp_path_factory) -> Path:
 @pytest.mark.ranks
 def test_smoke_cases_run_on_both_nodes_in_one_world(two_node_run):
     loaded = store.load(two_node_run)
-    assert set(loaded.cases.status) == {"done"} and loaded.meta["status"] == "complete"
-    assert loaded.meta["launcher"]["name"] == "torchrun"
-    assert len(loaded.meta["worlds"]) == 1
+    assert set(loaded.cases.status) == {"done"} and loaded.record.status == "complete"
+    assert loaded.record.launcher.name == "torchrun"
+    assert len(loaded.record.worlds) == 1
     for case in loaded.cases.to_dict("records"):
         steps = loaded.steps[loaded.steps.case_id == case["case_id"]]
         assert case["world_size"] == 4
@@ -339,6 +339,6 @@ def test_printed_command_runs_and_resume_records_it(tmp_path, capsys):
     assert started.returncode == 0, started.stdout + started.stderr
     assert run_cli(["sweep", "--resume", str(run_dir), "--no-report"]) == 0
     loaded = store.load(run_dir)
-    assert loaded.meta["status"] == "complete" and set(loaded.cases.status) == {"done"}
-    assert loaded.meta["worlds"][0]["ingested"]
+    assert loaded.record.status == "complete" and set(loaded.cases.status) == {"done"}
+    assert loaded.record.worlds[0].ingested
     assert isinstance(loaded.summary, pd.DataFrame) and len(loaded.summary) == 1

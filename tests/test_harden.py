@@ -385,3 +385,20 @@ def test_gate_repeats_out_of_bounds_exit_2(tmp_path, capsys, repeats):
         == 2
     )
     assert "expected 1 to 10000 repeats" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("capture", [{"nvml": "none"}, {"observed_transport": [1]}, {"clock_sync": 5}])
+def test_a_case_capture_entry_of_the_wrong_type_exits_3_naming_the_file(run_dir, tmp_path, capsys, capture):
+    """What a case's capture recorded is read as typed sub-records (``record.Capture``): an entry
+    that is no JSON object is refused when the run is read, not met deep inside the report."""
+    import json
+    import shutil
+
+    damaged = tmp_path / "run"
+    shutil.copytree(run_dir, damaged)
+    meta = json.loads((damaged / "run.json").read_text())
+    next(iter(meta["cases"].values())).update(capture)
+    (damaged / "run.json").write_text(json.dumps(meta))
+    assert run_cli(["report", str(damaged), "-o", str(tmp_path / "r.html")]) == 3
+    err = capsys.readouterr().err
+    assert f"{damaged}/run.json: corrupted (" in err.replace("\n", "") and "Traceback" not in err

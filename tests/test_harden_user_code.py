@@ -45,7 +45,7 @@ def _errors(run: store.Loaded) -> dict[str, str]:
     out = {}
     for row in run.cases.itertuples():
         name = row.workload if row.comm_hook == "allreduce" else f"{row.workload}+{row.comm_hook}"
-        out[name] = run.meta["cases"][row.case_id].get("error") or ""
+        out[name] = run.record.cases[row.case_id].error or ""
     return out
 
 

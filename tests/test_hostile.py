@@ -50,7 +50,7 @@ def test_url_characters_in_paths_rendezvous_inside_the_run_and_leave_nothing_beh
         assert proc.returncode == 0, proc.stderr
     runs = list(store.iter_runs(out))
     assert len(runs) == 2
-    assert {store.load(r).meta["status"] for r in runs} == {"complete"}
+    assert {store.load(r).record.status for r in runs} == {"complete"}
     outside = {p for p in tree(tmp_path) - before if not any((tmp_path / p).is_relative_to(r) for r in runs)}
     assert outside == {Path(out_name), Path(out_name) / suite_name}, outside
     assert not [p for r in runs for p in r.rglob("*.rdzv")]

@@ -21,19 +21,14 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
-
-
 def _imports(tree: ast.AST, modules: set[str]) -> set[str]:
-    """The tpbench modules a module imports at run time, lazily or not (``if TYPE_CHECKING`` aside)."""
+    """The tpbench modules a module imports, lazily or not, for its annotations too (``if
+    TYPE_CHECKING``): a circle that only the type checker walks is still two modules that cannot be
+    understood one without the other."""
     found: set[str] = set()
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            stack.extend(node.orelse)
-            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -121,6 +116,12 @@ def test_dependency_rules():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_annotation_only_imports_count():
+    """An import for annotations alone (``if TYPE_CHECKING``) is an edge of the graph too."""
+    code = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tpbench.suite import Case\n"
+    assert _imports(ast.parse(code), {"tpbench.suite"}) == {"tpbench.suite"}
 
 
 def _torch_imported(code: str) -> bool:

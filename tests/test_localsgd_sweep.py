@@ -147,7 +147,7 @@ def test_an_averaging_step_that_would_average_nothing_fails_the_case(tmp_path, m
     text = SUITE.replace("world_size = 4", "world_size = 2").replace("ranks_per_node = 2", "ranks_per_node = 1")
     text = text.replace(f"steps = {STEPS}", "steps = 2").replace("averaging_period = [4, 16]", "averaging_period = [4]")
     run = sweep_in_process(tmp_path, text.replace("profiler_steps = 2", "profiler_steps = 0"))
-    for case in run.meta["cases"].values():
-        assert case["status"] == "failed", case
-        assert "AveragingSkipped: post_localSGD_hook: model averaging is due at step 0" in case["error"]
-        assert "averager would average none of the" in case["error"]
+    for case in run.record.cases.values():
+        assert case.status == "failed", case
+        assert "AveragingSkipped: post_localSGD_hook: model averaging is due at step 0" in case.error
+        assert "averager would average none of the" in case.error

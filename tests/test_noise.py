@@ -207,7 +207,7 @@ def _medians(loaded, metric: str) -> dict[tuple[float, str], float]:
 
 
 def _params(loaded):
-    return {cid: e["params"] for cid, e in loaded.meta["cases"].items()}
+    return {cid: c.params for cid, c in loaded.record.cases.items()}
 
 
 @pytest.mark.ranks
@@ -226,12 +226,12 @@ def test_cpu_slowdown_burns_cpu_and_sleep_slowdown_only_waits(slowdowns):
 
 @pytest.mark.ranks
 def test_a_sweep_records_its_noise_controls_schedule_and_load(slowdowns):
-    (world,) = slowdowns.meta["worlds"]
-    controls = world["noise_controls"]
+    (world,) = slowdowns.record.worlds
+    controls = world.noise_controls
     assert controls["gc"] == GC_POLICY
     assert controls == rank_layout(os.sched_getaffinity(0), 2).record()
-    assert sorted(map(tuple, world["schedule"])) == sorted((cid, r) for cid in _params(slowdowns) for r in (0, 1))
-    assert [r for _, r in world["schedule"]] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert sorted(map(tuple, world.schedule)) == sorted((cid, r) for cid in _params(slowdowns) for r in (0, 1))
+    assert [r for _, r in world.schedule] == [0, 0, 0, 0, 1, 1, 1, 1]
     timed = slowdowns.steps[slowdowns.steps["phase"] == "timed"]
     rank0 = timed[timed["rank"] == 0]
     assert rank0["load1"].notna().all() and (rank0["runnable"] >= 0).all() and (rank0["steal_pct"] >= 0).all()

@@ -1,10 +1,13 @@
 """The record of a run: run.json and summary.parquet carry a schema version; a version this
 tpbench does not know is refused naming the file and the version; today's layout without one
-(runs written before the version existed) still loads."""
+(runs written before the version existed) still loads, every sub-record at its defaults; the
+typed record is the only way into a loaded run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,13 +18,27 @@ import pytest
 from synthetic_runs import make_run
 
 from tpbench import store
-from tpbench.record import SCHEMA_VERSION
+from tpbench.record import (
+    ADDED_KEYS,
+    COMPLETE,
+    COMPLETE_WITH_FAILURES,
+    FINISHED,
+    RUN_STATES,
+    SCHEMA_VERSION,
+    Capture,
+    Case,
+    Efficiency,
+    LauncherRecord,
+    RunRecord,
+    Telemetry,
+    WorldRecord,
+)
 
 
 @pytest.fixture
 def run(tmp_path: Path) -> Path:
     path = make_run(tmp_path / "results", {"ddp": [10.0, 10.2, 9.9]})
-    store.write_summary(path, pd.DataFrame({"case_id": list(store.load(path).meta["cases"]), "median_ms": [10.0]}))
+    store.write_summary(path, pd.DataFrame({"case_id": list(store.load(path).record.cases), "median_ms": [10.0]}))
     return path
 
 
@@ -78,3 +95,86 @@ def test_a_run_without_a_version_loads_as_today_s_layout(run: Path) -> None:
     owned = store.Run.open(run, own=True)
     owned.set_status("complete")
     assert json.loads((run / "run.json").read_text())["schema_version"] == SCHEMA_VERSION
+
+
+def _old_run_json() -> dict:
+    """A run.json as an early tpbench wrote it: no version, a case without the keys added since,
+    no capture, a world with only its name and key, no launcher, efficiency or adaptive record."""
+    case = tiny_case()
+    params = {k: v for k, v in case.params().items() if k not in ADDED_KEYS}
+    return {
+        "run_id": "20240101T000000Z-abcdef",
+        "suite": {"name": "old", "text": "[suite]\nname = 'old'\n"},
+        "environment": {"torch": "2.0"},
+        "cases": {case.case_id: {"params": params, "status": "done"}},
+        "worlds": [{"world": "w0", "key": [2, "gloo", "cpu", "loopback"]}],
+    }
+
+
+def tiny_case() -> Case:
+    from tpbench.suite import expand, parse
+
+    (case,) = expand(parse("[suite]\nname = 'old'\n[defaults]\nworld_size = 2\nbackend = 'gloo'\ndevice = 'cpu'\n"))
+    return case
+
+
+def test_an_old_run_json_reads_with_every_sub_record_at_its_defaults() -> None:
+    record = RunRecord.from_json(_old_run_json())
+    assert record.schema_version == SCHEMA_VERSION
+    (case,) = record.cases.values()
+    assert isinstance(case.case, Case) and case.case == tiny_case()  # the added keys at their old behaviour
+    assert case.capture == Capture() and case.capture.nvml is None and case.repeats_run is None
+    (world,) = record.worlds
+    assert world == WorldRecord("w0", (2, "gloo", "cpu", "loopback")) and world.world_size == 2
+    assert world.printed is False and world.schedule == () and world.nodes == ()
+    assert record.launcher == LauncherRecord("local") and record.efficiency is None and record.adaptive is None
+    assert record.planned_params(case.case_id)["repeats"] == case.params["repeats"]
+
+
+def test_sub_records_are_typed_and_written_back_as_run_json_holds_them() -> None:
+    meta = _old_run_json()
+    (entry,) = meta["cases"].values()
+    entry |= {"nvml": {"available": False, "reason": "CPU"}, "observed_transport": {"interfaces": ["lo"]}}
+    adaptive = {"target_ci": 0.05, "budget_s": 60.0, "state": "running", "planned_repeats": {"x": 3}, "batches": []}
+    meta |= {
+        "adaptive": adaptive,
+        "efficiency": {"wall_s": 2.0, "timed_s": 1.0},
+        "launcher": {"name": "torchrun", "nnodes": 2},
+    }
+    record = RunRecord.from_json(meta)
+    (case,) = record.cases.values()
+    assert case.capture.nvml == Telemetry(available=False, reason="CPU")
+    assert case.capture.observed_transport.interfaces == ("lo",)
+    assert record.adaptive.target_ci == 0.05 and record.adaptive.half_widths_after is None
+    assert record.adaptive.to_json() == adaptive  # what the adaptive loop writes back is what it read
+    assert record.efficiency == Efficiency(wall_s=2.0, timed_s=1.0)
+    assert record.launcher.name == "torchrun" and record.launcher.options == {"nnodes": 2}
+    with pytest.raises(TypeError):
+        record.adaptive.planned_repeats["x"] = 4  # read-only, as the rest of the record
+
+
+def test_run_states_are_named_once() -> None:
+    assert RUN_STATES == ("running", "interrupted", "printed", "complete", "complete_with_failures")
+    assert FINISHED == (COMPLETE, COMPLETE_WITH_FAILURES)
+
+
+REPO = Path(__file__).resolve().parent.parent
+# Where run.json's raw dict may be read: the store (its only writer) and the record (its typed form).
+RAW_READERS = {REPO / "tpbench" / "store.py", REPO / "tpbench" / "record.py", Path(__file__).resolve()}
+
+
+def test_a_loaded_run_is_read_through_its_record_only() -> None:
+    """``Loaded`` carries no raw run.json, and nothing outside the store and the record reaches
+    into one (``loaded.meta[...]``, ``run.meta.get(...)``): a run.json key is spelled in record.py."""
+    assert "meta" not in {f.name for f in dataclasses.fields(store.Loaded)}
+    assert not hasattr(store.Loaded, "meta")
+    raw = re.compile(r"\.meta\b")
+    found = [
+        f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+        for folder in ("tpbench", "tests", "benchmarks", "examples", "gpu")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        if path not in RAW_READERS
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if raw.search(line)
+    ]
+    assert found == []

@@ -74,8 +74,8 @@ def in_memory_run(
                 "repeat_medians_ms": reps.tolist(),
             }
         )
-    cases_table = store.cases_table(RunRecord.from_json(meta))
-    return store.Loaded(Path("/nonexistent"), meta, cases_table, pd.DataFrame(), pd.DataFrame(rows))
+    record = RunRecord.from_json(meta)
+    return store.Loaded(Path("/nonexistent"), record, store.cases_table(record), pd.DataFrame(), pd.DataFrame(rows))
 
 
 def zero_medians(p: dict) -> list[float]:
@@ -330,8 +330,8 @@ def test_local_sgd_verdict_time_to_target_and_final_gap():
         "environment": dict(synth_run.ENVIRONMENT),
         "cases": {c.case_id: {"params": c.params(), "status": "done"} for c in cases},
     }
-    cases_table = store.cases_table(RunRecord.from_json(meta))
-    data = report_data.load([store.Loaded(Path("/nonexistent"), meta, cases_table, steps, summary)])
+    record = RunRecord.from_json(meta)
+    data = report_data.load([store.Loaded(Path("/nonexistent"), record, store.cases_table(record), steps, summary)])
     [v] = verdicts.convergence_verdicts(data)
     assert v.cand_reached == v.base_reached == 3
     assert v.reach_ratio.ratio == pytest.approx(0.6) and v.reach_ratio.method == "paired"

@@ -32,7 +32,7 @@ def smoke(tmp_path_factory):
 def test_smoke_sweep_writes_every_rank_step_and_repeat(smoke):
     tmp, run_dir, proc = smoke
     loaded = store.load(run_dir)
-    assert loaded.meta["status"] == "complete"
+    assert loaded.record.status == "complete"
     assert set(loaded.cases["status"]) == {"done"}
     for case in loaded.cases.to_dict("records"):
         steps = loaded.steps[loaded.steps.case_id == case["case_id"]]

@@ -74,5 +74,5 @@ def test_model_too_big_for_memory_fails_its_case_not_the_sweep(tmp_path: Path) -
     run = store.load(next(store.iter_runs(tmp_path / "results")))
     status = dict(zip(run.cases["workload"], run.cases["status"]))
     assert status == {"user_models:huge": "failed", "user_models:good": "done"}
-    error = run.meta["cases"][run.cases.set_index("workload").loc["user_models:huge", "case_id"]]["error"]
+    error = run.record.cases[run.cases.set_index("workload").loc["user_models:huge", "case_id"]].error
     assert "alloc" in error.lower(), error

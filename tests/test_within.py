@@ -195,7 +195,7 @@ def test_adaptive_sweep_adds_rounds_until_the_budget_is_spent(tmp_path: Path, ca
     more world start fits, a second after it does not), so the test does not depend on the
     machine's speed; --resume continues the adaptive loop where the run left it."""
     run = _planned(tmp_path, 0.001)
-    run.set_adaptive(dict(run.record.adaptive) | {"budget_s": 2.5 * run.record.wall_s})
+    run.set_adaptive(run.record.adaptive.to_json() | {"budget_s": 2.5 * run.record.wall_s})
     run.set_status("interrupted")
     run.lock.release()
     assert run_cli(["sweep", "--resume", str(run.dir), "--no-report"]) == 0

@@ -12,12 +12,26 @@ collapses the others so that, say, ``shard_buckets`` never doubles the ``ddp`` c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from tpbench import comm_hooks
 
-if TYPE_CHECKING:
-    from tpbench.suite import Case
+
+class CheckedCase(comm_hooks.HookedCase, Protocol):
+    """What an algorithm's checks read of a case (``suite.Case`` has it): typed against this rather
+    than the suite's class because the suite imports this table."""
+
+    @property
+    def warmup_steps(self) -> int: ...
+    @property
+    def impl(self) -> str | None: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def shard_buckets(self) -> bool | None: ...
+    @property
+    def start_localSGD_iter(self) -> int | str | None: ...
+
 
 # Keys that only some algorithms use; every other case key applies to all of them.
 ALGORITHM_SPECIFIC_KEYS = frozenset(
@@ -60,11 +74,11 @@ class Algorithm:
     moot: Callable[[dict[str, Any]], frozenset[str]] = lambda params: frozenset()
     # Whether the case registers a hook of the algorithm's own that takes no inner hook: then only
     # compression composes with it (see tpbench.comm_hooks), not a comm_hook of the user's.
-    own_hook: Callable[[Case], bool] = lambda case: False
+    own_hook: Callable[[CheckedCase], bool] = lambda case: False
     # Whether the comm_hook is wrapped (the ZeRO hooks) rather than registered on DDP itself.
     wraps_comm_hook: bool = False
 
-    def check(self, case: Case) -> tuple[str, str] | None:
+    def check(self, case: CheckedCase) -> tuple[str, str] | None:
         """Why ``case`` cannot run with this algorithm, as (key, message), or None."""
         if case.warmup_steps < self.min_warmup_steps:
             return "warmup_steps", f"{self.name} needs at least {self.min_warmup_steps} (got {case.warmup_steps})"

@@ -212,7 +212,7 @@ def _check_resume_args(args: argparse.Namespace) -> None:
             "in its own directory (start a new sweep to change them)"
         )
     if args.suite:
-        recorded = store.read_run_json(args.resume)["suite"].get("text")
+        recorded = store.read_record(args.resume).suite.text
         try:
             same = user_files.read_text(args.suite, "suite file") == recorded
         except ValueError:
@@ -286,6 +286,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from tpbench import report, store, sweep
+    from tpbench.record import Efficiency
 
     launcher = _check_sweep_args(args)
     if args.resume:
@@ -333,10 +334,10 @@ def _sweep(args: argparse.Namespace) -> int:
         return _print_worlds(outcome.run, outcome.printed, outcome.launcher)
     _print_adaptive(outcome.loaded.record.adaptive)
     out.print(_summary_table(outcome.loaded))
-    eff = outcome.loaded.meta.get("efficiency", {})
+    eff = outcome.loaded.record.efficiency or Efficiency()
     console.print(
-        f"Wall {outcome.wall_s:.1f} s; timed steps {eff.get('timed_s', 0):.1f} s; "
-        f"{eff.get('processes_started')} rank processes started."
+        f"Wall {outcome.wall_s:.1f} s; timed steps {eff.timed_s:.1f} s; "
+        f"{eff.processes_started} rank processes started."
     )
     if not args.no_report:
         run_dir = outcome.run.dir
@@ -391,10 +392,10 @@ def _print_batch(record, batch) -> None:
     widest = max((hw for _, hw in batch.comparisons if hw is not None), default=None)
     console.print(
         f"adaptive batch {batch.number}: {len(batch.comparisons)} comparison(s) above ±"
-        f"{record.adaptive['target_ci']:.1%}"
+        f"{record.adaptive.target_ci:.1%}"
         + (f" (widest ±{widest:.1%})" if widest is not None else "")
         + f"; +{max(batch.added.values())} round(s) for {len(batch.cases)} case(s), "
-        f"{record.wall_s or 0:.0f} of {record.adaptive['budget_s']:g} s spent",
+        f"{record.wall_s or 0:.0f} of {record.adaptive.budget_s:g} s spent",
         markup=False,
         soft_wrap=True,
     )
@@ -406,16 +407,16 @@ def _print_adaptive(adaptive) -> None:
 
     if not adaptive:
         return
-    after = [c["half_width"] for c in adaptive.get("half_widths_after", [])]
-    within = sum(hw is not None and hw <= adaptive["target_ci"] for hw in after)
+    after = [c["half_width"] for c in adaptive.half_widths_after or ()]
+    within = sum(hw is not None and hw <= adaptive.target_ci for hw in after)
     said = {
         sweep.TARGET_MET: "target met",
         sweep.BUDGET_SPENT: "budget spent",
         sweep.LOOKS_SPENT: f"the most batches ({sweep.MAX_BATCHES}) added",
-    }.get(adaptive["state"], "")
+    }.get(adaptive.state, "")
     console.print(
-        f"adaptive: {said}; {within} of {len(after)} comparison(s) resolve ±{adaptive['target_ci']:.1%}, "
-        f"{sum(adaptive.get('rounds_added', {}).values())} repeat(s) added over {len(adaptive['batches'])} "
+        f"adaptive: {said}; {within} of {len(after)} comparison(s) resolve ±{adaptive.target_ci:.1%}, "
+        f"{sum((adaptive.rounds_added or {}).values())} repeat(s) added over {len(adaptive.batches)} "
         "batch(es)",
         markup=False,
         soft_wrap=True,

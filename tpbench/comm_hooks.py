@@ -34,12 +34,22 @@ import functools
 import inspect
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from tpbench import user_code
 
-if TYPE_CHECKING:
-    from tpbench.suite import Case
+
+class HookedCase(Protocol):
+    """What the hook checks read of a case (``suite.Case`` has it): typed against this rather than
+    the suite's class because the suite imports this module."""
+
+    @property
+    def backend(self) -> str: ...
+    @property
+    def comm_hook(self) -> str: ...
+    @property
+    def comm_hook_state(self) -> str | None: ...
+
 
 ALLREDUCE = "allreduce"
 BUILTIN = (ALLREDUCE, "fp16_compress", "bf16_compress")
@@ -136,7 +146,7 @@ class Bf16Support:
         return None
 
 
-def check(case: Case, wrapped: bool) -> tuple[str, str] | None:
+def check(case: HookedCase, wrapped: bool) -> tuple[str, str] | None:
     """Why the case's hook cannot run, as (key, reason), or None. ``wrapped``: the algorithm wraps
     the hook (the ZeRO hooks) instead of registering it on DDP. Imports torch only for bf16 and the
     user's own hooks, where what this torch can run decides."""

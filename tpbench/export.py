@@ -62,7 +62,7 @@ def export_pytest_benchmark(run_dir: str | Path) -> Export:
     """
     loaded = store.load(run_dir)
     env = loaded.environment
-    suite = loaded.meta["suite"]["name"]
+    suite = loaded.record.suite.name
     cases, skipped = _export_cases(loaded)
     keys = varying_keys([c for c, *_ in cases])
     benchmarks = [_pytest_benchmark(loaded, suite, keys, *c) for c in cases]
@@ -85,7 +85,7 @@ def export_pytest_benchmark(run_dir: str | Path) -> Export:
             "author_time": None,
         },
         "benchmarks": benchmarks,
-        "datetime": loaded.meta.get("created"),
+        "datetime": loaded.record.created,
         "version": PYTEST_BENCHMARK_VERSION,
     }
     return Export(document, skipped)
@@ -111,7 +111,7 @@ def _pytest_benchmark(
         "extra_info": {
             "case_id": case.case_id,
             "label": label,
-            "run_id": loaded.meta["run_id"],
+            "run_id": loaded.record.run_id,
             "repeat_medians_ms": reps.tolist(),
             "case": case.params(),
         },
@@ -155,7 +155,7 @@ def export_custom_smaller_is_better(run_dir: str | Path) -> Export:
     half-width of its bootstrap CI, so a dashboard shows the same number the gate judged.
     """
     loaded = store.load(run_dir)
-    suite = loaded.meta["suite"]["name"]
+    suite = loaded.record.suite.name
     cases, skipped = _export_cases(loaded)
     env = loaded.environment
     entries = []
@@ -169,7 +169,7 @@ def export_custom_smaller_is_better(run_dir: str | Path) -> Export:
                 "range": f"± {round((hi - lo) / 2, 6)}",
                 "extra": (
                     f"{CONFIDENCE:.0%} CI [{lo:.4g}, {hi:.4g}] ms over {reps.size} repeats; case {case.case_id}; "
-                    f"run {loaded.meta['run_id']}; torch {env.get('torch')}; "
+                    f"run {loaded.record.run_id}; torch {env.get('torch')}; "
                     f"{case.world_size}×{case.backend}/{case.device}"
                 ),
             }

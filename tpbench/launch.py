@@ -850,15 +850,15 @@ def ingest_printed(
     finished cases become done, a case that raised or was cut short becomes failed. A printed
     world with no events yet has not been started; it is left alone (its cases stay pending)."""
     for entry in run.record.worlds:
-        if not entry.get("printed") or entry.get("ingested"):
+        if not entry.printed or entry.ingested:
             continue
-        if not any((run.dir / "events" / entry["world"]).glob("rank*.jsonl")):
+        if not any((run.dir / "events" / entry.world).glob("rank*.jsonl")):
             continue
-        world = PrintedWorldRecord(run.dir, entry["world"], entry["key"][0])
-        plan = Plan.read(run.dir / "plans" / f"{entry['world']}.json")
+        world = PrintedWorldRecord(run.dir, entry.world, entry.world_size)
+        plan = Plan.read(run.dir / "plans" / f"{entry.world}.json")
         planned = [cases[c["case_id"]] for c in plan.cases if c["case_id"] in cases]
-        ic = resolve(entry["key"][3], user_interconnects)
+        ic = resolve(entry.key[3], user_interconnects)
         outcome = Supervisor(world, {c.case_id: c for c in planned}, run, listener, interconnect=ic).supervise()
         if outcome.cause is not None:
             _record_failure(run, outcome, planned, listener)
-        run.world_ingested(entry["world"])
+        run.world_ingested(entry.world)

@@ -45,6 +45,7 @@ import pyarrow.parquet as pq
 
 from tpbench import user_files
 from tpbench.record import (  # the case states are the store's vocabulary too
+    CAPTURED_KEYS,
     CASE_STATES,
     DONE,
     FAILED,
@@ -428,7 +429,7 @@ class Run:
         self.set_case(case_id, DONE, repeats_run=repeats_run)
 
     def case_captured(self, case_id: str, capture: dict[str, Any]) -> None:
-        """What a case's capture recorded (``record.CAPTURE_KEYS``), into its entry."""
+        """What a case's capture recorded (``record.Capture``: ``record.CAPTURED_KEYS``), into its entry."""
         self._meta["cases"][case_id].update(capture)
         self._save()
 
@@ -486,7 +487,7 @@ class Run:
         self._save()
 
     def set_status(self, status: str, **info: Any) -> None:
-        """The run's state (``running``, ``printed``, ``interrupted``, ``complete`` ...), with
+        """The run's state (``record.RUN_STATES``: running, printed, interrupted, complete ...), with
         when (``resumed``, ``interrupted``) or its ``efficiency`` figures."""
         self._meta["status"] = status
         self._meta.update(info)
@@ -541,7 +542,14 @@ def case_bytes(run_dir: Path, case_id: str) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
 
 
+def read_record(run_dir: Path) -> RunRecord:
+    """A run's run.json as its typed record, without its tables (``load`` reads those too)."""
+    return RunRecord.from_json(read_run_json(run_dir))
+
+
 def read_run_json(run_dir: Path) -> dict[str, Any]:
+    """A run's run.json as the raw dict, checked for shape and migrated: for the store's own
+    recorder (``Run``); readers take ``read_record`` or ``load``."""
     path = Path(run_dir) / RUN_FILE
     if not Path(run_dir).is_dir():
         raise StoreError(f"{run_dir}: no such run directory")
@@ -558,27 +566,10 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
         raise StoreError(f"{path}: corrupted (nested too deeply to be a run.json)") from None
     if isinstance(meta, dict) and (problem := version_problem(meta.get("schema_version", 0))):
         raise StoreError(f"{path}: {problem}")
-    problem = _run_json_problem(_with_added_keys(meta))
+    meta = migrate(meta)  # older runs (no version, cases without keys added since) keep loading
+    problem = _run_json_problem(meta)
     if problem:
         raise StoreError(f"{path}: corrupted ({problem})")
-    return migrate(meta)
-
-
-def _with_added_keys(meta: Any) -> Any:
-    """A run.json whose cases predate a key added since (``suite.ADDED_KEYS``), given the key's
-    old behaviour: such runs keep loading."""
-    from tpbench.algorithms import ALGORITHMS
-    from tpbench.suite import ADDED_ALGORITHM_KEYS, ADDED_KEYS
-
-    if isinstance(meta, dict) and isinstance(meta.get("cases"), dict):
-        for entry in meta["cases"].values():
-            if isinstance(entry, dict) and isinstance(entry.get("params"), dict):
-                params = entry["params"]
-                algorithm = ALGORITHMS.get(params.get("algorithm"))
-                for key, value in ADDED_KEYS.items():
-                    # An algorithm-specific key the case's algorithm does not use is collapsed, as the suite does.
-                    unused = key in ADDED_ALGORITHM_KEYS and (algorithm is None or key not in algorithm.uses)
-                    params.setdefault(key, None if unused else value)
     return meta
 
 
@@ -621,6 +612,9 @@ def _run_json_problem(meta: Any) -> str | None:
             return f"case {cid}: expected an object with 'params' and 'status'"
         if entry.get("status") not in CASE_STATES:
             return f"case {cid}: status {entry.get('status')!r}, expected one of {', '.join(CASE_STATES)}"
+        for key in CAPTURED_KEYS:
+            if entry.get(key) is not None and not isinstance(entry[key], dict):
+                return f"case {cid}: {key!r} is a {type(entry[key]).__name__}, expected a JSON object"
         problem = _params_problem(entry["params"])
         if problem:
             return f"case {cid}: {problem}"
@@ -693,18 +687,14 @@ def _read_steps(path: Path) -> pd.DataFrame:
 @dataclass
 class Loaded:
     """A run read back, the one view every reader (report, compare, gate, export, whatif, CLI)
-    takes of it: its record, cases, per-step rows and summary."""
+    takes of it: its typed record (run.json; nothing else reads the raw dict), cases, per-step rows
+    and summary."""
 
     run_dir: Path
-    meta: dict[str, Any]
+    record: RunRecord
     cases: pd.DataFrame  # one row per case: params, label, status, error, detail (``cases_table``)
     steps: pd.DataFrame  # all cases' steps.parquet, with a case_id column
     summary: pd.DataFrame  # summary.parquet (empty if not written yet)
-
-    @functools.cached_property
-    def record(self) -> RunRecord:
-        """run.json, typed."""
-        return RunRecord.from_json(self.meta)
 
     @functools.cached_property
     def table(self) -> pd.DataFrame:
@@ -717,32 +707,33 @@ class Loaded:
 
     @property
     def environment(self) -> dict[str, Any]:
-        return self.meta["environment"]
+        """The run's environment fingerprint, a copy (exports write it out as JSON)."""
+        return dict(self.record.environment)
 
 
 def load(run_dir: str | Path) -> Loaded:
     """Everything of a run as DataFrames. Broken files raise ``StoreError`` naming the file."""
     run_dir = Path(run_dir)
-    meta = read_run_json(run_dir)
+    record = read_record(run_dir)
     frames = []
-    for cid, entry in meta["cases"].items():
+    for cid, case in record.cases.items():
         steps_path = case_dir(run_dir, cid) / STEPS_FILE
-        if entry["status"] == DONE:
+        if case.status == DONE:
             if not steps_path.exists():
                 raise StoreError(f"{steps_path}: missing, but run.json says case {cid} is done")
             frames.append(_read_steps(steps_path).assign(case_id=cid))
     steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     summary_path = run_dir / SUMMARY_FILE
     summary = _read_summary(summary_path) if summary_path.exists() else pd.DataFrame()
-    return Loaded(run_dir, meta, cases_table(RunRecord.from_json(meta)), steps, summary)
+    return Loaded(run_dir, record, cases_table(record), steps, summary)
 
 
 def cases_table(record: RunRecord) -> pd.DataFrame:
     """A run's cases as a table, built here only: one row per case with its parameters as the
     suite gave them, its label (``suite.labels``), status, error and failure detail."""
-    from tpbench.suite import Case, labels
+    from tpbench.suite import labels
 
-    names = labels([[Case.from_params(c.params) for c in record.cases.values()]])[0]
+    names = labels([[c.case for c in record.cases.values()]])[0]
     rows = [
         dict(c.params) | {"label": names[cid], "status": c.status, "error": c.error, "detail": c.detail}
         for cid, c in record.cases.items()

@@ -30,6 +30,7 @@ import tomllib
 
 from tpbench import comm_hooks, user_files
 from tpbench.algorithms import ALGORITHM_SPECIFIC_KEYS, ALGORITHMS
+from tpbench.record import ADDED_ALGORITHM_KEYS, ADDED_KEYS, Case  # Case: defined below the suite, with the record
 from tpbench.workload_params import PARAMS, UserWorkloadError, is_import_path, unknown
 
 # Keys that set a case's measurement budget or capture, and test-only knobs (an injected slowdown
@@ -48,19 +49,6 @@ BUDGET_KEYS = frozenset(
         "fault",
     }
 )
-# Keys added after results existed, with the value that is the behaviour before them: at it they
-# stay out of the identity, so the cases of earlier runs compare with new runs case by case, and
-# a stored case without them reads as having it (``store.read_run_json``).
-ADDED_KEYS = {
-    "comm_hook": comm_hooks.ALLREDUCE,
-    "comm_hook_state": None,
-    "slowdown_kind": "sleep",
-    "parameters_as_bucket_view": False,
-    "bucket_cap_mb_list": None,
-}
-# Added keys that only some algorithms use: collapsed (None) for the others, which had no such key
-# before either, so there None is the old behaviour too.
-ADDED_ALGORITHM_KEYS = frozenset({"parameters_as_bucket_view"})
 # DDP's own bucketing: ``bucket_cap_mb = "default"`` passes nothing, so DDP uses 25 MB buckets and a
 # 1 MB first bucket; any number passed also sets the first bucket to it (torch's ``_BucketCapacityConfig``).
 DDP_DEFAULT = "default"
@@ -168,80 +156,6 @@ CAPTURE_KEYS: dict[str, KeySpec] = {
 }
 
 _TABLES = {"suite", "defaults", "sweep", "capture", "workloads", "interconnects"}
-
-
-@dataclass(frozen=True)
-class Case:
-    """One fully resolved configuration to measure. Built only by ``expand``."""
-
-    algorithm: str
-    impl: str | None
-    world_size: int
-    backend: str
-    device: str
-    workload: str
-    optimizer: str
-    lr: float
-    batch_size: int
-    warmup_steps: int
-    steps: int
-    repeats: int
-    seed: int
-    timeout_s: float
-    bucket_cap_mb: float | str | None
-    gradient_as_bucket_view: bool
-    static_graph: bool
-    shard_buckets: bool | None
-    interconnect: str
-    start_localSGD_iter: int | str | None
-    post_local_gradient_allreduce: bool | None
-    averaging_period: int | None
-    ranks_per_node: int | None
-    eval_every: int
-    slowdown_pct: float
-    fault: str
-    profiler_steps: int
-    nvml_interval_ms: int
-    workload_params: tuple[tuple[str, Any], ...] = ()
-    # Defaults: what runs recorded before these keys existed ran.
-    comm_hook: str = comm_hooks.ALLREDUCE
-    comm_hook_state: str | None = None
-    slowdown_kind: str = "sleep"
-    parameters_as_bucket_view: bool | None = False
-    bucket_cap_mb_list: list[float] | None = None
-    case_id: str = ""
-
-    def params(self) -> dict[str, Any]:
-        """The case as a flat, JSON-friendly dict (workload params as ``workload.KEY``)."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "workload_params"}
-        d.update({f"workload.{k}": v for k, v in self.workload_params})
-        return d
-
-    @classmethod
-    def from_params(cls, d: Mapping[str, Any]) -> Case:
-        """Inverse of ``params`` (used to read cases back from run.json and plans)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        wl = tuple(sorted((k.split(".", 1)[1], v) for k, v in d.items() if k.startswith("workload.")))
-        return cls(**{k: v for k, v in d.items() if k in names}, workload_params=wl)
-
-    @property
-    def launch_key(self) -> tuple[int, str, str, str]:
-        """Cases with the same key share one world of rank processes."""
-        return (self.world_size, self.backend, self.device, self.interconnect)
-
-    @classmethod
-    def world_of(cls, params: Mapping[str, Any]) -> tuple[int, str, str, str]:
-        """``launch_key`` from a case's stored parameters."""
-        return (params["world_size"], params["backend"], params["device"], params["interconnect"])
-
-    def label(self, varying: Iterable[str] = ()) -> str:
-        """A short human name: the algorithm plus the values of the keys that vary in the suite."""
-        parts = [self.algorithm + ("" if self.impl in (None, "tpbench") else f"[{self.impl}]")]
-        for k in varying:
-            v = getattr(self, k, None)
-            if k != "algorithm" and v is not None:
-                parts.append(f"{k}={v}")
-        return " ".join(parts)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -18,7 +17,7 @@ from typing import Any, Callable, Iterable, Literal
 
 import pandas as pd
 
-from tpbench import compare, store
+from tpbench import compare, record, store
 from tpbench.analysis import bandwidth, convergence, overlap, timeline
 from tpbench.analysis.memory import per_case
 from tpbench.analysis.stats import CONFIDENCE, slowest_rank, spent_confidence, summarize
@@ -115,9 +114,10 @@ def start(prepared: Prepared, out_root: Path, launcher: Torchrun | None = None) 
 
 def launcher_of(run: store.Run) -> Torchrun | None:
     """The launcher a run was started with (None: local)."""
-    spec = dict(run.record.launcher)
-    if spec.pop("name") == "local":
+    launcher = run.record.launcher
+    if launcher.name == "local":
         return None
+    spec = dict(launcher.options)
     return Torchrun(**{**spec, "agent_prefix": tuple(spec.get("agent_prefix", ()))})
 
 
@@ -126,13 +126,13 @@ def print_worlds(run: store.Run, cases: list[Case], launcher: Torchrun) -> list[
     cases, to run one after another; ``reopen`` (``--resume``) later records what they did."""
     user_ics = run.record.suite_table("interconnects")
     printed = [print_group(run, group, user_ics, launcher) for group in group_cases(cases)]
-    run.set_status("printed")
+    run.set_status(record.PRINTED)
     return [p for p in printed if p is not None]
 
 
 def missing(run: store.Run) -> list[Case]:
     """The cases of a run that are not done (what ``--resume`` would run), read without changing it."""
-    return [Case.from_params(c.params) for c in run.record.cases.values() if c.status != store.DONE]
+    return [c.case for c in run.record.cases.values() if c.status != store.DONE]
 
 
 def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
@@ -144,7 +144,7 @@ def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
     files, so what they finished counts as done. A run with nothing left to run keeps its status.
     """
     run = store.Run.open(run_dir, own=True)
-    cases = {cid: Case.from_params(c.params) for cid, c in run.record.cases.items()}
+    cases = {cid: c.case for cid, c in run.record.cases.items()}
     ingest_printed(run, cases, run.record.suite_table("interconnects"), lambda kind, ev: None)
     todo = missing(run)
     if todo:
@@ -199,7 +199,7 @@ def _mark_interrupted(run: store.Run) -> None:
     for cid, status in run.case_status().items():
         if status == store.RUNNING:
             run.set_case(cid, store.PENDING)
-    run.set_status("interrupted", interrupted=time.time())
+    run.set_status(record.INTERRUPTED, interrupted=time.time())
 
 
 def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:
@@ -280,7 +280,7 @@ def finalize(run: store.Run) -> store.Loaded:
     try:
         return _finalize(run)
     except KeyboardInterrupt:
-        run.set_status("interrupted", interrupted=time.time())
+        run.set_status(record.INTERRUPTED, interrupted=time.time())
         raise
 
 
@@ -297,16 +297,17 @@ def _finalize(run: store.Run) -> store.Loaded:
             summary = summary.merge(extra, on="case_id", how="left")
     store.write_summary(run.dir, summary)
     timed_s = float(slowest_rank(loaded.steps)["step_ms"].sum() / 1e3) if not loaded.steps.empty else 0.0
-    record = run.record
-    efficiency = {
-        "wall_s": record.wall_s,
-        "timed_s": timed_s,
-        "timed_share": timed_s / record.wall_s if record.wall_s else None,
-        "worlds_started": len(record.worlds),
-        "processes_started": sum(w["key"][0] for w in record.worlds),
-    }
+    rec = run.record
+    efficiency = record.Efficiency(
+        wall_s=rec.wall_s,
+        timed_s=timed_s,
+        timed_share=timed_s / rec.wall_s if rec.wall_s else None,
+        worlds_started=len(rec.worlds),
+        processes_started=sum(w.world_size for w in rec.worlds),
+    )
     failed = [cid for cid, status in run.case_status().items() if status == store.FAILED]
-    run.set_status("complete" if not failed else "complete_with_failures", efficiency=efficiency)
+    status = record.COMPLETE if not failed else record.COMPLETE_WITH_FAILURES
+    run.set_status(status, efficiency=asdict(efficiency))
     run.release_reserve()
     return store.load(run.dir)
 
@@ -388,15 +389,16 @@ def next_batch(run: store.Run) -> Batch | None:
     Rounds per comparison: ``_Growth``. Time per repeat is estimated from the run so far
     (``_costs``); the budget is checked before each batch, so a run ends past it by as much as its
     last batch's estimate was short."""
-    rec = json.loads(json.dumps(dict(run.record.adaptive)))
-    if rec.get("state") != ADAPTING:
+    adaptive = run.record.adaptive
+    if adaptive is None or adaptive.state != ADAPTING:
         return None
+    rec = adaptive.to_json()
     target, budget = float(rec["target_ci"]), float(rec["budget_s"])
     loaded = store.load(run.dir)
     pairs = _sequential_pairs(loaded)
     rec.setdefault("half_widths_before", _half_widths(pairs))
     wide = [p for p in pairs if p.result.half_width is None or p.result.half_width > target]
-    cases = {cid: Case.from_params(c.params) for cid, c in run.record.cases.items()}
+    cases = {cid: c.case for cid, c in run.record.cases.items()}
     spent = float(run.record.wall_s or 0.0)
     growth = _Growth.of(wide, cases, target, *_costs(loaded, spent))
     cap = growth.affordable_cap(budget - spent)
@@ -598,4 +600,4 @@ def _resume(
 
 def _summarized(run: store.Run) -> bool:
     """Complete with its summary written: a resume of it has nothing to do."""
-    return run.record.status in ("complete", "complete_with_failures") and (run.dir / store.SUMMARY_FILE).exists()
+    return run.record.finished and (run.dir / store.SUMMARY_FILE).exists()

@@ -451,7 +451,7 @@ def race(
     run interrupted with the race saved as of its last round: ``--resume`` goes on from there.
     """
     saved = store.read_tune(run.dir) or {"wall_s": 0.0, "worlds": {}, "history": []}
-    cases = [Case.from_params(c.params) for c in run.record.cases.values()]
+    cases = [c.case for c in run.record.cases.values()]
     groups = group_cases(cases)
     races = _replayed_races(run, cases, groups, options, saved)
     base_wall, t0 = float(saved.get("wall_s", 0.0)), time.monotonic()

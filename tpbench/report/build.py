@@ -41,8 +41,8 @@ ENVIRONMENT_KEYS = (
 
 
 def default_report_path(run_dir: Path, reports_root: Path = Path("reports")) -> Path:
-    meta = store.read_run_json(run_dir)
-    return Path(reports_root) / f"{meta['suite']['name']}-{meta['run_id']}.html"
+    record = store.read_record(run_dir)
+    return Path(reports_root) / f"{record.suite.name}-{record.run_id}.html"
 
 
 def write_report(run_dirs: list[Path], out: Path, metric: str = "step_ms") -> Path:
@@ -63,7 +63,7 @@ def build_report(runs: list[store.Loaded], out_dir: Path = Path("."), metric: st
 
 
 def _page(data: ReportData, runs: list[store.Loaded], out_dir: Path) -> Page:
-    names = list(dict.fromkeys(r.meta["suite"]["name"] for r in runs))
+    names = list(dict.fromkeys(r.record.suite.name for r in runs))
     page = Page(title=f"tpbench report: {', '.join(names)}")
     page.heading(f"tpbench: {', '.join(names)}", level=1)
     for r in runs:
@@ -97,14 +97,14 @@ def _page(data: ReportData, runs: list[store.Loaded], out_dir: Path) -> Page:
 
 
 def _run_line(page: Page, data: ReportData, run: store.Loaded) -> None:
-    meta = run.meta
-    statuses = pd.Series([e["status"] for e in meta["cases"].values()]).value_counts().to_dict()
+    record = run.record
+    statuses = pd.Series([c.status for c in record.cases.values()]).value_counts().to_dict()
     counts = ", ".join(f"{n} {s}" for s, n in statuses.items())
-    desc = meta["suite"].get("description") or run.record.suite_table("suite").get("description", "")
-    tag = f"{data.tags[meta['run_id']]}: " if data.multi else ""
+    desc = record.suite.description or record.suite_table("suite").get("description", "")
+    tag = f"{data.tags[record.run_id]}: " if data.multi else ""
     page.paragraph(
-        f"{tag}run {meta['run_id']} of suite {meta['suite']['name']} ({meta.get('status', '?')}; "
-        f"{len(meta['cases'])} cases: {counts}). {desc}",
+        f"{tag}run {record.run_id} of suite {record.suite.name} ({record.status or '?'}; "
+        f"{len(record.cases)} cases: {counts}). {desc}",
         css="muted",
     )
 
@@ -161,7 +161,7 @@ def _environment(page: Page, data: ReportData) -> None:
     cols = {}
     for r in data.runs:
         env = r.environment
-        cols[data.tags[r.meta["run_id"]]] = [env.get(k) for k in ENVIRONMENT_KEYS] + [commit_text(env)]
+        cols[data.tags[r.record.run_id]] = [env.get(k) for k in ENVIRONMENT_KEYS] + [commit_text(env)]
     table = pd.DataFrame(cols, index=[*ENVIRONMENT_KEYS, "git commit"]).reset_index(names="")
     if data.multi:
         values = table.drop(columns="").astype(str)
@@ -174,39 +174,39 @@ def _environment(page: Page, data: ReportData) -> None:
         )
         page.table(transport)
     for r in data.runs:
-        eff = r.meta.get("efficiency")
-        if eff and eff.get("wall_s"):
-            share = eff.get("timed_share")
+        eff = r.record.efficiency
+        if eff is not None and eff.wall_s:
+            share = eff.timed_share
             page.paragraph(
-                (f"{data.tags[r.meta['run_id']]}: " if data.multi else "")
-                + f"{eff['wall_s']:.1f} s wall, {eff['timed_s']:.1f} s in timed steps"
+                (f"{data.tags[r.record.run_id]}: " if data.multi else "")
+                + f"{eff.wall_s:.1f} s wall, {eff.timed_s:.1f} s in timed steps"
                 + (f" ({share:.0%})" if share is not None else "")
-                + f", {eff['worlds_started']} world(s), {eff['processes_started']} rank processes started.",
+                + f", {eff.worlds_started} world(s), {eff.processes_started} rank processes started.",
                 css="muted",
             )
     for r in data.runs:
         page.details(
-            f"Suite file of {data.tags[r.meta['run_id']]} ({r.meta['suite'].get('path') or 'unknown path'})",
-            r.meta["suite"].get("text", ""),
+            f"Suite file of {data.tags[r.record.run_id]} ({r.record.suite.path or 'unknown path'})",
+            r.record.suite.text,
         )
 
 
 def _transport(data: ReportData) -> pd.DataFrame:
     rows = {}
     for r in data.runs:
-        for entry in r.meta["cases"].values():
-            t = entry.get("observed_transport")
-            if not t:
+        for case in r.record.cases.values():
+            t = case.capture.observed_transport
+            if t is None:
                 continue
-            key = (data.tags[r.meta["run_id"]], t.get("asked"), t.get("backend"))
+            key = (data.tags[r.record.run_id], t.asked, t.backend)
             rows[key] = {
                 **({"run": key[0]} if data.multi else {}),
-                "interconnect": t.get("asked"),
-                "backend": t.get("backend"),
-                "observed": ", ".join(map(str, t.get("interfaces") or [])),
-                "expected": ", ".join(map(str, t.get("expected") or [])),
-                "mismatch": "yes" if t.get("mismatch") else "",
-                "note": t.get("reason") or "",
+                "interconnect": t.asked,
+                "backend": t.backend,
+                "observed": ", ".join(map(str, t.interfaces)),
+                "expected": ", ".join(map(str, t.expected or [])),
+                "mismatch": "yes" if t.mismatch else "",
+                "note": t.reason or "",
             }
     return pd.DataFrame(list(rows.values()))
 

@@ -62,12 +62,12 @@ class ReportData:
         return self.cases[self.cases["median_ms"].notna()]
 
     def run(self, run_id: str) -> store.Loaded:
-        return next(r for r in self.runs if r.meta["run_id"] == run_id)
+        return next(r for r in self.runs if r.record.run_id == run_id)
 
     def steps(self) -> pd.DataFrame:
         """All runs' per-step rows with ``run_id``."""
         if self._steps is None:
-            frames = [r.steps.assign(run_id=r.meta["run_id"]) for r in self.runs if not r.steps.empty]
+            frames = [r.steps.assign(run_id=r.record.run_id) for r in self.runs if not r.steps.empty]
             self._steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
         return self._steps
 
@@ -80,7 +80,7 @@ class ReportData:
             for r in self.runs:
                 t = store.read_case_tables(r, name)
                 if not t.empty:
-                    frames.append(t.assign(run_id=r.meta["run_id"]))
+                    frames.append(t.assign(run_id=r.record.run_id))
             self._tables[name] = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
         return self._tables[name]
 
@@ -116,7 +116,7 @@ def load(runs: list[store.Loaded], metric: str = "step_ms") -> ReportData:
     if metric not in METRIC_WORDS:
         raise ValueError(f"--metric {metric}: expected one of {', '.join(METRIC_WORDS)}")
     tags = run_tags(runs)
-    frames = [_run_cases(r, tags[r.meta["run_id"]], metric) for r in runs]
+    frames = [_run_cases(r, tags[r.record.run_id], metric) for r in runs]
     cases = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     for col in STEP_TIME_COLUMNS:
         # A run without summary.parquet (interrupted before its end) still gets a report of its cases.
@@ -141,7 +141,7 @@ def _algo(algorithm: str, impl: Any) -> str:
 
 
 def _run_cases(run: store.Loaded, tag: str, metric: str) -> pd.DataFrame:
-    table = run.table.assign(run_id=run.meta["run_id"], run=tag)
+    table = run.table.assign(run_id=run.record.run_id, run=tag)
     if metric == "step_ms" or table.empty:
         return table
     if metric not in run.steps:
@@ -159,13 +159,13 @@ def _run_cases(run: store.Loaded, tag: str, metric: str) -> pd.DataFrame:
 def _labels(cases: pd.DataFrame, runs: list[store.Loaded], run_cases: list[list[Case]]) -> list[str]:
     """Each row's label (``suite.labels``, the one labelling every output uses)."""
     per_run = labels(run_cases)
-    by_run = {r.meta["run_id"]: names for r, names in zip(runs, per_run)}
+    by_run = {r.record.run_id: names for r, names in zip(runs, per_run)}
     return [by_run[rid].get(cid, cid) for rid, cid in zip(cases["run_id"], cases["case_id"])]
 
 
 def _order_keys(cases: pd.DataFrame, runs: list[store.Loaded], context: list[str]) -> list[tuple]:
     """Sort keys: run, algorithm (baselines first), then the varying parameters by value."""
-    run_pos = {r.meta["run_id"]: i for i, r in enumerate(runs)}
+    run_pos = {r.record.run_id: i for i, r in enumerate(runs)}
 
     def key(v: Any) -> tuple:
         # None first, numbers by value, anything else by its text: mixed columns ("never", 0, 60) sort.
@@ -191,7 +191,7 @@ def run_tags(runs: list[store.Loaded]) -> dict[str, str]:
     """A short name per run: the run id alone, or with several runs a letter and what differs
     between their environments ("A · torch 2.13.0", "B · torch 2.14.0"), so legends say why two
     runs differ rather than when they ran."""
-    ids = [r.meta["run_id"] for r in runs]
+    ids = [r.record.run_id for r in runs]
     if len(runs) == 1:
         return {ids[0]: ids[0]}
     envs = [_tag_env(r) for r in runs]

@@ -24,8 +24,8 @@ def sections(page: Page, runs: list[store.Loaded], fabrics: dict[str, whatif.Fab
     fabrics = fabrics if fabrics is not None else whatif_run.load_fabrics()
     many = len(runs) > 1
     for run in runs:
-        suffix = f" (run {run.meta['run_id']})" if many else ""
-        anchor = f"-{run.meta['run_id']}" if many else ""
+        suffix = f" (run {run.record.run_id})" if many else ""
+        anchor = f"-{run.record.run_id}" if many else ""
         _crossover_section(page, run, suffix, anchor)
         _whatif_section(page, run, fabrics, suffix, anchor)
 
@@ -140,7 +140,7 @@ _SYMBOLS = ("circle", "diamond", "square", "triangle-up", "x", "star")
 def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fabric], suffix: str, anchor: str) -> None:
     # A run traced nothing (profiler_steps = 0): no section, rather than one saying there is nothing.
     if run.steps.empty or not any(
-        (store.case_dir(run.run_dir, cid) / "marks.parquet").exists() for cid in run.meta["cases"]
+        (store.case_dir(run.run_dir, cid) / "marks.parquet").exists() for cid in run.record.cases
     ):
         return
     try:

@@ -22,7 +22,7 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
     for run, saved in tuned:
         result = saved["result"]
         if len(tuned) > 1:
-            page.heading(f"run {run.meta['run_id']}", level=3)
+            page.heading(f"run {run.record.run_id}", level=3)
         page.paragraph(result["claim"])
         page.paragraph(
             f"Raced by tpbench tune on {result['metric']}: after each round, once "

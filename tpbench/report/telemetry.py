@@ -54,10 +54,10 @@ def _unavailable(data: ReportData) -> set[str]:
     """Why cases have no telemetry, as run.json records it (a CPU case, no driver, ...)."""
     reasons = set()
     for run in data.runs:
-        for entry in run.meta["cases"].values():
-            info = entry.get("nvml") or {}
-            if info and not info.get("available") and info.get("reason"):
-                reasons.add(str(info["reason"]))
+        for case in run.record.cases.values():
+            info = case.capture.nvml
+            if info is not None and not info.available and info.reason:
+                reasons.add(str(info.reason))
     return reasons
 
 
@@ -146,10 +146,10 @@ def machine_load(page: Page, data: ReportData) -> None:
     frames = []
     for run in data.runs:
         nodes = max(1, len(run.environment.get("nodes") or []))
-        per_node = {cid: int(e["params"]["world_size"]) // nodes for cid, e in run.meta["cases"].items()}
+        per_node = {cid: int(c.params["world_size"]) // nodes for cid, c in run.record.cases.items()}
         flagged = noisy_repeats(run.steps, int(run.environment.get("cpu_count") or 1), per_node)
         if not flagged.empty:
-            frames.append(flagged.assign(run_id=run.meta["run_id"]))
+            frames.append(flagged.assign(run_id=run.record.run_id))
     if not frames:
         return
     repeats = pd.concat(frames, ignore_index=True)

@@ -543,12 +543,12 @@ def against_first_run(data: ReportData) -> list[engine.Comparison]:
 
 
 def run_tag(data: ReportData, run_dir: str) -> str:
-    return data.tags[next(r.meta["run_id"] for r in data.runs if str(r.run_dir) == run_dir)]
+    return data.tags[next(r.record.run_id for r in data.runs if str(r.run_dir) == run_dir)]
 
 
 def case_label(data: ReportData, c: engine.Comparison, case_id: str) -> str:
     """The report's one label of a candidate case."""
-    rid = next(r.meta["run_id"] for r in data.runs if str(r.run_dir) == c.candidate_runs[0])
+    rid = next(r.record.run_id for r in data.runs if str(r.run_dir) == c.candidate_runs[0])
     row = data.cases[(data.cases["run_id"] == rid) & (data.cases["case_id"] == case_id)]
     return row["label"].iloc[0] if len(row) else case_id
 
