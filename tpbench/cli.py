@@ -336,8 +336,7 @@ def _sweep(args: argparse.Namespace) -> int:
     out.print(_summary_table(outcome.loaded))
     eff = outcome.loaded.record.efficiency or Efficiency()
     console.print(
-        f"Wall {outcome.wall_s:.1f} s; timed steps {eff.timed_s:.1f} s; "
-        f"{eff.processes_started} rank processes started."
+        f"Wall {outcome.wall_s:.1f} s; timed steps {eff.timed_s:.1f} s; {eff.processes_started} rank processes started."
     )
     if not args.no_report:
         run_dir = outcome.run.dir
