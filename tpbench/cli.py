@@ -247,6 +247,21 @@ def _terminate(signum: int, frame: object) -> None:
     raise Terminated(signum)
 
 
+def _resumable(e: KeyboardInterrupt, run: Any, command: str, kept: str) -> int:
+    """Say how a run was interrupted, what is kept and how to resume it; the exit code."""
+    said, code = _interrupted(e)
+    console.print(
+        Text.assemble(
+            "\n",
+            (said, "yellow"),
+            f" {kept} Resume with:\n  ",
+            shlex.join(["tpbench", command, "--resume", str(run.dir)]),
+        ),
+        soft_wrap=True,
+    )
+    return code
+
+
 def _interrupted(e: KeyboardInterrupt) -> tuple[str, int]:
     """What to say and the exit code, for Ctrl-C or a stop signal."""
     if isinstance(e, Terminated):
@@ -331,17 +346,7 @@ def _sweep(args: argparse.Namespace) -> int:
         _adapt(run, launcher)
         loaded = sweep.finalize(run.dir)
     except KeyboardInterrupt as e:
-        said, code = _interrupted(e)
-        console.print(
-            Text.assemble(
-                "\n",
-                (said, "yellow"),
-                " Finished cases are kept. Resume with:\n  ",
-                shlex.join(["tpbench", "sweep", "--resume", str(run.dir)]),
-            ),
-            soft_wrap=True,
-        )
-        return code
+        return _resumable(e, run, "sweep", "Finished cases are kept.")
     out.print(_summary_table(loaded))
     eff = loaded.meta.get("efficiency", {})
     console.print(
@@ -534,17 +539,7 @@ def _tune(args: argparse.Namespace) -> int:
         with listener.progress:
             result = tune.race(run, options, listener, launcher, listener.round)
     except KeyboardInterrupt as e:
-        said, code = _interrupted(e)
-        console.print(
-            Text.assemble(
-                "\n",
-                (said, "yellow"),
-                " The race so far is kept. Resume with:\n  ",
-                shlex.join(["tpbench", "tune", "--resume", str(run.dir)]),
-            ),
-            soft_wrap=True,
-        )
-        return code
+        return _resumable(e, run, "tune", "The race so far is kept.")
     _print_tune(result, args.format)
     return EXIT_UNRESOLVED if result.state == tune.UNRESOLVED else EXIT_OK
 
