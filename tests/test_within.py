@@ -222,8 +222,8 @@ def test_adaptive_sweep_adds_rounds_until_the_budget_is_spent(tmp_path: Path, ca
 @pytest.mark.ranks
 def test_adaptive_sweep_with_a_target_met_adds_nothing(tmp_path: Path, capsys) -> None:
     args = ["sweep", str(_adaptive_suite(tmp_path)), "--out", str(tmp_path / "r"), "--no-report"]
-    assert run_cli([*args, "--target-ci", "1000%", "--budget-s", "600"]) == 0
-    assert "adaptive: target met; 1 of 1 comparison(s) resolve ±1000.0%, 0 repeat(s) added" in capsys.readouterr().err
+    assert run_cli([*args, "--target-ci", "10000%", "--budget-s", "600"]) == 0
+    assert "adaptive: target met; 1 of 1 comparison(s) resolve ±10000.0%, 0 repeat(s) added" in capsys.readouterr().err
     (run,) = (tmp_path / "r").glob("*/*")
     adaptive = _record(run)["adaptive"]
     assert adaptive["state"] == "met" and adaptive["batches"] == [] and adaptive["rounds_added"] == {}

@@ -423,9 +423,9 @@ def _print_adaptive(adaptive) -> None:
 
 
 # Bounds of the adaptive options: a target below 0.1% asks for more rounds than any budget holds
-# (and 1e-200 overflows the batch size); one above 1000% is met by any interval; a budget beyond a
+# (and 1e-200 overflows the batch size); one above 10000% asks nothing of any interval; a budget beyond a
 # week is a typo.
-MIN_TARGET_CI, MAX_TARGET_CI = 0.001, 10.0
+MIN_TARGET_CI, MAX_TARGET_CI = 0.001, 100.0
 MAX_BUDGET_S = 7 * 24 * 3600.0
 
 
