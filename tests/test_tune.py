@@ -47,6 +47,20 @@ def test_race_eliminates_a_clearly_slower_arm_at_the_first_look_and_names_the_be
     assert [e["round"] for e in race.history] == [1, 2, 3, 4, 5]
 
 
+def test_seven_planted_arms_pool_their_variance_so_the_slow_ones_go_at_the_first_look():
+    """The planted suite's shape (0–40 % slower arms, 2 % noise per round): with the variance pooled
+    over the live arms, every arm 10 % or more slower is out at the first look, and the race spends
+    well under half the grid's time although the 3 % arm takes 20-odd rounds to separate."""
+    factors = {f"s{p}": 1 + p / 100 for p in (0, 3, 6, 10, 15, 25, 40)}
+    values = synthetic(factors, 30, noise=0.02)
+    race = run_race(Race(list(values), 30, Options(epsilon=0.02), comparisons=6), values)
+    assert race.ended == ONE_LEFT and race.live == ["s0"]
+    assert all(race.eliminated[f"s{p}"] == tune.MIN_ROUNDS for p in (10, 15, 25, 40)), race.eliminated
+    rounds = {a: race.eliminated.get(a, race.rounds) for a in factors}
+    cost = sum(rounds[a] * f for a, f in factors.items()) / (race.rounds * sum(factors.values()))
+    assert cost < 0.4, (cost, rounds)
+
+
 def test_race_ties_arms_within_epsilon_and_keeps_unresolved_ones_to_the_last_round():
     tied = run_race(Race(["a", "b"], 40, Options(epsilon=0.05), comparisons=1), synthetic({"a": 1.0, "b": 1.005}, 40))
     assert tied.ended == ALL_TIED and sorted(tied.live) == ["a", "b"]
@@ -226,6 +240,6 @@ def test_arms_of_two_worlds_are_raced_apart_and_their_winners_compared_unpaired(
     result = tune._result(SimpleNamespace(dir=tmp_path), cases, races, Options(), 0.0)
     by = {(a.params["world_size"], a.params["slowdown_pct"]): a for a in result.arms}
     assert by[(1, 0)].status == "recommended" and result.state == "recommended"
-    assert by[(1, 40)].status == by[(2, 40)].status == "eliminated" and by[(1, 40)].eliminated_at == 5
+    assert by[(1, 40)].status == by[(2, 40)].status == "eliminated" and by[(1, 40)].eliminated_at == tune.MIN_ROUNDS
     assert by[(2, 0)].status == "eliminated" and by[(2, 0)].eliminated_at is None  # across worlds
     assert by[(2, 0)].lo > 1 and result.claim.startswith(by[(1, 0)].label + ": the best of 4 settings")

@@ -8,9 +8,10 @@ answers ``go``, ``skip`` (an eliminated arm: it costs nothing more) or ``stop`` 
 
 The rule (docs/tune.md): after each round, once ``min_rounds`` have run, the leader is the live arm
 with the lowest geometric mean; an arm whose ratio to the leader is clearly above 1 is eliminated.
-Every interval is ``stats.sequential_ratio`` (paired by round) at the confidence the whole race
-spends: the miss probability split uniformly over the looks the race may take and over the arms
-other than the best (a Bonferroni union bound), so the race may look after every round. It ends
+Every interval is paired by round at the confidence the whole race spends, its residual variance
+pooled over the world's live arms (``stats.blocked_ratios``: the rounds are complete blocks): the
+miss probability split uniformly over the looks the race may take and over the arms other than the
+best (a Bonferroni union bound), so the race may look after every round. It ends
 with one arm left (recommended), every arm left within ±epsilon of the leader (tied), or the most
 rounds or the budget spent (unresolved: the best guess, and about how many rounds would decide it).
 
@@ -41,6 +42,7 @@ import numpy as np
 from tpbench import lockstep, store, sweep
 from tpbench.analysis.stats import (
     Ratio,
+    blocked_ratios,
     repeat_values,
     sequential_ratio,
     slowest_rank,
@@ -51,10 +53,10 @@ from tpbench.analysis.stats import (
 from tpbench.launch import Listener, Torchrun, group_cases
 from tpbench.suite import Case, labels, varying_keys
 
-# Rounds every arm runs before the first elimination: a t interval from fewer rounds rests on a
-# variance estimate from 1–3 degrees of freedom, and spends its share of the error on looks that
-# cannot decide anything.
-MIN_ROUNDS = 5
+# Rounds every arm runs before the first elimination. The pooled variance has (arms − 1)(rounds − 1)
+# degrees of freedom, 12 for 7 arms at 3 rounds; an earlier look rests on 1 per pair of arms and
+# spends its share of the error on a look that can decide next to nothing.
+MIN_ROUNDS = 3
 METRICS = ("step_ms", "cpu_ms")
 RECOMMENDED, TIED, ELIMINATED, UNRESOLVED, FAILED = "recommended", "tied", "eliminated", "unresolved", "failed"
 # Why a world's race ended.
@@ -146,6 +148,16 @@ class Race:
             confidence=self.options.confidence,
         )
 
+    def intervals(self, leader: str) -> dict[str, Ratio]:
+        """Every live arm / ``leader`` over the judged rounds, at the race's spent confidence, the
+        residual variance pooled over the live arms (``stats.blocked_ratios``: they all ran every
+        judged round, so the rounds form complete blocks)."""
+        live = {a: self.judged(a) for a in self.live}
+        if len(live) < 2 or not all(live.values()):
+            return {}
+        confidence = spent_confidence(self.options.confidence, self.looks, self.comparisons)
+        return blocked_ratios(live, leader, confidence=confidence)
+
     def leader(self) -> str | None:
         """The live arm with the lowest geometric mean over the rounds judged (all live arms ran them)."""
         if not self.live:
@@ -157,7 +169,7 @@ class Race:
         self.rounds += 1
         leader = self.leader()
         eps = self.options.epsilon
-        intervals = {a: self.interval(leader, a) for a in self.live if a != leader} if self.rounds >= 2 else {}
+        intervals = self.intervals(leader) if self.rounds >= 2 else {}
         gone = []
         if self.rounds >= self.min_rounds:
             gone = [a for a, r in intervals.items() if r.lo > 1]
@@ -206,10 +218,7 @@ class Race:
         distance above 1 (to be eliminated) and its distance below 1 + epsilon (to be tied)."""
         leader = self.leader()
         need = 0
-        for a in self.live:
-            if a == leader:
-                continue
-            r = self.interval(leader, a)
+        for r in (self.intervals(leader) if leader is not None else {}).values():
             if r.method != "paired" or r.n < 2:
                 continue
             hw = (math.log(r.hi) - math.log(r.lo)) / 2
@@ -683,13 +692,17 @@ def _statuses(races: list[Race], best_race: Race | None, best: str | None, eps: 
 def _ratios_to_best(
     cases: list[Case], races: list[Race], best_race: Race, best: str, across: float
 ) -> dict[str, Ratio]:
-    """Each other arm's ratio to the best one: paired in the best arm's world, unpaired elsewhere."""
-    ratios: dict[str, Ratio] = {}
+    """Each other arm's ratio to the best one: in the best arm's world the race's own interval for
+    the arms still in it (the one they were tied or left unresolved by), paired over the rounds both
+    ran for the arms that went; unpaired elsewhere."""
+    ratios: dict[str, Ratio] = dict(best_race.intervals(best))
     for c in cases:
         a = c.case_id
         if a == best:
             continue
         home = next(r for r in races if a in r.arms)
+        if a in ratios:
+            continue
         if home is best_race:
             ratios[a] = best_race.interval(best, a)
         elif home.judged(a):
