@@ -403,3 +403,10 @@ def test_a_case_capture_entry_of_the_wrong_type_exits_3_naming_the_file(run_dir,
     assert run_cli(["report", str(damaged), "-o", str(tmp_path / "r.html")]) == 3
     err = capsys.readouterr().err
     assert f"{damaged}/run.json: corrupted (" in err.replace("\n", "") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", ["1e-200", "0%", "20000%", "nan"])
+def test_the_gates_target_has_the_sweeps_bounds(capsys, value):
+    args = ["gate", "suites/gate.toml", "--baseline", ".", "--candidate", ".", "--target-ci", value]
+    assert run_cli(args) == 2
+    assert "from 0.1% to 10000%" in capsys.readouterr().err

@@ -430,7 +430,8 @@ MAX_BUDGET_S = 7 * 24 * 3600.0
 
 
 def _target_ci(text: str) -> float:
-    """``--target-ci 5%`` or ``0.05``: the half-width every within-run comparison should reach."""
+    """``--target-ci 5%`` or ``0.05``: the half-width every within-run comparison (a sweep's) or
+    every case's interval (a gate's) should reach."""
     raw = text.strip()
     try:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
@@ -799,7 +800,7 @@ def _gate(args: argparse.Namespace) -> int:
         k: v for k, v in (("repeats", args.repeats), ("budget_s", args.budget_s), ("seed", args.seed)) if v is not None
     }
     if args.target_ci is not None:
-        given = {"repeats": gate.ADAPTIVE_REPEATS} | given | {"target_ci": _percent("--target-ci", args.target_ci)}
+        given = {"repeats": gate.ADAPTIVE_REPEATS} | given | {"target_ci": args.target_ci}
     cfg = gate.Lockstep(metric=args.metric, **given)
     judged = gate.run(
         args.suite,
@@ -1045,6 +1046,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--target-ci",
+        type=_target_ci,
         metavar="PCT",
         help="lockstep: stop once every case's interval half-width is at most PCT (after 10 pairs per case)",
     )

@@ -28,7 +28,6 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
-from scipy import stats as _scipy
 
 BOOTSTRAP_SAMPLES = 4000
 CONFIDENCE = 0.95
@@ -118,7 +117,11 @@ def half_width(lo: float, hi: float) -> float:
 
 
 def _t(confidence: float, df: float) -> float:
-    return float(_scipy.t.ppf(1 - (1 - confidence) / 2, df))
+    # Imported here: scipy.stats takes about a second to import, and every rank process imports this
+    # module (for ``repeat_values``) without ever needing a t quantile.
+    from scipy import stats
+
+    return float(stats.t.ppf(1 - (1 - confidence) / 2, df))
 
 
 def paired_ratio(
