@@ -178,3 +178,19 @@ def test_a_loaded_run_is_read_through_its_record_only() -> None:
         if raw.search(line)
     ]
     assert found == []
+
+
+def test_the_fingerprint_reads_torchs_build_without_importing_torch():
+    """A sweep command's fingerprint is the one torch itself gives, and, on a CPU build, costs no
+    import of torch (seconds per command): compared in a fresh interpreter, before and after."""
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys; from tpbench.environment import fingerprint; a = fingerprint(); "
+        "imported = 'torch' in sys.modules; import torch; b = fingerprint(); "
+        "print(json.dumps([a == b, imported, torch.version.cuda is None]))"
+    )
+    same, imported, cpu_build = json.loads(subprocess.check_output([sys.executable, "-c", code], text=True))
+    assert same
+    assert imported is not cpu_build  # imported only where the build may have a GPU to ask about

@@ -6,11 +6,14 @@ compares the ``COMPARABLE_KEYS``; the rest is there to explain a difference.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import importlib.util
 import os
 import platform
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -66,21 +69,47 @@ def _gpus() -> dict[str, Any]:
     return info
 
 
-def fingerprint() -> dict[str, Any]:
-    import torch
+def _torch_build() -> tuple[str, str | None] | None:
+    """torch's version and the CUDA version it was built for, without importing torch: both are
+    literals in ``torch/version.py``, read here as text. Importing torch takes seconds on a small
+    machine, and every sweep, gate side and tune command would pay them before its first world
+    starts, for two strings. None where the file does not hold them as literals."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return None
+    found: dict[str, Any] = {}
+    with contextlib.suppress(OSError, SyntaxError, ValueError):
+        for node in ast.parse(Path(spec.origin).with_name("version.py").read_text()).body:
+            target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+            if isinstance(target, ast.Name) and isinstance(getattr(node, "value", None), ast.Constant):
+                found[target.id] = node.value.value
+    version, cuda = found.get("__version__"), found.get("cuda", "")
+    if not isinstance(version, str) or not (cuda is None or isinstance(cuda, str)):
+        return None
+    return version, cuda
 
-    nccl = None
-    with contextlib.suppress(Exception):
-        if torch.cuda.is_available():
-            v = torch.cuda.nccl.version()
-            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+def fingerprint() -> dict[str, Any]:
+    build = None if "torch" in sys.modules else _torch_build()
+    if build is not None and build[1] is None:  # a CPU build of torch: no GPU, no NCCL to ask about
+        torch_version, cuda, nccl = build[0], None, None
+        gpus: dict[str, Any] = {"gpu_count": 0, "gpu_model": None, "gpu_driver": None}
+    else:
+        import torch
+
+        torch_version, cuda, nccl = torch.__version__, torch.version.cuda, None
+        with contextlib.suppress(Exception):
+            if torch.cuda.is_available():
+                v = torch.cuda.nccl.version()
+                nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        gpus = _gpus()
     return {
         "tpbench": tpbench.__version__,
         "git": _git_commit(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
+        "torch": torch_version,
+        "cuda": cuda,
         "nccl": nccl,
-        **_gpus(),
+        **gpus,
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "hostname": socket.gethostname(),
