@@ -44,7 +44,6 @@ from tpbench.analysis.stats import (
     Ratio,
     blocked_ratios,
     repeat_values,
-    sequential_ratio,
     slowest_rank,
     spent_confidence,
     unpaired_ratio,
@@ -139,14 +138,17 @@ class Race:
         return {r: v for r, v in self.values[arm].items() if r < self.rounds}
 
     def interval(self, base: str, arm: str) -> Ratio:
-        """``arm`` / ``base`` over the judged rounds both ran, at the race's spent confidence."""
-        return sequential_ratio(
-            self.judged(base),
-            self.judged(arm),
-            looks=self.looks,
-            comparisons=self.comparisons,
-            confidence=self.options.confidence,
-        )
+        """``arm`` / ``base`` over the judged rounds ``arm`` ran, at the race's spent confidence, the
+        variance pooled over every arm that ran all of those rounds: for an arm that went, the
+        interval it went by (where ``base`` led then). ``base`` must have run them too."""
+        rounds = set(self.judged(arm))
+        peers = {
+            a: {r: v for r, v in self.judged(a).items() if r in rounds}
+            for a in self.arms
+            if a not in self.failed and rounds <= set(self.judged(a))
+        }
+        confidence = spent_confidence(self.options.confidence, self.looks, self.comparisons)
+        return blocked_ratios(peers, base, confidence=confidence)[arm]
 
     def intervals(self, leader: str) -> dict[str, Ratio]:
         """Every live arm / ``leader`` over the judged rounds, at the race's spent confidence, the
@@ -692,9 +694,9 @@ def _statuses(races: list[Race], best_race: Race | None, best: str | None, eps: 
 def _ratios_to_best(
     cases: list[Case], races: list[Race], best_race: Race, best: str, across: float
 ) -> dict[str, Ratio]:
-    """Each other arm's ratio to the best one: in the best arm's world the race's own interval for
-    the arms still in it (the one they were tied or left unresolved by), paired over the rounds both
-    ran for the arms that went; unpaired elsewhere."""
+    """Each other arm's ratio to the best one: in the best arm's world the race's own interval (for
+    an arm still in it, the one it was tied or left unresolved by; for one that went, over its
+    rounds); unpaired elsewhere."""
     ratios: dict[str, Ratio] = dict(best_race.intervals(best))
     for c in cases:
         a = c.case_id
@@ -704,7 +706,8 @@ def _ratios_to_best(
         if a in ratios:
             continue
         if home is best_race:
-            ratios[a] = best_race.interval(best, a)
+            if best_race.judged(a):
+                ratios[a] = best_race.interval(best, a)
         elif home.judged(a):
             ratios[a] = unpaired_ratio(
                 np.fromiter(best_race.judged(best).values(), float),
