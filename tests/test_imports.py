@@ -158,6 +158,13 @@ def test_torch_is_seen_when_imported():
     assert _torch_imported("import tpbench.training")
 
 
+def test_a_rank_imports_zeros_optimizer_only_for_a_zero_case():
+    """``torch.distributed.optim`` takes over a second to import, paid by every rank process at start:
+    the worker and the reference hooks import it only where a ZeRO case builds one."""
+    code = "import sys, tpbench.worker, tpbench.hooks; assert 'torch.distributed.optim' not in sys.modules"
+    assert _torch_imported(code)
+
+
 def test_validate_does_not_import_torch():
     assert not _torch_imported("from tpbench import cli" + _cli("['validate', 'suites/zero.toml']"))
 

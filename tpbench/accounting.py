@@ -17,13 +17,13 @@ the buckets DDP fills up to it (and past it by up to one tensor) are what the st
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from tpbench import store
@@ -60,8 +60,15 @@ def _bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _is_zero(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` is a ``ZeroRedundancyOptimizer``, without importing it (over a second
+    of every rank's start): where its module was never imported, nothing can be one."""
+    module = sys.modules.get("torch.distributed.optim.zero_redundancy_optimizer")
+    return module is not None and isinstance(optimizer, module.ZeroRedundancyOptimizer)
+
+
 def _local_optimizer(optimizer: torch.optim.Optimizer) -> Any:
-    return private.zero_local_optimizer(optimizer) if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    return private.zero_local_optimizer(optimizer) if _is_zero(optimizer) else optimizer
 
 
 def measure(
@@ -81,7 +88,7 @@ def measure(
         stepped_tensors=len(stepped),
     )
     runs: list[PartitionRun] = []
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
+    if _is_zero(optimizer):
         runs = [
             PartitionRun(r, bucket, first, len(ps), sum(p.numel() for p in ps))
             for r, bucket, first, ps in private.zero_partition(optimizer)

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import record_function
 
@@ -23,6 +22,8 @@ from tpbench.comm_hooks import ALLREDUCE
 from tpbench.suite import DDP_DEFAULT
 
 if TYPE_CHECKING:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
     from tpbench.suite import Case
 
 OPTIMIZERS: dict[str, Callable[..., type[torch.optim.Optimizer]]] = {
@@ -158,6 +159,9 @@ def build_ddp(model: torch.nn.Module, ctx: BuildContext) -> Training:
 
 
 def _zero(ddp: DDP, ctx: BuildContext, overlap_with_ddp: bool) -> ZeroRedundancyOptimizer:
+    # Imported here: over a second of every rank's start, which only ZeRO cases need.
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
     return ZeroRedundancyOptimizer(
         ddp.parameters(),
         optimizer_class=OPTIMIZERS[ctx.case.optimizer](),

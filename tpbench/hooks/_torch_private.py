@@ -17,11 +17,13 @@ somewhere deep inside a backward pass.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
+
+if TYPE_CHECKING:  # over a second to import; a rank of a DDP case never needs it
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 SUPPORTED_TORCH: tuple[tuple[int, int], tuple[int, int]] = ((2, 4), (2, 15))
 """Inclusive lower and exclusive upper (major, minor) bound of torch releases this file was read against."""

@@ -68,16 +68,19 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch.autograd.profiler import record_function
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from tpbench.hooks import _torch_private as private
 from tpbench.hooks._torch_private import Shard
+
+if TYPE_CHECKING:  # importing it takes over a second; whoever passes one has imported it already.
+    # Quoted where annotated: DDP reads the returned hooks' own annotations, which stay objects.
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 __all__ = ["hook_with_zero_step", "hook_with_zero_step_interleaved"]
 
@@ -170,7 +173,7 @@ class _ZeroOverlap:
         self,
         hook: CommHook,
         ddp: DistributedDataParallel,
-        zero: ZeroRedundancyOptimizer,
+        zero: "ZeroRedundancyOptimizer",
         internals: private.ZeroInternals,
         shard_buckets: bool,
         interleaved: bool,
@@ -289,7 +292,7 @@ class _ZeroOverlap:
 def _wrap(
     hook: CommHook,
     ddp: DistributedDataParallel,
-    zero: ZeroRedundancyOptimizer,
+    zero: "ZeroRedundancyOptimizer",
     shard_buckets: bool,
     interleaved: bool,
     name: str,
@@ -315,7 +318,7 @@ def _wrap(
 def hook_with_zero_step(
     hook: CommHook,
     ddp: DistributedDataParallel,
-    zero: ZeroRedundancyOptimizer,
+    zero: "ZeroRedundancyOptimizer",
     shard_buckets: bool = False,
 ) -> CommHook:
     """Modify ``hook`` to overlap ZeRO's optimizer step with DDP's backward pass.
@@ -349,7 +352,7 @@ def hook_with_zero_step(
 def hook_with_zero_step_interleaved(
     hook: CommHook,
     ddp: DistributedDataParallel,
-    zero: ZeroRedundancyOptimizer,
+    zero: "ZeroRedundancyOptimizer",
     shard_buckets: bool = False,
 ) -> CommHook:
     """Modify ``hook`` to overlap ZeRO's optimizer step with DDP's backward pass, bucket by bucket.
