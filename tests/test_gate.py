@@ -411,9 +411,9 @@ device = "cpu"
 algorithm = "ddp"
 workload = "mlp"
 batch_size = 64
-warmup_steps = 6
-steps = 16
-repeats = 20
+warmup_steps = 4
+steps = 10
+repeats = 12
 timeout_s = 120
 [capture]
 profiler_steps = 0
@@ -430,7 +430,7 @@ def same_code_gate(suite: Path, *flags: str | Path) -> subprocess.CompletedProce
 
 @pytest.mark.ranks
 def test_lockstep_gate_calls_a_30pct_slowdown_a_regression_beside_a_busy_process(tmp_path: Path) -> None:
-    """A few-ms step, 20 pairs through the lockstep gate, with a CPU-bound process competing for
+    """A few-ms step, 12 pairs through the lockstep gate, with a CPU-bound process competing for
     the machine throughout: slowdown_pct=30 (burning CPU) on the candidate is a regression (exit 1). Not
     skippable: pairing each repeat with its neighbour in time is what makes a busy machine's noise
     cancel."""
@@ -441,7 +441,7 @@ def test_lockstep_gate_calls_a_30pct_slowdown_a_regression_beside_a_busy_process
         slow = same_code_gate(
             suite,
             "--repeats",
-            "20",
+            "12",
             "--candidate-set",
             "slowdown_pct=30",
             "--candidate-set",
@@ -457,7 +457,7 @@ def test_lockstep_gate_calls_a_30pct_slowdown_a_regression_beside_a_busy_process
     doc = json.loads(slow.stdout)
     (case,) = doc["cases"]
     print(f"slowdown_pct=30: ratio {case['ratio']:.3f} [{case['ci_lo']:.3f}, {case['ci_hi']:.3f}] -> {case['verdict']}")
-    assert doc["pairing"] == "repeats" and case["pairs"] == 20
+    assert doc["pairing"] == "repeats" and case["pairs"] == 12
     assert case["verdict"] == "regression" and slow.returncode == 1, slow.stdout + slow.stderr
 
 

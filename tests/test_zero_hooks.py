@@ -348,8 +348,8 @@ def _soak(rank: int, world_size: int, iterations: int) -> dict[str, Any]:
 
 
 def test_soak_tiny_buckets_three_ranks() -> None:
-    """150 iterations of both hooks, one parameter per bucket, sharded: a hang fails via the timeout."""
-    results = run_world(_soak, 3, 150, timeout_s=150)
+    """80 iterations of both hooks, one parameter per bucket, sharded: a hang fails via the timeout."""
+    results = run_world(_soak, 3, 80, timeout_s=150)
     for name, first in results[0].items():
         assert first["buckets"] == 12
         for rank, result in enumerate(results[1:], start=1):
