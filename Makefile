@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 SUITE ?= suites/zero.toml
 PYTEST_ARGS ?=
 
-.PHONY: sweep smoke lint test test-fast bench env clean-venv chromium
+.PHONY: sweep smoke lint test test-all test-fast bench env clean-venv chromium
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -32,7 +32,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Everything but the `slow` mark (a soak and long end-to-end runs), so that CI's 2-core machine stays
+# within its time; `make test-all` runs those too.
 test: $(STAMP) lint chromium
+	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
+
+test-all: $(STAMP) lint chromium
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # The unit tests only: none starts a rank process (see the `ranks` mark in tests/conftest.py).

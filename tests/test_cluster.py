@@ -283,6 +283,7 @@ def test_post_local_sgd_shares_gradients_within_each_node_only(two_node_run):
 
 
 @pytest.mark.ranks
+@pytest.mark.slow
 def test_crash_and_hang_on_the_second_node_fail_only_their_cases(tmp_path):
     suite = tmp_path / "faults.toml"
     suite.write_text(tiny_suite('fault = ["none", "crash:1", "hang:1"]', world_size='"auto"', timeout_s=8))

@@ -132,6 +132,7 @@ def _gradient_bytes(width: int, depth: int, classes: int) -> int:
 
 
 @pytest.mark.ranks
+@pytest.mark.slow
 def test_example_hook_runs_through_a_real_sweep_at_half_the_bytes(tmp_path: Path) -> None:
     """examples/comm_hooks from the repository root, as docs/hooks.md says: registered by ddp and
     wrapped by both ZeRO hooks, next to DDP's all-reduce and PyTorch's fp16 compression."""
@@ -160,6 +161,7 @@ def test_example_hook_runs_through_a_real_sweep_at_half_the_bytes(tmp_path: Path
 
 
 @pytest.mark.ranks
+@pytest.mark.slow
 def test_compression_composes_with_post_local_sgd_and_bf16_with_zero_hooks(tmp_path: Path) -> None:
     suite = tmp_path / "compose.toml"
     suite.write_text(

@@ -462,6 +462,7 @@ def test_lockstep_gate_calls_a_30pct_slowdown_a_regression_beside_a_busy_process
 
 
 @pytest.mark.ranks
+@pytest.mark.slow
 def test_rounds_mode_sweeps_whole_suites_alternately(tmp_path: Path) -> None:
     """--mode rounds (for a side too old for lockstep): one whole sweep per side and round, each
     round's two runs paired; lockstep's options are refused there."""

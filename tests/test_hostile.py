@@ -37,7 +37,12 @@ def tree(root: Path) -> set[Path]:
 
 
 @pytest.mark.parametrize(
-    "out_name,suite_name", [("res#ults?x=1", "plain"), ("plain", "su#ite?a=b"), ("new\nline %20 ü", "plain")]
+    "out_name,suite_name",
+    [
+        ("res#ults?x=1", "plain"),
+        pytest.param("plain", "su#ite?a=b", marks=pytest.mark.slow),
+        pytest.param("new\nline %20 ü", "plain", marks=pytest.mark.slow),
+    ],
 )
 def test_url_characters_in_paths_rendezvous_inside_the_run_and_leave_nothing_behind(tmp_path, out_name, suite_name):
     """'#', '?', a newline, '%20' in --out or in the suite name: two sweeps into the same root both

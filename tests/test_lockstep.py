@@ -46,7 +46,7 @@ def test_lockstep_alternates_items_of_worlds_started_once_stops_early_and_aa_is_
     10 pairs per case the gate answers stop: each world ends its plan cleanly and each case is done
     with ``repeats_run`` 10 of the 30 planned, runs that compare and report read. The same code on
     both sides (a source tree and a venv) is not called a regression."""
-    text = tiny_suite('algorithm = ["ddp", "zero_no_overlap"]', warmup_steps=3, steps=6, batch_size=32)
+    text = tiny_suite('algorithm = ["ddp", "zero_no_overlap"]')
     flags = ("--repeats", "30", "--target-ci", "1000%", "--seed", "7", "--threshold", "10%", "--format", "json")
     p, out = gate(tmp_path, text, *flags)
     assert p.returncode == 0, p.stderr
@@ -87,6 +87,7 @@ def test_lockstep_alternates_items_of_worlds_started_once_stops_early_and_aa_is_
     assert report.write_report(runs, tmp_path / "r.html").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_a_side_whose_worlds_die_is_reported_without_a_hang(tmp_path: Path) -> None:
     """The candidate's world is killed in its first item of each case (fault crash:1): the gate sees
     its connection end, the candidate's sweep fails that case and starts a fresh world, which

@@ -172,6 +172,7 @@ def test_report_on_broken_run_json_says_what_is_broken(finished_run, tmp_path, c
 
 
 @pytest.mark.ranks
+@pytest.mark.slow
 def test_two_concurrent_sweeps_into_one_root_are_both_intact_and_bitwise_reproducible(tmp_path):
     """Same suite, same seed, at the same time into the same results root: distinct runs, both
     complete, and identical losses to the last bit (CPU/Gloo is deterministic for a fixed thread

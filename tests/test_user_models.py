@@ -36,6 +36,7 @@ def test_cli_refuses_a_raising_factory_with_exit_2_and_one_line(tmp_path: Path) 
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_worked_example_sweeps_end_to_end(tmp_path: Path) -> None:
     """examples/own_model through a real 2-rank sweep, from the repository root as docs/models.md says."""
     proc = tpbench(

@@ -347,6 +347,7 @@ def _soak(rank: int, world_size: int, iterations: int) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow
 def test_soak_tiny_buckets_three_ranks() -> None:
     """80 iterations of both hooks, one parameter per bucket, sharded: a hang fails via the timeout."""
     results = run_world(_soak, 3, 80, timeout_s=150)
