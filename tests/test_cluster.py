@@ -239,6 +239,7 @@ def two_node_run(tmp_path_factory) -> Path:
 
 
 @pytest.mark.ranks
+@pytest.mark.slow
 def test_smoke_cases_run_on_both_nodes_in_one_world(two_node_run):
     loaded = store.load(two_node_run)
     assert set(loaded.cases.status) == {"done"} and loaded.record.status == "complete"
