@@ -82,6 +82,7 @@ def test_a_factory_that_exits_or_raises_keyboardinterrupt_fails_as_that_factory(
 
 
 @pytest.mark.ranks
+@pytest.mark.slow
 def test_a_factory_that_exits_on_the_ranks_fails_its_case_naming_systemexit(tmp_path):
     code, out, run = _sweep(tmp_path, _suite(tmp_path, 'workload = ["user_models:exits_on_ranks", "user_models:good"]'))
     assert code == 1, out
@@ -178,6 +179,7 @@ def test_non_finite_training_fails_its_case_with_the_cause_and_is_never_ranked(t
 
 
 @pytest.mark.ranks
+@pytest.mark.slow
 def test_compare_never_ranks_a_case_whose_training_became_non_finite(tmp_path, monkeypatch):
     """The same case finite in the baseline and NaN in the candidate: the candidate failed, so the
     comparison is "missing" (exit 3), never a pass or an improvement. The gate judges its sides

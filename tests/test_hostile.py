@@ -480,6 +480,7 @@ def test_allow_env_lets_a_profile_set_a_variable_that_changes_what_runs():
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+@pytest.mark.slow
 def test_a_disk_that_fills_up_mid_sweep_names_the_file_leaves_no_temporary_and_loses_nothing(tmp_path):
     """The results filesystem fills up as soon as the run exists: exit 3 naming a file of the run,
     no temporary file anywhere, run.json still readable; with space again, --resume completes it."""

@@ -63,6 +63,7 @@ def test_worked_example_sweeps_end_to_end(tmp_path: Path) -> None:
     assert "What ZeRO saves" in (tmp_path / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_model_too_big_for_memory_fails_its_case_not_the_sweep(tmp_path: Path) -> None:
     suite = tmp_path / "huge.toml"
     suite.write_text(

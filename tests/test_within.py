@@ -230,6 +230,7 @@ def test_adaptive_sweep_with_a_target_met_adds_nothing(tmp_path: Path, capsys) -
 
 
 @pytest.mark.ranks
+@pytest.mark.slow
 def test_interrupted_adaptive_batch_resumes(tmp_path: Path, capsys) -> None:
     """A batch recorded and its cases extended, its world never run (what Ctrl-C right after
     ``next_batch`` leaves): --resume runs the pending repeats and closes the adaptive loop."""
