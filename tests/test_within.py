@@ -222,7 +222,7 @@ def test_adaptive_sweep_adds_rounds_until_the_budget_is_spent(tmp_path: Path, ca
 @pytest.mark.ranks
 def test_adaptive_sweep_with_a_target_met_adds_nothing(tmp_path: Path, capsys) -> None:
     # 5 planned rounds, not 3: at 2 degrees of freedom the sequential rule's t quantile (about 12) lets
-    # one noisy tiny round widen the interval past even ±10000 %; at 4 (about 5.6) it cannot.
+    # one noisy tiny round widen the interval past even ±10000 %; at 4 (about 5) it cannot.
     suite = tmp_path / "suite.toml"
     suite.write_text(tiny_suite('algorithm = ["ddp", "zero_no_overlap"]', warmup_steps=3, repeats=5))
     args = ["sweep", str(suite), "--out", str(tmp_path / "r"), "--no-report"]
