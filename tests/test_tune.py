@@ -247,3 +247,11 @@ def test_arms_of_two_worlds_are_raced_apart_and_their_winners_compared_unpaired(
     assert by[(1, 40)].status == by[(2, 40)].status == "eliminated" and by[(1, 40)].eliminated_at == tune.MIN_ROUNDS
     assert by[(2, 0)].status == "eliminated" and by[(2, 0)].eliminated_at is None  # across worlds
     assert by[(2, 0)].lo > 1 and result.claim.startswith(by[(1, 0)].label + ": the best of 4 settings")
+
+
+def test_the_help_states_the_default_min_rounds():
+    from tpbench import cli
+
+    tune_parser = cli.build_parser()._subparsers._group_actions[0].choices["tune"]
+    (action,) = [a for a in tune_parser._actions if "--min-rounds" in a.option_strings]
+    assert f"(default: {tune.MIN_ROUNDS})" in action.help

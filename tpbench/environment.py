@@ -83,8 +83,8 @@ def _torch_build() -> tuple[str, str | None] | None:
             target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
             if isinstance(target, ast.Name) and isinstance(getattr(node, "value", None), ast.Constant):
                 found[target.id] = node.value.value
-    version, cuda = found.get("__version__"), found.get("cuda", "")
-    if not isinstance(version, str) or not (cuda is None or isinstance(cuda, str)):
+    version, cuda = found.get("__version__"), found.get("cuda")
+    if not isinstance(version, str) or "cuda" not in found or not (cuda is None or isinstance(cuda, str)):
         return None
     return version, cuda
 
