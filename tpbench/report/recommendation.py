@@ -27,7 +27,8 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
         page.paragraph(
             f"Raced by tpbench tune on {result['metric']}: after each round, once "
             f"{saved['options']['min_rounds']} had run, a setting was eliminated when its paired ratio to the "
-            f"leader (the lowest geometric mean) was clearly above 1; intervals at {result['confidence']:.0%} "
+            "leader (the lowest geometric mean) was clearly above 1, its variance pooled over the settings still "
+            f"in the race; intervals at {result['confidence']:.0%} "
             "confidence spent over every round the race could look at and every setting (docs/tune.md). "
             f"Timed steps: {result['timed_s']:.1f} s of the {result['grid_timed_s']:.1f} s the whole grid "
             "would have timed.",
