@@ -235,6 +235,23 @@ def test_processes_left_inside_are_killed_on_exit(no_leftovers: None) -> None:
         straggler.wait()
 
 
+@pytest.mark.ranks
+@needs_netns
+def test_a_process_about_to_enter_is_killed_on_exit(no_leftovers: None) -> None:
+    """``ip netns exec`` opens the namespace, then enters it: a rank spawned just before the block
+    ends holds it only as a descriptor when the cleanup looks. Here one holds it as stdin."""
+    with world_network(resolve("tcp-1gbit")) as net:
+        opener = subprocess.Popen(["sleep", "60"], stdin=open(icm._NETNS_DIR / net.namespace))
+        assert net.namespace not in subprocess.run(
+            ["ip", "netns", "identify", str(opener.pid)], capture_output=True, text=True
+        ).stdout
+    try:
+        assert _gone(opener.pid)
+    finally:
+        opener.kill()
+        opener.wait()
+
+
 # A stand-in for a sweep: opens an emulated link, starts a "rank" inside, reports both, waits.
 _SWEEP = """
 import subprocess, sys, time

@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -222,6 +223,8 @@ _MAX_LIMIT_BYTES = 2**32 - 1  # tbf's limit is a 32-bit byte count
 
 NETNS_PREFIX = "tpbench-"
 _NETNS_DIR = Path("/var/run/netns")
+# How long deleting a namespace keeps killing what holds it (SIGKILL ends a process in milliseconds).
+_KILL_WAIT_S = 10.0
 _ns_counter = itertools.count()
 
 
@@ -336,14 +339,49 @@ def world_network(ic: Interconnect) -> Iterator[WorldNetwork]:
 
 
 def _delete_namespace(name: str) -> None:
-    """Kill what still runs in ``name``, then delete it; a namespace already gone is fine."""
-    pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
-    for pid in pids:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    """Delete ``name`` and kill every process in it or about to enter it; gone already is fine.
+
+    The name is removed first, so no new ``ip netns exec`` can open it. A process that opened it
+    just before (a rank spawned a moment before a SIGTERM) holds the namespace as a file
+    descriptor and enters it a moment later, so the kill looks for processes whose network
+    namespace *or* any open descriptor is this namespace, until none is left.
+    """
+    try:
+        st = (_NETNS_DIR / name).stat()
+    except OSError:
+        return
+    held = (st.st_dev, st.st_ino)
     subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    deadline = time.monotonic() + _KILL_WAIT_S
+    while (pids := _processes_holding(held)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.01)
+
+
+def _processes_holding(namespace: tuple[int, int]) -> list[int]:
+    """Pids whose network namespace, or an open file descriptor, is ``namespace`` (device, inode)."""
+
+    def _is_it(path: Path) -> bool:
+        try:
+            st = path.stat()
+        except OSError:  # a descriptor closed meanwhile
+            return False
+        return (st.st_dev, st.st_ino) == namespace
+
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if _is_it(proc / "ns" / "net") or any(_is_it(fd) for fd in (proc / "fd").iterdir()):
+                found.append(int(proc.name))
+        except OSError:  # ended meanwhile, a zombie, or not ours to look at
+            continue
+    return found
 
 
 @contextmanager
