@@ -49,16 +49,16 @@ def test_race_eliminates_a_clearly_slower_arm_at_the_first_look_and_names_the_be
 
 def test_seven_planted_arms_pool_their_variance_so_the_slow_ones_go_at_the_first_look():
     """The planted suite's shape (0–40 % slower arms, 2 % noise per round): with the variance pooled
-    over the live arms, every arm 10 % or more slower is out at the first look, and the race spends
-    well under half the grid's time although the 3 % arm takes 20-odd rounds to separate."""
+    over the live arms, every arm 10 % or more slower is out at the first look, and the race ends
+    tied on the best arm long before its 30 rounds, at a fraction of the grid's cost."""
     factors = {f"s{p}": 1 + p / 100 for p in (0, 3, 6, 10, 15, 25, 40)}
     values = synthetic(factors, 30, noise=0.02)
     race = run_race(Race(list(values), 30, Options(epsilon=0.02), comparisons=6), values)
-    assert race.ended == ONE_LEFT and race.live == ["s0"]
+    assert race.ended == ALL_TIED and race.leader() == "s0" and race.rounds < 15
     assert all(race.eliminated[f"s{p}"] == tune.MIN_ROUNDS for p in (10, 15, 25, 40)), race.eliminated
     rounds = {a: race.eliminated.get(a, race.rounds) for a in factors}
-    cost = sum(rounds[a] * f for a, f in factors.items()) / (race.rounds * sum(factors.values()))
-    assert cost < 0.4, (cost, rounds)
+    cost = sum(rounds[a] * f for a, f in factors.items()) / (30 * sum(factors.values()))
+    assert cost < 0.25, (cost, rounds)
 
 
 def test_race_ties_arms_within_epsilon_and_keeps_unresolved_ones_to_the_last_round():
@@ -71,6 +71,29 @@ def test_race_ties_arms_within_epsilon_and_keeps_unresolved_ones_to_the_last_rou
     )
     assert close.ended == MAX_ROUNDS and close.rounds == 12 and len(close.live) == 2
     assert close.rounds_to_decide() is not None
+
+
+def test_the_tie_is_one_sided_the_claim_needs_no_arm_that_may_be_more_than_epsilon_faster():
+    """1.5 % apart with 1 % noise and a 2 % margin: the race ends tied as soon as the slower arm
+    cannot be more than 2 % faster than the leader, although its interval still reaches past +2 %
+    (a two-sided tie would race on; the claim "within 2 % of the best" does not need it)."""
+    values = synthetic({"a": 1.0, "b": 1.015}, 40)
+    race = run_race(Race(["a", "b"], 40, Options(epsilon=0.02), comparisons=1), values)
+    assert race.ended == ALL_TIED and race.leader() == "a"
+    _, lo, hi = race.history[-1]["intervals"]["b"]
+    assert lo >= 1 / 1.02 and hi > 1.02
+
+
+def test_a_tie_is_never_claimed_for_a_leader_more_than_epsilon_slower_than_the_best():
+    """200 seeded races of arms 0, 3 and 5 % apart, 3 % noise per round, a 2 % margin: a claim
+    (tied or one left) whose leader is not the true best would be false; at 95 % confidence at most
+    1 in 20 may be, and the union bound makes it far rarer."""
+    false = 0
+    for seed in range(200):
+        values = synthetic({"a": 1.0, "b": 1.03, "c": 1.05}, 40, noise=0.03, seed=seed)
+        race = run_race(Race(list(values), 40, Options(epsilon=0.02), comparisons=2), values)
+        false += race.ended in (ALL_TIED, ONE_LEFT) and race.leader() != "a"
+    assert false <= 2
 
 
 def test_the_interval_spends_confidence_over_looks_and_comparisons():

@@ -953,7 +953,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=_out_dir, help="results root (default: results)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="go on with an interrupted tune of RUN_DIR")
     p.add_argument("--dry-run", action="store_true", help="list the settings and exit")
-    p.add_argument("--epsilon", metavar="PCT", help="settings within ±PCT are tied (default: 2%%)")
+    p.add_argument("--epsilon", metavar="PCT", help="the claim: the setting named is within PCT of the best (default: 2%%)")
     p.add_argument("--confidence", type=float, help="of the whole claim, above 0.5, below 1 (default: 0.95)")
     p.add_argument(
         "--budget-s", type=_seconds, metavar="SECONDS", help="stop after this long, resolved or not (default: no limit)"

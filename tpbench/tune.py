@@ -11,9 +11,10 @@ with the lowest geometric mean; an arm whose ratio to the leader is clearly abov
 Every interval is paired by round at the confidence the whole race spends, its residual variance
 pooled over the world's live arms (``stats.blocked_ratios``: the rounds are complete blocks): the
 miss probability split uniformly over the looks the race may take and over the arms other than the
-best (a Bonferroni union bound), so the race may look after every round. It ends
-with one arm left (recommended), every arm left within ±epsilon of the leader (tied), or the most
-rounds or the budget spent (unresolved: the best guess, and about how many rounds would decide it).
+best (a Bonferroni union bound), so the race may look after every round. It ends with one arm
+left (recommended); with no arm left that may be more than epsilon faster than the leader (tied:
+the leader is within epsilon of the best); or with the most rounds or the budget spent
+(unresolved: the best guess, and about how many rounds would decide it).
 
 Arms of different worlds (world size, backend, device, interconnect) share no rounds: each world
 is raced on its own, then the world winners are compared unpaired (``stats.unpaired_ratio``) at the
@@ -70,7 +71,7 @@ class TuneError(ValueError):
 
 @dataclass(frozen=True)
 class Options:
-    epsilon: float = 0.02  # a fraction: arms within ±epsilon of the leader are tied
+    epsilon: float = 0.02  # a fraction: the claim is "no more than epsilon slower than the best"
     confidence: float = 0.95
     budget_s: float | None = None  # wall seconds for the whole tune (None: only the rounds bound it)
     metric: str = "step_ms"
@@ -181,9 +182,7 @@ class Race:
         rest = {a: r for a, r in intervals.items() if a not in gone}
         if len(self.live) == 1:
             self.ended = ONE_LEFT
-        elif (
-            self.rounds >= self.min_rounds and rest and all(1 - eps <= r.lo and r.hi <= 1 + eps for r in rest.values())
-        ):
+        elif self.rounds >= self.min_rounds and rest and all(within_epsilon(r, eps) for r in rest.values()):
             self.ended = ALL_TIED
         elif self.rounds >= self.max_rounds:
             self.ended = MAX_ROUNDS
@@ -217,15 +216,15 @@ class Race:
     def rounds_to_decide(self) -> int | None:
         """About how many more rounds would decide every arm still in the race: an interval
         narrows as 1/√n, and each arm needs its half-width (in logs) below the larger of its
-        distance above 1 (to be eliminated) and its distance below 1 + epsilon (to be tied)."""
+        distance above 1 (to be eliminated) and its distance above 1 / (1 + epsilon) (to be tied)."""
         leader = self.leader()
         need = 0
         for r in (self.intervals(leader) if leader is not None else {}).values():
             if r.method != "paired" or r.n < 2:
                 continue
             hw = (math.log(r.hi) - math.log(r.lo)) / 2
-            d = math.log(r.ratio)
-            target = max(d, math.log(1 + self.options.epsilon) - d)
+            # Eliminated when hw < d, tied when hw < d + log(1 + epsilon): the tie comes first.
+            target = math.log(r.ratio) + math.log(1 + self.options.epsilon)
             need = max(need, math.ceil(r.n * (hw / target) ** 2) - r.n if target > 0 else r.n)
         return need or None
 
@@ -619,6 +618,17 @@ def _record(options: Options, races: list[Race], wall_s: float) -> dict[str, Any
     }
 
 
+def within_epsilon(r: Ratio, eps: float) -> bool:
+    """Whether ``r`` (an arm / the leader) shows the leader at most ``eps`` slower than the arm.
+
+    One-sided on purpose: the claim is "within epsilon of the best", which an arm that may be
+    much slower than the leader does not threaten; only one that may be more than epsilon faster
+    does. Asking for ``hi <= 1 + eps`` as well would keep racing arms the claim is already safe
+    from, until the budget ends unresolved.
+    """
+    return r.lo >= 1 / (1 + eps)
+
+
 def _geomean(values: dict[int, float]) -> float:
     return float(np.exp(np.mean(np.log(list(values.values()))))) if values else math.inf
 
@@ -685,7 +695,7 @@ def _statuses(races: list[Race], best_race: Race | None, best: str | None, eps: 
             confidence=across,
         )
         # The world's arms left share its winner's outcome: they are tied with it (or undecided).
-        tied = decided and 1 - eps <= w.lo and w.hi <= 1 + eps
+        tied = decided and within_epsilon(w, eps)
         for a in r.live:
             status[a] = ELIMINATED if w.lo > 1 else TIED if tied else UNRESOLVED
     return status

@@ -61,7 +61,9 @@ def _table(result: dict) -> pd.DataFrame:
 
 def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> go.Figure:
     """Per setting, its ratio to that round's leader with the race's interval, round by round; a
-    cross where it was eliminated; the ±epsilon band shaded."""
+    cross where it was eliminated. The band runs from 1 / (1 + epsilon) to 1: the race ends tied once
+    every interval's lower end is inside it or above (no setting left may be more than epsilon faster),
+    and eliminates a setting whose lower end is above 1."""
     fig = go.Figure()
     rows = [
         {"arm": arm, "round": e["round"], "ratio": v[0], "lo": v[1], "hi": v[2], "out": arm in e["eliminated"]}
@@ -94,9 +96,9 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
                     showlegend=False,
                 )
             )
-    fig.add_hrect(y0=1 - epsilon, y1=1 + epsilon, fillcolor="#d9dde5", opacity=0.5, line_width=0)
+    fig.add_hrect(y0=1 / (1 + epsilon), y1=1, fillcolor="#d9dde5", opacity=0.5, line_width=0)
     fig.update_layout(
-        title="The race: each setting's ratio to the round's leader (×: eliminated; band: ±epsilon)",
+        title="The race: each setting's ratio to the round's leader (×: eliminated; shaded: the tie zone)",
         xaxis_title="round",
         yaxis_title="ratio to the leader",
         yaxis_range=[0.8, min(2 * top, 3.0)],
