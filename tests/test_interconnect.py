@@ -241,10 +241,12 @@ def test_a_process_about_to_enter_is_killed_on_exit(no_leftovers: None) -> None:
     """``ip netns exec`` opens the namespace, then enters it: a rank spawned just before the block
     ends holds it only as a descriptor when the cleanup looks. Here one holds it as stdin."""
     with world_network(resolve("tcp-1gbit")) as net:
-        opener = subprocess.Popen(["sleep", "60"], stdin=open(icm._NETNS_DIR / net.namespace))
-        assert net.namespace not in subprocess.run(
-            ["ip", "netns", "identify", str(opener.pid)], capture_output=True, text=True
-        ).stdout
+        with open(icm._NETNS_DIR / net.namespace) as namespace:
+            opener = subprocess.Popen(["sleep", "60"], stdin=namespace)
+        assert (
+            net.namespace
+            not in subprocess.run(["ip", "netns", "identify", str(opener.pid)], capture_output=True, text=True).stdout
+        )
     try:
         assert _gone(opener.pid)
     finally:
