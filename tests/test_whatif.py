@@ -230,6 +230,34 @@ def test_calibration_recovers_a_known_compute_factor():
     )
 
 
+def test_the_interval_grows_with_the_traced_steps_spread_and_the_timed_steps_noise():
+    """Identical traced steps and a tight timed median give a narrow interval on a fast fabric;
+    traced steps whose communication differs (the refit cannot absorb which of them were traced)
+    and a noisy timed median each widen it."""
+    f, fast = Fabric("f", 0.0, 1e8), Fabric("fast", 0.0, 1e11)
+
+    def model(sizes: list[float], spread: list[float]) -> whatif.CaseModel:
+        skels = []
+        for i, nbytes in enumerate(sizes):
+            ops = [Work(0.01), Issue(AR(0)), Wait((AR(0),)), Work(0.005)]  # an exposed all-reduce
+            sk = _sk([ops, ops], [AR(0)], nbytes=nbytes)
+            skels.append(StepSkeleton(i, sk.ranks, sk.collectives, simulate(sk, whatif.fabric_cost(f)).step_s))
+        at_one = whatif.median_step_s(skels, f) * 1e3
+        return whatif.calibrated("c", {}, skels, f, np.array([at_one * (1 + d) for d in spread] * 3))
+
+    def width(m: whatif.CaseModel) -> float:
+        lo, hi = m.step_interval_ms(fast)
+        assert lo <= m.step_ms(fast) <= hi
+        return hi / lo - 1
+
+    tight = model([1e6] * 5, [-0.001, 0, 0.001])
+    scattered = model([0.2e6, 0.6e6, 1e6, 1.4e6, 1.8e6], [-0.001, 0, 0.001])
+    noisy = model([1e6] * 5, [-0.1, -0.05, 0, 0.05, 0.1])
+    assert tight.refused is scattered.refused is noisy.refused is None
+    assert width(tight) < 0.01
+    assert width(scattered) > 5 * width(tight) and width(noisy) > 5 * width(tight)
+
+
 def test_calibration_refuses_when_communication_alone_exceeds_the_timed_step():
     """The issue's mechanism: a link fitted on slow traced steps makes communication alone (40 ms)
     longer than the timed step (36 ms). The old fit shrank compute to 0.05 and projected a step
@@ -312,15 +340,22 @@ def test_projections_never_leave_compute_and_measured_bounds_on_random_skeletons
         if model.refused is not None:
             refused += 1
             assert all(math.isnan(model.step_ms(f)) for f in fabrics)
+            assert all(math.isnan(x) for f in fabrics for x in model.step_interval_ms(f))
             continue
         made += 1
         floor = model.critical_path_ms()
         assert floor >= whatif.COMPUTE_FACTOR[0] * whatif.median_step_s(skels, whatif.FREE) * 1e3 * (1 - 1e-9)
+        least = whatif.COMPUTE_FACTOR[0]
+        lowest = min(simulate(sk, whatif.fabric_cost(whatif.FREE), least).step_s for sk in skels) * 1e3
         for f in fabrics:
             ms = model.step_ms(f)
             assert ms >= floor * (1 - 1e-12), (trial, f.name)
             if model.no_slower_than_measured(f):
                 assert ms <= model.measured_ms * (1 + 1e-12), (trial, f.name)
+            if made % 10 == 0:  # (an interval replays every step at 65 factors: a sample of trials)
+                lo, hi = model.step_interval_ms(f)
+                # The interval holds its projection and stays above the least compute it allows.
+                assert lo <= ms <= hi and lo >= lowest * (1 - 1e-12), (trial, f.name)
     assert made > 30 and refused > 10, (made, refused)  # both paths exercised
 
 
@@ -347,6 +382,10 @@ def test_a_run_traced_on_a_busy_machine_refuses_or_stays_within_bounds():
     assert set(made["case_id"]) == {"1d3c71874772"} and params.loc["1d3c71874772", "algorithm"] == "hook_with_zero_step"
     assert (made["projected_ms"] >= made["compute_ms"]).all()
     assert made["no_slower_than_measured"].all() and (made["projected_ms"] <= made["measured_ms"]).all()
+    # Refitted on each resample, the interval keeps the bound up to the timed steps' own spread.
+    (reps,) = [m.reps_ms for m in result.models if m.refused is None]
+    assert (made["predicted_lo_ms"] >= made["compute_ms"] * whatif.COMPUTE_FACTOR[0]).all()
+    assert (made["predicted_hi_ms"] <= reps.max()).all()
     # The critical path is not collapsed: within the factor's range of the traced compute.
     (model,) = [m for m in result.models if m.refused is None]
     traced_cp = whatif.median_step_s(model.skeletons, whatif.FREE) * 1e3
@@ -375,7 +414,20 @@ def test_validation_runs_both_directions_and_refuses_what_rests_on_a_refused_fit
     assert "scaled ×1.74" in v.loc[(slower, "1eb4310e7baf"), "refused"]
     assert v.loc[(faster, "c3d175563500"), "refused"].startswith("the link's description comes from the loopback twin")
     assert math.isnan(v.loc[(faster, "c3d175563500"), "predicted_ms"])
+    assert (made["predicted_lo_ms"] <= made["predicted_ms"]).all() and (
+        made["predicted_ms"] <= made["predicted_hi_ms"]
+    ).all()
+    assert (
+        result.validation.loc[result.validation["refused"].notna(), ["predicted_lo_ms", "predicted_hi_ms"]]
+        .isna()
+        .all()
+        .all()
+    )
     errors = result.errors().set_index("direction")
+    inside = made["measured_ms"].between(made["predicted_lo_ms"], made["predicted_hi_ms"])
+    for direction in (slower, faster):
+        share = 100 * inside[made["direction"] == direction].mean()
+        assert errors.loc[direction, "inside_interval_pct"] == pytest.approx(share)
     assert errors.loc[slower, "predicted"] == 2 and errors.loc[slower, "refused"] == 1
     assert errors.loc[faster, "predicted"] == 2 and errors.loc[faster, "refused"] == 1
     assert errors.loc[faster, "worst_abs_error_pct"] == pytest.approx(
@@ -412,6 +464,11 @@ def test_whatif_command_shows_and_stores_refusals(tmp_path):
         stored.loc["1c52ac5cb99d", "projected_ms"]
     )
     assert pd.isna(stored.loc["1d3c71874772", "refused"]) and stored.loc["1d3c71874772", "projected_ms"] > 0
+    kept = stored.loc["1d3c71874772"]
+    assert kept["predicted_lo_ms"] <= kept["projected_ms"] <= kept["predicted_hi_ms"]
+    assert pd.isna(stored.loc["1c52ac5cb99d", "predicted_lo_ms"])
+    # The terminal shows the interval beside the projection.
+    assert re.search(r"\d+\.\d \[\d+\.\d, \d+\.\d\]", rows["hook_with_zero_step bucket_cap_mb=25"])
 
 
 # --------------------------------------------------------------------------- skeletons from traces

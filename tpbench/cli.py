@@ -953,7 +953,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=_out_dir, help="results root (default: results)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="go on with an interrupted tune of RUN_DIR")
     p.add_argument("--dry-run", action="store_true", help="list the settings and exit")
-    p.add_argument("--epsilon", metavar="PCT", help="the claim: the setting named is within PCT of the best (default: 2%%)")
+    p.add_argument(
+        "--epsilon", metavar="PCT", help="the claim: the setting named is within PCT of the best (default: 2%%)"
+    )
     p.add_argument("--confidence", type=float, help="of the whole claim, above 0.5, below 1 (default: 0.95)")
     p.add_argument(
         "--budget-s", type=_seconds, metavar="SECONDS", help="stop after this long, resolved or not (default: no limit)"
@@ -1123,7 +1125,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         return EXIT_RESULTS
     if len(written.result.validation):
         _print_whatif_validation(written)
-    t = Table(title="PROJECTED step time (ms): this machine's compute with each fabric's α–β communication")
+    t = Table(
+        title="PROJECTED step time (ms) [95% interval]: this machine's compute with each fabric's α–β communication"
+    )
     t.add_column("case")
     t.add_column(f"measured ({written.result.reference})", justify="right")
     t.add_column("compute critical path", justify="right")
@@ -1141,8 +1145,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 def _print_whatif_validation(written) -> None:
     """The what-if's validation: each emulated link predicted from its twins, what was refused, the errors."""
     t = Table(title="validation: emulated links predicted from their twins on other links")
-    for col in ("direction", "case", "from", "link", "measured ms [95% CI]", "predicted ms", "error"):
-        t.add_column(col, justify="right" if col in ("measured ms [95% CI]", "predicted ms", "error") else "left")
+    numbers = ("measured ms [95% CI]", "predicted ms [95% interval]", "error")
+    for col in ("direction", "case", "from", "link", *numbers):
+        t.add_column(col, justify="right" if col in numbers else "left")
     for row in written.validation_rows():
         t.add_row(*row)
     out.print(t)
@@ -1150,7 +1155,8 @@ def _print_whatif_validation(written) -> None:
         console.print(Text.assemble(("refused ", "yellow"), line))
     for e in written.result.errors().to_dict("records"):
         out.print(
-            f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}% "
+            f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}%, "
+            f"{e['inside_interval_pct']:.0f}% of measured medians inside their predicted interval, "
             f"over {e['predicted']} predictions ({e['refused']} refused)",
             markup=False,
         )

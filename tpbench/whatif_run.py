@@ -65,7 +65,7 @@ class Written:
 
     def validation_rows(self) -> list[tuple[str, ...]]:
         """Per prediction of an emulated link: direction, case, from, link, measured ms [95% CI],
-        predicted ms (or "refused") and the error."""
+        predicted ms [95% interval] (or "refused") and the error."""
         rows = []
         for r in self.result.validation.to_dict("records"):
             made = pd.isna(r["refused"])
@@ -75,8 +75,8 @@ class Written:
                     self.labels[r["case_id"]],
                     r["reference_link"],
                     r["interconnect"],
-                    f"{r['measured_ms']:.1f} [{r['ci_lo_ms']:.1f}, {r['ci_hi_ms']:.1f}]",
-                    f"{r['predicted_ms']:.1f}" if made else "refused",
+                    _ms_interval(r["measured_ms"], r["ci_lo_ms"], r["ci_hi_ms"]),
+                    _ms_interval(r["predicted_ms"], r["predicted_lo_ms"], r["predicted_hi_ms"]) if made else "refused",
                     f"{r['error_pct']:+.1f}%" if made else "",
                 )
             )
@@ -96,18 +96,25 @@ class Written:
 
     def projection_rows(self) -> list[tuple[str, ...]]:
         """Per case: its label ("(*)" when its model was refused), measured ms, the compute critical
-        path and the projected ms on each of ``fabrics()``."""
+        path and the projected ms [95% interval] on each of ``fabrics()``."""
         names = self.fabrics()
         rows = []
         for cid, grp in self.result.projections.groupby("case_id", sort=False):
-            ms = grp.set_index("fabric")["projected_ms"]
+            by = grp.set_index("fabric")
             refused = pd.notna(grp["refused"].iloc[0])
             rows.append(
                 (
                     self.labels[cid] + (" (*)" if refused else ""),
                     f"{grp['measured_ms'].iloc[0]:.1f}",
                     "" if refused else f"{grp['compute_ms'].iloc[0]:.1f}",
-                    *("refused" if refused else f"{ms[n]:.1f}" for n in names),
+                    *(
+                        "refused"
+                        if refused
+                        else _ms_interval(
+                            by.at[n, "projected_ms"], by.at[n, "predicted_lo_ms"], by.at[n, "predicted_hi_ms"]
+                        )
+                        for n in names
+                    ),
                 )
             )
         return rows
@@ -115,6 +122,10 @@ class Written:
     def refused_models(self) -> list[str]:
         """Per case whose model was refused: its label and why."""
         return [f"{self.labels[m.case_id]}: {m.refused}" for m in self.result.models if m.refused is not None]
+
+
+def _ms_interval(ms: float, lo: float, hi: float) -> str:
+    return f"{ms:.1f} [{lo:.1f}, {hi:.1f}]"
 
 
 def write(run_dir: str | Path, fabrics: Mapping[str, Fabric], reference: str | None = None) -> Written:

@@ -73,7 +73,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -81,7 +82,7 @@ import pandas as pd
 import tomllib
 
 from tpbench.analysis.bandwidth import busbw_factor
-from tpbench.analysis.stats import bootstrap_ci, repeat_values
+from tpbench.analysis.stats import BOOTSTRAP_SAMPLES, CONFIDENCE, bootstrap_ci, repeat_values
 from tpbench.analysis.timeline import MARK_KINDS
 
 # --------------------------------------------------------------------------- fabrics
@@ -517,11 +518,14 @@ def calibrate_compute(
     at_one = median_step_s(skels, fabric, 1.0)
     if lowest_s <= at_one <= measured_s:
         return 1.0
-    # Bisect for the band's edge nearest 1, keeping ``ok`` on the band's side of it.
     if at_one > measured_s:
-        ok, bad, inside = bounds[0], 1.0, lambda c: median_step_s(skels, fabric, c) <= measured_s
-    else:
-        ok, bad, inside = bounds[1], 1.0, lambda c: median_step_s(skels, fabric, c) >= lowest_s
+        return _edge(lambda c: median_step_s(skels, fabric, c) <= measured_s, bounds[0], 1.0)
+    return _edge(lambda c: median_step_s(skels, fabric, c) >= lowest_s, bounds[1], 1.0)
+
+
+def _edge(inside: Callable[[float], bool], ok: float, bad: float) -> float | None:
+    """The edge nearest ``bad`` of the factors where the monotone ``inside`` holds, by bisection
+    between ``ok`` (where it should hold; None if it does not) and ``bad`` (where it does not)."""
     if not inside(ok):
         return None
     for _ in range(40):  # the bracket shrinks to a ratio of 1 + 1e-11
@@ -550,6 +554,9 @@ COMPUTE_FACTOR = (0.5, 1.5)
 # validation's target is 15 % mean error; a model that misses the very steps it was built from
 # by more than 20 % has no business predicting other links.
 REPLAY_RESIDUAL = 0.20
+# The compute factors a projection's interval tabulates replays at (``CaseModel.step_interval_ms``):
+# log-spaced over the factors a fit may take, about 1.7 % apart.
+_FACTOR_GRID = np.geomspace(*COMPUTE_FACTOR, 65)
 
 
 @dataclass(frozen=True)
@@ -605,6 +612,7 @@ class CaseModel:
     measured_ms: float
     ci_ms: tuple[float, float]
     refused: str | None
+    reps_ms: np.ndarray = field(default_factory=lambda: np.array([]))  # the timed repeats' values
 
     @property
     def compute_scale(self) -> float:
@@ -615,6 +623,41 @@ class CaseModel:
         if self.refused is not None:
             return float("nan")
         return median_step_s(self.skeletons, fabric, self.compute_scale) * 1e3
+
+    def step_interval_ms(self, fabric: Fabric) -> tuple[float, float]:
+        """The projection's 95 % interval on ``fabric``: the fit redone on bootstrap resamples of
+        what it rests on, the traced steps and the timed repeats together.
+
+        Each resample's compute factor is the one whose replay of the resampled steps on the
+        case's own path (median over steps) equals the resampled timed median, within
+        ``COMPUTE_FACTOR``; its projection is the resampled steps' replay on ``fabric`` at that
+        factor. Refitting each resample keeps the physical bounds inside the interval: on a
+        fabric no slower than the own path a resample projects no slower than its own timed
+        median. Replays are tabulated on a grid of factors (each is monotone in the factor) and
+        read between its points. The interval holds the projection itself; NaN when refused.
+        The model's own error (what it does not model) is not in it: the validation's coverage
+        measures that."""
+        if self.refused is not None:
+            return (math.nan, math.nan)
+        rng = np.random.default_rng(0)
+        steps = rng.integers(0, len(self.skeletons), size=(BOOTSTRAP_SAMPLES, len(self.skeletons)))
+        reps = rng.integers(0, len(self.reps_ms), size=(BOOTSTRAP_SAMPLES, len(self.reps_ms)))
+        target = np.median(self.reps_ms[reps], axis=1)
+        own = np.median(self._own_replays[steps], axis=1)  # resample × factor
+        there = np.median(self._replays(fabric)[steps], axis=1)
+        projected = [np.interp(np.interp(t, o, _FACTOR_GRID), _FACTOR_GRID, f) for t, o, f in zip(target, own, there)]
+        lo, hi = np.quantile(projected, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+        point = self.step_ms(fabric)
+        return (min(float(lo), point), max(float(hi), point))
+
+    @cached_property
+    def _own_replays(self) -> np.ndarray:
+        return self._replays(self.path)
+
+    def _replays(self, fabric: Fabric) -> np.ndarray:
+        """Each traced step's replay on ``fabric`` (ms) at each factor of ``_FACTOR_GRID``."""
+        cost = fabric_cost(fabric)
+        return np.array([[simulate(sk, cost, c).step_s * 1e3 for c in _FACTOR_GRID] for sk in self.skeletons])
 
     def critical_path_ms(self) -> float:
         """The case's compute critical path: its replay with communication that costs nothing.
@@ -642,7 +685,7 @@ def calibrated(
         measured_ms=measured,
         factor=calibrate_compute(skels, path, measured / 1e3, ci[0] / 1e3),
     )
-    return CaseModel(case_id, dict(params), skels, path, fit, measured, ci, fit.refusal())
+    return CaseModel(case_id, dict(params), skels, path, fit, measured, ci, fit.refusal(), np.asarray(reps_ms, float))
 
 
 def case_model(
@@ -671,6 +714,8 @@ PROJECTION_COLUMNS = (
     "measured_ms",
     "compute_ms",
     "projected_ms",
+    "predicted_lo_ms",
+    "predicted_hi_ms",
     "speedup",
     "comm_share",
     "no_slower_than_measured",
@@ -683,7 +728,8 @@ def project(models: Sequence[CaseModel], fabrics: Mapping[str, Fabric]) -> pd.Da
 
     Columns ``PROJECTION_COLUMNS``: compute_ms is the case's compute critical path (a lower bound
     of every projection); speedup = measured / projected; comm_share = projected communication
-    on the critical path (step minus compute_ms) over the step; no_slower_than_measured marks
+    on the critical path (step minus compute_ms) over the step; predicted_lo_ms/predicted_hi_ms
+    the projection's 95 % interval (``CaseModel.step_interval_ms``); no_slower_than_measured marks
     fabrics whose projection is bounded above by the measured step. A refused case has its
     reason in ``refused`` and NaN numbers."""
     rows = []
@@ -691,6 +737,7 @@ def project(models: Sequence[CaseModel], fabrics: Mapping[str, Fabric]) -> pd.Da
         floor_ms = m.critical_path_ms()
         for name, fab in fabrics.items():
             ms = m.step_ms(fab)
+            lo, hi = m.step_interval_ms(fab)
             rows.append(
                 {
                     "case_id": m.case_id,
@@ -698,6 +745,8 @@ def project(models: Sequence[CaseModel], fabrics: Mapping[str, Fabric]) -> pd.Da
                     "measured_ms": m.measured_ms,
                     "compute_ms": floor_ms,
                     "projected_ms": ms,
+                    "predicted_lo_ms": lo,
+                    "predicted_hi_ms": hi,
                     "speedup": m.measured_ms / ms,
                     "comm_share": (ms - floor_ms) / ms if ms > 0 else float("nan"),
                     "no_slower_than_measured": m.no_slower_than_measured(fab),
@@ -717,6 +766,8 @@ VALIDATION_COLUMNS = (
     "ci_lo_ms",
     "ci_hi_ms",
     "predicted_ms",
+    "predicted_lo_ms",
+    "predicted_hi_ms",
     "error_pct",
     "refused",
 )
@@ -740,7 +791,8 @@ def validate(reference: CaseModel, targets: Iterable[Target], direction: str) ->
     """Predict cases measured on other links from a reference case: the reference's skeletons and
     compute factor replayed on each target's fabric; nothing of the target but its link's
     description is used. ``error_pct`` = 100 · (predicted − measured) / measured, measured being
-    the median of repeat medians. A refused reference or link description refuses the prediction
+    the median of repeat medians; predicted_lo_ms/predicted_hi_ms the prediction's 95 % interval
+    (``CaseModel.step_interval_ms``). A refused reference or link description refuses the prediction
     (``refused`` says why; the numbers are NaN)."""
     rows = []
     for t in targets:
@@ -748,6 +800,7 @@ def validate(reference: CaseModel, targets: Iterable[Target], direction: str) ->
         lo, hi = bootstrap_ci(reps)
         refused = reference.refused or t.refused
         pred = float("nan") if refused else reference.step_ms(t.fabric)
+        pred_lo, pred_hi = (float("nan"),) * 2 if refused else reference.step_interval_ms(t.fabric)
         meas = float(np.median(reps))
         rows.append(
             {
@@ -760,6 +813,8 @@ def validate(reference: CaseModel, targets: Iterable[Target], direction: str) ->
                 "ci_lo_ms": lo,
                 "ci_hi_ms": hi,
                 "predicted_ms": pred,
+                "predicted_lo_ms": pred_lo,
+                "predicted_hi_ms": pred_hi,
                 "error_pct": 100 * (pred - meas) / meas,
                 "refused": refused,
             }
@@ -768,10 +823,13 @@ def validate(reference: CaseModel, targets: Iterable[Target], direction: str) ->
 
 
 def error_summary(validation: pd.DataFrame) -> pd.DataFrame:
-    """Per direction: predictions made, refused, and mean and worst absolute error (%) of those made."""
+    """Per direction: predictions made, refused, the mean and worst absolute error (%) of those
+    made, and the share (%) of them whose measured median lies inside the predicted interval."""
     rows = []
     for direction, g in validation.groupby("direction", sort=False):
-        err = g.loc[g["refused"].isna(), "error_pct"].abs()
+        made = g[g["refused"].isna()]
+        err = made["error_pct"].abs()
+        inside = made["measured_ms"].between(made["predicted_lo_ms"], made["predicted_hi_ms"])
         rows.append(
             {
                 "direction": direction,
@@ -779,10 +837,19 @@ def error_summary(validation: pd.DataFrame) -> pd.DataFrame:
                 "refused": int(g["refused"].notna().sum()),
                 "mean_abs_error_pct": float(err.mean()) if len(err) else float("nan"),
                 "worst_abs_error_pct": float(err.max()) if len(err) else float("nan"),
+                "inside_interval_pct": 100 * float(inside.mean()) if len(err) else float("nan"),
             }
         )
     return pd.DataFrame(
-        rows, columns=["direction", "predicted", "refused", "mean_abs_error_pct", "worst_abs_error_pct"]
+        rows,
+        columns=[
+            "direction",
+            "predicted",
+            "refused",
+            "mean_abs_error_pct",
+            "worst_abs_error_pct",
+            "inside_interval_pct",
+        ],
     )
 
 

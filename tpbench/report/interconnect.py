@@ -165,6 +165,9 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fab
         "from themselves, or when matching the timed steps would need a compute factor outside "
         f"×{whatif.COMPUTE_FACTOR[0]:.2f}–{whatif.COMPUTE_FACTOR[1]:.2f} "
         "(traced steps unrepresentative of timed ones). "
+        "Each projection has a 95% interval from what it rests on: its replays over the traced steps (a bootstrap "
+        "of their median) and every compute factor that matches the timed median's 95% interval as well; what the "
+        "model leaves out is not in it (the validation's coverage measures that). "
         "Fabric parameters are nominal (achievable bandwidth is lower); extend or override them with a fabrics TOML "
         "file (tpbench whatif --fabrics FILE).",
         css="warn",
@@ -172,7 +175,13 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fab
     if len(result.validation):
         _validation(page, result, labels)
     proj = result.projections.assign(case=[labels.get(c, c) for c in result.projections["case_id"]])
-    numbers = proj["projected_ms"].map(lambda v: f"{v:.3g}").where(proj["refused"].isna(), "refused")
+    numbers = pd.Series(
+        [
+            f"{v:.3g} [{lo:.3g}, {hi:.3g}]"
+            for v, lo, hi in zip(proj["projected_ms"], proj["predicted_lo_ms"], proj["predicted_hi_ms"])
+        ],
+        index=proj.index,
+    ).where(proj["refused"].isna(), "refused")
     wide = proj.assign(projected=numbers).pivot(index="case", columns="fabric", values="projected")
     wide = wide.reindex(index=list(dict.fromkeys(proj["case"])), columns=list(dict.fromkeys(proj["fabric"])))
     wide.columns.name = None
@@ -180,7 +189,7 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fab
     wide.insert(0, f"measured on {result.reference}", first["measured_ms"])
     wide.insert(1, "compute critical path", first["compute_ms"])
     wide["why refused"] = first["refused"].fillna("")
-    page.heading("Projected step time (ms) per fabric", level=3)
+    page.heading("Projected step time (ms) per fabric, with its 95% interval: projections, not measurements", level=3)
     refused = int(first["refused"].notna().sum())
     if refused:
         page.paragraph(f"{refused} of {len(first)} cases refused: their fit is too poor for a number.", css="warn")
@@ -214,7 +223,8 @@ def _validation(page: Page, result: whatif.RunWhatIf, labels: dict[str, str]) ->
     )
     page.bullets(
         [
-            f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}% "
+            f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}%, "
+            f"{e['inside_interval_pct']:.0f}% of measured medians inside their predicted interval, "
             f"over {e['predicted']} predictions" + (f" ({e['refused']} refused)" if e["refused"] else "")
             for e in result.errors().to_dict("records")
         ],
@@ -224,7 +234,13 @@ def _validation(page: Page, result: whatif.RunWhatIf, labels: dict[str, str]) ->
     if len(made):
         page.figure(_validation_figure(made))
     shown = v.assign(
-        predicted=v["predicted_ms"].map(lambda x: f"{x:.3g}").where(v["refused"].isna(), "refused"),
+        predicted=pd.Series(
+            [
+                f"{x:.3g} [{lo:.3g}, {hi:.3g}]"
+                for x, lo, hi in zip(v["predicted_ms"], v["predicted_lo_ms"], v["predicted_hi_ms"])
+            ],
+            index=v.index,
+        ).where(v["refused"].isna(), "refused"),
         error=v["error_pct"].map(lambda x: f"{x:+.1f}%").where(v["refused"].isna(), ""),
     )
     page.table(
@@ -263,17 +279,22 @@ def _validation_figure(v: pd.DataFrame) -> go.Figure:
                     array=grp["ci_hi_ms"] - grp["measured_ms"],
                     arrayminus=grp["measured_ms"] - grp["ci_lo_ms"],
                 ),
+                error_y=dict(
+                    type="data",
+                    array=grp["predicted_hi_ms"] - grp["predicted_ms"],
+                    arrayminus=grp["predicted_ms"] - grp["predicted_lo_ms"],
+                ),
                 text=[plot_text(c) for c in grp["case"]],
-                hovertemplate="%{text}<br>measured %{x:.1f} ms<br>predicted %{y:.1f} ms<extra></extra>",
+                hovertemplate="%{text}<br>measured %{x:.1f} ms<br>projected %{y:.1f} ms<extra></extra>",
             )
         )
-    top = float(max(v["ci_hi_ms"].max(), v["predicted_ms"].max())) * 1.05
+    top = float(max(v["ci_hi_ms"].max(), v["predicted_hi_ms"].max())) * 1.05
     fig.add_trace(
         go.Scatter(
             x=[0, top], y=[0, top], mode="lines", name="predicted = measured", line=dict(dash="dot", color="#5b6475")
         )
     )
     fig.update_xaxes(title="measured step time (ms)", range=[0, top])
-    fig.update_yaxes(title="predicted step time (ms)", range=[0, top])
+    fig.update_yaxes(title="projected step time (ms), 95% interval", range=[0, top])
     fig.update_layout(height=420, margin=dict(l=10, r=10, t=30, b=10))
     return fig
