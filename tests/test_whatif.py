@@ -445,7 +445,27 @@ def test_report_shows_the_reason_in_place_of_the_number():
     refused = rows["zero_no_overlap bucket_cap_mb=25"]
     assert refused.count("<td>refused</td>") == 4 and "unrepresentative of timed steps" in refused
     kept = rows["hook_with_zero_step bucket_cap_mb=25"]
-    assert "refused" not in kept and re.search(r"<td>\d+\.?\d*</td>", kept)
+    assert "refused" not in kept and re.search(r"<td>\d+\.?\d* \[\d+\.?\d*, \d+\.?\d*\]</td>", kept)
+    assert "Which setting each fabric would favour (projected)" in section
+    assert "on nvlink4: hook_with_zero_step bucket_cap_mb=25" in section
+
+
+def test_whatif_json_gives_projections_intervals_refusals_and_the_ranking(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(LINKS_RUN, run)
+    p = subprocess.run(
+        [sys.executable, "-m", "tpbench", "whatif", str(run), "--format", "json"], capture_output=True, text=True
+    )
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert set(doc) >= {"projections", "validation", "errors", "ranking", "cannot_win", "answer"}
+    made = [r for r in doc["projections"] if r["refused"] is None]
+    refused = [r for r in doc["projections"] if r["refused"] is not None]
+    assert made and refused and all(r["projected_ms"] is None for r in refused)
+    assert all(r["predicted_lo_ms"] <= r["projected_ms"] <= r["predicted_hi_ms"] for r in made)
+    assert all("predicted_lo_ms" in r and "predicted_hi_ms" in r for r in doc["validation"])
+    assert {r["fabric"] for r in doc["ranking"]} == {r["fabric"] for r in doc["projections"]}
+    assert doc["answer"] and all(isinstance(line, str) for line in doc["answer"])
 
 
 def test_whatif_command_shows_and_stores_refusals(tmp_path):
@@ -467,8 +487,55 @@ def test_whatif_command_shows_and_stores_refusals(tmp_path):
     kept = stored.loc["1d3c71874772"]
     assert kept["predicted_lo_ms"] <= kept["projected_ms"] <= kept["predicted_hi_ms"]
     assert pd.isna(stored.loc["1c52ac5cb99d", "predicted_lo_ms"])
+    assert any(
+        line.startswith("projection: on nvlink4: hook_with_zero_step bucket_cap_mb=25")
+        for line in p.stdout.splitlines()
+    )
     # The terminal shows the interval beside the projection.
     assert re.search(r"\d+\.\d \[\d+\.\d, \d+\.\d\]", rows["hook_with_zero_step bucket_cap_mb=25"])
+
+
+def _projections(rows: list[tuple[str, str, float, float, float]]) -> pd.DataFrame:
+    """A projections table from (case, fabric, projected, lo, hi) rows; every case made."""
+    return pd.DataFrame(
+        [
+            {
+                "case_id": c,
+                "fabric": f,
+                "projected_ms": ms,
+                "predicted_lo_ms": lo,
+                "predicted_hi_ms": hi,
+                "refused": None,
+            }
+            for c, f, ms, lo, hi in rows
+        ]
+    )
+
+
+def test_the_ranking_names_each_fabrics_first_and_whether_the_intervals_decide_it():
+    p = _projections(
+        [
+            ("seq", "nvlink", 10.0, 9.5, 10.5),
+            ("inter", "nvlink", 8.0, 7.5, 8.5),  # first, decided: every other interval above 8.5
+            ("slow", "nvlink", 20.0, 19.0, 21.0),
+            ("seq", "100gbe", 30.0, 29.0, 31.0),  # first, undecided: inter reaches below 31
+            ("inter", "100gbe", 31.0, 30.5, 33.0),
+            ("slow", "100gbe", 40.0, 38.0, 42.0),
+        ]
+    )
+    rank = whatif.ranking(p).set_index("fabric")
+    assert rank.loc["nvlink", "first"] == "inter" and rank.loc["nvlink", "decided"]
+    assert rank.loc["100gbe", "first"] == "seq" and not rank.loc["100gbe", "decided"]
+    assert rank.loc["100gbe", "tied_with"] == ["inter"]
+    assert whatif.cannot_win(p) == ["slow"]
+    lines = whatif_run.answer_lines(p, {"seq": "sequential", "inter": "interleaved", "slow": "no overlap"})
+    assert lines[0].startswith("on nvlink: interleaved, 8.0 [7.5, 8.5] ms would be fastest")
+    assert "undecided: the intervals of interleaved reach below its top" in lines[1]
+    assert "the ranking changes across fabrics (nvlink: interleaved; 100gbe: sequential)" in lines
+    assert lines[-1] == "cannot rank first on any projected fabric: no overlap"
+    # A refused case takes no part, and a case first somewhere can win.
+    p.loc[p["case_id"] == "inter", "refused"] = "why"
+    assert set(whatif.ranking(p)["first"]) == {"seq"} and whatif.cannot_win(p) == ["slow"]
 
 
 # --------------------------------------------------------------------------- skeletons from traces

@@ -1100,6 +1100,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LINK",
         help="interconnect whose cases are modelled (default: loopback, else the run's first)",
     )
+    p.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text: the tables and the answer; json: projections, intervals, refusals, validation and ranking",
+    )
     p.set_defaults(func=cmd_whatif)
     return ap
 
@@ -1123,6 +1129,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     except ValueError as e:
         _error(e)
         return EXIT_RESULTS
+    if args.format == "json":
+        sys.stdout.write(json.dumps(written.to_json(), indent=2, allow_nan=False) + "\n")
+        return EXIT_OK
     if len(written.result.validation):
         _print_whatif_validation(written)
     t = Table(
@@ -1138,6 +1147,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     out.print(t)
     for line in written.refused_models():
         console.print(Text.assemble(("(*) refused ", "yellow"), line))
+    for line in written.ranking_lines():
+        out.print(f"projection: {line}", markup=False)
     console.print(f"tables: {written.projections_path}, {written.validation_path}", markup=False)
     return EXIT_OK
 

@@ -123,6 +123,72 @@ class Written:
         """Per case whose model was refused: its label and why."""
         return [f"{self.labels[m.case_id]}: {m.refused}" for m in self.result.models if m.refused is not None]
 
+    def ranking_lines(self) -> list[str]:
+        """The answer the projections give: which setting ranks first on each fabric (and whether
+        the intervals decide it), whether that changes across fabrics, and which settings cannot
+        rank first on any of them."""
+        return answer_lines(self.result.projections, self.labels)
+
+    def to_json(self) -> dict[str, Any]:
+        """``tpbench whatif --format json``: the projections with their intervals and refusals, the
+        validation, its error summary and the ranking per fabric."""
+        p = self.result.projections
+        rank = whatif.ranking(p)
+
+        def records(df: pd.DataFrame) -> list[dict[str, Any]]:
+            return [{k: _plain(v) for k, v in r.items()} for r in df.to_dict("records")]
+
+        return {
+            "run_dir": str(self.projections_path.parent),
+            "reference": self.result.reference,
+            "projections": records(p.assign(label=p["case_id"].map(self.labels))),
+            "validation": records(self.result.validation),
+            "errors": records(self.result.errors()),
+            "ranking": records(rank),
+            "cannot_win": whatif.cannot_win(p),
+            "answer": self.ranking_lines(),
+        }
+
+
+def answer_lines(projections: pd.DataFrame, labels: Mapping[str, str]) -> list[str]:
+    """``Written.ranking_lines`` for any projections table (the report has no ``Written``)."""
+    rank = whatif.ranking(projections)
+    if rank.empty:
+        return []
+    made = projections[projections["refused"].isna()].groupby("fabric")["case_id"].nunique()
+    lines = []
+    for r in rank.to_dict("records"):
+        ms = _ms_interval(r["projected_ms"], r["predicted_lo_ms"], r["predicted_hi_ms"])
+        first = f"{labels.get(r['first'], r['first'])}, {ms} ms"
+        if made[r["fabric"]] == 1:
+            lines.append(f"on {r['fabric']}: {first}, the only setting projected (the others were refused)")
+        elif r["decided"]:
+            lines.append(f"on {r['fabric']}: {first} would be fastest; every other setting's interval lies above its")
+        else:
+            others = ", ".join(labels.get(c, c) for c in r["tied_with"])
+            lines.append(
+                f"on {r['fabric']}: {first} ranks first, undecided: the intervals of {others} reach below its top"
+            )
+    firsts = list(dict.fromkeys(rank["first"]))
+    if len(firsts) == 1:
+        lines.append(f"the same setting ranks first on every fabric projected ({len(rank)})")
+    else:
+        where = "; ".join(f"{', '.join(rank.loc[rank['first'] == c, 'fabric'])}: {labels.get(c, c)}" for c in firsts)
+        lines.append(f"the ranking changes across fabrics ({where})")
+    beaten = whatif.cannot_win(projections)
+    if beaten:
+        lines.append("cannot rank first on any projected fabric: " + ", ".join(labels.get(c, c) for c in beaten))
+    return lines
+
+
+def _plain(v: Any) -> Any:
+    """A JSON-ready value: NaN and NA as null, numpy scalars as Python's."""
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if v is None or (not isinstance(v, str) and pd.isna(v)):
+        return None
+    return v.item() if hasattr(v, "item") else v
+
 
 def _ms_interval(ms: float, lo: float, hi: float) -> str:
     return f"{ms:.1f} [{lo:.1f}, {hi:.1f}]"

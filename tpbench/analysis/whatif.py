@@ -628,12 +628,13 @@ class CaseModel:
         """The projection's 95 % interval on ``fabric``: the fit redone on bootstrap resamples of
         what it rests on, the traced steps and the timed repeats together.
 
-        Each resample's compute factor is the one whose replay of the resampled steps on the
-        case's own path (median over steps) equals the resampled timed median, within
-        ``COMPUTE_FACTOR``; its projection is the resampled steps' replay on ``fabric`` at that
-        factor. Refitting each resample keeps the physical bounds inside the interval: on a
-        fabric no slower than the own path a resample projects no slower than its own timed
-        median. Replays are tabulated on a grid of factors (each is monotone in the factor) and
+        Each resample's compute factor follows the point's rule (``calibrate_compute``): the
+        point's factor while the replay of the resampled steps on the case's own path (median
+        over steps) lies between the timed interval's low end and the resampled timed median,
+        else the factor that puts it on the nearer of the two, within ``COMPUTE_FACTOR``; its
+        projection is the resampled steps' replay on ``fabric`` at that factor. Refitting each
+        resample keeps the physical bounds inside the interval: on a fabric no slower than the
+        own path a resample projects no slower than its own timed median. Replays are tabulated on a grid of factors (each is monotone in the factor) and
         read between its points. The interval holds the projection itself; NaN when refused.
         The model's own error (what it does not model) is not in it: the validation's coverage
         measures that."""
@@ -645,7 +646,14 @@ class CaseModel:
         target = np.median(self.reps_ms[reps], axis=1)
         own = np.median(self._own_replays[steps], axis=1)  # resample × factor
         there = np.median(self._replays(fabric)[steps], axis=1)
-        projected = [np.interp(np.interp(t, o, _FACTOR_GRID), _FACTOR_GRID, f) for t, o, f in zip(target, own, there)]
+        floor, point_factor = self.ci_ms[0], self.compute_scale
+        projected = []
+        for t, o, f in zip(target, own, there):
+            # The point's rule on the resample: keep its factor while the replay stays in the band
+            # [the timed interval's low end, the resampled median]; else move to the nearer edge.
+            at = np.interp(point_factor, _FACTOR_GRID, o)
+            c = np.interp(min(t, max(floor, at)), o, _FACTOR_GRID) if not floor <= at <= t else point_factor
+            projected.append(np.interp(c, _FACTOR_GRID, f))
         lo, hi = np.quantile(projected, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
         point = self.step_ms(fabric)
         return (min(float(lo), point), max(float(hi), point))
@@ -754,6 +762,46 @@ def project(models: Sequence[CaseModel], fabrics: Mapping[str, Fabric]) -> pd.Da
                 }
             )
     return pd.DataFrame(rows, columns=list(PROJECTION_COLUMNS))
+
+
+RANKING_COLUMNS = ("fabric", "first", "decided", "tied_with", "projected_ms", "predicted_lo_ms", "predicted_hi_ms")
+
+
+def ranking(projections: pd.DataFrame) -> pd.DataFrame:
+    """Per fabric, the case the projections rank first, and whether their intervals decide it.
+
+    ``first`` is the case with the lowest projection; ``tied_with`` the cases whose interval
+    reaches below the top of the first's (either could be fastest there); ``decided`` when there
+    are none. Refused cases take no part. Columns ``RANKING_COLUMNS``; the numbers are the first's."""
+    rows = []
+    made = projections[projections["refused"].isna() & projections["projected_ms"].notna()]
+    for fabric, g in made.groupby("fabric", sort=False):
+        best = g.loc[g["projected_ms"].idxmin()]
+        tied = g[(g["case_id"] != best["case_id"]) & (g["predicted_lo_ms"] < best["predicted_hi_ms"])]
+        rows.append(
+            {
+                "fabric": fabric,
+                "first": best["case_id"],
+                "decided": tied.empty,
+                "tied_with": list(tied.sort_values("projected_ms")["case_id"]),
+                "projected_ms": best["projected_ms"],
+                "predicted_lo_ms": best["predicted_lo_ms"],
+                "predicted_hi_ms": best["predicted_hi_ms"],
+            }
+        )
+    return pd.DataFrame(rows, columns=list(RANKING_COLUMNS))
+
+
+def cannot_win(projections: pd.DataFrame) -> list[str]:
+    """The cases no projected fabric could rank first: on every fabric, the bottom of their
+    interval is above the top of the first case's. Refused cases are not named (nothing is known)."""
+    made = projections[projections["refused"].isna() & projections["projected_ms"].notna()]
+    if made.empty:
+        return []
+    top_of_first = made.loc[made.groupby("fabric")["projected_ms"].idxmin()].set_index("fabric")["predicted_hi_ms"]
+    out = made["predicted_lo_ms"] > made["fabric"].map(top_of_first)
+    beaten = out.groupby(made["case_id"], sort=False).all()
+    return [c for c, b in beaten.items() if b]
 
 
 VALIDATION_COLUMNS = (

@@ -167,7 +167,9 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fab
         "(traced steps unrepresentative of timed ones). "
         "Each projection has a 95% interval from what it rests on: its replays over the traced steps (a bootstrap "
         "of their median) and every compute factor that matches the timed median's 95% interval as well; what the "
-        "model leaves out is not in it (the validation's coverage measures that). "
+        "model leaves out is not in it (the validation's coverage measures that). An interval's low end can lie "
+        "below the compute critical path shown beside it: that path is at the calibrated factor, and the interval "
+        "spans the factors the traced steps allow. "
         "Fabric parameters are nominal (achievable bandwidth is lower); extend or override them with a fabrics TOML "
         "file (tpbench whatif --fabrics FILE).",
         css="warn",
@@ -194,6 +196,15 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fab
     if refused:
         page.paragraph(f"{refused} of {len(first)} cases refused: their fit is too poor for a number.", css="warn")
     page.table(wide.reset_index())
+    answer = whatif_run.answer_lines(result.projections, labels)
+    if answer:
+        page.heading("Which setting each fabric would favour (projected)", level=3)
+        page.paragraph(
+            "The setting with the lowest projection on each fabric; it is decided only where every other "
+            "setting's 95% interval lies above the top of its interval.",
+            css="muted",
+        )
+        page.bullets(answer, css="verdicts")
     fab = pd.DataFrame(
         [
             {
