@@ -634,10 +634,10 @@ class CaseModel:
         else the factor that puts it on the nearer of the two, within ``COMPUTE_FACTOR``; its
         projection is the resampled steps' replay on ``fabric`` at that factor. Refitting each
         resample keeps the physical bounds inside the interval: on a fabric no slower than the
-        own path a resample projects no slower than its own timed median. Replays are tabulated on a grid of factors (each is monotone in the factor) and
-        read between its points. The interval holds the projection itself; NaN when refused.
-        The model's own error (what it does not model) is not in it: the validation's coverage
-        measures that."""
+        own path a resample projects no slower than its own timed median. Replays are tabulated
+        on a grid of factors (each is monotone in the factor) and read between its points. The
+        interval holds the projection itself; NaN when refused. The model's own error (what it
+        does not model) is not in it: the validation's coverage measures that."""
         if self.refused is not None:
             return (math.nan, math.nan)
         rng = np.random.default_rng(0)
