@@ -726,8 +726,9 @@ def _verdict_args(p: argparse.ArgumentParser) -> None:
 
 
 def _print_verdict(comparison, fmt: str) -> int:
-    from tpbench import render
+    from tpbench import explain, render
 
+    comparison = explain.annotate(comparison)  # a regression names its top contributor where traced
     sys.stdout.write(render.RENDERERS[fmt](comparison))
     sys.stdout.flush()
     return comparison.exit_code

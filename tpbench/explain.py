@@ -8,7 +8,7 @@ again, and are computed by ``analysis.explain``. ``run`` returns what the comman
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -148,6 +148,29 @@ def run(runs: Sequence[str | Path], *, pairs: Sequence[str] = (), confidence: fl
             "sweep with capture.profiler_steps >= 2 (e.g. --set capture.profiler_steps=5)"
         )
     return Report(str(base_dir), str(cand_dir), cases, skipped)
+
+
+def annotate(result: compare.Comparison | compare.WithinRun) -> compare.Comparison | compare.WithinRun:
+    """The comparison with each regression's top contributor (``CaseResult.top_contributor``: the
+    sentence of its explanation) where both of its cases have traced steps; unchanged elsewhere.
+    Runs compared: the first baseline run against the first candidate run."""
+    if isinstance(result, compare.WithinRun):
+        run_dir = Path(result.run)
+        pairs = [replace(p, result=_named(p.result, run_dir, p.baseline_case, run_dir)) for p in result.pairs]
+        return replace(result, pairs=pairs)
+    base_dir, cand_dir = Path(result.baseline_runs[0]), Path(result.candidate_runs[0])
+    regressed = {r.case_id for r in result.cases if r.verdict == compare.REGRESSION}
+    others = {cand: other for other, cand, _, _ in _matched_across(base_dir, cand_dir) if cand in regressed}
+    cases = [_named(r, base_dir, others[r.case_id], cand_dir) if r.case_id in others else r for r in result.cases]
+    return replace(result, cases=cases)
+
+
+def _named(r: compare.CaseResult, base_dir: Path, base_case: str, cand_dir: Path) -> compare.CaseResult:
+    """``r`` with its top contributor, when it is a regression and both cases have traced steps."""
+    if r.verdict != compare.REGRESSION:
+        return r
+    found, _ = explain_cases(base_dir, cand_dir, [(base_case, r.case_id, r.label, _delta(r))])
+    return replace(r, top_contributor=found[0].top) if found else r
 
 
 def _delta(r: compare.CaseResult) -> float:

@@ -145,7 +145,13 @@ def render_text(c: Result) -> str:
     for row in table:
         cells = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
         lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines + ["", _footer(c)]) + "\n"
+    return "\n".join(lines + _contributors(c) + ["", _footer(c)]) + "\n"
+
+
+def _contributors(c: Result, bullet: str = "") -> list[str]:
+    """One line per regression whose top contributor is known (``explain.annotate``)."""
+    named = [r for r in c.cases if r.top_contributor]
+    return ([""] if named else []) + [f"{bullet}{r.label}: {r.top_contributor}" for r in named]
 
 
 _MARK = {
@@ -172,6 +178,7 @@ def render_markdown(c: Result) -> str:
     for row, r in zip(_rows(c), c.cases):
         row[7] = _MARK[r.verdict] + row[7].removeprefix(r.verdict)
         lines.append("| " + " | ".join(esc(x) for x in row) + " |")
+    lines += [esc(line) for line in _contributors(c, "- where the time went, ")]
     lines += ["", f"{_footer(c)}.", ""]
     return "\n".join(lines)
 
