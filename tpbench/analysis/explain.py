@@ -15,13 +15,17 @@ priority (docs/explain.md):
 - ``idle``: nothing ran.
 
 So per rank-step the parts sum to its span exactly (|A| − |A ∩ B| and |A ∪ B| − |B|, over unions
-of intervals clipped to the step). The step the user waits for lasts as long as its slowest rank:
-its time is the longest span, and it is seen from the rank that waited longest for its peers (what
-the step would have lost to a straggler); the longest span's excess over that rank's span is
-waiting for the slowest rank as well, so it joins ``straggler_wait``, and the parts of each step
-sum to its time exactly. A change between two cases is then, per part, the difference of mean
-per-step values, with Welch's t interval over the traced steps (the steps of two cases are not
-paired); the changes of the parts sum to the change of the step time exactly.
+of intervals clipped to the step). A step's time is the mean span over ranks: the ranks of a DDP
+world move in lockstep, so over consecutive steps every rank's spans add up to the same elapsed
+time, while the slowest span of one step is inflated by where each rank's step boundary fell.
+Its parts are the means over ranks, with one exception that makes ``straggler_wait`` what a
+straggler costs the step: ``compute`` is the least-loaded rank's, and the other ranks' compute
+beyond it (the work their peers wait for) joins the waiting. With one rank slowed by X in a world
+of two, waiting gains X/2 on one rank and compute X/2 on the other: ``straggler_wait`` +X,
+``compute`` +0. The parts of each step sum to its time exactly. A change between two cases is
+then, per part, the difference of mean per-step values, with Welch's t interval over the traced
+steps (the steps of two cases are not paired); the changes of the parts sum to the change of the
+step time exactly.
 """
 
 from __future__ import annotations
@@ -104,15 +108,18 @@ def rank_step_parts(intervals: pd.DataFrame, steps: pd.DataFrame, buckets: int |
 
 
 def step_parts(per_rank: pd.DataFrame) -> pd.DataFrame:
-    """One row per step: ``step_ns`` (the longest span over ranks) and the parts of the rank that
-    waited longest (its ``straggler_wait`` plus the longest span's excess over its own), which sum
-    to ``step_ns``."""
+    """One row per step: ``step_ns`` (the mean span over ranks) and the parts (means over ranks),
+    which sum to ``step_ns``, with the imbalance of compute moved into ``straggler_wait``:
+    ``compute`` is the least-loaded rank's, and the rest of the mean (the late ranks' extra work,
+    which the others wait for) joins their waiting (module docstring)."""
     if per_rank.empty:
         return pd.DataFrame(columns=["step", "step_ns", *PARTS])
-    ref = per_rank.loc[per_rank.groupby("step")["straggler_wait"].idxmax()].set_index("step")
-    longest = per_rank.groupby("step")["span_ns"].max()
-    ref = ref.assign(step_ns=longest, straggler_wait=ref["straggler_wait"] + longest - ref["span_ns"])
-    return ref.drop(columns=["rank", "span_ns"]).reset_index()
+    by_step = per_rank.drop(columns=["rank"]).groupby("step", sort=True)
+    mean = by_step.mean()
+    least = by_step["compute"].min()
+    mean["straggler_wait"] += mean["compute"] - least
+    mean["compute"] = least
+    return mean.rename(columns={"span_ns": "step_ns"}).reset_index()
 
 
 def explain(base: pd.DataFrame, cand: pd.DataFrame, *, confidence: float = CONFIDENCE) -> Explanation:
