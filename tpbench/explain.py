@@ -137,7 +137,7 @@ def run(runs: Sequence[str | Path], *, pairs: Sequence[str] = (), confidence: fl
         if pairs:
             raise ExplainError("--pair: only with a single RUN_DIR (two cases of one run)")
         base_dir, cand_dir = Path(runs[0]), Path(runs[1])
-        matched = _matched_across(base_dir, cand_dir)
+        matched = matched_across(base_dir, cand_dir)
     else:
         raise ExplainError(f"explain takes BASE_RUN CAND_RUN, or one RUN_DIR with --pair; got {len(runs)} runs")
     cases, skipped = explain_cases(base_dir, cand_dir, matched, confidence=confidence)
@@ -160,7 +160,7 @@ def annotate(result: compare.Comparison | compare.WithinRun) -> compare.Comparis
         return replace(result, pairs=pairs)
     base_dir, cand_dir = Path(result.baseline_runs[0]), Path(result.candidate_runs[0])
     regressed = {r.case_id for r in result.cases if r.verdict == compare.REGRESSION}
-    others = {cand: other for other, cand, _, _ in _matched_across(base_dir, cand_dir) if cand in regressed}
+    others = {cand: other for other, cand, _, _ in matched_across(base_dir, cand_dir) if cand in regressed}
     cases = [_named(r, base_dir, others[r.case_id], cand_dir) if r.case_id in others else r for r in result.cases]
     return replace(result, cases=cases)
 
@@ -179,7 +179,7 @@ def _delta(r: compare.CaseResult) -> float:
     return r.candidate_median - r.baseline_median
 
 
-def _matched_across(base_dir: Path, cand_dir: Path) -> list[tuple[str, str, str, float]]:
+def matched_across(base_dir: Path, cand_dir: Path) -> list[tuple[str, str, str, float]]:
     """The finished candidate cases with a counterpart in the baseline (``compare.counterpart``)."""
     base, cand = compare.RunData.of(base_dir), compare.RunData.of(cand_dir)
     out = []
