@@ -9,12 +9,13 @@ steps only do if they ran as the timed ones did."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import run_cli, sweep_in_process, tiny_suite
+from conftest import REPO, run_cli, sweep_in_process, tiny_suite, tpbench
 from test_interconnect import needs_netns
 
 from tpbench import store
@@ -247,3 +248,21 @@ def test_slowdown_ranks_names_ranks_of_the_world(tmp_path: Path, value: str, sai
     (tmp_path / "s.toml").write_text(tiny_suite("seed = [0]", slowdown_pct=10, slowdown_ranks=value))
     assert run_cli(["validate", str(tmp_path / "s.toml")]) == 2
     assert "slowdown_ranks" in (err := capsys.readouterr().err) and said in err
+
+
+@pytest.mark.slow  # two sides in lockstep, then a traced sweep of each (about 60 s on the shared machine)
+@pytest.mark.ranks
+def test_gate_explain_traces_each_side_after_the_verdict_and_names_the_cause(tmp_path: Path) -> None:
+    suite = tmp_path / "gate.toml"
+    suite.write_text(tiny_suite("seed = [0]", name="g", mlp=MLP, **SMOKE | {"steps": 4}))
+    flags = ["--repeats", "6", "--candidate-set", "slowdown_pct=150", "--explain", "--format", "json"]
+    done = tpbench("gate", suite, "--baseline", REPO, "--candidate", sys.prefix, "--out", tmp_path / "g", *flags)
+    (case,) = json.loads(done.stdout)["cases"]
+    assert done.returncode == 1 and case["verdict"] == "regression", done.stderr
+    assert "mostly compute" in case["top_contributor"]
+    # The gate's own runs traced nothing; the explanation came from the runs traced after it.
+    for side in ("baseline", "candidate"):
+        (measured,) = [p for p in store.iter_runs(tmp_path / "g" / side) if "explain" not in p.parts]
+        assert not list(measured.glob("cases/*/trace/*.json.gz"))
+        (traced,) = store.iter_runs(tmp_path / "g" / side / "explain")
+        assert list(traced.glob("cases/*/trace/rank*.json.gz"))

@@ -827,6 +827,7 @@ def _gate(args: argparse.Namespace) -> int:
         threshold=threshold,
         fail_on_inconclusive=args.fail_on_inconclusive,
         ignore_env=args.ignore_env,
+        explain_steps=gate.EXPLAIN_STEPS if args.explain else 0,
     )
     if judged.record is not None and "answer" in judged.record:
         console.print(
@@ -1101,6 +1102,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=_out_dir, help="where the gate's runs, logs and gate.json go (default: results/gate/<id>)"
     )
     _verdict_args(p)
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="on a regression, trace a few steps of each side afterwards (the gate traces nothing while it "
+        "measures) and name each regression's top contributor (compute, exposed_comm, ...; see tpbench explain)",
+    )
     p.set_defaults(func=cmd_gate)
 
     p = sub.add_parser("export", help="write a run as pytest-benchmark or github-action-benchmark JSON")

@@ -150,15 +150,18 @@ def run(runs: Sequence[str | Path], *, pairs: Sequence[str] = (), confidence: fl
     return Report(str(base_dir), str(cand_dir), cases, skipped)
 
 
-def annotate(result: compare.Comparison | compare.WithinRun) -> compare.Comparison | compare.WithinRun:
+def annotate(
+    result: compare.Comparison | compare.WithinRun, traced: tuple[Path, Path] | None = None
+) -> compare.Comparison | compare.WithinRun:
     """The comparison with each regression's top contributor (``CaseResult.top_contributor``: the
     sentence of its explanation) where both of its cases have traced steps; unchanged elsewhere.
-    Runs compared: the first baseline run against the first candidate run."""
+    Runs compared: the first baseline run against the first candidate run, or ``traced`` (the
+    baseline's and the candidate's runs traced after the verdict, ``gate --explain``)."""
     if isinstance(result, compare.WithinRun):
         run_dir = Path(result.run)
         pairs = [replace(p, result=_named(p.result, run_dir, p.baseline_case, run_dir)) for p in result.pairs]
         return replace(result, pairs=pairs)
-    base_dir, cand_dir = Path(result.baseline_runs[0]), Path(result.candidate_runs[0])
+    base_dir, cand_dir = traced or (Path(result.baseline_runs[0]), Path(result.candidate_runs[0]))
     regressed = {r.case_id for r in result.cases if r.verdict == compare.REGRESSION}
     others = {cand: other for other, cand, _, _ in matched_across(base_dir, cand_dir) if cand in regressed}
     cases = [_named(r, base_dir, others[r.case_id], cand_dir) if r.case_id in others else r for r in result.cases]
