@@ -194,66 +194,61 @@ def _waits(intervals: pd.DataFrame) -> pd.Series:
     return wait
 
 
+Spans = tuple[np.ndarray, np.ndarray]  # (start_ns, end_ns) of some intervals
+
+
 def _rank_parts(iv: pd.DataFrame, wait: pd.Series, steps: pd.DataFrame, buckets: int | None) -> pd.DataFrame:
+    """``rank_step_parts`` of one rank: ``iv`` its intervals, ``wait`` their waits, ``steps`` its steps."""
     st_start, st_end = steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)
     n = len(steps)
     lane = iv["lane"].astype(object).to_numpy()
     start, end = iv["start_ns"].to_numpy(np.int64), iv["end_ns"].to_numpy(np.int64)
-    is_comm = lane == "comm"
+    is_comm, is_work = lane == "comm", np.isin(lane, _WORK)
     # Each comm interval as its wait [start, start + wait) and its transfer [start + wait, end).
-    split = start + np.where(is_comm, wait.to_numpy(np.int64), 0)
-    groups = {
-        "work": (start[np.isin(lane, _WORK)], end[np.isin(lane, _WORK)]),
-        "opt": (start[lane == "optimizer"], end[lane == "optimizer"]),
-        "wait": (start[is_comm], split[is_comm]),
-        "transfer": (split[is_comm], end[is_comm]),
-    }
-    comp = (start[lane == "compute"], end[lane == "compute"])
+    split = start + wait.to_numpy(np.int64)
+    work: Spans = (start[is_work], end[is_work])
+    waiting: Spans = (start[is_comm], split[is_comm])
+    transfer: Spans = (split[is_comm], end[is_comm])
+    compute: Spans = (start[lane == "compute"], end[lane == "compute"])
+    optimizer: Spans = (start[lane == "optimizer"], end[lane == "optimizer"])
 
-    def u(*parts: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-        s = np.concatenate([p[0] for p in parts]) if parts else np.array([], np.int64)
-        e = np.concatenate([p[1] for p in parts]) if parts else np.array([], np.int64)
-        (step, _), cs, ce = clip_to_steps(s, e, st_start, st_end)
-        return union_per_step(step, cs, ce, n)
+    def u(*parts: Spans) -> np.ndarray:
+        """|∪ parts| per step, each interval clipped to the steps it touches."""
+        (step, _), s, e = clip_to_steps(
+            np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), st_start, st_end
+        )
+        return union_per_step(step, s, e, n)
 
-    work, opt, wait_u, transfer = groups["work"], groups["opt"], groups["wait"], groups["transfer"]
     w = u(work)
-    comp_in_opt = u(comp) + u(opt) - u(comp, opt)  # |compute ∩ optimizer ranges|
-    with_wait = u(work, wait_u)
-    all_work = u(work, wait_u, transfer)
+    in_optimizer = u(compute) + u(optimizer) - u(compute, optimizer)  # |compute ∩ optimizer ranges|
+    with_wait = u(work, waiting)
+    busy = u(work, waiting, transfer)
     span = st_end - st_start
     out = pd.DataFrame(
         {
-            "rank": np.full(n, int(iv["rank"].iloc[0]) if len(iv) else int(steps["rank"].iloc[0])),
+            "rank": np.full(n, int(steps["rank"].iloc[0])),
             "step": steps["step"].to_numpy(np.int64),
             "span_ns": span,
-            "compute": w - comp_in_opt,
-            "optimizer": comp_in_opt,
+            "compute": w - in_optimizer,
+            "optimizer": in_optimizer,
             "straggler_wait": with_wait - w,
-            "exposed_comm": all_work - with_wait,
-            "idle": span - all_work,
+            "exposed_comm": busy - with_wait,
+            "idle": span - busy,
         }
     )
-    _add_detail(out, iv[is_comm], groups["transfer"][0], with_wait, u, work, wait_u, buckets)
+    if is_comm.any():
+        # Each label's exposed transfer, |label ∪ work ∪ wait| − |work ∪ wait|, scaled per step so the
+        # labels sum to exposed_comm (two collectives exposed at once would count twice).
+        labels = _labels(iv[is_comm], buckets)
+        raw = {
+            DETAIL + label: u(work, waiting, (transfer[0][labels == label], transfer[1][labels == label])) - with_wait
+            for label in sorted(set(labels))
+        }
+        total = np.sum(list(raw.values()), axis=0)
+        scale = np.divide(out["exposed_comm"].to_numpy(float), total, out=np.zeros(n), where=total > 0)
+        for col, v in raw.items():
+            out[col] = v * scale
     return out
-
-
-def _add_detail(out, comm, transfer_start, with_wait, u, work, wait_u, buckets) -> None:
-    """``DETAIL`` columns: each label's exposed transfer (|label ∪ work ∪ wait| − |work ∪ wait|),
-    scaled per step so they sum to ``exposed_comm`` (two kinds exposed at once would count twice)."""
-    if comm.empty:
-        return
-    labels = _labels(comm, buckets)
-    raw = {}
-    ends = comm["end_ns"].to_numpy(np.int64)
-    for label in sorted(set(labels)):
-        mask = labels == label
-        raw[DETAIL + label] = u(work, wait_u, (transfer_start[mask], ends[mask])) - with_wait
-    total = sum(raw.values())
-    exposed = out["exposed_comm"].to_numpy(float)
-    for col, v in raw.items():
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out[col] = np.where(total > 0, v * exposed / np.where(total > 0, total, 1), 0.0)
 
 
 def _labels(comm: pd.DataFrame, buckets: int | None) -> np.ndarray:
