@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO, run_cli, sweep_in_process, tiny_suite, tpbench
 from test_interconnect import needs_netns
 
-from tpbench import store
+from tpbench import explain, store
 from tpbench.analysis import explain as parts
 from tpbench.report.build import build_report
 
@@ -88,6 +88,19 @@ def test_the_change_is_split_exactly_with_an_interval_per_part() -> None:
     assert e.top.name == "compute" and abs(e.residual_ms) < 1e-9
     assert e.top.lo < e.top.delta_ms < e.top.hi and e.top.lo > 2.0
     assert "mostly compute" in parts.sentence(e)
+
+
+def test_a_traced_change_off_the_timed_one_is_said() -> None:
+    base = pd.DataFrame({p: [1e6, 1.2e6, 0.9e6] for p in parts.PARTS})
+    cand = base + [10e6, 0, 0, 0, 0]
+    base["step_ns"], cand["step_ns"] = base[list(parts.PARTS)].sum(axis=1), cand[list(parts.PARTS)].sum(axis=1)
+    e = parts.explain(base, cand)  # +10 ms traced
+
+    def said(timed: float) -> str:
+        return explain.CaseExplanation("c", "label", "b", "c", e, timed).unlike_timed
+
+    assert said(11.0) == "" and said(8.5) == ""
+    assert said(14.0).startswith("the traced change is 71% of the timed one") and said(float("nan")) == ""
 
 
 # ---------------------------------------------------------------- real sweeps, planted causes

@@ -8,6 +8,7 @@ again, and are computed by ``analysis.explain``. ``run`` returns what the comman
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -41,6 +42,19 @@ class CaseExplanation:
     def top(self) -> str:
         return parts.sentence(self.explanation)
 
+    @property
+    def unlike_timed(self) -> str:
+        """Why the parts may not describe the timed steps, or "": the traced change is off the timed
+        one by more than 20 % (the profiler's overhead, or a busy machine, slowed one side's traced
+        steps more than the other's). The parts still add up to the traced change."""
+        traced, timed = self.explanation.delta_ms, self.timed_delta_ms
+        if not math.isfinite(timed) or timed == 0 or abs(traced - timed) <= 0.2 * abs(timed):
+            return ""
+        return (
+            f"the traced change is {traced / timed:.0%} of the timed one ({traced:+.2f} vs {timed:+.2f} ms): the "
+            "traced steps did not run as the timed ones (profiler overhead, a busy machine); read the parts as shares"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         e = self.explanation
         return {
@@ -60,6 +74,7 @@ class CaseExplanation:
             "traced_steps": [e.base_steps, e.cand_steps],
             "timed_delta_ms": self.timed_delta_ms,
             "residual_ms": e.residual_ms,
+            "unlike_timed": self.unlike_timed,
         }
 
 
@@ -161,8 +176,10 @@ def annotate(
         run_dir = Path(result.run)
         pairs = [replace(p, result=_named(p.result, run_dir, p.baseline_case, run_dir)) for p in result.pairs]
         return replace(result, pairs=pairs)
-    base_dir, cand_dir = traced or (Path(result.baseline_runs[0]), Path(result.candidate_runs[0]))
     regressed = {r.case_id for r in result.cases if r.verdict == compare.REGRESSION}
+    if not regressed:
+        return result
+    base_dir, cand_dir = traced or (Path(result.baseline_runs[0]), Path(result.candidate_runs[0]))
     others = {cand: other for other, cand, _, _ in matched_across(base_dir, cand_dir) if cand in regressed}
     cases = [_named(r, base_dir, others[r.case_id], cand_dir) if r.case_id in others else r for r in result.cases]
     return replace(result, cases=cases)

@@ -216,7 +216,7 @@ def _explain_note(c: explain.CaseExplanation) -> str:
     return (
         f"traced steps {e.base_ms:.2f} → {e.cand_ms:.2f} ms ({e.base_steps}/{e.cand_steps} steps); the parts sum "
         f"to the traced change (residual {e.residual_ms:+.3f} ms); the timed steps' medians changed by "
-        f"{_ms(c.timed_delta_ms)} ms"
+        f"{_ms(c.timed_delta_ms)} ms" + (f"; warning: {c.unlike_timed}" if c.unlike_timed else "")
     )
 
 
