@@ -726,8 +726,9 @@ def _verdict_args(p: argparse.ArgumentParser) -> None:
 
 
 def _print_verdict(comparison, fmt: str) -> int:
-    from tpbench import render
+    from tpbench import explain, render
 
+    comparison = explain.annotate(comparison)  # a regression names its top contributor where traced
     sys.stdout.write(render.RENDERERS[fmt](comparison))
     sys.stdout.flush()
     return comparison.exit_code
@@ -776,6 +777,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return _print_verdict(comparison, args.format)
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from tpbench import explain, render
+
+    report = explain.run(args.runs, pairs=args.pair)
+    sys.stdout.write(render.EXPLAIN_RENDERERS[args.format](report))
+    sys.stdout.flush()
+    return EXIT_OK
+
+
 def cmd_gate(args: argparse.Namespace) -> int:
     with _stop_signals_interrupt():  # SIGTERM/SIGHUP: the sides stopped, their sockets removed, said so
         return _gate(args)
@@ -817,6 +827,7 @@ def _gate(args: argparse.Namespace) -> int:
         threshold=threshold,
         fail_on_inconclusive=args.fail_on_inconclusive,
         ignore_env=args.ignore_env,
+        explain_steps=gate.EXPLAIN_STEPS if args.explain else 0,
     )
     if judged.record is not None and "answer" in judged.record:
         console.print(
@@ -1025,6 +1036,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_compare)
 
+    p = sub.add_parser(
+        "explain",
+        help="split a step-time change into compute, exposed communication, optimizer, idle and straggler wait",
+    )
+    p.add_argument(
+        "runs",
+        nargs="+",
+        type=Path,
+        metavar="RUN_DIR",
+        help="BASE_RUN CAND_RUN (their cases matched as compare matches them), or one RUN_DIR with --pair",
+    )
+    p.add_argument(
+        "--pair",
+        action="append",
+        default=[],
+        metavar="KEY=BASELINE..CANDIDATE",
+        help="one run: explain these comparisons of its cases (repeatable), e.g. interconnect=loopback..tcp-1gbit",
+    )
+    p.add_argument("--format", choices=("text", "md", "json"), default="text", help="output on stdout (default: text)")
+    p.set_defaults(func=cmd_explain)
+
     p = sub.add_parser("gate", help="run a suite for baseline and candidate in this job, in lockstep, and judge")
     p.add_argument("suite", help="suite TOML file")
     p.add_argument(
@@ -1072,6 +1104,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=_out_dir, help="where the gate's runs, logs and gate.json go (default: results/gate/<id>)"
     )
     _verdict_args(p)
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="on a regression, trace a few steps of each side afterwards (the gate traces nothing while it "
+        "measures) and name each regression's top contributor (compute, exposed_comm, ...; see tpbench explain)",
+    )
     p.set_defaults(func=cmd_gate)
 
     p = sub.add_parser("export", help="write a run as pytest-benchmark or github-action-benchmark JSON")
@@ -1180,6 +1218,7 @@ def _error(e: Exception) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     from tpbench.compare import GateError
+    from tpbench.explain import ExplainError
     from tpbench.gate import SideError
     from tpbench.interconnect import InterconnectUnavailable
     from tpbench.store import StoreError
@@ -1206,7 +1245,7 @@ def main(argv: list[str] | None = None) -> None:
         # Before a run directory exists (or outside a sweep): nothing to resume, nothing to say but that.
         said, code = _interrupted(e)
         console.print(said, markup=False)
-    except (GateError, TuneError) as e:
+    except (GateError, TuneError, ExplainError) as e:
         _error(e)
         code = EXIT_USAGE
     except SideError as e:

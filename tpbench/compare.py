@@ -116,6 +116,9 @@ class CaseResult:
     # The verdict in the words every output uses (``verdict.Verdict.words``): "slower, not shown
     # beyond the ±5% threshold"; empty without numbers (missing, incomparable by world).
     words: str = ""
+    # A regression's top contributor in one sentence (``tpbench.explain.annotate``), where both
+    # sides have traced steps; empty otherwise.
+    top_contributor: str = ""
 
 
 PAIRINGS = ("none", "rounds", "repeats")

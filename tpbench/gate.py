@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tpbench import compare, lockstep, store, user_code
+from tpbench import compare, explain, lockstep, store, user_code
 from tpbench.analysis.stats import sequential_ratio
 from tpbench.compare import GateError
 
@@ -173,6 +173,8 @@ ADAPTIVE_REPEATS = 500
 # The most repeats a gate accepts (--repeats): each is planned up front, and no budget runs past it.
 MAX_REPEATS = 10_000
 GATE_FILE = "gate.json"
+# Traced steps per case of each side for ``gate --explain``, after the verdict.
+EXPLAIN_STEPS = 5
 
 
 @dataclass(frozen=True)
@@ -693,11 +695,13 @@ def run(
     threshold: float = compare.THRESHOLD,
     fail_on_inconclusive: bool = False,
     ignore_env: Sequence[str] = (),
+    explain_steps: int = 0,
 ) -> Judged:
     """``tpbench gate``: resolve the ``baseline`` and ``candidate`` specs (``resolve_side``), run
     them in ``mode`` (``run_lockstep`` with ``cfg``, or ``run_gate``'s ``rounds``) into ``out``, and
     judge the candidate's runs against the baseline's (``compare.compare_runs``, on ``cfg.metric``,
-    paired by repeats or by rounds)."""
+    paired by repeats or by rounds). ``explain_steps`` (``--explain``): once a regression is called,
+    trace that many steps of each side (``trace_sides``) and name each regression's top contributor."""
     base = resolve_side("baseline", baseline, out / "baseline")
     cand = resolve_side("candidate", candidate, out / "candidate")
     sides = dict(overrides=overrides, filters=filters, candidate_overrides=candidate_overrides, announce=announce)
@@ -718,4 +722,40 @@ def run(
         fail_on_inconclusive=fail_on_inconclusive,
         ignore_env=ignore_env,
     )
+    if explain_steps and comparison.verdict == compare.REGRESSION:
+        traced = trace_sides(suite, base, cand, out, explain_steps, **sides)
+        comparison = explain.annotate(comparison, traced)
     return Judged(where, comparison, record)
+
+
+def trace_sides(
+    suite: str | Path,
+    baseline: Side,
+    candidate: Side,
+    out: Path,
+    steps: int,
+    *,
+    overrides: Sequence[str] = (),
+    filters: Sequence[str] = (),
+    candidate_overrides: Sequence[str] = (),
+    announce: Callable[[str], None] = lambda line: None,
+) -> tuple[Path, Path]:
+    """``gate --explain``, after the verdict: sweep each side once more (one repeat per case) with
+    ``steps`` traced steps, into ``out/<side>/explain``, and return the two runs. The gate's own
+    measurement traced nothing (``Lockstep.overrides``), so tracing never touches what it judged."""
+    runs = []
+    for side in (baseline, candidate):
+        root = Path(out).absolute() / side.name / "explain"
+        root.mkdir(parents=True, exist_ok=True)
+        extra = list(candidate_overrides) if side is candidate else []
+        traced = ["repeats=1", f"capture.profiler_steps={steps}"]
+        cmd = sweep_command(side, Path(suite).absolute(), root, [*overrides, *extra, *traced], filters)
+        announce(f"tpbench gate --explain: tracing {side.name}: {shlex.join(cmd)}")
+        proc = subprocess.run(
+            cmd, env=os.environ | side.env, cwd=side.cwd, stdout=sys.stderr.fileno(), stdin=subprocess.DEVNULL
+        )
+        found = list(store.iter_runs(root))
+        if proc.returncode not in (0, 1) or len(found) != 1:
+            raise SideError(f"{side.name} ({side.spec}), --explain: `{shlex.join(cmd)}` exited with {proc.returncode}")
+        runs.append(found[0])
+    return runs[0], runs[1]

@@ -54,6 +54,7 @@ ADDED_KEYS: dict[str, Any] = {
     "comm_hook": comm_hooks.ALLREDUCE,
     "comm_hook_state": None,
     "slowdown_kind": "sleep",
+    "slowdown_ranks": "all",
     "parameters_as_bucket_view": False,
     "bucket_cap_mb_list": None,
 }
@@ -311,6 +312,7 @@ class Case:
     comm_hook: str = ADDED_KEYS["comm_hook"]
     comm_hook_state: str | None = ADDED_KEYS["comm_hook_state"]
     slowdown_kind: str = ADDED_KEYS["slowdown_kind"]
+    slowdown_ranks: str | list[int] = ADDED_KEYS["slowdown_ranks"]
     parameters_as_bucket_view: bool | None = ADDED_KEYS["parameters_as_bucket_view"]
     bucket_cap_mb_list: list[float] | None = ADDED_KEYS["bucket_cap_mb_list"]
     case_id: str = ""

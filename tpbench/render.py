@@ -6,7 +6,8 @@ report's too: "inconclusive: slower, not shown beyond the ±5% threshold", "inco
 difference shown, could only resolve ±12.0%", "pass: no difference shown, within the ±5% threshold";
 the "resolves" column is each interval's half-width, the smallest change it could have told from
 none. Runs compared case by case (``Comparison``) and the cases of one run compared pair by pair
-(``WithinRun``) share the columns, the verdict words and the footer."""
+(``WithinRun``) share the columns, the verdict words and the footer. ``EXPLAIN_RENDERERS`` write
+``tpbench explain``'s reports (``tpbench.explain.Report``) in the same three forms."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from tpbench import explain
 from tpbench.compare import (
     IMPROVEMENT,
     INCOMPARABLE,
@@ -143,7 +145,13 @@ def render_text(c: Result) -> str:
     for row in table:
         cells = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
         lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines + ["", _footer(c)]) + "\n"
+    return "\n".join(lines + _contributors(c) + ["", _footer(c)]) + "\n"
+
+
+def _contributors(c: Result, bullet: str = "") -> list[str]:
+    """One line per regression whose top contributor is known (``explain.annotate``)."""
+    named = [r for r in c.cases if r.top_contributor]
+    return ([""] if named else []) + [f"{bullet}{r.label}: {r.top_contributor}" for r in named]
 
 
 _MARK = {
@@ -170,6 +178,7 @@ def render_markdown(c: Result) -> str:
     for row, r in zip(_rows(c), c.cases):
         row[7] = _MARK[r.verdict] + row[7].removeprefix(r.verdict)
         lines.append("| " + " | ".join(esc(x) for x in row) + " |")
+    lines += [esc(line) for line in _contributors(c, "- where the time went, ")]
     lines += ["", f"{_footer(c)}.", ""]
     return "\n".join(lines)
 
@@ -185,3 +194,71 @@ def _json_default(x: Any) -> Any:
 
 
 RENDERERS = {"text": render_text, "md": render_markdown, "json": render_json}
+
+
+# ---------------------------------------------------------------- tpbench explain
+
+
+def _ms(x: float) -> str:
+    return f"{x:+.2f}" if math.isfinite(x) else "n/a"
+
+
+def _explain_rows(c: explain.CaseExplanation) -> list[list[str]]:
+    e = c.explanation
+    rows = [[p.name, _ms(p.delta_ms), f"[{_ms(p.lo)}, {_ms(p.hi)}]"] for p in e.components]
+    rows += [[f"  exposed_comm: {d.name}", _ms(d.delta_ms), f"[{_ms(d.lo)}, {_ms(d.hi)}]"] for d in e.detail]
+    rows.append(["step time (traced)", _ms(e.delta_ms), f"[{_ms(e.lo)}, {_ms(e.hi)}]"])
+    return rows
+
+
+def _explain_note(c: explain.CaseExplanation) -> str:
+    e = c.explanation
+    return (
+        f"traced steps {e.base_ms:.2f} → {e.cand_ms:.2f} ms ({e.base_steps}/{e.cand_steps} steps); the parts sum "
+        f"to the traced change (residual {e.residual_ms:+.3f} ms); the timed steps' medians changed by "
+        f"{_ms(c.timed_delta_ms)} ms" + (f"; warning: {c.unlike_timed}" if c.unlike_timed else "")
+    )
+
+
+def render_explain_text(r: explain.Report) -> str:
+    """Per case: the sentence, then each part's change (ms per step) with its 95 % interval."""
+    lines = [f"tpbench explain: baseline {r.baseline} → candidate {r.candidate}", ""]
+    for c in r.cases:
+        table = [["part", "change ms", "95% CI"], *_explain_rows(c)]
+        widths = [max(len(row[i]) for row in table) for i in range(3)]
+        lines += [f"{c.label} (case {c.case_id})", f"  {c.top}"]
+        lines += [
+            "  " + "  ".join([row[0].ljust(widths[0]), *(x.rjust(w) for x, w in zip(row[1:], widths[1:]))])
+            for row in table
+        ]
+        lines += [f"  {_explain_note(c)}", ""]
+    lines += [f"skipped {label}: {why}" for label, why in r.skipped.items()]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render_explain_markdown(r: explain.Report) -> str:
+    lines = ["### tpbench explain", "", f"baseline `{r.baseline}` → candidate `{r.candidate}`", ""]
+    for c in r.cases:
+        lines += [f"#### {c.label}", "", c.top, "", "| part | change ms | 95% CI |", "|---|---:|---:|"]
+        lines += ["| " + " | ".join(x.replace("|", "\\|") for x in row) + " |" for row in _explain_rows(c)]
+        lines += ["", _explain_note(c) + ".", ""]
+    lines += [f"- skipped {label}: {why}" for label, why in r.skipped.items()]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render_explain_json(r: explain.Report) -> str:
+    return json.dumps(_finite(r.to_dict()), indent=2, allow_nan=False, default=_json_default) + "\n"
+
+
+def _finite(x: Any) -> Any:
+    """NaN and infinities as null: JSON has no such numbers."""
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+EXPLAIN_RENDERERS = {"text": render_explain_text, "md": render_explain_markdown, "json": render_explain_json}

@@ -46,6 +46,7 @@ BUDGET_KEYS = frozenset(
         "nvml_interval_ms",
         "slowdown_pct",
         "slowdown_kind",
+        "slowdown_ranks",
         "fault",
     }
 )
@@ -53,7 +54,7 @@ BUDGET_KEYS = frozenset(
 # 1 MB first bucket; any number passed also sets the first bucket to it (torch's ``_BucketCapacityConfig``).
 DDP_DEFAULT = "default"
 # Keys whose value is itself a list: in ``--set`` a list of lists sweeps them, a flat list sets them.
-LIST_KEYS = frozenset({"bucket_cap_mb_list"})
+LIST_KEYS = frozenset({"bucket_cap_mb_list", "slowdown_ranks"})
 # The first torch whose DistributedDataParallel takes ``bucket_cap_mb_list`` (public since 2.13).
 BUCKET_CAP_MB_LIST_TORCH = (2, 13)
 
@@ -92,6 +93,11 @@ def _one_of(*choices: str) -> Callable[[Any], bool]:
 def _caps(v: Any) -> bool:
     """A non-empty list of bucket caps in MB, each as ``bucket_cap_mb`` takes it (None: not set)."""
     return v is None or (isinstance(v, list) and bool(v) and all(_num(0, strict=True, hi=1e6)(x) for x in v))
+
+
+def _ranks(v: Any) -> bool:
+    """``"all"`` or a non-empty list of distinct rank numbers (checked against world_size later)."""
+    return v == "all" or (isinstance(v, list) and bool(v) and len(set(v)) == len(v) and all(_int(0)(r) for r in v))
 
 
 def _bool(v: Any) -> bool:
@@ -146,6 +152,9 @@ CASE_KEYS: dict[str, KeySpec] = {
         "sleep",
         '"sleep" (slowdown_pct waits) or "cpu" (slowdown_pct burns CPU on the training thread)',
         _one_of("sleep", "cpu"),
+    ),
+    "slowdown_ranks": KeySpec(
+        "all", '"all" or a list of ranks, e.g. [1]: the ranks slowdown_pct slows (the others wait for them)', _ranks
     ),
     "fault": KeySpec("none", '"none", "crash:RANK" or "hang:RANK" (test-only fault injection)', _str),
 }
@@ -238,6 +247,8 @@ def canonical(default: Any, value: Any) -> Any:
     key's default. A float key's integer becomes a float (``lr = 1`` is ``1.0``); an integer
     key's integral float becomes an integer (``bucket_cap_mb = 25.0`` is ``25``). Values written
     in the default's type are unchanged, so the ids of existing results are too."""
+    if isinstance(value, list) and isinstance(default, str):  # slowdown_ranks: rank numbers as they are
+        return value
     if isinstance(value, list):  # bucket_cap_mb_list: its caps in bucket_cap_mb's form
         return [canonical(CASE_KEYS["bucket_cap_mb"].default, v) for v in value]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -583,6 +594,12 @@ def _check_combination(path: str, r: dict[str, Any], machine: Machine, suite: Su
         )
     if r["slowdown_pct"] and r["warmup_steps"] < 1:
         raise _fail(path, "slowdown_pct", "expected warmup_steps >= 1: the delay is calibrated on the warm-up steps")
+    if r["slowdown_ranks"] != "all" and max(r["slowdown_ranks"]) >= r["world_size"]:
+        raise _fail(
+            path,
+            "slowdown_ranks",
+            f"expected ranks < world_size {r['world_size']}, got {r['slowdown_ranks']}",
+        )
     fault = r["fault"]
     if fault != "none":
         kind, _, rank = fault.partition(":")

@@ -51,6 +51,7 @@ from torch.profiler import record_function
 
 from tpbench import accounting, capture, lockstep, store, workloads
 from tpbench.analysis.stats import repeat_values, windows_of
+from tpbench.analysis.trace_events import BURN_RANGE
 from tpbench.capture import machine_load, nvml, profiler, transport
 from tpbench.environment import fingerprint
 from tpbench.plan import Plan
@@ -245,7 +246,9 @@ class CaseRunner:
         extra: list[dict[str, float]] = []
         heldout = workload.heldout_batches() if case.eval_every else []
         delay_s = 0.0
-        burn = case.slowdown_pct / 100 if case.slowdown_kind == "cpu" else 0.0
+        slowed = _slowed(case, self.rank.rank)
+        burn = case.slowdown_pct / 100 if case.slowdown_kind == "cpu" and slowed else 0.0
+        burned: list[float] = []  # seconds of CPU burnt per timed step
         collections = GcCounter()
         gc_was_enabled = gc.isenabled()
         gc.callbacks.append(collections)
@@ -254,7 +257,7 @@ class CaseRunner:
         try:
             for i in range(case.warmup_steps + case.steps):
                 if i == case.warmup_steps:
-                    delay_s = _slowdown_s(case, step_ms)
+                    delay_s = _slowdown_s(case, step_ms) if slowed else 0.0
                     # No collection inside a timed step: one now, none until the timed steps end.
                     gc.collect()
                     gc.disable()
@@ -268,7 +271,8 @@ class CaseRunner:
                 if delay_s:
                     _delay(delay_s)
                 elif burn and i >= case.warmup_steps:
-                    _burn(timer.cpu_s() * burn)
+                    burned.append(timer.cpu_s() * burn)
+                    _burn(burned[-1])
                 ms, cpu = timer.stop_ms()
                 ends.append(time.perf_counter() - t_start)
                 # Below this line nothing counts as step time.
@@ -292,7 +296,8 @@ class CaseRunner:
         spans = nvml.step_spans(t_start, ends, case.warmup_steps)
         clock = None
         if profile_after and case.profiler_steps > 0:
-            clock, profile_spans = self._profile(case, training, workload)
+            burn_s = statistics.median(burned) if burned else 0.0
+            clock, profile_spans = self._profile(case, training, workload, delay_s, burn_s)
             spans += profile_spans
         mine = {
             "step_ms": step_ms,
@@ -364,12 +369,23 @@ class CaseRunner:
             "peak_reserved_mb": torch.cuda.max_memory_reserved(self.device) / 2**20,
         }
 
-    def _profile(self, case: Case, training: Training, workload) -> tuple[nvml.ClockSync | None, list[nvml.Span]]:
-        """``profiler_steps`` traced steps after the timed ones (see ``capture.profiler``)."""
+    def _profile(
+        self, case: Case, training: Training, workload, delay_s: float, burn_s: float
+    ) -> tuple[nvml.ClockSync | None, list[nvml.Span]]:
+        """``profiler_steps`` traced steps after the timed ones (see ``capture.profiler``), slowed
+        as the timed steps were: the same delay, or the timed steps' median burn (``burn_s``; not
+        a share of the traced step's CPU time, which the profiler inflates), in its own trace
+        range. The traces must show what the timed steps measured, or ``tpbench explain`` could
+        not say where a planted slowdown went."""
 
         def run_step(step: int) -> None:
             x, y = workload.train_batch(step)
             train_step(training, workload, x, y, profiled=True)
+            if delay_s:
+                _delay(delay_s)  # a wait: no range, so the trace shows it as what it is (idle)
+            elif burn_s:
+                with record_function(BURN_RANGE):  # CPU work of the training thread: compute
+                    _burn(burn_s)
 
         out = store.trace_dir(self.run_dir, case.case_id) / f"rank{self.rank.rank}.json.gz"
         return profiler.trace_steps(run_step, case.profiler_steps, case.warmup_steps + case.steps, self.device, out)
@@ -437,6 +453,11 @@ def _check_torch_state(before: dict[str, Any]) -> None:
 
 def _shown(value: Any) -> str:
     return str(value).removeprefix("torch.")
+
+
+def _slowed(case: Case, rank: int) -> bool:
+    """Whether ``slowdown_pct`` slows this rank (``slowdown_ranks``: "all" or a list of ranks)."""
+    return case.slowdown_ranks == "all" or rank in case.slowdown_ranks
 
 
 def _slowdown_s(case: Case, step_ms: list[float]) -> float:

@@ -113,12 +113,12 @@ def _rank_overlap(iv: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         raise ValueError(
             f"steps of rank {steps['rank'].iloc[0]} overlap in time; expected one ProfilerStep after another"
         )
-    idx, s, e = _clip_to_steps(iv["start_ns"].to_numpy(np.int64), iv["end_ns"].to_numpy(np.int64), st_start, st_end)
+    idx, s, e = clip_to_steps(iv["start_ns"].to_numpy(np.int64), iv["end_ns"].to_numpy(np.int64), st_start, st_end)
     lane = iv["lane"].to_numpy(dtype=object)[idx[1]] if len(idx[1]) else np.array([], dtype=object)
     step_of = idx[0]
 
     def per_step(mask: np.ndarray) -> np.ndarray:
-        return _union_per_step(step_of[mask], s[mask], e[mask], n)
+        return union_per_step(step_of[mask], s[mask], e[mask], n)
 
     is_comp = lane == "compute"
     is_comm = lane == "comm"
@@ -144,7 +144,7 @@ def _rank_overlap(iv: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _clip_to_steps(
+def clip_to_steps(
     start: np.ndarray, end: np.ndarray, st_start: np.ndarray, st_end: np.ndarray
 ) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
     """Cut intervals at step boundaries: one piece per (interval, step it touches).
@@ -163,7 +163,7 @@ def _clip_to_steps(
     return (step[keep], which[keep]), s[keep], e[keep]
 
 
-def _union_per_step(step: np.ndarray, s: np.ndarray, e: np.ndarray, n_steps: int) -> np.ndarray:
+def union_per_step(step: np.ndarray, s: np.ndarray, e: np.ndarray, n_steps: int) -> np.ndarray:
     """|∪| of the pieces of each step at once: pieces never cross steps, so merge with a forced
     break wherever the step changes."""
     if not len(s):

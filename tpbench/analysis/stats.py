@@ -165,6 +165,27 @@ def unpaired_ratio(baseline: np.ndarray, candidate: np.ndarray, *, confidence: f
     return Ratio(math.exp(diff), math.exp(diff - half), math.exp(diff + half), n, "unpaired")
 
 
+def unpaired_difference(
+    baseline: np.ndarray, candidate: np.ndarray, *, confidence: float = CONFIDENCE
+) -> tuple[float, float, float]:
+    """mean(candidate) − mean(baseline) of two independent samples, with Welch's t interval:
+    (estimate, lo, hi). On the values themselves, not their logs: the parts of a step that
+    ``tpbench explain`` compares may be zero on one side, and their changes add up only as
+    differences. Fewer than two values on a side, or no spread: lo = hi = the estimate."""
+    b, c = np.asarray(baseline, dtype=float), np.asarray(candidate, dtype=float)
+    if b.size == 0 or c.size == 0:
+        raise ValueError("unpaired_difference needs at least one value on each side")
+    diff = float(c.mean() - b.mean())
+    if min(b.size, c.size) < 2:
+        return diff, diff, diff
+    vb, vc = b.var(ddof=1) / b.size, c.var(ddof=1) / c.size
+    if vb + vc == 0:
+        return diff, diff, diff
+    df = (vb + vc) ** 2 / (vb**2 / (b.size - 1) + vc**2 / (c.size - 1))
+    half = _t(confidence, df) * math.sqrt(vb + vc)
+    return diff, diff - half, diff + half
+
+
 def spent_confidence(confidence: float, looks: int, comparisons: int = 1) -> float:
     """The confidence each single interval must have so that all of them hold together.
 

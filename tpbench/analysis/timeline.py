@@ -13,6 +13,8 @@ Lanes (one per interval):
   ``aten::`` ops of the training thread (the one that carries ``ProfilerStep#N``) and those run
   inside an optimizer range on any thread (a ZeRO hook may step the optimizer in a future's
   callback). ``aten::`` ops nested inside a ``gloo:*`` range belong to the collective and are dropped.
+  A ``tpbench.burn`` range (``slowdown_kind = "cpu"``'s planted CPU work, which runs no aten op)
+  is compute too, on any trace.
 - ``memcpy``: GPU memcpy/memset.
 - ``optimizer``: the ``tpbench.optimizer`` phase and the ZeRO hooks' ``tpbench.zero.step[bucket=K]`` /
   ``tpbench.zero.broadcast[bucket=K]`` ranges (GPU annotations on GPU traces). These are context,
@@ -173,7 +175,7 @@ def _timeline(ev: TraceEvents, rank: int, dist: dict[str, Any]) -> Timeline:
     """The lanes, steps and marks of one rank's collected events."""
     pg_name, pg_size = _only_group(dist)
     names = list(ev.names)
-    parts = [_gloo_part(ev, pg_name, pg_size)]
+    parts = [_gloo_part(ev, pg_name, pg_size), _burn_part(ev.burns)]
     if len(ev.kernels):
         parts += [_kernel_part(ev, names, pg_name, pg_size), _ranges_part(ev.gpu_ranges, "stream")]
     else:
@@ -402,6 +404,11 @@ def _inside(t: np.ndarray, merged: tuple[np.ndarray, np.ndarray] | None) -> np.n
     starts, ends = merged
     i = np.searchsorted(starts, t, side="right") - 1
     return (i >= 0) & (t < ends[np.maximum(i, 0)])
+
+
+def _burn_part(rows: list[tuple[int, float, float, str]]) -> pd.DataFrame:
+    """The planted CPU burn's ranges, as compute of their thread."""
+    return _part("compute", [f"thread {r[0]}" for r in rows], [r[3] for r in rows], *_rows_span(rows, 1, 2))
 
 
 def _ranges_part(rows: list[tuple[int, float, float, str]], where: str) -> pd.DataFrame:

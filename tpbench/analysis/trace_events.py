@@ -23,6 +23,9 @@ _CHUNK_BYTES = 8 << 20
 _EVENT_SEPARATOR = b"},\n  {"
 _STEP_RE = re.compile(r"ProfilerStep\s*#\s*(\d+)")
 KERNEL_COMPUTE, KERNEL_COMM, KERNEL_MEMCPY = 0, 1, 2  # kernel kinds
+# The range around ``slowdown_kind = "cpu"``'s burn in a traced step (``worker``): CPU work of the
+# training thread without an aten op in it, which the timeline counts as compute.
+BURN_RANGE = "tpbench.burn"
 _COMM_META = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Process Group Name", "Group size")
 
 
@@ -207,6 +210,7 @@ class TraceEvents:
         self.gloo: list[tuple[int, float, float, str, Any, Any]] = []
         self.cpu_ranges: list[tuple[int, float, float, str]] = []  # optimizer ranges
         self.gpu_ranges: list[tuple[int, float, float, str]] = []
+        self.burns: list[tuple[int, float, float, str]] = []  # BURN_RANGE ranges
         self.steps: list[tuple[int, int, float, float]] = []  # (step, tid, ts, dur)
         self.issues: list[tuple[int, float, float, str]] = []  # c10d:: ops issuing a costed collective
 
@@ -339,6 +343,8 @@ class TraceEvents:
         if cat == "user_annotation" and name.startswith("gloo:"):
             args = e.get("args", {})
             self.gloo.append((e["tid"], e["ts"], e["dur"], name, args.get("Input Dims"), args.get("Input type")))
+        elif cat == "user_annotation" and name == BURN_RANGE:
+            self.burns.append((e["tid"], e["ts"], e["dur"], name))
         elif cat == "user_annotation" and _is_optimizer_range(name):
             self.cpu_ranges.append((e["tid"], e["ts"], e["dur"], name))
         elif cat in ("user_annotation", "cpu_op") and (m := _STEP_RE.match(name)):

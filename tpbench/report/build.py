@@ -19,6 +19,7 @@ from tpbench.report import (
     telemetry,
     timelines,
     verdicts,
+    waterfall,
     zero_memory,
 )
 from tpbench.report.data import ReportData, load
@@ -77,6 +78,7 @@ def _page(data: ReportData, runs: list[store.Loaded], out_dir: Path) -> Page:
     _headlines(page, data, comparisons, conv, cross)
     _environment(page, data)
     performance.step_time(page, data)
+    waterfall.section(page, data)
     telemetry.machine_load(page, data)
     performance.heatmaps(page, data, comparisons)
     interconnect.sections(page, data.runs)

@@ -408,7 +408,9 @@ def fastest_lines(data: ReportData) -> list[str]:
     done = data.done
     setting = [k for k in data.context_keys if k not in TUNING_KEYS]
     lines = []
-    for _, grp in done.groupby(["run_id", *setting], dropna=False, sort=False):
+    # A list-valued key (``slowdown_ranks = [1]``) groups by its JSON text: a list is not hashable.
+    by = [done[k].map(lambda v: json.dumps(v) if isinstance(v, list) else v) for k in ["run_id", *setting]]
+    for _, grp in done.groupby(by, dropna=False, sort=False):
         # Ranked by the statistic the ratio below compares (geometric mean of per-repeat values),
         # so the fastest is never "slower" than its runner-up.
         records = grp.to_dict("records")

@@ -1,0 +1,213 @@
+"""``tpbench explain``: where a step-time change between two cases went, from their traced steps.
+
+The cases are matched as ``tpbench compare`` matches them (``compare.counterpart`` across runs,
+``compare.within_run``'s pairs for ``--pair`` within one run); the parts come from the derived
+tables the sweep wrote (``intervals``, ``marks``, ``ddp_buckets``), never from the raw traces
+again, and are computed by ``analysis.explain``. ``run`` returns what the command prints.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from tpbench import compare, store
+from tpbench.analysis import explain as parts
+from tpbench.analysis.stats import CONFIDENCE
+
+
+class ExplainError(ValueError):
+    """An explain that cannot be done as asked (bad --pair, no traces): exit 2, with what to do."""
+
+
+@dataclass(frozen=True)
+class CaseExplanation:
+    """One matched case: its change split into parts (``explanation``) and the change the timed
+    steps measured (``timed_delta_ms``: the difference of the two cases' median step times, the
+    figure ``compare`` judges), beside which the traced steps' change can be checked."""
+
+    case_id: str
+    label: str
+    base_case: str
+    cand_case: str
+    explanation: parts.Explanation
+    timed_delta_ms: float
+
+    @property
+    def top(self) -> str:
+        return parts.sentence(self.explanation)
+
+    @property
+    def unlike_timed(self) -> str:
+        """Why the parts may not describe the timed steps, or "": the traced change is off the timed
+        one by more than 20 % (the profiler's overhead, or a busy machine, slowed one side's traced
+        steps more than the other's). The parts still add up to the traced change."""
+        traced, timed = self.explanation.delta_ms, self.timed_delta_ms
+        if not math.isfinite(timed) or timed == 0 or abs(traced - timed) <= 0.2 * abs(timed):
+            return ""
+        return (
+            f"the traced change is {traced / timed:.0%} of the timed one ({traced:+.2f} vs {timed:+.2f} ms): the "
+            "traced steps did not run as the timed ones (profiler overhead, a busy machine); read the parts as shares"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        e = self.explanation
+        return {
+            "case_id": self.case_id,
+            "label": self.label,
+            "delta_ms": e.delta_ms,
+            "lo": e.lo,
+            "hi": e.hi,
+            "top": e.top.name,
+            "sentence": self.top,
+            "components": [asdict(c) for c in e.components],
+            "exposed_comm_detail": [asdict(c) for c in e.detail],
+            "base_case": self.base_case,
+            "cand_case": self.cand_case,
+            "base_ms": e.base_ms,
+            "cand_ms": e.cand_ms,
+            "traced_steps": [e.base_steps, e.cand_steps],
+            "timed_delta_ms": self.timed_delta_ms,
+            "residual_ms": e.residual_ms,
+            "unlike_timed": self.unlike_timed,
+        }
+
+
+@dataclass(frozen=True)
+class Report:
+    """Every explained case, and the matched cases left out (``skipped``: case → why)."""
+
+    baseline: str
+    candidate: str
+    cases: list[CaseExplanation]
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "baseline": self.baseline,
+            "candidate": self.candidate,
+            "cases": [c.to_dict() for c in self.cases],
+            "skipped": self.skipped,
+        }
+
+
+def traced_steps(run_dir: Path, case_id: str) -> pd.DataFrame | None:
+    """``analysis.explain.step_parts`` of one stored case, or None when it has no traced steps."""
+    intervals = store.read_case_table(run_dir, case_id, "intervals")
+    marks = store.read_case_table(run_dir, case_id, "marks")
+    if intervals is None or marks is None:
+        return None
+    steps = marks[marks["kind"] == "step"].rename(columns={"index": "step"})[["rank", "step", "start_ns", "end_ns"]]
+    if steps.empty:
+        return None
+    buckets = store.read_case_table(run_dir, case_id, "ddp_buckets")
+    n_buckets = len(buckets) if buckets is not None and len(buckets) else None
+    return parts.step_parts(parts.rank_step_parts(intervals, steps, n_buckets))
+
+
+def explain_cases(
+    base_dir: Path,
+    cand_dir: Path,
+    matched: Sequence[tuple[str, str, str, float]],
+    *,
+    confidence: float = CONFIDENCE,
+) -> tuple[list[CaseExplanation], dict[str, str]]:
+    """Explain each (base case, candidate case, label, timed change in ms); a case without
+    traces on either side goes to the second value with the reason."""
+    out, skipped = [], {}
+    for base_case, cand_case, label, timed in matched:
+        b, c = traced_steps(base_dir, base_case), traced_steps(cand_dir, cand_case)
+        missing = [
+            f"{side} case {cid} in {d}"
+            for side, cid, d, t in (("baseline", base_case, base_dir, b), ("candidate", cand_case, cand_dir, c))
+            if t is None
+        ]
+        if missing:
+            skipped[label] = f"no traced steps ({'; '.join(missing)})"
+            continue
+        e = parts.explain(b, c, confidence=confidence)
+        out.append(CaseExplanation(cand_case, label, base_case, cand_case, e, timed))
+    return out, skipped
+
+
+def run(runs: Sequence[str | Path], *, pairs: Sequence[str] = (), confidence: float = CONFIDENCE) -> Report:
+    """``tpbench explain BASE CAND`` (two runs, their cases matched by identity) or ``tpbench
+    explain RUN --pair KEY=A..B`` (two cases of one run). Raises ``ExplainError`` for arguments
+    that name nothing to explain, or when no matched case has traces on both sides."""
+    if len(runs) == 1:
+        if not pairs:
+            raise ExplainError("explain RUN_DIR needs --pair KEY=BASELINE..CANDIDATE (or give two runs: BASE CAND)")
+        try:
+            within = compare.within_run(runs[0], pairs=pairs)
+        except compare.GateError as e:
+            raise ExplainError(str(e)) from None
+        matched = [(p.baseline_case, p.candidate_case, p.result.label, _delta(p.result)) for p in within.pairs]
+        base_dir = cand_dir = Path(within.run)
+    elif len(runs) == 2:
+        if pairs:
+            raise ExplainError("--pair: only with a single RUN_DIR (two cases of one run)")
+        base_dir, cand_dir = Path(runs[0]), Path(runs[1])
+        matched = matched_across(base_dir, cand_dir)
+    else:
+        raise ExplainError(f"explain takes BASE_RUN CAND_RUN, or one RUN_DIR with --pair; got {len(runs)} runs")
+    cases, skipped = explain_cases(base_dir, cand_dir, matched, confidence=confidence)
+    if not cases:
+        why = "; ".join(f"{k}: {v}" for k, v in skipped.items()) or "no matched finished cases"
+        raise ExplainError(
+            f"nothing to explain: {why}. Traces come from the traced steps after each case's timed ones: "
+            "sweep with capture.profiler_steps >= 2 (e.g. --set capture.profiler_steps=5)"
+        )
+    return Report(str(base_dir), str(cand_dir), cases, skipped)
+
+
+def annotate(
+    result: compare.Comparison | compare.WithinRun, traced: tuple[Path, Path] | None = None
+) -> compare.Comparison | compare.WithinRun:
+    """The comparison with each regression's top contributor (``CaseResult.top_contributor``: the
+    sentence of its explanation) where both of its cases have traced steps; unchanged elsewhere.
+    Runs compared: the first baseline run against the first candidate run, or ``traced`` (the
+    baseline's and the candidate's runs traced after the verdict, ``gate --explain``)."""
+    if isinstance(result, compare.WithinRun):
+        run_dir = Path(result.run)
+        pairs = [replace(p, result=_named(p.result, run_dir, p.baseline_case, run_dir)) for p in result.pairs]
+        return replace(result, pairs=pairs)
+    regressed = {r.case_id for r in result.cases if r.verdict == compare.REGRESSION}
+    if not regressed:
+        return result
+    base_dir, cand_dir = traced or (Path(result.baseline_runs[0]), Path(result.candidate_runs[0]))
+    others = {cand: other for other, cand, _, _ in matched_across(base_dir, cand_dir) if cand in regressed}
+    cases = [_named(r, base_dir, others[r.case_id], cand_dir) if r.case_id in others else r for r in result.cases]
+    return replace(result, cases=cases)
+
+
+def _named(r: compare.CaseResult, base_dir: Path, base_case: str, cand_dir: Path) -> compare.CaseResult:
+    """``r`` with its top contributor, when it is a regression and both cases have traced steps."""
+    if r.verdict != compare.REGRESSION:
+        return r
+    found, _ = explain_cases(base_dir, cand_dir, [(base_case, r.case_id, r.label, _delta(r))])
+    return replace(r, top_contributor=found[0].top) if found else r
+
+
+def _delta(r: compare.CaseResult) -> float:
+    if r.baseline_median is None or r.candidate_median is None:
+        return float("nan")
+    return r.candidate_median - r.baseline_median
+
+
+def matched_across(base_dir: Path, cand_dir: Path) -> list[tuple[str, str, str, float]]:
+    """The finished candidate cases with a counterpart in the baseline (``compare.counterpart``)."""
+    base, cand = compare.RunData.of(base_dir), compare.RunData.of(cand_dir)
+    out = []
+    for cid, params in cand.params.items():
+        other, _ = compare.counterpart(params, cid, base)
+        if other is None or cand.status[cid] != store.DONE or base.status[other] != store.DONE:
+            continue
+        b, c = base.values.get(other), cand.values.get(cid)
+        timed = float(np.median(list(c.values())) - np.median(list(b.values()))) if b and c else float("nan")
+        out.append((other, cid, cand.labels[cid], timed))
+    return out

@@ -1,0 +1,69 @@
+"""The "Where the time went" section of a report of several runs: per matched case with traces on
+both sides, a waterfall from the first run's traced step to the later run's, one bar per part of
+``tpbench explain`` (compute, exposed communication, optimizer, idle, straggler wait).
+
+The parts come from ``tpbench.explain`` (the cases matched as ``compare`` matches them, the
+derived tables the sweeps wrote), so the bars add up to the change exactly, as the command's do."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from tpbench import explain
+from tpbench.report.data import ReportData
+from tpbench.report.figures import MARGIN
+from tpbench.report.html import Page, plot_text
+
+# Beyond this many cases a page would hold a chart per case of a large suite: the largest changes.
+MAX_CASES = 12
+
+
+def section(page: Page, data: ReportData) -> None:
+    if not data.multi:
+        return
+    first = data.runs[0].run_dir
+    found = []
+    for run in data.runs[1:]:
+        cases, _ = explain.explain_cases(first, run.run_dir, explain.matched_across(first, run.run_dir))
+        found += [(data.tags[run.record.run_id], c) for c in cases]
+    if not found:
+        return
+    found.sort(key=lambda tc: -abs(tc[1].explanation.delta_ms))
+    page.heading("Where the time went", anchor="where-the-time-went")
+    shown = f"the {MAX_CASES} largest changes of {len(found)}" if len(found) > MAX_CASES else f"{len(found)}"
+    page.paragraph(
+        "Per case traced in both runs: the first run's traced step, then each part's change (ms per step, "
+        "candidate − baseline), then the later run's traced step; the parts add up to the change exactly "
+        f"(tpbench explain; docs/explain.md). Cases shown: {shown}.",
+        css="muted",
+    )
+    for tag, case in found[:MAX_CASES]:
+        page.paragraph(f"{tag}, {case.label}: {case.top}")
+        page.figure(_waterfall(tag, case))
+
+
+def _waterfall(tag: str, case: explain.CaseExplanation) -> go.Figure:
+    e = case.explanation
+    names = ["baseline step", *(c.name.replace("_", " ") for c in e.components), "candidate step"]
+    measure = ["absolute", *["relative"] * len(e.components), "total"]
+    values = [e.base_ms, *(c.delta_ms for c in e.components), e.cand_ms]
+    fig = go.Figure(
+        go.Waterfall(
+            x=names,
+            y=values,
+            measure=measure,
+            text=[f"{v:+.2f}" if m == "relative" else f"{v:.2f}" for v, m in zip(values, measure)],
+            hovertext=["", *(f"95% CI {c.lo:+.2f} to {c.hi:+.2f}" for c in e.components), ""],
+            increasing=dict(marker=dict(color="#a4262c")),
+            decreasing=dict(marker=dict(color="#107c10")),
+            totals=dict(marker=dict(color="#5c6b7a")),
+        )
+    )
+    fig.update_layout(
+        title=plot_text(f"{tag}, {case.label}: traced step time (ms), baseline → candidate"),
+        yaxis_title="ms per step",
+        margin=MARGIN,
+        height=360,
+        showlegend=False,
+    )
+    return fig
