@@ -27,9 +27,10 @@ class ExplainError(ValueError):
 
 @dataclass(frozen=True)
 class CaseExplanation:
-    """One matched case: its change split into parts (``explanation``) and the change the timed
-    steps measured (``timed_delta_ms``: the difference of the two cases' median step times, the
-    figure ``compare`` judges), beside which the traced steps' change can be checked."""
+    """One matched case: the change the timed steps measured (``timed_delta_ms``: the difference
+    of the two cases' median step times, the figure ``compare`` judges) split into parts
+    (``explanation``: each side's traced steps scaled to its timed step, ``analysis.explain.scaled``),
+    and the traced steps' own change (``traced``), unscaled, to check the traces against."""
 
     case_id: str
     label: str
@@ -37,6 +38,7 @@ class CaseExplanation:
     cand_case: str
     explanation: parts.Explanation
     timed_delta_ms: float
+    traced: parts.Explanation
 
     @property
     def top(self) -> str:
@@ -46,13 +48,14 @@ class CaseExplanation:
     def unlike_timed(self) -> str:
         """Why the parts may not describe the timed steps, or "": the traced change is off the timed
         one by more than 20 % (the profiler's overhead, or a busy machine, slowed one side's traced
-        steps more than the other's). The parts still add up to the traced change."""
-        traced, timed = self.explanation.delta_ms, self.timed_delta_ms
+        steps more than the other's), so the traces' composition is a weaker guide to it."""
+        traced, timed = self.traced.delta_ms, self.timed_delta_ms
         if not math.isfinite(timed) or timed == 0 or abs(traced - timed) <= 0.2 * abs(timed):
             return ""
         return (
             f"the traced change is {traced / timed:.0%} of the timed one ({traced:+.2f} vs {timed:+.2f} ms): the "
-            "traced steps did not run as the timed ones (profiler overhead, a busy machine); read the parts as shares"
+            "traced steps did not run as the timed ones (profiler overhead, a busy machine); the parts are their "
+            "composition scaled to the timed steps"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -73,6 +76,8 @@ class CaseExplanation:
             "cand_ms": e.cand_ms,
             "traced_steps": [e.base_steps, e.cand_steps],
             "timed_delta_ms": self.timed_delta_ms,
+            "traced_delta_ms": self.traced.delta_ms,
+            "traced_components": [asdict(c) for c in self.traced.components],
             "residual_ms": e.residual_ms,
             "unlike_timed": self.unlike_timed,
         }
@@ -113,12 +118,12 @@ def traced_steps(run_dir: Path, case_id: str) -> pd.DataFrame | None:
 def explain_cases(
     base_dir: Path,
     cand_dir: Path,
-    matched: Sequence[tuple[str, str, str, float]],
+    matched: Sequence[tuple[str, str, str, tuple[float, float]]],
     *,
     confidence: float = CONFIDENCE,
 ) -> tuple[list[CaseExplanation], dict[str, str]]:
-    """Explain each (base case, candidate case, label, timed change in ms); a case without
-    traces on either side goes to the second value with the reason."""
+    """Explain each (base case, candidate case, label, (base, candidate) timed median step in ms);
+    a case without traces on either side goes to the second value with the reason."""
     out, skipped = [], {}
     for base_case, cand_case, label, timed in matched:
         b, c = traced_steps(base_dir, base_case), traced_steps(cand_dir, cand_case)
@@ -130,8 +135,10 @@ def explain_cases(
         if missing:
             skipped[label] = f"no traced steps ({'; '.join(missing)})"
             continue
-        e = parts.explain(b, c, confidence=confidence)
-        out.append(CaseExplanation(cand_case, label, base_case, cand_case, e, timed))
+        (base_ms, cand_ms) = timed
+        traced = parts.explain(b, c, confidence=confidence)
+        e = parts.explain(parts.scaled(b, base_ms), parts.scaled(c, cand_ms), confidence=confidence)
+        out.append(CaseExplanation(cand_case, label, base_case, cand_case, e, cand_ms - base_ms, traced))
     return out, skipped
 
 
@@ -146,7 +153,7 @@ def run(runs: Sequence[str | Path], *, pairs: Sequence[str] = (), confidence: fl
             within = compare.within_run(runs[0], pairs=pairs)
         except compare.GateError as e:
             raise ExplainError(str(e)) from None
-        matched = [(p.baseline_case, p.candidate_case, p.result.label, _delta(p.result)) for p in within.pairs]
+        matched = [(p.baseline_case, p.candidate_case, p.result.label, _medians(p.result)) for p in within.pairs]
         base_dir = cand_dir = Path(within.run)
     elif len(runs) == 2:
         if pairs:
@@ -189,17 +196,17 @@ def _named(r: compare.CaseResult, base_dir: Path, base_case: str, cand_dir: Path
     """``r`` with its top contributor, when it is a regression and both cases have traced steps."""
     if r.verdict != compare.REGRESSION:
         return r
-    found, _ = explain_cases(base_dir, cand_dir, [(base_case, r.case_id, r.label, _delta(r))])
+    found, _ = explain_cases(base_dir, cand_dir, [(base_case, r.case_id, r.label, _medians(r))])
     return replace(r, top_contributor=found[0].top) if found else r
 
 
-def _delta(r: compare.CaseResult) -> float:
+def _medians(r: compare.CaseResult) -> tuple[float, float]:
     if r.baseline_median is None or r.candidate_median is None:
-        return float("nan")
-    return r.candidate_median - r.baseline_median
+        return (float("nan"), float("nan"))
+    return (r.baseline_median, r.candidate_median)
 
 
-def matched_across(base_dir: Path, cand_dir: Path) -> list[tuple[str, str, str, float]]:
+def matched_across(base_dir: Path, cand_dir: Path) -> list[tuple[str, str, str, tuple[float, float]]]:
     """The finished candidate cases with a counterpart in the baseline (``compare.counterpart``)."""
     base, cand = compare.RunData.of(base_dir), compare.RunData.of(cand_dir)
     out = []
@@ -208,6 +215,6 @@ def matched_across(base_dir: Path, cand_dir: Path) -> list[tuple[str, str, str, 
         if other is None or cand.status[cid] != store.DONE or base.status[other] != store.DONE:
             continue
         b, c = base.values.get(other), cand.values.get(cid)
-        timed = float(np.median(list(c.values())) - np.median(list(b.values()))) if b and c else float("nan")
+        timed = (float(np.median(list(b.values()))), float(np.median(list(c.values())))) if b and c else (math.nan,) * 2
         out.append((other, cid, cand.labels[cid], timed))
     return out

@@ -207,16 +207,17 @@ def _explain_rows(c: explain.CaseExplanation) -> list[list[str]]:
     e = c.explanation
     rows = [[p.name, _ms(p.delta_ms), f"[{_ms(p.lo)}, {_ms(p.hi)}]"] for p in e.components]
     rows += [[f"  exposed_comm: {d.name}", _ms(d.delta_ms), f"[{_ms(d.lo)}, {_ms(d.hi)}]"] for d in e.detail]
-    rows.append(["step time (traced)", _ms(e.delta_ms), f"[{_ms(e.lo)}, {_ms(e.hi)}]"])
+    rows.append(["step time", _ms(e.delta_ms), f"[{_ms(e.lo)}, {_ms(e.hi)}]"])
     return rows
 
 
 def _explain_note(c: explain.CaseExplanation) -> str:
-    e = c.explanation
+    e, t = c.explanation, c.traced
     return (
-        f"traced steps {e.base_ms:.2f} → {e.cand_ms:.2f} ms ({e.base_steps}/{e.cand_steps} steps); the parts sum "
-        f"to the traced change (residual {e.residual_ms:+.3f} ms); the timed steps' medians changed by "
-        f"{_ms(c.timed_delta_ms)} ms" + (f"; warning: {c.unlike_timed}" if c.unlike_timed else "")
+        f"timed steps {e.base_ms:.2f} → {e.cand_ms:.2f} ms (medians), split as the traced steps went "
+        f"({t.base_ms:.2f} → {t.cand_ms:.2f} ms, {_ms(t.delta_ms)} ms over {t.base_steps}/{t.cand_steps} steps, "
+        f"each side's parts scaled to its timed step; residual {e.residual_ms:+.3f} ms)"
+        + (f"; warning: {c.unlike_timed}" if c.unlike_timed else "")
     )
 
 

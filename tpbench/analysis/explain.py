@@ -122,6 +122,22 @@ def step_parts(per_rank: pd.DataFrame) -> pd.DataFrame:
     return mean.rename(columns={"span_ns": "step_ns"}).reset_index()
 
 
+def scaled(steps: pd.DataFrame, step_ms: float) -> pd.DataFrame:
+    """``step_parts`` rescaled so that their mean step is ``step_ms``: the traced steps'
+    composition applied to the timed steps' time.
+
+    Traced steps carry the profiler's overhead, which differs between cases (more ops, more
+    overhead; a busier machine while tracing), so two cases' traced change need not be the change
+    their timed steps measured. Scaling each side's parts to its own timed step keeps what the
+    trace knows (where the time went, step by step) and makes the parts add up to the measured
+    change. Unchanged where ``step_ms`` is not a positive number."""
+    mean_ns = float(steps["step_ns"].mean()) if len(steps) else 0.0
+    if not (math.isfinite(step_ms) and step_ms > 0 and mean_ns > 0):
+        return steps
+    cols = ["step_ns", *(c for c in steps.columns if c in PARTS or c.startswith(DETAIL))]
+    return steps.assign(**{c: steps[c] * (step_ms * 1e6 / mean_ns) for c in cols})
+
+
 def explain(base: pd.DataFrame, cand: pd.DataFrame, *, confidence: float = CONFIDENCE) -> Explanation:
     """The change from ``base`` to ``cand`` (``step_parts`` of each), part by part, in ms."""
     if base.empty or cand.empty:
