@@ -533,6 +533,9 @@ def test_the_ranking_names_each_fabrics_first_and_whether_the_intervals_decide_i
     assert "undecided: the intervals of interleaved reach below its top" in lines[1]
     assert "the ranking changes across fabrics (nvlink: interleaved; 100gbe: sequential)" in lines
     assert lines[-1] == "cannot rank first on any projected fabric: no overlap"
+    crowd = _projections([(f"c{i}", "f", 10.0 + i / 10, 9.0, 12.0) for i in range(6)])
+    (line, *_) = whatif_run.answer_lines(crowd, {})
+    assert line.endswith("undecided: the intervals of c1, c2, c3 and 2 more reach below its top")
     # A refused case takes no part, and a case first somewhere can win.
     p.loc[p["case_id"] == "inter", "refused"] = "why"
     assert set(whatif.ranking(p)["first"]) == {"seq"} and whatif.cannot_win(p) == ["slow"]

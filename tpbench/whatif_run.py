@@ -165,7 +165,8 @@ def answer_lines(projections: pd.DataFrame, labels: Mapping[str, str]) -> list[s
         elif r["decided"]:
             lines.append(f"on {r['fabric']}: {first} would be fastest; every other setting's interval lies above its")
         else:
-            others = ", ".join(labels.get(c, c) for c in r["tied_with"])
+            names = [labels.get(c, c) for c in r["tied_with"]]
+            others = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
             lines.append(
                 f"on {r['fabric']}: {first} ranks first, undecided: the intervals of {others} reach below its top"
             )
