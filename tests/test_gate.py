@@ -428,6 +428,7 @@ def same_code_gate(suite: Path, *flags: str | Path) -> subprocess.CompletedProce
     return tpbench("gate", suite, "--baseline", REPO, "--candidate", sys.prefix, *flags)
 
 
+@pytest.mark.slow  # two sides beside a busy loop, 12 pairs (35-55 s): over CI's budget
 @pytest.mark.ranks
 def test_lockstep_gate_calls_a_30pct_slowdown_a_regression_beside_a_busy_process(tmp_path: Path) -> None:
     """A few-ms step, 12 pairs through the lockstep gate, with a CPU-bound process competing for

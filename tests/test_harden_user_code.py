@@ -117,6 +117,7 @@ def test_a_factory_that_forks_leaves_no_process_behind_when_its_world_ends(tmp_p
     assert not any(map(_alive, forked)), forked
 
 
+@pytest.mark.slow  # several worlds, one per failed case (25-40 s): over CI's budget
 @pytest.mark.ranks
 def test_a_factory_that_changes_torch_state_fails_its_case_and_the_next_starts_clean(tmp_path):
     suite = _suite(tmp_path, 'workload = ["user_models:doubles", "user_models:threads", "user_models:good"]')
@@ -158,6 +159,7 @@ def test_every_change_to_torch_state_is_named_between_items(monkeypatch):
 # --- non-finite training ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # several worlds, one per failed case (25-40 s): over CI's budget
 @pytest.mark.ranks
 def test_non_finite_training_fails_its_case_with_the_cause_and_is_never_ranked(tmp_path, capsys):
     suite = _suite(

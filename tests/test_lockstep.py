@@ -37,6 +37,7 @@ def gate(tmp_path: Path, suite_text: str, *flags: str | Path, baseline: str | Pa
     return p, out
 
 
+@pytest.mark.slow  # two full gates (25-35 s): over CI's budget
 def test_lockstep_alternates_items_of_worlds_started_once_stops_early_and_aa_is_not_a_regression(
     tmp_path: Path,
 ) -> None:

@@ -187,6 +187,7 @@ def _planned(tmp_path: Path, target: float) -> store.Run:
     return run
 
 
+@pytest.mark.slow  # rounds until a budget is spent (20-33 s): over CI's budget
 @pytest.mark.ranks
 def test_adaptive_sweep_adds_rounds_until_the_budget_is_spent(tmp_path: Path, capsys) -> None:
     """A target no run on this machine reaches: batches of rounds (each at most doubling the
