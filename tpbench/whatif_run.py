@@ -8,6 +8,7 @@ stored beside the run, with the rows its tables print.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -136,7 +137,7 @@ class Written:
         rank = whatif.ranking(p)
 
         def records(df: pd.DataFrame) -> list[dict[str, Any]]:
-            return [{k: _plain(v) for k, v in r.items()} for r in df.to_dict("records")]
+            return json.loads(df.to_json(orient="records", double_precision=15))  # NaN and NA as null
 
         return {
             "run_dir": str(self.projections_path.parent),
@@ -180,15 +181,6 @@ def answer_lines(projections: pd.DataFrame, labels: Mapping[str, str]) -> list[s
     if beaten:
         lines.append("cannot rank first on any projected fabric: " + ", ".join(labels.get(c, c) for c in beaten))
     return lines
-
-
-def _plain(v: Any) -> Any:
-    """A JSON-ready value: NaN and NA as null, numpy scalars as Python's."""
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    if v is None or (not isinstance(v, str) and pd.isna(v)):
-        return None
-    return v.item() if hasattr(v, "item") else v
 
 
 def _ms_interval(ms: float, lo: float, hi: float) -> str:
