@@ -28,7 +28,8 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
             f"Raced by tpbench tune on {result['metric']}: after each round, once "
             f"{saved['options']['min_rounds']} had run, a setting was eliminated when its paired ratio to the "
             "leader (the lowest geometric mean) was clearly above 1, its variance pooled over the settings still "
-            f"in the race; intervals at {result['confidence']:.0%} "
+            "in the race, and the race ended tied once no setting left could be more than "
+            f"{result['epsilon']:.0%} faster than the leader; intervals at {result['confidence']:.0%} "
             "confidence spent over every round the race could look at and every setting (docs/tune.md). "
             f"Timed steps: {result['timed_s']:.1f} s of the {result['grid_timed_s']:.1f} s the whole grid "
             "would have timed.",
@@ -98,7 +99,7 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
             )
     fig.add_hrect(y0=1 / (1 + epsilon), y1=1, fillcolor="#d9dde5", opacity=0.5, line_width=0)
     fig.update_layout(
-        title="The race: each setting's ratio to the round's leader (×: eliminated; shaded: the tie zone)",
+        title="The race: ratio to the round's leader (×: eliminated; shaded: the tie zone)",
         xaxis_title="round",
         yaxis_title="ratio to the leader",
         yaxis_range=[0.8, min(2 * top, 3.0)],
