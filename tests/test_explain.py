@@ -1,7 +1,7 @@
 """``tpbench explain``: the parts of a step-time change, on hand-built intervals (exact sums, what
 waiting is) and through real sweeps with planted causes (a CPU burn on every rank → compute, the
 same burn on one rank → straggler wait on the others, an emulated 1 Gbit/s link → exposed
-communication). The sweeps are 2-rank Gloo worlds of the issue's smoke size (mlp 512×8), traced;
+communication, smaller buckets → exposed communication spread over the buckets). The sweeps are 2-rank Gloo worlds of the issue's smoke size (mlp 512×8), traced;
 each planted cause is several times the machine's step-to-step noise, and every real test checks
 that the parts add up to the change the *timed* steps measured within 20 %, which the traced
 steps only do if they ran as the timed ones did."""
@@ -248,6 +248,32 @@ def test_a_slower_emulated_link_is_exposed_communication(tmp_path: Path, capsys)
     assert case["top"] == "exposed_comm", case
     assert [d["name"] for d in case["exposed_comm_detail"]] == ["bucket 0"]  # one bucket under the 25 MB cap
     _adds_up(case)
+
+
+@pytest.mark.ranks
+def test_smaller_buckets_are_exposed_communication_shown_by_bucket(tmp_path: Path, capsys) -> None:
+    """``bucket_cap_mb=25..0.01`` on a deep, narrow mlp (48 layers of 64: 97 parameters of 16 KB or
+    less): DDP builds one bucket for the whole model, then one per layer, and each of the 48
+    allreduces pays Gloo's per-collective cost, several times the step's compute (about 20 → 110 ms
+    per step on the shared 2-core machine). The exposed time is split over the candidate's buckets,
+    which sum to it."""
+    mlp = {"width": 64, "depth": 48}
+    smoke = SMOKE | {"repeats": 2, "steps": 4}
+    suite = tiny_suite("bucket_cap_mb = [25, 0.01]", name="buckets", profiler_steps=4, mlp=mlp, **smoke)
+    run = sweep_in_process(tmp_path, suite)
+    assert run_cli(["explain", str(run.run_dir), "--pair", "bucket_cap_mb=25..0.01", "--format", "json"]) == 0
+    (case,) = json.loads(capsys.readouterr().out)["cases"]
+    assert case["top"] == "exposed_comm", case
+    assert case["ddp_buckets"] == [1, 48]
+    detail = case["exposed_comm_detail"]
+    assert [d["name"] for d in detail] == [f"bucket {i}" for i in range(48)]  # in bucket order
+    exposed = next(c for c in case["components"] if c["name"] == "exposed_comm")
+    assert sum(d["delta_ms"] for d in detail) == pytest.approx(exposed["delta_ms"], rel=1e-9)
+    assert "spread over 48 buckets" in case["sentence"]
+    _adds_up(case)
+    assert run_cli(["explain", str(run.run_dir), "--pair", "bucket_cap_mb=25..0.01"]) == 0
+    out = capsys.readouterr().out
+    assert "exposed_comm: 40 more buckets" in out and "DDP buckets 1 → 48" in out
 
 
 @pytest.mark.parametrize(

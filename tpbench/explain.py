@@ -30,7 +30,8 @@ class CaseExplanation:
     """One matched case: the change the timed steps measured (``timed_delta_ms``: the difference
     of the two cases' median step times, the figure ``compare`` judges) split into parts
     (``explanation``: each side's traced steps scaled to its timed step, ``analysis.explain.scaled``),
-    and the traced steps' own change (``traced``), unscaled, to check the traces against."""
+    and the traced steps' own change (``traced``), unscaled, to check the traces against; ``buckets``:
+    how many gradient buckets DDP built on each side, where recorded (what a bucket-size change did)."""
 
     case_id: str
     label: str
@@ -39,6 +40,7 @@ class CaseExplanation:
     explanation: parts.Explanation
     timed_delta_ms: float
     traced: parts.Explanation
+    buckets: tuple[int | None, int | None] = (None, None)
 
     @property
     def top(self) -> str:
@@ -80,6 +82,7 @@ class CaseExplanation:
             "traced_components": [asdict(c) for c in self.traced.components],
             "residual_ms": e.residual_ms,
             "unlike_timed": self.unlike_timed,
+            "ddp_buckets": list(self.buckets),
         }
 
 
@@ -110,9 +113,13 @@ def traced_steps(run_dir: Path, case_id: str) -> pd.DataFrame | None:
     steps = marks[marks["kind"] == "step"].rename(columns={"index": "step"})[["rank", "step", "start_ns", "end_ns"]]
     if steps.empty:
         return None
+    return parts.step_parts(parts.rank_step_parts(intervals, steps, bucket_count(run_dir, case_id)))
+
+
+def bucket_count(run_dir: Path, case_id: str) -> int | None:
+    """How many gradient buckets DDP built for the case (its ``ddp_buckets`` table), or None."""
     buckets = store.read_case_table(run_dir, case_id, "ddp_buckets")
-    n_buckets = len(buckets) if buckets is not None and len(buckets) else None
-    return parts.step_parts(parts.rank_step_parts(intervals, steps, n_buckets))
+    return len(buckets) if buckets is not None and len(buckets) else None
 
 
 def explain_cases(
@@ -138,7 +145,8 @@ def explain_cases(
         (base_ms, cand_ms) = timed
         traced = parts.explain(b, c, confidence=confidence)
         e = parts.explain(parts.scaled(b, base_ms), parts.scaled(c, cand_ms), confidence=confidence)
-        out.append(CaseExplanation(cand_case, label, base_case, cand_case, e, cand_ms - base_ms, traced))
+        buckets = (bucket_count(base_dir, base_case), bucket_count(cand_dir, cand_case))
+        out.append(CaseExplanation(cand_case, label, base_case, cand_case, e, cand_ms - base_ms, traced, buckets))
     return out, skipped
 
 

@@ -203,10 +203,20 @@ def _ms(x: float) -> str:
     return f"{x:+.2f}" if math.isfinite(x) else "n/a"
 
 
+# The exposed communication's split shows at most this many lines (the largest changes, in bucket
+# order) and one line for the rest: a bucket cap of 10 KB builds one bucket per layer. JSON has them all.
+MAX_DETAIL = 8
+
+
 def _explain_rows(c: explain.CaseExplanation) -> list[list[str]]:
     e = c.explanation
     rows = [[p.name, _ms(p.delta_ms), f"[{_ms(p.lo)}, {_ms(p.hi)}]"] for p in e.components]
-    rows += [[f"  exposed_comm: {d.name}", _ms(d.delta_ms), f"[{_ms(d.lo)}, {_ms(d.hi)}]"] for d in e.detail]
+    largest = sorted(e.detail, key=lambda d: -abs(d.delta_ms))[:MAX_DETAIL]
+    shown = [d for d in e.detail if d in largest]
+    rows += [[f"  exposed_comm: {d.name}", _ms(d.delta_ms), f"[{_ms(d.lo)}, {_ms(d.hi)}]"] for d in shown]
+    if rest := [d for d in e.detail if d not in largest]:
+        noun = "buckets" if all(d.name.startswith("bucket ") for d in rest) else "collectives and buckets"
+        rows.append([f"  exposed_comm: {len(rest)} more {noun}", _ms(sum(d.delta_ms for d in rest)), "(--format json)"])
     rows.append(["step time", _ms(e.delta_ms), f"[{_ms(e.lo)}, {_ms(e.hi)}]"])
     return rows
 
@@ -217,6 +227,7 @@ def _explain_note(c: explain.CaseExplanation) -> str:
         f"timed steps {e.base_ms:.2f} → {e.cand_ms:.2f} ms (medians), split as the traced steps went "
         f"({t.base_ms:.2f} → {t.cand_ms:.2f} ms, {_ms(t.delta_ms)} ms over {t.base_steps}/{t.cand_steps} steps, "
         f"each side's parts scaled to its timed step; residual {e.residual_ms:+.3f} ms)"
+        + (f"; DDP buckets {c.buckets[0]} → {c.buckets[1]}" if None not in c.buckets else "")
         + (f"; warning: {c.unlike_timed}" if c.unlike_timed else "")
     )
 

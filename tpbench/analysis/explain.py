@@ -149,7 +149,7 @@ def explain(base: pd.DataFrame, cand: pd.DataFrame, *, confidence: float = CONFI
         return Component(col, *unpaired_difference(b, c, confidence=confidence))
 
     total = diff("step_ns")
-    details = sorted({c for c in (*base.columns, *cand.columns) if c.startswith(DETAIL)})
+    details = sorted({c for c in (*base.columns, *cand.columns) if c.startswith(DETAIL)}, key=_detail_order)
     return Explanation(
         base_ms=float(base["step_ns"].mean()) / 1e6,
         cand_ms=float(cand["step_ns"].mean()) / 1e6,
@@ -173,7 +173,11 @@ def sentence(e: Explanation) -> str:
     what = top.name.replace("_", " ")
     sub = e.top_detail if top.name == "exposed_comm" else None
     if sub is not None and sub.delta_ms * e.delta_ms > 0:
-        what += f" (mostly {sub.name}, {sub.delta_ms:+.2f} ms)"
+        if abs(sub.delta_ms) >= 0.5 * abs(top.delta_ms) or len(e.detail) < 3:
+            what += f" (mostly {sub.name}, {sub.delta_ms:+.2f} ms)"
+        else:  # smaller buckets: many collectives, each a little slower, none of them "mostly"
+            noun = "buckets" if all(d.name.startswith("bucket ") for d in e.detail) else "collectives and buckets"
+            what += f" (spread over {len(e.detail)} {noun}; the largest, {sub.name}, {sub.delta_ms:+.2f} ms)"
     return (
         f"{e.delta_ms:+.2f} ms per step {direction} (95% CI {e.lo:+.2f} to {e.hi:+.2f}), mostly {what}: "
         f"{top.delta_ms:+.2f} ms ({share:.0f}% of the change, 95% CI {top.lo:+.2f} to {top.hi:+.2f})."
@@ -181,6 +185,14 @@ def sentence(e: Explanation) -> str:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _detail_order(column: str) -> tuple[int, int, str]:
+    """Collective kinds by name, then buckets by index (bucket 2 before bucket 10)."""
+    name = column[len(DETAIL) :]
+    if name.startswith("bucket ") and name[7:].isdigit():
+        return (1, int(name[7:]), "")
+    return (0, 0, name)
 
 
 def _astuple(c: Component) -> tuple[float, float, float]:
