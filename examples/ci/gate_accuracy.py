@@ -19,7 +19,9 @@ Usage::
 
 Everything after ``--`` goes to ``tpbench gate`` (e.g. ``--repeats 40``). Results: one folder per
 gate under DIR, ``DIR/gates.jsonl`` (one line per gate and metric, with its interval) and a Markdown
-table on stdout; ``--table --threshold 2%`` prints the table of what DIR holds judged at another threshold.
+table on stdout (with ``--target-ci`` among GATE_ARGS, a second table of the gates' own answers: different,
+same or unknown, from the sequential interval each stopped on); ``--table --threshold 2%`` prints the
+table of what DIR holds judged at another threshold.
 """
 
 from __future__ import annotations
@@ -56,12 +58,16 @@ def run_gate(suite: Path, out: Path, slowdown: float, gate_args: list[str]) -> d
     load_before = os.getloadavg()[0]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return {
+    facts = {
         "wall_s": time.monotonic() - t0,
         "exit_code": proc.returncode,
         "load1_before": load_before,
         "load1_after": os.getloadavg()[0],
     }
+    record = json.loads((out / "gate.json").read_text()) if (out / "gate.json").is_file() else {}
+    if "answer" in record:  # --target-ci: the gate's own answer, from its sequential interval
+        facts |= {"answer": record["answer"], "stopped": record["stopped"], "target_ci": record["target_ci"]}
+    return facts
 
 
 def judge(out: Path, metric: str, threshold: float) -> dict:
@@ -110,6 +116,32 @@ def table(rows: list[dict], threshold: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def answers_table(rows: list[dict]) -> str:
+    """Gates with ``--target-ci``: their own answers (different / same / unknown, decided by the
+    sequential interval they stopped on), and the pairs and wall time they took."""
+    rows = [r for r in rows if "answer" in r]
+    if not rows:
+        return ""
+    lines = [
+        "",
+        "| competitors | slowdown | metric | target | gates | different | same | unknown | median pairs "
+        "| median wall s | load1 range |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["competitors"], r["slowdown_pct"], r["metric"], r["target_ci"]), []).append(r)
+    for (comp, slow, metric, target), g in sorted(groups.items()):
+        n = {a: f"{sum(r['answer'] == a for r in g)}/{len(g)}" for a in ("different", "same", "unknown")}
+        pairs, walls = sorted(r["pairs"] for r in g), sorted(r["wall_s"] for r in g)
+        loads = [x for r in g for x in (r["load1_before"], r["load1_after"])]
+        lines.append(
+            f"| {comp} | +{slow:g}% | {metric} | ±{target:.0%} | {len(g)} | {n['different']} | {n['same']} "
+            f"| {n['unknown']} | {pairs[len(g) // 2]} | {walls[len(g) // 2]:.0f} | {min(loads):.1f}–{max(loads):.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _verdict(row: dict, threshold: float) -> str:
     """The gate's verdict at ``threshold``: judged again from its interval where it has one."""
     judged = (compare.PASS, compare.REGRESSION, compare.IMPROVEMENT, compare.INCONCLUSIVE)
@@ -154,7 +186,7 @@ def main() -> None:
             for p in busy:
                 p.kill()
     rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    sys.stdout.write(table(rows, threshold))
+    sys.stdout.write(table(rows, threshold) + answers_table(rows))
 
 
 if __name__ == "__main__":
