@@ -1,8 +1,9 @@
 """``tpbench explain``: the parts of a step-time change, on hand-built intervals (exact sums, what
 waiting is) and through real sweeps with planted causes (a CPU burn on every rank → compute, the
 same burn on one rank → straggler wait on the others, an emulated 1 Gbit/s link → exposed
-communication, smaller buckets → exposed communication spread over the buckets). The sweeps are 2-rank Gloo worlds of the issue's smoke size (mlp 512×8), traced;
-each planted cause is several times the machine's step-to-step noise, and every real test checks
+communication, smaller buckets → exposed communication spread over the buckets). The sweeps are
+2-rank Gloo worlds of the issue's smoke size (mlp 512×8, but a deep, narrow mlp for the buckets),
+traced; each planted cause is several times the machine's step-to-step noise, and every real test checks
 that the parts add up to the change the *timed* steps measured within 20 %, which the traced
 steps only do if they ran as the timed ones did."""
 
