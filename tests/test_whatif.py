@@ -293,6 +293,40 @@ def test_each_fit_check_names_its_reason(fit, reason):
     assert got is None if reason is None else reason in got
 
 
+def test_a_refused_fit_says_how_many_traced_steps_would_be_enough():
+    """5 traced steps whose median is known to ±12 %: 5 · (12/5)² = 28.8, so 29 would pin it to
+    ±5 %; a median known to ±3 % already says that more steps would not change the refusal."""
+    few = whatif.Fit(55, 57, 29, 40, 0.40, traced_steps=5, traced_half_width=0.12)
+    assert few.steps_enough() == 29
+    assert "about 29 traced steps (capture.profiler_steps = 29) would pin it to ±5%" in few.refusal()
+    enough = whatif.Fit(55, 57, 29, 40, 0.40, traced_steps=5, traced_half_width=0.03)
+    assert enough.steps_enough() is None and "more traced steps would not change this" in enough.refusal()
+    assert whatif.Fit(43, 37, 3, 26, 0.70, traced_steps=5, traced_half_width=0.12).refusal() is None
+
+
+def test_the_ranking_on_each_link_is_scored_by_kendall_tau():
+    """Per direction and target link, τ-b of predicted against measured over the predictions made:
+    tcp-1gbit in order (1), tcp-500mbit with its two fastest swapped (4 cases: 5 of 6 pairs
+    concordant, τ = 2/3), a refused prediction left out, one prediction alone NaN."""
+
+    def row(link: str, case: str, measured: float, predicted: float, refused: str | None = None) -> dict:
+        return {"direction": whatif.SLOWER, "interconnect": link, "case_id": case, "measured_ms": measured,
+                "predicted_ms": predicted, "predicted_lo_ms": predicted, "predicted_hi_ms": predicted,
+                "error_pct": 100 * (predicted - measured) / measured, "refused": refused}  # fmt: skip
+
+    v = pd.DataFrame(
+        [row("tcp-1gbit", c, m, p) for c, m, p in (("a", 10, 11), ("b", 20, 19), ("c", 30, 35))]
+        + [row("tcp-1gbit", "d", 40, math.nan, "refused: why")]
+        + [row("tcp-500mbit", c, m, p) for c, m, p in (("a", 10, 12), ("b", 11, 11.5), ("c", 30, 31), ("d", 40, 41))]
+        + [row("tcp-2.5gbit", "a", 5, 5)]
+    )
+    tau = whatif.ranking_agreement(v).set_index("interconnect")
+    assert tau.loc["tcp-1gbit", "kendall_tau"] == pytest.approx(1.0) and tau.loc["tcp-1gbit", "cases"] == 3
+    assert tau.loc["tcp-500mbit", "kendall_tau"] == pytest.approx(2 / 3)
+    assert math.isnan(tau.loc["tcp-2.5gbit", "kendall_tau"])
+    assert whatif.error_summary(v).loc[0, "min_kendall_tau"] == pytest.approx(2 / 3)
+
+
 def _random_skeleton(rng: random.Random, n: int, step: int) -> StepSkeleton:
     """Random compute and collective pattern: every rank issues the same collectives in the same
     order, with random work between, waits on random subsets of what it has issued, and a final
@@ -458,7 +492,8 @@ def test_whatif_json_gives_projections_intervals_refusals_and_the_ranking(tmp_pa
     )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
-    assert set(doc) >= {"projections", "validation", "errors", "ranking", "cannot_win", "answer"}
+    assert set(doc) >= {"projections", "validation", "errors", "ranking", "cannot_win", "answer", "ranking_agreement"}
+    assert all("min_kendall_tau" in e for e in doc["errors"])
     made = [r for r in doc["projections"] if r["refused"] is None]
     refused = [r for r in doc["projections"] if r["refused"] is not None]
     assert made and refused and all(r["projected_ms"] is None for r in refused)

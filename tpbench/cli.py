@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shlex
 import signal
@@ -1203,9 +1204,11 @@ def _print_whatif_validation(written) -> None:
     for line in written.refused_references():
         console.print(Text.assemble(("refused ", "yellow"), line))
     for e in written.result.errors().to_dict("records"):
+        tau = e["min_kendall_tau"]
+        ranked = f"lowest Kendall τ of a link's ranking {tau:.2f}, " if math.isfinite(tau) else ""
         out.print(
             f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}%, "
-            f"{e['inside_interval_pct']:.0f}% of measured medians inside their predicted interval, "
+            f"{e['inside_interval_pct']:.0f}% of measured medians inside their predicted interval, {ranked}"
             f"over {e['predicted']} predictions ({e['refused']} refused)",
             markup=False,
         )

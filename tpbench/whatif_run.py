@@ -145,6 +145,7 @@ class Written:
             "projections": records(p.assign(label=p["case_id"].map(self.labels))),
             "validation": records(self.result.validation),
             "errors": records(self.result.errors()),
+            "ranking_agreement": records(whatif.ranking_agreement(self.result.validation)),
             "ranking": records(rank),
             "cannot_win": whatif.cannot_win(p),
             "answer": self.ranking_lines(),

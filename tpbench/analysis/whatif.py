@@ -80,6 +80,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import tomllib
+from scipy.stats import kendalltau
 
 from tpbench.analysis.bandwidth import busbw_factor
 from tpbench.analysis.stats import BOOTSTRAP_SAMPLES, CONFIDENCE, bootstrap_ci, repeat_values
@@ -557,6 +558,9 @@ REPLAY_RESIDUAL = 0.20
 # The compute factors a projection's interval tabulates replays at (``CaseModel.step_interval_ms``):
 # log-spaced over the factors a fit may take, about 1.7 % apart.
 _FACTOR_GRID = np.geomspace(*COMPUTE_FACTOR, 65)
+# How well the traced steps' median must be known for the compute factor to rest on it rather than
+# on which steps happened to be traced: the validation's 5 % accuracy target.
+TRACED_MEDIAN_TARGET = 0.05
 
 
 @dataclass(frozen=True)
@@ -571,6 +575,28 @@ class Fit:
     comm_only_ms: float
     measured_ms: float
     factor: float | None
+    traced_steps: int = 0  # how many traced steps the fit rests on
+    traced_half_width: float = math.nan  # their median's 95 % CI half-width, over the median
+
+    def steps_enough(self, target: float = TRACED_MEDIAN_TARGET) -> int | None:
+        """The traced steps whose median would be known to ±``target``, or None when these are
+        enough already (or unknown): a median's interval narrows as 1/√n."""
+        if not self.traced_steps or not math.isfinite(self.traced_half_width) or self.traced_half_width <= target:
+            return None
+        return math.ceil(self.traced_steps * (self.traced_half_width / target) ** 2)
+
+    def _steps_advice(self) -> str:
+        """Whether more traced steps would help a fit that does not match the timed steps."""
+        if not self.traced_steps or not math.isfinite(self.traced_half_width):
+            return ""
+        known = f"the {self.traced_steps} traced steps' median is known to ±{self.traced_half_width:.0%}"
+        need = self.steps_enough()
+        if need is None:
+            return f"; {known}, so more traced steps would not change this"
+        return (
+            f"; {known}: about {need} traced steps (capture.profiler_steps = {need}) would pin it to "
+            f"±{TRACED_MEDIAN_TARGET:.0%}"
+        )
 
     def refusal(self) -> str | None:
         """Why this case's projections would not be trustworthy, or None when they are."""
@@ -585,13 +611,13 @@ class Fit:
             if self.comm_only_ms > self.measured_ms:
                 return (
                     f"{unlike}: the modelled communication on the measured link alone ({self.comm_only_ms:.1f} ms) "
-                    "exceeds the timed step, so no compute factor fits"
+                    "exceeds the timed step, so no compute factor fits" + self._steps_advice()
                 )
-            return f"{unlike}: no compute factor makes the replay match them"
+            return f"{unlike}: no compute factor makes the replay match them" + self._steps_advice()
         if not COMPUTE_FACTOR[0] <= self.factor <= COMPUTE_FACTOR[1]:
             return (
                 f"{unlike}: compute would have to be scaled ×{self.factor:.2f} to match them "
-                f"(limit ×{COMPUTE_FACTOR[0]:.2f}–{COMPUTE_FACTOR[1]:.2f})"
+                f"(limit ×{COMPUTE_FACTOR[0]:.2f}–{COMPUTE_FACTOR[1]:.2f})" + self._steps_advice()
             )
         return None
 
@@ -686,12 +712,16 @@ def calibrated(
     """Calibrate a case's skeletons on its path against its per-repeat median step times (ms)."""
     measured = float(np.median(reps_ms))
     ci = bootstrap_ci(reps_ms)
+    traced = np.array([sk.measured_s for sk in skels]) * 1e3
+    traced_lo, traced_hi = bootstrap_ci(traced) if len(traced) > 1 else (math.nan, math.nan)
     fit = Fit(
-        traced_ms=float(np.median([sk.measured_s for sk in skels])) * 1e3,
+        traced_ms=float(np.median(traced)),
         replay_ms=median_step_s(skels, path) * 1e3,
         comm_only_ms=median_step_s(skels, path, 0.0) * 1e3,
         measured_ms=measured,
         factor=calibrate_compute(skels, path, measured / 1e3, ci[0] / 1e3),
+        traced_steps=len(traced),
+        traced_half_width=(traced_hi - traced_lo) / 2 / float(np.median(traced)),
     )
     return CaseModel(case_id, dict(params), skels, path, fit, measured, ci, fit.refusal(), np.asarray(reps_ms, float))
 
@@ -870,14 +900,32 @@ def validate(reference: CaseModel, targets: Iterable[Target], direction: str) ->
     return pd.DataFrame(rows, columns=list(VALIDATION_COLUMNS))
 
 
+def ranking_agreement(validation: pd.DataFrame) -> pd.DataFrame:
+    """Per direction and target link: whether the predictions rank that link's cases (the same
+    settings but the link: the algorithms of suites/whatif.toml) as their measured medians do.
+    ``kendall_tau``: Kendall's τ-b of predicted against measured, over the predictions made
+    (1: the same order; NaN below 2 predictions, or where every prediction or measurement ties)."""
+    rows = []
+    for (direction, link), g in validation.groupby(["direction", "interconnect"], sort=False):
+        made = g[g["refused"].isna()]
+        tau = math.nan
+        if len(made) >= 2:
+            tau = float(kendalltau(made["predicted_ms"], made["measured_ms"]).statistic)
+        rows.append({"direction": direction, "interconnect": link, "cases": len(made), "kendall_tau": tau})
+    return pd.DataFrame(rows, columns=["direction", "interconnect", "cases", "kendall_tau"])
+
+
 def error_summary(validation: pd.DataFrame) -> pd.DataFrame:
     """Per direction: predictions made, refused, the mean and worst absolute error (%) of those
-    made, and the share (%) of them whose measured median lies inside the predicted interval."""
+    made, the share (%) of them whose measured median lies inside the predicted interval, and the
+    lowest Kendall τ of any target link's ranking (``ranking_agreement``)."""
     rows = []
+    taus = ranking_agreement(validation)
     for direction, g in validation.groupby("direction", sort=False):
         made = g[g["refused"].isna()]
         err = made["error_pct"].abs()
         inside = made["measured_ms"].between(made["predicted_lo_ms"], made["predicted_hi_ms"])
+        tau = taus.loc[taus["direction"] == direction, "kendall_tau"].dropna()
         rows.append(
             {
                 "direction": direction,
@@ -886,6 +934,7 @@ def error_summary(validation: pd.DataFrame) -> pd.DataFrame:
                 "mean_abs_error_pct": float(err.mean()) if len(err) else float("nan"),
                 "worst_abs_error_pct": float(err.max()) if len(err) else float("nan"),
                 "inside_interval_pct": 100 * float(inside.mean()) if len(err) else float("nan"),
+                "min_kendall_tau": float(tau.min()) if len(tau) else float("nan"),
             }
         )
     return pd.DataFrame(
@@ -897,6 +946,7 @@ def error_summary(validation: pd.DataFrame) -> pd.DataFrame:
             "mean_abs_error_pct",
             "worst_abs_error_pct",
             "inside_interval_pct",
+            "min_kendall_tau",
         ],
     )
 
