@@ -294,14 +294,20 @@ def test_each_fit_check_names_its_reason(fit, reason):
 
 
 def test_a_refused_fit_says_how_many_traced_steps_would_be_enough():
-    """5 traced steps whose median is known to ±12 %: 5 · (12/5)² = 28.8, so 29 would pin it to
-    ±5 %; a median known to ±3 % already says that more steps would not change the refusal."""
-    few = whatif.Fit(55, 57, 29, 40, 0.40, traced_steps=5, traced_half_width=0.12)
+    """5 traced steps whose median is known to ±12 %, and a factor of ×0.46 that a median 12 % lower
+    would lift to ×0.52: 5 · (12/5)² = 28.8, so 29 would pin it to ±5 %; a median known to ±3 %
+    already says that more steps would not change the refusal."""
+    few = whatif.Fit(55, 57, 29, 40, 0.46, traced_steps=5, traced_half_width=0.12)
     assert few.steps_enough() == 29
     assert "about 29 traced steps (capture.profiler_steps = 29) would pin it to ±5%" in few.refusal()
     enough = whatif.Fit(55, 57, 29, 40, 0.40, traced_steps=5, traced_half_width=0.03)
     assert enough.steps_enough() is None and "more traced steps would not change this" in enough.refusal()
     assert whatif.Fit(43, 37, 3, 26, 0.70, traced_steps=5, traced_half_width=0.12).refusal() is None
+    # ×0.12 stays below ×0.5 anywhere in a ±10 % interval; communication 4 % over the step does not.
+    far = whatif.Fit(59, 60, 10, 40, 0.12, traced_steps=3, traced_half_width=0.10)
+    assert "anywhere in that interval the fit would still be refused: more would not help" in far.refusal()
+    near = whatif.Fit(95, 92, 37.5, 36.2, None, traced_steps=3, traced_half_width=0.25)
+    assert "about 75 traced steps (capture.profiler_steps = 75)" in near.refusal()  # 3 · (25/5)²
 
 
 def test_the_ranking_on_each_link_is_scored_by_kendall_tau():

@@ -586,13 +586,23 @@ class Fit:
         return math.ceil(self.traced_steps * (self.traced_half_width / target) ** 2)
 
     def _steps_advice(self) -> str:
-        """Whether more traced steps would help a fit that does not match the timed steps."""
-        if not self.traced_steps or not math.isfinite(self.traced_half_width):
+        """Whether more traced steps could lift the refusal: only when the fit, moved across the
+        traced median's own interval, could come within bounds (a traced median off by h moves the
+        compute factor and the modelled communication by about as much)."""
+        h = self.traced_half_width
+        if not self.traced_steps or not math.isfinite(h):
             return ""
-        known = f"the {self.traced_steps} traced steps' median is known to ±{self.traced_half_width:.0%}"
+        low, high = COMPUTE_FACTOR
+        if self.factor is None:
+            reachable = self.comm_only_ms * (1 - h) <= self.measured_ms or self.comm_only_ms <= self.measured_ms
+        else:
+            reachable = self.factor / (1 - min(h, 0.99)) >= low if self.factor < low else self.factor / (1 + h) <= high
+        known = f"the {self.traced_steps} traced steps' median is known to ±{h:.0%}"
         need = self.steps_enough()
         if need is None:
             return f"; {known}, so more traced steps would not change this"
+        if not reachable:
+            return f"; {known}, and anywhere in that interval the fit would still be refused: more would not help"
         return (
             f"; {known}: about {need} traced steps (capture.profiler_steps = {need}) would pin it to "
             f"±{TRACED_MEDIAN_TARGET:.0%}"
