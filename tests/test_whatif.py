@@ -313,24 +313,33 @@ def test_a_refused_fit_says_how_many_traced_steps_would_be_enough():
 def test_the_ranking_on_each_link_is_scored_by_kendall_tau():
     """Per direction and target link, τ-b of predicted against measured over the predictions made:
     tcp-1gbit in order (1), tcp-500mbit with its two fastest swapped (4 cases: 5 of 6 pairs
-    concordant, τ = 2/3), a refused prediction left out, one prediction alone NaN."""
+    concordant, τ = 2/3), a refused prediction left out, one prediction alone NaN. The swapped pair
+    lies within the measurement's own noise (intervals of ±0.4 ms overlap), so every pair the
+    measurement decides is kept: 3 on tcp-1gbit and 5 on tcp-500mbit."""
 
     def row(link: str, case: str, measured: float, predicted: float, refused: str | None = None) -> dict:
         return {"direction": whatif.SLOWER, "interconnect": link, "case_id": case, "measured_ms": measured,
-                "predicted_ms": predicted, "predicted_lo_ms": predicted, "predicted_hi_ms": predicted,
+                "ci_lo_ms": measured - 0.4, "ci_hi_ms": measured + 0.4, "predicted_ms": predicted,
+                "predicted_lo_ms": predicted, "predicted_hi_ms": predicted,
                 "error_pct": 100 * (predicted - measured) / measured, "refused": refused}  # fmt: skip
 
     v = pd.DataFrame(
         [row("tcp-1gbit", c, m, p) for c, m, p in (("a", 10, 11), ("b", 20, 19), ("c", 30, 35))]
         + [row("tcp-1gbit", "d", 40, math.nan, "refused: why")]
-        + [row("tcp-500mbit", c, m, p) for c, m, p in (("a", 10, 12), ("b", 11, 11.5), ("c", 30, 31), ("d", 40, 41))]
+        + [row("tcp-500mbit", c, m, p) for c, m, p in (("a", 10, 12), ("b", 10.5, 11.5), ("c", 30, 31), ("d", 40, 41))]
         + [row("tcp-2.5gbit", "a", 5, 5)]
     )
     tau = whatif.ranking_agreement(v).set_index("interconnect")
     assert tau.loc["tcp-1gbit", "kendall_tau"] == pytest.approx(1.0) and tau.loc["tcp-1gbit", "cases"] == 3
     assert tau.loc["tcp-500mbit", "kendall_tau"] == pytest.approx(2 / 3)
     assert math.isnan(tau.loc["tcp-2.5gbit", "kendall_tau"])
-    assert whatif.error_summary(v).loc[0, "min_kendall_tau"] == pytest.approx(2 / 3)
+    assert tau["decided_pairs"].tolist() == [3, 5, 0] and tau["kept_pairs"].tolist() == [3, 5, 0]
+    summary = whatif.error_summary(v).iloc[0]
+    assert summary["min_kendall_tau"] == pytest.approx(2 / 3)
+    assert (summary["decided_pairs"], summary["kept_pairs"]) == (8, 8)
+    # Predicted the other way round, a decided pair is not kept.
+    v.loc[(v["interconnect"] == "tcp-1gbit") & (v["case_id"] == "a"), "predicted_ms"] = 25
+    assert whatif.ranking_agreement(v).set_index("interconnect").loc["tcp-1gbit", "kept_pairs"] == 2
 
 
 def _random_skeleton(rng: random.Random, n: int, step: int) -> StepSkeleton:

@@ -914,28 +914,51 @@ def ranking_agreement(validation: pd.DataFrame) -> pd.DataFrame:
     """Per direction and target link: whether the predictions rank that link's cases (the same
     settings but the link: the algorithms of suites/whatif.toml) as their measured medians do.
     ``kendall_tau``: Kendall's τ-b of predicted against measured, over the predictions made
-    (1: the same order; NaN below 2 predictions, or where every prediction or measurement ties)."""
+    (1: the same order; NaN below 2 predictions, or where every prediction or measurement ties).
+    τ counts every pair, also pairs whose measured medians differ by less than their own noise,
+    whose order a second run need not repeat; ``decided_pairs`` are the pairs whose measured 95 %
+    intervals are disjoint, ``kept_pairs`` those of them the predictions put in the same order."""
     rows = []
     for (direction, link), g in validation.groupby(["direction", "interconnect"], sort=False):
-        made = g[g["refused"].isna()]
+        made = g[g["refused"].isna()].to_dict("records")
         tau = math.nan
         if len(made) >= 2:
-            tau = float(kendalltau(made["predicted_ms"], made["measured_ms"]).statistic)
-        rows.append({"direction": direction, "interconnect": link, "cases": len(made), "kendall_tau": tau})
-    return pd.DataFrame(rows, columns=["direction", "interconnect", "cases", "kendall_tau"])
+            tau = float(kendalltau([r["predicted_ms"] for r in made], [r["measured_ms"] for r in made]).statistic)
+        decided = [
+            (a, b) if a["measured_ms"] < b["measured_ms"] else (b, a)
+            for i, a in enumerate(made)
+            for b in made[i + 1 :]
+            if a["ci_hi_ms"] < b["ci_lo_ms"] or b["ci_hi_ms"] < a["ci_lo_ms"]
+        ]
+        kept = sum(fast["predicted_ms"] < slow["predicted_ms"] for fast, slow in decided)
+        rows.append(
+            {
+                "direction": direction,
+                "interconnect": link,
+                "cases": len(made),
+                "kendall_tau": tau,
+                "decided_pairs": len(decided),
+                "kept_pairs": kept,
+            }
+        )
+    return pd.DataFrame(
+        rows, columns=["direction", "interconnect", "cases", "kendall_tau", "decided_pairs", "kept_pairs"]
+    )
 
 
 def error_summary(validation: pd.DataFrame) -> pd.DataFrame:
     """Per direction: predictions made, refused, the mean and worst absolute error (%) of those
-    made, the share (%) of them whose measured median lies inside the predicted interval, and the
-    lowest Kendall τ of any target link's ranking (``ranking_agreement``)."""
+    made, the share (%) of them whose measured median lies inside the predicted interval, the
+    lowest Kendall τ of any target link's ranking, and the pairs the measurement decides and the
+    predictions keep, over all links (``ranking_agreement``)."""
     rows = []
     taus = ranking_agreement(validation)
     for direction, g in validation.groupby("direction", sort=False):
         made = g[g["refused"].isna()]
         err = made["error_pct"].abs()
         inside = made["measured_ms"].between(made["predicted_lo_ms"], made["predicted_hi_ms"])
-        tau = taus.loc[taus["direction"] == direction, "kendall_tau"].dropna()
+        mine = taus[taus["direction"] == direction]
+        tau = mine["kendall_tau"].dropna()
         rows.append(
             {
                 "direction": direction,
@@ -945,6 +968,8 @@ def error_summary(validation: pd.DataFrame) -> pd.DataFrame:
                 "worst_abs_error_pct": float(err.max()) if len(err) else float("nan"),
                 "inside_interval_pct": 100 * float(inside.mean()) if len(err) else float("nan"),
                 "min_kendall_tau": float(tau.min()) if len(tau) else float("nan"),
+                "decided_pairs": int(mine["decided_pairs"].sum()),
+                "kept_pairs": int(mine["kept_pairs"].sum()),
             }
         )
     return pd.DataFrame(
@@ -957,6 +982,8 @@ def error_summary(validation: pd.DataFrame) -> pd.DataFrame:
             "worst_abs_error_pct",
             "inside_interval_pct",
             "min_kendall_tau",
+            "decided_pairs",
+            "kept_pairs",
         ],
     )
 
