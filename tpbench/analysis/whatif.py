@@ -594,7 +594,7 @@ class Fit:
             return ""
         low, high = COMPUTE_FACTOR
         if self.factor is None:
-            reachable = self.comm_only_ms * (1 - h) <= self.measured_ms or self.comm_only_ms <= self.measured_ms
+            reachable = self.comm_only_ms * (1 - h) <= self.measured_ms
         else:
             reachable = self.factor / (1 - min(h, 0.99)) >= low if self.factor < low else self.factor / (1 + h) <= high
         known = f"the {self.traced_steps} traced steps' median is known to ±{h:.0%}"
