@@ -1206,7 +1206,8 @@ def _print_whatif_validation(written) -> None:
     for e in written.result.errors().to_dict("records"):
         tau = e["min_kendall_tau"]
         ranked = f"lowest Kendall τ of a link's ranking {tau:.2f}, " if math.isfinite(tau) else ""
-        ranked += f"{e['kept_pairs']} of the {e['decided_pairs']} pairs the measurement orders kept, "
+        if e["decided_pairs"]:
+            ranked += f"{e['kept_pairs']} of the {e['decided_pairs']} pairs the measurement orders kept, "
         out.print(
             f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}%, "
             f"{e['inside_interval_pct']:.0f}% of measured medians inside their predicted interval, {ranked}"

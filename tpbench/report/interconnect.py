@@ -309,7 +309,9 @@ def _error_line(e: dict) -> str:
     """One direction's validation: errors, coverage of the intervals, and the ranking kept."""
     tau = e["min_kendall_tau"]
     ranked = f"lowest Kendall τ of a link's ranking {tau:.2f}, " if math.isfinite(tau) else ""
-    ranked += f"{e['kept_pairs']} of the {e['decided_pairs']} pairs the measurement orders (disjoint intervals) kept, "
+    if e["decided_pairs"]:
+        decided = e["decided_pairs"]
+        ranked += f"{e['kept_pairs']} of the {decided} pairs the measurement orders (disjoint intervals) kept, "
     return (
         f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}%, "
         f"{e['inside_interval_pct']:.0f}% of measured medians inside their predicted interval, {ranked}"
