@@ -253,11 +253,11 @@ def test_a_slower_emulated_link_is_exposed_communication(tmp_path: Path, capsys)
 
 @pytest.mark.ranks
 def test_smaller_buckets_are_exposed_communication_shown_by_bucket(tmp_path: Path, capsys) -> None:
-    """``bucket_cap_mb=25..0.01`` on a deep, narrow mlp (48 layers of 64 and a head: 98 parameters
-    of 16 KB or less): DDP builds one bucket for the whole model, then one per layer (the small head
-    shares one), and each of the 48 allreduces pays Gloo's per-collective cost, several times the step's compute (about 20 → 110 ms
-    per step on the shared 2-core machine). The exposed time is split over the candidate's buckets,
-    which sum to it."""
+    """``bucket_cap_mb=25..0.01`` on a deep, narrow mlp (48 layers of 64 and a head: 98 parameters of
+    16 KB or less): DDP builds one bucket for the whole model, then one per layer (the small head
+    shares one), and each of the 48 allreduces pays Gloo's per-collective cost, several times the
+    step's compute (about 20 → 110 ms per step on the shared 2-core machine). The exposed time is
+    split over the candidate's buckets, which sum to it."""
     mlp = {"width": 64, "depth": 48}
     smoke = SMOKE | {"repeats": 2, "steps": 4}
     suite = tiny_suite("bucket_cap_mb = [25, 0.01]", name="buckets", profiler_steps=4, mlp=mlp, **smoke)
