@@ -97,21 +97,12 @@ def table(rows: list[dict], threshold: float) -> str:
         "| median ratio | median half-width | median wall s | load1 range |",
         "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["competitors"], r["slowdown_pct"], r["metric"]), []).append(r)
-    for (comp, slow, metric), g in sorted(groups.items()):
+    for (comp, slow, metric), g in _grouped(rows, "competitors", "slowdown_pct", "metric"):
         n = {v: f"{sum(r['verdict'] == v for r in g)}/{len(g)}" for v in compare.VERDICTS}
-
-        def med(key: str, g: list[dict] = g) -> float:
-            vals = sorted(r[key] for r in g if r[key] is not None)
-            return vals[len(vals) // 2] if vals else float("nan")
-
-        loads = [x for r in g for x in (r["load1_before"], r["load1_after"])]
         lines.append(
             f"| {comp} | +{slow:g}% | {metric} | {len(g)} | {n['regression']} | {n['inconclusive']} | {n['pass']} "
-            f"| {n['improvement']} | {med('ratio'):.3f} | ±{med('half_width'):.1%} | {med('wall_s'):.0f} "
-            f"| {min(loads):.1f}–{max(loads):.1f} |"
+            f"| {n['improvement']} | {_median(g, 'ratio'):.3f} | ±{_median(g, 'half_width'):.1%} "
+            f"| {_median(g, 'wall_s'):.0f} | {_load_range(g)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -128,18 +119,32 @@ def answers_table(rows: list[dict]) -> str:
         "| median wall s | load1 range |",
         "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["competitors"], r["slowdown_pct"], r["metric"], r["target_ci"]), []).append(r)
-    for (comp, slow, metric, target), g in sorted(groups.items()):
+    for (comp, slow, metric, target), g in _grouped(rows, "competitors", "slowdown_pct", "metric", "target_ci"):
         n = {a: f"{sum(r['answer'] == a for r in g)}/{len(g)}" for a in ("different", "same", "unknown")}
-        pairs, walls = sorted(r["pairs"] for r in g), sorted(r["wall_s"] for r in g)
-        loads = [x for r in g for x in (r["load1_before"], r["load1_after"])]
         lines.append(
             f"| {comp} | +{slow:g}% | {metric} | ±{target:.0%} | {len(g)} | {n['different']} | {n['same']} "
-            f"| {n['unknown']} | {pairs[len(g) // 2]} | {walls[len(g) // 2]:.0f} | {min(loads):.1f}–{max(loads):.1f} |"
+            f"| {n['unknown']} | {_median(g, 'pairs'):.0f} | {_median(g, 'wall_s'):.0f} | {_load_range(g)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _grouped(rows: list[dict], *keys: str) -> list[tuple[tuple, list[dict]]]:
+    """The rows grouped by the values of ``keys``, in sorted order of those values."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    return sorted(groups.items())
+
+
+def _median(g: list[dict], key: str) -> float:
+    """The upper median of ``key`` over the rows that have it (NaN when none do)."""
+    vals = sorted(r[key] for r in g if r[key] is not None)
+    return vals[len(vals) // 2] if vals else float("nan")
+
+
+def _load_range(g: list[dict]) -> str:
+    loads = [x for r in g for x in (r["load1_before"], r["load1_after"])]
+    return f"{min(loads):.1f}–{max(loads):.1f}"
 
 
 def _verdict(row: dict, threshold: float) -> str:
