@@ -24,7 +24,6 @@ from tpbench import store, whatif_run
 from tpbench.analysis import timeline, trace_events, whatif
 from tpbench.analysis.whatif import CollectiveSpec, Fabric, Issue, StepSkeleton, Wait, Work, collective_time, simulate
 from tpbench.report import build_report
-from tpbench.report import interconnect as interconnect_report
 
 # --------------------------------------------------------------------------- α–β costs
 
@@ -338,10 +337,10 @@ def test_the_ranking_on_each_link_is_scored_by_kendall_tau():
     summary = whatif.error_summary(v).iloc[0]
     assert summary["min_kendall_tau"] == pytest.approx(2 / 3)
     assert (summary["decided_pairs"], summary["kept_pairs"]) == (8, 8)
-    line = interconnect_report._error_line(summary.to_dict())
+    line = whatif_run.error_line(summary.to_dict())
     assert "lowest Kendall τ of a link's ranking 0.67, 8 of the 8 pairs the measurement orders" in line
     alone = whatif.error_summary(v[v["interconnect"] == "tcp-2.5gbit"]).iloc[0].to_dict()
-    said = interconnect_report._error_line(alone)  # one prediction: no τ, no pair to order
+    said = whatif_run.error_line(alone)  # one prediction: no τ, no pair to order
     assert "Kendall" not in said and "pairs" not in said
     # Predicted the other way round, a decided pair is not kept.
     v.loc[(v["interconnect"] == "tcp-1gbit") & (v["case_id"] == "a"), "predicted_ms"] = 25

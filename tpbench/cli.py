@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import shlex
 import signal
@@ -1194,6 +1193,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 def _print_whatif_validation(written) -> None:
     """The what-if's validation: each emulated link predicted from its twins, what was refused, the errors."""
+    from tpbench import whatif_run
+
     t = Table(title="validation: emulated links predicted from their twins on other links")
     numbers = ("measured ms [95% CI]", "predicted ms [95% interval]", "error")
     for col in ("direction", "case", "from", "link", *numbers):
@@ -1204,16 +1205,7 @@ def _print_whatif_validation(written) -> None:
     for line in written.refused_references():
         console.print(Text.assemble(("refused ", "yellow"), line))
     for e in written.result.errors().to_dict("records"):
-        tau = e["min_kendall_tau"]
-        ranked = f"lowest Kendall τ of a link's ranking {tau:.2f}, " if math.isfinite(tau) else ""
-        if e["decided_pairs"]:
-            ranked += f"{e['kept_pairs']} of the {e['decided_pairs']} pairs the measurement orders kept, "
-        out.print(
-            f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}%, "
-            f"{e['inside_interval_pct']:.0f}% of measured medians inside their predicted interval, {ranked}"
-            f"over {e['predicted']} predictions ({e['refused']} refused)",
-            markup=False,
-        )
+        out.print(whatif_run.error_line(e), markup=False)
 
 
 def _error(e: Exception) -> None:

@@ -184,6 +184,21 @@ def answer_lines(projections: pd.DataFrame, labels: Mapping[str, str]) -> list[s
     return lines
 
 
+def error_line(e: Mapping[str, Any]) -> str:
+    """One direction's validation (a row of ``whatif.error_summary``), as the terminal and the report
+    say it: the errors, the intervals' coverage, and how well the ranking was kept."""
+    tau = e["min_kendall_tau"]
+    ranked = f"lowest Kendall τ of a link's ranking {tau:.2f}, " if math.isfinite(tau) else ""
+    if e["decided_pairs"]:
+        decided = e["decided_pairs"]
+        ranked += f"{e['kept_pairs']} of the {decided} pairs the measurement orders (disjoint intervals) kept, "
+    return (
+        f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}%, "
+        f"{e['inside_interval_pct']:.0f}% of measured medians inside their predicted interval, {ranked}"
+        f"over {e['predicted']} predictions" + (f" ({e['refused']} refused)" if e["refused"] else "")
+    )
+
+
 def _ms_interval(ms: float, lo: float, hi: float) -> str:
     return f"{ms:.1f} [{lo:.1f}, {hi:.1f}]"
 

@@ -8,8 +8,6 @@ everywhere they appear: they are this machine's compute with another fabric's α
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -234,7 +232,7 @@ def _validation(page: Page, result: whatif.RunWhatIf, labels: dict[str, str]) ->
         "repeat medians with 95% bootstrap CI.",
         css="muted",
     )
-    page.bullets([_error_line(e) for e in result.errors().to_dict("records")], css="verdicts")
+    page.bullets([whatif_run.error_line(e) for e in result.errors().to_dict("records")], css="verdicts")
     made = v[v["refused"].isna()]
     if len(made):
         page.figure(_validation_figure(made))
@@ -303,17 +301,3 @@ def _validation_figure(v: pd.DataFrame) -> go.Figure:
     fig.update_yaxes(title="projected step time (ms), 95% interval", range=[0, top])
     fig.update_layout(height=420, margin=dict(l=10, r=10, t=30, b=10))
     return fig
-
-
-def _error_line(e: dict) -> str:
-    """One direction's validation: errors, coverage of the intervals, and the ranking kept."""
-    tau = e["min_kendall_tau"]
-    ranked = f"lowest Kendall τ of a link's ranking {tau:.2f}, " if math.isfinite(tau) else ""
-    if e["decided_pairs"]:
-        decided = e["decided_pairs"]
-        ranked += f"{e['kept_pairs']} of the {decided} pairs the measurement orders (disjoint intervals) kept, "
-    return (
-        f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}%, "
-        f"{e['inside_interval_pct']:.0f}% of measured medians inside their predicted interval, {ranked}"
-        f"over {e['predicted']} predictions" + (f" ({e['refused']} refused)" if e["refused"] else "")
-    )
