@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from tpbench import explain
+from tpbench.analysis.explain import detail_noun
 from tpbench.compare import (
     IMPROVEMENT,
     INCOMPARABLE,
@@ -215,8 +216,8 @@ def _explain_rows(c: explain.CaseExplanation) -> list[list[str]]:
     shown = [d for d in e.detail if d in largest]
     rows += [[f"  exposed_comm: {d.name}", _ms(d.delta_ms), f"[{_ms(d.lo)}, {_ms(d.hi)}]"] for d in shown]
     if rest := [d for d in e.detail if d not in largest]:
-        noun = "buckets" if all(d.name.startswith("bucket ") for d in rest) else "collectives and buckets"
-        rows.append([f"  exposed_comm: {len(rest)} more {noun}", _ms(sum(d.delta_ms for d in rest)), "(--format json)"])
+        more = f"  exposed_comm: {len(rest)} more {detail_noun(rest)}"
+        rows.append([more, _ms(sum(d.delta_ms for d in rest)), "(--format json)"])
     rows.append(["step time", _ms(e.delta_ms), f"[{_ms(e.lo)}, {_ms(e.hi)}]"])
     return rows
 

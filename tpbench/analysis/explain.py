@@ -176,12 +176,17 @@ def sentence(e: Explanation) -> str:
         if abs(sub.delta_ms) >= 0.5 * abs(top.delta_ms) or len(e.detail) < 3:
             what += f" (mostly {sub.name}, {sub.delta_ms:+.2f} ms)"
         else:  # smaller buckets: many collectives, each a little slower, none of them "mostly"
-            noun = "buckets" if all(d.name.startswith("bucket ") for d in e.detail) else "collectives and buckets"
-            what += f" (spread over {len(e.detail)} {noun}; the largest, {sub.name}, {sub.delta_ms:+.2f} ms)"
+            spread = f"spread over {len(e.detail)} {detail_noun(e.detail)}"
+            what += f" ({spread}; the largest, {sub.name}, {sub.delta_ms:+.2f} ms)"
     return (
         f"{e.delta_ms:+.2f} ms per step {direction} (95% CI {e.lo:+.2f} to {e.hi:+.2f}), mostly {what}: "
         f"{top.delta_ms:+.2f} ms ({share:.0f}% of the change, 95% CI {top.lo:+.2f} to {top.hi:+.2f})."
     )
+
+
+def detail_noun(detail: list[Component]) -> str:
+    """What a run of the exposed communication's split is: buckets, or kinds and buckets mixed."""
+    return "buckets" if all(d.name.startswith("bucket ") for d in detail) else "collectives and buckets"
 
 
 # --------------------------------------------------------------------------- helpers
