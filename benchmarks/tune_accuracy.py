@@ -24,7 +24,8 @@ Usage::
         [--competitor 1] [--table] [-- TUNE_ARGS...]
 
 Everything after ``--`` goes to ``tpbench tune`` (e.g. ``--epsilon 2% --budget-s 420``).
-Results: ``DIR/tunes.jsonl`` (one line per tune) and a Markdown table on stdout.
+Results: ``DIR/tunes.jsonl`` (one line per tune) and a Markdown table on stdout. Run again with the
+same ``DIR`` to add tunes: the log is appended to and the new tunes are numbered after the old.
 """
 
 from __future__ import annotations
@@ -144,9 +145,10 @@ def main() -> None:
     if not args.table:
         args.out.mkdir(parents=True, exist_ok=True)
         suite = args.suite.absolute()
+        done = len(log.read_text().splitlines()) if log.exists() else 0
         busy = _busy_loops(args.competitor)
         try:
-            for i in range(args.tunes):
+            for i in range(done, done + args.tunes):
                 name = f"c{args.competitor}-{i:03d}"
                 facts = run_tune(suite, args.out / name / "tune", tune_args)
                 res = facts["result"]
