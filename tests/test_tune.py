@@ -96,6 +96,39 @@ def test_a_tie_is_never_claimed_for_a_leader_more_than_epsilon_slower_than_the_b
     assert false <= 2
 
 
+def test_an_unresolved_tune_says_the_margin_its_rounds_do_show(tmp_path):
+    """1.5 % apart, 2 % noise, a 0.5 % margin and 12 rounds: unresolved, and the claim says what the
+    rounds did resolve, the leader at most 1 / lo − 1 slower than the arm left beside it."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 1.5]", repeats=12))
+    cases = tune.prepare(suite).cases
+    values = synthetic({c.case_id: 1 + c.slowdown_pct / 100 for c in cases}, 12, noise=0.02)
+    options = Options(epsilon=0.005)
+    race = run_race(Race(list(values), 12, options, comparisons=1), values)
+    result = tune._result(SimpleNamespace(dir=tmp_path), cases, [race], options, 0.0)
+    assert result.state == "unresolved"
+    (other,) = [a for a in result.arms if a.status == "unresolved"]
+    assert result.supported_epsilon == pytest.approx(1 / other.lo - 1) and result.supported_epsilon > 0.005
+    assert f"the rounds run show it within {result.supported_epsilon:.1%} of the best" in result.claim
+    assert result.to_json()["supported_epsilon"] == result.supported_epsilon
+
+
+def test_the_margin_an_unresolved_race_shows_holds_at_its_confidence():
+    """200 seeded races of arms 0, 3 and 5 % apart, 5 % noise, cut at 8 rounds (a 0.5 % margin, so
+    they end unresolved): the leader is more than the supported margin slower than the true best in
+    at most 1 in 20 (the union bound makes it far rarer). Read off the ratios instead of their low
+    ends, it would be wrong whenever noise put b or c ahead."""
+    wrong = 0
+    factors = {"a": 1.0, "b": 1.03, "c": 1.05}
+    for seed in range(200):
+        values = synthetic(factors, 8, noise=0.05, seed=seed)
+        race = run_race(Race(list(values), 8, Options(epsilon=0.005), comparisons=2), values)
+        leader = race.leader()
+        shown = tune.supported_epsilon(r for a, r in race.intervals(leader).items() if a != leader)
+        wrong += shown is None or factors[leader] > 1 + shown
+    assert wrong <= 10
+
+
 def test_the_interval_spends_confidence_over_looks_and_comparisons():
     """The race's interval is sequential_ratio at its looks and comparisons: wider than a plain
     95 % paired interval, by the union bound."""

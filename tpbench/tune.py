@@ -264,6 +264,7 @@ class Result:
     timed_s: float
     grid_timed_s: float
     rounds_to_decide: int | None
+    supported_epsilon: float | None = None  # the margin the rounds run do show (see supported_epsilon)
     history: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -281,6 +282,7 @@ class Result:
             "timed_s": self.timed_s,
             "grid_timed_s": self.grid_timed_s,
             "rounds_to_decide": self.rounds_to_decide,
+            "supported_epsilon": self.supported_epsilon,
         }
 
 
@@ -629,6 +631,23 @@ def within_epsilon(r: Ratio, eps: float) -> bool:
     return r.lo >= 1 / (1 + eps)
 
 
+def supported_epsilon(ratios: Iterable[Ratio | None]) -> float | None:
+    """The smallest margin the intervals of the arms left (each one / the leader) support: the
+    leader is at most this much slower than the best of them. None when an arm has no interval.
+
+    It holds at the race's confidence although it is read off the data: the claim fails only if
+    the true best arm's interval misses on its low side, the event the race's confidence already
+    bounds, and otherwise the leader / best <= 1 / lo of that arm <= 1 + this. So an unresolved
+    tune can still say what it resolved: "within 9 % of the best", where ±2 % was asked.
+    """
+    worst = 1.0
+    for r in ratios:
+        if r is None or r.method == "single" or not r.lo > 0:
+            return None
+        worst = min(worst, r.lo)
+    return 1 / worst - 1
+
+
 def _geomean(values: dict[int, float]) -> float:
     return float(np.exp(np.mean(np.log(list(values.values()))))) if values else math.inf
 
@@ -651,7 +670,8 @@ def _result(run: store.Run, cases: list[Case], races: list[Race], options: Optio
     rec = next((x for x in arms if x.status == RECOMMENDED), None)
     more = max((r.rounds_to_decide() or 0 for r in races if r.ended not in (ONE_LEFT, ALL_TIED)), default=0) or None
     timed_s, grid_timed_s = _timed(run, cases, rec.rounds if rec else 0)
-    claim = _claim(rec, state, counts, n_arms, options, races, more)
+    shown = supported_epsilon(ratios.get(a.case_id) for a in arms if a.status in (TIED, UNRESOLVED)) if rec else None
+    claim = _claim(rec, state, counts, n_arms, options, races, more, shown)
     history = [e for r in races for e in r.history]
     return Result(
         run.dir,
@@ -666,6 +686,7 @@ def _result(run: store.Run, cases: list[Case], races: list[Race], options: Optio
         timed_s,
         grid_timed_s,
         more,
+        shown,
         history,
     )
 
@@ -754,7 +775,14 @@ def _arms(cases: list[Case], races: list[Race], status: dict[str, str], ratios: 
 
 
 def _claim(
-    rec: Arm | None, state: str, counts: dict[str, int], n: int, options: Options, races: list[Race], more: int | None
+    rec: Arm | None,
+    state: str,
+    counts: dict[str, int],
+    n: int,
+    options: Options,
+    races: list[Race],
+    more: int | None,
+    shown: float | None,
 ) -> str:
     """The one sentence: which setting, how close to the best, how sure, and what the others did."""
     if rec is None:
@@ -771,9 +799,10 @@ def _claim(
         )
     why = sorted({r.ended for r in races if r.ended not in (ONE_LEFT, ALL_TIED)} - {None}) or [MAX_ROUNDS]
     then = f"; about {more} more round(s) would decide it" if more else ""
+    resolved = f"; the rounds run show it within {shown:.1%} of the best" if shown is not None else ""
     return (
         f"{rec.label}: the best guess of {n} settings, unresolved ({', '.join(why)}): {counts[UNRESOLVED]} "
-        f"still within reach of it at {conf} and ±{options.epsilon:.0%}, {gone}{failed}{then}"
+        f"still within reach of it at {conf} and ±{options.epsilon:.0%}, {gone}{failed}{resolved}{then}"
     )
 
 
