@@ -8,6 +8,8 @@ is the one with the smallest slowdown. Each tune is judged on:
 - claim false: the tune claimed a recommendation ("the best", or "within epsilon") and the
   recommended arm is planted more than epsilon slower than the best (an unresolved tune claims
   neither and is counted apart);
+- margin false: an unresolved tune's margin shown (``supported_epsilon``, "the rounds run show it
+  within X % of the best") is false, the recommended arm planted more than X % slower than the best;
 - cost: ``timed_s`` against ``grid_timed_s`` (every arm for the recommended arm's rounds), and
   the wall time; whether the slowest arm went out with fewer rounds than the recommended one.
 
@@ -93,12 +95,14 @@ def judge(facts: dict) -> dict:
     rec_rounds = next((a["rounds"] for a in res["arms"] if a["status"] == "recommended"), 0)
     right = rec == best or rec - best <= eps_pct
     claimed = res["state"] in ("recommended", "tied")
+    shown = res.get("supported_epsilon")
     return {
         "state": res["state"],
         "epsilon": res["epsilon"],
         "recommended_slowdown_pct": rec,
         "right": right,
         "claim_false": claimed and not right,
+        "margin_false": not claimed and shown is not None and rec - best > 100 * shown,
         "timed_s": res["timed_s"],
         "grid_timed_s": res["grid_timed_s"],
         "cost_share": res["timed_s"] / res["grid_timed_s"] if res["grid_timed_s"] else None,
@@ -109,9 +113,9 @@ def judge(facts: dict) -> dict:
 
 def table(rows: list[dict]) -> str:
     head = (
-        "| competitors | tunes | right (best or within ε) | claim false | unresolved | timed / grid (median) "
-        "| slowest out earlier | tune wall s (median) | naive pick wrong | load1 (median) |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n"
+        "| competitors | tunes | right (best or within ε) | claim false | unresolved | margin false "
+        "| timed / grid (median) | slowest out earlier | tune wall s (median) | naive pick wrong | load1 (median) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     groups: dict[int, list[dict]] = {}
     for r in rows:
@@ -122,7 +126,8 @@ def table(rows: list[dict]) -> str:
         shares = [r["cost_share"] for r in g if r["cost_share"] is not None]
         lines.append(
             f"| {comp} | {n} | {sum(r['right'] for r in g)}/{n} | {sum(r['claim_false'] for r in g)}/{n} "
-            f"| {sum(r['state'] == 'unresolved' for r in g)}/{n} | {statistics.median(shares):.2f} "
+            f"| {sum(r['state'] == 'unresolved' for r in g)}/{n} | {sum(r.get('margin_false', False) for r in g)}/{n} "
+            f"| {statistics.median(shares):.2f} "
             f"| {sum(r['slowest_out_earlier'] for r in g)}/{n} | {statistics.median(r['wall_s'] for r in g):.0f} "
             f"| {sum(r['naive_wrong'] for r in g)}/{n} "
             f"| {statistics.median(r['load1_before'] for r in g):.2f} |"
