@@ -315,9 +315,11 @@ def _flagged(loaded) -> pd.DataFrame:
 def test_the_worlds_own_ranks_are_not_counted_as_load(tmp_path):
     """A real 2-rank sweep: the other CPU use each repeat records is what an independent read over
     the whole sweep sees once this process and its children (the ranks) are taken out, not the
-    ranks' own cores (which the load average counts). Where nothing else ran (CI), at most 1
-    repeat in 20 is flagged; the helpers that share a development machine may load it, so there
-    the flag rate is not asserted."""
+    ranks' own cores (which the load average counts). Where nothing else ran (CI), at most 1 of
+    the 10 repeats is flagged for other processes' CPU (were the ranks counted, all 10 would be);
+    steal, the hypervisor's and flagged too, is not this test's subject and a shared host may show
+    it in any repeat. The helpers that share a development machine may load it, so there the flag
+    rate is not asserted."""
     hz = os.sysconf("SC_CLK_TCK")
     (away0, cpus), t0, mine0 = _away_ticks(), time.monotonic(), machine_load.own_cpu_s()
     loaded = sweep_in_process(tmp_path, LOAD_SUITE)
@@ -333,7 +335,8 @@ def test_the_worlds_own_ranks_are_not_counted_as_load(tmp_path):
     assert world > 0.2, per_repeat
     assert per_repeat["other_cores"].median() < independent + world / 2, (independent, world, per_repeat)
     if independent < 0.1:
-        assert _flagged(loaded)["noisy"].mean() <= 1 / 20, per_repeat
+        for_others = _flagged(loaded)["why"].str.contains("other processes")
+        assert for_others.sum() <= 1, (_flagged(loaded)["why"].tolist(), per_repeat)
 
 
 @pytest.mark.ranks
