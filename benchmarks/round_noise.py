@@ -25,10 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tpbench import suite as suite_mod
-from tpbench import workloads
-from tpbench.training import BuildContext, build
-from tpbench.worker import train_step
-from tpbench.workloads import WorkloadContext
+from tpbench.worker import build_case, train_step
 
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
 ROUNDS = int(ARGS[0]) if ARGS else 40
@@ -37,20 +34,7 @@ WARM, TIMED, GAP = 3, 10, 0.05
 
 
 def make(case, rank, ws):
-    cls = workloads.resolve(case.workload)
-    wl = cls(
-        cls.Params(**dict(case.workload_params)),
-        WorkloadContext(
-            rank=rank,
-            world_size=ws,
-            batch_size=case.batch_size,
-            seed=case.seed,
-            device=torch.device("cpu"),
-            ranks_per_node=ws,
-        ),
-    )
-    tr = build(wl.build_model(), BuildContext(case, torch.device("cpu"), rank=rank, world_size=ws, nodes=None))
-    return wl, tr
+    return build_case(case, rank, ws, torch.device("cpu"))
 
 
 def step(arm, i):

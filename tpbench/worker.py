@@ -186,6 +186,27 @@ def _peak_rss_mb() -> float:
     return float("nan")
 
 
+def build_case(
+    case: Case, rank: int, world_size: int, device: torch.device, nodes: tuple[tuple[int, ...], ...] | None = None
+) -> tuple[Any, Training]:
+    """The case's workload and its model wrapped by the case's algorithm, on this rank: what each
+    repeat starts from (``benchmarks/round_noise.py`` builds its arms the same way)."""
+    wl_cls = workloads.resolve(case.workload)
+    workload = wl_cls(
+        wl_cls.Params(**dict(case.workload_params)),
+        WorkloadContext(
+            rank=rank,
+            world_size=world_size,
+            batch_size=case.batch_size,
+            seed=case.seed,
+            device=device,
+            ranks_per_node=case.ranks_per_node or world_size,
+        ),
+    )
+    training = build(workload.build_model(), BuildContext(case, device, rank=rank, world_size=world_size, nodes=nodes))
+    return workload, training
+
+
 class CaseRunner:
     """Runs repeats of cases on this rank, within an initialized process group."""
 
@@ -208,33 +229,13 @@ class CaseRunner:
         self.hosts = hosts or nodes  # the ranks of each machine (hostname): whose CPU is the world's there
         self.gpu = nvml.open_gpu(device)  # once per process: nvmlInit is not free
 
-    def _build(self, case: Case) -> tuple[Any, Training]:
-        wl_cls = workloads.resolve(case.workload)
-        workload = wl_cls(
-            wl_cls.Params(**dict(case.workload_params)),
-            WorkloadContext(
-                rank=self.rank.rank,
-                world_size=self.rank.world_size,
-                batch_size=case.batch_size,
-                seed=case.seed,
-                device=self.device,
-                ranks_per_node=case.ranks_per_node or self.rank.world_size,
-            ),
-        )
-        model = workload.build_model()
-        training = build(
-            model,
-            BuildContext(case, self.device, rank=self.rank.rank, world_size=self.rank.world_size, nodes=self.nodes),
-        )
-        return workload, training
-
     def run_repeat(self, case: Case, repeat: int, profile_after: bool) -> pd.DataFrame | None:
         """One repeat; returns all ranks' rows on rank 0 (None elsewhere)."""
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         _reset_peak_rss()
         sampler = nvml.start_sampler(self.gpu, case.nvml_interval_ms)
-        workload, training = self._build(case)
+        workload, training = build_case(case, self.rank.rank, self.rank.world_size, self.device, self.nodes)
         timer = StepTimer(self.device)
         fault_kind, _, fault_rank = case.fault.partition(":")
         faulty = case.fault != "none" and repeat == 0 and int(fault_rank) == self.rank.rank
