@@ -317,6 +317,35 @@ def test_a_repeat_that_ends_after_its_timeout_fails_as_timed_out(tmp_path):
     assert run.record.cases[case.case_id].status == "running"  # not done; the launcher marks it failed
 
 
+def test_a_round_stepped_in_turn_has_its_arms_timeouts_together(tmp_path):
+    """A tune's round runs two arms' steps in turn: it may take both arms' ``timeout_s`` (2 + 2 s),
+    so 3.5 s passes, and 4.5 s fails as timed out in that round, blamed on no single arm."""
+    from tpbench.launch import PrintedWorldRecord, Supervisor
+    from tpbench.suite import Machine, expand, load
+
+    cases = expand(load(tiny_suite(tmp_path, 'algorithm = ["ddp", "zero_no_overlap"]', timeout_s=2)), Machine(0))
+    a, b = (c.case_id for c in cases)
+    outcomes = []
+    for took in (3.5, 4.5):
+        run = store.Run.create(tmp_path / f"r{took}", "tiny", "tiny.toml", "", [c.params() for c in cases], {})
+        events = run.dir / "events" / "w0"
+        events.mkdir(parents=True)
+        t = 1_000.0
+        lines = [
+            {"event": "world_ready", "t": t, "world": "w0", "nodes": []},
+            {"event": "round_start", "t": t, "items": [[a, 0], [b, 0]]},
+            {"event": "repeat_end", "t": t + took, "case": a, "repeat": 0, "median_ms": 1.0},
+            {"event": "repeat_end", "t": t + took, "case": b, "repeat": 0, "median_ms": 1.0},
+            {"event": "world_done", "t": t + took, "world": "w0"},
+        ]
+        (events / "rank0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+        world = PrintedWorldRecord(run.dir, "w0", 2)
+        outcomes.append(Supervisor(world, {c.case_id: c for c in cases}, run, lambda k, e: None).supervise())
+    assert outcomes[0].cause is None and outcomes[0].completed == {(a, 0), (b, 0)}
+    assert outcomes[1].cause == "timed out after 4 s in round 0 (2 cases stepped in turn) (it took 4.5 s)"
+    assert outcomes[1].failed_case is None and outcomes[1].completed == set()
+
+
 # --- 5. equal values make one case --------------------------------------------------------------
 
 

@@ -176,13 +176,15 @@ def test_a_failing_gpu_stops_the_sampler_with_a_reason_and_keeps_samples():
 
 
 def test_samples_are_tagged_with_their_step_and_phase():
-    spans = nvml.step_spans(1.0, [0.1, 0.2, 0.3], warmup_steps=1)
-    spans += nvml.step_spans(2.0, [0.1], 0, first_step=3, phase="profile")
+    # Step 0 and 1 with a gap between them (another arm's step, as in a round whose steps are
+    # interleaved): a sample in the gap belongs to no step of this case.
+    spans = nvml.step_spans([1.0, 1.12, 1.2], [1.1, 1.18, 1.3], warmup_steps=1)
+    spans += nvml.step_spans([2.0], [2.1], 0, first_step=3, phase="profile")
     assert [(s.step, s.phase) for s in spans] == [(0, "warmup"), (1, "timed"), (2, "timed"), (3, "profile")]
-    t = [int(x * 1e9) for x in (0.5, 1.05, 1.1, 1.15, 1.25, 1.5, 2.05)]
+    t = [int(x * 1e9) for x in (0.5, 1.05, 1.11, 1.15, 1.25, 1.5, 2.05)]
     step, phase = nvml._tag(np.array(t), spans)
-    assert step.tolist() == [-1, 0, 0, 1, 2, -1, 3]
-    assert phase.tolist() == ["idle", "warmup", "warmup", "timed", "timed", "idle", "profile"]
+    assert step.tolist() == [-1, 0, -1, 1, 2, -1, 3]
+    assert phase.tolist() == ["idle", "warmup", "idle", "timed", "timed", "idle", "profile"]
 
 
 def test_no_gpu_or_no_nvml_is_unavailable_not_an_error():

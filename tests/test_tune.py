@@ -222,6 +222,18 @@ def test_a_planted_tune_eliminates_the_slow_arm_early_and_prints_its_json(tmp_pa
     assert loaded.record.status == "complete"
     ran = loaded.steps.groupby("case_id")["repeat"].nunique().to_dict()
     assert ran == {a["case_id"]: a["rounds"] for a in doc["arms"]}
+    # Each round's arms stepped in turn, the order reversed every step: read off rank 0's step ends
+    # (seconds since the round began), which one repeat after another would not order so.
+    world = store.read_run_json(run_dir)["worlds"][0]
+    assert world["steps_interleaved"]
+    first = [cid for cid, r in world["schedule"] if r == 0]
+    steps = loaded.steps[(loaded.steps["repeat"] == 0) & (loaded.steps["rank"] == 0)]
+    warmup, timed = (
+        steps[steps["phase"] == p].sort_values("elapsed_s")["case_id"].tolist() for p in ("warmup", "timed")
+    )
+    per_arm = [len(warmup) // len(first), len(timed) // len(first)]  # warm-up, then timed: each from turn 0
+    turns = [first if i % 2 == 0 else first[::-1] for n in per_arm for i in range(n)]
+    assert warmup + timed == [c for turn in turns for c in turn]
     assert run_cli(["compare", str(run_dir)]) in (0, 1, 4)
     capsys.readouterr()
     assert run_cli(["export", "--format", "pytest-benchmark", str(run_dir)]) == 0

@@ -493,6 +493,9 @@ class TuneProgress:
         elif event == "repeat_start":
             label = self.labels.get(data["case"], data["case"])
             self.progress.update(self.task, current=f"round {data['repeat'] + 1}: {escape(label)}")
+        elif event == "round_start":
+            n = len(data["items"])
+            self.progress.update(self.task, current=f"round {data['items'][0][1] + 1}: {n} settings stepped in turn")
         elif event == "case_failed":
             label = self.labels.get(data["case"], data["case"])
             self.progress.console.print(Text.assemble(("setting failed: ", "red"), f"{label}: {data['cause']}"))

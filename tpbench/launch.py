@@ -520,6 +520,21 @@ def _exit_cause(rank: int, code: int) -> str:
     return f"rank {rank} exited with code {code}"
 
 
+@dataclass
+class InFlight:
+    """What a world is running: one repeat, or a round's with their steps interleaved, allowed
+    the sum of their cases' ``timeout_s`` (each arm's repeat is in the round's time)."""
+
+    items: list[tuple[str, int]]
+    t0: float  # the launcher's monotonic clock when it began
+    limit_s: float
+
+    def what(self) -> str:
+        if len(self.items) == 1:
+            return f"repeat {self.items[0][1]}"
+        return f"round {self.items[0][1]} ({len(self.items)} cases stepped in turn)"
+
+
 class Supervisor:
     """Follows one world's events until it finishes, fails or hangs."""
 
@@ -537,7 +552,7 @@ class Supervisor:
         self.run = run
         self.listener = listener
         self.outcome = WorldOutcome()
-        self.current: tuple[str, int, float] | None = None
+        self.current: InFlight | None = None
         self.errors: list[dict[str, Any]] = []
         self.ready = False
         self.finished = False
@@ -555,19 +570,23 @@ class Supervisor:
         if kind == "world_ready":
             self.ready = True
             self.run.world_nodes(ev["world"], ev["nodes"])
-        elif kind == "repeat_start":
-            self.current = (ev["case"], ev["repeat"], time.monotonic())
+        elif kind in ("repeat_start", "round_start"):
+            items = [(ev["case"], ev["repeat"])] if kind == "repeat_start" else [tuple(i) for i in ev["items"]]
+            self.current = InFlight(items, time.monotonic(), sum(self.cases[cid].timeout_s for cid, _ in items))
             self.started_t = ev["t"]
-            self.run.set_case(ev["case"], store.RUNNING)
+            for cid, _ in items:
+                self.run.set_case(cid, store.RUNNING)
         elif kind == "repeat_end":
             # Timed on rank 0's clock, so a repeat that ended past its limit fails as timed out even
             # when its end reached us before the launcher's own check did.
-            took, limit = ev["t"] - self.started_t, self.cases[ev["case"]].timeout_s
+            took, limit = ev["t"] - self.started_t, self.current.limit_s if self.current else 0.0
             if took > limit:
-                self.overran = f"timed out after {limit:g} s in repeat {ev['repeat']} (it took {took:.1f} s)"
+                self.overran = f"timed out after {limit:g} s in {self.current.what()} (it took {took:.1f} s)"
                 return
             self.outcome.completed.add((ev["case"], ev["repeat"]))
-            self.current = None
+            self.current.items.remove((ev["case"], ev["repeat"]))
+            if not self.current.items:
+                self.current = None
         elif kind == "case_end":
             case = self.cases[ev["case"]]
             self.run.case_done(case.case_id, case.repeats)
@@ -607,7 +626,7 @@ class Supervisor:
             self._pump(0.05)
         self._pump(0)
         killed = self.world.killed_ranks()
-        self.outcome.failed_case = self.current[0] if self.current else None
+        self.outcome.failed_case = self.current.items[0][0] if self.current and len(self.current.items) == 1 else None
         if killed:
             self.outcome.cause = _exit_cause(*killed[0])
         elif self.errors:
@@ -645,11 +664,9 @@ class Supervisor:
                 return self._fail(
                     f"the world did not start within {self.world.startup_s:.0f} s (rendezvous)", hung=True
                 )
-            if self.current:
-                cid, repeat, t0 = self.current
-                limit = self.cases[cid].timeout_s
-                if now - t0 > limit:
-                    return self._fail(f"timed out after {limit:g} s in repeat {repeat} (a rank hung)", hung=True)
+            if self.current and now - self.current.t0 > self.current.limit_s:
+                limit = self.current.limit_s
+                return self._fail(f"timed out after {limit:g} s in {self.current.what()} (a rank hung)", hung=True)
 
 
 def _write_plan(
@@ -659,6 +676,7 @@ def _write_plan(
     launcher: Torchrun | None,
     layout: RankLayout,
     lockstep: str | None = None,
+    steps_interleaved: bool = False,
     **entry: Any,
 ) -> tuple[Plan, Path]:
     """The next world's plan, saved under ``plans/``, and its entry in run.json: the schedule in
@@ -673,6 +691,7 @@ def _write_plan(
         rendezvous_file=None if launcher else str(run.dir / "plans" / f"{world_name}.rdzv"),
         events_dir=str(run.dir / "events" / world_name) if launcher else None,
         lockstep=lockstep,
+        steps_interleaved=steps_interleaved,
     )
     plan_path = run.dir / "plans" / f"{world_name}.json"
     plan.save(plan_path)
@@ -685,6 +704,7 @@ def _write_plan(
             "started": time.time(),
             "launcher": "torchrun" if launcher else "local",
             "noise_controls": layout.record(),
+            "steps_interleaved": steps_interleaved,
             **entry,
         }
     )
@@ -720,6 +740,7 @@ def run_group(
     listener: Listener,
     launcher: Torchrun | None = None,
     lockstep: str | None = None,
+    steps_interleaved: bool = False,
 ) -> bool:
     """Run every pending repeat of a group's cases, restarting the world after each failure.
 
@@ -727,7 +748,8 @@ def run_group(
     a ``Torchrun`` starts each world as a torchrun job. ``lockstep``: the socket of a lockstep
     gate the worlds ask before each item (``tpbench.lockstep``). Returns True when that gate
     stopped the world early: the cases it cut short are then done with the repeats they ran
-    (``store.Run.case_cut``).
+    (``store.Run.case_cut``). ``steps_interleaved``: each round's items run together, their steps
+    taken in turn (``Plan.steps_interleaved``; ``tpbench tune``).
     """
     ic: Interconnect = resolve(group.key[3], user_interconnects)
     cases = {c.case_id: c for c in group.cases}
@@ -743,7 +765,7 @@ def run_group(
         schedule = interleave(live, done)
         if not schedule:
             return False
-        plan, plan_path = _write_plan(run, group, schedule, launcher, layout, lockstep)
+        plan, plan_path = _write_plan(run, group, schedule, launcher, layout, lockstep, steps_interleaved)
         listener(
             "world_start",
             {"world": plan.world, "world_size": group.world_size, "interconnect": ic.name, "items": len(schedule)},

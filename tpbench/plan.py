@@ -31,6 +31,9 @@ class Plan:
     # Set by ``tpbench sweep --lockstep SOCKET`` (``tpbench gate``): rank 0 asks the gate on this Unix
     # socket before each item and stops when told (``tpbench.lockstep``).
     lockstep: str | None = None
+    # Set by ``tpbench tune``: each round's items (consecutive items of one repeat index) run
+    # together, every arm built and their steps taken in turn (``worker.CaseRunner.run_round``).
+    steps_interleaved: bool = False
 
     def save(self, path: Path) -> None:
         store.atomic_write_bytes(path, json.dumps(dataclasses.asdict(self), indent=1).encode())

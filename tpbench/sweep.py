@@ -163,12 +163,14 @@ def execute(
     listener: Listener,
     launcher: Torchrun | None = None,
     lockstep: str | None = None,
+    steps_interleaved: bool = False,
 ) -> None:
     """Run the cases' worlds one after another (``launcher``: None, rank processes started here;
     else torchrun jobs). On Ctrl-C the run is marked interrupted and the case in flight goes back
     to pending (its finished repeats stay), so ``--resume`` picks it up. The run stays
     ``running`` until ``finalize`` has written its summary. ``lockstep``: the socket of the
-    ``tpbench gate`` that paces every item; once it says stop, no further world starts."""
+    ``tpbench gate`` (or tune) that paces every item; once it says stop, no further world starts.
+    ``steps_interleaved``: each round's items run together (``launch.run_group``)."""
     reap_stale_namespaces()
     user_ics = run.record.suite_table("interconnects")
     t0 = time.monotonic()
@@ -177,7 +179,7 @@ def execute(
         for i, group in enumerate(groups):
             if i:  # the first world's space was checked before the run began (start, reopen)
                 check_space(run.dir, [c for g in groups[i:] for c in g.cases], _largest_done(run))
-            if run_group(run, group, user_ics, listener, launcher, lockstep):
+            if run_group(run, group, user_ics, listener, launcher, lockstep, steps_interleaved):
                 break
     except KeyboardInterrupt:
         _mark_interrupted(run)

@@ -499,6 +499,7 @@ def race(
                     watch,
                     launcher,
                     str(sockets / "s"),
+                    steps_interleaved=True,
                 )
                 if conductor.error is not None:
                     raise conductor.error

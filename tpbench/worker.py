@@ -207,6 +207,71 @@ def build_case(
     return workload, training
 
 
+class _Repeat:
+    """One case's repeat in progress on this rank: its model, and its steps' measurements so far.
+
+    A round whose steps are interleaved (``CaseRunner.run_round``) holds one per arm and steps
+    them in turn; a plain item holds one. Everything a step needs of its case (the planted
+    slowdown, the injected fault, held-out evaluation) lives here, so that stepping arms in turn
+    measures each exactly as it would be measured alone.
+    """
+
+    def __init__(self, runner: CaseRunner, case: Case, repeat: int) -> None:
+        self.case, self.repeat = case, repeat
+        rank = runner.rank.rank
+        self.sampler = nvml.start_sampler(runner.gpu, case.nvml_interval_ms)
+        self.workload, self.training = build_case(case, rank, runner.rank.world_size, runner.device, runner.nodes)
+        self.timer = StepTimer(runner.device)
+        fault_kind, _, fault_rank = case.fault.partition(":")
+        self.fault = fault_kind if case.fault != "none" and repeat == 0 and int(fault_rank) == rank else None
+        self.step_ms: list[float] = []
+        self.cpu_ms: list[float] = []
+        self.gc_runs: list[int] = []
+        self.losses: list[torch.Tensor] = []
+        self.starts: list[float] = []  # perf_counter seconds at each step's start and end
+        self.ends: list[float] = []
+        self.extra: list[dict[str, float]] = []
+        self.heldout = self.workload.heldout_batches() if case.eval_every else []
+        self.slowed = _slowed(case, rank)
+        self.burn = case.slowdown_pct / 100 if case.slowdown_kind == "cpu" and self.slowed else 0.0
+        self.burned: list[float] = []  # seconds of CPU burnt per timed step
+        self.delay_s = 0.0
+
+    def step(self, collections: GcCounter) -> None:
+        """The case's next step (warm-up or timed), measured."""
+        i, case = len(self.step_ms), self.case
+        if i == case.warmup_steps:
+            self.delay_s = _slowdown_s(case, self.step_ms) if self.slowed else 0.0
+        if self.fault and i == case.warmup_steps + 1:
+            _inject(self.fault)
+        x, y = self.workload.train_batch(i)
+        before = collections.count
+        self.starts.append(time.perf_counter())
+        self.timer.start()
+        self.losses.append(train_step(self.training, self.workload, x, y))
+        if self.delay_s:
+            _delay(self.delay_s)
+        elif self.burn and i >= case.warmup_steps:
+            self.burned.append(self.timer.cpu_s() * self.burn)
+            _burn(self.burned[-1])
+        ms, cpu = self.timer.stop_ms()
+        self.ends.append(time.perf_counter())
+        # Below this line nothing counts as step time.
+        self.gc_runs.append(collections.count - before)
+        row = self.training.metrics() if self.training.metrics else {}
+        self.step_ms.append(ms - row.pop("untimed_ms", 0.0))
+        self.cpu_ms.append(cpu - row.pop("untimed_cpu_ms", 0.0))
+        if self.heldout and (i + 1) % case.eval_every == 0:
+            row["heldout_loss"] = _evaluate(self.training.model, self.workload, self.heldout)
+        self.extra.append(row)
+
+
+def _turn(arms: list[_Repeat], step: int) -> list[_Repeat]:
+    """The order the arms take step ``step`` in: reversed every other step, so that no arm always
+    steps first (right after the previous arm, or the barrier) over a repeat."""
+    return arms if step % 2 == 0 else arms[::-1]
+
+
 class CaseRunner:
     """Runs repeats of cases on this rank, within an initialized process group."""
 
@@ -228,62 +293,43 @@ class CaseRunner:
         self.nodes = nodes  # the ranks of each real node (see gather_nodes); None: one node
         self.hosts = hosts or nodes  # the ranks of each machine (hostname): whose CPU is the world's there
         self.gpu = nvml.open_gpu(device)  # once per process: nvmlInit is not free
+        self.current: str | None = None  # the case being built, stepped or finished (a failure's case)
 
     def run_repeat(self, case: Case, repeat: int, profile_after: bool) -> pd.DataFrame | None:
         """One repeat; returns all ranks' rows on rank 0 (None elsewhere)."""
+        return self.run_round([(case, repeat, profile_after)])[0]
+
+    def run_round(self, items: list[tuple[Case, int, bool]]) -> list[pd.DataFrame | None]:
+        """Repeats of one or more cases, ``(case, repeat, profile_after)``, with their steps
+        interleaved: every arm built, then warmed up and timed step by step in turn (``_turn``).
+        A drift of the machine slower than a few steps then slows every arm alike, which pairing
+        by round cancels; repeats run one after the other would each see their own stretch of it
+        (docs/tune.md, "Steps interleaved"). Returns each item's rows, all ranks', on rank 0
+        (None elsewhere), in the order of ``items``.
+
+        With more than one arm the process's memory peaks are the round's, not a case's: they are
+        recorded as missing."""
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         _reset_peak_rss()
-        sampler = nvml.start_sampler(self.gpu, case.nvml_interval_ms)
-        workload, training = build_case(case, self.rank.rank, self.rank.world_size, self.device, self.nodes)
-        timer = StepTimer(self.device)
-        fault_kind, _, fault_rank = case.fault.partition(":")
-        faulty = case.fault != "none" and repeat == 0 and int(fault_rank) == self.rank.rank
-        step_ms: list[float] = []
-        cpu_ms: list[float] = []
-        gc_runs: list[int] = []
-        losses: list[torch.Tensor] = []
-        ends: list[float] = []
-        extra: list[dict[str, float]] = []
-        heldout = workload.heldout_batches() if case.eval_every else []
-        delay_s = 0.0
-        slowed = _slowed(case, self.rank.rank)
-        burn = case.slowdown_pct / 100 if case.slowdown_kind == "cpu" and slowed else 0.0
-        burned: list[float] = []  # seconds of CPU burnt per timed step
+        arms = []
+        for case, repeat, _ in items:
+            self.current = case.case_id
+            arms.append(_Repeat(self, case, repeat))
         collections = GcCounter()
         gc_was_enabled = gc.isenabled()
         gc.callbacks.append(collections)
         dist.barrier(group=self.ctrl)
         t_start = time.perf_counter()
         try:
-            for i in range(case.warmup_steps + case.steps):
-                if i == case.warmup_steps:
-                    delay_s = _slowdown_s(case, step_ms) if slowed else 0.0
-                    # No collection inside a timed step: one now, none until the timed steps end.
-                    gc.collect()
-                    gc.disable()
-                    load_start, cpu_start = self._machine_snapshot()
-                if faulty and i == case.warmup_steps + 1:
-                    _inject(fault_kind)
-                x, y = workload.train_batch(i)
-                before = collections.count
-                timer.start()
-                losses.append(train_step(training, workload, x, y))
-                if delay_s:
-                    _delay(delay_s)
-                elif burn and i >= case.warmup_steps:
-                    burned.append(timer.cpu_s() * burn)
-                    _burn(burned[-1])
-                ms, cpu = timer.stop_ms()
-                ends.append(time.perf_counter() - t_start)
-                # Below this line nothing counts as step time.
-                gc_runs.append(collections.count - before)
-                row = training.metrics() if training.metrics else {}
-                step_ms.append(ms - row.pop("untimed_ms", 0.0))
-                cpu_ms.append(cpu - row.pop("untimed_cpu_ms", 0.0))
-                if heldout and (i + 1) % case.eval_every == 0:
-                    row["heldout_loss"] = _evaluate(training.model, workload, heldout)
-                extra.append(row)
+            for i in range(max(a.case.warmup_steps for a in arms)):
+                self._step([a for a in _turn(arms, i) if i < a.case.warmup_steps], collections)
+            # No collection inside a timed step: one now, none until the timed steps end.
+            gc.collect()
+            gc.disable()
+            load_start, cpu_start = self._machine_snapshot()
+            for i in range(max(a.case.steps for a in arms)):
+                self._step([a for a in _turn(arms, i) if i < a.case.steps], collections)
             load_end, cpu_end = self._machine_snapshot()
         finally:
             gc.callbacks.remove(collections)
@@ -291,25 +337,45 @@ class CaseRunner:
                 gc.enable()
         # Peaks are read before the profiled steps: the profiler's own buffers are not the case's.
         memory = {"peak_rss_mb": _peak_rss_mb(), **self._gpu_memory()}
-        _check_finite(repeat, self.rank.rank, losses, training.model)  # after the peaks: it allocates
+        if len(arms) > 1:
+            memory = dict.fromkeys(memory, float("nan"))
+        window = (load_start, load_end, cpu_end - cpu_start)
+        out = []
+        for arm, (_, _, profile_after) in zip(arms, items):
+            self.current = arm.case.case_id
+            out.append(self._finish(arm, t_start, profile_after, memory, window))
+        return out
+
+    def _step(self, arms: list[_Repeat], collections: GcCounter) -> None:
+        for arm in arms:
+            self.current = arm.case.case_id
+            arm.step(collections)
+
+    def _finish(
+        self, arm: _Repeat, t_start: float, profile_after: bool, memory: dict[str, float], window: tuple
+    ) -> pd.DataFrame | None:
+        """An arm's repeat after its timed steps: checked, traced on its case's last repeat, and
+        gathered on rank 0, which writes its capture and returns every rank's rows."""
+        case, repeat, training, workload = arm.case, arm.repeat, arm.training, arm.workload
+        _check_finite(repeat, self.rank.rank, arm.losses, training.model)  # after the peaks: it allocates
         # Exact bytes and step work, once per case (on its last repeat), after the timed steps.
         counted = accounting.measure(training.model, training.optimizer, self.rank.rank) if profile_after else None
-        spans = nvml.step_spans(t_start, ends, case.warmup_steps)
+        spans = nvml.step_spans(arm.starts, arm.ends, case.warmup_steps)
         clock = None
         if profile_after and case.profiler_steps > 0:
-            burn_s = statistics.median(burned) if burned else 0.0
-            clock, profile_spans = self._profile(case, training, workload, delay_s, burn_s)
+            burn_s = statistics.median(arm.burned) if arm.burned else 0.0
+            clock, profile_spans = self._profile(case, training, workload, arm.delay_s, burn_s)
             spans += profile_spans
         mine = {
-            "step_ms": step_ms,
-            "cpu_ms": cpu_ms,
-            "gc_collections": gc_runs,
-            "loss": torch.stack(losses).float().cpu().tolist(),
-            "elapsed_s": ends,
-            "extra": extra,
-            "load_window": (load_start, load_end, cpu_end - cpu_start),
+            "step_ms": arm.step_ms,
+            "cpu_ms": arm.cpu_ms,
+            "gc_collections": arm.gc_runs,
+            "loss": torch.stack(arm.losses).float().cpu().tolist(),
+            "elapsed_s": [e - t_start for e in arm.ends],
+            "extra": arm.extra,
+            "load_window": window,
             **memory,
-            "capture": self._capture(case, repeat, sampler, spans, clock, last=profile_after),
+            "capture": self._capture(case, repeat, arm.sampler, spans, clock, last=profile_after),
             "accounting": counted,
         }
         gathered: list[Any] | None = [None] * self.rank.world_size if self.rank.rank == 0 else None
@@ -657,6 +723,41 @@ class Turns:
         self.client.done(case.case_id, repeat, value, began, time.time())
 
 
+def _batches(plan: Plan) -> list[list[tuple[str, int]]]:
+    """The plan's items as the world runs them: one at a time, or, with ``steps_interleaved``,
+    each round's (the consecutive items of one repeat index) together."""
+    batches: list[list[tuple[str, int]]] = []
+    for item in plan.schedule:
+        if plan.steps_interleaved and batches and batches[-1][-1][1] == item[1]:
+            batches[-1].append(item)
+        else:
+            batches.append([item])
+    return batches
+
+
+def _run_batch(
+    runner: CaseRunner, plan: Plan, cases: dict[str, Case], items: list[tuple[str, int]], gate: Turns, events: Events
+) -> None:
+    """Run a batch of items (one, or a round's with their steps interleaved) and persist each on rank 0."""
+    rank0 = runner.rank.rank == 0
+    if rank0 and len(items) == 1:
+        events.emit("repeat_start", case=items[0][0], repeat=items[0][1])
+    elif rank0:
+        events.emit("round_start", items=[list(item) for item in items])
+    began = time.time()
+    rows = runner.run_round([(cases[cid], r, r == cases[cid].repeats - 1) for cid, r in items])
+    if not rank0:
+        return
+    for (case_id, repeat), found in zip(items, rows):
+        case = cases[case_id]
+        store.write_repeat(Path(plan.run_dir), case_id, repeat, found)
+        value = repeat_values(found.assign(case_id=case_id), windows=windows_of({case_id: case.params()}))
+        events.emit("repeat_end", case=case_id, repeat=repeat, median_ms=float(value["step_ms"].iloc[0]))
+        if repeat == case.repeats - 1:
+            events.emit("case_end", case=case_id)
+        gate.done(case, repeat, found, began)
+
+
 def run_plan(plan: Plan, events: Events) -> None:
     rank = Rank.from_env()
     cases = {c["case_id"]: Case.from_params(c) for c in plan.cases}
@@ -689,27 +790,18 @@ def run_plan(plan: Plan, events: Events) -> None:
             events.emit("world_ready", world=plan.world, nodes=[dataclasses.asdict(n) for n in nodes])
         gate = Turns(plan, rank, ctrl)
         torch_state = _torch_state()
-        for case_id, repeat in plan.schedule:
-            case = cases[case_id]
+        for batch in _batches(plan):
             try:
-                answer = gate.answer(case_id, repeat)
-                if answer == lockstep.SKIP:
-                    continue
-                if answer != lockstep.GO:
+                answers = [(item, gate.answer(*item)) for item in batch]
+                go = [item for item, answer in answers if answer == lockstep.GO]
+                if go:
+                    _run_batch(runner, plan, cases, go, gate, events)
+                    _check_torch_state(torch_state)
+                if any(answer not in (lockstep.GO, lockstep.SKIP) for _, answer in answers):
                     break
-                if rank.rank == 0:
-                    events.emit("repeat_start", case=case_id, repeat=repeat)
-                began = time.time()
-                rows = runner.run_repeat(case, repeat, profile_after=repeat == case.repeats - 1)
-                _check_torch_state(torch_state)
-                if rows is not None:
-                    store.write_repeat(Path(plan.run_dir), case_id, repeat, rows)
-                    value = repeat_values(rows.assign(case_id=case_id), windows=windows_of({case_id: case.params()}))
-                    events.emit("repeat_end", case=case_id, repeat=repeat, median_ms=float(value["step_ms"].iloc[0]))
-                    if repeat == case.repeats - 1:
-                        events.emit("case_end", case=case_id)
-                    gate.done(case, repeat, rows, began)
             except BaseException:  # the user's code may raise SystemExit or KeyboardInterrupt: its case's failure
+                case_id = runner.current or batch[0][0]
+                repeat = dict(batch)[case_id]
                 events.emit("error", case=case_id, repeat=repeat, rank=rank.rank, error=traceback.format_exc())
                 os._exit(1)
         if gate.cut and rank.rank == 0:

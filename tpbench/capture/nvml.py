@@ -234,18 +234,16 @@ class Span:
 
 
 def step_spans(
-    t_start_s: float, ends_s: Sequence[float], warmup_steps: int, first_step: int = 0, phase: str | None = None
+    starts_s: Sequence[float], ends_s: Sequence[float], warmup_steps: int, first_step: int = 0, phase: str | None = None
 ) -> list[Span]:
-    """Spans of consecutive steps that started at ``t_start_s`` (perf_counter seconds) and ended at
-    ``t_start_s + ends_s[i]``: a step spans from the previous step's end to its own end, which is
-    exactly what the worker's loop records, with no extra clock read in the timed loop."""
-    spans, prev = [], int(t_start_s * 1e9)
-    for i, e in enumerate(ends_s):
-        end = int((t_start_s + e) * 1e9)
-        step = first_step + i
-        spans.append(Span(prev, end, step, phase or ("warmup" if step < warmup_steps else "timed")))
-        prev = end
-    return spans
+    """Spans of steps that started at ``starts_s[i]`` and ended at ``ends_s[i]`` (perf_counter
+    seconds). Each step's own start, not the previous step's end: in a round whose steps are
+    interleaved, another arm's step runs between two of this arm's."""
+    steps = range(first_step, first_step + len(ends_s))
+    return [
+        Span(int(s * 1e9), int(e * 1e9), step, phase or ("warmup" if step < warmup_steps else "timed"))
+        for step, s, e in zip(steps, starts_s, ends_s)
+    ]
 
 
 class Sampler:

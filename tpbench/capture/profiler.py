@@ -33,16 +33,18 @@ def trace_steps(
     """
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     out.parent.mkdir(parents=True, exist_ok=True)
-    t_start, ends = time.perf_counter(), []
+    starts: list[float] = []
+    ends: list[float] = []
     window = schedule(wait=0, warmup=1, active=steps, repeat=1)
     with profile(activities=activities, schedule=window, record_shapes=True) as prof:
         for i in range(steps + 1):
             if i == 1:
                 brackets = nvml.clock_probe()
+            starts.append(time.perf_counter())
             run_step(first_step + i)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            ends.append(time.perf_counter() - t_start)
+            ends.append(time.perf_counter())
             prof.step()
     tmp = out.with_suffix(".tmp.json")
     part = out.with_name(out.name + ".part")
@@ -56,5 +58,5 @@ def trace_steps(
         # (the exporter writes its own ``<tmp>.tmp`` before renaming it onto ``tmp``).
         for leftover in (tmp, tmp.with_name(tmp.name + ".tmp"), part):
             leftover.unlink(missing_ok=True)
-    spans = nvml.step_spans(t_start, ends, 0, first_step=first_step, phase="profile")
+    spans = nvml.step_spans(starts, ends, 0, first_step=first_step, phase="profile")
     return nvml.clock_sync(prof, brackets, out), spans
