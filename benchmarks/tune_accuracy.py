@@ -18,12 +18,13 @@ short sweep of every arm (as many rounds as the tune's timed seconds pay for, sp
 the argmin of the arms' medians; it is wrong when that arm is planted more than epsilon slower.
 
 ``--competitor N`` keeps N CPU-bound busy loops running throughout (the loaded condition); the
-load average before and after each tune is recorded.
+load average before and after each tune is recorded. ``--no-naive`` runs the tunes alone (about
+half the time: the naive sweep costs the tune's timed seconds again); its rows have no naive pick.
 
 Usage::
 
     python benchmarks/tune_accuracy.py --out DIR [--suite suites/tune-planted.toml] [--tunes 20]
-        [--competitor 1] [--table] [-- TUNE_ARGS...]
+        [--competitor 1] [--no-naive] [--table] [-- TUNE_ARGS...]
 
 Everything after ``--`` goes to ``tpbench tune`` (e.g. ``--epsilon 2% --budget-s 420``).
 Results: ``DIR/tunes.jsonl`` (one line per tune) and a Markdown table on stdout. Run again with the
@@ -107,7 +108,7 @@ def judge(facts: dict) -> dict:
         "grid_timed_s": res["grid_timed_s"],
         "cost_share": res["timed_s"] / res["grid_timed_s"] if res["grid_timed_s"] else None,
         "slowest_out_earlier": slowest["status"] == "eliminated" and slowest["rounds"] < rec_rounds,
-        "naive_wrong": facts["naive_slowdown_pct"] - best > eps_pct,
+        "naive_wrong": None if facts["naive_slowdown_pct"] is None else facts["naive_slowdown_pct"] - best > eps_pct,
     }
 
 
@@ -129,10 +130,14 @@ def table(rows: list[dict]) -> str:
             f"| {sum(r['state'] == 'unresolved' for r in g)}/{n} | {sum(r.get('margin_false', False) for r in g)}/{n} "
             f"| {statistics.median(shares):.2f} "
             f"| {sum(r['slowest_out_earlier'] for r in g)}/{n} | {statistics.median(r['wall_s'] for r in g):.0f} "
-            f"| {sum(r['naive_wrong'] for r in g)}/{n} "
+            f"| {_count([r['naive_wrong'] for r in g if r['naive_wrong'] is not None])} "
             f"| {statistics.median(r['load1_before'] for r in g):.2f} |"
         )
     return head + "\n".join(lines) + "\n"
+
+
+def _count(flags: list[bool]) -> str:
+    return f"{sum(flags)}/{len(flags)}" if flags else "–"
 
 
 def main() -> None:
@@ -144,6 +149,7 @@ def main() -> None:
     ap.add_argument("--suite", type=Path, default=SUITE, help="a planted suite (default: suites/tune-planted.toml)")
     ap.add_argument("--tunes", type=int, default=20, help="tunes to run (default 20)")
     ap.add_argument("--competitor", type=int, default=0, help="busy loops running throughout (default 0)")
+    ap.add_argument("--no-naive", action="store_true", help="run no naive sweep beside each tune")
     ap.add_argument("--table", action="store_true", help="only print the table of what DIR already holds")
     args = ap.parse_args(argv)
     log = args.out / "tunes.jsonl"
@@ -161,10 +167,14 @@ def main() -> None:
                 rec_rounds = next((a["rounds"] for a in res["arms"] if a["status"] == "recommended"), 1)
                 per_round = res["grid_timed_s"] / max(1, rec_rounds)
                 rounds = max(1, int(res["timed_s"] / per_round)) if per_round else 1
-                facts |= naive_pick(suite, args.out / name / "naive", rounds)
+                if args.no_naive:
+                    facts |= {"naive_slowdown_pct": None, "naive_rounds": 0, "naive_wall_s": None}
+                else:
+                    facts |= naive_pick(suite, args.out / name / "naive", rounds)
                 row = {"tune": name, "competitors": args.competitor, "wall_s": facts["wall_s"]}
                 row |= {k: facts[k] for k in ("exit_code", "load1_before", "load1_after", "naive_wall_s")}
-                row |= {"naive_slowdown_pct": facts["naive_slowdown_pct"], "naive_rounds": rounds, **judge(facts)}
+                row |= {"naive_slowdown_pct": facts["naive_slowdown_pct"], "naive_rounds": facts["naive_rounds"]}
+                row |= judge(facts)
                 with open(log, "a") as f:
                     f.write(json.dumps(row) + "\n")
                 print(json.dumps(row), file=sys.stderr, flush=True)

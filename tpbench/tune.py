@@ -2,7 +2,8 @@
 
 The suite's cases are the candidate settings ("arms"); its ``repeats`` is the most rounds any arm
 may get. The arms of one world run round by round as a sweep runs them (``launch.interleave``:
-round r holds repeat r of every arm, in a seeded order), paced item by item over the lockstep
+round r holds repeat r of every arm, in a seeded order), but each round's arms together, their
+steps taken in turn (``Plan.steps_interleaved``), paced item by item over the lockstep
 protocol (``tpbench.lockstep``): this process serves the socket its worlds ask before each item and
 answers ``go``, ``skip`` (an eliminated arm: it costs nothing more) or ``stop`` (the race is over).
 

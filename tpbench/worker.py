@@ -9,7 +9,9 @@ most expensive thing on a small machine.
 For each item: build the workload's model, wrap it with the case's algorithm, run untimed warm-up
 steps, meet the other ranks at a barrier, run the timed steps, then gather every rank's step
 times on rank 0, which persists the repeat. After a case's last repeat, a few more steps run
-under torch.profiler so tracing never perturbs a timed step.
+under torch.profiler so tracing never perturbs a timed step. A plan with ``steps_interleaved``
+(``tpbench tune``) runs each round's items together: every arm built, then their steps in turn
+(``CaseRunner.run_round``).
 
 Progress and errors go to the launcher as JSON lines on an inherited file descriptor
 (``--event-fd``), or under torchrun, which passes nothing on, appended to a file per rank that the
