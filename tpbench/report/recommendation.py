@@ -6,11 +6,13 @@ the report needs none of the tune's machinery."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import plotly.graph_objects as go
 
 from tpbench import store
-from tpbench.report.figures import LEGEND_TOP, MARGIN
+from tpbench.report.figures import LEGEND_BELOW, MARGIN
 from tpbench.report.html import Page, plot_text
 
 
@@ -104,7 +106,8 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
         yaxis_title="ratio to the leader",
         yaxis_range=[0.8, min(2 * top, 3.0)],
         margin=MARGIN,
-        legend=LEGEND_TOP,
-        height=420,
+        # Below the plot, one row per two settings: eighteen names above it would run into the title.
+        legend=LEGEND_BELOW | dict(y=-0.18),
+        height=460 + 24 * math.ceil(df["arm"].nunique() / 2),
     )
     return fig
