@@ -579,7 +579,7 @@ class Supervisor:
         elif kind == "repeat_end":
             # Timed on rank 0's clock, so a repeat that ended past its limit fails as timed out even
             # when its end reached us before the launcher's own check did.
-            took, limit = ev["t"] - self.started_t, self.current.limit_s if self.current else 0.0
+            took, limit = ev["t"] - self.started_t, self.current.limit_s
             if took > limit:
                 self.overran = f"timed out after {limit:g} s in {self.current.what()} (it took {took:.1f} s)"
                 return
