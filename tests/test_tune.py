@@ -28,7 +28,7 @@ def synthetic(factors: dict[str, float], rounds: int, noise: float = 0.01, seed:
 
 
 def run_race(race: Race, values: dict) -> Race:
-    """Feed the race round by round, as the conductor does, skipping eliminated arms."""
+    """Feed the race round by round, as the conductor does, skipping eliminated and retired arms."""
     for r in range(race.max_rounds):
         for a in list(race.live):
             race.record(a, r, values[a][r])
@@ -50,20 +50,21 @@ def test_race_eliminates_a_clearly_slower_arm_at_the_first_look_and_names_the_be
 def test_seven_planted_arms_pool_their_variance_so_the_slow_ones_go_at_the_first_look():
     """The planted suite's shape (0–40 % slower arms, 2 % noise per round): with the variance pooled
     over the live arms, every arm 10 % or more slower is out at the first look, and the race ends
-    tied on the best arm long before its 30 rounds, at a fraction of the grid's cost."""
+    tied on the best arm long before its 30 rounds, at a fraction of the grid's cost (each arm's
+    rounds are those it really ran: a retired arm's stop with it)."""
     factors = {f"s{p}": 1 + p / 100 for p in (0, 3, 6, 10, 15, 25, 40)}
     values = synthetic(factors, 30, noise=0.02)
     race = run_race(Race(list(values), 30, Options(epsilon=0.02), comparisons=6), values)
     assert race.ended == ALL_TIED and race.leader() == "s0" and race.rounds < 15
     assert all(race.eliminated[f"s{p}"] == tune.MIN_ROUNDS for p in (10, 15, 25, 40)), race.eliminated
-    rounds = {a: race.eliminated.get(a, race.rounds) for a in factors}
+    rounds = {a: len(race.values[a]) for a in factors}
     cost = sum(rounds[a] * f for a, f in factors.items()) / (30 * sum(factors.values()))
     assert cost < 0.25, (cost, rounds)
 
 
 def test_race_ties_arms_within_epsilon_and_keeps_unresolved_ones_to_the_last_round():
     tied = run_race(Race(["a", "b"], 40, Options(epsilon=0.05), comparisons=1), synthetic({"a": 1.0, "b": 1.005}, 40))
-    assert tied.ended == ALL_TIED and sorted(tied.live) == ["a", "b"]
+    assert tied.ended == ALL_TIED and len(tied.live) == 1 and {*tied.live, *tied.retired} == {"a", "b"}
     # 1.5 % apart with 1 % noise per round and a 0.5 % margin: neither tied nor separable in 12 rounds.
     close = run_race(
         Race(["a", "b"], 12, Options(epsilon=0.005), comparisons=1),
@@ -71,6 +72,46 @@ def test_race_ties_arms_within_epsilon_and_keeps_unresolved_ones_to_the_last_rou
     )
     assert close.ended == MAX_ROUNDS and close.rounds == 12 and len(close.live) == 2
     assert close.rounds_to_decide() is not None
+
+
+def test_an_arm_that_cannot_be_epsilon_faster_retires_and_runs_no_more_rounds():
+    """Three arms, 2 % noise, a 2 % margin: the 4 % slower arm can no longer be 2 % faster than the
+    leader long before the identical twin of the best is tied, so it is retired (tied: it runs no
+    more rounds and costs nothing more) while the two others race on; the race ends tied when the
+    leader alone is left running, and the retired arm is tied in the result, its rounds its own."""
+    values = synthetic({"a": 1.0, "b": 1.0, "c": 1.04}, 60, noise=0.02, seed=1)
+    race = run_race(Race(list(values), 60, Options(epsilon=0.02), comparisons=2), values)
+    assert race.ended == ALL_TIED and len(race.live) == 1 and "c" not in race.eliminated
+    assert race.retired["c"] < race.rounds and len(race.values["c"]) < race.rounds / 2
+    assert sorted(race.retired) == sorted({"a", "b", "c"} - set(race.live))
+    entry = next(e for e in race.history if "c" in e["retired"])
+    lo = entry["intervals"]["c"][1]
+    assert 1 / 1.02 <= lo <= 1  # retired, not eliminated: it was not shown slower
+
+
+def test_a_retired_arm_comes_back_when_a_new_leader_is_not_safe_from_it():
+    """y leads x and z over the first three rounds; z (3 % behind y) is retired, x (2 % behind) may
+    still be more than 2 % faster and races on. Then x turns 10 % faster and takes the lead. Over
+    the rounds z ran, x was slower than y, so z may be more than 2 % faster than the new leader:
+    the retirement is undone, z runs again from the next round (its rounds have a gap where it
+    sat out) and is raced against x until the evidence decides it. A retirement against a leader
+    that later changed would otherwise stack one epsilon on another."""
+    base = {"y": 1.00, "x": 1.02, "z": 1.03}
+    residual = {"y": [0.008, -0.008, 0.0], "x": [-0.008, 0.008, 0.0], "z": [0.0, 0.0, 0.0]}
+    race = Race(["y", "x", "z"], 12, Options(epsilon=0.02, min_rounds=3), comparisons=2)
+    for r in range(12):
+        for a in list(race.live):
+            f = 0.90 if a == "x" and r >= 3 else base[a]
+            race.record(a, r, 10 * f * np.exp(residual[a][r] if r < 3 else 0.0))
+        while race.round_complete():
+            race.close_round()
+        if race.ended:
+            break
+    by_round = {e["round"]: e for e in race.history}
+    assert by_round[3]["retired"] == ["z"] and by_round[3]["leader"] == "y"
+    assert by_round[4]["leader"] == "x" and by_round[4]["back"] == ["z"]
+    assert 3 not in race.values["z"] and 4 in race.values["z"]  # sat out round 3, ran again from 4
+    assert "z" in race.eliminated and race.ended == ALL_TIED and race.live == ["x"]
 
 
 def test_the_tie_is_one_sided_the_claim_needs_no_arm_that_may_be_more_than_epsilon_faster():
@@ -146,10 +187,11 @@ def test_the_interval_spends_confidence_over_looks_and_comparisons():
 def test_replaying_stored_values_rebuilds_the_same_race():
     values = synthetic({"a": 1.0, "b": 1.03, "c": 1.3, "d": 1.6}, 20, noise=0.02, seed=3)
     live = run_race(Race(list(values), 20, Options(), comparisons=3), values)
-    stored = {a: {r: v for r, v in values[a].items() if r < (live.eliminated.get(a) or live.rounds)} for a in values}
+    stored = {a: dict(live.values[a]) for a in values}  # what each arm ran: its repeats on disk
     again = Race(list(values), 20, Options(), comparisons=3)
     again.replay(stored)
     assert again.history == live.history and again.eliminated == live.eliminated and again.ended == live.ended
+    assert again.retired == live.retired
 
 
 @pytest.mark.parametrize(

@@ -503,7 +503,11 @@ class TuneProgress:
     def round(self, race, entry: dict[str, Any]) -> None:
         """A judged round (on the tune's conductor thread)."""
         leader = self.labels.get(entry["leader"], entry["leader"])
-        gone = "".join(f"; eliminated {escape(self.labels.get(a, a))}" for a in entry["eliminated"])
+        gone = "".join(
+            f"; {verb} {escape(self.labels.get(a, a))}"
+            for verb, key in (("eliminated", "eliminated"), ("retired, tied", "retired"), ("back", "back"))
+            for a in entry.get(key, ())
+        )
         self.progress.update(
             self.task,
             race=f"round {entry['round']}/{race.max_rounds}: {len(entry['live'])} of {len(race.arms)} left, "
@@ -593,6 +597,14 @@ class _TuneDisplay:
         return _showing(listener.progress, tune.Watch(listener, listener.round))
 
 
+def _decided(arm) -> str:
+    """When the race stopped running an arm: eliminated (clearly slower) or retired (tied: it could no
+    longer be epsilon faster than the leader)."""
+    if arm.eliminated_at is not None:
+        return f"eliminated after round {arm.eliminated_at}"
+    return "" if arm.retired_at is None else f"retired after round {arm.retired_at}"
+
+
 def _print_tune(result, fmt: str) -> None:
     if fmt == "json":
         sys.stdout.write(json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n")
@@ -604,11 +616,11 @@ def _print_tune(result, fmt: str) -> None:
             str(a.rounds),
             "—" if a.ratio is None else f"{a.ratio - 1:+.1%}",
             "—" if a.lo is None else f"[{a.lo - 1:+.1%}, {a.hi - 1:+.1%}]",
-            "" if a.eliminated_at is None else f"after round {a.eliminated_at}",
+            _decided(a),
         )
         for a in result.arms
     ]
-    head = ("setting", "status", "rounds", "vs recommended", f"{result.confidence:.0%} interval (spent)", "eliminated")
+    head = ("setting", "status", "rounds", "vs recommended", f"{result.confidence:.0%} interval (spent)", "decided")
     cost = (
         f"wall {result.wall_s:.0f} s; timed steps {result.timed_s:.1f} s, "
         f"{result.timed_s / result.grid_timed_s:.0%} of the {result.grid_timed_s:.1f} s the whole grid would have timed"

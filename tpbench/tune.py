@@ -8,14 +8,16 @@ protocol (``tpbench.lockstep``): this process serves the socket its worlds ask b
 answers ``go``, ``skip`` (an eliminated arm: it costs nothing more) or ``stop`` (the race is over).
 
 The rule (docs/tune.md): after each round, once ``min_rounds`` have run, the leader is the live arm
-with the lowest geometric mean; an arm whose ratio to the leader is clearly above 1 is eliminated.
+with the lowest geometric mean; an arm whose ratio to the leader is clearly above 1 is eliminated,
+and one that can no longer be more than epsilon faster than the leader is retired: it runs no more
+rounds, and comes back should a new leader no longer be safe from it over the rounds it ran.
 Every interval is paired by round at the confidence the whole race spends, its residual variance
 pooled over the world's live arms (``stats.blocked_ratios``: the rounds are complete blocks): the
 miss probability split uniformly over the looks the race may take and over the arms other than the
 best (a Bonferroni union bound), so the race may look after every round. It ends with one arm
-left (recommended); with no arm left that may be more than epsilon faster than the leader (tied:
-the leader is within epsilon of the best); or with the most rounds or the budget spent
-(unresolved: the best guess, and about how many rounds would decide it).
+left (recommended), or with the leader alone and every other arm eliminated or retired (tied: the
+leader is within epsilon of the best); or with the most rounds or the budget spent (unresolved: the
+best guess, and about how many rounds would decide it).
 
 Arms of different worlds (world size, backend, device, interconnect) share no rounds: each world
 is raced on its own, then the world winners are compared unpaired (``stats.unpaired_ratio``) at the
@@ -111,8 +113,9 @@ class Race:
         self.options = options
         self.comparisons = max(1, comparisons)
         self.values: dict[str, dict[int, float]] = {a: {} for a in arms}
-        self.live = list(arms)
+        self.live = list(arms)  # the arms that run the next round
         self.eliminated: dict[str, int] = {}  # arm → the round (1-based) after which it went
+        self.retired: dict[str, int] = {}  # arm → the round after which it stopped, tied with the leader
         self.failed: set[str] = set()
         self.rounds = 0  # complete rounds judged
         self.ended: str | None = None
@@ -140,10 +143,11 @@ class Race:
         return {r: v for r, v in self.values[arm].items() if r < self.rounds}
 
     def interval(self, base: str, arm: str) -> Ratio:
-        """``arm`` / ``base`` over the judged rounds ``arm`` ran, at the race's spent confidence, the
-        variance pooled over every arm that ran all of those rounds: for an arm that went, the
-        interval it went by (where ``base`` led then). ``base`` must have run them too."""
-        rounds = set(self.judged(arm))
+        """``arm`` / ``base`` over the judged rounds both ran, at the race's spent confidence, the
+        variance pooled over every arm that ran all of those rounds (the rounds are complete blocks
+        for them): for an arm that went, the interval it went by (where ``base`` led then); for a
+        retired one, its rounds against whichever arm leads now."""
+        rounds = set(self.judged(arm)) & set(self.judged(base))
         peers = {
             a: {r: v for r, v in self.judged(a).items() if r in rounds}
             for a in self.arms
@@ -153,14 +157,13 @@ class Race:
         return blocked_ratios(peers, base, confidence=confidence)[arm]
 
     def intervals(self, leader: str) -> dict[str, Ratio]:
-        """Every live arm / ``leader`` over the judged rounds, at the race's spent confidence, the
-        residual variance pooled over the live arms (``stats.blocked_ratios``: they all ran every
-        judged round, so the rounds form complete blocks)."""
+        """Every other live arm / ``leader`` over the judged rounds both ran (``interval``). Arms that
+        ran every round pool their variance together (``stats.blocked_ratios``); an arm that came back
+        from retirement is paired with the leader over the rounds it has."""
         live = {a: self.judged(a) for a in self.live}
         if len(live) < 2 or not all(live.values()):
             return {}
-        confidence = spent_confidence(self.options.confidence, self.looks, self.comparisons)
-        return blocked_ratios(live, leader, confidence=confidence)
+        return {a: self.interval(leader, a) for a in self.live if a != leader}
 
     def leader(self) -> str | None:
         """The live arm with the lowest geometric mean over the rounds judged (all live arms ran them)."""
@@ -169,22 +172,37 @@ class Race:
         return min(self.live, key=lambda a: _geomean(self.judged(a)))
 
     def close_round(self) -> dict[str, Any]:
-        """Judge the round just completed: eliminate, maybe end; returns the round's history entry."""
+        """Judge the round just completed: eliminate, retire, bring back, maybe end; returns the
+        round's history entry.
+
+        An arm clearly slower than the leader is eliminated. One that can no longer be more than
+        epsilon faster than it is retired: the claim is already safe from it, so it costs nothing
+        more. The claim is about the leader at the end, though, and the leader may change; a
+        retired arm is therefore checked after every round against the leader of that round, over
+        the rounds it ran, and runs again from the next round once that leader is not safe from it.
+        The race ends tied when the leader alone is left running."""
         self.rounds += 1
         leader = self.leader()
         eps = self.options.epsilon
-        intervals = self.intervals(leader) if self.rounds >= 2 else {}
-        gone = []
+        intervals = self.intervals(leader) if self.rounds >= 2 and leader is not None else {}
+        gone: list[str] = []
+        retired: list[str] = []
+        back: list[str] = []
         if self.rounds >= self.min_rounds:
             gone = [a for a, r in intervals.items() if r.lo > 1]
+            retired = [a for a, r in intervals.items() if a not in gone and within_epsilon(r, eps)]
+            back = [a for a in self.retired if not within_epsilon(self.interval(leader, a), eps)]
             for a in gone:
                 self.live.remove(a)
                 self.eliminated[a] = self.rounds
-        rest = {a: r for a, r in intervals.items() if a not in gone}
+            for a in retired:
+                self.live.remove(a)
+                self.retired[a] = self.rounds
+            for a in back:
+                del self.retired[a]
+                self.live.append(a)
         if len(self.live) == 1:
-            self.ended = ONE_LEFT
-        elif self.rounds >= self.min_rounds and rest and all(within_epsilon(r, eps) for r in rest.values()):
-            self.ended = ALL_TIED
+            self.ended = ALL_TIED if self.retired else ONE_LEFT
         elif self.rounds >= self.max_rounds:
             self.ended = MAX_ROUNDS
         entry = {
@@ -193,6 +211,8 @@ class Race:
             "leader": leader,
             "live": list(self.live),
             "eliminated": gone,
+            "retired": retired,
+            "back": back,
             "intervals": {a: [r.ratio, r.lo, r.hi] for a, r in intervals.items()},
             "ended": self.ended,
         }
@@ -245,9 +265,10 @@ class Arm:
     lo: float | None
     hi: float | None
     eliminated_at: int | None  # the round after which it went (None: not eliminated in its world's race)
+    retired_at: int | None = None  # the round after which it stopped, tied with the leader (and stayed so)
 
     def to_json(self) -> dict[str, Any]:
-        keep = ("case_id", "label", "params", "status", "rounds", "ratio", "lo", "hi", "eliminated_at")
+        keep = ("case_id", "label", "params", "status", "rounds", "ratio", "lo", "hi", "eliminated_at", "retired_at")
         return {k: v for k, v in asdict(self).items() if k in keep}
 
 
@@ -614,6 +635,7 @@ def _record(options: Options, races: list[Race], wall_s: float) -> dict[str, Any
                 "ended": r.ended,
                 "live": r.live,
                 "eliminated": r.eliminated,
+                "retired": r.retired,
                 "failed": sorted(r.failed),
             }
             for r in races
@@ -708,6 +730,8 @@ def _statuses(races: list[Race], best_race: Race | None, best: str | None, eps: 
             for a in r.live:
                 if a != best:
                     status[a] = TIED if decided else UNRESOLVED
+            for a in r.retired:  # checked against this leader after the last round: safe from it
+                status[a] = TIED
             continue
         winner = r.leader()
         if winner is None:
@@ -719,7 +743,7 @@ def _statuses(races: list[Race], best_race: Race | None, best: str | None, eps: 
         )
         # The world's arms left share its winner's outcome: they are tied with it (or undecided).
         tied = decided and within_epsilon(w, eps)
-        for a in r.live:
+        for a in [*r.live, *r.retired]:
             status[a] = ELIMINATED if w.lo > 1 else TIED if tied else UNRESOLVED
     return status
 
@@ -771,6 +795,7 @@ def _arms(cases: list[Case], races: list[Race], status: dict[str, str], ratios: 
                 rr.lo if rr and rr.method != "single" else None,
                 rr.hi if rr and rr.method != "single" else None,
                 home.eliminated.get(a),
+                home.retired.get(a),
             )
         )
     return arms
@@ -802,9 +827,10 @@ def _claim(
     why = sorted({r.ended for r in races if r.ended not in (ONE_LEFT, ALL_TIED)} - {None}) or [MAX_ROUNDS]
     then = f"; about {more} more round(s) would decide it" if more else ""
     resolved = f"; the rounds run show it within {shown:.1%} of the best" if shown is not None else ""
+    tied = f"tied with {counts[TIED]}, " if counts[TIED] else ""
     return (
         f"{rec.label}: the best guess of {n} settings, unresolved ({', '.join(why)}): {counts[UNRESOLVED]} "
-        f"still within reach of it at {conf} and ±{options.epsilon:.0%}, {gone}{failed}{resolved}{then}"
+        f"still within reach of it at {conf} and ±{options.epsilon:.0%}, {tied}{gone}{failed}{resolved}{then}"
     )
 
 

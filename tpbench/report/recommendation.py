@@ -30,8 +30,9 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
             f"Raced by tpbench tune on {result['metric']}: after each round, once "
             f"{saved['options']['min_rounds']} had run, a setting was eliminated when its paired ratio to the "
             "leader (the lowest geometric mean) was clearly above 1, its variance pooled over the settings still "
-            "in the race, and the race ended tied once no setting left could be more than "
-            f"{result['epsilon']:.0%} faster than the leader; intervals at {result['confidence']:.0%} "
+            f"in the race, and retired (tied: it runs no more rounds) once it could no longer be more than "
+            f"{result['epsilon']:.0%} faster than the leader, brought back should a later leader not be safe from "
+            "it; the race ended tied once the leader alone was left running; intervals at {result['confidence']:.0%} "
             "confidence spent over every round the race could look at and every setting (docs/tune.md). "
             f"Timed steps: {result['timed_s']:.1f} s of the {result['grid_timed_s']:.1f} s the whole grid "
             "would have timed.",
@@ -56,6 +57,7 @@ def _table(result: dict) -> pd.DataFrame:
                 "vs recommended": _pct(a["ratio"]),
                 "interval": "" if a["lo"] is None else f"[{_pct(a['lo'])}, {_pct(a['hi'])}]",
                 "eliminated after round": a["eliminated_at"],
+                "retired after round": a.get("retired_at"),
             }
             for a in result["arms"]
         ]
@@ -64,16 +66,25 @@ def _table(result: dict) -> pd.DataFrame:
 
 def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> go.Figure:
     """Per setting, its ratio to that round's leader with the race's interval, round by round; a
-    cross where it was eliminated. The band runs from 1 / (1 + epsilon) to 1: the race ends tied once
-    every interval's lower end is inside it or above (no setting left may be more than epsilon faster),
-    and eliminates a setting whose lower end is above 1."""
+    cross where it was eliminated, a ring where it was retired. The band runs from 1 / (1 + epsilon)
+    to 1: a setting whose interval's lower end is inside it or above can no longer be more than
+    epsilon faster than the leader and is retired (tied: it runs no more rounds); one whose lower end
+    is above 1 is eliminated."""
     fig = go.Figure()
     rows = [
-        {"arm": arm, "round": e["round"], "ratio": v[0], "lo": v[1], "hi": v[2], "out": arm in e["eliminated"]}
+        {
+            "arm": arm,
+            "round": e["round"],
+            "ratio": v[0],
+            "lo": v[1],
+            "hi": v[2],
+            "out": arm in e["eliminated"],
+            "retired": arm in e.get("retired", ()),
+        }
         for e in history
         for arm, v in e["intervals"].items()
     ]
-    df = pd.DataFrame(rows, columns=["arm", "round", "ratio", "lo", "hi", "out"])
+    df = pd.DataFrame(rows, columns=["arm", "round", "ratio", "lo", "hi", "out", "retired"])
     top = float(df["ratio"].max()) if len(df) else 1.0
     for arm, d in df.groupby("arm", sort=False):
         # The first rounds' intervals are astronomically wide: clip the bars to the chart.
@@ -87,21 +98,25 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
                 error_y=dict(type="data", symmetric=False, array=hi - d["ratio"], arrayminus=d["ratio"] - lo),
             )
         )
-        out = d[d["out"]]
-        if len(out):
-            fig.add_trace(
-                go.Scatter(
-                    x=out["round"],
-                    y=out["ratio"],
-                    mode="markers",
-                    marker=dict(symbol="x", size=14, color="#a4262c"),
-                    name=plot_text(f"{names.get(arm, arm)} eliminated"),
-                    showlegend=False,
+        for flag, symbol, color, what in (
+            ("out", "x", "#a4262c", "eliminated"),
+            ("retired", "circle-open", "#2e7d32", "retired"),
+        ):
+            marked = d[d[flag]]
+            if len(marked):
+                fig.add_trace(
+                    go.Scatter(
+                        x=marked["round"],
+                        y=marked["ratio"],
+                        mode="markers",
+                        marker=dict(symbol=symbol, size=14, color=color, line=dict(width=2)),
+                        name=plot_text(f"{names.get(arm, arm)} {what}"),
+                        showlegend=False,
+                    )
                 )
-            )
     fig.add_hrect(y0=1 / (1 + epsilon), y1=1, fillcolor="#d9dde5", opacity=0.5, line_width=0)
     fig.update_layout(
-        title="The race: ratio to the round's leader (×: eliminated; shaded: the tie zone)",
+        title="The race: ratio to the round's leader (×: eliminated; ○: retired, tied; shaded: the tie zone)",
         xaxis_title="round",
         yaxis_title="ratio to the leader",
         yaxis_range=[0.8, min(2 * top, 3.0)],
