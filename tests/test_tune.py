@@ -78,15 +78,15 @@ def test_an_arm_that_cannot_be_epsilon_faster_retires_and_runs_no_more_rounds():
     """Three arms, 2 % noise, a 2 % margin: the 4 % slower arm can no longer be 2 % faster than the
     leader long before the identical twin of the best is tied, so it is retired (tied: it runs no
     more rounds and costs nothing more) while the two others race on; the race ends tied when the
-    leader alone is left running, and the retired arm is tied in the result, its rounds its own."""
+    leader alone is left running (by then the retired arm may have been shown slower, on its own
+    rounds judged by the variance of all of them: eliminated)."""
     values = synthetic({"a": 1.0, "b": 1.0, "c": 1.04}, 60, noise=0.02, seed=1)
     race = run_race(Race(list(values), 60, Options(epsilon=0.02), comparisons=2), values)
-    assert race.ended == ALL_TIED and len(race.live) == 1 and "c" not in race.eliminated
-    assert race.retired["c"] < race.rounds and len(race.values["c"]) < race.rounds / 2
-    assert sorted(race.retired) == sorted({"a", "b", "c"} - set(race.live))
+    assert race.ended == ALL_TIED and len(race.live) == 1
+    assert any("c" in e["retired"] for e in race.history) and len(race.values["c"]) < race.rounds / 2
+    assert {*race.retired, *race.eliminated} == {"a", "b", "c"} - set(race.live)
     entry = next(e for e in race.history if "c" in e["retired"])
-    lo = entry["intervals"]["c"][1]
-    assert 1 / 1.02 <= lo <= 1  # retired, not eliminated: it was not shown slower
+    assert 1 / 1.02 <= entry["intervals"]["c"][1] <= 1  # retired, not eliminated: not shown slower
 
 
 def test_a_retired_arm_comes_back_when_a_new_leader_is_not_safe_from_it():
@@ -98,7 +98,7 @@ def test_a_retired_arm_comes_back_when_a_new_leader_is_not_safe_from_it():
     that later changed would otherwise stack one epsilon on another."""
     base = {"y": 1.00, "x": 1.02, "z": 1.03}
     residual = {"y": [0.008, -0.008, 0.0], "x": [-0.008, 0.008, 0.0], "z": [0.0, 0.0, 0.0]}
-    race = Race(["y", "x", "z"], 12, Options(epsilon=0.02, min_rounds=3), comparisons=2)
+    race = Race(["y", "x", "z"], 12, Options(epsilon=0.02, min_rounds=2), comparisons=2)
     for r in range(12):
         for a in list(race.live):
             f = 0.90 if a == "x" and r >= 3 else base[a]
@@ -111,7 +111,43 @@ def test_a_retired_arm_comes_back_when_a_new_leader_is_not_safe_from_it():
     assert by_round[3]["retired"] == ["z"] and by_round[3]["leader"] == "y"
     assert by_round[4]["leader"] == "x" and by_round[4]["back"] == ["z"]
     assert 3 not in race.values["z"] and 4 in race.values["z"]  # sat out round 3, ran again from 4
-    assert "z" in race.eliminated and race.ended == ALL_TIED and race.live == ["x"]
+    assert race.ended == ALL_TIED and race.live == ["x"] and "z" in race.retired
+    assert race.interval("x", "z").lo >= 1 / 1.02  # safe from the leader the race ended with
+
+
+def test_every_retired_arm_is_safe_from_the_leader_the_race_ends_with():
+    """100 seeded races of five arms 0–5 % apart, 3 % noise, a 1 % margin: leaders change while arms
+    sit retired, and some retirements are undone. Whenever a race ends tied, every retired arm's
+    interval against the final leader, over the rounds it ran, still shows that it cannot be more
+    than epsilon faster: the claim is about the leader the race ends with, not one it had."""
+    factors = {"a": 1.0, "b": 1.01, "c": 1.02, "d": 1.03, "e": 1.05}
+    comebacks = tied = 0
+    for seed in range(100):
+        values = synthetic(factors, 60, noise=0.03, seed=seed)
+        race = run_race(Race(list(values), 60, Options(epsilon=0.01), comparisons=4), values)
+        comebacks += sum(len(e["back"]) for e in race.history)
+        if race.ended == ALL_TIED:
+            tied += 1
+            (leader,) = race.live
+            assert all(race.interval(leader, a).lo >= 1 / 1.01 for a in race.retired), seed
+    assert comebacks > 0 and tied > 20  # the case this test is about did happen
+
+
+def test_a_far_slower_arm_retired_early_is_still_eliminated_not_called_tied():
+    """Seven arms as a loaded machine measured the planted suite (the 40 % arm about 1.35, 6 % noise
+    per round): at the first look the intervals are at their widest, and the slowest arm's low end
+    is often just under 1, so it is retired. Its rounds are fixed from then on, but the variance they
+    are judged by is pooled over every value the race gathers, and its interval narrows until it is
+    shown slower: over 40 seeded races it is eliminated every time, after fewer rounds than the
+    leader ran."""
+    factors = dict(zip("abcdefg", (1.0, 1.055, 1.07, 1.095, 1.18, 1.21, 1.345)))
+    late = 0
+    for seed in range(40):
+        values = synthetic(factors, 120, noise=0.06, seed=seed)
+        race = run_race(Race(list(values), 120, Options(epsilon=0.02), comparisons=6), values)
+        assert "g" in race.eliminated and len(race.values["g"]) < race.rounds, (seed, race.retired)
+        late += len(race.values["g"]) < race.eliminated["g"]  # retired first, then shown slower
+    assert late > 0  # the case this test is about did happen
 
 
 def test_the_tie_is_one_sided_the_claim_needs_no_arm_that_may_be_more_than_epsilon_faster():

@@ -143,30 +143,28 @@ class Race:
         return {r: v for r, v in self.values[arm].items() if r < self.rounds}
 
     def interval(self, base: str, arm: str) -> Ratio:
-        """``arm`` / ``base`` over the judged rounds both ran, at the race's spent confidence, the
-        variance pooled over every arm that ran all of those rounds (the rounds are complete blocks
-        for them): for an arm that went, the interval it went by (where ``base`` led then); for a
-        retired one, its rounds against whichever arm leads now."""
-        rounds = set(self.judged(arm)) & set(self.judged(base))
-        peers = {
-            a: {r: v for r, v in self.judged(a).items() if r in rounds}
-            for a in self.arms
-            if a not in self.failed and rounds <= set(self.judged(a))
-        }
-        confidence = spent_confidence(self.options.confidence, self.looks, self.comparisons)
-        return blocked_ratios(peers, base, confidence=confidence)[arm]
+        """``arm`` / ``base`` over the judged rounds both ran, at the race's spent confidence
+        (``stats.blocked_ratios``: the variance pooled over every value of every arm judged so
+        far): for an arm that went, over the rounds it ran, against whichever arm is ``base``."""
+        return self._ratios(base)[arm]
 
     def intervals(self, leader: str) -> dict[str, Ratio]:
-        """Every other live arm / ``leader`` over the judged rounds both ran (``interval``). Arms that
-        ran every round pool their variance together (``stats.blocked_ratios``); an arm that came back
-        from retirement is paired with the leader over the rounds it has."""
-        live = {a: self.judged(a) for a in self.live}
-        if len(live) < 2 or not all(live.values()):
+        """Every arm still in the race (live or retired) / ``leader``: the ratios the round is
+        judged by."""
+        if not all(self.judged(a) for a in self.live):
             return {}
-        return {a: self.interval(leader, a) for a in self.live if a != leader}
+        ratios = self._ratios(leader)
+        return {a: ratios[a] for a in [*self.live, *self.retired] if a != leader}
+
+    def _ratios(self, base: str) -> dict[str, Ratio]:
+        judged = {a: self.judged(a) for a in self.arms if a not in self.failed and self.judged(a)}
+        if len(judged) < 2 or base not in judged:
+            return {}
+        confidence = spent_confidence(self.options.confidence, self.looks, self.comparisons)
+        return blocked_ratios(judged, base, confidence=confidence)
 
     def leader(self) -> str | None:
-        """The live arm with the lowest geometric mean over the rounds judged (all live arms ran them)."""
+        """The live arm with the lowest geometric mean over the rounds it ran."""
         if not self.live:
             return None
         return min(self.live, key=lambda a: _geomean(self.judged(a)))
@@ -180,7 +178,12 @@ class Race:
         more. The claim is about the leader at the end, though, and the leader may change; a
         retired arm is therefore checked after every round against the leader of that round, over
         the rounds it ran, and runs again from the next round once that leader is not safe from it.
-        The race ends tied when the leader alone is left running."""
+        The race ends tied when the leader alone is left running.
+
+        A retired arm is still eliminated once its interval shows it slower: its rounds are fixed,
+        but the variance they are judged by is pooled over every value the race has, so its
+        interval narrows as the others run (an arm far slower than the leader, retired at the first
+        look with a low end just under 1, is shown slower a few rounds later)."""
         self.rounds += 1
         leader = self.leader()
         eps = self.options.epsilon
@@ -190,10 +193,13 @@ class Race:
         back: list[str] = []
         if self.rounds >= self.min_rounds:
             gone = [a for a, r in intervals.items() if r.lo > 1]
-            retired = [a for a, r in intervals.items() if a not in gone and within_epsilon(r, eps)]
-            back = [a for a in self.retired if not within_epsilon(self.interval(leader, a), eps)]
+            retired = [a for a in self.live if a in intervals and a not in gone and within_epsilon(intervals[a], eps)]
+            back = [a for a in self.retired if a not in gone and not within_epsilon(intervals[a], eps)]
             for a in gone:
-                self.live.remove(a)
+                if a in self.live:
+                    self.live.remove(a)
+                else:
+                    del self.retired[a]
                 self.eliminated[a] = self.rounds
             for a in retired:
                 self.live.remove(a)

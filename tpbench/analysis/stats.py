@@ -207,32 +207,54 @@ def spent_confidence(confidence: float, looks: int, comparisons: int = 1) -> flo
 def blocked_ratios(
     values: Mapping[str, Mapping[int, float]], base: str, *, confidence: float = CONFIDENCE
 ) -> dict[str, Ratio]:
-    """Every other arm / ``base``, from arms that ran round by round in one world, over the rounds
-    all of them have: a randomised complete block design whose blocks are the rounds.
+    """Every other arm / ``base``, from arms that ran round by round in one world: a randomised block
+    design whose blocks are the rounds, complete or not (an arm may have sat rounds out).
 
     ``values``: arm → round → value. Model ``log v[a, r] = arm effect + round effect + noise``, the
     noise of one variance for every arm: the round effect is what pairing removes (a slow round slows
-    every arm), and the residual variance is pooled over all arms, with ``(A − 1)(R − 1)`` degrees of
-    freedom instead of a pair's ``R − 1``. With many arms and few rounds that is what lets a race
-    decide early: a t quantile at 2 degrees of freedom is several times the one at 12. Each
-    interval is ``exp(mean log difference ± t · s · √(2/R))``; for two arms this is exactly
-    ``paired_ratio``. The price is the equal-variance assumption (in logs: equal relative noise),
-    which settings of one case in one world meet and the race's measured accuracy checks.
+    every arm), and the residual variance is estimated from every value there is, by least squares,
+    with ``N − rank`` degrees of freedom (``(A − 1)(R − 1)`` when every arm ran every round) instead
+    of a pair's ``R − 1``. With many arms and few rounds that is what lets a race decide early: a t
+    quantile at 2 degrees of freedom is several times the one at 12. Each interval is the mean log
+    difference over the rounds the two arms share ``± t · s · √(2/n)``; for two arms and complete
+    rounds this is exactly ``paired_ratio``. The price is the equal-variance assumption (in logs:
+    equal relative noise), which settings of one case in one world meet and the race's measured
+    accuracy checks.
     """
-    rounds = sorted(set.intersection(*(set(v) for v in values.values())))
-    if not rounds:
-        raise ValueError("blocked_ratios needs at least one round every arm ran")
-    arms = list(values)
-    x = np.log([[values[a][r] for r in rounds] for a in arms])
-    n_arms, n = x.shape
-    i = arms.index(base)
-    d = {a: float(x[k].mean() - x[i].mean()) for k, a in enumerate(arms) if a != base}
-    if n < 2 or n_arms < 2:
-        return {a: Ratio(math.exp(m), math.exp(m), math.exp(m), n, "single") for a, m in d.items()}
-    resid = x - x.mean(axis=1, keepdims=True) - x.mean(axis=0, keepdims=True) + x.mean()
-    df = (n_arms - 1) * (n - 1)
-    half = _t(confidence, df) * math.sqrt(2 * float((resid**2).sum()) / df / n)
-    return {a: Ratio(math.exp(m), math.exp(m - half), math.exp(m + half), n, "paired") for a, m in d.items()}
+    logs = {a: {r: math.log(v) for r, v in per_round.items()} for a, per_round in values.items()}
+    noise, df = _block_noise(logs)
+    out = {}
+    for a, per_round in logs.items():
+        if a == base:
+            continue
+        shared = sorted(set(per_round) & set(logs[base]))
+        if not shared:
+            raise ValueError(f"blocked_ratios: {a} shares no round with {base}")
+        m = sum(per_round[r] - logs[base][r] for r in shared) / len(shared)
+        if df < 1 or len(shared) < 2:
+            out[a] = Ratio(math.exp(m), math.exp(m), math.exp(m), len(shared), "single")
+            continue
+        half = _t(confidence, df) * noise * math.sqrt(2 / len(shared))
+        out[a] = Ratio(math.exp(m), math.exp(m - half), math.exp(m + half), len(shared), "paired")
+    return out
+
+
+def _block_noise(logs: Mapping[str, Mapping[int, float]]) -> tuple[float, int]:
+    """The residual standard deviation of ``arm effect + round effect`` fitted by least squares to
+    every (arm, round) value, and its degrees of freedom (values less the fit's rank)."""
+    cells = [(a, r, x) for a, per_round in logs.items() for r, x in per_round.items()]
+    arms = sorted({a for a, _, _ in cells})
+    rounds = sorted({r for _, r, _ in cells})
+    design = np.zeros((len(cells), len(arms) + len(rounds)))
+    for i, (a, r, _) in enumerate(cells):
+        design[i, arms.index(a)] = 1
+        design[i, len(arms) + rounds.index(r)] = 1
+    y = np.array([x for _, _, x in cells])
+    coef, _, rank, _ = np.linalg.lstsq(design, y, rcond=None)
+    df = len(cells) - int(rank)
+    if df < 1:
+        return 0.0, df
+    return math.sqrt(float(((y - design @ coef) ** 2).sum()) / df), df
 
 
 def sequential_ratio(
