@@ -257,11 +257,19 @@ def test_bad_options_exit_2_before_anything_runs(tmp_path, capsys, bad):
 
 
 def planted(tmp_path, slowdowns: str = "[0, 5, 40]", repeats: int = 14):
-    """Arms of one small compute-bound case, slower by planted CPU work (a few ms a step: tiny
-    steps are mostly overhead, and their noise on a loaded 2-core machine hides a 40 % slowdown)."""
+    """Arms of one compute-bound case, slower by planted CPU work: suites/gate.toml's (about 15 ms a
+    step on 2 ranks). Smaller steps are mostly Gloo's latency, whose jitter on a contended 2-core
+    machine (one rank now and then at half speed) hides even a 40 % slowdown."""
     suite = tmp_path / "planted.toml"
-    text = tiny_suite(f"slowdown_pct = {slowdowns}", slowdown_kind='"cpu"', repeats=repeats, batch_size=256, steps=6)
-    suite.write_text(text.replace("width = 32", "width = 128"))
+    text = tiny_suite(
+        f"slowdown_pct = {slowdowns}",
+        slowdown_kind='"cpu"',
+        repeats=repeats,
+        batch_size=512,
+        steps=6,
+        mlp={"width": 256, "depth": 4},
+    )
+    suite.write_text(text)
     return suite
 
 
