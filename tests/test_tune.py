@@ -190,6 +190,29 @@ def test_an_unresolved_tune_says_the_margin_its_rounds_do_show(tmp_path):
     assert result.to_json()["supported_epsilon"] == result.supported_epsilon
 
 
+def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, capsys):
+    """A race that ends with arms retired: each is tied in the result (JSON ``retired_at``, the text
+    table's "retired after round N"), ran only its own rounds, and is counted in the claim's tie."""
+    from tpbench import cli
+
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 0.5, 3, 30]", repeats=60))
+    cases = tune.prepare(suite).cases
+    factors = {c.case_id: 1 + c.slowdown_pct / 100 for c in cases}
+    values = synthetic(factors, 60, noise=0.02, seed=2)
+    race = run_race(Race(list(values), 60, Options(epsilon=0.02), comparisons=3), values)
+    assert race.ended == ALL_TIED and race.retired
+    result = tune._result(SimpleNamespace(dir=tmp_path), cases, [race], Options(epsilon=0.02), 0.0)
+    arms = {a.case_id: a for a in result.arms}
+    for a, at in race.retired.items():
+        assert arms[a].status == "tied" and arms[a].retired_at == at and arms[a].to_json()["retired_at"] == at
+        assert arms[a].rounds == len(race.values[a]) <= race.rounds
+    assert f"tied with {len(race.retired)}," in result.claim
+    cli._print_tune(result, "text")
+    out = capsys.readouterr().out
+    assert all(f"retired after round {at}" in out for at in race.retired.values())
+
+
 def test_the_margin_an_unresolved_race_shows_holds_at_its_confidence():
     """200 seeded races of arms 0, 3 and 5 % apart, 5 % noise, cut at 8 rounds (a 0.5 % margin, so
     they end unresolved): the leader is more than the supported margin slower than the true best in

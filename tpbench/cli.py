@@ -990,7 +990,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--min-rounds",
         type=int,
-        help="rounds every setting runs before the first elimination (default: 3); the suite's repeats is the most",
+        help="rounds every setting runs before the first elimination or retirement (default: 3); repeats is the most",
     )
     p.add_argument("--format", choices=("text", "md", "json"), default="text", help="how to print the result")
     torchrun_args(p)

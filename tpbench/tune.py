@@ -56,7 +56,7 @@ from tpbench.analysis.stats import (
 from tpbench.launch import Listener, Torchrun, group_cases
 from tpbench.suite import Case, labels, varying_keys
 
-# Rounds every arm runs before the first elimination. The pooled variance has (arms − 1)(rounds − 1)
+# Rounds every arm runs before the first elimination or retirement. The pooled variance has (arms − 1)(rounds − 1)
 # degrees of freedom, 12 for 7 arms at 3 rounds; an earlier look rests on 1 per pair of arms and
 # spends its share of the error on a look that can decide next to nothing.
 MIN_ROUNDS = 3
