@@ -313,7 +313,8 @@ def test_a_planted_tune_eliminates_the_slow_arm_early_and_prints_its_json(tmp_pa
         assert a["status"] in ("recommended", "tied", "eliminated", "unresolved")
     slow = arms[40]
     assert slow["status"] == "eliminated"
-    assert slow["rounds"] == slow["eliminated_at"] < max(a["rounds"] for a in doc["arms"])  # nothing more once out
+    # Nothing more once out (retired first, it may be eliminated a few rounds after its last).
+    assert slow["rounds"] <= slow["eliminated_at"] and slow["rounds"] < max(a["rounds"] for a in doc["arms"])
     # It went by its interval against that round's leader (clearly above 1); the table's interval
     # is against the arm recommended at the end, over the rounds it ran.
     went = store.read_tune(only_run(tmp_path / "r"))["history"][slow["eliminated_at"] - 1]
