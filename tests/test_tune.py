@@ -351,6 +351,7 @@ def test_a_planted_tune_eliminates_the_slow_arm_early_and_prints_its_json(tmp_pa
     page = (tmp_path / "report.html").read_text()
     assert page.index(">Recommendation<") < page.index(">Environment<")  # the report opens with it
     assert doc["claim"].split(":")[0] in page
+    assert "intervals at 95% confidence spent" in page and "{result[" not in page  # its method, filled in
 
 
 @pytest.mark.ranks
