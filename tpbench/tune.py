@@ -12,7 +12,7 @@ with the lowest geometric mean; an arm whose ratio to the leader is clearly abov
 and one that can no longer be more than epsilon faster than the leader is retired: it runs no more
 rounds, and comes back should a new leader no longer be safe from it over the rounds it ran.
 Every interval is paired by round at the confidence the whole race spends, its residual variance
-pooled over the world's live arms (``stats.blocked_ratios``: the rounds are complete blocks): the
+pooled over every value of the world's arms (``stats.blocked_ratios``: the rounds are blocks): the
 miss probability split uniformly over the looks the race may take and over the arms other than the
 best (a Bonferroni union bound), so the race may look after every round. It ends with one arm
 left (recommended), or with the leader alone and every other arm eliminated or retired (tied: the
