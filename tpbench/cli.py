@@ -506,7 +506,7 @@ class TuneProgress:
         gone = "".join(
             f"; {verb} {escape(self.labels.get(a, a))}"
             for verb, key in (("eliminated", "eliminated"), ("retired, tied", "retired"), ("back", "back"))
-            for a in entry.get(key, ())
+            for a in entry[key]
         )
         self.progress.update(
             self.task,

@@ -243,12 +243,11 @@ def _block_noise(logs: Mapping[str, Mapping[int, float]]) -> tuple[float, int]:
     """The residual standard deviation of ``arm effect + round effect`` fitted by least squares to
     every (arm, round) value, and its degrees of freedom (values less the fit's rank)."""
     cells = [(a, r, x) for a, per_round in logs.items() for r, x in per_round.items()]
-    arms = sorted({a for a, _, _ in cells})
-    rounds = sorted({r for _, r, _ in cells})
-    design = np.zeros((len(cells), len(arms) + len(rounds)))
+    arm_col = {a: i for i, a in enumerate(logs)}
+    round_col = {r: len(arm_col) + i for i, r in enumerate(sorted({r for _, r, _ in cells}))}
+    design = np.zeros((len(cells), len(arm_col) + len(round_col)))
     for i, (a, r, _) in enumerate(cells):
-        design[i, arms.index(a)] = 1
-        design[i, len(arms) + rounds.index(r)] = 1
+        design[i, arm_col[a]] = design[i, round_col[r]] = 1
     y = np.array([x for _, _, x in cells])
     coef, _, rank, _ = np.linalg.lstsq(design, y, rcond=None)
     df = len(cells) - int(rank)
