@@ -39,6 +39,7 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
     profiles = loaded.record.suite_table("interconnects")
     rate = {link: resolve(link, profiles).rate_bits_per_s or math.inf for link in dict.fromkeys(done["interconnect"])}
     steps_by_case = dict(tuple(loaded.steps.groupby("case_id")))
+    pooled = pooled_interference(loaded, done)
 
     def model(row: Mapping[str, Any]) -> whatif.CaseModel:
         cid = row["case_id"]
@@ -47,9 +48,28 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
             row,
             *(store.read_case_table(loaded.run_dir, cid, t) for t in ("intervals", "overlap", "marks")),
             steps_by_case[cid],
+            pooled.get(_pool_key(row)),
+            comm_on_host=row["device"] == "cpu",
         )
 
     return whatif.run_whatif(done, steps_by_case, rate, model, fabrics, reference)
+
+
+def _pool_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (row["backend"], row["device"], row["interconnect"])
+
+
+def pooled_interference(loaded: store.Loaded, done: pd.DataFrame) -> dict[tuple[Any, ...], whatif.Interference]:
+    """The interference factor over all of a run's matched ops per backend, device and link: one
+    machine's compute slowed by one kind of communication. A case whose own ops do not pin its
+    factor uses this one (``whatif.case_model``). The link is part of the key: a collective that
+    waits on a slow shaped link keeps Gloo's threads asleep more than one on loopback."""
+    pairs: dict[tuple[Any, ...], list[pd.DataFrame]] = {}
+    for row in done.to_dict("records"):
+        intervals = store.read_case_table(loaded.run_dir, row["case_id"], "intervals")
+        if intervals is not None:
+            pairs.setdefault(_pool_key(row), []).append(whatif.interference_pairs(intervals))
+    return {key: whatif.interference(pd.concat(p, ignore_index=True), "pooled") for key, p in pairs.items()}
 
 
 PROJECTIONS_FILE, VALIDATION_FILE = "whatif.parquet", "whatif_validation.parquet"
@@ -97,7 +117,8 @@ class Written:
 
     def projection_rows(self) -> list[tuple[str, ...]]:
         """Per case: its label ("(*)" when its model was refused), measured ms, the compute critical
-        path and the projected ms [95% interval] on each of ``fabrics()``."""
+        path, its interference factor [95% interval] and the projected ms [95% interval] on each of
+        ``fabrics()``."""
         names = self.fabrics()
         rows = []
         for cid, grp in self.result.projections.groupby("case_id", sort=False):
@@ -108,6 +129,7 @@ class Written:
                     self.labels[cid] + (" (*)" if refused else ""),
                     f"{grp['measured_ms'].iloc[0]:.1f}",
                     "" if refused else f"{grp['compute_ms'].iloc[0]:.1f}",
+                    interference_text(grp.iloc[0]),
                     *(
                         "refused"
                         if refused
@@ -196,6 +218,17 @@ def error_line(e: Mapping[str, Any]) -> str:
         f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}%, "
         f"{e['inside_interval_pct']:.0f}% of measured medians inside their predicted interval, {ranked}"
         f"over {e['predicted']} predictions" + (f" ({e['refused']} refused)" if e["refused"] else "")
+    )
+
+
+def interference_text(row: Mapping[str, Any]) -> str:
+    """A projections row's interference, as the terminal and the report show it: "×1.10 [1.00, 1.22]
+    pooled" (pooled: the run's cases on its backend, device and link; case: its own ops)."""
+    if not row["interference_ops"]:
+        return "not measured"
+    return (
+        f"×{row['interference']:.2f} [{row['interference_lo']:.2f}, {row['interference_hi']:.2f}] "
+        f"{row['interference_source']}"
     )
 
 

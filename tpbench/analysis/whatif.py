@@ -70,6 +70,9 @@ a fabric that is no slower than that path on every collective never exceeds the 
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
+import itertools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -83,6 +86,7 @@ import tomllib
 from scipy.stats import kendalltau
 
 from tpbench.analysis.bandwidth import busbw_factor
+from tpbench.analysis.overlap import union
 from tpbench.analysis.stats import BOOTSTRAP_SAMPLES, CONFIDENCE, bootstrap_ci, repeat_values
 from tpbench.analysis.timeline import MARK_KINDS
 
@@ -100,6 +104,12 @@ class Fabric:
     shared: bool = False
     description: str = ""
     floor: Fabric | None = None
+    # A fitted path's bandwidth per collective kind (``fit_host_path``): on Gloo a broadcast is a
+    # plain send while an all-reduce also sums on the CPU, several times slower per byte.
+    by_collective: tuple[tuple[str, float], ...] = ()
+
+    def beta_for(self, collective: str) -> float:
+        return dict(self.by_collective).get(collective, self.beta_Bps)
 
 
 # Nominal per-direction line rates; achievable busbw is typically 70-90% of them, so projections
@@ -211,7 +221,7 @@ def collective_time(collective: str, nbytes: float, n: int, fabric: Fabric) -> f
         wire = (n - 1) * nbytes if collective in ("broadcast", "reduce") else n * factor * nbytes
     else:
         wire = factor * nbytes
-    t = hops * fabric.alpha_s + wire / fabric.beta_Bps
+    t = hops * fabric.alpha_s + wire / fabric.beta_for(collective)
     if fabric.floor is not None:
         t = max(t, collective_time(collective, nbytes, n, fabric.floor))
     return t
@@ -224,7 +234,11 @@ Key = tuple[str, int]  # (collective, instance within the step)
 
 @dataclass(frozen=True)
 class Work:
+    """Thread time between events; ``beside``: how much of it ran while this rank's communication
+    was in flight in the trace (already stretched by interference there)."""
+
     seconds: float
+    beside: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -257,6 +271,18 @@ class StepSkeleton:
     collectives: tuple[CollectiveSpec, ...]
     measured_s: float
 
+    @cached_property
+    def last_waited(self) -> dict[Wait, int]:
+        """Per wait, the channel position of the last collective it waits for: the channel runs
+        collectives one at a time in this order, so that one finishes last."""
+        at = {c.key: i for i, c in enumerate(self.collectives)}
+        return {
+            op: max((at.get(k, len(at)) for k in op.keys), default=-1)
+            for ops in self.ranks
+            for op in ops
+            if type(op) is Wait
+        }
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -266,43 +292,76 @@ class Schedule:
     finish_s: dict[Key, float]
 
 
-def simulate(sk: StepSkeleton, cost: Callable[[CollectiveSpec], float], compute_scale: float = 1.0) -> Schedule:
+def simulate(
+    sk: StepSkeleton,
+    cost: Callable[[CollectiveSpec], float],
+    compute_scale: float = 1.0,
+    interference: float = 1.0,
+) -> Schedule:
     """Replay a skeleton: threads advance through their ops, collectives run one at a time in
     channel order once every rank has issued them. Raises ``ValueError`` on a skeleton that
-    cannot finish (a wait for a collective some rank never issues)."""
+    cannot finish (a wait for a collective some rank never issues).
+
+    ``interference`` (κ ≥ 1): thread work runs κ times slower while a collective is in flight
+    (Gloo's threads take the cores compute needs). A work's traced length already holds the
+    stretch of the time it spent beside communication in the trace (``Work.beside``): that part is
+    shrunk by κ to the work itself, which the replay stretches again wherever its own collectives
+    run. So the replay is an event simulation in time order: a rank's work left shrinks at rate 1,
+    or 1/κ while the channel is busy, and the next event is the earliest of a work's end, a
+    collective's end and a collective's start. With κ = 1 it is the plain max-plus replay."""
     n = len(sk.ranks)
-    pos, t = [0] * n, [0.0] * n
-    issued: dict[Key, list[float | None]] = {c.key: [None] * n for c in sk.collectives}
+    pos = [0] * n
+    left: list[float | None] = [None] * n  # work left in the current Work op (None: not started)
+    done_at = [0.0] * n
+    issued = dict.fromkeys((c.key for c in sk.collectives), 0)  # ranks that have issued each
     start: dict[Key, float] = {}
     finish: dict[Key, float] = {}
-    free, nxt = 0.0, 0
+    now, free, nxt = 0.0, 0.0, 0
+    ended = sum(not ops for ops in sk.ranks)  # ranks through all their ops
+    sizes = [len(ops) for ops in sk.ranks]
     while True:
-        progressed = False
-        for r, ops in enumerate(sk.ranks):
-            while pos[r] < len(ops):
+        moved = False
+        for r, ops in enumerate(sk.ranks):  # everything each rank can do at `now` without time passing
+            while pos[r] < sizes[r]:
                 op = ops[pos[r]]
-                if isinstance(op, Work):
-                    t[r] += op.seconds * compute_scale
-                elif isinstance(op, Issue):
-                    issued[op.key][r] = t[r]
-                elif any(k not in finish for k in op.keys):
-                    break
+                if type(op) is Work:
+                    if left[r] is None:
+                        left[r] = (op.seconds - op.beside + op.beside / interference) * compute_scale
+                    if left[r] > 0:
+                        break
+                    left[r] = None
+                elif type(op) is Issue:
+                    issued[op.key] += 1
                 else:
-                    t[r] = max([t[r], *(finish[k] for k in op.keys)])
+                    last = sk.last_waited[op]
+                    if last >= nxt or (last >= 0 and finish[sk.collectives[last].key] > now):
+                        break
                 pos[r] += 1
-                progressed = True
-        while nxt < len(sk.collectives) and all(x is not None for x in issued[sk.collectives[nxt].key]):
+                done_at[r] = now
+                ended += pos[r] == sizes[r]
+        while nxt < len(sk.collectives) and free <= now and issued[sk.collectives[nxt].key] == n:
             spec = sk.collectives[nxt]
-            s = max(free, *issued[spec.key])
-            start[spec.key], finish[spec.key] = s, s + cost(spec)
+            start[spec.key], finish[spec.key] = now, now + cost(spec)
             free = finish[spec.key]
             nxt += 1
-            progressed = True
-        if nxt == len(sk.collectives) and all(p == len(ops) for p, ops in zip(pos, sk.ranks)):
-            return Schedule(max([free, *t]), tuple(t), start, finish)
-        if not progressed:
+            moved = True
+        if moved and free <= now:  # a collective that cost nothing may have released a wait
+            continue
+        if nxt == len(sk.collectives) and ended == n:
+            return Schedule(max([free, *done_at]), tuple(done_at), start, finish)
+        rate = 1 / interference if free > now else 1.0
+        later = free if free > now else math.inf
+        for r in range(n):
+            if left[r]:
+                later = min(later, now + left[r] / rate)
+        if later == math.inf:
             stuck = {r: sk.ranks[r][pos[r]] for r in range(n) if pos[r] < len(sk.ranks[r])}
             raise ValueError(f"skeleton cannot finish: ranks blocked at {stuck}")
+        for r in range(n):
+            if left[r]:
+                # The rank whose work sets the next event finishes it exactly (no rounding left over).
+                left[r] = 0.0 if now + left[r] / rate <= later else left[r] - (later - now) * rate
+        now = later
 
 
 def fabric_cost(fabric: Fabric) -> Callable[[CollectiveSpec], float]:
@@ -391,36 +450,66 @@ def _rank_step_ops(
             colls.append(((coll, k), nbytes))
     events.sort(key=lambda e: (e[0], e[2] is None))
     last_issue = {key[0]: i for i, (_, _, key, _) in enumerate(events) if key is not None}
+    # Where the thread waits for a kind: before the compute after its last issue that follows the
+    # longest idle stretch of the thread, up to the first compute that starts once this rank's last
+    # collective of that kind has ended. Compute just after the last issue often ran beside the
+    # collective (autograd's last ops, a hook's bookkeeping) and the thread blocked later; and a
+    # gloo range may end after the thread already went on (its end is recorded after the future
+    # completes), so the first compute past it can come after the blocked stretch.
+    comm_end = comm.groupby(comm["collective"].astype(str))["end_ns"].max().to_dict()
+    reach = np.maximum.accumulate([s0] + [b for _, b, _, _ in events])  # reach[j]: thread busy up to, before j
+    gate: dict[str, int | None] = {}
+    for kind, last in last_issue.items():
+        candidates = []
+        for j in range(last + 1, len(events)):
+            if events[j][2] is None:
+                candidates.append(j)
+                if events[j][0] >= comm_end.get(kind, 0):
+                    break
+        gate[kind] = max(candidates, key=lambda j: events[j][0] - reach[j], default=None)
     waited_buckets: set[int] = set()
     waited_kinds: set[str] = set()
+    comm_s, comm_e = (a.tolist() for a in union(comm["start_ns"].to_numpy(), comm["end_ns"].to_numpy()))
+    comm_cum = [0, *itertools.accumulate(e - s for s, e in zip(comm_s, comm_e))]
+
+    def covered(t: int) -> int:  # ns of (−∞, t) during this rank's communication
+        i = bisect.bisect_right(comm_s, t)
+        return comm_cum[i - 1] + min(t, comm_e[i - 1]) - comm_s[i - 1] if i else 0
+
+    def beside(x: int, y: int) -> float:  # ns of [x, y) during this rank's communication
+        return float(covered(y) - covered(x)) if y > x else 0.0
+
     ops: list[Op] = []
-    pending, cursor = 0.0, s0
+    pending, pending_beside, cursor = 0.0, 0.0, s0
     for i, (a, b, key, bucket) in enumerate(events):
         waits: list[Key] = []
         if key is None and bucket is not None and bucket not in waited_buckets:
             waited_buckets.add(bucket)
             waits.append(("allreduce", bucket))
         if key is None and bucket is None:
-            for kind, last in last_issue.items():
-                if i > last and kind not in waited_kinds:
+            for kind, at in gate.items():
+                if at is not None and i >= at and kind not in waited_kinds:
                     waited_kinds.add(kind)
                     waits += [k for k, _ in colls if k[0] == kind]
         if waits:
             if pending:
-                ops.append(Work(pending / 1e9))
-                pending = 0.0
+                ops.append(Work(pending / 1e9, pending_beside / 1e9))
+                pending = pending_beside = 0.0
             ops.append(Wait(tuple(waits)))
-        else:
-            pending += max(0, a - cursor)
+        elif a > cursor:
+            pending += a - cursor
+            pending_beside += beside(cursor, a)
         cursor = max(cursor, a)
-        pending += max(0, b - cursor)
+        if b > cursor:
+            pending += b - cursor
+            pending_beside += beside(cursor, b)
         cursor = max(cursor, b)
         if key is not None:
-            ops.append(Work(pending / 1e9))
-            pending = 0.0
+            ops.append(Work(pending / 1e9, pending_beside / 1e9))
+            pending = pending_beside = 0.0
             ops.append(Issue(key))
     if pending:
-        ops.append(Work(pending / 1e9))
+        ops.append(Work(pending / 1e9, pending_beside / 1e9))
     return ops, colls
 
 
@@ -457,71 +546,243 @@ def skeletons(marks: Sequence[TraceMarks], intervals: pd.DataFrame) -> list[Step
     return out
 
 
+# --------------------------------------------------------------------------- interference
+
+# A compute op counts as run beside a collective when at least this share of it overlapped the
+# rank's communication, and as run alone when none of it did; ops in between are left out.
+BESIDE_SHARE = 0.5
+# Matched ops a case needs for an interference factor of its own; with fewer, the factor pooled
+# over the run's cases on the same backend and device is used (``Interference.source``)...
+MIN_MATCHED_OPS = 30
+# ... and they must pin it to this relative half-width (its 95 % interval), else it is pooled.
+INTERFERENCE_PRECISION = 0.10
+INTERFERENCE_PAIR_COLUMNS = ("beside_ns", "alone_ns")
+
+
+def interference_pairs(intervals: pd.DataFrame) -> pd.DataFrame:
+    """The same compute op timed beside a collective and alone, from one case's traced steps.
+
+    An op is "the same" across steps when it has the same rank, thread or stream, name and
+    position among that lane's compute intervals of its step: the steps of a training loop repeat
+    their ops, and only which of them a collective overlaps changes from step to step (a bucket's
+    all-reduce ends earlier or later). Per op seen both ways: the median duration beside a
+    collective (``BESIDE_SHARE`` of it overlapping the rank's comm intervals) and alone (none of
+    it overlapping), in ns. Columns ``INTERFERENCE_PAIR_COLUMNS``; empty when nothing matched."""
+    out = []
+    for _, g in intervals.groupby("rank", sort=True):
+        comm = g[g["lane"] == "comm"]
+        comp = g[g["lane"] == "compute"].sort_values("start_ns", kind="stable")
+        if comm.empty or comp.empty:
+            continue
+        us, ue = union(comm["start_ns"].to_numpy(), comm["end_ns"].to_numpy())
+        a, b = comp["start_ns"].to_numpy(), comp["end_ns"].to_numpy()
+        dur = (b - a).astype(float)
+        # Each op's overlap with the rank's comm: covered length up to its end minus up to its start.
+        cum = np.r_[0, np.cumsum(ue - us)]
+        share = np.where(dur > 0, (_covered(us, ue, cum, b) - _covered(us, ue, cum, a)) / np.maximum(dur, 1), 0.0)
+        key = comp.assign(pos=comp.groupby(["stream_or_thread", "step"], observed=True).cumcount())
+        frame = pd.DataFrame(
+            {
+                "lane": key["stream_or_thread"].astype(str).to_numpy(),
+                "name": key["name"].astype(str).to_numpy(),
+                "pos": key["pos"].to_numpy(),
+                "dur": dur,
+                "share": share,
+            }
+        )
+        frame = frame[frame["dur"] > 0]
+        keys = ["lane", "name", "pos"]
+        beside = frame[frame["share"] >= BESIDE_SHARE].groupby(keys)["dur"].median()
+        alone = frame[frame["share"] == 0].groupby(keys)["dur"].median()
+        both = pd.concat([beside.rename("beside_ns"), alone.rename("alone_ns")], axis=1, join="inner")
+        out.append(both.reset_index(drop=True))
+    if not out:
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in INTERFERENCE_PAIR_COLUMNS})
+    return pd.concat(out, ignore_index=True)[list(INTERFERENCE_PAIR_COLUMNS)]
+
+
+def _covered(us: np.ndarray, ue: np.ndarray, cum: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """|(∪ [us, ue)) ∩ (−∞, t)| for each t, the pieces sorted and disjoint, ``cum`` their
+    cumulative lengths (``cum[i]``: the first i pieces)."""
+    i = np.searchsorted(us, t, side="right")  # pieces starting at or before t
+    inside = np.where(i > 0, np.clip(t - us[np.maximum(i - 1, 0)], 0, None), 0)
+    last = np.where(i > 0, ue[np.maximum(i - 1, 0)] - us[np.maximum(i - 1, 0)], 0)
+    return np.where(i > 0, cum[np.maximum(i - 1, 0)] + np.minimum(inside, last), 0)
+
+
+@dataclass(frozen=True)
+class Interference:
+    """How much slower compute runs while a collective is in flight: the matched ops' total time
+    beside a collective over their total time alone (``interference_pairs``), with its 95 %
+    bootstrap interval over ops. ``source``: "case" (its own ops) or "pooled" (the run's cases on
+    the same backend and device, when the case had fewer than ``MIN_MATCHED_OPS``); ``ops``: the
+    matched ops it rests on (0: none anywhere, factor 1)."""
+
+    factor: float = 1.0
+    lo: float = 1.0
+    hi: float = 1.0
+    ops: int = 0
+    source: str = "none"
+
+    @property
+    def replay_factor(self) -> float:
+        """The stretch the replay applies: the estimate, or 1 below 1. Nothing on a host makes
+        compute faster while a collective runs; an estimate under 1 is timing noise, and a
+        stretch under 1 would let a slower fabric project a shorter step."""
+        return max(1.0, self.factor)
+
+    def describe(self) -> str:
+        if not self.ops:
+            return "interference not measured (no op was traced both beside a collective and alone)"
+        return f"×{self.factor:.2f} [{self.lo:.2f}, {self.hi:.2f}] over {self.ops} ops ({self.source})"
+
+
+def interference(pairs: pd.DataFrame, source: str = "case") -> Interference:
+    """``Interference`` from matched ops (``interference_pairs``): the ratio of total times, which
+    weighs each op by its length as the step does (a 5 µs op's jitter does not swing it)."""
+    if pairs.empty:
+        return Interference()
+    beside, alone = pairs["beside_ns"].to_numpy(float), pairs["alone_ns"].to_numpy(float)
+    idx = np.random.default_rng(0).integers(0, len(pairs), size=(BOOTSTRAP_SAMPLES, len(pairs)))
+    ratios = beside[idx].sum(axis=1) / alone[idx].sum(axis=1)
+    lo, hi = np.quantile(ratios, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+    return Interference(float(beside.sum() / alone.sum()), float(lo), float(hi), len(pairs), source)
+
+
 # --------------------------------------------------------------------------- calibration
 
 
-def fit_host_path(skels: Sequence[StepSkeleton], overlap: pd.DataFrame, name: str = "as measured") -> Fabric:
-    """The path a case's collectives actually took, as one point-to-point bandwidth: per step,
-    the bytes its collectives move (busbw convention) over the time communication was busy (the
-    union of comm intervals, least across ranks: the other ranks' excess is waiting for peers).
+def fit_host_path(
+    skels: Sequence[StepSkeleton],
+    overlap: pd.DataFrame,
+    intervals: pd.DataFrame | None = None,
+    name: str = "as measured",
+) -> Fabric:
+    """The path a case's collectives actually took: per step, the bytes its collectives move
+    (busbw convention) over the time communication was busy (the union of comm intervals, least
+    across ranks: the other ranks' excess is waiting for peers); the median over steps.
+
+    With the case's ``intervals``, the same per collective kind (``Fabric.by_collective``), the
+    busy time split among kinds: each moment of the union goes to the kinds in flight then, in
+    equal parts (Gloo runs a bucket's broadcast beside the next bucket's all-reduce). One
+    bandwidth for all kinds misprices whichever is cheaper per byte: on Gloo a 4 MB broadcast is
+    a plain send of about a millisecond, a 4 MB all-reduce several (it also sums on the CPU), and
+    a path fitted on both replays the broadcast at the all-reduce's cost. Splitting keeps the
+    kinds' times adding up to the union, which a serial channel replays.
+
     Latency is folded into the bandwidth (α = 0): one case has too few message sizes to separate
     them, and that is enough to replay it and to serve as an emulated link's floor."""
     if overlap is None or overlap.empty:
         raise ValueError("no per-step overlap table: the case has no traces")
-    busy = overlap.groupby("step")["comm_ns"].min()
-    ratios = []
-    for sk in skels:
-        wire = sum(c.nbytes * busbw_factor(c.key[0], c.group_size) for c in sk.collectives)
-        if busy.get(sk.step, 0) > 0 and wire > 0:
-            ratios.append(wire / (busy[sk.step] / 1e9))
-    if not ratios:
+
+    def wire(sk: StepSkeleton, kind: str | None = None) -> float:
+        return sum(c.nbytes * busbw_factor(c.key[0], c.group_size) for c in sk.collectives if kind in (None, c.key[0]))
+
+    def median_rate(busy: Mapping[int, float], kind: str | None = None) -> float | None:
+        ratios = [
+            wire(sk, kind) / (busy[sk.step] / 1e9) for sk in skels if busy.get(sk.step, 0) > 0 and wire(sk, kind) > 0
+        ]
+        return float(np.median(ratios)) if ratios else None
+
+    overall = median_rate(overlap.groupby("step")["comm_ns"].min().to_dict())
+    if overall is None:
         raise ValueError("no step with both communication time and bytes")
-    return Fabric(name, 0.0, float(np.median(ratios)), description="fitted on the measured case")
+    by_kind: list[tuple[str, float]] = []
+    if intervals is not None:
+        comm = intervals[intervals["lane"] == "comm"]
+        split: dict[int, dict[str, float]] = {}  # step → kind → ns, from the rank least busy in it
+        for (_, step), g in comm.groupby(["rank", "step"], sort=True):
+            shares = _busy_by_kind(g)
+            if step not in split or sum(shares.values()) < sum(split[step].values()):
+                split[step] = shares
+        for kind in sorted({k for shares in split.values() for k in shares}):
+            rate = median_rate({step: shares.get(kind, 0.0) for step, shares in split.items()}, kind)
+            if rate is not None:
+                by_kind.append((kind, rate))
+    return Fabric(name, 0.0, overall, description="fitted on the measured case", by_collective=tuple(by_kind))
+
+
+def _busy_by_kind(comm: pd.DataFrame) -> dict[str, float]:
+    """The union of one rank's comm intervals split among collective kinds (ns): each stretch of
+    it to the oldest collective in flight then. Collectives cross the link one after another in
+    issue order; one posted behind another (a broadcast's receive posted while an all-reduce
+    runs) waits, and is not moving data, until those before it are done."""
+    order = comm.sort_values("start_ns", kind="stable")
+    starts, ends = order["start_ns"].to_numpy(np.int64), order["end_ns"].to_numpy(np.int64)
+    kinds = order["collective"].astype(str).to_numpy()
+    out: dict[str, float] = {}
+    covered = -(2**62)  # time up to which the union has been handed out
+    for i in range(len(starts)):
+        # Interval i gets what it covers past everything older: older ones are done by `covered`.
+        got = ends[i] - max(starts[i], covered)
+        if got > 0:
+            out[kinds[i]] = out.get(kinds[i], 0.0) + float(got)
+            covered = ends[i]
+    return out
 
 
 FREE = Fabric("free", 0.0, float("inf"), description="communication costs nothing")
 
 
-def median_step_s(skels: Sequence[StepSkeleton], fabric: Fabric, compute_scale: float = 1.0) -> float:
+def median_step_s(
+    skels: Sequence[StepSkeleton], fabric: Fabric, compute_scale: float = 1.0, interference: float = 1.0
+) -> float:
     cost = fabric_cost(fabric)
-    return float(np.median([simulate(sk, cost, compute_scale).step_s for sk in skels]))
+    return float(np.median([simulate(sk, cost, compute_scale, interference).step_s for sk in skels]))
 
 
-def calibrate_compute(
+def calibrate(
     skels: Sequence[StepSkeleton],
-    fabric: Fabric,
+    path: Fabric,
     measured_s: float,
     lowest_s: float | None = None,
+    interference: float = 1.0,
+    scale_path: bool = False,
     bounds: tuple[float, float] = (0.01, 100.0),
 ) -> float | None:
-    """The factor on thread work, nearest 1, whose replay on the case's own path lands in
-    [``lowest_s``, ``measured_s``] (default: exactly ``measured_s``), or None when no factor
-    within ``bounds`` does.
+    """The factor on the traced host, nearest 1, whose replay of the traced steps on their own
+    path lands in [``lowest_s``, ``measured_s``] (default: exactly ``measured_s``), or None when
+    no factor within ``bounds`` does.
 
-    Traced steps carry the profiler's overhead and are few; timed steps are the truth, but only
-    up to their noise: the band is the timed median's 95 % interval below the median. Any factor
-    whose replay lands in it agrees with the data, so the one nearest 1 (compute as traced) is
-    kept: when communication dominates the step (a slow link), the timed step pins compute only
-    loosely, and fitting it exactly would pass the timing noise, amplified, to the compute of
-    every projection. The band's top is the median itself: then any fabric at least as fast as
-    the measured path on every collective replays no slower than the measured step.
+    What tracing slows is the host: torch.profiler records every op with its shapes, which on a
+    step of many small ops can double its host work. The factor scales the thread work, and with
+    ``scale_path`` the case's own path too (``scaled_path``): where communication is host work
+    as well (Gloo on the host's own loopback: its copies and sums run on the same few cores), the
+    tracer's CPU time slowed it as much. Scaling compute alone there made the factor carry all of
+    the tracer's cost on the part that is not communication: on a step of mostly communication it
+    fell to ×0.3, or no factor fitted at all. Where communication waits on a wire (a shaped
+    link, NCCL on GPUs), tracing does not slow it, and only compute is scaled.
+
+    Timed steps are the truth, but only up to their noise: the band is the timed median's 95 %
+    interval below the median. Any factor whose replay lands in it agrees with the data, so the
+    one nearest 1 is kept: when communication dominates the step (a slow link), the timed step
+    pins compute only loosely, and fitting it exactly would pass the timing noise, amplified, to
+    the compute of every projection. The band's top is the median itself: then any fabric at
+    least as fast as the (scaled) path on every collective replays no slower than the measured step.
 
     The replay is continuous and non-decreasing in the factor (every time in ``simulate`` is a
-    sum or a maximum of work and collective costs), so a bisection finds the band's edge.
+    sum or a maximum of work and collective costs), so a bisection finds the band's edge; with
+    ``scale_path`` it is the factor times the replay at 1 (the fitted path has no latency term,
+    so every time scales), and the edge is a ratio.
 
-    None has two causes, and both mean the model cannot explain the timed step by its compute:
-    the replay with compute shrunk to ``bounds[0]`` is still slower (communication on the
-    measured path alone, as fitted on the traced steps, exceeds the timed step: the traced
-    steps' communication was slower than the timed steps'), or with ``bounds[1]`` still faster.
-    Clipping the factor instead would shrink compute to nothing and project steps far shorter
-    than the case's own compute."""
+    None (only without ``scale_path``) has two causes, and both mean the model cannot explain the
+    timed step by its compute: the replay with compute shrunk to ``bounds[0]`` is still slower
+    (communication on the measured path alone, as fitted on the traced steps, exceeds the timed
+    step), or with ``bounds[1]`` still faster. Clipping the factor instead would shrink compute
+    to nothing and project steps far shorter than the case's own compute."""
     lowest_s = measured_s if lowest_s is None else min(lowest_s, measured_s)
-    at_one = median_step_s(skels, fabric, 1.0)
+
+    def replay(c: float) -> float:
+        return median_step_s(skels, scaled_path(path, c) if scale_path else path, c, interference)
+
+    at_one = replay(1.0)
     if lowest_s <= at_one <= measured_s:
         return 1.0
+    if scale_path and at_one > 0:  # every time scales with the factor: the edge is a ratio
+        return (measured_s if at_one > measured_s else lowest_s) / at_one
     if at_one > measured_s:
-        return _edge(lambda c: median_step_s(skels, fabric, c) <= measured_s, bounds[0], 1.0)
-    return _edge(lambda c: median_step_s(skels, fabric, c) >= lowest_s, bounds[1], 1.0)
+        return _edge(lambda c: replay(c) <= measured_s, bounds[0], 1.0)
+    return _edge(lambda c: replay(c) >= lowest_s, bounds[1], 1.0)
 
 
 def _edge(inside: Callable[[float], bool], ok: float, bad: float) -> float | None:
@@ -538,14 +799,21 @@ def _edge(inside: Callable[[float], bool], ok: float, bad: float) -> float | Non
     return ok
 
 
+def scaled_path(path: Fabric, factor: float) -> Fabric:
+    """``path`` with every collective ``factor`` times as long (``calibrate``)."""
+    return dataclasses.replace(
+        path, beta_Bps=path.beta_Bps / factor, by_collective=tuple((k, b / factor) for k, b in path.by_collective)
+    )
+
+
 # --------------------------------------------------------------------------- when to refuse
 
-# The compute factor (timed compute over traced compute) must lie in this range. Tracing only adds
-# host overhead, so untraced compute is faster than traced: torch.profiler records every op with
-# its shapes, microseconds each, which on a step of many small ops (a small model on a CPU) can
-# double its host work, hence 0.5. Nothing makes untraced compute slower than traced but noise:
-# the traced steps run right after the timed ones, same model and data; 1.5 leaves room for a
-# loaded machine. A factor beyond says the traced steps are not the timed steps' kind (the
+# The host factor (timed host over traced host, ``calibrate``) must lie in this range. Tracing only
+# adds host overhead, so the untraced host is faster than the traced one: torch.profiler records
+# every op with its shapes, microseconds each, which on a step of many small ops (a small model on
+# a CPU) can double its host work, hence 0.5. Nothing makes the untraced host slower than traced
+# but noise: the traced steps run right after the timed ones, same model and data; 1.5 leaves room
+# for a loaded machine. A factor beyond says the traced steps are not the timed steps' kind (the
 # machine's load changed between them) or the skeleton misses a dependency, and a projection
 # would carry that error at full size. Bounding it also bounds the compute critical path:
 # at least half the traced compute.
@@ -556,8 +824,9 @@ COMPUTE_FACTOR = (0.5, 1.5)
 # by more than 20 % has no business predicting other links.
 REPLAY_RESIDUAL = 0.20
 # The compute factors a projection's interval tabulates replays at (``CaseModel.step_interval_ms``):
-# log-spaced over the factors a fit may take, about 1.7 % apart.
-_FACTOR_GRID = np.geomspace(*COMPUTE_FACTOR, 65)
+# log-spaced over the factors a fit may take, about 3.5 % apart (a replay is close to linear in the
+# factor between two points; each point is a replay of every traced step per fabric).
+_FACTOR_GRID = np.geomspace(*COMPUTE_FACTOR, 33)
 # How well the traced steps' median must be known for the compute factor to rest on it rather than
 # on which steps happened to be traced: the validation's 5 % accuracy target.
 TRACED_MEDIAN_TARGET = 0.05
@@ -567,14 +836,15 @@ TRACED_MEDIAN_TARGET = 0.05
 class Fit:
     """What calibration saw, in ms: the traced steps' span, their replay on the fitted path at
     traced compute, the same replay with compute shrunk to nothing (communication alone), the
-    timed median, and the compute factor nearest 1 that matches the timed steps (None: none
-    does; see ``calibrate_compute``)."""
+    timed median, and the factor nearest 1 that matches the timed steps (None: none does; see
+    ``calibrate``), on thread work and, with ``scales_path``, on the case's own path too."""
 
     traced_ms: float
     replay_ms: float
     comm_only_ms: float
     measured_ms: float
     factor: float | None
+    scales_path: bool = False
     traced_steps: int = 0  # how many traced steps the fit rests on
     traced_half_width: float = math.nan  # their median's 95 % CI half-width, over the median
 
@@ -588,7 +858,7 @@ class Fit:
     def _steps_advice(self) -> str:
         """Whether more traced steps could lift the refusal: only when the fit, moved across the
         traced median's own interval, could come within bounds (a traced median off by h moves the
-        compute factor and the modelled communication by about as much)."""
+        factor and the modelled communication by about as much)."""
         h = self.traced_half_width
         if not self.traced_steps or not math.isfinite(h):
             return ""
@@ -625,8 +895,9 @@ class Fit:
                 )
             return f"{unlike}: no compute factor makes the replay match them" + self._steps_advice()
         if not COMPUTE_FACTOR[0] <= self.factor <= COMPUTE_FACTOR[1]:
+            what = "compute and the host's own communication" if self.scales_path else "compute"
             return (
-                f"{unlike}: compute would have to be scaled ×{self.factor:.2f} to match them "
+                f"{unlike}: {what} would have to be scaled ×{self.factor:.2f} to match them "
                 f"(limit ×{COMPUTE_FACTOR[0]:.2f}–{COMPUTE_FACTOR[1]:.2f})" + self._steps_advice()
             )
         return None
@@ -637,8 +908,9 @@ class Fit:
 
 @dataclass(frozen=True)
 class CaseModel:
-    """A measured case made replayable: its skeletons, its own path, the compute factor and what
-    calibration saw (``fit``). ``refused`` says why its projections are withheld, or is None."""
+    """A measured case made replayable: its skeletons, its own path as traced, the host factor
+    and what calibration saw (``fit``), and how communication slows compute (``interference``).
+    ``refused`` says why its projections are withheld, or is None."""
 
     case_id: str
     params: Mapping[str, Any]
@@ -649,29 +921,36 @@ class CaseModel:
     ci_ms: tuple[float, float]
     refused: str | None
     reps_ms: np.ndarray = field(default_factory=lambda: np.array([]))  # the timed repeats' values
+    interference: Interference = field(default_factory=Interference)
 
     @property
     def compute_scale(self) -> float:
         return self.fit.factor if self.fit.factor is not None else float("nan")
 
+    @cached_property
+    def host_path(self) -> Fabric:
+        """The case's own path untraced: as fitted on the traced steps, scaled by the host factor
+        (``calibrate``). On it the replay is the timed step; it is what this host's link is."""
+        return scaled_path(self.path, self.compute_scale) if self.fit.scales_path and self.fit.factor else self.path
+
     def step_ms(self, fabric: Fabric) -> float:
         """The projected step on ``fabric`` (median over traced steps), NaN when refused."""
         if self.refused is not None:
             return float("nan")
-        return median_step_s(self.skeletons, fabric, self.compute_scale) * 1e3
+        return median_step_s(self.skeletons, fabric, self.compute_scale, self.interference.replay_factor) * 1e3
 
     def step_interval_ms(self, fabric: Fabric) -> tuple[float, float]:
         """The projection's 95 % interval on ``fabric``: the fit redone on bootstrap resamples of
         what it rests on, the traced steps and the timed repeats together.
 
-        Each resample's compute factor follows the point's rule (``calibrate_compute``): the
-        point's factor while the replay of the resampled steps on the case's own path (median
-        over steps) lies between the timed interval's low end and the resampled timed median,
-        else the factor that puts it on the nearer of the two, within ``COMPUTE_FACTOR``; its
-        projection is the resampled steps' replay on ``fabric`` at that factor. Refitting each
-        resample keeps the physical bounds inside the interval: on a fabric no slower than the
-        own path a resample projects no slower than its own timed median. Replays are tabulated
-        on a grid of factors (each is monotone in the factor) and read between its points. The
+        Each resample's host factor follows the point's rule (``calibrate``): the point's factor
+        while the scaled replay of the resampled steps on the case's own path (median over steps)
+        lies between the timed interval's low end and the resampled timed median, else the factor
+        that puts it on the nearer of the two, within ``COMPUTE_FACTOR``; its projection is the
+        resampled steps' replay on ``fabric`` at that factor. Refitting each resample keeps the
+        physical bounds inside the interval: on a fabric no slower than the scaled own path a
+        resample projects no slower than its own timed median. Replays on ``fabric`` are
+        tabulated on a grid of factors (each is monotone in the factor) and read between its points. The
         interval holds the projection itself; NaN when refused. The model's own error (what it
         does not model) is not in it: the validation's coverage measures that."""
         if self.refused is not None:
@@ -696,12 +975,20 @@ class CaseModel:
 
     @cached_property
     def _own_replays(self) -> np.ndarray:
-        return self._replays(self.path)
+        """Each traced step's replay on its own path (ms) at each factor of ``_FACTOR_GRID``, the
+        path scaled with it where calibration scales it (then the replay is the factor times the
+        replay at 1: the fitted path has no latency term, and every time scales)."""
+        if not self.fit.scales_path:
+            return self._replays(self.path)
+        cost, kappa = fabric_cost(self.path), self.interference.replay_factor
+        at_one = np.array([simulate(sk, cost, 1.0, kappa).step_s * 1e3 for sk in self.skeletons])
+        return np.outer(at_one, _FACTOR_GRID)
 
     def _replays(self, fabric: Fabric) -> np.ndarray:
         """Each traced step's replay on ``fabric`` (ms) at each factor of ``_FACTOR_GRID``."""
         cost = fabric_cost(fabric)
-        return np.array([[simulate(sk, cost, c).step_s * 1e3 for c in _FACTOR_GRID] for sk in self.skeletons])
+        kappa = self.interference.replay_factor
+        return np.array([[simulate(sk, cost, c, kappa).step_s * 1e3 for c in _FACTOR_GRID] for sk in self.skeletons])
 
     def critical_path_ms(self) -> float:
         """The case's compute critical path: its replay with communication that costs nothing.
@@ -709,31 +996,45 @@ class CaseModel:
         return self.step_ms(FREE)
 
     def no_slower_than_measured(self, fabric: Fabric) -> bool:
-        """Whether ``fabric`` costs no more than the measured path for every collective of the
-        case: then its projection is at most the timed step (calibration guarantees the replay on
-        the measured path is no slower than it, and the replay is monotone in costs)."""
-        fast, here = fabric_cost(fabric), fabric_cost(self.path)
+        """Whether ``fabric`` costs no more than the measured path (``host_path``) for every
+        collective of the case: then its projection is at most the timed step (calibration puts
+        the replay on that path no slower than it, and the replay is monotone in costs)."""
+        fast, here = fabric_cost(fabric), fabric_cost(self.host_path)
         return all(fast(c) <= here(c) for sk in self.skeletons for c in sk.collectives)
 
 
 def calibrated(
-    case_id: str, params: Mapping[str, Any], skels: list[StepSkeleton], path: Fabric, reps_ms: np.ndarray
+    case_id: str,
+    params: Mapping[str, Any],
+    skels: list[StepSkeleton],
+    path: Fabric,
+    reps_ms: np.ndarray,
+    interference: Interference | None = None,
+    comm_on_host: bool = False,
 ) -> CaseModel:
-    """Calibrate a case's skeletons on its path against its per-repeat median step times (ms)."""
+    """Calibrate a case's skeletons on its path against its per-repeat median step times (ms),
+    its replays stretching compute beside communication by ``interference`` (default: none).
+    ``comm_on_host``: the case's communication is host work that tracing slows as it slows
+    compute (Gloo on an unshaped link): the factor scales the path too (``calibrate``)."""
+    interference = interference or Interference()
+    kappa = interference.replay_factor
     measured = float(np.median(reps_ms))
     ci = bootstrap_ci(reps_ms)
     traced = np.array([sk.measured_s for sk in skels]) * 1e3
     traced_lo, traced_hi = bootstrap_ci(traced) if len(traced) > 1 else (math.nan, math.nan)
     fit = Fit(
         traced_ms=float(np.median(traced)),
-        replay_ms=median_step_s(skels, path) * 1e3,
+        replay_ms=median_step_s(skels, path, 1.0, kappa) * 1e3,
         comm_only_ms=median_step_s(skels, path, 0.0) * 1e3,
         measured_ms=measured,
-        factor=calibrate_compute(skels, path, measured / 1e3, ci[0] / 1e3),
+        factor=calibrate(skels, path, measured / 1e3, ci[0] / 1e3, kappa, comm_on_host),
+        scales_path=comm_on_host,
         traced_steps=len(traced),
         traced_half_width=(traced_hi - traced_lo) / 2 / float(np.median(traced)),
     )
-    return CaseModel(case_id, dict(params), skels, path, fit, measured, ci, fit.refusal(), np.asarray(reps_ms, float))
+    return CaseModel(
+        case_id, dict(params), skels, path, fit, measured, ci, fit.refusal(), np.asarray(reps_ms, float), interference
+    )
 
 
 def case_model(
@@ -743,8 +1044,15 @@ def case_model(
     overlap: pd.DataFrame,
     marks: pd.DataFrame | None,
     step_rows: pd.DataFrame,
+    pooled: Interference | None = None,
+    comm_on_host: bool = False,
 ) -> CaseModel:
-    """One finished case's model, calibrated from its analysed tables (intervals, overlap, marks)."""
+    """One finished case's model, calibrated from its analysed tables (intervals, overlap, marks);
+    ``comm_on_host`` as in ``calibrated``.
+
+    Its interference factor is its own (``interference`` over its matched ops) when it has at
+    least ``MIN_MATCHED_OPS`` of them and they pin the factor to ±``INTERFERENCE_PRECISION``;
+    otherwise ``pooled`` (the run's cases on the same backend and device), when given."""
     if intervals is None or marks is None:
         raise ValueError(
             f"case {case_id} has no analysed traces (profiler_steps = 0, or a run older than its marks table)"
@@ -753,7 +1061,10 @@ def case_model(
     if not skels:
         raise ValueError(f"case {case_id}: no profiled step common to all ranks")
     reps = repeat_values(step_rows)["step_ms"].to_numpy()
-    return calibrated(case_id, params, skels, fit_host_path(skels, overlap), reps)
+    own = interference(interference_pairs(intervals))
+    pinned = own.ops >= MIN_MATCHED_OPS and (own.hi - own.lo) / 2 <= INTERFERENCE_PRECISION * own.factor
+    chosen = own if pinned or pooled is None else pooled
+    return calibrated(case_id, params, skels, fit_host_path(skels, overlap, intervals), reps, chosen, comm_on_host)
 
 
 PROJECTION_COLUMNS = (
@@ -767,6 +1078,12 @@ PROJECTION_COLUMNS = (
     "speedup",
     "comm_share",
     "no_slower_than_measured",
+    "interference",
+    "interference_lo",
+    "interference_hi",
+    "interference_ops",
+    "interference_source",
+    "host_factor",
     "refused",
 )
 
@@ -778,8 +1095,11 @@ def project(models: Sequence[CaseModel], fabrics: Mapping[str, Fabric]) -> pd.Da
     of every projection); speedup = measured / projected; comm_share = projected communication
     on the critical path (step minus compute_ms) over the step; predicted_lo_ms/predicted_hi_ms
     the projection's 95 % interval (``CaseModel.step_interval_ms``); no_slower_than_measured marks
-    fabrics whose projection is bounded above by the measured step. A refused case has its
-    reason in ``refused`` and NaN numbers."""
+    fabrics whose projection is bounded above by the measured step; interference (with its 95 %
+    interval, the ops it rests on and whether it is the case's own or pooled) how much slower the
+    case's compute ran beside communication (``Interference``); host_factor the calibrated factor
+    on the traced host (``calibrate``). A refused case has its reason in ``refused`` and NaN
+    projections."""
     rows = []
     for m in models:
         floor_ms = m.critical_path_ms()
@@ -798,6 +1118,12 @@ def project(models: Sequence[CaseModel], fabrics: Mapping[str, Fabric]) -> pd.Da
                     "speedup": m.measured_ms / ms,
                     "comm_share": (ms - floor_ms) / ms if ms > 0 else float("nan"),
                     "no_slower_than_measured": m.no_slower_than_measured(fab),
+                    "interference": m.interference.factor,
+                    "interference_lo": m.interference.lo,
+                    "interference_hi": m.interference.hi,
+                    "interference_ops": m.interference.ops,
+                    "interference_source": m.interference.source,
+                    "host_factor": m.compute_scale,
                     "refused": m.refused,
                 }
             )
@@ -1066,10 +1392,12 @@ def run_whatif(
             models.append(ref_model)
             slower = [link for link in by_link if rate[link] < rate[reference]]
             if slower:
-                rows.append(validate(ref_model, [target(by_link[link], ref_model.path) for link in slower], SLOWER))
+                rows.append(
+                    validate(ref_model, [target(by_link[link], ref_model.host_path) for link in slower], SLOWER)
+                )
         # This host's own path, the floor under faster emulated links: only an unshaped link shows it,
         # and only a twin whose fit is trusted describes it (a refused fit is refused for its path).
-        host = ref_model.path if ref_model is not None and rate[reference] == math.inf else None
+        host = ref_model.host_path if ref_model is not None and rate[reference] == math.inf else None
         why = None
         if host is not None and ref_model.refused:
             why = f"the link's description comes from the {reference} twin, itself refused: {ref_model.refused}"
