@@ -1193,6 +1193,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     t.add_column("case")
     t.add_column(f"measured ({written.result.reference})", justify="right")
     t.add_column("compute critical path", justify="right")
+    t.add_column("compute beside comm", justify="right")
     for name in written.fabrics():
         t.add_column(name, justify="right")
     for row in written.projection_rows():

@@ -157,12 +157,16 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fab
         "PROJECTIONS, not measurements: each case's traced timeline on this machine (compute, and when each "
         "collective is issued and waited for under its hook) replayed with every collective costed by an α–β "
         "ring model of another fabric (t = hops·α + bytes·busbw factor / β, collectives one at a time). Compute "
-        "is scaled (the factor nearest 1) so the replay on the case's own measured link lands within its timed "
-        f"median's 95% interval, not above the median. Reference link: "
+        "that runs while a collective is in flight is stretched by the case's interference factor, measured on "
+        "its own traces (the same op's time beside a collective over its time alone; pooled over the run's cases "
+        "on one backend, device and link where a case's own ops do not pin it to ±10%), so a faster fabric also "
+        "gives compute its cores back. The traced host is scaled (the factor nearest 1: compute, and on CPU "
+        "ranks the host's own communication with it) so the replay on the case's own measured link lands within "
+        f"its timed median's 95% interval, not above the median. Reference link: "
         f"{result.reference}. A projection is never below the case's compute critical path (its replay with free "
         "communication) and, on a fabric no slower than the measured link, never above the measured step. A case "
         f"is refused, with the reason, when its traced steps replay more than {whatif.REPLAY_RESIDUAL:.0%} away "
-        "from themselves, or when matching the timed steps would need a compute factor outside "
+        "from themselves, or when matching the timed steps would need a factor outside "
         f"×{whatif.COMPUTE_FACTOR[0]:.2f}–{whatif.COMPUTE_FACTOR[1]:.2f} "
         "(traced steps unrepresentative of timed ones). "
         "Each projection has a 95% interval from what it rests on: its replays over the traced steps (a bootstrap "
@@ -190,6 +194,7 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fab
     first = proj.groupby("case", sort=False).first()
     wide.insert(0, f"measured on {result.reference}", first["measured_ms"])
     wide.insert(1, "compute critical path", first["compute_ms"])
+    wide.insert(2, "compute beside comm (×, 95% CI)", [whatif_run.interference_text(r) for _, r in first.iterrows()])
     wide["why refused"] = first["refused"].fillna("")
     page.heading("Projected step time (ms) per fabric, with its 95% interval: projections, not measurements", level=3)
     refused = int(first["refused"].notna().sum())
