@@ -354,6 +354,27 @@ def test_the_interval_grows_with_the_traced_steps_spread_and_the_timed_steps_noi
     assert width(scattered) > 5 * width(tight) and width(noisy) > 5 * width(tight)
 
 
+def test_the_interval_carries_the_models_own_miss_of_its_traced_steps():
+    """The same case twice, once replaying its traced steps exactly and once missing them by 10 %
+    (the model's error on its own input): on a slower fabric the second interval is the first
+    widened by 10 % each way; on a faster one its top stays within the timed median's interval."""
+    f, slow, fast = Fabric("f", 0.0, 1e8), Fabric("slow", 0.0, 2e7), Fabric("fast", 0.0, 1e11)
+
+    def model(miss: float) -> whatif.CaseModel:
+        ops = [Work(0.01), Issue(AR(0)), Wait((AR(0),)), Work(0.005)]
+        sk = _sk([ops, ops], [AR(0)], nbytes=1e6)
+        replay = simulate(sk, whatif.fabric_cost(f)).step_s
+        skels = [StepSkeleton(i, sk.ranks, sk.collectives, replay / (1 + miss)) for i in range(5)]
+        timed = replay * 1e3 * np.array([0.98, 0.99, 1.0, 1.01, 1.02] * 2)
+        return whatif.calibrated("c", {}, skels, f, timed)
+
+    exact, off = model(0.0), model(0.10)
+    assert exact.refused is off.refused is None and off.fit.replay_ms / off.fit.traced_ms == pytest.approx(1.1)
+    (lo0, hi0), (lo1, hi1) = exact.step_interval_ms(slow), off.step_interval_ms(slow)
+    assert lo1 == pytest.approx(lo0 * 0.9) and hi1 == pytest.approx(hi0 * 1.1)
+    assert off.no_slower_than_measured(fast) and off.step_interval_ms(fast)[1] <= off.ci_ms[1] + 1e-9
+
+
 def test_calibration_refuses_when_communication_alone_exceeds_the_timed_step():
     """The issue's mechanism: a link fitted on slow traced steps makes communication alone (40 ms)
     longer than the timed step (36 ms). The old fit shrank compute to 0.05 and projected a step

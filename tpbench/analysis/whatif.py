@@ -16,9 +16,12 @@ dependency rules are read from markers every algorithm leaves, not from its name
 - compute inside ``tpbench.zero.step[bucket=K]`` waits for the K-th all-reduce of the step (the
   ZeRO hooks step a bucket once it is reduced: sequentially in the last bucket's hook, or bucket
   K-1 in bucket K's hook when interleaved on Gloo);
-- the first compute after the last issue of a collective kind, outside such a range, waits for all
+- after the last issue of a collective kind, outside such a range, the thread waits for all
   collectives of that kind (DDP's finalize waits for every all-reduce before copying gradients;
-  the ZeRO hooks and ``ZeroRedundancyOptimizer.step`` wait for their broadcasts);
+  the ZeRO hooks and ``ZeroRedundancyOptimizer.step`` wait for their broadcasts) where it
+  blocked: before the compute that follows its longest idle stretch, up to the first compute
+  past the rank's last interval of that kind (autograd's last small ops often run right after
+  the last issue, beside the collective);
 - a step ends when its thread is done and every collective has finished.
 
 Time on the thread between events is kept as work (compute, Python, dispatch), except the gap
@@ -27,6 +30,13 @@ before the first event after a ``Wait``: that gap was spent blocked.
 Collectives run one at a time, in issue order, on one channel (as NCCL's stream does; Gloo may run
 two at once, which on a bandwidth-bound link finishes no sooner). A collective starts when every
 rank has issued it and the channel is free.
+
+Interference. Where ranks and Gloo share a few cores, compute runs slower while a collective is
+in flight: Gloo's threads copy and sum on the cores compute needs (Echo models the same effect
+for GPU kernels beside NCCL's). It is measured per case on the run's own traces
+(``interference``: the same op's time beside a collective over its time alone) and used in the
+replay: work runs 1/κ as fast while the channel is busy, after each work's traced stretch
+beside communication is taken out. So a faster fabric also gives compute back its cores.
 
 Cost per collective (ring algorithms, sizes as nccl-tests counts them)::
 
@@ -42,30 +52,29 @@ all-reduce of B bytes moves 2B through it). A fabric may have a ``floor``: a sec
 transfer also crosses, pipelined with the first, so the slower of the two sets the time (an
 emulated link behind this host's own TCP stack).
 
-Projections are projections: this machine's compute with another fabric's communication. Compute
-contention from communication on the host (Gloo copies on the CPU) is not modelled: where ranks
-and Gloo share a few cores, traced compute and traced communication each include time they
-slowed the other, the replay overlaps both at full length, and it overshoots its own traced
-steps (a refusal by ``REPLAY_RESIDUAL``).
+Projections are projections: this machine's compute with another fabric's communication.
 
 Calibration, and the bounds it gives. The case's own path is fitted on its traced steps'
-communication; a factor on thread work then makes the replay on that path match the timed steps
-(traced steps carry the profiler's overhead): the factor nearest 1 whose replay lies within the
-timed median's 95 % interval, and not above the median. When the traced steps ran slower than the
-timed ones (a busier machine while tracing), the fitted path is too slow, and the modelled
-communication alone can exceed the timed step: matching it is then only possible by shrinking
-compute, and a factor clipped at some floor (0.05, say) projects steps at a twentieth of the
-case's compute onto any fast fabric. So the factor is never clipped: a case whose fit needs a
-factor outside ``COMPUTE_FACTOR``, or
-none at all (the traced steps are then unrepresentative of the timed ones), is refused with the
-reason, as is one whose replay misses its own traced steps (``REPLAY_RESIDUAL``).
+communication, one bandwidth per collective kind (``fit_host_path``); a factor on the traced host
+then makes the replay on that path match the timed steps (traced steps carry the profiler's
+overhead): the factor nearest 1 whose replay lies within the timed median's 95 % interval, and
+not above the median. On CPU ranks it scales the path too (communication there is host work the
+tracer slowed as well); elsewhere only compute. Where only compute is scaled and the traced steps
+ran slower than the timed ones, the modelled communication alone can exceed the timed step:
+matching it is then only possible by shrinking compute, and a factor clipped at some floor
+(0.05, say) projects steps at a twentieth of the case's compute onto any fast fabric. So the
+factor is never clipped: a case whose fit needs a factor outside ``COMPUTE_FACTOR``, or none at
+all (the traced steps are then unrepresentative of the timed ones), is refused with the reason,
+as is one whose replay misses its own traced steps (``REPLAY_RESIDUAL``).
 
-For a case that is not refused, ``simulate`` is a max-plus system (every time is a sum or a
-maximum of work and collective costs), so the replay is non-decreasing in every collective's
-cost and in the compute factor. Hence a projection is never below the case's compute critical
-path (the replay with free communication, ``CaseModel.critical_path_ms``), and, since the factor
-is chosen so the replay on the measured path is no slower than the timed step, a projection onto
-a fabric that is no slower than that path on every collective never exceeds the timed step.
+For a case that is not refused, every time in ``simulate`` is a sum or a maximum of work and
+collective costs, or the time a work takes at rate 1 or 1/κ across the channel's busy spans, so
+the replay is non-decreasing in the compute factor and, in the property tests, in every
+collective's cost. Hence a projection is never below the case's compute critical path (the
+replay with free communication, which stretches nothing: ``CaseModel.critical_path_ms``), and,
+since the factor is chosen so the replay on the measured (scaled) path is no slower than the
+timed step, a projection onto a fabric that is no slower than that path on every collective
+never exceeds the timed step (asserted over random skeletons, interference and fabrics).
 """
 
 from __future__ import annotations
@@ -951,8 +960,14 @@ class CaseModel:
         physical bounds inside the interval: on a fabric no slower than the scaled own path a
         resample projects no slower than its own timed median. Replays on ``fabric`` are
         tabulated on a grid of factors (each is monotone in the factor) and read between its points. The
-        interval holds the projection itself; NaN when refused. The model's own error (what it
-        does not model) is not in it: the validation's coverage measures that."""
+        interval holds the projection itself; NaN when refused.
+
+        Then the model's own error is added: its replay of the very steps it was built from misses
+        them by r (``Fit.replay_ms`` against ``Fit.traced_ms``; calibration absorbs that on the
+        case's own link, not on another), so the interval is widened to [lo·(1 − |r|),
+        hi·(1 + |r|)]. It stays within the physical bounds: not below the replay of any traced step
+        with free communication at the least factor allowed, and, on a fabric no slower than the
+        case's own link, not above the timed median's interval."""
         if self.refused is not None:
             return (math.nan, math.nan)
         rng = np.random.default_rng(0)
@@ -970,8 +985,19 @@ class CaseModel:
             c = np.interp(min(t, max(floor, at)), o, _FACTOR_GRID) if not floor <= at <= t else point_factor
             projected.append(np.interp(c, _FACTOR_GRID, f))
         lo, hi = np.quantile(projected, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+        miss = abs(self.fit.replay_ms / self.fit.traced_ms - 1)
+        lo, hi = max(lo * (1 - miss), self._least_ms), hi * (1 + miss)
+        if self.no_slower_than_measured(fabric):
+            hi = min(hi, max(self.ci_ms[1], lo))
         point = self.step_ms(fabric)
         return (min(float(lo), point), max(float(hi), point))
+
+    @cached_property
+    def _least_ms(self) -> float:
+        """The shortest step any factor allows: a traced step's replay with free communication and
+        compute at the least factor of ``COMPUTE_FACTOR``."""
+        free, kappa = fabric_cost(FREE), self.interference.replay_factor
+        return min(simulate(sk, free, COMPUTE_FACTOR[0], kappa).step_s for sk in self.skeletons) * 1e3
 
     @cached_property
     def _own_replays(self) -> np.ndarray:
