@@ -641,22 +641,10 @@ def test_validation_runs_both_directions_and_refuses_what_rests_on_a_refused_fit
 
 
 def _all_models(loaded: store.Loaded) -> list[whatif.CaseModel]:
-    """Every finished case's model as ``whatif_run.run_whatif`` builds it (its own ops' interference
-    where they pin it, else the run's pooled factor per backend, device and link)."""
+    """Every finished case's model as ``whatif_run.run_whatif`` builds it."""
     done = loaded.cases[loaded.cases["status"] == store.DONE]
-    pooled = whatif_run.pooled_interference(loaded, done)
-    steps = dict(tuple(loaded.steps.groupby("case_id")))
-    return [
-        whatif.case_model(
-            row["case_id"],
-            row,
-            *(store.read_case_table(loaded.run_dir, row["case_id"], t) for t in ("intervals", "overlap", "marks")),
-            steps[row["case_id"]],
-            pooled.get((row["backend"], row["device"], row["interconnect"])),
-            comm_on_host=True,
-        )
-        for row in done.to_dict("records")
-    ]
+    model = whatif_run.case_models(loaded, done)
+    return [model(row) for row in done.to_dict("records")]
 
 
 def test_report_shows_the_reason_in_place_of_the_number():

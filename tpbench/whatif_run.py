@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,27 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
     profiles = loaded.record.suite_table("interconnects")
     rate = {link: resolve(link, profiles).rate_bits_per_s or math.inf for link in dict.fromkeys(done["interconnect"])}
     steps_by_case = dict(tuple(loaded.steps.groupby("case_id")))
-    pooled = pooled_interference(loaded, done)
+    return whatif.run_whatif(done, steps_by_case, rate, case_models(loaded, done), fabrics, reference)
+
+
+def case_models(loaded: store.Loaded, done: pd.DataFrame) -> Callable[[Mapping[str, Any]], whatif.CaseModel]:
+    """Each finished case's model (``whatif.case_model``), from its tables in the store.
+
+    Its interference is its own where its matched ops pin it, else the factor over all the run's
+    matched ops on its backend, device and link (``whatif.chosen_interference``): one machine's
+    compute slowed by one kind of communication. The link is part of the key: a collective that
+    waits on a slow shaped link keeps Gloo's threads asleep more than one on loopback. Each case's
+    ops are matched once, here. On CPU ranks calibration scales the host's own communication too."""
+    steps_by_case = dict(tuple(loaded.steps.groupby("case_id")))
+    own: dict[str, whatif.Interference] = {}
+    pairs: dict[tuple[Any, ...], list[pd.DataFrame]] = {}
+    for row in done.to_dict("records"):
+        intervals = store.read_case_table(loaded.run_dir, row["case_id"], "intervals")
+        if intervals is not None:
+            mine = whatif.interference_pairs(intervals)
+            own[row["case_id"]] = whatif.interference(mine)
+            pairs.setdefault(_pool_key(row), []).append(mine)
+    pooled = {key: whatif.interference(pd.concat(p, ignore_index=True), "pooled") for key, p in pairs.items()}
 
     def model(row: Mapping[str, Any]) -> whatif.CaseModel:
         cid = row["case_id"]
@@ -48,28 +68,15 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
             row,
             *(store.read_case_table(loaded.run_dir, cid, t) for t in ("intervals", "overlap", "marks")),
             steps_by_case[cid],
-            pooled.get(_pool_key(row)),
+            whatif.chosen_interference(own[cid], pooled.get(_pool_key(row))) if cid in own else None,
             comm_on_host=row["device"] == "cpu",
         )
 
-    return whatif.run_whatif(done, steps_by_case, rate, model, fabrics, reference)
+    return model
 
 
 def _pool_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
     return (row["backend"], row["device"], row["interconnect"])
-
-
-def pooled_interference(loaded: store.Loaded, done: pd.DataFrame) -> dict[tuple[Any, ...], whatif.Interference]:
-    """The interference factor over all of a run's matched ops per backend, device and link: one
-    machine's compute slowed by one kind of communication. A case whose own ops do not pin its
-    factor uses this one (``whatif.case_model``). The link is part of the key: a collective that
-    waits on a slow shaped link keeps Gloo's threads asleep more than one on loopback."""
-    pairs: dict[tuple[Any, ...], list[pd.DataFrame]] = {}
-    for row in done.to_dict("records"):
-        intervals = store.read_case_table(loaded.run_dir, row["case_id"], "intervals")
-        if intervals is not None:
-            pairs.setdefault(_pool_key(row), []).append(whatif.interference_pairs(intervals))
-    return {key: whatif.interference(pd.concat(p, ignore_index=True), "pooled") for key, p in pairs.items()}
 
 
 PROJECTIONS_FILE, VALIDATION_FILE = "whatif.parquet", "whatif_validation.parquet"

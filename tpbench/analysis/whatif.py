@@ -79,9 +79,7 @@ never exceeds the timed step (asserted over random skeletons, interference and f
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import itertools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -478,15 +476,14 @@ def _rank_step_ops(
         gate[kind] = max(candidates, key=lambda j: events[j][0] - reach[j], default=None)
     waited_buckets: set[int] = set()
     waited_kinds: set[str] = set()
-    comm_s, comm_e = (a.tolist() for a in union(comm["start_ns"].to_numpy(), comm["end_ns"].to_numpy()))
-    comm_cum = [0, *itertools.accumulate(e - s for s, e in zip(comm_s, comm_e))]
-
-    def covered(t: int) -> int:  # ns of (−∞, t) during this rank's communication
-        i = bisect.bisect_right(comm_s, t)
-        return comm_cum[i - 1] + min(t, comm_e[i - 1]) - comm_s[i - 1] if i else 0
+    # Every span the thread's work is cut at starts and ends at s0 or at an event's start or end:
+    # how much of the rank's communication lies before each, in one pass.
+    us, ue = union(comm["start_ns"].to_numpy(), comm["end_ns"].to_numpy())
+    cuts = np.unique([s0, *(t for a, b, _, _ in events for t in (a, b))])
+    covered = dict(zip(cuts.tolist(), _covered(us, ue, np.r_[0, np.cumsum(ue - us)], cuts).tolist()))
 
     def beside(x: int, y: int) -> float:  # ns of [x, y) during this rank's communication
-        return float(covered(y) - covered(x)) if y > x else 0.0
+        return float(covered[y] - covered[x])
 
     ops: list[Op] = []
     pending, pending_beside, cursor = 0.0, 0.0, s0
@@ -561,7 +558,7 @@ def skeletons(marks: Sequence[TraceMarks], intervals: pd.DataFrame) -> list[Step
 # rank's communication, and as run alone when none of it did; ops in between are left out.
 BESIDE_SHARE = 0.5
 # Matched ops a case needs for an interference factor of its own; with fewer, the factor pooled
-# over the run's cases on the same backend and device is used (``Interference.source``)...
+# over the run's cases on the same backend, device and link is used (``Interference.source``)...
 MIN_MATCHED_OPS = 30
 # ... and they must pin it to this relative half-width (its 95 % interval), else it is pooled.
 INTERFERENCE_PRECISION = 0.10
@@ -613,6 +610,8 @@ def interference_pairs(intervals: pd.DataFrame) -> pd.DataFrame:
 def _covered(us: np.ndarray, ue: np.ndarray, cum: np.ndarray, t: np.ndarray) -> np.ndarray:
     """|(∪ [us, ue)) ∩ (−∞, t)| for each t, the pieces sorted and disjoint, ``cum`` their
     cumulative lengths (``cum[i]``: the first i pieces)."""
+    if not len(us):
+        return np.zeros(len(t))
     i = np.searchsorted(us, t, side="right")  # pieces starting at or before t
     inside = np.where(i > 0, np.clip(t - us[np.maximum(i - 1, 0)], 0, None), 0)
     last = np.where(i > 0, ue[np.maximum(i - 1, 0)] - us[np.maximum(i - 1, 0)], 0)
@@ -624,8 +623,8 @@ class Interference:
     """How much slower compute runs while a collective is in flight: the matched ops' total time
     beside a collective over their total time alone (``interference_pairs``), with its 95 %
     bootstrap interval over ops. ``source``: "case" (its own ops) or "pooled" (the run's cases on
-    the same backend and device, when the case had fewer than ``MIN_MATCHED_OPS``); ``ops``: the
-    matched ops it rests on (0: none anywhere, factor 1)."""
+    the same backend, device and link, when the case's own do not pin it: ``chosen_interference``);
+    ``ops``: the matched ops it rests on (0: none anywhere, factor 1)."""
 
     factor: float = 1.0
     lo: float = 1.0
@@ -658,6 +657,13 @@ def interference(pairs: pd.DataFrame, source: str = "case") -> Interference:
     return Interference(float(beside.sum() / alone.sum()), float(lo), float(hi), len(pairs), source)
 
 
+def chosen_interference(own: Interference, pooled: Interference | None) -> Interference:
+    """A case's own factor when at least ``MIN_MATCHED_OPS`` ops pin it to ±``INTERFERENCE_PRECISION``,
+    else the pooled one when there is one."""
+    pinned = own.ops >= MIN_MATCHED_OPS and (own.hi - own.lo) / 2 <= INTERFERENCE_PRECISION * own.factor
+    return own if pinned or pooled is None else pooled
+
+
 # --------------------------------------------------------------------------- calibration
 
 
@@ -672,8 +678,8 @@ def fit_host_path(
     across ranks: the other ranks' excess is waiting for peers); the median over steps.
 
     With the case's ``intervals``, the same per collective kind (``Fabric.by_collective``), the
-    busy time split among kinds: each moment of the union goes to the kinds in flight then, in
-    equal parts (Gloo runs a bucket's broadcast beside the next bucket's all-reduce). One
+    busy time split among kinds in issue order (``_busy_by_kind``: Gloo posts a bucket's broadcast
+    beside the next bucket's all-reduce, and it waits behind it). One
     bandwidth for all kinds misprices whichever is cheaper per byte: on Gloo a 4 MB broadcast is
     a plain send of about a millisecond, a 4 MB all-reduce several (it also sums on the CPU), and
     a path fitted on both replays the broadcast at the all-reduce's cost. Splitting keeps the
@@ -759,8 +765,9 @@ def calibrate(
     as well (Gloo on the host's own loopback: its copies and sums run on the same few cores), the
     tracer's CPU time slowed it as much. Scaling compute alone there made the factor carry all of
     the tracer's cost on the part that is not communication: on a step of mostly communication it
-    fell to ×0.3, or no factor fitted at all. Where communication waits on a wire (a shaped
-    link, NCCL on GPUs), tracing does not slow it, and only compute is scaled.
+    fell to ×0.3, or no factor fitted at all (the traced communication of Gloo on a shaped link
+    was slower than untraced too). Where communication leaves the host (NCCL on GPUs), tracing
+    does not slow it, and only compute is scaled.
 
     Timed steps are the truth, but only up to their noise: the band is the timed median's 95 %
     interval below the median. Any factor whose replay lands in it agrees with the data, so the
@@ -1041,7 +1048,8 @@ def calibrated(
     """Calibrate a case's skeletons on its path against its per-repeat median step times (ms),
     its replays stretching compute beside communication by ``interference`` (default: none).
     ``comm_on_host``: the case's communication is host work that tracing slows as it slows
-    compute (Gloo on an unshaped link): the factor scales the path too (``calibrate``)."""
+    compute (ranks on CPUs: Gloo copies and sums there): the factor scales the path too
+    (``calibrate``)."""
     interference = interference or Interference()
     kappa = interference.replay_factor
     measured = float(np.median(reps_ms))
@@ -1070,15 +1078,12 @@ def case_model(
     overlap: pd.DataFrame,
     marks: pd.DataFrame | None,
     step_rows: pd.DataFrame,
-    pooled: Interference | None = None,
+    beside_comm: Interference | None = None,
     comm_on_host: bool = False,
 ) -> CaseModel:
     """One finished case's model, calibrated from its analysed tables (intervals, overlap, marks);
-    ``comm_on_host`` as in ``calibrated``.
-
-    Its interference factor is its own (``interference`` over its matched ops) when it has at
-    least ``MIN_MATCHED_OPS`` of them and they pin the factor to ±``INTERFERENCE_PRECISION``;
-    otherwise ``pooled`` (the run's cases on the same backend and device), when given."""
+    ``beside_comm`` (its interference: default its own matched ops' factor, ``interference``) and
+    ``comm_on_host`` as in ``calibrated``."""
     if intervals is None or marks is None:
         raise ValueError(
             f"case {case_id} has no analysed traces (profiler_steps = 0, or a run older than its marks table)"
@@ -1087,10 +1092,8 @@ def case_model(
     if not skels:
         raise ValueError(f"case {case_id}: no profiled step common to all ranks")
     reps = repeat_values(step_rows)["step_ms"].to_numpy()
-    own = interference(interference_pairs(intervals))
-    pinned = own.ops >= MIN_MATCHED_OPS and (own.hi - own.lo) / 2 <= INTERFERENCE_PRECISION * own.factor
-    chosen = own if pinned or pooled is None else pooled
-    return calibrated(case_id, params, skels, fit_host_path(skels, overlap, intervals), reps, chosen, comm_on_host)
+    kappa = beside_comm or interference(interference_pairs(intervals))
+    return calibrated(case_id, params, skels, fit_host_path(skels, overlap, intervals), reps, kappa, comm_on_host)
 
 
 PROJECTION_COLUMNS = (
