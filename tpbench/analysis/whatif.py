@@ -762,11 +762,10 @@ def calibrate(
     What tracing slows is the host: torch.profiler records every op with its shapes, which on a
     step of many small ops can double its host work. The factor scales the thread work, and with
     ``scale_path`` the case's own path too (``scaled_path``): where communication is host work
-    as well (Gloo on the host's own loopback: its copies and sums run on the same few cores), the
-    tracer's CPU time slowed it as much. Scaling compute alone there made the factor carry all of
-    the tracer's cost on the part that is not communication: on a step of mostly communication it
-    fell to ×0.3, or no factor fitted at all (the traced communication of Gloo on a shaped link
-    was slower than untraced too). Where communication leaves the host (NCCL on GPUs), tracing
+    as well (Gloo on CPU ranks: its copies and sums run on the same few cores, also on a shaped
+    link), the tracer's CPU time slowed it as much. Scaling compute alone there would put all of
+    the tracer's cost on the part that is not communication: on a step of mostly communication
+    the factor falls to ×0.3, or no factor fits at all. Where communication leaves the host (NCCL on GPUs), tracing
     does not slow it, and only compute is scaled.
 
     Timed steps are the truth, but only up to their noise: the band is the timed median's 95 %
