@@ -21,6 +21,7 @@ from test_interconnect import needs_netns
 
 from tpbench import explain, store
 from tpbench.analysis import explain as parts
+from tpbench.analysis.trace_events import BURN_RANGE
 from tpbench.report.build import build_report
 
 MLP = {"width": 512, "depth": 8}
@@ -111,8 +112,8 @@ def test_a_traced_change_off_the_timed_one_is_said() -> None:
 def burnt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One run, its cases interleaved round by round: no burn, and 150 % more CPU per step on every
     rank or on rank 1 only (``slowdown_ranks``). 150 %, not the issue's 40 %: on the shared 2-core
-    machine a window of 8 traced steps drifts by up to ~10 ms from its case's timed steps, and the
-    parts must meet the timed change within 20 %."""
+    machine a window of traced steps drifts from its case's timed steps by 10 ms and more, and the
+    planted cause must stand out of the traced composition."""
     root = tmp_path_factory.mktemp("explain")
     sweep = 'slowdown_pct = [0, 150]\nslowdown_ranks = ["all", [1]]'
     return sweep_in_process(root, tiny_suite(sweep, name="burn", profiler_steps=6, mlp=MLP, **SMOKE)).run_dir
@@ -120,15 +121,25 @@ def burnt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _adds_up(case: dict) -> None:
     """The parts sum to the change the timed steps measured (each side's traced composition scaled
-    to its timed step), and the traced steps' own change, unscaled, agrees with it within a factor
-    of 2, which a traced window that missed the planted cause (a change near 0) fails. Closer it
-    is not on a 2-core machine: the traced change of a 100 % burn was 74 % of the timed one on the
-    idle machine (docs/explain.md), and the output says so (``unlike_timed``)."""
+    to its timed step); the traced steps' own parts sum to their own change, unscaled; and where
+    that is more than 20 % off the timed change the output says so (``unlike_timed``).
+
+    How close the traced change comes is not asserted: on the 2-core VM a traced window now and
+    then runs 1.5–3× its timed steps (the profiler's ``record_shapes``, docs/explain.md), and the
+    scaled parts still name the planted cause. That the traced steps carried the cause is checked
+    on the trace itself (``_burns``)."""
     total, timed = sum(c["delta_ms"] for c in case["components"]), case["timed_delta_ms"]
     assert total == pytest.approx(case["delta_ms"], abs=1e-6) and total == pytest.approx(timed, rel=1e-9)
     traced = sum(c["delta_ms"] for c in case["traced_components"])
     assert traced == pytest.approx(case["traced_delta_ms"], abs=1e-6)
-    assert timed / 2 <= traced <= 2 * timed, case
+    assert bool(case["unlike_timed"]) == (abs(traced - timed) > 0.2 * abs(timed)), case
+
+
+def _burns(run: Path, case_id: str) -> dict[int, tuple[int, float]]:
+    """Per rank: how many ``tpbench.burn`` ranges the case's traced steps hold, and their mean ms."""
+    iv = store.read_case_table(run, case_id, "intervals")
+    burns = iv[iv["name"] == BURN_RANGE].assign(ms=lambda b: (b["end_ns"] - b["start_ns"]) / 1e6)
+    return {int(r): (len(b), float(b["ms"].mean())) for r, b in burns.groupby("rank")}
 
 
 @pytest.mark.ranks
@@ -140,6 +151,13 @@ def test_more_cpu_per_step_is_compute_and_one_slowed_rank_is_straggler_wait(burn
         assert [c["name"] for c in case["components"]] == list(parts.PARTS)
         assert case["lo"] <= case["delta_ms"] <= case["hi"]
         _adds_up(case)
+        # The traced steps burnt as the timed ones did, on the slowed ranks only: every traced step
+        # one burn of about the planted change (each burning rank adds its burn to the step).
+        slowed = [0, 1] if "=all" in case["label"] else [1]
+        burns = _burns(burnt, case["cand_case"])
+        assert sorted(burns) == slowed and not _burns(burnt, case["base_case"]), burns
+        for count, ms in burns.values():
+            assert count == 6 and case["timed_delta_ms"] / 2 <= ms <= 2 * case["timed_delta_ms"], burns
     tops = {c["label"]: c["top"] for c in doc["cases"]}
     assert tops == {
         "slowdown_pct: 0 → 150 (slowdown_ranks=all)": "compute",
