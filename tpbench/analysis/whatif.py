@@ -436,7 +436,9 @@ def _rank_step_ops(
         & (mine["start_ns"] < s1)
     ]
     comm = mine[(mine["lane"] == "comm") & (mine["start_ns"] >= s0) & (mine["start_ns"] < s1)].sort_values("start_ns")
-    sizes = {c: g["bytes"].tolist() for c, g in comm.groupby(comm["collective"].astype(str), sort=False)}
+    by_kind = comm.groupby(comm["collective"].astype(str), sort=False)
+    sizes = {c: g["bytes"].tolist() for c, g in by_kind}
+    began = {c: g["start_ns"].tolist() for c, g in by_kind}
     ranges = [(a, b, k) for t, a, b, k in marks.zero_steps if t == tid and s0 <= a < s1]
 
     def bucket_of(start: int) -> int | None:
@@ -447,6 +449,10 @@ def _rank_step_ops(
     ]
     counts: dict[str, int] = {}
     colls: list[tuple[Key, float | None]] = []
+    # Where each collective began, within its issue op: the thread's time in the op up to there is
+    # work before the issue (copies into Gloo's buffers), the rest ran while it was in flight (the
+    # op may block for milliseconds while Gloo's threads take the cores).
+    issued_at: dict[Key, int] = {}
     for t, a, b, coll in marks.issues:
         if t == tid and s0 <= a < s1:
             k = counts.get(coll, 0)
@@ -455,6 +461,8 @@ def _rank_step_ops(
             nbytes = got[k] if k < len(got) and not pd.isna(got[k]) else None
             events.append((a, b, (coll, k), None))
             colls.append(((coll, k), nbytes))
+            start = began.get(coll, [])
+            issued_at[(coll, k)] = min(max(int(start[k]), a), b) if k < len(start) else b
     events.sort(key=lambda e: (e[0], e[2] is None))
     last_issue = {key[0]: i for i, (_, _, key, _) in enumerate(events) if key is not None}
     # Where the thread waits for a kind: before the compute after its last issue that follows the
@@ -479,7 +487,7 @@ def _rank_step_ops(
     # Every span the thread's work is cut at starts and ends at s0 or at an event's start or end:
     # how much of the rank's communication lies before each, in one pass.
     us, ue = union(comm["start_ns"].to_numpy(), comm["end_ns"].to_numpy())
-    cuts = np.unique([s0, *(t for a, b, _, _ in events for t in (a, b))])
+    cuts = np.unique([s0, *(t for a, b, _, _ in events for t in (a, b)), *issued_at.values()])
     covered = dict(zip(cuts.tolist(), _covered(us, ue, np.r_[0, np.cumsum(ue - us)], cuts).tolist()))
 
     def beside(x: int, y: int) -> float:  # ns of [x, y) during this rank's communication
@@ -506,14 +514,15 @@ def _rank_step_ops(
             pending += a - cursor
             pending_beside += beside(cursor, a)
         cursor = max(cursor, a)
-        if b > cursor:
-            pending += b - cursor
-            pending_beside += beside(cursor, b)
-        cursor = max(cursor, b)
-        if key is not None:
-            ops.append(Work(pending / 1e9, pending_beside / 1e9))
-            pending = pending_beside = 0.0
-            ops.append(Issue(key))
+        for n, end in enumerate((b,) if key is None else (issued_at[key], b)):
+            if end > cursor:
+                pending += end - cursor
+                pending_beside += beside(cursor, end)
+            cursor = max(cursor, end)
+            if key is not None and n == 0:
+                ops.append(Work(pending / 1e9, pending_beside / 1e9))
+                pending = pending_beside = 0.0
+                ops.append(Issue(key))
     if pending:
         ops.append(Work(pending / 1e9, pending_beside / 1e9))
     return ops, colls
