@@ -309,6 +309,25 @@ def test_calibration_scales_the_hosts_own_communication_with_compute_where_it_is
     assert model.step_ms(model.host_path) == pytest.approx(timed * 1e3, rel=1e-6)
 
 
+def test_on_a_shaped_link_the_interval_holds_the_reading_that_keeps_the_wire():
+    """The step above on a link shaped to 34 ms for its all-reduce: the timed steps (0.8× the
+    traced) say the host ran faster, not whether the tracer slowed compute or the host's part of
+    the all-reduce. Scaling both (the point) gives ×0.8, 8 ms of compute; keeping the wire's 34 ms
+    and scaling the rest gives ×0.6, 6 ms. Projected with free communication, the interval holds
+    both readings."""
+    ops = (Work(0.005), Issue(AR(0)), Wait((AR(0),)), Work(0.005))
+    sk = StepSkeleton(1, (ops, ops), (CollectiveSpec(AR(0), 4e6, 2),), 0.05)
+    path = Fabric("as measured", 0.0, 1e8)
+    wire = 2 * 4e6 * 8 / 0.034  # a shared medium: both ranks' 4 MB in 34 ms
+    timed = 0.8 * whatif.median_step_s([sk], path)
+    model = whatif.calibrated("c", {}, [sk], path, np.array([timed * 1e3] * 3), comm_on_host=True, wire_bits_per_s=wire)
+    assert model.fit.factor == pytest.approx(0.8, rel=1e-6) and model.other_factor == pytest.approx(0.6, rel=1e-6)
+    lo, hi = model.step_interval_ms(whatif.FREE)
+    assert model.step_ms(whatif.FREE) == pytest.approx(8.0) and lo <= 6.0 + 1e-6 and hi >= 8.0 - 1e-6
+    unshaped = whatif.calibrated("c", {}, [sk], path, np.array([timed * 1e3] * 3), comm_on_host=True)
+    assert unshaped.other_factor is None  # compute alone cannot reach the timed step (the test above)
+
+
 def test_a_wait_that_can_never_end_is_an_error():
     ranks = [[Issue(AR(0)), Wait((AR(0),))], [Wait((AR(0),)), Issue(AR(0))]]
     with pytest.raises(ValueError, match="cannot finish"):

@@ -60,6 +60,7 @@ def case_models(loaded: store.Loaded, done: pd.DataFrame) -> Callable[[Mapping[s
             own[row["case_id"]] = whatif.interference(mine)
             pairs.setdefault(_pool_key(row), []).append(mine)
     pooled = {key: whatif.interference(pd.concat(p, ignore_index=True), "pooled") for key, p in pairs.items()}
+    profiles = loaded.record.suite_table("interconnects")
 
     def model(row: Mapping[str, Any]) -> whatif.CaseModel:
         cid = row["case_id"]
@@ -70,6 +71,7 @@ def case_models(loaded: store.Loaded, done: pd.DataFrame) -> Callable[[Mapping[s
             steps_by_case[cid],
             whatif.chosen_interference(own[cid], pooled.get(_pool_key(row))) if cid in own else None,
             comm_on_host=row["device"] == "cpu",
+            wire_bits_per_s=resolve(row["interconnect"], profiles).rate_bits_per_s or math.inf,
         )
 
     return model

@@ -763,6 +763,7 @@ def calibrate(
     interference: float = 1.0,
     scale_path: bool = False,
     bounds: tuple[float, float] = (0.01, 100.0),
+    wire_bits_per_s: float = math.inf,
 ) -> float | None:
     """The factor on the traced host, nearest 1, whose replay of the traced steps on their own
     path lands in [``lowest_s``, ``measured_s``] (default: exactly ``measured_s``), or None when
@@ -786,10 +787,11 @@ def calibrate(
 
     The replay is continuous and non-decreasing in the factor (every time in ``simulate`` is a
     sum or a maximum of work and collective costs), so a bisection finds the band's edge; with
-    ``scale_path`` it is the factor times the replay at 1 (the fitted path has no latency term,
-    so every time scales), and the edge is a ratio.
+    ``scale_path`` on an unshaped link it is the factor times the replay at 1 (the fitted path has
+    no latency term, so every time scales), and the edge is a ratio. Given a shaped link's rate
+    (``wire_bits_per_s``) the host's part scales and the wire does not (``host_scaled``).
 
-    None (only without ``scale_path``) has two causes, and both mean the model cannot explain the
+    None (without ``scale_path``, or behind a wire) has two causes, and both mean the model cannot explain the
     timed step by its compute: the replay with compute shrunk to ``bounds[0]`` is still slower
     (communication on the measured path alone, as fitted on the traced steps, exceeds the timed
     step), or with ``bounds[1]`` still faster. Clipping the factor instead would shrink compute
@@ -797,12 +799,12 @@ def calibrate(
     lowest_s = measured_s if lowest_s is None else min(lowest_s, measured_s)
 
     def replay(c: float) -> float:
-        return median_step_s(skels, scaled_path(path, c) if scale_path else path, c, interference)
+        return median_step_s(skels, host_scaled(path, c, wire_bits_per_s) if scale_path else path, c, interference)
 
     at_one = replay(1.0)
     if lowest_s <= at_one <= measured_s:
         return 1.0
-    if scale_path and at_one > 0:  # every time scales with the factor: the edge is a ratio
+    if scale_path and math.isinf(wire_bits_per_s) and at_one > 0:  # every time scales: the edge is a ratio
         return (measured_s if at_one > measured_s else lowest_s) / at_one
     if at_one > measured_s:
         return _edge(lambda c: replay(c) <= measured_s, bounds[0], 1.0)
@@ -828,6 +830,13 @@ def scaled_path(path: Fabric, factor: float) -> Fabric:
     return dataclasses.replace(
         path, beta_Bps=path.beta_Bps / factor, by_collective=tuple((k, b / factor) for k, b in path.by_collective)
     )
+
+
+def host_scaled(path: Fabric, factor: float, wire_bits_per_s: float = math.inf) -> Fabric:
+    """A CPU rank's own path on a host ``factor`` times as fast: the path as traced, scaled, and
+    on a shaped link behind its wire (``emulated_link``), which the host's speed does not change."""
+    scaled = scaled_path(path, factor)
+    return scaled if math.isinf(wire_bits_per_s) else emulated_link(wire_bits_per_s, scaled, path.name)
 
 
 # --------------------------------------------------------------------------- when to refuse
@@ -869,6 +878,7 @@ class Fit:
     measured_ms: float
     factor: float | None
     scales_path: bool = False
+    wire_bits_per_s: float = math.inf  # the case's link's shaped rate (inf: unshaped)
     traced_steps: int = 0  # how many traced steps the fit rests on
     traced_half_width: float = math.nan  # their median's 95 % CI half-width, over the median
 
@@ -1002,10 +1012,33 @@ class CaseModel:
         lo, hi = np.quantile(projected, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
         miss = abs(self.fit.replay_ms / self.fit.traced_ms - 1)
         lo, hi = max(lo * (1 - miss), self._least_ms), hi * (1 + miss)
+        if self.other_factor is not None:
+            other = median_step_s(self.skeletons, fabric, self.other_factor, self.interference.replay_factor) * 1e3
+            lo, hi = min(lo, other), max(hi, other)
         if self.no_slower_than_measured(fabric):
             hi = min(hi, max(self.ci_ms[1], lo))
         point = self.step_ms(fabric)
         return (min(float(lo), point), max(float(hi), point))
+
+    @cached_property
+    def other_factor(self) -> float | None:
+        """Where calibration scales the path with compute (CPU ranks): the factor of the other
+        reading of the timed steps, on a shaped link the host's part of communication scaled and
+        the wire not (``host_scaled``), on an unshaped one compute alone. None where calibration
+        does not scale the path, or no factor within ``COMPUTE_FACTOR`` fits."""
+        if not (self.fit.scales_path and self.fit.factor):
+            return None
+        wire = self.fit.wire_bits_per_s
+        return calibrate(
+            self.skeletons,
+            self.path,
+            self.measured_ms / 1e3,
+            self.ci_ms[0] / 1e3,
+            self.interference.replay_factor,
+            scale_path=not math.isinf(wire),
+            bounds=COMPUTE_FACTOR,
+            wire_bits_per_s=wire,
+        )
 
     @cached_property
     def _least_ms(self) -> float:
@@ -1052,12 +1085,14 @@ def calibrated(
     reps_ms: np.ndarray,
     interference: Interference | None = None,
     comm_on_host: bool = False,
+    wire_bits_per_s: float = math.inf,
 ) -> CaseModel:
     """Calibrate a case's skeletons on its path against its per-repeat median step times (ms),
     its replays stretching compute beside communication by ``interference`` (default: none).
     ``comm_on_host``: the case's communication is host work that tracing slows as it slows
     compute (ranks on CPUs: Gloo copies and sums there): the factor scales the path too
-    (``calibrate``)."""
+    (``calibrate``); ``wire_bits_per_s``: its link's shaped rate (inf: unshaped), for the
+    interval's other reading of the timed steps (``CaseModel.other_factor``)."""
     interference = interference or Interference()
     kappa = interference.replay_factor
     measured = float(np.median(reps_ms))
@@ -1071,6 +1106,7 @@ def calibrated(
         measured_ms=measured,
         factor=calibrate(skels, path, measured / 1e3, ci[0] / 1e3, kappa, comm_on_host),
         scales_path=comm_on_host,
+        wire_bits_per_s=wire_bits_per_s,
         traced_steps=len(traced),
         traced_half_width=(traced_hi - traced_lo) / 2 / float(np.median(traced)),
     )
@@ -1088,10 +1124,11 @@ def case_model(
     step_rows: pd.DataFrame,
     beside_comm: Interference | None = None,
     comm_on_host: bool = False,
+    wire_bits_per_s: float = math.inf,
 ) -> CaseModel:
     """One finished case's model, calibrated from its analysed tables (intervals, overlap, marks);
-    ``beside_comm`` (its interference: default its own matched ops' factor, ``interference``) and
-    ``comm_on_host`` as in ``calibrated``."""
+    ``beside_comm`` (its interference: default its own matched ops' factor, ``interference``),
+    ``comm_on_host`` and ``wire_bits_per_s`` as in ``calibrated``."""
     if intervals is None or marks is None:
         raise ValueError(
             f"case {case_id} has no analysed traces (profiler_steps = 0, or a run older than its marks table)"
@@ -1101,7 +1138,8 @@ def case_model(
         raise ValueError(f"case {case_id}: no profiled step common to all ranks")
     reps = repeat_values(step_rows)["step_ms"].to_numpy()
     kappa = beside_comm or interference(interference_pairs(intervals))
-    return calibrated(case_id, params, skels, fit_host_path(skels, overlap, intervals), reps, kappa, comm_on_host)
+    path = fit_host_path(skels, overlap, intervals)
+    return calibrated(case_id, params, skels, path, reps, kappa, comm_on_host, wire_bits_per_s)
 
 
 PROJECTION_COLUMNS = (
