@@ -5,9 +5,10 @@ table, step rows): ``tpbench.whatif_run`` reads them from the store and resolves
 
 A measured case is reduced to a *skeleton* per profiled step: for each rank, the training thread's
 work between communication events (``Work``), the points where it issues a collective
-(``Issue``) and the points where the hook's dependency structure makes it wait for one
-(``Wait``). ``simulate`` replays the skeleton with collective durations from an α–β model of a
-fabric, so the measured compute timeline stays and only the communication changes.
+(``Issue``: where the collective began, inside its issue op) and the points where the hook's
+dependency structure makes it wait for one (``Wait``). ``simulate`` replays the skeleton with
+collective durations from an α–β model of a fabric, so the measured compute timeline stays and
+only the communication changes.
 
 Why a skeleton of the measured thread rather than a formula: how much communication a hook hides
 depends on *when* each bucket is issued and what waits for it, and that is in the trace. The
