@@ -838,6 +838,21 @@ def _hook_trace(rank: int) -> list[dict]:
     ]
 
 
+def _us(op: object) -> object:
+    """A skeleton op as the tests write it: a Work as its whole µs, anything else as it is."""
+    return round(op.seconds * 1e6) if isinstance(op, Work) else op
+
+
+def _skeleton_of(tmp_path: Path, events: list[dict]) -> StepSkeleton:
+    """The one step's skeleton of two ranks that both traced ``events``."""
+    paths = [tmp_path / f"rank{r}.json.gz" for r in range(2)]
+    for r, path in enumerate(paths):
+        _write_trace(path, r, events)
+    tl = timeline.read_traces(paths)
+    (sk,) = whatif.skeletons(whatif.marks_from_table(tl.marks), tl.intervals)
+    return sk
+
+
 def test_skeleton_from_traces_applies_the_hook_dependency_rules(tmp_path, monkeypatch):
     paths = []
     for r in range(2):
@@ -854,11 +869,7 @@ def test_skeleton_from_traces_applies_the_hook_dependency_rules(tmp_path, monkey
     # Rank 0, in µs: lead-in gap 10 + mm 490 + issue op 10; gap 10 + mm 380 + issue 10; the wait for
     # bucket 0's all-reduce swallows the idle 910–1410; the step's add_ 150 + the gap to the first
     # broadcast issue 340 + its op 10; gap 10 + op 10; the waits before DDP's copy swallow 1930–2400.
-
-    def us(op: object) -> object:
-        return round(op.seconds * 1e6) if isinstance(op, Work) else op
-
-    assert [us(o) for o in sk.ranks[0]] == [
+    assert [_us(o) for o in sk.ranks[0]] == [
         510,
         Issue(AR(0)),
         400,
@@ -890,13 +901,8 @@ def test_the_wait_goes_where_the_thread_blocked_not_at_the_first_op_after_the_la
         _event("aten::add", "cpu_op", main, 520, 40),
         _event("aten::copy_", "cpu_op", main, 2010, 90),
     ]
-    paths = []
-    for r in range(2):
-        paths.append(tmp_path / f"rank{r}.json.gz")
-        _write_trace(paths[-1], r, events)
-    tl = timeline.read_traces(paths)
-    (sk,) = whatif.skeletons(whatif.marks_from_table(tl.marks), tl.intervals)
-    got = [round(op.seconds * 1e6) if isinstance(op, Work) else op for op in sk.ranks[0]]
+    sk = _skeleton_of(tmp_path, events)
+    got = [_us(op) for op in sk.ranks[0]]
     assert got == [505, Issue(AR(0)), 55, Wait((AR(0),)), 90]
 
 
@@ -916,13 +922,8 @@ def test_a_collective_is_issued_where_it_began_inside_an_issue_op_that_blocks(tm
         ),
         _event("aten::copy_", "cpu_op", main, 4600, 90),
     ]
-    paths = []
-    for r in range(2):
-        paths.append(tmp_path / f"rank{r}.json.gz")
-        _write_trace(paths[-1], r, events)
-    tl = timeline.read_traces(paths)
-    (sk,) = whatif.skeletons(whatif.marks_from_table(tl.marks), tl.intervals)
-    got = [round(op.seconds * 1e6) if isinstance(op, Work) else op for op in sk.ranks[0]]
+    sk = _skeleton_of(tmp_path, events)
+    got = [_us(op) for op in sk.ranks[0]]
     assert got == [510, Issue(AR(0)), 3990, Wait((AR(0),)), 90]
     assert sk.ranks[0][2].beside == pytest.approx(2490e-6)  # of the op's rest, the all-reduce's span
     # Replayed with the all-reduce's traced length: it ends inside the op, the step as the thread ran.
