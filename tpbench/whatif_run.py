@@ -36,10 +36,16 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
     done = loaded.cases[loaded.cases["status"] == store.DONE]
     if done.empty:
         raise ValueError(f"{loaded.run_dir}: no finished case")
-    profiles = loaded.record.suite_table("interconnects")
-    rate = {link: resolve(link, profiles).rate_bits_per_s or math.inf for link in dict.fromkeys(done["interconnect"])}
     steps_by_case = dict(tuple(loaded.steps.groupby("case_id")))
-    return whatif.run_whatif(done, steps_by_case, rate, case_models(loaded, done), fabrics, reference)
+    return whatif.run_whatif(
+        done, steps_by_case, link_rates(loaded, done), case_models(loaded, done), fabrics, reference
+    )
+
+
+def link_rates(loaded: store.Loaded, done: pd.DataFrame) -> dict[str, float]:
+    """Each link of the finished cases, its shaped rate in bits/s (inf: unshaped)."""
+    profiles = loaded.record.suite_table("interconnects")
+    return {link: resolve(link, profiles).rate_bits_per_s or math.inf for link in dict.fromkeys(done["interconnect"])}
 
 
 def case_models(loaded: store.Loaded, done: pd.DataFrame) -> Callable[[Mapping[str, Any]], whatif.CaseModel]:
@@ -60,7 +66,7 @@ def case_models(loaded: store.Loaded, done: pd.DataFrame) -> Callable[[Mapping[s
             own[row["case_id"]] = whatif.interference(mine)
             pairs.setdefault(_pool_key(row), []).append(mine)
     pooled = {key: whatif.interference(pd.concat(p, ignore_index=True), "pooled") for key, p in pairs.items()}
-    profiles = loaded.record.suite_table("interconnects")
+    rate = link_rates(loaded, done)
 
     def model(row: Mapping[str, Any]) -> whatif.CaseModel:
         cid = row["case_id"]
@@ -71,7 +77,7 @@ def case_models(loaded: store.Loaded, done: pd.DataFrame) -> Callable[[Mapping[s
             steps_by_case[cid],
             whatif.chosen_interference(own[cid], pooled.get(_pool_key(row))) if cid in own else None,
             comm_on_host=row["device"] == "cpu",
-            wire_bits_per_s=resolve(row["interconnect"], profiles).rate_bits_per_s or math.inf,
+            wire_bits_per_s=rate[row["interconnect"]],
         )
 
     return model
