@@ -53,6 +53,28 @@ def test_shared_medium_carries_every_ranks_traffic():
     assert collective_time("allreduce", 16e6, 2, whatif.emulated_link(1e9, slow_host)) == pytest.approx(16e6 / 50e6)
 
 
+def test_a_shaped_links_bucket_lets_what_the_idle_link_saved_cross_without_the_rate():
+    """tbf's bucket refills at the rate while the link idles; that many bytes then cross at the
+    host's own speed. Two 1 MB all-reduces (2 MB each on the shared wire, 160 ms at 100 Mbit/s)
+    each after 10 ms of compute: each finds 125 kB saved, and the step ends right after the second,
+    so in the steady state the bucket starts each step empty (a full bucket would save 21 ms)."""
+    link = whatif.emulated_link(1e8, None, burst_bytes=262144)
+    ops = (Work(0.010), Issue(AR(0)), Wait((AR(0),)), Work(0.010), Issue(AR(1)), Wait((AR(1),)))
+    sk = StepSkeleton(1, (ops, ops), (CollectiveSpec(AR(0), 1e6, 2), CollectiveSpec(AR(1), 1e6, 2)), 0.34)
+    assert simulate(sk, whatif.fabric_cost(dataclasses.replace(link, burst_bytes=0))).step_s == pytest.approx(0.340)
+    assert simulate(sk, whatif.fabric_cost(link)).step_s == pytest.approx(0.010 + 0.150 + 0.010 + 0.150)
+    # Ending on compute, the step refills the bucket for the next: 30 ms at 12.5 MB/s fills it.
+    tail = StepSkeleton(1, tuple(o + (Work(0.030),) for o in sk.ranks), sk.collectives, 0.37)
+    assert simulate(tail, whatif.fabric_cost(link)).step_s == pytest.approx(
+        0.010 + 0.139 + 0.010 + 0.150 + 0.030, abs=1e-3
+    )
+    # The saved bytes cross at the host's speed: behind a 100 MB/s host path (10 ms per 1 MB
+    # all-reduce), 1 MB of head start takes 5 ms of the host's 10 instead of 80 ms at the rate.
+    behind = whatif.emulated_link(1e8, Fabric("host", 0.0, 1e8))
+    assert collective_time("allreduce", 1e6, 2, behind, head_start_bytes=1e6) == pytest.approx(0.080 + 0.005)
+    assert collective_time("allreduce", 1e6, 2, behind, head_start_bytes=2e6) == pytest.approx(0.010)
+
+
 def test_fabric_table_is_user_extendable(tmp_path):
     user = tmp_path / "mine.toml"
     user.write_text(
@@ -318,9 +340,9 @@ def test_on_a_shaped_link_the_interval_holds_the_reading_that_keeps_the_wire():
     ops = (Work(0.005), Issue(AR(0)), Wait((AR(0),)), Work(0.005))
     sk = StepSkeleton(1, (ops, ops), (CollectiveSpec(AR(0), 4e6, 2),), 0.05)
     path = Fabric("as measured", 0.0, 1e8)
-    wire = 2 * 4e6 * 8 / 0.034  # a shared medium: both ranks' 4 MB in 34 ms
+    wire = whatif.emulated_link(2 * 4e6 * 8 / 0.034, None)  # a shared medium: both ranks' 4 MB in 34 ms
     timed = 0.8 * whatif.median_step_s([sk], path)
-    model = whatif.calibrated("c", {}, [sk], path, np.array([timed * 1e3] * 3), comm_on_host=True, wire_bits_per_s=wire)
+    model = whatif.calibrated("c", {}, [sk], path, np.array([timed * 1e3] * 3), comm_on_host=True, wire=wire)
     assert model.fit.factor == pytest.approx(0.8, rel=1e-6) and model.other_factor == pytest.approx(0.6, rel=1e-6)
     lo, hi = model.step_interval_ms(whatif.FREE)
     assert model.step_ms(whatif.FREE) == pytest.approx(8.0) and lo <= 6.0 + 1e-6 and hi >= 8.0 - 1e-6
@@ -371,6 +393,24 @@ def test_the_interval_grows_with_the_traced_steps_spread_and_the_timed_steps_noi
     assert tight.refused is scattered.refused is noisy.refused is None
     assert width(tight) < 0.01
     assert width(scattered) > 5 * width(tight) and width(noisy) > 5 * width(tight)
+
+
+def test_the_interval_holds_the_scatter_a_measured_median_there_would_have():
+    """The interval is for the median a run on the fabric would measure, which scatters as the
+    timed repeats' median does. On a fabric where communication is nearly all of the step, the
+    fit's uncertainty moves the projection by little; the measurement's own scatter does not
+    shrink with it: timed repeats ±10 % give an interval of several per cent each way."""
+    f, slow = Fabric("f", 0.0, 1e8), Fabric("slow", 0.0, 1e6)  # the all-reduce: 10 ms, then 1 s
+    ops = [Work(0.01), Issue(AR(0)), Wait((AR(0),)), Work(0.005)]
+    sk = _sk([ops, ops], [AR(0)], nbytes=1e6)
+    replay = simulate(sk, whatif.fabric_cost(f)).step_s
+    skels = [StepSkeleton(i, sk.ranks, sk.collectives, replay) for i in range(5)]
+    timed = replay * 1e3 * np.array([0.9, 0.95, 1.0, 1.05, 1.1] * 2)
+    m = whatif.calibrated("c", {}, skels, f, timed)
+    lo, hi = m.step_interval_ms(slow)
+    point = m.step_ms(slow)
+    assert point == pytest.approx(1015)  # compute is 1.5 % of it
+    assert lo < point * 0.97 and hi > point * 1.03
 
 
 def test_the_interval_carries_the_models_own_miss_of_its_traced_steps():
@@ -644,9 +684,8 @@ def test_validation_runs_both_directions_and_refuses_what_rests_on_a_refused_fit
 
     whatif_run_models = {m.case_id: m for m in _all_models(loaded)}
     steps = dict(tuple(loaded.steps.groupby("case_id")))
-    rate = {"loopback": math.inf, "tcp-1gbit": 1e9, "tcp-500mbit": 5e8}
     cases = loaded.cases[loaded.cases["status"] == store.DONE]
-    again = whatif.run_whatif(cases, steps, rate, model, whatif_run.load_fabrics())
+    again = whatif.run_whatif(cases, steps, whatif_run.link_wires(loaded, cases), model, whatif_run.load_fabrics())
     w = again.validation.set_index(["direction", "case_id"])
     assert w.loc[(slower, "1eb4310e7baf"), "refused"] == "planted: why"
     assert w.loc[(faster, "c3d175563500"), "refused"].startswith("the link's description comes from the loopback twin")

@@ -20,7 +20,7 @@ import pandas as pd
 from tpbench import store, user_files
 from tpbench.analysis import whatif
 from tpbench.analysis.whatif import Fabric, RunWhatIf
-from tpbench.interconnect import resolve
+from tpbench.interconnect import resolve, tbf_parameters
 
 
 def load_fabrics(extra: Iterable[str | Path] = ()) -> dict[str, Fabric]:
@@ -38,14 +38,19 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
         raise ValueError(f"{loaded.run_dir}: no finished case")
     steps_by_case = dict(tuple(loaded.steps.groupby("case_id")))
     return whatif.run_whatif(
-        done, steps_by_case, link_rates(loaded, done), case_models(loaded, done), fabrics, reference
+        done, steps_by_case, link_wires(loaded, done), case_models(loaded, done), fabrics, reference
     )
 
 
-def link_rates(loaded: store.Loaded, done: pd.DataFrame) -> dict[str, float]:
-    """Each link of the finished cases, its shaped rate in bits/s (inf: unshaped)."""
+def link_wires(loaded: store.Loaded, done: pd.DataFrame) -> dict[str, Fabric | None]:
+    """Each link of the finished cases as the what-if prices it: a shaped one by its tbf rate and
+    bucket, as the run built them (``whatif.emulated_link``, no floor); None for an unshaped one."""
     profiles = loaded.record.suite_table("interconnects")
-    return {link: resolve(link, profiles).rate_bits_per_s or math.inf for link in dict.fromkeys(done["interconnect"])}
+    wires: dict[str, Fabric | None] = {}
+    for link in dict.fromkeys(done["interconnect"]):
+        rate = resolve(link, profiles).rate_bits_per_s
+        wires[link] = whatif.emulated_link(rate, None, link, tbf_parameters(rate)[0]) if rate else None
+    return wires
 
 
 def case_models(loaded: store.Loaded, done: pd.DataFrame) -> Callable[[Mapping[str, Any]], whatif.CaseModel]:
@@ -66,7 +71,7 @@ def case_models(loaded: store.Loaded, done: pd.DataFrame) -> Callable[[Mapping[s
             own[row["case_id"]] = whatif.interference(mine)
             pairs.setdefault(_pool_key(row), []).append(mine)
     pooled = {key: whatif.interference(pd.concat(p, ignore_index=True), "pooled") for key, p in pairs.items()}
-    rate = link_rates(loaded, done)
+    wires = link_wires(loaded, done)
 
     def model(row: Mapping[str, Any]) -> whatif.CaseModel:
         cid = row["case_id"]
@@ -77,7 +82,7 @@ def case_models(loaded: store.Loaded, done: pd.DataFrame) -> Callable[[Mapping[s
             steps_by_case[cid],
             whatif.chosen_interference(own[cid], pooled.get(_pool_key(row))) if cid in own else None,
             comm_on_host=row["device"] == "cpu",
-            wire_bits_per_s=rate[row["interconnect"]],
+            wire=wires[row["interconnect"]],
         )
 
     return model

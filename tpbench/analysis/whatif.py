@@ -115,6 +115,10 @@ class Fabric:
     # A fitted path's bandwidth per collective kind (``fit_host_path``): on Gloo a broadcast is a
     # plain send while an all-reduce also sums on the CPU, several times slower per byte.
     by_collective: tuple[tuple[str, float], ...] = ()
+    # A shaped link's token bucket (tbf's burst): after the link has idled long enough to refill
+    # it, this many bytes cross without waiting for the rate (at the floor's speed). ``simulate``
+    # keeps the bucket's level from one collective to the next.
+    burst_bytes: float = 0.0
 
     def beta_for(self, collective: str) -> float:
         return dict(self.by_collective).get(collective, self.beta_Bps)
@@ -205,8 +209,11 @@ def _bounded_number(t: dict, key: str, where: str, low: float, high: float, *, l
     return float(v)
 
 
-def emulated_link(rate_bits_per_s: float, host: Fabric | None, name: str | None = None) -> Fabric:
-    """A ``tcp-<rate>`` link: a shared medium at the tbf rate, behind this host's own path."""
+def emulated_link(
+    rate_bits_per_s: float, host: Fabric | None, name: str | None = None, burst_bytes: float = 0.0
+) -> Fabric:
+    """A ``tcp-<rate>`` link: a shared medium at the tbf rate with its bucket of ``burst_bytes``,
+    behind this host's own path."""
     return Fabric(
         name or f"tcp-{rate_bits_per_s:g}bit",
         0.0,
@@ -214,24 +221,34 @@ def emulated_link(rate_bits_per_s: float, host: Fabric | None, name: str | None 
         shared=True,
         description="tbf-shaped loopback (one medium for all ranks)",
         floor=host,
+        burst_bytes=burst_bytes,
     )
 
 
-def collective_time(collective: str, nbytes: float, n: int, fabric: Fabric) -> float:
-    """Seconds for one collective of ``nbytes`` (nccl-tests' count) among ``n`` ranks on ``fabric``."""
-    if n < 2:
-        return 0.0
+def wire_bytes(collective: str, nbytes: float, n: int, fabric: Fabric) -> float:
+    """The bytes one collective puts on ``fabric``'s medium (busbw convention; on a shared medium
+    every rank's share crosses it)."""
     factor = busbw_factor(collective, n)
     if math.isnan(factor):
         raise ValueError(f"no cost model for collective {collective!r}")
-    hops = 2 * (n - 1) if collective == "allreduce" else n - 1
     if fabric.shared:
-        wire = (n - 1) * nbytes if collective in ("broadcast", "reduce") else n * factor * nbytes
-    else:
-        wire = factor * nbytes
-    t = hops * fabric.alpha_s + wire / fabric.beta_for(collective)
+        return (n - 1) * nbytes if collective in ("broadcast", "reduce") else n * factor * nbytes
+    return factor * nbytes
+
+
+def collective_time(collective: str, nbytes: float, n: int, fabric: Fabric, head_start_bytes: float = 0.0) -> float:
+    """Seconds for one collective of ``nbytes`` (nccl-tests' count) among ``n`` ranks on ``fabric``.
+    Its first ``head_start_bytes`` on the wire (a shaped link's bucket) do not wait for the rate:
+    they cross at the floor's speed (the host's own path), the rest at the rate."""
+    if n < 2:
+        return 0.0
+    hops = 2 * (n - 1) if collective == "allreduce" else n - 1
+    wire = wire_bytes(collective, nbytes, n, fabric)
+    head = min(head_start_bytes, wire)
+    t = hops * fabric.alpha_s + (wire - head) / fabric.beta_for(collective)
     if fabric.floor is not None:
-        t = max(t, collective_time(collective, nbytes, n, fabric.floor))
+        below = collective_time(collective, nbytes, n, fabric.floor)
+        t = max(t + below * head / wire, below) if wire else below
     return t
 
 
@@ -306,6 +323,27 @@ def simulate(
     compute_scale: float = 1.0,
     interference: float = 1.0,
 ) -> Schedule:
+    """Replay a skeleton (``_replay``). On a fabric with a bucket (``Price`` of a shaped link) the
+    step is replayed in the steady state of its bucket: the level it starts with is what the
+    same step leaves plus what the link's idle time after its last collective refills, the step
+    before taken to be like this one (a full bucket first, then once more from that level)."""
+    burst = cost.fabric.burst_bytes if isinstance(cost, Price) else 0.0
+    if not burst:
+        return _replay(sk, cost, compute_scale, interference)[0]
+    schedule, left = _replay(sk, cost, compute_scale, interference, burst, burst)
+    last = max(schedule.finish_s.values(), default=0.0)
+    level = min(burst, left + (schedule.step_s - last) * cost.fabric.beta_Bps)
+    return schedule if level >= burst else _replay(sk, cost, compute_scale, interference, burst, level)[0]
+
+
+def _replay(
+    sk: StepSkeleton,
+    cost: Callable[..., float],
+    compute_scale: float,
+    interference: float,
+    burst: float = 0.0,
+    level: float = 0.0,
+) -> tuple[Schedule, float]:
     """Replay a skeleton: threads advance through their ops, collectives run one at a time in
     channel order once every rank has issued them. Raises ``ValueError`` on a skeleton that
     cannot finish (a wait for a collective some rank never issues).
@@ -316,7 +354,11 @@ def simulate(
     shrunk by κ to the work itself, which the replay stretches again wherever its own collectives
     run. So the replay is an event simulation in time order: a rank's work left shrinks at rate 1,
     or 1/κ while the channel is busy, and the next event is the earliest of a work's end, a
-    collective's end and a collective's start. With κ = 1 it is the plain max-plus replay."""
+    collective's end and a collective's start. With κ = 1 it is the plain max-plus replay.
+
+    ``burst``: the bucket of a shaped link (``Fabric.burst_bytes``), ``level`` its bytes at the
+    step's start; it refills at the link's rate while the channel is idle, and a collective's
+    first bytes up to its level cross free. Returns the schedule and the level left at the end."""
     n = len(sk.ranks)
     pos = [0] * n
     left: list[float | None] = [None] * n  # work left in the current Work op (None: not started)
@@ -349,14 +391,20 @@ def simulate(
                 ended += pos[r] == sizes[r]
         while nxt < len(sk.collectives) and free <= now and issued[sk.collectives[nxt].key] == n:
             spec = sk.collectives[nxt]
-            start[spec.key], finish[spec.key] = now, now + cost(spec)
+            if burst:
+                level = min(burst, level + (now - free) * cost.fabric.beta_Bps)
+                used = min(level, cost.wire_bytes(spec))
+                start[spec.key], finish[spec.key] = now, now + cost(spec, used)
+                level -= used
+            else:
+                start[spec.key], finish[spec.key] = now, now + cost(spec)
             free = finish[spec.key]
             nxt += 1
             moved = True
         if moved and free <= now:  # a collective that cost nothing may have released a wait
             continue
         if nxt == len(sk.collectives) and ended == n:
-            return Schedule(max([free, *done_at]), tuple(done_at), start, finish)
+            return Schedule(max([free, *done_at]), tuple(done_at), start, finish), level
         rate = 1 / interference if free > now else 1.0
         later = free if free > now else math.inf
         for r in range(n):
@@ -372,8 +420,22 @@ def simulate(
         now = later
 
 
-def fabric_cost(fabric: Fabric) -> Callable[[CollectiveSpec], float]:
-    return lambda c: collective_time(c.key[0], c.nbytes, c.group_size, fabric)
+@dataclass(frozen=True)
+class Price:
+    """Each collective's seconds on ``fabric`` (``collective_time``): the cost ``simulate`` takes,
+    carrying its fabric so that the replay can keep a shaped link's bucket."""
+
+    fabric: Fabric
+
+    def __call__(self, c: CollectiveSpec, head_start_bytes: float = 0.0) -> float:
+        return collective_time(c.key[0], c.nbytes, c.group_size, self.fabric, head_start_bytes)
+
+    def wire_bytes(self, c: CollectiveSpec) -> float:
+        return wire_bytes(c.key[0], c.nbytes, c.group_size, self.fabric) if c.group_size > 1 else 0.0
+
+
+def fabric_cost(fabric: Fabric) -> Price:
+    return Price(fabric)
 
 
 @dataclass
@@ -764,7 +826,7 @@ def calibrate(
     interference: float = 1.0,
     scale_path: bool = False,
     bounds: tuple[float, float] = (0.01, 100.0),
-    wire_bits_per_s: float = math.inf,
+    wire: Fabric | None = None,
 ) -> float | None:
     """The factor on the traced host, nearest 1, whose replay of the traced steps on their own
     path lands in [``lowest_s``, ``measured_s``] (default: exactly ``measured_s``), or None when
@@ -790,7 +852,7 @@ def calibrate(
     sum or a maximum of work and collective costs), so a bisection finds the band's edge; with
     ``scale_path`` on an unshaped link it is the factor times the replay at 1 (the fitted path has
     no latency term, so every time scales), and the edge is a ratio. Given a shaped link's rate
-    (``wire_bits_per_s``) the host's part scales and the wire does not (``host_scaled``).
+    (``wire``, an ``emulated_link`` without floor) the host's part scales and the wire does not (``host_scaled``).
 
     None (without ``scale_path``, or behind a wire) has two causes, and both mean the model cannot explain the
     timed step by its compute: the replay with compute shrunk to ``bounds[0]`` is still slower
@@ -800,12 +862,12 @@ def calibrate(
     lowest_s = measured_s if lowest_s is None else min(lowest_s, measured_s)
 
     def replay(c: float) -> float:
-        return median_step_s(skels, host_scaled(path, c, wire_bits_per_s) if scale_path else path, c, interference)
+        return median_step_s(skels, host_scaled(path, c, wire) if scale_path else path, c, interference)
 
     at_one = replay(1.0)
     if lowest_s <= at_one <= measured_s:
         return 1.0
-    if scale_path and math.isinf(wire_bits_per_s) and at_one > 0:  # every time scales: the edge is a ratio
+    if scale_path and wire is None and at_one > 0:  # every time scales: the edge is a ratio
         return (measured_s if at_one > measured_s else lowest_s) / at_one
     if at_one > measured_s:
         return _edge(lambda c: replay(c) <= measured_s, bounds[0], 1.0)
@@ -833,11 +895,11 @@ def scaled_path(path: Fabric, factor: float) -> Fabric:
     )
 
 
-def host_scaled(path: Fabric, factor: float, wire_bits_per_s: float = math.inf) -> Fabric:
+def host_scaled(path: Fabric, factor: float, wire: Fabric | None = None) -> Fabric:
     """A CPU rank's own path on a host ``factor`` times as fast: the path as traced, scaled, and
     on a shaped link behind its wire (``emulated_link``), which the host's speed does not change."""
     scaled = scaled_path(path, factor)
-    return scaled if math.isinf(wire_bits_per_s) else emulated_link(wire_bits_per_s, scaled, path.name)
+    return scaled if wire is None else dataclasses.replace(wire, name=path.name, floor=scaled)
 
 
 # --------------------------------------------------------------------------- when to refuse
@@ -879,7 +941,7 @@ class Fit:
     measured_ms: float
     factor: float | None
     scales_path: bool = False
-    wire_bits_per_s: float = math.inf  # the case's link's shaped rate (inf: unshaped)
+    wire: Fabric | None = None  # the case's link's shaped wire (``emulated_link``; None: unshaped)
     traced_steps: int = 0  # how many traced steps the fit rests on
     traced_half_width: float = math.nan  # their median's 95 % CI half-width, over the median
 
@@ -1010,6 +1072,10 @@ class CaseModel:
             at = np.interp(point_factor, _FACTOR_GRID, o)
             c = np.interp(min(t, max(floor, at)), o, _FACTOR_GRID) if not floor <= at <= t else point_factor
             projected.append(np.interp(c, _FACTOR_GRID, f))
+        # A measured median there would carry the timed repeats' own scatter: each resample is
+        # also drawn off by an independent resample's median over the point's.
+        noise = np.median(self.reps_ms[rng.integers(0, len(self.reps_ms), size=reps.shape)], axis=1)
+        projected = np.asarray(projected) * noise / self.measured_ms
         lo, hi = np.quantile(projected, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
         miss = abs(self.fit.replay_ms / self.fit.traced_ms - 1)
         lo, hi = max(lo * (1 - miss), self._least_ms), hi * (1 + miss)
@@ -1029,16 +1095,16 @@ class CaseModel:
         does not scale the path, or no factor within ``COMPUTE_FACTOR`` fits."""
         if not (self.fit.scales_path and self.fit.factor):
             return None
-        wire = self.fit.wire_bits_per_s
+        wire = self.fit.wire
         return calibrate(
             self.skeletons,
             self.path,
             self.measured_ms / 1e3,
             self.ci_ms[0] / 1e3,
             self.interference.replay_factor,
-            scale_path=not math.isinf(wire),
+            scale_path=wire is not None,
             bounds=COMPUTE_FACTOR,
-            wire_bits_per_s=wire,
+            wire=wire,
         )
 
     @cached_property
@@ -1086,13 +1152,13 @@ def calibrated(
     reps_ms: np.ndarray,
     interference: Interference | None = None,
     comm_on_host: bool = False,
-    wire_bits_per_s: float = math.inf,
+    wire: Fabric | None = None,
 ) -> CaseModel:
     """Calibrate a case's skeletons on its path against its per-repeat median step times (ms),
     its replays stretching compute beside communication by ``interference`` (default: none).
     ``comm_on_host``: the case's communication is host work that tracing slows as it slows
     compute (ranks on CPUs: Gloo copies and sums there): the factor scales the path too
-    (``calibrate``); ``wire_bits_per_s``: its link's shaped rate (inf: unshaped), for the
+    (``calibrate``); ``wire``: its link's shaped wire (None: unshaped), for the
     interval's other reading of the timed steps (``CaseModel.other_factor``)."""
     interference = interference or Interference()
     kappa = interference.replay_factor
@@ -1107,7 +1173,7 @@ def calibrated(
         measured_ms=measured,
         factor=calibrate(skels, path, measured / 1e3, ci[0] / 1e3, kappa, comm_on_host),
         scales_path=comm_on_host,
-        wire_bits_per_s=wire_bits_per_s,
+        wire=wire,
         traced_steps=len(traced),
         traced_half_width=(traced_hi - traced_lo) / 2 / float(np.median(traced)),
     )
@@ -1125,11 +1191,11 @@ def case_model(
     step_rows: pd.DataFrame,
     beside_comm: Interference | None = None,
     comm_on_host: bool = False,
-    wire_bits_per_s: float = math.inf,
+    wire: Fabric | None = None,
 ) -> CaseModel:
     """One finished case's model, calibrated from its analysed tables (intervals, overlap, marks);
     ``beside_comm`` (its interference: default its own matched ops' factor, ``interference``),
-    ``comm_on_host`` and ``wire_bits_per_s`` as in ``calibrated``."""
+    ``comm_on_host`` and ``wire`` as in ``calibrated``."""
     if intervals is None or marks is None:
         raise ValueError(
             f"case {case_id} has no analysed traces (profiler_steps = 0, or a run older than its marks table)"
@@ -1140,7 +1206,7 @@ def case_model(
     reps = repeat_values(step_rows)["step_ms"].to_numpy()
     kappa = beside_comm or interference(interference_pairs(intervals))
     path = fit_host_path(skels, overlap, intervals)
-    return calibrated(case_id, params, skels, path, reps, kappa, comm_on_host, wire_bits_per_s)
+    return calibrated(case_id, params, skels, path, reps, kappa, comm_on_host, wire)
 
 
 PROJECTION_COLUMNS = (
@@ -1418,7 +1484,7 @@ class RunWhatIf:
 def run_whatif(
     cases: pd.DataFrame,
     steps_by_case: Mapping[str, pd.DataFrame],
-    rate_bits_per_s: Mapping[str, float],
+    wires: Mapping[str, Fabric | None],
     model: Callable[[Mapping[str, Any]], CaseModel],
     fabrics: Mapping[str, Fabric],
     reference: str | None = None,
@@ -1437,8 +1503,9 @@ def run_whatif(
       its traced collectives reached, as nccl-tests would report it for a real fabric).
 
     ``cases``: the run's finished cases, one row each; ``steps_by_case``: their step rows;
-    ``rate_bits_per_s``: each link's rate (inf: unshaped); ``model``: a case row's calibrated
-    model (see ``case_model``), asked for at most once per case: the caller reads its tables.
+    ``wires``: each link's shaped wire (``emulated_link`` without floor; None: unshaped);
+    ``model``: a case row's calibrated model (see ``case_model``), asked for at most once per
+    case: the caller reads its tables.
     """
     if cases.empty:
         raise ValueError("no finished case")
@@ -1446,7 +1513,7 @@ def run_whatif(
     reference = reference or ("loopback" if "loopback" in links else links[0])
     if reference not in links:
         raise ValueError(f"no finished case on {reference!r}; the run has {links}")
-    rate = {link: rate_bits_per_s[link] for link in links}
+    rate = {link: math.inf if wires[link] is None else wires[link].beta_Bps for link in links}
     slowest = min((link for link in links if rate[link] < math.inf), key=rate.__getitem__, default=None)
     cache: dict[str, CaseModel] = {}
 
@@ -1457,7 +1524,8 @@ def run_whatif(
 
     def target(row: Mapping[str, Any], host: Fabric | None, refused: str | None = None) -> Target:
         link = row["interconnect"]
-        fabric = host if rate[link] == math.inf else emulated_link(rate[link], host, link)
+        wire = wires[link]
+        fabric = host if wire is None else dataclasses.replace(wire, floor=host)
         return Target(row["case_id"], link, fabric, steps_by_case[row["case_id"]], refused)
 
     models, rows = [], []
