@@ -324,9 +324,11 @@ def simulate(
     interference: float = 1.0,
 ) -> Schedule:
     """Replay a skeleton (``_replay``). On a fabric with a bucket (``Price`` of a shaped link) the
-    step is replayed in the steady state of its bucket: the level it starts with is what the
-    same step leaves plus what the link's idle time after its last collective refills, the step
-    before taken to be like this one (a full bucket first, then once more from that level)."""
+    bucket refills at the link's rate while the channel is idle, and a collective's first bytes,
+    up to its level, cross at the floor's speed (``collective_time``). The step is replayed in the
+    steady state of its bucket: the level it starts with is what the same step leaves plus what
+    the link's idle time after its last collective refills, the step before taken to be like this
+    one (a full bucket first, then once more from that level)."""
     burst = cost.fabric.burst_bytes if isinstance(cost, Price) else 0.0
     if not burst:
         return _replay(sk, cost, compute_scale, interference)[0]
@@ -355,10 +357,8 @@ def _replay(
     run. So the replay is an event simulation in time order: a rank's work left shrinks at rate 1,
     or 1/κ while the channel is busy, and the next event is the earliest of a work's end, a
     collective's end and a collective's start. With κ = 1 it is the plain max-plus replay.
-
-    ``burst``: the bucket of a shaped link (``Fabric.burst_bytes``), ``level`` its bytes at the
-    step's start; it refills at the link's rate while the channel is idle, and a collective's
-    first bytes up to its level cross free. Returns the schedule and the level left at the end."""
+    ``burst``, ``level``: a shaped link's bucket and its level at the start (``simulate``); returns
+    the schedule and the level left."""
     n = len(sk.ranks)
     pos = [0] * n
     left: list[float | None] = [None] * n  # work left in the current Work op (None: not started)
