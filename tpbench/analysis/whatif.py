@@ -1072,10 +1072,12 @@ class CaseModel:
             at = np.interp(point_factor, _FACTOR_GRID, o)
             c = np.interp(min(t, max(floor, at)), o, _FACTOR_GRID) if not floor <= at <= t else point_factor
             projected.append(np.interp(c, _FACTOR_GRID, f))
-        # A measured median there would carry the timed repeats' own scatter: each resample is
-        # also drawn off by an independent resample's median over the point's.
+        # A measured median there would carry the timed repeats' own scatter, in ms: it comes from
+        # the host (compute, the host's part of communication), not from a wire's steady rate, so
+        # it stays as many ms on a fabric where the step is longer or shorter. Each resample is
+        # also moved by an independent resample's median less the point's.
         noise = np.median(self.reps_ms[rng.integers(0, len(self.reps_ms), size=reps.shape)], axis=1)
-        projected = np.asarray(projected) * noise / self.measured_ms
+        projected = np.asarray(projected) + noise - self.measured_ms
         lo, hi = np.quantile(projected, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
         miss = abs(self.fit.replay_ms / self.fit.traced_ms - 1)
         lo, hi = max(lo * (1 - miss), self._least_ms), hi * (1 + miss)
