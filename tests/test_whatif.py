@@ -705,7 +705,7 @@ def test_validation_runs_both_directions_and_refuses_what_rests_on_a_refused_fit
 def _all_models(loaded: store.Loaded) -> list[whatif.CaseModel]:
     """Every finished case's model as ``whatif_run.run_whatif`` builds it."""
     done = loaded.cases[loaded.cases["status"] == store.DONE]
-    model = whatif_run.case_models(loaded, done)
+    model = whatif_run.case_models(loaded, done, whatif_run.link_wires(loaded, done))
     return [model(row) for row in done.to_dict("records")]
 
 

@@ -37,9 +37,8 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
     if done.empty:
         raise ValueError(f"{loaded.run_dir}: no finished case")
     steps_by_case = dict(tuple(loaded.steps.groupby("case_id")))
-    return whatif.run_whatif(
-        done, steps_by_case, link_wires(loaded, done), case_models(loaded, done), fabrics, reference
-    )
+    wires = link_wires(loaded, done)
+    return whatif.run_whatif(done, steps_by_case, wires, case_models(loaded, done, wires), fabrics, reference)
 
 
 def link_wires(loaded: store.Loaded, done: pd.DataFrame) -> dict[str, Fabric | None]:
@@ -53,8 +52,11 @@ def link_wires(loaded: store.Loaded, done: pd.DataFrame) -> dict[str, Fabric | N
     return wires
 
 
-def case_models(loaded: store.Loaded, done: pd.DataFrame) -> Callable[[Mapping[str, Any]], whatif.CaseModel]:
-    """Each finished case's model (``whatif.case_model``), from its tables in the store.
+def case_models(
+    loaded: store.Loaded, done: pd.DataFrame, wires: Mapping[str, Fabric | None]
+) -> Callable[[Mapping[str, Any]], whatif.CaseModel]:
+    """Each finished case's model (``whatif.case_model``), from its tables in the store, its link's
+    wire from ``wires`` (``link_wires``).
 
     Its interference is its own where its matched ops pin it, else the factor over all the run's
     matched ops on its backend, device and link (``whatif.chosen_interference``): one machine's
@@ -71,7 +73,6 @@ def case_models(loaded: store.Loaded, done: pd.DataFrame) -> Callable[[Mapping[s
             own[row["case_id"]] = whatif.interference(mine)
             pairs.setdefault(_pool_key(row), []).append(mine)
     pooled = {key: whatif.interference(pd.concat(p, ignore_index=True), "pooled") for key, p in pairs.items()}
-    wires = link_wires(loaded, done)
 
     def model(row: Mapping[str, Any]) -> whatif.CaseModel:
         cid = row["case_id"]

@@ -851,8 +851,9 @@ def calibrate(
     The replay is continuous and non-decreasing in the factor (every time in ``simulate`` is a
     sum or a maximum of work and collective costs), so a bisection finds the band's edge; with
     ``scale_path`` on an unshaped link it is the factor times the replay at 1 (the fitted path has
-    no latency term, so every time scales), and the edge is a ratio. Given a shaped link's rate
-    (``wire``, an ``emulated_link`` without floor) the host's part scales and the wire does not (``host_scaled``).
+    no latency term, so every time scales), and the edge is a ratio. Given a shaped link's wire
+    (``wire``, an ``emulated_link`` without floor) the host's part scales and the wire does not
+    (``host_scaled``).
 
     None (without ``scale_path``, or behind a wire) has two causes, and both mean the model cannot explain the
     timed step by its compute: the replay with compute shrunk to ``bounds[0]`` is still slower
