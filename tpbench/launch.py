@@ -101,6 +101,7 @@ class WorldOutcome:
     cause: str | None = None
     detail: str | None = None
     stopped: bool = False  # a lockstep gate told the world to end its plan early
+    died_tracing: bool = False  # a rank was killed by a signal while the failed case was being traced
 
 
 @dataclass(frozen=True)
@@ -558,6 +559,7 @@ class Supervisor:
         self.finished = False
         self.overran: str | None = None  # why the repeat in flight failed although it ended
         self.started_t = 0.0  # rank 0's clock at the start of the repeat in flight
+        self.tracing: str | None = None  # the case whose trace some rank has started, until its repeat ends
 
     def _pump(self, timeout: float) -> None:
         for ev in self.world.read_events(timeout):
@@ -584,12 +586,15 @@ class Supervisor:
                 self.overran = f"timed out after {limit:g} s in {self.current.what()} (it took {took:.1f} s)"
                 return
             self.outcome.completed.add((ev["case"], ev["repeat"]))
+            self.tracing = None
             self.current.items.remove((ev["case"], ev["repeat"]))
             if not self.current.items:
                 self.current = None
         elif kind == "case_end":
             case = self.cases[ev["case"]]
             self.run.case_done(case.case_id, case.repeats)
+        elif kind == "trace_start":
+            self.tracing = ev["case"]
         elif kind == "capture":
             self._record_capture(ev)
         elif kind == "error":
@@ -629,6 +634,8 @@ class Supervisor:
         self.outcome.failed_case = self.current.items[0][0] if self.current and len(self.current.items) == 1 else None
         if killed:
             self.outcome.cause = _exit_cause(*killed[0])
+            if self.tracing is not None:
+                self.outcome.failed_case, self.outcome.died_tracing = self.tracing, True
         elif self.errors:
             first = self.errors[0]
             tb = first["error"].strip().splitlines()
@@ -756,6 +763,7 @@ def run_group(
     done = _done_repeats(run, group.cases)
     failed: set[str] = set()
     retried = False
+    retraced: set[str] = set()
     if launcher is None:
         layout = rank_layout(os.sched_getaffinity(0), group.world_size)
     else:
@@ -802,6 +810,13 @@ def run_group(
             # machine, not the cases, so try a fresh world once before failing them all.
             retried = True
             listener("world_retry", {"world": plan.world, "cause": outcome.cause})
+            continue
+        if outcome.died_tracing and outcome.failed_case not in retraced:
+            # torch.profiler's native side can kill a rank outright as a trace starts (an abort in
+            # Kineto's allocator, rare and not reproducible). The traced repeat is written only once
+            # its trace is, so a fresh world runs that repeat again: once per case, then it fails.
+            retraced.add(outcome.failed_case)
+            listener("trace_retry", {"case": outcome.failed_case, "cause": outcome.cause})
             continue
         failed.update(_record_failure(run, outcome, live, listener))
 

@@ -108,6 +108,10 @@ def _str(v: Any) -> bool:
     return isinstance(v, str) and v != ""
 
 
+# Test-only faults (the ``fault`` key, KIND:RANK): that rank is killed by SIGKILL in a step of repeat 0, hangs
+# there, or aborts as its case's trace starts (once per run: the launcher's retry then traces it).
+FAULTS = ("crash", "hang", "abort-trace")
+
 # Every key a case has, with its default: the single source for [defaults], [sweep], --set.
 CASE_KEYS: dict[str, KeySpec] = {
     "algorithm": KeySpec("ddp", "an algorithm name (see `tpbench list`)", _str),
@@ -156,7 +160,7 @@ CASE_KEYS: dict[str, KeySpec] = {
     "slowdown_ranks": KeySpec(
         "all", '"all" or a list of ranks, e.g. [1]: the ranks slowdown_pct slows (the others wait for them)', _ranks
     ),
-    "fault": KeySpec("none", '"none", "crash:RANK" or "hang:RANK" (test-only fault injection)', _str),
+    "fault": KeySpec("none", f'"none" or KIND:RANK, KIND {"/".join(FAULTS)} (test-only fault injection)', _str),
 }
 
 CAPTURE_KEYS: dict[str, KeySpec] = {
@@ -603,10 +607,9 @@ def _check_combination(path: str, r: dict[str, Any], machine: Machine, suite: Su
     fault = r["fault"]
     if fault != "none":
         kind, _, rank = fault.partition(":")
-        if kind not in ("crash", "hang") or not rank.isdigit() or int(rank) >= r["world_size"]:
-            raise _fail(
-                path, "fault", f'expected "none", "crash:RANK" or "hang:RANK" with RANK < world_size, got {fault!r}'
-            )
+        if kind not in FAULTS or not rank.isdigit() or int(rank) >= r["world_size"]:
+            expected = f'"none" or KIND:RANK (KIND {"/".join(FAULTS)}) with RANK < world_size'
+            raise _fail(path, "fault", f"expected {expected}, got {fault!r}")
     from tpbench.interconnect import resolve
 
     try:

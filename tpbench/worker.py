@@ -225,7 +225,9 @@ class _Repeat:
         self.workload, self.training = build_case(case, rank, runner.rank.world_size, runner.device, runner.nodes)
         self.timer = StepTimer(runner.device)
         fault_kind, _, fault_rank = case.fault.partition(":")
-        self.fault = fault_kind if case.fault != "none" and repeat == 0 and int(fault_rank) == rank else None
+        mine = case.fault != "none" and int(fault_rank) == rank
+        self.fault = fault_kind if mine and repeat == 0 and fault_kind in ("crash", "hang") else None
+        self.aborts_tracing = mine and fault_kind == "abort-trace"
         self.step_ms: list[float] = []
         self.cpu_ms: list[float] = []
         self.gc_runs: list[int] = []
@@ -365,6 +367,10 @@ class CaseRunner:
         spans = nvml.step_spans(arm.starts, arm.ends, case.warmup_steps)
         clock = None
         if profile_after and case.profiler_steps > 0:
+            # The launcher retries a case once whose rank dies by a signal from here on (launch.run_group).
+            self.events.emit("trace_start", case=case.case_id, rank=self.rank.rank)
+            if arm.aborts_tracing:
+                _abort_once(self.run_dir, case.case_id, self.rank.rank)
             burn_s = statistics.median(arm.burned) if arm.burned else 0.0
             clock, profile_spans = self._profile(case, training, workload, arm.delay_s, burn_s)
             spans += profile_spans
@@ -570,6 +576,17 @@ def _inject(kind: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     while True:
         time.sleep(3600)
+
+
+def _abort_once(run_dir: Path, case_id: str, rank: int) -> None:
+    """Test-only fault ``abort-trace:RANK``: abort as torch.profiler's native side rarely does
+    when a trace starts, in the run's first world to trace the case only (a marker file says it
+    happened), so that the launcher's retry of the trace can be seen to succeed."""
+    marker = run_dir / "logs" / f"abort-trace.{case_id}.rank{rank}"
+    if not marker.exists():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        os.abort()
 
 
 def _machine_loads(gathered: list[dict[str, Any]], hosts: tuple[tuple[int, ...], ...] | None) -> None:

@@ -35,6 +35,11 @@ def trace_steps(
     out.parent.mkdir(parents=True, exist_ok=True)
     starts: list[float] = []
     ends: list[float] = []
+    tmp = out.with_suffix(".tmp.json")
+    part = out.with_name(out.name + ".part")
+    leftovers = (tmp, tmp.with_name(tmp.name + ".tmp"), part)
+    for leftover in leftovers:  # of a rank killed while it exported (the launcher retries the trace)
+        leftover.unlink(missing_ok=True)
     window = schedule(wait=0, warmup=1, active=steps, repeat=1)
     with profile(activities=activities, schedule=window, record_shapes=True) as prof:
         for i in range(steps + 1):
@@ -46,8 +51,6 @@ def trace_steps(
                 torch.cuda.synchronize(device)
             ends.append(time.perf_counter())
             prof.step()
-    tmp = out.with_suffix(".tmp.json")
-    part = out.with_name(out.name + ".part")
     try:
         prof.export_chrome_trace(str(tmp))
         with open(tmp, "rb") as src, gzip.open(part, "wb", compresslevel=3) as dst:
@@ -56,7 +59,7 @@ def trace_steps(
     finally:
         # A full disk can stop the export or the gzip half-way: none of their files may stay
         # (the exporter writes its own ``<tmp>.tmp`` before renaming it onto ``tmp``).
-        for leftover in (tmp, tmp.with_name(tmp.name + ".tmp"), part):
+        for leftover in leftovers:
             leftover.unlink(missing_ok=True)
     spans = nvml.step_spans(starts, ends, 0, first_step=first_step, phase="profile")
     return nvml.clock_sync(prof, brackets, out), spans
