@@ -196,8 +196,14 @@ def test_ctrl_c_during_the_end_of_sweep_analysis_leaves_a_run_resume_completes(d
         return analyse(*a)
 
     monkeypatch.setattr(sweep_mod, "analyze_traces", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        sweep_mod.finalize(store.Run.open(run))
+    # A test run started in the background by a shell without job control inherits SIGINT ignored;
+    # give this process the handler an interactive Ctrl-C would meet.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sweep_mod.finalize(store.Run.open(run))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
     assert not (run / "summary.parquet").exists()
     monkeypatch.undo()
