@@ -434,3 +434,38 @@ def test_the_help_states_the_default_min_rounds():
     tune_parser = cli.build_parser()._subparsers._group_actions[0].choices["tune"]
     (action,) = [a for a in tune_parser._actions if "--min-rounds" in a.option_strings]
     assert f"(default: {tune.MIN_ROUNDS})" in action.help
+
+
+def test_an_arm_brought_back_for_the_last_round_is_ended_with_the_repeats_it_ran(tmp_path):
+    """A retired arm brought back in time for the last round (``repeats``) ends that round with
+    fewer repeats than planned, their numbers with a gap (0, 1 and 3 of 4, say). Its world's
+    ``case_end`` must not finish it as if all 4 were there (that raised "expected 4 repeats, found 3"
+    and failed the whole tune with exit 3, seen on the front door); the race's end cuts it with the
+    3 it ran. The world's events are read back as ``--resume`` reads a printed world's."""
+    from synthetic_runs import make_run
+
+    from tpbench.launch import PrintedWorldRecord, Supervisor
+    from tpbench.suite import Case
+
+    src = store.load(make_run(tmp_path / "src", {"ddp": [10.0, 11.0, 10.5, 10.2]}))
+    (params,) = [dict(c.params) for c in src.record.cases.values()]
+    run = store.Run.create(tmp_path / "results", "t", "t.toml", "", [params], {})
+    case = Case.from_params(params)
+    for r in (0, 1, 3):
+        store.write_repeat(run.dir, case.case_id, r, src.steps[src.steps["repeat"] == r])
+    events = run.dir / "events" / "w0"
+    events.mkdir(parents=True)
+    lines = [
+        {"event": "world_ready", "t": 1.0, "world": "w0", "nodes": []},
+        {"event": "round_start", "t": 1.0, "items": [[case.case_id, 3]]},
+        {"event": "repeat_end", "t": 1.5, "case": case.case_id, "repeat": 3, "median_ms": 10.2},
+        {"event": "case_end", "t": 1.5, "case": case.case_id},
+        {"event": "world_done", "t": 1.6, "world": "w0"},
+    ]
+    (events / "rank0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    outcome = Supervisor(PrintedWorldRecord(run.dir, "w0", 2), {case.case_id: case}, run, lambda k, e: None).supervise()
+    assert outcome.cause is None and outcome.completed == {(case.case_id, 3)}
+    assert run.case_status()[case.case_id] == store.RUNNING
+    tune._cut(run, [case])
+    assert run.record.cases[case.case_id].status == store.DONE
+    assert sorted(store.load(run.dir).steps["repeat"].unique()) == [0, 1, 3]

@@ -592,7 +592,11 @@ class Supervisor:
                 self.current = None
         elif kind == "case_end":
             case = self.cases[ev["case"]]
-            self.run.case_done(case.case_id, case.repeats)
+            # A tune's arm brought back after sitting rounds out ends on the last round with fewer
+            # repeats than planned, their numbers with a gap: the race ends it with the repeats it
+            # ran (``tune._cut``). In a sweep a missing repeat is pending, and a later world runs it.
+            if len(store.finished_repeats(self.run.dir, case.case_id)) == case.repeats:
+                self.run.case_done(case.case_id, case.repeats)
         elif kind == "trace_start":
             self.tracing = ev["case"]
         elif kind == "capture":
