@@ -503,13 +503,6 @@ class TuneProgress:
         elif event == "round_start":
             n = len(data["items"])
             self.progress.update(self.task, current=f"round {data['items'][0][1] + 1}: {n} settings stepped in turn")
-        elif event == "trace_retry":
-            label = self.labels.get(data["case"], data["case"])
-            self.progress.console.print(
-                Text.assemble(
-                    ("trace failed: ", "yellow"), f"{label}: {data['cause']}; its last repeat again in a fresh world"
-                )
-            )
         elif event == "case_failed":
             label = self.labels.get(data["case"], data["case"])
             self.progress.console.print(Text.assemble(("setting failed: ", "red"), f"{label}: {data['cause']}"))
