@@ -4,8 +4,6 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tpbench-installed
 # Installed only where no torch is present: the pinned CPU build, never a multi-GB CUDA wheel by accident.
-# --no-compile: pip would byte-compile every installed module (half the set-up's time, most of it for
-# modules nothing imports); Python compiles and caches the ones that are imported, on first import.
 TORCH_SPEC ?= torch==2.13.0
 SUITE ?= suites/zero.toml
 PYTEST_ARGS ?=
@@ -14,11 +12,11 @@ PYTEST_ARGS ?=
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"
-	$(PY) -m pip install -q --no-compile -e '.[test]'
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e '.[test]'
 	@# Holistic Trace Analysis is the reference the overlap numbers are checked against; its own
 	@# requirements pull JupyterLab, which it does not need to analyse traces (its imports are in [test]).
-	$(PY) -m pip install -q --no-compile --no-deps HolisticTraceAnalysis==0.5.0
+	$(PY) -m pip install -q --no-deps HolisticTraceAnalysis==0.5.0
 	@touch $(STAMP)
 
 env: $(STAMP)
