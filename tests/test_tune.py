@@ -229,6 +229,24 @@ def test_the_margin_an_unresolved_race_shows_holds_at_its_confidence():
     assert wrong <= 10
 
 
+def test_the_race_cost_benchmark_runs_the_tunes_race_and_prices_each_arm_by_its_rounds(capsys):
+    """benchmarks/race_cost.py on arms 0, 2 and 50 % apart: the 50 % arm goes after a few rounds
+    while the 2 % arm, within epsilon, races on until it retires, so the share lies between the
+    two arms that run every round (2/3 of the grid, by time) and the whole grid; the best is
+    always recommended, and the same seed gives the same races."""
+    from benchmarks import race_cost
+
+    ratios, options = (1.0, 1.02, 1.5), Options(epsilon=0.02)
+    outcomes = [race_cost.race_once(ratios, 0.05, np.random.default_rng(s), options, 60) for s in range(5)]
+    for o in outcomes:
+        assert not o.wrong and o.rounds > options.min_rounds
+        assert (1 + 1.02) / sum(ratios) < o.share < 1
+    assert race_cost.race_once(ratios, 0.05, np.random.default_rng(3), options, 60) == outcomes[3]
+    race_cost.main(["--ratios", "1,1.02,1.5", "--sd", "0.05", "--races", "3", "--repeats", "60"])
+    out = capsys.readouterr().out
+    assert "share median" in out and "wrong 0/3" in out
+
+
 def test_the_interval_spends_confidence_over_looks_and_comparisons():
     """The race's interval is sequential_ratio at its looks and comparisons: wider than a plain
     95 % paired interval, by the union bound."""
