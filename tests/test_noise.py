@@ -300,7 +300,7 @@ def test_no_garbage_collection_runs_inside_a_timed_step(tmp_path, monkeypatch):
 # hundredths of a core: ten repeats over two cases.
 # 200 steps of about 2 ms: a repeat's window of about 0.4 s, so that one tick per CPU is worth under 0.1
 # core (``other_cores_res``) even when the steps run fast (100 steps once lasted 0.196 s: 0.102).
-LOAD_SUITE = tiny_suite("bucket_cap_mb = [1, 4]", batch_size=32, steps=120, repeats=5)
+LOAD_SUITE = tiny_suite("bucket_cap_mb = [1, 4]", batch_size=32, steps=200, repeats=5)
 
 
 def _away_ticks() -> tuple[int, int]:
