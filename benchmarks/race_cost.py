@@ -41,7 +41,9 @@ class Outcome:
     wrong: bool  # the recommended arm is more than epsilon slower than the best
 
 
-def race_once(ratios: tuple[float, ...], sd: float, rng: np.random.Generator, options: tune.Options, repeats: int):
+def race_once(
+    ratios: tuple[float, ...], sd: float, rng: np.random.Generator, options: tune.Options, repeats: int
+) -> Outcome:
     """One race of synthetic rounds; each arm's cost per round is proportional to its ratio."""
     arms = [f"arm{i}" for i in range(len(ratios))]
     race = tune.Race(arms, repeats, options, comparisons=len(arms) - 1)

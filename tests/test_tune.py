@@ -232,8 +232,8 @@ def test_the_margin_an_unresolved_race_shows_holds_at_its_confidence():
 def test_the_race_cost_benchmark_runs_the_tunes_race_and_prices_each_arm_by_its_rounds(capsys):
     """benchmarks/race_cost.py on arms 0, 2 and 50 % apart: the 50 % arm goes after a few rounds
     while the 2 % arm, within epsilon, races on until it retires, so the share lies between the
-    two arms that run every round (2/3 of the grid, by time) and the whole grid; the best is
-    always recommended, and the same seed gives the same races."""
+    two arms that run every round (2.02 / 3.52 of the grid, by time) and the whole grid; the best
+    is always recommended, and the same seed gives the same races."""
     from benchmarks import race_cost
 
     ratios, options = (1.0, 1.02, 1.5), Options(epsilon=0.02)
