@@ -544,16 +544,18 @@ def _rank_step_ops(
     gate: dict[str, int | None] = {}
     in_turn: dict[int, list[Key]] = {}  # compute event → the collectives it waits for first
     for kind, last in last_issue.items():
-        candidates = []
+        candidates, past_end = [], None
         for j in range(last + 1, len(events)):
             if events[j][2] is None:
                 candidates.append(j)
                 if events[j][0] >= comm_end.get(kind, 0):
+                    past_end = j
                     break
-        gate[kind] = max(candidates, key=lambda j: events[j][0] - reach[j], default=None)
+        longest = max(candidates, key=lambda j: events[j][0] - reach[j], default=None)
         keys = [k for k, _ in colls if k[0] == kind]
-        past_end = bool(candidates) and events[candidates[-1]][0] >= comm_end.get(kind, 0)
-        gate[kind] = _waits_in_turn(events, reach, candidates, gate[kind], keys, ended, past_end, in_turn)
+        gate[kind], partial = _waits_in_turn(events, reach, candidates, longest, past_end, keys, ended)
+        for j, got in partial.items():
+            in_turn.setdefault(j, []).extend(got)
     waited_buckets: set[int] = set()
     waited_kinds: set[str] = set()
     waited: set[Key] = set()
@@ -614,40 +616,32 @@ def _waits_in_turn(
     events: list[tuple[int, int, Key | None, int | None]],
     reach: np.ndarray,
     candidates: list[int],
-    gate: int | None,
+    longest: int | None,
+    past_end: int | None,
     keys: list[Key],
     ended: Mapping[Key, int],
-    past_end: bool,
-    in_turn: dict[int, list[Key]],
-) -> int | None:
-    """Where a kind's collectives are waited for after its last issue, when not all at once.
+) -> tuple[int | None, dict[int, list[Key]]]:
+    """Where a kind's collectives are waited for after its last issue: the compute that waits for
+    all of them, and the computes before it that wait for some.
 
     DDP's finalize (the ZeRO hooks run inside it) waits for its buckets one by one and copies each
     bucket's gradients as it arrives, so the thread blocks, works, blocks again. The trace shows
-    which: when the compute after the longest idle stretch (``gate``) starts while some of the
+    which: when the compute after the longest idle stretch (``longest``) starts while some of the
     kind's collectives are still in flight, it waits only for those that had ended; so does each
     compute after an idle stretch of the thread (``IDLE_NS``) among ``candidates``, for those ended
-    by its start; and the first compute past the kind's last end (``past_end``: the last candidate
-    is it) waits for all. Waiting for all at the gate instead put every copy after the last
-    collective (a 0.5 MB ``zero_no_overlap`` step replayed 12 % slow). Adds the partial waits to
-    ``in_turn`` and returns the compute that waits for all (None: the step's end does)."""
-
-    def ended_by(j: int) -> list[Key]:
-        return [k for k in keys if ended.get(k, math.inf) <= events[j][0] + END_SLACK_NS]
-
-    last = candidates[-1] if past_end else None
+    by its start; and the first compute past the kind's last end (``past_end``; None: there is
+    none, the step's end waits) waits for all. Otherwise ``longest`` waits for all, and only the
+    computes before it for some. Waiting for all at ``longest`` in every case put every copy after
+    the last collective (a 0.5 MB ``zero_no_overlap`` step replayed 12 % slow)."""
     partial = {}
     for j in candidates:
-        if j != last and events[j][0] - reach[j] >= IDLE_NS and 0 < len(ended_by(j)) < len(keys):
-            partial[j] = ended_by(j)
-    if gate is not None and gate in partial:
-        for j, got in partial.items():
-            in_turn.setdefault(j, []).extend(got)
-        return last
-    for j, got in partial.items():
-        if gate is None or j < gate:
-            in_turn.setdefault(j, []).extend(got)
-    return gate
+        if j != past_end and events[j][0] - reach[j] >= IDLE_NS:
+            got = [k for k in keys if ended.get(k, math.inf) <= events[j][0] + END_SLACK_NS]
+            if 0 < len(got) < len(keys):
+                partial[j] = got
+    if longest in partial:
+        return past_end, partial
+    return longest, {j: got for j, got in partial.items() if longest is None or j < longest}
 
 
 def skeletons(marks: Sequence[TraceMarks], intervals: pd.DataFrame) -> list[StepSkeleton]:
