@@ -649,9 +649,9 @@ def test_a_run_traced_on_a_busy_machine_refuses_or_stays_within_bounds():
     and hook_with_zero_step at 4 MB were once projected at 2.8–4.8 ms (compute factors 0.05–0.12)
     against 31–58 ms of traced compute critical path.
     Now the one that no factor within bounds explains is refused with its reason, and the others
-    are projected within their bounds. (The hook at 4 MB was refused while its replay missed its
-    traced steps by +23 %: the idle stretches between DDP's finalize waits were replayed as work;
-    waited for one by one, its replay is within 4 % of them.)"""
+    are projected within their bounds. (With DDP's finalize waits all at once, the idle stretches
+    between them replayed as work, the hook at 4 MB missed its traced steps by +23 % and was
+    refused; waited for one by one, its replay is within 4 % of them.)"""
     loaded = store.load(BUSY_RUN)
     result = whatif_run.run_whatif(loaded, whatif_run.load_fabrics())
     reasons = {m.case_id: m.refused for m in result.models}
