@@ -247,6 +247,32 @@ def test_the_race_cost_benchmark_runs_the_tunes_race_and_prices_each_arm_by_its_
     assert "share median" in out and "wrong 0/3" in out
 
 
+def test_the_race_chart_zooms_on_the_ratios_near_1_on_a_log_axis():
+    """A 2.3× setting must not squash the tie zone and the settings racing for it into the chart's
+    bottom: the axis is logarithmic, holds the band and every ratio up to RACE_TOP, and says that
+    slower settings run off its top."""
+    from tpbench.report import recommendation
+
+    history = [
+        {
+            "round": r,
+            "eliminated": ["far"] if r == 3 else [],
+            "retired": ["near"] if r == 5 else [],
+            "intervals": {"far": [2.3, 1.9, 2.8], "near": [1.05, 0.97, 1.13]}
+            if r <= 3
+            else {"near": [1.04, 0.99, 1.1]},
+        }
+        for r in range(2, 6)
+    ]
+    fig = recommendation._race_figure(history, {"far": "far", "near": "near"}, 0.02)
+    axis = fig.layout.yaxis
+    low, high = (10**v for v in axis.range)
+    assert axis.type == "log" and low <= 1 / 1.02**2 and 1.13 < high <= recommendation.RACE_TOP
+    assert "run off the top" in fig.layout.title.text
+    calm = recommendation._race_figure(history[2:], {"near": "near"}, 0.02)  # nothing beyond: no note
+    assert "run off" not in calm.layout.title.text and 10 ** calm.layout.yaxis.range[1] >= 1.04
+
+
 def test_the_interval_spends_confidence_over_looks_and_comparisons():
     """The race's interval is sequential_ratio at its looks and comparisons: wider than a plain
     95 % paired interval, by the union bound."""

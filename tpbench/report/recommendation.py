@@ -64,12 +64,22 @@ def _table(result: dict) -> pd.DataFrame:
     )
 
 
+# The race chart's top: a setting half again as slow as the leader is plainly out, and drawing it
+# would squash the ratios near 1, where the race is decided, into a few pixels.
+RACE_TOP = 1.5
+
+
 def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> go.Figure:
     """Per setting, its ratio to that round's leader with the race's interval, round by round; a
     cross where it was eliminated, a ring where it was retired. The band runs from 1 / (1 + epsilon)
     to 1: a setting whose interval's lower end is inside it or above can no longer be more than
     epsilon faster than the leader and is retired (tied: it runs no more rounds); one whose lower end
-    is above 1 is eliminated."""
+    is above 1 is eliminated.
+
+    The axis is logarithmic (a ratio and its inverse lie equally far from 1) and ends at ``RACE_TOP``:
+    a front door's unpacked ``zero_no_overlap`` at 2.3× would otherwise leave the tie zone and the
+    settings still racing for it a sliver at the bottom. Settings further behind run off the top,
+    which the title says."""
     fig = go.Figure()
     rows = [
         {
@@ -86,9 +96,10 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
     ]
     df = pd.DataFrame(rows, columns=["arm", "round", "ratio", "lo", "hi", "out", "retired"])
     top = float(df["ratio"].max()) if len(df) else 1.0
+    bottom = float(df["ratio"].min()) if len(df) else 1.0
     for arm, d in df.groupby("arm", sort=False):
         # The first rounds' intervals are astronomically wide: clip the bars to the chart.
-        hi, lo = d["hi"].clip(upper=2 * top), d["lo"].clip(lower=0)
+        hi, lo = d["hi"].clip(upper=2 * top), d["lo"].clip(lower=bottom / 2)
         fig.add_trace(
             go.Scatter(
                 x=d["round"],
@@ -115,11 +126,13 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
                     )
                 )
     fig.add_hrect(y0=1 / (1 + epsilon), y1=1, fillcolor="#d9dde5", opacity=0.5, line_width=0)
+    low = min(0.9, bottom * 0.97, 1 / (1 + epsilon) ** 2)
+    high = min(RACE_TOP, max(top * 1.03, (1 + epsilon) ** 2))
+    off = f"<br><sup>settings more than {RACE_TOP:g}× the leader run off the top</sup>" if top > high else ""
     fig.update_layout(
-        title="The race: ratio to the round's leader (×: eliminated; ○: retired, tied; shaded: the tie zone)",
+        title=f"The race: ratio to the round's leader (×: eliminated; ○: retired, tied; shaded: the tie zone){off}",
         xaxis_title="round",
-        yaxis_title="ratio to the leader",
-        yaxis_range=[0.8, min(2 * top, 3.0)],
+        yaxis=dict(title="ratio to the leader (log scale)", type="log", range=[math.log10(low), math.log10(high)]),
         margin=MARGIN,
         # Below the plot, one row per two settings: eighteen names above it would run into the title.
         legend=LEGEND_BELOW | dict(y=-0.18),
