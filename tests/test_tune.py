@@ -304,6 +304,8 @@ def test_replaying_stored_values_rebuilds_the_same_race():
         ["--epsilon", "-2%"],
         ["--epsilon", "nan"],
         ["--epsilon", "two"],
+        ["--epsilon", "2"],  # a bare number is a fraction: 200 %
+        ["--confidence", "95"],
         ["--confidence", "0.5"],
         ["--confidence", "1"],
         ["--confidence", "inf"],
@@ -321,6 +323,16 @@ def test_bad_options_exit_2_before_anything_runs(tmp_path, capsys, bad):
     assert run_cli(["tune", str(suite), "--out", str(tmp_path / "r"), *bad]) == 2
     assert bad[0] in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_epsilon_and_confidence_take_a_percentage_or_a_fraction(tmp_path, capsys):
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 10]", repeats=4))
+    for eps, conf in (("3%", "90%"), ("0.03", "0.9")):
+        assert run_cli(["tune", str(suite), "--epsilon", eps, "--confidence", conf, "--dry-run"]) == 0
+    capsys.readouterr()
+    assert run_cli(["tune", str(suite), "--epsilon", "2", "--dry-run"]) == 2
+    assert "--epsilon 2: expected a margin above 0 and below 1, like 0.02 (or 2%)" in capsys.readouterr().err
 
 
 def planted(tmp_path, slowdowns: str = "[0, 5, 40]", repeats: int = 14):

@@ -559,7 +559,7 @@ def _tune(args: argparse.Namespace) -> int:
             for k, v in (("confidence", args.confidence), ("metric", args.metric), ("min_rounds", args.min_rounds))
             if v is not None
         }
-        epsilon = _percent("--epsilon", args.epsilon) if args.epsilon is not None else tune.Options.epsilon
+        epsilon = args.epsilon if args.epsilon is not None else tune.Options.epsilon
         suite, options = args.suite, tune.Options(epsilon=epsilon, budget_s=args.budget_s, **given)
         options.check()
         if args.dry_run:
@@ -862,18 +862,14 @@ def _gate(args: argparse.Namespace) -> int:
     return _print_verdict(judged.comparison, args.format)
 
 
-def _percent(flag: str, text: str) -> float:
-    """``2%`` or ``0.02`` → 0.02, in (0, 1)."""
-    from tpbench.compare import GateError
-
+def _fraction(text: str) -> float:
+    """``2%`` or ``0.02`` → 0.02: a percentage, or a bare number read as a fraction (the range is the
+    option's own check, ``tune.Options.check``)."""
     raw = text.strip()
     try:
-        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+        return float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
     except ValueError:
-        value = float("nan")
-    if not 0 < value < 1:
-        raise GateError(f"{flag} {text}: expected a percentage above 0 and below 100, like 2%")
-    return value
+        raise argparse.ArgumentTypeError(f"{text}: expected a percentage like 2% or a fraction like 0.02") from None
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -987,9 +983,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="go on with an interrupted tune of RUN_DIR")
     p.add_argument("--dry-run", action="store_true", help="list the settings and exit")
     p.add_argument(
-        "--epsilon", metavar="PCT", help="the claim: the setting named is within PCT of the best (default: 2%%)"
+        "--epsilon",
+        type=_fraction,
+        metavar="PCT",
+        help="the claim: the setting named is within PCT of the best, 2%% or 0.02 (default: 2%%)",
     )
-    p.add_argument("--confidence", type=float, help="of the whole claim, above 0.5, below 1 (default: 0.95)")
+    p.add_argument(
+        "--confidence", type=_fraction, help="of the whole claim, above 0.5, below 1: 0.95 or 95%% (default: 0.95)"
+    )
     p.add_argument(
         "--budget-s", type=_seconds, metavar="SECONDS", help="stop after this long, resolved or not (default: no limit)"
     )

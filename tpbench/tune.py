@@ -83,9 +83,11 @@ class Options:
     def check(self) -> None:
         """One line naming the option and what was expected (``TuneError``)."""
         if not (math.isfinite(self.epsilon) and 0 < self.epsilon < 1):
-            raise TuneError(f"--epsilon {self.epsilon:g}: expected a margin above 0% and below 100%, like 2%")
+            raise TuneError(f"--epsilon {self.epsilon:g}: expected a margin above 0 and below 1, like 0.02 (or 2%)")
         if not (math.isfinite(self.confidence) and 0.5 < self.confidence < 1):
-            raise TuneError(f"--confidence {self.confidence:g}: expected a number above 0.5 and below 1, like 0.95")
+            raise TuneError(
+                f"--confidence {self.confidence:g}: expected a number above 0.5 and below 1, like 0.95 (or 95%)"
+            )
         if self.budget_s is not None and not (math.isfinite(self.budget_s) and self.budget_s > 0):
             raise TuneError(f"--budget-s {self.budget_s:g}: expected a number of seconds > 0")
         if self.metric not in METRICS:
