@@ -403,6 +403,9 @@ def test_a_planted_tune_eliminates_the_slow_arm_early_and_prints_its_json(tmp_pa
     assert run_cli(["compare", str(run_dir)]) in (0, 1, 4)
     capsys.readouterr()
     assert run_cli(["export", "--format", "pytest-benchmark", str(run_dir)]) == 0
+    capsys.readouterr()
+    assert run_cli(["whatif", str(run_dir)]) == 3  # nothing to replay: it says why, and what would give it
+    assert "no case was traced (a tune traces nothing)" in capsys.readouterr().err
     assert run_cli(["report", str(run_dir), "-o", str(tmp_path / "report.html")]) == 0
     page = (tmp_path / "report.html").read_text()
     assert page.index(">Recommendation<") < page.index(">Environment<")  # the report opens with it

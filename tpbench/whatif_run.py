@@ -36,6 +36,12 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
     done = loaded.cases[loaded.cases["status"] == store.DONE]
     if done.empty:
         raise ValueError(f"{loaded.run_dir}: no finished case")
+    if "profiler_steps" in done and not (done["profiler_steps"].fillna(0) > 0).any():
+        what = "a tune traces nothing" if store.read_tune(loaded.run_dir) else "capture.profiler_steps = 0"
+        raise ValueError(
+            f"{loaded.run_dir}: no case was traced ({what}), and the what-if replays traced steps; sweep the "
+            "settings to project with traces, e.g. `tpbench sweep SUITE --filter ... --set capture.profiler_steps=3`"
+        )
     steps_by_case = dict(tuple(loaded.steps.groupby("case_id")))
     wires = link_wires(loaded, done)
     return whatif.run_whatif(done, steps_by_case, wires, case_models(loaded, done, wires), fabrics, reference)
