@@ -606,10 +606,12 @@ class _TuneDisplay:
 
 def _decided(arm) -> str:
     """When the race stopped running an arm: eliminated (clearly slower) or retired (tied: it could no
-    longer be epsilon faster than the leader)."""
+    longer be epsilon faster than the leader), or both: retired, then shown slower from the rounds it
+    had run (its rounds then end before the round it went)."""
+    said = [] if arm.retired_at is None else [f"retired after round {arm.retired_at}"]
     if arm.eliminated_at is not None:
-        return f"eliminated after round {arm.eliminated_at}"
-    return "" if arm.retired_at is None else f"retired after round {arm.retired_at}"
+        said.append(f"eliminated after round {arm.eliminated_at}")
+    return ", ".join(said)
 
 
 def _print_tune(result, fmt: str) -> None:

@@ -118,6 +118,7 @@ class Race:
         self.live = list(arms)  # the arms that run the next round
         self.eliminated: dict[str, int] = {}  # arm → the round (1-based) after which it went
         self.retired: dict[str, int] = {}  # arm → the round after which it stopped, tied with the leader
+        self.retired_then_out: dict[str, int] = {}  # a retired arm eliminated later → the round it had stopped
         self.failed: set[str] = set()
         self.rounds = 0  # complete rounds judged
         self.ended: str | None = None
@@ -201,7 +202,7 @@ class Race:
                 if a in self.live:
                     self.live.remove(a)
                 else:
-                    del self.retired[a]
+                    self.retired_then_out[a] = self.retired.pop(a)
                 self.eliminated[a] = self.rounds
             for a in retired:
                 self.live.remove(a)
@@ -273,7 +274,7 @@ class Arm:
     lo: float | None
     hi: float | None
     eliminated_at: int | None  # the round after which it went (None: not eliminated in its world's race)
-    retired_at: int | None = None  # the round after which it stopped, tied with the leader (and stayed so)
+    retired_at: int | None = None  # the round after which it stopped, retired (tied, or eliminated later)
 
     def to_json(self) -> dict[str, Any]:
         keep = ("case_id", "label", "params", "status", "rounds", "ratio", "lo", "hi", "eliminated_at", "retired_at")
@@ -803,7 +804,7 @@ def _arms(cases: list[Case], races: list[Race], status: dict[str, str], ratios: 
                 rr.lo if rr and rr.method != "single" else None,
                 rr.hi if rr and rr.method != "single" else None,
                 home.eliminated.get(a),
-                home.retired.get(a),
+                home.retired.get(a, home.retired_then_out.get(a)),
             )
         )
     return arms
