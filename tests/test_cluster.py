@@ -280,6 +280,24 @@ def test_post_local_sgd_shares_gradients_within_each_node_only(two_node_run):
     assert (steps.drift_max_l2 > 0).all()
 
 
+@pytest.mark.ranks
+def test_a_tune_races_under_torchrun_with_each_world_on_two_nodes(tmp_path, capsys):
+    """The race needs every item of a world's rounds answered by the tune (rank 0 asks it over a
+    Unix socket): under two torchrun agents it runs its rounds and writes an ordinary tune run."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 40]", slowdown_kind='"cpu"', repeats=3, world_size='"auto"'))
+    out = tmp_path / "r"
+    code = run_cli(["tune", str(suite), "--out", str(out), "--min-rounds", "2", "--format", "json", *two_nodes(1)])
+    doc = json.loads(capsys.readouterr().out)
+    assert code in (0, 4) and {a["rounds"] for a in doc["arms"]} <= {2, 3}, doc
+    run_dir = only_run(out)
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert [w["launcher"] for w in meta["worlds"]] == ["torchrun"] and meta["worlds"][0]["steps_interleaved"]
+    assert [(n["node"], n["ranks"]) for n in meta["worlds"][0]["nodes"]] == [(0, [0]), (1, [1])]
+    saved = store.read_tune(run_dir)
+    assert saved["history"][-1]["round"] == max(a["rounds"] for a in doc["arms"])
+
+
 # --- failures under torchrun ----------------------------------------------------------------------
 
 
