@@ -271,6 +271,10 @@ def test_the_race_chart_zooms_on_the_ratios_near_1_on_a_log_axis():
     low, high = (10**v for v in axis.range)
     assert axis.type == "log" and low <= 1 / 1.02**2 and 1.13 < high <= recommendation.RACE_TOP
     assert "run off the top" in fig.layout.title.text
+    # Each setting its own colour, set here (plotly's own would give the cross and ring traces slots
+    # too, and two settings one colour), in the table's order.
+    lines = [t for t in fig.data if t.mode == "lines+markers"]
+    assert [t.name for t in lines] == ["far", "near"] and len({t.line.color for t in lines} - {None}) == 2
     calm = recommendation._race_figure(history[2:], {"near": "near"}, 0.02)  # nothing beyond: no note
     assert "run off" not in calm.layout.title.text and 10 ** calm.layout.yaxis.range[1] >= 1.04
 

@@ -18,7 +18,7 @@ from tpbench.analysis import convergence
 from tpbench.analysis.convergence import TARGET_RELATIVE_GAP
 from tpbench.analysis.stats import Ratio
 from tpbench.report.data import ReportData
-from tpbench.report.figures import LEGEND_BELOW, MARGIN
+from tpbench.report.figures import LEGEND_BELOW, MARGIN, SERIES_COLORS
 from tpbench.report.html import Page, plot_text
 from tpbench.report.verdicts import ConvergenceVerdict
 
@@ -63,9 +63,8 @@ def _loss_figure(curves: pd.DataFrame, data: ReportData) -> go.Figure:
         horizontal_spacing=0.03,
         subplot_titles=["held-out loss vs step", "held-out loss vs training time"],
     )
-    colors = px.colors.qualitative.Plotly + px.colors.qualitative.Dark24
     for i, (case, c) in enumerate(curves.sort_values(["order", "step"], kind="stable").groupby("case", sort=False)):
-        color = colors[i % len(colors)]
+        color = SERIES_COLORS[i % len(SERIES_COLORS)]
         for col, x in ((1, "step"), (2, "train_time_s")):
             fig.add_scatter(
                 x=c[x] + (1 if x == "step" else 0),

@@ -14,6 +14,8 @@ MARGIN = dict(l=10, r=10, t=50, b=10)
 # Legends sit above the plot area, left-aligned, so they never cover bars or lines.
 LEGEND_TOP = dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0, title_text="")
 LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.12, xanchor="left", x=0, title_text="")
+# One colour per series, picked by the figure: enough distinct ones for the front door's eighteen settings.
+SERIES_COLORS = px.colors.qualitative.Plotly + px.colors.qualitative.Dark24
 
 
 def display(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:

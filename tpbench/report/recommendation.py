@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tpbench import store
-from tpbench.report.figures import LEGEND_BELOW, MARGIN
+from tpbench.report.figures import LEGEND_BELOW, MARGIN, SERIES_COLORS
 from tpbench.report.html import Page, plot_text
 
 
@@ -97,16 +97,24 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
     df = pd.DataFrame(rows, columns=["arm", "round", "ratio", "lo", "hi", "out", "retired"])
     top = float(df["ratio"].max()) if len(df) else 1.0
     bottom = float(df["ratio"].min()) if len(df) else 1.0
-    for arm, d in df.groupby("arm", sort=False):
+    order = {a: i for i, a in enumerate(names)}  # the table's order, in the legend too
+    arms = sorted(df["arm"].unique(), key=lambda a: order.get(a, len(order)))
+    for i, (arm, d) in enumerate((a, df[df["arm"] == a]) for a in arms):
         # The first rounds' intervals are astronomically wide: clip the bars to the chart.
         hi, lo = d["hi"].clip(upper=2 * top), d["lo"].clip(lower=bottom / 2)
+        # One colour per setting, picked here: left to plotly, the cross and ring traces below would
+        # take palette slots too, and settings next to each other would share a colour.
+        color = SERIES_COLORS[i % len(SERIES_COLORS)]
         fig.add_trace(
             go.Scatter(
                 x=d["round"],
                 y=d["ratio"],
                 mode="lines+markers",
                 name=plot_text(names.get(arm, arm)),
-                error_y=dict(type="data", symmetric=False, array=hi - d["ratio"], arrayminus=d["ratio"] - lo),
+                line=dict(color=color),
+                error_y=dict(
+                    type="data", symmetric=False, array=hi - d["ratio"], arrayminus=d["ratio"] - lo, color=color
+                ),
             )
         )
         for flag, symbol, color, what in (
