@@ -76,7 +76,8 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
     epsilon faster than the leader and is retired (tied: it runs no more rounds); one whose lower end
     is above 1 is eliminated.
 
-    The axis is logarithmic (a ratio and its inverse lie equally far from 1) and ends at ``RACE_TOP``:
+    The axis is logarithmic (a ratio and its inverse lie equally far from 1) and spans at most
+    1 / ``RACE_TOP`` to ``RACE_TOP``:
     a front door's unpacked ``zero_no_overlap`` at 2.3× would otherwise leave the tie zone and the
     settings still racing for it a sliver at the bottom. Settings further behind run off the top,
     which the title says."""
@@ -134,7 +135,7 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
                     )
                 )
     fig.add_hrect(y0=1 / (1 + epsilon), y1=1, fillcolor="#d9dde5", opacity=0.5, line_width=0)
-    low = min(0.9, bottom * 0.97, 1 / (1 + epsilon) ** 2)
+    low = max(1 / RACE_TOP, min(0.9, bottom * 0.97, 1 / (1 + epsilon) ** 2))  # as far below 1 at most
     high = min(RACE_TOP, max(top * 1.03, (1 + epsilon) ** 2))
     off = f"<br><sup>settings more than {RACE_TOP:g}× the leader run off the top</sup>" if top > high else ""
     fig.update_layout(
