@@ -77,10 +77,9 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
     is above 1 is eliminated.
 
     The axis is logarithmic (a ratio and its inverse lie equally far from 1) and spans at most
-    1 / ``RACE_TOP`` to ``RACE_TOP``:
-    a front door's unpacked ``zero_no_overlap`` at 2.3× would otherwise leave the tie zone and the
-    settings still racing for it a sliver at the bottom. Settings further behind run off the top,
-    which the title says."""
+    1 / ``RACE_TOP`` to ``RACE_TOP``: a front door's unpacked ``zero_no_overlap`` at 2.3× would
+    otherwise leave the tie zone and the settings still racing for it a sliver at the bottom.
+    Settings further behind run off the top, which the title says."""
     fig = go.Figure()
     rows = [
         {
