@@ -439,11 +439,10 @@ MAX_BUDGET_S = 7 * 24 * 3600.0
 def _target_ci(text: str) -> float:
     """``--target-ci 5%`` or ``0.05``: the half-width every within-run comparison (a sweep's) or
     every case's interval (a gate's) should reach."""
-    raw = text.strip()
     try:
-        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
-    except ValueError:
-        value = 0.0
+        value = _fraction(text)
+    except argparse.ArgumentTypeError:
+        value = 0.0  # out of range below: one message for text and numbers alike
     if not MIN_TARGET_CI <= value <= MAX_TARGET_CI:
         raise argparse.ArgumentTypeError(
             f"{text}: expected a percentage like 5% or a fraction like 0.05, "
@@ -865,8 +864,8 @@ def _gate(args: argparse.Namespace) -> int:
 
 
 def _fraction(text: str) -> float:
-    """``2%`` or ``0.02`` → 0.02: a percentage, or a bare number read as a fraction (the range is the
-    option's own check, ``tune.Options.check``)."""
+    """``2%`` or ``0.02`` → 0.02: a percentage, or a bare number read as a fraction (the range is each
+    option's own check: ``_target_ci``, ``tune.Options.check``)."""
     raw = text.strip()
     try:
         return float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
