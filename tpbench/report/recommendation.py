@@ -99,7 +99,8 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
     bottom = float(df["ratio"].min()) if len(df) else 1.0
     order = {a: i for i, a in enumerate(names)}  # the table's order, in the legend too
     arms = sorted(df["arm"].unique(), key=lambda a: order.get(a, len(order)))
-    for i, (arm, d) in enumerate((a, df[df["arm"] == a]) for a in arms):
+    for i, arm in enumerate(arms):
+        d = df[df["arm"] == arm]
         # The first rounds' intervals are astronomically wide: clip the bars to the chart.
         hi, lo = d["hi"].clip(upper=2 * top), d["lo"].clip(lower=bottom / 2)
         # One colour per setting, picked here: left to plotly, the cross and ring traces below would
