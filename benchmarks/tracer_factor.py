@@ -3,7 +3,7 @@
 ``tpbench whatif`` calibrates each case's compute to its timed steps: the factor is timed over
 traced, and the traced steps run after the timed ones. This steps one case of suites/whatif.toml
 on 2 Gloo ranks (pinned one core each, as tpbench pins them) in passes of three blocks of
-``STEPS`` steps: untraced, traced (torch.profiler as tpbench traces: CPU activity,
+``--steps`` steps: untraced, traced (torch.profiler as tpbench traces: CPU activity,
 ``record_shapes``, the same ranges), untraced again, in a seeded order per pass. Per pass it prints
 the slowest rank's median step of each block and two ratios: untraced / traced, what calibration
 would find were the model exact, and untraced / untraced, the same ratio with no tracer at all.
