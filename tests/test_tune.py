@@ -4,6 +4,7 @@ planted tunes on 2 Gloo ranks (a 40 % slower arm, a budget that runs out, a SIGK
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -16,6 +17,8 @@ import pytest
 from conftest import REPO, only_run, run_cli, tiny_suite
 
 from tpbench import store, tune
+from tpbench.report import recommendation
+from tpbench.report.html import Page
 from tpbench.tune import ALL_TIED, MAX_ROUNDS, ONE_LEFT, Options, Race
 
 
@@ -25,6 +28,12 @@ def synthetic(factors: dict[str, float], rounds: int, noise: float = 0.01, seed:
     rng = np.random.default_rng(seed)
     common = rng.lognormal(0, 0.2, rounds)  # the machine: 20 % swings between rounds
     return {a: {r: 10 * f * common[r] * rng.lognormal(0, noise) for r in range(rounds)} for a, f in factors.items()}
+
+
+def stored(tmp_path, suite) -> SimpleNamespace:
+    """What ``tune._result`` reads of a run that synthetic races did not store: its directory and
+    the suite it was started from."""
+    return SimpleNamespace(dir=tmp_path, record=SimpleNamespace(suite=SimpleNamespace(path=str(suite), name="s")))
 
 
 def run_race(race: Race, values: dict) -> Race:
@@ -175,21 +184,64 @@ def test_a_tie_is_never_claimed_for_a_leader_more_than_epsilon_slower_than_the_b
     assert false <= 2
 
 
-def test_an_unresolved_tune_says_the_margin_its_rounds_do_show(tmp_path):
-    """1.5 % apart, 2 % noise, a 0.5 % margin and 12 rounds: unresolved, and the claim says what the
-    rounds did resolve, the leader at most 1 / lo − 1 slower than the arm left beside it."""
+def close_pair(tmp_path) -> tuple:
+    """A suite of two arms 1.5 % apart, its cases, and 12 rounds of their values at 2 % noise: with a
+    0.5 % margin, a race that ends unresolved."""
     suite = tmp_path / "s.toml"
     suite.write_text(tiny_suite("slowdown_pct = [0, 1.5]", repeats=12))
     cases = tune.prepare(suite).cases
-    values = synthetic({c.case_id: 1 + c.slowdown_pct / 100 for c in cases}, 12, noise=0.02)
+    return suite, cases, synthetic({c.case_id: 1 + c.slowdown_pct / 100 for c in cases}, 12, noise=0.02)
+
+
+def test_an_unresolved_tune_says_the_margin_its_rounds_do_show(tmp_path):
+    """1.5 % apart, 2 % noise, a 0.5 % margin and 12 rounds: unresolved, and the claim says what the
+    rounds did resolve, the leader at most 1 / lo − 1 slower than the arm left beside it."""
+    suite, cases, values = close_pair(tmp_path)
     options = Options(epsilon=0.005)
     race = run_race(Race(list(values), 12, options, comparisons=1), values)
-    result = tune._result(SimpleNamespace(dir=tmp_path), cases, [race], options, 0.0)
+    result = tune._result(stored(tmp_path, suite), cases, [race], options, 0.0)
     assert result.state == "unresolved"
     (other,) = [a for a in result.arms if a.status == "unresolved"]
     assert result.supported_epsilon == pytest.approx(1 / other.lo - 1) and result.supported_epsilon > 0.005
     assert f"the rounds run show it within {result.supported_epsilon:.1%} of the best" in result.claim
     assert result.to_json()["supported_epsilon"] == result.supported_epsilon
+
+
+def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
+    """Out of rounds: the same suite again with the rounds the estimate says would decide it, and
+    this tune's own options; out of budget: a budget scaled to those rounds, and no more repeats
+    than the suite has where they suffice. Printed under the table; in JSON as ``next_step``."""
+    from tpbench import cli
+
+    suite, cases, values = close_pair(tmp_path)
+    options = Options(epsilon=0.005)
+    race = run_race(Race(list(values), 12, options, comparisons=1), values)
+    result = tune._result(stored(tmp_path, suite), cases, [race], options, 30.0)
+    rounds = 12 + result.rounds_to_decide
+    assert (
+        result.rounds_to_decide > 0
+        and result.next_step == f"tpbench tune {suite} --set repeats={rounds} --epsilon 0.005"
+    )
+    assert result.to_json()["next_step"] == result.next_step
+    cli._print_tune(result, "text")
+    assert f"race again for about {rounds} rounds" in capsys.readouterr().out.replace("\n", " ")
+    store.write_tune(tmp_path, tune._record(options, [race], 30.0) | {"result": result.to_json()})
+    page = Page("tune")
+    recommendation.section(page, [SimpleNamespace(run_dir=tmp_path)])
+    html = page.render()
+    assert f"race again for about {rounds} rounds" in html and result.next_step in html
+
+    budget = Options(epsilon=0.005, budget_s=30.0)
+    race = Race(list(values), 200, budget, comparisons=1)
+    for r in range(6):
+        for a in race.live:
+            race.record(a, r, values[a][r])
+        race.close_round()
+    race.end(tune.BUDGET)
+    result = tune._result(stored(tmp_path, suite), cases, [race], budget, 30.0)
+    rounds = 6 + result.rounds_to_decide
+    assert rounds <= 200 and "--set repeats" not in result.next_step
+    assert result.next_step.endswith(f"--epsilon 0.005 --budget-s {math.ceil(30.0 * rounds / 6)}")
 
 
 def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, capsys):
@@ -204,7 +256,7 @@ def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, ca
     values = synthetic(factors, 60, noise=0.02, seed=2)
     race = run_race(Race(list(values), 60, Options(epsilon=0.02), comparisons=3), values)
     assert race.ended == ALL_TIED and race.retired
-    result = tune._result(SimpleNamespace(dir=tmp_path), cases, [race], Options(epsilon=0.02), 0.0)
+    result = tune._result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0)
     arms = {a.case_id: a for a in result.arms}
     for a, at in race.retired.items():
         assert arms[a].status == "tied" and arms[a].retired_at == at and arms[a].to_json()["retired_at"] == at
@@ -253,8 +305,6 @@ def test_the_race_chart_zooms_on_the_ratios_near_1_on_a_log_axis():
     """A 2.3× setting must not squash the tie zone and the settings racing for it into the chart's
     bottom: the axis is logarithmic, holds the band and every ratio up to RACE_TOP, and says that
     slower settings run off its top."""
-    from tpbench.report import recommendation
-
     history = [
         {
             "round": r,
@@ -485,7 +535,7 @@ def test_arms_of_two_worlds_are_raced_apart_and_their_winners_compared_unpaired(
         world = {c.case_id: (1.3 if c.world_size == 2 else 1.0) * (1.4 if c.slowdown_pct else 1.0) for c in g.cases}
         values = synthetic(world, 20, seed=i)
         races.append(run_race(Race(list(world), 20, Options(), comparisons=len(cases) - 1, world=i), values))
-    result = tune._result(SimpleNamespace(dir=tmp_path), cases, races, Options(), 0.0)
+    result = tune._result(stored(tmp_path, suite), cases, races, Options(), 0.0)
     by = {(a.params["world_size"], a.params["slowdown_pct"]): a for a in result.arms}
     assert by[(1, 0)].status == "recommended" and result.state == "recommended"
     assert by[(1, 40)].status == by[(2, 40)].status == "eliminated" and by[(1, 40)].eliminated_at == tune.MIN_ROUNDS

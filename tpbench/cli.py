@@ -635,10 +635,15 @@ def _print_tune(result, fmt: str) -> None:
         if result.grid_timed_s
         else f"wall {result.wall_s:.0f} s"
     )
+    then = ""  # unresolved: what would likely decide it (docs/tune.md, "Outputs")
+    if result.next_step:
+        rounds = result.recommended.rounds + result.rounds_to_decide
+        then = f"To decide it, race again for about {rounds} rounds (with this tune's own --set and --filter): "
     if fmt == "md":
         lines = [f"**{result.claim}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
-        sys.stdout.write("\n".join([*lines, "", cost, ""]) + "\n")
+        lines += ["", cost, *([f"{then}`{result.next_step}`"] if result.next_step else [])]
+        sys.stdout.write("\n".join([*lines, ""]) + "\n")
         return
     out.print(result.claim, markup=False, soft_wrap=True)
     t = Table()
@@ -647,6 +652,8 @@ def _print_tune(result, fmt: str) -> None:
     for r in rows:
         t.add_row(*map(escape, r))
     out.print(t)
+    if result.next_step:
+        out.print(then + result.next_step, markup=False, soft_wrap=True)
     console.print(f"{cost}. Run directory: {result.run_dir}", markup=False, soft_wrap=True)
 
 

@@ -297,6 +297,7 @@ class Result:
     rounds_to_decide: int | None
     supported_epsilon: float | None = None  # the margin the rounds run do show (see supported_epsilon)
     history: list[dict[str, Any]] = field(default_factory=list)
+    next_step: str | None = None  # unresolved: the command that would likely decide it (see _next_step)
 
     def to_json(self) -> dict[str, Any]:
         rec = self.recommended
@@ -314,6 +315,7 @@ class Result:
             "grid_timed_s": self.grid_timed_s,
             "rounds_to_decide": self.rounds_to_decide,
             "supported_epsilon": self.supported_epsilon,
+            "next_step": self.next_step,
         }
 
 
@@ -706,6 +708,7 @@ def _result(run: store.Run, cases: list[Case], races: list[Race], options: Optio
     shown = supported_epsilon(ratios.get(a.case_id) for a in arms if a.status in (TIED, UNRESOLVED)) if rec else None
     claim = _claim(rec, state, counts, n_arms, options, races, more, shown)
     history = [e for r in races for e in r.history]
+    step = _next_step(run, races, rec, more, options, wall_s) if state == UNRESOLVED else None
     return Result(
         run.dir,
         state,
@@ -721,6 +724,7 @@ def _result(run: store.Run, cases: list[Case], races: list[Race], options: Optio
         more,
         shown,
         history,
+        step,
     )
 
 
@@ -841,6 +845,35 @@ def _claim(
         f"{rec.label}: the best guess of {n} settings, unresolved ({', '.join(why)}): {counts[UNRESOLVED]} "
         f"still within reach of it at {conf} and ±{options.epsilon:.0%}, {tied}{gone}{failed}{resolved}{then}"
     )
+
+
+def _next_step(
+    run: store.Run, races: list[Race], rec: Arm | None, more: int | None, options: Options, wall_s: float
+) -> str | None:
+    """What to run to decide an unresolved tune: the same suite raced afresh for about the rounds
+    the estimate says would decide it (``Race.rounds_to_decide``), and, where the budget ended it,
+    the wall time those rounds took here, scaled. Afresh, because the rounds run here were judged
+    at the confidence this tune's rounds and budget spent: a race that went on with more would look
+    more often than its intervals allowed for. None when there is no estimate."""
+    if rec is None or not more:
+        return None
+    rounds = rec.rounds + more
+    ended = {r.ended for r in races}
+    parts = [f"tpbench tune {run.record.suite.path or run.record.suite.name + '.toml'}"]
+    if rounds > max(r.max_rounds for r in races):
+        parts.append(f"--set repeats={rounds}")
+    defaults = Options()
+    if options.epsilon != defaults.epsilon:
+        parts.append(f"--epsilon {options.epsilon:.4g}")
+    if options.confidence != defaults.confidence:
+        parts.append(f"--confidence {options.confidence:.4g}")
+    if options.metric != defaults.metric:
+        parts.append(f"--metric {options.metric}")
+    if options.min_rounds != defaults.min_rounds:
+        parts.append(f"--min-rounds {options.min_rounds}")
+    if BUDGET in ended or options.budget_s is not None:
+        parts.append(f"--budget-s {math.ceil(wall_s * rounds / max(rec.rounds, 1))}")
+    return " ".join(parts)
 
 
 def _timed(run: store.Run, cases: list[Case], rounds: int) -> tuple[float, float]:

@@ -26,6 +26,12 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
         if len(tuned) > 1:
             page.heading(f"run {run.record.run_id}", level=3)
         page.paragraph(result["claim"])
+        if result.get("next_step"):  # tune.json before it had none
+            rec = next(a for a in result["arms"] if a["status"] == "recommended")
+            page.paragraph(
+                f"To decide it, race again for about {rec['rounds'] + result['rounds_to_decide']} rounds (with the "
+                f"tune's own --set and --filter): {result['next_step']}"
+            )
         page.paragraph(
             f"Raced by tpbench tune on {result['metric']}: after each round, once "
             f"{saved['options']['min_rounds']} had run, a setting was eliminated when its paired ratio to the "
