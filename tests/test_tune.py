@@ -218,6 +218,9 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     race = run_race(Race(list(values), 12, options, comparisons=1), values)
     result = tune._result(stored(tmp_path, suite), cases, [race], options, 30.0)
     rounds = 12 + result.rounds_to_decide
+    # The estimate is for a race given that many rounds, its confidence spent over more looks (each
+    # interval wider: more rounds), and settled: a race that long needs no more.
+    assert race.rounds_to_decide(1000) > race.rounds_to_decide() and 12 + race.rounds_to_decide(rounds) <= rounds
     assert (
         result.rounds_to_decide > 0
         and result.next_step == f"tpbench tune {suite} --set repeats={rounds} --epsilon 0.005"

@@ -39,6 +39,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -243,20 +244,30 @@ class Race:
         if ended == BUDGET:
             self.end(BUDGET)
 
-    def rounds_to_decide(self) -> int | None:
+    def rounds_to_decide(self, max_rounds: int | None = None) -> int | None:
         """About how many more rounds would decide every arm still in the race: an interval
         narrows as 1/√n, and each arm needs its half-width (in logs) below the larger of its
-        distance above 1 (to be eliminated) and its distance above 1 / (1 + epsilon) (to be tied)."""
+        distance above 1 (to be eliminated) and its distance above 1 / (1 + epsilon) (to be tied).
+
+        ``max_rounds``: the same for a race allowed that many rounds instead (a tune raced again with
+        more repeats), whose intervals spend the confidence over more looks: each is wider by the
+        ratio of the two spent confidences' normal quantiles."""
+        widen = 1.0 if max_rounds is None else self._quantile(max_rounds) / self._quantile(self.max_rounds)
         leader = self.leader()
         need = 0
         for r in (self.intervals(leader) if leader is not None else {}).values():
             if r.method != "paired" or r.n < 2:
                 continue
-            hw = (math.log(r.hi) - math.log(r.lo)) / 2
+            hw = widen * (math.log(r.hi) - math.log(r.lo)) / 2
             # Eliminated when hw < d, tied when hw < d + log(1 + epsilon): the tie comes first.
             target = math.log(r.ratio) + math.log(1 + self.options.epsilon)
             need = max(need, math.ceil(r.n * (hw / target) ** 2) - r.n if target > 0 else r.n)
         return need or None
+
+    def _quantile(self, max_rounds: int) -> float:
+        """The normal quantile of the interval a race allowed ``max_rounds`` rounds would build."""
+        looks = max(1, max_rounds - self.min_rounds + 1)
+        return NormalDist().inv_cdf(1 - (1 - spent_confidence(self.options.confidence, looks, self.comparisons)) / 2)
 
 
 # ---------------------------------------------------------------- the result
@@ -703,7 +714,7 @@ def _result(run: store.Run, cases: list[Case], races: list[Race], options: Optio
     counts = {s: sum(x.status == s for x in arms) for s in order}
     state = UNRESOLVED if counts[UNRESOLVED] else TIED if counts[TIED] else RECOMMENDED
     rec = next((x for x in arms if x.status == RECOMMENDED), None)
-    more = max((r.rounds_to_decide() or 0 for r in races if r.ended not in (ONE_LEFT, ALL_TIED)), default=0) or None
+    more = _more_rounds([r for r in races if r.ended not in (ONE_LEFT, ALL_TIED)], rec.rounds if rec else 0)
     timed_s, grid_timed_s = _timed(run, cases, rec.rounds if rec else 0)
     shown = supported_epsilon(ratios.get(a.case_id) for a in arms if a.status in (TIED, UNRESOLVED)) if rec else None
     claim = _claim(rec, state, counts, n_arms, options, races, more, shown)
@@ -845,6 +856,21 @@ def _claim(
         f"{rec.label}: the best guess of {n} settings, unresolved ({', '.join(why)}): {counts[UNRESOLVED]} "
         f"still within reach of it at {conf} and ±{options.epsilon:.0%}, {tied}{gone}{failed}{resolved}{then}"
     )
+
+
+def _more_rounds(races: list[Race], rounds: int) -> int | None:
+    """About how many rounds beyond ``rounds`` (the recommended arm's) a race of these settings
+    would need to decide the ``races`` still open (``Race.rounds_to_decide``). The race would be a
+    fresh one given that many rounds in all (or its suite's repeats, if more), spending its
+    confidence over more looks than these did: the estimate is asked again for a race that long
+    until it settles. None without one."""
+    total = max((r.rounds + n for r in races if (n := r.rounds_to_decide())), default=0)
+    for _ in range(20):  # the quantile grows as the log of the looks: a few steps settle it
+        again = max(r.rounds + (r.rounds_to_decide(max(total, r.max_rounds)) or 0) for r in races) if total else 0
+        if again <= total:
+            break
+        total = again
+    return total - rounds if total > rounds else None
 
 
 def _next_step(
