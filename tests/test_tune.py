@@ -209,8 +209,8 @@ def test_an_unresolved_tune_says_the_margin_its_rounds_do_show(tmp_path):
 
 def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     """Out of rounds: the same suite again with the rounds the estimate says would decide it, and
-    this tune's own options; out of budget: a budget scaled to those rounds, and no more repeats
-    than the suite has where they suffice. Printed under the table; in JSON as ``next_step``."""
+    this tune's own options; out of budget: a budget scaled to those rounds, and the repeats it had
+    where they suffice. Printed under the table, in the report, in JSON as ``next_step``."""
     from tpbench import cli
 
     suite, cases, values = close_pair(tmp_path)
@@ -223,7 +223,7 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     assert race.rounds_to_decide(1000) > race.rounds_to_decide() and 12 + race.rounds_to_decide(rounds) <= rounds
     assert (
         result.rounds_to_decide > 0
-        and result.next_step == f"tpbench tune {suite} --set repeats={rounds} --epsilon 0.005"
+        and result.next_step == f"tpbench tune {suite} --set repeats={rounds} --epsilon 0.5%"
     )
     assert result.to_json()["next_step"] == result.next_step
     cli._print_tune(result, "text")
@@ -243,8 +243,9 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     race.end(tune.BUDGET)
     result = tune._result(stored(tmp_path, suite), cases, [race], budget, 30.0)
     rounds = 6 + result.rounds_to_decide
-    assert rounds <= 200 and "--set repeats" not in result.next_step
-    assert result.next_step.endswith(f"--epsilon 0.005 --budget-s {math.ceil(30.0 * rounds / 6)}")
+    assert rounds <= 200 and f"--set repeats=200 --epsilon 0.5% --budget-s {math.ceil(30.0 * rounds / 6)}" in (
+        result.next_step
+    )
 
 
 def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, capsys):

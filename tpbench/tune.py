@@ -877,8 +877,8 @@ def _next_step(
     run: store.Run, races: list[Race], rec: Arm | None, more: int | None, options: Options, wall_s: float
 ) -> str | None:
     """What to run to decide an unresolved tune: the same suite raced afresh for about the rounds
-    the estimate says would decide it (``Race.rounds_to_decide``), and, where the budget ended it,
-    the wall time those rounds took here, scaled. Afresh, because the rounds run here were judged
+    the estimate says would decide it (``_more_rounds``; at least the repeats it had), and, where
+    the budget ended it, the wall time those rounds took here, scaled. Afresh, because the rounds run here were judged
     at the confidence this tune's rounds and budget spent: a race that went on with more would look
     more often than its intervals allowed for. None when there is no estimate."""
     if rec is None or not more:
@@ -886,13 +886,13 @@ def _next_step(
     rounds = rec.rounds + more
     ended = {r.ended for r in races}
     parts = [f"tpbench tune {run.record.suite.path or run.record.suite.name + '.toml'}"]
-    if rounds > max(r.max_rounds for r in races):
-        parts.append(f"--set repeats={rounds}")
+    # Always said: this tune's repeats may have come from its own --set, which the command leaves out.
+    parts.append(f"--set repeats={max(rounds, *(r.max_rounds for r in races))}")
     defaults = Options()
     if options.epsilon != defaults.epsilon:
-        parts.append(f"--epsilon {options.epsilon:.4g}")
+        parts.append(f"--epsilon {options.epsilon * 100:.4g}%")
     if options.confidence != defaults.confidence:
-        parts.append(f"--confidence {options.confidence:.4g}")
+        parts.append(f"--confidence {options.confidence * 100:.4g}%")
     if options.metric != defaults.metric:
         parts.append(f"--metric {options.metric}")
     if options.min_rounds != defaults.min_rounds:
