@@ -638,7 +638,10 @@ def _print_tune(result, fmt: str) -> None:
     then = ""  # unresolved: what would likely decide it (docs/tune.md, "Outputs")
     if result.next_step:
         rounds = result.recommended.rounds + result.rounds_to_decide
-        then = f"To decide it, race again for about {rounds} rounds (with this tune's own --set and --filter): "
+        then = (
+            f"To decide it, race again for about {rounds} rounds "
+            "(with this tune's own --set, --filter and launcher options): "
+        )
     if fmt == "md":
         lines = [f"**{result.claim}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]

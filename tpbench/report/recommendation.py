@@ -30,7 +30,7 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
             rec = next(a for a in result["arms"] if a["status"] == "recommended")
             page.paragraph(
                 f"To decide it, race again for about {rec['rounds'] + result['rounds_to_decide']} rounds (with the "
-                f"tune's own --set and --filter): {result['next_step']}"
+                f"tune's own --set, --filter and launcher options): {result['next_step']}"
             )
         page.paragraph(
             f"Raced by tpbench tune on {result['metric']}: after each round, once "
