@@ -305,6 +305,37 @@ def test_the_race_cost_benchmark_runs_the_tunes_race_and_prices_each_arm_by_its_
     assert "share median" in out and "wrong 0/3" in out
 
 
+def test_the_accuracy_benchmark_judges_each_tune_against_the_planted_truth_and_counts_the_issues_check():
+    """benchmarks/tune_accuracy.py on made-up tune results (no tune runs): a claim for the 3 % or
+    the 6 % arm is false against a 2 % margin, yet the issue's check accepts the 3 % arm with the
+    0 % one tied beside it; the check also needs the 40 % arm out with fewer rounds than the
+    recommended one, and a cost share of at most 0.5."""
+    from benchmarks import tune_accuracy
+
+    def facts(rec: float, state: str, timed: float, slow_rounds: int) -> dict:
+        arms = [
+            {"params": {"slowdown_pct": p}, "status": "recommended" if p == rec else s, "rounds": r}
+            for p, s, r in ((0.0, "tied", 20), (3.0, "tied", 20), (6.0, "tied", 20), (40.0, "eliminated", slow_rounds))
+        ]
+        result = {"state": state, "epsilon": 0.02, "confidence": 0.95, "recommended": {"params": {"slowdown_pct": rec}}}
+        result |= {"arms": arms, "timed_s": timed, "grid_timed_s": 100.0, "supported_epsilon": None}
+        return {"result": result, "naive_slowdown_pct": None}
+
+    rows = [
+        tune_accuracy.judge(facts(3.0, "tied", 45.0, 3)),  # the runner-up, the best tied; cheap: held
+        tune_accuracy.judge(facts(0.0, "tied", 55.0, 3)),  # right, but over half the grid
+        tune_accuracy.judge(facts(0.0, "tied", 40.0, 20)),  # the 40 % arm ran as long as the best
+        tune_accuracy.judge(facts(6.0, "tied", 30.0, 3)),  # 6 % slower than the best: a false claim
+    ]
+    assert [r["right"] for r in rows] == [False, True, True, False]
+    assert [r["claim_false"] for r in rows] == [True, False, False, True]
+    assert [tune_accuracy.check_held(r) for r in rows] == [True, False, False, False]
+    for r in rows:
+        r |= {"competitors": 1, "wall_s": 60.0, "load1_before": 1.0}
+    line = tune_accuracy.table(rows).splitlines()[-1]
+    assert line.startswith("| 1 | 4 | 2/4 | 2/4 |") and "| 1/4 |" in line  # the check held in 1 of 4
+
+
 def test_the_race_chart_zooms_on_the_ratios_near_1_on_a_log_axis():
     """A 2.3× setting must not squash the tie zone and the settings racing for it into the chart's
     bottom: the axis is logarithmic, holds the band and every ratio up to RACE_TOP, and says that
