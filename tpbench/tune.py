@@ -865,8 +865,10 @@ def _more_rounds(races: list[Race], rounds: int) -> int | None:
     confidence over more looks than these did: the estimate is asked again for a race that long
     until it settles. None without one."""
     total = max((r.rounds + n for r in races if (n := r.rounds_to_decide())), default=0)
+    if not total:
+        return None
     for _ in range(20):  # the quantile grows as the log of the looks: a few steps settle it
-        again = max(r.rounds + (r.rounds_to_decide(max(total, r.max_rounds)) or 0) for r in races) if total else 0
+        again = max(r.rounds + (r.rounds_to_decide(max(total, r.max_rounds)) or 0) for r in races)
         if again <= total:
             break
         total = again
@@ -878,9 +880,9 @@ def _next_step(
 ) -> str | None:
     """What to run to decide an unresolved tune: the same suite raced afresh for about the rounds
     the estimate says would decide it (``_more_rounds``; at least the repeats it had), and, where
-    the budget ended it, the wall time those rounds took here, scaled. Afresh, because the rounds run here were judged
-    at the confidence this tune's rounds and budget spent: a race that went on with more would look
-    more often than its intervals allowed for. None when there is no estimate."""
+    the budget ended it, the wall time those rounds took here, scaled. Afresh, because the rounds
+    run here were judged at the confidence this tune's rounds and budget spent: a race that went on
+    with more would look more often than its intervals allowed for. None without an estimate."""
     if rec is None or not more:
         return None
     rounds = rec.rounds + more
