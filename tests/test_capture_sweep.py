@@ -20,6 +20,7 @@ from conftest import sweep_in_process, tiny_suite
 from world import run_world
 
 from tpbench import store
+from tpbench.analysis import whatif
 from tpbench.capture import NVML_FILE, nvml
 from tpbench.suite import expand, parse
 from tpbench.worker import CaseRunner, Events, Rank
@@ -70,6 +71,21 @@ def test_one_parseable_trace_per_rank_with_phases_collectives_and_distributed_in
             assert "gloo:all_reduce" in gloo
             if case["algorithm"] == "zero_no_overlap":
                 assert "gloo:broadcast" in gloo  # ZeRO hands each rank's updated shard to the others
+
+
+def test_each_timed_forward_pass_is_timed_and_each_traced_one_is_a_mark(run):
+    """What the what-if's host factor and its validation's host rest on (``whatif.forward_times``):
+    every timed and warm-up step's forward pass, a part of the step, and one ``forward`` mark per
+    traced step and rank."""
+    steps = run.steps
+    assert (steps["forward_ms"] > 0).all() and (steps["forward_ms"] < steps["step_ms"]).all()
+    for case in run.cases.to_dict("records"):
+        marks = store.read_case_table(run.run_dir, case["case_id"], "marks")
+        forward = marks[marks["kind"] == "forward"]
+        assert forward.groupby("rank").size().tolist() == [case["profiler_steps"]] * 2
+        assert (forward["end_ns"] > forward["start_ns"]).all()
+        timed, traced = whatif.forward_times(steps[steps["case_id"] == case["case_id"]], marks)
+        assert timed > 0 and traced > 0
 
 
 def test_clock_sync_maps_the_sampler_clock_onto_each_trace(run):

@@ -35,6 +35,7 @@ import dataclasses
 import datetime as _dt
 import gc
 import json
+import math
 import os
 import signal
 import socket
@@ -44,7 +45,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 import torch
@@ -53,7 +54,7 @@ from torch.profiler import record_function
 
 from tpbench import accounting, capture, lockstep, store, workloads
 from tpbench.analysis.stats import repeat_values, windows_of
-from tpbench.analysis.trace_events import BURN_RANGE
+from tpbench.analysis.trace_events import BURN_RANGE, FORWARD_RANGE
 from tpbench.capture import machine_load, nvml, profiler, transport
 from tpbench.environment import fingerprint
 from tpbench.plan import Plan
@@ -113,7 +114,12 @@ class Events:
 class StepTimer:
     """Wall time of one step (CUDA events + synchronize on GPU, perf_counter_ns on CPU) and the
     process's CPU time over the same span: every thread's, the training thread's and the
-    communication threads' (Gloo's, NCCL's proxy), which is what a busy runner steals from."""
+    communication threads' (Gloo's, NCCL's proxy), which is what a busy runner steals from.
+
+    On CPU ranks also the forward pass's wall time (``forward_done``): compute with no collective
+    in flight, so it tells how fast this host ran the timed steps whatever the link (the what-if
+    sets a host's speed untraced against traced by it, ``whatif.forward_times``). NaN on GPU ranks,
+    where the host's clock would time kernel launches, not the kernels."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -123,10 +129,19 @@ class StepTimer:
 
     def start(self) -> None:
         self._cpu0 = time.process_time_ns()
+        self._t_forward: int | None = None
         if self.cuda:
             self._start.record()
         else:
             self._t0 = time.perf_counter_ns()
+
+    def forward_done(self) -> None:
+        if not self.cuda:
+            self._t_forward = time.perf_counter_ns()
+
+    def forward_ms(self) -> float:
+        """The forward pass's wall ms since ``start`` (NaN on GPU ranks, or before ``forward_done``)."""
+        return math.nan if self._t_forward is None else (self._t_forward - self._t0) / 1e6
 
     def cpu_s(self) -> float:
         """The process's CPU time since ``start``, in seconds."""
@@ -160,10 +175,20 @@ def _phase(profiled: bool, name: str) -> contextlib.AbstractContextManager:
     return record_function(name) if profiled else contextlib.nullcontext()
 
 
-def train_step(training: Training, workload, x: torch.Tensor, y: torch.Tensor, profiled: bool = False) -> torch.Tensor:
-    """forward + backward + what the algorithm does after backward: the unit a step time measures."""
-    with _phase(profiled, "tpbench.forward"):
+def train_step(
+    training: Training,
+    workload,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    profiled: bool = False,
+    forward_done: Callable[[], None] | None = None,
+) -> torch.Tensor:
+    """forward + backward + what the algorithm does after backward: the unit a step time measures.
+    ``forward_done`` is called as the forward pass ends (``StepTimer.forward_done``)."""
+    with _phase(profiled, FORWARD_RANGE):
         loss = workload.loss(training.model(x), y)
+    if forward_done is not None:
+        forward_done()
     with _phase(profiled, "tpbench.backward"):
         loss.backward()
     with _phase(profiled, "tpbench.optimizer"):
@@ -230,6 +255,7 @@ class _Repeat:
         self.aborts_tracing = mine and fault_kind == "abort-trace"
         self.step_ms: list[float] = []
         self.cpu_ms: list[float] = []
+        self.forward_ms: list[float] = []  # CPU ranks: the forward pass's wall ms (StepTimer)
         self.gc_runs: list[int] = []
         self.losses: list[torch.Tensor] = []
         self.starts: list[float] = []  # perf_counter seconds at each step's start and end
@@ -252,7 +278,7 @@ class _Repeat:
         before = collections.count
         self.starts.append(time.perf_counter())
         self.timer.start()
-        self.losses.append(train_step(self.training, self.workload, x, y))
+        self.losses.append(train_step(self.training, self.workload, x, y, forward_done=self.timer.forward_done))
         if self.delay_s:
             _delay(self.delay_s)
         elif self.burn and i >= case.warmup_steps:
@@ -265,6 +291,7 @@ class _Repeat:
         row = self.training.metrics() if self.training.metrics else {}
         self.step_ms.append(ms - row.pop("untimed_ms", 0.0))
         self.cpu_ms.append(cpu - row.pop("untimed_cpu_ms", 0.0))
+        self.forward_ms.append(self.timer.forward_ms())
         if self.heldout and (i + 1) % case.eval_every == 0:
             row["heldout_loss"] = _evaluate(self.training.model, self.workload, self.heldout)
         self.extra.append(row)
@@ -377,6 +404,7 @@ class CaseRunner:
         mine = {
             "step_ms": arm.step_ms,
             "cpu_ms": arm.cpu_ms,
+            "forward_ms": arm.forward_ms,
             "gc_collections": arm.gc_runs,
             "loss": torch.stack(arm.losses).float().cpu().tolist(),
             "elapsed_s": [e - t_start for e in arm.ends],

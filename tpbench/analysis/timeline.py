@@ -57,7 +57,7 @@ INTERVAL_COLUMNS = (
 )
 STEP_COLUMNS = ("rank", "step", "start_ns", "end_ns")
 MARK_COLUMNS = ("rank", "kind", "tid", "start_ns", "end_ns", "index", "collective")
-MARK_KINDS = ("step", "issue", "zero_step")
+MARK_KINDS = ("step", "issue", "zero_step", "forward")
 
 _RANK_RE = re.compile(r"rank[_-]?(\d+)")
 _ZERO_STEP_RE = re.compile(r"tpbench\.zero\.step\[bucket=(\d+)\]")
@@ -112,7 +112,8 @@ class Timeline:
     ``marks``: what a what-if skeleton needs beyond the intervals, columns ``MARK_COLUMNS``: each
     ``ProfilerStep#N`` span with its thread (kind ``step``, ``index`` the step number), each
     ``c10d::*`` op that issues a costed collective (``issue``, with its ``collective``) and each
-    ZeRO hook's ``tpbench.zero.step[bucket=K]`` range (``zero_step``, ``index`` K).
+    ZeRO hook's ``tpbench.zero.step[bucket=K]`` range (``zero_step``, ``index`` K), and each
+    step's ``tpbench.forward`` range (``forward``: the traced forward pass, ``whatif.forward_times``).
     """
 
     intervals: pd.DataFrame
@@ -193,6 +194,7 @@ def _marks(ev: TraceEvents, rank: int) -> pd.DataFrame:
         [("step", tid, ts, dur, step, None) for step, tid, ts, dur in ev.steps]
         + [("issue", tid, ts, dur, -1, coll) for tid, ts, dur, coll in ev.issues]
         + [("zero_step", tid, ts, dur, bucket, None) for tid, ts, dur, bucket in zero]
+        + [("forward", tid, ts, dur, -1, None) for tid, ts, dur in ev.forwards]
     )
     start, end = _rows_span(rows, 2, 3)
     return pd.DataFrame(

@@ -26,6 +26,9 @@ KERNEL_COMPUTE, KERNEL_COMM, KERNEL_MEMCPY = 0, 1, 2  # kernel kinds
 # The range around ``slowdown_kind = "cpu"``'s burn in a traced step (``worker``): CPU work of the
 # training thread without an aten op in it, which the timeline counts as compute.
 BURN_RANGE = "tpbench.burn"
+# The range around a traced step's forward pass (``worker.train_step``): its span against the timed
+# steps' ``forward_ms`` is how much the tracer slowed this host (``whatif.forward_times``).
+FORWARD_RANGE = "tpbench.forward"
 _COMM_META = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Process Group Name", "Group size")
 
 
@@ -211,6 +214,7 @@ class TraceEvents:
         self.cpu_ranges: list[tuple[int, float, float, str]] = []  # optimizer ranges
         self.gpu_ranges: list[tuple[int, float, float, str]] = []
         self.burns: list[tuple[int, float, float, str]] = []  # BURN_RANGE ranges
+        self.forwards: list[tuple[int, float, float]] = []  # FORWARD_RANGE ranges (tid, ts, dur)
         self.steps: list[tuple[int, int, float, float]] = []  # (step, tid, ts, dur)
         self.issues: list[tuple[int, float, float, str]] = []  # c10d:: ops issuing a costed collective
 
@@ -345,6 +349,8 @@ class TraceEvents:
             self.gloo.append((e["tid"], e["ts"], e["dur"], name, args.get("Input Dims"), args.get("Input type")))
         elif cat == "user_annotation" and name == BURN_RANGE:
             self.burns.append((e["tid"], e["ts"], e["dur"], name))
+        elif cat == "user_annotation" and name == FORWARD_RANGE:
+            self.forwards.append((e["tid"], e["ts"], e["dur"]))
         elif cat == "user_annotation" and _is_optimizer_range(name):
             self.cpu_ranges.append((e["tid"], e["ts"], e["dur"], name))
         elif cat in ("user_annotation", "cpu_op") and (m := _STEP_RE.match(name)):
