@@ -682,6 +682,78 @@ def test_a_run_traced_on_a_busy_machine_refuses_or_stays_within_bounds():
 LINKS_RUN = Path(__file__).parent / "data" / "whatif_links_run"
 
 
+def _forward_rows(per_rank_ms: list[list[float]], phase: str = "timed") -> pd.DataFrame:
+    rows = [
+        {"case_id": "c", "repeat": 0, "rank": r, "step": i, "phase": phase, "step_ms": 50.0, "forward_ms": ms}
+        for r, values in enumerate(per_rank_ms)
+        for i, ms in enumerate(values)
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_the_forward_pass_is_read_timed_and_traced_per_rank():
+    """Per rank the median (timed: ``forward_ms`` of the timed steps; traced: the ``forward``
+    marks), then the mean over ranks; NaN where a run has neither (GPU ranks, older runs)."""
+    steps = pd.concat([_forward_rows([[2.0, 2.2, 9.0], [3.0, 3.0, 3.2]]), _forward_rows([[50.0, 50.0]], "warmup")])
+    marks = pd.DataFrame(
+        {
+            "rank": [0, 0, 0, 1, 1, 0],
+            "kind": ["forward"] * 5 + ["step"],
+            "start_ns": [0] * 6,
+            "end_ns": [2_500_000, 2_600_000, 2_700_000, 3_000_000, 4_000_000, 99_000_000],
+        }
+    )
+    timed, traced = whatif.forward_times(steps, marks)
+    assert timed == pytest.approx((2.2 + 3.0) / 2) and traced == pytest.approx((2.6 + 3.5) / 2)
+    assert all(map(math.isnan, whatif.forward_times(steps.drop(columns="forward_ms"), None)))
+
+
+def test_on_a_step_of_mostly_communication_the_forward_passes_set_the_host_factor():
+    """A step of 40 ms of host communication and 10 ms of compute on a shaped link, timed as
+    traced: any factor near 1 fits, so calibration keeps 1. The forward passes, timed at 0.8×
+    their traced time, say the host ran 0.8× as long untraced: that is the factor. Not where
+    compute is most of the step or the link is unshaped (the timed step pins it), nor at a ratio
+    above 1 (tracing never speeds a host up: drift); a ratio out of bounds refuses the case."""
+    ops = (Work(0.005), Issue(AR(0)), Wait((AR(0),)), Work(0.005))
+    sk = StepSkeleton(1, (ops, ops), (CollectiveSpec(AR(0), 4e6, 2),), 0.05)
+    path = Fabric("as measured", 0.0, 1e8)  # 40 ms all-reduce, 50 ms traced step
+    wire = whatif.emulated_link(2 * 4e6 * 8 / 0.034, None)  # a shaped link: 34 ms of the all-reduce
+    timed = np.array([whatif.median_step_s([sk], path) * 1e3] * 3)
+
+    def model(forward, skel=sk, on_host=True, link=wire):
+        return whatif.calibrated("c", {}, [skel], path, timed, comm_on_host=on_host, wire=link, forward=forward)
+
+    assert model((math.nan, math.nan)).fit.factor == 1.0
+    by_forward = model((1.6, 2.0))
+    assert by_forward.fit.factor == pytest.approx(0.8) and by_forward.fit.factor_source == "forward passes"
+    assert by_forward.forward_ms == 1.6 and by_forward.refused is None
+    assert model((2.2, 2.0)).fit.factor == 1.0 and model((2.2, 2.0)).fit.factor_source == "timed steps"
+    assert model((1.6, 2.0), on_host=False).fit.factor == 1.0  # communication off the host (NCCL)
+    assert model((1.6, 2.0), link=None).fit.factor_source == "timed steps"  # unshaped: all host work
+    slowed = model((2.0, 5.0))  # traced forward passes 2.5× the timed: traced on a busier machine
+    assert "their forward passes took 5.00 ms against 2.00 ms timed, a host factor of ×0.40" in slowed.refused
+    busy = (Work(0.040), Issue(AR(0)), Wait((AR(0),)), Work(0.005))
+    compute_bound = StepSkeleton(1, (busy, busy), (CollectiveSpec(AR(0), 4e5, 2),), 0.05)
+    timed = np.array([whatif.median_step_s([compute_bound], path) * 1e3] * 3)
+    assert model((1.6, 2.0), skel=compute_bound).fit.factor_source == "timed steps"
+
+
+def test_validation_says_how_fast_the_target_worlds_host_ran_and_predicts_without_it():
+    """The target's timed forward passes took 1.1× the reference's: ``host_ratio`` says so beside
+    the prediction, which is the reference's own replay (NaN where the target has none)."""
+    ops = (Work(0.020), Issue(AR(0)), Wait((AR(0),)), Work(0.005))
+    sk = StepSkeleton(1, (ops, ops), (CollectiveSpec(AR(0), 4e6, 2),), 0.065)
+    path = Fabric("as measured", 0.0, 1e8)
+    timed = np.array([whatif.median_step_s([sk], path) * 1e3] * 3)
+    ref = whatif.calibrated("ref", {"interconnect": "slow"}, [sk], path, timed, forward=(2.0, 2.0))
+    fast = Fabric("fast", 0.0, 1e9)
+    rows = _forward_rows([[2.2] * 3, [2.2] * 3]).assign(step_ms=30.0)
+    v = whatif.validate(ref, [whatif.Target("t", "fast", fast, rows)], whatif.FASTER).iloc[0]
+    assert v["host_ratio"] == pytest.approx(1.1) and v["predicted_ms"] == pytest.approx(ref.step_ms(fast))
+    bare = whatif.validate(ref, [whatif.Target("t", "fast", fast, rows.drop(columns="forward_ms"))], whatif.FASTER)
+    assert math.isnan(bare["host_ratio"].iloc[0]) and bare["predicted_ms"].iloc[0] == v["predicted_ms"]
+
+
 def test_validation_runs_both_directions_and_refuses_what_rests_on_a_refused_fit():
     """Five cases of a 2-rank sweep over loopback and emulated links (2-core machine, load 8):
     hook_with_zero_step on loopback, tcp-1gbit and tcp-500mbit, zero_no_overlap on loopback and

@@ -995,6 +995,32 @@ _FACTOR_GRID = np.geomspace(*COMPUTE_FACTOR, 33)
 TRACED_MEDIAN_TARGET = 0.05
 
 
+# On a shaped link where communication alone, as fitted, is at least this share of the timed step,
+# the timed step cannot pin the host factor: the wire's time does not scale with the host, any
+# factor over most of the range lands the replay in the timed median's interval, and calibration
+# keeps the one nearest 1, often 1 itself. The host factor is then the forward passes'
+# (``forward_times``), which no collective of the step is in flight beside.
+MOSTLY_COMMUNICATION = 0.5
+
+
+def forward_times(step_rows: pd.DataFrame, marks: pd.DataFrame | None) -> tuple[float, float]:
+    """The forward pass, (timed, traced) in ms: per rank the median over its timed steps
+    (``forward_ms``, which CPU ranks record) and over its traced steps' forward ranges (marks of
+    kind ``forward``), then the mean over ranks; NaN where there is none (GPU ranks, a run older
+    than either). The forward pass carries no collective, so their ratio is how much faster the
+    host ran untraced than traced, whatever share of the step the link takes."""
+    timed = step_rows[step_rows["phase"] == "timed"] if "forward_ms" in step_rows else step_rows.iloc[:0]
+    timed_ms = timed.groupby("rank")["forward_ms"].median().dropna() if len(timed) else pd.Series(dtype=float)
+    traced_ms = pd.Series(dtype=float)
+    if marks is not None and len(marks):
+        fwd = marks[marks["kind"] == "forward"]
+        traced_ms = ((fwd["end_ns"] - fwd["start_ns"]) / 1e6).groupby(fwd["rank"]).median()
+    return (
+        float(timed_ms.mean()) if len(timed_ms) else math.nan,
+        float(traced_ms.mean()) if len(traced_ms) else math.nan,
+    )
+
+
 @dataclass(frozen=True)
 class Fit:
     """What calibration saw, in ms: the traced steps' span, their replay on the fitted path at
@@ -1012,6 +1038,9 @@ class Fit:
     traced_steps: int = 0  # how many traced steps the fit rests on
     raise_limit: float = math.inf  # the timed median over the traced one, at least 1 (``calibrate``)
     traced_half_width: float = math.nan  # their median's 95 % CI half-width, over the median
+    factor_source: str = "timed steps"  # or "forward passes" (``MOSTLY_COMMUNICATION``)
+    # Where the forward passes decide (``calibrated``): their median (timed, traced) ms, else NaN.
+    forward_ms: tuple[float, float] = (math.nan, math.nan)
 
     def steps_enough(self, target: float = TRACED_MEDIAN_TARGET) -> int | None:
         """The traced steps whose median would be known to ±``target``, or None when these are
@@ -1059,6 +1088,13 @@ class Fit:
                     "exceeds the timed step, so no compute factor fits" + self._steps_advice()
                 )
             return f"{unlike}: no compute factor makes the replay match them" + self._steps_advice()
+        timed, traced = self.forward_ms
+        if traced > 0 and not COMPUTE_FACTOR[0] <= timed / traced <= COMPUTE_FACTOR[1]:
+            return (
+                f"{unlike}: their forward passes took {traced:.2f} ms against {timed:.2f} ms timed, a host factor of "
+                f"×{timed / traced:.2f} (limit ×{COMPUTE_FACTOR[0]:.2f}–{COMPUTE_FACTOR[1]:.2f}): the machine was "
+                "busier while tracing"
+            )
         if not COMPUTE_FACTOR[0] <= self.factor <= COMPUTE_FACTOR[1]:
             what = "compute and the host's own communication" if self.scales_path else "compute"
             return (
@@ -1087,6 +1123,7 @@ class CaseModel:
     refused: str | None
     reps_ms: np.ndarray = field(default_factory=lambda: np.array([]))  # the timed repeats' values
     interference: Interference = field(default_factory=Interference)
+    forward_ms: float = math.nan  # the timed steps' forward pass (``forward_times``): the host's speed here
 
     @property
     def compute_scale(self) -> float:
@@ -1229,13 +1266,27 @@ def calibrated(
     interference: Interference | None = None,
     comm_on_host: bool = False,
     wire: Fabric | None = None,
+    forward: tuple[float, float] = (math.nan, math.nan),
 ) -> CaseModel:
     """Calibrate a case's skeletons on its path against its per-repeat median step times (ms),
     its replays stretching compute beside communication by ``interference`` (default: none).
     ``comm_on_host``: the case's communication is host work that tracing slows as it slows
     compute (ranks on CPUs: Gloo copies and sums there): the factor scales the path too
     (``calibrate``); ``wire``: its link's shaped wire (None: unshaped), for the
-    interval's other reading of the timed steps (``CaseModel.other_factor``)."""
+    interval's other reading of the timed steps (``CaseModel.other_factor``).
+
+    ``forward``: the forward pass timed and traced, in ms (``forward_times``). On a shaped link
+    (``wire``) where communication is most of the step (``MOSTLY_COMMUNICATION``) and the host's
+    work is on it (``comm_on_host``), their ratio is the host factor: the timed step cannot show
+    how much faster the host ran untraced there, and the factor nearest 1 it allows keeps the
+    tracer's cost in compute, which comes back at full size on a link where compute is most of the
+    step. (On an unshaped link the whole step is host work and scales with it: the timed step
+    pins the factor.) Only a ratio below 1 is
+    taken: tracing never makes a host faster, and a forward pass of a few ms over a few traced steps
+    that ran faster traced than timed is the machine's drift, not the tracer. A ratio outside
+    ``COMPUTE_FACTOR`` refuses the case, as a calibrated factor there would: the traced steps ran on
+    a host of another kind than the timed ones (busier while tracing), and their compute, which
+    the timed step cannot correct there, would come back at full size in every projection."""
     interference = interference or Interference()
     kappa = interference.replay_factor
     measured = float(np.median(reps_ms))
@@ -1255,8 +1306,28 @@ def calibrated(
         raise_limit=limit,
         traced_half_width=(traced_hi - traced_lo) / 2 / float(np.median(traced)),
     )
+    by_forward = forward[0] / forward[1] if forward[1] > 0 else math.nan
+    if (
+        wire is not None
+        and comm_on_host
+        and fit.factor is not None
+        and fit.comm_only_ms >= MOSTLY_COMMUNICATION * measured
+    ):
+        fit = dataclasses.replace(fit, forward_ms=forward)  # out of bounds, a refusal (``Fit.refusal``)
+        if COMPUTE_FACTOR[0] <= by_forward < 1:
+            fit = dataclasses.replace(fit, factor=by_forward, factor_source="forward passes")
     return CaseModel(
-        case_id, dict(params), skels, path, fit, measured, ci, fit.refusal(), np.asarray(reps_ms, float), interference
+        case_id,
+        dict(params),
+        skels,
+        path,
+        fit,
+        measured,
+        ci,
+        fit.refusal(),
+        np.asarray(reps_ms, float),
+        interference,
+        forward[0],
     )
 
 
@@ -1284,7 +1355,8 @@ def case_model(
     reps = repeat_values(step_rows)["step_ms"].to_numpy()
     kappa = beside_comm or interference(interference_pairs(intervals))
     path = fit_host_path(skels, overlap, intervals)
-    return calibrated(case_id, params, skels, path, reps, kappa, comm_on_host, wire)
+    forward = forward_times(step_rows, marks)
+    return calibrated(case_id, params, skels, path, reps, kappa, comm_on_host, wire, forward)
 
 
 PROJECTION_COLUMNS = (
@@ -1304,6 +1376,7 @@ PROJECTION_COLUMNS = (
     "interference_ops",
     "interference_source",
     "host_factor",
+    "host_factor_source",
     "refused",
 )
 
@@ -1317,9 +1390,10 @@ def project(models: Sequence[CaseModel], fabrics: Mapping[str, Fabric]) -> pd.Da
     the projection's 95 % interval (``CaseModel.step_interval_ms``); no_slower_than_measured marks
     fabrics whose projection is bounded above by the measured step; interference (with its 95 %
     interval, the ops it rests on and whether it is the case's own or pooled) how much slower the
-    case's compute ran beside communication (``Interference``); host_factor the calibrated factor
-    on the traced host (``calibrate``). A refused case has its reason in ``refused`` and NaN
-    projections."""
+    case's compute ran beside communication (``Interference``); host_factor the factor
+    on the traced host (``calibrate``) and host_factor_source what set it ("timed steps", or
+    "forward passes" where the step is mostly communication: ``calibrated``). A refused case has
+    its reason in ``refused`` and NaN projections."""
     rows = []
     for m in models:
         floor_ms = m.critical_path_ms()
@@ -1344,6 +1418,7 @@ def project(models: Sequence[CaseModel], fabrics: Mapping[str, Fabric]) -> pd.Da
                     "interference_ops": m.interference.ops,
                     "interference_source": m.interference.source,
                     "host_factor": m.compute_scale,
+                    "host_factor_source": m.fit.factor_source,
                     "refused": m.refused,
                 }
             )
@@ -1403,6 +1478,7 @@ VALIDATION_COLUMNS = (
     "predicted_lo_ms",
     "predicted_hi_ms",
     "error_pct",
+    "host_ratio",
     "refused",
 )
 SLOWER = "slower link from a faster twin"
@@ -1427,7 +1503,13 @@ def validate(reference: CaseModel, targets: Iterable[Target], direction: str) ->
     description is used. ``error_pct`` = 100 · (predicted − measured) / measured, measured being
     the median of repeat medians; predicted_lo_ms/predicted_hi_ms the prediction's 95 % interval
     (``CaseModel.step_interval_ms``). A refused reference or link description refuses the prediction
-    (``refused`` says why; the numbers are NaN)."""
+    (``refused`` says why; the numbers are NaN).
+
+    ``host_ratio``, beside it and not used by it: the target's timed forward pass over the
+    reference's (``forward_times``; NaN where either has none). Each link's cases run in a world of
+    their own, and on a small shared machine one world's host may run the same ops 10–20 % slower
+    or faster than another's, which no model of the link can know: a miss with a ratio far from 1
+    is at least partly the machine's."""
     rows = []
     for t in targets:
         reps = repeat_values(t.step_rows)["step_ms"].to_numpy()
@@ -1450,6 +1532,7 @@ def validate(reference: CaseModel, targets: Iterable[Target], direction: str) ->
                 "predicted_lo_ms": pred_lo,
                 "predicted_hi_ms": pred_hi,
                 "error_pct": 100 * (pred - meas) / meas,
+                "host_ratio": forward_times(t.step_rows, None)[0] / reference.forward_ms,
                 "refused": refused,
             }
         )
