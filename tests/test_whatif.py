@@ -808,6 +808,11 @@ def test_validation_runs_both_directions_and_refuses_what_rests_on_a_refused_fit
     assert again.validation["refused"].notna().sum() == 2
     e = again.errors().set_index("direction")
     assert e.loc[slower, "refused"] == 1 and e.loc[faster, "refused"] == 1
+    # The report's validation table says how fast each target's host ran (a run before forward
+    # passes were timed: the column is there, empty).
+    section = build_report([loaded])
+    section = section[section.index('id="whatif"') :]
+    assert "<th>target's host ×</th>" in section
 
 
 def _all_models(loaded: store.Loaded) -> list[whatif.CaseModel]:
@@ -843,7 +848,7 @@ def test_whatif_json_gives_projections_intervals_refusals_and_the_ranking(tmp_pa
         assert p.returncode == 0, p.stderr
         docs.append(json.loads(p.stdout))
     assert docs[0]["validation"] and all(
-        "predicted_lo_ms" in r and "predicted_hi_ms" in r for r in docs[0]["validation"]
+        "predicted_lo_ms" in r and "predicted_hi_ms" in r and "host_ratio" in r for r in docs[0]["validation"]
     )
     doc = docs[1]
     assert set(doc) >= {"projections", "validation", "errors", "ranking", "cannot_win", "answer", "ranking_agreement"}
@@ -1172,6 +1177,9 @@ def test_predicts_a_1gbit_case_from_loopback_and_loopback_from_1gbit(tmp_path):
         assert faster["predicted_ms"] < measured["tcp-1gbit"], faster
     if pd.isna(slower["refused"]):
         assert slower["predicted_ms"] > 60, slower  # the link, not the compute, sets the step
+    # Each world's host against the other's, from their forward passes: near 1 on one machine.
+    assert all(0.5 < row["host_ratio"] < 2 for row in (slower, faster))
+    assert set(result.projections["host_factor_source"]) <= {"timed steps", "forward passes"}
     # Projections onto faster fabrics stay between the case's compute and its measured step.
     p = result.projections
     made = p[p["refused"].isna()]

@@ -1231,7 +1231,7 @@ def _print_whatif_validation(written) -> None:
     from tpbench import whatif_run
 
     t = Table(title="validation: emulated links predicted from their twins on other links")
-    numbers = ("measured ms [95% CI]", "predicted ms [95% interval]", "error")
+    numbers = ("measured ms [95% CI]", "predicted ms [95% interval]", "error", "target's host ×")
     for col in ("direction", "case", "from", "link", *numbers):
         t.add_column(col, justify="right" if col in numbers else "left")
     for row in written.validation_rows():

@@ -113,7 +113,8 @@ class Written:
 
     def validation_rows(self) -> list[tuple[str, ...]]:
         """Per prediction of an emulated link: direction, case, from, link, measured ms [95% CI],
-        predicted ms [95% interval] (or "refused") and the error."""
+        predicted ms [95% interval] (or "refused"), the error and the target's host against the twin's
+        (``whatif.validate``'s host_ratio)."""
         rows = []
         for r in self.result.validation.to_dict("records"):
             made = pd.isna(r["refused"])
@@ -126,6 +127,7 @@ class Written:
                     _ms_interval(r["measured_ms"], r["ci_lo_ms"], r["ci_hi_ms"]),
                     _ms_interval(r["predicted_ms"], r["predicted_lo_ms"], r["predicted_hi_ms"]) if made else "refused",
                     f"{r['error_pct']:+.1f}%" if made else "",
+                    f"×{r['host_ratio']:.2f}" if math.isfinite(r["host_ratio"]) else "",
                 )
             )
         return rows

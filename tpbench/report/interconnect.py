@@ -8,6 +8,8 @@ everywhere they appear: they are this machine's compute with another fabric's α
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -163,13 +165,16 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fab
         "gives compute its cores back. The traced host is scaled (the factor nearest 1: compute, and on CPU "
         "ranks the host's own communication with it) so the replay on the case's own measured link lands within "
         f"its timed median's 95% interval, not above the median (and above 1 raising the replay by no more than "
-        "the timed steps over the traced ones: the model's own miss is not put on the host). Reference link: "
+        "the timed steps over the traced ones: the model's own miss is not put on the host); on a shaped link "
+        "where communication is most of the step, which the timed step cannot pin it on, the factor is the forward "
+        "passes' timed over traced instead, where below 1. Reference link: "
         f"{result.reference}. A projection is never below the case's compute critical path (its replay with free "
         "communication) and, on a fabric no slower than the measured link, never above the measured step. A case "
         f"is refused, with the reason, when its traced steps replay more than {whatif.REPLAY_RESIDUAL:.0%} away "
         "from themselves, or when matching the timed steps would need a factor outside "
         f"×{whatif.COMPUTE_FACTOR[0]:.2f}–{whatif.COMPUTE_FACTOR[1]:.2f} "
-        "(traced steps unrepresentative of timed ones). "
+        "(traced steps unrepresentative of timed ones; on such a shaped link, also when the forward passes' "
+        "factor lies outside it). "
         "Each projection has a 95% interval from what it rests on: its replays over the traced steps (a bootstrap "
         "of their median) and every compute factor that matches the timed median's 95% interval as well, widened by "
         "the model's own miss of the traced steps it was built from, and on CPU ranks holding the other reading of the "
@@ -255,6 +260,7 @@ def _validation(page: Page, result: whatif.RunWhatIf, labels: dict[str, str]) ->
             index=v.index,
         ).where(v["refused"].isna(), "refused"),
         error=v["error_pct"].map(lambda x: f"{x:+.1f}%").where(v["refused"].isna(), ""),
+        host=v["host_ratio"].map(_host_ratio),
     )
     page.table(
         shown[
@@ -268,13 +274,19 @@ def _validation(page: Page, result: whatif.RunWhatIf, labels: dict[str, str]) ->
                 "ci_hi_ms",
                 "predicted",
                 "error",
+                "host",
                 "refused",
             ]
         ]
         .fillna({"refused": ""})
-        .rename(columns={"refused": "why refused"}),
+        .rename(columns={"refused": "why refused", "host": "target's host ×"}),
         scroll=len(shown) > 12,
     )
+
+
+def _host_ratio(ratio: float) -> str:
+    """How fast the target world's host ran its forward passes against the twin's (``validate``)."""
+    return f"×{ratio:.2f}" if math.isfinite(ratio) else ""
 
 
 def _validation_figure(v: pd.DataFrame) -> go.Figure:
