@@ -116,10 +116,10 @@ class StepTimer:
     process's CPU time over the same span: every thread's, the training thread's and the
     communication threads' (Gloo's, NCCL's proxy), which is what a busy runner steals from.
 
-    On CPU ranks also the forward pass's wall time (``forward_done``): compute with no collective
-    in flight, so it tells how fast this host ran the timed steps whatever the link (the what-if
-    sets a host's speed untraced against traced by it, ``whatif.forward_times``). NaN on GPU ranks,
-    where the host's clock would time kernel launches, not the kernels."""
+    On CPU ranks also the forward pass's wall time (``forward_done``): compute that issues none of
+    its step's collectives, so it tells how fast this host ran the timed steps whatever the link
+    (the what-if sets a host's speed untraced against traced by it, ``whatif.forward_times``). NaN
+    on GPU ranks, where the host's clock would time kernel launches, not the kernels."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"

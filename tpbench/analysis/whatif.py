@@ -999,7 +999,7 @@ TRACED_MEDIAN_TARGET = 0.05
 # the timed step cannot pin the host factor: the wire's time does not scale with the host, any
 # factor over most of the range lands the replay in the timed median's interval, and calibration
 # keeps the one nearest 1, often 1 itself. The host factor is then the forward passes'
-# (``forward_times``), which no collective of the step is in flight beside.
+# (``forward_times``), which issue none of the step's collectives.
 MOSTLY_COMMUNICATION = 0.5
 
 
@@ -1007,8 +1007,10 @@ def forward_times(step_rows: pd.DataFrame, marks: pd.DataFrame | None) -> tuple[
     """The forward pass, (timed, traced) in ms: per rank the median over its timed steps
     (``forward_ms``, which CPU ranks record) and over its traced steps' forward ranges (marks of
     kind ``forward``), then the mean over ranks; NaN where there is none (GPU ranks, a run older
-    than either). The forward pass carries no collective, so their ratio is how much faster the
-    host ran untraced than traced, whatever share of the step the link takes."""
+    than either). The forward pass issues none of its step's collectives, so their ratio is how
+    much faster the host ran untraced than traced, whatever share of the step the link takes (a
+    ZeRO hook's rank 0 ran its forward passes slower at 2.5 Gbit/s than rank 1: what the previous
+    step left in flight can still reach into it, docs/interconnects.md)."""
     timed = step_rows[step_rows["phase"] == "timed"] if "forward_ms" in step_rows else step_rows.iloc[:0]
     timed_ms = timed.groupby("rank")["forward_ms"].median().dropna() if len(timed) else pd.Series(dtype=float)
     traced_ms = pd.Series(dtype=float)
