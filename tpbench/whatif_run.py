@@ -127,7 +127,7 @@ class Written:
                     _ms_interval(r["measured_ms"], r["ci_lo_ms"], r["ci_hi_ms"]),
                     _ms_interval(r["predicted_ms"], r["predicted_lo_ms"], r["predicted_hi_ms"]) if made else "refused",
                     f"{r['error_pct']:+.1f}%" if made else "",
-                    f"×{r['host_ratio']:.2f}" if math.isfinite(r["host_ratio"]) else "",
+                    host_ratio_text(r["host_ratio"]),
                 )
             )
         return rows
@@ -259,6 +259,12 @@ def interference_text(row: Mapping[str, Any]) -> str:
         f"×{row['interference']:.2f} [{row['interference_lo']:.2f}, {row['interference_hi']:.2f}] "
         f"{row['interference_source']}"
     )
+
+
+def host_ratio_text(ratio: float) -> str:
+    """A validation row's ``host_ratio`` (the target world's forward passes against its twin's), as
+    the terminal and the report show it: "×1.05", or nothing where a run has no forward passes."""
+    return f"×{ratio:.2f}" if math.isfinite(ratio) else ""
 
 
 def _ms_interval(ms: float, lo: float, hi: float) -> str:

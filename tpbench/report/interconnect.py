@@ -8,8 +8,6 @@ everywhere they appear: they are this machine's compute with another fabric's α
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -244,7 +242,9 @@ def _validation(page: Page, result: whatif.RunWhatIf, labels: dict[str, str]) ->
         "and a faster link from the twin on the slowest emulated link. Only the target link's description is "
         "used: a tcp-<rate> link's rate, and the reference link's bandwidth as its traced collectives reached "
         "it (as nccl-tests would report a real fabric's); never the target's step times. Measured: median of "
-        "repeat medians with 95% bootstrap CI.",
+        "repeat medians with 95% bootstrap CI. Target's host ×: the target's timed forward passes over its twin's, "
+        "shown beside and not used: each link's cases ran in a world of their own, and a host that ran slower "
+        "there makes a miss that no model of the link could avoid.",
         css="muted",
     )
     page.bullets([whatif_run.error_line(e) for e in result.errors().to_dict("records")], css="verdicts")
@@ -260,7 +260,7 @@ def _validation(page: Page, result: whatif.RunWhatIf, labels: dict[str, str]) ->
             index=v.index,
         ).where(v["refused"].isna(), "refused"),
         error=v["error_pct"].map(lambda x: f"{x:+.1f}%").where(v["refused"].isna(), ""),
-        host=v["host_ratio"].map(_host_ratio),
+        host=v["host_ratio"].map(whatif_run.host_ratio_text),
     )
     page.table(
         shown[
@@ -282,11 +282,6 @@ def _validation(page: Page, result: whatif.RunWhatIf, labels: dict[str, str]) ->
         .rename(columns={"refused": "why refused", "host": "target's host ×"}),
         scroll=len(shown) > 12,
     )
-
-
-def _host_ratio(ratio: float) -> str:
-    """How fast the target world's host ran its forward passes against the twin's (``validate``)."""
-    return f"×{ratio:.2f}" if math.isfinite(ratio) else ""
 
 
 def _validation_figure(v: pd.DataFrame) -> go.Figure:
