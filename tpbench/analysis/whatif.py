@@ -1008,12 +1008,13 @@ def forward_times(step_rows: pd.DataFrame, marks: pd.DataFrame | None) -> tuple[
     (``forward_ms``, which CPU ranks record) and over its traced steps' forward ranges (marks of
     kind ``forward``), then the mean over ranks; NaN where there is none (GPU ranks, a run older
     than either). The forward pass issues none of its step's collectives, so their ratio is how
-    much faster the host ran untraced than traced, whatever share of the step the link takes (a
-    ZeRO hook's rank 0 ran its forward passes slower at 2.5 Gbit/s than rank 1: what the previous
-    step left in flight can still reach into it, docs/interconnects.md)."""
-    timed = step_rows[step_rows["phase"] == "timed"] if "forward_ms" in step_rows else step_rows.iloc[:0]
-    timed_ms = timed.groupby("rank")["forward_ms"].median().dropna() if len(timed) else pd.Series(dtype=float)
-    traced_ms = pd.Series(dtype=float)
+    much faster the host ran untraced than traced, whatever share of the step the link takes (though
+    a ZeRO hook's rank 0 ran its forward passes slower than rank 1 at 2.5 Gbit/s, for a reason not
+    measured: docs/interconnects.md)."""
+    timed_ms = traced_ms = pd.Series(dtype=float)
+    if "forward_ms" in step_rows:
+        timed = step_rows[step_rows["phase"] == "timed"]
+        timed_ms = timed.groupby("rank")["forward_ms"].median().dropna()
     if marks is not None and len(marks):
         fwd = marks[marks["kind"] == "forward"]
         traced_ms = ((fwd["end_ns"] - fwd["start_ns"]) / 1e6).groupby(fwd["rank"]).median()
