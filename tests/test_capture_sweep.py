@@ -19,7 +19,7 @@ import torch.distributed as dist
 from conftest import sweep_in_process, tiny_suite
 from world import run_world
 
-from tpbench import store
+from tpbench import capture, store
 from tpbench.analysis import whatif
 from tpbench.capture import NVML_FILE, nvml
 from tpbench.suite import expand, parse
@@ -86,6 +86,34 @@ def test_each_timed_forward_pass_is_timed_and_each_traced_one_is_a_mark(run):
         assert (forward["end_ns"] > forward["start_ns"]).all()
         timed, traced = whatif.forward_times(steps[steps["case_id"] == case["case_id"]], marks)
         assert timed > 0 and traced > 0
+
+
+def test_a_trace_window_the_host_ran_slow_in_is_traced_again(tmp_path):
+    """A window whose forward passes ran at under ``capture.RETRACE_BELOW`` of their timed speed is
+    traced again, the last window kept (``CaseRunner._profile``). The fault ``slow-trace:1`` has
+    rank 1 sleep in its first window's forward passes (below a third of their timed speed): both
+    ranks must trace again, the record says so, and the kept trace is not the slowed one."""
+    suite = tiny_suite('fault = ["slow-trace:1"]', profiler_steps=2)
+    loaded = sweep_in_process(tmp_path, suite)
+    ((cid, case),) = loaded.record.cases.items()
+    assert case.status == "done"
+    window = case.capture.trace
+    assert window.windows >= 2 and len(window.host_speed) == window.windows
+    assert window.host_speed[0] < 1 / 3
+    if window.windows < capture.TRACE_WINDOWS:
+        assert window.host_speed[-1] >= capture.RETRACE_BELOW
+    marks = store.read_case_table(loaded.run_dir, cid, "marks")
+    forward = marks[marks["kind"] == "forward"]
+    assert forward.groupby("rank").size().tolist() == [2, 2]  # the kept window's steps only
+    timed, traced = whatif.forward_times(loaded.steps, marks)
+    assert timed / traced > window.host_speed[0]
+
+
+def test_a_window_is_traced_again_while_its_host_ran_slow_at_most_three_times():
+    assert capture.retrace([0.5]) and capture.retrace([0.9, 0.69])
+    assert not capture.retrace([0.7]) and not capture.retrace([0.3, 0.3, 0.3])
+    assert not capture.retrace([math.nan])  # not measured (GPU ranks): never retraced
+    assert math.isnan(capture.host_speed(math.nan, 2.0)) and capture.host_speed(1.0, 2.0) == 0.5
 
 
 def test_clock_sync_maps_the_sampler_clock_onto_each_trace(run):

@@ -80,6 +80,14 @@ class SweepProgress:
                     ("trace failed: ", "yellow"), f"{label}: {data['cause']}; its last repeat again in a fresh world"
                 )
             )
+        elif event == "trace_retake":
+            label = self.labels.get(data["case"], data["case"])
+            self.progress.console.print(
+                Text.assemble(
+                    ("trace retaken: ", "yellow"),
+                    f"{label}: its traced forward passes ran at ×{data['host_speed']:.2f} of their timed speed",
+                )
+            )
         elif event == "case_failed":
             self.done_cases += 1
             label = self.labels.get(data["case"], data["case"])

@@ -613,7 +613,7 @@ class Supervisor:
         """A case's telemetry summary, clock offsets and observed transport (judged against the
         asked profile) into its run.json entry."""
         cid = ev["case"]
-        info: dict[str, Any] = {"nvml": ev["nvml"], "clock_sync": ev["clock_sync"]}
+        info: dict[str, Any] = {"nvml": ev["nvml"], "clock_sync": ev["clock_sync"], "trace": ev.get("trace")}
         if self.interconnect is not None:
             seen = ev["transport"]
             info["observed_transport"] = transport.summarize(

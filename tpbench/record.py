@@ -44,8 +44,9 @@ CASE_STATES = (PENDING, RUNNING, DONE, FAILED)
 INTERRUPTED, PRINTED, COMPLETE, COMPLETE_WITH_FAILURES = "interrupted", "printed", "complete", "complete_with_failures"
 RUN_STATES = (RUNNING, INTERRUPTED, PRINTED, COMPLETE, COMPLETE_WITH_FAILURES)
 FINISHED = (COMPLETE, COMPLETE_WITH_FAILURES)
-# What a case's capture leaves in its entry (``Capture``): telemetry, clock offsets, observed transport.
-CAPTURED_KEYS = ("nvml", "clock_sync", "observed_transport")
+# What a case's capture leaves in its entry (``Capture``): telemetry, clock offsets, observed
+# transport, how its trace window went.
+CAPTURED_KEYS = ("nvml", "clock_sync", "observed_transport", "trace")
 
 # Keys added after results existed, with the value that is the behaviour before them: at it they
 # stay out of the identity (``suite.identity``), so the cases of earlier runs compare with new runs
@@ -178,14 +179,26 @@ class ObservedTransport(_Entry):
 
 
 @dataclass(frozen=True)
+class TraceWindow(_Entry):
+    """How a case's trace window went (``capture.retrace``): the windows traced, the last one
+    kept, and each one's host speed, the timed forward pass's median over the traced one's on the
+    slowest rank (None where the host's clock does not time the forward pass: GPU ranks)."""
+
+    windows: int = 1
+    host_speed: tuple[float | None, ...] = ()
+
+
+@dataclass(frozen=True)
 class Capture(_Entry):
     """What a case's capture recorded: telemetry, each rank's clock offsets (rank → the
-    ``capture.nvml.ClockSync`` fields, None for a rank without a trace) and the observed transport.
-    None: not recorded (the case never finished, or no interconnect was judged)."""
+    ``capture.nvml.ClockSync`` fields, None for a rank without a trace), the observed transport and
+    the trace window. None: not recorded (the case never finished, no interconnect was judged, or
+    a run from before trace windows were recorded)."""
 
     nvml: Telemetry | None = None
     clock_sync: Mapping[str, Any] = field(default_factory=_no_entries)
     observed_transport: ObservedTransport | None = None
+    trace: TraceWindow | None = None
 
     @classmethod
     def from_json(cls, entry: Mapping[str, Any] | None) -> Capture:
@@ -194,6 +207,7 @@ class Capture(_Entry):
             Telemetry.from_json(entry["nvml"]) if entry.get("nvml") is not None else None,
             _frozen(entry.get("clock_sync")),
             ObservedTransport.from_json(entry["observed_transport"]) if entry.get("observed_transport") else None,
+            TraceWindow.from_json(entry["trace"]) if entry.get("trace") else None,
         )
 
 

@@ -109,8 +109,9 @@ def _str(v: Any) -> bool:
 
 
 # Test-only faults (the ``fault`` key, KIND:RANK): that rank is killed by SIGKILL in a step of repeat 0, hangs
-# there, or aborts as its case's trace starts (once per run: the launcher's retry then traces it).
-FAULTS = ("crash", "hang", "abort-trace")
+# there, aborts as its case's trace starts (once per run: the launcher's retry then traces it), or runs its
+# first trace window's forward passes at under a third of their timed speed (the window is traced again).
+FAULTS = ("crash", "hang", "abort-trace", "slow-trace")
 
 # Every key a case has, with its default: the single source for [defaults], [sweep], --set.
 CASE_KEYS: dict[str, KeySpec] = {

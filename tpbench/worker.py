@@ -253,6 +253,7 @@ class _Repeat:
         mine = case.fault != "none" and int(fault_rank) == rank
         self.fault = fault_kind if mine and repeat == 0 and fault_kind in ("crash", "hang") else None
         self.aborts_tracing = mine and fault_kind == "abort-trace"
+        self.slows_tracing = mine and fault_kind == "slow-trace"
         self.step_ms: list[float] = []
         self.cpu_ms: list[float] = []
         self.forward_ms: list[float] = []  # CPU ranks: the forward pass's wall ms (StepTimer)
@@ -392,14 +393,15 @@ class CaseRunner:
         # Exact bytes and step work, once per case (on its last repeat), after the timed steps.
         counted = accounting.measure(training.model, training.optimizer, self.rank.rank) if profile_after else None
         spans = nvml.step_spans(arm.starts, arm.ends, case.warmup_steps)
-        clock = None
+        clock, trace_window = None, None
         if profile_after and case.profiler_steps > 0:
             # The launcher retries a case once whose rank dies by a signal from here on (launch.run_group).
             self.events.emit("trace_start", case=case.case_id, rank=self.rank.rank)
             if arm.aborts_tracing:
                 _abort_once(self.run_dir, case.case_id, self.rank.rank)
             burn_s = statistics.median(arm.burned) if arm.burned else 0.0
-            clock, profile_spans = self._profile(case, training, workload, arm.delay_s, burn_s)
+            timed_forward = statistics.median(arm.forward_ms[case.warmup_steps :])
+            clock, profile_spans, trace_window = self._profile(case, arm, timed_forward, burn_s)
             spans += profile_spans
         mine = {
             "step_ms": arm.step_ms,
@@ -411,7 +413,7 @@ class CaseRunner:
             "extra": arm.extra,
             "load_window": window,
             **memory,
-            "capture": self._capture(case, repeat, arm.sampler, spans, clock, last=profile_after),
+            "capture": self._capture(case, repeat, arm.sampler, spans, clock, last=profile_after, window=trace_window),
             "accounting": counted,
         }
         gathered: list[Any] | None = [None] * self.rank.world_size if self.rank.rank == 0 else None
@@ -454,9 +456,11 @@ class CaseRunner:
         spans: list[nvml.Span],
         clock: nvml.ClockSync | None,
         last: bool,
+        window: capture.TraceWindow | None = None,
     ) -> capture.RankCapture:
-        """This rank's telemetry for the repeat; on a case's last repeat also the transport it used."""
-        cap = capture.RankCapture(self.rank.rank, capture.nvml_status(self.gpu), clock=clock)
+        """This rank's telemetry for the repeat; on a case's last repeat also the transport it used
+        and how its trace window went."""
+        cap = capture.RankCapture(self.rank.rank, capture.nvml_status(self.gpu), clock=clock, trace=window)
         if sampler is not None:
             cap.samples = nvml.samples_frame(self.gpu, sampler.stop(), spans, self.rank.rank, repeat)
             cap.sampler_error = sampler.error
@@ -473,25 +477,70 @@ class CaseRunner:
         }
 
     def _profile(
-        self, case: Case, training: Training, workload, delay_s: float, burn_s: float
-    ) -> tuple[nvml.ClockSync | None, list[nvml.Span]]:
+        self, case: Case, arm: _Repeat, timed_forward_ms: float, burn_s: float
+    ) -> tuple[nvml.ClockSync | None, list[nvml.Span], capture.TraceWindow]:
         """``profiler_steps`` traced steps after the timed ones (see ``capture.profiler``), slowed
         as the timed steps were: the same delay, or the timed steps' median burn (``burn_s``; not
         a share of the traced step's CPU time, which the profiler inflates), in its own trace
         range. The traces must show what the timed steps measured, or ``tpbench explain`` could
-        not say where a planted slowdown went."""
+        not say where a planted slowdown went.
+
+        A window in which the host ran much slower than in the timed steps is traced again
+        (``capture.retrace``): the what-if builds its model from these steps, and a window the
+        machine disturbed (a neighbour, the hypervisor) would carry that disturbance into every
+        projection. The forward pass tells, as it issues none of the step's collectives; the
+        ranks agree on the slowest rank's speed, as every rank must trace the same steps."""
+        training, workload = arm.training, arm.workload
+        forward_s: list[float] = []
+        slowing = arm.slows_tracing
 
         def run_step(step: int) -> None:
             x, y = workload.train_batch(step)
-            train_step(training, workload, x, y, profiled=True)
-            if delay_s:
-                _delay(delay_s)  # a wait: no range, so the trace shows it as what it is (idle)
+            t0 = time.perf_counter()
+            train_step(
+                training, workload, x, y, profiled=True, forward_done=lambda: forward_s.append(time.perf_counter() - t0)
+            )
+            if arm.delay_s:
+                _delay(arm.delay_s)  # a wait: no range, so the trace shows it as what it is (idle)
             elif burn_s:
                 with record_function(BURN_RANGE):  # CPU work of the training thread: compute
                     _burn(burn_s)
 
         out = store.trace_dir(self.run_dir, case.case_id) / f"rank{self.rank.rank}.json.gz"
-        return profiler.trace_steps(run_step, case.profiler_steps, case.warmup_steps + case.steps, self.device, out)
+        speeds: list[float] = []
+        while True:
+            forward_s.clear()
+            # Test-only fault ``slow-trace:RANK``: this rank's forward passes slowed in the first window.
+            hook = training.model.register_forward_pre_hook(_slow_forward(timed_forward_ms)) if slowing else None
+            clock, spans = profiler.trace_steps(
+                run_step, case.profiler_steps, case.warmup_steps + case.steps, self.device, out
+            )
+            if hook is not None:
+                hook.remove()
+                slowing = False
+            traced_ms = statistics.median(forward_s[1:]) * 1e3  # the first step is the profiler's warm-up
+            speeds.append(self._slowest(capture.host_speed(timed_forward_ms, traced_ms)))
+            if not capture.retrace(speeds):
+                return clock, spans, capture.TraceWindow(len(speeds), tuple(x if x == x else None for x in speeds))
+            if self.rank.rank == 0:
+                self.events.emit("trace_retake", case=case.case_id, host_speed=speeds[-1])
+
+    def _slowest(self, speed: float) -> float:
+        """The lowest ``speed`` over the world's ranks (every rank gets it; NaN where none was measured)."""
+        t = torch.tensor([speed if speed == speed else math.inf], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.ctrl)
+        return float(t.item()) if t.item() < math.inf else math.nan
+
+
+def _slow_forward(timed_forward_ms: float) -> Callable[..., None]:
+    """A forward pre-hook that sleeps twice the timed forward pass and 5 ms more: the traced
+    forward passes run at under a third of their timed speed, as in a window the machine disturbed."""
+    pause_s = (2 * timed_forward_ms + 5) / 1e3
+
+    def slow(*_: Any) -> None:
+        time.sleep(pause_s)
+
+    return slow
 
 
 @torch.no_grad()

@@ -17,6 +17,7 @@ the NVML calls of that sample took), then ``nvml.METRICS``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import pandas as pd
 
 from tpbench import store
 from tpbench.capture import nvml, transport
+from tpbench.record import TraceWindow
 
 NVML_FILE = store.NVML_FILE
 
@@ -39,6 +41,27 @@ class RankCapture:
     sampler_error: str | None = None
     clock: nvml.ClockSync | None = None  # profiled repeats only
     transport: transport.NcclRank | transport.GlooRank | None = None  # a case's last repeat only
+    trace: TraceWindow | None = None  # profiled repeats only
+
+
+# A trace window whose host ran the forward pass at under this share of its timed speed is traced
+# again, up to ``TRACE_WINDOWS`` windows in all (the last one is kept). Tracing itself costs a
+# forward pass little (a few ops, each a few µs of the profiler's): on the 2-core machine the ratio
+# is 0.8–1.2 in an undisturbed window, and 0.3–0.6 in windows a neighbour or the hypervisor took
+# half the machine from (docs/interconnects.md), which the what-if would carry into every projection.
+RETRACE_BELOW = 0.7
+TRACE_WINDOWS = 3
+
+
+def host_speed(timed_ms: float, traced_ms: float) -> float:
+    """The forward pass's timed median over its traced one (NaN where either is not a time)."""
+    return timed_ms / traced_ms if timed_ms > 0 and traced_ms > 0 else math.nan
+
+
+def retrace(speeds: list[float]) -> bool:
+    """Whether to trace another window after windows of these host speeds (a NaN speed, not
+    measured, never asks for one)."""
+    return len(speeds) < TRACE_WINDOWS and speeds[-1] < RETRACE_BELOW
 
 
 def nvml_status(gpu: nvml.Gpu | nvml.Unavailable) -> dict[str, Any]:
@@ -74,6 +97,7 @@ def case_info(
         "nvml": _nvml_entry(samples, interval_ms, captures),
         "clock_sync": {str(c.rank): dataclasses.asdict(c.clock) if c.clock else None for c in captures},
         "transport": {"backend": backend, "ranks": [dataclasses.asdict(c.transport) for c in captures if c.transport]},
+        "trace": next((c.trace.to_json() for c in captures if c.trace), None),
     }
 
 
