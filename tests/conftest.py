@@ -57,12 +57,15 @@ def tiny_suite(
     name: str | None = None,
     description: str | None = None,
     profiler_steps: int = 0,
+    trace_windows: int = 1,
     mlp: dict[str, int] | None = None,
     **defaults: object,
 ) -> str:
     """A 2-rank Gloo suite of tiny mlp cases; ``sweep`` is the body of its [sweep] table, whose keys
     leave [defaults]. ``defaults`` (TOML values as text) replace or add to the [defaults] below;
-    ``profiler_steps`` traced steps per case; ``mlp``: the [workloads.mlp] table (width 32, depth 2)."""
+    ``profiler_steps`` traced steps per case in at most ``trace_windows`` windows (one: a tiny model's
+    steps trace at under half their timed speed, below the floor that has a window traced again,
+    ``capture.STEP_SPEED_FLOOR``); ``mlp``: the [workloads.mlp] table (width 32, depth 2)."""
     base = {
         "world_size": 2,
         "backend": '"gloo"',
@@ -81,7 +84,7 @@ def tiny_suite(
     workload = "\n".join(f"{k} = {v}" for k, v in (mlp or {"width": 32, "depth": 2}).items())
     return (
         f"{head}[defaults]\n{lines}\n[sweep]\n{sweep}\n"
-        f"[capture]\nprofiler_steps = {profiler_steps}\n[workloads.mlp]\n{workload}\n"
+        f"[capture]\nprofiler_steps = {profiler_steps}\ntrace_windows = {trace_windows}\n[workloads.mlp]\n{workload}\n"
     )
 
 

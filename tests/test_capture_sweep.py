@@ -89,31 +89,37 @@ def test_each_timed_forward_pass_is_timed_and_each_traced_one_is_a_mark(run):
 
 
 def test_a_trace_window_the_host_ran_slow_in_is_traced_again(tmp_path):
-    """A window whose forward passes ran at under ``capture.RETRACE_BELOW`` of their timed speed is
-    traced again, the last window kept (``CaseRunner._profile``). The fault ``slow-trace:1`` has
-    rank 1 sleep in its first window's forward passes (below a third of their timed speed): both
-    ranks must trace again, the record says so, and the kept trace is not the slowed one."""
-    suite = tiny_suite('fault = ["slow-trace:1"]', profiler_steps=2)
+    """A window whose forward passes ran at under ``capture.FORWARD_SPEED_FLOOR`` of their timed
+    speed is traced again and the best window kept (``CaseRunner._profile``). The fault
+    ``slow-trace:1`` has rank 1 sleep in its first window's forward passes (below a third of their
+    timed speed): both ranks must trace again, the record says so, and the kept trace, alone in its
+    folder, is not the slowed one."""
+    suite = tiny_suite('fault = ["slow-trace:1"]', profiler_steps=2, trace_windows=3)
     loaded = sweep_in_process(tmp_path, suite)
     ((cid, case),) = loaded.record.cases.items()
     assert case.status == "done"
     window = case.capture.trace
-    assert window.windows >= 2 and len(window.host_speed) == window.windows
-    assert window.host_speed[0] < 1 / 3
-    if window.windows < capture.TRACE_WINDOWS:
-        assert window.host_speed[-1] >= capture.RETRACE_BELOW
+    assert window.windows >= 2 and len(window.forward_speed) == len(window.step_speed) == window.windows
+    assert window.forward_speed[0] < 1 / 3 and window.kept > 0
+    kept = capture.window_score(window.forward_speed[window.kept], window.step_speed[window.kept])
+    assert kept >= 1 or window.windows == 3
+    traces = store.trace_dir(loaded.run_dir, cid)
+    assert sorted(p.name for p in traces.iterdir()) == ["rank0.json.gz", "rank1.json.gz"]
     marks = store.read_case_table(loaded.run_dir, cid, "marks")
     forward = marks[marks["kind"] == "forward"]
     assert forward.groupby("rank").size().tolist() == [2, 2]  # the kept window's steps only
     timed, traced = whatif.forward_times(loaded.steps, marks)
-    assert timed / traced > window.host_speed[0]
+    assert timed / traced > window.forward_speed[0]
 
 
-def test_a_window_is_traced_again_while_its_host_ran_slow_at_most_three_times():
-    assert capture.retrace([0.5]) and capture.retrace([0.9, 0.69])
-    assert not capture.retrace([0.7]) and not capture.retrace([0.3, 0.3, 0.3])
-    assert not capture.retrace([math.nan])  # not measured (GPU ranks): never retraced
-    assert math.isnan(capture.host_speed(math.nan, 2.0)) and capture.host_speed(1.0, 2.0) == 0.5
+def test_a_window_is_traced_again_while_below_a_floor_at_most_three_times_and_the_best_kept():
+    floors = capture.FORWARD_SPEED_FLOOR, capture.STEP_SPEED_FLOOR
+    assert capture.window_score(*floors) == 1 and capture.window_score(0.9, 0.4) == 0.4 / floors[1]
+    assert capture.retrace([0.5], 3) and capture.retrace([1.2, 0.99], 3)
+    assert not capture.retrace([1.0], 3) and not capture.retrace([0.3, 0.3, 0.3], 3) and not capture.retrace([0.5], 1)
+    assert not capture.retrace([math.nan], 3)  # not measured (GPU ranks): never traced again
+    assert capture.kept_window([0.3, 0.8, 0.5]) == 1 and capture.kept_window([math.nan]) == 0
+    assert math.isnan(capture.speed(math.nan, 2.0)) and capture.speed(1.0, 2.0) == 0.5
 
 
 def test_clock_sync_maps_the_sampler_clock_onto_each_trace(run):

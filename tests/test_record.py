@@ -114,7 +114,9 @@ def _old_run_json() -> dict:
 def tiny_case() -> Case:
     from tpbench.suite import expand, parse
 
-    (case,) = expand(parse("[suite]\nname = 'old'\n[defaults]\nworld_size = 2\nbackend = 'gloo'\ndevice = 'cpu'\n"))
+    # trace_windows at 1: the one added key whose default is not its old behaviour (one trace window).
+    text = "[suite]\nname = 'old'\n[defaults]\nworld_size = 2\nbackend = 'gloo'\ndevice = 'cpu'\n"
+    (case,) = expand(parse(text + "[capture]\ntrace_windows = 1\n"))
     return case
 
 

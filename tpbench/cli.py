@@ -85,7 +85,8 @@ class SweepProgress:
             self.progress.console.print(
                 Text.assemble(
                     ("trace retaken: ", "yellow"),
-                    f"{label}: its traced forward passes ran at ×{data['host_speed']:.2f} of their timed speed",
+                    f"{label}: the host ran its traced forward passes at ×{data['forward_speed']:.2f} of their "
+                    f"timed speed, its steps at ×{data['step_speed']:.2f}",
                 )
             )
         elif event == "case_failed":

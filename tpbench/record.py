@@ -58,6 +58,7 @@ ADDED_KEYS: dict[str, Any] = {
     "slowdown_ranks": "all",
     "parameters_as_bucket_view": False,
     "bucket_cap_mb_list": None,
+    "trace_windows": 1,
 }
 # Added keys that only some algorithms use: collapsed (None) for the others, which had no such key
 # before either, so there None is the old behaviour too.
@@ -180,12 +181,15 @@ class ObservedTransport(_Entry):
 
 @dataclass(frozen=True)
 class TraceWindow(_Entry):
-    """How a case's trace window went (``capture.retrace``): the windows traced, the last one
-    kept, and each one's host speed, the timed forward pass's median over the traced one's on the
-    slowest rank (None where the host's clock does not time the forward pass: GPU ranks)."""
+    """How a case's trace window went (``capture.retrace``): the windows traced, the one kept
+    (from 0), and per window the forward pass's and the step's speed, each the timed median over
+    the traced one on the slowest rank (None where not measured: GPU ranks, whose host clock
+    times kernel launches)."""
 
     windows: int = 1
-    host_speed: tuple[float | None, ...] = ()
+    kept: int = 0
+    forward_speed: tuple[float | None, ...] = ()
+    step_speed: tuple[float | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -329,6 +333,7 @@ class Case:
     slowdown_ranks: str | list[int] = ADDED_KEYS["slowdown_ranks"]
     parameters_as_bucket_view: bool | None = ADDED_KEYS["parameters_as_bucket_view"]
     bucket_cap_mb_list: list[float] | None = ADDED_KEYS["bucket_cap_mb_list"]
+    trace_windows: int = ADDED_KEYS["trace_windows"]
     case_id: str = ""
 
     def params(self) -> dict[str, Any]:

@@ -43,6 +43,7 @@ BUDGET_KEYS = frozenset(
         "warmup_steps",
         "timeout_s",
         "profiler_steps",
+        "trace_windows",
         "nvml_interval_ms",
         "slowdown_pct",
         "slowdown_kind",
@@ -166,6 +167,7 @@ CASE_KEYS: dict[str, KeySpec] = {
 
 CAPTURE_KEYS: dict[str, KeySpec] = {
     "profiler_steps": KeySpec(3, "an integer >= 0", _int(0)),
+    "trace_windows": KeySpec(3, "an integer >= 1", _int(1)),
     "nvml_interval_ms": KeySpec(50, "an integer >= 1", _int(1)),
 }
 

@@ -400,8 +400,7 @@ class CaseRunner:
             if arm.aborts_tracing:
                 _abort_once(self.run_dir, case.case_id, self.rank.rank)
             burn_s = statistics.median(arm.burned) if arm.burned else 0.0
-            timed_forward = statistics.median(arm.forward_ms[case.warmup_steps :])
-            clock, profile_spans, trace_window = self._profile(case, arm, timed_forward, burn_s)
+            clock, profile_spans, trace_window = self._profile(case, arm, burn_s)
             spans += profile_spans
         mine = {
             "step_ms": arm.step_ms,
@@ -477,7 +476,7 @@ class CaseRunner:
         }
 
     def _profile(
-        self, case: Case, arm: _Repeat, timed_forward_ms: float, burn_s: float
+        self, case: Case, arm: _Repeat, burn_s: float
     ) -> tuple[nvml.ClockSync | None, list[nvml.Span], capture.TraceWindow]:
         """``profiler_steps`` traced steps after the timed ones (see ``capture.profiler``), slowed
         as the timed steps were: the same delay, or the timed steps' median burn (``burn_s``; not
@@ -485,13 +484,20 @@ class CaseRunner:
         range. The traces must show what the timed steps measured, or ``tpbench explain`` could
         not say where a planted slowdown went.
 
-        A window in which the host ran much slower than in the timed steps is traced again
-        (``capture.retrace``): the what-if builds its model from these steps, and a window the
-        machine disturbed (a neighbour, the hypervisor) would carry that disturbance into every
-        projection. The forward pass tells, as it issues none of the step's collectives; the
-        ranks agree on the slowest rank's speed, as every rank must trace the same steps."""
+        On CPU ranks a window in which the host ran much slower than in the timed steps is traced
+        again (``capture.retrace``), and the best window kept: the what-if builds its model from
+        these steps, and a window the machine disturbed (a neighbour, the hypervisor) would carry
+        that disturbance into every projection. The forward pass, which issues none of the step's
+        collectives, and the whole step tell; the ranks agree on the slowest rank's speeds, as
+        every rank must trace the same steps and keep the same window."""
         training, workload = arm.training, arm.workload
+        timed = slice(case.warmup_steps, None)
+        timed_forward_ms, timed_step_ms = (
+            statistics.median(arm.forward_ms[timed]),
+            statistics.median(arm.step_ms[timed]),
+        )
         forward_s: list[float] = []
+        step_s: list[float] = []
         slowing = arm.slows_tracing
 
         def run_step(step: int) -> None:
@@ -505,31 +511,60 @@ class CaseRunner:
             elif burn_s:
                 with record_function(BURN_RANGE):  # CPU work of the training thread: compute
                     _burn(burn_s)
+            step_s.append(time.perf_counter() - t0)
 
         out = store.trace_dir(self.run_dir, case.case_id) / f"rank{self.rank.rank}.json.gz"
-        speeds: list[float] = []
+        for stale in out.parent.glob(f"rank{self.rank.rank}.window*.json.gz"):  # a world killed while it traced
+            stale.unlink()
+        windows: list[tuple[nvml.ClockSync | None, list[nvml.Span], Path]] = []
+        forward, steps, scores = [], [], []
         while True:
             forward_s.clear()
+            step_s.clear()
             # Test-only fault ``slow-trace:RANK``: this rank's forward passes slowed in the first window.
             hook = training.model.register_forward_pre_hook(_slow_forward(timed_forward_ms)) if slowing else None
+            path = out.with_name(f"rank{self.rank.rank}.window{len(windows)}.json.gz")
             clock, spans = profiler.trace_steps(
-                run_step, case.profiler_steps, case.warmup_steps + case.steps, self.device, out
+                run_step, case.profiler_steps, case.warmup_steps + case.steps, self.device, path
             )
+            windows.append((clock, spans, path))
             if hook is not None:
                 hook.remove()
                 slowing = False
-            traced_ms = statistics.median(forward_s[1:]) * 1e3  # the first step is the profiler's warm-up
-            speeds.append(self._slowest(capture.host_speed(timed_forward_ms, traced_ms)))
-            if not capture.retrace(speeds):
-                return clock, spans, capture.TraceWindow(len(speeds), tuple(x if x == x else None for x in speeds))
+            # The first step is the profiler's warm-up, untraced. GPU ranks time neither here.
+            cpu = self.device.type == "cpu"
+            mine = [
+                capture.speed(timed_forward_ms, statistics.median(forward_s[1:]) * 1e3) if cpu else math.nan,
+                capture.speed(timed_step_ms, statistics.median(step_s[1:]) * 1e3) if cpu else math.nan,
+            ]
+            f, st = self._slowest(mine)
+            forward.append(f)
+            steps.append(st)
+            scores.append(capture.window_score(f, st))
+            if not capture.retrace(scores, case.trace_windows):
+                break
             if self.rank.rank == 0:
-                self.events.emit("trace_retake", case=case.case_id, host_speed=speeds[-1])
+                self.events.emit("trace_retake", case=case.case_id, forward_speed=f, step_speed=st)
+        kept = capture.kept_window(scores)
+        for k, (_, _, path) in enumerate(windows):
+            if k == kept:
+                os.replace(path, out)
+            else:
+                path.unlink()
+        clock, spans, _ = windows[kept]
+        return clock, spans, capture.TraceWindow(len(windows), kept, _json_numbers(forward), _json_numbers(steps))
 
-    def _slowest(self, speed: float) -> float:
-        """The lowest ``speed`` over the world's ranks (every rank gets it; NaN where none was measured)."""
-        t = torch.tensor([speed if speed == speed else math.inf], dtype=torch.float64)
+    def _slowest(self, speeds: list[float]) -> list[float]:
+        """Each of ``speeds``, the lowest over the world's ranks (every rank gets them; NaN where
+        no rank measured it)."""
+        t = torch.tensor([x if x == x else math.inf for x in speeds], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.ctrl)
-        return float(t.item()) if t.item() < math.inf else math.nan
+        return [x if x < math.inf else math.nan for x in t.tolist()]
+
+
+def _json_numbers(values: list[float]) -> tuple[float | None, ...]:
+    """NaN as None: run.json is strict JSON."""
+    return tuple(x if x == x else None for x in values)
 
 
 def _slow_forward(timed_forward_ms: float) -> Callable[..., None]:

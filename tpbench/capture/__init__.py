@@ -44,24 +44,39 @@ class RankCapture:
     trace: TraceWindow | None = None  # profiled repeats only
 
 
-# A trace window whose host ran the forward pass at under this share of its timed speed is traced
-# again, up to ``TRACE_WINDOWS`` windows in all (the last one is kept). Tracing itself costs a
+# A trace window is traced again, up to the case's ``trace_windows`` windows in all, when on some rank its
+# forward passes ran at under ``FORWARD_SPEED_FLOOR`` of their timed speed or its steps at under
+# ``STEP_SPEED_FLOOR`` of theirs; the window furthest above both floors is kept. Tracing costs a
 # forward pass little (a few ops, each a few µs of the profiler's): on the 2-core machine the ratio
-# is 0.8–1.2 in an undisturbed window, and 0.3–0.6 in windows a neighbour or the hypervisor took
-# half the machine from (docs/interconnects.md), which the what-if would carry into every projection.
-RETRACE_BELOW = 0.7
-TRACE_WINDOWS = 3
+# is 0.7–1.2 in an undisturbed window, 0.3–0.6 where a neighbour or the hypervisor took half the
+# machine. A whole step has many more ops, and tracing may double its host work, which is also
+# the what-if's bound on a traced host (its ``COMPUTE_FACTOR``): a step traced at under half its timed
+# speed is a window the machine disturbed too (docs/interconnects.md), and the what-if would carry it
+# into every projection, or refuse the case.
+FORWARD_SPEED_FLOOR = 0.7
+STEP_SPEED_FLOOR = 0.5
 
 
-def host_speed(timed_ms: float, traced_ms: float) -> float:
-    """The forward pass's timed median over its traced one (NaN where either is not a time)."""
+def speed(timed_ms: float, traced_ms: float) -> float:
+    """A timed median over its traced one (NaN where either is not a time)."""
     return timed_ms / traced_ms if timed_ms > 0 and traced_ms > 0 else math.nan
 
 
-def retrace(speeds: list[float]) -> bool:
-    """Whether to trace another window after windows of these host speeds (a NaN speed, not
-    measured, never asks for one)."""
-    return len(speeds) < TRACE_WINDOWS and speeds[-1] < RETRACE_BELOW
+def window_score(forward_speed: float, step_speed: float) -> float:
+    """How far a window lies above both floors: under 1, traced again (NaN: not measured, as on
+    GPU ranks, whose host clock times kernel launches; such a window is never traced again)."""
+    return min(forward_speed / FORWARD_SPEED_FLOOR, step_speed / STEP_SPEED_FLOOR)
+
+
+def retrace(scores: list[float], windows: int) -> bool:
+    """Whether to trace another window after windows of these ``window_score``s, of ``windows`` at most."""
+    return len(scores) < windows and scores[-1] < 1
+
+
+def kept_window(scores: list[float]) -> int:
+    """The window to keep: the one furthest above the floors (the last where none was measured)."""
+    measured = [k for k, x in enumerate(scores) if x == x]
+    return max(measured, key=lambda k: scores[k]) if measured else len(scores) - 1
 
 
 def nvml_status(gpu: nvml.Gpu | nvml.Unavailable) -> dict[str, Any]:

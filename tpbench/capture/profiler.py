@@ -1,4 +1,5 @@
-"""The profiler window: a few traced steps per case, after its timed steps, one trace per rank.
+"""The profiler window: a few traced steps per case, after its timed steps, one trace per rank
+(a window the machine disturbed is traced again by the worker, ``capture.retrace``).
 
 Tracing happens only here, after timing, so it never perturbs a timed step. The trace is the
 plain torch.profiler Chrome export (``distributedInfo`` included), gzipped, one file per rank in
