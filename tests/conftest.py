@@ -65,7 +65,7 @@ def tiny_suite(
     leave [defaults]. ``defaults`` (TOML values as text) replace or add to the [defaults] below;
     ``profiler_steps`` traced steps per case in at most ``trace_windows`` windows (one: a tiny model's
     steps trace at under half their timed speed, below the floor that has a window traced again,
-    ``capture.STEP_SPEED_FLOOR``); ``mlp``: the [workloads.mlp] table (width 32, depth 2)."""
+    ``capture.SPEED_FLOOR``); ``mlp``: the [workloads.mlp] table (width 32, depth 2)."""
     base = {
         "world_size": 2,
         "backend": '"gloo"',

@@ -89,8 +89,8 @@ def test_each_timed_forward_pass_is_timed_and_each_traced_one_is_a_mark(run):
 
 
 def test_a_trace_window_the_host_ran_slow_in_is_traced_again(tmp_path):
-    """A window whose forward passes ran at under ``capture.FORWARD_SPEED_FLOOR`` of their timed
-    speed is traced again and the best window kept (``CaseRunner._profile``). The fault
+    """A window whose forward passes ran at under ``capture.SPEED_FLOOR`` of their timed speed is
+    traced again and the best window kept (``CaseRunner._profile``). The fault
     ``slow-trace:1`` has rank 1 sleep in its first window's forward passes (below a third of their
     timed speed): both ranks must trace again, the record says so, and the kept trace, alone in its
     folder, is not the slowed one."""
@@ -113,8 +113,8 @@ def test_a_trace_window_the_host_ran_slow_in_is_traced_again(tmp_path):
 
 
 def test_a_window_is_traced_again_while_below_a_floor_at_most_three_times_and_the_best_kept():
-    floors = capture.FORWARD_SPEED_FLOOR, capture.STEP_SPEED_FLOOR
-    assert capture.window_score(*floors) == 1 and capture.window_score(0.9, 0.4) == 0.4 / floors[1]
+    floor = capture.SPEED_FLOOR
+    assert capture.window_score(floor, 1.0) == 1 and capture.window_score(0.9, floor / 2) == 0.5
     assert capture.retrace([0.5], 3) and capture.retrace([1.2, 0.99], 3)
     assert not capture.retrace([1.0], 3) and not capture.retrace([0.3, 0.3, 0.3], 3) and not capture.retrace([0.5], 1)
     assert not capture.retrace([math.nan], 3)  # not measured (GPU ranks): never traced again

@@ -44,17 +44,16 @@ class RankCapture:
     trace: TraceWindow | None = None  # profiled repeats only
 
 
-# A trace window is traced again, up to the case's ``trace_windows`` windows in all, when on some rank its
-# forward passes ran at under ``FORWARD_SPEED_FLOOR`` of their timed speed or its steps at under
-# ``STEP_SPEED_FLOOR`` of theirs; the window furthest above both floors is kept. Tracing costs a
-# forward pass little (a few ops, each a few µs of the profiler's): on the 2-core machine the ratio
-# is 0.7–1.2 in an undisturbed window, 0.3–0.6 where a neighbour or the hypervisor took half the
-# machine. A whole step has many more ops, and tracing may double its host work, which is also
-# the what-if's bound on a traced host (its ``COMPUTE_FACTOR``): a step traced at under half its timed
-# speed is a window the machine disturbed too (docs/interconnects.md), and the what-if would carry it
-# into every projection, or refuse the case.
-FORWARD_SPEED_FLOOR = 0.7
-STEP_SPEED_FLOOR = 0.5
+# A trace window is traced again, up to the case's ``trace_windows`` windows in all, when on some
+# rank its forward passes or its steps ran at under ``SPEED_FLOOR`` of their timed speed; the window
+# furthest above the floor is kept. The floor is the what-if's bound on a traced host (its
+# ``COMPUTE_FACTOR``: tracing may double host work, and a window that ran slower is refused as
+# unrepresentative), so a window is traced again exactly where the what-if could not use it. On the
+# 2-core machine an undisturbed window's forward passes run at 0.6–1.2 of their timed speed (a few
+# ops, each a few µs of the profiler's; a ZeRO hook's rank 0 runs its forward beside the previous
+# step's broadcasts) and its steps at 0.6–0.95; windows a neighbour or the hypervisor took half the
+# machine from ran them at 0.3 (docs/interconnects.md).
+SPEED_FLOOR = 0.5
 
 
 def speed(timed_ms: float, traced_ms: float) -> float:
@@ -63,9 +62,9 @@ def speed(timed_ms: float, traced_ms: float) -> float:
 
 
 def window_score(forward_speed: float, step_speed: float) -> float:
-    """How far a window lies above both floors: under 1, traced again (NaN: not measured, as on
-    GPU ranks, whose host clock times kernel launches; such a window is never traced again)."""
-    return min(forward_speed / FORWARD_SPEED_FLOOR, step_speed / STEP_SPEED_FLOOR)
+    """How far a window lies above the floor: under 1, traced again (NaN: not measured, as on GPU
+    ranks, whose host clock times kernel launches; such a window is never traced again)."""
+    return min(forward_speed, step_speed) / SPEED_FLOOR
 
 
 def retrace(scores: list[float], windows: int) -> bool:
@@ -74,7 +73,7 @@ def retrace(scores: list[float], windows: int) -> bool:
 
 
 def kept_window(scores: list[float]) -> int:
-    """The window to keep: the one furthest above the floors (the last where none was measured)."""
+    """The window to keep: the one furthest above the floor (the last where none was measured)."""
     measured = [k for k, x in enumerate(scores) if x == x]
     return max(measured, key=lambda k: scores[k]) if measured else len(scores) - 1
 
