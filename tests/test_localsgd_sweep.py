@@ -33,7 +33,8 @@ SUITE = localsgd_suite(
     repeats=1,
     start_localSGD_iter=0,
     timeout_s=120,
-    tables='[capture]\nprofiler_steps = 2\n[workloads.markov]\nnon_iid = "node"\nheldout_sequences = 16\n'
+    tables="[capture]\nprofiler_steps = 2\ntrace_windows = 1\n"
+    + '[workloads.markov]\nnon_iid = "node"\nheldout_sequences = 16\n'
     + MARKOV_TOML
     + "\n",
 )
@@ -103,8 +104,9 @@ def _collectives_in_averaging(path: Path) -> dict[int, list[tuple[str, str, int]
 
 
 def test_averaging_traffic_appears_in_the_traces_of_averaging_steps(run):
-    """Traced steps 20 and 21: with period 4 step 20 averages (one allreduce of every parameter,
-    in float32, inside the averaging range) and step 21 does not; with period 16 neither does."""
+    """Traced steps 20 and 21 (the suite traces one window: one traced again goes on training):
+    with period 4 step 20 averages (one allreduce of every parameter, in float32, inside the
+    averaging range) and step 21 does not; with period 16 neither does."""
     n_params = sum(p.numel() for p in TinyTransformer(**MARKOV).parameters())
     for case in run.cases.to_dict("records"):
         for path in store.traces(run.run_dir, case["case_id"]):

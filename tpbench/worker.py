@@ -524,9 +524,10 @@ class CaseRunner:
             # Test-only fault ``slow-trace:RANK``: this rank's forward passes slowed in the first window.
             hook = training.model.register_forward_pre_hook(_slow_forward(timed_forward_ms)) if slowing else None
             path = out.with_name(f"rank{self.rank.rank}.window{len(windows)}.json.gz")
-            clock, spans = profiler.trace_steps(
-                run_step, case.profiler_steps, case.warmup_steps + case.steps, self.device, path
-            )
+            # Each window goes on training (a warm-up step and the traced ones): its steps' batches and
+            # NVML samples are numbered as the model took them, as an averaging period counts them.
+            first = case.warmup_steps + case.steps + len(windows) * (case.profiler_steps + 1)
+            clock, spans = profiler.trace_steps(run_step, case.profiler_steps, first, self.device, path)
             windows.append((clock, spans, path))
             if hook is not None:
                 hook.remove()
