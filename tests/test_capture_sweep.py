@@ -117,6 +117,7 @@ def test_a_window_is_traced_again_while_below_a_floor_at_most_three_times_and_th
     assert capture.window_score(floor, 1.0) == 1 and capture.window_score(0.9, floor / 2) == 0.5
     assert capture.retrace([0.5], 3) and capture.retrace([1.2, 0.99], 3)
     assert not capture.retrace([1.0], 3) and not capture.retrace([0.3, 0.3, 0.3], 3) and not capture.retrace([0.5], 1)
+    assert math.isnan(capture.window_score(math.nan, 0.2)) and math.isnan(capture.window_score(0.2, math.nan))
     assert not capture.retrace([math.nan], 3)  # not measured (GPU ranks): never traced again
     assert capture.kept_window([0.3, 0.8, 0.5]) == 1 and capture.kept_window([math.nan]) == 0
     assert math.isnan(capture.speed(math.nan, 2.0)) and capture.speed(1.0, 2.0) == 0.5

@@ -610,8 +610,8 @@ class Supervisor:
         self.listener(kind, ev)
 
     def _record_capture(self, ev: dict[str, Any]) -> None:
-        """A case's telemetry summary, clock offsets and observed transport (judged against the
-        asked profile) into its run.json entry."""
+        """A case's telemetry summary, clock offsets, trace windows and observed transport (judged
+        against the asked profile) into its run.json entry."""
         cid = ev["case"]
         info: dict[str, Any] = {"nvml": ev["nvml"], "clock_sync": ev["clock_sync"], "trace": ev.get("trace")}
         if self.interconnect is not None:

@@ -64,6 +64,8 @@ def speed(timed_ms: float, traced_ms: float) -> float:
 def window_score(forward_speed: float, step_speed: float) -> float:
     """How far a window lies above the floor: under 1, traced again (NaN: not measured, as on GPU
     ranks, whose host clock times kernel launches; such a window is never traced again)."""
+    if math.isnan(forward_speed) or math.isnan(step_speed):
+        return math.nan
     return min(forward_speed, step_speed) / SPEED_FLOOR
 
 
