@@ -48,11 +48,12 @@ class RankCapture:
 # rank its forward passes or its steps ran at under ``SPEED_FLOOR`` of their timed speed; the window
 # furthest above the floor is kept. The floor is the what-if's bound on a traced host (its
 # ``COMPUTE_FACTOR``: tracing may double host work, and a window that ran slower is refused as
-# unrepresentative), so a window is traced again exactly where the what-if could not use it. On the
-# 2-core machine an undisturbed window's forward passes run at 0.6–1.2 of their timed speed (a few
-# ops, each a few µs of the profiler's; a ZeRO hook's rank 0 runs its forward beside the previous
-# step's broadcasts) and its steps at 0.6–0.95; windows a neighbour or the hypervisor took half the
-# machine from ran them at 0.3 (docs/interconnects.md).
+# unrepresentative), so a window is traced again exactly where the what-if could not use it; it is
+# written out here so that rank processes need not load the what-if, and a test keeps the two equal.
+# On the 2-core machine an undisturbed window's forward passes run at 0.6–1.2 of their timed speed
+# (a few ops, each a few µs of the profiler's; a ZeRO hook's rank 0 runs its forward beside the
+# previous step's broadcasts) and its steps at 0.6–0.95; windows a neighbour or the hypervisor took
+# half the machine from ran them at 0.3 (docs/interconnects.md).
 SPEED_FLOOR = 0.5
 
 
