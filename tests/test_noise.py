@@ -19,10 +19,11 @@ import pandas as pd
 import pytest
 from conftest import run_cli, sweep_in_process, tiny_suite
 
+from tpbench import store
 from tpbench.analysis.noise import noisy_repeats
 from tpbench.analysis.stats import repeat_values
 from tpbench.capture import machine_load
-from tpbench.launch import GC_POLICY, _start_rank, interleave, rank_layout
+from tpbench.launch import GC_POLICY, _start_rank, interleave, rank_layout, rounds_through
 from tpbench.report import build_report
 from tpbench.suite import Machine, expand, parse
 
@@ -62,6 +63,23 @@ def test_cases_with_fewer_repeats_leave_the_later_rounds():
     schedule = interleave([short, *longer])
     assert [r for cid, r in schedule if cid == short.case_id] == [0, 1, 2]
     assert sorted(r for _, r in schedule[-2:]) == [4, 4]
+
+
+def test_passes_share_out_each_cases_rounds_in_order_the_last_pass_ending_with_the_last_round():
+    ten = [dataclasses.replace(c, passes=5) for c in _cases(n=3, repeats=10)]
+    assert [rounds_through(ten[0], p) for p in range(1, 6)] == [2, 4, 6, 8, 10]
+    assert [rounds_through(dataclasses.replace(ten[0], passes=3), p) for p in (1, 2, 3, 4)] == [4, 7, 10, 10]
+    # More passes than rounds: some passes run nothing of the case (no world starts for them).
+    assert [rounds_through(dataclasses.replace(ten[0], repeats=2), p) for p in range(1, 6)] == [1, 1, 2, 2, 2]
+    # The passes one after another run the one-pass schedule, item for item, in its order.
+    done: set[tuple[str, int]] = set()
+    turns = []
+    for p in range(1, 6):
+        turn = interleave(ten, done, through_pass=p)
+        assert {r for _, r in turn} == {2 * p - 2, 2 * p - 1}
+        turns += turn
+        done |= set(turn)
+    assert turns == interleave(ten)
 
 
 def test_ranks_are_pinned_to_a_core_each_and_one_spare_where_there_is_one():
@@ -294,6 +312,22 @@ def test_no_garbage_collection_runs_inside_a_timed_step(tmp_path, monkeypatch):
     steps = loaded.steps
     assert (steps[steps["phase"] == "warmup"]["gc_collections"] > 0).any()
     assert (steps[steps["phase"] == "timed"]["gc_collections"] == 0).all()
+
+
+@pytest.mark.ranks
+def test_a_sweep_in_passes_runs_its_worlds_in_turns_each_a_share_of_its_rounds(tmp_path):
+    """Two worlds (one rank, two ranks), three rounds in two passes: each world starts twice,
+    the worlds taking turns, the first pass running rounds 0-1 and the second round 2, the traced
+    one; every case ends done with its three repeats and its trace."""
+    text = tiny_suite("world_size = [1, 2]", repeats=3, passes=2, profiler_steps=1)
+    loaded = sweep_in_process(tmp_path, text)
+    worlds = loaded.record.worlds
+    assert [(w.world_size, w.sweep_pass) for w in worlds] == [(1, 1), (2, 1), (1, 2), (2, 2)]
+    assert [sorted({item[1] for item in w.schedule}) for w in worlds] == [[0, 1], [0, 1], [2], [2]]
+    assert set(loaded.cases["status"]) == {store.DONE}
+    for cid in loaded.cases["case_id"]:
+        assert sorted(loaded.steps.loc[loaded.steps["case_id"] == cid, "repeat"].unique()) == [0, 1, 2]
+        assert (store.trace_dir(loaded.run_dir, cid) / "rank0.json.gz").exists()
 
 
 # Long enough timed windows (about 100 steps of a few ms) that a clock tick per CPU is a few

@@ -40,6 +40,7 @@ class SweepProgress:
 
         self.labels = labels([cases])[0]
         self.repeats = {c.case_id: c.repeats for c in cases}
+        self.passes = max((c.passes for c in cases), default=1)
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -57,7 +58,9 @@ class SweepProgress:
 
     def __call__(self, event: str, data: dict[str, Any]) -> None:
         if event == "world_start":
-            self.progress.update(self.task, current=f"starting {data['world_size']} ranks on {data['interconnect']}…")
+            turn = f"pass {data['sweep_pass']}/{self.passes}: " if "sweep_pass" in data else ""
+            ranks = f"{turn}starting {data['world_size']} ranks on {data['interconnect']}…"
+            self.progress.update(self.task, current=ranks)
         elif event == "repeat_start":
             label = self.labels.get(data["case"], data["case"])
             self.progress.update(

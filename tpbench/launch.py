@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import functools
 import json
+import math
 import os
 import random
 import re
@@ -68,20 +69,34 @@ def group_cases(cases: Iterable[Case]) -> list[LaunchGroup]:
     return [LaunchGroup(k, v) for k, v in groups.items()]
 
 
-def interleave(cases: list[Case], done: set[tuple[str, int]] = frozenset()) -> list[tuple[str, int]]:
+def interleave(
+    cases: list[Case], done: set[tuple[str, int]] = frozenset(), through_pass: int | None = None
+) -> list[tuple[str, int]]:
     """The (case_id, repeat) items of a world, round by round, skipping those already done.
 
     Round ``r`` holds repeat ``r`` of every case (comparisons pair cases by repeat index), in an
     order shuffled per round (``round_order``), so that no case always runs first after the
     barrier, or always follows the same neighbour: position within a round cancels over rounds.
+    ``through_pass``: only the rounds of the passes up to it (``rounds_through``).
     """
-    rounds = max((c.repeats for c in cases), default=0)
+
+    def limit(c: Case) -> int:
+        return c.repeats if through_pass is None else rounds_through(c, through_pass)
+
+    rounds = max((limit(c) for c in cases), default=0)
     return [
         (c.case_id, r)
         for r in range(rounds)
-        for c in round_order([c for c in cases if r < c.repeats], r)
+        for c in round_order([c for c in cases if r < limit(c)], r)
         if (c.case_id, r) not in done
     ]
+
+
+def rounds_through(case: Case, pass_number: int) -> int:
+    """How many of a case's rounds its first ``pass_number`` passes (from 1) run: its repeats
+    shared out as evenly as whole rounds allow, the last pass ending with the last round (the
+    traced one)."""
+    return case.repeats if pass_number >= case.passes else math.ceil(case.repeats * pass_number / case.passes)
 
 
 def round_order(cases: list[Case], round_index: int) -> list[Case]:
@@ -752,6 +767,7 @@ def run_group(
     launcher: Torchrun | None = None,
     lockstep: str | None = None,
     steps_interleaved: bool = False,
+    through_pass: int | None = None,
 ) -> bool:
     """Run every pending repeat of a group's cases, restarting the world after each failure.
 
@@ -760,7 +776,9 @@ def run_group(
     gate the worlds ask before each item (``tpbench.lockstep``). Returns True when that gate
     stopped the world early: the cases it cut short are then done with the repeats they ran
     (``store.Run.case_cut``). ``steps_interleaved``: each round's items run together, their steps
-    taken in turn (``Plan.steps_interleaved``; ``tpbench tune``).
+    taken in turn (``Plan.steps_interleaved``; ``tpbench tune``). ``through_pass``: only the
+    rounds of the sweep's passes up to that one (``rounds_through``); the cases stay pending until
+    the pass with their last round.
     """
     ic: Interconnect = resolve(group.key[3], user_interconnects)
     cases = {c.case_id: c for c in group.cases}
@@ -774,13 +792,20 @@ def run_group(
         layout = torchrun_layout(launcher, group.world_size)
     while True:
         live = [c for c in group.cases if c.case_id not in failed]
-        schedule = interleave(live, done)
+        schedule = interleave(live, done, through_pass)
         if not schedule:
             return False
-        plan, plan_path = _write_plan(run, group, schedule, launcher, layout, lockstep, steps_interleaved)
+        passed = {} if through_pass is None else {"sweep_pass": through_pass}
+        plan, plan_path = _write_plan(run, group, schedule, launcher, layout, lockstep, steps_interleaved, **passed)
         listener(
             "world_start",
-            {"world": plan.world, "world_size": group.world_size, "interconnect": ic.name, "items": len(schedule)},
+            {
+                "world": plan.world,
+                "world_size": group.world_size,
+                "interconnect": ic.name,
+                "items": len(schedule),
+                **passed,
+            },
         )
         if launcher is None:
             with world_network(ic) as net:

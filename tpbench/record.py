@@ -59,6 +59,7 @@ ADDED_KEYS: dict[str, Any] = {
     "parameters_as_bucket_view": False,
     "bucket_cap_mb_list": None,
     "trace_windows": 1,
+    "passes": 1,
 }
 # Added keys that only some algorithms use: collapsed (None) for the others, which had no such key
 # before either, so there None is the old behaviour too.
@@ -220,7 +221,8 @@ class WorldRecord(_Entry):
     """One launched world (``launch``): its name, launch key (world size, backend, device,
     interconnect), the (case, repeat) items it ran in order, when it started, how (``launcher``),
     what was done against noise, and for a printed world (``--print``) whether its events were read
-    back; under torchrun the nodes and ranks it really ran on."""
+    back; under torchrun the nodes and ranks it really ran on; in a sweep of several passes
+    (``Case.passes``) the pass it ran, from 1."""
 
     world: str = ""
     key: tuple[Any, ...] = ()
@@ -232,6 +234,7 @@ class WorldRecord(_Entry):
     printed: bool = False
     ingested: float | None = None
     nodes: tuple[Mapping[str, Any], ...] = ()
+    sweep_pass: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -334,6 +337,7 @@ class Case:
     parameters_as_bucket_view: bool | None = ADDED_KEYS["parameters_as_bucket_view"]
     bucket_cap_mb_list: list[float] | None = ADDED_KEYS["bucket_cap_mb_list"]
     trace_windows: int = ADDED_KEYS["trace_windows"]
+    passes: int = ADDED_KEYS["passes"]
     case_id: str = ""
 
     def params(self) -> dict[str, Any]:

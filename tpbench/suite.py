@@ -39,6 +39,7 @@ from tpbench.workload_params import PARAMS, UserWorkloadError, is_import_path, u
 BUDGET_KEYS = frozenset(
     {
         "repeats",
+        "passes",
         "steps",
         "warmup_steps",
         "timeout_s",
@@ -128,6 +129,7 @@ CASE_KEYS: dict[str, KeySpec] = {
     "warmup_steps": KeySpec(5, "an integer >= 0", _int(0)),
     "steps": KeySpec(30, "an integer >= 1", _int(1)),
     "repeats": KeySpec(3, "an integer >= 1", _int(1)),
+    "passes": KeySpec(1, "an integer >= 1 (the sweep runs each world's rounds in this many turns)", _int(1)),
     "seed": KeySpec(0, "an integer >= 0", _int(0)),
     "timeout_s": KeySpec(300, "a number of seconds > 0 and <= 604800 (a week)", _num(0, strict=True, hi=604800)),
     "bucket_cap_mb": KeySpec(

@@ -164,22 +164,32 @@ def execute(
     launcher: Torchrun | None = None,
     lockstep: str | None = None,
     steps_interleaved: bool = False,
+    in_passes: bool = False,
 ) -> None:
     """Run the cases' worlds one after another (``launcher``: None, rank processes started here;
     else torchrun jobs). On Ctrl-C the run is marked interrupted and the case in flight goes back
     to pending (its finished repeats stay), so ``--resume`` picks it up. The run stays
     ``running`` until ``finalize`` has written its summary. ``lockstep``: the socket of the
     ``tpbench gate`` (or tune) that paces every item; once it says stop, no further world starts.
-    ``steps_interleaved``: each round's items run together (``launch.run_group``)."""
+    ``steps_interleaved``: each round's items run together (``launch.run_group``).
+
+    ``in_passes``: the worlds take turns, each running a share of its rounds per pass
+    (``Case.passes``, ``launch.rounds_through``), so that whatever the machine does over the
+    minutes of a sweep falls on every world alike, rather than on whichever ran then. Cases that
+    run in different worlds are compared unpaired; the what-if predicts one world's cases from
+    another's. Each pass starts every world afresh (a few seconds each)."""
     reap_stale_namespaces()
     user_ics = run.record.suite_table("interconnects")
     t0 = time.monotonic()
     try:
         groups = group_cases(cases)
-        for i, group in enumerate(groups):
+        passes = max((c.passes for c in cases), default=1) if in_passes else 1
+        turns = [(p if passes > 1 else None, g) for p in range(1, passes + 1) for g in groups]
+        for i, (through, group) in enumerate(turns):
             if i:  # the first world's space was checked before the run began (start, reopen)
-                check_space(run.dir, [c for g in groups[i:] for c in g.cases], _largest_done(run))
-            if run_group(run, group, user_ics, listener, launcher, lockstep, steps_interleaved):
+                ahead = {c.case_id: c for _, g in turns[i:] for c in g.cases}
+                check_space(run.dir, list(ahead.values()), _largest_done(run))
+            if run_group(run, group, user_ics, listener, launcher, lockstep, steps_interleaved, through):
                 break
     except KeyboardInterrupt:
         _mark_interrupted(run)
@@ -581,7 +591,7 @@ def run(
     done = {(c.case_id, r) for c in cases for r in store.finished_repeats(the_run.dir, c.case_id)}
     t0 = time.monotonic()
     with progress(Phase(the_run, cases, sum(c.repeats for c in cases) - len(done))) as listener:
-        execute(the_run, cases, listener, launcher, lockstep)
+        execute(the_run, cases, listener, launcher, lockstep, in_passes=lockstep is None)
     while (batch := next_batch(the_run)) is not None:
         with progress(Phase(the_run, batch.cases, batch.items, batch)) as listener:
             execute(the_run, batch.cases, listener, launcher)
