@@ -777,8 +777,7 @@ def run_group(
     stopped the world early: the cases it cut short are then done with the repeats they ran
     (``store.Run.case_cut``). ``steps_interleaved``: each round's items run together, their steps
     taken in turn (``Plan.steps_interleaved``; ``tpbench tune``). ``through_pass``: only the
-    rounds of the sweep's passes up to that one (``rounds_through``); the cases stay pending until
-    the pass with their last round.
+    rounds of the sweep's passes up to it (``rounds_through``), its cases pending until the last.
     """
     ic: Interconnect = resolve(group.key[3], user_interconnects)
     cases = {c.case_id: c for c in group.cases}
@@ -797,16 +796,8 @@ def run_group(
             return False
         passed = {} if through_pass is None else {"sweep_pass": through_pass}
         plan, plan_path = _write_plan(run, group, schedule, launcher, layout, lockstep, steps_interleaved, **passed)
-        listener(
-            "world_start",
-            {
-                "world": plan.world,
-                "world_size": group.world_size,
-                "interconnect": ic.name,
-                "items": len(schedule),
-                **passed,
-            },
-        )
+        started = {"world": plan.world, "world_size": group.world_size, "interconnect": ic.name, "items": len(schedule)}
+        listener("world_start", started | passed)
         if launcher is None:
             with world_network(ic) as net:
                 outcome = _supervise(
