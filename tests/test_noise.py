@@ -330,6 +330,19 @@ def test_a_sweep_in_passes_runs_its_worlds_in_turns_each_a_share_of_its_rounds(t
         assert (store.trace_dir(loaded.run_dir, cid) / "rank0.json.gz").exists()
 
 
+@pytest.mark.ranks
+def test_a_case_that_failed_in_one_pass_does_not_run_in_the_next(tmp_path):
+    """A case that fails stays failed for the rest of the sweep (``--resume`` runs it again);
+    the passes after go on with the others."""
+    text = tiny_suite('fault = ["none", "crash:1"]', repeats=2, passes=2)
+    loaded = sweep_in_process(tmp_path, text)
+    status = dict(zip(loaded.cases["fault"], loaded.cases["status"]))
+    assert status == {"none": store.DONE, "crash:1": store.FAILED}
+    crashed = loaded.cases.loc[loaded.cases["fault"] == "crash:1", "case_id"].item()
+    second = [w for w in loaded.record.worlds if w.sweep_pass == 2]
+    assert second and all(item[0] != crashed for w in second for item in w.schedule)
+
+
 # Long enough timed windows (about 100 steps of a few ms) that a clock tick per CPU is a few
 # hundredths of a core: ten repeats over two cases.
 # 200 steps of about 2 ms: a repeat's window of about 0.4 s, so that one tick per CPU is worth under 0.1
