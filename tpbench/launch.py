@@ -776,13 +776,13 @@ def run_group(
     gate the worlds ask before each item (``tpbench.lockstep``). Returns True when that gate
     stopped the world early: the cases it cut short are then done with the repeats they ran
     (``store.Run.case_cut``). ``steps_interleaved``: each round's items run together, their steps
-    taken in turn (``Plan.steps_interleaved``; ``tpbench tune``). ``through_pass``: only the
-    rounds of the sweep's passes up to it (``rounds_through``), its cases pending until the last.
+    taken in turn (``Plan.steps_interleaved``; ``tpbench tune``). ``through_pass``: only the rounds
+    of the sweep's passes up to it (``rounds_through``). A case failed earlier in the run stays so.
     """
     ic: Interconnect = resolve(group.key[3], user_interconnects)
     cases = {c.case_id: c for c in group.cases}
     done = _done_repeats(run, group.cases)
-    failed: set[str] = set()
+    failed = {cid for cid, status in run.case_status().items() if cid in cases and status == store.FAILED}
     retried = False
     retraced: set[str] = set()
     if launcher is None:

@@ -23,16 +23,7 @@ from tpbench.analysis.memory import per_case
 from tpbench.analysis.stats import CONFIDENCE, slowest_rank, spent_confidence, summarize
 from tpbench.environment import fingerprint
 from tpbench.interconnect import InterconnectUnavailable, check_available, reap_stale_namespaces, resolve
-from tpbench.launch import (
-    LaunchGroup,
-    Listener,
-    PrintedWorld,
-    Torchrun,
-    group_cases,
-    ingest_printed,
-    print_group,
-    run_group,
-)
+from tpbench.launch import Listener, PrintedWorld, Torchrun, group_cases, ingest_printed, print_group, run_group
 from tpbench.suite import Case, Machine, Suite, expand, load, select, with_overrides
 
 
@@ -187,7 +178,7 @@ def execute(
     minutes of a sweep falls on every world alike, rather than on whichever ran then. Cases that
     run in different worlds are compared unpaired; the what-if predicts one world's cases from
     another's. Each pass starts every world afresh (a few seconds each); a case that failed in one
-    pass runs in none after it."""
+    pass runs in none after it (``launch.run_group``)."""
     reap_stale_namespaces()
     user_ics = run.record.suite_table("interconnects")
     t0 = time.monotonic()
@@ -196,9 +187,6 @@ def execute(
         passes = max((c.passes for c in cases), default=1) if in_passes else 1
         turns = [(p if passes > 1 else None, g) for p in range(1, passes + 1) for g in groups]
         for i, (through, group) in enumerate(turns):
-            if through is not None and through > 1:  # failed in an earlier pass: failed (``--resume`` reruns it)
-                status = run.case_status()
-                group = LaunchGroup(group.key, [c for c in group.cases if status[c.case_id] != store.FAILED])
             if i:  # the first world's space was checked before the run began (start, reopen)
                 ahead = {c.case_id: c for _, g in turns[i:] for c in g.cases}
                 check_space(run.dir, list(ahead.values()), _largest_done(run))
