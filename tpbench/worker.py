@@ -518,6 +518,7 @@ class CaseRunner:
             stale.unlink()
         windows: list[tuple[nvml.ClockSync | None, list[nvml.Span], Path]] = []
         forward, steps, scores = [], [], []
+        cpu = self.device.type == "cpu"  # GPU ranks time neither the forward pass nor the step here
         while True:
             forward_s.clear()
             step_s.clear()
@@ -532,8 +533,7 @@ class CaseRunner:
             if hook is not None:
                 hook.remove()
                 slowing = False
-            # The first step is the profiler's warm-up, untraced. GPU ranks time neither here.
-            cpu = self.device.type == "cpu"
+            # The first step is the profiler's warm-up, untraced.
             mine = [
                 capture.speed(timed_forward_ms, statistics.median(forward_s[1:]) * 1e3) if cpu else math.nan,
                 capture.speed(timed_step_ms, statistics.median(step_s[1:]) * 1e3) if cpu else math.nan,
