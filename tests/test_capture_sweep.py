@@ -232,14 +232,18 @@ SAMPLED_SUITE = (
 )
 
 
-def test_worker_writes_nvml_samples_on_the_trace_clock_against_a_fake_nvml(tmp_path):
+@pytest.mark.parametrize("fault", ["", 'fault = "slow-trace:1"'], ids=["one-window", "traced-again"])
+def test_worker_writes_nvml_samples_on_the_trace_clock_against_a_fake_nvml(tmp_path, fault):
     """The worker's whole NVML path in a real 2-rank world, with FakeNvml standing in for the
     driver only because no GPU exists here: parts per repeat, merged nvml.parquet (by the store, as
     the launcher's recorder does when the case ends), samples tagged with step and phase, and
-    profiled-step samples inside the rank's traced steps."""
-    (case,) = expand(parse(SAMPLED_SUITE))
+    profiled-step samples inside the rank's traced steps, also where the first window was slowed
+    and a later one kept (``slow-trace:1``; a busy machine does the same at random)."""
+    (case,) = expand(parse(SAMPLED_SUITE.replace("[capture]", f"{fault}\n[capture]")))
     events = run_world(_sampled_case, 2, str(tmp_path), case, timeout_s=180)[0]
     (info,) = [data for kind, data in events if kind == "capture"]
+    if fault:
+        assert info["trace"]["kept"] > 0  # the first window's forward passes were slowed: not kept
     assert info["nvml"]["available"] is True and info["nvml"]["file"] == NVML_FILE
     for rank in ("0", "1"):
         r = info["nvml"]["ranks"][rank]
@@ -256,10 +260,13 @@ def test_worker_writes_nvml_samples_on_the_trace_clock_against_a_fake_nvml(tmp_p
     assert {"warmup", "timed", "profile", "idle"} <= set(df["phase"])
     assert df.loc[df["phase"] == "timed", "step"].between(case.warmup_steps, case.warmup_steps + case.steps - 1).all()
     assert df["ts_us"].notna().all()
+    # A window the machine slowed is traced again (capture.trace_windows): the kept one's steps are
+    # numbered after the windows before it, the first of them the profiler's warm-up, untraced.
+    warmup_step = case.warmup_steps + case.steps + info["trace"]["kept"] * (case.profiler_steps + 1)
     for rank, path in enumerate(store.traces(tmp_path, case.case_id)):
         steps = [e for e in _trace(path)["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
         lo, hi = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
-        traced = df[(df["rank"] == rank) & (df["phase"] == "profile") & (df["step"] > case.warmup_steps + case.steps)]
+        traced = df[(df["rank"] == rank) & (df["phase"] == "profile") & (df["step"] > warmup_step)]
         assert len(traced) > 0
         # Samples of the traced steps (not the profiler's warm-up step) lie within them on the trace's clock.
         assert traced["ts_us"].between(lo - 1e3, hi + 1e3).all(), (lo, hi, traced["ts_us"].tolist())
