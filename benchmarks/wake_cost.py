@@ -1,0 +1,56 @@
+"""How much slower does compute run right after the thread has slept? (docs/interconnects.md)
+
+On a shaped link a rank's thread sleeps through long waits for the wire, on loopback it barely
+waits, so compute that follows a wait may run at another speed on each link, which the what-if
+(it carries a twin's traced compute to another link) cannot see. This probe times, in one
+process with one thread, suites/whatif.toml's model (the MLP of width 512 and depth 4, batch 8,
+AdamW) right after sleeping 0, 5, 20, 50 and 150 ms: its optimizer step, and its forward and
+backward. The sleeps take turns within each block so that the machine's drift falls on all alike.
+
+Usage: ``python benchmarks/wake_cost.py [BLOCKS]`` (default 6 blocks of 10 samples per sleep).
+Prints each sleep's median, 10th and 90th percentile in ms. Measure on an otherwise idle machine.
+"""
+
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+
+SLEEPS_MS = (0, 5, 20, 50, 150)
+SAMPLES = 10
+
+
+def main(blocks: int) -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(512, 512), nn.ReLU())], nn.Linear(512, 16))
+    opt = torch.optim.AdamW(model.parameters())
+    x, y = torch.randn(8, 512), torch.randint(0, 16, (8,))
+
+    def forward_backward() -> None:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+
+    for _ in range(20):  # warm-up: allocations, AdamW's state
+        forward_backward()
+        opt.step()
+    parts = {"optimizer step": opt.step, "forward and backward": forward_backward}
+    times: dict[tuple[str, int], list[float]] = {}
+    for _ in range(blocks):
+        for name, work in parts.items():
+            for sleep_ms in SLEEPS_MS:
+                for _ in range(SAMPLES):
+                    time.sleep(sleep_ms / 1e3)
+                    t0 = time.perf_counter()
+                    work()
+                    times.setdefault((name, sleep_ms), []).append((time.perf_counter() - t0) * 1e3)
+    for (name, sleep_ms), ts in times.items():
+        q = statistics.quantiles(ts, n=10)
+        median = statistics.median(ts)
+        print(f"{name:21s} after {sleep_ms:3d} ms asleep: median {median:.2f} ms (p10 {q[0]:.2f}, p90 {q[-1]:.2f})")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 6)
