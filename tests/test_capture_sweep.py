@@ -100,6 +100,10 @@ def test_a_trace_window_the_host_ran_slow_in_is_traced_again(tmp_path):
     assert case.status == "done"
     window = case.capture.trace
     assert window.windows >= 2 and len(window.forward_speed) == len(window.step_speed) == window.windows
+    # The training thread's CPU time, timed over traced, per window: the tracer adds work, the
+    # forward passes' sleep does not (a sleep is no CPU time).
+    assert len(window.thread_speed) == window.windows and all(0 < x < 2 for x in window.thread_speed)
+    assert window.thread_speed[0] > window.forward_speed[0]
     assert window.forward_speed[0] < 1 / 3 and window.kept > 0
     kept = capture.window_score(window.forward_speed[window.kept], window.step_speed[window.kept])
     assert kept >= 1 or window.windows == 3

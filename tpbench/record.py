@@ -183,14 +183,16 @@ class ObservedTransport(_Entry):
 @dataclass(frozen=True)
 class TraceWindow(_Entry):
     """How a case's trace window went (``capture.retrace``): the windows traced, the one kept
-    (from 0), and per window the forward pass's and the step's speed, each the timed median over
-    the traced one on the slowest rank (None where not measured: GPU ranks, whose host clock
-    times kernel launches)."""
+    (from 0), and per window the speeds of the forward pass, the step and the training thread's CPU
+    time per step (its work without its waits: what the tracer adds to it shows whatever the
+    link), each the timed median over the traced one on the slowest rank (None where not measured:
+    GPU ranks, whose host clock times kernel launches; runs older than the thread's speed)."""
 
     windows: int = 1
     kept: int = 0
     forward_speed: tuple[float | None, ...] = ()
     step_speed: tuple[float | None, ...] = ()
+    thread_speed: tuple[float | None, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -118,8 +118,10 @@ class StepTimer:
 
     On CPU ranks also the forward pass's wall time (``forward_done``): compute that issues none of
     its step's collectives, so it tells how fast this host ran the timed steps whatever the link
-    (the what-if sets a host's speed untraced against traced by it, ``whatif.forward_times``). NaN
-    on GPU ranks, where the host's clock would time kernel launches, not the kernels."""
+    (the what-if sets a host's speed untraced against traced by it, ``whatif.forward_times``), and
+    the training thread's own CPU time (``thread_ms``): its work without its waits, which a trace
+    window's steps compare against to tell how much work the tracer added. NaN on GPU ranks, where
+    the host's clock would time kernel launches, not the kernels."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -133,6 +135,7 @@ class StepTimer:
         if self.cuda:
             self._start.record()
         else:
+            self._thread0 = time.thread_time_ns()
             self._t0 = time.perf_counter_ns()
 
     def forward_done(self) -> None:
@@ -142,6 +145,10 @@ class StepTimer:
     def forward_ms(self) -> float:
         """The forward pass's wall ms since ``start`` (NaN on GPU ranks, or before ``forward_done``)."""
         return math.nan if self._t_forward is None else (self._t_forward - self._t0) / 1e6
+
+    def thread_ms(self) -> float:
+        """The training thread's CPU ms since ``start`` (NaN on GPU ranks)."""
+        return math.nan if self.cuda else (time.thread_time_ns() - self._thread0) / 1e6
 
     def cpu_s(self) -> float:
         """The process's CPU time since ``start``, in seconds."""
@@ -257,6 +264,7 @@ class _Repeat:
         self.step_ms: list[float] = []
         self.cpu_ms: list[float] = []
         self.forward_ms: list[float] = []  # CPU ranks: the forward pass's wall ms (StepTimer)
+        self.thread_ms: list[float] = []  # CPU ranks: the training thread's CPU ms (StepTimer)
         self.gc_runs: list[int] = []
         self.losses: list[torch.Tensor] = []
         self.starts: list[float] = []  # perf_counter seconds at each step's start and end
@@ -286,6 +294,7 @@ class _Repeat:
             self.burned.append(self.timer.cpu_s() * self.burn)
             _burn(self.burned[-1])
         ms, cpu = self.timer.stop_ms()
+        self.thread_ms.append(self.timer.thread_ms())
         self.ends.append(time.perf_counter())
         # Below this line nothing counts as step time.
         self.gc_runs.append(collections.count - before)
@@ -492,17 +501,14 @@ class CaseRunner:
         every rank must trace the same steps and keep the same window."""
         training, workload = arm.training, arm.workload
         timed = slice(case.warmup_steps, None)
-        timed_forward_ms, timed_step_ms = (
-            statistics.median(arm.forward_ms[timed]),
-            statistics.median(arm.step_ms[timed]),
-        )
-        forward_s: list[float] = []
-        step_s: list[float] = []
+        # The forward pass's, the step's and the training thread's CPU ms: timed medians, traced per step.
+        timed_ms = [statistics.median(x[timed]) for x in (arm.forward_ms, arm.step_ms, arm.thread_ms)]
+        forward_s, step_s, thread_s = traced_s = ([], [], [])
         slowing = arm.slows_tracing
 
         def run_step(step: int) -> None:
             x, y = workload.train_batch(step)
-            t0 = time.perf_counter()
+            c0, t0 = time.thread_time(), time.perf_counter()
             train_step(
                 training, workload, x, y, profiled=True, forward_done=lambda: forward_s.append(time.perf_counter() - t0)
             )
@@ -512,18 +518,19 @@ class CaseRunner:
                 with record_function(BURN_RANGE):  # CPU work of the training thread: compute
                     _burn(burn_s)
             step_s.append(time.perf_counter() - t0)
+            thread_s.append(time.thread_time() - c0)
 
         out = store.trace_dir(self.run_dir, case.case_id) / f"rank{self.rank.rank}.json.gz"
         for stale in out.parent.glob(f"rank{self.rank.rank}.window*.json.gz"):  # a world killed while it traced
             stale.unlink()
         windows: list[tuple[nvml.ClockSync | None, list[nvml.Span], Path]] = []
-        forward, steps, scores = [], [], []
+        speeds, scores = [], []
         cpu = self.device.type == "cpu"  # GPU ranks time neither the forward pass nor the step here
         while True:
-            forward_s.clear()
-            step_s.clear()
+            for x in traced_s:
+                x.clear()
             # Test-only fault ``slow-trace:RANK``: this rank's forward passes slowed in the first window.
-            hook = training.model.register_forward_pre_hook(_slow_forward(timed_forward_ms)) if slowing else None
+            hook = training.model.register_forward_pre_hook(_slow_forward(timed_ms[0])) if slowing else None
             path = out.with_name(f"rank{self.rank.rank}.window{len(windows)}.json.gz")
             # Each window goes on training (a warm-up step and the traced ones): its steps' batches and
             # NVML samples are numbered as the model took them, as an averaging period counts them.
@@ -535,12 +542,11 @@ class CaseRunner:
                 slowing = False
             # The first step is the profiler's warm-up, untraced.
             mine = [
-                capture.speed(timed_forward_ms, statistics.median(forward_s[1:]) * 1e3) if cpu else math.nan,
-                capture.speed(timed_step_ms, statistics.median(step_s[1:]) * 1e3) if cpu else math.nan,
+                capture.speed(t, statistics.median(x[1:]) * 1e3) if cpu else math.nan
+                for t, x in zip(timed_ms, traced_s)
             ]
-            f, st = self._slowest(mine)
-            forward.append(f)
-            steps.append(st)
+            speeds.append(self._slowest(mine))
+            f, st, _ = speeds[-1]
             scores.append(capture.window_score(f, st))
             if not capture.retrace(scores, case.trace_windows):
                 break
@@ -553,7 +559,8 @@ class CaseRunner:
             else:
                 path.unlink()
         clock, spans, _ = windows[kept]
-        return clock, spans, capture.TraceWindow(len(windows), kept, _json_numbers(forward), _json_numbers(steps))
+        forward, steps, threads = (_json_numbers(list(x)) for x in zip(*speeds))
+        return clock, spans, capture.TraceWindow(len(windows), kept, forward, steps, threads)
 
     def _slowest(self, speeds: list[float]) -> list[float]:
         """Each of ``speeds``, the lowest over the world's ranks (every rank gets them; NaN where
