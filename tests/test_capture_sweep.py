@@ -19,7 +19,7 @@ import torch.distributed as dist
 from conftest import sweep_in_process, tiny_suite
 from world import run_world
 
-from tpbench import capture, store
+from tpbench import capture, store, whatif_run
 from tpbench.analysis import whatif
 from tpbench.capture import NVML_FILE, nvml
 from tpbench.suite import expand, parse
@@ -114,6 +114,10 @@ def test_a_trace_window_the_host_ran_slow_in_is_traced_again(tmp_path):
     assert forward.groupby("rank").size().tolist() == [2, 2]  # the kept window's steps only
     timed, traced = whatif.forward_times(loaded.steps, marks)
     assert timed / traced > window.forward_speed[0]
+    # The what-if reads the kept window's thread speed (it words a refusal: ``whatif.Fit``).
+    done = loaded.cases[loaded.cases["status"] == store.DONE]
+    model = whatif_run.case_models(loaded, done, whatif_run.link_wires(loaded, done))
+    assert model(done.iloc[0].to_dict()).fit.thread_speed == window.thread_speed[window.kept]
 
 
 def test_a_window_is_traced_again_while_below_a_floor_at_most_three_times_and_the_best_kept():

@@ -519,6 +519,12 @@ def test_a_refused_fit_says_how_many_traced_steps_would_be_enough():
     assert "anywhere in that interval the fit would still be refused: more would not help" in far.refusal()
     near = whatif.Fit(95, 92, 37.5, 36.2, None, traced_steps=3, traced_half_width=0.25)
     assert "about 75 traced steps (capture.profiler_steps = 75)" in near.refusal()  # 3 · (25/5)²
+    # The trace window's thread traced at 0.37 of its timed CPU time: the tracer's own cost, which
+    # more steps leave as it is (a thread at 0.6, or none recorded, leaves the advice to the steps).
+    tracer = whatif.Fit(55, 57, 29, 40, 0.46, traced_steps=5, traced_half_width=0.12, thread_speed=0.37)
+    assert "thread's CPU time traced at ×0.37 of its timed: the tracer's own cost" in tracer.refusal()
+    assert "would pin it" not in tracer.refusal()
+    assert "about 29 traced steps" in dataclasses.replace(tracer, thread_speed=0.6).refusal()
 
 
 def test_the_ranking_on_each_link_is_scored_by_kendall_tau():

@@ -21,6 +21,7 @@ from tpbench import store, user_files
 from tpbench.analysis import whatif
 from tpbench.analysis.whatif import Fabric, RunWhatIf
 from tpbench.interconnect import resolve, tbf_parameters
+from tpbench.record import CaseRecord
 
 
 def load_fabrics(extra: Iterable[str | Path] = ()) -> dict[str, Fabric]:
@@ -90,9 +91,19 @@ def case_models(
             whatif.chosen_interference(own[cid], pooled.get(_pool_key(row))) if cid in own else None,
             comm_on_host=row["device"] == "cpu",
             wire=wires[row["interconnect"]],
+            thread_speed=_thread_speed(loaded.record.cases.get(cid)),
         )
 
     return model
+
+
+def _thread_speed(case: CaseRecord | None) -> float:
+    """The kept trace window's training-thread speed, timed over traced (``record.TraceWindow``);
+    NaN where not recorded (GPU ranks, older runs)."""
+    window = case.capture.trace if case is not None else None
+    if window is None or window.kept >= len(window.thread_speed) or window.thread_speed[window.kept] is None:
+        return math.nan
+    return float(window.thread_speed[window.kept])
 
 
 def _pool_key(row: Mapping[str, Any]) -> tuple[Any, ...]:

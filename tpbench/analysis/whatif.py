@@ -1044,6 +1044,10 @@ class Fit:
     factor_source: str = "timed steps"  # or "forward passes" (``MOSTLY_COMMUNICATION``)
     # Where the forward passes decide (``calibrated``): their median (timed, traced) ms, else NaN.
     forward_ms: tuple[float, float] = (math.nan, math.nan)
+    # The training thread's CPU time per step, timed over traced (the kept trace window's,
+    # ``record.TraceWindow``; NaN where not recorded): below ``COMPUTE_FACTOR`` the tracer itself
+    # more than doubled the thread's work, and no number of traced steps takes that back.
+    thread_speed: float = math.nan
 
     def steps_enough(self, target: float = TRACED_MEDIAN_TARGET) -> int | None:
         """The traced steps whose median would be known to ±``target``, or None when these are
@@ -1057,9 +1061,14 @@ class Fit:
         traced median's own interval, could come within bounds (a traced median off by h moves the
         factor and the modelled communication by about as much)."""
         h = self.traced_half_width
+        low, high = COMPUTE_FACTOR
+        if self.factor is not None and self.factor < low and self.thread_speed < low:
+            return (
+                f"; the training thread's CPU time traced at ×{self.thread_speed:.2f} of its timed: the tracer's own "
+                "cost on these ops, which more traced steps would not change"
+            )
         if not self.traced_steps or not math.isfinite(h):
             return ""
-        low, high = COMPUTE_FACTOR
         if self.factor is None:
             reachable = self.comm_only_ms * (1 - h) <= self.measured_ms
         else:
@@ -1270,6 +1279,7 @@ def calibrated(
     comm_on_host: bool = False,
     wire: Fabric | None = None,
     forward: tuple[float, float] = (math.nan, math.nan),
+    thread_speed: float = math.nan,
 ) -> CaseModel:
     """Calibrate a case's skeletons on its path against its per-repeat median step times (ms),
     its replays stretching compute beside communication by ``interference`` (default: none).
@@ -1289,7 +1299,8 @@ def calibrated(
     that ran faster traced than timed is the machine's drift, not the tracer. A ratio outside
     ``COMPUTE_FACTOR`` refuses the case, as a calibrated factor there would: the traced steps ran on
     a host of another kind than the timed ones (busier while tracing), and their compute, which
-    the timed step cannot correct there, would come back at full size in every projection."""
+    the timed step cannot correct there, would come back at full size in every projection.
+    ``thread_speed`` (``Fit.thread_speed``) only words a refusal."""
     interference = interference or Interference()
     kappa = interference.replay_factor
     measured = float(np.median(reps_ms))
@@ -1308,6 +1319,7 @@ def calibrated(
         traced_steps=len(traced),
         raise_limit=limit,
         traced_half_width=(traced_hi - traced_lo) / 2 / float(np.median(traced)),
+        thread_speed=thread_speed,
     )
     by_forward = forward[0] / forward[1] if forward[1] > 0 else math.nan
     if (
@@ -1344,10 +1356,11 @@ def case_model(
     beside_comm: Interference | None = None,
     comm_on_host: bool = False,
     wire: Fabric | None = None,
+    thread_speed: float = math.nan,
 ) -> CaseModel:
     """One finished case's model, calibrated from its analysed tables (intervals, overlap, marks);
     ``beside_comm`` (its interference: default its own matched ops' factor, ``interference``),
-    ``comm_on_host`` and ``wire`` as in ``calibrated``."""
+    ``comm_on_host``, ``wire`` and ``thread_speed`` as in ``calibrated``."""
     if intervals is None or marks is None:
         raise ValueError(
             f"case {case_id} has no analysed traces (profiler_steps = 0, or a run older than its marks table)"
@@ -1359,7 +1372,7 @@ def case_model(
     kappa = beside_comm or interference(interference_pairs(intervals))
     path = fit_host_path(skels, overlap, intervals)
     forward = forward_times(step_rows, marks)
-    return calibrated(case_id, params, skels, path, reps, kappa, comm_on_host, wire, forward)
+    return calibrated(case_id, params, skels, path, reps, kappa, comm_on_host, wire, forward, thread_speed)
 
 
 PROJECTION_COLUMNS = (
