@@ -2,36 +2,46 @@
 
 On a shaped link a rank's thread sleeps through long waits for the wire, on loopback it barely
 waits, so compute that follows a wait may run at another speed on each link, which the what-if
-(it carries a twin's traced compute to another link) cannot see. This probe times, in one
-process with one thread, suites/whatif.toml's model (the MLP of width 512 and depth 4, batch 8,
-AdamW) right after sleeping 0, 5, 20, 50 and 150 ms: its optimizer step, and its forward and
-backward. The sleeps take turns within each block so that the machine's drift falls on all alike.
+(it carries a twin's traced compute to another link) cannot see. This probe builds the first case
+of suites/whatif.toml (its workload, batch and optimizer, as a sweep builds them, in one process
+with one thread) and times it right after sleeping 0, 5, 20, 50 and 150 ms: its optimizer step,
+and its forward and backward. The sleeps take turns within each block so that the machine's drift
+falls on all alike.
 
 Usage: ``python benchmarks/wake_cost.py [BLOCKS]`` (default 6 blocks of 10 samples per sleep).
 Prints each sleep's median, 10th and 90th percentile in ms. Measure on an otherwise idle machine.
 """
 
+import os
 import statistics
 import sys
 import time
 
 import torch
-from torch import nn
 
+from tpbench import suite as suite_mod
+from tpbench import workloads
+from tpbench.training import make_optimizer
+from tpbench.workloads.base import WorkloadContext
+
+SUITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "suites", "whatif.toml")
 SLEEPS_MS = (0, 5, 20, 50, 150)
 SAMPLES = 10
 
 
 def main(blocks: int) -> None:
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(512, 512), nn.ReLU())], nn.Linear(512, 16))
-    opt = torch.optim.AdamW(model.parameters())
-    x, y = torch.randn(8, 512), torch.randint(0, 16, (8,))
+    case = suite_mod.expand(suite_mod.load(SUITE))[0]  # every case of the suite has the same model
+    wl_cls = workloads.resolve(case.workload)
+    ctx = WorkloadContext(rank=0, world_size=1, batch_size=case.batch_size, seed=case.seed, device=torch.device("cpu"))
+    workload = wl_cls(wl_cls.Params(**dict(case.workload_params)), ctx)
+    model = workload.build_model()
+    opt = make_optimizer(case, model.parameters())
+    x, y = workload.train_batch(0)
 
     def forward_backward() -> None:
         opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
+        workload.loss(model(x), y).backward()
 
     for _ in range(20):  # warm-up: allocations, AdamW's state
         forward_backward()
