@@ -186,7 +186,8 @@ class TraceWindow(_Entry):
     (from 0), and per window the speeds of the forward pass, the step and the training thread's CPU
     time per step (its work without its waits: what the tracer adds to it shows whatever the
     link), each the timed median over the traced one on the slowest rank (None where not measured:
-    GPU ranks, whose host clock times kernel launches; runs older than the thread's speed)."""
+    GPU ranks, whose host clock times kernel launches; no thread speeds in runs from before they
+    were recorded)."""
 
     windows: int = 1
     kept: int = 0

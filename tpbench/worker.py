@@ -294,9 +294,9 @@ class _Repeat:
             self.burned.append(self.timer.cpu_s() * self.burn)
             _burn(self.burned[-1])
         ms, cpu = self.timer.stop_ms()
-        self.thread_ms.append(self.timer.thread_ms())
         self.ends.append(time.perf_counter())
         # Below this line nothing counts as step time.
+        self.thread_ms.append(self.timer.thread_ms())
         self.gc_runs.append(collections.count - before)
         row = self.training.metrics() if self.training.metrics else {}
         self.step_ms.append(ms - row.pop("untimed_ms", 0.0))
@@ -525,7 +525,7 @@ class CaseRunner:
             stale.unlink()
         windows: list[tuple[nvml.ClockSync | None, list[nvml.Span], Path]] = []
         speeds, scores = [], []
-        cpu = self.device.type == "cpu"  # GPU ranks time neither the forward pass nor the step here
+        cpu = self.device.type == "cpu"  # GPU ranks time none of the three here
         while True:
             for x in traced_s:
                 x.clear()

@@ -1057,9 +1057,10 @@ class Fit:
         return math.ceil(self.traced_steps * (self.traced_half_width / target) ** 2)
 
     def _steps_advice(self) -> str:
-        """Whether more traced steps could lift the refusal: only when the fit, moved across the
-        traced median's own interval, could come within bounds (a traced median off by h moves the
-        factor and the modelled communication by about as much)."""
+        """Whether more traced steps could lift the refusal: not where the tracer's own cost made it
+        (``thread_speed``), and only when the fit, moved across the traced median's own interval,
+        could come within bounds (a traced median off by h moves the factor and the modelled
+        communication by about as much)."""
         h = self.traced_half_width
         low, high = COMPUTE_FACTOR
         if self.factor is not None and self.factor < low and self.thread_speed < low:
