@@ -105,7 +105,9 @@ def test_a_trace_window_the_host_ran_slow_in_is_traced_again(tmp_path):
     assert len(window.thread_speed) == window.windows and all(0 < x < 2 for x in window.thread_speed)
     assert window.thread_speed[0] > window.forward_speed[0]
     assert window.forward_speed[0] < 1 / 3 and window.kept > 0
-    kept = capture.window_score(window.forward_speed[window.kept], window.step_speed[window.kept])
+    kept = capture.window_score(
+        *(x[window.kept] for x in (window.forward_speed, window.step_speed, window.thread_speed))
+    )
     assert kept >= 1 or window.windows == 3
     traces = store.trace_dir(loaded.run_dir, cid)
     assert sorted(p.name for p in traces.iterdir()) == ["rank0.json.gz", "rank1.json.gz"]
@@ -120,14 +122,39 @@ def test_a_trace_window_the_host_ran_slow_in_is_traced_again(tmp_path):
     assert model(done.iloc[0].to_dict()).fit.thread_speed == window.thread_speed[window.kept]
 
 
+def test_a_window_whose_thread_ran_slow_behind_long_waits_is_traced_again(tmp_path):
+    """A step that is mostly waiting (here a planted sleep ten times its compute, as on a slow shaped
+    link) hides a window's slow compute: its forward passes and its step keep near their timed speed.
+    The training thread's CPU time shows it. ``busy-trace:1`` has rank 1 burn twice its timed CPU
+    time after each step of the first window: that window is traced again, and another kept."""
+    suite = tiny_suite(
+        'fault = ["busy-trace:1"]',
+        profiler_steps=2,
+        trace_windows=3,
+        slowdown_pct=1000,
+        slowdown_kind='"sleep"',
+        mlp={"width": 256, "depth": 2},
+    )
+    loaded = sweep_in_process(tmp_path, suite)
+    ((_, case),) = loaded.record.cases.items()
+    window = case.capture.trace
+    assert case.status == "done" and window.windows >= 2 and window.kept > 0
+    assert window.thread_speed[0] < 1 / 3  # the burn: at least twice the thread's own CPU time
+    assert window.thread_speed[window.kept] > window.thread_speed[0]
+
+
 def test_a_window_is_traced_again_while_below_a_floor_at_most_three_times_and_the_best_kept():
     floor = capture.SPEED_FLOOR
     # The what-if's bound on a traced host, kept apart so that rank processes need not import the what-if.
     assert floor == whatif.COMPUTE_FACTOR[0]
-    assert capture.window_score(floor, 1.0) == 1 and capture.window_score(0.9, floor / 2) == 0.5
+    assert capture.window_score(floor, 1.0, 0.9) == 1 and capture.window_score(0.9, floor / 2, 0.9) == 0.5
+    # The thread's CPU time alone: a step mostly waiting on a slow link whose compute ran at a third of its speed.
+    assert capture.window_score(1.0, 0.95, floor / 2) == 0.5
     assert capture.retrace([0.5], 3) and capture.retrace([1.2, 0.99], 3)
     assert not capture.retrace([1.0], 3) and not capture.retrace([0.3, 0.3, 0.3], 3) and not capture.retrace([0.5], 1)
-    assert math.isnan(capture.window_score(math.nan, 0.2)) and math.isnan(capture.window_score(0.2, math.nan))
+    assert all(
+        math.isnan(capture.window_score(*s)) for s in [(math.nan, 0.2, 0.2), (0.2, math.nan, 0.2), (1, 1, math.nan)]
+    )
     assert not capture.retrace([math.nan], 3)  # not measured (GPU ranks): never traced again
     assert capture.kept_window([0.3, 0.8, 0.5]) == 1 and capture.kept_window([math.nan]) == 0
     assert math.isnan(capture.speed(math.nan, 2.0)) and capture.speed(1.0, 2.0) == 0.5

@@ -89,7 +89,8 @@ class SweepProgress:
                 Text.assemble(
                     ("trace retaken: ", "yellow"),
                     f"{label}: the host ran its traced forward passes at ×{data['forward_speed']:.2f} of their "
-                    f"timed speed, its steps at ×{data['step_speed']:.2f}",
+                    f"timed speed, its steps at ×{data['step_speed']:.2f}, its training thread's CPU time at "
+                    f"×{data['thread_speed']:.2f}",
                 )
             )
         elif event == "case_failed":

@@ -111,9 +111,10 @@ def _str(v: Any) -> bool:
 
 
 # Test-only faults (the ``fault`` key, KIND:RANK): that rank is killed by SIGKILL in a step of repeat 0, hangs
-# there, aborts as its case's trace starts (once per run: the launcher's retry then traces it), or runs its
-# first trace window's forward passes at under a third of their timed speed (the window is traced again).
-FAULTS = ("crash", "hang", "abort-trace", "slow-trace")
+# there, aborts as its case's trace starts (once per run: the launcher's retry then traces it), runs its
+# first trace window's forward passes at under a third of their timed speed, or burns CPU after each step of
+# that window, its training thread's CPU time more than tripled (either way the window is traced again).
+FAULTS = ("crash", "hang", "abort-trace", "slow-trace", "busy-trace")
 
 # Every key a case has, with its default: the single source for [defaults], [sweep], --set.
 CASE_KEYS: dict[str, KeySpec] = {

@@ -261,6 +261,7 @@ class _Repeat:
         self.fault = fault_kind if mine and repeat == 0 and fault_kind in ("crash", "hang") else None
         self.aborts_tracing = mine and fault_kind == "abort-trace"
         self.slows_tracing = mine and fault_kind == "slow-trace"
+        self.busies_tracing = mine and fault_kind == "busy-trace"
         self.step_ms: list[float] = []
         self.cpu_ms: list[float] = []
         self.forward_ms: list[float] = []  # CPU ranks: the forward pass's wall ms (StepTimer)
@@ -497,14 +498,15 @@ class CaseRunner:
         again (``capture.retrace``), and the best window kept: the what-if builds its model from
         these steps, and a window the machine disturbed (a neighbour, the hypervisor) would carry
         that disturbance into every projection. The forward pass, which issues none of the step's
-        collectives, and the whole step tell; the ranks agree on the slowest rank's speeds, as
+        collectives, the whole step and the training thread's CPU time (its work without its waits)
+        tell; the ranks agree on the slowest rank's speeds, as
         every rank must trace the same steps and keep the same window."""
         training, workload = arm.training, arm.workload
         timed = slice(case.warmup_steps, None)
         # The forward pass's, the step's and the training thread's CPU ms: timed medians, traced per step.
         timed_ms = [statistics.median(x[timed]) for x in (arm.forward_ms, arm.step_ms, arm.thread_ms)]
         forward_s, step_s, thread_s = traced_s = ([], [], [])
-        slowing = arm.slows_tracing
+        slowing, busy = arm.slows_tracing, arm.busies_tracing
 
         def run_step(step: int) -> None:
             x, y = workload.train_batch(step)
@@ -512,6 +514,8 @@ class CaseRunner:
             train_step(
                 training, workload, x, y, profiled=True, forward_done=lambda: forward_s.append(time.perf_counter() - t0)
             )
+            if busy:  # Test-only fault ``busy-trace:RANK``: twice the step's timed CPU time and 2 ms more.
+                _burn((2 * timed_ms[2] + 2) / 1e3)
             if arm.delay_s:
                 _delay(arm.delay_s)  # a wait: no range, so the trace shows it as what it is (idle)
             elif burn_s:
@@ -540,18 +544,19 @@ class CaseRunner:
             if hook is not None:
                 hook.remove()
                 slowing = False
+            busy = False
             # The first step is the profiler's warm-up, untraced.
             mine = [
                 capture.speed(t, statistics.median(x[1:]) * 1e3) if cpu else math.nan
                 for t, x in zip(timed_ms, traced_s)
             ]
             speeds.append(self._slowest(mine))
-            f, st, _ = speeds[-1]
-            scores.append(capture.window_score(f, st))
+            scores.append(capture.window_score(*speeds[-1]))
             if not capture.retrace(scores, case.trace_windows):
                 break
             if self.rank.rank == 0:
-                self.events.emit("trace_retake", case=case.case_id, forward_speed=f, step_speed=st)
+                f, st, th = speeds[-1]
+                self.events.emit("trace_retake", case=case.case_id, forward_speed=f, step_speed=st, thread_speed=th)
         kept = capture.kept_window(scores)
         for k, (_, _, path) in enumerate(windows):
             if k == kept:

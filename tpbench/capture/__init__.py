@@ -45,15 +45,21 @@ class RankCapture:
 
 
 # A trace window is traced again, up to the case's ``trace_windows`` windows in all, when on some
-# rank its forward passes or its steps ran at under ``SPEED_FLOOR`` of their timed speed; the window
-# furthest above the floor is kept. The floor is the what-if's bound on a traced host (its
-# ``COMPUTE_FACTOR``: tracing may double host work, and a window that ran slower is refused as
-# unrepresentative), so a window is traced again exactly where the what-if could not use it; it is
-# written out here so that rank processes need not load the what-if, and a test keeps the two equal.
-# On the 2-core machine an undisturbed window's forward passes run at 0.6–1.2 of their timed speed
-# (a few ops, each a few µs of the profiler's; a ZeRO hook's rank 0 runs its forward beside the
-# previous step's broadcasts) and its steps at 0.6–0.95; windows a neighbour or the hypervisor took
-# half the machine from ran them at 0.3 (docs/interconnects.md).
+# rank its forward passes, its steps or its training thread's CPU time ran at under ``SPEED_FLOOR``
+# of their timed speed; the window furthest above the floor is kept. The floor is the what-if's bound
+# on a traced host (its ``COMPUTE_FACTOR``: tracing may double host work, and a window that ran slower
+# is refused as unrepresentative), so a window is traced again exactly where the what-if could not use
+# it; it is written out here so that rank processes need not load the what-if, and a test keeps the
+# two equal. The thread's CPU time is there for steps that are mostly waiting on a shaped link: a
+# window whose backward ran at half speed moves such a step by a few per cent and its forward passes
+# not at all, yet its compute, which a faster link's projection keeps whole, is doubled (a ddp
+# window at 500 Mbit/s, thread at ×0.43 where the same case's windows on other links ran at
+# ×0.75–0.91, projected loopback 72 % slow). On the 2-core machine an undisturbed window's forward
+# passes run at 0.6–1.2 of their timed speed (a few ops, each a few µs of the profiler's; a ZeRO
+# hook's rank 0 runs its forward beside the previous step's broadcasts), its steps at 0.6–0.95 and
+# its thread at 0.6–0.95, a ZeRO hook's at 0.37–0.66 (the tracer's cost on its many small ops: such
+# a case may trace all its windows); windows a neighbour or the hypervisor took half the machine
+# from ran them at 0.3 (docs/interconnects.md).
 SPEED_FLOOR = 0.5
 
 
@@ -62,12 +68,14 @@ def speed(timed_ms: float, traced_ms: float) -> float:
     return timed_ms / traced_ms if timed_ms > 0 and traced_ms > 0 else math.nan
 
 
-def window_score(forward_speed: float, step_speed: float) -> float:
-    """How far a window lies above the floor: under 1, traced again (NaN: not measured, as on GPU
-    ranks, whose host clock times kernel launches; such a window is never traced again)."""
-    if math.isnan(forward_speed) or math.isnan(step_speed):
+def window_score(forward_speed: float, step_speed: float, thread_speed: float) -> float:
+    """How far a window lies above the floor, by the slowest of its three speeds: under 1, traced
+    again (NaN: not measured, as on GPU ranks, whose host clock times kernel launches; such a window
+    is never traced again)."""
+    speeds = (forward_speed, step_speed, thread_speed)
+    if any(math.isnan(x) for x in speeds):
         return math.nan
-    return min(forward_speed, step_speed) / SPEED_FLOOR
+    return min(speeds) / SPEED_FLOOR
 
 
 def retrace(scores: list[float], windows: int) -> bool:
