@@ -999,7 +999,8 @@ TRACED_MEDIAN_TARGET = 0.05
 # the timed step cannot pin the host factor: the wire's time does not scale with the host, any
 # factor over most of the range lands the replay in the timed median's interval, and calibration
 # keeps the one nearest 1, often 1 itself. The host factor is then the forward passes'
-# (``forward_times``), which issue none of the step's collectives.
+# (``forward_times``), which issue none of the step's collectives, or the training thread's CPU
+# time where that ran slower (``calibrated``).
 MOSTLY_COMMUNICATION = 0.5
 
 
@@ -1041,7 +1042,7 @@ class Fit:
     traced_steps: int = 0  # how many traced steps the fit rests on
     raise_limit: float = math.inf  # the timed median over the traced one, at least 1 (``calibrate``)
     traced_half_width: float = math.nan  # their median's 95 % CI half-width, over the median
-    factor_source: str = "timed steps"  # or "forward passes" (``MOSTLY_COMMUNICATION``)
+    factor_source: str = "timed steps"  # or "forward passes", "training thread" (``MOSTLY_COMMUNICATION``)
     # Where the forward passes decide (``calibrated``): their median (timed, traced) ms, else NaN.
     forward_ms: tuple[float, float] = (math.nan, math.nan)
     # The training thread's CPU time per step, timed over traced (the kept trace window's,
@@ -1301,7 +1302,14 @@ def calibrated(
     ``COMPUTE_FACTOR`` refuses the case, as a calibrated factor there would: the traced steps ran on
     a host of another kind than the timed ones (busier while tracing), and their compute, which
     the timed step cannot correct there, would come back at full size in every projection.
-    ``thread_speed`` (``Fit.thread_speed``) only words a refusal."""
+
+    ``thread_speed`` (``Fit.thread_speed``): the training thread's CPU time per step, timed over
+    traced. On such a step, where it lies within ``COMPUTE_FACTOR`` and below the factor the forward
+    passes (or the timed steps) gave, it is the factor: a forward pass is a few large ops, and the
+    tracer costs most on many small ones (a ZeRO hook's optimizer step: its twin at 500 Mbit/s
+    traced its thread at ×0.63 and its forward passes at ×0.87, where the timed steps pin the same
+    hook's factor at ×0.68 on loopback). Below the bounds it is a window the machine disturbed
+    (one such is traced again, ``capture.retrace``) and is not taken; it also words a refusal."""
     interference = interference or Interference()
     kappa = interference.replay_factor
     measured = float(np.median(reps_ms))
@@ -1332,6 +1340,8 @@ def calibrated(
         fit = dataclasses.replace(fit, forward_ms=forward)  # out of bounds, a refusal (``Fit.refusal``)
         if COMPUTE_FACTOR[0] <= by_forward < 1:
             fit = dataclasses.replace(fit, factor=by_forward, factor_source="forward passes")
+        if fit.factor is not None and COMPUTE_FACTOR[0] <= thread_speed < fit.factor:
+            fit = dataclasses.replace(fit, factor=thread_speed, factor_source="training thread")
     return CaseModel(
         case_id,
         dict(params),
@@ -1409,8 +1419,8 @@ def project(models: Sequence[CaseModel], fabrics: Mapping[str, Fabric]) -> pd.Da
     interval, the ops it rests on and whether it is the case's own or pooled) how much slower the
     case's compute ran beside communication (``Interference``); host_factor the factor
     on the traced host (``calibrate``) and host_factor_source what set it ("timed steps", or
-    "forward passes" where the step is mostly communication: ``calibrated``). A refused case has
-    its reason in ``refused`` and NaN projections."""
+    "forward passes" or "training thread" where the step is mostly communication: ``calibrated``).
+    A refused case has its reason in ``refused`` and NaN projections."""
     rows = []
     for m in models:
         floor_ms = m.critical_path_ms()
