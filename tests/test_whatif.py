@@ -719,15 +719,19 @@ def test_on_a_step_of_mostly_communication_the_forward_passes_set_the_host_facto
     traced: any factor near 1 fits, so calibration keeps 1. The forward passes, timed at 0.8×
     their traced time, say the host ran 0.8× as long untraced: that is the factor. Not where
     compute is most of the step or the link is unshaped (the timed step pins it), nor at a ratio
-    above 1 (tracing never speeds a host up: drift); a ratio out of bounds refuses the case."""
+    above 1 (tracing never speeds a host up: drift); a ratio out of bounds refuses the case.
+    The training thread's CPU speed, where it ran slower than that and within bounds, is the
+    factor instead (the tracer's cost on ops a forward pass does not have)."""
     ops = (Work(0.005), Issue(AR(0)), Wait((AR(0),)), Work(0.005))
     sk = StepSkeleton(1, (ops, ops), (CollectiveSpec(AR(0), 4e6, 2),), 0.05)
     path = Fabric("as measured", 0.0, 1e8)  # 40 ms all-reduce, 50 ms traced step
     wire = whatif.emulated_link(2 * 4e6 * 8 / 0.034, None)  # a shaped link: 34 ms of the all-reduce
     timed = np.array([whatif.median_step_s([sk], path) * 1e3] * 3)
 
-    def model(forward, skel=sk, on_host=True, link=wire):
-        return whatif.calibrated("c", {}, [skel], path, timed, comm_on_host=on_host, wire=link, forward=forward)
+    def model(forward, skel=sk, on_host=True, link=wire, thread=math.nan):
+        return whatif.calibrated(
+            "c", {}, [skel], path, timed, comm_on_host=on_host, wire=link, forward=forward, thread_speed=thread
+        )
 
     assert model((math.nan, math.nan)).fit.factor == 1.0
     by_forward = model((1.6, 2.0))
@@ -736,12 +740,31 @@ def test_on_a_step_of_mostly_communication_the_forward_passes_set_the_host_facto
     assert model((2.2, 2.0)).fit.factor == 1.0 and model((2.2, 2.0)).fit.factor_source == "timed steps"
     assert model((1.6, 2.0), on_host=False).fit.factor == 1.0  # communication off the host (NCCL)
     assert model((1.6, 2.0), link=None).fit.factor_source == "timed steps"  # unshaped: all host work
+    by_thread = model((1.6, 2.0), thread=0.7)
+    assert by_thread.fit.factor == pytest.approx(0.7) and by_thread.fit.factor_source == "training thread"
+    fast = Fabric("fast", 0.0, 1e10)  # on a fast link compute is the step: the lower factor projects it faster
+    assert by_thread.step_ms(fast) < by_forward.step_ms(fast)
+    # Its interval's resamples keep that factor: refitted to the timed step, which cannot pin it here,
+    # each would move to the factor nearest 1, and the interval would lie above the point (which it
+    # holds only as its low end), its scatter (the timed repeats': ±1 ms) far short of that move.
+    scattered = timed[0] * np.array([0.98, 0.99, 1.0, 1.01, 1.02])
+    spread = whatif.calibrated(
+        "c", {}, [sk], path, scattered, comm_on_host=True, wire=wire, forward=(1.6, 2.0), thread_speed=0.7
+    )
+    lo, hi = spread.step_interval_ms(fast)
+    assert lo < spread.step_ms(fast) < hi
+    assert model((1.6, 2.0), thread=0.9).fit.factor_source == "forward passes"  # the forward passes ran slower
+    assert model((2.2, 2.0), thread=0.7).fit.factor == pytest.approx(0.7)  # below the timed steps' factor too
+    below = model((1.6, 2.0), thread=0.4)  # under the floor: a disturbed window, not a factor (nor a refusal)
+    assert below.fit.factor_source == "forward passes" and below.refused is None
+    assert model((1.6, 2.0), link=None, thread=0.7).fit.factor_source == "timed steps"
     slowed = model((2.0, 5.0))  # traced forward passes 2.5× the timed: traced on a busier machine
     assert "their forward passes took 5.00 ms against 2.00 ms timed, a host factor of ×0.40" in slowed.refused
     busy = (Work(0.040), Issue(AR(0)), Wait((AR(0),)), Work(0.005))
     compute_bound = StepSkeleton(1, (busy, busy), (CollectiveSpec(AR(0), 4e5, 2),), 0.05)
     timed = np.array([whatif.median_step_s([compute_bound], path) * 1e3] * 3)
     assert model((1.6, 2.0), skel=compute_bound).fit.factor_source == "timed steps"
+    assert model((1.6, 2.0), skel=compute_bound, thread=0.7).fit.factor_source == "timed steps"
 
 
 def test_validation_says_how_fast_the_target_worlds_host_ran_and_predicts_without_it():
@@ -1190,7 +1213,7 @@ def test_predicts_a_1gbit_case_from_loopback_and_loopback_from_1gbit(tmp_path):
     for row in (slower, faster):
         expected = forward[row["case_id"]] / forward[row["reference_case"]]
         assert row["host_ratio"] == pytest.approx(expected) and expected > 0, row
-    assert set(result.projections["host_factor_source"]) <= {"timed steps", "forward passes"}
+    assert set(result.projections["host_factor_source"]) <= {"timed steps", "forward passes", "training thread"}
     # Projections onto faster fabrics stay between the case's compute and its measured step.
     p = result.projections
     made = p[p["refused"].isna()]

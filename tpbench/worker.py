@@ -497,10 +497,9 @@ class CaseRunner:
         On CPU ranks a window in which the host ran much slower than in the timed steps is traced
         again (``capture.retrace``), and the best window kept: the what-if builds its model from
         these steps, and a window the machine disturbed (a neighbour, the hypervisor) would carry
-        that disturbance into every projection. The forward pass, which issues none of the step's
-        collectives, the whole step and the training thread's CPU time (its work without its waits)
-        tell; the ranks agree on the slowest rank's speeds, as
-        every rank must trace the same steps and keep the same window."""
+        that disturbance into every projection. The forward pass (it issues no collective), the step
+        and the training thread's CPU time (its work without its waits) tell; the ranks agree on the
+        slowest rank's speeds, as every rank must trace the same steps and keep the same window."""
         training, workload = arm.training, arm.workload
         timed = slice(case.warmup_steps, None)
         # The forward pass's, the step's and the training thread's CPU ms: timed medians, traced per step.

@@ -1164,7 +1164,10 @@ class CaseModel:
         while the scaled replay of the resampled steps on the case's own path (median over steps)
         lies between the timed interval's low end and the resampled timed median, else the factor
         that puts it on the nearer of the two, within ``COMPUTE_FACTOR``; its projection is the
-        resampled steps' replay on ``fabric`` at that factor. Refitting each resample keeps the
+        resampled steps' replay on ``fabric`` at that factor. Where the factor came from the forward
+        passes or the training thread (``calibrated``: a step the timed medians cannot pin it on,
+        which would move every resample to the band's edge, away from the point's own reading),
+        each resample keeps it. Refitting each resample keeps the
         physical bounds inside the interval: on a fabric no slower than the scaled own path a
         resample projects no slower than its own timed median. Replays on ``fabric`` are
         tabulated on a grid of factors (each is monotone in the factor) and read between its points. The
@@ -1185,8 +1188,12 @@ class CaseModel:
         own = np.median(self._own_replays[steps], axis=1)  # resample × factor
         there = np.median(self._replays(fabric)[steps], axis=1)
         floor, point_factor = self.ci_ms[0], self.compute_scale
+        pinned = self.fit.factor_source == "timed steps"
         projected = []
         for t, o, f in zip(target, own, there):
+            if not pinned:  # the forward passes' or the thread's factor: the timed step does not pin it
+                projected.append(np.interp(point_factor, _FACTOR_GRID, f))
+                continue
             # The point's rule on the resample: keep its factor while the replay stays in the band
             # [the timed interval's low end, the resampled median]; else move to the nearer edge,
             # raising the replay above its own at 1 by ``raise_limit`` at most.
@@ -1290,26 +1297,8 @@ def calibrated(
     (``calibrate``); ``wire``: its link's shaped wire (None: unshaped), for the
     interval's other reading of the timed steps (``CaseModel.other_factor``).
 
-    ``forward``: the forward pass timed and traced, in ms (``forward_times``). On a shaped link
-    (``wire``) where communication is most of the step (``MOSTLY_COMMUNICATION``) and the host's
-    work is on it (``comm_on_host``), their ratio is the host factor: the timed step cannot show
-    how much faster the host ran untraced there, and the factor nearest 1 it allows keeps the
-    tracer's cost in compute, which comes back at full size on a link where compute is most of the
-    step. (On an unshaped link the whole step is host work and scales with it: the timed step
-    pins the factor.) Only a ratio below 1 is
-    taken: tracing never makes a host faster, and a forward pass of a few ms over a few traced steps
-    that ran faster traced than timed is the machine's drift, not the tracer. A ratio outside
-    ``COMPUTE_FACTOR`` refuses the case, as a calibrated factor there would: the traced steps ran on
-    a host of another kind than the timed ones (busier while tracing), and their compute, which
-    the timed step cannot correct there, would come back at full size in every projection.
-
-    ``thread_speed`` (``Fit.thread_speed``): the training thread's CPU time per step, timed over
-    traced. On such a step, where it lies within ``COMPUTE_FACTOR`` and below the factor the forward
-    passes (or the timed steps) gave, it is the factor: a forward pass is a few large ops, and the
-    tracer costs most on many small ones (a ZeRO hook's optimizer step: its twin at 500 Mbit/s
-    traced its thread at ×0.63 and its forward passes at ×0.87, where the timed steps pin the same
-    hook's factor at ×0.68 on loopback). Below the bounds it is a window the machine disturbed
-    (one such is traced again, ``capture.retrace``) and is not taken; it also words a refusal."""
+    ``forward`` (the forward pass timed and traced, in ms) and ``thread_speed`` give the host
+    factor on a step of mostly communication (``_host_factor``)."""
     interference = interference or Interference()
     kappa = interference.replay_factor
     measured = float(np.median(reps_ms))
@@ -1330,18 +1319,9 @@ def calibrated(
         traced_half_width=(traced_hi - traced_lo) / 2 / float(np.median(traced)),
         thread_speed=thread_speed,
     )
-    by_forward = forward[0] / forward[1] if forward[1] > 0 else math.nan
-    if (
-        wire is not None
-        and comm_on_host
-        and fit.factor is not None
-        and fit.comm_only_ms >= MOSTLY_COMMUNICATION * measured
-    ):
-        fit = dataclasses.replace(fit, forward_ms=forward)  # out of bounds, a refusal (``Fit.refusal``)
-        if COMPUTE_FACTOR[0] <= by_forward < 1:
-            fit = dataclasses.replace(fit, factor=by_forward, factor_source="forward passes")
-        if fit.factor is not None and COMPUTE_FACTOR[0] <= thread_speed < fit.factor:
-            fit = dataclasses.replace(fit, factor=thread_speed, factor_source="training thread")
+    mostly_comm = fit.comm_only_ms >= MOSTLY_COMMUNICATION * measured
+    if wire is not None and comm_on_host and fit.factor is not None and mostly_comm:
+        fit = _host_factor(fit, forward)
     return CaseModel(
         case_id,
         dict(params),
@@ -1355,6 +1335,36 @@ def calibrated(
         interference,
         forward[0],
     )
+
+
+def _host_factor(fit: Fit, forward: tuple[float, float]) -> Fit:
+    """The host factor of a case on a shaped link whose step is mostly communication
+    (``MOSTLY_COMMUNICATION``), its host's work on that link (``calibrated``'s ``comm_on_host``).
+
+    ``forward``: the forward pass timed and traced, in ms (``forward_times``). Their ratio is the host factor: the
+    timed step cannot show how much faster the host ran untraced there, and the factor nearest 1 it allows keeps the
+    tracer's cost in compute, which comes back at full size on a link where compute is most of the step. (On an
+    unshaped link the whole step is host work and scales with it: the timed step pins the factor.) Only a ratio
+    below 1 is taken: tracing never makes a host faster, and a forward pass of a few ms over a few traced steps that
+    ran faster traced than timed is the machine's drift, not the tracer. A ratio outside ``COMPUTE_FACTOR`` refuses
+    the case, as a calibrated factor there would: the traced steps ran on a host of another kind than the timed ones
+    (busier while tracing), and their compute, which the timed step cannot correct there, would come back at full
+    size in every projection.
+
+    ``thread_speed`` (``Fit.thread_speed``): the training thread's CPU time per step, timed over
+    traced. On such a step, where it lies within ``COMPUTE_FACTOR`` and below the factor the forward
+    passes (or the timed steps) gave, it is the factor: a forward pass is a few large ops, and the
+    tracer costs most on many small ones (a ZeRO hook's optimizer step: its twin at 500 Mbit/s
+    traced its thread at ×0.63 and its forward passes at ×0.87, where the timed steps pin the same
+    hook's factor at ×0.68 on loopback). Below the bounds it is a window the machine disturbed
+    (one such is traced again, ``capture.retrace``) and is not taken; it also words a refusal."""
+    by_forward = forward[0] / forward[1] if forward[1] > 0 else math.nan
+    fit = dataclasses.replace(fit, forward_ms=forward)  # out of bounds, a refusal (``Fit.refusal``)
+    if COMPUTE_FACTOR[0] <= by_forward < 1:
+        fit = dataclasses.replace(fit, factor=by_forward, factor_source="forward passes")
+    if fit.factor is not None and COMPUTE_FACTOR[0] <= fit.thread_speed < fit.factor:
+        fit = dataclasses.replace(fit, factor=fit.thread_speed, factor_source="training thread")
+    return fit
 
 
 def case_model(
