@@ -720,8 +720,8 @@ def test_on_a_step_of_mostly_communication_the_forward_passes_set_the_host_facto
     their traced time, say the host ran 0.8× as long untraced: that is the factor. Not where
     compute is most of the step or the link is unshaped (the timed step pins it), nor at a ratio
     above 1 (tracing never speeds a host up: drift); a ratio out of bounds refuses the case.
-    The training thread's CPU speed, where it ran slower than that and within bounds, is the
-    factor instead (the tracer's cost on ops a forward pass does not have)."""
+    The training thread's CPU speed, where it ran slower than that, is the factor instead (the
+    tracer's cost on ops a forward pass does not have), down to its own floor."""
     ops = (Work(0.005), Issue(AR(0)), Wait((AR(0),)), Work(0.005))
     sk = StepSkeleton(1, (ops, ops), (CollectiveSpec(AR(0), 4e6, 2),), 0.05)
     path = Fabric("as measured", 0.0, 1e8)  # 40 ms all-reduce, 50 ms traced step
@@ -755,8 +755,14 @@ def test_on_a_step_of_mostly_communication_the_forward_passes_set_the_host_facto
     assert lo < spread.step_ms(fast) < hi
     assert model((1.6, 2.0), thread=0.9).fit.factor_source == "forward passes"  # the forward passes ran slower
     assert model((2.2, 2.0), thread=0.7).fit.factor == pytest.approx(0.7)  # below the timed steps' factor too
-    below = model((1.6, 2.0), thread=0.4)  # under the floor: a disturbed window, not a factor (nor a refusal)
-    assert below.fit.factor_source == "forward passes" and below.refused is None
+    # Under ×0.5, which would refuse a factor fitted to the timed step, the thread's is taken down to
+    # ``THREAD_FACTOR_FLOOR`` (its CPU time is the tracer's cost alone); below that the case is refused.
+    low = model((1.6, 2.0), thread=0.4)
+    assert low.fit.factor == pytest.approx(0.4) and low.refused is None
+    assert low.step_interval_ms(fast)[0] <= low.step_ms(fast) < by_thread.step_ms(fast)
+    below = model((1.6, 2.0), thread=0.3)
+    assert "scaled ×0.30 to match them (limit ×0.35–1.50)" in below.refused
+    assert "the training thread's CPU time traced at ×0.30 of its timed: the tracer's own cost" in below.refused
     assert model((1.6, 2.0), link=None, thread=0.7).fit.factor_source == "timed steps"
     slowed = model((2.0, 5.0))  # traced forward passes 2.5× the timed: traced on a busier machine
     assert "their forward passes took 5.00 ms against 2.00 ms timed, a host factor of ×0.40" in slowed.refused

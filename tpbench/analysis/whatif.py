@@ -981,6 +981,15 @@ def host_scaled(path: Fabric, factor: float, wire: Fabric | None = None) -> Fabr
 # would carry that error at full size. Bounding it also bounds the compute critical path:
 # at least half the traced compute.
 COMPUTE_FACTOR = (0.5, 1.5)
+# A factor read from the training thread's CPU time (``_host_factor``) may go lower: that time is
+# the thread's own work (a CPU the hypervisor or a neighbour took is not in it), so its speed is
+# the tracer's cost on the thread's ops, which on a ZeRO hook's or DDP's many small ops can more
+# than double it. Kept trace windows of whatif.toml's cases on shaped links ran their threads at
+# ×0.38–0.49 in every window traced again while their forward passes said ×0.76–1.05; at the
+# thread's factor their compute matched the same case's on the other links (run 37's ddp twin at
+# 500 Mbit/s, ×0.43: loopback projected +6.8 % where the forward passes' factor gave +71.6 %).
+# Below about a third, the tracer tripled the thread's work, and the case is refused.
+THREAD_FACTOR_FLOOR = 0.35
 # The replay of the traced steps on their own fitted path, before calibration, against those
 # same steps: the model's error on its own input (the residual on the measured link). The
 # validation's target is 15 % mean error; a model that misses the very steps it was built from
@@ -989,7 +998,7 @@ REPLAY_RESIDUAL = 0.20
 # The compute factors a projection's interval tabulates replays at (``CaseModel.step_interval_ms``):
 # log-spaced over the factors a fit may take, about 3.5 % apart (a replay is close to linear in the
 # factor between two points; each point is a replay of every traced step per fabric).
-_FACTOR_GRID = np.geomspace(*COMPUTE_FACTOR, 33)
+_FACTOR_GRID = np.geomspace(THREAD_FACTOR_FLOOR, COMPUTE_FACTOR[1], 43)
 # How well the traced steps' median must be known for the compute factor to rest on it rather than
 # on which steps happened to be traced: the validation's 5 % accuracy target.
 TRACED_MEDIAN_TARGET = 0.05
@@ -1050,6 +1059,12 @@ class Fit:
     # more than doubled the thread's work, and no number of traced steps takes that back.
     thread_speed: float = math.nan
 
+    @property
+    def least_factor(self) -> float:
+        """The least host factor this fit may take: ``THREAD_FACTOR_FLOOR`` for the training
+        thread's, which reads the tracer's cost directly, else ``COMPUTE_FACTOR``'s."""
+        return THREAD_FACTOR_FLOOR if self.factor_source == "training thread" else COMPUTE_FACTOR[0]
+
     def steps_enough(self, target: float = TRACED_MEDIAN_TARGET) -> int | None:
         """The traced steps whose median would be known to ±``target``, or None when these are
         enough already (or unknown): a median's interval narrows as 1/√n."""
@@ -1063,7 +1078,7 @@ class Fit:
         could come within bounds (a traced median off by h moves the factor and the modelled
         communication by about as much)."""
         h = self.traced_half_width
-        low, high = COMPUTE_FACTOR
+        low, high = self.least_factor, COMPUTE_FACTOR[1]
         if self.factor is not None and self.factor < low and self.thread_speed < low:
             return (
                 f"; the training thread's CPU time traced at ×{self.thread_speed:.2f} of its timed: the tracer's own "
@@ -1109,11 +1124,11 @@ class Fit:
                 f"×{timed / traced:.2f} (limit ×{COMPUTE_FACTOR[0]:.2f}–{COMPUTE_FACTOR[1]:.2f}): the machine was "
                 "busier while tracing"
             )
-        if not COMPUTE_FACTOR[0] <= self.factor <= COMPUTE_FACTOR[1]:
+        if not self.least_factor <= self.factor <= COMPUTE_FACTOR[1]:
             what = "compute and the host's own communication" if self.scales_path else "compute"
             return (
                 f"{unlike}: {what} would have to be scaled ×{self.factor:.2f} to match them "
-                f"(limit ×{COMPUTE_FACTOR[0]:.2f}–{COMPUTE_FACTOR[1]:.2f})" + self._steps_advice()
+                f"(limit ×{self.least_factor:.2f}–{COMPUTE_FACTOR[1]:.2f})" + self._steps_advice()
             )
         return None
 
@@ -1201,7 +1216,7 @@ class CaseModel:
             band = min(t, max(floor, at))
             if band > at:
                 band = max(at, min(band, np.interp(1.0, _FACTOR_GRID, o) * self.fit.raise_limit))
-            c = np.interp(band, o, _FACTOR_GRID) if not floor <= at <= t else point_factor
+            c = max(np.interp(band, o, _FACTOR_GRID), COMPUTE_FACTOR[0]) if not floor <= at <= t else point_factor
             projected.append(np.interp(c, _FACTOR_GRID, f))
         # A measured median there would carry the timed repeats' own scatter, in ms: it comes from
         # the host (compute, the host's part of communication), not from a wire's steady rate, so
@@ -1244,9 +1259,9 @@ class CaseModel:
     @cached_property
     def _least_ms(self) -> float:
         """The shortest step any factor allows: a traced step's replay with free communication and
-        compute at the least factor of ``COMPUTE_FACTOR``."""
+        compute at the least factor the fit may take (``Fit.least_factor``)."""
         free, kappa = fabric_cost(FREE), self.interference.replay_factor
-        return min(simulate(sk, free, COMPUTE_FACTOR[0], kappa).step_s for sk in self.skeletons) * 1e3
+        return min(simulate(sk, free, self.fit.least_factor, kappa).step_s for sk in self.skeletons) * 1e3
 
     @cached_property
     def _own_replays(self) -> np.ndarray:
@@ -1352,17 +1367,18 @@ def _host_factor(fit: Fit, forward: tuple[float, float]) -> Fit:
     size in every projection.
 
     ``thread_speed`` (``Fit.thread_speed``): the training thread's CPU time per step, timed over
-    traced. On such a step, where it lies within ``COMPUTE_FACTOR`` and below the factor the forward
-    passes (or the timed steps) gave, it is the factor: a forward pass is a few large ops, and the
-    tracer costs most on many small ones (a ZeRO hook's optimizer step: its twin at 500 Mbit/s
-    traced its thread at ×0.63 and its forward passes at ×0.87, where the timed steps pin the same
-    hook's factor at ×0.68 on loopback). Below the bounds it is a window the machine disturbed
-    (one such is traced again, ``capture.retrace``) and is not taken; it also words a refusal."""
+    traced. On such a step, where it lies below the factor the forward passes (or the timed steps)
+    gave, it is the factor: a forward pass is a few large ops, and the tracer costs most on many
+    small ones (a ZeRO hook's optimizer step: its twin at 500 Mbit/s traced its thread at ×0.63 and
+    its forward passes at ×0.87, where the timed steps pin the same hook's factor at ×0.68 on
+    loopback). It may go down to ``THREAD_FACTOR_FLOOR``; below, the case is refused, the refusal
+    naming the tracer's cost (a window that ran under half speed was traced again first, and the
+    best kept: ``capture.retrace``)."""
     by_forward = forward[0] / forward[1] if forward[1] > 0 else math.nan
     fit = dataclasses.replace(fit, forward_ms=forward)  # out of bounds, a refusal (``Fit.refusal``)
     if COMPUTE_FACTOR[0] <= by_forward < 1:
         fit = dataclasses.replace(fit, factor=by_forward, factor_source="forward passes")
-    if fit.factor is not None and COMPUTE_FACTOR[0] <= fit.thread_speed < fit.factor:
+    if fit.factor is not None and fit.thread_speed < fit.factor:
         fit = dataclasses.replace(fit, factor=fit.thread_speed, factor_source="training thread")
     return fit
 
