@@ -1216,7 +1216,7 @@ class CaseModel:
             band = min(t, max(floor, at))
             if band > at:
                 band = max(at, min(band, np.interp(1.0, _FACTOR_GRID, o) * self.fit.raise_limit))
-            c = max(np.interp(band, o, _FACTOR_GRID), COMPUTE_FACTOR[0]) if not floor <= at <= t else point_factor
+            c = max(np.interp(band, o, _FACTOR_GRID), self.fit.least_factor) if not floor <= at <= t else point_factor
             projected.append(np.interp(c, _FACTOR_GRID, f))
         # A measured median there would carry the timed repeats' own scatter, in ms: it comes from
         # the host (compute, the host's part of communication), not from a wire's steady rate, so
@@ -1356,15 +1356,16 @@ def _host_factor(fit: Fit, forward: tuple[float, float]) -> Fit:
     """The host factor of a case on a shaped link whose step is mostly communication
     (``MOSTLY_COMMUNICATION``), its host's work on that link (``calibrated``'s ``comm_on_host``).
 
-    ``forward``: the forward pass timed and traced, in ms (``forward_times``). Their ratio is the host factor: the
-    timed step cannot show how much faster the host ran untraced there, and the factor nearest 1 it allows keeps the
-    tracer's cost in compute, which comes back at full size on a link where compute is most of the step. (On an
-    unshaped link the whole step is host work and scales with it: the timed step pins the factor.) Only a ratio
-    below 1 is taken: tracing never makes a host faster, and a forward pass of a few ms over a few traced steps that
-    ran faster traced than timed is the machine's drift, not the tracer. A ratio outside ``COMPUTE_FACTOR`` refuses
-    the case, as a calibrated factor there would: the traced steps ran on a host of another kind than the timed ones
-    (busier while tracing), and their compute, which the timed step cannot correct there, would come back at full
-    size in every projection.
+    ``forward``: the forward pass timed and traced, in ms (``forward_times``). Their ratio is the
+    host factor: the timed step cannot show how much faster the host ran untraced there, and the
+    factor nearest 1 it allows keeps the tracer's cost in compute, which comes back at full size on
+    a link where compute is most of the step. (On an unshaped link the whole step is host work and
+    scales with it: the timed step pins the factor.) Only a ratio below 1 is taken: tracing never
+    makes a host faster, and a forward pass of a few ms over a few traced steps that ran faster
+    traced than timed is the machine's drift, not the tracer. A ratio outside ``COMPUTE_FACTOR``
+    refuses the case, as a calibrated factor there would: the traced steps ran on a host of another
+    kind than the timed ones (busier while tracing), and their compute, which the timed step cannot
+    correct there, would come back at full size in every projection.
 
     ``thread_speed`` (``Fit.thread_speed``): the training thread's CPU time per step, timed over
     traced. On such a step, where it lies below the factor the forward passes (or the timed steps)
