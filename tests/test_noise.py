@@ -4,6 +4,7 @@ machine's load per repeat with the report's list of noisy repeats."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -19,7 +20,7 @@ import pandas as pd
 import pytest
 from conftest import run_cli, sweep_in_process, tiny_suite
 
-from tpbench import store
+from tpbench import store, sweep
 from tpbench.analysis.noise import noisy_repeats
 from tpbench.analysis.stats import repeat_values
 from tpbench.capture import machine_load
@@ -320,10 +321,26 @@ def test_a_sweep_in_passes_runs_its_worlds_in_turns_each_a_share_of_its_rounds(t
     the worlds taking turns, the first pass running rounds 0-1 and the second round 2, the traced
     one; every case ends done with its three repeats and its trace."""
     text = tiny_suite("world_size = [1, 2]", repeats=3, passes=2, profiler_steps=1)
-    loaded = sweep_in_process(tmp_path, text)
-    worlds = loaded.record.worlds
-    assert [(w.world_size, w.sweep_pass) for w in worlds] == [(1, 1), (2, 1), (1, 2), (2, 2)]
-    assert [sorted({item[1] for item in w.schedule}) for w in worlds] == [[0, 1], [0, 1], [2], [2]]
+    (tmp_path / "suite.toml").write_text(text)
+    events: list[str] = []
+
+    def progress(phase: sweep.Phase) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext(lambda kind, data: events.append(kind))
+
+    loaded = sweep.run(tmp_path / "suite.toml", out=tmp_path / "results", progress=progress).loaded
+    # A world that died starting up, or as a trace started, is started once more with what it had
+    # left (``launch.run_group``): on a busy 2-core machine that happens, and is not a turn.
+    turns: list[tuple[int, int, set[int]]] = []
+    for w in loaded.record.worlds:
+        rounds = {item[1] for item in w.schedule}
+        if turns and turns[-1][:2] == (w.world_size, w.sweep_pass):
+            assert rounds <= turns[-1][2]
+            continue
+        turns.append((w.world_size, w.sweep_pass, rounds))
+    retries = sum(kind in ("world_retry", "trace_retry") for kind in events)
+    assert len(loaded.record.worlds) == len(turns) + retries
+    assert [(size, n) for size, n, _ in turns] == [(1, 1), (2, 1), (1, 2), (2, 2)]
+    assert [sorted(rounds) for *_, rounds in turns] == [[0, 1], [0, 1], [2], [2]]
     assert set(loaded.cases["status"]) == {store.DONE}
     for cid in loaded.cases["case_id"]:
         assert sorted(loaded.steps.loc[loaded.steps["case_id"] == cid, "repeat"].unique()) == [0, 1, 2]
