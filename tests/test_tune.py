@@ -445,16 +445,20 @@ def planted(tmp_path, slowdowns: str = "[0, 5, 40]", repeats: int = 14):
 
 @pytest.mark.ranks
 def test_a_planted_tune_eliminates_the_slow_arm_early_and_prints_its_json(tmp_path, capsys):
-    suite = planted(tmp_path)
-    args = ["tune", str(suite), "--out", str(tmp_path / "r"), "--min-rounds", "3", "--epsilon", "5%"]
+    """Two arms 1 % apart with a 1 % margin are not decided in 14 rounds (a tie needs the runner-up's
+    interval within about ±2 %: some 40 rounds of a 2-core machine's scatter), so the race runs on
+    after the 40 % arm is out, however quiet the machine: 5 % apart with a 5 % margin, a quiet one
+    once tied them at the third round, the one that eliminated the slow arm."""
+    suite = planted(tmp_path, "[0, 1, 40]")
+    args = ["tune", str(suite), "--out", str(tmp_path / "r"), "--min-rounds", "3", "--epsilon", "1%"]
     code = run_cli([*args, "--format", "json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == (4 if doc["state"] == "unresolved" else 0)
     assert set(doc) >= {"recommended", "epsilon", "confidence", "metric", "claim", "arms"}
     assert set(doc) >= {"wall_s", "timed_s", "grid_timed_s"}
-    assert doc["epsilon"] == 0.05 and doc["confidence"] == 0.95 and doc["metric"] == "step_ms"
+    assert doc["epsilon"] == 0.01 and doc["confidence"] == 0.95 and doc["metric"] == "step_ms"
     arms = {a["params"]["slowdown_pct"]: a for a in doc["arms"]}
-    assert set(arms) == {0, 5, 40}
+    assert set(arms) == {0, 1, 40}
     for a in doc["arms"]:
         assert set(a) >= {"case_id", "params", "status", "rounds", "ratio", "lo", "hi"}
         assert a["status"] in ("recommended", "tied", "eliminated", "unresolved")
@@ -466,7 +470,7 @@ def test_a_planted_tune_eliminates_the_slow_arm_early_and_prints_its_json(tmp_pa
     # is against the arm recommended at the end, over the rounds it ran.
     went = store.read_tune(only_run(tmp_path / "r"))["history"][slow["eliminated_at"] - 1]
     assert slow["case_id"] in went["eliminated"] and went["intervals"][slow["case_id"]][1] > 1, went
-    assert doc["recommended"]["params"]["slowdown_pct"] in (0, 5)
+    assert doc["recommended"]["params"]["slowdown_pct"] in (0, 1)
     assert doc["claim"].startswith(next(a["label"] for a in doc["arms"] if a["status"] == "recommended"))
     assert 0 < doc["timed_s"] < doc["grid_timed_s"]
     # An ordinary run: tune.json versioned, every arm done with the rounds it ran, readable by all.
