@@ -50,7 +50,7 @@ def main() -> None:
             if args.twin not in by_link or args.target not in by_link:
                 continue
             twin, target = model(by_link[args.twin]), model(by_link[args.target])
-            if twin.fit.factor is None or target.refused is not None:
+            if twin.refused is not None or target.refused is not None:  # its projections are NaN
                 print(f"{run} {algorithm}: skipped (twin or target refused)")
                 continue
             errs = errors(twin, target)
