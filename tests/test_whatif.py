@@ -469,6 +469,29 @@ def test_the_interval_carries_the_models_own_miss_of_its_traced_steps():
     assert off.no_slower_than_measured(fast) and off.step_interval_ms(fast)[1] <= off.ci_ms[1] + 1e-9
 
 
+def test_the_models_own_miss_is_taken_step_by_step():
+    """Three traced steps of 46.9, 33.3 and 34.2 ms that the model replays at 45.4, 34.0 and 40.9
+    (a front-door case's, scattered as the machine scatters them): each step's replay lands within
+    −3 %, +2 % and +20 % of its own span, a median miss of +2 %; the median replay against the
+    median span would set the third step's replay against the second's span, +20 %, widening every
+    interval by a fifth and all but refusing the case."""
+    f, slow = Fabric("f", 0.0, 1e8), Fabric("slow", 0.0, 2e7)
+    skels = []
+    for replay_ms, traced_ms in [(45.4, 46.9), (34.0, 33.3), (40.9, 34.2)]:
+        ops = [Work(replay_ms / 1e3 - 0.01), Issue(AR(0)), Wait((AR(0),))]
+        sk = _sk([ops, ops], [AR(0)], nbytes=1e6)  # the all-reduce takes 10 ms on f
+        assert simulate(sk, whatif.fabric_cost(f)).step_s * 1e3 == pytest.approx(replay_ms)
+        skels.append(StepSkeleton(len(skels), sk.ranks, sk.collectives, traced_ms / 1e3))
+    timed = np.array([36.0, 37.0, 38.0, 39.0, 40.0])
+    m = whatif.calibrated("c", {}, skels, f, timed)
+    assert m.fit.replay_ms / m.fit.traced_ms - 1 == pytest.approx(0.196, abs=1e-3)
+    assert m.fit.miss == pytest.approx(34.0 / 33.3 - 1) and m.refused is None
+    replayed = [dataclasses.replace(sk, measured_s=r / 1e3) for sk, r in zip(skels, [45.4, 34.0, 40.9])]
+    exact = whatif.calibrated("c", {}, replayed, f, timed)
+    assert exact.fit.miss == pytest.approx(0, abs=1e-9)
+    assert m.step_interval_ms(slow)[1] / exact.step_interval_ms(slow)[1] == pytest.approx(1 + m.fit.miss)
+
+
 def test_calibration_refuses_when_communication_alone_exceeds_the_timed_step():
     """The issue's mechanism: a link fitted on slow traced steps makes communication alone (40 ms)
     longer than the timed step (36 ms). The old fit shrank compute to 0.05 and projected a step
@@ -1225,3 +1248,5 @@ def test_predicts_a_1gbit_case_from_loopback_and_loopback_from_1gbit(tmp_path):
     made = p[p["refused"].isna()]
     assert (made["projected_ms"] >= made["compute_ms"]).all()
     assert (made.loc[made["no_slower_than_measured"], "projected_ms"] <= made["measured_ms"]).all()
+    # The model's miss of each case's own traced steps is stated, and within the refusal's limit.
+    assert p["own_miss_pct"].notna().all() and (made["own_miss_pct"].abs() <= 100 * whatif.REPLAY_RESIDUAL).all()

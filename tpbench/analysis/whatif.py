@@ -990,8 +990,9 @@ COMPUTE_FACTOR = (0.5, 1.5)
 # 500 Mbit/s, ×0.43: loopback projected +6.8 % where the forward passes' factor gave +71.6 %).
 # Below about a third, the tracer tripled the thread's work, and the case is refused.
 THREAD_FACTOR_FLOOR = 0.35
-# The replay of the traced steps on their own fitted path, before calibration, against those
-# same steps: the model's error on its own input (the residual on the measured link). The
+# The replay of each traced step on its own fitted path, before calibration, against that same
+# step, the median over the steps (``Fit.miss``): the model's error on its own input (the residual
+# on the measured link). The
 # validation's target is 15 % mean error; a model that misses the very steps it was built from
 # by more than 20 % has no business predicting other links.
 REPLAY_RESIDUAL = 0.20
@@ -1058,6 +1059,17 @@ class Fit:
     # ``record.TraceWindow``; NaN where not recorded): below ``COMPUTE_FACTOR`` the tracer itself
     # more than doubled the thread's work, and no number of traced steps takes that back.
     thread_speed: float = math.nan
+    # The model's own error on its input: the median over the traced steps of each one's replay
+    # against that step's own span (NaN where not given: ``replay_ms`` over ``traced_ms``). Step by
+    # step, because a median replay set against a median traced span compares two different steps
+    # wherever the replay does not keep the steps' order, and three steps scattering by ±15 % then
+    # swing it by as much as the model's error.
+    step_miss: float = math.nan
+
+    @property
+    def miss(self) -> float:
+        """The model's relative miss of its own traced steps (``step_miss``)."""
+        return self.step_miss if math.isfinite(self.step_miss) else self.replay_ms / self.traced_ms - 1
 
     @property
     def least_factor(self) -> float:
@@ -1103,11 +1115,11 @@ class Fit:
 
     def refusal(self) -> str | None:
         """Why this case's projections would not be trustworthy, or None when they are."""
-        residual = self.replay_ms / self.traced_ms - 1
-        if abs(residual) > REPLAY_RESIDUAL:
+        if abs(self.miss) > REPLAY_RESIDUAL:
             return (
-                f"the model does not reproduce its own traced steps (replay {self.replay_ms:.1f} ms vs "
-                f"traced {self.traced_ms:.1f} ms, {residual:+.0%}; limit ±{REPLAY_RESIDUAL:.0%})"
+                f"the model does not reproduce its own traced steps (each step's replay off its span by a median "
+                f"{self.miss:+.0%}, limit ±{REPLAY_RESIDUAL:.0%}; median replay {self.replay_ms:.1f} ms, traced "
+                f"{self.traced_ms:.1f} ms)"
             )
         unlike = f"traced steps ({self.traced_ms:.1f} ms) unrepresentative of timed steps ({self.measured_ms:.1f} ms)"
         if self.factor is None:
@@ -1225,7 +1237,7 @@ class CaseModel:
         noise = np.median(self.reps_ms[rng.integers(0, len(self.reps_ms), size=reps.shape)], axis=1)
         projected = np.asarray(projected) + noise - self.measured_ms
         lo, hi = np.quantile(projected, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
-        miss = abs(self.fit.replay_ms / self.fit.traced_ms - 1)
+        miss = abs(self.fit.miss)
         lo, hi = max(lo * (1 - miss), self._least_ms), hi * (1 + miss)
         if self.other_factor is not None:
             other = median_step_s(self.skeletons, fabric, self.other_factor, self.interference.replay_factor) * 1e3
@@ -1321,9 +1333,11 @@ def calibrated(
     traced = np.array([sk.measured_s for sk in skels]) * 1e3
     traced_lo, traced_hi = bootstrap_ci(traced) if len(traced) > 1 else (math.nan, math.nan)
     limit = max(1.0, measured / float(np.median(traced)))
+    cost = fabric_cost(path)
+    replays = np.array([simulate(sk, cost, 1.0, kappa).step_s for sk in skels]) * 1e3
     fit = Fit(
         traced_ms=float(np.median(traced)),
-        replay_ms=median_step_s(skels, path, 1.0, kappa) * 1e3,
+        replay_ms=float(np.median(replays)),
         comm_only_ms=median_step_s(skels, path, 0.0) * 1e3,
         measured_ms=measured,
         factor=calibrate(skels, path, measured / 1e3, ci[0] / 1e3, kappa, comm_on_host, raise_limit=limit),
@@ -1333,6 +1347,7 @@ def calibrated(
         raise_limit=limit,
         traced_half_width=(traced_hi - traced_lo) / 2 / float(np.median(traced)),
         thread_speed=thread_speed,
+        step_miss=float(np.median(replays / traced - 1)),
     )
     mostly_comm = fit.comm_only_ms >= MOSTLY_COMMUNICATION * measured
     if wire is not None and comm_on_host and fit.factor is not None and mostly_comm:
@@ -1431,6 +1446,7 @@ PROJECTION_COLUMNS = (
     "interference_source",
     "host_factor",
     "host_factor_source",
+    "own_miss_pct",
     "refused",
 )
 
@@ -1446,8 +1462,10 @@ def project(models: Sequence[CaseModel], fabrics: Mapping[str, Fabric]) -> pd.Da
     interval, the ops it rests on and whether it is the case's own or pooled) how much slower the
     case's compute ran beside communication (``Interference``); host_factor the factor
     on the traced host (``calibrate``) and host_factor_source what set it ("timed steps", or
-    "forward passes" or "training thread" where the step is mostly communication: ``calibrated``).
-    A refused case has its reason in ``refused`` and NaN projections."""
+    "forward passes" or "training thread" where the step is mostly communication: ``calibrated``);
+    own_miss_pct the model's miss of the case's own traced steps, each step's replay on its own path
+    against its span, the median over the steps (``Fit.miss``, in %). A refused case has its reason
+    in ``refused`` and NaN projections."""
     rows = []
     for m in models:
         floor_ms = m.critical_path_ms()
@@ -1473,6 +1491,7 @@ def project(models: Sequence[CaseModel], fabrics: Mapping[str, Fabric]) -> pd.Da
                     "interference_source": m.interference.source,
                     "host_factor": m.compute_scale,
                     "host_factor_source": m.fit.factor_source,
+                    "own_miss_pct": 100 * m.fit.miss,
                     "refused": m.refused,
                 }
             )
