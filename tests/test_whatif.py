@@ -891,6 +891,9 @@ def test_report_shows_the_reason_in_place_of_the_number():
     assert refused.count("<td>refused</td>") == 4 and "unrepresentative of timed steps" in refused
     kept = rows["hook_with_zero_step bucket_cap_mb=25"]
     assert "refused" not in kept and re.search(r"<td>\d+\.?\d* \[\d+\.?\d*, \d+\.?\d*\]</td>", kept)
+    # Beside each case, how closely the model replays the case's own traced steps, refused or not.
+    assert "<th>own traced steps replayed (median miss)</th>" in section
+    assert re.search(r"<td>[+-]\d+\.\d%</td>", kept) and re.search(r"<td>[+-]\d+\.\d%</td>", refused)
     assert "Which setting each fabric would favour (projected)" in section
     assert "on nvlink4: zero_no_overlap bucket_cap_mb=4" in section
 

@@ -205,6 +205,7 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fab
     wide.insert(0, f"measured on {result.reference}", first["measured_ms"])
     wide.insert(1, "compute critical path", first["compute_ms"])
     wide.insert(2, "compute beside comm (×, 95% CI)", [whatif_run.interference_text(r) for _, r in first.iterrows()])
+    wide.insert(3, "own traced steps replayed (median miss)", first["own_miss_pct"].map(lambda x: f"{x:+.1f}%"))
     wide["why refused"] = first["refused"].fillna("")
     page.heading("Projected step time (ms) per fabric, with its 95% interval: projections, not measurements", level=3)
     refused = int(first["refused"].notna().sum())
