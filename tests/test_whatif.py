@@ -796,6 +796,33 @@ def test_on_a_step_of_mostly_communication_the_forward_passes_set_the_host_facto
     assert model((1.6, 2.0), skel=compute_bound, thread=0.7).fit.factor_source == "timed steps"
 
 
+def test_the_interval_holds_the_host_factors_of_the_readings_not_taken():
+    """On a step of mostly communication the timed steps keep ×1, the forward passes say ×0.8 and
+    the training thread ×0.7, which is taken: none of the three is reliably the tracer's cost there
+    (a thread's twin read ×0.73 while its forward passes ran at timed speed, and its loopback
+    projection fell 25 % short), so on a fast link, where compute is the step, the interval reaches
+    from the thread's projection up to the timed steps' and holds the forward passes' between."""
+    ops = (Work(0.005), Issue(AR(0)), Wait((AR(0),)), Work(0.005))
+    sk = StepSkeleton(1, (ops, ops), (CollectiveSpec(AR(0), 4e6, 2),), 0.05)
+    path = Fabric("as measured", 0.0, 1e8)
+    wire = whatif.emulated_link(2 * 4e6 * 8 / 0.034, None)
+    timed = whatif.median_step_s([sk], path) * 1e3 * np.array([0.98, 0.99, 1.0, 1.01, 1.02])
+    m = whatif.calibrated(
+        "c", {}, [sk], path, timed, comm_on_host=True, wire=wire, forward=(1.6, 2.0), thread_speed=0.7
+    )
+    assert m.fit.factor == pytest.approx(0.7) and m.fit.readings == pytest.approx((1.0, 0.8))
+    fast = Fabric("fast", 0.0, 1e10)
+    at = {f: whatif.median_step_s([sk], fast, f, m.interference.replay_factor) * 1e3 for f in (0.7, 0.8, 1.0, 1.3)}
+    lo, hi = m.step_interval_ms(fast)
+    assert lo <= at[0.7] < at[0.8] < at[1.0] <= hi
+    # Every reading is held, also one beyond the timed steps' other reading (``other_factor``, ×1 here).
+    further = dataclasses.replace(m, fit=dataclasses.replace(m.fit, readings=(1.3,)))
+    assert m.other_factor == pytest.approx(1.0) and further.step_interval_ms(fast)[1] == pytest.approx(at[1.3])
+    # Where the timed steps set the factor, there is no other reading, and nothing is added.
+    pinned = whatif.calibrated("c", {}, [sk], path, timed)
+    assert pinned.fit.readings == () and pinned.fit.factor_source == "timed steps"
+
+
 def test_validation_says_how_fast_the_target_worlds_host_ran_and_predicts_without_it():
     """The target's timed forward passes took 1.1× the reference's: ``host_ratio`` says so beside
     the prediction, which is the reference's own replay (NaN where the target has none)."""

@@ -1065,6 +1065,10 @@ class Fit:
     # wherever the replay does not keep the steps' order, and three steps scattering by ±15 % then
     # swing it by as much as the model's error.
     step_miss: float = math.nan
+    # The host factors of the readings of the tracer's cost not taken (``_host_factor``): on a step of
+    # mostly communication, the timed steps' own factor and the forward passes', where a lower one
+    # replaced them. None of them is reliably right there, so the interval holds their projections.
+    readings: tuple[float, ...] = ()
 
     @property
     def miss(self) -> float:
@@ -1201,9 +1205,11 @@ class CaseModel:
         interval holds the projection itself; NaN when refused.
 
         Then the model's own error is added: its replay of the very steps it was built from misses
-        them by r (``Fit.replay_ms`` against ``Fit.traced_ms``; calibration absorbs that on the
-        case's own link, not on another), so the interval is widened to [lo·(1 − |r|),
-        hi·(1 + |r|)]. It stays within the physical bounds: not below the replay of any traced step
+        them by r (``Fit.miss``, step by step; calibration absorbs that on the case's own link, not
+        on another), so the interval is widened to [lo·(1 − |r|), hi·(1 + |r|)]. It also holds the
+        projections at the other readings of the host: the timed steps' (``other_factor``) and,
+        where the forward passes or the training thread set the factor, the readings that were not
+        taken (``Fit.readings``). It stays within the physical bounds: not below the replay of any traced step
         with free communication at the least factor allowed, and, on a fabric no slower than the
         case's own link, not above the timed median's interval."""
         if self.refused is not None:
@@ -1239,9 +1245,10 @@ class CaseModel:
         lo, hi = np.quantile(projected, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
         miss = abs(self.fit.miss)
         lo, hi = max(lo * (1 - miss), self._least_ms), hi * (1 + miss)
-        if self.other_factor is not None:
-            other = median_step_s(self.skeletons, fabric, self.other_factor, self.interference.replay_factor) * 1e3
-            lo, hi = min(lo, other), max(hi, other)
+        for factor in (self.other_factor, *self.fit.readings):
+            if factor is not None:
+                other = median_step_s(self.skeletons, fabric, factor, self.interference.replay_factor) * 1e3
+                lo, hi = min(lo, other), max(hi, other)
         if self.no_slower_than_measured(fabric):
             hi = min(hi, max(self.ci_ms[1], lo))
         point = self.step_ms(fabric)
@@ -1391,12 +1398,14 @@ def _host_factor(fit: Fit, forward: tuple[float, float]) -> Fit:
     naming the tracer's cost (a window that ran under half speed was traced again first, and the
     best kept: ``capture.retrace``)."""
     by_forward = forward[0] / forward[1] if forward[1] > 0 else math.nan
+    readings = [fit.factor]
     fit = dataclasses.replace(fit, forward_ms=forward)  # out of bounds, a refusal (``Fit.refusal``)
     if COMPUTE_FACTOR[0] <= by_forward < 1:
         fit = dataclasses.replace(fit, factor=by_forward, factor_source="forward passes")
+        readings.append(by_forward)
     if fit.factor is not None and fit.thread_speed < fit.factor:
         fit = dataclasses.replace(fit, factor=fit.thread_speed, factor_source="training thread")
-    return fit
+    return dataclasses.replace(fit, readings=tuple(f for f in readings if f is not None and f != fit.factor))
 
 
 def case_model(
