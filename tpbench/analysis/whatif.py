@@ -992,9 +992,8 @@ COMPUTE_FACTOR = (0.5, 1.5)
 THREAD_FACTOR_FLOOR = 0.35
 # The replay of each traced step on its own fitted path, before calibration, against that same
 # step, the median over the steps (``Fit.miss``): the model's error on its own input (the residual
-# on the measured link). The
-# validation's target is 15 % mean error; a model that misses the very steps it was built from
-# by more than 20 % has no business predicting other links.
+# on the measured link). The validation's target is 15 % mean error; a model that misses the very
+# steps it was built from by more than 20 % has no business predicting other links.
 REPLAY_RESIDUAL = 0.20
 # The compute factors a projection's interval tabulates replays at (``CaseModel.step_interval_ms``):
 # log-spaced over the factors a fit may take, about 3.5 % apart (a replay is close to linear in the
@@ -1209,9 +1208,9 @@ class CaseModel:
         on another), so the interval is widened to [lo·(1 − |r|), hi·(1 + |r|)]. It also holds the
         projections at the other readings of the host: the timed steps' (``other_factor``) and,
         where the forward passes or the training thread set the factor, the readings that were not
-        taken (``Fit.readings``). It stays within the physical bounds: not below the replay of any traced step
-        with free communication at the least factor allowed, and, on a fabric no slower than the
-        case's own link, not above the timed median's interval."""
+        taken (``Fit.readings``). It stays within the physical bounds: not below the replay of any
+        traced step with free communication at the least factor allowed, and, on a fabric no slower
+        than the case's own link, not above the timed median's interval."""
         if self.refused is not None:
             return (math.nan, math.nan)
         rng = np.random.default_rng(0)
