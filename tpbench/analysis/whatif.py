@@ -864,11 +864,18 @@ def _busy_by_kind(comm: pd.DataFrame) -> dict[str, float]:
 FREE = Fabric("free", 0.0, float("inf"), description="communication costs nothing")
 
 
+def step_replays_s(
+    skels: Sequence[StepSkeleton], fabric: Fabric, compute_scale: float = 1.0, interference: float = 1.0
+) -> np.ndarray:
+    """Each traced step's replay on ``fabric`` (s), in the skeletons' order."""
+    cost = fabric_cost(fabric)
+    return np.array([simulate(sk, cost, compute_scale, interference).step_s for sk in skels])
+
+
 def median_step_s(
     skels: Sequence[StepSkeleton], fabric: Fabric, compute_scale: float = 1.0, interference: float = 1.0
 ) -> float:
-    cost = fabric_cost(fabric)
-    return float(np.median([simulate(sk, cost, compute_scale, interference).step_s for sk in skels]))
+    return float(np.median(step_replays_s(skels, fabric, compute_scale, interference)))
 
 
 def calibrate(
@@ -1288,8 +1295,7 @@ class CaseModel:
         replay at 1: the fitted path has no latency term, and every time scales)."""
         if not self.fit.scales_path:
             return self._replays(self.path)
-        cost, kappa = fabric_cost(self.path), self.interference.replay_factor
-        at_one = np.array([simulate(sk, cost, 1.0, kappa).step_s * 1e3 for sk in self.skeletons])
+        at_one = step_replays_s(self.skeletons, self.path, 1.0, self.interference.replay_factor) * 1e3
         return np.outer(at_one, _FACTOR_GRID)
 
     def _replays(self, fabric: Fabric) -> np.ndarray:
@@ -1339,8 +1345,7 @@ def calibrated(
     traced = np.array([sk.measured_s for sk in skels]) * 1e3
     traced_lo, traced_hi = bootstrap_ci(traced) if len(traced) > 1 else (math.nan, math.nan)
     limit = max(1.0, measured / float(np.median(traced)))
-    cost = fabric_cost(path)
-    replays = np.array([simulate(sk, cost, 1.0, kappa).step_s for sk in skels]) * 1e3
+    replays = step_replays_s(skels, path, 1.0, kappa) * 1e3
     fit = Fit(
         traced_ms=float(np.median(traced)),
         replay_ms=float(np.median(replays)),
