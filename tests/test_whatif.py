@@ -510,16 +510,19 @@ def test_calibration_refuses_when_communication_alone_exceeds_the_timed_step():
     "fit, reason",
     [
         (
-            whatif.Fit(traced_ms=50, replay_ms=65, comm_only_ms=10, measured_ms=50, factor=1.0),
+            whatif.Fit(traced_ms=50, replay_ms=65, comm_only_ms=10, measured_ms=50, factor=1.0, miss=0.30),
             "does not reproduce its own traced",
         ),
         (
-            whatif.Fit(traced_ms=95, replay_ms=92, comm_only_ms=37, measured_ms=36, factor=None),
+            whatif.Fit(traced_ms=95, replay_ms=92, comm_only_ms=37, measured_ms=36, factor=None, miss=-0.03),
             "alone (37.0 ms) exceeds",
         ),
-        (whatif.Fit(traced_ms=55, replay_ms=57, comm_only_ms=29, measured_ms=40, factor=0.40), "scaled ×0.40"),
-        (whatif.Fit(traced_ms=43, replay_ms=37, comm_only_ms=3, measured_ms=26, factor=0.70), None),
-        (whatif.Fit(traced_ms=42, replay_ms=41, comm_only_ms=13, measured_ms=53, factor=1.43), None),
+        (
+            whatif.Fit(traced_ms=55, replay_ms=57, comm_only_ms=29, measured_ms=40, factor=0.40, miss=0.04),
+            "scaled ×0.40",
+        ),
+        (whatif.Fit(traced_ms=43, replay_ms=37, comm_only_ms=3, measured_ms=26, factor=0.70, miss=-0.14), None),
+        (whatif.Fit(traced_ms=42, replay_ms=41, comm_only_ms=13, measured_ms=53, factor=1.43, miss=-0.02), None),
     ],
 )
 def test_each_fit_check_names_its_reason(fit, reason):
@@ -531,20 +534,20 @@ def test_a_refused_fit_says_how_many_traced_steps_would_be_enough():
     """5 traced steps whose median is known to ±12 %, and a factor of ×0.46 that a median 12 % lower
     would lift to ×0.52: 5 · (12/5)² = 28.8, so 29 would pin it to ±5 %; a median known to ±3 %
     already says that more steps would not change the refusal."""
-    few = whatif.Fit(55, 57, 29, 40, 0.46, traced_steps=5, traced_half_width=0.12)
+    few = whatif.Fit(55, 57, 29, 40, 0.46, traced_steps=5, traced_half_width=0.12, miss=0.04)
     assert few.steps_enough() == 29
     assert "about 29 traced steps (capture.profiler_steps = 29) would pin it to ±5%" in few.refusal()
-    enough = whatif.Fit(55, 57, 29, 40, 0.40, traced_steps=5, traced_half_width=0.03)
+    enough = whatif.Fit(55, 57, 29, 40, 0.40, traced_steps=5, traced_half_width=0.03, miss=0.04)
     assert enough.steps_enough() is None and "more traced steps would not change this" in enough.refusal()
-    assert whatif.Fit(43, 37, 3, 26, 0.70, traced_steps=5, traced_half_width=0.12).refusal() is None
+    assert whatif.Fit(43, 37, 3, 26, 0.70, traced_steps=5, traced_half_width=0.12, miss=-0.14).refusal() is None
     # ×0.12 stays below ×0.5 anywhere in a ±10 % interval; communication 4 % over the step does not.
-    far = whatif.Fit(59, 60, 10, 40, 0.12, traced_steps=3, traced_half_width=0.10)
+    far = whatif.Fit(59, 60, 10, 40, 0.12, traced_steps=3, traced_half_width=0.10, miss=0.02)
     assert "anywhere in that interval the fit would still be refused: more would not help" in far.refusal()
-    near = whatif.Fit(95, 92, 37.5, 36.2, None, traced_steps=3, traced_half_width=0.25)
+    near = whatif.Fit(95, 92, 37.5, 36.2, None, traced_steps=3, traced_half_width=0.25, miss=-0.03)
     assert "about 75 traced steps (capture.profiler_steps = 75)" in near.refusal()  # 3 · (25/5)²
     # The trace window's thread traced at 0.37 of its timed CPU time: the tracer's own cost, which
     # more steps leave as it is (a thread at 0.6, or none recorded, leaves the advice to the steps).
-    tracer = whatif.Fit(55, 57, 29, 40, 0.46, traced_steps=5, traced_half_width=0.12, thread_speed=0.37)
+    tracer = whatif.Fit(55, 57, 29, 40, 0.46, traced_steps=5, traced_half_width=0.12, thread_speed=0.37, miss=0.04)
     assert "thread's CPU time traced at ×0.37 of its timed: the tracer's own cost" in tracer.refusal()
     assert "would pin it" not in tracer.refusal()
     assert "about 29 traced steps" in dataclasses.replace(tracer, thread_speed=0.6).refusal()

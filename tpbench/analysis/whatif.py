@@ -1065,21 +1065,15 @@ class Fit:
     # ``record.TraceWindow``; NaN where not recorded): below ``COMPUTE_FACTOR`` the tracer itself
     # more than doubled the thread's work, and no number of traced steps takes that back.
     thread_speed: float = math.nan
-    # The model's own error on its input: the median over the traced steps of each one's replay
-    # against that step's own span (NaN where not given: ``replay_ms`` over ``traced_ms``). Step by
-    # step, because a median replay set against a median traced span compares two different steps
-    # wherever the replay does not keep the steps' order, and three steps scattering by ±15 % then
-    # swing it by as much as the model's error.
-    step_miss: float = math.nan
+    # The model's own error on its input, relative: the median over the traced steps of each one's
+    # replay against that step's own span. Step by step, because a median replay set against a
+    # median traced span compares two different steps wherever the replay does not keep the steps'
+    # order, and three steps scattering by ±15 % then swing it by as much as the model's error.
+    miss: float = dataclasses.field(kw_only=True)
     # The host factors of the readings of the tracer's cost not taken (``_host_factor``): on a step of
     # mostly communication, the timed steps' own factor and the forward passes', where a lower one
     # replaced them. None of them is reliably right there, so the interval holds their projections.
     readings: tuple[float, ...] = ()
-
-    @property
-    def miss(self) -> float:
-        """The model's relative miss of its own traced steps (``step_miss``)."""
-        return self.step_miss if math.isfinite(self.step_miss) else self.replay_ms / self.traced_ms - 1
 
     @property
     def least_factor(self) -> float:
@@ -1358,7 +1352,7 @@ def calibrated(
         raise_limit=limit,
         traced_half_width=(traced_hi - traced_lo) / 2 / float(np.median(traced)),
         thread_speed=thread_speed,
-        step_miss=float(np.median(replays / traced - 1)),
+        miss=float(np.median(replays / traced - 1)),
     )
     mostly_comm = fit.comm_only_ms >= MOSTLY_COMMUNICATION * measured
     if wire is not None and comm_on_host and fit.factor is not None and mostly_comm:
@@ -1409,7 +1403,7 @@ def _host_factor(fit: Fit, forward: tuple[float, float]) -> Fit:
         readings.append(by_forward)
     if fit.factor is not None and fit.thread_speed < fit.factor:
         fit = dataclasses.replace(fit, factor=fit.thread_speed, factor_source="training thread")
-    return dataclasses.replace(fit, readings=tuple(f for f in readings if f is not None and f != fit.factor))
+    return dataclasses.replace(fit, readings=tuple(f for f in readings if f != fit.factor))
 
 
 def case_model(
