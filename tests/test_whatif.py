@@ -284,6 +284,10 @@ def test_interference_is_measured_on_the_same_op_beside_a_collective_and_alone()
     assert "×1.50" in got.describe()
     assert whatif.interference(pairs.iloc[:0]).replay_factor == 1.0  # nothing matched: no stretch
     assert whatif.Interference(0.9, 0.8, 1.0, 40, "case").replay_factor == 1.0  # below 1 is noise
+    # ... and the table says so where it shows such an estimate, not where it shows one above 1.
+    row = {"interference": 0.85, "interference_lo": 0.8, "interference_hi": 0.92, "interference_ops": 40}
+    assert whatif_run.interference_text(row | {"interference_source": "case"}).endswith("case, replayed as ×1")
+    assert whatif_run.interference_text(row | {"interference": 1.1, "interference_source": "pooled"}).endswith("pooled")
 
 
 def test_interference_is_near_one_where_compute_runs_on_the_gpu():

@@ -263,13 +263,16 @@ def error_line(e: Mapping[str, Any]) -> str:
 
 def interference_text(row: Mapping[str, Any]) -> str:
     """A projections row's interference, as the terminal and the report show it: "×1.10 [1.00, 1.22]
-    pooled" (pooled: the run's cases on its backend, device and link; case: its own ops)."""
+    pooled" (pooled: the run's cases on its backend, device and link; case: its own ops). An
+    estimate below 1 says so, "replayed as ×1" (``Interference.replay_factor``): a reader who sees
+    ×0.85 beside a projection should not take it that compute was sped up there."""
     if not row["interference_ops"]:
         return "not measured"
-    return (
+    text = (
         f"×{row['interference']:.2f} [{row['interference_lo']:.2f}, {row['interference_hi']:.2f}] "
         f"{row['interference_source']}"
     )
+    return text + ", replayed as ×1" if row["interference"] < 1 else text
 
 
 def host_ratio_text(ratio: float) -> str:
