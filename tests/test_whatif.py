@@ -907,6 +907,22 @@ def test_validation_runs_both_directions_and_refuses_what_rests_on_a_refused_fit
     assert "<th>target's host ×</th>" in section
 
 
+def test_the_own_miss_benchmark_replays_each_step_on_its_own_communication(capsys, monkeypatch):
+    """benchmarks/own_miss.py on a stored run of five cases: each case's steps replayed on paths
+    fitted to each step's own communication land within the refusal's limit of their spans, and
+    the table has the run's line with its three counts."""
+    from benchmarks import own_miss
+
+    loaded = store.load(LINKS_RUN)
+    for model in _all_models(loaded):
+        miss = own_miss.own_step_path_miss(model, str(LINKS_RUN))
+        assert math.isfinite(miss) and abs(miss) <= whatif.REPLAY_RESIDUAL, (model.case_id, miss)
+    monkeypatch.setattr(sys, "argv", ["own_miss.py", str(LINKS_RUN)])
+    own_miss.main()
+    line = capsys.readouterr().out.splitlines()[-1].split(" | ")
+    assert line[0] == loaded.record.run_id and line[1:3] == ["5", "0"]
+
+
 def _all_models(loaded: store.Loaded) -> list[whatif.CaseModel]:
     """Every finished case's model as ``whatif_run.run_whatif`` builds it."""
     done = loaded.cases[loaded.cases["status"] == store.DONE]
