@@ -21,7 +21,7 @@ import argparse
 import numpy as np
 
 from tpbench import store, whatif_run
-from tpbench.analysis import whatif
+from tpbench.analysis import replay, whatif
 
 
 def own_step_path_miss(model: whatif.CaseModel, run_dir: str) -> float:
@@ -35,8 +35,8 @@ def own_step_path_miss(model: whatif.CaseModel, run_dir: str) -> float:
             path = whatif.fit_host_path([sk], overlap, intervals[intervals["step"] == sk.step])
         except ValueError:
             continue
-        replay = whatif.step_replays_s([sk], path, 1.0, model.interference.replay_factor)[0]
-        misses.append(replay / sk.measured_s - 1)
+        replayed_s = replay.step_replays_s([sk], path, 1.0, model.interference.replay_factor)[0]
+        misses.append(replayed_s / sk.measured_s - 1)
     return float(np.median(misses)) if misses else float("nan")
 
 

@@ -22,8 +22,8 @@ import pytest
 from conftest import sweep_in_process, tiny_suite
 
 from tpbench import store, whatif_run
-from tpbench.analysis import timeline, trace_events, whatif
-from tpbench.analysis.whatif import CollectiveSpec, Fabric, Issue, StepSkeleton, Wait, Work, collective_time, simulate
+from tpbench.analysis import replay, skeletons, timeline, trace_events, whatif
+from tpbench.analysis.replay import CollectiveSpec, Fabric, Issue, StepSkeleton, Wait, Work, collective_time, simulate
 from tpbench.report import build_report
 
 # --------------------------------------------------------------------------- α–β costs
@@ -44,13 +44,13 @@ def test_ring_costs_match_hand_computation():
 def test_shared_medium_carries_every_ranks_traffic():
     # Measured on an emulated link: a 16 MB 2-rank allreduce over a 1 Gbit/s shaped lo moves 32 MB
     # (269 ms, 17 ms of it base).
-    link = whatif.emulated_link(1e9, host=None)
+    link = replay.emulated_link(1e9, host=None)
     assert collective_time("allreduce", 16e6, 2, link) == pytest.approx(2 * 16e6 * 8 / 1e9)
     assert collective_time("broadcast", 16e6, 2, link) == pytest.approx(16e6 * 8 / 1e9)
     assert collective_time("allreduce", 16e6, 4, link) == pytest.approx(6 * 16e6 * 8 / 1e9)  # 2(n-1)·B
     # Behind a slower host path, the slower stage sets the time.
     slow_host = Fabric("host", 0.0, 50e6)
-    assert collective_time("allreduce", 16e6, 2, whatif.emulated_link(1e9, slow_host)) == pytest.approx(16e6 / 50e6)
+    assert collective_time("allreduce", 16e6, 2, replay.emulated_link(1e9, slow_host)) == pytest.approx(16e6 / 50e6)
 
 
 def test_a_shaped_links_bucket_lets_what_the_idle_link_saved_cross_without_the_rate():
@@ -58,19 +58,19 @@ def test_a_shaped_links_bucket_lets_what_the_idle_link_saved_cross_without_the_r
     host's own speed. Two 1 MB all-reduces (2 MB each on the shared wire, 160 ms at 100 Mbit/s)
     each after 10 ms of compute: each finds 125 kB saved, and the step ends right after the second,
     so in the steady state the bucket starts each step empty (a full bucket would save 21 ms)."""
-    link = whatif.emulated_link(1e8, None, burst_bytes=262144)
+    link = replay.emulated_link(1e8, None, burst_bytes=262144)
     ops = (Work(0.010), Issue(AR(0)), Wait((AR(0),)), Work(0.010), Issue(AR(1)), Wait((AR(1),)))
     sk = StepSkeleton(1, (ops, ops), (CollectiveSpec(AR(0), 1e6, 2), CollectiveSpec(AR(1), 1e6, 2)), 0.34)
-    assert simulate(sk, whatif.fabric_cost(dataclasses.replace(link, burst_bytes=0))).step_s == pytest.approx(0.340)
-    assert simulate(sk, whatif.fabric_cost(link)).step_s == pytest.approx(0.010 + 0.150 + 0.010 + 0.150)
+    assert simulate(sk, replay.fabric_cost(dataclasses.replace(link, burst_bytes=0))).step_s == pytest.approx(0.340)
+    assert simulate(sk, replay.fabric_cost(link)).step_s == pytest.approx(0.010 + 0.150 + 0.010 + 0.150)
     # Ending on compute, the step refills the bucket for the next: 30 ms at 12.5 MB/s fills it.
     tail = StepSkeleton(1, tuple(o + (Work(0.030),) for o in sk.ranks), sk.collectives, 0.37)
-    assert simulate(tail, whatif.fabric_cost(link)).step_s == pytest.approx(
+    assert simulate(tail, replay.fabric_cost(link)).step_s == pytest.approx(
         0.010 + 0.139 + 0.010 + 0.150 + 0.030, abs=1e-3
     )
     # The saved bytes cross at the host's speed: behind a 100 MB/s host path (10 ms per 1 MB
     # all-reduce), 1 MB of head start takes 5 ms of the host's 10 instead of 80 ms at the rate.
-    behind = whatif.emulated_link(1e8, Fabric("host", 0.0, 1e8))
+    behind = replay.emulated_link(1e8, Fabric("host", 0.0, 1e8))
     assert collective_time("allreduce", 1e6, 2, behind, head_start_bytes=1e6) == pytest.approx(0.080 + 0.005)
     assert collective_time("allreduce", 1e6, 2, behind, head_start_bytes=2e6) == pytest.approx(0.010)
 
@@ -314,8 +314,8 @@ def test_each_kind_of_collective_gets_its_own_bandwidth_and_waiting_is_not_count
     path = whatif.fit_host_path([sk], overlap, iv)
     assert dict(path.by_collective) == pytest.approx({"allreduce": 4e6 / 8e-3, "broadcast": 4e6 / 1e-3})
     assert path.beta_Bps == pytest.approx(8e6 / 9e-3)  # all bytes over the union, as before
-    assert whatif.collective_time("broadcast", 4e6, 2, path) == pytest.approx(1e-3)
-    assert whatif.collective_time("allgather", 4e6, 2, path) == pytest.approx(2e6 / (8e6 / 9e-3))  # no own fit
+    assert replay.collective_time("broadcast", 4e6, 2, path) == pytest.approx(1e-3)
+    assert replay.collective_time("allgather", 4e6, 2, path) == pytest.approx(2e6 / (8e6 / 9e-3))  # no own fit
 
 
 def test_calibration_scales_the_hosts_own_communication_with_compute_where_it_is_host_work():
@@ -325,11 +325,11 @@ def test_calibration_scales_the_hosts_own_communication_with_compute_where_it_is
     ops = (Work(0.005), Issue(AR(0)), Wait((AR(0),)), Work(0.005))
     sk = StepSkeleton(1, (ops, ops), (CollectiveSpec(AR(0), 4e6, 2),), 0.05)
     path = Fabric("as measured", 0.0, 1e8)  # 40 ms all-reduce, 50 ms traced step
-    timed = 0.8 * whatif.median_step_s([sk], path)
+    timed = 0.8 * replay.median_step_s([sk], path)
     assert whatif.calibrate([sk], path, timed) is None
     factor = whatif.calibrate([sk], path, timed, scale_path=True)
     assert factor == pytest.approx(0.8, rel=1e-6)
-    assert whatif.median_step_s([sk], whatif.scaled_path(path, factor), factor) == pytest.approx(timed, rel=1e-6)
+    assert replay.median_step_s([sk], whatif.scaled_path(path, factor), factor) == pytest.approx(timed, rel=1e-6)
     model = whatif.calibrated("c", {}, [sk], path, np.array([timed * 1e3] * 3), comm_on_host=True)
     assert model.refused is None and model.host_path.beta_Bps == pytest.approx(1e8 / 0.8)
     assert model.step_ms(model.host_path) == pytest.approx(timed * 1e3, rel=1e-6)
@@ -344,12 +344,12 @@ def test_on_a_shaped_link_the_interval_holds_the_reading_that_keeps_the_wire():
     ops = (Work(0.005), Issue(AR(0)), Wait((AR(0),)), Work(0.005))
     sk = StepSkeleton(1, (ops, ops), (CollectiveSpec(AR(0), 4e6, 2),), 0.05)
     path = Fabric("as measured", 0.0, 1e8)
-    wire = whatif.emulated_link(2 * 4e6 * 8 / 0.034, None)  # a shared medium: both ranks' 4 MB in 34 ms
-    timed = 0.8 * whatif.median_step_s([sk], path)
+    wire = replay.emulated_link(2 * 4e6 * 8 / 0.034, None)  # a shared medium: both ranks' 4 MB in 34 ms
+    timed = 0.8 * replay.median_step_s([sk], path)
     model = whatif.calibrated("c", {}, [sk], path, np.array([timed * 1e3] * 3), comm_on_host=True, wire=wire)
     assert model.fit.factor == pytest.approx(0.8, rel=1e-6) and model.other_factor == pytest.approx(0.6, rel=1e-6)
-    lo, hi = model.step_interval_ms(whatif.FREE)
-    assert model.step_ms(whatif.FREE) == pytest.approx(8.0) and lo <= 6.0 + 1e-6 and hi >= 8.0 - 1e-6
+    lo, hi = model.step_interval_ms(replay.FREE)
+    assert model.step_ms(replay.FREE) == pytest.approx(8.0) and lo <= 6.0 + 1e-6 and hi >= 8.0 - 1e-6
     unshaped = whatif.calibrated("c", {}, [sk], path, np.array([timed * 1e3] * 3), comm_on_host=True)
     assert unshaped.other_factor is None  # compute alone cannot reach the timed step (the test above)
 
@@ -364,11 +364,11 @@ def test_calibration_recovers_a_known_compute_factor():
     ops = [Work(0.01), Issue(AR(0)), Work(0.02), Wait((AR(0),)), Work(0.005)]
     sk = _sk([ops, ops], [AR(0)], nbytes=1e6)
     f = Fabric("f", 0.0, 1e8)  # 10 ms all-reduce, hidden behind 20 ms of compute
-    truth = whatif.median_step_s([sk], f, 1.7)
+    truth = replay.median_step_s([sk], f, 1.7)
     assert whatif.calibrate([sk], f, truth) == pytest.approx(1.7, rel=1e-6)
     # Within the timed steps' interval, compute stays as traced; below it, the factor stops at its edge.
-    assert whatif.calibrate([sk], f, truth, lowest_s=whatif.median_step_s([sk], f, 0.9)) == 1.0
-    assert whatif.calibrate([sk], f, truth, lowest_s=whatif.median_step_s([sk], f, 1.2)) == pytest.approx(1.2, rel=1e-6)
+    assert whatif.calibrate([sk], f, truth, lowest_s=replay.median_step_s([sk], f, 0.9)) == 1.0
+    assert whatif.calibrate([sk], f, truth, lowest_s=replay.median_step_s([sk], f, 1.2)) == pytest.approx(1.2, rel=1e-6)
 
 
 def test_a_host_factor_above_1_is_never_more_than_the_timed_steps_show_over_the_traced():
@@ -381,27 +381,27 @@ def test_a_host_factor_above_1_is_never_more_than_the_timed_steps_show_over_the_
     f, fast = Fabric("f", 0.0, 1e8), Fabric("fast", 0.0, 1e11)
     ops = [Work(0.01), Issue(AR(0)), Wait((AR(0),)), Work(0.005)]
     sk = _sk([ops, ops], [AR(0)], nbytes=1e6)
-    replay = simulate(sk, whatif.fabric_cost(f)).step_s
+    at_one = simulate(sk, replay.fabric_cost(f)).step_s
 
     def model(traced_over_replay: float, timed_over_traced: float, **kw) -> whatif.CaseModel:
-        traced = replay * traced_over_replay
+        traced = at_one * traced_over_replay
         skels = [StepSkeleton(i, sk.ranks, sk.collectives, traced) for i in range(5)]
         timed = traced * timed_over_traced * 1e3 * np.array([0.99, 1.0, 1.01] * 3)
         return whatif.calibrated("c", {}, skels, f, timed, **kw)
 
     short = model(1.15, 1.0)
     assert short.refused is None and short.compute_scale == 1.0
-    assert short.step_ms(fast) == pytest.approx(whatif.median_step_s(short.skeletons, fast) * 1e3)
+    assert short.step_ms(fast) == pytest.approx(replay.median_step_s(short.skeletons, fast) * 1e3)
     uncapped = whatif.calibrate(short.skeletons, f, short.measured_ms / 1e3, short.ci_ms[0] / 1e3)
     assert uncapped > 1.1  # what the factor was before it was bounded: the model's miss put on the host
     lo, hi = short.step_interval_ms(fast)
-    assert lo <= short.step_ms(fast) <= hi < whatif.median_step_s(short.skeletons, fast, uncapped) * 1e3
-    wire = whatif.emulated_link(8e10, None, "tcp-80gbit")  # far faster than the path it sits behind
+    assert lo <= short.step_ms(fast) <= hi < replay.median_step_s(short.skeletons, fast, uncapped) * 1e3
+    wire = replay.emulated_link(8e10, None, "tcp-80gbit")  # far faster than the path it sits behind
     shaped = model(1.15, 1.0, comm_on_host=True, wire=wire)
     assert shaped.compute_scale == 1.0 and shaped.other_factor == 1.0
     busier = model(1.0, 1.2)  # the factor scales compute, not the exposed all-reduce: it rises past 1.2
     assert busier.compute_scale > 1.25
-    replayed = whatif.median_step_s(busier.skeletons, f, busier.compute_scale) * 1e3
+    replayed = replay.median_step_s(busier.skeletons, f, busier.compute_scale) * 1e3
     assert replayed == pytest.approx(busier.ci_ms[0], rel=1e-6)
 
 
@@ -416,8 +416,8 @@ def test_the_interval_grows_with_the_traced_steps_spread_and_the_timed_steps_noi
         for i, nbytes in enumerate(sizes):
             ops = [Work(0.01), Issue(AR(0)), Wait((AR(0),)), Work(0.005)]  # an exposed all-reduce
             sk = _sk([ops, ops], [AR(0)], nbytes=nbytes)
-            skels.append(StepSkeleton(i, sk.ranks, sk.collectives, simulate(sk, whatif.fabric_cost(f)).step_s))
-        at_one = whatif.median_step_s(skels, f) * 1e3
+            skels.append(StepSkeleton(i, sk.ranks, sk.collectives, simulate(sk, replay.fabric_cost(f)).step_s))
+        at_one = replay.median_step_s(skels, f) * 1e3
         return whatif.calibrated("c", {}, skels, f, np.array([at_one * (1 + d) for d in spread] * 3))
 
     def width(m: whatif.CaseModel) -> float:
@@ -442,9 +442,9 @@ def test_the_interval_holds_the_scatter_a_measured_median_there_would_have_in_mi
     f, slow = Fabric("f", 0.0, 1e8), Fabric("slow", 0.0, 1e6)  # the all-reduce: 10 ms, then 1 s
     ops = [Work(0.01), Issue(AR(0)), Wait((AR(0),)), Work(0.005)]
     sk = _sk([ops, ops], [AR(0)], nbytes=1e6)
-    replay = simulate(sk, whatif.fabric_cost(f)).step_s
-    skels = [StepSkeleton(i, sk.ranks, sk.collectives, replay) for i in range(5)]
-    timed = replay * 1e3 * np.array([0.9, 0.95, 1.0, 1.05, 1.1] * 2)
+    at_one = simulate(sk, replay.fabric_cost(f)).step_s
+    skels = [StepSkeleton(i, sk.ranks, sk.collectives, at_one) for i in range(5)]
+    timed = at_one * 1e3 * np.array([0.9, 0.95, 1.0, 1.05, 1.1] * 2)
     m = whatif.calibrated("c", {}, skels, f, timed)
     lo, hi = m.step_interval_ms(slow)
     point = m.step_ms(slow)
@@ -461,9 +461,9 @@ def test_the_interval_carries_the_models_own_miss_of_its_traced_steps():
     def model(miss: float) -> whatif.CaseModel:
         ops = [Work(0.01), Issue(AR(0)), Wait((AR(0),)), Work(0.005)]
         sk = _sk([ops, ops], [AR(0)], nbytes=1e6)
-        replay = simulate(sk, whatif.fabric_cost(f)).step_s
-        skels = [StepSkeleton(i, sk.ranks, sk.collectives, replay / (1 + miss)) for i in range(5)]
-        timed = replay * 1e3 * np.array([0.98, 0.99, 1.0, 1.01, 1.02] * 2)
+        at_one = simulate(sk, replay.fabric_cost(f)).step_s
+        skels = [StepSkeleton(i, sk.ranks, sk.collectives, at_one / (1 + miss)) for i in range(5)]
+        timed = at_one * 1e3 * np.array([0.98, 0.99, 1.0, 1.01, 1.02] * 2)
         return whatif.calibrated("c", {}, skels, f, timed)
 
     exact, off = model(0.0), model(0.10)
@@ -484,7 +484,7 @@ def test_the_models_own_miss_is_taken_step_by_step():
     for replay_ms, traced_ms in [(45.4, 46.9), (34.0, 33.3), (40.9, 34.2)]:
         ops = [Work(replay_ms / 1e3 - 0.01), Issue(AR(0)), Wait((AR(0),))]
         sk = _sk([ops, ops], [AR(0)], nbytes=1e6)  # the all-reduce takes 10 ms on f
-        assert simulate(sk, whatif.fabric_cost(f)).step_s * 1e3 == pytest.approx(replay_ms)
+        assert simulate(sk, replay.fabric_cost(f)).step_s * 1e3 == pytest.approx(replay_ms)
         skels.append(StepSkeleton(len(skels), sk.ranks, sk.collectives, traced_ms / 1e3))
     timed = np.array([36.0, 37.0, 38.0, 39.0, 40.0])
     m = whatif.calibrated("c", {}, skels, f, timed)
@@ -627,19 +627,19 @@ def test_projections_never_leave_compute_and_measured_bounds_on_random_skeletons
     case's compute critical path, and at most the timed step on a fabric no slower than the
     measured path on every collective."""
     rng = random.Random(18)
-    fabrics = list(whatif_run.load_fabrics().values()) + [Fabric("slow", 50e-6, 2e8), whatif.emulated_link(1e9, None)]
+    fabrics = list(whatif_run.load_fabrics().values()) + [Fabric("slow", 50e-6, 2e8), replay.emulated_link(1e9, None)]
     made = refused = 0
     for trial in range(120):
         n = rng.randint(2, 4)
         path = Fabric("as measured", 0.0, 10 ** rng.uniform(8, 10.5))
-        cost = whatif.fabric_cost(path)
+        cost = replay.fabric_cost(path)
         skels = []
         for step in range(3):
             sk = _random_skeleton(rng, n, step)
             traced = simulate(sk, cost).step_s * rng.uniform(0.85, 1.15)
             skels.append(StepSkeleton(sk.step, sk.ranks, sk.collectives, traced))
         # Timed steps: the replay at some true compute factor, or anything (a busy machine).
-        timed = whatif.median_step_s(skels, path, rng.uniform(0.5, 1.6)) * 1e3 * rng.uniform(0.7, 1.3)
+        timed = replay.median_step_s(skels, path, rng.uniform(0.5, 1.6)) * 1e3 * rng.uniform(0.7, 1.3)
         kappa = 1.0 if trial % 2 else rng.uniform(1.0, 1.6)
         model = whatif.calibrated(
             f"c{trial}",
@@ -659,11 +659,11 @@ def test_projections_never_leave_compute_and_measured_bounds_on_random_skeletons
         floor = model.critical_path_ms()
         # (Free communication stretches nothing: the critical path is the work itself, each
         # traced stretch beside communication taken out.)
-        assert floor >= whatif.COMPUTE_FACTOR[0] * whatif.median_step_s(skels, whatif.FREE, 1.0, kappa) * 1e3 * (
+        assert floor >= whatif.COMPUTE_FACTOR[0] * replay.median_step_s(skels, replay.FREE, 1.0, kappa) * 1e3 * (
             1 - 1e-9
         )
         least = whatif.COMPUTE_FACTOR[0]
-        lowest = min(simulate(sk, whatif.fabric_cost(whatif.FREE), least, kappa).step_s for sk in skels) * 1e3
+        lowest = min(simulate(sk, replay.fabric_cost(replay.FREE), least, kappa).step_s for sk in skels) * 1e3
         for f in fabrics:
             ms = model.step_ms(f)
             assert ms >= floor * (1 - 1e-12), (trial, f.name)
@@ -703,12 +703,12 @@ def test_a_run_traced_on_a_busy_machine_refuses_or_stays_within_bounds():
     assert not fast.empty and (fast["projected_ms"] <= fast["measured_ms"]).all()
     # The critical path is not collapsed: within the factor's range of the traced compute.
     for model in (m for m in result.models if m.refused is None):
-        traced_cp = whatif.median_step_s(model.skeletons, whatif.FREE) * 1e3
+        traced_cp = replay.median_step_s(model.skeletons, replay.FREE) * 1e3
         mine = made[made["case_id"] == model.case_id]
         assert (mine["compute_ms"] >= whatif.COMPUTE_FACTOR[0] * traced_cp).all()
         # The interval's low end: no traced step's compute critical path at the least factor undercut.
-        free, kappa = whatif.fabric_cost(whatif.FREE), model.interference.replay_factor
-        fastest = min(whatif.simulate(sk, free, 1.0, kappa).step_s for sk in model.skeletons) * 1e3
+        free, kappa = replay.fabric_cost(replay.FREE), model.interference.replay_factor
+        fastest = min(replay.simulate(sk, free, 1.0, kappa).step_s for sk in model.skeletons) * 1e3
         assert (mine["predicted_lo_ms"] >= fastest * whatif.COMPUTE_FACTOR[0] * (1 - 1e-9)).all()
         # Refitted on each resample, the interval keeps the bound up to the timed steps' own spread.
         quick = mine[mine["no_slower_than_measured"].astype(bool)]
@@ -755,8 +755,8 @@ def test_on_a_step_of_mostly_communication_the_forward_passes_set_the_host_facto
     ops = (Work(0.005), Issue(AR(0)), Wait((AR(0),)), Work(0.005))
     sk = StepSkeleton(1, (ops, ops), (CollectiveSpec(AR(0), 4e6, 2),), 0.05)
     path = Fabric("as measured", 0.0, 1e8)  # 40 ms all-reduce, 50 ms traced step
-    wire = whatif.emulated_link(2 * 4e6 * 8 / 0.034, None)  # a shaped link: 34 ms of the all-reduce
-    timed = np.array([whatif.median_step_s([sk], path) * 1e3] * 3)
+    wire = replay.emulated_link(2 * 4e6 * 8 / 0.034, None)  # a shaped link: 34 ms of the all-reduce
+    timed = np.array([replay.median_step_s([sk], path) * 1e3] * 3)
 
     def model(forward, skel=sk, on_host=True, link=wire, thread=math.nan):
         return whatif.calibrated(
@@ -798,7 +798,7 @@ def test_on_a_step_of_mostly_communication_the_forward_passes_set_the_host_facto
     assert "their forward passes took 5.00 ms against 2.00 ms timed, a host factor of ×0.40" in slowed.refused
     busy = (Work(0.040), Issue(AR(0)), Wait((AR(0),)), Work(0.005))
     compute_bound = StepSkeleton(1, (busy, busy), (CollectiveSpec(AR(0), 4e5, 2),), 0.05)
-    timed = np.array([whatif.median_step_s([compute_bound], path) * 1e3] * 3)
+    timed = np.array([replay.median_step_s([compute_bound], path) * 1e3] * 3)
     assert model((1.6, 2.0), skel=compute_bound).fit.factor_source == "timed steps"
     assert model((1.6, 2.0), skel=compute_bound, thread=0.7).fit.factor_source == "timed steps"
 
@@ -812,14 +812,14 @@ def test_the_interval_holds_the_host_factors_of_the_readings_not_taken():
     ops = (Work(0.005), Issue(AR(0)), Wait((AR(0),)), Work(0.005))
     sk = StepSkeleton(1, (ops, ops), (CollectiveSpec(AR(0), 4e6, 2),), 0.05)
     path = Fabric("as measured", 0.0, 1e8)
-    wire = whatif.emulated_link(2 * 4e6 * 8 / 0.034, None)
-    timed = whatif.median_step_s([sk], path) * 1e3 * np.array([0.98, 0.99, 1.0, 1.01, 1.02])
+    wire = replay.emulated_link(2 * 4e6 * 8 / 0.034, None)
+    timed = replay.median_step_s([sk], path) * 1e3 * np.array([0.98, 0.99, 1.0, 1.01, 1.02])
     m = whatif.calibrated(
         "c", {}, [sk], path, timed, comm_on_host=True, wire=wire, forward=(1.6, 2.0), thread_speed=0.7
     )
     assert m.fit.factor == pytest.approx(0.7) and m.fit.readings == pytest.approx((1.0, 0.8))
     fast = Fabric("fast", 0.0, 1e10)
-    at = {f: whatif.median_step_s([sk], fast, f, m.interference.replay_factor) * 1e3 for f in (0.7, 0.8, 1.0, 1.3)}
+    at = {f: replay.median_step_s([sk], fast, f, m.interference.replay_factor) * 1e3 for f in (0.7, 0.8, 1.0, 1.3)}
     lo, hi = m.step_interval_ms(fast)
     assert lo <= at[0.7] < at[0.8] < at[1.0] <= hi
     # Every reading is held, also one beyond the timed steps' other reading (``other_factor``, ×1 here).
@@ -836,7 +836,7 @@ def test_validation_says_how_fast_the_target_worlds_host_ran_and_predicts_withou
     ops = (Work(0.020), Issue(AR(0)), Wait((AR(0),)), Work(0.005))
     sk = StepSkeleton(1, (ops, ops), (CollectiveSpec(AR(0), 4e6, 2),), 0.065)
     path = Fabric("as measured", 0.0, 1e8)
-    timed = np.array([whatif.median_step_s([sk], path) * 1e3] * 3)
+    timed = np.array([replay.median_step_s([sk], path) * 1e3] * 3)
     ref = whatif.calibrated("ref", {"interconnect": "slow"}, [sk], path, timed, forward=(2.0, 2.0))
     fast = Fabric("fast", 0.0, 1e9)
     rows = _forward_rows([[2.2] * 3, [2.2] * 3]).assign(step_ms=30.0)
@@ -1113,7 +1113,7 @@ def _skeleton_of(tmp_path: Path, events: list[dict]) -> StepSkeleton:
     for r, path in enumerate(paths):
         _write_trace(path, r, events)
     tl = timeline.read_traces(paths)
-    (sk,) = whatif.skeletons(whatif.marks_from_table(tl.marks), tl.intervals)
+    (sk,) = skeletons.skeletons(skeletons.marks_from_table(tl.marks), tl.intervals)
     return sk
 
 
@@ -1125,9 +1125,9 @@ def test_skeleton_from_traces_applies_the_hook_dependency_rules(tmp_path, monkey
     monkeypatch.setattr(trace_events, "_CHUNK_BYTES", 700)  # many chunk boundaries, objects cut in two
     tl = timeline.read_traces(paths)
     intervals = tl.intervals
-    marks = whatif.marks_from_table(tl.marks)
+    marks = skeletons.marks_from_table(tl.marks)
     assert [len(m.issues) for m in marks] == [4, 4] and [m.rank for m in marks] == [0, 1]
-    (sk,) = whatif.skeletons(marks, intervals)
+    (sk,) = skeletons.skeletons(marks, intervals)
     assert [(c.key, c.nbytes) for c in sk.collectives] == [(AR(0), 4000), (AR(1), 12000), (BC(0), 4000), (BC(1), 12000)]
     assert sk.measured_s == pytest.approx(3e-3)
     # Rank 0, in µs: lead-in gap 10 + mm 490 + issue op 10; gap 10 + mm 380 + issue 10; the wait for
@@ -1200,7 +1200,7 @@ def test_ddps_finalize_waits_for_its_buckets_one_by_one_where_the_thread_went_on
     # Replayed with each all-reduce as traced on the channel (ending at 1500, 3500, 5500): each copy
     # comes right after its bucket and the step ends with the last copy, as traced (5610).
     durations = {AR(0): 995e-6, AR(1): 2000e-6, AR(2): 2000e-6}
-    step = whatif.simulate(sk, lambda c: durations[c.key]).step_s
+    step = replay.simulate(sk, lambda c: durations[c.key]).step_s
     assert step * 1e6 == pytest.approx(5610, abs=15)
 
 
@@ -1225,7 +1225,7 @@ def test_a_collective_is_issued_where_it_began_inside_an_issue_op_that_blocks(tm
     assert got == [510, Issue(AR(0)), 3990, Wait((AR(0),)), 90]
     assert sk.ranks[0][2].beside == pytest.approx(2490e-6)  # of the op's rest, the all-reduce's span
     # Replayed with the all-reduce's traced length: it ends inside the op, the step as the thread ran.
-    step = whatif.simulate(sk, lambda c: 2490e-6).step_s
+    step = replay.simulate(sk, lambda c: 2490e-6).step_s
     assert step * 1e6 == pytest.approx(510 + 3990 + 90)
 
 
@@ -1237,7 +1237,7 @@ def test_traces_without_collective_sizes_are_refused_with_the_reason(tmp_path):
     _write_trace(paths[0], 0, events)
     tl = timeline.read_traces(paths)
     with pytest.raises(ValueError, match="record_shapes"):
-        whatif.skeletons(whatif.marks_from_table(tl.marks), tl.intervals)
+        skeletons.skeletons(skeletons.marks_from_table(tl.marks), tl.intervals)
 
 
 # --------------------------------------------------------------------------- real measurement

@@ -18,17 +18,18 @@ from typing import Any
 import pandas as pd
 
 from tpbench import store, user_files
-from tpbench.analysis import whatif
-from tpbench.analysis.whatif import Fabric, RunWhatIf
+from tpbench.analysis import replay, whatif
+from tpbench.analysis.replay import Fabric
+from tpbench.analysis.whatif import RunWhatIf
 from tpbench.interconnect import resolve, tbf_parameters
 from tpbench.record import CaseRecord
 
 
 def load_fabrics(extra: Iterable[str | Path] = ()) -> dict[str, Fabric]:
     """The built-in fabrics, then each user file's (a user file may redefine a built-in)."""
-    fabrics = whatif.parse_fabrics(whatif.FABRICS_TOML, "built-in fabrics")
+    fabrics = replay.parse_fabrics(replay.FABRICS_TOML, "built-in fabrics")
     for path in extra:
-        fabrics |= whatif.parse_fabrics(user_files.read_text(path, "fabrics file"), str(path))
+        fabrics |= replay.parse_fabrics(user_files.read_text(path, "fabrics file"), str(path))
     return fabrics
 
 
@@ -50,12 +51,12 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
 
 def link_wires(loaded: store.Loaded, done: pd.DataFrame) -> dict[str, Fabric | None]:
     """Each link of the finished cases as the what-if prices it: a shaped one by its tbf rate and
-    bucket, as the run built them (``whatif.emulated_link``, no floor); None for an unshaped one."""
+    bucket, as the run built them (``replay.emulated_link``, no floor); None for an unshaped one."""
     profiles = loaded.record.suite_table("interconnects")
     wires: dict[str, Fabric | None] = {}
     for link in dict.fromkeys(done["interconnect"]):
         rate = resolve(link, profiles).rate_bits_per_s
-        wires[link] = whatif.emulated_link(rate, None, link, tbf_parameters(rate)[0]) if rate else None
+        wires[link] = replay.emulated_link(rate, None, link, tbf_parameters(rate)[0]) if rate else None
     return wires
 
 

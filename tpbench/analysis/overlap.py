@@ -59,6 +59,17 @@ def union_length(start: np.ndarray, end: np.ndarray) -> int:
     return int((e - s).sum())
 
 
+def covered_before(us: np.ndarray, ue: np.ndarray, cum: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """|(∪ [us, ue)) ∩ (−∞, t)| for each t, the pieces sorted and disjoint, ``cum`` their
+    cumulative lengths (``cum[i]``: the first i pieces)."""
+    if not len(us):
+        return np.zeros(len(t))
+    i = np.searchsorted(us, t, side="right")  # pieces starting at or before t
+    inside = np.where(i > 0, np.clip(t - us[np.maximum(i - 1, 0)], 0, None), 0)
+    last = np.where(i > 0, ue[np.maximum(i - 1, 0)] - us[np.maximum(i - 1, 0)], 0)
+    return np.where(i > 0, cum[np.maximum(i - 1, 0)] + np.minimum(inside, last), 0)
+
+
 def step_overlap(intervals: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Overlap metrics per (rank, step), columns ``STEP_OVERLAP_COLUMNS`` (times in ns).
 

@@ -13,13 +13,13 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tpbench import store, whatif_run
-from tpbench.analysis import crossover, whatif
+from tpbench.analysis import crossover, replay, whatif
 from tpbench.report.figures import ratio_trace
 from tpbench.report.html import Page, plot_text
 from tpbench.suite import value_text
 
 
-def sections(page: Page, runs: list[store.Loaded], fabrics: dict[str, whatif.Fabric] | None = None) -> None:
+def sections(page: Page, runs: list[store.Loaded], fabrics: dict[str, replay.Fabric] | None = None) -> None:
     """Add the crossover and what-if sections for each run that supports them."""
     fabrics = fabrics if fabrics is not None else whatif_run.load_fabrics()
     many = len(runs) > 1
@@ -137,7 +137,7 @@ def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None) -> 
 _SYMBOLS = ("circle", "diamond", "square", "triangle-up", "x", "star")
 
 
-def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, whatif.Fabric], suffix: str, anchor: str) -> None:
+def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, replay.Fabric], suffix: str, anchor: str) -> None:
     # A run traced nothing (profiler_steps = 0): no section, rather than one saying there is nothing.
     if run.steps.empty or not any(
         (store.case_dir(run.run_dir, cid) / "marks.parquet").exists() for cid in run.record.cases
