@@ -3,6 +3,7 @@ planted tunes on 2 Gloo ranks (a 40 % slower arm, a budget that runs out, a SIGK
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import os
@@ -269,6 +270,11 @@ def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, ca
     cli._print_tune(result, "text")
     out = capsys.readouterr().out
     assert all(f"retired after round {at}" in out for at in race.retired.values())
+    # An eliminated arm says what eliminated it: its interval, above 1, against that round's leader.
+    (slow,) = [a for a in result.arms if a.status == "eliminated"]
+    assert slow.eliminated_vs["lo"] > 1 and slow.eliminated_vs["leader"] in race.arms
+    said = f"eliminated after round {slow.eliminated_at} ({slow.eliminated_vs['ratio'] - 1:+.1%} ["
+    assert said in out.replace("\n", " ") or said in " ".join(out.split())
 
 
 def test_the_margin_an_unresolved_race_shows_holds_at_its_confidence():
@@ -470,6 +476,10 @@ def test_a_planted_tune_eliminates_the_slow_arm_early_and_prints_its_json(tmp_pa
     # is against the arm recommended at the end, over the rounds it ran.
     went = store.read_tune(only_run(tmp_path / "r"))["history"][slow["eliminated_at"] - 1]
     assert slow["case_id"] in went["eliminated"] and went["intervals"][slow["case_id"]][1] > 1, went
+    # ... and the arm says so itself: the leader then, and the interval that lay above 1.
+    vs = slow["eliminated_vs"]
+    assert vs["leader"] == went["leader"] and [vs["ratio"], vs["lo"], vs["hi"]] == went["intervals"][slow["case_id"]]
+    assert all(a["eliminated_vs"] is None for a in doc["arms"] if a["status"] != "eliminated")
     assert doc["recommended"]["params"]["slowdown_pct"] in (0, 1)
     assert doc["claim"].startswith(next(a["label"] for a in doc["arms"] if a["status"] == "recommended"))
     assert 0 < doc["timed_s"] < doc["grid_timed_s"]
@@ -506,6 +516,7 @@ def test_a_planted_tune_eliminates_the_slow_arm_early_and_prints_its_json(tmp_pa
     assert page.index(">Recommendation<") < page.index(">Environment<")  # the report opens with it
     assert doc["claim"].split(":")[0] in page
     assert "intervals at 95% confidence spent" in page and "{result[" not in page  # its method, filled in
+    assert f"{vs['lo'] - 1:+.1%}, {vs['hi'] - 1:+.1%}] vs that round's leader" in html.unescape(page)
 
 
 @pytest.mark.ranks

@@ -619,10 +619,14 @@ class _TuneDisplay:
 def _decided(arm) -> str:
     """When the race stopped running an arm: eliminated (clearly slower) or retired (tied: it could no
     longer be epsilon faster than the leader), or both: retired, then shown slower from the rounds it
-    had run (its rounds then end before the round it went)."""
+    had run (its rounds then end before the round it went). An elimination says the interval that
+    decided it, against that round's leader: the table's interval against the recommended arm may
+    hold 1 (another leader then, or fewer rounds), and without it the elimination would look unfounded."""
+    from tpbench import verdict
+
     said = [] if arm.retired_at is None else [f"retired after round {arm.retired_at}"]
     if arm.eliminated_at is not None:
-        said.append(f"eliminated after round {arm.eliminated_at}")
+        said.append(f"eliminated after round {arm.eliminated_at}" + verdict.eliminated_vs_text(arm.eliminated_vs))
     return ", ".join(said)
 
 

@@ -286,9 +286,16 @@ class Arm:
     hi: float | None
     eliminated_at: int | None  # the round after which it went (None: not eliminated in its world's race)
     retired_at: int | None = None  # the round after which it stopped, retired (tied, or eliminated later)
+    # What eliminated it, from the race's history: that round's leader and the arm's ratio to it with
+    # the interval that lay above 1 ({"leader", "ratio", "lo", "hi"}). The ratio to the recommended
+    # arm above may still hold 1 where the leader then was another arm, or its rounds were fewer.
+    eliminated_vs: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        keep = ("case_id", "label", "params", "status", "rounds", "ratio", "lo", "hi", "eliminated_at", "retired_at")
+        keep = (
+            *("case_id", "label", "params", "status", "rounds", "ratio", "lo", "hi"),
+            *("eliminated_at", "retired_at", "eliminated_vs"),
+        )
         return {k: v for k, v in asdict(self).items() if k in keep}
 
 
@@ -820,9 +827,19 @@ def _arms(cases: list[Case], races: list[Race], status: dict[str, str], ratios: 
                 rr.hi if rr and rr.method != "single" else None,
                 home.eliminated.get(a),
                 home.retired.get(a, home.retired_then_out.get(a)),
+                _eliminated_vs(home, a),
             )
         )
     return arms
+
+
+def _eliminated_vs(race: Race, arm: str) -> dict[str, Any] | None:
+    """The leader of the round that eliminated ``arm`` and the arm's interval against it then."""
+    went = next((e for e in race.history if arm in e["eliminated"]), None)
+    if went is None:
+        return None
+    ratio, lo, hi = went["intervals"][arm]
+    return {"leader": went["leader"], "ratio": ratio, "lo": lo, "hi": hi}
 
 
 def _claim(

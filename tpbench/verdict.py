@@ -25,7 +25,9 @@ past 1 + t, ``pass`` when it stays inside it.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from tpbench.analysis.stats import Ratio
 
@@ -110,3 +112,12 @@ def of(
     else:
         clause = f"not shown beyond {limit}"
     return Verdict(call, direction, clause, numbers)
+
+
+def eliminated_vs_text(vs: Mapping[str, Any] | None) -> str:
+    """A tune arm's ``eliminated_vs`` (``tune.Arm``: the interval that eliminated it) as the terminal's
+    table and the report say it, " (+9.1% [+0.4%, +18.6%] vs that round's leader)"; nothing where the
+    arm was not eliminated in its world's race."""
+    if not vs:
+        return ""
+    return f" ({vs['ratio'] - 1:+.1%} [{vs['lo'] - 1:+.1%}, {vs['hi'] - 1:+.1%}] vs that round's leader)"

@@ -11,7 +11,7 @@ import math
 import pandas as pd
 import plotly.graph_objects as go
 
-from tpbench import store
+from tpbench import store, verdict
 from tpbench.report.figures import LEGEND_BELOW, MARGIN, SERIES_COLORS
 from tpbench.report.html import Page, plot_text
 
@@ -63,6 +63,7 @@ def _table(result: dict) -> pd.DataFrame:
                 "vs recommended": _pct(a["ratio"]),
                 "interval": "" if a["lo"] is None else f"[{_pct(a['lo'])}, {_pct(a['hi'])}]",
                 "eliminated after round": a["eliminated_at"],
+                "what eliminated it": verdict.eliminated_vs_text(a.get("eliminated_vs")).strip(" ()"),
                 "retired after round": a.get("retired_at"),
             }
             for a in result["arms"]
