@@ -7,6 +7,7 @@ import html
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from conftest import REPO, only_run, run_cli, tiny_suite
 from tpbench import store, tune
 from tpbench.report import recommendation
 from tpbench.report.html import Page
+from tpbench.suite import select
 from tpbench.tune import ALL_TIED, MAX_ROUNDS, ONE_LEFT, Options, Race
 
 
@@ -275,6 +277,12 @@ def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, ca
     assert slow.eliminated_vs["lo"] > 1 and slow.eliminated_vs["leader"] in race.arms
     said = f"eliminated after round {slow.eliminated_at} ({slow.eliminated_vs['ratio'] - 1:+.1%} ["
     assert said in out.replace("\n", " ") or said in " ".join(out.split())
+    # Where the time goes: the sweep it names traces the recommended arm and the tied arm nearest it.
+    rival = min((a for a in result.arms if a.status == "tied"), key=lambda a: a.ratio)
+    cmd = shlex.split(result.trace_step)
+    assert cmd[:3] == ["tpbench", "sweep", str(suite)] and cmd[3] == "--filter"
+    assert {c.case_id for c in select(cases, [cmd[4]])} == {result.recommended.case_id, rival.case_id}
+    assert result.trace_step in " ".join(out.split()) and result.to_json()["trace_step"] == result.trace_step
 
 
 def test_the_margin_an_unresolved_race_shows_holds_at_its_confidence():
@@ -517,6 +525,7 @@ def test_a_planted_tune_eliminates_the_slow_arm_early_and_prints_its_json(tmp_pa
     assert doc["claim"].split(":")[0] in page
     assert "intervals at 95% confidence spent" in page and "{result[" not in page  # its method, filled in
     assert f"{vs['lo'] - 1:+.1%}, {vs['hi'] - 1:+.1%}] vs that round's leader" in html.unescape(page)
+    assert doc["recommended"]["case_id"] in doc["trace_step"] and doc["trace_step"] in html.unescape(page)
 
 
 @pytest.mark.ranks

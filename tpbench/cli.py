@@ -630,6 +630,13 @@ def _decided(arm) -> str:
     return ", ".join(said)
 
 
+# Before a tune's trace_step: a tune traces nothing, and this sweep traces what it recommends.
+TRACE_SAYS = (
+    "Where the time goes (a tune traces nothing): this sweep traces the recommended setting and its closest rival, "
+    "if any (with this tune's own --set and launcher options): "
+)
+
+
 def _print_tune(result, fmt: str) -> None:
     if fmt == "json":
         sys.stdout.write(json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n")
@@ -663,6 +670,7 @@ def _print_tune(result, fmt: str) -> None:
         lines = [f"**{result.claim}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         lines += ["", cost, *([f"{then}`{result.next_step}`"] if result.next_step else [])]
+        lines += [f"{TRACE_SAYS}`{result.trace_step}`"] if result.trace_step else []
         sys.stdout.write("\n".join([*lines, ""]) + "\n")
         return
     out.print(result.claim, markup=False, soft_wrap=True)
@@ -674,6 +682,8 @@ def _print_tune(result, fmt: str) -> None:
     out.print(t)
     if result.next_step:
         out.print(then + result.next_step, markup=False, soft_wrap=True)
+    if result.trace_step:
+        out.print(TRACE_SAYS + result.trace_step, markup=False, soft_wrap=True)
     console.print(f"{cost}. Run directory: {result.run_dir}", markup=False, soft_wrap=True)
 
 

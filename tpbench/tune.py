@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import math
 import selectors
+import shlex
 import shutil
 import socket
 import tempfile
@@ -316,6 +317,7 @@ class Result:
     supported_epsilon: float | None = None  # the margin the rounds run do show (see supported_epsilon)
     history: list[dict[str, Any]] = field(default_factory=list)
     next_step: str | None = None  # unresolved: the command that would likely decide it (see _next_step)
+    trace_step: str | None = None  # the sweep that traces the recommended arm and its closest rival (_trace_step)
 
     def to_json(self) -> dict[str, Any]:
         rec = self.recommended
@@ -334,6 +336,7 @@ class Result:
             "rounds_to_decide": self.rounds_to_decide,
             "supported_epsilon": self.supported_epsilon,
             "next_step": self.next_step,
+            "trace_step": self.trace_step,
         }
 
 
@@ -727,6 +730,7 @@ def _result(run: store.Run, cases: list[Case], races: list[Race], options: Optio
     claim = _claim(rec, state, counts, n_arms, options, races, more, shown)
     history = [e for r in races for e in r.history]
     step = _next_step(run, races, rec, more, options, wall_s) if state == UNRESOLVED else None
+    trace = _trace_step(run, arms)
     return Result(
         run.dir,
         state,
@@ -743,6 +747,7 @@ def _result(run: store.Run, cases: list[Case], races: list[Race], options: Optio
         shown,
         history,
         step,
+        trace,
     )
 
 
@@ -919,6 +924,21 @@ def _next_step(
     if BUDGET in ended or options.budget_s is not None:
         parts.append(f"--budget-s {math.ceil(wall_s * rounds / max(rec.rounds, 1))}")
     return " ".join(parts)
+
+
+def _trace_step(run: store.Run, arms: list[Arm]) -> str | None:
+    """The sweep that shows where the recommended arm's time goes, beside its closest rival's (the
+    tied or unresolved arm nearest it): a tune traces nothing, and a sweep of the two traces both, so
+    that its report splits their steps into compute, exposed communication and idle and ``whatif``
+    can replay them. Selected by case id, which the budget keys (``repeats``) do not change."""
+    rec = next((a for a in arms if a.status == RECOMMENDED), None)
+    if rec is None:
+        return None
+    close = [a for a in arms if a.status in (TIED, UNRESOLVED) and a.ratio is not None]
+    rival = min(close, key=lambda a: a.ratio, default=None)
+    ids = "|".join(a.case_id for a in (rec, rival) if a is not None)
+    suite = run.record.suite.path or run.record.suite.name + ".toml"
+    return f"tpbench sweep {suite} --filter {shlex.quote('id=' + ids)}"  # quoted: | is a shell pipe
 
 
 def _timed(run: store.Run, cases: list[Case], rounds: int) -> tuple[float, float]:

@@ -32,6 +32,12 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
                 f"To decide it, race again for about {rec['rounds'] + result['rounds_to_decide']} rounds (with the "
                 f"tune's own --set, --filter and launcher options): {result['next_step']}"
             )
+        if result.get("trace_step"):  # tune.json before it had none
+            page.paragraph(
+                "Where the time goes: a tune traces nothing; this sweep traces the recommended setting and its "
+                "closest rival, if any, and its report splits their steps into compute, exposed communication and "
+                f"idle (with the tune's own --set and launcher options): {result['trace_step']}"
+            )
         page.paragraph(
             f"Raced by tpbench tune on {result['metric']}: after each round, once "
             f"{saved['options']['min_rounds']} had run, a setting was eliminated when its paired ratio to the "
