@@ -670,7 +670,7 @@ def _print_tune(result, fmt: str) -> None:
         lines = [f"**{result.claim}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         lines += ["", cost, *([f"{then}`{result.next_step}`"] if result.next_step else [])]
-        lines += [f"{TRACE_SAYS}`{result.trace_step}`"] if result.trace_step else []
+        lines += ["", f"{TRACE_SAYS}`{result.trace_step}`"] if result.trace_step else []
         sys.stdout.write("\n".join([*lines, ""]) + "\n")
         return
     out.print(result.claim, markup=False, soft_wrap=True)
