@@ -526,6 +526,10 @@ def test_a_planted_tune_eliminates_the_slow_arm_early_and_prints_its_json(tmp_pa
     assert "intervals at 95% confidence spent" in page and "{result[" not in page  # its method, filled in
     assert f"{vs['lo'] - 1:+.1%}, {vs['hi'] - 1:+.1%}] vs that round's leader" in html.unescape(page)
     assert doc["recommended"]["case_id"] in doc["trace_step"] and doc["trace_step"] in html.unescape(page)
+    # Resumed once it has ended, it races nothing more and says the same, its wall time its own.
+    assert run_cli(["tune", "--resume", str(run_dir), "--format", "json"]) == code
+    again = json.loads(capsys.readouterr().out)
+    assert again["wall_s"] == doc["wall_s"] and again["claim"] == doc["claim"] and again["arms"] == doc["arms"]
 
 
 @pytest.mark.ranks

@@ -521,9 +521,12 @@ def race(
     groups = group_cases(cases)
     races = _replayed_races(run, cases, groups, options, saved)
     base_wall, t0 = float(saved.get("wall_s", 0.0)), time.monotonic()
+    # A tune resumed after it ended races nothing more: its result is rebuilt and shown again, and
+    # the wall time stays the tune's own (reading it back is not tuning).
+    finished = "result" in saved and all(rc.ended is not None for rc in races)
 
     def spent() -> float:
-        return base_wall + time.monotonic() - t0
+        return base_wall if finished else base_wall + time.monotonic() - t0
 
     def persist() -> None:
         _save(run, _record(options, races, spent()))
