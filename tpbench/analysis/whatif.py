@@ -36,14 +36,13 @@ any fast fabric. So the factor is never clipped: a case whose fit needs a factor
 is refused with the reason, as is one whose replay misses its own traced steps
 (``REPLAY_RESIDUAL``).
 
-For a case that is not refused, every time in ``simulate`` is a sum or a maximum of work and
-collective costs, or the time a work takes at rate 1 or 1/κ across the channel's busy spans, so
-the replay is non-decreasing in the compute factor and, in the property tests, in every
-collective's cost. Hence a projection is never below the case's compute critical path (the
-replay with free communication, which stretches nothing: ``CaseModel.critical_path_ms``), and,
-since the factor is chosen so the replay on the measured (scaled) path is no slower than the
-timed step, a projection onto a fabric that is no slower than that path on every collective
-never exceeds the timed step (asserted over random skeletons, interference and fabrics).
+For a case that is not refused, the replay is non-decreasing in the compute factor and, in the
+property tests, in every collective's cost (``replay``: why). Hence a projection is never below
+the case's compute critical path (the replay with free communication, which stretches nothing:
+``CaseModel.critical_path_ms``), and, since the factor is chosen so the replay on the measured
+(scaled) path is no slower than the timed step, a projection onto a fabric that is no slower than
+that path on every collective never exceeds the timed step (asserted over random skeletons,
+interference and fabrics).
 """
 
 from __future__ import annotations
