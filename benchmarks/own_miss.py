@@ -47,7 +47,7 @@ def main() -> None:
     print("run | cases | refused | within 5 % (10 %): step by step | median vs median | own step's path")
     for run_dir in args.runs:
         loaded = store.load(run_dir)
-        done = loaded.cases[loaded.cases["status"] == "done"]
+        done = loaded.cases[loaded.cases["status"] == store.DONE]
         model_of = whatif_run.case_models(loaded, done, whatif_run.link_wires(loaded, done))
         rows, refused = [], 0
         for row in done.to_dict("records"):

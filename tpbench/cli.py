@@ -626,7 +626,8 @@ def _decided(arm) -> str:
 
     said = [] if arm.retired_at is None else [f"retired after round {arm.retired_at}"]
     if arm.eliminated_at is not None:
-        said.append(f"eliminated after round {arm.eliminated_at}" + verdict.eliminated_vs_text(arm.eliminated_vs))
+        why = verdict.eliminated_vs_text(arm.eliminated_vs)
+        said.append(f"eliminated after round {arm.eliminated_at}" + (f" ({why})" if why else ""))
     return ", ".join(said)
 
 

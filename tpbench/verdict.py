@@ -116,8 +116,8 @@ def of(
 
 def eliminated_vs_text(vs: Mapping[str, Any] | None) -> str:
     """A tune arm's ``eliminated_vs`` (``tune.Arm``: the interval that eliminated it) as the terminal's
-    table and the report say it, " (+9.1% [+0.4%, +18.6%] vs that round's leader)"; nothing where the
+    table and the report say it, "+9.1% [+0.4%, +18.6%] vs that round's leader"; nothing where the
     arm was not eliminated in its world's race."""
     if not vs:
         return ""
-    return f" ({vs['ratio'] - 1:+.1%} [{vs['lo'] - 1:+.1%}, {vs['hi'] - 1:+.1%}] vs that round's leader)"
+    return f"{vs['ratio'] - 1:+.1%} [{vs['lo'] - 1:+.1%}, {vs['hi'] - 1:+.1%}] vs that round's leader"

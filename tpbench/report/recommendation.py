@@ -69,7 +69,7 @@ def _table(result: dict) -> pd.DataFrame:
                 "vs recommended": _pct(a["ratio"]),
                 "interval": "" if a["lo"] is None else f"[{_pct(a['lo'])}, {_pct(a['hi'])}]",
                 "eliminated after round": a["eliminated_at"],
-                "what eliminated it": verdict.eliminated_vs_text(a.get("eliminated_vs")).strip(" ()"),
+                "what eliminated it": verdict.eliminated_vs_text(a.get("eliminated_vs")),
                 "retired after round": a.get("retired_at"),
             }
             for a in result["arms"]
