@@ -16,6 +16,9 @@ import pandas as pd
 
 # A case "reaches the target" when its held-out loss is within this fraction of the optimum.
 TARGET_RELATIVE_GAP = 0.05
+# Two final held-out losses closer than this (nats) end level: the repeats of one setting scatter by about
+# as much, and no one would choose between settings on a smaller difference.
+LEVEL_NATS = 0.005
 
 
 def curves(steps: pd.DataFrame) -> pd.DataFrame:

@@ -514,7 +514,7 @@ def convergence_sentence(v: ConvergenceVerdict, keys: list[str]) -> str:
         reach = f"reaches the target in {v.cand_time_s:.3g} s of training, which DDP never does"
     else:
         reach = f"reaches the target in only {v.cand_reached} of its repeats (DDP: {v.base_reached})"
-    join = " but " if ((sooner or "which DDP" in reach) and v.final_delta > 0.005) else " and "
+    join = " but " if ((sooner or "which DDP" in reach) and v.final_delta > convergence.LEVEL_NATS) else " and "
     return f"{who} {reach}{join}{ends}; {_steps_phrase(c)}."
 
 
@@ -523,8 +523,8 @@ def _steps_phrase(c: Comparison) -> str:
 
 
 def _ends(delta: float) -> str:
-    if abs(delta) < 0.005:
-        return "ends level with it (held-out loss within 0.005 nats)"
+    if abs(delta) < convergence.LEVEL_NATS:
+        return f"ends level with it (held-out loss within {convergence.LEVEL_NATS:g} nats)"
     return f"ends {abs(delta):.2f} nats {'above' if delta > 0 else 'below'} it"
 
 
