@@ -15,6 +15,7 @@ import time
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import REPO, only_run, run_cli, tiny_suite
 
@@ -37,6 +38,10 @@ def stored(tmp_path, suite) -> SimpleNamespace:
     """What ``tune._result`` reads of a run that synthetic races did not store: its directory and
     the suite it was started from."""
     return SimpleNamespace(dir=tmp_path, record=SimpleNamespace(suite=SimpleNamespace(path=str(suite), name="s")))
+
+
+# The summary of a run whose workload evaluates no held-out loss (the mlp): no arm has one.
+NO_EVAL = pd.DataFrame(columns=["case_id"])
 
 
 def run_race(race: Race, values: dict) -> Race:
@@ -202,7 +207,7 @@ def test_an_unresolved_tune_says_the_margin_its_rounds_do_show(tmp_path):
     suite, cases, values = close_pair(tmp_path)
     options = Options(epsilon=0.005)
     race = run_race(Race(list(values), 12, options, comparisons=1), values)
-    result = tune._result(stored(tmp_path, suite), cases, [race], options, 0.0)
+    result = tune._result(stored(tmp_path, suite), cases, [race], options, 0.0, NO_EVAL)
     assert result.state == "unresolved"
     (other,) = [a for a in result.arms if a.status == "unresolved"]
     assert result.supported_epsilon == pytest.approx(1 / other.lo - 1) and result.supported_epsilon > 0.005
@@ -219,7 +224,7 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     suite, cases, values = close_pair(tmp_path)
     options = Options(epsilon=0.005)
     race = run_race(Race(list(values), 12, options, comparisons=1), values)
-    result = tune._result(stored(tmp_path, suite), cases, [race], options, 30.0)
+    result = tune._result(stored(tmp_path, suite), cases, [race], options, 30.0, NO_EVAL)
     rounds = 12 + result.rounds_to_decide
     # The estimate is for a race given that many rounds, its confidence spent over more looks (each
     # interval wider: more rounds), and settled: a race that long needs no more.
@@ -244,7 +249,7 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
             race.record(a, r, values[a][r])
         race.close_round()
     race.end(tune.BUDGET)
-    result = tune._result(stored(tmp_path, suite), cases, [race], budget, 30.0)
+    result = tune._result(stored(tmp_path, suite), cases, [race], budget, 30.0, NO_EVAL)
     rounds = 6 + result.rounds_to_decide
     assert rounds <= 200 and f"--set repeats=200 --epsilon 0.5% --budget-s {math.ceil(30.0 * rounds / 6)}" in (
         result.next_step
@@ -263,7 +268,7 @@ def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, ca
     values = synthetic(factors, 60, noise=0.02, seed=2)
     race = run_race(Race(list(values), 60, Options(epsilon=0.02), comparisons=3), values)
     assert race.ended == ALL_TIED and race.retired
-    result = tune._result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0)
+    result = tune._result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0, NO_EVAL)
     arms = {a.case_id: a for a in result.arms}
     for a, at in race.retired.items():
         assert arms[a].status == "tied" and arms[a].retired_at == at and arms[a].to_json()["retired_at"] == at
@@ -283,6 +288,63 @@ def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, ca
     assert cmd[:3] == ["tpbench", "sweep", str(suite)] and cmd[3] == "--filter"
     assert {c.case_id for c in select(cases, [cmd[4]])} == {result.recommended.case_id, rival.case_id}
     assert result.trace_step in " ".join(out.split()) and result.to_json()["trace_step"] == result.trace_step
+
+
+def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_target(tmp_path, capsys):
+    """Settings that do not train alike (post-local SGD, a compressing hook): the race compares step
+    times, so the recommended setting's faster steps may have bought a worse model. Its held-out
+    loss ending more than 0.005 nats above the lowest is said beside the claim (text, JSON, the
+    report), with the training time to the target loss of the setting that reaches it soonest; a
+    table column gives every arm's loss. Losses that end level (DDP and ZeRO compute the same
+    update) say nothing."""
+    from tpbench import cli
+
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 0.5, 3, 30]", repeats=60))
+    cases = tune.prepare(suite).cases
+    values = synthetic({c.case_id: 1 + c.slowdown_pct / 100 for c in cases}, 60, noise=0.02, seed=2)
+    race = run_race(Race(list(values), 60, Options(epsilon=0.02), comparisons=3), values)
+    best = race.leader()
+    other = next(c.case_id for c in cases if c.case_id != best and c.slowdown_pct == 30)
+
+    def summary(best_loss: float, target: float | None = 1.6) -> pd.DataFrame:
+        rows = [
+            {
+                "case_id": c.case_id,
+                "final_heldout_loss": best_loss if c.case_id == best else 1.580 if c.case_id == other else 1.590,
+                "target_loss": target,
+                "time_to_target_s": 3.0 if c.case_id == best else 2.0 if c.case_id == other else np.nan,
+            }
+            for c in cases
+        ]
+        return pd.DataFrame(rows)
+
+    result = tune._result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0, summary(1.600))
+    low = next(a for a in result.arms if a.case_id == other)
+    note = result.training_note
+    assert note.startswith("The settings do not train alike: the recommended one's held-out loss ends at 1.600")
+    assert f"0.020 nats above the lowest ({low.label}, 1.580)" in note
+    assert f"reaches the target loss in 3 s of training, where {low.label} takes 2 s" in note
+    assert "compared step_ms alone" in note
+    js = result.to_json()
+    assert js["training_note"] == note and {a["case_id"]: a["heldout_loss"] for a in js["arms"]}[other] == 1.58
+    assert {a["case_id"]: a["time_to_target_s"] for a in js["arms"]}[best] == 3.0
+    assert all(a["time_to_target_s"] is None for a in js["arms"] if a["case_id"] not in (best, other))
+    cli._print_tune(result, "text")
+    out = " ".join(capsys.readouterr().out.split())
+    assert " ".join(note.split()) in out and "held-out loss" in out and "1.580" in out
+    store.write_tune(tmp_path, {"options": {"min_rounds": 3}, "history": race.history, "result": js})
+    page = Page("t")
+    recommendation.section(page, [SimpleNamespace(run_dir=tmp_path, record=SimpleNamespace(run_id="r"))])
+    shown = page.render()
+    assert html.escape(note) in shown and "held-out loss" in shown
+    # Level, or no workload evaluation: nothing to say.
+    level = tune._result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0, summary(1.584))
+    assert level.training_note is None
+    assert tune._result(stored(tmp_path, suite), cases, [race], Options(), 0.0, NO_EVAL).training_note is None
+    # No target known: the losses alone.
+    untargeted = tune._result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0, summary(1.6, None))
+    assert "target" not in untargeted.training_note and "1.580" in untargeted.training_note
 
 
 def test_the_margin_an_unresolved_race_shows_holds_at_its_confidence():
@@ -488,6 +550,8 @@ def test_a_planted_tune_eliminates_the_slow_arm_early_and_prints_its_json(tmp_pa
     vs = slow["eliminated_vs"]
     assert vs["leader"] == went["leader"] and [vs["ratio"], vs["lo"], vs["hi"]] == went["intervals"][slow["case_id"]]
     assert all(a["eliminated_vs"] is None for a in doc["arms"] if a["status"] != "eliminated")
+    # The mlp evaluates no held-out loss: no arm has one, and there is nothing to say of training.
+    assert doc["training_note"] is None and all(a["heldout_loss"] is None for a in doc["arms"])
     assert doc["recommended"]["params"]["slowdown_pct"] in (0, 1)
     assert doc["claim"].startswith(next(a["label"] for a in doc["arms"] if a["status"] == "recommended"))
     assert 0 < doc["timed_s"] < doc["grid_timed_s"]
@@ -600,7 +664,7 @@ def test_arms_of_two_worlds_are_raced_apart_and_their_winners_compared_unpaired(
         world = {c.case_id: (1.3 if c.world_size == 2 else 1.0) * (1.4 if c.slowdown_pct else 1.0) for c in g.cases}
         values = synthetic(world, 20, seed=i)
         races.append(run_race(Race(list(world), 20, Options(), comparisons=len(cases) - 1, world=i), values))
-    result = tune._result(stored(tmp_path, suite), cases, races, Options(), 0.0)
+    result = tune._result(stored(tmp_path, suite), cases, races, Options(), 0.0, NO_EVAL)
     by = {(a.params["world_size"], a.params["slowdown_pct"]): a for a in result.arms}
     assert by[(1, 0)].status == "recommended" and result.state == "recommended"
     assert by[(1, 40)].status == by[(2, 40)].status == "eliminated" and by[(1, 40)].eliminated_at == tune.MIN_ROUNDS

@@ -654,6 +654,9 @@ def _print_tune(result, fmt: str) -> None:
         for a in result.arms
     ]
     head = ("setting", "status", "rounds", "vs recommended", f"{result.confidence:.0%} interval (spent)", "decided")
+    if any(a.heldout_loss is not None for a in result.arms):  # a workload that evaluates: how far each trained
+        head += ("held-out loss",)
+        rows = [(*r, "—" if a.heldout_loss is None else f"{a.heldout_loss:.3f}") for r, a in zip(rows, result.arms)]
     cost = (
         f"wall {result.wall_s:.0f} s; timed steps {result.timed_s:.1f} s, "
         f"{result.timed_s / result.grid_timed_s:.0%} of the {result.grid_timed_s:.1f} s the whole grid would have timed"
@@ -668,13 +671,16 @@ def _print_tune(result, fmt: str) -> None:
             "(with this tune's own --set, --filter and launcher options): "
         )
     if fmt == "md":
-        lines = [f"**{result.claim}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines = [f"**{result.claim}**", *(["", result.training_note] if result.training_note else [])]
+        lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         lines += ["", cost, *([f"{then}`{result.next_step}`"] if result.next_step else [])]
         lines += ["", f"{TRACE_SAYS}`{result.trace_step}`"] if result.trace_step else []
         sys.stdout.write("\n".join([*lines, ""]) + "\n")
         return
     out.print(result.claim, markup=False, soft_wrap=True)
+    if result.training_note:
+        out.print(result.training_note, markup=False, soft_wrap=True)
     t = Table()
     for col in head:
         t.add_column(col)

@@ -44,8 +44,10 @@ from statistics import NormalDist
 from typing import Any, Callable, Iterable
 
 import numpy as np
+import pandas as pd
 
 from tpbench import lockstep, store, sweep
+from tpbench.analysis.convergence import LEVEL_NATS
 from tpbench.analysis.stats import (
     Ratio,
     blocked_ratios,
@@ -291,11 +293,17 @@ class Arm:
     # the interval that lay above 1 ({"leader", "ratio", "lo", "hi"}). The ratio to the recommended
     # arm above may still hold 1 where the leader then was another arm, or its rounds were fewer.
     eliminated_vs: dict[str, Any] | None = None
+    # Where the workload evaluates a held-out loss: where this setting's ends (the median over its
+    # rounds), and the training seconds it takes to reach the workload's target loss (None: not in
+    # every round it ran, or no target known). How far a step takes the model, which the race's
+    # metric does not count (``_training_note``).
+    heldout_loss: float | None = None
+    time_to_target_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         keep = (
             *("case_id", "label", "params", "status", "rounds", "ratio", "lo", "hi"),
-            *("eliminated_at", "retired_at", "eliminated_vs"),
+            *("eliminated_at", "retired_at", "eliminated_vs", "heldout_loss", "time_to_target_s"),
         )
         return {k: v for k, v in asdict(self).items() if k in keep}
 
@@ -318,6 +326,7 @@ class Result:
     history: list[dict[str, Any]] = field(default_factory=list)
     next_step: str | None = None  # unresolved: the command that would likely decide it (see _next_step)
     trace_step: str | None = None  # the sweep that traces the recommended arm and its closest rival (_trace_step)
+    training_note: str | None = None  # the settings do not train alike (_training_note)
 
     def to_json(self) -> dict[str, Any]:
         rec = self.recommended
@@ -337,6 +346,7 @@ class Result:
             "supported_epsilon": self.supported_epsilon,
             "next_step": self.next_step,
             "trace_step": self.trace_step,
+            "training_note": self.training_note,
         }
 
 
@@ -573,8 +583,8 @@ def race(
     finally:
         conductor.close()
         shutil.rmtree(sockets, ignore_errors=True)
-    sweep.finalize(run)
-    result = _result(run, cases, races, options, spent())
+    loaded = sweep.finalize(run)
+    result = _result(run, cases, races, options, spent(), loaded.summary)
     _save(run, _record(options, races, result.wall_s) | {"result": result.to_json()})
     return result
 
@@ -711,8 +721,11 @@ def _geomean(values: dict[int, float]) -> float:
     return float(np.exp(np.mean(np.log(list(values.values()))))) if values else math.inf
 
 
-def _result(run: store.Run, cases: list[Case], races: list[Race], options: Options, wall_s: float) -> Result:
-    """The recommendation across worlds, each arm's status and ratio to it, the claim and the cost."""
+def _result(
+    run: store.Run, cases: list[Case], races: list[Race], options: Options, wall_s: float, summary: pd.DataFrame
+) -> Result:
+    """The recommendation across worlds, each arm's status and ratio to it, the claim and the cost;
+    ``summary``: the finalized run's, for the held-out loss each arm ends at."""
     n_arms = len(cases)
     across = spent_confidence(options.confidence, 1, n_arms - 1)
     winners = [(r, r.leader()) for r in races if r.leader() is not None]
@@ -721,7 +734,7 @@ def _result(run: store.Run, cases: list[Case], races: list[Race], options: Optio
     ratios = _ratios_to_best(cases, races, best_race, best, across) if best is not None else {}
     if best is not None:
         status[best] = RECOMMENDED
-    arms = _arms(cases, races, status, ratios)
+    arms = _arms(cases, races, status, ratios, summary)
     order = {RECOMMENDED: 0, TIED: 1, UNRESOLVED: 2, ELIMINATED: 3, FAILED: 4}
     arms.sort(key=lambda x: (order[x.status], x.ratio if x.ratio is not None else math.inf))
     counts = {s: sum(x.status == s for x in arms) for s in order}
@@ -734,6 +747,7 @@ def _result(run: store.Run, cases: list[Case], races: list[Race], options: Optio
     history = [e for r in races for e in r.history]
     step = _next_step(run, races, rec, more, options, wall_s) if state == UNRESOLVED else None
     trace = _trace_step(run, arms)
+    note = _training_note(rec, arms, options.metric, _has_target(summary))
     return Result(
         run.dir,
         state,
@@ -751,6 +765,7 @@ def _result(run: store.Run, cases: list[Case], races: list[Race], options: Optio
         history,
         step,
         trace,
+        note,
     )
 
 
@@ -813,8 +828,11 @@ def _ratios_to_best(
     return ratios
 
 
-def _arms(cases: list[Case], races: list[Race], status: dict[str, str], ratios: dict[str, Ratio]) -> list[Arm]:
+def _arms(
+    cases: list[Case], races: list[Race], status: dict[str, str], ratios: dict[str, Ratio], summary: pd.DataFrame
+) -> list[Arm]:
     """Each arm as the result shows it, in the grid's order."""
+    convergence = summary.set_index("case_id") if "final_heldout_loss" in summary else None
     names = labels([cases])[0]
     swept = varying_keys(cases)
     world_of = {a: r.world for r in races for a in r.arms}
@@ -836,9 +854,68 @@ def _arms(cases: list[Case], races: list[Race], status: dict[str, str], ratios: 
                 home.eliminated.get(a),
                 home.retired.get(a, home.retired_then_out.get(a)),
                 _eliminated_vs(home, a),
+                *_converged(convergence, a),
             )
         )
     return arms
+
+
+def _converged(convergence: pd.DataFrame | None, arm: str) -> tuple[float | None, float | None]:
+    """The arm's final held-out loss and time to the target loss from the run's summary (None
+    where not measured: JSON has no NaN)."""
+    if convergence is None or arm not in convergence.index:
+        return None, None
+    row = convergence.loc[arm]
+    return tuple(None if pd.isna(row.get(k)) else float(row[k]) for k in ("final_heldout_loss", "time_to_target_s"))
+
+
+def _has_target(summary: pd.DataFrame) -> bool:
+    return "target_loss" in summary and bool(summary["target_loss"].notna().any())
+
+
+def _training_note(rec: Arm | None, arms: list[Arm], metric: str, target: bool) -> str | None:
+    """Said where the settings do not train alike (post-local SGD averaging now and then, a hook
+    that compresses gradients): the race compared the time of a step, which says nothing of how
+    far the step takes the model. When the recommended setting's held-out loss ends more than
+    ``LEVEL_NATS`` above the lowest one's, the faster steps may have bought a worse model, and the
+    claim alone would hide it: the note gives both losses and, where the workload knows its target
+    loss, the training time each took to reach it. Settings that compute the same update (DDP and
+    the ZeRO variants) end level and get no note."""
+    scored = [a for a in arms if a.heldout_loss is not None and a.status != FAILED]
+    if rec is None or rec.heldout_loss is None or len(scored) < 2:
+        return None
+    low = min(scored, key=lambda a: a.heldout_loss)
+    gap = rec.heldout_loss - low.heldout_loss
+    if gap <= LEVEL_NATS:
+        return None
+
+    said = (
+        f"The settings do not train alike: the recommended one's held-out loss ends at {rec.heldout_loss:.3f}, "
+        f"{gap:.3f} nats above the lowest ({low.label}, {low.heldout_loss:.3f})"
+    )
+    if target:
+        said += ", and " + _to_target(rec, scored)
+    return (
+        f"{said}. The race compared {metric} alone, which does not count how far a step takes the model: weigh "
+        "the two (the report's Convergence section has the curves)."
+    )
+
+
+def _to_target(rec: Arm, scored: list[Arm]) -> str:
+    """Which setting reaches the workload's target loss in the least training time, against the
+    recommended one: what a user who trains to a loss, not for a number of steps, would choose by."""
+    reached = [a for a in scored if a.time_to_target_s is not None]
+    if not reached:
+        return "none reaches the target loss in every round it ran"
+    soonest = min(reached, key=lambda a: a.time_to_target_s)
+    if soonest is rec:
+        return f"it reaches the target loss soonest of all ({rec.time_to_target_s:.3g} s of training)"
+    mine = (
+        "it does not reach the target loss in every round"
+        if rec.time_to_target_s is None
+        else f"it reaches the target loss in {rec.time_to_target_s:.3g} s of training"
+    )
+    return f"{mine}, where {soonest.label} takes {soonest.time_to_target_s:.3g} s"
 
 
 def _eliminated_vs(race: Race, arm: str) -> dict[str, Any] | None:

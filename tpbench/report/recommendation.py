@@ -26,6 +26,8 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
         if len(tuned) > 1:
             page.heading(f"run {run.record.run_id}", level=3)
         page.paragraph(result["claim"])
+        if result.get("training_note"):  # tune.json before it had none
+            page.paragraph(result["training_note"])
         if result.get("next_step"):  # tune.json before it had none
             rec = next(a for a in result["arms"] if a["status"] == "recommended")
             page.paragraph(
@@ -60,6 +62,7 @@ def _pct(v: float | None) -> str:
 
 
 def _table(result: dict) -> pd.DataFrame:
+    losses = any(a.get("heldout_loss") is not None for a in result["arms"])  # tune.json before it had none
     return pd.DataFrame(
         [
             {
@@ -71,10 +74,15 @@ def _table(result: dict) -> pd.DataFrame:
                 "eliminated after round": a["eliminated_at"],
                 "what eliminated it": verdict.eliminated_vs_text(a.get("eliminated_vs")),
                 "retired after round": a.get("retired_at"),
+                **({"held-out loss": _loss(a.get("heldout_loss"))} if losses else {}),
             }
             for a in result["arms"]
         ]
     )
+
+
+def _loss(v: float | None) -> str:
+    return "" if v is None else f"{v:.3f}"
 
 
 # The race chart's top: a setting half again as slow as the leader is plainly out, and drawing it
