@@ -431,6 +431,7 @@ def test_the_race_chart_zooms_on_the_ratios_near_1_on_a_log_axis():
     axis = fig.layout.yaxis
     low, high = (10**v for v in axis.range)
     assert axis.type == "log" and low <= 1 / 1.02**2 and 1.13 < high <= recommendation.RACE_TOP
+    assert fig.layout.xaxis.dtick == 1  # whole rounds: no tick at 2.5
     assert "run off the top" in fig.layout.title.text
     # Each setting its own colour, set here (plotly's own would give the cross and ring traces slots
     # too, and two settings one colour), in the table's order.

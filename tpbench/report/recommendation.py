@@ -73,7 +73,7 @@ def _table(result: dict) -> pd.DataFrame:
                 "interval": "" if a["lo"] is None else f"[{_pct(a['lo'])}, {_pct(a['hi'])}]",
                 "eliminated after round": a["eliminated_at"],
                 "what eliminated it": verdict.eliminated_vs_text(a.get("eliminated_vs")),
-                "retired after round": a.get("retired_at"),
+                "retired after round": "" if a.get("retired_at") is None else a["retired_at"],
                 **({"held-out loss": _loss(a.get("heldout_loss"))} if losses else {}),
             }
             for a in result["arms"]
@@ -161,7 +161,8 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
     off = f"<br><sup>settings more than {RACE_TOP:g}× the leader run off the top</sup>" if top > high else ""
     fig.update_layout(
         title=f"The race: ratio to the round's leader (×: eliminated; ○: retired, tied; shaded: the tie zone){off}",
-        xaxis_title="round",
+        # Rounds are whole: no tick at 2.5 in a short race, at most a dozen in a long one.
+        xaxis=dict(title="round", tick0=0, dtick=max(1, math.ceil(df["round"].max() / 12))),
         yaxis=dict(title="ratio to the leader (log scale)", type="log", range=[math.log10(low), math.log10(high)]),
         margin=MARGIN,
         # Below the plot, one row per two settings: eighteen names above it would run into the title.
