@@ -879,8 +879,9 @@ def _training_note(rec: Arm | None, arms: list[Arm], metric: str, target: bool) 
     far the step takes the model. When the recommended setting's held-out loss ends more than
     ``LEVEL_NATS`` above the lowest one's, the faster steps may have bought a worse model, and the
     claim alone would hide it: the note gives both losses and, where the workload knows its target
-    loss, the training time each took to reach it. Settings that compute the same update (DDP and
-    the ZeRO variants) end level and get no note."""
+    loss, the training time the recommended setting took to reach it against the setting that
+    reached it soonest. Settings that compute the same update (DDP and the ZeRO variants) end
+    level and get no note."""
     scored = [a for a in arms if a.heldout_loss is not None and a.status != FAILED]
     if rec is None or rec.heldout_loss is None or len(scored) < 2:
         return None
