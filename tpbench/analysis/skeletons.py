@@ -46,6 +46,11 @@ class TraceMarks:
     zero_steps: list[tuple[int, int, int, int]]  # (tid, start, end, bucket)
 
 
+def _rows(marks: pd.DataFrame, *columns: str) -> list[tuple]:
+    """``marks``' ``columns`` as sorted tuples: integers, but a collective's name."""
+    return sorted(zip(*(marks[c] if c == "collective" else marks[c].astype(int) for c in columns)))
+
+
 def marks_from_table(table: pd.DataFrame) -> list[TraceMarks]:
     """Each rank's marks from a ``timeline.Timeline.marks`` table (as the store keeps it)."""
     out = []
@@ -54,30 +59,9 @@ def marks_from_table(table: pd.DataFrame) -> list[TraceMarks]:
         out.append(
             TraceMarks(
                 int(rank),
-                sorted(
-                    zip(
-                        by["step"]["index"].astype(int),
-                        by["step"]["tid"].astype(int),
-                        by["step"]["start_ns"].astype(int),
-                        by["step"]["end_ns"].astype(int),
-                    )
-                ),
-                sorted(
-                    zip(
-                        by["issue"]["tid"].astype(int),
-                        by["issue"]["start_ns"].astype(int),
-                        by["issue"]["end_ns"].astype(int),
-                        by["issue"]["collective"],
-                    )
-                ),
-                sorted(
-                    zip(
-                        by["zero_step"]["tid"].astype(int),
-                        by["zero_step"]["start_ns"].astype(int),
-                        by["zero_step"]["end_ns"].astype(int),
-                        by["zero_step"]["index"].astype(int),
-                    )
-                ),
+                _rows(by["step"], "index", "tid", "start_ns", "end_ns"),
+                _rows(by["issue"], "tid", "start_ns", "end_ns", "collective"),
+                _rows(by["zero_step"], "tid", "start_ns", "end_ns", "index"),
             )
         )
     return out
