@@ -298,6 +298,25 @@ def test_interference_is_near_one_where_compute_runs_on_the_gpu():
     assert got.ops >= 5 and abs(got.factor - 1) < 0.05 and got.lo <= 1.0 <= got.hi + 0.01
 
 
+def test_a_gpu_run_is_refused_with_its_reason_and_nothing_is_written(tmp_path):
+    """A real H200 capture (2 Gloo ranks sharing the GPU, tables without traces): autograd's device
+    thread issued DDP's all-reduces and compute ran as CUDA kernels, which the replay of a training
+    thread does not describe. The what-if says so and projects nothing, rather than failing on
+    "no step with both communication time and bytes" (what it said before) or projecting a step
+    from the few collectives the training thread issued itself."""
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "runs" / "h200_gloo2_capture", run)
+    marks = store.read_case_table(run, next(iter(store.load(run).record.cases)), "marks")
+    steps, issues = marks[marks["kind"] == "step"], marks[marks["kind"] == "issue"]
+    assert not set(issues["tid"]) & set(steps["tid"])  # why: the issuing thread is not the step's
+    done = subprocess.run(
+        [sys.executable, "-m", "tpbench", "whatif", str(run)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 3
+    assert "ran on cuda" in done.stderr and "GPU runs are not projected" in done.stderr
+    assert not (run / "whatif.parquet").exists() and not (run / "whatif_validation.parquet").exists()
+
+
 def test_each_kind_of_collective_gets_its_own_bandwidth_and_waiting_is_not_counted():
     """One step, one rank least busy: a 4 MB all-reduce in flight 0–8 ms, a 4 MB broadcast posted at
     2 ms behind it that moves its data 8–9 ms. The broadcast is charged 1 ms (the time past the

@@ -44,6 +44,14 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
             f"{loaded.run_dir}: no case was traced ({what}), and the what-if replays traced steps; sweep the "
             "settings to project with traces, e.g. `tpbench sweep SUITE --filter ... --set capture.profiler_steps=3`"
         )
+    on_gpu = sorted(set(done["device"]) - {"cpu"})
+    if on_gpu:
+        raise ValueError(
+            f"{loaded.run_dir}: its cases ran on {', '.join(on_gpu)}, and the what-if replays CPU ranks: the "
+            "training thread's work between the collectives it issues and waits for. On a GPU, compute is CUDA "
+            "kernels queued ahead of the thread and autograd's device thread issues the collectives, which "
+            "that model does not describe; GPU runs are not projected"
+        )
     steps_by_case = dict(tuple(loaded.steps.groupby("case_id")))
     wires = link_wires(loaded, done)
     return whatif.run_whatif(done, steps_by_case, wires, case_models(loaded, done, wires), fabrics, reference)
