@@ -109,6 +109,18 @@ class Checks:
     def passed(self) -> bool:
         return all(r["ok"] for r in self.results)
 
+    def save(self, result: dict[str, Any], path: Path | None) -> None:
+        """``result`` with the checks so far, written to ``path`` after each piece of work: a part
+        killed at its time limit keeps what it finished."""
+        result |= {"checks": self.results, "passed": self.passed}
+        if path:
+            path.write_text(json.dumps(result, indent=1, default=str))
+
+    def exit_code(self) -> int:
+        """0 when every check passed, else 1; said on the last line."""
+        print("ALL PASSED" if self.passed else "SOME CHECKS FAILED")
+        return 0 if self.passed else 1
+
 
 def analyse_case(c: Checks, run_dir: Path, cid: str, entry: CaseRecord, summary: pd.DataFrame) -> dict[str, Any]:
     p = entry.params
@@ -229,12 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             runs[run_dir.name] = analyse_run(c, run_dir)
         except Exception as e:
             c.check(f"{run_dir}: analysis ran", False, f"{type(e).__name__}: {e}")
-    passed = c.passed
-    result = {"figures": headline(runs), "runs": runs, "checks": c.results, "passed": passed}
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1, default=str))
-    print("ALL PASSED" if passed else "SOME CHECKS FAILED")
-    return 0 if passed else 1
+    c.save({"figures": headline(runs), "runs": runs}, args.json)
+    return c.exit_code()
 
 
 if __name__ == "__main__":

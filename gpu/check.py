@@ -9,8 +9,12 @@ Started by ``gpu/gpu_check.sh`` (which installs the carried wheels first). The p
   their checks (kernels, memcpys, NVML rate, transport);
 - ``analysis``: ``gpu/analysis.py``, tpbench's own analysis of the traces and NCCL logs the
   capture sweeps produced, with the key figures;
+- ``whatif``: ``gpu/whatif.py``, ``tpbench whatif`` on those runs: projections from real GPU
+  traces, each inside its interval, and how communication slows GPU compute;
 - ``report``: ``tpbench report`` on those runs (needs plotly);
 - ``overhead``: ``benchmarks/bench_nvml_overhead.py``, the NVML sampler's cost on the timed steps;
+- ``tune``: ``gpu/tune.py``, ``tpbench tune`` on a planted NCCL race (known answer) and on the
+  ZeRO hooks over 2 Gloo ranks sharing the GPU, with the report's Recommendation;
 - ``models``: ``gpu/models.py``, GPT-2 small under every ZeRO variant (exact memory accounting
   against the allocator) and post-local SGD, ResNet and embedding models on 2 Gloo ranks.
 
@@ -19,7 +23,7 @@ within what is left of ``--budget-s``. ``gpu_check.json`` is rewritten after eve
 outer timeout still leaves the finished parts' results; ``artifacts.tar.gz`` (traces, NCCL logs,
 stored tables, the report; at most 15 MiB) is written last.
 
-Usage: python -m gpu.check --out DIR --work DIR [--budget-s 330] [--rehearse] [--parts a,b]
+Usage: python -m gpu.check --out DIR --work DIR [--budget-s 420] [--rehearse] [--parts a,b]
        python -m gpu.check --preflight --json FILE [--rehearse]
 """
 
@@ -189,6 +193,7 @@ def parts(args: argparse.Namespace, check: Check) -> list[Part]:
             130,
         ),
         Part("analysis", [py, "-m", "gpu.analysis", "--json", js("analysis")], 60, needs=("capture",)),
+        Part("whatif", [py, "-m", "gpu.whatif", "--json", js("whatif")], 45, needs=("capture",)),
         Part("report", [py, "-m", "tpbench", "report", "-o", str(work / "report.html")], 45, needs=("capture",)),
         Part(
             "overhead",
@@ -202,6 +207,7 @@ def parts(args: argparse.Namespace, check: Check) -> list[Part]:
             ],
             45,
         ),
+        Part("tune", [py, "-m", "gpu.tune", "--root", str(work / "tune"), "--json", js("tune"), *rehearse], 150),
         Part(
             "models", [py, "-m", "gpu.models", "--root", str(work / "models"), "--json", js("models"), *rehearse], 150
         ),
@@ -228,6 +234,16 @@ def figures(check: Check) -> dict[str, Any]:
         out["capture.failed_checks"] = [x["check"] for x in checks if not x["ok"]]
     if (a := p.get("analysis")) and a.result:
         out["analysis"] = a.result.get("figures", {})
+    if (w := p.get("whatif")) and w.result:
+        checks = w.result.get("checks", [])
+        out["whatif.checks_passed"] = f"{sum(x['ok'] for x in checks)}/{len(checks)}"
+        out["whatif.failed_checks"] = [x["check"] for x in checks if not x["ok"]]
+        out["whatif"] = {run: r.get("cases") or r.get("refused") for run, r in w.result.get("runs", {}).items()}
+    if (t := p.get("tune")) and t.result:
+        checks = t.result.get("checks", [])
+        out["tune.checks_passed"] = f"{sum(x['ok'] for x in checks)}/{len(checks)}"
+        out["tune.failed_checks"] = [x["check"] for x in checks if not x["ok"]]
+        out["tune"] = {k: t.result[k] for k in ("planted", "zero") if k in t.result}
     if (r := p.get("report")) and r.status == "ok":
         html = check.artifacts.get("report_path")
         out["report.seconds"] = r.seconds
@@ -269,7 +285,7 @@ def write_summary(out: Path, check: Check) -> None:
 
 def pack(out: Path, work: Path, runs: list[str]) -> dict[str, Any]:
     """The run artifacts worth a look elsewhere, most useful first, up to ARTIFACTS_MAX_BYTES."""
-    wanted: list[Path] = [work / "report.html"]
+    wanted: list[Path] = [work / "report.html", work / "tune" / "tune-report.html"]
     for run in map(Path, runs):
         wanted += [run / "run.json", run / "summary.parquet", *sorted((run / "logs").glob("*.log"))]
         for case in sorted((run / "cases").glob("*")):
@@ -333,7 +349,7 @@ def orchestrate(args: argparse.Namespace) -> int:
         else:
             argv = part.argv + (
                 ["--runs", *_runs_of(check)]
-                if part.name == "analysis"
+                if part.name in ("analysis", "whatif")
                 else _runs_of(check)
                 if part.name == "report"
                 else []
@@ -369,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="where gpu_check.json, the logs and artifacts.tar.gz go")
     ap.add_argument("--work", type=Path, help="scratch folder for run directories")
-    ap.add_argument("--budget-s", type=int, default=330)
+    ap.add_argument("--budget-s", type=int, default=420)
     ap.add_argument("--rehearse", action="store_true", help="run on CPU to test the check itself")
     ap.add_argument(
         "--parts",

@@ -6,7 +6,7 @@
 #
 # Installs the carried wheels into a scratch folder (pip --target; unzipping them if pip is missing),
 # then runs gpu/check.py (python -m gpu.check) with the machine's own python3 and torch: every part in its own
-# process and time limit, the whole within BUDGET_S seconds (default 330). $OUT receives
+# process and time limit, the whole within BUDGET_S seconds (default 420). $OUT receives
 # gpu_check.json (every figure and check), one log per part and artifacts.tar.gz (traces, NCCL logs,
 # tables, the HTML report). Exit 0 when every check passed, 1 when one failed, 2 without CUDA.
 # PARTS=models,capture runs only those parts.
@@ -30,4 +30,4 @@ else
   echo "gpu_check: no .whl/ folder (bash gpu/fetch_gpu_wheels.sh makes it); using the machine's packages only" >&2
 fi
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-exec "$PY" -m gpu.check --out "$OUT" --work "$WORK" --budget-s "${BUDGET_S:-330}" ${REHEARSE:+--rehearse} ${PARTS:+--parts "$PARTS"}
+exec "$PY" -m gpu.check --out "$OUT" --work "$WORK" --budget-s "${BUDGET_S:-420}" ${REHEARSE:+--rehearse} ${PARTS:+--parts "$PARTS"}

@@ -202,12 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             result["runs"][name] = {"run_dir": str(run_dir), "figures": check(c, run_dir)}
         except Exception as e:  # the other sweep still runs; the error is a failed check
             c.check(f"{name}: sweep and checks ran", False, f"{type(e).__name__}: {e}")
-        result["checks"] = c.results
-        result["passed"] = c.passed
-        if args.json:
-            args.json.write_text(json.dumps(result, indent=1, default=str))
-    print("ALL PASSED" if c.passed else "SOME CHECKS FAILED")
-    return 0 if c.passed else 1
+        c.save(result, args.json)
+    return c.exit_code()
 
 
 if __name__ == "__main__":
