@@ -315,6 +315,30 @@ def test_a_gpu_run_is_refused_with_its_reason_and_nothing_is_written(tmp_path):
     assert done.returncode == 3
     assert "ran on cuda" in done.stderr and "GPU runs are not projected" in done.stderr
     assert not (run / "whatif.parquet").exists() and not (run / "whatif_validation.parquet").exists()
+    # In a run that also has CPU cases, each GPU case alone is refused, for the same reason.
+    loaded = store.load(run)
+    model = whatif_run.case_models(loaded, loaded.cases, whatif_run.link_wires(loaded, loaded.cases))
+    with pytest.raises(whatif.NotModelled, match="it ran on cuda; .* GPU runs are not projected"):
+        model(loaded.cases.iloc[0].to_dict())
+
+
+def test_a_case_the_model_cannot_take_is_refused_alone(tmp_path):
+    """A world of one rank communicates nothing, so it has no link to fit: that case is refused with
+    the reason, and the 2-rank case of the same sweep is still projected (a scaling study sweeping
+    world_size used to get no projection at all, only that error)."""
+    loaded = sweep_in_process(tmp_path, tiny_suite("world_size = [1, 2]", profiler_steps=3))
+    result = whatif_run.run_whatif(loaded, whatif_run.load_fabrics())
+    size = {m.case_id: m.params["world_size"] for m in result.models}
+    assert sorted(size.values()) == [1, 2]
+    for m in result.models:
+        rows = result.projections[result.projections["case_id"] == m.case_id]
+        assert len(rows) == 4  # one per built-in fabric
+        if size[m.case_id] == 1:
+            assert m.skeletons == [] and "a world of one rank communicates nothing" in m.refused
+            assert rows["projected_ms"].isna().all() and (rows["measured_ms"] > 0).all()
+        else:  # modelled from its own traces (whether its fit then holds is the calibration's business)
+            assert len(m.skeletons) == 3 and all(sk.collectives for sk in m.skeletons)
+            assert m.refused is None or "communicates nothing" not in m.refused
 
 
 def test_each_kind_of_collective_gets_its_own_bandwidth_and_waiting_is_not_counted():

@@ -24,6 +24,13 @@ from tpbench.analysis.whatif import RunWhatIf
 from tpbench.interconnect import resolve, tbf_parameters
 from tpbench.record import CaseRecord
 
+# Why a case on a GPU is not projected (``case_models``; the whole run, where every case ran on one).
+ON_GPU = (
+    "the what-if replays CPU ranks: the training thread's work between the collectives it issues and waits for. "
+    "On a GPU, compute is CUDA kernels queued ahead of the thread and autograd's device thread issues the "
+    "collectives, which that model does not describe; GPU runs are not projected"
+)
+
 
 def load_fabrics(extra: Iterable[str | Path] = ()) -> dict[str, Fabric]:
     """The built-in fabrics, then each user file's (a user file may redefine a built-in)."""
@@ -44,14 +51,8 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
             f"{loaded.run_dir}: no case was traced ({what}), and the what-if replays traced steps; sweep the "
             "settings to project with traces, e.g. `tpbench sweep SUITE --filter ... --set capture.profiler_steps=3`"
         )
-    on_gpu = sorted(set(done["device"]) - {"cpu"})
-    if on_gpu:
-        raise ValueError(
-            f"{loaded.run_dir}: its cases ran on {', '.join(on_gpu)}, and the what-if replays CPU ranks: the "
-            "training thread's work between the collectives it issues and waits for. On a GPU, compute is CUDA "
-            "kernels queued ahead of the thread and autograd's device thread issues the collectives, which "
-            "that model does not describe; GPU runs are not projected"
-        )
+    if (done["device"] != "cpu").all():
+        raise ValueError(f"{loaded.run_dir}: its cases ran on {', '.join(sorted(set(done['device'])))}; {ON_GPU}")
     steps_by_case = dict(tuple(loaded.steps.groupby("case_id")))
     wires = link_wires(loaded, done)
     return whatif.run_whatif(done, steps_by_case, wires, case_models(loaded, done, wires), fabrics, reference)
@@ -92,13 +93,15 @@ def case_models(
 
     def model(row: Mapping[str, Any]) -> whatif.CaseModel:
         cid = row["case_id"]
+        if row["device"] != "cpu":
+            raise whatif.NotModelled(f"it ran on {row['device']}; {ON_GPU}")
         return whatif.case_model(
             cid,
             row,
             *(store.read_case_table(loaded.run_dir, cid, t) for t in ("intervals", "overlap", "marks")),
             steps_by_case[cid],
             whatif.chosen_interference(own[cid], pooled.get(_pool_key(row))) if cid in own else None,
-            comm_on_host=row["device"] == "cpu",
+            comm_on_host=True,
             wire=wires[row["interconnect"]],
             thread_speed=_thread_speed(loaded.record.cases.get(cid)),
         )

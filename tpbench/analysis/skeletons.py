@@ -35,6 +35,12 @@ from tpbench.analysis.replay import CollectiveSpec, Issue, Key, Op, StepSkeleton
 from tpbench.analysis.timeline import MARK_KINDS
 
 
+class NotModelled(ValueError):
+    """A case's traces cannot be made into a replayable model (its ranks disagree, a size is
+    missing, nothing was communicated): that case is refused with this reason, the run's other
+    cases are still modelled."""
+
+
 @dataclass
 class TraceMarks:
     """One rank's marks (``timeline.Timeline.marks``), as the skeleton walks them: step spans with
@@ -235,7 +241,7 @@ def skeletons(marks: Sequence[TraceMarks], intervals: pd.DataFrame) -> list[Step
         keys = [k for k, _ in colls[0]]
         for r, c in enumerate(colls):
             if sorted(k for k, _ in c) != sorted(keys):
-                raise ValueError(
+                raise NotModelled(
                     f"step {step}: rank {marks[r].rank} issued different collectives than rank {marks[0].rank}"
                 )
         sizes: dict[Key, float] = {}
@@ -245,7 +251,7 @@ def skeletons(marks: Sequence[TraceMarks], intervals: pd.DataFrame) -> list[Step
                     sizes[k] = max(sizes.get(k, 0.0), float(b))
         missing = [k for k in keys if k not in sizes]
         if missing:
-            raise ValueError(
+            raise NotModelled(
                 f"step {step}: no size recorded for collectives {missing[:3]}{'…' if len(missing) > 3 else ''}; "
                 "traces need the profiler's record_shapes=True"
             )

@@ -61,7 +61,7 @@ from scipy.stats import kendalltau
 from tpbench.analysis.bandwidth import busbw_factor
 from tpbench.analysis.overlap import covered_before, union
 from tpbench.analysis.replay import FREE, Fabric, StepSkeleton, fabric_cost, median_step_s, simulate, step_replays_s
-from tpbench.analysis.skeletons import marks_from_table, skeletons
+from tpbench.analysis.skeletons import NotModelled, marks_from_table, skeletons
 from tpbench.analysis.stats import BOOTSTRAP_SAMPLES, CONFIDENCE, bootstrap_ci, repeat_values
 
 # --------------------------------------------------------------------------- interference
@@ -191,7 +191,7 @@ def fit_host_path(
     Latency is folded into the bandwidth (α = 0): one case has too few message sizes to separate
     them, and that is enough to replay it and to serve as an emulated link's floor."""
     if overlap is None or overlap.empty:
-        raise ValueError("no per-step overlap table: the case has no traces")
+        raise NotModelled("no per-step overlap table: the case has no traces")
 
     def wire(sk: StepSkeleton, kind: str | None = None) -> float:
         return sum(c.nbytes * busbw_factor(c.key[0], c.group_size) for c in sk.collectives if kind in (None, c.key[0]))
@@ -204,7 +204,10 @@ def fit_host_path(
 
     overall = median_rate(overlap.groupby("step")["comm_ns"].min().to_dict())
     if overall is None:
-        raise ValueError("no step with both communication time and bytes")
+        raise NotModelled(
+            "no traced step moved bytes through a collective (a world of one rank communicates nothing): "
+            "there is no link to fit or to swap"
+        )
     by_kind: list[tuple[str, float]] = []
     if intervals is not None:
         comm = intervals[intervals["lane"] == "comm"]
@@ -783,17 +786,27 @@ def case_model(
     ``beside_comm`` (its interference: default its own matched ops' factor, ``interference``),
     ``comm_on_host``, ``wire`` and ``thread_speed`` as in ``calibrated``."""
     if intervals is None or marks is None:
-        raise ValueError(
+        raise NotModelled(
             f"case {case_id} has no analysed traces (profiler_steps = 0, or a run older than its marks table)"
         )
     skels = skeletons(marks_from_table(marks), intervals)
     if not skels:
-        raise ValueError(f"case {case_id}: no profiled step common to all ranks")
+        raise NotModelled(f"case {case_id}: no profiled step common to all ranks")
     reps = repeat_values(step_rows)["step_ms"].to_numpy()
     kappa = beside_comm or interference(interference_pairs(intervals))
     path = fit_host_path(skels, overlap, intervals)
     forward = forward_times(step_rows, marks)
     return calibrated(case_id, params, skels, path, reps, kappa, comm_on_host, wire, forward, thread_speed)
+
+
+def refused_model(case_id: str, params: Mapping[str, Any], step_rows: pd.DataFrame, reason: str) -> CaseModel:
+    """A case whose traces make no model (``NotModelled``): its measured step and the reason, no
+    skeletons, no projection. It takes the place of its model, so the run's other cases are still
+    projected and validated, and this one is listed as refused like any other."""
+    reps = repeat_values(step_rows)["step_ms"].to_numpy()
+    measured = float(np.median(reps))
+    fit = Fit(math.nan, math.nan, math.nan, measured, None, miss=math.nan)
+    return CaseModel(case_id, dict(params), [], FREE, fit, measured, bootstrap_ci(reps), reason, reps)
 
 
 PROJECTION_COLUMNS = (
@@ -1120,9 +1133,13 @@ def run_whatif(
     cache: dict[str, CaseModel] = {}
 
     def model_of(row: Mapping[str, Any]) -> CaseModel:
-        if row["case_id"] not in cache:
-            cache[row["case_id"]] = model(row)
-        return cache[row["case_id"]]
+        cid = row["case_id"]
+        if cid not in cache:
+            try:
+                cache[cid] = model(row)
+            except NotModelled as e:
+                cache[cid] = refused_model(cid, row, steps_by_case[cid], str(e))
+        return cache[cid]
 
     def target(row: Mapping[str, Any], host: Fabric | None, refused: str | None = None) -> Target:
         link = row["interconnect"]
