@@ -207,12 +207,16 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, replay.Fab
     wide.insert(0, f"measured on {result.reference}", first["measured_ms"])
     wide.insert(1, "compute critical path", first["compute_ms"])
     wide.insert(2, "compute beside comm (×, 95% CI)", [whatif_run.interference_text(r) for _, r in first.iterrows()])
-    wide.insert(3, "own traced steps replayed (median miss)", first["own_miss_pct"].map(lambda x: f"{x:+.1f}%"))
+    wide.insert(
+        3,
+        "own traced steps replayed (median miss)",
+        first["own_miss_pct"].map(lambda x: "" if pd.isna(x) else f"{x:+.1f}%"),
+    )
     wide["why refused"] = first["refused"].fillna("")
     page.heading("Projected step time (ms) per fabric, with its 95% interval: projections, not measurements", level=3)
     refused = int(first["refused"].notna().sum())
     if refused:
-        page.paragraph(f"{refused} of {len(first)} cases refused: their fit is too poor for a number.", css="warn")
+        page.paragraph(f"{refused} of {len(first)} cases refused; the last column says why.", css="warn")
     page.table(wide.reset_index())
     answer = whatif_run.answer_lines(result.projections, labels)
     if answer:
