@@ -347,6 +347,40 @@ def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_t
     assert "target" not in untargeted.training_note and "1.580" in untargeted.training_note
 
 
+def test_worlds_of_one_arm_run_the_minimum_rounds_and_the_note_compares_per_sample(tmp_path):
+    """Arms in different worlds (world_size = [1, 2]), one arm a world. Such a world used to end at
+    its first round, and its one value was set against the other world's one value as though they
+    made an interval: "the best of 2 settings, 95% confidence; 1 eliminated" on a value a side. Each
+    world now runs the minimum rounds, and the world winners are compared on their intervals; with
+    one round the most (``repeats = 1``) nothing is decided. batch_size is per rank, so the 2-rank
+    world takes twice the samples a step: the note gives the per-sample ratio beside the claim."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("world_size = [1, 2]", repeats=60))
+    cases = sorted(tune.prepare(suite).cases, key=lambda c: c.world_size)
+    values = synthetic({cases[0].case_id: 1.0, cases[1].case_id: 3.0}, 60, seed=3)
+
+    def races(max_rounds: int) -> list[Race]:
+        return [
+            run_race(Race([c.case_id], max_rounds, Options(), comparisons=1, world=w), {c.case_id: values[c.case_id]})
+            for w, c in enumerate(cases)
+        ]
+
+    raced = races(60)
+    assert [r.rounds for r in raced] == [3, 3] and {r.ended for r in raced} == {tune.ONE_LEFT}
+    result = tune._result(stored(tmp_path, suite), cases, raced, Options(), 0.0, NO_EVAL)
+    rec, other = (next(a for a in result.arms if a.case_id == c.case_id) for c in cases)
+    assert rec.status == tune.RECOMMENDED and other.status == tune.ELIMINATED and 1 < other.lo < other.ratio
+    assert result.claim.startswith(f"{rec.label}: the best of 2 settings")
+    note = result.training_note
+    assert "do not take the same samples a step" in note and "8 for the recommended one, 16 for others" in note
+    half = 0.5  # the recommended arm's 8 samples a step over the other's 16
+    assert f"{other.label} ×{other.ratio * half:.2f} [{other.lo * half:.2f}, {other.hi * half:.2f}]" in note
+    # One round a world: a value a side, no interval, no decision.
+    single = tune._result(stored(tmp_path, suite), cases, races(1), Options(), 0.0, NO_EVAL)
+    assert single.state == tune.UNRESOLVED
+    assert [a.status for a in single.arms if a.status != tune.RECOMMENDED] == [tune.UNRESOLVED]
+
+
 def test_the_margin_an_unresolved_race_shows_holds_at_its_confidence():
     """200 seeded races of arms 0, 3 and 5 % apart, 5 % noise, cut at 8 rounds (a 0.5 % margin, so
     they end unresolved): the leader is more than the supported margin slower than the true best in

@@ -214,7 +214,9 @@ class Race:
             for a in back:
                 del self.retired[a]
                 self.live.append(a)
-        if len(self.live) == 1:
+        # A world of one arm (or one left by failures) still runs the minimum rounds: its winner is
+        # compared with other worlds' unpaired, and one value a side makes no interval.
+        if len(self.live) == 1 and self.rounds >= self.min_rounds:
             self.ended = ALL_TIED if self.retired else ONE_LEFT
         elif self.rounds >= self.max_rounds:
             self.ended = MAX_ROUNDS
@@ -326,7 +328,8 @@ class Result:
     history: list[dict[str, Any]] = field(default_factory=list)
     next_step: str | None = None  # unresolved: the command that would likely decide it (see _next_step)
     trace_step: str | None = None  # the sweep that traces the recommended arm and its closest rival (_trace_step)
-    training_note: str | None = None  # the settings do not train alike (_training_note)
+    # The settings do not train alike: other samples a step (_work_note), a worse loss (_training_note).
+    training_note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         rec = self.recommended
@@ -747,7 +750,12 @@ def _result(
     history = [e for r in races for e in r.history]
     step = _next_step(run, races, rec, more, options, wall_s) if state == UNRESOLVED else None
     trace = _trace_step(run, arms)
-    note = _training_note(rec, arms, options.metric, _has_target(summary))
+    samples = {c.case_id: c.world_size * c.batch_size for c in cases}
+    notes = (
+        _work_note(rec, arms, samples, options.metric),
+        _training_note(rec, arms, options.metric, _has_target(summary)),
+    )
+    note = " ".join(n for n in notes if n) or None
     return Result(
         run.dir,
         state,
@@ -796,9 +804,11 @@ def _statuses(races: list[Race], best_race: Race | None, best: str | None, eps: 
             confidence=across,
         )
         # The world's arms left share its winner's outcome: they are tied with it (or undecided).
-        tied = decided and within_epsilon(w, eps)
+        # Without an interval (a value a side) nothing is decided.
+        known = w.method != "single"
+        tied = decided and known and within_epsilon(w, eps)
         for a in [*r.live, *r.retired]:
-            status[a] = ELIMINATED if w.lo > 1 else TIED if tied else UNRESOLVED
+            status[a] = ELIMINATED if known and w.lo > 1 else TIED if tied else UNRESOLVED
     return status
 
 
@@ -900,6 +910,29 @@ def _training_note(rec: Arm | None, arms: list[Arm], metric: str, target: bool) 
         f"{said}. The race compared {metric} alone, which does not count how far a step takes the model: weigh "
         "the two (the report's Convergence section has the curves)."
     )
+
+
+def _work_note(rec: Arm | None, arms: list[Arm], samples: dict[str, int], metric: str) -> str | None:
+    """Said where the settings do not take the same samples a step (``batch_size`` is per rank, so
+    a world of 2 ranks takes twice a world of 1's): the race ranked time per step, and a setting
+    slower per step may train faster per sample. Each such arm's ratio to the recommended one per
+    sample is its ratio per step times the recommended arm's samples over its own, interval and all."""
+    if rec is None or len({samples[a.case_id] for a in arms}) < 2:
+        return None
+    mine = samples[rec.case_id]
+    per_sample = [
+        f"{a.label} ×{a.ratio * f:.2f} [{a.lo * f:.2f}, {a.hi * f:.2f}]"
+        for a in arms
+        if a is not rec and a.ratio is not None and a.lo is not None and (f := mine / samples[a.case_id]) != 1
+    ]
+    said = (
+        f"The settings do not take the same samples a step (batch_size per rank × world_size: {mine} for the "
+        f"recommended one, {', '.join(str(n) for n in sorted(set(samples.values()) - {mine}))} for others), and "
+        f"the race compared time per step ({metric})."
+    )
+    if per_sample:
+        said += " Per sample, against the recommended one: " + "; ".join(per_sample) + "."
+    return said
 
 
 def _to_target(rec: Arm, scored: list[Arm]) -> str:
