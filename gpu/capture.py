@@ -27,6 +27,7 @@ import gzip
 import json
 import sys
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,27 @@ def run_suite(root: Path, name: str, text: str) -> Path:
     sweep.execute(run, prepared.cases, lambda kind, data: None)
     sweep.finalize(run)
     return run.dir
+
+
+def run_sweeps(
+    root: Path,
+    sweeps: Iterable[tuple[str, str, Callable[[Checks, Path], Any]]],
+    result: dict[str, Any],
+    out: Path | None,
+) -> int:
+    """Sweep each (name, suite text, check) in turn (``run_suite``) and check its run directory:
+    ``result["runs"][name]`` gets the run directory and the check's figures, saved to ``out`` after
+    each; a sweep that fails is a failed check and the next still runs. The exit code."""
+    c = Checks()
+    result["runs"] = {}
+    for name, text, check in sweeps:
+        try:
+            run_dir = run_suite(root, name, text)
+            result["runs"][name] = {"run_dir": str(run_dir), "figures": check(c, run_dir)}
+        except Exception as e:  # the other sweep still runs; the error is a failed check
+            c.check(f"{name}: sweep and checks ran", False, f"{type(e).__name__}: {e}")
+        c.save(result, out)
+    return c.exit_code()
 
 
 def _sweep(root: Path, backend: str, world_size: int, interconnect: str, interval_ms: int, rehearse: bool) -> Path:

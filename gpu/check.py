@@ -13,6 +13,8 @@ Started by ``gpu/gpu_check.sh`` (which installs the carried wheels first). The p
   traces, each inside its interval, and how communication slows GPU compute;
 - ``report``: ``tpbench report`` on those runs (needs plotly);
 - ``overhead``: ``benchmarks/bench_nvml_overhead.py``, the NVML sampler's cost on the timed steps;
+- ``comm_hooks``: ``gpu/comm_hooks.py``, fp16 and bf16 compression registered on DDP and wrapped
+  by the ZeRO hooks (NCCL ×1), and on 2 Gloo ranks with post-local SGD, bytes halved;
 - ``tune``: ``gpu/tune.py``, ``tpbench tune`` on a planted NCCL race (known answer) and on the
   ZeRO hooks over 2 Gloo ranks sharing the GPU, with the report's Recommendation;
 - ``models``: ``gpu/models.py``, GPT-2 small under every ZeRO variant (exact memory accounting
@@ -207,11 +209,23 @@ def parts(args: argparse.Namespace, check: Check) -> list[Part]:
             ],
             45,
         ),
+        Part(
+            "comm_hooks",
+            [py, "-m", "gpu.comm_hooks", "--root", str(work / "comm_hooks"), "--json", js("comm_hooks"), *rehearse],
+            90,
+        ),
         Part("tune", [py, "-m", "gpu.tune", "--root", str(work / "tune"), "--json", js("tune"), *rehearse], 150),
         Part(
             "models", [py, "-m", "gpu.models", "--root", str(work / "models"), "--json", js("models"), *rehearse], 150
         ),
     ]
+
+
+def _tally(out: dict[str, Any], part: str, result: dict[str, Any]) -> None:
+    """A part's checks as ``PART.checks_passed`` ("31/32") and ``PART.failed_checks`` (their names)."""
+    checks = result.get("checks", [])
+    out[f"{part}.checks_passed"] = f"{sum(x['ok'] for x in checks)}/{len(checks)}"
+    out[f"{part}.failed_checks"] = [x["check"] for x in checks if not x["ok"]]
 
 
 def figures(check: Check) -> dict[str, Any]:
@@ -229,29 +243,24 @@ def figures(check: Check) -> dict[str, Any]:
                 out[f"zero_hooks.{world}.{hook}.ratio_ci95"] = t["wall"]["ratio_ci95"]
                 out[f"zero_hooks.{world}.{hook}.step_ms"] = t["wall"]["median_step_ms"]
     if (c := p.get("capture")) and c.result:
-        checks = c.result.get("checks", [])
-        out["capture.checks_passed"] = f"{sum(x['ok'] for x in checks)}/{len(checks)}"
-        out["capture.failed_checks"] = [x["check"] for x in checks if not x["ok"]]
+        _tally(out, "capture", c.result)
     if (a := p.get("analysis")) and a.result:
         out["analysis"] = a.result.get("figures", {})
     if (w := p.get("whatif")) and w.result:
-        checks = w.result.get("checks", [])
-        out["whatif.checks_passed"] = f"{sum(x['ok'] for x in checks)}/{len(checks)}"
-        out["whatif.failed_checks"] = [x["check"] for x in checks if not x["ok"]]
+        _tally(out, "whatif", w.result)
         out["whatif"] = {run: r.get("cases") or r.get("refused") for run, r in w.result.get("runs", {}).items()}
+    if (h := p.get("comm_hooks")) and h.result:
+        _tally(out, "comm_hooks", h.result)
+        out["comm_hooks"] = {name: r.get("figures") for name, r in h.result.get("runs", {}).items()}
     if (t := p.get("tune")) and t.result:
-        checks = t.result.get("checks", [])
-        out["tune.checks_passed"] = f"{sum(x['ok'] for x in checks)}/{len(checks)}"
-        out["tune.failed_checks"] = [x["check"] for x in checks if not x["ok"]]
+        _tally(out, "tune", t.result)
         out["tune"] = {k: t.result[k] for k in ("planted", "zero") if k in t.result}
     if (r := p.get("report")) and r.status == "ok":
         html = check.artifacts.get("report_path")
         out["report.seconds"] = r.seconds
         out["report.bytes"] = Path(html).stat().st_size if html and Path(html).exists() else None
     if (m := p.get("models")) and m.result:
-        checks = m.result.get("checks", [])
-        out["models.checks_passed"] = f"{sum(x['ok'] for x in checks)}/{len(checks)}"
-        out["models.failed_checks"] = [x["check"] for x in checks if not x["ok"]]
+        _tally(out, "models", m.result)
         out["models"] = {name: r.get("figures") for name, r in m.result.get("runs", {}).items()}
     if (o := p.get("overhead")) and o.result:
         out["overhead"] = {

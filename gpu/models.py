@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from gpu.analysis import Checks
-from gpu.capture import run_suite
+from gpu.capture import run_sweeps
 
 GPT_SUITE = """
 [suite]
@@ -195,15 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             check_mixed,
         ),
     )
-    c = Checks()
-    for name, text, check in sweeps:
-        try:
-            run_dir = run_suite(root, name, text)
-            result["runs"][name] = {"run_dir": str(run_dir), "figures": check(c, run_dir)}
-        except Exception as e:  # the other sweep still runs; the error is a failed check
-            c.check(f"{name}: sweep and checks ran", False, f"{type(e).__name__}: {e}")
-        c.save(result, args.json)
-    return c.exit_code()
+    return run_sweeps(root, sweeps, result, args.json)
 
 
 if __name__ == "__main__":
