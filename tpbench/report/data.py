@@ -222,7 +222,7 @@ def context_text(row: dict[str, Any], keys: list[str]) -> str:
         elif k == "interconnect":
             parts.append(f"on {v}")
         elif k == "world_size":
-            parts.append(f"with {v} ranks")
+            parts.append(f"with {v} rank{'' if v == 1 else 's'}")
         else:
             parts.append(f"{k}={v}")
     return _join(parts)
