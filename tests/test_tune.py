@@ -375,6 +375,13 @@ def test_worlds_of_one_arm_run_the_minimum_rounds_and_the_note_compares_per_samp
     assert "do not take the same samples a step" in note and "8 for the recommended one, 16 for others" in note
     half = 0.5  # the recommended arm's 8 samples a step over the other's 16
     assert f"{other.label} ×{other.ratio * half:.2f} [{other.lo * half:.2f}, {other.hi * half:.2f}]" in note
+    # The report: no round held two settings, so no race chart (it used to fail on the empty history).
+    store.write_tune(tmp_path, {"options": {"min_rounds": 3}, "history": raced[0].history, "result": result.to_json()})
+    page = Page("t")
+    recommendation.section(page, [SimpleNamespace(run_dir=tmp_path, record=SimpleNamespace(run_id="r"))])
+    shown = page.render()
+    assert html.escape(note) in shown and "No race chart: no world held two of these settings" in shown
+    assert "<td>None</td>" not in shown and "from another world: unpaired" in shown
     # One round a world: a value a side, no interval, no decision.
     single = tune._result(stored(tmp_path, suite), cases, races(1), Options(), 0.0, NO_EVAL)
     assert single.state == tune.UNRESOLVED

@@ -54,7 +54,14 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
         )
         page.table(_table(result))
         names = {a["case_id"]: a["label"] for a in result["arms"]}
-        page.figure(_race_figure(saved["history"], names, result["epsilon"]))
+        if any(e.get("intervals") for e in saved["history"]):
+            page.figure(_race_figure(saved["history"], names, result["epsilon"]))
+        else:
+            page.paragraph(
+                "No race chart: no world held two of these settings, so no round set one beside another; the "
+                "settings were compared across worlds, unpaired (the table).",
+                css="muted",
+            )
 
 
 def _pct(v: float | None) -> str:
@@ -71,14 +78,22 @@ def _table(result: dict) -> pd.DataFrame:
                 "rounds": a["rounds"],
                 "vs recommended": _pct(a["ratio"]),
                 "interval": "" if a["lo"] is None else f"[{_pct(a['lo'])}, {_pct(a['hi'])}]",
-                "eliminated after round": a["eliminated_at"],
-                "what eliminated it": verdict.eliminated_vs_text(a.get("eliminated_vs")),
+                "eliminated after round": "" if a["eliminated_at"] is None else a["eliminated_at"],
+                "what eliminated it": _what_eliminated(a),
                 "retired after round": "" if a.get("retired_at") is None else a["retired_at"],
                 **({"held-out loss": _loss(a.get("heldout_loss"))} if losses else {}),
             }
             for a in result["arms"]
         ]
     )
+
+
+def _what_eliminated(arm: dict) -> str:
+    """The round's leader and interval that eliminated it in its world's race; an arm whose world's
+    winner was out against the recommended arm's world went at the end, on the unpaired interval."""
+    if arm["status"] == "eliminated" and arm["eliminated_at"] is None:
+        return "the recommended setting, from another world: unpaired, on the interval beside it"
+    return verdict.eliminated_vs_text(arm.get("eliminated_vs"))
 
 
 def _loss(v: float | None) -> str:
