@@ -163,7 +163,9 @@ def _environment(page: Page, data: ReportData) -> None:
     cols = {}
     for r in data.runs:
         env = r.environment
-        cols[data.tags[r.record.run_id]] = [env.get(k) for k in ENVIRONMENT_KEYS] + [commit_text(env)]
+        # What this machine has not (no CUDA, no GPU on a CPU build) is "none", not Python's None.
+        values = [env.get(k) for k in ENVIRONMENT_KEYS]
+        cols[data.tags[r.record.run_id]] = ["none" if v is None else v for v in values] + [commit_text(env)]
     table = pd.DataFrame(cols, index=[*ENVIRONMENT_KEYS, "git commit"]).reset_index(names="")
     if data.multi:
         values = table.drop(columns="").astype(str)
