@@ -278,6 +278,7 @@ def test_runs_differing_only_in_repeats_match_case_by_case_in_compare_and_report
     assert sorted(data.cases["label"]) == ["ddp", "ddp", "zero_no_overlap", "zero_no_overlap"]
     html = build_report(data.runs)
     assert "over 2 common case(s): 1 regression, 1 pass" in html
+    assert "<td>none</td>" in html and "<td>None</td>" not in html  # no CUDA here: said, not Python's None
     (line,) = verdicts.across_runs_lines(data, [engine])
     assert "; the intervals resolve ±" in line and re.search(
         r"\(regression: slower, beyond the ±5% threshold; resolves ±\d+(\.\d)?%\)\.$", line
