@@ -2,12 +2,13 @@
 
     python -m gpu.whatif --runs RUN_DIR [RUN_DIR ...] [--json FILE]
 
-``python -m tpbench whatif RUN --format json`` runs on each run as a user runs it. The what-if
-replays CPU ranks (the training thread's work between its collectives); on a GPU, compute is CUDA
-kernels queued ahead of the thread and autograd's device thread issues the collectives, so a GPU
-run must be refused, with that reason, and nothing projected (exit 3). A CPU run (``--rehearse``)
-is checked for what must hold on any machine: every projection refused with a reason or inside
-its own interval and no faster than its own compute, every interference factor inside its interval.
+``python -m tpbench whatif RUN --format json`` runs on each run as a user runs it. The what-if replays CPU ranks (the
+training thread's work between its collectives); on a GPU, compute is CUDA kernels queued ahead of the thread and
+autograd's device thread issues the collectives, so a GPU run must be refused, with that reason, and nothing projected
+(exit 3); each of its cases' interference factor is still measured on its tables (compute beside Gloo's collectives over
+compute alone, as the what-if defines it). A CPU run (``--rehearse``) is checked for what must hold on any machine:
+every projection refused with a reason or inside its own interval and no faster than its own compute, every interference
+factor inside its interval.
 
 Exit 0 when every check passes, 1 when one fails.
 """
@@ -23,6 +24,7 @@ from typing import Any
 
 from gpu.analysis import Checks
 from tpbench import store
+from tpbench.analysis import whatif
 
 REFUSED = 3  # tpbench whatif's exit code for a run it cannot model
 CASE_KEYS = (
@@ -42,6 +44,18 @@ def _rounded(x: Any) -> Any:
     return round(x, 4) if isinstance(x, float) else x
 
 
+def _interference(run_dir: Path) -> dict[str, str]:
+    """Each case's interference factor from its own traced ops (``whatif.interference``), measured
+    on the stored tables though nothing is projected: near 1 where compute runs on the GPU and Gloo
+    communicates on CPU threads."""
+    out = {}
+    for cid, entry in store.load(run_dir).record.cases.items():
+        intervals = store.read_case_table(run_dir, cid, "intervals")
+        if intervals is not None:
+            out[entry.params["algorithm"]] = whatif.interference(whatif.interference_pairs(intervals)).describe()
+    return out
+
+
 def check_run(c: Checks, run_dir: Path) -> dict[str, Any]:
     name = run_dir.parent.name
     devices = sorted(set(store.load(run_dir).cases["device"]))
@@ -54,9 +68,12 @@ def check_run(c: Checks, run_dir: Path) -> dict[str, Any]:
             proc.returncode == REFUSED and "GPU runs are not projected" in proc.stderr,
             f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}",
         )
-        return {"exit_code": proc.returncode, "devices": devices, "refused": proc.stderr.strip()[-600:]}
-    if proc.returncode == REFUSED and "no step with both communication" in proc.stderr:
-        return {"exit_code": proc.returncode, "refused": proc.stderr.strip()[-300:]}  # a lone rank: nothing to model
+        return {
+            "exit_code": proc.returncode,
+            "devices": devices,
+            "refused": proc.stderr.strip()[-600:],
+            "interference": _interference(run_dir),
+        }
     if not c.check(f"{name}: tpbench whatif ran", proc.returncode == 0, proc.stderr[-300:]):
         return {"exit_code": proc.returncode}
     answer = json.loads(proc.stdout)
