@@ -9,8 +9,8 @@ Started by ``gpu/gpu_check.sh`` (which installs the carried wheels first). The p
   their checks (kernels, memcpys, NVML rate, transport);
 - ``analysis``: ``gpu/analysis.py``, tpbench's own analysis of the traces and NCCL logs the
   capture sweeps produced, with the key figures;
-- ``whatif``: ``gpu/whatif.py``, ``tpbench whatif`` on those runs: projections from real GPU
-  traces, each inside its interval, and how communication slows GPU compute;
+- ``whatif``: ``gpu/whatif.py``, ``tpbench whatif`` on those runs: a GPU run refused with its
+  reason, and each case's interference factor (how communication slows GPU compute);
 - ``report``: ``tpbench report`` on those runs (needs plotly);
 - ``overhead``: ``benchmarks/bench_nvml_overhead.py``, the NVML sampler's cost on the timed steps;
 - ``comm_hooks``: ``gpu/comm_hooks.py``, fp16 and bf16 compression registered on DDP and wrapped
@@ -248,7 +248,10 @@ def figures(check: Check) -> dict[str, Any]:
         out["analysis"] = a.result.get("figures", {})
     if (w := p.get("whatif")) and w.result:
         _tally(out, "whatif", w.result)
-        out["whatif"] = {run: r.get("cases") or r.get("refused") for run, r in w.result.get("runs", {}).items()}
+        runs = w.result.get("runs", {})
+        out["whatif"] = {
+            run: r.get("cases") or {k: r.get(k) for k in ("refused", "interference")} for run, r in runs.items()
+        }
     if (h := p.get("comm_hooks")) and h.result:
         _tally(out, "comm_hooks", h.result)
         out["comm_hooks"] = {name: r.get("figures") for name, r in h.result.get("runs", {}).items()}
