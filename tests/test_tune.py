@@ -354,6 +354,8 @@ def test_worlds_of_one_arm_run_the_minimum_rounds_and_the_note_compares_per_samp
     world now runs the minimum rounds, and the world winners are compared on their intervals; with
     one round the most (``repeats = 1``) nothing is decided. batch_size is per rank, so the 2-rank
     world takes twice the samples a step: the note gives the per-sample ratio beside the claim."""
+    from tpbench import cli
+
     suite = tmp_path / "s.toml"
     suite.write_text(tiny_suite("world_size = [1, 2]", repeats=60))
     cases = sorted(tune.prepare(suite).cases, key=lambda c: c.world_size)
@@ -382,6 +384,7 @@ def test_worlds_of_one_arm_run_the_minimum_rounds_and_the_note_compares_per_samp
     shown = page.render()
     assert html.escape(note) in shown and "No race chart: no world held two of these settings" in shown
     assert "<td>None</td>" not in shown and "from another world: unpaired" in shown
+    assert cli._decided(other) == "eliminated at the end, from another world (unpaired: the interval beside it)"
     # One round a world: a value a side, no interval, no decision.
     single = tune._result(stored(tmp_path, suite), cases, races(1), Options(), 0.0, NO_EVAL)
     assert single.state == tune.UNRESOLVED

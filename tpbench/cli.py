@@ -628,6 +628,8 @@ def _decided(arm) -> str:
     if arm.eliminated_at is not None:
         why = verdict.eliminated_vs_text(arm.eliminated_vs)
         said.append(f"eliminated after round {arm.eliminated_at}" + (f" ({why})" if why else ""))
+    elif arm.status == "eliminated":  # its world's winner against the recommended arm's world, at the end
+        said.append("eliminated at the end, from another world (unpaired: the interval beside it)")
     return ", ".join(said)
 
 
