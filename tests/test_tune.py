@@ -385,10 +385,46 @@ def test_worlds_of_one_arm_run_the_minimum_rounds_and_the_note_compares_per_samp
     assert html.escape(note) in shown and "No race chart: no world held two of these settings" in shown
     assert "<td>None</td>" not in shown and "from another world: unpaired" in shown
     assert cli._decided(other) == "eliminated at the end, from another world (unpaired: the interval beside it)"
+    assert result.worlds == [f"{a.label}: the only setting in its world" for a in (rec, other)]
     # One round a world: a value a side, no interval, no decision.
     single = tune._result(stored(tmp_path, suite), cases, races(1), Options(), 0.0, NO_EVAL)
     assert single.state == tune.UNRESOLVED
     assert [a.status for a in single.arms if a.status != tune.RECOMMENDED] == [tune.UNRESOLVED]
+
+
+def test_arms_across_worlds_get_each_worlds_own_answer(tmp_path, capsys):
+    """Two links, two settings on each (what a suite sweeping interconnect races): the claim across
+    worlds names the faster link's best setting, which says mostly that the link is faster; each
+    world's own race says which setting to use on that link, and the tune says so per world (text,
+    JSON, the report)."""
+    from tpbench import cli
+
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("world_size = [1, 2]\nslowdown_pct = [0, 40]", repeats=30))
+    cases = tune.prepare(suite).cases
+    values = synthetic({c.case_id: c.world_size * (1 + c.slowdown_pct / 100) for c in cases}, 30, noise=0.02, seed=4)
+    races = []
+    for w, size in enumerate((1, 2)):
+        arms = [c.case_id for c in cases if c.world_size == size]
+        races.append(run_race(Race(arms, 30, Options(), comparisons=3, world=w), values))
+    result = tune._result(stored(tmp_path, suite), cases, races, Options(), 0.0, NO_EVAL)
+    label = {a.case_id: a.label for a in result.arms}
+    best = {c.world_size: label[c.case_id] for c in cases if c.slowdown_pct == 0}
+    assert result.worlds == [
+        f"{best[1]}: the best of 2 in its world; 1 eliminated",
+        f"{best[2]}: the best of 2 in its world; 1 eliminated",
+    ]
+    assert result.to_json()["worlds"] == result.worlds
+    cli._print_tune(result, "text")
+    out = capsys.readouterr().out
+    assert "Within each world (its own race, on the same intervals):" in out and best[2] in out
+    store.write_tune(tmp_path, {"options": {"min_rounds": 3}, "history": races[0].history, "result": result.to_json()})
+    page = Page("t")
+    recommendation.section(page, [SimpleNamespace(run_dir=tmp_path, record=SimpleNamespace(run_id="r"))])
+    assert html.escape(result.worlds[1]) in page.render()
+    # One world: the claim is the world's answer, nothing more to say.
+    alone = [c for c in cases if c.world_size == 1]
+    assert tune._result(stored(tmp_path, suite), alone, races[:1], Options(), 0.0, NO_EVAL).worlds == []
 
 
 def test_the_margin_an_unresolved_race_shows_holds_at_its_confidence():

@@ -330,6 +330,7 @@ class Result:
     trace_step: str | None = None  # the sweep that traces the recommended arm and its closest rival (_trace_step)
     # The settings do not train alike: other samples a step (_work_note), a worse loss (_training_note).
     training_note: str | None = None
+    worlds: list[str] = field(default_factory=list)  # each world's own answer, where the arms span worlds
 
     def to_json(self) -> dict[str, Any]:
         rec = self.recommended
@@ -350,6 +351,7 @@ class Result:
             "next_step": self.next_step,
             "trace_step": self.trace_step,
             "training_note": self.training_note,
+            "worlds": self.worlds,
         }
 
 
@@ -774,7 +776,33 @@ def _result(
         step,
         trace,
         note,
+        _world_lines(races, {a.case_id: a.label for a in arms}, options.epsilon),
     )
+
+
+def _world_lines(races: list[Race], names: dict[str, str], epsilon: float) -> list[str]:
+    """Each world's own answer, where the arms span worlds (another link, world size or backend):
+    the claim across worlds sets a setting against another machine's and mostly says which link or
+    world is faster, while a world's race says which setting to use on it, on the same intervals
+    (paired by round, at the confidence spent over every arm of the tune)."""
+    if len(races) < 2:
+        return []
+    lines = []
+    for r in races:
+        leader = r.leader()
+        if leader is None:
+            continue
+        n, out = len(r.arms) - len(r.failed), len(r.eliminated)
+        if n == 1:
+            said = "the only setting in its world"
+        elif r.ended == ONE_LEFT:
+            said = f"the best of {n} in its world"
+        elif r.ended == ALL_TIED:
+            said = f"within {epsilon:.0%} of the best of {n} in its world, tied with {len(r.retired)}"
+        else:
+            said = f"the best guess of {n} in its world, unresolved"
+        lines.append(f"{names[leader]}: {said}" + (f"; {out} eliminated" if out else ""))
+    return lines
 
 
 def _statuses(races: list[Race], best_race: Race | None, best: str | None, eps: float, across: float) -> dict[str, str]:

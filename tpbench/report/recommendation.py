@@ -28,6 +28,9 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
         page.paragraph(result["claim"])
         if result.get("training_note"):  # tune.json before it had none
             page.paragraph(result["training_note"])
+        if result.get("worlds"):  # tune.json before it had none, or one world
+            page.paragraph("Within each world (its own race, on the same intervals):")
+            page.bullets(result["worlds"])
         if result.get("next_step"):  # tune.json before it had none
             rec = next(a for a in result["arms"] if a["status"] == "recommended")
             page.paragraph(
