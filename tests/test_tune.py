@@ -383,8 +383,11 @@ def test_worlds_of_one_arm_run_the_minimum_rounds_and_the_note_compares_per_samp
     recommendation.section(page, [SimpleNamespace(run_dir=tmp_path, record=SimpleNamespace(run_id="r"))])
     shown = page.render()
     assert html.escape(note) in shown and "No race chart: no world held two of these settings" in shown
-    assert "<td>None</td>" not in shown and "from another world: unpaired" in shown
-    assert cli._decided(other) == "eliminated at the end, from another world (unpaired: the interval beside it)"
+    assert "<td>None</td>" not in shown and "the recommended setting's world, at the end, unpaired" in shown
+    assert (
+        cli._decided(other)
+        == "eliminated by the recommended setting's world, at the end, unpaired (the interval beside it)"
+    )
     assert result.worlds == [f"{a.label}: the only setting in its world" for a in (rec, other)]
     # One round a world: a value a side, no interval, no decision.
     single = tune._result(stored(tmp_path, suite), cases, races(1), Options(), 0.0, NO_EVAL)

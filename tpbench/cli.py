@@ -625,11 +625,11 @@ def _decided(arm) -> str:
     from tpbench import verdict
 
     said = [] if arm.retired_at is None else [f"retired after round {arm.retired_at}"]
+    why = verdict.what_eliminated(arm.status, arm.eliminated_vs)
     if arm.eliminated_at is not None:
-        why = verdict.eliminated_vs_text(arm.eliminated_vs)
         said.append(f"eliminated after round {arm.eliminated_at}" + (f" ({why})" if why else ""))
-    elif arm.status == "eliminated":  # its world's winner against the recommended arm's world, at the end
-        said.append("eliminated at the end, from another world (unpaired: the interval beside it)")
+    elif why:
+        said.append(f"eliminated by {why}")
     return ", ".join(said)
 
 

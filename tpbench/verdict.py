@@ -114,6 +114,20 @@ def of(
     return Verdict(call, direction, clause, numbers)
 
 
+# What eliminated a tune arm that no round of its own world did: its world's winner, set against the
+# recommended arm's world after the races, on the unpaired interval (``tune._statuses``).
+ACROSS_WORLDS = "the recommended setting's world, at the end, unpaired (the interval beside it)"
+
+
+def what_eliminated(status: str, vs: Mapping[str, Any] | None) -> str:
+    """What eliminated a tune arm, as the terminal's table and the report say it: the interval against
+    that round's leader (``eliminated_vs_text``), or ``ACROSS_WORLDS`` for an arm eliminated with no
+    such round; nothing for an arm not eliminated."""
+    if status == "eliminated" and not vs:
+        return ACROSS_WORLDS
+    return eliminated_vs_text(vs)
+
+
 def eliminated_vs_text(vs: Mapping[str, Any] | None) -> str:
     """A tune arm's ``eliminated_vs`` (``tune.Arm``: the interval that eliminated it) as the terminal's
     table and the report say it, "+9.1% [+0.4%, +18.6%] vs that round's leader"; nothing where the

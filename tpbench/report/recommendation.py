@@ -82,21 +82,13 @@ def _table(result: dict) -> pd.DataFrame:
                 "vs recommended": _pct(a["ratio"]),
                 "interval": "" if a["lo"] is None else f"[{_pct(a['lo'])}, {_pct(a['hi'])}]",
                 "eliminated after round": "" if a["eliminated_at"] is None else a["eliminated_at"],
-                "what eliminated it": _what_eliminated(a),
+                "what eliminated it": verdict.what_eliminated(a["status"], a.get("eliminated_vs")),
                 "retired after round": "" if a.get("retired_at") is None else a["retired_at"],
                 **({"held-out loss": _loss(a.get("heldout_loss"))} if losses else {}),
             }
             for a in result["arms"]
         ]
     )
-
-
-def _what_eliminated(arm: dict) -> str:
-    """The round's leader and interval that eliminated it in its world's race; an arm whose world's
-    winner was out against the recommended arm's world went at the end, on the unpaired interval."""
-    if arm["status"] == "eliminated" and arm["eliminated_at"] is None:
-        return "the recommended setting, from another world: unpaired, on the interval beside it"
-    return verdict.eliminated_vs_text(arm.get("eliminated_vs"))
 
 
 def _loss(v: float | None) -> str:
