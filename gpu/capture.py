@@ -94,15 +94,16 @@ def run_sweeps(
     for name, text, check in sweeps:
         try:
             run_dir = run_suite(root, name, text)
-            result["runs"][name] = {"run_dir": str(run_dir), "figures": check(c, run_dir)}
+            result["runs"][name] = {"run_dir": str(run_dir)}  # kept should its check fail: later parts read it
+            result["runs"][name]["figures"] = check(c, run_dir)
         except Exception as e:  # the other sweep still runs; the error is a failed check
             c.check(f"{name}: sweep and checks ran", False, f"{type(e).__name__}: {e}")
         c.save(result, out)
     return c.exit_code()
 
 
-def _sweep(root: Path, backend: str, world_size: int, interconnect: str, interval_ms: int, rehearse: bool) -> Path:
-    text = SUITE.format(
+def _suite(backend: str, world_size: int, interconnect: str, interval_ms: int, rehearse: bool) -> str:
+    return SUITE.format(
         backend=backend,
         world_size=world_size,
         interconnect=interconnect,
@@ -110,7 +111,6 @@ def _sweep(root: Path, backend: str, world_size: int, interconnect: str, interva
         device="cpu" if rehearse else "cuda",
         **(REHEARSAL_SIZES if rehearse else SIZES),
     )
-    return run_suite(root, f"gpu-capture-{backend}{world_size}", text)
 
 
 def _check_trace(c: Checks, label: str, path: Path, rank: int) -> tuple[float, float]:
@@ -230,20 +230,17 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps(result | {"error": msg}, indent=1))
         return 2
     result["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    c = Checks()
     root = args.root or Path(tempfile.mkdtemp(prefix="tpbench-gpu-capture-"))
     root.mkdir(parents=True, exist_ok=True)
-    result["runs"] = {}
-    for backend, world_size, interconnect in REHEARSAL_WORLDS if args.rehearse else WORLDS:
-        name = f"{backend}x{world_size}"
-        try:
-            run_dir = _sweep(root, backend, world_size, interconnect, args.interval_ms, args.rehearse)
-            result["runs"][name] = {"run_dir": str(run_dir)}
-            result["runs"][name] = check_run(c, run_dir, args.interval_ms)
-        except Exception as e:  # the other sweep still runs; the error is a failed check
-            c.check(f"{name}: sweep and checks ran", False, f"{type(e).__name__}: {e}")
-        c.save(result, args.json)
-    return c.exit_code()
+    sweeps = [
+        (
+            f"gpu-capture-{backend}{world_size}",
+            _suite(backend, world_size, interconnect, args.interval_ms, args.rehearse),
+            lambda c, run_dir: check_run(c, run_dir, args.interval_ms),
+        )
+        for backend, world_size, interconnect in (REHEARSAL_WORLDS if args.rehearse else WORLDS)
+    ]
+    return run_sweeps(root, sweeps, result, args.json)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -109,6 +109,22 @@ def _arms(result: dict[str, Any], key: str) -> dict[Any, dict[str, Any]]:
     return {a["params"].get(key): a for a in result.get("arms", [])}
 
 
+def _figures(tuned: dict[str, Any], key: str, name: Callable[[Any], str] = str) -> dict[str, Any]:
+    """A tune's figures: its claim, exit code, wall time, cost share, and each arm (by its ``key``
+    value, shown by ``name``) with its status, rounds and ratio interval."""
+    r = tuned["result"]
+    timed, grid = r.get("timed_s") or 0, r.get("grid_timed_s") or 0
+    return {
+        "claim": r.get("claim"),
+        "exit_code": tuned["exit_code"],
+        "wall_s": tuned["wall_s"],
+        "cost_share": round(timed / grid, 3) if grid else None,
+        "arms": {
+            name(v): {k: a.get(k) for k in ("status", "rounds", "ratio", "lo", "hi")} for v, a in _arms(r, key).items()
+        },
+    }
+
+
 def check_common(c: Checks, label: str, tuned: dict[str, Any]) -> None:
     """What every tune's JSON must say, whatever it decided."""
     r = tuned["result"]
@@ -149,15 +165,7 @@ def check_planted(c: Checks, tuned: dict[str, Any], root: Path) -> dict[str, Any
     )
     timed, grid = r.get("timed_s") or 0, r.get("grid_timed_s") or 0
     c.check("planted: timed no more than the grid", 0 < timed <= grid, f"{timed:.2f} of {grid:.2f} s")
-    return {
-        "claim": r.get("claim"),
-        "exit_code": tuned["exit_code"],
-        "wall_s": tuned["wall_s"],
-        "cost_share": round(timed / grid, 3) if grid else None,
-        "arms": {
-            f"{pct:g} %": {k: a.get(k) for k in ("status", "rounds", "ratio", "lo", "hi")} for pct, a in arms.items()
-        },
-    }
+    return _figures(tuned, "slowdown_pct", lambda pct: f"{pct:g} %")
 
 
 def check_zero(c: Checks, tuned: dict[str, Any], root: Path) -> dict[str, Any]:
@@ -175,17 +183,7 @@ def check_zero(c: Checks, tuned: dict[str, Any], root: Path) -> dict[str, Any]:
             proc.returncode == 0 and 'id="recommendation"' in page,
             proc.stderr[-300:],
         )
-    return {
-        "claim": r.get("claim"),
-        "exit_code": tuned["exit_code"],
-        "wall_s": tuned["wall_s"],
-        "cost_share": round(r["timed_s"] / r["grid_timed_s"], 3) if r.get("grid_timed_s") else None,
-        "arms": {
-            alg: {k: a.get(k) for k in ("status", "rounds", "ratio", "lo", "hi")}
-            for alg, a in _arms(r, "algorithm").items()
-        },
-        "run_dir": run_dir,
-    }
+    return _figures(tuned, "algorithm") | {"run_dir": run_dir}
 
 
 def main(argv: list[str] | None = None) -> int:
