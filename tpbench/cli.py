@@ -633,9 +633,6 @@ def _decided(arm) -> str:
     return ", ".join(said)
 
 
-# Before a tune's per-world answers (``Result.worlds``): what each world's own race says.
-WORLDS_SAY = "Within each world (its own race, on the same intervals):"
-
 # Before a tune's trace_step: a tune traces nothing, and this sweep traces what it recommends.
 TRACE_SAYS = (
     "Where the time goes (a tune traces nothing): this sweep traces the recommended setting and its closest rival, "
@@ -644,6 +641,8 @@ TRACE_SAYS = (
 
 
 def _print_tune(result, fmt: str) -> None:
+    from tpbench import verdict
+
     if fmt == "json":
         sys.stdout.write(json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n")
         return
@@ -677,7 +676,7 @@ def _print_tune(result, fmt: str) -> None:
         )
     if fmt == "md":
         lines = [f"**{result.claim}**", *(["", result.training_note] if result.training_note else [])]
-        lines += ["", WORLDS_SAY, *(f"- {w}" for w in result.worlds)] if result.worlds else []
+        lines += ["", verdict.WORLDS_SAY, *(f"- {w}" for w in result.worlds)] if result.worlds else []
         lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         lines += ["", cost, *([f"{then}`{result.next_step}`"] if result.next_step else [])]
@@ -688,7 +687,7 @@ def _print_tune(result, fmt: str) -> None:
     if result.training_note:
         out.print(result.training_note, markup=False, soft_wrap=True)
     if result.worlds:
-        out.print("\n".join([WORLDS_SAY, *(f"  {w}" for w in result.worlds)]), markup=False, soft_wrap=True)
+        out.print("\n".join([verdict.WORLDS_SAY, *(f"  {w}" for w in result.worlds)]), markup=False, soft_wrap=True)
     t = Table()
     for col in head:
         t.add_column(col)

@@ -114,6 +114,9 @@ def of(
     return Verdict(call, direction, clause, numbers)
 
 
+# Before a tune's per-world answers (``tune.Result.worlds``), in the terminal and the report alike.
+WORLDS_SAY = "Within each world (its own race, on the same intervals):"
+
 # What eliminated a tune arm that no round of its own world did: its world's winner, set against the
 # recommended arm's world after the races, on the unpaired interval (``tune._statuses``).
 ACROSS_WORLDS = "the recommended setting's world, at the end, unpaired (the interval beside it)"

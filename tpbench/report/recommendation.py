@@ -29,7 +29,7 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
         if result.get("training_note"):  # tune.json before it had none
             page.paragraph(result["training_note"])
         if result.get("worlds"):  # tune.json before it had none, or one world
-            page.paragraph("Within each world (its own race, on the same intervals):")
+            page.paragraph(verdict.WORLDS_SAY)
             page.bullets(result["worlds"])
         if result.get("next_step"):  # tune.json before it had none
             rec = next(a for a in result["arms"] if a["status"] == "recommended")
