@@ -66,7 +66,9 @@ def test_report_says_the_buckets_and_splits_the_hooks_advantage(run, tmp_path):
     assert "bucket_cap_mb = 1 → 4 buckets of" in page
     assert 'bucket_cap_mb = "default" → 2 buckets of' in page
     assert "comes from packing the broadcasts (zero_no_overlap with parameters_as_bucket_view = true)" in page
-    assert "At 1 MB buckets, of sequential" in page and "At DDP's default buckets, of sequential" in page
+    # Each setting's split is a row of the table under the sentence.
+    assert 'id="attribution"' in page
+    assert "<td>at 1 MB buckets</td>" in page and "<td>at DDP's default buckets</td>" in page
 
 
 def test_a_cap_per_bucket_reaches_ddp(tmp_path):

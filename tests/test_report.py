@@ -168,17 +168,25 @@ def test_hooks_advantage_splits_into_packing_and_overlap():
     assert all(c.ratio == pytest.approx(0.4) for c in against_unpacked)
     said = verdicts.group_sentences(against_unpacked)[0]
     assert "vs zero_no_overlap (per-parameter broadcasts), step time, at" in said
-    lines = verdicts.attribution_lines(comparisons)
-    assert len(lines) == 4  # two hooks x two bucket sizes
-    assert lines[0].startswith(
-        "At 1 MB buckets, of sequential's 0.40× [0.40, 0.40] step time against zero_no_overlap (per-parameter "
-        "broadcasts), 0.50× [0.50, 0.50] comes from packing the broadcasts (zero_no_overlap with "
-        "parameters_as_bucket_view = true) and 0.80× [0.80, 0.80] from the hook itself (sequential against "
-        "zero_no_overlap (packed broadcasts): the step overlapped with backward"
-    ), lines[0]
+    attrs = verdicts.attributions(comparisons)
+    assert len(attrs) == 4  # two hooks x two bucket sizes
+    (line,) = verdicts.attribution_lines(attrs)
+    assert line.startswith(
+        "Of the ZeRO hooks' 0.40× step time against zero_no_overlap (per-parameter broadcasts), 0.50× comes from "
+        "packing the broadcasts (zero_no_overlap with parameters_as_bucket_view = true) and 0.80× from the hooks "
+        "themselves (each hook against zero_no_overlap (packed broadcasts): the step overlapped with backward"
+    ), line
+    assert line.endswith(
+        "the hook itself is faster in 4 of the 4 settings (the table below, each with its interval)."
+    ), line
+    table = verdicts.attribution_table(attrs)
+    assert list(table["setting"]) == ["at 1 MB buckets", "at 4 MB buckets"] * 2
+    assert list(table["from packing"]) == ["0.50× [0.50, 0.50]"] * 4
+    assert list(table["from the hook itself"]) == ["0.80× [0.80, 0.80]"] * 4
+    assert set(table["the hook itself"]) == {"faster, beyond the ±5% threshold"}
     # A run without the packed baseline has nothing to split.
     plain = report_data.load([in_memory_run(suite.replace("parameters_as_bucket_view = [false, true]", ""), medians)])
-    assert verdicts.attribution_lines({k.key: verdicts.compare(plain, k) for k in verdicts.ZERO_KINDS}) == []
+    assert verdicts.attributions({k.key: verdicts.compare(plain, k) for k in verdicts.ZERO_KINDS}) == []
 
 
 def test_a_single_repeat_is_never_called():

@@ -131,7 +131,8 @@ def _headlines(
             (more if key in secondary else lines).extend(
                 verdicts.group_sentences(cs, prefix=f"[{data.tags[run_id]}] " if data.multi else "")
             )
-    lines += verdicts.attribution_lines(comparisons, lambda run_id: f"[{data.tags[run_id]}] " if data.multi else "")
+    attrs = verdicts.attributions(comparisons)
+    lines += verdicts.attribution_lines(attrs, lambda run_id: f"[{data.tags[run_id]}] " if data.multi else "")
     keys = [k for k in data.context_keys if k not in verdicts.LOCALSGD_KIND.sides]
     lines += [
         (f"[{data.tags[v.comparison.run_id]}] " if data.multi else "") + verdicts.convergence_sentence(v, keys)
@@ -142,6 +143,9 @@ def _headlines(
         return
     page.heading("Verdicts", anchor="verdicts")
     page.bullets(lines, css="verdicts")
+    if attrs:
+        page.heading("Where the hooks' lead over per-parameter broadcasts comes from", level=3, anchor="attribution")
+        page.table(verdicts.attribution_table(attrs, data.tags if data.multi else None))
     if more:
         page.details_list(f"{len(more)} more: each ZeRO hook against zero_no_overlap (unpacked and packed)", more)
     notes = (

@@ -354,36 +354,91 @@ def mb_text(v: Any) -> str:
     return "DDP's default buckets (25 MB, 1 MB first)" if v == DDP_DEFAULT else f"{float(v):g} MB"
 
 
-def attribution_lines(
-    comparisons: dict[str, list[Comparison]], prefix: Callable[[str], str] = lambda run: ""
-) -> list[str]:
-    """Per ZeRO hook case and setting (bucket size above all): its step time against unpacked
-    zero_no_overlap (X) split into what packing zero_no_overlap's broadcasts gives (Y: packed /
-    unpacked zero_no_overlap) and what overlap gives beyond it (Z: the hook / packed zero_no_overlap),
-    X = Y·Z, each with its own interval (``case_estimate``). Only where the run has both baselines."""
+@dataclass(frozen=True)
+class Attribution:
+    """One ZeRO hook case's step time against unpacked zero_no_overlap (``whole``, X) split into what
+    packing zero_no_overlap's broadcasts gives (``packing``, Y: packed / unpacked zero_no_overlap) and
+    what the hook itself gives beyond it (``hook``, Z: the hook / packed zero_no_overlap), X = Y·Z up
+    to the rounds each pair shares, each with its own interval (``case_estimate``)."""
+
+    whole: Comparison
+    packing: Comparison
+    hook: Comparison
+
+
+def attributions(comparisons: dict[str, list[Comparison]]) -> list[Attribution]:
+    """Per ZeRO hook case and setting (bucket size above all), only where the run has both baselines."""
     packing = {(c.run_id, c.baseline["case_id"]): c for c in comparisons.get(PACKING_KIND.key, [])}
     overlap = {
         (c.run_id, c.candidate["case_id"], c.baseline["case_id"]): c
         for k in OVERLAP_KINDS
         for c in comparisons.get(k.key, [])
     }
-    lines = []
+    out = []
     for hook in ZERO_HOOKS:
         for x in comparisons.get(_zero_kind(hook, NO_OVERLAP).key, []):
             y = packing.get((x.run_id, x.baseline["case_id"]))
             z = y and overlap.get((x.run_id, x.candidate["case_id"], y.candidate["case_id"]))
-            if not (y and z):
-                continue
-            ctx = context_text(x.context, list(x.context))
-            lines.append(
-                prefix(x.run_id)
-                + f"{ctx[0].upper() + ctx[1:] + ', o' if ctx else 'O'}f {x.name}'s {_times(x.est)} {x.what} against "
-                f"{UNPACKED_WORD}, {_times(y.est)} comes from packing the broadcasts ({NO_OVERLAP} with "
-                f"{PACKED} = true) and {_times(z.est)} from the hook itself ({x.name} against {PACKED_WORD}: the "
-                "step overlapped with backward, and stepped bucket by bucket over the hook's own partition of "
-                "the parameters, whose balance the ZeRO memory section shows)."
-            )
+            if y and z:
+                out.append(Attribution(x, y, z))
+    return out
+
+
+def attribution_lines(attrs: list[Attribution], prefix: Callable[[str], str] = lambda run: "") -> list[str]:
+    """One sentence per run: the range of the hooks' ratio against per-parameter broadcasts, how much
+    of it packing gives and how much the hooks themselves, with how many of the latter were shown
+    faster or slower (each setting's figures, with intervals, are in ``attribution_table``). Said
+    once, not per setting: on suites/zero.toml the twelve settings' sentences differed only in
+    their numbers, and the finding is the pattern across them."""
+    by_run: dict[str, list[Attribution]] = {}
+    for a in attrs:
+        by_run.setdefault(a.whole.run_id, []).append(a)
+    lines = []
+    for run_id, group in by_run.items():
+        calls = collections.Counter(a.hook.said.direction for a in group)
+        shown = ", ".join(
+            f"{d} in {calls[d]}"
+            for d in (verdict.FASTER, verdict.SLOWER, verdict.NO_DIFFERENCE, verdict.NO_INTERVAL)
+            if calls[d]
+        )
+        n = len(group)
+        lines.append(
+            prefix(run_id) + f"Of the ZeRO hooks' {_span(a.whole for a in group)} {group[0].whole.what} against "
+            f"{UNPACKED_WORD}, {_span(a.packing for a in group)} comes from packing the broadcasts ({NO_OVERLAP} "
+            f"with {PACKED} = true) and {_span(a.hook for a in group)} from the hooks themselves (each hook against "
+            f"{PACKED_WORD}: the step overlapped with backward, and stepped bucket by bucket over the hook's own "
+            f"partition of the parameters, whose balance the ZeRO memory section shows); the hook itself is "
+            f"{shown} of the {n} setting{'' if n == 1 else 's'} (the table below, each with its interval)."
+        )
     return lines
+
+
+def _span(comparisons: Iterable[Comparison]) -> str:
+    """The range of the ratios: "0.28–0.35×" ("0.35×" when they round alike)."""
+    ratios = [c.ratio for c in comparisons]
+    lo, hi = f"{min(ratios):.2f}", f"{max(ratios):.2f}"
+    return f"{lo}×" if lo == hi else f"{lo}–{hi}×"
+
+
+def attribution_table(attrs: list[Attribution], tags: dict[str, str] | None = None) -> pd.DataFrame:
+    """Each hook setting's three ratios with their intervals, and what the hook itself is shown to
+    do against packed zero_no_overlap; ``tags``: a column naming the run where a report holds several."""
+    rows = []
+    for a in attrs:
+        ctx = context_text(a.whole.context, list(a.whole.context))
+        row = {"run": tags[a.whole.run_id]} if tags else {}
+        rows.append(
+            row
+            | {
+                "hook": a.whole.name,
+                "setting": ctx,
+                f"against {UNPACKED_WORD}": _times(a.whole.est),
+                "from packing": _times(a.packing.est),
+                "from the hook itself": _times(a.hook.est),
+                "the hook itself": a.hook.said.words,
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def _times(est: Ratio) -> str:
