@@ -171,9 +171,10 @@ def _heatmap(data: ReportData, key: str, cs: list[Comparison]) -> go.Figure:
         )
     )
     fig.update_layout(
-        title=plot_text(f"{key}: step time ratio (< 1: {kind.candidate} faster)"),
-        height=max(260, 70 * len(ys) + 140),
-        margin=MARGIN,
+        # Two lines: the packing comparison's names alone fill the width of the plot.
+        title=plot_text(key) + "<br>" + plot_text(f"step time ratio (< 1: {kind.candidate} faster)"),
+        height=max(280, 70 * len(ys) + 160),
+        margin=MARGIN | dict(t=70),
     )
     fig.update_yaxes(autorange="reversed")
     return fig
