@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,7 +20,7 @@ import pandas as pd
 import pytest
 from conftest import REPO, only_run, run_cli, tiny_suite
 
-from tpbench import store, tune
+from tpbench import store, tune, tune_trace
 from tpbench.report import recommendation
 from tpbench.report.html import Page
 from tpbench.suite import select
@@ -797,3 +798,53 @@ def test_an_arm_brought_back_for_the_last_round_is_ended_with_the_repeats_it_ran
     tune._cut(run, [case])
     assert run.record.cases[case.case_id].status == store.DONE
     assert sorted(store.load(run.dir).steps["repeat"].unique()) == [0, 1, 3]
+
+
+@pytest.mark.ranks
+def test_trace_says_where_the_recommended_settings_time_goes_beside_its_closest_rival(tmp_path, capsys):
+    """``--trace``: after the race, a sweep traces the recommended arm and its closest rival, as the
+    tune ran them, beside the tune's run; each one's parts (explain's) add up to the step time the
+    tune measured for it, and the terminal, tune.json and the report's Recommendation carry them.
+    Two arms 1 % apart in 4 rounds: both still in the race at the end, so both are traced."""
+    suite = planted(tmp_path, "[0, 1]", repeats=4)
+    code = run_cli(["tune", str(suite), "--out", str(tmp_path / "r"), "--trace", "--format", "md"])
+    printed = capsys.readouterr().out
+    assert code in (0, 4), printed
+    runs = list(store.iter_runs(tmp_path / "r"))
+    (tuned,) = [r for r in runs if store.read_tune(r)]
+    result = store.read_tune(tuned)["result"]
+    where = result["where"]
+    traced = Path(where["run_dir"])
+    assert set(runs) == {tuned, traced} and traced.parent == tuned.parent
+    arms = where["arms"]
+    assert [a["role"] for a in arms] == ["recommended", "closest rival"]
+    assert arms[0]["case_id"] == result["recommended"]["case_id"]
+    # The race's time, the trace's composition: the recommended arm's geometric mean over its rounds,
+    # the rival's that times its ratio in the tune's table (paired over the rounds both ran).
+    steps = store.load(tuned).steps
+    own = (
+        steps[steps["case_id"] == arms[0]["case_id"]]
+        .groupby("repeat")
+        .apply(lambda r: r[r["phase"] == "timed"].groupby("step")["step_ms"].max().median())
+    )
+    assert arms[0]["step_ms"] == pytest.approx(float(np.exp(np.log(own).mean())))
+    rival = next(a for a in result["arms"] if a["case_id"] == arms[1]["case_id"])
+    assert arms[1]["step_ms"] == pytest.approx(arms[0]["step_ms"] * rival["ratio"])
+    for a in arms:
+        assert a["traced_steps"] == tune_trace.TRACE_STEPS
+        assert sum(a["parts_ms"].values()) == pytest.approx(a["step_ms"])
+        assert a["parts_ms"]["compute"] > 0
+    # The trace run: the same two cases, one repeat each, traced; the race's run untouched by it.
+    loaded = store.load(traced)
+    assert set(loaded.cases["case_id"]) == {a["case_id"] for a in arms}
+    assert set(loaded.cases["repeats"]) == {1} and set(loaded.cases["profiler_steps"]) == {tune_trace.TRACE_STEPS}
+    assert all(store.read_case_table(traced, a["case_id"], "intervals") is not None for a in arms)
+    assert store.load(tuned).steps.groupby("case_id")["repeat"].nunique().max() <= 4
+    assert where["sentence"].startswith(f"{arms[1]['step_ms'] - arms[0]['step_ms']:+.2f} ms a step")
+    text = " ".join(printed.split())
+    assert "Where the time goes (traced after the race, 5 steps each" in text and where["sentence"] in text
+    assert "| setting | role | step ms | compute ms |" in text and "tpbench sweep" not in text
+    page = Page("t")
+    recommendation.section(page, [SimpleNamespace(run_dir=tuned, record=SimpleNamespace(run_id="r"))])
+    body = html.unescape(page.render())
+    assert 'id="where-time-goes"' in body and where["sentence"] in body

@@ -597,8 +597,24 @@ def _tune(args: argparse.Namespace) -> int:
         )
     except KeyboardInterrupt as e:
         return _resumable(e, display.run, "tune", "The race so far is kept.")
+    if args.trace:
+        result = _trace_tune(result, launcher)
     _print_tune(result, args.format)
     return EXIT_UNRESOLVED if result.state == tune.UNRESOLVED else EXIT_OK
+
+
+def _trace_tune(result, launcher):
+    """``tune --trace``: the trace sweep after the race (``tune_trace``), its progress on stderr. A
+    trace that fails leaves the tune's answer as it is, and says why; Ctrl-C stops the trace only."""
+    from tpbench import tune_trace
+
+    console.print("Tracing the recommended setting and its closest rival:", markup=False, soft_wrap=True)
+    try:
+        return tune_trace.trace(result, launcher, _SweepDisplay())
+    except (tune_trace.TraceError, KeyboardInterrupt) as e:
+        why = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
+        console.print(f"[yellow]No trace ({escape(why)}); the tune's answer stands.[/]", soft_wrap=True)
+        return result
 
 
 class _TuneDisplay:
@@ -638,6 +654,32 @@ TRACE_SAYS = (
     "Where the time goes (a tune traces nothing): this sweep traces the recommended setting and its closest rival, "
     "if any (with this tune's own --set and launcher options): "
 )
+
+
+def _text_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
+    """Rows of plain text (escaped: a label may hold brackets) under ``head``."""
+    t = Table()
+    for col in head:
+        t.add_column(col)
+    for r in rows:
+        t.add_row(*map(escape, r))
+    return t
+
+
+def _where_table(where: dict) -> tuple[str, tuple[str, ...], list[tuple[str, ...]], str | None]:
+    """``tune --trace``'s figures: a title, a table of each traced setting's parts per step, and the
+    rival against the recommended setting in explain's words (None without a rival)."""
+    from tpbench.analysis.explain import PARTS
+
+    arms = where["arms"]
+    title = (
+        f"Where the time goes (traced after the race, {arms[0]['traced_steps']} steps each, scaled to the step "
+        f"times the tune measured; {where['run_dir']}):"
+    )
+    head = ("setting", "role", "step ms", *(p.replace("_", " ") + " ms" for p in PARTS))
+    rows = [(a["label"], a["role"], f"{a['step_ms']:.2f}", *(f"{a['parts_ms'][p]:.2f}" for p in PARTS)) for a in arms]
+    said = f"{arms[1]['label']} against {arms[0]['label']}: {where['sentence']}" if where["sentence"] else None
+    return title, head, rows, said
 
 
 def _print_tune(result, fmt: str) -> None:
@@ -680,7 +722,12 @@ def _print_tune(result, fmt: str) -> None:
         lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         lines += ["", cost, *([f"{then}`{result.next_step}`"] if result.next_step else [])]
-        lines += ["", f"{TRACE_SAYS}`{result.trace_step}`"] if result.trace_step else []
+        if result.where:
+            title, whead, wrows, said = _where_table(result.where)
+            lines += ["", title, "", "| " + " | ".join(whead) + " |", "|" + "---|" * len(whead)]
+            lines += ["| " + " | ".join(r) + " |" for r in wrows] + (["", said] if said else [])
+        elif result.trace_step:
+            lines += ["", f"{TRACE_SAYS}`{result.trace_step}`"]
         sys.stdout.write("\n".join([*lines, ""]) + "\n")
         return
     out.print(result.claim, markup=False, soft_wrap=True)
@@ -688,15 +735,16 @@ def _print_tune(result, fmt: str) -> None:
         out.print(result.training_note, markup=False, soft_wrap=True)
     if result.worlds:
         out.print("\n".join([verdict.WORLDS_SAY, *(f"  {w}" for w in result.worlds)]), markup=False, soft_wrap=True)
-    t = Table()
-    for col in head:
-        t.add_column(col)
-    for r in rows:
-        t.add_row(*map(escape, r))
-    out.print(t)
+    out.print(_text_table(head, rows))
     if result.next_step:
         out.print(then + result.next_step, markup=False, soft_wrap=True)
-    if result.trace_step:
+    if result.where:
+        title, whead, wrows, said = _where_table(result.where)
+        out.print(title, markup=False, soft_wrap=True)
+        out.print(_text_table(whead, wrows))
+        if said:
+            out.print(said, markup=False, soft_wrap=True)
+    elif result.trace_step:
         out.print(TRACE_SAYS + result.trace_step, markup=False, soft_wrap=True)
     console.print(f"{cost}. Run directory: {result.run_dir}", markup=False, soft_wrap=True)
 
@@ -1053,6 +1101,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="rounds every setting runs before the first elimination or retirement (default: 3); repeats is the most",
     )
     p.add_argument("--format", choices=("text", "md", "json"), default="text", help="how to print the result")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="after the race, trace the recommended setting and its closest rival and say where their time goes",
+    )
     torchrun_args(p)
     p.set_defaults(func=cmd_tune, print_only=False)
 

@@ -112,9 +112,9 @@ def start(prepared: Prepared, out_root: Path, launcher: Torchrun | None = None) 
     )
 
 
-def launcher_of(run: store.Run) -> Torchrun | None:
-    """The launcher a run was started with (None: local)."""
-    launcher = run.record.launcher
+def launcher_of(run: record.RunRecord) -> Torchrun | None:
+    """The launcher a run (its record) was started with (None: local)."""
+    launcher = run.launcher
     if launcher.name == "local":
         return None
     spec = dict(launcher.options)
@@ -605,7 +605,7 @@ def _resume(
 ) -> tuple[store.Run, list[Case], Torchrun | None]:
     """A run reopened to resume (``reopen``), its missing cases and the launcher to start them with."""
     the_run, cases = reopen(run_dir)
-    launcher = launcher_of(the_run) if launcher == RECORDED else launcher
+    launcher = launcher_of(the_run.record) if launcher == RECORDED else launcher
     if print_only and launcher is None:
         raise SweepError(f"--print: {the_run.dir} runs with the local launcher; add --launcher torchrun")
     return the_run, cases, launcher

@@ -331,6 +331,7 @@ class Result:
     # The settings do not train alike: other samples a step (_work_note), a worse loss (_training_note).
     training_note: str | None = None
     worlds: list[str] = field(default_factory=list)  # each world's own answer, where the arms span worlds
+    where: dict[str, Any] | None = None  # --trace: where the time goes (``tune_trace.WhereTime.to_json``)
 
     def to_json(self) -> dict[str, Any]:
         rec = self.recommended
@@ -352,6 +353,7 @@ class Result:
             "trace_step": self.trace_step,
             "training_note": self.training_note,
             "worlds": self.worlds,
+            "where": self.where,
         }
 
 
@@ -656,7 +658,7 @@ def run(
     the run's own), raced to its result (``race``)."""
     if resume is not None:
         the_run, options = reopen(resume)
-        launcher = sweep.launcher_of(the_run) if launcher == sweep.RECORDED else launcher
+        launcher = sweep.launcher_of(the_run.record) if launcher == sweep.RECORDED else launcher
     else:
         the_run, _ = start(suite, options, overrides, filters, out, launcher, allow_large)
     with progress(the_run) as watch:
@@ -1068,17 +1070,27 @@ def _next_step(
     return " ".join(parts)
 
 
-def _trace_step(run: store.Run, arms: list[Arm]) -> str | None:
-    """The sweep that shows where the recommended arm's time goes, beside its closest rival's (the
-    tied or unresolved arm nearest it): a tune traces nothing, and a sweep of the two traces both, so
-    that its report splits their steps into compute, exposed communication and idle and ``whatif``
-    can replay them. Selected by case id, which the budget keys (``repeats``) do not change."""
+def traced_arms(arms: list[Arm]) -> list[Arm]:
+    """The arms whose time a trace should split: the recommended one and its closest rival (the tied
+    or unresolved arm nearest it), where there is one; none where nothing is recommended."""
     rec = next((a for a in arms if a.status == RECOMMENDED), None)
     if rec is None:
-        return None
+        return []
     close = [a for a in arms if a.status in (TIED, UNRESOLVED) and a.ratio is not None]
     rival = min(close, key=lambda a: a.ratio, default=None)
-    ids = "|".join(a.case_id for a in (rec, rival) if a is not None)
+    return [rec] if rival is None else [rec, rival]
+
+
+def _trace_step(run: store.Run, arms: list[Arm]) -> str | None:
+    """The sweep that shows where the recommended arm's time goes, beside its closest rival's
+    (``traced_arms``): a tune traces nothing, and a sweep of the two traces both, so that its report
+    splits their steps into compute, exposed communication and idle and ``whatif`` can replay them
+    (``--trace`` runs one itself, ``tune_trace``). Selected by case id, which the budget keys
+    (``repeats``) do not change."""
+    traced = traced_arms(arms)
+    if not traced:
+        return None
+    ids = "|".join(a.case_id for a in traced)
     suite = run.record.suite.path or run.record.suite.name + ".toml"
     return f"tpbench sweep {suite} --filter {shlex.quote('id=' + ids)}"  # quoted: | is a shell pipe
 

@@ -12,7 +12,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tpbench import store, verdict
-from tpbench.report.figures import LEGEND_BELOW, MARGIN, SERIES_COLORS
+from tpbench.analysis.explain import PARTS
+from tpbench.report.figures import LEGEND_BELOW, LEGEND_TOP, MARGIN, SERIES_COLORS
 from tpbench.report.html import Page, plot_text
 
 
@@ -37,7 +38,7 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
                 f"To decide it, race again for about {rec['rounds'] + result['rounds_to_decide']} rounds (with the "
                 f"tune's own --set, --filter and launcher options): {result['next_step']}"
             )
-        if result.get("trace_step"):  # tune.json before it had none
+        if result.get("trace_step") and not result.get("where"):  # tune.json before it had none
             page.paragraph(
                 "Where the time goes: a tune traces nothing; this sweep traces the recommended setting and its "
                 "closest rival, if any, and its report splits their steps into compute, exposed communication and "
@@ -65,6 +66,45 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
                 "settings were compared across worlds, unpaired (the table).",
                 css="muted",
             )
+        if result.get("where"):  # tune --trace
+            _where(page, result["where"])
+
+
+def _where(page: Page, where: dict) -> None:
+    """``tune --trace``: each traced setting's step split into explain's parts, and the rival against
+    the recommended setting part by part (``tune_trace``)."""
+    arms = where["arms"]
+    page.heading("Where the time goes", level=3, anchor="where-time-goes")
+    page.paragraph(
+        f"Traced after the race ({where['run_dir']}): {arms[0]['traced_steps']} steps of each setting after one "
+        "repeat, split as tpbench explain splits a step (compute, exposed communication, optimizer, idle, waiting "
+        "for the slowest rank) and scaled to the step time the tune measured over its rounds: the mean per step.",
+        css="muted",
+    )
+    fig = go.Figure()
+    names = [plot_text(f"{a['label']} ({a['role']})") for a in arms]
+    for i, part in enumerate(PARTS):
+        ms = [a["parts_ms"][part] for a in arms]
+        fig.add_bar(
+            y=names,
+            x=ms,
+            orientation="h",
+            name=part.replace("_", " "),
+            marker_color=SERIES_COLORS[i % len(SERIES_COLORS)],
+            text=[f"{v:.1f}" for v in ms],
+            hovertemplate="%{y}: %{x:.2f} ms<extra>" + part.replace("_", " ") + "</extra>",
+        )
+    fig.update_layout(
+        barmode="stack",
+        height=160 + 50 * len(arms),
+        margin=MARGIN,
+        legend=LEGEND_TOP | dict(traceorder="normal"),
+        xaxis_title="ms per step",
+    )
+    fig.update_yaxes(autorange="reversed")
+    page.figure(fig)
+    if where.get("sentence"):
+        page.paragraph(f"{arms[1]['label']} against {arms[0]['label']}: {where['sentence']}")
 
 
 def _pct(v: float | None) -> str:
