@@ -673,8 +673,8 @@ def _where_table(where: dict) -> tuple[str, tuple[str, ...], list[tuple[str, ...
 
     arms = where["arms"]
     title = (
-        f"Where the time goes (traced after the race, {arms[0]['traced_steps']} steps each, scaled to the step "
-        f"times the tune measured; {where['run_dir']}):"
+        f"Where the time goes (traced after the race, {arms[0]['traced_steps']} steps each, scaled to the race's "
+        f"step times; {where['run_dir']}):"
     )
     head = ("setting", "role", "step ms", *(p.replace("_", " ") + " ms" for p in PARTS))
     rows = [(a["label"], a["role"], f"{a['step_ms']:.2f}", *(f"{a['parts_ms'][p]:.2f}" for p in PARTS)) for a in arms]
