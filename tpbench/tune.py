@@ -1072,12 +1072,14 @@ def _next_step(
 
 def traced_arms(arms: list[Arm]) -> list[Arm]:
     """The arms whose time a trace should split: the recommended one and its closest rival (the tied
-    or unresolved arm nearest it), where there is one; none where nothing is recommended."""
+    or unresolved arm nearest it, else the runner-up among the eliminated: why it is slower is then
+    the question), where there is one; none where nothing is recommended."""
     rec = next((a for a in arms if a.status == RECOMMENDED), None)
     if rec is None:
         return []
     close = [a for a in arms if a.status in (TIED, UNRESOLVED) and a.ratio is not None]
-    rival = min(close, key=lambda a: a.ratio, default=None)
+    out = [a for a in arms if a.status == ELIMINATED and a.ratio is not None]
+    rival = min(close or out, key=lambda a: a.ratio, default=None)
     return [rec] if rival is None else [rec, rival]
 
 
