@@ -1,6 +1,7 @@
 """``tpbench tune`` on a real NVIDIA GPU: a planted race whose answer is known, and a real one.
 
-Two tunes through the CLI, as a user runs them (``python -m tpbench tune SUITE --format json``):
+Two tunes through the CLI, as a user runs them (``python -m tpbench tune SUITE --format json``; the
+second with ``--trace``, where the time goes):
 
 - ``planted``: one launch-bound DDP case on NCCL ×1, four arms slowed by 0, 3, 10 and 40 % of the
   warm-up's step time (``slowdown_kind = "sleep"``: a host-side wait inside the timed step, which
@@ -12,7 +13,8 @@ Two tunes through the CLI, as a user runs them (``python -m tpbench tune SUITE -
 - ``zero``: DDP and both ZeRO hooks on 2 Gloo ranks sharing the GPU (communication staged through
   the host), under a time budget: whatever it decides, the result must be well formed (every arm's
   ratio inside its interval, one recommended arm) and ``tpbench report`` must open with the
-  Recommendation.
+  Recommendation; ``--trace`` must split the traced settings' steps on the GPU ranks into parts
+  that add up to them.
 
 Each tune's realised ratios are figures: on a GPU a planted wait is measured through CUDA events,
 so the realised slowdown is the check's finding, not its input.
@@ -87,13 +89,13 @@ depth = 4
 BUDGET_S = {"planted": 60, "zero": 60}
 
 
-def tune(root: Path, name: str, text: str, budget_s: int) -> dict[str, Any]:
-    """Run ``tpbench tune`` on suite ``text`` (written as ``root/NAME.toml``): its JSON result, exit
-    code and wall time."""
+def tune(root: Path, name: str, text: str, budget_s: int, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run ``tpbench tune`` on suite ``text`` (written as ``root/NAME.toml``) with ``extra`` options:
+    its JSON result, exit code and wall time."""
     suite = root / f"{name}.toml"
     suite.write_text(text)
     cmd = [sys.executable, "-m", "tpbench", "tune", str(suite), "--out", str(root / "results")]
-    cmd += ["--epsilon", "2%", "--budget-s", str(budget_s), "--format", "json"]
+    cmd += ["--epsilon", "2%", "--budget-s", str(budget_s), "--format", "json", *extra]
     print("+", " ".join(cmd), flush=True)
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -183,7 +185,15 @@ def check_zero(c: Checks, tuned: dict[str, Any], root: Path) -> dict[str, Any]:
             proc.returncode == 0 and 'id="recommendation"' in page,
             proc.stderr[-300:],
         )
-    return _figures(tuned, "algorithm") | {"run_dir": run_dir}
+        c.check("zero: the report says where the time goes (--trace)", 'id="where-time-goes"' in page)
+    where = r.get("where") or {}
+    arms = where.get("arms", [])
+    c.check("zero: --trace traced the recommended setting", bool(arms) and arms[0]["role"] == "recommended")
+    off = [a["label"] for a in arms if abs(sum(a["parts_ms"].values()) - a["step_ms"]) > 1e-6 * a["step_ms"]]
+    c.check("zero: each traced setting's parts add up to its step", bool(arms) and not off, ", ".join(off))
+    c.check("zero: traced compute on the GPU ranks", all(a["parts_ms"]["compute"] > 0 for a in arms))
+    traced = {a["label"]: {"step_ms": a["step_ms"], **a["parts_ms"]} for a in arms}
+    return _figures(tuned, "algorithm") | {"run_dir": run_dir, "where": traced, "where_said": where.get("sentence")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,9 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     zero = ZERO.format(device=device, width=128 if args.rehearse else 2048)
     c, result = Checks(), {"rehearsal": args.rehearse, "torch": torch.__version__}
-    for name, text, check in (("planted", planted, check_planted), ("zero", zero, check_zero)):
+    runs = (("planted", planted, check_planted, ()), ("zero", zero, check_zero, ("--trace",)))
+    for name, text, check, extra in runs:
         try:
-            tuned = tune(args.root, f"gpu-tune-{name}", text, BUDGET_S[name])
+            tuned = tune(args.root, f"gpu-tune-{name}", text, BUDGET_S[name], extra)
             check_common(c, name, tuned)
             result[name] = check(c, tuned, args.root)
         except Exception as e:  # the other tune still runs; the error is a failed check
