@@ -651,8 +651,8 @@ def _decided(arm) -> str:
 
 # Before a tune's trace_step: a tune traces nothing, and this sweep traces what it recommends.
 TRACE_SAYS = (
-    "Where the time goes (a tune traces nothing): this sweep traces the recommended setting and its closest rival, "
-    "if any (with this tune's own --set and launcher options): "
+    "Where the time goes (a tune traces nothing; with --trace it does so after the race): this sweep traces the "
+    "recommended setting and its closest rival, if any (with this tune's own --set and launcher options): "
 )
 
 

@@ -40,7 +40,8 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
             )
         if result.get("trace_step") and not result.get("where"):  # tune.json before it had none
             page.paragraph(
-                "Where the time goes: a tune traces nothing; this sweep traces the recommended setting and its "
+                "Where the time goes: a tune traces nothing (tpbench tune --trace does, after the race); this sweep "
+                "traces the recommended setting and its "
                 "closest rival, if any, and its report splits their steps into compute, exposed communication and "
                 f"idle (with the tune's own --set and launcher options): {result['trace_step']}"
             )
