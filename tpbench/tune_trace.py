@@ -30,7 +30,7 @@ from tpbench.analysis.stats import repeat_values, windows_of
 from tpbench.explain import traced_steps
 from tpbench.launch import Torchrun
 from tpbench.record import Case
-from tpbench.suite import parse
+from tpbench.suite import SuiteError, parse
 
 # Traced steps per setting, in one window after its one timed repeat (``gate --explain`` traces as many).
 TRACE_STEPS = 5
@@ -49,7 +49,7 @@ class TracedArm:
 
 @dataclass(frozen=True)
 class WhereTime:
-    """The trace sweep's run, each setting's parts and, with a rival, explain's sentence on the change."""
+    """The trace sweep's run, each setting's parts and, with a rival, its change part by part (``_by_part``)."""
 
     run_dir: Path
     arms: list[TracedArm]
@@ -64,7 +64,7 @@ class WhereTime:
 
 
 class TraceError(RuntimeError):
-    """The trace sweep did not give both settings' traced steps; the tune's answer stands."""
+    """The trace sweep could not run, or did not give both settings' traced steps; the tune's answer stands."""
 
 
 def prepared(tuned: store.Loaded, case_ids: list[str]) -> sweep.Prepared:
@@ -97,12 +97,15 @@ def trace(
     tuned = store.load(result.run_dir)
     if launcher == sweep.RECORDED:  # a resumed tune: started as the tune was
         launcher = sweep.launcher_of(tuned.record)
-    outcome = sweep.run(
-        prepared(tuned, [a.case_id for a in arms]),
-        out=result.run_dir.parent.parent,
-        launcher=launcher,
-        progress=progress,
-    )
+    try:
+        outcome = sweep.run(
+            prepared(tuned, [a.case_id for a in arms]),
+            out=result.run_dir.parent.parent,
+            launcher=launcher,
+            progress=progress,
+        )
+    except (sweep.SweepError, store.StoreError, SuiteError, OSError) as e:  # the tune's answer is still printed
+        raise TraceError(f"the trace sweep could not run: {e}") from e
     run_dir = outcome.run.dir
     step_ms = _race_step_ms(tuned, arms, result.metric)
     traced = []
