@@ -283,17 +283,23 @@ def test_post_local_sgd_shares_gradients_within_each_node_only(two_node_run):
 @pytest.mark.ranks
 def test_a_tune_races_under_torchrun_with_each_world_on_two_nodes(tmp_path, capsys):
     """The race needs every item of a world's rounds answered by the tune (rank 0 asks it over a
-    Unix socket): under two torchrun agents it runs its rounds and writes an ordinary tune run."""
+    Unix socket): under two torchrun agents it runs its rounds and writes an ordinary tune run; with
+    ``--trace`` the sweep after the race runs under the same launcher."""
     suite = tmp_path / "s.toml"
     suite.write_text(tiny_suite("slowdown_pct = [0, 40]", slowdown_kind='"cpu"', repeats=3, world_size='"auto"'))
     out = tmp_path / "r"
-    code = run_cli(["tune", str(suite), "--out", str(out), "--min-rounds", "2", "--format", "json", *two_nodes(1)])
+    args = ["tune", str(suite), "--out", str(out), "--min-rounds", "2", "--format", "json", "--trace", *two_nodes(1)]
+    code = run_cli(args)
     doc = json.loads(capsys.readouterr().out)
     assert code in (0, 4) and {a["rounds"] for a in doc["arms"]} <= {2, 3}, doc
-    run_dir = only_run(out)
-    meta = json.loads((run_dir / "run.json").read_text())
-    assert [w["launcher"] for w in meta["worlds"]] == ["torchrun"] and meta["worlds"][0]["steps_interleaved"]
-    assert [(n["node"], n["ranks"]) for n in meta["worlds"][0]["nodes"]] == [(0, [0]), (1, [1])]
+    run_dir = Path(doc["run_dir"])
+    traced = Path(doc["where"]["run_dir"])
+    assert set(store.iter_runs(out)) == {run_dir, traced}
+    for d in (run_dir, traced):
+        meta = json.loads((d / "run.json").read_text())
+        assert [w["launcher"] for w in meta["worlds"]] == ["torchrun"]
+        assert [(n["node"], n["ranks"]) for n in meta["worlds"][0]["nodes"]] == [(0, [0]), (1, [1])]
+    assert json.loads((run_dir / "run.json").read_text())["worlds"][0]["steps_interleaved"]
     saved = store.read_tune(run_dir)
     assert saved["history"][-1]["round"] == max(a["rounds"] for a in doc["arms"])
 
