@@ -64,6 +64,9 @@ def test_smoke_summary_report_and_efficiency(smoke):
     html = reports[0].read_text()
     assert "zero_no_overlap" in html and html.count("<script") >= 2 and "<script src=" not in html
     assert "smoke" in proc.stdout and "ms/step" in proc.stdout
+    # Under the table, the report's first verdict: the terminal and the report name the same fastest case.
+    (fastest,) = [line for line in proc.stdout.splitlines() if line.startswith("Fastest: ")]
+    assert fastest.split(" at ")[0] in html and "against the runner-up" in fastest, fastest
 
 
 def test_crash_and_hang_fail_only_their_case_and_leave_no_process(tmp_path):

@@ -99,6 +99,17 @@ class SweepProgress:
             self.progress.console.print(Text.assemble(("case failed: ", "red"), f"{label}: {data['cause']}"))
 
 
+def _fastest(loaded) -> list[str]:
+    """The report's first verdict, per setting of more than one case: the fastest case by the
+    statistic its comparisons use (the geometric mean of per-repeat values; the table above sorts by
+    the median) and whether it is clearly ahead of the runner-up, so that the terminal and the report
+    name the same case."""
+    from tpbench.report import data as report_data
+    from tpbench.report import verdicts
+
+    return verdicts.fastest_lines(report_data.load([loaded]), alone=False)
+
+
 def _summary_table(loaded) -> Table:
     t = Table(
         title=escape(f"{loaded.record.suite.name} · run {loaded.record.run_id}"),
@@ -354,6 +365,8 @@ def _sweep(args: argparse.Namespace) -> int:
         return _print_worlds(outcome.run, outcome.printed, outcome.launcher)
     _print_adaptive(outcome.loaded.record.adaptive)
     out.print(_summary_table(outcome.loaded))
+    for line in _fastest(outcome.loaded):
+        out.print(line, markup=False, soft_wrap=True)
     eff = outcome.loaded.record.efficiency or Efficiency()
     console.print(
         f"Wall {outcome.wall_s:.1f} s; timed steps {eff.timed_s:.1f} s; {eff.processes_started} rank processes started."

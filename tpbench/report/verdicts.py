@@ -458,14 +458,17 @@ def _geometric_mean(values: dict[int, float]) -> float:
     return float(np.exp(np.mean(np.log(list(values.values())))))
 
 
-def fastest_lines(data: ReportData) -> list[str]:
-    """Per run and setting: the fastest case, its interval, and how sure we are that it beats the runner-up."""
+def fastest_lines(data: ReportData, alone: bool = True) -> list[str]:
+    """Per run and setting: the fastest case, its interval, and how sure we are that it beats the
+    runner-up; ``alone``: also for a setting of one case (its time, with no runner-up)."""
     done = data.done
     setting = [k for k in data.context_keys if k not in TUNING_KEYS]
     lines = []
     # A list-valued key (``slowdown_ranks = [1]``) groups by its JSON text: a list is not hashable.
     by = [done[k].map(lambda v: json.dumps(v) if isinstance(v, list) else v) for k in ["run_id", *setting]]
     for _, grp in done.groupby(by, dropna=False, sort=False):
+        if len(grp) == 1 and not alone:
+            continue
         # Ranked by the statistic the ratio below compares (geometric mean of per-repeat values),
         # so the fastest is never "slower" than its runner-up.
         records = grp.to_dict("records")
