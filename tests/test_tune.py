@@ -18,12 +18,12 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO, only_run, run_cli, tiny_suite
+from conftest import REPO, localsgd_suite, only_run, run_cli, tiny_suite
 
 from tpbench import store, tune, tune_trace
 from tpbench.report import recommendation
 from tpbench.report.html import Page
-from tpbench.suite import select
+from tpbench.suite import expand, parse, select
 from tpbench.tune import ALL_TIED, MAX_ROUNDS, ONE_LEFT, Options, Race
 
 
@@ -862,3 +862,18 @@ def test_the_closest_rival_traced_is_the_nearest_tied_or_unresolved_arm_else_the
     assert tune.traced_arms([far, near, rec]) == [rec, near]  # else the runner-up: why it is slower
     assert tune.traced_arms([rec, arm("f", tune.FAILED, None)]) == [rec]
     assert tune.traced_arms([arm("u", tune.UNRESOLVED, 1.0), far]) == []  # nothing recommended, nothing traced
+
+
+def test_the_trace_sweep_traces_whole_averaging_windows_and_the_cases_as_the_tune_ran_them():
+    """Post-local SGD averages every ``averaging_period``-th step: the trace of a setting holds whole
+    windows (5 steps would hold no averaging of a period of 16), one repeat, one trace window."""
+    text = localsgd_suite("averaging_period = [4, 16]", name="ls", start_localSGD_iter=0, steps=32, repeats=9)
+    cases = expand(parse(text))
+    record = SimpleNamespace(
+        suite=SimpleNamespace(text=text, path=None, name="ls"),
+        cases={c.case_id: SimpleNamespace(params=c.params()) for c in cases},
+    )
+    prepared = tune_trace.prepared(SimpleNamespace(record=record), [c.case_id for c in cases])
+    assert {c.averaging_period: c.profiler_steps for c in prepared.cases} == {4: 8, 16: 16}
+    assert all(c.repeats == 1 and c.trace_windows == 1 and c.steps == 32 for c in prepared.cases)
+    assert [c.case_id for c in prepared.cases] == [c.case_id for c in cases]  # the same settings, by id

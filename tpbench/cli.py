@@ -681,13 +681,14 @@ def _text_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
 
 def _where_table(where: dict) -> tuple[str, tuple[str, ...], list[tuple[str, ...]], str | None]:
     """``tune --trace``'s figures: a title, a table of each traced setting's parts per step, and the
-    rival against the recommended setting in explain's words (None without a rival)."""
+    rival against the recommended setting part by part (None without a rival)."""
+    from tpbench import verdict
     from tpbench.analysis.explain import PARTS
 
     arms = where["arms"]
+    steps = verdict.traced_steps_words([a["traced_steps"] for a in arms])
     title = (
-        f"Where the time goes (traced after the race, {arms[0]['traced_steps']} steps each, scaled to the race's "
-        f"step times; {where['run_dir']}):"
+        f"Where the time goes (traced after the race, {steps}, scaled to the race's step times; {where['run_dir']}):"
     )
     head = ("setting", "role", "step ms", *(p.replace("_", " ") + " ms" for p in PARTS))
     rows = [(a["label"], a["role"], f"{a['step_ms']:.2f}", *(f"{a['parts_ms'][p]:.2f}" for p in PARTS)) for a in arms]

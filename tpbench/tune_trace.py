@@ -26,13 +26,14 @@ import numpy as np
 from tpbench import store, sweep
 from tpbench import tune as tune_mod
 from tpbench.analysis import explain as parts
-from tpbench.analysis.stats import repeat_values, windows_of
+from tpbench.analysis.stats import averaging_window, repeat_values, windows_of
 from tpbench.explain import traced_steps
 from tpbench.launch import Torchrun
 from tpbench.record import Case
 from tpbench.suite import SuiteError, parse
 
-# Traced steps per setting, in one window after its one timed repeat (``gate --explain`` traces as many).
+# Traced steps per setting (at least; whole averaging windows for post-local SGD), in one window
+# after its one timed repeat (``gate --explain`` traces as many).
 TRACE_STEPS = 5
 RECOMMENDED, RIVAL = "recommended", "closest rival"
 
@@ -68,17 +69,19 @@ class TraceError(RuntimeError):
 
 
 def prepared(tuned: store.Loaded, case_ids: list[str]) -> sweep.Prepared:
-    """The trace sweep: the tune's cases ``case_ids`` as it ran them, with one repeat and
+    """The trace sweep: the tune's cases ``case_ids`` as it ran them, with one repeat and at least
     ``TRACE_STEPS`` traced steps in one window; its suite is the tune's (the same file and tables)."""
     record = tuned.record
     source = record.suite
     suite = dataclasses.replace(parse(source.text, source.path or source.name), path=source.path)
-    cases = [
-        dataclasses.replace(
-            Case.from_params(record.cases[cid].params), repeats=1, profiler_steps=TRACE_STEPS, trace_windows=1
-        )
-        for cid in case_ids
-    ]
+    cases = []
+    for cid in case_ids:
+        params = record.cases[cid].params
+        # Whole averaging windows (post-local SGD averages every averaging_period-th step), so that
+        # the traced steps hold that periodic cost as often as the timed ones do.
+        window = averaging_window(params)
+        steps = window * math.ceil(TRACE_STEPS / window)
+        cases.append(dataclasses.replace(Case.from_params(params), repeats=1, profiler_steps=steps, trace_windows=1))
     return sweep.Prepared(suite, cases)
 
 

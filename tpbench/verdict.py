@@ -138,3 +138,11 @@ def eliminated_vs_text(vs: Mapping[str, Any] | None) -> str:
     if not vs:
         return ""
     return f"{vs['ratio'] - 1:+.1%} [{vs['lo'] - 1:+.1%}, {vs['hi'] - 1:+.1%}] vs that round's leader"
+
+
+def traced_steps_words(counts: list[int]) -> str:
+    """How many steps ``tune --trace`` traced of each setting, in the terminal and the report alike:
+    "5 steps each", or "5 and 16 steps" where a setting's averaging window asked for more."""
+    if len(set(counts)) == 1:
+        return f"{counts[0]} steps each"
+    return " and ".join(map(str, counts)) + " steps"

@@ -77,10 +77,11 @@ def _where(page: Page, where: dict) -> None:
     arms = where["arms"]
     page.heading("Where the time goes", level=3, anchor="where-time-goes")
     page.paragraph(
-        f"Traced after the race ({where['run_dir']}): {arms[0]['traced_steps']} steps of each setting after one "
-        "repeat, split as tpbench explain splits a step (compute, exposed communication, optimizer, idle, waiting "
-        "for the slowest rank) and scaled to the race's step times (the recommended setting's geometric mean over its "
-        "rounds, the rival's that times its ratio in the table above): the mean per step.",
+        f"Traced after the race ({where['run_dir']}): "
+        f"{verdict.traced_steps_words([a['traced_steps'] for a in arms])} after one repeat, split as tpbench explain "
+        "splits a step (compute, exposed communication, optimizer, idle, waiting for the slowest rank) and scaled "
+        "to the race's step times (the recommended setting's geometric mean over its rounds, the rival's that times "
+        "its ratio in the table above): the mean per step.",
         css="muted",
     )
     fig = go.Figure()
