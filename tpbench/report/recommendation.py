@@ -67,15 +67,15 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
                 "settings were compared across worlds, unpaired (the table).",
                 css="muted",
             )
-        if result.get("where"):  # tune --trace
-            _where(page, result["where"])
+        if result.get("where"):  # tune --trace; an id names one element of a page
+            _where(page, result["where"], "where-time-goes" if len(tuned) == 1 else None)
 
 
-def _where(page: Page, where: dict) -> None:
+def _where(page: Page, where: dict, anchor: str | None) -> None:
     """``tune --trace``: each traced setting's step split into explain's parts, and the rival against
     the recommended setting part by part (``tune_trace``)."""
     arms = where["arms"]
-    page.heading("Where the time goes", level=3, anchor="where-time-goes")
+    page.heading("Where the time goes", level=3, anchor=anchor)
     page.paragraph(
         f"Traced after the race ({where['run_dir']}): "
         f"{verdict.traced_steps_words([a['traced_steps'] for a in arms])} after one repeat, split as tpbench explain "
