@@ -232,14 +232,19 @@ def _params(loaded):
 @pytest.mark.ranks
 def test_cpu_slowdown_burns_cpu_and_sleep_slowdown_only_waits(slowdowns):
     """200% of the warm-up's CPU time burnt triples a step's CPU time; a 200% sleep triples its wall
-    time and leaves its CPU time about where it was (its last millisecond spins, see worker._delay)."""
+    time but adds little CPU: per millisecond of wall time it adds, under half the CPU the burn adds
+    (measured 0.11–0.23 against 0.70–0.90). Not "about where it was": its last millisecond spins
+    (worker._delay) and a step's CPU time is the process's, whose other threads (Gloo's, the
+    intra-op pool's) wake and wait around the sleep, so on a busy machine it can nearly double."""
     cpu, wall = _medians(slowdowns, "cpu_ms"), _medians(slowdowns, "step_ms")
     base_cpu = min(cpu[(0.0, "sleep")], cpu[(0.0, "cpu")])
     base_wall = min(wall[(0.0, "sleep")], wall[(0.0, "cpu")])
     assert cpu[(200.0, "cpu")] > 2 * base_cpu, cpu
     assert wall[(200.0, "cpu")] > 1.5 * base_wall, wall
     assert wall[(200.0, "sleep")] > 2 * base_wall, wall
-    assert cpu[(200.0, "sleep")] < 0.6 * cpu[(200.0, "cpu")], cpu
+    # Against the quicker of the two 0 % twins: the wall checks above keep each denominator positive.
+    added = {k: (cpu[(200.0, k)] - base_cpu) / (wall[(200.0, k)] - base_wall) for k in ("sleep", "cpu")}
+    assert added["sleep"] < 0.5 * added["cpu"], (added, cpu, wall)
     assert (slowdowns.steps["cpu_ms"] > 0).all()
 
 
