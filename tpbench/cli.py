@@ -679,6 +679,11 @@ def _text_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
     return t
 
 
+def _md_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """``_text_table``'s rows as Markdown lines."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
 def _where_table(where: dict) -> tuple[str, tuple[str, ...], list[tuple[str, ...]], str | None]:
     """``tune --trace``'s figures: a title, a table of each traced setting's parts per step, and the
     rival against the recommended setting part by part (None without a rival)."""
@@ -692,8 +697,7 @@ def _where_table(where: dict) -> tuple[str, tuple[str, ...], list[tuple[str, ...
     )
     head = ("setting", "role", "step ms", *(p.replace("_", " ") + " ms" for p in PARTS))
     rows = [(a["label"], a["role"], f"{a['step_ms']:.2f}", *(f"{a['parts_ms'][p]:.2f}" for p in PARTS)) for a in arms]
-    said = f"{arms[1]['label']} against {arms[0]['label']}: {where['sentence']}" if where["sentence"] else None
-    return title, head, rows, said
+    return title, head, rows, verdict.rival_line(where)
 
 
 def _print_tune(result, fmt: str) -> None:
@@ -733,13 +737,11 @@ def _print_tune(result, fmt: str) -> None:
     if fmt == "md":
         lines = [f"**{result.claim}**", *(["", result.training_note] if result.training_note else [])]
         lines += ["", verdict.WORLDS_SAY, *(f"- {w}" for w in result.worlds)] if result.worlds else []
-        lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        lines += ["", *_md_table(head, rows)]
         lines += ["", cost, *([f"{then}`{result.next_step}`"] if result.next_step else [])]
         if result.where:
             title, whead, wrows, said = _where_table(result.where)
-            lines += ["", title, "", "| " + " | ".join(whead) + " |", "|" + "---|" * len(whead)]
-            lines += ["| " + " | ".join(r) + " |" for r in wrows] + (["", said] if said else [])
+            lines += ["", title, "", *_md_table(whead, wrows), *(["", said] if said else [])]
         elif result.trace_step:
             lines += ["", f"{TRACE_SAYS}`{result.trace_step}`"]
         sys.stdout.write("\n".join([*lines, ""]) + "\n")

@@ -146,3 +146,12 @@ def traced_steps_words(counts: list[int]) -> str:
     if len(set(counts)) == 1:
         return f"{counts[0]} steps each"
     return " and ".join(map(str, counts)) + " steps"
+
+
+def rival_line(where: Mapping[str, Any]) -> str | None:
+    """``tune --trace``'s closing line, in the terminal and the report alike: the rival against the
+    recommended setting, part by part (``where["sentence"]``); None where no rival was traced."""
+    if not where.get("sentence"):
+        return None
+    arms = where["arms"]
+    return f"{arms[1]['label']} against {arms[0]['label']}: {where['sentence']}"

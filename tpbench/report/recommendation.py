@@ -41,9 +41,9 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
         if result.get("trace_step") and not result.get("where"):  # tune.json before it had none
             page.paragraph(
                 "Where the time goes: a tune traces nothing (tpbench tune --trace does, after the race); this sweep "
-                "traces the recommended setting and its "
-                "closest rival, if any, and its report splits their steps into compute, exposed communication and "
-                f"idle (with the tune's own --set and launcher options): {result['trace_step']}"
+                "traces the recommended setting and its closest rival, if any, and its report splits their steps "
+                "into compute, exposed communication and idle (with the tune's own --set and launcher options): "
+                f"{result['trace_step']}"
             )
         page.paragraph(
             f"Raced by tpbench tune on {result['metric']}: after each round, once "
@@ -106,8 +106,9 @@ def _where(page: Page, where: dict, anchor: str | None) -> None:
     )
     fig.update_yaxes(autorange="reversed")
     page.figure(fig)
-    if where.get("sentence"):
-        page.paragraph(f"{arms[1]['label']} against {arms[0]['label']}: {where['sentence']}")
+    said = verdict.rival_line(where)
+    if said:
+        page.paragraph(said)
 
 
 def _pct(v: float | None) -> str:
