@@ -852,6 +852,48 @@ def test_trace_says_where_the_recommended_settings_time_goes_beside_its_closest_
     assert 'id="where-time-goes"' in body and where["sentence"] in body
 
 
+@pytest.mark.ranks
+def test_ctrl_c_during_the_trace_stops_the_trace_only_and_the_tunes_answer_stands(tmp_path):
+    """Ctrl-C (SIGINT to the whole foreground group, ranks included) once the race has ended and the
+    trace sweep has started: the trace stops, its ranks with it, and the tune still prints its answer
+    and exits as the race ended (0 or 4), tune.json keeping the race without a ``where``."""
+    suite = planted(tmp_path, "[0, 1]", repeats=2)
+    out = tmp_path / "r"
+    args = ["tune", str(suite), "--out", str(out), "--min-rounds", "2", "--trace", "--format", "json"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tpbench", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        said = []
+        for line in proc.stderr:
+            said.append(line)
+            if "Run directory:" in line and any("Tracing the recommended setting" in s for s in said):
+                time.sleep(0.5)  # the trace sweep has its run and is starting its world
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        stdout, rest = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    said = "".join(said) + rest
+    assert "Tracing the recommended setting" in said, said
+    assert proc.returncode in (0, 4), said
+    assert "No trace (interrupted); the tune's answer stands." in " ".join(said.split())
+    doc = json.loads(stdout)
+    assert doc["claim"] and doc.get("where") is None
+    runs = list(store.iter_runs(out))
+    (tuned,) = [r for r in runs if store.read_tune(r)]
+    assert store.read_tune(tuned)["result"]["where"] is None
+    assert len(runs) == 2  # the trace run started beside the tune's, and was stopped
+    with pytest.raises(ProcessLookupError):  # nothing of the tune's process group is left running
+        os.killpg(proc.pid, 0)
+
+
 def test_the_closest_rival_traced_is_the_nearest_tied_or_unresolved_arm_else_the_nearest_eliminated():
     def arm(cid: str, status: str, ratio: float | None) -> tune.Arm:
         return tune.Arm(cid, cid, {}, 0, status, 3, ratio, None, None, None)
