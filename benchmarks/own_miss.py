@@ -1,4 +1,4 @@
-"""How closely does the what-if replay a case's own traced steps? (docs/interconnects.md, "The
+"""How closely does the what-if replay a case's own traced steps? (docs/whatif-runs.md, "The
 model's own miss, step by step")
 
 Per finished run (nothing is swept: it reads the stored traces), how many cases the model

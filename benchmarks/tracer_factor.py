@@ -1,4 +1,4 @@
-"""Is a what-if host factor the tracer's cost, or the machine's speed while tracing? (docs/interconnects.md)
+"""Is a what-if host factor the tracer's cost, or the machine's speed while tracing? (docs/whatif-runs.md)
 
 ``tpbench whatif`` calibrates each case's compute to its timed steps: the factor is timed over
 traced, and the traced steps run after the timed ones. This steps one case of suites/whatif.toml

@@ -1,4 +1,4 @@
-"""Which host factor should a shaped twin take? (docs/interconnects.md, "Measured accuracy")
+"""Which host factor should a shaped twin take? (docs/whatif-runs.md)
 
 On a shaped link whose step is mostly communication, the what-if takes the host factor from the
 training thread's CPU time where it lies below the forward passes' (``whatif._host_factor``).
