@@ -122,9 +122,10 @@ def check_held(row: dict) -> bool:
     """The issue's check of one tune: the true best recommended (or one planted within epsilon of
     it, or the runner-up with the best tied), the slowest arm out with fewer rounds than the
     recommended one, and ``timed_s`` at most half of ``grid_timed_s`` (epsilon and the confidence
-    are in every tune's JSON)."""
+    are in every tune's JSON). An unresolved tune recommends nothing (exit 4): its best guess,
+    right or not, does not hold the check."""
     share = row["cost_share"]
-    named = row["right"] or row.get("runner_up_best_tied", False)
+    named = row["state"] != "unresolved" and (row["right"] or row.get("runner_up_best_tied", False))
     return bool(named and row["slowest_out_earlier"] and share is not None and share <= 0.5)
 
 

@@ -486,14 +486,16 @@ def test_the_accuracy_benchmark_judges_each_tune_against_the_planted_truth_and_c
         tune_accuracy.judge(facts(0.0, "tied", 55.0, 3)),  # right, but over half the grid
         tune_accuracy.judge(facts(0.0, "tied", 40.0, 20)),  # the 40 % arm ran as long as the best
         tune_accuracy.judge(facts(6.0, "tied", 30.0, 3)),  # 6 % slower than the best: a false claim
+        tune_accuracy.judge(facts(0.0, "unresolved", 30.0, 3)),  # the right best guess, but no recommendation
     ]
-    assert [r["right"] for r in rows] == [False, True, True, False]
-    assert [r["claim_false"] for r in rows] == [True, False, False, True]
-    assert [tune_accuracy.check_held(r) for r in rows] == [True, False, False, False]
+    assert [r["right"] for r in rows] == [False, True, True, False, True]
+    assert [r["claim_false"] for r in rows] == [True, False, False, True, False]  # unresolved claims nothing
+    assert [tune_accuracy.check_held(r) for r in rows] == [True, False, False, False, False]
     for r in rows:
         r |= {"competitors": 1, "wall_s": 60.0, "load1_before": 1.0}
     line = tune_accuracy.table(rows).splitlines()[-1]
-    assert line.startswith("| 1 | 4 | 2/4 | 2/4 |") and "| 1/4 |" in line  # the check held in 1 of 4
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[:5] == ["1", "5", "3/5", "2/5", "1/5"] and cells[8] == "1/5"  # the check held in 1 of 5
 
 
 def test_the_race_chart_zooms_on_the_ratios_near_1_on_a_log_axis():
