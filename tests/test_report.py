@@ -212,6 +212,23 @@ def test_fastest_line_names_the_setting_and_the_evidence_against_the_runner_up()
     assert "(this run resolves ±" in loop
 
 
+def test_a_setting_of_one_case_is_not_called_the_fastest():
+    """A swept key outside the tuning knobs (here the interconnect, with one algorithm) makes each
+    case a setting of its own: the report gives its time and says it is alone, never "Fastest"."""
+    suite = ZERO_SUITE.replace(
+        'algorithm = ["zero_no_overlap", "hook_with_zero_step", "hook_with_zero_step_interleaved"]\n'
+        "bucket_cap_mb = [1, 4]\nshard_buckets = [false, true]\n",
+        'algorithm = ["hook_with_zero_step"]\n',
+    )
+    data = report_data.load([in_memory_run(suite, zero_medians)])
+    lines = verdicts.fastest_lines(data)
+    assert len(lines) == 2 and not any("Fastest" in line for line in lines)
+    loop = next(line for line in lines if "loopback" in line)
+    assert loop.startswith("On loopback: hook_with_zero_step at 100 ms/step [99, 101]")
+    assert loop.endswith(", the only case there.")
+    assert verdicts.fastest_lines(data, alone=False) == []
+
+
 def drifting_medians(p: dict) -> list[float]:
     """Rounds that drift by ±30% together (a busy machine), interleaved 4% faster than sequential
     within each round, give or take 0.5%."""

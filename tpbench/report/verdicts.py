@@ -460,7 +460,9 @@ def _geometric_mean(values: dict[int, float]) -> float:
 
 def fastest_lines(data: ReportData, alone: bool = True) -> list[str]:
     """Per run and setting: the fastest case, its interval, and how sure we are that it beats the
-    runner-up; ``alone``: also for a setting of one case (its time, with no runner-up)."""
+    runner-up; ``alone``: also for a setting of one case (its time, and that it is alone there: a
+    suite that sweeps a key outside the tuning knobs, a tune's planted slowdown, makes every case
+    a setting of its own, and "fastest" among one would claim a ranking there is none of)."""
     done = data.done
     setting = [k for k in data.context_keys if k not in TUNING_KEYS]
     lines = []
@@ -480,15 +482,18 @@ def fastest_lines(data: ReportData, alone: bool = True) -> list[str]:
             at = f"{best['median_ms']:.3g} ms/step [{best['ci_lo_ms']:.3g}, {best['ci_hi_ms']:.3g}]"
         else:
             at = f"{best['_rank']:.3g} ms {data.what} (geometric mean over repeats)"
-        line = f"{head}Fastest{' ' + where if where else ''}: {_knobs(best, data)} at {at}"
-        if len(grp) > 1:
-            second = grp.iloc[1].to_dict()
-            est = case_estimate(second, best)
-            line += (
-                f"; against the runner-up {_knobs(second, data)}, {data.what}: "
-                f"{judged(est, second, best).text} ({resolution([est])})"
-            )
-        lines.append(line + ".")
+        if len(grp) == 1:
+            place = where or "this run"
+            if place.split()[0].isalpha():  # "on loopback", not a key: "slowdown_pct=0.0"
+                place = place[0].upper() + place[1:]
+            lines.append(f"{head}{place}: {_knobs(best, data)} at {at}, the only case there.")
+            continue
+        second = grp.iloc[1].to_dict()
+        est = case_estimate(second, best)
+        lines.append(
+            f"{head}Fastest{' ' + where if where else ''}: {_knobs(best, data)} at {at}; against the runner-up "
+            f"{_knobs(second, data)}, {data.what}: {judged(est, second, best).text} ({resolution([est])})."
+        )
     return lines
 
 
