@@ -1,9 +1,10 @@
-"""The sequential rule's intervals (analysis/stats.py: spent_confidence, sequential_ratio, blocked_ratios)."""
+"""The sequential rule's intervals (analysis/stats.py: spent_confidence, sequential_ratio, blocked_ratios) and the
+geometric mean they rank by."""
 
 import numpy as np
 import pytest
 
-from tpbench.analysis.stats import blocked_ratios, paired_ratio, sequential_ratio, spent_confidence
+from tpbench.analysis.stats import blocked_ratios, geometric_mean, paired_ratio, sequential_ratio, spent_confidence
 
 
 def test_spent_confidence_splits_the_error_over_looks_and_comparisons():
@@ -35,6 +36,14 @@ def test_sequential_interval_is_wider_than_a_single_look_and_holds_when_peeking(
         spent += spent_hit
     assert naive / trials > 0.10
     assert spent / trials <= 0.05
+
+
+def test_the_geometric_mean_ranks_as_the_paired_ratio_compares():
+    """The statistic a race's leader and the report's fastest case are ranked by: two sides' paired
+    ratio over the same rounds is the ratio of their geometric means."""
+    a, b = {0: 10.0, 1: 12.0, 2: 9.0}, {0: 11.0, 1: 12.5, 2: 10.0}
+    assert paired_ratio(a, b).ratio == pytest.approx(geometric_mean(b.values()) / geometric_mean(a.values()))
+    assert geometric_mean([2.0, 8.0]) == pytest.approx(4.0) and np.isnan(geometric_mean([]))
 
 
 def test_blocked_ratios_of_two_arms_are_the_paired_interval():

@@ -51,6 +51,7 @@ from tpbench.analysis.convergence import LEVEL_NATS
 from tpbench.analysis.stats import (
     Ratio,
     blocked_ratios,
+    geometric_mean,
     repeat_values,
     slowest_rank,
     spent_confidence,
@@ -725,7 +726,8 @@ def supported_epsilon(ratios: Iterable[Ratio | None]) -> float | None:
 
 
 def _geomean(values: dict[int, float]) -> float:
-    return float(np.exp(np.mean(np.log(list(values.values()))))) if values else math.inf
+    """An arm's geometric mean over its rounds; none ranks last (``inf``)."""
+    return geometric_mean(values.values()) if values else math.inf
 
 
 def _result(

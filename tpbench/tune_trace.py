@@ -21,12 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tpbench import store, sweep
 from tpbench import tune as tune_mod
 from tpbench.analysis import explain as parts
-from tpbench.analysis.stats import averaging_window, repeat_values, windows_of
+from tpbench.analysis.stats import averaging_window, geometric_mean, repeat_values, windows_of
 from tpbench.explain import traced_steps
 from tpbench.launch import Torchrun
 from tpbench.record import Case
@@ -164,8 +162,7 @@ def _race_step_ms(tuned: store.Loaded, arms: list[tune_mod.Arm], metric: str) ->
 
     def own(case_id: str) -> float:
         steps = tuned.steps[tuned.steps["case_id"] == case_id]
-        values = repeat_values(steps, "step_ms", windows)["step_ms"].to_numpy(float)
-        return float(np.exp(np.mean(np.log(values)))) if len(values) else math.nan
+        return geometric_mean(repeat_values(steps, "step_ms", windows)["step_ms"])
 
     base = own(arms[0].case_id)
     return [base] + [

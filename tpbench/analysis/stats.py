@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -122,6 +122,13 @@ def _t(confidence: float, df: float) -> float:
     from scipy import stats
 
     return float(stats.t.ppf(1 - (1 - confidence) / 2, df))
+
+
+def geometric_mean(values: Iterable[float]) -> float:
+    """The geometric mean of per-repeat values (NaN for none): what a ratio of two sides compares
+    (``paired_ratio``, ``unpaired_ratio``), so a side ranked by it is never "slower" than one it leads."""
+    logs = np.log(np.fromiter(values, float))
+    return float(np.exp(logs.mean())) if logs.size else math.nan
 
 
 def paired_ratio(

@@ -40,7 +40,7 @@ from tpbench.algorithms import (
     is_plain_ddp,
 )
 from tpbench.analysis import convergence
-from tpbench.analysis.stats import Ratio, case_ratio
+from tpbench.analysis.stats import Ratio, case_ratio, geometric_mean
 from tpbench.environment import COMPARABLE_KEYS
 from tpbench.report.data import ReportData, context_text
 from tpbench.suite import DDP_DEFAULT, ran_together
@@ -454,10 +454,6 @@ def _knobs(row: dict[str, Any], data: ReportData) -> str:
     return " ".join([row["algo"], *knobs])
 
 
-def _geometric_mean(values: dict[int, float]) -> float:
-    return float(np.exp(np.mean(np.log(list(values.values())))))
-
-
 def fastest_lines(data: ReportData, alone: bool = True) -> list[str]:
     """Per run and setting: the fastest case, its interval, and how sure we are that it beats the
     runner-up; ``alone``: also for a setting of one case (its time, and that it is alone there: a
@@ -474,7 +470,7 @@ def fastest_lines(data: ReportData, alone: bool = True) -> list[str]:
         # Ranked by the statistic the ratio below compares (geometric mean of per-repeat values),
         # so the fastest is never "slower" than its runner-up.
         records = grp.to_dict("records")
-        grp = grp.assign(_rank=[_geometric_mean(repeat_values(r)) for r in records]).sort_values("_rank")
+        grp = grp.assign(_rank=[geometric_mean(repeat_values(r).values()) for r in records]).sort_values("_rank")
         best = grp.iloc[0].to_dict()
         where = context_text(best, setting)
         head = f"[{best['run']}] " if data.multi else ""
