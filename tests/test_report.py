@@ -229,6 +229,13 @@ def test_a_setting_of_one_case_is_not_called_the_fastest():
     assert verdicts.fastest_lines(data, alone=False) == []
 
 
+def test_a_line_opened_by_a_key_keeps_the_key_as_the_suite_spells_it():
+    """A sentence may open with a setting: a phrase is capitalised, a key is a name to type."""
+    assert report_data.sentence_start("on loopback, shard_buckets=True") == "On loopback, shard_buckets=True"
+    assert report_data.sentence_start("slowdown_pct=0.0") == "slowdown_pct=0.0"
+    assert report_data.sentence_start("") == ""
+
+
 def drifting_medians(p: dict) -> list[float]:
     """Rounds that drift by ±30% together (a busy machine), interleaved 4% faster than sequential
     within each round, give or take 0.5%."""

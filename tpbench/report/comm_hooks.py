@@ -18,7 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tpbench import verdict
-from tpbench.report.data import ReportData, context_text
+from tpbench.report.data import ReportData, context_text, sentence_start
 from tpbench.report.figures import LEGEND_BELOW, MARGIN, ratio_trace
 from tpbench.report.html import Page, plot_text
 from tpbench.report.verdicts import Comparison, resolution
@@ -97,7 +97,7 @@ def winner_lines(comparisons: list[Comparison]) -> list[str]:
         keys = [k for k in group[0].context if k != "comm_hook"]
         where = context_text(group[0].context, keys) or "every case"
         parts = [f"with {hook}, {_wins(c)} ({_ratio(c)})" for hook, c in by_hook.items()]
-        line = f"{where[0].upper()}{where[1:]}: " + "; ".join(parts) + "."
+        line = f"{sentence_start(where)}: " + "; ".join(parts) + "."
         if BASELINE in by_hook:
             base = _WINNER[by_hook[BASELINE].verdict]
             changed = {

@@ -228,6 +228,12 @@ def context_text(row: dict[str, Any], keys: list[str]) -> str:
     return _join(parts)
 
 
+def sentence_start(text: str) -> str:
+    """``context_text`` opening a sentence: a phrase capitalised ("On loopback"), a key left as the
+    suite spells it ("slowdown_pct=0.0", not "Slowdown_pct=0.0": a key is a name to type)."""
+    return text[0].upper() + text[1:] if text and text.split()[0].isalpha() else text
+
+
 def _join(parts: list[str]) -> str:
     """Phrases ("at …", "on …", "with …") read as a sentence; key=value pairs follow after a comma."""
     phrases = [p for p in parts if p.startswith(("at ", "on ", "with "))]

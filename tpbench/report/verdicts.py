@@ -42,7 +42,7 @@ from tpbench.algorithms import (
 from tpbench.analysis import convergence
 from tpbench.analysis.stats import Ratio, case_ratio, geometric_mean
 from tpbench.environment import COMPARABLE_KEYS
-from tpbench.report.data import ReportData, context_text
+from tpbench.report.data import ReportData, context_text, sentence_start
 from tpbench.suite import DDP_DEFAULT, ran_together
 
 # Short words for algorithms in sentences; the report spells them out once beside the verdicts.
@@ -479,9 +479,7 @@ def fastest_lines(data: ReportData, alone: bool = True) -> list[str]:
         else:
             at = f"{best['_rank']:.3g} ms {data.what} (geometric mean over repeats)"
         if len(grp) == 1:
-            place = where or "this run"
-            if place.split()[0].isalpha():  # "on loopback", not a key: "slowdown_pct=0.0"
-                place = place[0].upper() + place[1:]
+            place = sentence_start(where or "this run")
             lines.append(f"{head}{place}: {_knobs(best, data)} at {at}, the only case there.")
             continue
         second = grp.iloc[1].to_dict()
