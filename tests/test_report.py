@@ -9,6 +9,7 @@ directories written through the store by ``benchmarks/synth_run.py``. The browse
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -209,7 +210,24 @@ def test_fastest_line_names_the_setting_and_the_evidence_against_the_runner_up()
     assert (
         "; against the runner-up hook_with_zero_step_interleaved" in loop and "step time: no difference shown" in loop
     )
-    assert "(this run resolves ±" in loop
+    assert loop.count("resolve") == 1 and "(this run resolves ±" in loop
+    # Bucket sizes of 0.5 and 4 MB make a float column; the line writes the sizes as the labels do.
+    halves = report_data.load([in_memory_run(ZERO_SUITE.replace("[1, 4]", "[0.5, 4]"), zero_medians)])
+    text = " ".join(verdicts.fastest_lines(halves))
+    assert re.search(r"bucket_cap_mb=4(?![.\d])", text) and "bucket_cap_mb=4.0" not in text
+
+
+def test_a_verdict_that_says_what_the_run_resolves_is_not_followed_by_it_again():
+    """A "no difference shown" verdict's clause names its resolution ("could only resolve ±x%"); the
+    report's sentences add "(this run resolves ±x%)" to every other verdict, once."""
+    reps = {"repeat_medians_ms": [1.0] * 6}  # the rounds the ratio rests on (their values are not read)
+    sides = ({"algorithm": "a", **reps}, {"algorithm": "b", **reps}, {}, {})
+    wide = verdicts.Comparison(verdicts.ZERO_KINDS[0], "run", *sides, stats.Ratio(1.01, 0.93, 1.09, 6, "paired"))
+    narrow = dataclasses.replace(wide, est=stats.Ratio(1.08, 1.06, 1.10, 6, "paired"))
+    assert wide.said.says_resolution and not narrow.said.says_resolution
+    one, other = verdicts.sentence(wide, []), verdicts.sentence(narrow, [])
+    assert one.count("resolve") == 1 and re.search(r", could only resolve ±8\.\d%\.$", one)
+    assert other.count("resolve") == 1 and re.search(r"threshold \(this run resolves ±1\.\d%\)\.$", other)
 
 
 def test_a_setting_of_one_case_is_not_called_the_fastest():

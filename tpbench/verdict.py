@@ -38,6 +38,8 @@ THRESHOLD = 0.05
 # Fewer per-repeat values than this on a side (or pairs, for a paired interval) and the interval
 # is not judged: a t interval on one degree of freedom is 12.7 standard errors wide.
 MIN_REPEATS = 3
+# The clause of an interval that holds no change: it says the smallest change it could have told.
+ONLY_RESOLVES = "could only resolve"
 
 
 def judge(lo: float, hi: float, threshold: float) -> str:
@@ -82,6 +84,12 @@ class Verdict:
         return f"{self.direction}, {self.clause}"
 
     @property
+    def says_resolution(self) -> bool:
+        """Whether the clause already states what the interval resolves ("could only resolve ±7.9%"),
+        so that an output adding "this run resolves ±7.9%" beside it would say it twice."""
+        return self.clause.startswith(ONLY_RESOLVES)
+
+    @property
     def text(self) -> str:
         """The verdict in full: "slower: +9.0% [+1.0%, +17.6%], not shown beyond the ±5% threshold"."""
         return f"{self.direction}: {self.change}, {self.clause}"
@@ -108,7 +116,7 @@ def of(
     elif call == PASS:
         clause = f"within {limit}"
     elif direction == NO_DIFFERENCE:
-        clause = f"could only resolve ±{est.half_width * 100:.1f}%"
+        clause = f"{ONLY_RESOLVES} ±{est.half_width * 100:.1f}%"
     else:
         clause = f"not shown beyond {limit}"
     return Verdict(call, direction, clause, numbers)

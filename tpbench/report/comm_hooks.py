@@ -123,7 +123,8 @@ def _ratio(c: Comparison) -> str:
     """The ratio with the verdict's words (``verdict.Verdict.words``), which say whether the win
     reaches beyond the threshold."""
     interval = "" if c.verdict == verdict.NO_INTERVAL else f" [{c.lo:.3f}, {c.hi:.3f}]"
-    return f"interleaved/sequential {c.ratio:.3f}{interval}: {c.said.words}; {resolution([c.est])}"
+    said = c.said.words + ("" if c.said.says_resolution else f"; {resolution([c.est])}")
+    return f"interleaved/sequential {c.ratio:.3f}{interval}: {said}"
 
 
 def _figure(comparisons: list[Comparison]) -> go.Figure:

@@ -277,6 +277,12 @@ def resolution(ests: Iterable[Ratio]) -> str:
     return text + (f", {missing} with one repeat and no interval" if missing else "")
 
 
+def resolved(said: verdict.Verdict, est: Ratio) -> str:
+    """ " (this run resolves ±x%)" to follow a verdict in full, unless its clause said it already
+    ("no difference shown: …, could only resolve ±x%")."""
+    return "" if said.says_resolution else f" ({resolution([est])})"
+
+
 def change_text(c: Comparison) -> str:
     """The verdict in full (``verdict.Verdict.text``), of the comparison's metric: "slower: +9.0%
     [+1.0%, +17.6%], not shown beyond the ±5% threshold"."""
@@ -286,7 +292,7 @@ def change_text(c: Comparison) -> str:
 def sentence(c: Comparison, keys: list[str]) -> str:
     ctx = context_text(c.context, keys)
     ctx = f" {ctx}" if ctx else ""
-    return f"{c.name} vs {c.kind.baseline}{ctx}, {c.what}: {change_text(c)} ({resolution([c.est])})."
+    return f"{c.name} vs {c.kind.baseline}{ctx}, {c.what}: {change_text(c)}{resolved(c.said, c.est)}."
 
 
 def group_sentences(comparisons: list[Comparison], prefix: str = "") -> list[str]:
@@ -450,7 +456,9 @@ def _times(est: Ratio) -> str:
 
 def _knobs(row: dict[str, Any], data: ReportData) -> str:
     """A case by what the user would set: the algorithm and its tuning parameters (the setting is already said)."""
-    knobs = [f"{k}={row[k]}" for k in data.context_keys if k in TUNING_KEYS - {"impl"} and _present(row.get(k))]
+    keys = [k for k in data.context_keys if k in TUNING_KEYS - {"impl"} and _present(row.get(k))]
+    # As the case's label writes them: a column of 0.5 and 4 MB holds 4.0, the suite said 4.
+    knobs = [f"{k}={int(v) if isinstance(v := row[k], float) and v.is_integer() else v}" for k in keys]
     return " ".join([row["algo"], *knobs])
 
 
@@ -484,9 +492,10 @@ def fastest_lines(data: ReportData, alone: bool = True) -> list[str]:
             continue
         second = grp.iloc[1].to_dict()
         est = case_estimate(second, best)
+        said = judged(est, second, best)
         lines.append(
             f"{head}Fastest{' ' + where if where else ''}: {_knobs(best, data)} at {at}; against the runner-up "
-            f"{_knobs(second, data)}, {data.what}: {judged(est, second, best).text} ({resolution([est])})."
+            f"{_knobs(second, data)}, {data.what}: {said.text}{resolved(said, est)}."
         )
     return lines
 
@@ -556,13 +565,13 @@ def convergence_sentence(v: ConvergenceVerdict, keys: list[str]) -> str:
     sooner = False
     if v.reach_ratio is not None:
         est = v.reach_ratio
-        said = resolution([est])
         reach = f"reaches the target in {v.cand_time_s:.3g} s of training vs DDP's {v.base_time_s:.3g} s"
         if est.has_interval:
             tt = verdict.of(est, baseline_n=v.base_reached, candidate_n=v.cand_reached)
             sooner = tt.direction == verdict.FASTER
-            reach += f", time to the target {tt.text}"
-        reach += f" ({said})"
+            reach += f", time to the target {tt.text}{resolved(tt, est)}"
+        else:
+            reach += f" ({resolution([est])})"
     elif v.cand_reached == 0:
         reach = "never reaches the target" + (
             f" (DDP does, in {v.base_time_s:.3g} s)" if v.base_reached else " (nor does DDP)"
@@ -576,7 +585,7 @@ def convergence_sentence(v: ConvergenceVerdict, keys: list[str]) -> str:
 
 
 def _steps_phrase(c: Comparison) -> str:
-    return f"its {c.what} against DDP's, {change_text(c)} ({resolution([c.est])})"
+    return f"its {c.what} against DDP's, {change_text(c)}{resolved(c.said, c.est)}"
 
 
 def _ends(delta: float) -> str:
