@@ -23,6 +23,7 @@ from conftest import REPO, only_run, run_cli, tiny_suite, worker_processes
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from tpbench import cli, store, sweep
+from tpbench.cli.common import torchrun_launcher
 from tpbench.interconnect import InterconnectUnavailable
 from tpbench.launch import EventFiles, Torchrun, torchrun_failures
 from tpbench.suite import Machine, SuiteError, expand, parse
@@ -201,7 +202,7 @@ def test_slurm_script_hands_the_allocation_to_torchrun(tmp_path):
         check=True,
     )
     args = cli.build_parser().parse_args((tmp_path / "args").read_text().splitlines())
-    assert cli._torchrun(args) == Torchrun(
+    assert torchrun_launcher(args) == Torchrun(
         nnodes=2,
         nproc_per_node=4,
         rdzv_endpoint="gpu-a:29734",

@@ -115,7 +115,7 @@ def test_a_side_too_old_for_lockstep_is_named_with_the_way_out(tmp_path: Path) -
     old = tmp_path / "old"
     shutil.copytree(REPO / "tpbench", old / "tpbench", ignore=shutil.ignore_patterns("__pycache__"))
     (old / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())
-    cli = old / "tpbench" / "cli.py"
+    cli = old / "tpbench" / "cli" / "options.py"
     lines = cli.read_text().splitlines(keepends=True)
     cli.write_text("".join(ln for ln in lines if '"--lockstep"' not in ln))
     p, out = gate(tmp_path, tiny_suite('algorithm = ["ddp"]'), "--repeats", "3", baseline=old)

@@ -220,7 +220,7 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     """Out of rounds: the same suite again with the rounds the estimate says would decide it, and
     this tune's own options; out of budget: a budget scaled to those rounds, and the repeats it had
     where they suffice. Printed under the table, in the report, in JSON as ``next_step``."""
-    from tpbench import cli
+    from tpbench.cli import tune as cli
 
     suite, cases, values = close_pair(tmp_path)
     options = Options(epsilon=0.005)
@@ -235,7 +235,7 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
         and result.next_step == f"tpbench tune {suite} --set repeats={rounds} --epsilon 0.5%"
     )
     assert result.to_json()["next_step"] == result.next_step
-    cli._print_tune(result, "text")
+    cli.print_tune(result, "text")
     assert f"race again for about {rounds} rounds" in capsys.readouterr().out.replace("\n", " ")
     store.write_tune(tmp_path, tune._record(options, [race], 30.0) | {"result": result.to_json()})
     page = Page("tune")
@@ -260,7 +260,7 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
 def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, capsys):
     """A race that ends with arms retired: each is tied in the result (JSON ``retired_at``, the text
     table's "retired after round N"), ran only its own rounds, and is counted in the claim's tie."""
-    from tpbench import cli
+    from tpbench.cli import tune as cli
 
     suite = tmp_path / "s.toml"
     suite.write_text(tiny_suite("slowdown_pct = [0, 0.5, 3, 30]", repeats=60))
@@ -275,7 +275,7 @@ def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, ca
         assert arms[a].status == "tied" and arms[a].retired_at == at and arms[a].to_json()["retired_at"] == at
         assert arms[a].rounds == len(race.values[a]) <= race.rounds
     assert f"tied with {len(race.retired)}," in result.claim
-    cli._print_tune(result, "text")
+    cli.print_tune(result, "text")
     out = capsys.readouterr().out
     assert all(f"retired after round {at}" in out for at in race.retired.values())
     # An eliminated arm says what eliminated it: its interval, above 1, against that round's leader.
@@ -298,7 +298,7 @@ def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_t
     report), with the training time to the target loss of the setting that reaches it soonest; a
     table column gives every arm's loss. Losses that end level (DDP and ZeRO compute the same
     update) say nothing."""
-    from tpbench import cli
+    from tpbench.cli import tune as cli
 
     suite = tmp_path / "s.toml"
     suite.write_text(tiny_suite("slowdown_pct = [0, 0.5, 3, 30]", repeats=60))
@@ -331,7 +331,7 @@ def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_t
     assert js["training_note"] == note and {a["case_id"]: a["heldout_loss"] for a in js["arms"]}[other] == 1.58
     assert {a["case_id"]: a["time_to_target_s"] for a in js["arms"]}[best] == 3.0
     assert all(a["time_to_target_s"] is None for a in js["arms"] if a["case_id"] not in (best, other))
-    cli._print_tune(result, "text")
+    cli.print_tune(result, "text")
     out = " ".join(capsys.readouterr().out.split())
     assert " ".join(note.split()) in out and "held-out loss" in out and "1.580" in out
     store.write_tune(tmp_path, {"options": {"min_rounds": 3}, "history": race.history, "result": js})
@@ -355,7 +355,7 @@ def test_worlds_of_one_arm_run_the_minimum_rounds_and_the_note_compares_per_samp
     world now runs the minimum rounds, and the world winners are compared on their intervals; with
     one round the most (``repeats = 1``) nothing is decided. batch_size is per rank, so the 2-rank
     world takes twice the samples a step: the note gives the per-sample ratio beside the claim."""
-    from tpbench import cli
+    from tpbench.cli import tune as cli
 
     suite = tmp_path / "s.toml"
     suite.write_text(tiny_suite("world_size = [1, 2]", repeats=60))
@@ -386,7 +386,7 @@ def test_worlds_of_one_arm_run_the_minimum_rounds_and_the_note_compares_per_samp
     assert html.escape(note) in shown and "No race chart: no world held two of these settings" in shown
     assert "<td>None</td>" not in shown and "the recommended setting's world, at the end, unpaired" in shown
     assert (
-        cli._decided(other)
+        cli.decided(other)
         == "eliminated by the recommended setting's world, at the end, unpaired (the interval beside it)"
     )
     assert result.worlds == [f"{a.label}: the only setting in its world" for a in (rec, other)]
@@ -401,7 +401,7 @@ def test_arms_across_worlds_get_each_worlds_own_answer(tmp_path, capsys):
     worlds names the faster link's best setting, which says mostly that the link is faster; each
     world's own race says which setting to use on that link, and the tune says so per world (text,
     JSON, the report)."""
-    from tpbench import cli
+    from tpbench.cli import tune as cli
 
     suite = tmp_path / "s.toml"
     suite.write_text(tiny_suite("world_size = [1, 2]\nslowdown_pct = [0, 40]", repeats=30))
@@ -419,7 +419,7 @@ def test_arms_across_worlds_get_each_worlds_own_answer(tmp_path, capsys):
         f"{best[2]}: the best of 2 in its world; 1 eliminated",
     ]
     assert result.to_json()["worlds"] == result.worlds
-    cli._print_tune(result, "text")
+    cli.print_tune(result, "text")
     out = capsys.readouterr().out
     assert "Within each world (its own race, on the same intervals):" in out and best[2] in out
     store.write_tune(tmp_path, {"options": {"min_rounds": 3}, "history": races[0].history, "result": result.to_json()})
@@ -760,9 +760,9 @@ def test_arms_of_two_worlds_are_raced_apart_and_their_winners_compared_unpaired(
 
 
 def test_the_help_states_the_default_min_rounds():
-    from tpbench import cli
+    from tpbench.cli import build_parser
 
-    tune_parser = cli.build_parser()._subparsers._group_actions[0].choices["tune"]
+    tune_parser = build_parser()._subparsers._group_actions[0].choices["tune"]
     (action,) = [a for a in tune_parser._actions if "--min-rounds" in a.option_strings]
     assert f"(default: {tune.MIN_ROUNDS})" in action.help
 

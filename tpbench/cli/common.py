@@ -1,0 +1,155 @@
+"""What every ``tpbench`` command shares: the two consoles (results on stdout, progress and errors
+on stderr), the exit codes, usage errors, stop signals handled as Ctrl-C, and the launcher options.
+
+Exit codes: 0 success, 1 a case failed (sweep) or a regression (compare, gate), 2 usage error or
+bad suite, 3 missing/broken results or incomparable runs, 4 inconclusive (with
+--fail-on-inconclusive) or a tune unresolved, 130 interrupted (128 + the signal's number for a stop signal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shlex
+import signal
+import sys
+from typing import Any, Iterator
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress
+from rich.table import Table
+from rich.text import Text
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_RESULTS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+# `tpbench tune` ended without a decision (the budget or the rounds ran out): 4, as an inconclusive
+# comparison is.
+EXIT_UNRESOLVED = 4
+
+console = Console(stderr=True, highlight=False)
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+def torchrun_launcher(args: argparse.Namespace):
+    """The torchrun launcher the arguments ask for (None: local); a usage error as ``SystemExit``."""
+    from tpbench.launch import Torchrun
+
+    given = [
+        f
+        for f, v in (
+            ("--nnodes", args.nnodes),
+            ("--nproc-per-node", args.nproc_per_node),
+            ("--rdzv-endpoint", args.rdzv_endpoint),
+            ("--agent-prefix", args.agent_prefix),
+        )
+        if v is not None
+    ]
+    if args.launcher != "torchrun":
+        # On --resume, --print alone reuses the run's own torchrun settings.
+        if given or (args.print_only and not args.resume):
+            usage(f"{', '.join(given or ['--print'])}: only with --launcher torchrun")
+        return None
+    launcher = Torchrun(
+        nnodes=1 if args.nnodes is None else args.nnodes,
+        nproc_per_node=args.nproc_per_node,
+        rdzv_endpoint=args.rdzv_endpoint,
+        agent_prefix=tuple(shlex.split(args.agent_prefix or "")),
+    )
+    if launcher.problem():
+        usage(launcher.problem())
+    if launcher.nnodes > 1 and not launcher.agent_prefix and not args.print_only:
+        usage(
+            f"--nnodes {launcher.nnodes} starts agents on {launcher.nnodes} machines: give --agent-prefix "
+            "(e.g. 'srun --ntasks-per-node=1 --kill-on-bad-exit=1') to start them from here, "
+            "or --print to start them yourself"
+        )
+    return launcher
+
+
+def usage(message: str, command: str = "sweep") -> None:
+    console.print(f"tpbench {command}: error: {message}", soft_wrap=True, markup=False)
+    raise SystemExit(EXIT_USAGE)
+
+
+def cases_table(title: str, cases: list) -> Table:
+    from tpbench.suite import labels
+
+    names = labels([cases])[0]
+    t = Table(title=escape(title))
+    for col in ("case_id", "case", "world", "repeats × steps"):
+        t.add_column(col)
+    for c in cases:
+        t.add_row(
+            c.case_id,
+            escape(names[c.case_id]),
+            f"{c.world_size}×{c.backend}/{c.device} {escape(c.interconnect)}",
+            f"{c.repeats}×{c.steps}",
+        )
+    return t
+
+
+# Signals a sweep handles as Ctrl-C: SIGTERM is what schedulers and CI send to stop a job, SIGHUP
+# what a closed terminal or dropped ssh session sends.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(KeyboardInterrupt):
+    """A stop signal, handled as Ctrl-C is; the exit code is 128 + its number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum: int, frame: object) -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)  # a second one must not cut the clean-up short
+    raise Terminated(signum)
+
+
+def interrupted(e: KeyboardInterrupt) -> tuple[str, int]:
+    """What to say and the exit code, for Ctrl-C or a stop signal."""
+    if isinstance(e, Terminated):
+        return f"Terminated ({signal.Signals(e.signum).name}).", 128 + e.signum
+    return "Interrupted.", EXIT_INTERRUPTED
+
+
+def resumable(e: KeyboardInterrupt, run, command: str, kept: str) -> int:
+    """Ctrl-C or a stop signal once the run exists: what is kept and how to resume it; the exit
+    code. Before (no ``run``), the interrupt goes on to ``main``: there is nothing to resume."""
+    if run is None:
+        raise e
+    said, code = interrupted(e)
+    console.print(
+        Text.assemble(
+            "\n",
+            (said, "yellow"),
+            f" {kept} Resume with:\n  ",
+            shlex.join(["tpbench", command, "--resume", str(run.dir)]),
+        ),
+        soft_wrap=True,
+    )
+    return code
+
+
+@contextlib.contextmanager
+def stop_signals_interrupt() -> Iterator[None]:
+    """While a sweep runs, stop signals raise ``Terminated``; the previous handlers come back after."""
+    previous = {sig: signal.signal(sig, _terminate) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def showing(progress: Progress, watcher: Any) -> Iterator[Any]:
+    """``watcher`` while ``progress`` is on the terminal."""
+    with progress:
+        yield watcher
+
+
+def error(e: Exception) -> None:
+    # User text (file names, keys like "[defaults] steps") must not be read as rich markup.
+    console.print(Text.assemble(("error: ", "red"), str(e)), soft_wrap=True)

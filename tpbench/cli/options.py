@@ -1,0 +1,373 @@
+"""The ``tpbench`` command line: every command's options, and the types that check their values."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from tpbench.cli.show import cmd_env, cmd_export, cmd_list, cmd_report, cmd_validate, cmd_whatif
+from tpbench.cli.sweep import cmd_sweep
+from tpbench.cli.tune import cmd_tune
+from tpbench.cli.verdicts import cmd_compare, cmd_explain, cmd_gate
+
+# Bounds of the adaptive options: a target below 0.1% asks for more rounds than any budget holds
+# (and 1e-200 overflows the batch size); one above 10000% asks nothing of any interval; a budget beyond a
+# week is a typo.
+MIN_TARGET_CI, MAX_TARGET_CI = 0.001, 100.0
+MAX_BUDGET_S = 7 * 24 * 3600.0
+
+
+def _target_ci(text: str) -> float:
+    """``--target-ci 5%`` or ``0.05``: the half-width every within-run comparison (a sweep's) or
+    every case's interval (a gate's) should reach."""
+    try:
+        value = _fraction(text)
+    except argparse.ArgumentTypeError:
+        value = 0.0  # out of range below: one message for text and numbers alike
+    if not MIN_TARGET_CI <= value <= MAX_TARGET_CI:
+        raise argparse.ArgumentTypeError(
+            f"{text}: expected a percentage like 5% or a fraction like 0.05, "
+            f"from {MIN_TARGET_CI:.1%} to {MAX_TARGET_CI:.0%}"
+        )
+    return value
+
+
+def _out_dir(text: str) -> Path:
+    """A results folder: its path must be UTF-8, since torch's file store (the ranks' rendezvous)
+    and its profiler (the traces) take only such paths; refused here rather than by every rank."""
+    try:
+        os.fsencode(text).decode("utf-8")
+    except UnicodeDecodeError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: not a UTF-8 path; torch's file store and profiler cannot write under it"
+        ) from None
+    return Path(text)
+
+
+def _seconds(text: str) -> float:
+    """A time budget: finite, above 0 and at most ``MAX_BUDGET_S`` (NaN, inf and 1e308 would never end)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= MAX_BUDGET_S:
+        raise argparse.ArgumentTypeError(f"{text}: expected a number of seconds > 0 and <= {MAX_BUDGET_S:g} (7 days)")
+    return value
+
+
+def _verdict_args(p: argparse.ArgumentParser) -> None:
+    from tpbench.environment import COMPARABLE_KEYS
+
+    p.add_argument("--metric", default="step_ms", help="per-step column to compare, lower is better (default: step_ms)")
+    p.add_argument("--threshold", default="5%", help="changes within ±THRESHOLD pass (default: 5%%)")
+    p.add_argument("--format", choices=("text", "md", "json"), default="text", help="output on stdout (default: text)")
+    p.add_argument(
+        "--fail-on-inconclusive", action="store_true", help="exit 4 when a case is inconclusive (default: exit 0)"
+    )
+    p.add_argument(
+        "--ignore-env",
+        action="append",
+        default=[],
+        choices=COMPARABLE_KEYS,
+        metavar="KEY",
+        help=f"compare even though this fingerprint key differs ({', '.join(COMPARABLE_KEYS)})",
+    )
+
+
+def _fraction(text: str) -> float:
+    """``2%`` or ``0.02`` → 0.02: a percentage, or a bare number read as a fraction (the range is each
+    option's own check: ``_target_ci``, ``tune.Options.check``)."""
+    raw = text.strip()
+    try:
+        return float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text}: expected a percentage like 2% or a fraction like 0.02") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tpbench", description="Profile and benchmark PyTorch DDP communication hooks.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    def suite_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a default or a swept key (capture.KEY, workloads.NAME.KEY reach those tables)",
+        )
+        p.add_argument(
+            "--filter",
+            action="append",
+            default=[],
+            metavar="KEY=V1|V2",
+            help="keep only matching cases (KEY!=V excludes; id=PREFIX matches case ids)",
+        )
+
+    def allow_large_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--allow-large",
+            action="store_true",
+            help="run worlds and sweeps beyond this machine's limits (4 ranks per core, 512 MiB per rank; 10000 cases)",
+        )
+
+    def torchrun_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+        t = p.add_argument_group("torchrun (multi-node; the results root must be on a filesystem every node sees)")
+        t.add_argument(
+            "--launcher",
+            choices=("local", "torchrun"),
+            help="start the ranks here (local, the default) or each world as a torchrun job; --resume reuses the run's",
+        )
+        t.add_argument("--nnodes", type=int, help="nodes per world (default: 1)")
+        t.add_argument("--nproc-per-node", type=int, help="ranks per node (default: the world size / --nnodes)")
+        t.add_argument(
+            "--rdzv-endpoint",
+            metavar="HOST:PORT",
+            help="c10d rendezvous on the first node (needed with --nnodes > 1; default: torchrun --standalone)",
+        )
+        t.add_argument(
+            "--agent-prefix",
+            metavar="CMD",
+            help="command that starts one torchrun agent per node, "
+            "e.g. 'srun --ntasks-per-node=1 --kill-on-bad-exit=1'",
+        )
+        return t
+
+    p = sub.add_parser("sweep", help="run a suite")
+    p.add_argument("suite", nargs="?", help="suite TOML file (not needed with --resume)")
+    suite_args(p)
+    allow_large_arg(p)
+    p.add_argument("--out", type=_out_dir, help="results root (default: results)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="run only the missing or failed cases of RUN_DIR")
+    p.add_argument("--dry-run", action="store_true", help="list the cases and exit")
+    p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
+    p.add_argument("--report", type=Path, metavar="FILE", help="report path (default: reports/<suite>-<run_id>.html)")
+    p.add_argument("--reports-dir", type=Path, default=Path("reports"), help=argparse.SUPPRESS)
+    # Set by `tpbench gate` (lockstep mode): the Unix socket its worlds ask before each item.
+    p.add_argument("--lockstep", metavar="SOCKET", help=argparse.SUPPRESS)
+    a = p.add_argument_group("adaptive budget (after the planned repeats, rounds for comparisons still too wide)")
+    a.add_argument(
+        "--target-ci",
+        type=_target_ci,
+        metavar="PCT",
+        help="add rounds until every within-run comparison (`tpbench compare RUN_DIR`) resolves ±PCT, e.g. 5%%",
+    )
+    a.add_argument(
+        "--budget-s",
+        type=_seconds,
+        metavar="SECONDS",
+        help="with --target-ci: stop adding rounds once the run has spent this long running worlds, "
+        "the planned repeats included",
+    )
+    t = torchrun_args(p)
+    t.add_argument(
+        "--print",
+        dest="print_only",
+        action="store_true",
+        help="write the plans and print the torchrun command(s) to run on every node, then exit; "
+        "`--resume RUN_DIR` afterwards records what they did",
+    )
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser(
+        "tune", help="race a suite's swept settings and name the best, with a margin and a confidence (docs/tune.md)"
+    )
+    p.add_argument("suite", nargs="?", help="suite TOML file: its swept grid is the settings raced (not with --resume)")
+    suite_args(p)
+    allow_large_arg(p)
+    p.add_argument("--out", type=_out_dir, help="results root (default: results)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="go on with an interrupted tune of RUN_DIR")
+    p.add_argument("--dry-run", action="store_true", help="list the settings and exit")
+    p.add_argument(
+        "--epsilon",
+        type=_fraction,
+        metavar="PCT",
+        help="the claim: the setting named is within PCT of the best, 2%% or 0.02 (default: 2%%)",
+    )
+    p.add_argument(
+        "--confidence", type=_fraction, help="of the whole claim, above 0.5, below 1: 0.95 or 95%% (default: 0.95)"
+    )
+    p.add_argument(
+        "--budget-s", type=_seconds, metavar="SECONDS", help="stop after this long, resolved or not (default: no limit)"
+    )
+    p.add_argument("--metric", choices=("step_ms", "cpu_ms"), help="what is raced (default: wall time per step)")
+    p.add_argument(
+        "--min-rounds",
+        type=int,
+        help="rounds every setting runs before the first elimination or retirement (default: 3); repeats is the most",
+    )
+    p.add_argument("--format", choices=("text", "md", "json"), default="text", help="how to print the result")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="after the race, trace the recommended setting and its closest rival and say where their time goes",
+    )
+    torchrun_args(p)
+    p.set_defaults(func=cmd_tune, print_only=False)
+
+    p = sub.add_parser("report", help="write the HTML report of one run, or compare several")
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    p.add_argument("-o", "--output", type=Path, metavar="FILE")
+    p.add_argument(
+        "--metric",
+        choices=("step_ms", "cpu_ms"),
+        default="step_ms",
+        help="what the verdicts compare: wall time per step (default) or the ranks' CPU time per step",
+    )
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("validate", help="check a suite without running it")
+    p.add_argument("suite")
+    suite_args(p)
+    allow_large_arg(p)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("env", help="print this machine's environment fingerprint")
+    p.set_defaults(func=cmd_env)
+
+    p = sub.add_parser("list", help="list algorithms, workloads and suites")
+    p.add_argument("--suites", default="suites", help="folder of suites (default: suites)")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser(
+        "compare",
+        help="judge a candidate run against baseline run(s), or the cases of one run pair by pair: "
+        "pass/regression/improvement/…",
+    )
+    p.add_argument(
+        "runs",
+        nargs="+",
+        type=Path,
+        metavar="RUN_DIR",
+        help="BASELINE_RUN... CANDIDATE_RUN (several baselines are pooled); one RUN_DIR: its cases that differ "
+        "in one swept key, pair by pair",
+    )
+    _verdict_args(p)
+    p.add_argument(
+        "--pair",
+        action="append",
+        default=[],
+        metavar="KEY=BASELINE..CANDIDATE",
+        help="one run: judge only these comparisons (repeatable), e.g. "
+        "algorithm=hook_with_zero_step..hook_with_zero_step_interleaved",
+    )
+    p.add_argument(
+        "--filter",
+        action="append",
+        default=[],
+        metavar="KEY=V1|V2",
+        help="one run: compare only the cases that match (as for sweep; KEY!=V excludes)",
+    )
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser(
+        "explain",
+        help="split a step-time change into compute, exposed communication, optimizer, idle and straggler wait",
+    )
+    p.add_argument(
+        "runs",
+        nargs="+",
+        type=Path,
+        metavar="RUN_DIR",
+        help="BASE_RUN CAND_RUN (their cases matched as compare matches them), or one RUN_DIR with --pair",
+    )
+    p.add_argument(
+        "--pair",
+        action="append",
+        default=[],
+        metavar="KEY=BASELINE..CANDIDATE",
+        help="one run: explain these comparisons of its cases (repeatable), e.g. interconnect=loopback..tcp-1gbit",
+    )
+    p.add_argument("--format", choices=("text", "md", "json"), default="text", help="output on stdout (default: text)")
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("gate", help="run a suite for baseline and candidate in this job, in lockstep, and judge")
+    p.add_argument("suite", help="suite TOML file")
+    p.add_argument(
+        "--baseline",
+        required=True,
+        metavar="PATH_OR_CMD",
+        help="python executable, venv directory, source tree (pyproject.toml) or tpbench command prefix",
+    )
+    p.add_argument("--candidate", required=True, metavar="PATH_OR_CMD", help="same forms as --baseline")
+    p.add_argument(
+        "--mode",
+        choices=("lockstep", "rounds"),
+        default="lockstep",
+        help="lockstep: one world per side, alternating repeat by repeat (default); rounds: whole sweeps "
+        "alternating, for a side whose tpbench predates lockstep",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        help="lockstep: the most repeats per case (default: 30; 500 with --target-ci)",
+    )
+    p.add_argument(
+        "--target-ci",
+        type=_target_ci,
+        metavar="PCT",
+        help="lockstep: stop once every case's interval half-width is at most PCT (after 10 pairs per case)",
+    )
+    p.add_argument(
+        "--budget-s",
+        type=_seconds,
+        metavar="SECONDS",
+        help="lockstep: stop after this long, whatever is left (default: 480)",
+    )
+    p.add_argument("--seed", type=int, help="lockstep: seed of each round's side order (default: 0)")
+    p.add_argument("--rounds", type=int, help="rounds mode: sweeps per side, alternating (default: 5)")
+    suite_args(p)
+    p.add_argument(
+        "--candidate-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override for the candidate only (e.g. slowdown_pct=10 to check the gate itself)",
+    )
+    p.add_argument(
+        "--out", type=_out_dir, help="where the gate's runs, logs and gate.json go (default: results/gate/<id>)"
+    )
+    _verdict_args(p)
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="on a regression, trace a few steps of each side afterwards (the gate traces nothing while it "
+        "measures) and name each regression's top contributor (compute, exposed_comm, ...; see tpbench explain)",
+    )
+    p.set_defaults(func=cmd_gate)
+
+    p = sub.add_parser("export", help="write a run as pytest-benchmark or github-action-benchmark JSON")
+    p.add_argument("run", type=Path, metavar="RUN_DIR")
+    p.add_argument("--format", required=True, choices=("pytest-benchmark", "custom-smaller-is-better"))
+    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write here instead of stdout")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser(
+        "whatif", help="project a run's step times onto other fabrics (α–β model), validated on its emulated links"
+    )
+    p.add_argument("run", type=Path, metavar="RUN_DIR")
+    p.add_argument(
+        "--fabric", action="append", default=[], metavar="NAME", help="project onto these fabrics only (default: all)"
+    )
+    p.add_argument(
+        "--fabrics",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="TOML with [fabrics.NAME] latency_us, bandwidth_GBps (adds to or overrides the built-in table)",
+    )
+    p.add_argument(
+        "--reference",
+        metavar="LINK",
+        help="interconnect whose cases are modelled (default: loopback, else the run's first)",
+    )
+    p.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text: the tables and the answer; json: projections, intervals, refusals, validation and ranking",
+    )
+    p.set_defaults(func=cmd_whatif)
+    return ap

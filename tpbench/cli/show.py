@@ -1,0 +1,171 @@
+"""The commands that read what is there: a run (``report``, ``export``, ``whatif``), a suite
+(``validate``), this machine (``env``) and what tpbench offers (``list``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from tpbench.cli.common import EXIT_OK, EXIT_RESULTS, EXIT_USAGE, console, error, out
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tpbench import report
+
+    out_path = args.output or report.default_report_path(args.runs[0])
+    path = report.write_report(args.runs, out_path, args.metric)
+    console.print(f"Report: {path}", markup=False, soft_wrap=True)
+    return EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from tpbench import sweep
+
+    prepared = sweep.prepare(args.suite, args.set, args.filter, allow_large=args.allow_large)
+    out.print(f"{args.suite}: ok, {len(prepared.cases)} cases", markup=False, soft_wrap=True)
+    return EXIT_OK
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from tpbench.environment import fingerprint
+
+    out.print_json(json.dumps(fingerprint(), default=str))
+    return EXIT_OK
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e6:.2f} M" if n >= 1e5 else f"{n / 1e3:.1f} k"
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from tpbench.algorithms import ALGORITHMS
+    from tpbench.workloads import WORKLOADS, preset_sizes
+
+    t = Table(title="algorithms")
+    t.add_column("name")
+    t.add_column("description")
+    t.add_column("uses")
+    for a in ALGORITHMS.values():
+        t.add_row(a.name, a.description, ", ".join(sorted(a.uses)))
+    out.print(t)
+    w = Table(title="workloads")
+    w.add_column("name")
+    w.add_column("[workloads.NAME] keys")
+    w.add_column("parameters (preset: count)")
+    import dataclasses
+
+    for name, cls in WORKLOADS.items():
+        sizes = ", ".join(f"{k}: {_count(v)}" for k, v in preset_sizes(cls).items())
+        from_preset = set(next(iter(cls.presets.values()), {}))
+        keys = (
+            f"{f.name}={'(preset)' if f.name in from_preset else repr(f.default)}"
+            for f in dataclasses.fields(cls.Params)
+        )
+        w.add_row(name, ", ".join(keys), sizes)
+    out.print(w)
+    suites_dir = Path(args.suites)
+    if suites_dir.is_dir():
+        s = Table(title=escape(f"suites in {suites_dir}"))
+        s.add_column("file")
+        s.add_column("description")
+        for p in sorted(suites_dir.glob("*.toml")):
+            s.add_row(escape(p.name), escape(_suite_description(p)))
+        out.print(s)
+    return EXIT_OK
+
+
+def _suite_description(path: Path) -> str:
+    """A suite file's description for ``tpbench list``; a broken file is listed as such (its
+    problem in one line), never the end of the listing."""
+    import tomllib
+
+    try:
+        doc = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError, RecursionError) as e:
+        return f"(unreadable: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'nested too deeply'})"
+    meta = doc.get("suite")
+    desc = meta.get("description") if isinstance(meta, dict) else None
+    return desc if isinstance(desc, str) else ""
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from tpbench import export as exports
+
+    export = exports.export_run(args.run, args.format)
+    for label in export.skipped:
+        console.print(
+            f"[yellow]not exported:[/] {escape(label)} (no timed steps: the case failed or never ran)", soft_wrap=True
+        )
+    if args.output:
+        export.write(args.output)
+        console.print(f"Wrote {args.output}", soft_wrap=True, markup=False)
+    else:
+        sys.stdout.write(export.text)
+    return EXIT_OK
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    from tpbench import whatif_run
+
+    try:
+        fabrics = whatif_run.load_fabrics(args.fabrics)
+    except ValueError as e:
+        error(e)
+        return EXIT_USAGE
+    unknown = [f for f in args.fabric if f not in fabrics]
+    if unknown:
+        console.print(
+            f"tpbench whatif: error: unknown fabric(s) {', '.join(unknown)}; known: {', '.join(fabrics)}", markup=False
+        )
+        return EXIT_USAGE
+    try:
+        written = whatif_run.write(args.run, {k: fabrics[k] for k in (args.fabric or fabrics)}, args.reference)
+    except ValueError as e:
+        error(e)
+        return EXIT_RESULTS
+    if args.format == "json":
+        sys.stdout.write(json.dumps(written.to_json(), indent=2, allow_nan=False) + "\n")
+        return EXIT_OK
+    if len(written.result.validation):
+        _print_whatif_validation(written)
+    t = Table(
+        title="PROJECTED step time (ms) [95% interval]: this machine's compute with each fabric's α–β communication"
+    )
+    t.add_column("case")
+    t.add_column(f"measured ({written.result.reference})", justify="right")
+    t.add_column("compute critical path", justify="right")
+    t.add_column("compute beside comm", justify="right")
+    for name in written.fabrics():
+        t.add_column(name, justify="right")
+    for row in written.projection_rows():
+        t.add_row(*row)
+    out.print(t)
+    for line in written.refused_models():
+        console.print(Text.assemble(("(*) refused ", "yellow"), line))
+    for line in written.ranking_lines():
+        out.print(f"projection: {line}", markup=False)
+    console.print(f"tables: {written.projections_path}, {written.validation_path}", markup=False)
+    return EXIT_OK
+
+
+def _print_whatif_validation(written) -> None:
+    """The what-if's validation: each emulated link predicted from its twins, what was refused, the errors."""
+    from tpbench import whatif_run
+
+    t = Table(title="validation: emulated links predicted from their twins on other links")
+    numbers = ("measured ms [95% CI]", "predicted ms [95% interval]", "error", "target's host ×")
+    for col in ("direction", "case", "from", "link", *numbers):
+        t.add_column(col, justify="right" if col in numbers else "left")
+    for row in written.validation_rows():
+        t.add_row(*row)
+    out.print(t)
+    for line in written.refused_references():
+        console.print(Text.assemble(("refused ", "yellow"), line))
+    for e in written.result.errors().to_dict("records"):
+        out.print(whatif_run.error_line(e), markup=False)

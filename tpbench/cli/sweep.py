@@ -1,0 +1,330 @@
+"""``tpbench sweep``: its options' checks, its progress on the terminal and its summary."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from tpbench.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    cases_table,
+    console,
+    out,
+    resumable,
+    showing,
+    stop_signals_interrupt,
+    torchrun_launcher,
+    usage,
+)
+
+
+class SweepProgress:
+    """Renders launcher events: case i/N, the current case, ETA."""
+
+    def __init__(self, cases: list, total_items: int) -> None:
+        from tpbench.suite import labels
+
+        self.labels = labels([cases])[0]
+        self.repeats = {c.case_id: c.repeats for c in cases}
+        self.passes = max((c.passes for c in cases), default=1)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[current]}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        self.task = self.progress.add_task("repeats", total=total_items, current="starting worlds…")
+        self.done_cases = 0
+        self.total_cases = len(cases)
+
+    def __call__(self, event: str, data: dict[str, Any]) -> None:
+        if event == "world_start":
+            turn = f"pass {data['sweep_pass']}/{self.passes}: " if "sweep_pass" in data else ""
+            ranks = f"{turn}starting {data['world_size']} ranks on {data['interconnect']}…"
+            self.progress.update(self.task, current=ranks)
+        elif event == "repeat_start":
+            label = self.labels.get(data["case"], data["case"])
+            self.progress.update(
+                self.task,
+                current=f"case {self.done_cases + 1}/{self.total_cases}: {escape(label)} "
+                f"(repeat {data['repeat'] + 1}/{self.repeats.get(data['case'], '?')})",
+            )
+        elif event == "repeat_end":
+            self.progress.advance(self.task)
+        elif event == "case_end":
+            self.done_cases += 1
+        elif event == "world_retry":
+            self.progress.console.print(
+                Text.assemble(("world failed: ", "yellow"), f"{data['cause']}; trying a fresh one")
+            )
+        elif event == "trace_retry":
+            label = self.labels.get(data["case"], data["case"])
+            self.progress.console.print(
+                Text.assemble(
+                    ("trace failed: ", "yellow"), f"{label}: {data['cause']}; its last repeat again in a fresh world"
+                )
+            )
+        elif event == "trace_retake":
+            label = self.labels.get(data["case"], data["case"])
+            self.progress.console.print(
+                Text.assemble(
+                    ("trace retaken: ", "yellow"),
+                    f"{label}: the host ran its traced forward passes at ×{data['forward_speed']:.2f} of their "
+                    f"timed speed, its steps at ×{data['step_speed']:.2f}, its training thread's CPU time at "
+                    f"×{data['thread_speed']:.2f}",
+                )
+            )
+        elif event == "case_failed":
+            self.done_cases += 1
+            label = self.labels.get(data["case"], data["case"])
+            self.progress.console.print(Text.assemble(("case failed: ", "red"), f"{label}: {data['cause']}"))
+
+
+def _fastest(loaded) -> list[str]:
+    """The report's first verdict, per setting of more than one case: the fastest case by the
+    statistic its comparisons use (the geometric mean of per-repeat values; the table above sorts by
+    the median) and whether it is clearly ahead of the runner-up, so that the terminal and the report
+    name the same case."""
+    from tpbench.report import data as report_data
+    from tpbench.report import verdicts
+
+    return verdicts.fastest_lines(report_data.load([loaded]), alone=False)
+
+
+def _summary_table(loaded) -> Table:
+    t = Table(
+        title=escape(f"{loaded.record.suite.name} · run {loaded.record.run_id}"),
+        caption="ms/step: the median of the repeats' values, with the 95% CI of that median; "
+        "steps p10–p90: the spread of single timed steps",
+    )
+    for col, just in [
+        ("case", "left"),
+        ("status", "left"),
+        ("ms/step", "right"),
+        ("95% CI", "right"),
+        ("steps p10–p90", "right"),
+        ("samples/s", "right"),
+    ]:
+        t.add_column(col, justify=just)
+    s = loaded.table
+    for row in (
+        s.sort_values("median_ms", na_position="last").to_dict("records") if "median_ms" in s else s.to_dict("records")
+    ):
+        if row.get("median_ms") == row.get("median_ms") and row.get("median_ms") is not None:
+            t.add_row(
+                escape(row["label"]),
+                row["status"],
+                f"{row['median_ms']:.2f}",
+                f"[{row['ci_lo_ms']:.2f}, {row['ci_hi_ms']:.2f}]",
+                f"{row['p10_ms']:.2f}–{row['p90_ms']:.2f}",
+                f"{row['samples_per_s']:.0f}",
+            )
+        else:
+            t.add_row(escape(row["label"]), f"[red]{row['status']}[/]", "", "", "", "")
+    return t
+
+
+def _print_worlds(run, worlds: list, launcher) -> int:
+    """``--print``: the command(s) to start on every node, then how to record what they did."""
+    where = "on this machine" if launcher.nnodes == 1 else f"on each of the {launcher.nnodes} nodes, at the same time"
+    if launcher.agent_prefix:
+        where = "once (the prefix starts one agent per node)"
+    for w in worlds:
+        env = [f"{k}={v}" for k, v in sorted(w.env.items())]
+        out.print(f"# world {w.world} ({w.plan}): run {where}", soft_wrap=True, markup=False)
+        out.print(shlex.join(["env", *env, *w.command]), soft_wrap=True, highlight=False, markup=False)
+    if len(worlds) > 1:
+        out.print("# run the worlds one after another", soft_wrap=True)
+    out.print(
+        f"# when every torchrun has exited, record the results (and run what is missing):\n"
+        f"tpbench sweep --resume {shlex.quote(str(run.dir))}",
+        soft_wrap=True,
+        markup=False,
+    )
+    return EXIT_OK
+
+
+def _check_resume_args(args: argparse.Namespace) -> None:
+    """``--resume`` runs the run's own suite: what would change its cases is refused, so that the
+    missing cases measure what the finished ones did."""
+    from tpbench import store, user_files
+
+    changed = [
+        f
+        for f, v in (
+            ("--set", args.set),
+            ("--filter", args.filter),
+            ("--out", args.out),
+            ("--target-ci", args.target_ci),
+            ("--budget-s", args.budget_s),
+        )
+        if v
+    ]
+    if changed:
+        usage(
+            f"{', '.join(changed)} with --resume: a resumed run runs its own suite's missing cases unchanged, "
+            "in its own directory (start a new sweep to change them)"
+        )
+    if args.suite:
+        recorded = store.read_record(args.resume).suite.text
+        try:
+            same = user_files.read_text(args.suite, "suite file") == recorded
+        except ValueError:
+            same = False
+        if not same:
+            usage(
+                f"{args.suite} with --resume: not the suite {args.resume} was started from "
+                "(a resumed run runs its own suite, kept in its run.json; drop SUITE)"
+            )
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    with stop_signals_interrupt():
+        return _sweep(args)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from tpbench import report, store, sweep
+    from tpbench.record import Efficiency
+
+    launcher = _check_sweep_args(args)
+    if args.resume:
+        _check_resume_args(args)
+        if args.dry_run:
+            run = store.Run.open(args.resume)
+            todo = sweep.missing(run)
+            out.print(cases_table(f"{run.dir}: {len(todo)} cases to resume (dry run)", todo))
+            return EXIT_OK
+        suite, launcher = None, launcher if args.launcher else sweep.RECORDED
+    else:
+        suite = sweep.prepare(args.suite, args.set, args.filter, launcher, allow_large=args.allow_large)
+        if not suite.cases:
+            console.print("[yellow]No case matches the filters.[/]")
+            return EXIT_USAGE
+        if args.dry_run:
+            out.print(cases_table(f"{suite.suite.name}: {len(suite.cases)} cases (dry run)", suite.cases))
+            return EXIT_OK
+        if not args.no_report:  # before hours of sweeping, not after
+            if args.report and args.report.is_dir():
+                raise store.StoreError(f"{args.report}: is a folder; --report takes the report's file name")
+            store.check_writable(args.report.parent if args.report else args.reports_dir, "report directory")
+    display = SweepDisplay()
+    try:
+        outcome = sweep.run(
+            suite,
+            out=args.out or Path("results"),
+            launcher=launcher,
+            resume=args.resume,
+            target_ci=args.target_ci,
+            budget_s=args.budget_s,
+            lockstep=args.lockstep,
+            print_only=args.print_only,
+            progress=display,
+        )
+    except sweep.SweepError as e:
+        usage(str(e))
+    except KeyboardInterrupt as e:
+        return resumable(e, display.run, "sweep", "Finished cases are kept.")
+    if outcome.nothing_left:
+        console.print(f"Nothing to resume: every case of {outcome.run.dir} is done.", markup=False, soft_wrap=True)
+        return EXIT_OK
+    if args.print_only:
+        console.print(f"Run directory: {outcome.run.dir}", markup=False, soft_wrap=True)
+        return _print_worlds(outcome.run, outcome.printed, outcome.launcher)
+    _print_adaptive(outcome.loaded.record.adaptive)
+    out.print(_summary_table(outcome.loaded))
+    for line in _fastest(outcome.loaded):
+        out.print(line, markup=False, soft_wrap=True)
+    eff = outcome.loaded.record.efficiency or Efficiency()
+    console.print(
+        f"Wall {outcome.wall_s:.1f} s; timed steps {eff.timed_s:.1f} s; {eff.processes_started} rank processes started."
+    )
+    if not args.no_report:
+        run_dir = outcome.run.dir
+        path = report.write_report([run_dir], args.report or report.default_report_path(run_dir, args.reports_dir))
+        console.print(f"Report: {path}", markup=False, soft_wrap=True)
+    return EXIT_FAILED if outcome.failed else EXIT_OK
+
+
+def _check_sweep_args(args: argparse.Namespace):
+    """The options' combinations a sweep refuses (a usage error as ``SystemExit``); the torchrun
+    launcher they ask for (None: local)."""
+    launcher = torchrun_launcher(args)
+    if args.lockstep and not Path(args.lockstep).is_socket():
+        usage(f"--lockstep {args.lockstep}: no gate listens there (a Unix socket of `tpbench gate`)")
+    if (args.target_ci is None) != (args.budget_s is None) and not args.resume:
+        usage("--target-ci and --budget-s go together: the rounds an adaptive sweep adds need a limit")
+    if args.target_ci is not None and args.print_only:
+        usage("--target-ci with --print: an adaptive sweep decides its rounds as it runs; run it here")
+    if args.target_ci is not None and args.lockstep:
+        usage("--target-ci with --lockstep: the gate decides when its sides stop")
+    if args.print_only and args.lockstep:
+        usage("--print: a lockstep gate paces worlds this command starts itself; drop --lockstep")
+    return launcher
+
+
+class SweepDisplay:
+    """The sweep's ``Progress``: the run directory once it exists, a line per adaptive batch, and
+    each phase's progress bar (``SweepProgress``)."""
+
+    def __init__(self) -> None:
+        self.run = None
+
+    def __call__(self, phase):
+        if self.run is None:
+            self.run = phase.run
+            console.print(f"Run directory: {phase.run.dir}", markup=False, soft_wrap=True)
+        if phase.batch is not None:
+            _print_batch(phase.run.record, phase.batch)
+        listener = SweepProgress(phase.cases, phase.items)
+        return showing(listener.progress, listener)
+
+
+def _print_batch(record, batch) -> None:
+    """The line an adaptive batch starts with: what is still too wide, and the rounds it adds."""
+    widest = max((hw for _, hw in batch.comparisons if hw is not None), default=None)
+    console.print(
+        f"adaptive batch {batch.number}: {len(batch.comparisons)} comparison(s) above ±"
+        f"{record.adaptive.target_ci:.1%}"
+        + (f" (widest ±{widest:.1%})" if widest is not None else "")
+        + f"; +{max(batch.added.values())} round(s) for {len(batch.cases)} case(s), "
+        f"{record.wall_s or 0:.0f} of {record.adaptive.budget_s:g} s spent",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def _print_adaptive(adaptive) -> None:
+    """How an adaptive sweep ended (nothing for a planned one)."""
+    from tpbench import sweep
+
+    if not adaptive:
+        return
+    after = [c["half_width"] for c in adaptive.half_widths_after or ()]
+    within = sum(hw is not None and hw <= adaptive.target_ci for hw in after)
+    said = {
+        sweep.TARGET_MET: "target met",
+        sweep.BUDGET_SPENT: "budget spent",
+        sweep.LOOKS_SPENT: f"the most batches ({sweep.MAX_BATCHES}) added",
+    }.get(adaptive.state, "")
+    console.print(
+        f"adaptive: {said}; {within} of {len(after)} comparison(s) resolve ±{adaptive.target_ci:.1%}, "
+        f"{sum((adaptive.rounds_added or {}).values())} repeat(s) added over {len(adaptive.batches)} "
+        "batch(es)",
+        markup=False,
+        soft_wrap=True,
+    )

@@ -1,0 +1,293 @@
+"""``tpbench tune``: the race on the terminal as it goes, and its answer as text, Markdown or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.progress import Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from tpbench.cli.common import (
+    EXIT_OK,
+    EXIT_UNRESOLVED,
+    cases_table,
+    console,
+    out,
+    resumable,
+    showing,
+    stop_signals_interrupt,
+    torchrun_launcher,
+    usage,
+)
+from tpbench.cli.sweep import SweepDisplay
+
+
+class TuneProgress:
+    """The race as it goes: the round, the settings left and the current leader, the item running."""
+
+    def __init__(self, cases: list) -> None:
+        from tpbench.suite import labels
+
+        self.labels = labels([cases])[0]
+        self.total = len(cases)
+        self.progress = Progress(
+            TextColumn("[bold]tune"),
+            TextColumn("{task.fields[race]}"),
+            TextColumn("{task.fields[current]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self.task = self.progress.add_task("tune", total=None, race=f"{self.total} settings", current="starting…")
+
+    def __call__(self, event: str, data: dict[str, Any]) -> None:
+        """Launcher events (the item running)."""
+        if event == "world_start":
+            self.progress.update(self.task, current=f"starting {data['world_size']} ranks on {data['interconnect']}…")
+        elif event == "repeat_start":
+            label = self.labels.get(data["case"], data["case"])
+            self.progress.update(self.task, current=f"round {data['repeat'] + 1}: {escape(label)}")
+        elif event == "round_start":
+            n = len(data["items"])
+            self.progress.update(self.task, current=f"round {data['items'][0][1] + 1}: {n} settings stepped in turn")
+        elif event == "case_failed":
+            label = self.labels.get(data["case"], data["case"])
+            self.progress.console.print(Text.assemble(("setting failed: ", "red"), f"{label}: {data['cause']}"))
+
+    def round(self, race, entry: dict[str, Any]) -> None:
+        """A judged round (on the tune's conductor thread)."""
+        leader = self.labels.get(entry["leader"], entry["leader"])
+        gone = "".join(
+            f"; {verb} {escape(self.labels.get(a, a))}"
+            for verb, key in (("eliminated", "eliminated"), ("retired, tied", "retired"), ("back", "back"))
+            for a in entry[key]
+        )
+        self.progress.update(
+            self.task,
+            race=f"round {entry['round']}/{race.max_rounds}: {len(entry['live'])} of {len(race.arms)} left, "
+            f"leader {escape(leader)}{gone}",
+        )
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    with stop_signals_interrupt():
+        return _tune(args)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from tpbench import sweep, tune
+
+    launcher = torchrun_launcher(args)
+    if args.resume:
+        given = [
+            f
+            for f, v in (
+                ("--set", args.set),
+                ("--filter", args.filter),
+                ("--out", args.out),
+                ("--epsilon", args.epsilon),
+                ("--confidence", args.confidence),
+                ("--budget-s", args.budget_s),
+                ("--metric", args.metric),
+                ("--min-rounds", args.min_rounds),
+            )
+            if v is not None and v != []
+        ]
+        if given or args.suite:
+            usage(
+                f"{', '.join(given or [args.suite])} with --resume: a resumed tune races its own settings with its "
+                "own options (tune.json)",
+                "tune",
+            )
+        suite, options, launcher = None, tune.Options(), launcher if args.launcher else sweep.RECORDED
+    else:
+        given = {
+            k: v
+            for k, v in (("confidence", args.confidence), ("metric", args.metric), ("min_rounds", args.min_rounds))
+            if v is not None
+        }
+        epsilon = args.epsilon if args.epsilon is not None else tune.Options.epsilon
+        suite, options = args.suite, tune.Options(epsilon=epsilon, budget_s=args.budget_s, **given)
+        options.check()
+        if args.dry_run:
+            prepared = tune.prepare(args.suite, args.set, args.filter, launcher, args.allow_large)
+            title = (
+                f"{prepared.suite.name}: {len(prepared.cases)} settings to race, "
+                f"at most {prepared.cases[0].repeats} rounds (dry run)"
+            )
+            out.print(cases_table(title, prepared.cases))
+            return EXIT_OK
+    display = _TuneDisplay()
+    try:
+        result = tune.run(
+            suite,
+            options,
+            overrides=args.set,
+            filters=args.filter,
+            out=args.out or Path("results"),
+            launcher=launcher,
+            resume=args.resume,
+            allow_large=args.allow_large,
+            progress=display,
+        )
+    except KeyboardInterrupt as e:
+        return resumable(e, display.run, "tune", "The race so far is kept.")
+    if args.trace:
+        result = _trace_tune(result, launcher)
+    print_tune(result, args.format)
+    return EXIT_UNRESOLVED if result.state == tune.UNRESOLVED else EXIT_OK
+
+
+def _trace_tune(result, launcher):
+    """``tune --trace``: the trace sweep after the race (``tune_trace``), its progress on stderr. A
+    trace that fails leaves the tune's answer as it is, and says why; Ctrl-C stops the trace only."""
+    from tpbench import tune_trace
+
+    console.print("Tracing the recommended setting and its closest rival:", markup=False, soft_wrap=True)
+    try:
+        return tune_trace.trace(result, launcher, SweepDisplay())
+    except (tune_trace.TraceError, KeyboardInterrupt) as e:
+        why = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
+        console.print(f"[yellow]No trace ({escape(why)}); the tune's answer stands.[/]", soft_wrap=True)
+        return result
+
+
+class _TuneDisplay:
+    """The tune's ``Progress``: the run directory, then the race as it goes (``TuneProgress``)."""
+
+    def __init__(self) -> None:
+        self.run = None
+
+    def __call__(self, run):
+        from tpbench import tune
+
+        self.run = run
+        console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
+        listener = TuneProgress([tune.Case.from_params(c.params) for c in run.record.cases.values()])
+        return showing(listener.progress, tune.Watch(listener, listener.round))
+
+
+def decided(arm) -> str:
+    """When the race stopped running an arm: eliminated (clearly slower) or retired (tied: it could no
+    longer be epsilon faster than the leader), or both: retired, then shown slower from the rounds it
+    had run (its rounds then end before the round it went). An elimination says the interval that
+    decided it, against that round's leader: the table's interval against the recommended arm may
+    hold 1 (another leader then, or fewer rounds), and without it the elimination would look unfounded."""
+    from tpbench import verdict
+
+    said = [] if arm.retired_at is None else [f"retired after round {arm.retired_at}"]
+    why = verdict.what_eliminated(arm.status, arm.eliminated_vs)
+    if arm.eliminated_at is not None:
+        said.append(f"eliminated after round {arm.eliminated_at}" + (f" ({why})" if why else ""))
+    elif why:
+        said.append(f"eliminated by {why}")
+    return ", ".join(said)
+
+
+# Before a tune's trace_step: a tune traces nothing, and this sweep traces what it recommends.
+TRACE_SAYS = (
+    "Where the time goes (a tune traces nothing; with --trace it does so after the race): this sweep traces the "
+    "recommended setting and its closest rival, if any (with this tune's own --set and launcher options): "
+)
+
+
+def _text_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
+    """Rows of plain text (escaped: a label may hold brackets) under ``head``."""
+    t = Table()
+    for col in head:
+        t.add_column(col)
+    for r in rows:
+        t.add_row(*map(escape, r))
+    return t
+
+
+def _md_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """``_text_table``'s rows as Markdown lines."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _where_table(where: dict) -> tuple[str, tuple[str, ...], list[tuple[str, ...]], str | None]:
+    """``tune --trace``'s figures: a title, a table of each traced setting's parts per step, and the
+    rival against the recommended setting part by part (None without a rival)."""
+    from tpbench import verdict
+    from tpbench.analysis.explain import PARTS
+
+    arms = where["arms"]
+    steps = verdict.traced_steps_words([a["traced_steps"] for a in arms])
+    title = (
+        f"Where the time goes (traced after the race, {steps}, scaled to the race's step times; {where['run_dir']}):"
+    )
+    head = ("setting", "role", "step ms", *(p.replace("_", " ") + " ms" for p in PARTS))
+    rows = [(a["label"], a["role"], f"{a['step_ms']:.2f}", *(f"{a['parts_ms'][p]:.2f}" for p in PARTS)) for a in arms]
+    return title, head, rows, verdict.rival_line(where)
+
+
+def print_tune(result, fmt: str) -> None:
+    from tpbench import verdict
+
+    if fmt == "json":
+        sys.stdout.write(json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n")
+        return
+    rows = [
+        (
+            a.label,
+            a.status,
+            str(a.rounds),
+            "—" if a.ratio is None else f"{a.ratio - 1:+.1%}",
+            "—" if a.lo is None else f"[{a.lo - 1:+.1%}, {a.hi - 1:+.1%}]",
+            decided(a),
+        )
+        for a in result.arms
+    ]
+    head = ("setting", "status", "rounds", "vs recommended", f"{result.confidence:.0%} interval (spent)", "decided")
+    if any(a.heldout_loss is not None for a in result.arms):  # a workload that evaluates: how far each trained
+        head += ("held-out loss",)
+        rows = [(*r, "—" if a.heldout_loss is None else f"{a.heldout_loss:.3f}") for r, a in zip(rows, result.arms)]
+    cost = (
+        f"wall {result.wall_s:.0f} s; timed steps {result.timed_s:.1f} s, "
+        f"{result.timed_s / result.grid_timed_s:.0%} of the {result.grid_timed_s:.1f} s the whole grid would have timed"
+        if result.grid_timed_s
+        else f"wall {result.wall_s:.0f} s"
+    )
+    then = ""  # unresolved: what would likely decide it (docs/tune.md, "Outputs")
+    if result.next_step:
+        rounds = result.recommended.rounds + result.rounds_to_decide
+        then = (
+            f"To decide it, race again for about {rounds} rounds "
+            "(with this tune's own --set, --filter and launcher options): "
+        )
+    if fmt == "md":
+        lines = [f"**{result.claim}**", *(["", result.training_note] if result.training_note else [])]
+        lines += ["", verdict.WORLDS_SAY, *(f"- {w}" for w in result.worlds)] if result.worlds else []
+        lines += ["", *_md_table(head, rows)]
+        lines += ["", cost, *([f"{then}`{result.next_step}`"] if result.next_step else [])]
+        if result.where:
+            title, whead, wrows, said = _where_table(result.where)
+            lines += ["", title, "", *_md_table(whead, wrows), *(["", said] if said else [])]
+        elif result.trace_step:
+            lines += ["", f"{TRACE_SAYS}`{result.trace_step}`"]
+        sys.stdout.write("\n".join([*lines, ""]) + "\n")
+        return
+    out.print(result.claim, markup=False, soft_wrap=True)
+    if result.training_note:
+        out.print(result.training_note, markup=False, soft_wrap=True)
+    if result.worlds:
+        out.print("\n".join([verdict.WORLDS_SAY, *(f"  {w}" for w in result.worlds)]), markup=False, soft_wrap=True)
+    out.print(_text_table(head, rows))
+    if result.next_step:
+        out.print(then + result.next_step, markup=False, soft_wrap=True)
+    if result.where:
+        title, whead, wrows, said = _where_table(result.where)
+        out.print(title, markup=False, soft_wrap=True)
+        out.print(_text_table(whead, wrows))
+        if said:
+            out.print(said, markup=False, soft_wrap=True)
+    elif result.trace_step:
+        out.print(TRACE_SAYS + result.trace_step, markup=False, soft_wrap=True)
+    console.print(f"{cost}. Run directory: {result.run_dir}", markup=False, soft_wrap=True)

@@ -1,0 +1,125 @@
+"""The commands whose exit code is a verdict: ``tpbench compare`` and ``tpbench gate``; and
+``tpbench explain``, which says where the time of a compared pair went."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tpbench.cli.common import EXIT_OK, EXIT_USAGE, console, stop_signals_interrupt
+
+
+def _print_verdict(comparison, fmt: str) -> int:
+    from tpbench import explain, render
+
+    comparison = explain.annotate(comparison)  # a regression names its top contributor where traced
+    sys.stdout.write(render.RENDERERS[fmt](comparison))
+    sys.stdout.flush()
+    return comparison.exit_code
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from tpbench import compare
+
+    threshold = compare.parse_threshold(args.threshold)
+    if len(args.runs) == 1:
+        within = compare.within_run(
+            args.runs[0],
+            metric=args.metric,
+            threshold=threshold,
+            fail_on_inconclusive=args.fail_on_inconclusive,
+            pairs=args.pair,
+            filters=args.filter,
+        )
+        if not within.pairs:
+            # "pass" over no comparison would let a CI job pass on a typo or a one-case run.
+            console.print(
+                f"tpbench compare: error: {args.runs[0]}: nothing to compare: no two finished cases"
+                + (" that --filter/--pair keep" if args.filter or args.pair else "")
+                + " differ in exactly one swept key",
+                soft_wrap=True,
+                markup=False,
+            )
+            return EXIT_USAGE
+        return _print_verdict(within, args.format)
+    if args.pair or args.filter:
+        flags = ", ".join(f for f, v in (("--pair", args.pair), ("--filter", args.filter)) if v)
+        console.print(
+            f"tpbench compare: error: {flags}: only with a single RUN_DIR (pairs of cases within one run)",
+            soft_wrap=True,
+            markup=False,
+        )
+        return EXIT_USAGE
+    comparison = compare.compare_runs(
+        args.runs[:-1],
+        args.runs[-1:],
+        metric=args.metric,
+        threshold=threshold,
+        fail_on_inconclusive=args.fail_on_inconclusive,
+        ignore_env=args.ignore_env,
+    )
+    return _print_verdict(comparison, args.format)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from tpbench import explain, render
+
+    report = explain.run(args.runs, pairs=args.pair)
+    sys.stdout.write(render.EXPLAIN_RENDERERS[args.format](report))
+    sys.stdout.flush()
+    return EXIT_OK
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    with stop_signals_interrupt():  # SIGTERM/SIGHUP: the sides stopped, their sockets removed, said so
+        return _gate(args)
+
+
+def _gate(args: argparse.Namespace) -> int:
+    from tpbench import compare, gate, store
+
+    threshold = compare.parse_threshold(args.threshold)  # before minutes of sweeps, not after
+    lockstep_only = {
+        "--repeats": args.repeats,
+        "--target-ci": args.target_ci,
+        "--seed": args.seed,
+        "--budget-s": args.budget_s,
+    }
+    misplaced = [f for f, v in lockstep_only.items() if v is not None] if args.mode == "rounds" else []
+    if args.mode == "lockstep" and args.rounds is not None:
+        misplaced = ["--rounds"]
+    if misplaced:
+        raise compare.GateError(f"{', '.join(misplaced)}: not an option of --mode {args.mode}")
+    given = {
+        k: v for k, v in (("repeats", args.repeats), ("budget_s", args.budget_s), ("seed", args.seed)) if v is not None
+    }
+    if args.target_ci is not None:
+        given = {"repeats": gate.ADAPTIVE_REPEATS} | given | {"target_ci": args.target_ci}
+    cfg = gate.Lockstep(metric=args.metric, **given)
+    judged = gate.run(
+        args.suite,
+        args.baseline,
+        args.candidate,
+        (args.out or Path("results") / "gate" / store.new_run_id()).absolute(),
+        mode=args.mode,
+        rounds=args.rounds or 5,
+        cfg=cfg,
+        overrides=args.set,
+        filters=args.filter,
+        candidate_overrides=args.candidate_set,
+        announce=lambda line: console.print(line, soft_wrap=True, markup=False),
+        threshold=threshold,
+        fail_on_inconclusive=args.fail_on_inconclusive,
+        ignore_env=args.ignore_env,
+        explain_steps=gate.EXPLAIN_STEPS if args.explain else 0,
+    )
+    if judged.record is not None and "answer" in judged.record:
+        console.print(
+            f"Gate answer: {judged.record['answer']} (each case's pairs by the sequential rule, target "
+            f"±{cfg.target_ci:.1%}; {judged.record['stopped']})",
+            soft_wrap=True,
+            markup=False,
+        )
+    console.print(f"Gate runs: {judged.out}", soft_wrap=True, markup=False)
+    return _print_verdict(judged.comparison, args.format)
