@@ -856,9 +856,10 @@ def test_trace_says_where_the_recommended_settings_time_goes_beside_its_closest_
 
 @pytest.mark.ranks
 def test_ctrl_c_during_the_trace_stops_the_trace_only_and_the_tunes_answer_stands(tmp_path):
-    """Ctrl-C (SIGINT to the whole foreground group, ranks included) once the race has ended and the
-    trace sweep has started: the trace stops, its ranks with it, and the tune still prints its answer
-    and exits as the race ended (0 or 4), tune.json keeping the race without a ``where``."""
+    """Ctrl-C (SIGINT to the tune's process group, as a terminal sends it; the ranks run in sessions
+    of their own) once the race has ended and the trace sweep has started: the trace stops, its ranks
+    with it, and the tune still prints its answer and exits as the race ended (0 or 4), tune.json
+    keeping the race without a ``where``."""
     suite = planted(tmp_path, "[0, 1]", repeats=2)
     out = tmp_path / "r"
     args = ["tune", str(suite), "--out", str(out), "--min-rounds", "2", "--trace", "--format", "json"]
@@ -869,6 +870,9 @@ def test_ctrl_c_during_the_trace_stops_the_trace_only_and_the_tunes_answer_stand
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # A test run started in the background by a shell without job control inherits SIGINT
+        # ignored (its tune then traced to the end); give it the disposition a terminal's user meets.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         said = []
