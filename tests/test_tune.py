@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 from conftest import REPO, localsgd_suite, only_run, run_cli, tiny_suite
 
-from tpbench import store, tune, tune_trace
+from tpbench import store, tune, tune_trace, verdict
 from tpbench.report import recommendation
 from tpbench.report.html import Page
 from tpbench.suite import expand, parse, select
@@ -675,7 +675,7 @@ def test_a_planted_tune_eliminates_the_slow_arm_early_and_prints_its_json(tmp_pa
     assert page.index(">Recommendation<") < page.index(">Environment<")  # the report opens with it
     assert doc["claim"].split(":")[0] in page
     assert "intervals at 95% confidence spent" in page and "{result[" not in page  # its method, filled in
-    assert f"{vs['lo'] - 1:+.1%}, {vs['hi'] - 1:+.1%}] vs that round's leader" in html.unescape(page)
+    assert verdict.eliminated_vs_text(vs) in html.unescape(page)
     assert doc["recommended"]["case_id"] in doc["trace_step"] and doc["trace_step"] in html.unescape(page)
     # Resumed once it has ended, it races nothing more and says the same, its wall time its own.
     assert run_cli(["tune", "--resume", str(run_dir), "--format", "json"]) == code
@@ -898,6 +898,20 @@ def test_ctrl_c_during_the_trace_stops_the_trace_only_and_the_tunes_answer_stand
     assert len(runs) == 2  # the trace run started beside the tune's, and was stopped
     with pytest.raises(ProcessLookupError):  # nothing of the tune's process group is left running
         os.killpg(proc.pid, 0)
+
+
+def test_an_interval_that_eliminated_an_arm_never_reads_as_holding_no_change():
+    """An elimination rests on an interval lying above 1; a low end of 1.0004 printed at one decimal
+    read "[+0.0%, …]" in the table (seen on a real tune). It keeps as many decimals as its sign needs."""
+    said = verdict.eliminated_vs_text({"leader": "a", "ratio": 1.164, "lo": 1.0004, "hi": 1.354})
+    assert said == "+16.4% [+0.04%, +35.4%] vs that round's leader"
+    assert [verdict.signed_pct(r) for r in (1.0, 0.99996, 1.00001, 1.0000001, 1.085)] == [
+        "+0.0%",
+        "-0.004%",
+        "+0.001%",
+        "+0.0%",
+        "+8.5%",
+    ]
 
 
 def test_the_closest_rival_traced_is_the_nearest_tied_or_unresolved_arm_else_the_nearest_eliminated():

@@ -59,11 +59,23 @@ def enough(est: Ratio, baseline_n: int, candidate_n: int) -> bool:
     return min(baseline_n, candidate_n) >= MIN_REPEATS and (est.method != "paired" or est.n >= MIN_REPEATS)
 
 
+def signed_pct(ratio: float) -> str:
+    """A ratio as a signed change, "+9.0%", with as many decimals (up to three) as it takes to keep
+    its side of no change: an interval that lies above 1 must not read "[+0.0%, …]". Closer to
+    1 than that, "+0.0%"."""
+    x = (ratio - 1) * 100
+    for digits in (1, 2, 3):
+        said = f"{x:+.{digits}f}%"
+        if float(said[:-1]) != 0:
+            return said
+    return f"{x:+.1f}%"
+
+
 def change(ratio: float, lo: float | None = None, hi: float | None = None) -> str:
     """A ratio as a signed change with its interval when given: "+9.0% [+1.0%, +17.6%]"."""
 
     def pct(r: float | None) -> str:
-        return "" if r is None or not math.isfinite(r) else f"{(r - 1) * 100:+.1f}%"
+        return "" if r is None or not math.isfinite(r) else signed_pct(r)
 
     return pct(ratio) + (f" [{pct(lo)}, {pct(hi)}]" if lo is not None and hi is not None else "")
 
@@ -145,7 +157,7 @@ def eliminated_vs_text(vs: Mapping[str, Any] | None) -> str:
     arm was not eliminated in its world's race."""
     if not vs:
         return ""
-    return f"{vs['ratio'] - 1:+.1%} [{vs['lo'] - 1:+.1%}, {vs['hi'] - 1:+.1%}] vs that round's leader"
+    return f"{change(vs['ratio'], vs['lo'], vs['hi'])} vs that round's leader"
 
 
 def traced_steps_words(counts: list[int]) -> str:

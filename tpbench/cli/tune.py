@@ -239,8 +239,8 @@ def print_tune(result, fmt: str) -> None:
             a.label,
             a.status,
             str(a.rounds),
-            "—" if a.ratio is None else f"{a.ratio - 1:+.1%}",
-            "—" if a.lo is None else f"[{a.lo - 1:+.1%}, {a.hi - 1:+.1%}]",
+            "—" if a.ratio is None else verdict.signed_pct(a.ratio),
+            "—" if a.lo is None else f"[{verdict.signed_pct(a.lo)}, {verdict.signed_pct(a.hi)}]",
             decided(a),
         )
         for a in result.arms

@@ -112,7 +112,7 @@ def _where(page: Page, where: dict, anchor: str | None) -> None:
 
 
 def _pct(v: float | None) -> str:
-    return "" if v is None else f"{v - 1:+.1%}"
+    return "" if v is None else verdict.signed_pct(v)
 
 
 def _table(result: dict) -> pd.DataFrame:
