@@ -2,7 +2,7 @@
 
 ``tpbench tune``'s cost share, ``timed_s / grid_timed_s``, is set by how far each arm is from the
 best and by the fixed rounds every arm runs before the first decision, not by the rule's constants.
-This runs the tune's own race (``tune.Race``: elimination, retirement, the spent confidence) on
+This runs the tune's own race (``racing.Race``: elimination, retirement, the spent confidence) on
 synthetic rounds, many times over, so that the share's distribution can be read for a given
 suite: a round's value per arm is ``base · ratio · exp(round effect + noise)``, the noise of one
 standard deviation per value (``--sd`` is that of a round's log ratio between two arms, which is
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tpbench import tune
+from tpbench import racing
 
 # Suites/tune-planted.toml's seven arms as measured beside one busy loop on the 2-core machine
 # (30 rounds of every arm, steps interleaved; docs/tune.md).
@@ -42,11 +42,11 @@ class Outcome:
 
 
 def race_once(
-    ratios: tuple[float, ...], sd: float, rng: np.random.Generator, options: tune.Options, repeats: int
+    ratios: tuple[float, ...], sd: float, rng: np.random.Generator, options: racing.Options, repeats: int
 ) -> Outcome:
     """One race of synthetic rounds; each arm's cost per round is proportional to its ratio."""
     arms = [f"arm{i}" for i in range(len(ratios))]
-    race = tune.Race(arms, repeats, options, comparisons=len(arms) - 1)
+    race = racing.Race(arms, repeats, options, comparisons=len(arms) - 1)
     ran = dict.fromkeys(arms, 0)
     while race.ended is None:
         block = rng.normal(0.0, sd)  # a slow round slows every arm alike: pairing removes it
@@ -79,11 +79,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--races", type=int, default=200)
     p.add_argument("--epsilon", type=float, default=0.02)
     p.add_argument("--repeats", type=int, default=120, help="the most rounds (the suite's repeats)")
-    p.add_argument("--min-rounds", type=int, default=tune.MIN_ROUNDS)
+    p.add_argument("--min-rounds", type=int, default=racing.MIN_ROUNDS)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     ratios = tuple(float(x) for x in a.ratios.split(","))
-    options = tune.Options(epsilon=a.epsilon, min_rounds=a.min_rounds)
+    options = racing.Options(epsilon=a.epsilon, min_rounds=a.min_rounds)
     options.check()
     rng = np.random.default_rng(a.seed)
     outcomes = [race_once(ratios, a.sd, rng, options, a.repeats) for _ in range(a.races)]

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 
 from gpu.analysis import Checks
-from tpbench.tune import MIN_ROUNDS
+from tpbench.racing import MIN_ROUNDS
 
 PLANTED = """
 [suite]

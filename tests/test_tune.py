@@ -21,10 +21,10 @@ import pytest
 from conftest import REPO, localsgd_suite, only_run, run_cli, tiny_suite
 
 from tpbench import store, tune, tune_trace, verdict
+from tpbench.racing import ALL_TIED, BUDGET, MAX_ROUNDS, MIN_ROUNDS, ONE_LEFT, Options, Race, supported_epsilon
 from tpbench.report import recommendation
 from tpbench.report.html import Page
 from tpbench.suite import expand, parse, select
-from tpbench.tune import ALL_TIED, MAX_ROUNDS, ONE_LEFT, Options, Race
 
 
 def synthetic(factors: dict[str, float], rounds: int, noise: float = 0.01, seed: int = 0) -> dict:
@@ -74,7 +74,7 @@ def test_seven_planted_arms_pool_their_variance_so_the_slow_ones_go_at_the_first
     values = synthetic(factors, 30, noise=0.02)
     race = run_race(Race(list(values), 30, Options(epsilon=0.02), comparisons=6), values)
     assert race.ended == ALL_TIED and race.leader() == "s0" and race.rounds < 15
-    assert all(race.eliminated[f"s{p}"] == tune.MIN_ROUNDS for p in (10, 15, 25, 40)), race.eliminated
+    assert all(race.eliminated[f"s{p}"] == MIN_ROUNDS for p in (10, 15, 25, 40)), race.eliminated
     rounds = {a: len(race.values[a]) for a in factors}
     cost = sum(rounds[a] * f for a, f in factors.items()) / (30 * sum(factors.values()))
     assert cost < 0.25, (cost, rounds)
@@ -249,7 +249,7 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
         for a in race.live:
             race.record(a, r, values[a][r])
         race.close_round()
-    race.end(tune.BUDGET)
+    race.end(BUDGET)
     result = tune._result(stored(tmp_path, suite), cases, [race], budget, 30.0, NO_EVAL)
     rounds = 6 + result.rounds_to_decide
     assert rounds <= 200 and f"--set repeats=200 --epsilon 0.5% --budget-s {math.ceil(30.0 * rounds / 6)}" in (
@@ -369,7 +369,7 @@ def test_worlds_of_one_arm_run_the_minimum_rounds_and_the_note_compares_per_samp
         ]
 
     raced = races(60)
-    assert [r.rounds for r in raced] == [3, 3] and {r.ended for r in raced} == {tune.ONE_LEFT}
+    assert [r.rounds for r in raced] == [3, 3] and {r.ended for r in raced} == {ONE_LEFT}
     result = tune._result(stored(tmp_path, suite), cases, raced, Options(), 0.0, NO_EVAL)
     rec, other = (next(a for a in result.arms if a.case_id == c.case_id) for c in cases)
     assert rec.status == tune.RECOMMENDED and other.status == tune.ELIMINATED and 1 < other.lo < other.ratio
@@ -442,7 +442,7 @@ def test_the_margin_an_unresolved_race_shows_holds_at_its_confidence():
         values = synthetic(factors, 8, noise=0.05, seed=seed)
         race = run_race(Race(list(values), 8, Options(epsilon=0.005), comparisons=2), values)
         leader = race.leader()
-        shown = tune.supported_epsilon(r for a, r in race.intervals(leader).items() if a != leader)
+        shown = supported_epsilon(r for a, r in race.intervals(leader).items() if a != leader)
         wrong += shown is None or factors[leader] > 1 + shown
     assert wrong <= 10
 
@@ -690,7 +690,7 @@ def test_a_spent_budget_ends_unresolved_with_its_own_exit_code(tmp_path, capsys)
     doc = json.loads(capsys.readouterr().out)
     assert doc["state"] == "unresolved" and "budget spent" in doc["claim"]
     assert {a["rounds"] for a in doc["arms"]} == {1}  # the budget is checked after each round
-    assert store.read_tune(only_run(tmp_path / "r"))["worlds"]["0"]["ended"] == tune.BUDGET
+    assert store.read_tune(only_run(tmp_path / "r"))["worlds"]["0"]["ended"] == BUDGET
 
 
 @pytest.mark.ranks
@@ -754,7 +754,7 @@ def test_arms_of_two_worlds_are_raced_apart_and_their_winners_compared_unpaired(
     result = tune._result(stored(tmp_path, suite), cases, races, Options(), 0.0, NO_EVAL)
     by = {(a.params["world_size"], a.params["slowdown_pct"]): a for a in result.arms}
     assert by[(1, 0)].status == "recommended" and result.state == "recommended"
-    assert by[(1, 40)].status == by[(2, 40)].status == "eliminated" and by[(1, 40)].eliminated_at == tune.MIN_ROUNDS
+    assert by[(1, 40)].status == by[(2, 40)].status == "eliminated" and by[(1, 40)].eliminated_at == MIN_ROUNDS
     assert by[(2, 0)].status == "eliminated" and by[(2, 0)].eliminated_at is None  # across worlds
     assert by[(2, 0)].lo > 1 and result.claim.startswith(by[(1, 0)].label + ": the best of 4 settings")
 
@@ -764,7 +764,7 @@ def test_the_help_states_the_default_min_rounds():
 
     tune_parser = build_parser()._subparsers._group_actions[0].choices["tune"]
     (action,) = [a for a in tune_parser._actions if "--min-rounds" in a.option_strings]
-    assert f"(default: {tune.MIN_ROUNDS})" in action.help
+    assert f"(default: {MIN_ROUNDS})" in action.help
 
 
 def test_an_arm_brought_back_for_the_last_round_is_ended_with_the_repeats_it_ran(tmp_path):

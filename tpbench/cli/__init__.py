@@ -19,9 +19,9 @@ def main(argv: list[str] | None = None) -> None:
     from tpbench.explain import ExplainError
     from tpbench.gate import SideError
     from tpbench.interconnect import InterconnectUnavailable
+    from tpbench.racing import TuneError
     from tpbench.store import StoreError
     from tpbench.suite import SuiteError
-    from tpbench.tune import TuneError
 
     args = build_parser().parse_args(argv)
     if args.command in ("sweep", "tune") and not args.suite and not args.resume:

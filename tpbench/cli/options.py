@@ -77,7 +77,7 @@ def _verdict_args(p: argparse.ArgumentParser) -> None:
 
 def _fraction(text: str) -> float:
     """``2%`` or ``0.02`` → 0.02: a percentage, or a bare number read as a fraction (the range is each
-    option's own check: ``_target_ci``, ``tune.Options.check``)."""
+    option's own check: ``_target_ci``, ``racing.Options.check``)."""
     raw = text.strip()
     try:
         return float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)

@@ -81,7 +81,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from tpbench import sweep, tune
+    from tpbench import racing, sweep, tune
 
     launcher = torchrun_launcher(args)
     if args.resume:
@@ -105,15 +105,15 @@ def _tune(args: argparse.Namespace) -> int:
                 "own options (tune.json)",
                 "tune",
             )
-        suite, options, launcher = None, tune.Options(), launcher if args.launcher else sweep.RECORDED
+        suite, options, launcher = None, racing.Options(), launcher if args.launcher else sweep.RECORDED
     else:
         given = {
             k: v
             for k, v in (("confidence", args.confidence), ("metric", args.metric), ("min_rounds", args.min_rounds))
             if v is not None
         }
-        epsilon = args.epsilon if args.epsilon is not None else tune.Options.epsilon
-        suite, options = args.suite, tune.Options(epsilon=epsilon, budget_s=args.budget_s, **given)
+        epsilon = args.epsilon if args.epsilon is not None else racing.Options.epsilon
+        suite, options = args.suite, racing.Options(epsilon=epsilon, budget_s=args.budget_s, **given)
         options.check()
         if args.dry_run:
             prepared = tune.prepare(args.suite, args.set, args.filter, launcher, args.allow_large)
