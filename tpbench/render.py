@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tpbench import explain
+from tpbench import explain, verdict
 from tpbench.analysis.explain import detail_noun
 from tpbench.compare import (
     IMPROVEMENT,
@@ -36,7 +36,8 @@ Result = Comparison | WithinRun
 
 
 def _pct(x: float | None) -> str:
-    return "" if x is None or not math.isfinite(x) else f"{(x - 1) * 100:+.1f}%"
+    """A ratio as its change, as the verdict beside it says it (``verdict.signed_pct``)."""
+    return "" if x is None or not math.isfinite(x) else verdict.signed_pct(x)
 
 
 def _num(x: float | None) -> str:
