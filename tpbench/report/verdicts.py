@@ -278,8 +278,8 @@ def resolution(ests: Iterable[Ratio]) -> str:
 
 
 def resolved(said: verdict.Verdict, est: Ratio) -> str:
-    """ " (this run resolves ±x%)" to follow a verdict in full, unless its clause said it already
-    ("no difference shown: …, could only resolve ±x%")."""
+    """What follows a verdict in full: its resolution in parentheses, "(this run resolves ±x%)",
+    or nothing where its clause said it already ("no difference shown: …, could only resolve ±x%")."""
     return "" if said.says_resolution else f" ({resolution([est])})"
 
 
