@@ -30,20 +30,24 @@ console = Console(stderr=True, highlight=False)
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
+def given_flags(options: dict[str, Any]) -> list[str]:
+    """The flags among ``options`` (flag → its parsed value) that the command line set: those whose
+    value is not what they default to when absent, None or (``--set``, ``--filter``) an empty list."""
+    return [flag for flag, value in options.items() if value is not None and value != []]
+
+
 def torchrun_launcher(args: argparse.Namespace):
     """The torchrun launcher the arguments ask for (None: local); a usage error as ``SystemExit``."""
     from tpbench.launch import Torchrun
 
-    given = [
-        f
-        for f, v in (
-            ("--nnodes", args.nnodes),
-            ("--nproc-per-node", args.nproc_per_node),
-            ("--rdzv-endpoint", args.rdzv_endpoint),
-            ("--agent-prefix", args.agent_prefix),
-        )
-        if v is not None
-    ]
+    given = given_flags(
+        {
+            "--nnodes": args.nnodes,
+            "--nproc-per-node": args.nproc_per_node,
+            "--rdzv-endpoint": args.rdzv_endpoint,
+            "--agent-prefix": args.agent_prefix,
+        }
+    )
     if args.launcher != "torchrun":
         # On --resume, --print alone reuses the run's own torchrun settings.
         if given or (args.print_only and not args.resume):

@@ -18,6 +18,7 @@ from tpbench.cli.common import (
     EXIT_USAGE,
     cases_table,
     console,
+    given_flags,
     out,
     resumable,
     showing,
@@ -163,17 +164,15 @@ def _check_resume_args(args: argparse.Namespace) -> None:
     missing cases measure what the finished ones did."""
     from tpbench import store, user_files
 
-    changed = [
-        f
-        for f, v in (
-            ("--set", args.set),
-            ("--filter", args.filter),
-            ("--out", args.out),
-            ("--target-ci", args.target_ci),
-            ("--budget-s", args.budget_s),
-        )
-        if v
-    ]
+    changed = given_flags(
+        {
+            "--set": args.set,
+            "--filter": args.filter,
+            "--out": args.out,
+            "--target-ci": args.target_ci,
+            "--budget-s": args.budget_s,
+        }
+    )
     if changed:
         usage(
             f"{', '.join(changed)} with --resume: a resumed run runs its own suite's missing cases unchanged, "

@@ -18,6 +18,7 @@ from tpbench.cli.common import (
     EXIT_UNRESOLVED,
     cases_table,
     console,
+    given_flags,
     out,
     resumable,
     showing,
@@ -85,20 +86,18 @@ def _tune(args: argparse.Namespace) -> int:
 
     launcher = torchrun_launcher(args)
     if args.resume:
-        given = [
-            f
-            for f, v in (
-                ("--set", args.set),
-                ("--filter", args.filter),
-                ("--out", args.out),
-                ("--epsilon", args.epsilon),
-                ("--confidence", args.confidence),
-                ("--budget-s", args.budget_s),
-                ("--metric", args.metric),
-                ("--min-rounds", args.min_rounds),
-            )
-            if v is not None and v != []
-        ]
+        given = given_flags(
+            {
+                "--set": args.set,
+                "--filter": args.filter,
+                "--out": args.out,
+                "--epsilon": args.epsilon,
+                "--confidence": args.confidence,
+                "--budget-s": args.budget_s,
+                "--metric": args.metric,
+                "--min-rounds": args.min_rounds,
+            }
+        )
         if given or args.suite:
             usage(
                 f"{', '.join(given or [args.suite])} with --resume: a resumed tune races its own settings with its "

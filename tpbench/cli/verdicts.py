@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tpbench.cli.common import EXIT_OK, EXIT_USAGE, console, stop_signals_interrupt
+from tpbench.cli.common import EXIT_OK, EXIT_USAGE, console, given_flags, stop_signals_interrupt
 
 
 def _print_verdict(comparison, fmt: str) -> int:
@@ -86,7 +86,7 @@ def _gate(args: argparse.Namespace) -> int:
         "--seed": args.seed,
         "--budget-s": args.budget_s,
     }
-    misplaced = [f for f, v in lockstep_only.items() if v is not None] if args.mode == "rounds" else []
+    misplaced = given_flags(lockstep_only) if args.mode == "rounds" else []
     if args.mode == "lockstep" and args.rounds is not None:
         misplaced = ["--rounds"]
     if misplaced:
