@@ -217,6 +217,29 @@ def test_fastest_line_names_the_setting_and_the_evidence_against_the_runner_up()
     assert re.search(r"bucket_cap_mb=4(?![.\d])", text) and "bucket_cap_mb=4.0" not in text
 
 
+def test_a_fastest_case_that_is_not_the_lowest_median_says_which_is():
+    """The fastest is ranked by the geometric mean over repeats, the sweep's table by the median:
+    where they name different cases, the line says which case has the lowest median and why it
+    names another."""
+
+    def medians(p: dict) -> list[float]:
+        if p["algorithm"] == "zero_no_overlap":  # the lowest median, one slow round: a higher geometric mean
+            return [90.0, 91.0, 130.0]
+        return [100.0, 101.0, 99.0] if p["algorithm"] == "hook_with_zero_step" else [110.0, 111.0, 109.0]
+
+    suite = ZERO_SUITE.replace('interconnect = ["loopback", "tcp-1gbit"]', 'interconnect = ["loopback"]')
+    (line,) = verdicts.fastest_lines(report_data.load([in_memory_run(suite, medians)]))
+    assert line.startswith("Fastest: hook_with_zero_step ")
+    assert re.search(r"the lowest median is zero_no_overlap bucket_cap_mb=\d's, 91 ms/step\); against", line)
+    # The runner-up's, it is named once.
+    suite_one = suite.replace("bucket_cap_mb = [1, 4]", "bucket_cap_mb = [4]").replace("[false, true]", "[false]")
+    (line,) = verdicts.fastest_lines(report_data.load([in_memory_run(suite_one, medians)]))
+    assert "the lowest median is the runner-up's, 91 ms/step); against the runner-up zero_no_overlap" in line
+    # Where the fastest is also the lowest median, nothing is added.
+    (plain,) = verdicts.fastest_lines(report_data.load([in_memory_run(suite, zero_medians)]))
+    assert "lowest median" not in plain
+
+
 def test_a_verdict_that_says_what_the_run_resolves_is_not_followed_by_it_again():
     """A "no difference shown" verdict's clause names its resolution ("could only resolve ±x%"); the
     report's sentences add "(this run resolves ±x%)" to every other verdict, once."""
