@@ -24,7 +24,7 @@ from typing import Any
 
 from gpu.analysis import Checks
 from tpbench import store
-from tpbench.analysis import whatif
+from tpbench.analysis import interference
 
 REFUSED = 3  # tpbench whatif's exit code for a run it cannot model
 CASE_KEYS = (
@@ -45,14 +45,15 @@ def _rounded(x: Any) -> Any:
 
 
 def _interference(run_dir: Path) -> dict[str, str]:
-    """Each case's interference factor from its own traced ops (``whatif.interference``), measured
+    """Each case's interference factor from its own traced ops (``interference.interference``), measured
     on the stored tables though nothing is projected: near 1 where compute runs on the GPU and Gloo
     communicates on CPU threads."""
     out = {}
     for cid, entry in store.load(run_dir).record.cases.items():
         intervals = store.read_case_table(run_dir, cid, "intervals")
         if intervals is not None:
-            out[entry.params["algorithm"]] = whatif.interference(whatif.interference_pairs(intervals)).describe()
+            pairs = interference.interference_pairs(intervals)
+            out[entry.params["algorithm"]] = interference.interference(pairs).describe()
     return out
 
 

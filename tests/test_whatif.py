@@ -22,7 +22,7 @@ import pytest
 from conftest import sweep_in_process, tiny_suite
 
 from tpbench import store, whatif_run
-from tpbench.analysis import replay, skeletons, timeline, trace_events, whatif
+from tpbench.analysis import interference, replay, skeletons, timeline, trace_events, whatif, whatif_validation
 from tpbench.analysis.replay import CollectiveSpec, Fabric, Issue, StepSkeleton, Wait, Work, collective_time, simulate
 from tpbench.report import build_report
 
@@ -277,13 +277,13 @@ def test_interference_is_measured_on_the_same_op_beside_a_collective_and_alone()
         if step == 1:
             rows.append((0, step, "comm", "thread 2", "gloo:all_reduce", t0, t0 + 1_500_000, 4.0, "allreduce"))
     cols = ["rank", "step", "lane", "stream_or_thread", "name", "start_ns", "end_ns", "bytes", "collective"]
-    pairs = whatif.interference_pairs(pd.DataFrame(rows, columns=cols))
+    pairs = interference.interference_pairs(pd.DataFrame(rows, columns=cols))
     assert len(pairs) == 1 and pairs.iloc[0].tolist() == [1_500_000, 1_000_000]
-    got = whatif.interference(pairs)
+    got = interference.interference(pairs)
     assert got.factor == pytest.approx(1.5) and got.ops == 1 and got.source == "case"
     assert "×1.50" in got.describe()
-    assert whatif.interference(pairs.iloc[:0]).replay_factor == 1.0  # nothing matched: no stretch
-    assert whatif.Interference(0.9, 0.8, 1.0, 40, "case").replay_factor == 1.0  # below 1 is noise
+    assert interference.interference(pairs.iloc[:0]).replay_factor == 1.0  # nothing matched: no stretch
+    assert interference.Interference(0.9, 0.8, 1.0, 40, "case").replay_factor == 1.0  # below 1 is noise
     # ... and the table says so where it shows such an estimate, not where it shows one above 1.
     row = {"interference": 0.85, "interference_lo": 0.8, "interference_hi": 0.92, "interference_ops": 40}
     assert whatif_run.interference_text(row | {"interference_source": "case"}).endswith("case, replayed as ×1")
@@ -294,7 +294,7 @@ def test_interference_is_near_one_where_compute_runs_on_the_gpu():
     """The H200 trace (2 Gloo ranks sharing the GPU, CUDA tensors): compute is CUDA kernels, and
     Gloo communicates on CPU threads, so the kernels beside a collective run as fast as alone."""
     tl = timeline.read_traces(Path(__file__).parent / "fixtures" / "traces" / "h200_gloo2_zero_interleaved")
-    got = whatif.interference(whatif.interference_pairs(tl.intervals))
+    got = interference.interference(interference.interference_pairs(tl.intervals))
     assert got.ops >= 5 and abs(got.factor - 1) < 0.05 and got.lo <= 1.0 <= got.hi + 0.01
 
 
@@ -608,7 +608,7 @@ def test_the_ranking_on_each_link_is_scored_by_kendall_tau():
     measurement decides is kept: 3 on tcp-1gbit and 5 on tcp-500mbit."""
 
     def row(link: str, case: str, measured: float, predicted: float, refused: str | None = None) -> dict:
-        return {"direction": whatif.SLOWER, "interconnect": link, "case_id": case, "measured_ms": measured,
+        return {"direction": whatif_validation.SLOWER, "interconnect": link, "case_id": case, "measured_ms": measured,
                 "ci_lo_ms": measured - 0.4, "ci_hi_ms": measured + 0.4, "predicted_ms": predicted,
                 "predicted_lo_ms": predicted, "predicted_hi_ms": predicted,
                 "error_pct": 100 * (predicted - measured) / measured, "refused": refused}  # fmt: skip
@@ -619,22 +619,22 @@ def test_the_ranking_on_each_link_is_scored_by_kendall_tau():
         + [row("tcp-500mbit", c, m, p) for c, m, p in (("a", 10, 12), ("b", 10.5, 11.5), ("c", 30, 31), ("d", 40, 41))]
         + [row("tcp-2.5gbit", "a", 5, 5)]
     )
-    tau = whatif.ranking_agreement(v).set_index("interconnect")
+    tau = whatif_validation.ranking_agreement(v).set_index("interconnect")
     assert tau.loc["tcp-1gbit", "kendall_tau"] == pytest.approx(1.0) and tau.loc["tcp-1gbit", "cases"] == 3
     assert tau.loc["tcp-500mbit", "kendall_tau"] == pytest.approx(2 / 3)
     assert math.isnan(tau.loc["tcp-2.5gbit", "kendall_tau"])
     assert tau["decided_pairs"].tolist() == [3, 5, 0] and tau["kept_pairs"].tolist() == [3, 5, 0]
-    summary = whatif.error_summary(v).iloc[0]
+    summary = whatif_validation.error_summary(v).iloc[0]
     assert summary["min_kendall_tau"] == pytest.approx(2 / 3)
     assert (summary["decided_pairs"], summary["kept_pairs"]) == (8, 8)
     line = whatif_run.error_line(summary.to_dict())
     assert "lowest Kendall τ of a link's ranking 0.67, 8 of the 8 pairs the measurement orders" in line
-    alone = whatif.error_summary(v[v["interconnect"] == "tcp-2.5gbit"]).iloc[0].to_dict()
+    alone = whatif_validation.error_summary(v[v["interconnect"] == "tcp-2.5gbit"]).iloc[0].to_dict()
     said = whatif_run.error_line(alone)  # one prediction: no τ, no pair to order
     assert "Kendall" not in said and "pairs" not in said
     # Predicted the other way round, a decided pair is not kept.
     v.loc[(v["interconnect"] == "tcp-1gbit") & (v["case_id"] == "a"), "predicted_ms"] = 25
-    assert whatif.ranking_agreement(v).set_index("interconnect").loc["tcp-1gbit", "kept_pairs"] == 2
+    assert whatif_validation.ranking_agreement(v).set_index("interconnect").loc["tcp-1gbit", "kept_pairs"] == 2
 
 
 def _random_skeleton(rng: random.Random, n: int, step: int) -> StepSkeleton:
@@ -690,7 +690,7 @@ def test_projections_never_leave_compute_and_measured_bounds_on_random_skeletons
             skels,
             path,
             np.array([timed] * 3),
-            whatif.Interference(kappa, kappa, kappa, 50, "case"),
+            interference.Interference(kappa, kappa, kappa, 50, "case"),
             comm_on_host=trial % 3 == 0,
         )
         if model.refused is not None:
@@ -883,9 +883,13 @@ def test_validation_says_how_fast_the_target_worlds_host_ran_and_predicts_withou
     ref = whatif.calibrated("ref", {"interconnect": "slow"}, [sk], path, timed, forward=(2.0, 2.0))
     fast = Fabric("fast", 0.0, 1e9)
     rows = _forward_rows([[2.2] * 3, [2.2] * 3]).assign(step_ms=30.0)
-    v = whatif.validate(ref, [whatif.Target("t", "fast", fast, rows)], whatif.FASTER).iloc[0]
+    v = whatif_validation.validate(
+        ref, [whatif_validation.Target("t", "fast", fast, rows)], whatif_validation.FASTER
+    ).iloc[0]
     assert v["host_ratio"] == pytest.approx(1.1) and v["predicted_ms"] == pytest.approx(ref.step_ms(fast))
-    bare = whatif.validate(ref, [whatif.Target("t", "fast", fast, rows.drop(columns="forward_ms"))], whatif.FASTER)
+    bare = whatif_validation.validate(
+        ref, [whatif_validation.Target("t", "fast", fast, rows.drop(columns="forward_ms"))], whatif_validation.FASTER
+    )
     assert math.isnan(bare["host_ratio"].iloc[0]) and bare["predicted_ms"].iloc[0] == v["predicted_ms"]
 
 
@@ -897,7 +901,7 @@ def test_validation_runs_both_directions_and_refuses_what_rests_on_a_refused_fit
     loaded = store.load(LINKS_RUN)
     result = whatif_run.run_whatif(loaded, whatif_run.load_fabrics())
     v = result.validation.set_index(["direction", "case_id"])
-    slower, faster = whatif.SLOWER, whatif.FASTER
+    slower, faster = whatif_validation.SLOWER, whatif_validation.FASTER
     # The hook: each slower link from loopback, each faster link (loopback too) from tcp-500mbit.
     assert v.loc[(slower, "7d153e1de062"), "reference_case"] == "08d91521814d"
     assert v.loc[(slower, "d5571ee597ae"), "reference_case"] == "08d91521814d"
@@ -929,7 +933,9 @@ def test_validation_runs_both_directions_and_refuses_what_rests_on_a_refused_fit
     whatif_run_models = {m.case_id: m for m in _all_models(loaded)}
     steps = dict(tuple(loaded.steps.groupby("case_id")))
     cases = loaded.cases[loaded.cases["status"] == store.DONE]
-    again = whatif.run_whatif(cases, steps, whatif_run.link_wires(loaded, cases), model, whatif_run.load_fabrics())
+    again = whatif_validation.run_whatif(
+        cases, steps, whatif_run.link_wires(loaded, cases), model, whatif_run.load_fabrics()
+    )
     w = again.validation.set_index(["direction", "case_id"])
     assert w.loc[(slower, "1eb4310e7baf"), "refused"] == "planted: why"
     assert w.loc[(faster, "c3d175563500"), "refused"].startswith("the link's description comes from the loopback twin")
@@ -1317,8 +1323,8 @@ def test_predicts_a_1gbit_case_from_loopback_and_loopback_from_1gbit(tmp_path):
     assert set(loaded.cases["status"]) == {store.DONE}
     result = whatif_run.run_whatif(loaded, whatif_run.load_fabrics())
     rows = {r["direction"]: r for r in result.validation.to_dict("records")}
-    assert set(rows) == {whatif.SLOWER, whatif.FASTER}
-    slower, faster = rows[whatif.SLOWER], rows[whatif.FASTER]
+    assert set(rows) == {whatif_validation.SLOWER, whatif_validation.FASTER}
+    slower, faster = rows[whatif_validation.SLOWER], rows[whatif_validation.FASTER]
     assert (slower["reference_link"], slower["interconnect"]) == ("loopback", "tcp-1gbit")
     assert (faster["reference_link"], faster["interconnect"]) == ("tcp-1gbit", "loopback")
     measured = dict(zip(loaded.table["interconnect"], loaded.table["median_ms"]))

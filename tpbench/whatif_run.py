@@ -18,9 +18,9 @@ from typing import Any
 import pandas as pd
 
 from tpbench import store, user_files
-from tpbench.analysis import replay, whatif
+from tpbench.analysis import interference, replay, whatif, whatif_validation
 from tpbench.analysis.replay import Fabric
-from tpbench.analysis.whatif import RunWhatIf
+from tpbench.analysis.whatif_validation import RunWhatIf
 from tpbench.interconnect import resolve, tbf_parameters
 from tpbench.record import CaseRecord
 
@@ -41,7 +41,7 @@ def load_fabrics(extra: Iterable[str | Path] = ()) -> dict[str, Fabric]:
 
 
 def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: str | None = None) -> RunWhatIf:
-    """``whatif.run_whatif`` on a run's finished cases (see there for what is modelled and validated)."""
+    """``whatif_validation.run_whatif`` on a run's finished cases (see there for what is modelled and validated)."""
     done = loaded.cases[loaded.cases["status"] == store.DONE]
     if done.empty:
         raise ValueError(f"{loaded.run_dir}: no finished case")
@@ -55,7 +55,8 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
         raise ValueError(f"{loaded.run_dir}: its cases ran on {', '.join(sorted(set(done['device'])))}; {ON_GPU}")
     steps_by_case = dict(tuple(loaded.steps.groupby("case_id")))
     wires = link_wires(loaded, done)
-    return whatif.run_whatif(done, steps_by_case, wires, case_models(loaded, done, wires), fabrics, reference)
+    models = case_models(loaded, done, wires)
+    return whatif_validation.run_whatif(done, steps_by_case, wires, models, fabrics, reference)
 
 
 def link_wires(loaded: store.Loaded, done: pd.DataFrame) -> dict[str, Fabric | None]:
@@ -76,20 +77,20 @@ def case_models(
     wire from ``wires`` (``link_wires``).
 
     Its interference is its own where its matched ops pin it, else the factor over all the run's
-    matched ops on its backend, device and link (``whatif.chosen_interference``): one machine's
+    matched ops on its backend, device and link (``interference.chosen_interference``): one machine's
     compute slowed by one kind of communication. The link is part of the key: a collective that
     waits on a slow shaped link keeps Gloo's threads asleep more than one on loopback. Each case's
     ops are matched once, here. On CPU ranks calibration scales the host's own communication too."""
     steps_by_case = dict(tuple(loaded.steps.groupby("case_id")))
-    own: dict[str, whatif.Interference] = {}
+    own: dict[str, interference.Interference] = {}
     pairs: dict[tuple[Any, ...], list[pd.DataFrame]] = {}
     for row in done.to_dict("records"):
         intervals = store.read_case_table(loaded.run_dir, row["case_id"], "intervals")
         if intervals is not None:
-            mine = whatif.interference_pairs(intervals)
-            own[row["case_id"]] = whatif.interference(mine)
+            mine = interference.interference_pairs(intervals)
+            own[row["case_id"]] = interference.interference(mine)
             pairs.setdefault(_pool_key(row), []).append(mine)
-    pooled = {key: whatif.interference(pd.concat(p, ignore_index=True), "pooled") for key, p in pairs.items()}
+    pooled = {key: interference.interference(pd.concat(p, ignore_index=True), "pooled") for key, p in pairs.items()}
 
     def model(row: Mapping[str, Any]) -> whatif.CaseModel:
         cid = row["case_id"]
@@ -100,7 +101,7 @@ def case_models(
             row,
             *(store.read_case_table(loaded.run_dir, cid, t) for t in ("intervals", "overlap", "marks")),
             steps_by_case[cid],
-            whatif.chosen_interference(own[cid], pooled.get(_pool_key(row))) if cid in own else None,
+            interference.chosen_interference(own[cid], pooled.get(_pool_key(row))) if cid in own else None,
             comm_on_host=True,
             wire=wires[row["interconnect"]],
             thread_speed=_thread_speed(loaded.record.cases.get(cid)),
@@ -137,7 +138,7 @@ class Written:
     def validation_rows(self) -> list[tuple[str, ...]]:
         """Per prediction of an emulated link: direction, case, from, link, measured ms [95% CI],
         predicted ms [95% interval] (or "refused"), the error and the target's host against the twin's
-        (``whatif.validate``'s host_ratio)."""
+        (``whatif_validation.validate``'s host_ratio)."""
         rows = []
         for r in self.result.validation.to_dict("records"):
             made = pd.isna(r["refused"])
@@ -219,7 +220,7 @@ class Written:
             "projections": records(p.assign(label=p["case_id"].map(self.labels))),
             "validation": records(self.result.validation),
             "errors": records(self.result.errors()),
-            "ranking_agreement": records(whatif.ranking_agreement(self.result.validation)),
+            "ranking_agreement": records(whatif_validation.ranking_agreement(self.result.validation)),
             "ranking": records(rank),
             "cannot_win": whatif.cannot_win(p),
             "answer": self.ranking_lines(),
@@ -259,7 +260,7 @@ def answer_lines(projections: pd.DataFrame, labels: Mapping[str, str]) -> list[s
 
 
 def error_line(e: Mapping[str, Any]) -> str:
-    """One direction's validation (a row of ``whatif.error_summary``), as the terminal and the report
+    """One direction's validation (a row of ``whatif_validation.error_summary``), as the terminal and the report
     say it: the errors, the intervals' coverage, and how well the ranking was kept."""
     tau = e["min_kendall_tau"]
     ranked = f"lowest Kendall τ of a link's ranking {tau:.2f}, " if math.isfinite(tau) else ""

@@ -10,7 +10,7 @@ Collectives run one at a time, in issue order, on one channel (as NCCL's stream 
 two at once, which on a bandwidth-bound link finishes no sooner). A collective starts when every
 rank has issued it and the channel is free.
 
-Interference (κ, measured by ``whatif.interference``): work runs 1/κ as fast while the channel is
+Interference (κ, measured by ``interference.interference``): work runs 1/κ as fast while the channel is
 busy, after each work's traced stretch beside communication is taken out.
 
 Cost per collective (ring algorithms, sizes as nccl-tests counts them)::

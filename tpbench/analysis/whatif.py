@@ -1,7 +1,8 @@
 """What-if: project a measured step onto a fabric that is not here.
 
 Pure functions over a case's analysed tables (``timeline``'s intervals and marks, the overlap
-table, step rows): ``tpbench.whatif_run`` reads them from the store and resolves the links.
+table, step rows): ``tpbench.whatif_run`` reads them from the store and resolves the links;
+``whatif_validation`` projects a run's cases and checks the model against their twins on other links.
 
 A measured case is reduced to a *skeleton* per profiled step (``skeletons``): for each rank, the
 training thread's work between communication events, the points where it issues a collective and
@@ -13,11 +14,10 @@ Why a skeleton of the measured thread rather than a formula: how much communicat
 depends on *when* each bucket is issued and what waits for it, and that is in the trace.
 
 Interference. Where ranks and Gloo share a few cores, compute runs slower while a collective is
-in flight: Gloo's threads copy and sum on the cores compute needs (Echo models the same effect
-for GPU kernels beside NCCL's). It is measured per case on the run's own traces
-(``interference``: the same op's time beside a collective over its time alone) and used in the
-replay: work runs 1/κ as fast while the channel is busy, after each work's traced stretch
-beside communication is taken out. So a faster fabric also gives compute back its cores.
+in flight. It is measured per case on the run's own traces (``interference``: the same op's time
+beside a collective over its time alone) and used in the replay: work runs 1/κ as fast while the
+channel is busy, after each work's traced stretch beside communication is taken out. So a faster
+fabric also gives compute back its cores.
 
 Projections are projections: this machine's compute with another fabric's communication.
 
@@ -49,123 +49,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.stats import kendalltau
 
 from tpbench.analysis.bandwidth import busbw_factor
-from tpbench.analysis.overlap import covered_before, union
+from tpbench.analysis.interference import Interference, interference, interference_pairs
 from tpbench.analysis.replay import FREE, Fabric, StepSkeleton, fabric_cost, median_step_s, simulate, step_replays_s
 from tpbench.analysis.skeletons import NotModelled, marks_from_table, skeletons
 from tpbench.analysis.stats import BOOTSTRAP_SAMPLES, CONFIDENCE, bootstrap_ci, repeat_values
-
-# --------------------------------------------------------------------------- interference
-
-# A compute op counts as run beside a collective when at least this share of it overlapped the
-# rank's communication, and as run alone when none of it did; ops in between are left out.
-BESIDE_SHARE = 0.5
-# Matched ops a case needs for an interference factor of its own; with fewer, the factor pooled
-# over the run's cases on the same backend, device and link is used (``Interference.source``)...
-MIN_MATCHED_OPS = 30
-# ... and they must pin it to this relative half-width (its 95 % interval), else it is pooled.
-INTERFERENCE_PRECISION = 0.10
-INTERFERENCE_PAIR_COLUMNS = ("beside_ns", "alone_ns")
-
-
-def interference_pairs(intervals: pd.DataFrame) -> pd.DataFrame:
-    """The same compute op timed beside a collective and alone, from one case's traced steps.
-
-    An op is "the same" across steps when it has the same rank, thread or stream, name and
-    position among that lane's compute intervals of its step: the steps of a training loop repeat
-    their ops, and only which of them a collective overlaps changes from step to step (a bucket's
-    all-reduce ends earlier or later). Per op seen both ways: the median duration beside a
-    collective (``BESIDE_SHARE`` of it overlapping the rank's comm intervals) and alone (none of
-    it overlapping), in ns. Columns ``INTERFERENCE_PAIR_COLUMNS``; empty when nothing matched."""
-    out = []
-    for _, g in intervals.groupby("rank", sort=True):
-        comm = g[g["lane"] == "comm"]
-        comp = g[g["lane"] == "compute"].sort_values("start_ns", kind="stable")
-        if comm.empty or comp.empty:
-            continue
-        us, ue = union(comm["start_ns"].to_numpy(), comm["end_ns"].to_numpy())
-        a, b = comp["start_ns"].to_numpy(), comp["end_ns"].to_numpy()
-        dur = (b - a).astype(float)
-        # Each op's overlap with the rank's comm: covered length up to its end minus up to its start.
-        cum = np.r_[0, np.cumsum(ue - us)]
-        share = np.where(
-            dur > 0, (covered_before(us, ue, cum, b) - covered_before(us, ue, cum, a)) / np.maximum(dur, 1), 0.0
-        )
-        key = comp.assign(pos=comp.groupby(["stream_or_thread", "step"], observed=True).cumcount())
-        frame = pd.DataFrame(
-            {
-                "lane": key["stream_or_thread"].astype(str).to_numpy(),
-                "name": key["name"].astype(str).to_numpy(),
-                "pos": key["pos"].to_numpy(),
-                "dur": dur,
-                "share": share,
-            }
-        )
-        frame = frame[frame["dur"] > 0]
-        keys = ["lane", "name", "pos"]
-        beside = frame[frame["share"] >= BESIDE_SHARE].groupby(keys)["dur"].median()
-        alone = frame[frame["share"] == 0].groupby(keys)["dur"].median()
-        both = pd.concat([beside.rename("beside_ns"), alone.rename("alone_ns")], axis=1, join="inner")
-        out.append(both.reset_index(drop=True))
-    if not out:
-        return pd.DataFrame({c: pd.Series(dtype="float64") for c in INTERFERENCE_PAIR_COLUMNS})
-    return pd.concat(out, ignore_index=True)[list(INTERFERENCE_PAIR_COLUMNS)]
-
-
-@dataclass(frozen=True)
-class Interference:
-    """How much slower compute runs while a collective is in flight: the matched ops' total time
-    beside a collective over their total time alone (``interference_pairs``), with its 95 %
-    bootstrap interval over ops. ``source``: "case" (its own ops) or "pooled" (the run's cases on
-    the same backend, device and link, when the case's own do not pin it: ``chosen_interference``);
-    ``ops``: the matched ops it rests on (0: none anywhere, factor 1)."""
-
-    factor: float = 1.0
-    lo: float = 1.0
-    hi: float = 1.0
-    ops: int = 0
-    source: str = "none"
-
-    @property
-    def replay_factor(self) -> float:
-        """The stretch the replay applies: the estimate, or 1 below 1. Nothing on a host makes
-        compute faster while a collective runs; an estimate under 1 is timing noise, and a
-        stretch under 1 would let a slower fabric project a shorter step."""
-        return max(1.0, self.factor)
-
-    def describe(self) -> str:
-        if not self.ops:
-            return "interference not measured (no op was traced both beside a collective and alone)"
-        return f"×{self.factor:.2f} [{self.lo:.2f}, {self.hi:.2f}] over {self.ops} ops ({self.source})"
-
-
-def interference(pairs: pd.DataFrame, source: str = "case") -> Interference:
-    """``Interference`` from matched ops (``interference_pairs``): the ratio of total times, which
-    weighs each op by its length as the step does (a 5 µs op's jitter does not swing it)."""
-    if pairs.empty:
-        return Interference()
-    beside, alone = pairs["beside_ns"].to_numpy(float), pairs["alone_ns"].to_numpy(float)
-    idx = np.random.default_rng(0).integers(0, len(pairs), size=(BOOTSTRAP_SAMPLES, len(pairs)))
-    ratios = beside[idx].sum(axis=1) / alone[idx].sum(axis=1)
-    lo, hi = np.quantile(ratios, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
-    return Interference(float(beside.sum() / alone.sum()), float(lo), float(hi), len(pairs), source)
-
-
-def chosen_interference(own: Interference, pooled: Interference | None) -> Interference:
-    """A case's own factor when at least ``MIN_MATCHED_OPS`` ops pin it to ±``INTERFERENCE_PRECISION``,
-    else the pooled one when there is one."""
-    pinned = own.ops >= MIN_MATCHED_OPS and (own.hi - own.lo) / 2 <= INTERFERENCE_PRECISION * own.factor
-    return own if pinned or pooled is None else pooled
-
 
 # --------------------------------------------------------------------------- calibration
 
@@ -917,261 +813,3 @@ def cannot_win(projections: pd.DataFrame) -> list[str]:
     out = made["predicted_lo_ms"] > made["fabric"].map(top_of_first)
     beaten = out.groupby(made["case_id"], sort=False).all()
     return [c for c, b in beaten.items() if b]
-
-
-VALIDATION_COLUMNS = (
-    "direction",
-    "reference_case",
-    "reference_link",
-    "case_id",
-    "interconnect",
-    "measured_ms",
-    "ci_lo_ms",
-    "ci_hi_ms",
-    "predicted_ms",
-    "predicted_lo_ms",
-    "predicted_hi_ms",
-    "error_pct",
-    "host_ratio",
-    "refused",
-)
-SLOWER = "slower link from a faster twin"
-FASTER = "faster link from a slower twin"
-
-
-@dataclass(frozen=True)
-class Target:
-    """A case to predict: its id and link, the fabric that describes the link, its step rows, and
-    why that description cannot be trusted (None when it can)."""
-
-    case_id: str
-    interconnect: str
-    fabric: Fabric
-    step_rows: pd.DataFrame
-    refused: str | None = None
-
-
-def validate(reference: CaseModel, targets: Iterable[Target], direction: str) -> pd.DataFrame:
-    """Predict cases measured on other links from a reference case: the reference's skeletons and
-    compute factor replayed on each target's fabric; nothing of the target but its link's
-    description is used. ``error_pct`` = 100 · (predicted − measured) / measured, measured being
-    the median of repeat medians; predicted_lo_ms/predicted_hi_ms the prediction's 95 % interval
-    (``CaseModel.step_interval_ms``). A refused reference or link description refuses the prediction
-    (``refused`` says why; the numbers are NaN).
-
-    ``host_ratio``, beside it and not used by it: the target's timed forward pass over the
-    reference's (``forward_times``; NaN where either has none). Each link's cases run in a world of
-    their own, and on a small shared machine one world's host may run the same ops 10–20 % slower
-    or faster than another's, which no model of the link can know: a miss with a ratio far from 1
-    is at least partly the machine's."""
-    rows = []
-    for t in targets:
-        reps = repeat_values(t.step_rows)["step_ms"].to_numpy()
-        lo, hi = bootstrap_ci(reps)
-        refused = reference.refused or t.refused
-        pred = float("nan") if refused else reference.step_ms(t.fabric)
-        pred_lo, pred_hi = (float("nan"),) * 2 if refused else reference.step_interval_ms(t.fabric)
-        meas = float(np.median(reps))
-        rows.append(
-            {
-                "direction": direction,
-                "reference_case": reference.case_id,
-                "reference_link": reference.params.get("interconnect"),
-                "case_id": t.case_id,
-                "interconnect": t.interconnect,
-                "measured_ms": meas,
-                "ci_lo_ms": lo,
-                "ci_hi_ms": hi,
-                "predicted_ms": pred,
-                "predicted_lo_ms": pred_lo,
-                "predicted_hi_ms": pred_hi,
-                "error_pct": 100 * (pred - meas) / meas,
-                "host_ratio": forward_times(t.step_rows, None)[0] / reference.forward_ms,
-                "refused": refused,
-            }
-        )
-    return pd.DataFrame(rows, columns=list(VALIDATION_COLUMNS))
-
-
-def ranking_agreement(validation: pd.DataFrame) -> pd.DataFrame:
-    """Per direction and target link: whether the predictions rank that link's cases (the same
-    settings but the link: the algorithms of suites/whatif.toml) as their measured medians do.
-    ``kendall_tau``: Kendall's τ-b of predicted against measured, over the predictions made
-    (1: the same order; NaN below 2 predictions, or where every prediction or measurement ties).
-    τ counts every pair, also pairs whose measured medians differ by less than their own noise,
-    whose order a second run need not repeat; ``decided_pairs`` are the pairs whose measured 95 %
-    intervals are disjoint, ``kept_pairs`` those of them the predictions put in the same order."""
-    rows = []
-    for (direction, link), g in validation.groupby(["direction", "interconnect"], sort=False):
-        made = g[g["refused"].isna()].to_dict("records")
-        tau = math.nan
-        if len(made) >= 2:
-            tau = float(kendalltau([r["predicted_ms"] for r in made], [r["measured_ms"] for r in made]).statistic)
-        decided = [
-            (a, b) if a["measured_ms"] < b["measured_ms"] else (b, a)
-            for i, a in enumerate(made)
-            for b in made[i + 1 :]
-            if a["ci_hi_ms"] < b["ci_lo_ms"] or b["ci_hi_ms"] < a["ci_lo_ms"]
-        ]
-        kept = sum(fast["predicted_ms"] < slow["predicted_ms"] for fast, slow in decided)
-        rows.append(
-            {
-                "direction": direction,
-                "interconnect": link,
-                "cases": len(made),
-                "kendall_tau": tau,
-                "decided_pairs": len(decided),
-                "kept_pairs": kept,
-            }
-        )
-    return pd.DataFrame(
-        rows, columns=["direction", "interconnect", "cases", "kendall_tau", "decided_pairs", "kept_pairs"]
-    )
-
-
-def error_summary(validation: pd.DataFrame) -> pd.DataFrame:
-    """Per direction: predictions made, refused, the mean and worst absolute error (%) of those
-    made, the share (%) of them whose measured median lies inside the predicted interval, the
-    lowest Kendall τ of any target link's ranking, and the pairs the measurement decides and the
-    predictions keep, over all links (``ranking_agreement``)."""
-    rows = []
-    taus = ranking_agreement(validation)
-    for direction, g in validation.groupby("direction", sort=False):
-        made = g[g["refused"].isna()]
-        err = made["error_pct"].abs()
-        inside = made["measured_ms"].between(made["predicted_lo_ms"], made["predicted_hi_ms"])
-        mine = taus[taus["direction"] == direction]
-        tau = mine["kendall_tau"].dropna()
-        rows.append(
-            {
-                "direction": direction,
-                "predicted": len(err),
-                "refused": int(g["refused"].notna().sum()),
-                "mean_abs_error_pct": float(err.mean()) if len(err) else float("nan"),
-                "worst_abs_error_pct": float(err.max()) if len(err) else float("nan"),
-                "inside_interval_pct": 100 * float(inside.mean()) if len(err) else float("nan"),
-                "min_kendall_tau": float(tau.min()) if len(tau) else float("nan"),
-                "decided_pairs": int(mine["decided_pairs"].sum()),
-                "kept_pairs": int(mine["kept_pairs"].sum()),
-            }
-        )
-    return pd.DataFrame(
-        rows,
-        columns=[
-            "direction",
-            "predicted",
-            "refused",
-            "mean_abs_error_pct",
-            "worst_abs_error_pct",
-            "inside_interval_pct",
-            "min_kendall_tau",
-            "decided_pairs",
-            "kept_pairs",
-        ],
-    )
-
-
-# Parameters that say which cases are "the same case on another link".
-_NOT_LINK = ("case_id", "interconnect", "label", "status", "error", "detail")
-
-
-def _same_but_link(cases: pd.DataFrame) -> list[pd.DataFrame]:
-    """Cases grouped by every parameter but the link (missing values are a value too)."""
-    keys = [c for c in cases.columns if c not in _NOT_LINK]
-    label = cases[keys].astype(object).apply(lambda r: repr(tuple(r)), axis=1)
-    return [g for _, g in cases.groupby(label, sort=False)]
-
-
-@dataclass(frozen=True)
-class RunWhatIf:
-    """A run's what-if: projections of its reference-link cases onto fabrics, and the model's
-    validation against its emulated-link cases in both directions (empty when the run has none)."""
-
-    reference: str
-    projections: pd.DataFrame
-    validation: pd.DataFrame
-    models: list[CaseModel]
-
-    def errors(self) -> pd.DataFrame:
-        return error_summary(self.validation)
-
-
-def run_whatif(
-    cases: pd.DataFrame,
-    steps_by_case: Mapping[str, pd.DataFrame],
-    wires: Mapping[str, Fabric | None],
-    model: Callable[[Mapping[str, Any]], CaseModel],
-    fabrics: Mapping[str, Fabric],
-    reference: str | None = None,
-) -> RunWhatIf:
-    """Model every case on the reference link (default: loopback if the run has it, else its
-    first interconnect) and project those onto ``fabrics``. Then validate the model on the run's
-    emulated links, in both directions, among cases with the same parameters but the link:
-
-    - slower from faster: each ``tcp-<rate>`` case slower than the reference link, predicted from
-      its reference twin (the target link: a shared medium at its rate, behind the twin's own
-      fitted path as floor);
-    - faster from slower: each case on a faster link than the slowest emulated one (the reference
-      link included), predicted from its twin on that slowest link. The target link is described
-      as a user would describe a real fabric, never by its step times: a ``tcp-<rate>`` by its
-      rate with the reference twin's path as floor, the reference link by that path (the busbw
-      its traced collectives reached, as nccl-tests would report it for a real fabric).
-
-    ``cases``: the run's finished cases, one row each; ``steps_by_case``: their step rows;
-    ``wires``: each link's shaped wire (``emulated_link`` without floor; None: unshaped);
-    ``model``: a case row's calibrated model (see ``case_model``), asked for at most once per
-    case: the caller reads its tables.
-    """
-    if cases.empty:
-        raise ValueError("no finished case")
-    links = list(dict.fromkeys(cases["interconnect"]))
-    reference = reference or ("loopback" if "loopback" in links else links[0])
-    if reference not in links:
-        raise ValueError(f"no finished case on {reference!r}; the run has {links}")
-    rate = {link: math.inf if wires[link] is None else wires[link].beta_Bps for link in links}
-    slowest = min((link for link in links if rate[link] < math.inf), key=rate.__getitem__, default=None)
-    cache: dict[str, CaseModel] = {}
-
-    def model_of(row: Mapping[str, Any]) -> CaseModel:
-        cid = row["case_id"]
-        if cid not in cache:
-            try:
-                cache[cid] = model(row)
-            except NotModelled as e:
-                cache[cid] = refused_model(cid, row, steps_by_case[cid], str(e))
-        return cache[cid]
-
-    def target(row: Mapping[str, Any], host: Fabric | None, refused: str | None = None) -> Target:
-        link = row["interconnect"]
-        wire = wires[link]
-        fabric = host if wire is None else dataclasses.replace(wire, floor=host)
-        return Target(row["case_id"], link, fabric, steps_by_case[row["case_id"]], refused)
-
-    models, rows = [], []
-    for group in _same_but_link(cases):
-        by_link = {r["interconnect"]: r for r in group.to_dict("records")}
-        ref_model = model_of(by_link[reference]) if reference in by_link else None
-        if ref_model is not None:
-            models.append(ref_model)
-            slower = [link for link in by_link if rate[link] < rate[reference]]
-            if slower:
-                rows.append(
-                    validate(ref_model, [target(by_link[link], ref_model.host_path) for link in slower], SLOWER)
-                )
-        # This host's own path, the floor under faster emulated links: only an unshaped link shows it,
-        # and only a twin whose fit is trusted describes it (a refused fit is refused for its path).
-        host = ref_model.host_path if ref_model is not None and rate[reference] == math.inf else None
-        why = None
-        if host is not None and ref_model.refused:
-            why = f"the link's description comes from the {reference} twin, itself refused: {ref_model.refused}"
-        if slowest in by_link:
-            faster = [
-                link
-                for link in by_link
-                if rate[slowest] < rate[link] and (rate[link] < math.inf or (link == reference and host is not None))
-            ]
-            if faster:
-                targets = [target(by_link[link], host, why) for link in faster]
-                rows.append(validate(model_of(by_link[slowest]), targets, FASTER))
-    validation = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=list(VALIDATION_COLUMNS))
-    return RunWhatIf(reference, project(models, fabrics), validation, models)

@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tpbench import store, whatif_run
-from tpbench.analysis import crossover, replay, whatif
+from tpbench.analysis import crossover, replay, whatif, whatif_validation
 from tpbench.report.figures import ratio_trace
 from tpbench.report.html import Page, plot_text
 from tpbench.suite import value_text
@@ -242,7 +242,7 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, replay.Fab
     page.table(fab)
 
 
-def _validation(page: Page, result: whatif.RunWhatIf, labels: dict[str, str]) -> None:
+def _validation(page: Page, result: whatif_validation.RunWhatIf, labels: dict[str, str]) -> None:
     """Predictions of the run's emulated-link cases from their twins, in both directions."""
     v = result.validation.assign(case=[labels.get(c, c) for c in result.validation["case_id"]])
     page.heading("Validation against emulated links", level=3)
@@ -301,8 +301,8 @@ def _validation_figure(v: pd.DataFrame) -> go.Figure:
                 x=grp["measured_ms"],
                 y=grp["predicted_ms"],
                 mode="markers",
-                name=plot_text(f"{link} ({'from faster' if direction == whatif.SLOWER else 'from slower'})"),
-                marker=dict(symbol="circle" if direction == whatif.SLOWER else "diamond"),
+                name=plot_text(f"{link} ({'from faster' if direction == whatif_validation.SLOWER else 'from slower'})"),
+                marker=dict(symbol="circle" if direction == whatif_validation.SLOWER else "diamond"),
                 error_x=dict(
                     type="data",
                     array=grp["ci_hi_ms"] - grp["measured_ms"],
