@@ -278,6 +278,11 @@ def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, ca
     cli.print_tune(result, "text")
     out = capsys.readouterr().out
     assert all(f"retired after round {at}" in out for at in race.retired.values())
+    # Tied says why: "tied" beside a ratio well above 1 would read as "as fast".
+    for a, at in race.retired.items():
+        assert (
+            cli.decided(arms[a], 0.02) == f"retired after round {at}: it could no longer be 2% faster than the leader"
+        )
     # An eliminated arm says what eliminated it: its interval, above 1, against that round's leader.
     (slow,) = [a for a in result.arms if a.status == "eliminated"]
     assert slow.eliminated_vs["lo"] > 1 and slow.eliminated_vs["leader"] in race.arms
@@ -386,7 +391,7 @@ def test_worlds_of_one_arm_run_the_minimum_rounds_and_the_note_compares_per_samp
     assert html.escape(note) in shown and "No race chart: no world held two of these settings" in shown
     assert "<td>None</td>" not in shown and "the recommended setting's world, at the end, unpaired" in shown
     assert (
-        cli.decided(other)
+        cli.decided(other, 0.02)
         == "eliminated by the recommended setting's world, at the end, unpaired (the interval beside it)"
     )
     assert result.worlds == [f"{a.label}: the only setting in its world" for a in (rec, other)]

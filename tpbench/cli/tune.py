@@ -172,15 +172,20 @@ class _TuneDisplay:
         return showing(listener.progress, tune.Watch(listener, listener.round))
 
 
-def decided(arm) -> str:
+def decided(arm, epsilon: float) -> str:
     """When the race stopped running an arm: eliminated (clearly slower) or retired (tied: it could no
-    longer be epsilon faster than the leader), or both: retired, then shown slower from the rounds it
+    longer be ``epsilon`` faster than the leader), or both: retired, then shown slower from the rounds it
     had run (its rounds then end before the round it went). An elimination says the interval that
     decided it, against that round's leader: the table's interval against the recommended arm may
-    hold 1 (another leader then, or fewer rounds), and without it the elimination would look unfounded."""
-    from tpbench import verdict
+    hold 1 (another leader then, or fewer rounds), and without it the elimination would look unfounded.
+    A tied arm says why it is tied: beside its ratio (a retired arm may be well behind, +16 % on
+    suites/zero.toml), "tied" alone reads as "as fast"."""
+    from tpbench import tune, verdict
 
-    said = [] if arm.retired_at is None else [f"retired after round {arm.retired_at}"]
+    said = []
+    if arm.retired_at is not None:
+        why = f": it could no longer be {epsilon * 100:.3g}% faster than the leader" if arm.status == tune.TIED else ""
+        said.append(f"retired after round {arm.retired_at}{why}")
     why = verdict.what_eliminated(arm.status, arm.eliminated_vs)
     if arm.eliminated_at is not None:
         said.append(f"eliminated after round {arm.eliminated_at}" + (f" ({why})" if why else ""))
@@ -240,7 +245,7 @@ def print_tune(result, fmt: str) -> None:
             str(a.rounds),
             "—" if a.ratio is None else verdict.signed_pct(a.ratio),
             "—" if a.lo is None else f"[{verdict.signed_pct(a.lo)}, {verdict.signed_pct(a.hi)}]",
-            decided(a),
+            decided(a, result.epsilon),
         )
         for a in result.arms
     ]
