@@ -142,14 +142,14 @@ def test_every_change_to_torch_state_is_named_between_items(monkeypatch):
     state of this test process."""
     import torch
 
-    from tpbench import worker
+    from tpbench import guards
 
-    before = worker._torch_state()
+    before = guards.torch_state()
     monkeypatch.setattr(torch, "is_grad_enabled", lambda: False)
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "medium")
     with pytest.raises(RuntimeError) as e:
-        worker._check_torch_state(before)
+        guards.check_torch_state(before)
     assert str(e.value) == (
         "the case (its workload factory or hook) changed torch's grad mode from True to False; "
         "deterministic algorithms flag from False to True; float32 matmul precision from highest to medium"

@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from tpbench import accounting, capture, lockstep, store, workloads
+from tpbench import accounting, capture, guards, lockstep, planted, store, workloads
 from tpbench.analysis.stats import repeat_values, windows_of
 from tpbench.analysis.trace_events import BURN_RANGE, FORWARD_RANGE
 from tpbench.capture import machine_load, nvml, profiler, transport
@@ -272,7 +272,7 @@ class _Repeat:
         self.ends: list[float] = []
         self.extra: list[dict[str, float]] = []
         self.heldout = self.workload.heldout_batches() if case.eval_every else []
-        self.slowed = _slowed(case, rank)
+        self.slowed = planted.slowed(case, rank)
         self.burn = case.slowdown_pct / 100 if case.slowdown_kind == "cpu" and self.slowed else 0.0
         self.burned: list[float] = []  # seconds of CPU burnt per timed step
         self.delay_s = 0.0
@@ -281,19 +281,19 @@ class _Repeat:
         """The case's next step (warm-up or timed), measured."""
         i, case = len(self.step_ms), self.case
         if i == case.warmup_steps:
-            self.delay_s = _slowdown_s(case, self.step_ms) if self.slowed else 0.0
+            self.delay_s = planted.slowdown_s(case, self.step_ms) if self.slowed else 0.0
         if self.fault and i == case.warmup_steps + 1:
-            _inject(self.fault)
+            planted.inject(self.fault)
         x, y = self.workload.train_batch(i)
         before = collections.count
         self.starts.append(time.perf_counter())
         self.timer.start()
         self.losses.append(train_step(self.training, self.workload, x, y, forward_done=self.timer.forward_done))
         if self.delay_s:
-            _delay(self.delay_s)
+            planted.delay(self.delay_s)
         elif self.burn and i >= case.warmup_steps:
             self.burned.append(self.timer.cpu_s() * self.burn)
-            _burn(self.burned[-1])
+            planted.burn(self.burned[-1])
         ms, cpu = self.timer.stop_ms()
         self.ends.append(time.perf_counter())
         # Below this line nothing counts as step time.
@@ -399,7 +399,7 @@ class CaseRunner:
         """An arm's repeat after its timed steps: checked, traced on its case's last repeat, and
         gathered on rank 0, which writes its capture and returns every rank's rows."""
         case, repeat, training, workload = arm.case, arm.repeat, arm.training, arm.workload
-        _check_finite(repeat, self.rank.rank, arm.losses, training.model)  # after the peaks: it allocates
+        guards.check_finite(repeat, self.rank.rank, arm.losses, training.model)  # after the peaks: it allocates
         # Exact bytes and step work, once per case (on its last repeat), after the timed steps.
         counted = accounting.measure(training.model, training.optimizer, self.rank.rank) if profile_after else None
         spans = nvml.step_spans(arm.starts, arm.ends, case.warmup_steps)
@@ -408,7 +408,7 @@ class CaseRunner:
             # The launcher retries a case once whose rank dies by a signal from here on (launch.run_group).
             self.events.emit("trace_start", case=case.case_id, rank=self.rank.rank)
             if arm.aborts_tracing:
-                _abort_once(self.run_dir, case.case_id, self.rank.rank)
+                planted.abort_once(self.run_dir, case.case_id, self.rank.rank)
             burn_s = statistics.median(arm.burned) if arm.burned else 0.0
             clock, profile_spans, trace_window = self._profile(case, arm, burn_s)
             spans += profile_spans
@@ -514,12 +514,12 @@ class CaseRunner:
                 training, workload, x, y, profiled=True, forward_done=lambda: forward_s.append(time.perf_counter() - t0)
             )
             if busy:  # Test-only fault ``busy-trace:RANK``: twice the step's timed CPU time and 2 ms more.
-                _burn((2 * timed_ms[2] + 2) / 1e3)
+                planted.burn((2 * timed_ms[2] + 2) / 1e3)
             if arm.delay_s:
-                _delay(arm.delay_s)  # a wait: no range, so the trace shows it as what it is (idle)
+                planted.delay(arm.delay_s)  # a wait: no range, so the trace shows it as what it is (idle)
             elif burn_s:
                 with record_function(BURN_RANGE):  # CPU work of the training thread: compute
-                    _burn(burn_s)
+                    planted.burn(burn_s)
             step_s.append(time.perf_counter() - t0)
             thread_s.append(time.thread_time() - c0)
 
@@ -533,7 +533,7 @@ class CaseRunner:
             for x in traced_s:
                 x.clear()
             # Test-only fault ``slow-trace:RANK``: this rank's forward passes slowed in the first window.
-            hook = training.model.register_forward_pre_hook(_slow_forward(timed_ms[0])) if slowing else None
+            hook = training.model.register_forward_pre_hook(planted.slow_forward(timed_ms[0])) if slowing else None
             path = out.with_name(f"rank{self.rank.rank}.window{len(windows)}.json.gz")
             # Each window goes on training (a warm-up step and the traced ones): its steps' batches and
             # NVML samples are numbered as the model took them, as an averaging period counts them.
@@ -579,17 +579,6 @@ def _json_numbers(values: list[float]) -> tuple[float | None, ...]:
     return tuple(x if x == x else None for x in values)
 
 
-def _slow_forward(timed_forward_ms: float) -> Callable[..., None]:
-    """A forward pre-hook that sleeps twice the timed forward pass and 5 ms more: the traced
-    forward passes run at under a third of their timed speed, as in a window the machine disturbed."""
-    pause_s = (2 * timed_forward_ms + 5) / 1e3
-
-    def slow(*_: Any) -> None:
-        time.sleep(pause_s)
-
-    return slow
-
-
 @torch.no_grad()
 def _evaluate(model: torch.nn.Module, workload, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
     """Mean held-out loss of this rank's replica (ranks may differ under local SGD)."""
@@ -600,117 +589,6 @@ def _evaluate(model: torch.nn.Module, workload, batches: list[tuple[torch.Tensor
     total = sum(float(workload.loss(module(x), y)) for x, y in batches)
     model.train(was_training)
     return total / len(batches)
-
-
-def _check_finite(repeat: int, rank: int, losses: list[torch.Tensor], model: torch.nn.Module) -> None:
-    """Non-finite training fails its case (FloatingPointError, the cause in run.json): its step
-    times are not those of training (NaN arithmetic, skipped work) and it must never be ranked.
-    Checked once per repeat, after the steps: every step's loss, then the parameters (a hook that
-    writes NaN into the gradients shows there first)."""
-    values = torch.stack(losses).float().cpu()
-    bad = (~torch.isfinite(values)).nonzero()
-    if len(bad):
-        step = int(bad[0])
-        raise FloatingPointError(
-            f"non-finite training: the loss was {values[step].item()} at step {step} of repeat {repeat} on rank {rank}"
-        )
-    named = list(model.named_parameters())
-    finite = [torch.isfinite(p.detach()).all() for _, p in named]
-    if finite and not bool(torch.stack(finite).all()):  # one device sync, not one per parameter
-        name = next(n for (n, _), ok in zip(named, finite) if not ok)
-        raise FloatingPointError(
-            f"non-finite training: parameter {name} holds NaN or inf after repeat {repeat} on rank {rank}"
-        )
-
-
-def _torch_state() -> dict[str, Any]:
-    """torch's process-wide settings that one case's code (its workload factory, its hook) could
-    change and that would otherwise carry into the next case of the same world."""
-    return {
-        "default dtype": torch.get_default_dtype(),
-        "default device": torch.get_default_device(),
-        "intra-op thread count": torch.get_num_threads(),
-        "inter-op thread count": torch.get_num_interop_threads(),
-        "grad mode": torch.is_grad_enabled(),
-        "deterministic algorithms flag": torch.are_deterministic_algorithms_enabled(),
-        "deterministic algorithms warn-only flag": torch.is_deterministic_algorithms_warn_only_enabled(),
-        "anomaly detection": torch.is_anomaly_enabled(),
-        "float32 matmul precision": torch.get_float32_matmul_precision(),
-        "cuDNN benchmark flag": torch.backends.cudnn.benchmark,
-        "cuDNN deterministic flag": torch.backends.cudnn.deterministic,
-    }
-
-
-def _check_torch_state(before: dict[str, Any]) -> None:
-    """Fail the item (its case, with the cause) when it left torch's process-wide state changed;
-    the launcher then runs the remaining cases in a fresh world, which starts clean."""
-    after = _torch_state()
-    changed = [f"{k} from {_shown(before[k])} to {_shown(after[k])}" for k in before if after[k] != before[k]]
-    if changed:
-        raise RuntimeError(f"the case (its workload factory or hook) changed torch's {'; '.join(changed)}")
-
-
-def _shown(value: Any) -> str:
-    return str(value).removeprefix("torch.")
-
-
-def _slowed(case: Case, rank: int) -> bool:
-    """Whether ``slowdown_pct`` slows this rank (``slowdown_ranks``: "all" or a list of ranks)."""
-    return case.slowdown_ranks == "all" or rank in case.slowdown_ranks
-
-
-def _slowdown_s(case: Case, step_ms: list[float]) -> float:
-    """``slowdown_kind = "sleep"``: the delay per timed step, in seconds, that share of the
-    warm-up's median step time.
-
-    A fixed delay from the warm-up: proportional to each step's own wall time, the ranks' delays
-    would feed each other through the next collective and compound. The first warm-up step
-    carries one-off costs (allocation, bucket rebuild): it is left out.
-    """
-    if not case.slowdown_pct or case.slowdown_kind != "sleep":
-        return 0.0
-    return statistics.median(step_ms[1:] or step_ms) * case.slowdown_pct / 100 / 1e3
-
-
-def _burn(seconds: float) -> None:
-    """``slowdown_kind = "cpu"``: burn this much CPU time on the training thread. The amount is
-    ``slowdown_pct`` of the step's own CPU time so far (every thread's): a slowdown proportional
-    to the work, whatever the machine does to it (the rest of the step's CPU time moves beside it:
-    10 % realised 8.7-11.2 % on the 2-core VM, docs/gates.md). A rank's CPU time does not include
-    waiting for its peers, so the burns do not compound through the collectives as wall-time
-    delays would."""
-    deadline = time.thread_time() + seconds
-    while time.thread_time() < deadline:
-        pass
-
-
-def _delay(seconds: float) -> None:
-    """``slowdown_pct``'s delay (test-only, for gates): sleep most of it, then spin to the
-    deadline, since a sleep alone wakes late on a busy machine."""
-    deadline = time.perf_counter() + seconds
-    if seconds > 2e-3:
-        time.sleep(seconds - 1e-3)
-    while time.perf_counter() < deadline:
-        pass
-
-
-def _inject(kind: str) -> None:
-    """Test-only faults (suite key ``fault``): die like an OOM kill, or block like a lost peer."""
-    if kind == "crash":
-        os.kill(os.getpid(), signal.SIGKILL)
-    while True:
-        time.sleep(3600)
-
-
-def _abort_once(run_dir: Path, case_id: str, rank: int) -> None:
-    """Test-only fault ``abort-trace:RANK``: abort as torch.profiler's native side rarely does
-    when a trace starts, in the run's first world to trace the case only (a marker file says it
-    happened), so that the launcher's retry of the trace can be seen to succeed."""
-    marker = run_dir / "logs" / f"abort-trace.{case_id}.rank{rank}"
-    if not marker.exists():
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
-        os.abort()
 
 
 def _machine_loads(gathered: list[dict[str, Any]], hosts: tuple[tuple[int, ...], ...] | None) -> None:
@@ -932,14 +810,14 @@ def run_plan(plan: Plan, events: Events) -> None:
         if rank.rank == 0:
             events.emit("world_ready", world=plan.world, nodes=[dataclasses.asdict(n) for n in nodes])
         gate = Turns(plan, rank, ctrl)
-        torch_state = _torch_state()
+        torch_state = guards.torch_state()
         for batch in _batches(plan):
             try:
                 answers = [(item, gate.answer(*item)) for item in batch]
                 go = [item for item, answer in answers if answer == lockstep.GO]
                 if go:
                     _run_batch(runner, plan, cases, go, gate, events)
-                    _check_torch_state(torch_state)
+                    guards.check_torch_state(torch_state)
                 if any(answer not in (lockstep.GO, lockstep.SKIP) for _, answer in answers):
                     break
             except BaseException:  # the user's code may raise SystemExit or KeyboardInterrupt: its case's failure
