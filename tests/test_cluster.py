@@ -25,9 +25,9 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from tpbench import cli, store, sweep
 from tpbench.cli.common import torchrun_launcher
 from tpbench.interconnect import InterconnectUnavailable
-from tpbench.launch import EventFiles, Torchrun, torchrun_failures
 from tpbench.suite import Machine, SuiteError, expand, parse
 from tpbench.training import node_subgroups
+from tpbench.worlds import EventFiles, Torchrun, torchrun_failures
 
 FAKE_SRUN = f"{shlex.quote(sys.executable)} {shlex.quote(str(REPO / 'tests' / 'fake_srun.py'))} 2"
 

@@ -110,7 +110,16 @@ def test_dependency_rules():
         if module.startswith("tpbench.hooks"):
             assert all(d.startswith("tpbench.hooks") for d in deps), module
     assert [m for m, deps in graph.items() if "tpbench.training" in deps] == ["tpbench.worker"]
-    machinery = ("tpbench.worker", "tpbench.launch", "tpbench.capture", "tpbench.training", "tpbench.sweep")
+    machinery = (
+        "tpbench.worker",
+        "tpbench.launch",
+        "tpbench.worlds",
+        "tpbench.planted",
+        "tpbench.guards",
+        "tpbench.capture",
+        "tpbench.training",
+        "tpbench.sweep",
+    )
     assert not {d for d in _closure(graph, "tpbench.report") if d.startswith(machinery)}
 
 

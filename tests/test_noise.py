@@ -24,9 +24,10 @@ from tpbench import store, sweep
 from tpbench.analysis.noise import noisy_repeats
 from tpbench.analysis.stats import repeat_values
 from tpbench.capture import machine_load
-from tpbench.launch import GC_POLICY, _start_rank, interleave, rank_layout, rounds_through
+from tpbench.launch import interleave, rounds_through
 from tpbench.report import build_report
 from tpbench.suite import Machine, expand, parse
+from tpbench.worlds import GC_POLICY, rank_layout, start_rank
 
 MACHINE = Machine(gpus=0)
 
@@ -109,7 +110,7 @@ def test_a_pinned_rank_runs_only_on_its_cores():
         [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
         capture_output=True,
         text=True,
-        preexec_fn=functools.partial(_start_rank, (core,)),
+        preexec_fn=functools.partial(start_rank, (core,)),
         check=True,
     ).stdout
     assert json.loads(out) == [core]

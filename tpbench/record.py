@@ -247,7 +247,7 @@ class WorldRecord(_Entry):
 @dataclass(frozen=True)
 class LauncherRecord:
     """How a run's worlds are started, so that ``--resume`` starts them the same way: ``local``,
-    or ``torchrun`` with the ``launch.Torchrun`` fields in ``options``."""
+    or ``torchrun`` with the ``worlds.Torchrun`` fields in ``options``."""
 
     name: str = "local"
     options: Mapping[str, Any] = field(default_factory=_no_entries)

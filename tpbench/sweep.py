@@ -23,8 +23,9 @@ from tpbench.analysis.memory import per_case
 from tpbench.analysis.stats import CONFIDENCE, slowest_rank, spent_confidence, summarize
 from tpbench.environment import fingerprint
 from tpbench.interconnect import InterconnectUnavailable, check_available, reap_stale_namespaces, resolve
-from tpbench.launch import Listener, PrintedWorld, Torchrun, group_cases, ingest_printed, print_group, run_group
+from tpbench.launch import Listener, PrintedWorld, group_cases, ingest_printed, print_group, run_group
 from tpbench.suite import Case, Machine, Suite, expand, load, select, with_overrides
+from tpbench.worlds import Torchrun
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ from tpbench.analysis.stats import (
     unpaired_ratio,
     windows_of,
 )
-from tpbench.launch import Listener, Torchrun, group_cases
+from tpbench.launch import Listener, group_cases
 from tpbench.racing import (
     ALL_TIED,
     BUDGET,
@@ -65,6 +65,7 @@ from tpbench.racing import (
     within_epsilon,
 )
 from tpbench.suite import Case, labels, varying_keys
+from tpbench.worlds import Torchrun
 
 RECOMMENDED, TIED, ELIMINATED, UNRESOLVED, FAILED = "recommended", "tied", "eliminated", "unresolved", "failed"
 # What a tune overrides in the suite: it reads no trace (docs/tune.md, "Traces").

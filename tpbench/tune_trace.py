@@ -26,9 +26,9 @@ from tpbench import tune as tune_mod
 from tpbench.analysis import explain as parts
 from tpbench.analysis.stats import averaging_window, geometric_mean, repeat_values, windows_of
 from tpbench.explain import traced_steps
-from tpbench.launch import Torchrun
 from tpbench.record import Case
 from tpbench.suite import SuiteError, parse
+from tpbench.worlds import Torchrun
 
 # Traced steps per setting (at least; whole averaging windows for post-local SGD), in one window
 # after its one timed repeat (``gate --explain`` traces as many).

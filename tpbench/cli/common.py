@@ -38,7 +38,7 @@ def given_flags(options: dict[str, Any]) -> list[str]:
 
 def torchrun_launcher(args: argparse.Namespace):
     """The torchrun launcher the arguments ask for (None: local); a usage error as ``SystemExit``."""
-    from tpbench.launch import Torchrun
+    from tpbench.worlds import Torchrun
 
     given = given_flags(
         {
