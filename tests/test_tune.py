@@ -257,6 +257,21 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     )
 
 
+def test_the_claim_states_the_margin_and_confidence_as_given(tmp_path):
+    """Never rounded: a margin of 2.5 % read "within 2%" (a claim the race did not make), and a
+    confidence of 0.9999999999 "100%"."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 0.5, 3, 30]", repeats=60))
+    cases = tune.prepare(suite).cases
+    values = synthetic({c.case_id: 1 + c.slowdown_pct / 100 for c in cases}, 60, noise=0.02, seed=2)
+    options = Options(epsilon=0.025, confidence=0.975)
+    race = run_race(Race(list(values), 60, options, comparisons=3), values)
+    assert race.ended == ALL_TIED
+    claim = tune._result(stored(tmp_path, suite), cases, [race], options, 0.0, NO_EVAL).claim
+    assert "within 2.5% of the best of 4 settings, 97.5% confidence;" in claim
+    assert verdict.percent(0.9999999999) == "99.99999999%" and verdict.percent(0.02) == "2%"
+
+
 def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, capsys):
     """A race that ends with arms retired: each is tied in the result (JSON ``retired_at``, the text
     table's "retired after round N"), ran only its own rounds, and is counted in the claim's tie."""

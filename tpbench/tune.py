@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import pandas as pd
 
-from tpbench import lockstep, store, sweep
+from tpbench import lockstep, store, sweep, verdict
 from tpbench.analysis.convergence import LEVEL_NATS
 from tpbench.analysis.stats import (
     Ratio,
@@ -565,7 +565,7 @@ def _world_lines(races: list[Race], names: dict[str, str], epsilon: float) -> li
         elif r.ended == ONE_LEFT:
             said = f"the best of {n} in its world"
         elif r.ended == ALL_TIED:
-            said = f"within {epsilon:.0%} of the best of {n} in its world, tied with {len(r.retired)}"
+            said = f"within {verdict.percent(epsilon)} of the best of {n} in its world, tied with {len(r.retired)}"
         else:
             said = f"the best guess of {n} in its world, unresolved"
         lines.append(f"{names[leader]}: {said}" + (f"; {out} eliminated" if out else ""))
@@ -769,23 +769,24 @@ def _claim(
     """The one sentence: which setting, how close to the best, how sure, and what the others did."""
     if rec is None:
         return f"no recommendation: every one of the {n} settings failed"
-    conf = f"{options.confidence:.0%} confidence"
+    conf = f"{verdict.percent(options.confidence)} confidence"
     gone = f"{counts[ELIMINATED]} eliminated"
     failed = f", {counts[FAILED]} failed" if counts[FAILED] else ""
     if state == RECOMMENDED:
         return f"{rec.label}: the best of {n} settings, {conf}; {gone}{failed}"
     if state == TIED:
         return (
-            f"{rec.label}: within {options.epsilon:.0%} of the best of {n} settings, {conf}; "
+            f"{rec.label}: within {verdict.percent(options.epsilon)} of the best of {n} settings, {conf}; "
             f"tied with {counts[TIED]}, {gone}{failed}"
         )
     why = sorted({r.ended for r in races if r.ended not in (ONE_LEFT, ALL_TIED)} - {None}) or [MAX_ROUNDS]
-    then = f"; about {more} more round(s) would decide it" if more else ""
+    then = f"; about {more} more round{'' if more == 1 else 's'} would decide it" if more else ""
     resolved = f"; the rounds run show it within {shown:.1%} of the best" if shown is not None else ""
     tied = f"tied with {counts[TIED]}, " if counts[TIED] else ""
     return (
         f"{rec.label}: the best guess of {n} settings, unresolved ({', '.join(why)}): {counts[UNRESOLVED]} "
-        f"still within reach of it at {conf} and ±{options.epsilon:.0%}, {tied}{gone}{failed}{resolved}{then}"
+        f"still within reach of it at {conf} and ±{verdict.percent(options.epsilon)}, "
+        f"{tied}{gone}{failed}{resolved}{then}"
     )
 
 

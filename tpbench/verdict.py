@@ -71,6 +71,13 @@ def signed_pct(ratio: float) -> str:
     return f"{x:+.1f}%"
 
 
+def percent(share: float) -> str:
+    """A share the user stated (a tune's margin or confidence) as a percentage, never rounded: "2%",
+    "2.5%", "97.5%". Rounded to whole percents, a margin of 2.5 % was claimed as "within 2%" and a
+    confidence of 0.9999999999 as "100%": a claim the race did not make."""
+    return f"{share * 100:.10g}%"
+
+
 def change(ratio: float, lo: float | None = None, hi: float | None = None) -> str:
     """A ratio as a signed change with its interval when given: "+9.0% [+1.0%, +17.6%]"."""
 

@@ -184,7 +184,9 @@ def decided(arm, epsilon: float) -> str:
 
     said = []
     if arm.retired_at is not None:
-        why = f": it could no longer be {epsilon * 100:.3g}% faster than the leader" if arm.status == tune.TIED else ""
+        why = ""
+        if arm.status == tune.TIED:
+            why = f": it could no longer be {verdict.percent(epsilon)} faster than the leader"
         said.append(f"retired after round {arm.retired_at}{why}")
     why = verdict.what_eliminated(arm.status, arm.eliminated_vs)
     if arm.eliminated_at is not None:
@@ -249,7 +251,8 @@ def print_tune(result, fmt: str) -> None:
         )
         for a in result.arms
     ]
-    head = ("setting", "status", "rounds", "vs recommended", f"{result.confidence:.0%} interval (spent)", "decided")
+    spent = f"{verdict.percent(result.confidence)} interval (spent)"
+    head = ("setting", "status", "rounds", "vs recommended", spent, "decided")
     if any(a.heldout_loss is not None for a in result.arms):  # a workload that evaluates: how far each trained
         head += ("held-out loss",)
         rows = [(*r, "—" if a.heldout_loss is None else f"{a.heldout_loss:.3f}") for r, a in zip(rows, result.arms)]

@@ -50,8 +50,9 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
             f"{saved['options']['min_rounds']} had run, a setting was eliminated when its paired ratio to the "
             "leader (the lowest geometric mean) was clearly above 1, its variance pooled over every value the race "
             "had, and retired (tied: it runs no more rounds) once it could no longer be more than "
-            f"{result['epsilon']:.0%} faster than the leader, brought back should a later leader not be safe from "
-            f"it; the race ended tied once the leader alone was left running; intervals at {result['confidence']:.0%} "
+            f"{verdict.percent(result['epsilon'])} faster than the leader, brought back should a later leader not be "
+            "safe from it; the race ended tied once the leader alone was left running; intervals at "
+            f"{verdict.percent(result['confidence'])} "
             "confidence spent over every round the race could look at and every setting (docs/tune.md). "
             f"Timed steps: {result['timed_s']:.1f} s of the {result['grid_timed_s']:.1f} s the whole grid "
             "would have timed.",
