@@ -513,8 +513,8 @@ class CaseRunner:
             train_step(
                 training, workload, x, y, profiled=True, forward_done=lambda: forward_s.append(time.perf_counter() - t0)
             )
-            if busy:  # Test-only fault ``busy-trace:RANK``: twice the step's timed CPU time and 2 ms more.
-                planted.burn((2 * timed_ms[2] + 2) / 1e3)
+            if busy:  # Test-only fault ``busy-trace:RANK``: five times the step's timed CPU time and 5 ms more.
+                planted.burn((5 * timed_ms[2] + 5) / 1e3)
             if arm.delay_s:
                 planted.delay(arm.delay_s)  # a wait: no range, so the trace shows it as what it is (idle)
             elif burn_s:
