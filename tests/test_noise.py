@@ -246,7 +246,7 @@ def test_cpu_slowdown_burns_cpu_and_sleep_slowdown_only_waits(slowdowns_alone):
     """200% of the warm-up's CPU time burnt triples a step's CPU time; a 200% sleep triples its wall
     time but adds little CPU: per millisecond of wall time it adds, under half the CPU the burn adds
     (measured 0.14–0.21 against 1.00). Not "about where it was": its last millisecond spins
-    (worker._delay). One rank, because a step's CPU time is the process's: with two, the CPU of
+    (planted.delay). One rank, because a step's CPU time is the process's: with two, the CPU of
     the ranks' collectives and Gloo's threads moved with the sleep (likely a rank that woke first
     waiting for its peer), and in a CI run the sleep's share reached 0.38 against the burn's 0.49;
     alone, with no peer to wait for, as low beside a busy loop."""
