@@ -35,11 +35,6 @@ from tpbench.compare import (
 Result = Comparison | WithinRun
 
 
-def _pct(x: float | None) -> str:
-    """A ratio as its change, as the verdict beside it says it (``verdict.signed_pct``)."""
-    return "" if x is None or not math.isfinite(x) else verdict.signed_pct(x)
-
-
 def _num(x: float | None) -> str:
     return "" if x is None or not math.isfinite(x) else f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
 
@@ -71,13 +66,13 @@ def _rows(c: Result) -> list[list[str]]:
         entries = [(r, f"{r.baseline_repeats}/{r.candidate_repeats}") for r in c.cases]
     rows = []
     for r, basis in entries:
-        ci = f"[{_pct(r.ci_lo)}, {_pct(r.ci_hi)}]" if r.half_width is not None else ""
+        ci = f"[{verdict.change(r.ci_lo)}, {verdict.change(r.ci_hi)}]" if r.half_width is not None else ""
         rows.append(
             [
                 r.label,
                 _num(r.baseline_median),
                 _num(r.candidate_median),
-                _pct(r.ratio),
+                verdict.change(r.ratio),
                 ci,
                 _resolves(r),
                 basis,

@@ -73,13 +73,14 @@ def signed_pct(ratio: float) -> str:
 
 def percent(share: float) -> str:
     """A share the user stated (a tune's margin or confidence) as a percentage, never rounded: "2%",
-    "2.5%", "97.5%". Rounded to whole percents, a margin of 2.5 % was claimed as "within 2%" and a
-    confidence of 0.9999999999 as "100%": a claim the race did not make."""
+    "2.5%", "97.5%". Rounded to whole percents, a margin of 2.5 % would read "within 2%" and a
+    confidence of 0.9999999999 "100%": claims the race does not make."""
     return f"{share * 100:.10g}%"
 
 
-def change(ratio: float, lo: float | None = None, hi: float | None = None) -> str:
-    """A ratio as a signed change with its interval when given: "+9.0% [+1.0%, +17.6%]"."""
+def change(ratio: float | None, lo: float | None = None, hi: float | None = None) -> str:
+    """A ratio as a signed change with its interval when given: "+9.0% [+1.0%, +17.6%]"; a ratio
+    that is None or not finite as nothing (a table's empty cell)."""
 
     def pct(r: float | None) -> str:
         return "" if r is None or not math.isfinite(r) else signed_pct(r)

@@ -112,10 +112,6 @@ def _where(page: Page, where: dict, anchor: str | None) -> None:
         page.paragraph(said)
 
 
-def _pct(v: float | None) -> str:
-    return "" if v is None else verdict.signed_pct(v)
-
-
 def _table(result: dict) -> pd.DataFrame:
     losses = any(a.get("heldout_loss") is not None for a in result["arms"])  # tune.json before it had none
     return pd.DataFrame(
@@ -124,8 +120,8 @@ def _table(result: dict) -> pd.DataFrame:
                 "setting": a["label"],
                 "status": a["status"],
                 "rounds": a["rounds"],
-                "vs recommended": _pct(a["ratio"]),
-                "interval": "" if a["lo"] is None else f"[{_pct(a['lo'])}, {_pct(a['hi'])}]",
+                "vs recommended": verdict.change(a["ratio"]),
+                "interval": "" if a["lo"] is None else f"[{verdict.change(a['lo'])}, {verdict.change(a['hi'])}]",
                 "eliminated after round": "" if a["eliminated_at"] is None else a["eliminated_at"],
                 "what eliminated it": verdict.what_eliminated(a["status"], a.get("eliminated_vs")),
                 "retired after round": "" if a.get("retired_at") is None else a["retired_at"],
