@@ -128,8 +128,8 @@ def test_a_window_whose_thread_ran_slow_behind_long_waits_is_traced_again(tmp_pa
     The training thread's CPU time shows it. ``busy-trace:1`` has rank 1 burn five times its timed CPU
     time (and 5 ms) after each step of the first window: that window is traced again, and another kept.
     Five, not two: after the steps' long sleeps a traced thread can run at a quarter of its timed speed
-    on every window (docs/explain.md: a fresh clone's CI run traced 0.27, 0.21 and 0.25 on this VM), and
-    a planted window only a third as fast was then no worse than the others, and kept."""
+    in every window (the slow traced windows of docs/explain.md; a fresh clone's CI run traced 0.27, 0.21
+    and 0.25), and a planted window only a third as fast was then no worse than the others, and kept."""
     suite = tiny_suite(
         'fault = ["busy-trace:1"]',
         profiler_steps=2,
