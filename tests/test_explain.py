@@ -116,8 +116,8 @@ def burnt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     machine a window of traced steps drifts from its case's timed steps by 10 ms and more, and the
     planted cause must stand out of the traced composition. Batches of 128, not 32: the burn is a
     share of the step's CPU time, which the batch scales and the optimizer step does not; at 32 a
-    traced window's optimizer phase running 12 ms long once outweighed a burn of about 25 ms (why it
-    ran long was not found; no collection ran in the traced windows of two runs watched for one), at
+    traced window's optimizer phase running 12 ms long once outweighed a burn of about 25 ms (the slow
+    traced windows of docs/explain.md, whose memory-bound optimizer ops run several times slower), at
     128 the burn is about 45 ms."""
     root = tmp_path_factory.mktemp("explain")
     sweep = 'slowdown_pct = [0, 150]\nslowdown_ranks = ["all", [1]]'
