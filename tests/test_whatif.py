@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import io
 import json
 import math
 import os
@@ -1045,6 +1046,32 @@ def test_whatif_command_shows_and_stores_refusals(tmp_path):
     )
     # The terminal shows the interval beside the projection.
     assert re.search(r"\d+\.\d \[\d+\.\d, \d+\.\d\]", rows["hook_with_zero_step bucket_cap_mb=25"])
+
+
+@pytest.mark.parametrize("width", [80, 110, 160])
+def test_the_whatif_table_hides_no_word_of_a_label_nor_a_fabric_on_a_narrow_terminal(tmp_path, monkeypatch, width):
+    """Rich cuts a long word short in a table of many columns ("hook_with_zero_s…" for both ZeRO
+    hooks at 110 columns) and crops the columns past the terminal's edge: neither may happen."""
+    from rich.console import Console
+
+    from tpbench.cli import main, show
+
+    run = tmp_path / "run"
+    shutil.copytree(BUSY_RUN, run)
+    screen = Console(width=width, file=io.StringIO(), highlight=False)
+    monkeypatch.setattr(show, "out", screen)
+    with pytest.raises(SystemExit) as ended:
+        main(["whatif", str(run)])
+    assert ended.value.code == 0
+    text = screen.file.getvalue()
+    rows = [line.split("│") for line in text.splitlines() if line.count("│") > 4]
+    assert rows and not any("…" in row[1] for row in rows)  # no label cut short
+    words = {word for row in rows for word in row[1].split()}
+    if width >= 110:  # room for a label's longest word: no word folded across lines either
+        assert {"zero_no_overlap", "hook_with_zero_step", "bucket_cap_mb=25", "bucket_cap_mb=4"} <= words
+    for fabric in whatif_run.load_fabrics():
+        assert fabric in text  # no fabric's column cropped
+    assert max(map(len, text.splitlines())) <= width
 
 
 def _projections(rows: list[tuple[str, str, float, float, float]]) -> pd.DataFrame:

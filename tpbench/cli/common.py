@@ -18,7 +18,7 @@ from typing import Any, Iterator
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_RESULTS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -75,13 +75,53 @@ def usage(message: str, command: str = "sweep") -> None:
     raise SystemExit(EXIT_USAGE)
 
 
+# The widest a label column is kept for its longest word; a longer word folds onto the next line.
+MAX_LABEL_WORD = 40
+# Narrower than this a fixed label column reads as letters; rich then shares the width out itself.
+MIN_LABEL_WIDTH = 16
+
+
+def label_column(table: Table, header: str) -> None:
+    """Add a column of case labels that hides no word of them: folded where rich would cut a word
+    short ("hook_with_zero_s…" for both ZeRO hooks) when a table of many columns meets a narrow
+    terminal; ``fitted`` widens it to its longest word where the terminal has room."""
+    table.add_column(header, overflow="fold")
+
+
+def fitted(table: Table, console: Console) -> Table:
+    """``table`` with each label column (``label_column``) as wide as its longest label where the
+    other columns leave room at their natural width, else at least as wide as its longest word, as
+    far as ``console`` leaves room beside the other columns' longest words. The width is fixed, so
+    that rich narrows the other columns to fit rather than the labels (its widest, which it
+    narrows first). Where the console leaves less than ``MIN_LABEL_WIDTH``, rich shares the width
+    out itself (the labels folded)."""
+
+    def texts(column: Column) -> list[str]:
+        return [c.plain if isinstance(c, Text) else str(c) for c in (column.header, *column.cells)]
+
+    def longest(column: Column, words: bool) -> int:
+        return max((len(piece) for text in texts(column) for piece in (text.split() if words else [text])), default=0)
+
+    labels = [c for c in table.columns if c.overflow == "fold"]
+    others = [c for c in table.columns if c not in labels]
+    share = max(1, len(labels))
+    room = (console.width - sum(longest(c, True) + 3 for c in others) - 1) // share - 3  # padding and rules
+    spare = (console.width - sum(longest(c, False) + 3 for c in others) - 1) // share - 3
+    for column in labels:
+        word, whole = min(longest(column, True), MAX_LABEL_WORD, room), longest(column, False)
+        column.width = min(max(spare, word), whole) if room >= MIN_LABEL_WIDTH else None
+    return table
+
+
 def cases_table(title: str, cases: list) -> Table:
     from tpbench.suite import labels
 
     names = labels([cases])[0]
     t = Table(title=escape(title))
-    for col in ("case_id", "case", "world", "repeats × steps"):
-        t.add_column(col)
+    t.add_column("case_id")
+    label_column(t, "case")
+    t.add_column("world")
+    t.add_column("repeats × steps")
     for c in cases:
         t.add_row(
             c.case_id,

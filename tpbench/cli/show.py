@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from tpbench.cli.common import EXIT_OK, EXIT_RESULTS, EXIT_USAGE, console, error, out
+from tpbench.cli.common import EXIT_OK, EXIT_RESULTS, EXIT_USAGE, console, error, fitted, label_column, out
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -137,7 +137,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     t = Table(
         title="PROJECTED step time (ms) [95% interval]: this machine's compute with each fabric's α–β communication"
     )
-    t.add_column("case")
+    label_column(t, "case")
     t.add_column(f"measured ({written.result.reference})", justify="right")
     t.add_column("compute critical path", justify="right")
     t.add_column("compute beside comm", justify="right")
@@ -145,7 +145,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         t.add_column(name, justify="right")
     for row in written.projection_rows():
         t.add_row(*row)
-    out.print(t)
+    out.print(fitted(t, out))
     for line in written.refused_models():
         console.print(Text.assemble(("(*) refused ", "yellow"), line))
     for line in written.ranking_lines():
@@ -160,11 +160,14 @@ def _print_whatif_validation(written) -> None:
 
     t = Table(title="validation: emulated links predicted from their twins on other links")
     numbers = ("measured ms [95% CI]", "predicted ms [95% interval]", "error", "target's host ×")
-    for col in ("direction", "case", "from", "link", *numbers):
+    rows = written.validation_rows()
+    t.add_column("direction")
+    label_column(t, "case", (row[1] for row in rows))
+    for col in ("from", "link", *numbers):
         t.add_column(col, justify="right" if col in numbers else "left")
-    for row in written.validation_rows():
+    for row in written.projection_rows():
         t.add_row(*row)
-    out.print(t)
+    out.print(fitted(t, out))
     for line in written.refused_references():
         console.print(Text.assemble(("refused ", "yellow"), line))
     for e in written.result.errors().to_dict("records"):

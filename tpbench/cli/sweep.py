@@ -18,7 +18,9 @@ from tpbench.cli.common import (
     EXIT_USAGE,
     cases_table,
     console,
+    fitted,
     given_flags,
+    label_column,
     out,
     resumable,
     showing,
@@ -112,8 +114,8 @@ def _summary_table(loaded) -> Table:
         caption="ms/step: the median of the repeats' values, with the 95% CI of that median; "
         "steps p10–p90: the spread of single timed steps",
     )
+    label_column(t, "case")
     for col, just in [
-        ("case", "left"),
         ("status", "left"),
         ("ms/step", "right"),
         ("95% CI", "right"),
@@ -206,7 +208,7 @@ def _sweep(args: argparse.Namespace) -> int:
         if args.dry_run:
             run = store.Run.open(args.resume)
             todo = sweep.missing(run)
-            out.print(cases_table(f"{run.dir}: {len(todo)} cases to resume (dry run)", todo))
+            out.print(fitted(cases_table(f"{run.dir}: {len(todo)} cases to resume (dry run)", todo), out))
             return EXIT_OK
         suite, launcher = None, launcher if args.launcher else sweep.RECORDED
     else:
@@ -215,7 +217,7 @@ def _sweep(args: argparse.Namespace) -> int:
             console.print("[yellow]No case matches the filters.[/]")
             return EXIT_USAGE
         if args.dry_run:
-            out.print(cases_table(f"{suite.suite.name}: {len(suite.cases)} cases (dry run)", suite.cases))
+            out.print(fitted(cases_table(f"{suite.suite.name}: {len(suite.cases)} cases (dry run)", suite.cases), out))
             return EXIT_OK
         if not args.no_report:  # before hours of sweeping, not after
             if args.report and args.report.is_dir():
@@ -245,7 +247,7 @@ def _sweep(args: argparse.Namespace) -> int:
         console.print(f"Run directory: {outcome.run.dir}", markup=False, soft_wrap=True)
         return _print_worlds(outcome.run, outcome.printed, outcome.launcher)
     _print_adaptive(outcome.loaded.record.adaptive)
-    out.print(_summary_table(outcome.loaded))
+    out.print(fitted(_summary_table(outcome.loaded), out))
     for line in _fastest(outcome.loaded):
         out.print(line, markup=False, soft_wrap=True)
     eff = outcome.loaded.record.efficiency or Efficiency()

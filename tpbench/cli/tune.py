@@ -18,7 +18,9 @@ from tpbench.cli.common import (
     EXIT_UNRESOLVED,
     cases_table,
     console,
+    fitted,
     given_flags,
+    label_column,
     out,
     resumable,
     showing,
@@ -120,7 +122,7 @@ def _tune(args: argparse.Namespace) -> int:
                 f"{prepared.suite.name}: {len(prepared.cases)} settings to race, "
                 f"at most {prepared.cases[0].repeats} rounds (dry run)"
             )
-            out.print(cases_table(title, prepared.cases))
+            out.print(fitted(cases_table(title, prepared.cases), out))
             return EXIT_OK
     display = _TuneDisplay()
     try:
@@ -204,13 +206,15 @@ TRACE_SAYS = (
 
 
 def _text_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
-    """Rows of plain text (escaped: a label may hold brackets) under ``head``."""
+    """Rows of plain text (escaped: a label may hold brackets) under ``head``, the first a setting's
+    label (``label_column``), fitted to the terminal."""
     t = Table()
-    for col in head:
+    label_column(t, head[0])
+    for col in head[1:]:
         t.add_column(col)
     for r in rows:
         t.add_row(*map(escape, r))
-    return t
+    return fitted(t, out)
 
 
 def _md_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
