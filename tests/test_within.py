@@ -141,6 +141,31 @@ def test_too_few_rounds_are_inconclusive_and_verdicts_state_the_half_width(tmp_p
     assert text.count("too few to judge") == 1  # said once: in the verdict, not again as a note
 
 
+def test_the_sides_shown_are_the_values_whose_ratio_is_the_change(tmp_path: Path) -> None:
+    """A side with two slow repeats in six: its median (10) is below the other's (12) while its
+    geometric mean (14.4) is above it. The change is the ratio of geometric means, so the columns
+    beside it (``compare``'s and the report's table of comparisons) show those, never two medians
+    that move the other way from it."""
+    import re
+
+    from tpbench.report import build_report
+
+    values = {"zero_no_overlap": [10, 10, 10, 10, 30, 30], "hook_with_zero_step": [12] * 6}
+    run = make_run(tmp_path, values, jitter=0.0)
+    (p,) = compare.within_run(run).pairs
+    r = p.result
+    assert (r.baseline_median, r.candidate_median) == (10, 12) and r.ratio < 1
+    assert r.baseline_compared == pytest.approx(10 * 3 ** (1 / 3)) and r.candidate_compared == pytest.approx(12)
+    assert r.candidate_compared / r.baseline_compared == pytest.approx(r.ratio)
+    row = next(line for line in render.render_text(compare.within_run(run)).splitlines() if line.startswith("algo"))
+    assert row.split()[4:7] == ["14.4", "12", "-16.8%"]  # 12 / 14.42
+    doc = json.loads(render.render_json(compare.within_run(run)))
+    assert doc["pairs"][0]["result"]["baseline_compared"] == pytest.approx(r.baseline_compared)
+    html = build_report([sweep.finalize(store.Run.open(run))])
+    table = re.sub(r"(<[^>]+>\s*)+", "|", html[html.index('id="comparisons"') :])
+    assert "|hook_with_zero_step|zero_no_overlap|12|14.4|0.832|" in table  # candidate ms, baseline ms, ratio
+
+
 def test_runs_compare_states_half_widths_too(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     base = make_run(tmp_path / "a", {"ddp": list(10 * (1 + 0.01 * rng.uniform(-1, 1, 6)))})

@@ -102,6 +102,11 @@ class CaseResult:
     reason: str = ""
     baseline_median: float | None = None
     candidate_median: float | None = None
+    # Each side's value whose ratio ``ratio`` is (``stats.Ratio.sides``): the geometric mean over
+    # the pairs or repeats a t interval rests on, the median of the pooled repeats for a bootstrap's.
+    # The tables show these, so that a side's two numbers and the change between them agree.
+    baseline_compared: float | None = None
+    candidate_compared: float | None = None
     ratio: float | None = None
     ci_lo: float | None = None
     ci_hi: float | None = None
@@ -353,6 +358,8 @@ def _judge_case(
     numbers = {
         "baseline_median": float(np.median(b_all)),
         "candidate_median": float(np.median(c_all)),
+        "baseline_compared": est.sides[0],
+        "candidate_compared": est.sides[1],
         "ratio": est.ratio,
         "ci_lo": est.lo,
         "ci_hi": est.hi,
@@ -560,6 +567,8 @@ def _pair(
         "label": label,
         "baseline_median": float(np.median(list(b.values()))),
         "candidate_median": float(np.median(list(c.values()))),
+        "baseline_compared": est.sides[0],
+        "candidate_compared": est.sides[1],
         "ratio": est.ratio,
         "ci_lo": est.lo,
         "ci_hi": est.hi,

@@ -70,8 +70,8 @@ def _rows(c: Result) -> list[list[str]]:
         rows.append(
             [
                 r.label,
-                _num(r.baseline_median),
-                _num(r.candidate_median),
+                _num(r.baseline_compared),
+                _num(r.candidate_compared),
                 verdict.change(r.ratio),
                 ci,
                 _resolves(r),
@@ -102,17 +102,23 @@ def _preamble(c: Result) -> list[str]:
     if isinstance(c, WithinRun):
         return [
             f"metric {c.metric} (lower is better), threshold ±{c.threshold:.1%}, {c.confidence:.0%} t interval of the "
-            "ratio of geometric means over repeats: paired by round for cases of one world, Welch otherwise",
+            "ratio of geometric means over repeats: paired by round for cases of one world, Welch otherwise; "
+            "the baseline and candidate columns are those geometric means",
             f"run {c.run}, commit {c.commit}: pairs of cases that differ in one of {', '.join(c.keys) or 'no key'}",
         ]
     lines = [
         f"metric {c.metric} (lower is better), threshold ±{c.threshold:.1%}, "
         + {
             "rounds": f"{c.confidence:.0%} t interval of the ratio over paired rounds "
-            "(geometric mean of per-round ratios of medians)",
+            "(geometric mean of per-round ratios of medians; the baseline and candidate columns: each side's "
+            "geometric mean of its round medians)",
             "repeats": f"{c.confidence:.0%} t interval of the ratio over repeats paired in lockstep "
-            "(geometric mean of per-pair ratios)",
-        }.get(c.pairing, f"{c.confidence:.0%} bootstrap CI of the ratio of medians over repeats"),
+            "(geometric mean of per-pair ratios; the baseline and candidate columns: each side's geometric mean)",
+        }.get(
+            c.pairing,
+            f"{c.confidence:.0%} bootstrap CI of the ratio of medians over repeats (the baseline and candidate "
+            "columns: those medians)",
+        ),
         f"baseline: {len(c.baseline_runs)} run(s), commit {', '.join(c.baseline_commits)}",
         f"candidate: {len(c.candidate_runs)} run(s), commit {', '.join(c.candidate_commits)}",
     ]

@@ -89,6 +89,9 @@ class Ratio:
 
     ``n``: the pairs (paired) or the fewer values of the two sides (unpaired) it rests on.
     ``method``: "paired", "unpaired" or "single" (too few values for an interval: lo = hi = ratio).
+    ``sides``: the baseline's and the candidate's values whose ratio ``ratio`` is (geometric means
+    for the t intervals, medians for the bootstrap's), for a table that shows them beside it: a
+    side's median may move the other way from its geometric mean where its repeats are skewed.
     """
 
     ratio: float
@@ -96,6 +99,7 @@ class Ratio:
     hi: float
     n: int
     method: str
+    sides: tuple[float, float] = (math.nan, math.nan)
 
     @property
     def half_width(self) -> float:
@@ -146,10 +150,11 @@ def paired_ratio(
     if d.size == 0:
         raise ValueError("paired_ratio needs at least one round both sides ran")
     mean = float(np.mean(d))
+    sides = (geometric_mean(baseline[k] for k in common), geometric_mean(candidate[k] for k in common))
     if d.size < 2:
-        return Ratio(math.exp(mean), math.exp(mean), math.exp(mean), 1, "single")
+        return Ratio(math.exp(mean), math.exp(mean), math.exp(mean), 1, "single", sides)
     half = _t(confidence, d.size - 1) * float(np.std(d, ddof=1)) / math.sqrt(d.size)
-    return Ratio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), int(d.size), "paired")
+    return Ratio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), int(d.size), "paired", sides)
 
 
 def unpaired_ratio(baseline: np.ndarray, candidate: np.ndarray, *, confidence: float = CONFIDENCE) -> Ratio:
@@ -161,15 +166,16 @@ def unpaired_ratio(baseline: np.ndarray, candidate: np.ndarray, *, confidence: f
         raise ValueError("unpaired_ratio needs at least one value on each side")
     diff = float(c.mean() - b.mean())
     n = int(min(b.size, c.size))
+    sides = (math.exp(b.mean()), math.exp(c.mean()))
     if n < 2:
-        return Ratio(math.exp(diff), math.exp(diff), math.exp(diff), n, "single")
+        return Ratio(math.exp(diff), math.exp(diff), math.exp(diff), n, "single", sides)
     vb, vc = b.var(ddof=1) / b.size, c.var(ddof=1) / c.size
     se = math.sqrt(vb + vc)
     if se == 0:
-        return Ratio(math.exp(diff), math.exp(diff), math.exp(diff), n, "unpaired")
+        return Ratio(math.exp(diff), math.exp(diff), math.exp(diff), n, "unpaired", sides)
     df = (vb + vc) ** 2 / (vb**2 / (b.size - 1) + vc**2 / (c.size - 1))
     half = _t(confidence, df) * se
-    return Ratio(math.exp(diff), math.exp(diff - half), math.exp(diff + half), n, "unpaired")
+    return Ratio(math.exp(diff), math.exp(diff - half), math.exp(diff + half), n, "unpaired", sides)
 
 
 def unpaired_difference(
@@ -413,10 +419,11 @@ def hierarchical_ratio_ci(
     c = [np.asarray(g, dtype=float) for g in candidate if len(g)]
     if not b or not c:
         raise ValueError("hierarchical_ratio_ci needs at least one value on each side")
-    point = float(np.median(np.concatenate(c)) / np.median(np.concatenate(b)))
+    sides = (float(np.median(np.concatenate(b))), float(np.median(np.concatenate(c))))
+    point = sides[1] / sides[0]
     n = min(sum(g.size for g in b), sum(g.size for g in c))
     if sum(g.size for g in b) < 2 and sum(g.size for g in c) < 2:
-        return Ratio(point, point, point, n, "single")
+        return Ratio(point, point, point, n, "single", sides)
     rng = np.random.default_rng(seed)
     cs = _two_stage_medians(c, rng.integers(0, len(c), size=(samples, len(c))), rng)
     bs = _two_stage_medians(b, rng.integers(0, len(b), size=(samples, len(b))), rng)
@@ -426,4 +433,4 @@ def hierarchical_ratio_ci(
         bs = bs * rng.choice(run_effects(c), size=samples)
     r = cs / bs
     alpha = (1 - confidence) / 2
-    return Ratio(point, float(np.quantile(r, alpha)), float(np.quantile(r, 1 - alpha)), n, "unpaired")
+    return Ratio(point, float(np.quantile(r, alpha)), float(np.quantile(r, 1 - alpha)), n, "unpaired", sides)

@@ -185,8 +185,10 @@ def comparisons_table(page: Page, data: ReportData, comparisons: list[Comparison
         return
     page.heading("All comparisons", anchor="comparisons")
     page.paragraph(
-        "resolves: the half-width of the ratio's 95% interval, the smallest difference the comparison could have "
-        "told from none; paired: the rounds of a paired ratio (the two cases ran in one world), else unpaired.",
+        "candidate and baseline ms: the geometric means over repeats whose ratio the ratio column is (a case's "
+        "median, in the tables above, may move the other way where its repeats are skewed); resolves: the "
+        "half-width of the ratio's 95% interval, the smallest difference the comparison could have told from none; "
+        "paired: the rounds of a paired ratio (the two cases ran in one world), else unpaired.",
         css="muted",
     )
     rows = [
@@ -195,8 +197,8 @@ def comparisons_table(page: Page, data: ReportData, comparisons: list[Comparison
             "comparison": c.kind.key,
             "candidate": c.candidate["label"],
             "baseline": c.baseline["label"],
-            "candidate ms": c.candidate["median_ms"],
-            "baseline ms": c.baseline["median_ms"],
+            "candidate ms": c.est.sides[1],
+            "baseline ms": c.est.sides[0],
             "ratio": c.ratio,
             "95% CI": f"[{c.lo:.3g}, {c.hi:.3g}]",
             "resolves": f"±{c.est.half_width:.1%}" if c.est.has_interval else "",
