@@ -990,12 +990,23 @@ def test_report_shows_the_reason_in_place_of_the_number():
     refused = rows["zero_no_overlap bucket_cap_mb=25"]
     assert refused.count("<td>refused</td>") == 4 and "unrepresentative of timed steps" in refused
     kept = rows["hook_with_zero_step bucket_cap_mb=25"]
-    assert "refused" not in kept and re.search(r"<td>\d+\.?\d* \[\d+\.?\d*, \d+\.?\d*\]</td>", kept)
+    # Every projection to a tenth of a ms, as in the terminal, so that a column lines up ("19.0", not "19").
+    assert "refused" not in kept and len(re.findall(r"<td>\d+\.\d \[\d+\.\d, \d+\.\d\]</td>", kept)) == 4
     # Beside each case, how closely the model replays the case's own traced steps, refused or not.
     assert "<th>own traced steps replayed (median miss)</th>" in section
     assert re.search(r"<td>[+-]\d+\.\d%</td>", kept) and re.search(r"<td>[+-]\d+\.\d%</td>", refused)
     assert "Which setting each fabric would favour (projected)" in section
     assert "on nvlink4: zero_no_overlap bucket_cap_mb=4" in section
+
+
+def test_the_reports_validation_table_gives_measured_and_predicted_alike():
+    """Each emulated link's measured step and its prediction, both "ms [interval]" to a tenth of a
+    ms, as the terminal prints them side by side."""
+    html = build_report([store.load(LINKS_RUN)])
+    section = html[html.index('id="whatif"') :]
+    assert "<th>measured ms [95% CI]</th>" in section and "<th>predicted ms [95% interval]</th>" in section
+    row = re.search(r"<tr>\s*<td>(faster|slower) link from.*?</tr>", section, re.S)
+    assert row and len(re.findall(r"<td>\d+\.\d \[\d+\.\d, \d+\.\d\]</td>", row.group(0))) == 2
 
 
 def test_whatif_json_gives_projections_intervals_refusals_and_the_ranking(tmp_path):

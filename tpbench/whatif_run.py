@@ -148,8 +148,8 @@ class Written:
                     self.labels[r["case_id"]],
                     r["reference_link"],
                     r["interconnect"],
-                    _ms_interval(r["measured_ms"], r["ci_lo_ms"], r["ci_hi_ms"]),
-                    _ms_interval(r["predicted_ms"], r["predicted_lo_ms"], r["predicted_hi_ms"]) if made else "refused",
+                    ms_interval(r["measured_ms"], r["ci_lo_ms"], r["ci_hi_ms"]),
+                    ms_interval(r["predicted_ms"], r["predicted_lo_ms"], r["predicted_hi_ms"]) if made else "refused",
                     f"{r['error_pct']:+.1f}%" if made else "",
                     host_ratio_text(r["host_ratio"]),
                 )
@@ -186,7 +186,7 @@ class Written:
                     *(
                         "refused"
                         if refused
-                        else _ms_interval(
+                        else ms_interval(
                             by.at[n, "projected_ms"], by.at[n, "predicted_lo_ms"], by.at[n, "predicted_hi_ms"]
                         )
                         for n in names
@@ -235,7 +235,7 @@ def answer_lines(projections: pd.DataFrame, labels: Mapping[str, str]) -> list[s
     made = projections[projections["refused"].isna()].groupby("fabric")["case_id"].nunique()
     lines = []
     for r in rank.to_dict("records"):
-        ms = _ms_interval(r["projected_ms"], r["predicted_lo_ms"], r["predicted_hi_ms"])
+        ms = ms_interval(r["projected_ms"], r["predicted_lo_ms"], r["predicted_hi_ms"])
         first = f"{labels.get(r['first'], r['first'])}, {ms} ms"
         if made[r["fabric"]] == 1:
             lines.append(f"on {r['fabric']}: {first}, the only setting projected (the others were refused)")
@@ -294,7 +294,9 @@ def host_ratio_text(ratio: float) -> str:
     return f"×{ratio:.2f}" if math.isfinite(ratio) else ""
 
 
-def _ms_interval(ms: float, lo: float, hi: float) -> str:
+def ms_interval(ms: float, lo: float, hi: float) -> str:
+    """A step time with its interval, as the terminal and the report print them: CPU steps of a few
+    to a few hundred ms, to a tenth of one each, so that a column's numbers line up ("19.0", not "19")."""
     return f"{ms:.1f} [{lo:.1f}, {hi:.1f}]"
 
 

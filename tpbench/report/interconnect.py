@@ -195,7 +195,7 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, replay.Fab
     proj = result.projections.assign(case=[labels.get(c, c) for c in result.projections["case_id"]])
     numbers = pd.Series(
         [
-            f"{v:.3g} [{lo:.3g}, {hi:.3g}]"
+            whatif_run.ms_interval(v, lo, hi)
             for v, lo, hi in zip(proj["projected_ms"], proj["predicted_lo_ms"], proj["predicted_hi_ms"])
         ],
         index=proj.index,
@@ -204,8 +204,8 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, replay.Fab
     wide = wide.reindex(index=list(dict.fromkeys(proj["case"])), columns=list(dict.fromkeys(proj["fabric"])))
     wide.columns.name = None
     first = proj.groupby("case", sort=False).first()
-    wide.insert(0, f"measured on {result.reference}", first["measured_ms"])
-    wide.insert(1, "compute critical path", first["compute_ms"])
+    wide.insert(0, f"measured on {result.reference}", first["measured_ms"].map(lambda x: f"{x:.1f}"))
+    wide.insert(1, "compute critical path", first["compute_ms"].map(lambda x: "" if pd.isna(x) else f"{x:.1f}"))
     wide.insert(2, "compute beside comm (×, 95% CI)", [whatif_run.interference_text(r) for _, r in first.iterrows()])
     wide.insert(
         3,
@@ -261,9 +261,10 @@ def _validation(page: Page, result: whatif_validation.RunWhatIf, labels: dict[st
     if len(made):
         page.figure(_validation_figure(made))
     shown = v.assign(
+        measured=[whatif_run.ms_interval(*r) for r in zip(v["measured_ms"], v["ci_lo_ms"], v["ci_hi_ms"])],
         predicted=pd.Series(
             [
-                f"{x:.3g} [{lo:.3g}, {hi:.3g}]"
+                whatif_run.ms_interval(x, lo, hi)
                 for x, lo, hi in zip(v["predicted_ms"], v["predicted_lo_ms"], v["predicted_hi_ms"])
             ],
             index=v.index,
@@ -278,9 +279,7 @@ def _validation(page: Page, result: whatif_validation.RunWhatIf, labels: dict[st
                 "case",
                 "reference_link",
                 "interconnect",
-                "measured_ms",
-                "ci_lo_ms",
-                "ci_hi_ms",
+                "measured",
                 "predicted",
                 "error",
                 "host",
@@ -288,7 +287,14 @@ def _validation(page: Page, result: whatif_validation.RunWhatIf, labels: dict[st
             ]
         ]
         .fillna({"refused": ""})
-        .rename(columns={"refused": "why refused", "host": "target's host ×"}),
+        .rename(
+            columns={
+                "measured": "measured ms [95% CI]",
+                "predicted": "predicted ms [95% interval]",
+                "refused": "why refused",
+                "host": "target's host ×",
+            }
+        ),
         scroll=len(shown) > 12,
     )
 
