@@ -235,6 +235,7 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
         and result.next_step == f"tpbench tune {suite} --set repeats={rounds} --epsilon 0.5%"
     )
     assert result.to_json()["next_step"] == result.next_step
+    assert result.decide_wall_s is None  # values made up here, no step timed: no estimate of how long
     cli.print_tune(result, "text")
     assert f"race again for about {rounds} rounds" in capsys.readouterr().out.replace("\n", " ")
     store.write_tune(tmp_path, tune._record(options, [race], 30.0) | {"result": result.to_json()})
@@ -254,6 +255,28 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     rounds = 6 + result.rounds_to_decide
     assert rounds <= 200 and f"--set repeats=200 --epsilon 0.5% --budget-s {math.ceil(30.0 * rounds / 6)}" in (
         result.next_step
+    )
+
+
+def test_an_unresolved_tune_says_about_how_long_its_next_race_would_take(capsys):
+    """The arms still in reach (and the recommended one) for the rounds the next race is given, each
+    decided arm for the rounds it ran here, at each one's seconds per round, scaled by this tune's
+    wall time over its timed steps; in the terminal and the report alike."""
+
+    def arm(cid: str, status: str, rounds: int) -> tune.Arm:
+        return tune.Arm(cid, cid, {}, 0, status, rounds, None, None, None, None)
+
+    arms = [arm("best", "recommended", 12), arm("close", "unresolved", 12), arm("slow", "eliminated", 3)]
+    seconds = {"best": pd.Series([0.2] * 12), "close": pd.Series([0.3] * 12), "slow": pd.Series([1.0] * 3)}
+    timed = 12 * 0.2 + 12 * 0.3 + 3 * 1.0
+    wall = tune._decide_wall_s(arms, seconds, 100, wall_s=2 * timed, timed_s=timed)
+    assert wall == pytest.approx(2 * (100 * 0.2 + 100 * 0.3 + 3 * 1.0))  # 106 s
+    assert tune._decide_wall_s(arms, {}, 100, 0.0, 0.0) is None  # nothing timed: no estimate
+    said = verdict.decide_words(112, wall)
+    assert said.startswith("To decide it, race again for about 112 rounds (at most about 2 min here")
+    assert "(at most about 45 s here" in verdict.decide_words(112, 45.0)
+    assert verdict.decide_words(112, None) == (
+        "To decide it, race again for about 112 rounds (with this tune's own --set, --filter and launcher options): "
     )
 
 
@@ -756,6 +779,8 @@ def test_resume_after_sigkill_runs_no_round_twice_and_loses_none(tmp_path, capsy
     rounds = [e["round"] for e in store.read_tune(run_dir)["history"]]
     assert rounds == list(range(1, len(rounds) + 1))  # every round judged once, in order
     assert rounds[-1] == max(a["rounds"] for a in doc["arms"])
+    if doc["next_step"]:  # unresolved: about how long the race it names would take, from the steps timed here
+        assert doc["decide_wall_s"] > 0
 
 
 def test_arms_of_two_worlds_are_raced_apart_and_their_winners_compared_unpaired(tmp_path):

@@ -36,7 +36,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -124,6 +124,7 @@ class Result:
     supported_epsilon: float | None = None  # the margin the rounds run do show (see supported_epsilon)
     history: list[dict[str, Any]] = field(default_factory=list)
     next_step: str | None = None  # unresolved: the command that would likely decide it (see _next_step)
+    decide_wall_s: float | None = None  # about how long that command would take here (_decide_wall_s)
     trace_step: str | None = None  # the sweep that traces the recommended arm and its closest rival (_trace_step)
     # The settings do not train alike: other samples a step (_work_note), a worse loss (_training_note).
     training_note: str | None = None
@@ -147,6 +148,7 @@ class Result:
             "rounds_to_decide": self.rounds_to_decide,
             "supported_epsilon": self.supported_epsilon,
             "next_step": self.next_step,
+            "decide_wall_s": self.decide_wall_s,
             "trace_step": self.trace_step,
             "training_note": self.training_note,
             "worlds": self.worlds,
@@ -513,11 +515,13 @@ def _result(
     state = UNRESOLVED if counts[UNRESOLVED] else TIED if counts[TIED] else RECOMMENDED
     rec = next((x for x in arms if x.status == RECOMMENDED), None)
     more = _more_rounds([r for r in races if r.ended not in (ONE_LEFT, ALL_TIED)], rec.rounds if rec else 0)
-    timed_s, grid_timed_s = _timed(run, cases, rec.rounds if rec else 0)
+    seconds = _round_seconds(run, cases)
+    timed_s, grid_timed_s = _timed(seconds, rec.rounds if rec else 0)
     shown = supported_epsilon(ratios.get(a.case_id) for a in arms if a.status in (TIED, UNRESOLVED)) if rec else None
     claim = _claim(rec, state, counts, n_arms, options, races, more, shown)
     history = [e for r in races for e in r.history]
     step = _next_step(run, races, rec, more, options, wall_s) if state == UNRESOLVED else None
+    decide_s = _decide_wall_s(arms, seconds, rec.rounds + more, wall_s, timed_s) if step and rec and more else None
     trace = _trace_step(run, arms)
     samples = {c.case_id: c.world_size * c.batch_size for c in cases}
     notes = (
@@ -541,6 +545,7 @@ def _result(
         supported_epsilon=shown,
         history=history,
         next_step=step,
+        decide_wall_s=decide_s,
         trace_step=trace,
         training_note=note,
         worlds=_world_lines(races, {a.case_id: a.label for a in arms}, options.epsilon),
@@ -863,15 +868,38 @@ def _trace_step(run: store.Run, arms: list[Arm]) -> str | None:
     return f"tpbench sweep {suite} --filter {shlex.quote('id=' + ids)}"  # quoted: | is a shell pipe
 
 
-def _timed(run: store.Run, cases: list[Case], rounds: int) -> tuple[float, float]:
-    """The timed-step seconds the tune ran (slowest rank per step, every arm and round), and what
-    every arm would have timed over ``rounds`` rounds (each arm's mean per round × ``rounds``)."""
-    timed = grid = 0.0
+def _round_seconds(run: store.Run, cases: list[Case]) -> dict[str, pd.Series]:
+    """Each arm's timed-step seconds per round it ran (slowest rank per step); arms without steps left out."""
+    out = {}
     for c in cases:
         rows = store.case_steps(run.dir, c.case_id)
-        if rows.empty:
-            continue
-        per_round = slowest_rank(rows.assign(case_id=c.case_id)).groupby("repeat")["step_ms"].sum() / 1e3
-        timed += float(per_round.sum())
-        grid += float(per_round.mean()) * rounds
-    return timed, grid
+        if not rows.empty:
+            out[c.case_id] = slowest_rank(rows.assign(case_id=c.case_id)).groupby("repeat")["step_ms"].sum() / 1e3
+    return out
+
+
+def _timed(seconds: Mapping[str, pd.Series], rounds: int) -> tuple[float, float]:
+    """The timed-step seconds the tune ran (every arm and round, ``_round_seconds``), and what
+    every arm would have timed over ``rounds`` rounds (each arm's mean per round × ``rounds``)."""
+    timed = sum(float(s.sum()) for s in seconds.values())
+    return timed, sum(float(s.mean()) for s in seconds.values()) * rounds
+
+
+def _decide_wall_s(
+    arms: list[Arm], seconds: Mapping[str, pd.Series], rounds: int, wall_s: float, timed_s: float
+) -> float | None:
+    """At most about how long, in wall time here, the race ``_next_step`` names would take: each arm
+    still in reach of the recommended one (and that one) timed for all ``rounds`` rounds at its mean
+    per round, each arm this race decided for the rounds it ran here (its gap, which decided it,
+    stays), the whole scaled by this tune's wall time over its timed steps (start-up, models, the
+    race's own work). A race that decides sooner, or retires an arm on the way, takes less: the
+    front door's said 6 min and took 4 (docs/tune.md). None without timed steps."""
+    if not timed_s or not seconds:
+        return None
+    live = (RECOMMENDED, UNRESOLVED)
+    timed = sum(
+        float(seconds[a.case_id].mean()) * (rounds if a.status in live else a.rounds)
+        for a in arms
+        if a.case_id in seconds
+    )
+    return timed * wall_s / timed_s

@@ -183,3 +183,18 @@ def rival_line(where: Mapping[str, Any]) -> str | None:
         return None
     arms = where["arms"]
     return f"{arms[1]['label']} against {arms[0]['label']}: {where['sentence']}"
+
+
+def decide_words(rounds: int, wall_s: float | None) -> str:
+    """What an unresolved tune says before the command that would likely decide it, in the terminal
+    and the report alike: the rounds, and at most about how long they would take here
+    (``tune._decide_wall_s``, which runs every arm still in reach for all of them; a race that
+    decides sooner stops sooner); left out where the tune timed no steps."""
+    took = ""
+    if wall_s is not None and math.isfinite(wall_s):
+        took = f"at most about {wall_s / 60:.0f} min" if wall_s >= 90 else f"at most about {wall_s:.0f} s"
+        took += " here at this tune's pace; "
+    return (
+        f"To decide it, race again for about {rounds} rounds ({took}with this tune's own --set, --filter and "
+        "launcher options): "
+    )

@@ -268,11 +268,7 @@ def print_tune(result, fmt: str) -> None:
     )
     then = ""  # unresolved: what would likely decide it (docs/tune.md, "Outputs")
     if result.next_step:
-        rounds = result.recommended.rounds + result.rounds_to_decide
-        then = (
-            f"To decide it, race again for about {rounds} rounds "
-            "(with this tune's own --set, --filter and launcher options): "
-        )
+        then = verdict.decide_words(result.recommended.rounds + result.rounds_to_decide, result.decide_wall_s)
     if fmt == "md":
         lines = [f"**{result.claim}**", *(["", result.training_note] if result.training_note else [])]
         lines += ["", verdict.WORLDS_SAY, *(f"- {w}" for w in result.worlds)] if result.worlds else []

@@ -34,10 +34,8 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
             page.bullets(result["worlds"])
         if result.get("next_step"):  # tune.json before it had none
             rec = next(a for a in result["arms"] if a["status"] == "recommended")
-            page.paragraph(
-                f"To decide it, race again for about {rec['rounds'] + result['rounds_to_decide']} rounds (with the "
-                f"tune's own --set, --filter and launcher options): {result['next_step']}"
-            )
+            rounds = rec["rounds"] + result["rounds_to_decide"]
+            page.paragraph(verdict.decide_words(rounds, result.get("decide_wall_s")) + result["next_step"])
         if result.get("trace_step") and not result.get("where"):  # tune.json before it had none
             page.paragraph(
                 "Where the time goes: a tune traces nothing (tpbench tune --trace does, after the race); this sweep "
