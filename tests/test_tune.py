@@ -295,6 +295,28 @@ def test_the_claim_states_the_margin_and_confidence_as_given(tmp_path):
     assert verdict.percent(0.9999999999) == "99.99999999%" and verdict.percent(0.02) == "2%"
 
 
+def test_a_retired_arm_brought_back_says_the_rounds_it_sat_out(tmp_path):
+    """Retired after round 14, brought back at 37, retired again after 42: it ran 18 rounds, which
+    its "rounds" column says beside "retired after round 42" (the front door's tune of 2026-12-05),
+    in the terminal and the report alike."""
+    from tpbench.cli import tune as cli
+
+    arm = tune.Arm("a", "a", {}, 0, "tied", 18, 1.03, 0.99, 1.07, None, retired_at=42)
+    assert cli.decided(arm, 0.02) == (
+        "retired after round 42 (it sat out 24 of them: retired, then brought back): "
+        "it could no longer be 2% faster than the leader"
+    )
+    assert verdict.sat_out(42, 42) == "" and verdict.sat_out(9, 9) == ""
+    suite, cases, values = close_pair(tmp_path)
+    race = run_race(Race(list(values), 12, Options(), comparisons=1), values)
+    doc = tune._result(stored(tmp_path, suite), cases, [race], Options(), 1.0, NO_EVAL).to_json()
+    doc["arms"][1] |= {"status": "tied", "rounds": 18, "retired_at": 42}
+    store.write_tune(tmp_path, tune._record(Options(), [race], 1.0) | {"result": doc})
+    page = Page("tune")
+    recommendation.section(page, [SimpleNamespace(run_dir=tmp_path)])
+    assert "<td>42 (it sat out 24 of them: retired, then brought back)</td>" in page.render()
+
+
 def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, capsys):
     """A race that ends with arms retired: each is tied in the result (JSON ``retired_at``, the text
     table's "retired after round N"), ran only its own rounds, and is counted in the claim's tie."""

@@ -198,3 +198,13 @@ def decide_words(rounds: int, wall_s: float | None) -> str:
         f"To decide it, race again for about {rounds} rounds ({took}with this tune's own --set, --filter and "
         "launcher options): "
     )
+
+
+def sat_out(retired_at: int, rounds: int) -> str:
+    """Beside a tune arm's last retirement, in the terminal and the report alike, the rounds it sat out
+    before it ("… after round 42 (it sat out 24 of them: retired, then brought back)"): a retired
+    arm is brought back when a later leader is not safe from it, so it may have run fewer rounds
+    than the round it last went after, which its "rounds" column alone leaves unexplained."""
+    if rounds >= retired_at:
+        return ""
+    return f" (it sat out {retired_at - rounds} of them: retired, then brought back)"

@@ -189,7 +189,7 @@ def decided(arm, epsilon: float) -> str:
         why = ""
         if arm.status == tune.TIED:
             why = f": it could no longer be {verdict.percent(epsilon)} faster than the leader"
-        said.append(f"retired after round {arm.retired_at}{why}")
+        said.append(f"retired after round {arm.retired_at}{verdict.sat_out(arm.retired_at, arm.rounds)}{why}")
     why = verdict.what_eliminated(arm.status, arm.eliminated_vs)
     if arm.eliminated_at is not None:
         said.append(f"eliminated after round {arm.eliminated_at}" + (f" ({why})" if why else ""))
