@@ -230,11 +230,11 @@ def test_a_fastest_case_that_is_not_the_lowest_median_says_which_is():
     suite = ZERO_SUITE.replace('interconnect = ["loopback", "tcp-1gbit"]', 'interconnect = ["loopback"]')
     (line,) = verdicts.fastest_lines(report_data.load([in_memory_run(suite, medians)]))
     assert line.startswith("Fastest: hook_with_zero_step ")
-    assert re.search(r"the lowest median is zero_no_overlap bucket_cap_mb=\d's, 91 ms/step\); against", line)
+    assert re.search(r"the lowest median is zero_no_overlap bucket_cap_mb=\d's, 91.0 ms/step\); against", line)
     # The runner-up's, it is named once.
     suite_one = suite.replace("bucket_cap_mb = [1, 4]", "bucket_cap_mb = [4]").replace("[false, true]", "[false]")
     (line,) = verdicts.fastest_lines(report_data.load([in_memory_run(suite_one, medians)]))
-    assert "the lowest median is the runner-up's, 91 ms/step); against the runner-up zero_no_overlap" in line
+    assert "the lowest median is the runner-up's, 91.0 ms/step); against the runner-up zero_no_overlap" in line
     # Where the fastest is also the lowest median, nothing is added.
     (plain,) = verdicts.fastest_lines(report_data.load([in_memory_run(suite, zero_medians)]))
     assert "lowest median" not in plain
@@ -268,6 +268,26 @@ def test_a_setting_of_one_case_is_not_called_the_fastest():
     assert loop.startswith("On loopback: hook_with_zero_step at 100 ms/step [99, 101]")
     assert loop.endswith(", the only case there.")
     assert verdicts.fastest_lines(data, alone=False) == []
+
+
+def test_a_step_time_and_its_interval_read_alike():
+    """Three significant figures of the value, its trailing zeros kept and its interval's ends given
+    the same decimals: the front door's line read "17 ms/step [15.8, 18.6]"."""
+    from tpbench import verdict
+
+    assert [verdict.ms(17.0), verdict.ms(15.8, 17.0), verdict.ms(18.6, 17.0)] == ["17.0", "15.8", "18.6"]
+    assert [verdict.ms(100.0), verdict.ms(99.0, 100.0), verdict.ms(0.5), verdict.ms(1234.5)] == [
+        "100",
+        "99",
+        "0.500",
+        "1234",
+    ]
+    suite = ZERO_SUITE.replace('interconnect = ["loopback", "tcp-1gbit"]', 'interconnect = ["loopback"]')
+    data = report_data.load(
+        [in_memory_run(suite, lambda p: [17.0, 17.0, 17.0] if p["bucket_cap_mb"] == 4 else [30.0] * 3)]
+    )
+    (line,) = verdicts.fastest_lines(data)
+    assert re.search(r" at 17\.0 ms/step \[\d+\.\d, \d+\.\d\]", line), line
 
 
 def test_a_line_opened_by_a_key_keeps_the_key_as_the_suite_spells_it():

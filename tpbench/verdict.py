@@ -208,3 +208,12 @@ def sat_out(retired_at: int, rounds: int) -> str:
     if rounds >= retired_at:
         return ""
     return f" (it sat out {retired_at - rounds} of them: retired, then brought back)"
+
+
+def ms(x: float, like: float | None = None) -> str:
+    """A step time as the verdicts print it: to three significant figures of ``like`` (default: of
+    ``x`` itself), trailing zeros kept, so that a value and its interval's ends, given the value as
+    ``like``, read alike ("17.0 ms/step [15.8, 18.6]", not "17 ms/step [15.8, 18.6]"; "100 [99, 101]")."""
+    ref = abs(x if like is None else like)
+    decimals = max(0, 2 - math.floor(math.log10(ref))) if ref > 0 and math.isfinite(ref) else 1
+    return f"{x:.{decimals}f}"

@@ -483,9 +483,10 @@ def fastest_lines(data: ReportData, alone: bool = True) -> list[str]:
         where = context_text(best, setting)
         head = f"[{best['run']}] " if data.multi else ""
         if data.metric == "step_ms":
-            at = f"{best['median_ms']:.3g} ms/step [{best['ci_lo_ms']:.3g}, {best['ci_hi_ms']:.3g}]"
+            lo, hi = verdict.ms(best["ci_lo_ms"], best["median_ms"]), verdict.ms(best["ci_hi_ms"], best["median_ms"])
+            at = f"{verdict.ms(best['median_ms'])} ms/step [{lo}, {hi}]"
         else:
-            at = f"{best['_rank']:.3g} ms {data.what} (geometric mean over repeats)"
+            at = f"{verdict.ms(best['_rank'])} ms {data.what} (geometric mean over repeats)"
         if len(grp) == 1:
             place = sentence_start(where or "this run")
             lines.append(f"{head}{place}: {_knobs(best, data)} at {at}, the only case there.")
@@ -513,7 +514,7 @@ def _lowest_median(grp: pd.DataFrame, best: dict[str, Any], second: dict[str, An
     whose = "the runner-up's" if low["case_id"] == second["case_id"] else f"{_knobs(low, data)}'s"
     return (
         f" (first by the geometric mean over repeats, which the ratio compares; the lowest median is {whose}, "
-        f"{low['median_ms']:.3g} ms/step)"
+        f"{verdict.ms(low['median_ms'])} ms/step)"
     )
 
 
