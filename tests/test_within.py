@@ -158,7 +158,7 @@ def test_the_sides_shown_are_the_values_whose_ratio_is_the_change(tmp_path: Path
     assert r.baseline_compared == pytest.approx(10 * 3 ** (1 / 3)) and r.candidate_compared == pytest.approx(12)
     assert r.candidate_compared / r.baseline_compared == pytest.approx(r.ratio)
     row = next(line for line in render.render_text(compare.within_run(run)).splitlines() if line.startswith("algo"))
-    assert row.split()[4:7] == ["14.4", "12", "-16.8%"]  # 12 / 14.42
+    assert row.split()[4:7] == ["14.4", "12.0", "-16.8%"]  # 12 / 14.42
     doc = json.loads(render.render_json(compare.within_run(run)))
     assert doc["pairs"][0]["result"]["baseline_compared"] == pytest.approx(r.baseline_compared)
     html = build_report([sweep.finalize(store.Run.open(run))])

@@ -36,7 +36,7 @@ Result = Comparison | WithinRun
 
 
 def _num(x: float | None) -> str:
-    return "" if x is None or not math.isfinite(x) else f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
+    return "" if x is None or not math.isfinite(x) else verdict.ms(x)
 
 
 def _resolves(r: CaseResult) -> str:
