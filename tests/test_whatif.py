@@ -1085,6 +1085,28 @@ def test_the_whatif_table_hides_no_word_of_a_label_nor_a_fabric_on_a_narrow_term
     assert max(map(len, text.splitlines())) <= width
 
 
+def test_the_whatif_command_prints_the_validation_of_a_run_with_emulated_links(tmp_path, monkeypatch):
+    """The validation table in the terminal: a row per prediction, each with its direction, its
+    measured median and its prediction, both "ms [interval]"."""
+    from rich.console import Console
+
+    from tpbench.cli import main, show
+
+    run = tmp_path / "run"
+    shutil.copytree(LINKS_RUN, run)
+    screen = Console(width=200, file=io.StringIO(), highlight=False)
+    monkeypatch.setattr(show, "out", screen)
+    with pytest.raises(SystemExit) as ended:
+        main(["whatif", str(run)])
+    assert ended.value.code == 0
+    text = screen.file.getvalue()
+    validation = text[text.index("validation: emulated links") : text.index("PROJECTED step time")]
+    rows = [line for line in validation.splitlines() if "│" in line and re.search(r"(slower|faster) link", line)]
+    predicted = len(whatif_run.write(run, whatif_run.load_fabrics()).result.validation)
+    assert predicted and len(rows) == predicted
+    assert all(len(re.findall(r"\d+\.\d \[\d+\.\d, \d+\.\d\]", row)) == 2 for row in rows)
+
+
 def _projections(rows: list[tuple[str, str, float, float, float]]) -> pd.DataFrame:
     """A projections table from (case, fabric, projected, lo, hi) rows; every case made."""
     return pd.DataFrame(

@@ -160,12 +160,11 @@ def _print_whatif_validation(written) -> None:
 
     t = Table(title="validation: emulated links predicted from their twins on other links")
     numbers = ("measured ms [95% CI]", "predicted ms [95% interval]", "error", "target's host ×")
-    rows = written.validation_rows()
     t.add_column("direction")
-    label_column(t, "case", (row[1] for row in rows))
+    label_column(t, "case")
     for col in ("from", "link", *numbers):
         t.add_column(col, justify="right" if col in numbers else "left")
-    for row in written.projection_rows():
+    for row in written.validation_rows():
         t.add_row(*row)
     out.print(fitted(t, out))
     for line in written.refused_references():
