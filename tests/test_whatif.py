@@ -1001,10 +1001,11 @@ def test_report_shows_the_reason_in_place_of_the_number():
 
 def test_the_reports_validation_table_gives_measured_and_predicted_alike():
     """Each emulated link's measured step and its prediction, both "ms [interval]" to a tenth of a
-    ms, as the terminal prints them side by side."""
+    ms, under the column names the terminal prints them with."""
     html = build_report([store.load(LINKS_RUN)])
     section = html[html.index('id="whatif"') :]
     assert "<th>measured ms [95% CI]</th>" in section and "<th>predicted ms [95% interval]</th>" in section
+    assert "<th>from</th>" in section and "<th>link</th>" in section  # as the terminal's columns say
     row = re.search(r"<tr>\s*<td>(faster|slower) link from.*?</tr>", section, re.S)
     assert row and len(re.findall(r"<td>\d+\.\d \[\d+\.\d, \d+\.\d\]</td>", row.group(0))) == 2
 

@@ -289,6 +289,8 @@ def _validation(page: Page, result: whatif_validation.RunWhatIf, labels: dict[st
         .fillna({"refused": ""})
         .rename(
             columns={
+                "reference_link": "from",
+                "interconnect": "link",
                 "measured": "measured ms [95% CI]",
                 "predicted": "predicted ms [95% interval]",
                 "refused": "why refused",
