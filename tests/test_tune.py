@@ -496,6 +496,93 @@ def test_arms_across_worlds_get_each_worlds_own_answer(tmp_path, capsys):
     assert tune._result(stored(tmp_path, suite), alone, races[:1], Options(), 0.0, NO_EVAL).worlds == []
 
 
+def test_across_worlds_the_winners_run_on_and_an_open_comparison_says_what_would_decide_it(tmp_path):
+    """Each world's race decided at its first look (its 40 % arm out), but its winner keeps running
+    the world's rounds: the winners are compared unpaired, and that comparison needs their rounds. It
+    used to stop the winners at round 3, call the unresolved tune "(most rounds run)" with 27 rounds
+    left, and give no estimate nor next step (the estimate read only the worlds' own races)."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("world_size = [1, 2]\nslowdown_pct = [0, 40]", repeats=30))
+    cases = tune.prepare(suite).cases
+    races = []
+    for w, size in enumerate((1, 2)):
+        world = {
+            c.case_id: (1.02 if size == 2 else 1.0) * (1 + c.slowdown_pct / 100) for c in cases if c.world_size == size
+        }
+        race = Race(list(world), 30, Options(), comparisons=3, world=w, runs_on=True)
+        races.append(run_race(race, synthetic(world, 30, noise=0.02, seed=w)))
+    for race in races:
+        assert race.decided == ONE_LEFT and race.ended == MAX_ROUNDS and race.rounds == 30
+        assert len(race.eliminated) == 1 and len(race.judged(race.leader())) == 30
+    result = tune._result(stored(tmp_path, suite), cases, races, Options(), 60.0, NO_EVAL)
+    assert result.state == tune.UNRESOLVED and "unresolved (most rounds run)" in result.claim
+    assert result.rounds_to_decide and f"about {result.rounds_to_decide} more rounds would decide it" in result.claim
+    assert f"--set repeats={30 + result.rounds_to_decide}" in result.next_step
+    label = {a.case_id: a.label for a in result.arms}
+    assert [w.split(": ")[1] for w in result.worlds] == ["the best of 2 in its world; 1 eliminated"] * 2
+    assert all(label[r.leader()] in " ".join(result.worlds) for r in races)
+    # A race of one world still ends with its last arm.
+    alone = run_race(Race(list(world), 30, Options(), comparisons=1), synthetic(world, 30, noise=0.02, seed=1))
+    assert alone.ended == alone.decided == ONE_LEFT and alone.rounds < 30
+
+
+def test_an_arm_of_another_world_clearly_slower_than_the_best_is_eliminated_whatever_its_winner(tmp_path):
+    """Another world's arms share its winner's outcome against the best arm (tied or undecided),
+    unless an arm's own interval against the best lies above 1: it used to be listed "unresolved",
+    counted as "still within reach", beside an interval that showed it slower."""
+    rng = np.random.default_rng(5)
+    best = Race(["a"], 30, Options(), comparisons=2, world=0)
+    other = Race(["b", "slow"], 30, Options(), comparisons=2, world=1)
+    for r in range(30):
+        best.record("a", r, 10 * rng.lognormal(0, 0.01))
+        other.record("b", r, 10 * rng.lognormal(0, 0.3))  # too noisy to tell from the best unpaired
+        other.record("slow", r, 15 * rng.lognormal(0, 0.01))
+    best.rounds = other.rounds = 30
+    other.end(MAX_ROUNDS)  # its race undecided: neither arm went, neither retired
+    status = tune._statuses([best, other], best, "a", 0.02, 0.99)
+    assert other.leader() == "b" and status == {"b": tune.UNRESOLVED, "slow": tune.ELIMINATED}
+
+
+def test_a_world_the_budget_ended_before_its_first_round_leaves_its_arms_unresolved(tmp_path):
+    """The first world spent the whole budget: the second started none of its rounds. Its arms have
+    no value, so no leader and nothing to compare (the tune used to raise ValueError comparing an
+    empty side unpaired, exit 1, and so did --resume)."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("world_size = [1, 2]\nslowdown_pct = [0, 40]", repeats=10))
+    cases = tune.prepare(suite).cases
+    ran = {c.case_id: 1 + c.slowdown_pct / 100 for c in cases if c.world_size == 1}
+    first = run_race(Race(list(ran), 10, Options(), comparisons=3, runs_on=True), synthetic(ran, 10, seed=2))
+    second = Race([c.case_id for c in cases if c.world_size == 2], 10, Options(), comparisons=3, world=1, runs_on=True)
+    second.end(BUDGET)
+    assert second.leader() is None
+    result = tune._result(stored(tmp_path, suite), cases, [first, second], Options(budget_s=5), 5.0, NO_EVAL)
+    statuses = {a.case_id: a.status for a in result.arms}
+    assert [statuses[a] for a in second.arms] == [tune.UNRESOLVED] * 2
+    assert result.state == tune.UNRESOLVED and "(budget spent)" in result.claim
+    label = {a.case_id: a.label for a in result.arms}
+    assert result.worlds == [
+        f"{result.recommended.label}: the best of 2 in its world; 1 eliminated",
+        f"{', '.join(label[a] for a in second.arms)}: not raced: the budget was spent before their world started",
+    ]
+
+
+def test_every_arm_failed_recommends_nothing_and_exits_1(tmp_path, capsys):
+    """Both arms' worlds crash: no recommendation, state "failed" and exit 1, as a failed sweep
+    (it used to read "recommended" with no recommended arm, and exit 0); the report says why it has
+    no race chart."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite('fault = ["crash:1", "crash:0"]', repeats=4, timeout_s=30))
+    code = run_cli(["tune", str(suite), "--out", str(tmp_path / "r"), "--format", "json"])
+    printed = json.loads(capsys.readouterr().out)
+    assert code == 1 and printed["state"] == tune.FAILED and printed["recommended"] is None
+    assert printed["claim"] == "no recommendation: every one of the 2 settings failed"
+    assert {a["status"] for a in printed["arms"]} == {tune.FAILED}
+    (run_dir,) = store.iter_runs(tmp_path / "r")
+    page = Page("t")
+    recommendation.section(page, [SimpleNamespace(run_dir=run_dir, record=SimpleNamespace(run_id="r"))])
+    assert "No race chart: every setting failed (the table), so no round was judged." in page.render()
+
+
 def test_the_margin_an_unresolved_race_shows_holds_at_its_confidence():
     """200 seeded races of arms 0, 3 and 5 % apart, 5 % noise, cut at 8 rounds (a 0.5 % margin, so
     they end unresolved): the leader is more than the supported margin slower than the true best in
@@ -919,6 +1006,10 @@ def test_trace_says_where_the_recommended_settings_time_goes_beside_its_closest_
     recommendation.section(page, [SimpleNamespace(run_dir=tuned, record=SimpleNamespace(run_id="r"))])
     body = html.unescape(page.render())
     assert 'id="where-time-goes"' in body and where["sentence"] in body
+    # Resumed after it ended, the tune shows its answer again, where the time goes included (the
+    # result rebuilt from the race used to drop it, and the report with it).
+    assert run_cli(["tune", "--resume", str(tuned), "--format", "json"]) == code
+    assert json.loads(capsys.readouterr().out)["where"] == where == store.read_tune(tuned)["result"]["where"]
 
 
 @pytest.mark.ranks

@@ -68,9 +68,20 @@ class Race:
     race may decide, ``max_rounds - min_rounds + 1``.
     """
 
-    def __init__(self, arms: list[str], max_rounds: int, options: Options, comparisons: int, world: int = 0) -> None:
+    def __init__(
+        self,
+        arms: list[str],
+        max_rounds: int,
+        options: Options,
+        comparisons: int,
+        world: int = 0,
+        runs_on: bool = False,
+    ) -> None:
         self.arms = list(arms)
         self.world = world
+        # One world of several: its race decided, its winner still runs the world's rounds, which the
+        # comparison with the other worlds' winners (unpaired: no round cancels the drift) needs.
+        self.runs_on = runs_on
         self.max_rounds = max_rounds
         self.min_rounds = min(options.min_rounds, max_rounds)
         self.options = options
@@ -82,6 +93,7 @@ class Race:
         self.retired_then_out: dict[str, int] = {}  # a retired arm eliminated later → the round it had stopped
         self.failed: set[str] = set()
         self.rounds = 0  # complete rounds judged
+        self.decided: str | None = None  # ONE_LEFT or ALL_TIED once the arms left are down to the leader
         self.ended: str | None = None
         self.history: list[dict[str, Any]] = []
 
@@ -128,10 +140,10 @@ class Race:
         return blocked_ratios(judged, base, confidence=confidence)
 
     def leader(self) -> str | None:
-        """The live arm with the lowest geometric mean over the rounds it ran."""
-        if not self.live:
-            return None
-        return min(self.live, key=lambda a: geomean(self.judged(a)))
+        """The live arm with the lowest geometric mean over the rounds it ran; None before a round
+        was judged (a world the budget ended before it started has no leader to compare)."""
+        ran = [a for a in self.live if self.judged(a)]
+        return min(ran, key=lambda a: geomean(self.judged(a))) if ran else None
 
     def close_round(self) -> dict[str, Any]:
         """Judge the round just completed: eliminate, retire, bring back, maybe end; returns the
@@ -173,8 +185,10 @@ class Race:
                 self.live.append(a)
         # A world of one arm (or one left by failures) still runs the minimum rounds: its winner is
         # compared with other worlds' unpaired, and one value a side makes no interval.
-        if len(self.live) == 1 and self.rounds >= self.min_rounds:
-            self.ended = ALL_TIED if self.retired else ONE_LEFT
+        alone = len(self.live) == 1 and self.rounds >= self.min_rounds
+        self.decided = (ALL_TIED if self.retired else ONE_LEFT) if alone else None
+        if self.decided and not self.runs_on:
+            self.ended = self.decided
         elif self.rounds >= self.max_rounds:
             self.ended = MAX_ROUNDS
         entry = {
@@ -186,6 +200,7 @@ class Race:
             "retired": retired,
             "back": back,
             "intervals": {a: [r.ratio, r.lo, r.hi] for a, r in intervals.items()},
+            "decided": self.decided,
             "ended": self.ended,
         }
         self.history.append(entry)

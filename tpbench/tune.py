@@ -34,7 +34,7 @@ import socket
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -391,6 +391,8 @@ def race(
         shutil.rmtree(sockets, ignore_errors=True)
     loaded = sweep.finalize(run)
     result = _result(run, cases, races, options, spent(), loaded.summary)
+    if finished:  # what --trace found of the same answer stands
+        result = replace(result, where=saved["result"].get("where"))
     _save(run, _record(options, races, result.wall_s) | {"result": result.to_json()})
     return result
 
@@ -401,7 +403,14 @@ def _replayed_races(
     """One race per world, replayed from what the run holds (a resumed tune goes on where it was):
     the failed arms dropped, the stored values judged again, a world's end as tune.json says."""
     races = [
-        Race([c.case_id for c in g.cases], max(c.repeats for c in g.cases), options, len(cases) - 1, world=i)
+        Race(
+            [c.case_id for c in g.cases],
+            max(c.repeats for c in g.cases),
+            options,
+            len(cases) - 1,
+            world=i,
+            runs_on=len(groups) > 1,
+        )
         for i, g in enumerate(groups)
     ]
     stored = _stored_values(run, cases, options.metric)
@@ -512,9 +521,11 @@ def _result(
     order = {RECOMMENDED: 0, TIED: 1, UNRESOLVED: 2, ELIMINATED: 3, FAILED: 4}
     arms.sort(key=lambda x: (order[x.status], x.ratio if x.ratio is not None else math.inf))
     counts = {s: sum(x.status == s for x in arms) for s in order}
-    state = UNRESOLVED if counts[UNRESOLVED] else TIED if counts[TIED] else RECOMMENDED
     rec = next((x for x in arms if x.status == RECOMMENDED), None)
-    more = _more_rounds([r for r in races if r.ended not in (ONE_LEFT, ALL_TIED)], rec.rounds if rec else 0)
+    # Every arm failed: nothing was raced, and nothing is recommended (exit 1, as a failed sweep).
+    state = FAILED if rec is None else UNRESOLVED if counts[UNRESOLVED] else TIED if counts[TIED] else RECOMMENDED
+    across_rounds = _across_rounds(races, best_race, best, options.epsilon, across) if best is not None else 0
+    more = _more_rounds([r for r in races if r.decided is None], rec.rounds if rec else 0, across_rounds)
     seconds = _round_seconds(run, cases)
     timed_s, grid_timed_s = _timed(seconds, rec.rounds if rec else 0)
     shown = supported_epsilon(ratios.get(a.case_id) for a in arms if a.status in (TIED, UNRESOLVED)) if rec else None
@@ -562,14 +573,17 @@ def _world_lines(races: list[Race], names: dict[str, str], epsilon: float) -> li
     lines = []
     for r in races:
         leader = r.leader()
-        if leader is None:
+        if leader is None:  # no round judged: the budget ended first, or every setting failed
+            failed = len(r.failed) == len(r.arms)
+            why = "failed" if failed else "not raced: the budget was spent before their world started"
+            lines.append(f"{', '.join(names[a] for a in r.arms)}: {why}")
             continue
         n, out = len(r.arms) - len(r.failed), len(r.eliminated)
         if n == 1:
             said = "the only setting in its world"
-        elif r.ended == ONE_LEFT:
+        elif r.decided == ONE_LEFT:
             said = f"the best of {n} in its world"
-        elif r.ended == ALL_TIED:
+        elif r.decided == ALL_TIED:
             said = f"within {verdict.percent(epsilon)} of the best of {n} in its world, tied with {len(r.retired)}"
         else:
             said = f"the best guess of {n} in its world, unresolved"
@@ -587,7 +601,7 @@ def _statuses(races: list[Race], best_race: Race | None, best: str | None, eps: 
             status[a] = ELIMINATED
         for a in r.failed:
             status[a] = FAILED
-        decided = r.ended in (ONE_LEFT, ALL_TIED)
+        decided = r.decided is not None
         if r is best_race:
             for a in r.live:
                 if a != best:
@@ -603,12 +617,15 @@ def _statuses(races: list[Race], best_race: Race | None, best: str | None, eps: 
             np.fromiter(r.judged(winner).values(), float),
             confidence=across,
         )
-        # The world's arms left share its winner's outcome: they are tied with it (or undecided).
-        # Without an interval (a value a side) nothing is decided.
+        # The world's arms left share its winner's outcome: they are tied with it (or undecided),
+        # unless an arm's own interval against the best shows it slower. Without an interval (a
+        # value a side) nothing is decided.
         known = w.method != "single"
         tied = decided and known and within_epsilon(w, eps)
         for a in [*r.live, *r.retired]:
-            status[a] = ELIMINATED if known and w.lo > 1 else TIED if tied else UNRESOLVED
+            own = w if a == winner else _unpaired_to(best_race, best, r, a, across)
+            out = (known and w.lo > 1) or (own is not None and own.method != "single" and own.lo > 1)
+            status[a] = ELIMINATED if out else TIED if tied else UNRESOLVED
     return status
 
 
@@ -629,13 +646,40 @@ def _ratios_to_best(
         if home is best_race:
             if best_race.judged(a):
                 ratios[a] = best_race.interval(best, a)
-        elif home.judged(a):
-            ratios[a] = unpaired_ratio(
-                np.fromiter(best_race.judged(best).values(), float),
-                np.fromiter(home.judged(a).values(), float),
-                confidence=across,
-            )
+        elif (r := _unpaired_to(best_race, best, home, a, across)) is not None:
+            ratios[a] = r
     return ratios
+
+
+def _unpaired_to(best_race: Race, best: str, race: Race, arm: str, across: float) -> Ratio | None:
+    """``arm`` (of another world) / the best arm, unpaired at the confidence spent ``across`` the
+    arms; None where the arm ran no round."""
+    if not race.judged(arm):
+        return None
+    return unpaired_ratio(
+        np.fromiter(best_race.judged(best).values(), float),
+        np.fromiter(race.judged(arm).values(), float),
+        confidence=across,
+    )
+
+
+def _across_rounds(races: list[Race], best_race: Race, best: str, eps: float, across: float) -> int:
+    """About how many rounds each world would need to decide its winner against the best arm,
+    unpaired (0 where every such comparison is decided): an interval narrows as 1/√n, and it
+    decides once its half-width (in logs) is below the winner's distance above 1 / (1 + epsilon)
+    (tied) or above 1 (eliminated); the tie comes first. One look, so no quantile grows."""
+    need = 0
+    for r in races:
+        winner = r.leader()
+        if r is best_race or winner is None:
+            continue
+        w = _unpaired_to(best_race, best, r, winner, across)
+        if w is None or w.method == "single" or w.lo > 1 or within_epsilon(w, eps):
+            continue
+        hw = (math.log(w.hi) - math.log(w.lo)) / 2
+        target = math.log(w.ratio) + math.log(1 + eps)
+        need = max(need, math.ceil(w.n * (hw / target) ** 2) if target > 0 else 2 * w.n)
+    return need
 
 
 def _arms(
@@ -784,7 +828,13 @@ def _claim(
             f"{rec.label}: within {verdict.percent(options.epsilon)} of the best of {n} settings, {conf}; "
             f"tied with {counts[TIED]}, {gone}{failed}"
         )
-    why = sorted({r.ended for r in races if r.ended not in (ONE_LEFT, ALL_TIED)} - {None}) or [MAX_ROUNDS]
+    # Why the rounds stopped: those of the worlds whose race is open, else (the worlds' winners not
+    # told apart, unpaired) of any world.
+    why = (
+        sorted({r.ended for r in races if r.decided is None} - {None})
+        or sorted({r.ended for r in races} - {None, ONE_LEFT, ALL_TIED})
+        or [MAX_ROUNDS]
+    )
     then = f"; about {more} more round{'' if more == 1 else 's'} would decide it" if more else ""
     resolved = f"; the rounds run show it within {shown:.1%} of the best" if shown is not None else ""
     tied = f"tied with {counts[TIED]}, " if counts[TIED] else ""
@@ -795,17 +845,18 @@ def _claim(
     )
 
 
-def _more_rounds(races: list[Race], rounds: int) -> int | None:
+def _more_rounds(races: list[Race], rounds: int, across: int = 0) -> int | None:
     """About how many rounds beyond ``rounds`` (the recommended arm's) a race of these settings
-    would need to decide the ``races`` still open (``Race.rounds_to_decide``). The race would be a
-    fresh one given that many rounds in all (or its suite's repeats, if more), spending its
-    confidence over more looks than these did: the estimate is asked again for a race that long
-    until it settles. None without one."""
-    total = max((r.rounds + n for r in races if (n := r.rounds_to_decide())), default=0)
+    would need to decide the ``races`` still open (``Race.rounds_to_decide``) and the worlds'
+    winners against the best (``across``: ``_across_rounds``). The race would be a fresh one given
+    that many rounds in all (or its suite's repeats, if more), spending its confidence over more
+    looks than these did: the estimate is asked again for a race that long until it settles. None
+    without one."""
+    total = max([across, *(r.rounds + n for r in races if (n := r.rounds_to_decide()))])
     if not total:
         return None
     for _ in range(20):  # the quantile grows as the log of the looks: a few steps settle it
-        again = max(r.rounds + (r.rounds_to_decide(max(total, r.max_rounds)) or 0) for r in races)
+        again = max([across, *(r.rounds + (r.rounds_to_decide(max(total, r.max_rounds)) or 0) for r in races)])
         if again <= total:
             break
         total = again

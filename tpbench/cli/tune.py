@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tpbench.cli.common import (
+    EXIT_FAILED,
     EXIT_OK,
     EXIT_UNRESOLVED,
     cases_table,
@@ -142,7 +143,7 @@ def _tune(args: argparse.Namespace) -> int:
     if args.trace:
         result = _trace_tune(result, launcher)
     print_tune(result, args.format)
-    return EXIT_UNRESOLVED if result.state == tune.UNRESOLVED else EXIT_OK
+    return {tune.UNRESOLVED: EXIT_UNRESOLVED, tune.FAILED: EXIT_FAILED}.get(result.state, EXIT_OK)
 
 
 def _trace_tune(result, launcher):

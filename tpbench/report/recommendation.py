@@ -61,13 +61,22 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
         if any(e.get("intervals") for e in saved["history"]):
             page.figure(_race_figure(saved["history"], names, result["epsilon"]))
         else:
-            page.paragraph(
-                "No race chart: no world held two of these settings, so no round set one beside another; the "
-                "settings were compared across worlds, unpaired (the table).",
-                css="muted",
-            )
+            page.paragraph(f"No race chart: {_no_chart(saved)}.", css="muted")
         if result.get("where"):  # tune --trace; an id names one element of a page
             _where(page, result["where"], "where-time-goes" if len(tuned) == 1 else None)
+
+
+def _no_chart(saved: dict) -> str:
+    """Why no round set two settings side by side: all failed, the race stopped before, or each
+    world held one setting."""
+    if all(a["status"] == "failed" for a in saved["result"]["arms"]):
+        return "every setting failed (the table), so no round was judged"
+    if any(len(w["arms"]) - len(w.get("failed", [])) > 1 for w in saved.get("worlds", {}).values()):
+        return "no round with two settings in it was judged (the budget or the failures ended the race first)"
+    return (
+        "no world held two of these settings, so no round set one beside another; the settings were compared "
+        "across worlds, unpaired (the table)"
+    )
 
 
 def _where(page: Page, where: dict, anchor: str | None) -> None:
