@@ -213,7 +213,14 @@ def test_two_runs_match_case_by_case(burnt: Path, capsys) -> None:
 
 
 @pytest.mark.ranks
-def test_bad_arguments_say_what_to_give(burnt: Path, capsys) -> None:
+def test_bad_arguments_say_what_to_give(burnt: Path, tmp_path: Path, capsys) -> None:
+    from synthetic_runs import make_run
+
+    # Two runs with no case in common: not a matter of traces (it used to say to trace more steps).
+    other = make_run(tmp_path, {"ddp": [10.0, 10.1, 9.9]})
+    assert run_cli(["explain", str(burnt), str(other)]) == 2
+    said = capsys.readouterr().err
+    assert f"no finished case of {other} has a finished counterpart in {burnt}" in said and "profiler" not in said
     assert run_cli(["explain", str(burnt), "--pair", "slowdown_pct=0..40"]) == 2
     assert "slowdown_pct has no value '40'" in capsys.readouterr().err
     assert run_cli(["explain", str(burnt), "--pair", "nokey=a..b"]) == 2

@@ -46,6 +46,40 @@ def test_a_fifo_as_a_suite_is_refused_without_blocking(tmp_path, capsys):
     assert "not a regular file (a FIFO)" in capsys.readouterr().err
 
 
+def test_a_directory_as_a_suite_or_fabrics_file_is_refused_naming_it(tmp_path, capsys):
+    """It used to read "error: 3: Is a directory" (the file descriptor's number) and exit 3."""
+    assert run_cli(["validate", str(tmp_path)]) == 2
+    assert f"{tmp_path}: the suite file is not a regular file (a directory)" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=f"{tmp_path}: the fabrics file is not a regular file"):
+        whatif_run.load_fabrics([tmp_path])
+
+
+def test_validate_refuses_filters_that_match_no_case_as_sweep_does(tmp_path, capsys):
+    """``validate`` said "ok, 0 cases" (exit 0) where ``sweep`` and ``tune`` refuse the same filter."""
+    suite = Path(__file__).parent.parent / "suites" / "smoke.toml"
+    assert run_cli(["validate", str(suite), "--filter", "algorithm=nope"]) == 2
+    assert "no case matches the filters (algorithm=nope)" in capsys.readouterr().err
+
+
+def test_list_names_a_suites_folder_that_is_not_there(tmp_path, capsys):
+    """An explicit ``--suites`` that does not exist is an error; without it, a folder with no suites/
+    lists the algorithms and workloads alone."""
+    assert run_cli(["list", "--suites", str(tmp_path / "none")]) == 2
+    assert f"--suites {tmp_path / 'none'}: no such folder" in capsys.readouterr().err
+
+
+def test_export_leaves_out_steps_without_a_time(tmp_path, capsys):
+    """A case whose steps hold no time (NaN) is not exported, with the reason, instead of a
+    traceback (pytest-benchmark's statistics of nothing; JSON has no NaN)."""
+    import math
+
+    run = make_run(tmp_path, {"ddp": [math.nan] * 3, "zero_no_overlap": [12, 12.2, 12.1]})
+    for fmt in ("pytest-benchmark", "custom-smaller-is-better"):
+        assert run_cli(["export", str(run), "--format", fmt]) == 0
+        printed = capsys.readouterr()
+        assert "not exported: ddp" in printed.err and "zero_no_overlap" in printed.out
+
+
 def test_an_oversized_or_binary_suite_is_refused_naming_it(tmp_path, capsys):
     big = tmp_path / "big.toml"
     big.write_text("# " + "x" * user_files.MAX_INPUT_BYTES)

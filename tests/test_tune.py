@@ -731,6 +731,12 @@ def test_bad_options_exit_2_before_anything_runs(tmp_path, capsys, bad):
     assert not (tmp_path / "r").exists()
 
 
+def test_resuming_a_directory_that_is_not_there_says_so(tmp_path, capsys):
+    """As ``sweep --resume`` does (it used to say "no tune.json; not a tune")."""
+    assert run_cli(["tune", "--resume", str(tmp_path / "none")]) == 3
+    assert f"{tmp_path / 'none'}: no such run directory" in capsys.readouterr().err
+
+
 def test_epsilon_and_confidence_take_a_percentage_or_a_fraction(tmp_path, capsys):
     suite = tmp_path / "s.toml"
     suite.write_text(tiny_suite("slowdown_pct = [0, 10]", repeats=4))

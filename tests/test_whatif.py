@@ -1413,3 +1413,14 @@ def test_predicts_a_1gbit_case_from_loopback_and_loopback_from_1gbit(tmp_path):
     assert (made.loc[made["no_slower_than_measured"], "projected_ms"] <= made["measured_ms"]).all()
     # The model's miss of each case's own traced steps is stated, and within the refusal's limit.
     assert p["own_miss_pct"].notna().all() and (made["own_miss_pct"].abs() <= 100 * whatif.REPLAY_RESIDUAL).all()
+
+
+def test_a_reference_link_the_run_does_not_have_is_a_bad_option(tmp_path, capsys):
+    """``--reference nope``: exit 2 naming the option and the run's links (it used to exit 3, as
+    broken results, in words that named no option)."""
+    from conftest import run_cli
+
+    run = tmp_path / "run"
+    shutil.copytree(LINKS_RUN, run)
+    assert run_cli(["whatif", str(run), "--reference", "nope"]) == 2
+    assert "--reference nope: no finished case on that link; the run has ['loopback'," in capsys.readouterr().err

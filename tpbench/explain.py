@@ -170,6 +170,12 @@ def run(runs: Sequence[str | Path], *, pairs: Sequence[str] = (), confidence: fl
         matched = matched_across(base_dir, cand_dir)
     else:
         raise ExplainError(f"explain takes BASE_RUN CAND_RUN, or one RUN_DIR with --pair; got {len(runs)} runs")
+    if not matched:  # the two runs share no finished case: nothing to pair, whatever they traced
+        raise ExplainError(
+            f"nothing to explain: no finished case of {cand_dir} has a finished counterpart in {base_dir} (matched by "
+            "their parameters, as compare matches them); two cases of one run side by side: tpbench explain RUN_DIR "
+            "--pair KEY=BASELINE..CANDIDATE"
+        )
     cases, skipped = explain_cases(base_dir, cand_dir, matched, confidence=confidence)
     if not cases:
         why = "; ".join(f"{k}: {v}" for k, v in skipped.items()) or "no matched finished cases"

@@ -44,11 +44,12 @@ def _export_cases(loaded: store.Loaded) -> tuple[list[tuple[Case, str, np.ndarra
     per_repeat = repeat_values(loaded.steps, windows=windows_of(params)) if per_step is not None else None
     out, skipped = [], []
     for cid, p in params.items():
-        data = per_step[per_step["case_id"] == cid] if per_step is not None else None
+        # A step without a time (NaN) is not a measurement: JSON has no NaN, and statistics skip it.
+        data = per_step[(per_step["case_id"] == cid) & per_step["step_ms"].notna()] if per_step is not None else None
         if data is None or data.empty:
             skipped.append(names[cid])
             continue
-        reps = per_repeat[per_repeat["case_id"] == cid]["step_ms"].to_numpy()
+        reps = per_repeat[per_repeat["case_id"] == cid]["step_ms"].dropna().to_numpy()
         out.append((Case.from_params(p), names[cid], data["step_ms"].to_numpy(dtype=float), reps))
     return out, skipped
 

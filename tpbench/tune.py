@@ -198,6 +198,8 @@ def prepare(
 
 def reopen(run_dir: Path) -> tuple[store.Run, Options]:
     """A tune to resume (``sweep.reopen``: owned by this process, finished repeats kept) and its options."""
+    if not Path(run_dir).is_dir():
+        raise store.StoreError(f"{run_dir}: no such run directory")
     saved = store.read_tune(run_dir)
     if saved is None:
         raise store.StoreError(f"{run_dir}: no {store.TUNE_FILE}; not a tune (resume a sweep with tpbench sweep)")

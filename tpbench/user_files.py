@@ -29,10 +29,11 @@ def read_text(path: str | Path, what: str, limit: int = MAX_INPUT_BYTES) -> str:
         raise ValueError(f"{p}: no such {what}") from None
     except OSError as e:
         raise ValueError(f"{p}: cannot read the {what}: {e.strerror or e}") from None
+    st = os.fstat(fd)  # before fdopen, which refuses a directory with its own error, naming no path
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ValueError(f"{p}: the {what} is not a regular file ({_kind(st.st_mode)})")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{p}: the {what} is not a regular file ({_kind(st.st_mode)})")
         data = f.read(limit + 1)
     if len(data) > limit:
         raise ValueError(f"{p}: the {what} is larger than {limit // 1024} KiB; expected a small TOML file")

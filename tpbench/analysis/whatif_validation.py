@@ -56,6 +56,10 @@ class Target:
     refused: str | None = None
 
 
+class UnknownReference(ValueError):
+    """``--reference`` names a link on which the run finished no case: a bad option (exit 2)."""
+
+
 def validate(reference: CaseModel, targets: Iterable[Target], direction: str) -> pd.DataFrame:
     """Predict cases measured on other links from a reference case: the reference's skeletons and
     compute factor replayed on each target's fabric; nothing of the target but its link's
@@ -232,7 +236,7 @@ def run_whatif(
     links = list(dict.fromkeys(cases["interconnect"]))
     reference = reference or ("loopback" if "loopback" in links else links[0])
     if reference not in links:
-        raise ValueError(f"no finished case on {reference!r}; the run has {links}")
+        raise UnknownReference(f"--reference {reference}: no finished case on that link; the run has {links}")
     rate = {link: math.inf if wires[link] is None else wires[link].beta_Bps for link in links}
     slowest = min((link for link in links if rate[link] < math.inf), key=rate.__getitem__, default=None)
     cache: dict[str, CaseModel] = {}

@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_env)
 
     p = sub.add_parser("list", help="list algorithms, workloads and suites")
-    p.add_argument("--suites", default="suites", help="folder of suites (default: suites)")
+    p.add_argument("--suites", help="folder of suites (default: suites, where there is one)")
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser(

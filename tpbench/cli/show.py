@@ -28,6 +28,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from tpbench import sweep
 
     prepared = sweep.prepare(args.suite, args.set, args.filter, allow_large=args.allow_large)
+    if not prepared.cases:  # as sweep and tune refuse it
+        error(ValueError(f"{args.suite}: no case matches the filters ({'; '.join(args.filter)})"))
+        return EXIT_USAGE
     out.print(f"{args.suite}: ok, {len(prepared.cases)} cases", markup=False, soft_wrap=True)
     return EXIT_OK
 
@@ -47,6 +50,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     from tpbench.algorithms import ALGORITHMS
     from tpbench.workloads import WORKLOADS, preset_sizes
 
+    if args.suites is not None and not Path(args.suites).is_dir():  # asked for, and not there
+        error(ValueError(f"--suites {args.suites}: no such folder; expected a folder of suite TOML files"))
+        return EXIT_USAGE
     t = Table(title="algorithms")
     t.add_column("name")
     t.add_column("description")
@@ -69,7 +75,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         )
         w.add_row(name, ", ".join(keys), sizes)
     out.print(w)
-    suites_dir = Path(args.suites)
+    suites_dir = Path(args.suites or "suites")
     if suites_dir.is_dir():
         s = Table(title=escape(f"suites in {suites_dir}"))
         s.add_column("file")
@@ -112,6 +118,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_whatif(args: argparse.Namespace) -> int:
     from tpbench import whatif_run
+    from tpbench.analysis.whatif_validation import UnknownReference
 
     try:
         fabrics = whatif_run.load_fabrics(args.fabrics)
@@ -128,7 +135,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         written = whatif_run.write(args.run, {k: fabrics[k] for k in (args.fabric or fabrics)}, args.reference)
     except ValueError as e:
         error(e)
-        return EXIT_RESULTS
+        return EXIT_USAGE if isinstance(e, UnknownReference) else EXIT_RESULTS
     if args.format == "json":
         sys.stdout.write(json.dumps(written.to_json(), indent=2, allow_nan=False) + "\n")
         return EXIT_OK

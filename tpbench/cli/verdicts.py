@@ -103,7 +103,7 @@ def _gate(args: argparse.Namespace) -> int:
         args.candidate,
         (args.out or Path("results") / "gate" / store.new_run_id()).absolute(),
         mode=args.mode,
-        rounds=args.rounds or 5,
+        rounds=5 if args.rounds is None else args.rounds,
         cfg=cfg,
         overrides=args.set,
         filters=args.filter,
