@@ -413,12 +413,13 @@ def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_t
     assert "target" not in untargeted.training_note and "1.580" in untargeted.training_note
 
 
-def test_worlds_of_one_arm_run_the_minimum_rounds_and_the_note_compares_per_sample(tmp_path):
+def test_worlds_of_one_arm_run_their_rounds_and_the_note_compares_per_sample(tmp_path):
     """Arms in different worlds (world_size = [1, 2]), one arm a world. Such a world used to end at
     its first round, and its one value was set against the other world's one value as though they
     made an interval: "the best of 2 settings, 95% confidence; 1 eliminated" on a value a side. Each
-    world now runs the minimum rounds, and the world winners are compared on their intervals; with
-    one round the most (``repeats = 1``) nothing is decided. batch_size is per rank, so the 2-rank
+    world now runs its rounds (its one arm is its winner, and runs on for the comparison across
+    worlds), and the world winners are compared on their intervals; with one round the most
+    (``repeats = 1``) nothing is decided. batch_size is per rank, so the 2-rank
     world takes twice the samples a step: the note gives the per-sample ratio beside the claim."""
     from tpbench.cli import tune as cli
 
@@ -429,12 +430,15 @@ def test_worlds_of_one_arm_run_the_minimum_rounds_and_the_note_compares_per_samp
 
     def races(max_rounds: int) -> list[Race]:
         return [
-            run_race(Race([c.case_id], max_rounds, Options(), comparisons=1, world=w), {c.case_id: values[c.case_id]})
+            run_race(
+                Race([c.case_id], max_rounds, Options(), comparisons=1, world=w, runs_on=True),
+                {c.case_id: values[c.case_id]},
+            )
             for w, c in enumerate(cases)
         ]
 
     raced = races(60)
-    assert [r.rounds for r in raced] == [3, 3] and {r.ended for r in raced} == {ONE_LEFT}
+    assert [r.rounds for r in raced] == [60, 60] and {(r.decided, r.ended) for r in raced} == {(ONE_LEFT, MAX_ROUNDS)}
     result = tune._result(stored(tmp_path, suite), cases, raced, Options(), 0.0, NO_EVAL)
     rec, other = (next(a for a in result.arms if a.case_id == c.case_id) for c in cases)
     assert rec.status == tune.RECOMMENDED and other.status == tune.ELIMINATED and 1 < other.lo < other.ratio
