@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import html
+import re
 
 import pytest
 from conftest import sweep_in_process, tiny_suite
@@ -63,7 +64,8 @@ def test_summary_holds_the_buckets_every_case_built(run):
 
 def test_report_says_the_buckets_and_splits_the_hooks_advantage(run, tmp_path):
     page = html.unescape(write_report([run.run_dir], tmp_path / "report.html").read_text())
-    assert "bucket_cap_mb = 1 → 4 buckets of" in page
+    # bucket_cap_mb counts MiB (2**20 bytes), and so do the sizes beside it (the MB/step columns are 1e6).
+    assert re.search(r"bucket_cap_mb = 1 → 4 buckets of 0\.\d\d–1\.\d\d MiB \(first ", page)
     assert 'bucket_cap_mb = "default" → 2 buckets of' in page
     assert "comes from packing the broadcasts (zero_no_overlap with parameters_as_bucket_view = true)" in page
     # Each setting's split is a row of the table under the sentence.

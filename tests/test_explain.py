@@ -104,6 +104,29 @@ def test_a_traced_change_off_the_timed_one_is_said() -> None:
 
     assert said(11.0) == "" and said(8.5) == ""
     assert said(14.0).startswith("the traced change is 71% of the timed one") and said(float("nan")) == ""
+    # Against a timed change near zero a ratio reads 1000s of per cent: the two changes say it instead.
+    assert said(0.004).startswith("the traced change is off the timed one (+10.00 vs +0.00 ms)")
+
+
+def test_a_change_its_interval_cannot_resolve_gets_no_share_and_mostly_means_more_than_half() -> None:
+    """A change of about zero whose parts moved apart (compute one way, straggler wait the other) used
+    to read "-0.00 ms per step faster …, mostly straggler wait: -4.42 ms (114883% of the change)"."""
+    rng = np.random.default_rng(3)
+    base = pd.DataFrame({p: rng.uniform(1e6, 2e6, 6) for p in parts.PARTS})
+    cand = base.copy()
+    cand["compute"] += 4e6
+    cand["straggler_wait"] -= 4e6
+    base["step_ns"], cand["step_ns"] = base[list(parts.PARTS)].sum(axis=1), cand[list(parts.PARTS)].sum(axis=1)
+    e = parts.explain(base, cand)
+    said = parts.sentence(e)
+    assert e.lo < 0 < e.hi and "no change resolved" in said and "% of the change" not in said
+    moved = ("the part that moved most: compute, +4.00 ms", "the part that moved most: straggler wait, -4.00 ms")
+    assert "slower" not in said and "faster" not in said and any(m in said for m in moved)
+    # Resolved, but the top part less than half the change: "most of all", not "mostly".
+    cand = base[list(parts.PARTS)] + [3e6, 2e6, 2e6, 0, 0]
+    cand["step_ns"] = cand[list(parts.PARTS)].sum(axis=1)
+    e = parts.explain(base, cand)
+    assert 0 < e.lo and "most of all compute: +3.00 ms (43% of the change" in parts.sentence(e)
 
 
 # ---------------------------------------------------------------- real sweeps, planted causes

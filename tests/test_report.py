@@ -552,3 +552,51 @@ def test_an_adaptive_sweeps_raised_repeats_do_not_split_its_cases(tmp_path):
     assert "repeats" not in data.context_keys
     (comparison,) = verdicts.compare(data, verdicts.ZERO_KINDS[1])
     assert comparison.verdict == "faster"
+
+
+def test_the_collectives_table_shows_one_instance_at_the_median_not_a_median_per_column():
+    """Six broadcasts of one size: a median per column set the middle two times' mean beside the
+    middle two busbw's mean (1.72 GB/s beside 1,857,024 B in 1.97 ms, where that instance's own is
+    0.94); the table now shows the lower-median instance whole."""
+    from types import SimpleNamespace
+
+    from tpbench.report.html import Page
+    from tpbench.report.timelines import _collectives_table
+
+    times = [1.0, 1.5, 1.8, 2.2, 4.0, 6.0]
+    df = pd.DataFrame(
+        {
+            "run": "r",
+            "label": "zero_no_overlap",
+            "collective": "broadcast",
+            "time_ms": times,
+            "bytes": [1_857_024] * 3 + [512] + [1_857_024] * 2,
+            "busbw_gbps": [1_857_024 / (t * 1e6) for t in times[:3]]
+            + [512 / 2.2e6]
+            + [1_857_024 / (t * 1e6) for t in times[4:]],
+        }
+    )
+    page = Page("t")
+    _collectives_table(page, SimpleNamespace(multi=False), df)
+    body = page.render()
+    row = re.search(r"<td>6</td>\s*<td>([^<]+)</td>\s*<td>([^<]+)</td>\s*<td>([^<]+)</td>", body)
+    assert row, body
+    assert float(row[1]) == 1.8 and row[2] == "1857024"
+    assert float(row[3]) == pytest.approx(1_857_024 / 1.8e6, abs=0.005)  # shown to 3 figures
+
+
+def test_the_crossover_table_names_every_key_that_tells_its_points_apart():
+    """The front door's points differ by shard_buckets too: two "loopback | 4" rows read alike."""
+    from tpbench.report.interconnect import _other_keys
+
+    points = pd.DataFrame(
+        {
+            "interconnect": ["loopback"] * 2,
+            "bucket_cap_mb": [4, 4],
+            "shard_buckets": [False, True],
+            "seed": [0, 0],
+            "sequential_case": ["a", "b"],
+            "ratio": [0.9, 1.1],
+        }
+    )
+    assert _other_keys(points) == ["shard_buckets"]

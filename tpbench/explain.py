@@ -54,8 +54,11 @@ class CaseExplanation:
         traced, timed = self.traced.delta_ms, self.timed_delta_ms
         if not math.isfinite(timed) or timed == 0 or abs(traced - timed) <= 0.2 * abs(timed):
             return ""
+        # A ratio to a timed change near zero reads 1000s of per cent: the two figures then say it.
+        ratio = traced / timed
+        off = f"{ratio:.0%} of the timed one (" if 0 < ratio <= 5 else "off the timed one ("
         return (
-            f"the traced change is {traced / timed:.0%} of the timed one ({traced:+.2f} vs {timed:+.2f} ms): the "
+            f"the traced change is {off}{traced:+.2f} vs {timed:+.2f} ms): the "
             "traced steps did not run as the timed ones (profiler overhead, a busy machine); the parts are their "
             "composition scaled to the timed steps"
         )

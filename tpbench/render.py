@@ -152,9 +152,11 @@ def render_text(c: Result) -> str:
 
 
 def _contributors(c: Result, bullet: str = "") -> list[str]:
-    """One line per regression whose top contributor is known (``explain.annotate``)."""
+    """One line per regression whose top contributor is known (``explain.annotate``): its interval is
+    over the few traced steps, not the verdict's rounds, and the line says so."""
     named = [r for r in c.cases if r.top_contributor]
-    return ([""] if named else []) + [f"{bullet}{r.label}: {r.top_contributor}" for r in named]
+    said = "where the time went, over its traced steps (tpbench explain)"
+    return ([""] if named else []) + [f"{bullet}{r.label}, {said}: {r.top_contributor}" for r in named]
 
 
 _MARK = {

@@ -168,9 +168,14 @@ def sentence(e: Explanation) -> str:
     top = e.top
     if e.delta_ms == 0 or not math.isfinite(e.delta_ms):
         return "No change in the traced steps' time."
+    what = top.name.replace("_", " ")
+    if e.lo <= 0 <= e.hi:  # no change resolved: a part's share of it would read 1000s of per cent
+        return (
+            f"{e.delta_ms:+.2f} ms per step, no change resolved (95% CI {e.lo:+.2f} to {e.hi:+.2f}); the part "
+            f"that moved most: {what}, {top.delta_ms:+.2f} ms (95% CI {top.lo:+.2f} to {top.hi:+.2f})."
+        )
     direction = "slower" if e.delta_ms > 0 else "faster"
     share = 100 * top.delta_ms / e.delta_ms
-    what = top.name.replace("_", " ")
     sub = e.top_detail if top.name == "exposed_comm" else None
     if sub is not None and sub.delta_ms * e.delta_ms > 0:
         if abs(sub.delta_ms) >= 0.5 * abs(top.delta_ms) or len(e.detail) < 3:
@@ -178,8 +183,9 @@ def sentence(e: Explanation) -> str:
         else:  # smaller buckets: many collectives, each a little slower, none of them "mostly"
             spread = f"spread over {len(e.detail)} {detail_noun(e.detail)}"
             what += f" ({spread}; the largest, {sub.name}, {sub.delta_ms:+.2f} ms)"
+    lead = "mostly" if share > 50 else "most of all"  # "mostly" is more than half of it
     return (
-        f"{e.delta_ms:+.2f} ms per step {direction} (95% CI {e.lo:+.2f} to {e.hi:+.2f}), mostly {what}: "
+        f"{e.delta_ms:+.2f} ms per step {direction} (95% CI {e.lo:+.2f} to {e.hi:+.2f}), {lead} {what}: "
         f"{top.delta_ms:+.2f} ms ({share:.0f}% of the change, 95% CI {top.lo:+.2f} to {top.hi:+.2f})."
     )
 

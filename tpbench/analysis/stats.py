@@ -74,7 +74,9 @@ def repeat_values(
         if w > 1:
             whole = v.size // w
             v = v[: whole * w].reshape(whole, w).mean(axis=1) if whole else np.array([np.nanmean(v)])
-        rows.append({"case_id": cid, "repeat": int(rep), metric: float(np.nanmedian(v)) if np.isfinite(v).any() else math.nan})
+        rows.append(
+            {"case_id": cid, "repeat": int(rep), metric: float(np.nanmedian(v)) if np.isfinite(v).any() else math.nan}
+        )
     return pd.DataFrame(rows, columns=["case_id", "repeat", metric])
 
 

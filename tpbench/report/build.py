@@ -287,6 +287,13 @@ def _cases_table(page: Page, data: ReportData) -> None:
     if not data.multi:
         cols.remove("run")
     table = data.cases[[c for c in cols if c in data.cases]]
+    if "overlap_pct" in table:
+        page.paragraph(
+            "overlap_pct is over Holistic Trace Analysis' window (every traced step but the last, as HTA counts it, "
+            "averaged over ranks) and exposed_comm_ms is the median traced step's: the Overlap section's figures "
+            "are over every traced step, their times means, so the two may differ by a step's worth.",
+            css="muted",
+        )
     page.table(table.rename(columns={"label": "case"}), scroll=len(table) > 25)
 
 

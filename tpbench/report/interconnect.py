@@ -66,11 +66,13 @@ def _crossover_section(page: Page, run: store.Loaded, suffix: str, anchor: str) 
                 except ValueError as e:
                     by_bucket.append(f"bucket_cap_mb={value_text(bucket)}: {e}")
             page.bullets(by_bucket)
-    page.figure(_crossover_figure(points, est))
+    other = _other_keys(points)
+    page.figure(_crossover_figure(points, est, other))
     cols = [
         "interconnect",
         "bucket_cap_mb",
         "comm_hook",
+        *other,
         "allreduce MB/step",
         "comm_compute",
         "sequential_ms",
@@ -86,15 +88,32 @@ def _crossover_section(page: Page, run: store.Loaded, suffix: str, anchor: str) 
             "resolves": [f"±{w:.1%}" if np.isfinite(w) else "one repeat" for w in points["half_width"]],
         }
     )
-    page.table(shown.sort_values("comm_compute")[[c for c in cols if c in shown]])
+    page.paragraph(
+        "sequential_ms and interleaved_ms: each case's median over its rounds; ratio: the geometric mean of the "
+        "per-round ratios (with its interval), which the medians' quotient need not equal.",
+        css="muted",
+    )
+    page.table(
+        shown.sort_values("comm_compute")[[c for c in cols if c in shown]].rename(
+            columns={"sequential_ms": "sequential median ms", "interleaved_ms": "interleaved median ms"}
+        )
+    )
 
 
-def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None) -> go.Figure:
+def _other_keys(points: pd.DataFrame) -> list[str]:
+    """The swept keys besides link, bucket size and wrapped hook that tell the points apart
+    (``shard_buckets`` on the front door): without them two rows read alike."""
+    shown = {"interconnect", "bucket_cap_mb", "comm_hook", "algorithm", "case_id", "label"}
+    params = points.columns[: points.columns.get_loc("sequential_case")]
+    return [k for k in params if k not in shown and points[k].astype(str).nunique() > 1]
+
+
+def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None, other: list[str]) -> go.Figure:
     fig = go.Figure()
     # One series per bucket size and wrapped hook (a symbol per hook), so compressed points show apart.
     points = points.assign(comm_hook=points["comm_hook"] if "comm_hook" in points else "allreduce")
     hooks = list(dict.fromkeys(points["comm_hook"]))
-    keys = [k for k in ("bucket_cap_mb", "comm_hook") if k in points]
+    keys = [k for k in ("bucket_cap_mb", *other, "comm_hook") if k in points]
     for values, grp in points.groupby(keys, sort=False):
         named = dict(zip(keys, values))
         name = " ".join(f"{k}={value_text(v)}" for k, v in named.items() if k != "comm_hook" or len(hooks) > 1)
@@ -109,8 +128,14 @@ def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None) -> 
                 mode="markers",
                 marker=dict(symbol=_SYMBOLS[hooks.index(named["comm_hook"]) % len(_SYMBOLS)], size=9),
                 text=[
-                    plot_text(f"{link}, {hook}" + (f", all-reduce {b / 1e6:.3g} MB/step" if np.isfinite(b) else ""))
-                    for link, hook, b in zip(grp["interconnect"], grp["comm_hook"], grp["allreduce_bytes_per_step"])
+                    plot_text(
+                        f"{link}, {hook}"
+                        + "".join(f", {k}={value_text(v)}" for k, v in zip(other, rest))
+                        + (f", all-reduce {b / 1e6:.3g} MB/step" if np.isfinite(b) else "")
+                    )
+                    for link, hook, b, *rest in zip(
+                        grp["interconnect"], grp["comm_hook"], grp["allreduce_bytes_per_step"], *(grp[k] for k in other)
+                    )
                 ],
                 hovertemplate="%{text}<br>comm:compute %{x:.2f}<br>interleaved/sequential %{y:.3f}<extra></extra>",
             )

@@ -46,7 +46,7 @@ def step_time(page: Page, data: ReportData) -> None:
 
 def ddp_bucket_lines(done: pd.DataFrame) -> list[str]:
     """Per bucket setting, the buckets DDP built (summary's ``ddp_bucket_bytes``, in reduction order):
-    "bucket_cap_mb = 0.5 → 7 buckets of 0.39–0.52 MB (first 0.39 MB)". A setting that built different
+    "bucket_cap_mb = 0.5 → 7 buckets of 0.39–0.52 MiB (first 0.39 MiB)". A setting that built different
     buckets for different cases (other models) says for which."""
     if "ddp_bucket_bytes" not in done:
         return []
@@ -61,7 +61,7 @@ def ddp_bucket_lines(done: pd.DataFrame) -> list[str]:
     for (asked, sizes), cases in seen.items():
         mb = [b / 2**20 for b in sizes]
         built = f"{len(mb)} bucket{'s' if len(mb) > 1 else ''} of " + (
-            f"{mb[0]:.2f} MB" if len(mb) == 1 else f"{min(mb):.2f}–{max(mb):.2f} MB (first {mb[0]:.2f} MB)"
+            f"{mb[0]:.2f} MiB" if len(mb) == 1 else f"{min(mb):.2f}–{max(mb):.2f} MiB (first {mb[0]:.2f} MiB)"
         )
         which = f" ({', '.join(cases)})" if per_setting[asked] > 1 else ""
         lines.append(f"{asked} → {built}{which}")

@@ -331,22 +331,29 @@ def _transfer_times(page: Page, data: ReportData, df: pd.DataFrame) -> go.Figure
 
 
 def _collectives_table(page: Page, data: ReportData, df: pd.DataFrame) -> None:
-    """Per case and collective: instances, median time, bytes and busbw."""
-    summary = df.groupby(["run", "label", "collective"], as_index=False, observed=True, sort=False).agg(
-        instances=("time_ms", "size"),
-        median_ms=("time_ms", "median"),
-        bytes=("bytes", "median"),
-        busbw_gbps=("busbw_gbps", "median"),
-    )
+    """Per case and collective: instances, and the median instance by time (its time, bytes and
+    busbw, one collective's: a median per column would set a time beside a size no instance had and
+    a busbw its own bytes and time do not give)."""
+    keys = ["run", "label", "collective"]
+    rows = []
+    for (run, label, collective), g in df.groupby(keys, observed=True, sort=False):
+        m = g.sort_values("time_ms", kind="stable").iloc[(len(g) - 1) // 2]  # the lower median: an instance
+        rows.append([run, label, collective, len(g), m["time_ms"], m["bytes"], m["busbw_gbps"]])
+    summary = pd.DataFrame(rows, columns=[*keys, "instances", "time_ms", "bytes", "busbw_gbps"])
     if not data.multi:
         summary = summary.drop(columns="run")
+    page.paragraph(
+        "Per case and collective: how many instances the traced steps held, and the median one by time (the lower "
+        "of the two middle ones for an even count): its time, bytes and busbw.",
+        css="muted",
+    )
     page.table(
         summary.rename(
             columns={
                 "label": "case",
-                "median_ms": "median time ms",
-                "bytes": "median bytes",
-                "busbw_gbps": "median busbw GB/s",
+                "time_ms": "median instance: time ms",
+                "bytes": "its bytes",
+                "busbw_gbps": "its busbw GB/s",
             }
         ),
         scroll=len(summary) > 20,

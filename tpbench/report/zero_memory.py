@@ -43,7 +43,7 @@ def section(page: Page, data: ReportData) -> None:
 
 
 def _mb(v: float) -> str:
-    return f"{v / MB:.3g} MB"
+    return f"{v / MB:.3g} MiB"  # 2**20 bytes, as bucket_cap_mb counts them; the MB/step columns are 1e6
 
 
 def _sentences(cases: pd.DataFrame, context_keys: list[str]) -> list[str]:
@@ -122,7 +122,7 @@ def _state_figure(data: ReportData, memory: pd.DataFrame, cases: pd.DataFrame) -
         height=max(280, 22 * n * max(1, per_rank["rank"].nunique() // 2) + 140),
         margin=MARGIN,
         legend=LEGEND_TOP,
-        xaxis_title="optimizer state per rank (MB)",
+        xaxis_title="optimizer state per rank (MiB)",
     )
     fig.update_yaxes(autorange="reversed")
     return fig
@@ -154,15 +154,15 @@ def _table(data: ReportData, cases: pd.DataFrame) -> pd.DataFrame:
     df = pd.DataFrame(
         {
             "case": [f"{r} · {lab}" if data.multi else lab for r, lab in zip(cases["run"], cases["label"])],
-            "optimizer state, fullest rank (MB)": cases["state_max_bytes"] / MB,
-            "plain DDP, every rank (MB)": cases["ddp_state_bytes"] / MB,
+            "optimizer state, fullest rank (MiB)": cases["state_max_bytes"] / MB,
+            "plain DDP, every rank (MiB)": cases["ddp_state_bytes"] / MB,
             "saved (%)": cases["state_saved_pct"],
             "params stepped per rank (min–max)": [
                 f"{int(a):,}–{int(b):,}" for a, b in zip(cases["stepped_min"], cases["stepped_max"])
             ],
             "imbalance (max/mean)": cases["imbalance"],
             "buckets": cases["buckets"],
-            "parameters + gradients per rank (MB)": (cases["param_bytes"] + cases["grad_bytes"]) / MB,
+            "parameters + gradients per rank (MiB)": (cases["param_bytes"] + cases["grad_bytes"]) / MB,
         }
     )
     return df
