@@ -72,7 +72,9 @@ def test_passes_share_out_each_cases_rounds_in_order_the_last_pass_ending_with_t
     assert [rounds_through(ten[0], p) for p in range(1, 6)] == [2, 4, 6, 8, 10]
     assert [rounds_through(dataclasses.replace(ten[0], passes=3), p) for p in (1, 2, 3, 4)] == [4, 7, 10, 10]
     # More passes than rounds: some passes run nothing of the case (no world starts for them).
-    assert [rounds_through(dataclasses.replace(ten[0], repeats=2), p) for p in range(1, 6)] == [1, 1, 2, 2, 2]
+    # The last round stays the last pass's (the traced one), where an even share would reach it sooner.
+    assert [rounds_through(dataclasses.replace(ten[0], repeats=2), p) for p in range(1, 6)] == [1, 1, 1, 1, 2]
+    assert [rounds_through(dataclasses.replace(ten[0], repeats=1), p) for p in range(1, 6)] == [0, 0, 0, 0, 1]
     # The passes one after another run the one-pass schedule, item for item, in its order.
     done: set[tuple[str, int]] = set()
     turns = []
@@ -365,6 +367,20 @@ def test_a_sweep_in_passes_runs_its_worlds_in_turns_each_a_share_of_its_rounds(t
     for cid in loaded.cases["case_id"]:
         assert sorted(loaded.steps.loc[loaded.steps["case_id"] == cid, "repeat"].unique()) == [0, 1, 2]
         assert (store.trace_dir(loaded.run_dir, cid) / "rank0.json.gz").exists()
+
+
+@pytest.mark.ranks
+def test_more_passes_than_rounds_run_each_round_once(tmp_path):
+    """Two rounds in three passes: the first pass runs round 0, the second none, the third round 1
+    (the traced one). A case done before the last pass used to run all its rounds again in each pass
+    after (its parts merged, nothing read as done): 8 items for 4, the first measurements overwritten."""
+    (tmp_path / "suite.toml").write_text(tiny_suite("seed = [0, 1]", repeats=2, passes=3, profiler_steps=1))
+    loaded = sweep.run(tmp_path / "suite.toml", out=tmp_path / "results").loaded
+    items = [tuple(item) for w in loaded.record.worlds for item in w.schedule]
+    assert sorted(items) == sorted({(cid, r) for cid in loaded.cases["case_id"] for r in (0, 1)})
+    assert {w.sweep_pass for w in loaded.record.worlds if any(r == 1 for _, r in w.schedule)} == {3}
+    assert set(loaded.cases["status"]) == {store.DONE}
+    assert len(loaded.steps.drop_duplicates(["case_id", "repeat"])) == 4
 
 
 @pytest.mark.ranks

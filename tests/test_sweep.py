@@ -156,6 +156,7 @@ def test_interrupt_then_resume_runs_only_what_is_missing(tmp_path):
     statuses = sorted(c["status"] for c in meta["cases"].values())
     assert statuses == ["done", "done", "pending", "pending"]
     assert worker_processes(run_dir) == []
+    assert not list((run_dir / "plans").glob("*.rdzv"))  # the world's FileStore file, removed on Ctrl-C too
     done_files = {
         cid: (run_dir / "cases" / cid / "steps.parquet").stat().st_mtime_ns
         for cid, c in meta["cases"].items()

@@ -97,8 +97,11 @@ def interleave(
 def rounds_through(case: Case, pass_number: int) -> int:
     """How many of a case's rounds its first ``pass_number`` passes (from 1) run: its repeats
     shared out as evenly as whole rounds allow, the last pass ending with the last round (the
-    traced one)."""
-    return case.repeats if pass_number >= case.passes else math.ceil(case.repeats * pass_number / case.passes)
+    traced one), which no earlier pass runs, though passes outnumber rounds (some passes then run
+    none of the case's rounds)."""
+    if pass_number >= case.passes:
+        return case.repeats
+    return min(math.ceil(case.repeats * pass_number / case.passes), case.repeats - 1)
 
 
 def round_order(cases: list[Case], round_index: int) -> list[Case]:
@@ -368,6 +371,8 @@ def run_group(
     cases = {c.case_id: c for c in group.cases}
     done = _done_repeats(run, group.cases)
     failed = {cid for cid, status in run.case_status().items() if cid in cases and status == store.FAILED}
+    # A case done in an earlier pass is merged: its parts are gone, and ``done`` would not know it.
+    finished = {cid for cid, status in run.case_status().items() if cid in cases and status == store.DONE}
     retried = False
     retraced: set[str] = set()
     if launcher is None:
@@ -375,7 +380,7 @@ def run_group(
     else:
         layout = torchrun_layout(launcher, group.world_size)
     while True:
-        live = [c for c in group.cases if c.case_id not in failed]
+        live = [c for c in group.cases if c.case_id not in failed | finished]
         schedule = interleave(live, done, through_pass)
         if not schedule:
             return False
@@ -384,12 +389,12 @@ def run_group(
         started = {"world": plan.world, "world_size": group.world_size, "interconnect": ic.name, "items": len(schedule)}
         listener("world_start", started | passed)
         if launcher is None:
-            with world_network(ic) as net:
-                outcome = _supervise(
-                    World(plan, plan_path, group.world_size, net, run.dir / "logs", layout), cases, run, listener, ic
-                )
-            # Its ranks exit without closing the FileStore, which would have removed the file.
-            Path(plan.rendezvous_file).unlink(missing_ok=True)
+            try:
+                with world_network(ic) as net:
+                    world = World(plan, plan_path, group.world_size, net, run.dir / "logs", layout)
+                    outcome = _supervise(world, cases, run, listener, ic)
+            finally:  # Ctrl-C included: its ranks exit without closing the FileStore, which would remove it
+                Path(plan.rendezvous_file).unlink(missing_ok=True)
         else:
             world = TorchrunWorld(
                 plan,
