@@ -219,7 +219,8 @@ def test_compare_names_the_top_contributor_of_a_regression(burnt: Path, capsys) 
         assert (expected[label] in c["top_contributor"]) == (c["verdict"] == "regression"), c
     assert run_cli(["compare", str(burnt), "--pair", "slowdown_pct=0..150"]) == 1
     out = capsys.readouterr().out
-    assert any(f"{label}: +" in out for label, c in cases.items() if c["verdict"] == "regression")
+    said = "where the time went, over its traced steps (tpbench explain): +"
+    assert any(f"{label}, {said}" in out for label, c in cases.items() if c["verdict"] == "regression")
     # No regression, nothing to explain: a pair judged the other way round is an improvement.
     assert run_cli(["compare", str(burnt), "--pair", "slowdown_pct=150..0", "--format", "json"]) == 0
     assert {p["result"]["top_contributor"] for p in json.loads(capsys.readouterr().out)["pairs"]} == {""}

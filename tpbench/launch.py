@@ -370,15 +370,13 @@ def run_group(
     ic: Interconnect = resolve(group.key[3], user_interconnects)
     cases = {c.case_id: c for c in group.cases}
     done = _done_repeats(run, group.cases)
-    failed = {cid for cid, status in run.case_status().items() if cid in cases and status == store.FAILED}
+    status = run.case_status()
     # A case done in an earlier pass is merged: its parts are gone, and ``done`` would not know it.
-    finished = {cid for cid, status in run.case_status().items() if cid in cases and status == store.DONE}
+    failed, finished = ({cid for cid in cases if status[cid] == s} for s in (store.FAILED, store.DONE))
     retried = False
     retraced: set[str] = set()
-    if launcher is None:
-        layout = rank_layout(os.sched_getaffinity(0), group.world_size)
-    else:
-        layout = torchrun_layout(launcher, group.world_size)
+    size = group.world_size
+    layout = rank_layout(os.sched_getaffinity(0), size) if launcher is None else torchrun_layout(launcher, size)
     while True:
         live = [c for c in group.cases if c.case_id not in failed | finished]
         schedule = interleave(live, done, through_pass)
