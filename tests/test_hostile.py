@@ -212,6 +212,27 @@ def test_ctrl_c_during_the_end_of_sweep_analysis_leaves_a_run_resume_completes(d
     assert (run / "summary.parquet").exists()
 
 
+def test_a_write_that_fails_in_the_end_of_sweep_analysis_leaves_the_run_interrupted(done_run, tmp_path, monkeypatch):
+    """A derived table that cannot be written (a full disk, a path too long: a reviewer's 4,000-character
+    results path) used to leave run.json "running" after exit 3; it is marked interrupted, as a failed
+    write during the worlds is, and ``--resume`` finishes the analysis."""
+    from tpbench import sweep as sweep_mod
+
+    run = copy_run(done_run, tmp_path)
+    (run / "summary.parquet").unlink()
+
+    def unwritable(path, *a, **k):
+        raise store.StoreError(f"{path}: cannot write: File name too long")
+
+    monkeypatch.setattr(store, "write_summary", unwritable)
+    with pytest.raises(store.StoreError, match="File name too long"):
+        sweep_mod.finalize(store.Run.open(run))
+    assert json.loads((run / "run.json").read_text())["status"] == "interrupted"
+    monkeypatch.undo()
+    assert run_cli(["sweep", "--resume", str(run), "--no-report"]) == 0
+    assert json.loads((run / "run.json").read_text())["status"] == "complete"
+
+
 # --- 2. result files of the wrong shape: exit 3 naming the file ---------------------------------
 
 

@@ -290,11 +290,16 @@ def _ddp_bucket_summary(loaded: store.Loaded) -> pd.DataFrame:
 def finalize(run: store.Run) -> store.Loaded:
     """Write summary.parquet and the run's efficiency figures, then mark the run complete (so a
     run is ``complete`` only with its summary); returns the loaded run. Interrupted, the run is
-    marked ``interrupted`` and ``--resume`` finishes the analysis."""
+    marked ``interrupted`` and ``--resume`` finishes the analysis; so is one whose analysis could
+    not write a file (a full disk, a path too long), as ``execute`` marks a failed write."""
     try:
         return _finalize(run)
     except KeyboardInterrupt:
         run.set_status(record.INTERRUPTED, interrupted=time.time())
+        raise
+    except (OSError, store.StoreError):
+        with contextlib.suppress(OSError, store.StoreError):  # writing that may fail too: then it stays
+            run.set_status(record.INTERRUPTED, interrupted=time.time())
         raise
 
 
