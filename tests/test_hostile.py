@@ -106,6 +106,14 @@ def test_resume_dry_run_lists_the_missing_cases_and_runs_nothing(done_run, tmp_p
     assert run_cli(["sweep", "--resume", str(run), "--dry-run"]) == 0
     assert pending[0] in capsys.readouterr().out
     assert (tree(run), (run / "run.json").read_bytes()) == before
+    # A repeat already on disk is not run again, and the table says how many are left (it showed the whole plan).
+    parts = run / "cases" / pending[0] / "parts"
+    parts.mkdir(parents=True)
+    (parts / "r0000.parquet").write_bytes(b"")
+    repeats = json.loads(before[1])["cases"][pending[0]]["params"]["repeats"]
+    assert run_cli(["sweep", "--resume", str(run), "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "repeats left of all × steps" in printed and f"{repeats - 1} of {repeats}×" in printed
 
 
 @pytest.mark.parametrize(

@@ -136,6 +136,17 @@ def missing(run: store.Run) -> list[Case]:
     return [c.case for c in run.record.cases.values() if c.status != store.DONE]
 
 
+def repeats_left(run: store.Run, cases: list[Case]) -> dict[str, int]:
+    """How many of each case's repeats ``--resume`` would run: a failed case starts clean, a pending
+    one keeps its finished repeats."""
+    status = run.case_status()
+    kept = {
+        c.case_id: 0 if status[c.case_id] == store.FAILED else len(store.finished_repeats(run.dir, c.case_id))
+        for c in cases
+    }
+    return {c.case_id: c.repeats - kept[c.case_id] for c in cases}
+
+
 def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
     """A run to resume, owned by this process from now on, and the cases it still needs: failed
     ones start clean, pending ones keep their finished repeats. ``RunBusy`` when another process

@@ -113,7 +113,9 @@ def fitted(table: Table, console: Console) -> Table:
     return table
 
 
-def cases_table(title: str, cases: list) -> Table:
+def cases_table(title: str, cases: list, left: dict[str, int] | None = None) -> Table:
+    """The cases a command would run; ``left``: each case's repeats still to run (a resume), shown
+    as "left of repeats"."""
     from tpbench.suite import labels
 
     names = labels([cases])[0]
@@ -121,13 +123,14 @@ def cases_table(title: str, cases: list) -> Table:
     t.add_column("case_id")
     label_column(t, "case")
     t.add_column("world")
-    t.add_column("repeats × steps")
+    t.add_column("repeats × steps" if left is None else "repeats left of all × steps")
     for c in cases:
+        repeats = f"{c.repeats}" if left is None else f"{left[c.case_id]} of {c.repeats}"
         t.add_row(
             c.case_id,
             escape(names[c.case_id]),
             f"{c.world_size}×{c.backend}/{c.device} {escape(c.interconnect)}",
-            f"{c.repeats}×{c.steps}",
+            f"{repeats}×{c.steps}",
         )
     return t
 

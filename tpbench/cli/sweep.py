@@ -208,7 +208,9 @@ def _sweep(args: argparse.Namespace) -> int:
         if args.dry_run:
             run = store.Run.open(args.resume)
             todo = sweep.missing(run)
-            out.print(fitted(cases_table(f"{run.dir}: {len(todo)} cases to resume (dry run)", todo), out))
+            title = f"{run.dir}: {len(todo)} cases to resume (dry run)"
+            table = cases_table(title, todo, sweep.repeats_left(run, todo))
+            out.print(fitted(table, out))
             return EXIT_OK
         suite, launcher = None, launcher if args.launcher else sweep.RECORDED
     else:
