@@ -183,8 +183,9 @@ class Race:
             for a in back:
                 del self.retired[a]
                 self.live.append(a)
-        # A world of one arm (or one left by failures) still runs the minimum rounds: its winner is
-        # compared with other worlds' unpaired, and one value a side makes no interval.
+        # A world of one arm (or one left by failures) still runs the minimum rounds, and with
+        # ``runs_on`` all its rounds: its winner is compared with other worlds' unpaired, and one
+        # value a side makes no interval.
         alone = len(self.live) == 1 and self.rounds >= self.min_rounds
         self.decided = (ALL_TIED if self.retired else ONE_LEFT) if alone else None
         if self.decided and not self.runs_on:
@@ -200,7 +201,6 @@ class Race:
             "retired": retired,
             "back": back,
             "intervals": {a: [r.ratio, r.lo, r.hi] for a, r in intervals.items()},
-            "decided": self.decided,
             "ended": self.ended,
         }
         self.history.append(entry)
@@ -235,16 +235,23 @@ class Race:
         for r in (self.intervals(leader) if leader is not None else {}).values():
             if r.method != "paired" or r.n < 2:
                 continue
-            hw = widen * (math.log(r.hi) - math.log(r.lo)) / 2
-            # Eliminated when hw < d, tied when hw < d + log(1 + epsilon): the tie comes first.
-            target = math.log(r.ratio) + math.log(1 + self.options.epsilon)
-            need = max(need, math.ceil(r.n * (hw / target) ** 2) - r.n if target > 0 else r.n)
+            need = max(need, settling_rounds(r, self.options.epsilon, widen) - r.n)
         return need or None
 
     def _quantile(self, max_rounds: int) -> float:
         """The normal quantile of the interval a race allowed ``max_rounds`` rounds would build."""
         looks = max(1, max_rounds - self.min_rounds + 1)
         return NormalDist().inv_cdf(1 - (1 - spent_confidence(self.options.confidence, looks, self.comparisons)) / 2)
+
+
+def settling_rounds(r: Ratio, eps: float, widen: float = 1.0) -> int:
+    """About how many values a side in all would decide ``r`` (an arm / the leader, or a world's
+    winner / the best arm): an interval narrows as 1/√n, and it decides once its half-width (in
+    logs, times ``widen``) is below the ratio's distance above 1 (eliminated) or above
+    1 / (1 + eps) (tied); the tie comes first. A ratio more than eps below 1: twice its values."""
+    hw = widen * (math.log(r.hi) - math.log(r.lo)) / 2
+    target = math.log(r.ratio) + math.log(1 + eps)
+    return math.ceil(r.n * (hw / target) ** 2) if target > 0 else 2 * r.n
 
 
 def within_epsilon(r: Ratio, eps: float) -> bool:

@@ -61,6 +61,7 @@ from tpbench.racing import (
     Race,
     TuneError,
     geomean,
+    settling_rounds,
     supported_epsilon,
     within_epsilon,
 )
@@ -614,11 +615,7 @@ def _statuses(races: list[Race], best_race: Race | None, best: str | None, eps: 
         winner = r.leader()
         if winner is None:
             continue
-        w = unpaired_ratio(
-            np.fromiter(best_race.judged(best).values(), float),
-            np.fromiter(r.judged(winner).values(), float),
-            confidence=across,
-        )
+        w = _unpaired_to(best_race, best, r, winner, across)  # a leader has judged rounds: never None
         # The world's arms left share its winner's outcome: they are tied with it (or undecided),
         # unless an arm's own interval against the best shows it slower. Without an interval (a
         # value a side) nothing is decided.
@@ -667,9 +664,8 @@ def _unpaired_to(best_race: Race, best: str, race: Race, arm: str, across: float
 
 def _across_rounds(races: list[Race], best_race: Race, best: str, eps: float, across: float) -> int:
     """About how many rounds each world would need to decide its winner against the best arm,
-    unpaired (0 where every such comparison is decided): an interval narrows as 1/√n, and it
-    decides once its half-width (in logs) is below the winner's distance above 1 / (1 + epsilon)
-    (tied) or above 1 (eliminated); the tie comes first. One look, so no quantile grows."""
+    unpaired (``racing.settling_rounds``; 0 where every such comparison is decided). One look, so
+    no quantile grows."""
     need = 0
     for r in races:
         winner = r.leader()
@@ -678,9 +674,7 @@ def _across_rounds(races: list[Race], best_race: Race, best: str, eps: float, ac
         w = _unpaired_to(best_race, best, r, winner, across)
         if w is None or w.method == "single" or w.lo > 1 or within_epsilon(w, eps):
             continue
-        hw = (math.log(w.hi) - math.log(w.lo)) / 2
-        target = math.log(w.ratio) + math.log(1 + eps)
-        need = max(need, math.ceil(w.n * (hw / target) ** 2) if target > 0 else 2 * w.n)
+        need = max(need, settling_rounds(w, eps))
     return need
 
 
