@@ -305,12 +305,9 @@ def finalize(run: store.Run) -> store.Loaded:
     not write a file (a full disk, a path too long), as ``execute`` marks a failed write."""
     try:
         return _finalize(run)
-    except KeyboardInterrupt:
-        run.set_status(record.INTERRUPTED, interrupted=time.time())
-        raise
-    except (OSError, store.StoreError):
+    except (KeyboardInterrupt, OSError, store.StoreError):
         with contextlib.suppress(OSError, store.StoreError):  # writing that may fail too: then it stays
-            run.set_status(record.INTERRUPTED, interrupted=time.time())
+            _mark_interrupted(run)
         raise
 
 
