@@ -115,7 +115,7 @@ def fitted(table: Table, console: Console) -> Table:
 
 def cases_table(title: str, cases: list, left: dict[str, int] | None = None) -> Table:
     """The cases a command would run; ``left``: each case's repeats still to run (a resume), shown
-    as "left of repeats"."""
+    as "2 of 3" before the steps."""
     from tpbench.suite import labels
 
     names = labels([cases])[0]
