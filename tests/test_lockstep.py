@@ -109,9 +109,18 @@ def test_a_side_whose_worlds_die_is_reported_without_a_hang(tmp_path: Path) -> N
     assert len(meta["worlds"]) == 2 and {c["status"] for c in meta["cases"].values()} == {"failed"}
 
 
+def test_a_suite_the_sides_refuse_is_bad_input(tmp_path: Path) -> None:
+    """A suite key neither side knows: the sides' sweeps exit 2 naming the file and key, and so
+    does the gate (exit 2, bad input), not 3 as for a side that broke."""
+    p, _ = gate(tmp_path, tiny_suite('algorithm = ["ddp"]', bogus=1), "--repeats", "3")
+    assert p.returncode == 2, p.stderr
+    assert "gate.toml: [defaults] bogus: unknown key" in p.stderr
+
+
 def test_a_side_too_old_for_lockstep_is_named_with_the_way_out(tmp_path: Path) -> None:
     """A source tree whose `tpbench sweep` rejects --lockstep (this tree with that option removed):
-    exit 3 naming the side, its log, and --mode rounds; the other side's sweep is stopped."""
+    exit 2, as for any option a side's sweep refuses, naming the side, its log, and --mode rounds;
+    the other side's sweep is stopped."""
     old = tmp_path / "old"
     shutil.copytree(REPO / "tpbench", old / "tpbench", ignore=shutil.ignore_patterns("__pycache__"))
     (old / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())
@@ -119,7 +128,7 @@ def test_a_side_too_old_for_lockstep_is_named_with_the_way_out(tmp_path: Path) -
     lines = cli.read_text().splitlines(keepends=True)
     cli.write_text("".join(ln for ln in lines if '"--lockstep"' not in ln))
     p, out = gate(tmp_path, tiny_suite('algorithm = ["ddp"]'), "--repeats", "3", baseline=old)
-    assert p.returncode == 3
+    assert p.returncode == 2
     assert "baseline" in p.stderr and "--mode rounds" in p.stderr and str(out / "baseline.log") in p.stderr
 
 

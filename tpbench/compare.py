@@ -275,6 +275,11 @@ def compare_runs(
         raise GateError(f"--ignore-env {', '.join(sorted(unknown))}: expected one of {', '.join(COMPARABLE_KEYS)}")
     base = [RunData.of(d, metric) for d in baseline]
     cand = [RunData.of(d, metric) for d in candidate]
+    both = sorted({str(Path(b.dir).resolve()) for b in base} & {str(Path(c.dir).resolve()) for c in cand})
+    if both:  # every ratio exactly 1 with an interval: a typo, not a verdict
+        raise GateError(
+            f"{', '.join(both)}: given as both baseline and candidate; a run compared with itself shows nothing"
+        )
     env_diff = sorted(
         {
             f"{Path(b.dir).name} vs {Path(c.dir).name}: {d}"

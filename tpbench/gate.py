@@ -41,7 +41,16 @@ from tpbench.compare import GateError
 
 
 class SideError(RuntimeError):
-    """A side's sweep failed or left no run behind, so there is nothing to compare: exit 3."""
+    """A side's sweep failed or left no run behind, so there is nothing to compare: exit 3; exit 2
+    (``usage``) where a side's sweep itself exited 2, its input bad (a suite key, an option)."""
+
+    def __init__(self, message: str, usage: bool = False) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+# What a side's ``tpbench sweep`` exits with on bad input (``tpbench.cli.common.EXIT_USAGE``).
+SIDE_USAGE = 2
 
 
 @dataclass(frozen=True)
@@ -154,7 +163,8 @@ def run_gate(
             if proc.returncode not in (0, 1) or len(found) != 1:
                 raise SideError(
                     f"{side.name} ({side.spec}), round {r + 1}: `{shlex.join(cmd)}` exited with {proc.returncode}"
-                    f" and left {len(found)} run(s) in {root}; its output is above"
+                    f" and left {len(found)} run(s) in {root}; its output is above",
+                    usage=proc.returncode == SIDE_USAGE,
                 )
             runs[side.name].append(found[0])
     return GateRun(out, runs["baseline"], runs["candidate"])
@@ -267,7 +277,7 @@ class _Conductor:
                 continue
             # Exit 1 means some case failed: the run still exists and the comparison reports the case.
             if code not in (0, 1):
-                raise SideError(_failed(s, f"exited with {code}"))
+                raise SideError(_failed(s, f"exited with {code}"), usage=code == SIDE_USAGE)
             if not any(store.iter_runs(s.root)):
                 raise SideError(_failed(s, f"exited with {code} and left no run in {s.root}"))
 
@@ -577,17 +587,18 @@ def _claim(out: Path, baseline: Side, candidate: Side) -> tuple[store.RunLock, P
 
 def _side_runs(sides: list[_Side], out: Path, stopped: str | None) -> list[Path]:
     """Each side's one run; ``SideError`` (with the end of its log) for a side that left none or several."""
-    runs, problems = [], []
+    runs, problems, usage = [], [], False
     for s in sides:
         found = list(store.iter_runs(out / s.side.name))
         if not found and not s.items:
             problems.append(_failed(s, f"ran no item before the gate stopped ({stopped or 'its sweep exited'})"))
         elif len(found) != 1:
             problems.append(_failed(s, f"exited with {s.proc.returncode} and left {len(found)} run(s)"))
+            usage |= s.proc.returncode == SIDE_USAGE
         else:
             runs.append(found[0])
     if problems:
-        raise SideError("\n".join(problems))
+        raise SideError("\n".join(problems), usage=usage)
     return runs
 
 

@@ -48,5 +48,5 @@ def main(argv: list[str] | None = None) -> None:
         code = EXIT_USAGE
     except SideError as e:
         error(e)
-        code = EXIT_RESULTS
+        code = EXIT_USAGE if e.usage else EXIT_RESULTS
     sys.exit(code)
