@@ -308,3 +308,49 @@ def test_worker_writes_nvml_samples_on_the_trace_clock_against_a_fake_nvml(tmp_p
         assert len(traced) > 0
         # Samples of the traced steps (not the profiler's warm-up step) lie within them on the trace's clock.
         assert traced["ts_us"].between(lo - 1e3, hi + 1e3).all(), (lo, hi, traced["ts_us"].tolist())
+
+
+# Adam on a 512-wide MLP (the ops of docs/whatif-runs.md's slow windows) traced for 30 steps in a
+# fresh process (glibc's heap as a rank's, untouched by this one's tests); prints how far the main
+# arena grew from the first traced step to the last, in MiB (``mallinfo2``).
+_HEAP_SCRIPT = """
+import contextlib, ctypes, sys, tempfile, pathlib, torch
+from tpbench.capture import profiler
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks")]
+mallinfo2 = ctypes.CDLL(None).mallinfo2
+mallinfo2.restype = MallInfo2
+if sys.argv[1] == "without":
+    profiler.heap_apart_from_tracer = lambda device: contextlib.nullcontext()
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[m for _ in range(8) for m in (torch.nn.Linear(512, 512), torch.nn.ReLU())])
+optimizer = torch.optim.Adam(model.parameters(), foreach=False)
+x, arena = torch.randn(128, 512), []
+def step(_):
+    optimizer.zero_grad()
+    model(x).square().mean().backward()
+    optimizer.step()
+    arena.append(mallinfo2().arena)
+for i in range(30):
+    step(i)
+profiler.trace_steps(step, 30, 30, torch.device("cpu"), pathlib.Path(tempfile.mkdtemp()) / "rank0.json.gz")
+print((arena[-1] - arena[31]) >> 20)
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("ctypes").CDLL(None), "mallinfo2"), reason="glibc's mallinfo2 only")
+def test_traced_steps_do_not_grow_the_heap():
+    """The tracer's shapes must not make each step's tensors extend the heap onto fresh pages
+    (``profiler.heap_apart_from_tracer``). Without the guard, the same steps (run here too, so that
+    the test cannot pass for want of a workload that grows the heap) grew it by 463-581 MiB on the
+    2-core machine, with it by 0."""
+    import subprocess
+    import sys
+
+    grown = {
+        how: int(
+            subprocess.run([sys.executable, "-c", _HEAP_SCRIPT, how], capture_output=True, text=True, check=True).stdout
+        )
+        for how in ("with", "without")
+    }
+    assert grown["with"] < 20 and grown["without"] > 100, grown

@@ -8,10 +8,13 @@ one folder: the layout Perfetto and Holistic Trace Analysis read unchanged.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gzip
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
 
@@ -19,6 +22,37 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from tpbench.capture import nvml
+
+# glibc's mallopt parameter, and the sizes set: the least mmap threshold (its default before it
+# adapts) while tracing, then the most it adapts to (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit).
+_M_MMAP_THRESHOLD = -3
+_TRACING_MMAP_BYTES = 128 << 10
+_UNTRACED_MMAP_BYTES = 32 << 20
+
+
+@contextlib.contextmanager
+def heap_apart_from_tracer(device: torch.device) -> Iterator[None]:
+    """On CPU ranks (glibc), serve large host allocations by mmap while the tracer runs.
+
+    ``record_shapes`` keeps small allocations per op for the whole window; glibc carves them out of
+    the chunks just freed by the step's tensors, so a freed 1 MiB tensor no longer fits its own
+    hole and the next one extends the heap: 18 MiB of fresh pages per optimizer step of a 512-wide
+    MLP under Adam, 4,096 page faults. Fresh pages cost a VM little until the guest runs out of
+    recently freed ones, then about 27 µs each: the same traced ops then ran 20× slower for the
+    rest of the world (``aten::sqrt`` of 512 × 512 at 8 ms instead of 0.4), a window no retrace
+    mends (docs/whatif-runs.md). Mapped and unmapped, a tensor's pages are the ones just freed,
+    so faults stay cheap and the heap does not grow. Afterwards the threshold is the one glibc's own
+    adaptation ends at, so the timed steps that follow allocate from the heap as before. Nothing
+    changes on GPU ranks (tensors in device memory) or without glibc."""
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None) if device.type == "cpu" else None
+    if mallopt is None:
+        yield
+        return
+    mallopt(_M_MMAP_THRESHOLD, _TRACING_MMAP_BYTES)
+    try:
+        yield
+    finally:
+        mallopt(_M_MMAP_THRESHOLD, _UNTRACED_MMAP_BYTES)
 
 
 def trace_steps(
@@ -42,7 +76,7 @@ def trace_steps(
     for leftover in leftovers:  # of a rank killed while it exported (the launcher retries the trace)
         leftover.unlink(missing_ok=True)
     window = schedule(wait=0, warmup=1, active=steps, repeat=1)
-    with profile(activities=activities, schedule=window, record_shapes=True) as prof:
+    with heap_apart_from_tracer(device), profile(activities=activities, schedule=window, record_shapes=True) as prof:
         for i in range(steps + 1):
             if i == 1:
                 brackets = nvml.clock_probe()
