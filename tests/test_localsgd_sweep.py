@@ -159,12 +159,12 @@ def test_an_averaging_step_that_would_average_nothing_fails_the_case(tmp_path, m
 def test_a_tune_reads_the_held_out_loss_each_setting_ends_at(run):
     """``tpbench tune`` races step times, which say nothing of how far post-local SGD's steps take
     the model: it reads, from the finalized run's summary as this sweep's, the held-out loss each
-    setting ends at and its time to the target (``tune._converged``), for the note it gives when the
+    setting ends at and its time to the target (``tune_answer._converged``), for the note it gives when the
     recommended setting ends worse (tests/test_tune.py)."""
-    from tpbench import tune
+    from tpbench import tune_answer
 
     by_case = run.summary.set_index("case_id")
     for case_id in run.cases["case_id"]:
-        loss, _ = tune._converged(by_case, case_id)
+        loss, _ = tune_answer._converged(by_case, case_id)
         assert loss is not None and loss == pytest.approx(float(by_case.loc[case_id, "final_heldout_loss"]))
         assert math.isfinite(loss) and 0 < loss < math.log(MARKOV["vocab"]) + 1

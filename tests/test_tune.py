@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 from conftest import REPO, localsgd_suite, only_run, run_cli, tiny_suite
 
-from tpbench import store, tune, tune_trace, verdict
+from tpbench import launch, store, tune, tune_answer, tune_trace, verdict
 from tpbench.racing import ALL_TIED, BUDGET, MAX_ROUNDS, MIN_ROUNDS, ONE_LEFT, Options, Race, supported_epsilon
 from tpbench.report import recommendation
 from tpbench.report.html import Page
@@ -208,7 +208,7 @@ def test_an_unresolved_tune_says_the_margin_its_rounds_do_show(tmp_path):
     suite, cases, values = close_pair(tmp_path)
     options = Options(epsilon=0.005)
     race = run_race(Race(list(values), 12, options, comparisons=1), values)
-    result = tune._result(stored(tmp_path, suite), cases, [race], options, 0.0, NO_EVAL)
+    result = tune_answer.result(stored(tmp_path, suite), cases, [race], options, 0.0, NO_EVAL)
     assert result.state == "unresolved"
     (other,) = [a for a in result.arms if a.status == "unresolved"]
     assert result.supported_epsilon == pytest.approx(1 / other.lo - 1) and result.supported_epsilon > 0.005
@@ -225,7 +225,7 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     suite, cases, values = close_pair(tmp_path)
     options = Options(epsilon=0.005)
     race = run_race(Race(list(values), 12, options, comparisons=1), values)
-    result = tune._result(stored(tmp_path, suite), cases, [race], options, 30.0, NO_EVAL)
+    result = tune_answer.result(stored(tmp_path, suite), cases, [race], options, 30.0, NO_EVAL)
     rounds = 12 + result.rounds_to_decide
     # The estimate is for a race given that many rounds, its confidence spent over more looks (each
     # interval wider: more rounds), and settled: a race that long needs no more.
@@ -251,7 +251,7 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
             race.record(a, r, values[a][r])
         race.close_round()
     race.end(BUDGET)
-    result = tune._result(stored(tmp_path, suite), cases, [race], budget, 30.0, NO_EVAL)
+    result = tune_answer.result(stored(tmp_path, suite), cases, [race], budget, 30.0, NO_EVAL)
     rounds = 6 + result.rounds_to_decide
     assert rounds <= 200 and f"--set repeats=200 --epsilon 0.5% --budget-s {math.ceil(30.0 * rounds / 6)}" in (
         result.next_step
@@ -263,15 +263,15 @@ def test_an_unresolved_tune_says_about_how_long_its_next_race_would_take(capsys)
     decided arm for the rounds it ran here, at each one's seconds per round, scaled by this tune's
     wall time over its timed steps; in the terminal and the report alike."""
 
-    def arm(cid: str, status: str, rounds: int) -> tune.Arm:
-        return tune.Arm(cid, cid, {}, 0, status, rounds, None, None, None, None)
+    def arm(cid: str, status: str, rounds: int) -> tune_answer.Arm:
+        return tune_answer.Arm(cid, cid, {}, 0, status, rounds, None, None, None, None)
 
     arms = [arm("best", "recommended", 12), arm("close", "unresolved", 12), arm("slow", "eliminated", 3)]
     seconds = {"best": pd.Series([0.2] * 12), "close": pd.Series([0.3] * 12), "slow": pd.Series([1.0] * 3)}
     timed = 12 * 0.2 + 12 * 0.3 + 3 * 1.0
-    wall = tune._decide_wall_s(arms, seconds, 100, wall_s=2 * timed, timed_s=timed)
+    wall = tune_answer._decide_wall_s(arms, seconds, 100, wall_s=2 * timed, timed_s=timed)
     assert wall == pytest.approx(2 * (100 * 0.2 + 100 * 0.3 + 3 * 1.0))  # 106 s
-    assert tune._decide_wall_s(arms, {}, 100, 0.0, 0.0) is None  # nothing timed: no estimate
+    assert tune_answer._decide_wall_s(arms, {}, 100, 0.0, 0.0) is None  # nothing timed: no estimate
     said = verdict.decide_words(112, wall)
     assert said.startswith("To decide it, race again for about 112 rounds (at most about 2 min here")
     assert "(at most about 45 s here" in verdict.decide_words(112, 45.0)
@@ -290,7 +290,7 @@ def test_the_claim_states_the_margin_and_confidence_as_given(tmp_path):
     options = Options(epsilon=0.025, confidence=0.975)
     race = run_race(Race(list(values), 60, options, comparisons=3), values)
     assert race.ended == ALL_TIED
-    claim = tune._result(stored(tmp_path, suite), cases, [race], options, 0.0, NO_EVAL).claim
+    claim = tune_answer.result(stored(tmp_path, suite), cases, [race], options, 0.0, NO_EVAL).claim
     assert "within 2.5% of the best of 4 settings, 97.5% confidence;" in claim
     assert verdict.percent(0.9999999999) == "99.99999999%" and verdict.percent(0.02) == "2%"
 
@@ -301,7 +301,7 @@ def test_a_retired_arm_brought_back_says_the_rounds_it_sat_out(tmp_path):
     in the terminal and the report alike."""
     from tpbench.cli import tune as cli
 
-    arm = tune.Arm("a", "a", {}, 0, "tied", 18, 1.03, 0.99, 1.07, None, retired_at=42)
+    arm = tune_answer.Arm("a", "a", {}, 0, "tied", 18, 1.03, 0.99, 1.07, None, retired_at=42)
     assert cli.decided(arm, 0.02) == (
         "retired after round 42 (it sat out 24 of them: retired, then brought back): "
         "it could no longer be 2% faster than the leader"
@@ -309,7 +309,7 @@ def test_a_retired_arm_brought_back_says_the_rounds_it_sat_out(tmp_path):
     assert verdict.sat_out(42, 42) == "" and verdict.sat_out(9, 9) == ""
     suite, cases, values = close_pair(tmp_path)
     race = run_race(Race(list(values), 12, Options(), comparisons=1), values)
-    doc = tune._result(stored(tmp_path, suite), cases, [race], Options(), 1.0, NO_EVAL).to_json()
+    doc = tune_answer.result(stored(tmp_path, suite), cases, [race], Options(), 1.0, NO_EVAL).to_json()
     doc["arms"][1] |= {"status": "tied", "rounds": 18, "retired_at": 42}
     store.write_tune(tmp_path, tune._record(Options(), [race], 1.0) | {"result": doc})
     page = Page("tune")
@@ -329,7 +329,7 @@ def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, ca
     values = synthetic(factors, 60, noise=0.02, seed=2)
     race = run_race(Race(list(values), 60, Options(epsilon=0.02), comparisons=3), values)
     assert race.ended == ALL_TIED and race.retired
-    result = tune._result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0, NO_EVAL)
+    result = tune_answer.result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0, NO_EVAL)
     arms = {a.case_id: a for a in result.arms}
     for a, at in race.retired.items():
         assert arms[a].status == "tied" and arms[a].retired_at == at and arms[a].to_json()["retired_at"] == at
@@ -385,7 +385,7 @@ def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_t
         ]
         return pd.DataFrame(rows)
 
-    result = tune._result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0, summary(1.600))
+    result = tune_answer.result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0, summary(1.600))
     low = next(a for a in result.arms if a.case_id == other)
     note = result.training_note
     assert note.startswith("The settings do not train alike: the recommended one's held-out loss ends at 1.600")
@@ -405,11 +405,13 @@ def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_t
     shown = page.render()
     assert html.escape(note) in shown and "held-out loss" in shown
     # Level, or no workload evaluation: nothing to say.
-    level = tune._result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0, summary(1.584))
+    level = tune_answer.result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0, summary(1.584))
     assert level.training_note is None
-    assert tune._result(stored(tmp_path, suite), cases, [race], Options(), 0.0, NO_EVAL).training_note is None
+    assert tune_answer.result(stored(tmp_path, suite), cases, [race], Options(), 0.0, NO_EVAL).training_note is None
     # No target known: the losses alone.
-    untargeted = tune._result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0, summary(1.6, None))
+    untargeted = tune_answer.result(
+        stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0, summary(1.6, None)
+    )
     assert "target" not in untargeted.training_note and "1.580" in untargeted.training_note
 
 
@@ -439,9 +441,11 @@ def test_worlds_of_one_arm_run_their_rounds_and_the_note_compares_per_sample(tmp
 
     raced = races(60)
     assert [r.rounds for r in raced] == [60, 60] and {(r.decided, r.ended) for r in raced} == {(ONE_LEFT, MAX_ROUNDS)}
-    result = tune._result(stored(tmp_path, suite), cases, raced, Options(), 0.0, NO_EVAL)
+    result = tune_answer.result(stored(tmp_path, suite), cases, raced, Options(), 0.0, NO_EVAL)
     rec, other = (next(a for a in result.arms if a.case_id == c.case_id) for c in cases)
-    assert rec.status == tune.RECOMMENDED and other.status == tune.ELIMINATED and 1 < other.lo < other.ratio
+    assert (
+        rec.status == tune_answer.RECOMMENDED and other.status == tune_answer.ELIMINATED and 1 < other.lo < other.ratio
+    )
     assert result.claim.startswith(f"{rec.label}: the best of 2 settings")
     note = result.training_note
     assert "do not take the same samples a step" in note and "8 for the recommended one, 16 for others" in note
@@ -460,9 +464,9 @@ def test_worlds_of_one_arm_run_their_rounds_and_the_note_compares_per_sample(tmp
     )
     assert result.worlds == [f"{a.label}: the only setting in its world" for a in (rec, other)]
     # One round a world: a value a side, no interval, no decision.
-    single = tune._result(stored(tmp_path, suite), cases, races(1), Options(), 0.0, NO_EVAL)
-    assert single.state == tune.UNRESOLVED
-    assert [a.status for a in single.arms if a.status != tune.RECOMMENDED] == [tune.UNRESOLVED]
+    single = tune_answer.result(stored(tmp_path, suite), cases, races(1), Options(), 0.0, NO_EVAL)
+    assert single.state == tune_answer.UNRESOLVED
+    assert [a.status for a in single.arms if a.status != tune_answer.RECOMMENDED] == [tune_answer.UNRESOLVED]
 
 
 def test_arms_across_worlds_get_each_worlds_own_answer(tmp_path, capsys):
@@ -480,7 +484,7 @@ def test_arms_across_worlds_get_each_worlds_own_answer(tmp_path, capsys):
     for w, size in enumerate((1, 2)):
         arms = [c.case_id for c in cases if c.world_size == size]
         races.append(run_race(Race(arms, 30, Options(), comparisons=3, world=w), values))
-    result = tune._result(stored(tmp_path, suite), cases, races, Options(), 0.0, NO_EVAL)
+    result = tune_answer.result(stored(tmp_path, suite), cases, races, Options(), 0.0, NO_EVAL)
     label = {a.case_id: a.label for a in result.arms}
     best = {c.world_size: label[c.case_id] for c in cases if c.slowdown_pct == 0}
     assert result.worlds == [
@@ -497,7 +501,7 @@ def test_arms_across_worlds_get_each_worlds_own_answer(tmp_path, capsys):
     assert html.escape(result.worlds[1]) in page.render()
     # One world: the claim is the world's answer, nothing more to say.
     alone = [c for c in cases if c.world_size == 1]
-    assert tune._result(stored(tmp_path, suite), alone, races[:1], Options(), 0.0, NO_EVAL).worlds == []
+    assert tune_answer.result(stored(tmp_path, suite), alone, races[:1], Options(), 0.0, NO_EVAL).worlds == []
 
 
 def test_across_worlds_the_winners_run_on_and_an_open_comparison_says_what_would_decide_it(tmp_path):
@@ -518,8 +522,8 @@ def test_across_worlds_the_winners_run_on_and_an_open_comparison_says_what_would
     for race in races:
         assert race.decided == ONE_LEFT and race.ended == MAX_ROUNDS and race.rounds == 30
         assert len(race.eliminated) == 1 and len(race.judged(race.leader())) == 30
-    result = tune._result(stored(tmp_path, suite), cases, races, Options(), 60.0, NO_EVAL)
-    assert result.state == tune.UNRESOLVED and "unresolved (most rounds run)" in result.claim
+    result = tune_answer.result(stored(tmp_path, suite), cases, races, Options(), 60.0, NO_EVAL)
+    assert result.state == tune_answer.UNRESOLVED and "unresolved (most rounds run)" in result.claim
     assert result.rounds_to_decide and f"about {result.rounds_to_decide} more rounds would decide it" in result.claim
     assert f"--set repeats={30 + result.rounds_to_decide}" in result.next_step
     label = {a.case_id: a.label for a in result.arms}
@@ -543,8 +547,8 @@ def test_an_arm_of_another_world_clearly_slower_than_the_best_is_eliminated_what
         other.record("slow", r, 15 * rng.lognormal(0, 0.01))
     best.rounds = other.rounds = 30
     other.end(MAX_ROUNDS)  # its race undecided: neither arm went, neither retired
-    status = tune._statuses([best, other], best, "a", 0.02, 0.99)
-    assert other.leader() == "b" and status == {"b": tune.UNRESOLVED, "slow": tune.ELIMINATED}
+    status = tune_answer._statuses([best, other], best, "a", 0.02, 0.99)
+    assert other.leader() == "b" and status == {"b": tune_answer.UNRESOLVED, "slow": tune_answer.ELIMINATED}
 
 
 def test_a_world_the_budget_ended_before_its_first_round_leaves_its_arms_unresolved(tmp_path):
@@ -559,10 +563,10 @@ def test_a_world_the_budget_ended_before_its_first_round_leaves_its_arms_unresol
     second = Race([c.case_id for c in cases if c.world_size == 2], 10, Options(), comparisons=3, world=1, runs_on=True)
     second.end(BUDGET)
     assert second.leader() is None
-    result = tune._result(stored(tmp_path, suite), cases, [first, second], Options(budget_s=5), 5.0, NO_EVAL)
+    result = tune_answer.result(stored(tmp_path, suite), cases, [first, second], Options(budget_s=5), 5.0, NO_EVAL)
     statuses = {a.case_id: a.status for a in result.arms}
-    assert [statuses[a] for a in second.arms] == [tune.UNRESOLVED] * 2
-    assert result.state == tune.UNRESOLVED and "(budget spent)" in result.claim
+    assert [statuses[a] for a in second.arms] == [tune_answer.UNRESOLVED] * 2
+    assert result.state == tune_answer.UNRESOLVED and "(budget spent)" in result.claim
     label = {a.case_id: a.label for a in result.arms}
     assert result.worlds == [
         f"{result.recommended.label}: the best of 2 in its world; 1 eliminated",
@@ -578,9 +582,9 @@ def test_every_arm_failed_recommends_nothing_and_exits_1(tmp_path, capsys):
     suite.write_text(tiny_suite('fault = ["crash:1", "crash:0"]', repeats=4, timeout_s=30))
     code = run_cli(["tune", str(suite), "--out", str(tmp_path / "r"), "--format", "json"])
     printed = json.loads(capsys.readouterr().out)
-    assert code == 1 and printed["state"] == tune.FAILED and printed["recommended"] is None
+    assert code == 1 and printed["state"] == tune_answer.FAILED and printed["recommended"] is None
     assert printed["claim"] == "no recommendation: every one of the 2 settings failed"
-    assert {a["status"] for a in printed["arms"]} == {tune.FAILED}
+    assert {a["status"] for a in printed["arms"]} == {tune_answer.FAILED}
     (run_dir,) = store.iter_runs(tmp_path / "r")
     page = Page("t")
     recommendation.section(page, [SimpleNamespace(run_dir=run_dir, record=SimpleNamespace(run_id="r"))])
@@ -912,14 +916,14 @@ def test_arms_of_two_worlds_are_raced_apart_and_their_winners_compared_unpaired(
     suite = tmp_path / "s.toml"
     suite.write_text(tiny_suite("world_size = [1, 2]\nslowdown_pct = [0, 40]", repeats=20))
     cases = tune.prepare(suite).cases
-    groups = tune.group_cases(cases)
+    groups = launch.group_cases(cases)
     assert len(groups) == 2
     races = []
     for i, g in enumerate(groups):
         world = {c.case_id: (1.3 if c.world_size == 2 else 1.0) * (1.4 if c.slowdown_pct else 1.0) for c in g.cases}
         values = synthetic(world, 20, seed=i)
         races.append(run_race(Race(list(world), 20, Options(), comparisons=len(cases) - 1, world=i), values))
-    result = tune._result(stored(tmp_path, suite), cases, races, Options(), 0.0, NO_EVAL)
+    result = tune_answer.result(stored(tmp_path, suite), cases, races, Options(), 0.0, NO_EVAL)
     by = {(a.params["world_size"], a.params["slowdown_pct"]): a for a in result.arms}
     assert by[(1, 0)].status == "recommended" and result.state == "recommended"
     assert by[(1, 40)].status == by[(2, 40)].status == "eliminated" and by[(1, 40)].eliminated_at == MIN_ROUNDS
@@ -1087,15 +1091,24 @@ def test_an_interval_that_eliminated_an_arm_never_reads_as_holding_no_change():
 
 
 def test_the_closest_rival_traced_is_the_nearest_tied_or_unresolved_arm_else_the_nearest_eliminated():
-    def arm(cid: str, status: str, ratio: float | None) -> tune.Arm:
-        return tune.Arm(cid, cid, {}, 0, status, 3, ratio, None, None, None)
+    def arm(cid: str, status: str, ratio: float | None) -> tune_answer.Arm:
+        return tune_answer.Arm(cid, cid, {}, 0, status, 3, ratio, None, None, None)
 
-    rec = arm("a", tune.RECOMMENDED, None)
-    tied, near, far = arm("t", tune.TIED, 1.04), arm("e1", tune.ELIMINATED, 1.02), arm("e2", tune.ELIMINATED, 1.5)
-    assert tune.traced_arms([far, near, tied, rec]) == [rec, tied]  # a tie first, though an eliminated arm is nearer
-    assert tune.traced_arms([far, near, rec]) == [rec, near]  # else the runner-up: why it is slower
-    assert tune.traced_arms([rec, arm("f", tune.FAILED, None)]) == [rec]
-    assert tune.traced_arms([arm("u", tune.UNRESOLVED, 1.0), far]) == []  # nothing recommended, nothing traced
+    rec = arm("a", tune_answer.RECOMMENDED, None)
+    tied, near, far = (
+        arm("t", tune_answer.TIED, 1.04),
+        arm("e1", tune_answer.ELIMINATED, 1.02),
+        arm("e2", tune_answer.ELIMINATED, 1.5),
+    )
+    assert tune_answer.traced_arms([far, near, tied, rec]) == [
+        rec,
+        tied,
+    ]  # a tie first, though an eliminated arm is nearer
+    assert tune_answer.traced_arms([far, near, rec]) == [rec, near]  # else the runner-up: why it is slower
+    assert tune_answer.traced_arms([rec, arm("f", tune_answer.FAILED, None)]) == [rec]
+    assert (
+        tune_answer.traced_arms([arm("u", tune_answer.UNRESOLVED, 1.0), far]) == []
+    )  # nothing recommended, nothing traced
 
 
 def test_the_trace_sweep_traces_whole_averaging_windows_and_the_cases_as_the_tune_ran_them():

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tpbench import store, sweep
-from tpbench import tune as tune_mod
+from tpbench import store, sweep, tune_answer
 from tpbench.analysis import explain as parts
 from tpbench.analysis.stats import averaging_window, geometric_mean, repeat_values, windows_of
 from tpbench.explain import traced_steps
@@ -84,15 +83,15 @@ def prepared(tuned: store.Loaded, case_ids: list[str]) -> sweep.Prepared:
 
 
 def trace(
-    result: tune_mod.Result,
+    result: tune_answer.Result,
     launcher: Torchrun | None | str,
     progress: sweep.Progress,
-) -> tune_mod.Result:
+) -> tune_answer.Result:
     """Sweep the recommended arm and its closest rival with traces beside the tune's run, split their
     steps, and return the result with them (``where``), saved in tune.json for the report; unchanged
     where the tune recommends nothing. Raises ``TraceError`` when the sweep gives no traced steps for
     one of them (a case failed: its reason is in the trace run)."""
-    arms = tune_mod.traced_arms(result.arms)
+    arms = tune_answer.traced_arms(result.arms)
     if not arms:
         return result
     tuned = store.load(result.run_dir)
@@ -153,7 +152,7 @@ def _by_part(e: parts.Explanation) -> str:
     )
 
 
-def _race_step_ms(tuned: store.Loaded, arms: list[tune_mod.Arm], metric: str) -> list[float]:
+def _race_step_ms(tuned: store.Loaded, arms: list[tune_answer.Arm], metric: str) -> list[float]:
     """The step times the race measured, to scale the traces to: the recommended arm's geometric
     mean over its rounds (the statistic the race ranks by), and the rival's that times its ratio to
     it (the tune's "vs recommended", paired over the rounds both ran), so that the parts' difference

@@ -142,11 +142,11 @@ def of(
     return Verdict(call, direction, clause, numbers)
 
 
-# Before a tune's per-world answers (``tune.Result.worlds``), in the terminal and the report alike.
+# Before a tune's per-world answers (``tune_answer.Result.worlds``), in the terminal and the report alike.
 WORLDS_SAY = "Within each world (its own race, on the same intervals):"
 
 # What eliminated a tune arm that no round of its own world did: its world's winner, set against the
-# recommended arm's world after the races, on the unpaired interval (``tune._statuses``).
+# recommended arm's world after the races, on the unpaired interval (``tune_answer._statuses``).
 ACROSS_WORLDS = "the recommended setting's world, at the end, unpaired (the interval beside it)"
 
 
@@ -160,7 +160,7 @@ def what_eliminated(status: str, vs: Mapping[str, Any] | None) -> str:
 
 
 def eliminated_vs_text(vs: Mapping[str, Any] | None) -> str:
-    """A tune arm's ``eliminated_vs`` (``tune.Arm``: the interval that eliminated it) as the terminal's
+    """A tune arm's ``eliminated_vs`` (``tune_answer.Arm``: the interval that eliminated it) as the terminal's
     table and the report say it, "+9.1% [+0.4%, +18.6%] vs that round's leader"; nothing where the
     arm was not eliminated in its world's race."""
     if not vs:
@@ -188,7 +188,7 @@ def rival_line(where: Mapping[str, Any]) -> str | None:
 def decide_words(rounds: int, wall_s: float | None) -> str:
     """What an unresolved tune says before the command that would likely decide it, in the terminal
     and the report alike: the rounds, and at most about how long they would take here
-    (``tune._decide_wall_s``, which runs every arm still in reach for all of them; a race that
+    (``tune_answer._decide_wall_s``, which runs every arm still in reach for all of them; a race that
     decides sooner stops sooner); left out where the tune timed no steps."""
     took = ""
     if wall_s is not None and math.isfinite(wall_s):

@@ -85,7 +85,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from tpbench import racing, sweep, tune
+    from tpbench import racing, sweep, tune, tune_answer
 
     launcher = torchrun_launcher(args)
     if args.resume:
@@ -143,7 +143,7 @@ def _tune(args: argparse.Namespace) -> int:
     if args.trace:
         result = _trace_tune(result, launcher)
     print_tune(result, args.format)
-    return {tune.UNRESOLVED: EXIT_UNRESOLVED, tune.FAILED: EXIT_FAILED}.get(result.state, EXIT_OK)
+    return {tune_answer.UNRESOLVED: EXIT_UNRESOLVED, tune_answer.FAILED: EXIT_FAILED}.get(result.state, EXIT_OK)
 
 
 def _trace_tune(result, launcher):
@@ -168,10 +168,11 @@ class _TuneDisplay:
 
     def __call__(self, run):
         from tpbench import tune
+        from tpbench.suite import Case
 
         self.run = run
         console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
-        listener = TuneProgress([tune.Case.from_params(c.params) for c in run.record.cases.values()])
+        listener = TuneProgress([Case.from_params(c.params) for c in run.record.cases.values()])
         return showing(listener.progress, tune.Watch(listener, listener.round))
 
 
@@ -183,12 +184,12 @@ def decided(arm, epsilon: float) -> str:
     hold 1 (another leader then, or fewer rounds), and without it the elimination would look unfounded.
     A tied arm says why it is tied: beside its ratio (a retired arm may be well behind, +16 % on
     suites/zero.toml), "tied" alone reads as "as fast"."""
-    from tpbench import tune, verdict
+    from tpbench import tune_answer, verdict
 
     said = []
     if arm.retired_at is not None:
         why = ""
-        if arm.status == tune.TIED:
+        if arm.status == tune_answer.TIED:
             why = f": it could no longer be {verdict.percent(epsilon)} faster than the leader"
         said.append(f"retired after round {arm.retired_at}{verdict.sat_out(arm.retired_at, arm.rounds)}{why}")
     why = verdict.what_eliminated(arm.status, arm.eliminated_vs)
