@@ -23,9 +23,10 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from tpbench.capture import nvml
 
-# glibc's mallopt parameter, and the sizes set: the least mmap threshold (its default before it
-# adapts) while tracing, then the most it adapts to (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit).
-_M_MMAP_THRESHOLD = -3
+# glibc's mallopt parameters, and the sizes set: the least mmap threshold (its default before it
+# adapts) while tracing; afterwards the most it adapts to (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit) and
+# the trim threshold its adaptation sets beside it (twice that).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _TRACING_MMAP_BYTES = 128 << 10
 _UNTRACED_MMAP_BYTES = 32 << 20
 
@@ -41,9 +42,13 @@ def heap_apart_from_tracer(device: torch.device) -> Iterator[None]:
     recently freed ones, then about 27 µs each: the same traced ops then ran 20× slower for the
     rest of the world (``aten::sqrt`` of 512 × 512 at 8 ms instead of 0.4), a window no retrace
     mends (docs/whatif-runs.md). Mapped and unmapped, a tensor's pages are the ones just freed,
-    so faults stay cheap and the heap does not grow. Afterwards the threshold is the one glibc's own
-    adaptation ends at, so the timed steps that follow allocate from the heap as before. Nothing
-    changes on GPU ranks (tensors in device memory) or without glibc."""
+    so faults stay cheap and the heap does not grow. Setting a threshold ends glibc's adaptation of
+    both; afterwards they are where that adaptation ends (a tensor under 32 MiB from the heap, which
+    keeps up to 64 MiB free), so the timed steps that follow, of this case or the world's next ones,
+    allocate from the heap as they did and do not see it trimmed under them (with the trim threshold
+    left as it stood, a 16 MiB tensor larger than any before was trimmed away and faulted back in,
+    4,064 pages, at every allocation: tests/test_capture_sweep.py). Nothing changes on GPU ranks
+    (tensors in device memory) or without glibc."""
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None) if device.type == "cpu" else None
     if mallopt is None:
         yield
@@ -53,6 +58,7 @@ def heap_apart_from_tracer(device: torch.device) -> Iterator[None]:
         yield
     finally:
         mallopt(_M_MMAP_THRESHOLD, _UNTRACED_MMAP_BYTES)
+        mallopt(_M_TRIM_THRESHOLD, 2 * _UNTRACED_MMAP_BYTES)
 
 
 def trace_steps(
