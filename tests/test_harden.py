@@ -139,6 +139,9 @@ def test_report_through_a_symlink_writes_its_target_and_keeps_the_link(run_dir, 
     assert run_cli(["report", str(run_dir), "-o", str(link)]) == 0
     assert link.is_symlink() and link.resolve() == target
     assert target.read_text().startswith("<!DOCTYPE html>")
+    # The same run twice (here once through a trailing "."): refused, the page left as it was.
+    assert run_cli(["report", str(run_dir), str(run_dir / "."), "-o", str(link)]) == 2
+    assert "given twice" in capsys.readouterr().err and target.read_text().startswith("<!DOCTYPE html>")
 
 
 def test_export_into_a_fifo_writes_to_its_reader(run_dir, tmp_path, capsys):

@@ -284,10 +284,13 @@ def test_a_sweep_records_its_noise_controls_schedule_and_load(slowdowns):
 
 
 @pytest.mark.ranks
-def test_compare_judges_cpu_ms(slowdowns, capsys):
-    """``--metric cpu_ms`` compares the CPU time column (per step the mean over ranks)."""
-    run = str(slowdowns.run_dir)
-    assert run_cli(["compare", run, run, "--metric", "cpu_ms", "--format", "json"]) == 0
+def test_compare_judges_cpu_ms(slowdowns, capsys, tmp_path):
+    """``--metric cpu_ms`` compares the CPU time column (per step the mean over ranks), here of a
+    run against its copy (the run itself on both sides is refused)."""
+    import shutil
+
+    run, copy = str(slowdowns.run_dir), str(shutil.copytree(slowdowns.run_dir, tmp_path / "copy"))
+    assert run_cli(["compare", run, copy, "--metric", "cpu_ms", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     cpu = repeat_values(slowdowns.steps, "cpu_ms").groupby("case_id")["cpu_ms"].median()
     assert out["metric"] == "cpu_ms" and len(out["cases"]) == 4

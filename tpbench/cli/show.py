@@ -18,6 +18,12 @@ from tpbench.cli.common import EXIT_OK, EXIT_RESULTS, EXIT_USAGE, console, error
 def cmd_report(args: argparse.Namespace) -> int:
     from tpbench import report
 
+    # Each later run is compared with the first: the same run twice would say nothing.
+    resolved = [Path(run).resolve() for run in args.runs]
+    twice = [run for i, run in enumerate(args.runs) if resolved[i] in resolved[:i]]
+    if twice:
+        error(ValueError(f"{twice[0]}: given twice; a report of several runs compares each with the first"))
+        return EXIT_USAGE
     out_path = args.output or report.default_report_path(args.runs[0])
     path = report.write_report(args.runs, out_path, args.metric)
     console.print(f"Report: {path}", markup=False, soft_wrap=True)
