@@ -38,10 +38,10 @@ def heap_apart_from_tracer(device: torch.device) -> Iterator[None]:
     ``record_shapes`` keeps small allocations per op for the whole window; glibc carves them out of
     the chunks just freed by the step's tensors, so a freed 1 MiB tensor no longer fits its own
     hole and the next one extends the heap: 18 MiB of fresh pages per optimizer step of a 512-wide
-    MLP under Adam, 4,096 page faults. Fresh pages cost a VM little until the guest runs out of
-    recently freed ones, then about 27 µs each: the same traced ops then ran 20× slower for the
-    rest of the world (``aten::sqrt`` of 512 × 512 at 8 ms instead of 0.4), a window no retrace
-    mends (docs/whatif-runs.md). Mapped and unmapped, a tensor's pages are the ones just freed,
+    MLP under Adam, 4,096 page faults. On the 2-core VM they cost little for 13-20 traced steps,
+    then about 27 µs each (why, on the VM's side, is not pinned down): the same traced ops then
+    ran 20× slower for the rest of the world (``aten::sqrt`` of 512 × 512 at 8 ms instead of 0.4),
+    a window no retrace mends (docs/whatif-runs.md). Mapped and unmapped, a tensor's pages are the ones just freed,
     so faults stay cheap and the heap does not grow. Setting a threshold ends glibc's adaptation of
     both; afterwards they are where that adaptation ends (a tensor under 32 MiB from the heap, which
     keeps up to 64 MiB free), so the timed steps that follow, of this case or the world's next ones,
