@@ -41,14 +41,16 @@ def heap_apart_from_tracer(device: torch.device) -> Iterator[None]:
     MLP under Adam, 4,096 page faults. On the 2-core VM they cost little for 13-20 traced steps,
     then about 27 µs each (why, on the VM's side, is not pinned down): the same traced ops then
     ran 20× slower for the rest of the world (``aten::sqrt`` of 512 × 512 at 8 ms instead of 0.4),
-    a window no retrace mends (docs/whatif-runs.md). Mapped and unmapped, a tensor's pages are the ones just freed,
-    so faults stay cheap and the heap does not grow. Setting a threshold ends glibc's adaptation of
-    both; afterwards they are where that adaptation ends (a tensor under 32 MiB from the heap, which
-    keeps up to 64 MiB free), so the timed steps that follow, of this case or the world's next ones,
-    allocate from the heap as they did and do not see it trimmed under them (with the trim threshold
-    left as it stood, a 16 MiB tensor larger than any before was trimmed away and faulted back in,
-    4,064 pages, at every allocation: tests/test_capture_sweep.py). Nothing changes on GPU ranks
-    (tensors in device memory) or without glibc."""
+    a window no retrace mends (docs/whatif-runs.md). Mapped and unmapped, a tensor's pages are the
+    ones just freed, so faults stay cheap and the heap does not grow.
+
+    Setting a threshold ends glibc's adaptation of both; afterwards they are where that adaptation
+    ends (a tensor under 32 MiB from the heap, which keeps up to 64 MiB free), so the timed steps
+    that follow, of this case or the world's next ones, allocate from the heap as they did and do
+    not see it trimmed under them (with the trim threshold left as it stood, a 16 MiB tensor larger
+    than any before was trimmed away and faulted back in, 4,064 pages, at every allocation:
+    tests/test_capture_sweep.py). Nothing changes on GPU ranks (tensors in device memory) or
+    without glibc."""
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None) if device.type == "cpu" else None
     if mallopt is None:
         yield
