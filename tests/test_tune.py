@@ -495,10 +495,12 @@ def test_arms_across_worlds_get_each_worlds_own_answer(tmp_path, capsys):
     cli.print_tune(result, "text")
     out = capsys.readouterr().out
     assert "Within each world (its own race, on the same intervals):" in out and best[2] in out
+    cli.print_tune(result, "md")  # the other world's arm holds its winner's unpaired interval: the column says so
+    assert "| 95% interval (spent; other worlds unpaired) |" in capsys.readouterr().out
     store.write_tune(tmp_path, {"options": {"min_rounds": 3}, "history": races[0].history, "result": result.to_json()})
     page = Page("t")
     recommendation.section(page, [SimpleNamespace(run_dir=tmp_path, record=SimpleNamespace(run_id="r"))])
-    assert html.escape(result.worlds[1]) in page.render()
+    assert html.escape(result.worlds[1]) in page.render() and "other worlds unpaired" in page.render()
     # One world: the claim is the world's answer, nothing more to say.
     alone = [c for c in cases if c.world_size == 1]
     assert tune_answer.result(stored(tmp_path, suite), alone, races[:1], Options(), 0.0, NO_EVAL).worlds == []

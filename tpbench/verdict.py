@@ -145,6 +145,14 @@ def of(
 # Before a tune's per-world answers (``tune_answer.Result.worlds``), in the terminal and the report alike.
 WORLDS_SAY = "Within each world (its own race, on the same intervals):"
 
+
+def interval_heading(confidence: float, across_worlds: bool) -> str:
+    """The tune table's interval column, in the terminal and the report alike: at the confidence the
+    race spent; where the settings span worlds, another world's arm has its winner's unpaired
+    interval there (``tune_answer._statuses``), not one paired by round."""
+    return f"{percent(confidence)} interval (spent{'; other worlds unpaired' if across_worlds else ''})"
+
+
 # What eliminated a tune arm that no round of its own world did: its world's winner, set against the
 # recommended arm's world after the races, on the unpaired interval (``tune_answer._statuses``).
 ACROSS_WORLDS = "the recommended setting's world, at the end, unpaired (the interval beside it)"

@@ -257,7 +257,7 @@ def print_tune(result, fmt: str) -> None:
         )
         for a in result.arms
     ]
-    spent = f"{verdict.percent(result.confidence)} interval (spent)"
+    spent = verdict.interval_heading(result.confidence, bool(result.worlds))
     head = ("setting", "status", "rounds", "vs recommended", spent, "decided")
     if any(a.heldout_loss is not None for a in result.arms):  # a workload that evaluates: how far each trained
         head += ("held-out loss",)

@@ -121,6 +121,7 @@ def _where(page: Page, where: dict, anchor: str | None) -> None:
 
 def _table(result: dict) -> pd.DataFrame:
     losses = any(a.get("heldout_loss") is not None for a in result["arms"])  # tune.json before it had none
+    interval = verdict.interval_heading(result["confidence"], bool(result.get("worlds")))
     return pd.DataFrame(
         [
             {
@@ -128,7 +129,7 @@ def _table(result: dict) -> pd.DataFrame:
                 "status": a["status"],
                 "rounds": a["rounds"],
                 "vs recommended": verdict.change(a["ratio"]),
-                "interval": "" if a["lo"] is None else f"[{verdict.change(a['lo'])}, {verdict.change(a['hi'])}]",
+                interval: "" if a["lo"] is None else f"[{verdict.change(a['lo'])}, {verdict.change(a['hi'])}]",
                 "eliminated after round": "" if a["eliminated_at"] is None else a["eliminated_at"],
                 "what eliminated it": verdict.what_eliminated(a["status"], a.get("eliminated_vs")),
                 "retired after round": ""
