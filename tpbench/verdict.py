@@ -148,8 +148,8 @@ WORLDS_SAY = "Within each world (its own race, on the same intervals):"
 
 def interval_heading(confidence: float, across_worlds: bool) -> str:
     """The tune table's interval column, in the terminal and the report alike: at the confidence the
-    race spent; where the settings span worlds, another world's arm has its winner's unpaired
-    interval there (``tune_answer._statuses``), not one paired by round."""
+    race spent; where the settings span worlds, another world's arm has its own unpaired interval
+    against the recommended arm there (``tune_answer._ratios_to_best``), not one paired by round."""
     return f"{percent(confidence)} interval (spent{'; other worlds unpaired' if across_worlds else ''})"
 
 
