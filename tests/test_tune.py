@@ -22,6 +22,7 @@ from conftest import REPO, localsgd_suite, only_run, run_cli, tiny_suite
 
 from tpbench import launch, store, tune, tune_answer, tune_trace, verdict
 from tpbench.racing import ALL_TIED, BUDGET, MAX_ROUNDS, MIN_ROUNDS, ONE_LEFT, Options, Race, supported_epsilon
+from tpbench.record import SuiteSource
 from tpbench.report import recommendation
 from tpbench.report.html import Page
 from tpbench.suite import expand, parse, select
@@ -38,7 +39,7 @@ def synthetic(factors: dict[str, float], rounds: int, noise: float = 0.01, seed:
 def stored(tmp_path, suite) -> SimpleNamespace:
     """What ``tune._result`` reads of a run that synthetic races did not store: its directory and
     the suite it was started from."""
-    return SimpleNamespace(dir=tmp_path, record=SimpleNamespace(suite=SimpleNamespace(path=str(suite), name="s")))
+    return SimpleNamespace(dir=tmp_path, record=SimpleNamespace(suite=SuiteSource("s", str(suite), "")))
 
 
 # The summary of a run whose workload evaluates no held-out loss (the mlp): no arm has one.

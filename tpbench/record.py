@@ -296,6 +296,12 @@ class SuiteSource:
     text: str
     description: str | None = None
 
+    @property
+    def command_path(self) -> str:
+        """The suite file to name in a command the user is told to run: its path, else its name (a
+        run.json from before runs kept the path)."""
+        return self.path or self.name + ".toml"
+
 
 @dataclass(frozen=True)
 class Case:

@@ -2,8 +2,9 @@
 it, the claim and its margin, the cost against the grid's, and what would decide what is left.
 
 ``tpbench.tune`` runs the races (``racing.Race``, one per world) and hands them here once they end;
-``result`` reads nothing but the races, the run's stored repeats and its summary, so that a resumed
-or replayed race gives the same answer. docs/tune.md says what each status and sentence means.
+``result`` reads nothing but the races, the run (its stored repeats and its suite's path) and its
+summary, so that a resumed or replayed race gives the same answer. docs/tune.md says what each
+status and sentence means.
 """
 
 from __future__ import annotations
@@ -482,7 +483,7 @@ def _next_step(
         return None
     rounds = rec.rounds + more
     ended = {r.ended for r in races}
-    parts = [f"tpbench tune {run.record.suite.path or run.record.suite.name + '.toml'}"]
+    parts = [f"tpbench tune {run.record.suite.command_path}"]
     # Always said: this tune's repeats may have come from its own --set, which the command leaves out.
     parts.append(f"--set repeats={max(rounds, *(r.max_rounds for r in races))}")
     defaults = Options()
@@ -522,8 +523,8 @@ def _trace_step(run: store.Run, arms: list[Arm]) -> str | None:
     if not traced:
         return None
     ids = "|".join(a.case_id for a in traced)
-    suite = run.record.suite.path or run.record.suite.name + ".toml"
-    return f"tpbench sweep {suite} --filter {shlex.quote('id=' + ids)}"  # quoted: | is a shell pipe
+    # Quoted: | is a shell pipe.
+    return f"tpbench sweep {run.record.suite.command_path} --filter {shlex.quote('id=' + ids)}"
 
 
 def _round_seconds(run: store.Run, cases: list[Case]) -> dict[str, pd.Series]:

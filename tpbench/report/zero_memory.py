@@ -12,7 +12,7 @@ from tpbench.report.data import ReportData, context_text
 from tpbench.report.figures import LEGEND_TOP, MARGIN, display
 from tpbench.report.html import Page
 
-MB = 2**20
+MIB = 2**20
 
 
 def section(page: Page, data: ReportData) -> None:
@@ -43,7 +43,7 @@ def section(page: Page, data: ReportData) -> None:
 
 
 def _mb(v: float) -> str:
-    return f"{v / MB:.3g} MiB"  # 2**20 bytes, as bucket_cap_mb counts them; the MB/step columns are 1e6
+    return f"{v / MIB:.3g} MiB"  # as bucket_cap_mb counts them; the MB/step columns are 1e6
 
 
 def _sentences(cases: pd.DataFrame, context_keys: list[str]) -> list[str]:
@@ -107,10 +107,10 @@ def _state_figure(data: ReportData, memory: pd.DataFrame, cases: pd.DataFrame) -
     per_rank["case"] = [f"{r} · {lab}" if data.multi else lab for r, lab in zip(per_rank["run"], per_rank["label"])]
     fig = go.Figure()
     for rank, grp in per_rank.groupby("rank"):
-        fig.add_bar(x=grp["optimizer_state_bytes"] / MB, y=grp["case"], orientation="h", name=f"rank {rank}")
+        fig.add_bar(x=grp["optimizer_state_bytes"] / MIB, y=grp["case"], orientation="h", name=f"rank {rank}")
     ddp = per_rank.drop_duplicates("case")
     fig.add_scatter(
-        x=ddp["ddp_state_bytes"] / MB,
+        x=ddp["ddp_state_bytes"] / MIB,
         y=ddp["case"],
         mode="markers",
         name="plain DDP (every rank)",
@@ -154,15 +154,15 @@ def _table(data: ReportData, cases: pd.DataFrame) -> pd.DataFrame:
     df = pd.DataFrame(
         {
             "case": [f"{r} · {lab}" if data.multi else lab for r, lab in zip(cases["run"], cases["label"])],
-            "optimizer state, fullest rank (MiB)": cases["state_max_bytes"] / MB,
-            "plain DDP, every rank (MiB)": cases["ddp_state_bytes"] / MB,
+            "optimizer state, fullest rank (MiB)": cases["state_max_bytes"] / MIB,
+            "plain DDP, every rank (MiB)": cases["ddp_state_bytes"] / MIB,
             "saved (%)": cases["state_saved_pct"],
             "params stepped per rank (min–max)": [
                 f"{int(a):,}–{int(b):,}" for a, b in zip(cases["stepped_min"], cases["stepped_max"])
             ],
             "imbalance (max/mean)": cases["imbalance"],
             "buckets": cases["buckets"],
-            "parameters + gradients per rank (MiB)": (cases["param_bytes"] + cases["grad_bytes"]) / MB,
+            "parameters + gradients per rank (MiB)": (cases["param_bytes"] + cases["grad_bytes"]) / MIB,
         }
     )
     return df
