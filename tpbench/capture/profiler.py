@@ -45,12 +45,14 @@ def heap_apart_from_tracer(device: torch.device) -> Iterator[None]:
     ones just freed, so faults stay cheap and the heap does not grow.
 
     Setting a threshold ends glibc's adaptation of both; afterwards they are where that adaptation
-    ends (a tensor under 32 MiB from the heap, which keeps up to 64 MiB free), so the timed steps
-    that follow, of this case or the world's next ones, allocate from the heap as they did and do
-    not see it trimmed under them (with the trim threshold left as it stood, a 16 MiB tensor larger
-    than any before was trimmed away and faulted back in, 4,064 pages, at every allocation:
-    tests/test_capture_sweep.py). Nothing changes on GPU ranks (tensors in device memory) or
-    without glibc."""
+    ends at most (a tensor under 32 MiB from the heap, which keeps up to 64 MiB free), so the timed
+    steps that follow, of this case or the world's next ones, are not trimmed under (with the trim
+    threshold left as it stood, a 16 MiB tensor larger than any before was trimmed away and faulted
+    back in, 4,064 pages, at every allocation: tests/test_capture_sweep.py). They are not quite
+    the steps before the world's first trace: a later case whose tensors are larger than any before
+    took 3-51 faults a step where glibc's own adaptation, untraced, left 3,200-7,200 (and the
+    trace without this guard 9,100-12,400; docs/whatif-runs.md). Nothing changes on GPU ranks
+    (tensors in device memory) or without glibc."""
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None) if device.type == "cpu" else None
     if mallopt is None:
         yield
