@@ -117,6 +117,36 @@ def test_a_suite_the_sides_refuse_is_bad_input(tmp_path: Path) -> None:
     assert "gate.toml: [defaults] bogus: unknown key" in p.stderr
 
 
+def test_a_misspelt_metric_ends_the_gate_after_one_item_or_one_sweep(tmp_path: Path) -> None:
+    """``--metric stepms``: in lockstep the first item's world says which columns it recorded
+    instead of a value, and the gate exits 2 naming them, its sides stopped after that one item
+    (of 30 planned); in rounds, the first sweep's run is checked before the others are swept.
+    Both used to run the whole gate before the comparison refused the metric."""
+    p, out = gate(tmp_path, tiny_suite('algorithm = ["ddp"]'), "--repeats", "30", "--metric", "stepms")
+    assert p.returncode == 2, p.stderr
+    assert "--metric stepms: not recorded by the" in p.stderr and "cpu_ms, " in p.stderr and "step_ms" in p.stderr
+    assert len(list(out.glob("*/*/*/cases/*/parts/r*.parquet"))) == 1  # the one repeat run, kept for --resume
+    rounds = tmp_path / "rounds"
+    p = run_tpbench(
+        "gate",
+        tmp_path / "gate.toml",
+        "--baseline",
+        REPO,
+        "--candidate",
+        sys.prefix,
+        "--out",
+        rounds,
+        "--mode",
+        "rounds",
+        "--rounds",
+        "2",
+        "--metric",
+        "stepms",
+    )
+    assert p.returncode == 2 and "--metric stepms: not recorded in" in p.stderr, p.stderr
+    assert [d.name for d in rounds.iterdir() if d.is_dir()] == ["baseline"]
+
+
 def test_a_side_too_old_for_lockstep_is_named_with_the_way_out(tmp_path: Path) -> None:
     """A source tree whose `tpbench sweep` rejects --lockstep (this tree with that option removed):
     exit 2, as for any option a side's sweep refuses, naming the side, its log, and --mode rounds;

@@ -50,6 +50,7 @@ from tpbench.analysis.stats import (
     Ratio,
     case_ratio,
     hierarchical_ratio_ci,
+    metric_columns,
     paired_ratio,
     repeat_values,
     windows_of,
@@ -186,9 +187,7 @@ class RunData:
         values: dict[str, dict[int, float]] = {}
         cases = loaded.record.cases
         if not loaded.steps.empty:
-            numeric = sorted(
-                c for c in loaded.steps.select_dtypes("number").columns if c not in ("repeat", "rank", "step")
-            )
+            numeric = metric_columns(loaded.steps)
             if metric not in numeric:
                 raise GateError(
                     f"--metric {metric}: not recorded in {loaded.run_dir}; expected one of {', '.join(numeric)}"

@@ -132,6 +132,7 @@ def run_gate(
     filters: Sequence[str] = (),
     candidate_overrides: Sequence[str] = (),
     announce: Callable[[str], None] = lambda line: None,
+    metric: str = "step_ms",
 ) -> GateRun:
     """Sweep the suite with both sides in this job, alternating, ``rounds`` times each.
 
@@ -139,7 +140,8 @@ def run_gate(
     falls on both sides equally instead of always on the one that goes second. Each sweep's
     output goes to stderr so that stdout stays clean for the table. ``candidate_overrides`` are
     ``--set`` values for the candidate only (e.g. ``slowdown_pct=10`` to check the gate itself).
-    ``announce`` is given a line before each sweep (the CLI writes it to stderr).
+    ``announce`` is given a line before each sweep (the CLI writes it to stderr). The first run is
+    checked for ``metric`` (``compare.RunData.of``) before the others are swept.
     """
     if rounds < 1:
         raise GateError(f"--rounds {rounds}: expected at least 1")
@@ -166,6 +168,8 @@ def run_gate(
                     f" and left {len(found)} run(s) in {root}; its output is above",
                     usage=proc.returncode == SIDE_USAGE,
                 )
+            if not any(runs.values()):
+                compare.RunData.of(found[0], metric)  # GateError, naming what the run has
             runs[side.name].append(found[0])
     return GateRun(out, runs["baseline"], runs["candidate"])
 
@@ -339,6 +343,11 @@ class _Conductor:
         self.answer(side, lockstep.GO, metric=metric)
         self.wait_until(lambda: side.inflight is None, f"{side.side.name}'s item {case} {repeat} to end")
         done = side.items > before  # False: its world died in it
+        if done and "recorded" in side.last_done:  # minutes before the comparison would say so
+            raise GateError(
+                f"--metric {metric}: not recorded by the {side.side.name} side's item ({case}, repeat {repeat}); "
+                f"expected one of {', '.join(side.last_done['recorded'])}"
+            )
         return {
             "side": side.side.name,
             "case": case,
@@ -718,7 +727,7 @@ def run(
     sides = dict(overrides=overrides, filters=filters, candidate_overrides=candidate_overrides, announce=announce)
     record = None
     if mode == "rounds":
-        done = run_gate(suite, base, cand, out, rounds=rounds, **sides)
+        done = run_gate(suite, base, cand, out, rounds=rounds, metric=cfg.metric, **sides)
         baseline_runs, candidate_runs, pairing, where = done.baseline, done.candidate, "rounds", done.out
     else:
         stepped = run_lockstep(suite, base, cand, out, cfg, **sides)

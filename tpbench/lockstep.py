@@ -7,7 +7,8 @@ for the gate's answer: ``go`` (run it; the answer names the metric the gate judg
 eliminated) or ``stop`` (run nothing more: the world ends its plan). A world that skipped any item
 ends as one that was stopped, so the cases it cut short are done with the repeats they ran. After
 a ``go`` it sends ``done`` with the repeat's value of that metric, computed as ``tpbench compare``
-computes it, and when the item began and ended by its own clock.
+computes it, and when the item began and ended by its own clock (where the repeat recorded no such
+column, ``recorded`` lists those it did).
 
 Messages are JSON lines over a Unix socket at a path the gate chose. A path-based socket reaches
 the gate from inside the network namespace of an emulated link, where TCP to the gate's localhost
@@ -54,6 +55,16 @@ class GateClient:
                 raise ConnectionError("the lockstep gate closed its socket (the gate ended or failed)")
             self.buffer += chunk
 
-    def done(self, case_id: str, repeat: int, value: float | None, began: float, ended: float) -> None:
-        """The item is over: its value, and when it began and ended on rank 0's wall clock."""
-        send(self.sock, DONE, case=case_id, repeat=repeat, value=value, began=began, ended=ended)
+    def done(
+        self,
+        case_id: str,
+        repeat: int,
+        value: float | None,
+        began: float,
+        ended: float,
+        recorded: list[str] | None = None,
+    ) -> None:
+        """The item is over: its value, and when it began and ended on rank 0's wall clock;
+        ``recorded``: the per-step columns it has, where the metric asked for is not one of them."""
+        extra = {} if recorded is None else {"recorded": recorded}
+        send(self.sock, DONE, case=case_id, repeat=repeat, value=value, began=began, ended=ended, **extra)

@@ -53,7 +53,7 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from tpbench import accounting, capture, guards, lockstep, planted, store, workloads
-from tpbench.analysis.stats import repeat_values, windows_of
+from tpbench.analysis.stats import metric_columns, repeat_values, windows_of
 from tpbench.analysis.trace_events import BURN_RANGE, FORWARD_RANGE
 from tpbench.capture import machine_load, nvml, profiler, transport
 from tpbench.environment import fingerprint
@@ -731,16 +731,18 @@ class Turns:
         return answer[0]
 
     def done(self, case: Case, repeat: int, rows: pd.DataFrame, began: float) -> None:
-        """Tell the gate the item is over, with its value of the gate's metric (None: not recorded)
-        and when it began (``began``) and ended on this clock."""
+        """Tell the gate the item is over, with its value of the gate's metric and when it began
+        (``began``) and ended on this clock; where the repeat recorded no such column, the columns
+        it did record instead, so that a misspelt ``--metric`` ends the gate after one item."""
         if self.client is None:
             return
-        value = None
-        if self.metric in rows.columns:
-            values = repeat_values(
-                rows.assign(case_id=case.case_id), self.metric, windows_of({case.case_id: case.params()})
-            )
-            value = float(values[self.metric].iloc[0]) if len(values) else None
+        if self.metric not in rows.columns:
+            self.client.done(case.case_id, repeat, None, began, time.time(), recorded=metric_columns(rows))
+            return
+        values = repeat_values(
+            rows.assign(case_id=case.case_id), self.metric, windows_of({case.case_id: case.params()})
+        )
+        value = float(values[self.metric].iloc[0]) if len(values) else None
         self.client.done(case.case_id, repeat, value, began, time.time())
 
 

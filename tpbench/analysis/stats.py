@@ -50,6 +50,13 @@ def averaging_window(params: Mapping[str, Any]) -> int:
     return int(params.get("averaging_period") or 1)
 
 
+def metric_columns(steps: pd.DataFrame) -> list[str]:
+    """The per-step columns ``repeat_values`` can compare (``--metric``): the numeric ones but the
+    row's own coordinates. What a run records depends on its device and workload (GPU memory,
+    held-out loss), so this reads the columns rather than listing them."""
+    return sorted(c for c in steps.select_dtypes("number").columns if c not in ("repeat", "rank", "step"))
+
+
 def repeat_values(
     steps: pd.DataFrame, metric: str = "step_ms", windows: Mapping[str, int] | None = None
 ) -> pd.DataFrame:
