@@ -203,6 +203,32 @@ def test_a_world_that_cannot_start_is_retried_once_then_fails_its_cases_with_the
     assert worker_processes(run_dir) == []
 
 
+def test_the_progress_bar_ends_full_when_a_case_fails(tmp_path):
+    """The command's progress (``SweepProgress``) over a real sweep whose second case's rank is
+    killed in its first repeat: that case runs nothing after, so its unrun repeats leave the total
+    and the bar ends at its total, not short of it with an ETA that never comes."""
+    import contextlib
+
+    from tpbench import sweep
+    from tpbench.cli.sweep import SweepProgress
+
+    suite = tmp_path / "fail.toml"
+    suite.write_text(tiny_suite('fault = ["none", "crash:1"]', repeats=3, warmup_steps=3))
+    shown = []
+
+    @contextlib.contextmanager
+    def progress(phase: sweep.Phase):
+        listener = SweepProgress(phase.cases, phase.items)
+        shown.append(listener)
+        yield listener
+
+    outcome = sweep.run(suite, out=tmp_path / "results", progress=progress)
+    assert len(outcome.failed) == 1
+    (listener,) = shown
+    (task,) = listener.progress.tasks
+    assert (task.completed, task.total) == (3, 3)
+
+
 def test_the_library_sweep_tells_its_progress_each_phase_and_returns_the_finished_run(tmp_path):
     """``sweep.run``, as the command calls it: the progress it is given sees the phase (its cases and
     items) before any world starts and gets the launcher's events; the outcome holds the finished
@@ -216,7 +242,7 @@ def test_the_library_sweep_tells_its_progress_each_phase_and_returns_the_finishe
     phases, events = [], []
 
     def progress(phase: sweep.Phase):
-        phases.append((len(phase.cases), phase.items, phase.batch, phase.run.record.status))
+        phases.append((len(phase.cases), sum(phase.items.values()), phase.batch, phase.run.record.status))
         return contextlib.nullcontext(lambda kind, data: events.append(kind))
 
     outcome = sweep.run(suite, out=tmp_path / "results", progress=progress)

@@ -266,7 +266,7 @@ def test_interrupted_adaptive_batch_resumes(tmp_path: Path, capsys) -> None:
     ``next_batch`` leaves): --resume runs the pending repeats and closes the adaptive loop."""
     run = _planned(tmp_path, 0.001)
     batch = sweep.next_batch(run)
-    assert batch is not None and batch.items == 6 and all(c.repeats == 6 for c in batch.cases)
+    assert batch is not None and sum(batch.added.values()) == 6 and all(c.repeats == 6 for c in batch.cases)
     run.set_status("interrupted")
     run.lock.release()
     meta = _record(run.dir)

@@ -359,10 +359,6 @@ class Batch:
     added: dict[str, int]  # case_id → repeats this batch adds
     comparisons: list[tuple[str, float | None]]  # (label, half-width) still above the target
 
-    @property
-    def items(self) -> int:
-        return sum(self.added.values())
-
 
 def start_adaptive(run: store.Run, target: float, budget_s: float) -> None:
     """Make a run adaptive: after its planned repeats, ``next_batch`` adds rounds until every
@@ -531,7 +527,7 @@ class Phase:
 
     run: store.Run
     cases: list[Case]
-    items: int  # (case, repeat) items still to run
+    items: dict[str, int]  # case_id → its (case, repeat) items still to run
     batch: Batch | None = None  # the adaptive batch; None for the planned repeats
 
 
@@ -603,12 +599,12 @@ def run(
             start_adaptive(the_run, target_ci, budget_s)
     if print_only:
         return Outcome(the_run, cases, printed=print_worlds(the_run, cases, launcher), launcher=launcher)
-    done = {(c.case_id, r) for c in cases for r in store.finished_repeats(the_run.dir, c.case_id)}
+    left = {c.case_id: c.repeats - len(store.finished_repeats(the_run.dir, c.case_id)) for c in cases}
     t0 = time.monotonic()
-    with progress(Phase(the_run, cases, sum(c.repeats for c in cases) - len(done))) as listener:
+    with progress(Phase(the_run, cases, left)) as listener:
         execute(the_run, cases, listener, launcher, lockstep, in_passes=lockstep is None)
     while (batch := next_batch(the_run)) is not None:
-        with progress(Phase(the_run, batch.cases, batch.items, batch)) as listener:
+        with progress(Phase(the_run, batch.cases, batch.added, batch)) as listener:
             execute(the_run, batch.cases, listener, launcher)
     loaded = finalize(the_run)
     return Outcome(the_run, cases, loaded, wall_s=time.monotonic() - t0, launcher=launcher)

@@ -31,11 +31,13 @@ from tpbench.cli.common import (
 
 
 class SweepProgress:
-    """Renders launcher events: case i/N, the current case, ETA."""
+    """Renders launcher events: case i/N, the current case, ETA. ``items``: each case's items still
+    to run; a case that fails runs none after, so its rest leaves the total and the ETA."""
 
-    def __init__(self, cases: list, total_items: int) -> None:
+    def __init__(self, cases: list, items: dict[str, int]) -> None:
         from tpbench.suite import labels
 
+        self.left = dict(items)
         self.labels = labels([cases])[0]
         self.repeats = {c.case_id: c.repeats for c in cases}
         self.passes = max((c.passes for c in cases), default=1)
@@ -50,7 +52,8 @@ class SweepProgress:
             console=console,
             transient=False,
         )
-        self.task = self.progress.add_task("repeats", total=total_items, current="starting worlds…")
+        self.total = sum(items.values())
+        self.task = self.progress.add_task("repeats", total=self.total, current="starting worlds…")
         self.done_cases = 0
         self.total_cases = len(cases)
 
@@ -67,6 +70,7 @@ class SweepProgress:
                 f"(repeat {data['repeat'] + 1}/{self.repeats.get(data['case'], '?')})",
             )
         elif event == "repeat_end":
+            self.left[data["case"]] = self.left.get(data["case"], 1) - 1
             self.progress.advance(self.task)
         elif event == "case_end":
             self.done_cases += 1
@@ -93,6 +97,8 @@ class SweepProgress:
             )
         elif event == "case_failed":
             self.done_cases += 1
+            self.total -= max(0, self.left.pop(data["case"], 0))
+            self.progress.update(self.task, total=self.total)
             label = self.labels.get(data["case"], data["case"])
             self.progress.console.print(Text.assemble(("case failed: ", "red"), f"{label}: {data['cause']}"))
 
