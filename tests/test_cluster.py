@@ -364,6 +364,11 @@ def test_printed_command_runs_and_resume_records_it(tmp_path, capsys):
 
     started = subprocess.run(shlex.split(commands[0]), capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert started.returncode == 0, started.stdout + started.stderr
+    capsys.readouterr()
+    # A dry run says that the world ran: its case is left to record, with no repeat to run.
+    assert run_cli(["sweep", "--resume", str(run_dir), "--dry-run"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "1 cases to resume, 1 of them with every repeat on disk, only to record" in shown and "0 of 1" in shown
     assert run_cli(["sweep", "--resume", str(run_dir), "--no-report"]) == 0
     loaded = store.load(run_dir)
     assert loaded.record.status == "complete" and set(loaded.cases.status) == {"done"}

@@ -214,8 +214,11 @@ def _sweep(args: argparse.Namespace) -> int:
         if args.dry_run:
             run = store.Run.open(args.resume)
             todo = sweep.missing(run)
-            title = f"{run.dir}: {len(todo)} cases to resume (dry run)"
-            table = cases_table(title, todo, sweep.repeats_left(run, todo))
+            left = sweep.repeats_left(run, todo)
+            # A case with every repeat on disk (a printed world that ran) is only recorded.
+            on_disk = sum(left[c.case_id] == 0 for c in todo)
+            recorded = f", {on_disk} of them with every repeat on disk, only to record" if on_disk else ""
+            table = cases_table(f"{run.dir}: {len(todo)} cases to resume{recorded} (dry run)", todo, left)
             out.print(fitted(table, out))
             return EXIT_OK
         suite, launcher = None, launcher if args.launcher else sweep.RECORDED
