@@ -54,11 +54,18 @@ def test_a_directory_as_a_suite_or_fabrics_file_is_refused_naming_it(tmp_path, c
         whatif_run.load_fabrics([tmp_path])
 
 
-def test_validate_refuses_filters_that_match_no_case_as_sweep_does(tmp_path, capsys):
-    """``validate`` said "ok, 0 cases" (exit 0) where ``sweep`` and ``tune`` refuse the same filter."""
+def test_filters_that_match_no_case_are_refused_naming_the_filter_and_the_values_there(tmp_path, capsys):
+    """``validate`` said "ok, 0 cases" (exit 0) where ``sweep`` and ``tune`` refuse the same filter;
+    all three now refuse it alike, naming the filter that left no case and the values the cases
+    before it had, so that a misspelt value reads as such ("No case matches the filters." did not)."""
     suite = Path(__file__).parent.parent / "suites" / "smoke.toml"
-    assert run_cli(["validate", str(suite), "--filter", "algorithm=nope"]) == 2
-    assert "no case matches the filters (algorithm=nope)" in capsys.readouterr().err
+    for command in ("validate", "sweep", "tune"):
+        assert run_cli([command, str(suite), "--filter", "algorithm=nope"]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "smoke.toml: --filter algorithm=nope: no case matches; the 2 case(s) have algorithm ddp | zero" in err
+    assert run_cli(["validate", str(suite), "--filter", "algorithm=ddp", "--filter", "steps=999"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--filter steps=999: no case matches; the 1 case(s) the filters before it left have steps 8" in err
 
 
 def test_list_names_a_suites_folder_that_is_not_there(tmp_path, capsys):

@@ -714,9 +714,13 @@ def labels(runs: list[list[Case]]) -> list[dict[str, str]]:
     return out
 
 
-def select(cases: list[Case], filters: Iterable[str]) -> list[Case]:
-    """Keep cases matching every filter. A filter is ``key=v1|v2`` or ``key!=v``; ``id=PREFIX`` matches case ids."""
-    out = cases
+def select(cases: list[Case], filters: Iterable[str], *, where: str | None = None) -> list[Case]:
+    """Keep cases matching every filter. A filter is ``key=v1|v2`` or ``key!=v``; ``id=PREFIX`` matches case ids.
+
+    With ``where`` (the suite's path), filters that leave no case are an error naming the first
+    that did and the values the cases before it had: a typo in a value reads as such, not as an
+    empty suite."""
+    out, filters = cases, list(filters)
     for f in filters:
         neg = "!=" in f
         key, _, raw = f.partition("!=" if neg else "=")
@@ -728,7 +732,15 @@ def select(cases: list[Case], filters: Iterable[str]) -> list[Case]:
             wanted = [value_text(_parse_value(w)) for w in wanted]  # 25.0 matches 25, as in the suite
         if key != "id" and key not in CASE_KEYS and key not in CAPTURE_KEYS:
             raise SuiteError(f"--filter {f}: unknown key {key!r}; expected id or one of {', '.join(CASE_KEYS)}")
-        out = [c for c in out if _matches(c, key, wanted) != neg]
+        kept = [c for c in out if _matches(c, key, wanted) != neg]
+        if where is not None and out and not kept:
+            had = list(dict.fromkeys(c.case_id if key == "id" else value_text(getattr(c, key)) for c in out))
+            shown = " | ".join(had[:12]) + (f" … ({len(had)} in all)" if len(had) > 12 else "")
+            before = " the filters before it left" if f != filters[0] else ""
+            raise SuiteError(
+                f"{where}: --filter {f}: no case matches; the {len(out)} case(s){before} have {key} {shown}"
+            )
+        out = kept
     return out
 
 

@@ -54,7 +54,7 @@ def prepare(
         machine = dataclasses.replace(
             machine, nnodes=launcher.nnodes, nproc_per_node=launcher.nproc_per_node, max_ranks=None
         )
-    cases = select(expand(suite, machine), filters)
+    cases = select(expand(suite, machine), filters, where=str(suite.path))
     return Prepared(suite, cases)
 
 

@@ -15,7 +15,6 @@ from rich.text import Text
 from tpbench.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
-    EXIT_USAGE,
     cases_table,
     console,
     fitted,
@@ -224,9 +223,6 @@ def _sweep(args: argparse.Namespace) -> int:
         suite, launcher = None, launcher if args.launcher else sweep.RECORDED
     else:
         suite = sweep.prepare(args.suite, args.set, args.filter, launcher, allow_large=args.allow_large)
-        if not suite.cases:
-            console.print("[yellow]No case matches the filters.[/]")
-            return EXIT_USAGE
         if args.dry_run:
             out.print(fitted(cases_table(f"{suite.suite.name}: {len(suite.cases)} cases (dry run)", suite.cases), out))
             return EXIT_OK
