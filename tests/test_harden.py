@@ -68,6 +68,21 @@ def test_filters_that_match_no_case_are_refused_naming_the_filter_and_the_values
     assert "--filter steps=999: no case matches; the 1 case(s) the filters before it left have steps 8" in err
 
 
+def test_validate_says_how_much_a_suite_writes_and_warns_where_it_would_not_fit(tmp_path, capsys, monkeypatch):
+    """``validate`` passed ``steps = 1e9`` as "ok" and the sweep then refused it for disk space
+    (exit 3): it still passes (the suite is valid), with the estimate the sweep's check uses and a
+    warning that a sweep into results/ would be refused."""
+    suite = Path(__file__).parent.parent / "suites" / "smoke.toml"
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["validate", str(suite)]) == 0
+    shown = capsys.readouterr()
+    assert "smoke.toml: ok, 2 cases (" in shown.out and " MiB of results)" in shown.out and not shown.err
+    assert run_cli(["validate", str(suite), "--set", "steps=1000000000"]) == 0
+    shown = capsys.readouterr()
+    assert " TiB of results)" in shown.out
+    assert f"warning: {tmp_path} has " in shown.err and "would refuse these cases there (exit 3)" in shown.err
+
+
 def test_list_names_a_suites_folder_that_is_not_there(tmp_path, capsys):
     """An explicit ``--suites`` that does not exist is an error; without it, a folder with no suites/
     lists the algorithms and workloads alone."""

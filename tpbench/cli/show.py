@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -33,9 +34,33 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from tpbench import sweep
 
-    prepared = sweep.prepare(args.suite, args.set, args.filter, allow_large=args.allow_large)
-    out.print(f"{args.suite}: ok, {len(prepared.cases)} cases", markup=False, soft_wrap=True)
+    cases = sweep.prepare(args.suite, args.set, args.filter, allow_large=args.allow_large).cases
+    need = sum(sweep.case_estimate(c) for c in cases)
+    repeats = sum(c.repeats for c in cases)
+    about = f"{repeats} repeats; about {_bytes(need)} of results"
+    out.print(f"{args.suite}: ok, {len(cases)} cases ({about})", markup=False, soft_wrap=True)
+    # A suite can be valid and still not fit where its results go by default (``steps = 1e9``):
+    # say so here rather than only when `sweep` refuses it (exit 3).
+    results = next(p for p in (Path("results").absolute(), *Path("results").absolute().parents) if p.exists())
+    free = shutil.disk_usage(results).free
+    if need > free:
+        console.print(
+            f"warning: {results} has {_bytes(free)} free; `tpbench sweep` would refuse these cases there (exit 3): "
+            "fewer repeats, steps or traced steps, or --out on a larger disk",
+            markup=False,
+            soft_wrap=True,
+        )
     return EXIT_OK
+
+
+def _bytes(n: float) -> str:
+    """A size in MiB, GiB or TiB, whichever keeps the number under 1024."""
+    n /= 2**20
+    for unit in ("MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 def cmd_env(args: argparse.Namespace) -> int:
