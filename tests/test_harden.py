@@ -80,7 +80,7 @@ def test_validate_says_how_much_a_suite_writes_and_warns_where_it_would_not_fit(
     assert run_cli(["validate", str(suite), "--set", "steps=1000000000"]) == 0
     shown = capsys.readouterr()
     assert " TiB of results)" in shown.out
-    assert f"warning: {tmp_path} has " in shown.err and "would refuse these cases there (exit 3)" in shown.err
+    assert f"warning: {tmp_path}: " in shown.err and "would refuse these cases there, exit 3" in shown.err
 
 
 def test_list_names_a_suites_folder_that_is_not_there(tmp_path, capsys):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -32,23 +31,19 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from tpbench import sweep
+    from tpbench import store, sweep
 
     cases = sweep.prepare(args.suite, args.set, args.filter, allow_large=args.allow_large).cases
-    need = sum(sweep.case_estimate(c) for c in cases)
-    repeats = sum(c.repeats for c in cases)
-    about = f"{repeats} repeats; about {_bytes(need)} of results"
+    about = f"{sum(c.repeats for c in cases)} repeats; about {_bytes(sum(map(sweep.case_estimate, cases)))} of results"
     out.print(f"{args.suite}: ok, {len(cases)} cases ({about})", markup=False, soft_wrap=True)
-    # A suite can be valid and still not fit where its results go by default (``steps = 1e9``):
-    # say so here rather than only when `sweep` refuses it (exit 3).
-    results = next(p for p in (Path("results").absolute(), *Path("results").absolute().parents) if p.exists())
-    free = shutil.disk_usage(results).free
-    if need > free:
+    # A suite can be valid and still not fit where its results go by default (``steps = 1e9``): the
+    # sweep's own check, said here as a warning rather than only when `sweep` refuses it (exit 3).
+    results = Path("results").absolute()
+    try:
+        sweep.check_space(next(p for p in (results, *results.parents) if p.exists()), cases)
+    except store.StoreError as e:
         console.print(
-            f"warning: {results} has {_bytes(free)} free; `tpbench sweep` would refuse these cases there (exit 3): "
-            "fewer repeats, steps or traced steps, or --out on a larger disk",
-            markup=False,
-            soft_wrap=True,
+            f"warning: {e} (`tpbench sweep` would refuse these cases there, exit 3)", markup=False, soft_wrap=True
         )
     return EXIT_OK
 
