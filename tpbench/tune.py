@@ -38,18 +38,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from tpbench import lockstep, store, sweep, tune_answer
-from tpbench.analysis.stats import (
-    repeat_values,
-    windows_of,
-)
+from tpbench.analysis.stats import repeat_values, windows_of
 from tpbench.launch import Listener, group_cases
-from tpbench.racing import (
-    BUDGET,
-    MAX_ROUNDS,
-    Options,
-    Race,
-    TuneError,
-)
+from tpbench.racing import BUDGET, MAX_ROUNDS, Options, Race, TuneError
 from tpbench.suite import Case
 from tpbench.worlds import Torchrun
 
