@@ -69,7 +69,8 @@ class SweepProgress:
                 f"(repeat {data['repeat'] + 1}/{self.repeats.get(data['case'], '?')})",
             )
         elif event == "repeat_end":
-            self.left[data["case"]] = self.left.get(data["case"], 1) - 1
+            if data["case"] in self.left:
+                self.left[data["case"]] -= 1
             self.progress.advance(self.task)
         elif event == "case_end":
             self.done_cases += 1
