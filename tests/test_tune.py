@@ -297,25 +297,59 @@ def test_the_claim_states_the_margin_and_confidence_as_given(tmp_path):
 
 
 def test_a_retired_arm_brought_back_says_the_rounds_it_sat_out(tmp_path):
-    """Retired after round 14, brought back at 37, retired again after 42: it ran 18 rounds, which
-    its "rounds" column says beside "retired after round 42" (the front door's tune of 2026-12-05),
-    in the terminal and the report alike."""
+    """An arm retired, then brought back, ran fewer rounds than the round it stopped after (the
+    front door's tune of 2026-12-05: "retired after round 42" beside 18 rounds; one still racing at
+    the end with 5 rounds of 12 and nothing said). ``Arm.sat_out`` counts the rounds it sat out, and
+    the terminal and the report say it, for an arm retired again and for one still racing at the
+    end. The race is the one above whose leader changes (z retired after round 3, back after 4)."""
     from tpbench.cli import tune as cli
 
-    arm = tune_answer.Arm("a", "a", {}, 0, "tied", 18, 1.03, 0.99, 1.07, None, retired_at=42)
-    assert cli.decided(arm, 0.02) == (
-        "retired after round 42 (it sat out 24 of them: retired, then brought back): "
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 2, 3]", repeats=12))
+    cases = tune.prepare(suite).cases
+    y, x, z = (c.case_id for c in cases)
+    residual = {y: [0.008, -0.008, 0.0], x: [-0.008, 0.008, 0.0], z: [0.0, 0.0, 0.0]}
+
+    def race_to(last_round: int) -> Race:
+        race = Race([y, x, z], 12, Options(epsilon=0.02, min_rounds=2), comparisons=2)
+        for r in range(last_round):
+            for a in list(race.live):
+                f = 0.90 if a == x and r >= 3 else 1 + next(c for c in cases if c.case_id == a).slowdown_pct / 100
+                race.record(a, r, 10 * f * np.exp(residual[a][r] if r < 3 else 0.0))
+            while race.round_complete():
+                race.close_round()
+            if race.ended:
+                break
+        race.end(BUDGET)
+        return race
+
+    def arm_z(race: Race) -> tune_answer.Arm:
+        result = tune_answer.result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 1.0, NO_EVAL)
+        return next(a for a in result.arms if a.case_id == z)
+
+    # Still racing when the budget ends after round 5: it ran rounds 1-3 and 5, and sat out 4.
+    racing_z = arm_z(race_to(5))
+    assert (racing_z.status, racing_z.rounds, racing_z.retired_at, racing_z.sat_out) == ("unresolved", 4, None, 1)
+    assert racing_z.to_json()["sat_out"] == 1
+    assert cli.decided(racing_z, 0.02) == "retired, then brought back: it sat out 1 round"
+    # Retired again after round 7, having run 6 of those 7 rounds.
+    tied_z = arm_z(race_to(12))
+    assert (tied_z.status, tied_z.rounds, tied_z.retired_at, tied_z.sat_out) == ("tied", 6, 7, 1)
+    assert cli.decided(tied_z, 0.02) == (
+        "retired after round 7 (it sat out 1 of them: retired, then brought back): "
         "it could no longer be 2% faster than the leader"
     )
-    assert verdict.sat_out(42, 42) == "" and verdict.sat_out(9, 9) == ""
-    suite, cases, values = close_pair(tmp_path)
-    race = run_race(Race(list(values), 12, Options(), comparisons=1), values)
-    doc = tune_answer.result(stored(tmp_path, suite), cases, [race], Options(), 1.0, NO_EVAL).to_json()
-    doc["arms"][1] |= {"status": "tied", "rounds": 18, "retired_at": 42}
-    store.write_tune(tmp_path, tune._record(Options(), [race], 1.0) | {"result": doc})
+    race = race_to(12)
+    doc = tune_answer.result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 1.0, NO_EVAL).to_json()
+    # One that ran every round it raced says nothing of it.
+    assert [a["sat_out"] for a in doc["arms"]] == [0, 0, 1]
+    doc["arms"][0] |= {"status": "unresolved", "rounds": 5, "retired_at": None, "sat_out": 7}
+    store.write_tune(tmp_path, tune._record(Options(epsilon=0.02), [race], 1.0) | {"result": doc})
     page = Page("tune")
     recommendation.section(page, [SimpleNamespace(run_dir=tmp_path)])
-    assert "<td>42 (it sat out 24 of them: retired, then brought back)</td>" in page.render()
+    html = page.render()
+    assert "<td>7 (it sat out 1 of them: retired, then brought back)</td>" in html
+    assert "<td>retired, then brought back: it sat out 7 rounds</td>" in html
 
 
 def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, capsys):

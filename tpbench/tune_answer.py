@@ -61,11 +61,15 @@ class Arm:
     # metric does not count (``_training_note``).
     heldout_loss: float | None = None
     time_to_target_s: float | None = None
+    # The rounds of its world's race it did not run before it stopped (retired, eliminated or the race
+    # ended): retired once, then brought back when a later leader was not safe from it. Without it an
+    # arm still racing at the end with 5 rounds of 12 reads as a miscount.
+    sat_out: int = 0
 
     def to_json(self) -> dict[str, Any]:
         keep = (
             *("case_id", "label", "params", "status", "rounds", "ratio", "lo", "hi"),
-            *("eliminated_at", "retired_at", "eliminated_vs", "heldout_loss", "time_to_target_s"),
+            *("eliminated_at", "retired_at", "sat_out", "eliminated_vs", "heldout_loss", "time_to_target_s"),
         )
         return {k: v for k, v in asdict(self).items() if k in keep}
 
@@ -302,6 +306,8 @@ def _arms(
     for c in cases:
         a, rr = c.case_id, ratios.get(c.case_id)
         home = next(r for r in races if a in r.arms)
+        retired_at = home.retired.get(a, home.retired_then_out.get(a))
+        stopped_at = retired_at or home.eliminated.get(a) or home.rounds
         arms.append(
             Arm(
                 a,
@@ -314,9 +320,10 @@ def _arms(
                 rr.lo if rr and rr.method != "single" else None,
                 rr.hi if rr and rr.method != "single" else None,
                 home.eliminated.get(a),
-                home.retired.get(a, home.retired_then_out.get(a)),
+                retired_at,
                 _eliminated_vs(home, a),
                 *_converged(convergence, a),
+                sat_out=0 if a in home.failed else stopped_at - len(home.judged(a)),
             )
         )
     return arms

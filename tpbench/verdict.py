@@ -208,14 +208,18 @@ def decide_words(rounds: int, wall_s: float | None) -> str:
     )
 
 
-def sat_out(retired_at: int, rounds: int) -> str:
+def sat_out(n: int) -> str:
     """Beside a tune arm's last retirement, in the terminal and the report alike, the rounds it sat out
-    before it ("… after round 42 (it sat out 24 of them: retired, then brought back)"): a retired
-    arm is brought back when a later leader is not safe from it, so it may have run fewer rounds
-    than the round it last went after, which its "rounds" column alone leaves unexplained."""
-    if rounds >= retired_at:
-        return ""
-    return f" (it sat out {retired_at - rounds} of them: retired, then brought back)"
+    before it (``Arm.sat_out``: "… after round 42 (it sat out 24 of them: retired, then brought
+    back)"): a retired arm is brought back when a later leader is not safe from it, so it may have run
+    fewer rounds than the round it last went after, which its "rounds" column alone leaves unexplained."""
+    return f" (it sat out {n} of them: retired, then brought back)" if n else ""
+
+
+def brought_back(n: int) -> str:
+    """The same for an arm with no retirement standing (still racing at the end, or eliminated while
+    racing) that sat out ``n`` rounds: "retired, then brought back: it sat out 7 rounds"."""
+    return f"retired, then brought back: it sat out {n} round{'s' if n != 1 else ''}" if n else ""
 
 
 def ms(x: float, like: float | None = None) -> str:

@@ -191,7 +191,9 @@ def decided(arm, epsilon: float) -> str:
         why = ""
         if arm.status == tune_answer.TIED:
             why = f": it could no longer be {verdict.percent(epsilon)} faster than the leader"
-        said.append(f"retired after round {arm.retired_at}{verdict.sat_out(arm.retired_at, arm.rounds)}{why}")
+        said.append(f"retired after round {arm.retired_at}{verdict.sat_out(arm.sat_out)}{why}")
+    elif arm.sat_out:
+        said.append(verdict.brought_back(arm.sat_out))
     why = verdict.what_eliminated(arm.status, arm.eliminated_vs)
     if arm.eliminated_at is not None:
         said.append(f"eliminated after round {arm.eliminated_at}" + (f" ({why})" if why else ""))

@@ -132,9 +132,9 @@ def _table(result: dict) -> pd.DataFrame:
                 interval: "" if a["lo"] is None else f"[{verdict.change(a['lo'])}, {verdict.change(a['hi'])}]",
                 "eliminated after round": "" if a["eliminated_at"] is None else a["eliminated_at"],
                 "what eliminated it": verdict.what_eliminated(a["status"], a.get("eliminated_vs")),
-                "retired after round": ""
+                "retired after round": verdict.brought_back(a.get("sat_out", 0))
                 if a.get("retired_at") is None
-                else f"{a['retired_at']}{verdict.sat_out(a['retired_at'], a['rounds'])}",
+                else f"{a['retired_at']}{verdict.sat_out(a.get('sat_out', 0))}",
                 **({"held-out loss": _loss(a.get("heldout_loss"))} if losses else {}),
             }
             for a in result["arms"]
