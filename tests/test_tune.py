@@ -259,6 +259,24 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     )
 
 
+def test_a_tiny_margin_at_ten_nines_says_what_would_decide_it_in_the_words_it_was_asked(tmp_path):
+    """``--epsilon 0.01% --confidence 0.9999999999`` (how docs/tune-runs.md runs every arm for fixed
+    rounds): the race ends unresolved, and the rounds that would decide it run to millions, where a
+    confidence spent over that many looks rounds to exactly 1.0 and had no normal quantile (the tune
+    failed with a traceback after its last round). The command it names repeats the options as
+    given ("100%" would be refused), and the wait reads in days."""
+    suite, cases, values = close_pair(tmp_path)
+    options = Options(epsilon=0.0001, confidence=0.9999999999)
+    race = run_race(Race(list(values), 12, options, comparisons=1), values)
+    assert race.rounds_to_decide(10**9) > race.rounds_to_decide() > 1000
+    result = tune_answer.result(stored(tmp_path, suite), cases, [race], options, 30.0, NO_EVAL)
+    assert result.state == "unresolved"
+    assert result.next_step.endswith("--epsilon 0.01% --confidence 99.99999999%")
+    # A real 2-arm tune at these options, after 4 rounds: "[-100.0%, +3.66e+56%]", not 57 digits.
+    assert verdict.signed_pct(3.66e54) == "+3.66e+56%" and verdict.signed_pct(1.09) == "+9.0%"
+    assert [verdict.duration(s) for s in (45, 600, 7200, 12855 * 60)] == ["45 s", "10 min", "2 h", "9 days"]
+
+
 def test_an_unresolved_tune_says_about_how_long_its_next_race_would_take(capsys):
     """The arms still in reach (and the recommended one) for the rounds the next race is given, each
     decided arm for the rounds it ran here, at each one's seconds per round, scaled by this tune's

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any, Iterable
 
-from tpbench.analysis.stats import Ratio, blocked_ratios, geometric_mean, spent_confidence
+from tpbench.analysis.stats import Ratio, blocked_ratios, geometric_mean, spent_confidence, spent_miss
 
 # Rounds every arm runs before the first elimination or retirement. The pooled variance has (arms − 1)(rounds − 1)
 # degrees of freedom, 12 for 7 arms at 3 rounds; an earlier look rests on 1 per pair of arms and
@@ -241,7 +241,7 @@ class Race:
     def _quantile(self, max_rounds: int) -> float:
         """The normal quantile of the interval a race allowed ``max_rounds`` rounds would build."""
         looks = max(1, max_rounds - self.min_rounds + 1)
-        return NormalDist().inv_cdf(1 - (1 - spent_confidence(self.options.confidence, looks, self.comparisons)) / 2)
+        return -NormalDist().inv_cdf(spent_miss(self.options.confidence, looks, self.comparisons) / 2)
 
 
 def settling_rounds(r: Ratio, eps: float, widen: float = 1.0) -> int:

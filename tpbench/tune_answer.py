@@ -451,7 +451,9 @@ def _claim(
         or [MAX_ROUNDS]
     )
     then = f"; about {more} more round{'' if more == 1 else 's'} would decide it" if more else ""
-    resolved = f"; the rounds run show it within {shown:.1%} of the best" if shown is not None else ""
+    resolved = (
+        f"; the rounds run show it within {verdict.signed_pct(1 + shown)[1:]} of the best" if shown is not None else ""
+    )
     tied = f"tied with {counts[TIED]}, " if counts[TIED] else ""
     return (
         f"{rec.label}: the best guess of {n} settings, unresolved ({', '.join(why)}): {counts[UNRESOLVED]} "
@@ -495,9 +497,9 @@ def _next_step(
     parts.append(f"--set repeats={max(rounds, *(r.max_rounds for r in races))}")
     defaults = Options()
     if options.epsilon != defaults.epsilon:
-        parts.append(f"--epsilon {options.epsilon * 100:.4g}%")
+        parts.append(f"--epsilon {verdict.percent(options.epsilon)}")
     if options.confidence != defaults.confidence:
-        parts.append(f"--confidence {options.confidence * 100:.4g}%")
+        parts.append(f"--confidence {verdict.percent(options.confidence)}")
     if options.metric != defaults.metric:
         parts.append(f"--metric {options.metric}")
     if options.min_rounds != defaults.min_rounds:

@@ -62,8 +62,11 @@ def enough(est: Ratio, baseline_n: int, candidate_n: int) -> bool:
 def signed_pct(ratio: float) -> str:
     """A ratio as a signed change, "+9.0%", with as many decimals (up to three) as it takes to keep
     its side of no change: an interval that lies above 1 must not read "[+0.0%, …]". Closer to
-    1 than that, "+0.0%"."""
+    1 than that, "+0.0%". Beyond ±100,000 %, three figures ("+5.2e+21%"): such an end says only that
+    the rounds run bound nothing (a confidence of ten nines over three rounds)."""
     x = (ratio - 1) * 100
+    if abs(x) >= 1e5:
+        return f"{x:+.3g}%"
     for digits in (1, 2, 3):
         said = f"{x:+.{digits}f}%"
         if float(said[:-1]) != 0:
@@ -200,12 +203,20 @@ def decide_words(rounds: int, wall_s: float | None) -> str:
     decides sooner stops sooner); left out where the tune timed no steps."""
     took = ""
     if wall_s is not None and math.isfinite(wall_s):
-        took = f"at most about {wall_s / 60:.0f} min" if wall_s >= 90 else f"at most about {wall_s:.0f} s"
-        took += " here at this tune's pace; "
+        took = f"at most about {duration(wall_s)} here at this tune's pace; "
     return (
         f"To decide it, race again for about {rounds} rounds ({took}with this tune's own --set, --filter and "
         "launcher options): "
     )
+
+
+def duration(seconds: float) -> str:
+    """A wait in the unit a reader plans by: "45 s", "6 min", "5 h", "9 days" (a margin of 0.01 % asks
+    for months of rounds, which "12855 min" hides)."""
+    for unit, size, beyond in (("s", 1, 90), ("min", 60, 90 * 60), ("h", 3600, 48 * 3600)):
+        if seconds < beyond:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds / 86400:.0f} days"
 
 
 def sat_out(n: int) -> str:

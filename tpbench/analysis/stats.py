@@ -163,7 +163,15 @@ def paired_ratio(
     if d.size < 2:
         return Ratio(math.exp(mean), math.exp(mean), math.exp(mean), 1, "single", sides)
     half = _t(confidence, d.size - 1) * float(np.std(d, ddof=1)) / math.sqrt(d.size)
-    return Ratio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), int(d.size), "paired", sides)
+    return Ratio(math.exp(mean), *_ends(mean, half), int(d.size), "paired", sides)
+
+
+def _ends(mean: float, half: float) -> tuple[float, float]:
+    """An interval's ends, ``exp(mean ∓ half)``, kept within a float: at a confidence of ten nines
+    over a few rounds the t quantile runs to hundreds of thousands, and ``exp`` of the sum would
+    overflow. Clipped at e^±700 (about 1e±304), the ends still decide nothing they would not have
+    (every rule compares them with ratios near 1) and stay finite numbers for JSON."""
+    return math.exp(max(mean - half, -700.0)), math.exp(min(mean + half, 700.0))
 
 
 def unpaired_ratio(baseline: np.ndarray, candidate: np.ndarray, *, confidence: float = CONFIDENCE) -> Ratio:
@@ -184,7 +192,7 @@ def unpaired_ratio(baseline: np.ndarray, candidate: np.ndarray, *, confidence: f
         return Ratio(math.exp(diff), math.exp(diff), math.exp(diff), n, "unpaired", sides)
     df = (vb + vc) ** 2 / (vb**2 / (b.size - 1) + vc**2 / (c.size - 1))
     half = _t(confidence, df) * se
-    return Ratio(math.exp(diff), math.exp(diff - half), math.exp(diff + half), n, "unpaired", sides)
+    return Ratio(math.exp(diff), *_ends(diff, half), n, "unpaired", sides)
 
 
 def unpaired_difference(
@@ -221,9 +229,17 @@ def spent_confidence(confidence: float, looks: int, comparisons: int = 1) -> flo
     the looks depend on each other; ``looks`` is the most the rule can take (the budget's rounds),
     not the number it happens to take.
     """
+    return 1 - spent_miss(confidence, looks, comparisons)
+
+
+def spent_miss(confidence: float, looks: int, comparisons: int = 1) -> float:
+    """``1 - spent_confidence(...)``, the chance each single interval may miss, computed without the
+    round trip through 1: for a race asked how long it would take at a tiny margin and a confidence
+    of ten nines, ``looks`` runs to millions and the spent confidence rounds to exactly 1.0, whose
+    normal quantile does not exist (``tpbench tune`` failed with a traceback at its end)."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
-    return 1 - (1 - confidence) / (max(1, int(looks)) * max(1, int(comparisons)))
+    return (1 - confidence) / (max(1, int(looks)) * max(1, int(comparisons)))
 
 
 def blocked_ratios(
@@ -257,7 +273,7 @@ def blocked_ratios(
             out[a] = Ratio(math.exp(m), math.exp(m), math.exp(m), len(shared), "single")
             continue
         half = _t(confidence, df) * noise * math.sqrt(2 / len(shared))
-        out[a] = Ratio(math.exp(m), math.exp(m - half), math.exp(m + half), len(shared), "paired")
+        out[a] = Ratio(math.exp(m), *_ends(m, half), len(shared), "paired")
     return out
 
 
