@@ -1,8 +1,12 @@
 """The sequential rule's intervals (analysis/stats.py: spent_confidence, sequential_ratio, blocked_ratios) and the
 geometric mean they rank by."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
+from scipy import stats
 
 from tpbench.analysis.stats import blocked_ratios, geometric_mean, paired_ratio, sequential_ratio, spent_confidence
 
@@ -52,6 +56,28 @@ def test_blocked_ratios_of_two_arms_are_the_paired_interval():
     pooled, paired = blocked_ratios({"a": a, "b": b}, "a")["b"], paired_ratio(a, b)
     assert (pooled.ratio, pooled.lo, pooled.hi) == pytest.approx((paired.ratio, paired.lo, paired.hi))
     assert pooled.method == "paired" and pooled.n == 9
+
+
+def test_blocked_ratios_fit_a_race_that_numpys_svd_solver_could_not():
+    """A race's 299 values (seven arms, 111 rounds, most arms retired or out early; from
+    ``benchmarks/race_cost.py``'s simulated races) on which numpy's least squares failed with "SVD
+    did not converge", which would have ended a tune with a traceback. The fit is the same one:
+    its residual spread matches the full-rank fit with the first arm's effect dropped."""
+    raw = json.loads((Path(__file__).parent / "fixtures" / "races" / "svd_did_not_converge.json").read_text())
+    values = {a: {int(r): v for r, v in per_round.items()} for a, per_round in raw.items()}
+    ratios = blocked_ratios(values, "arm0")
+    assert set(ratios) == set(values) - {"arm0"} and all(0 < r.lo < r.ratio < r.hi for r in ratios.values())
+    cells = [(a, r, np.log(v)) for a, per_round in values.items() for r, v in per_round.items()]
+    arms, rounds = sorted(values)[1:], sorted({r for _, r, _ in cells})
+    design = np.array([[a == b for b in arms] + [r == q for q in rounds] for a, r, _ in cells], dtype=float)
+    y = np.array([x for *_, x in cells])
+    coef = np.linalg.solve(design.T @ design, design.T @ y)
+    df = len(cells) - design.shape[1]
+    noise = np.sqrt(((y - design @ coef) ** 2).sum() / df)
+    (r1,) = [ratios["arm1"]]
+    shared = len(set(values["arm1"]) & set(values["arm0"]))
+    half = np.log(r1.hi / r1.ratio)
+    assert half == pytest.approx(stats.t.ppf(0.975, df) * noise * np.sqrt(2 / shared))
 
 
 def test_blocked_ratios_cover_at_their_confidence_and_are_narrower_in_few_rounds():

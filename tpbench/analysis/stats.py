@@ -279,13 +279,21 @@ def blocked_ratios(
 
 def _block_noise(logs: Mapping[str, Mapping[int, float]]) -> tuple[float, int]:
     """The residual standard deviation of ``arm effect + round effect`` fitted by least squares to
-    every (arm, round) value, and its degrees of freedom (values less the fit's rank)."""
+    every (arm, round) value, and its degrees of freedom (values less the fit's rank).
+
+    The first arm's effect is left out of the design (the others are relative to it): with a column
+    for every arm and every round, both sets sum to ones, and on such a rank-deficient design of a
+    race's 299 values numpy's solver failed to converge ("SVD did not converge"), which would have
+    ended a tune with a traceback (tests/fixtures/races/svd_did_not_converge.json). The fitted values,
+    and so the residuals, are the same."""
     cells = [(a, r, x) for a, per_round in logs.items() for r, x in per_round.items()]
-    arm_col = {a: i for i, a in enumerate(logs)}
+    arm_col = {a: i - 1 for i, a in enumerate(logs) if i}
     round_col = {r: len(arm_col) + i for i, r in enumerate(sorted({r for _, r, _ in cells}))}
     design = np.zeros((len(cells), len(arm_col) + len(round_col)))
     for i, (a, r, _) in enumerate(cells):
-        design[i, arm_col[a]] = design[i, round_col[r]] = 1
+        if a in arm_col:
+            design[i, arm_col[a]] = 1
+        design[i, round_col[r]] = 1
     y = np.array([x for _, _, x in cells])
     coef, _, rank, _ = np.linalg.lstsq(design, y, rcond=None)
     df = len(cells) - int(rank)
