@@ -15,8 +15,9 @@ Usage::
         [--repeats 120] [--min-rounds 3] [--seed 0]
 
 Prints, per setting, the cost share's median and 10th/90th percentiles, how often it is at most
-0.5 and 0.35, the recommended arm's rounds, and how often the recommendation was more than epsilon
-slower than the best (the claim's error rate, which the rule bounds by 1 − confidence).
+0.5 and 0.35, the recommended arm's rounds, how often the recommendation was more than epsilon
+slower than the best (the claim's error rate, which the rule bounds by 1 − confidence), and how often
+the race ran out of rounds (unresolved: the loaded check fails however low its share).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Outcome:
     share: float  # timed seconds over the grid's (every arm for the recommended arm's rounds)
     rounds: int  # the recommended arm's
     wrong: bool  # the recommended arm is more than epsilon slower than the best
+    resolved: bool  # ended with one arm left or tied, not out of rounds (an unresolved tune recommends nothing)
 
 
 def race_once(
@@ -58,7 +60,8 @@ def race_once(
     best = arms.index(race.leader())
     rounds = ran[arms[best]]
     timed = sum(ran[a] * r for a, r in zip(arms, ratios))
-    return Outcome(timed / (rounds * sum(ratios)), rounds, ratios[best] > min(ratios) * (1 + options.epsilon))
+    wrong = ratios[best] > min(ratios) * (1 + options.epsilon)
+    return Outcome(timed / (rounds * sum(ratios)), rounds, wrong, race.ended != racing.MAX_ROUNDS)
 
 
 def summary(outcomes: list[Outcome]) -> str:
@@ -68,7 +71,9 @@ def summary(outcomes: list[Outcome]) -> str:
     return (
         f"share median {p50:.2f} (p10 {p10:.2f}, p90 {p90:.2f}); <= 0.5 in {np.mean(share <= 0.5):.0%}, "
         f"<= 0.35 in {np.mean(share <= 0.35):.0%}; rounds median {np.median(rounds):.0f} "
-        f"({rounds.min()}-{rounds.max()}); wrong {sum(o.wrong for o in outcomes)}/{len(outcomes)}"
+        f"({rounds.min()}-{rounds.max()}); wrong {sum(o.wrong for o in outcomes)}/{len(outcomes)}; "
+        f"out of rounds {sum(not o.resolved for o in outcomes)}/{len(outcomes)}; resolved with a share <= 0.5 "
+        f"(the loaded check's cost part) {np.mean([o.resolved and o.share <= 0.5 for o in outcomes]):.0%}"
     )
 
 
