@@ -12,7 +12,7 @@ Nothing is measured on the machine: the figures are the rule's, for the gaps and
 Usage::
 
     python benchmarks/race_cost.py [--ratios 1,1.036,...] [--sd 0.08] [--races 200] [--epsilon 0.02]
-        [--repeats 120] [--min-rounds 3] [--seed 0]
+        [--repeats 300] [--min-rounds 3] [--seed 0]
 
 Prints, per setting, the cost share's median and 10th/90th percentiles, how often it is at most
 0.5 and 0.35, the recommended arm's rounds, how often the recommendation was more than epsilon
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sd", type=float, default=0.08, help="standard deviation of a round's log ratio")
     p.add_argument("--races", type=int, default=200)
     p.add_argument("--epsilon", type=float, default=0.02)
-    p.add_argument("--repeats", type=int, default=120, help="the most rounds (the suite's repeats)")
+    p.add_argument("--repeats", type=int, default=300, help="the most rounds (suites/tune-planted.toml's repeats)")
     p.add_argument("--min-rounds", type=int, default=racing.MIN_ROUNDS)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
