@@ -527,13 +527,20 @@ def check_space(root: Path, need_bytes: int, why: str) -> None:
     free = shutil.disk_usage(root).free
     if free < need_bytes:
         raise StoreError(
-            f"{root}: {_mib(free)} free, the cases to run need about {_mib(need_bytes)} ({why}); "
+            f"{root}: {size_words(free)} free, the cases to run need about {size_words(need_bytes)} ({why}); "
             "free some space, or sweep fewer cases or traced steps"
         )
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
+def size_words(n: float) -> str:
+    """Bytes in MiB, GiB or TiB, whichever keeps the number under 1024: "32.5 GiB" free against a
+    suite that needs "100.6 TiB" reads at a glance, where MiB alone ran to nine digits."""
+    n /= 2**20
+    for unit in ("MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 def case_bytes(run_dir: Path, case_id: str) -> int:

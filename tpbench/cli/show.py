@@ -34,7 +34,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from tpbench import store, sweep
 
     cases = sweep.prepare(args.suite, args.set, args.filter, allow_large=args.allow_large).cases
-    about = f"{sum(c.repeats for c in cases)} repeats; about {_bytes(sum(map(sweep.case_estimate, cases)))} of results"
+    size = store.size_words(sum(map(sweep.case_estimate, cases)))
+    about = f"{sum(c.repeats for c in cases)} repeats; about {size} of results"
     out.print(f"{args.suite}: ok, {len(cases)} cases ({about})", markup=False, soft_wrap=True)
     # A suite can be valid and still not fit where its results go by default (``steps = 1e9``): the
     # sweep's own check, said here as a warning rather than only when `sweep` refuses it (exit 3).
@@ -46,16 +47,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
             f"warning: {e} (`tpbench sweep` would refuse these cases there, exit 3)", markup=False, soft_wrap=True
         )
     return EXIT_OK
-
-
-def _bytes(n: float) -> str:
-    """A size in MiB, GiB or TiB, whichever keeps the number under 1024."""
-    n /= 2**20
-    for unit in ("MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def cmd_env(args: argparse.Namespace) -> int:
