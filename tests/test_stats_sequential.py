@@ -74,7 +74,7 @@ def test_blocked_ratios_fit_a_race_that_numpys_svd_solver_could_not():
     coef = np.linalg.solve(design.T @ design, design.T @ y)
     df = len(cells) - design.shape[1]
     noise = np.sqrt(((y - design @ coef) ** 2).sum() / df)
-    (r1,) = [ratios["arm1"]]
+    r1 = ratios["arm1"]
     shared = len(set(values["arm1"]) & set(values["arm0"]))
     half = np.log(r1.hi / r1.ratio)
     assert half == pytest.approx(stats.t.ppf(0.975, df) * noise * np.sqrt(2 / shared))
