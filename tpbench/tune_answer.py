@@ -451,6 +451,7 @@ def _claim(
         or [MAX_ROUNDS]
     )
     then = f"; about {more} more round{'' if more == 1 else 's'} would decide it" if more else ""
+    # The margin as a change without its sign: "5.7%", "0.04%" (not "0.0%"), "3.66e+56%" at ten nines.
     resolved = (
         f"; the rounds run show it within {verdict.signed_pct(1 + shown)[1:]} of the best" if shown is not None else ""
     )
