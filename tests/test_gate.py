@@ -404,6 +404,32 @@ def test_resolve_side_forms(tmp_path: Path) -> None:
     assert s.kind == "command" and s.argv == (sys.executable, "-m", "tpbench")
 
 
+def test_a_venv_side_runs_its_own_tpbench_though_a_checkout_is_on_pythonpath(tmp_path: Path, monkeypatch) -> None:
+    """Run from a clone with ``PYTHONPATH=clone``, a python or venv side used to import the clone's
+    tpbench, not its own: the gate measured one version against itself. Entries holding a tpbench
+    package are left out; the others (a workload's module) stay."""
+    checkout, modules = tmp_path / "checkout", tmp_path / "modules"
+    (checkout / "tpbench").mkdir(parents=True)
+    (checkout / "tpbench" / "__init__.py").write_text("")
+    modules.mkdir()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(checkout), str(modules)]))
+    code = "import tpbench, sys; print(tpbench.__file__); print(sys.path)"
+
+    def imports(side: gate.Side, env: dict[str, str]) -> tuple[str, str]:
+        p = subprocess.run([side.argv[0], "-c", code], env=env, cwd=side.cwd, capture_output=True, text=True)
+        found, path = p.stdout.splitlines()
+        return found, path
+
+    for spec in (sys.executable, sys.prefix):
+        side = gate.resolve_side("candidate", spec, tmp_path)
+        assert side.env["PYTHONPATH"] == str(modules)
+        own, _ = imports(side, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+        found, path = imports(side, os.environ | side.env)
+        assert found == own and not found.startswith(str(checkout)) and str(modules) in path
+    side = gate.resolve_side("candidate", str(REPO), tmp_path)
+    assert side.env["PYTHONPATH"].split(os.pathsep) == [str(REPO.resolve()), str(modules)]
+
+
 # ---------------------------------------------------------------- end to end: a real slowdown
 
 

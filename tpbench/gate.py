@@ -68,26 +68,28 @@ class Side:
 def resolve_side(name: str, spec: str, work_dir: Path) -> Side:
     """Interpret ``--baseline``/``--candidate``.
 
-    A python executable or a venv directory runs ``python -m tpbench`` of that environment; a
-    source tree (a directory with pyproject.toml) runs this interpreter with the tree first on
+    A python executable or a venv directory runs ``python -m tpbench`` of that environment (no
+    PYTHONPATH entry that holds a tpbench package comes before it: ``own_pythonpath``); a source
+    tree (a directory with pyproject.toml) runs this interpreter with the tree first on
     PYTHONPATH. Both run in ``work_dir``, never in the caller's directory: ``python -m`` puts the
     working directory first on sys.path, and a checkout there would shadow the side's own code
     (a source tree runs in its own root for the same reason). Anything else is a command prefix
     such as ``"uv run tpbench"``.
     """
     path = Path(spec).expanduser()
+    kept = own_pythonpath()
     if path.is_file() and os.access(path, os.X_OK):
-        return Side(name, spec, "python", (str(path.absolute()), "-m", "tpbench"), cwd=work_dir)
+        return Side(name, spec, "python", (str(path.absolute()), "-m", "tpbench"), {"PYTHONPATH": kept}, work_dir)
     if path.is_dir() and (path / "pyvenv.cfg").exists():
         python = path / "bin" / "python"
         if not python.exists():
             raise GateError(f"--{name} {spec}: a virtual environment without bin/python")
-        return Side(name, spec, "venv", (str(python.absolute()), "-m", "tpbench"), cwd=work_dir)
+        return Side(name, spec, "venv", (str(python.absolute()), "-m", "tpbench"), {"PYTHONPATH": kept}, work_dir)
     if path.is_dir() and (path / "pyproject.toml").exists():
         if not (path / "tpbench" / "__init__.py").exists():
             raise GateError(f"--{name} {spec}: a source tree without a tpbench package")
         tree = str(path.resolve())
-        pythonpath = os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH", "")) if p)
+        pythonpath = os.pathsep.join(p for p in (tree, kept) if p)
         return Side(name, spec, "source", (sys.executable, "-m", "tpbench"), {"PYTHONPATH": pythonpath}, cwd=Path(tree))
     if path.exists():
         raise GateError(
@@ -97,6 +99,17 @@ def resolve_side(name: str, spec: str, work_dir: Path) -> Side:
     if not argv or shutil.which(argv[0]) is None:
         raise GateError(f"--{name} {spec}: no such file, directory or command")
     return Side(name, spec, "command", argv)
+
+
+def own_pythonpath() -> str:
+    """The caller's PYTHONPATH less the entries that hold a tpbench package.
+
+    Such an entry comes before a side's own site-packages: with ``PYTHONPATH=checkout`` set (as one
+    runs tpbench from a clone), a venv or python side would import the checkout's tpbench, not its
+    own, and the gate would measure one version of the code against itself without a word. The other
+    entries (a workload's own module, say) stay."""
+    entries = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    return os.pathsep.join(p for p in entries if p and not (Path(p) / "tpbench" / "__init__.py").exists())
 
 
 @dataclass(frozen=True)
