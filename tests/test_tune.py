@@ -909,6 +909,11 @@ def test_a_planted_tune_eliminates_the_slow_arm_early_and_prints_its_json(tmp_pa
     assert run_cli(["tune", "--resume", str(run_dir), "--format", "json"]) == code
     again = json.loads(capsys.readouterr().out)
     assert again["wall_s"] == doc["wall_s"] and again["claim"] == doc["claim"] and again["arms"] == doc["arms"]
+    # Resumed as a sweep it would run the eliminated arms to their last repeat and leave tune.json
+    # stale: refused, with the command that resumes it.
+    for dry in ([], ["--dry-run"]):
+        assert run_cli(["sweep", "--resume", str(run_dir), *dry]) == 3
+        assert "a tune (it has tune.json); resume it with tpbench tune --resume" in capsys.readouterr().err
 
 
 @pytest.mark.ranks

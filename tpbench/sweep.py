@@ -614,11 +614,19 @@ def _resume(
     run_dir: Path, launcher: Torchrun | None | Literal["recorded"], print_only: bool
 ) -> tuple[store.Run, list[Case], Torchrun | None]:
     """A run reopened to resume (``reopen``), its missing cases and the launcher to start them with."""
+    refuse_a_tune(run_dir)
     the_run, cases = reopen(run_dir)
     launcher = launcher_of(the_run.record) if launcher == RECORDED else launcher
     if print_only and launcher is None:
         raise SweepError(f"--print: {the_run.dir} runs with the local launcher; add --launcher torchrun")
     return the_run, cases, launcher
+
+
+def refuse_a_tune(run_dir: Path) -> None:
+    """A tune's run is resumed by ``tpbench tune --resume``: resumed as a sweep, it would run every
+    arm to its last repeat, the eliminated ones too, and leave tune.json behind it, stale."""
+    if (Path(run_dir) / store.TUNE_FILE).exists():
+        raise store.StoreError(f"{run_dir}: a tune (it has {store.TUNE_FILE}); resume it with tpbench tune --resume")
 
 
 def _summarized(run: store.Run) -> bool:

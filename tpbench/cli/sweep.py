@@ -170,8 +170,9 @@ def _print_worlds(run, worlds: list, launcher) -> int:
 def _check_resume_args(args: argparse.Namespace) -> None:
     """``--resume`` runs the run's own suite: what would change its cases is refused, so that the
     missing cases measure what the finished ones did."""
-    from tpbench import store, user_files
+    from tpbench import store, sweep, user_files
 
+    sweep.refuse_a_tune(args.resume)
     changed = given_flags(
         {
             "--set": args.set,
