@@ -811,7 +811,32 @@ def test_epsilon_and_confidence_take_a_percentage_or_a_fraction(tmp_path, capsys
         assert run_cli(["tune", str(suite), "--epsilon", eps, "--confidence", conf, "--dry-run"]) == 0
     capsys.readouterr()
     assert run_cli(["tune", str(suite), "--epsilon", "2", "--dry-run"]) == 2
-    assert "--epsilon 2: expected a margin above 0 and below 1, like 0.02 (or 2%)" in capsys.readouterr().err
+    assert "--epsilon 2 (200%): expected a margin above 0 and below 1, like 0.02 (or 2%)" in capsys.readouterr().err
+    assert run_cli(["tune", str(suite), "--epsilon", "100%", "--dry-run"]) == 2
+    assert "--epsilon 1 (100%): expected" in capsys.readouterr().err  # not "--epsilon 1" alone, as if typed
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        # A swept repeats: the race stopped at the fewest while the other arms ran rounds nobody
+        # judged, and the tune claimed it cost 152 % of the grid.
+        (["--set", "repeats=[4, 6]"], "repeats = [4, 6]: expected one value for every arm"),
+        # Fewer rounds than --min-rounds: nothing is ever judged, the tune could only end unresolved
+        # ("within 92846.8% of the best" on the smoke suite's 2 repeats).
+        (["--set", "repeats=2"], "repeats = 2: expected at least --min-rounds 3"),
+        (["--min-rounds", "5"], "repeats = 4: expected at least --min-rounds 5"),
+        (["--set", "slowdown_pct=0"], "1 case; a tune races two or more settings"),
+        (["--filter", "slowdown_pct=0"], "1 case after --filter; a tune races two or more settings"),
+    ],
+)
+def test_a_grid_the_race_cannot_judge_is_refused_with_exit_2(tmp_path, capsys, args, said):
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 10]", repeats=4))
+    for dry in (["--dry-run"], ["--out", str(tmp_path / "r")]):
+        assert run_cli(["tune", str(suite), *args, *dry]) == 2
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
 
 
 def planted(tmp_path, slowdowns: str = "[0, 5, 40]", repeats: int = 14):

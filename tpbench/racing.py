@@ -47,7 +47,10 @@ class Options:
     def check(self) -> None:
         """One line naming the option and what was expected (``TuneError``)."""
         if not (math.isfinite(self.epsilon) and 0 < self.epsilon < 1):
-            raise TuneError(f"--epsilon {self.epsilon:g}: expected a margin above 0 and below 1, like 0.02 (or 2%)")
+            raise TuneError(
+                f"--epsilon {self.epsilon:g} ({100 * self.epsilon:g}%): expected a margin above 0 and below 1, "
+                "like 0.02 (or 2%)"
+            )
         if not (math.isfinite(self.confidence) and 0.5 < self.confidence < 1):
             raise TuneError(
                 f"--confidence {self.confidence:g}: expected a number above 0.5 and below 1, like 0.95 (or 95%)"

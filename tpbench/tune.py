@@ -63,7 +63,7 @@ def start(
     """Check the options and the grid, create the run directory with every arm pending and an
     empty race in tune.json."""
     options.check()
-    prepared = prepare(suite_path, overrides, filters, launcher, allow_large)
+    prepared = prepare(suite_path, overrides, filters, launcher, allow_large, options.min_rounds)
     run = sweep.start(prepared, out_root, launcher)
     _save(run, {"options": asdict(options), "wall_s": 0.0, "worlds": {}, "history": []})
     return run, prepared.cases
@@ -75,15 +75,26 @@ def prepare(
     filters: Iterable[str] = (),
     launcher: Torchrun | None = None,
     allow_large: bool = False,
+    min_rounds: int = Options.min_rounds,
 ) -> sweep.Prepared:
-    """The suite's arms (``sweep.prepare`` with the tune's own overrides last), checked raceable."""
+    """The suite's arms (``sweep.prepare`` with the tune's own overrides last), checked raceable:
+    two or more, and one ``repeats`` for all (the most rounds any arm gets), no fewer than the race's
+    ``min_rounds``, before which it judges nothing (fewer, and it could only end unresolved)."""
     prepared = sweep.prepare(suite_path, [*overrides, *OVERRIDES], filters, launcher, allow_large)
-    if len(prepared.cases) < 2:
-        raise TuneError(f"{suite_path}: {len(prepared.cases)} case(s) after --filter; a tune races two or more")
-    short = [c for c in prepared.cases if c.repeats < 2]
-    if short:
+    n = len(prepared.cases)
+    if n < 2:
+        left = " after --filter" if filters else ""
+        raise TuneError(f"{suite_path}: {n} case{'s' if n != 1 else ''}{left}; a tune races two or more settings")
+    repeats = sorted({c.repeats for c in prepared.cases})
+    if len(repeats) > 1:
         raise TuneError(
-            f"{suite_path}: repeats = {short[0].repeats}: expected at least 2 (the most rounds an arm gets)"
+            f"{suite_path}: repeats = {repeats}: expected one value for every arm (the most rounds any arm gets; "
+            "set it in [defaults] or with --set repeats=N)"
+        )
+    if repeats[0] < min_rounds:
+        raise TuneError(
+            f"{suite_path}: repeats = {repeats[0]}: expected at least --min-rounds {min_rounds}, the rounds before "
+            f"the race judges any (--set repeats=N)"
         )
     return prepared
 

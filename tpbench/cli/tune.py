@@ -118,7 +118,7 @@ def _tune(args: argparse.Namespace) -> int:
         suite, options = args.suite, racing.Options(epsilon=epsilon, budget_s=args.budget_s, **given)
         options.check()
         if args.dry_run:
-            prepared = tune.prepare(args.suite, args.set, args.filter, launcher, args.allow_large)
+            prepared = tune.prepare(args.suite, args.set, args.filter, launcher, args.allow_large, options.min_rounds)
             title = (
                 f"{prepared.suite.name}: {len(prepared.cases)} settings to race, "
                 f"at most {prepared.cases[0].repeats} rounds (dry run)"
