@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 from conftest import REPO, localsgd_suite, only_run, run_cli, tiny_suite
 
-from tpbench import launch, store, tune, tune_answer, tune_trace, verdict
+from tpbench import launch, store, sweep, tune, tune_answer, tune_trace, verdict
 from tpbench.racing import ALL_TIED, BUDGET, MAX_ROUNDS, MIN_ROUNDS, ONE_LEFT, Options, Race, supported_epsilon
 from tpbench.record import SuiteSource
 from tpbench.report import recommendation
@@ -277,6 +277,37 @@ def test_a_tiny_margin_at_ten_nines_says_what_would_decide_it_in_the_words_it_wa
     assert [verdict.duration(s) for s in (45, 600, 7200, 12855 * 60)] == ["45 s", "10 min", "2 h", "9 days"]
 
 
+def test_the_commands_a_tune_names_make_the_settings_it_raced(tmp_path):
+    """A tune started with ``--set`` and ``--filter`` named a next race without them (it raced all
+    seven arms of a suite filtered to two) and a trace sweep without its ``--set`` (other case ids:
+    no case matched). run.json keeps both; ``repeats`` is each command's own."""
+    suite, cases, values = close_pair(tmp_path)
+    options = Options(epsilon=0.005)
+    race = run_race(Race(list(values), 12, options, comparisons=1), values)
+    source = SuiteSource("s", str(suite), "", None, ("batch_size=256", "repeats=12"), ("slowdown_pct=0|1",))
+    run = SimpleNamespace(dir=tmp_path, record=SimpleNamespace(suite=source))
+    result = tune_answer.result(run, cases, [race], options, 30.0, NO_EVAL)
+    rounds = 12 + result.rounds_to_decide
+    assert shlex.split(result.next_step) == [
+        *("tpbench", "tune", str(suite), "--set", "batch_size=256", "--filter", "slowdown_pct=0|1"),
+        *("--set", f"repeats={rounds}", "--epsilon", "0.5%"),
+    ]
+    assert shlex.split(result.trace_step)[:6] == ["tpbench", "sweep", str(suite), "--set", "batch_size=256", "--filter"]
+
+
+def test_a_run_keeps_the_set_and_filter_it_was_started_with(tmp_path):
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 10, 20]", repeats=4))
+    prepared = tune.prepare(suite, ["batch_size=32"], ["slowdown_pct=0|10"])
+    assert (prepared.overrides, prepared.filters) == (("batch_size=32",), ("slowdown_pct=0|10",))
+    run = sweep.start(prepared, tmp_path / "r")
+    assert store.read_run_json(run.dir)["suite"] | {"text": ""} == {
+        **{"name": "s", "path": str(suite), "text": ""},
+        **{"set": ["batch_size=32"], "filter": ["slowdown_pct=0|10"]},
+    }
+    assert (run.record.suite.overrides, run.record.suite.filters) == (("batch_size=32",), ("slowdown_pct=0|10",))
+
+
 def test_an_unresolved_tune_says_about_how_long_its_next_race_would_take(capsys):
     """The arms still in reach (and the recommended one) for the rounds the next race is given, each
     decided arm for the rounds it ran here, at each one's seconds per round, scaled by this tune's
@@ -295,7 +326,7 @@ def test_an_unresolved_tune_says_about_how_long_its_next_race_would_take(capsys)
     assert said.startswith("To decide it, race again for about 112 rounds (at most about 2 min here")
     assert "(at most about 45 s here" in verdict.decide_words(112, 45.0)
     assert verdict.decide_words(112, None) == (
-        "To decide it, race again for about 112 rounds (with this tune's own --set, --filter and launcher options): "
+        "To decide it, race again for about 112 rounds (under the same launcher): "
     )
 
 

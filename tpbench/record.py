@@ -289,12 +289,16 @@ class Adaptive(_Entry):
 
 @dataclass(frozen=True)
 class SuiteSource:
-    """The suite file a run was started from, kept whole so that a resume runs the same suite."""
+    """The suite file a run was started from, kept whole so that a resume runs the same suite, and
+    the ``--set`` and ``--filter`` it was started with, so that a command the run tells the user to
+    run (``tpbench tune``'s next step) races the same settings (none in a run.json from before)."""
 
     name: str
     path: str | None
     text: str
     description: str | None = None
+    overrides: tuple[str, ...] = ()
+    filters: tuple[str, ...] = ()
 
     @property
     def command_path(self) -> str:
@@ -448,7 +452,14 @@ class RunRecord:
         return cls(
             meta["schema_version"],
             meta["run_id"],
-            SuiteSource(suite["name"], suite.get("path"), suite["text"], suite.get("description")),
+            SuiteSource(
+                suite["name"],
+                suite.get("path"),
+                suite["text"],
+                suite.get("description"),
+                tuple(suite.get("set", ())),
+                tuple(suite.get("filter", ())),
+            ),
             meta.get("created"),
             meta.get("status"),
             _frozen(meta["environment"]),

@@ -37,7 +37,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pandas as pd
 import pyarrow as pa
@@ -334,9 +334,12 @@ class Run:
         cases: list[dict[str, Any]],
         environment: dict[str, Any],
         launcher: dict[str, Any] | None = None,
+        overrides: Sequence[str] = (),
+        filters: Sequence[str] = (),
     ) -> Run:
         """A new run directory under ``root/suite_name`` with every case pending; ``launcher``: how
-        its worlds are started (so that ``--resume`` starts them the same way)."""
+        its worlds are started (so that ``--resume`` starts them the same way); ``overrides`` and
+        ``filters``: the ``--set`` and ``--filter`` the cases were made with (``SuiteSource``)."""
         # Absolute: rank processes get file:// rendezvous paths and plan paths from it.
         root = Path(root).resolve()
         check_writable(root)
@@ -352,7 +355,13 @@ class Run:
         meta = {
             "schema_version": SCHEMA_VERSION,
             "run_id": run_id,
-            "suite": {"name": suite_name, "path": suite_path, "text": suite_text},
+            "suite": {
+                "name": suite_name,
+                "path": suite_path,
+                "text": suite_text,
+                "set": list(overrides),
+                "filter": list(filters),
+            },
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(),
             "status": RUNNING,
             "environment": environment,
@@ -600,6 +609,10 @@ def _run_json_problem(meta: Any) -> str | None:
     for key in ("name", "text"):
         if not isinstance(meta["suite"].get(key), str):
             return f"'suite' has no string {key!r}"
+    for key in ("set", "filter"):
+        given = meta["suite"].get(key, [])
+        if not isinstance(given, list) or not all(isinstance(v, str) for v in given):
+            return f"'suite' {key!r} is not a list of strings"
     if not meta["cases"]:
         return "'cases' is empty"
     if not isinstance(meta.get("worlds", []), list) or not all(isinstance(w, dict) for w in meta.get("worlds", [])):

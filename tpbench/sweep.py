@@ -30,8 +30,12 @@ from tpbench.worlds import Torchrun
 
 @dataclass(frozen=True)
 class Prepared:
+    """A suite's cases, and the ``--set`` and ``--filter`` that made them (run.json keeps them)."""
+
     suite: Suite
     cases: list[Case]
+    overrides: tuple[str, ...] = ()
+    filters: tuple[str, ...] = ()
 
 
 def prepare(
@@ -47,6 +51,7 @@ def prepare(
     ``--nproc-per-node``), and cases that cannot have that layout are refused. Worlds and sweeps
     far beyond this machine are refused unless ``allow_large``.
     """
+    overrides, filters = tuple(overrides), tuple(filters)
     suite = with_overrides(load(suite_path), overrides)
     machine = Machine.detect(limited=not allow_large)
     if launcher is not None:
@@ -55,7 +60,7 @@ def prepare(
             machine, nnodes=launcher.nnodes, nproc_per_node=launcher.nproc_per_node, max_ranks=None
         )
     cases = select(expand(suite, machine), filters, where=str(suite.path))
-    return Prepared(suite, cases)
+    return Prepared(suite, cases, overrides, filters)
 
 
 # What a case writes, for the free-space check. Measured on the shipped suites: the largest case
@@ -110,6 +115,8 @@ def start(prepared: Prepared, out_root: Path, launcher: Torchrun | None = None) 
         [c.params() for c in prepared.cases],
         fingerprint(),
         {"name": "torchrun", **asdict(launcher)} if launcher else {"name": "local"},
+        prepared.overrides,
+        prepared.filters,
     )
 
 

@@ -80,10 +80,12 @@ def prepare(
     """The suite's arms (``sweep.prepare`` with the tune's own overrides last), checked raceable:
     two or more, and one ``repeats`` for all (the most rounds any arm gets), no fewer than the race's
     ``min_rounds``, before which it judges nothing (fewer, and it could only end unresolved)."""
+    overrides = tuple(overrides)
     prepared = sweep.prepare(suite_path, [*overrides, *OVERRIDES], filters, launcher, allow_large)
+    prepared = replace(prepared, overrides=overrides)  # the user's own: the tune's are its business
     n = len(prepared.cases)
     if n < 2:
-        left = " after --filter" if filters else ""
+        left = " after --filter" if prepared.filters else ""
         raise TuneError(f"{suite_path}: {n} case{'s' if n != 1 else ''}{left}; a tune races two or more settings")
     repeats = sorted({c.repeats for c in prepared.cases})
     if len(repeats) > 1:
@@ -94,7 +96,7 @@ def prepare(
     if repeats[0] < min_rounds:
         raise TuneError(
             f"{suite_path}: repeats = {repeats[0]}: expected at least --min-rounds {min_rounds}, the rounds before "
-            f"the race judges any (--set repeats=N)"
+            "the race judges any (--set repeats=N)"
         )
     return prepared
 

@@ -493,8 +493,8 @@ def _next_step(
         return None
     rounds = rec.rounds + more
     ended = {r.ended for r in races}
-    parts = [f"tpbench tune {run.record.suite.command_path}"]
-    # Always said: this tune's repeats may have come from its own --set, which the command leaves out.
+    parts = [f"tpbench tune {run.record.suite.command_path}", *_own_sets(run)]
+    parts += [f"--filter {shlex.quote(f)}" for f in run.record.suite.filters]
     parts.append(f"--set repeats={max(rounds, *(r.max_rounds for r in races))}")
     defaults = Options()
     if options.epsilon != defaults.epsilon:
@@ -534,7 +534,16 @@ def _trace_step(run: store.Run, arms: list[Arm]) -> str | None:
         return None
     ids = "|".join(a.case_id for a in traced)
     # Quoted: | is a shell pipe.
-    return f"tpbench sweep {run.record.suite.command_path} --filter {shlex.quote('id=' + ids)}"
+    return " ".join(
+        [f"tpbench sweep {run.record.suite.command_path}", *_own_sets(run), f"--filter {shlex.quote('id=' + ids)}"]
+    )
+
+
+def _own_sets(run: store.Run) -> list[str]:
+    """The tune's own ``--set`` but ``repeats`` (a command names its own rounds, or the suite's),
+    for a command that must make the same settings: another key's value changes the case ids."""
+    sets = (s for s in run.record.suite.overrides if s.partition("=")[0].strip() != "repeats")
+    return [f"--set {shlex.quote(s)}" for s in sets]
 
 
 def _round_seconds(run: store.Run, cases: list[Case]) -> dict[str, pd.Series]:

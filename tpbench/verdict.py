@@ -204,10 +204,7 @@ def decide_words(rounds: int, wall_s: float | None) -> str:
     took = ""
     if wall_s is not None and math.isfinite(wall_s):
         took = f"at most about {duration(wall_s)} here at this tune's pace; "
-    return (
-        f"To decide it, race again for about {rounds} rounds ({took}with this tune's own --set, --filter and "
-        "launcher options): "
-    )
+    return f"To decide it, race again for about {rounds} rounds ({took}under the same launcher): "
 
 
 def duration(seconds: float) -> str:

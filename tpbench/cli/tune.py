@@ -205,7 +205,7 @@ def decided(arm, epsilon: float) -> str:
 # Before a tune's trace_step: a tune traces nothing, and this sweep traces what it recommends.
 TRACE_SAYS = (
     "Where the time goes (a tune traces nothing; with --trace it does so after the race): this sweep traces the "
-    "recommended setting and its closest rival, if any (with this tune's own --set and launcher options): "
+    "recommended setting and its closest rival, if any (under the same launcher): "
 )
 
 

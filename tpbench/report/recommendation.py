@@ -40,7 +40,7 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
             page.paragraph(
                 "Where the time goes: a tune traces nothing (tpbench tune --trace does, after the race); this sweep "
                 "traces the recommended setting and its closest rival, if any, and its report splits their steps "
-                "into compute, exposed communication and idle (with the tune's own --set and launcher options): "
+                "into compute, exposed communication and idle (under the same launcher): "
                 f"{result['trace_step']}"
             )
         page.paragraph(
