@@ -21,6 +21,7 @@ import pytest
 from conftest import REPO, localsgd_suite, only_run, run_cli, tiny_suite
 
 from tpbench import launch, store, sweep, tune, tune_answer, tune_trace, verdict
+from tpbench.analysis.stats import slowest_rank
 from tpbench.racing import ALL_TIED, BUDGET, MAX_ROUNDS, MIN_ROUNDS, ONE_LEFT, Options, Race, supported_epsilon
 from tpbench.record import SuiteSource
 from tpbench.report import recommendation
@@ -1012,10 +1013,16 @@ def test_resume_after_sigkill_runs_no_round_twice_and_loses_none(tmp_path, capsy
     run_dir = only_run(out)
     before = {c: store.finished_repeats(run_dir, c) for c in store.read_run_json(run_dir)["cases"]}
     worlds_before = len(store.read_run_json(run_dir)["worlds"])
+    # The killed session's time is counted (it was only added as a session ended: the timed steps
+    # then outran the run's wall time).
+    timed = sum(slowest_rank(store.case_steps(run_dir, c).assign(case_id=c))["step_ms"].sum() / 1e3 for c in before)
+    wall_before = store.read_run_json(run_dir).get("wall_s", 0.0)
+    assert wall_before >= timed > 0
     code = run_cli(["tune", "--resume", str(run_dir), "--format", "json"])
     doc = json.loads(capsys.readouterr().out)
     assert code in (0, 4)
     meta = store.read_run_json(run_dir)
+    assert meta["wall_s"] > wall_before and meta["efficiency"]["timed_share"] <= 1
     rerun = {tuple(item) for w in meta["worlds"][worlds_before:] for item in w["schedule"]}
     assert not any((c, r) in rerun for c, rs in before.items() for r in rs), "a finished round ran again"
     steps = store.load(run_dir).steps

@@ -200,7 +200,22 @@ def execute(
     pass runs in none after it (``launch.run_group``)."""
     reap_stale_namespaces()
     user_ics = run.record.suite_table("interconnects")
-    t0 = time.monotonic()
+    charged = time.monotonic()
+
+    def charge() -> None:
+        """The seconds since the last charge into the run's ``wall_s``: after every repeat, not only
+        at the end, so that a sweep killed outright (SIGKILL) has its time counted when resumed
+        (else the timed steps outran the wall time, and an adaptive budget was overspent)."""
+        nonlocal charged
+        now = time.monotonic()
+        run.add_wall_time(now - charged)
+        charged = now
+
+    def listen(kind: str, ev: dict[str, Any]) -> None:
+        if kind == "repeat_end":
+            charge()
+        listener(kind, ev)
+
     try:
         groups = group_cases(cases)
         passes = max((c.passes for c in cases), default=1) if in_passes else 1
@@ -209,7 +224,7 @@ def execute(
             if i:  # the first world's space was checked before the run began (start, reopen)
                 ahead = {c.case_id: c for _, g in turns[i:] for c in g.cases}
                 check_space(run.dir, list(ahead.values()), _largest_done(run))
-            if run_group(run, group, user_ics, listener, launcher, lockstep, steps_interleaved, through):
+            if run_group(run, group, user_ics, listen, launcher, lockstep, steps_interleaved, through):
                 break
     except KeyboardInterrupt:
         _mark_interrupted(run)
@@ -223,7 +238,7 @@ def execute(
         raise
     finally:
         with contextlib.suppress(OSError, store.StoreError):
-            run.add_wall_time(time.monotonic() - t0)
+            charge()
 
 
 def _mark_interrupted(run: store.Run) -> None:
