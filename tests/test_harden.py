@@ -198,6 +198,14 @@ def test_adaptive_target_must_lie_within_its_bounds(tmp_path, capsys, value):
     assert "from 0.1% to 10000%" in capsys.readouterr().err
 
 
+def test_a_bare_target_of_one_or_more_is_refused_as_the_fraction_it_reads_as(tmp_path, capsys):
+    """``--target-ci 5`` read as ±500 %: met at once, the sweep added no round and said nothing."""
+    for cmd in (["sweep", "suites/smoke.toml", "--budget-s", "60"], ["gate", "suites/gate.toml"]):
+        assert run_cli([*cmd, "--target-ci", "5", "--dry-run" if cmd[0] == "sweep" else "--repeats", "1"]) == 2
+        assert "5: a bare number is a fraction (500%); write 5% for that percentage, or 500%" in capsys.readouterr().err
+    assert run_cli(["sweep", "suites/smoke.toml", "--target-ci", "0.05", "--budget-s", "60", "--dry-run"]) == 0
+
+
 # --- compare: nothing to compare is not a pass; metrics are recorded columns ---------------------
 
 
