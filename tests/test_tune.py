@@ -278,6 +278,38 @@ def test_a_tiny_margin_at_ten_nines_says_what_would_decide_it_in_the_words_it_wa
     assert [verdict.duration(s) for s in (45, 600, 7200, 12855 * 60)] == ["45 s", "10 min", "2 h", "9 days"]
 
 
+def test_a_tune_json_of_the_wrong_shape_is_refused_naming_the_file(tmp_path, capsys):
+    """Valid JSON of the wrong shape gave tracebacks (exit 1) in ``tune --resume`` and the report;
+    now exit 3 naming tune.json, as for run.json. An interrupted tune's report says how to resume it."""
+    from synthetic_runs import make_run
+
+    suite, cases, values = close_pair(tmp_path)
+    options = Options(epsilon=0.005)
+    race = run_race(Race(list(values), 12, options, comparisons=1), values)
+    result = tune_answer.result(stored(tmp_path, suite), cases, [race], options, 30.0, NO_EVAL)
+    good = tune._record(options, [race], 30.0) | {"result": result.to_json()}
+    run_dir = make_run(tmp_path / "r", {"ddp": [10.0, 11.0]})
+    for broken in (
+        {"options": 5},
+        {"options": {"epsilon": 0.02, "patience": 3}},
+        {"options": {"epsilon": "two"}},
+        {"worlds": []},
+        {"history": {}},
+        {"wall_s": "long"},
+        {"result": {"claim": 5, "arms": "zz"}},
+        {"result": good["result"] | {"arms": [{"case_id": "x"}]}},
+    ):
+        store.write_tune(run_dir, good | broken)
+        for cmd in (["tune", "--resume"], ["report"]):
+            assert run_cli([*cmd, str(run_dir)]) == 3, broken
+            assert f"{run_dir / store.TUNE_FILE}: " in capsys.readouterr().err
+    store.write_tune(run_dir, good | {"result": None})  # interrupted: its rounds so far, no answer
+    assert run_cli(["report", str(run_dir), "-o", str(tmp_path / "r.html")]) == 0
+    page = (tmp_path / "r.html").read_text()
+    said = "this tune stopped after 12 rounds (interrupted, or still running). Resume it with tpbench tune --resume"
+    assert f"{said} {run_dir}" in page
+
+
 def test_the_commands_a_tune_names_make_the_settings_it_raced(tmp_path):
     """A tune started with ``--set`` and ``--filter`` named a next race without them (it raced all
     seven arms of a suite filtered to two) and a trace sweep without its ``--set`` (other case ids:
@@ -484,7 +516,7 @@ def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_t
     cli.print_tune(result, "text")
     out = " ".join(capsys.readouterr().out.split())
     assert " ".join(note.split()) in out and "held-out loss" in out and "1.580" in out
-    store.write_tune(tmp_path, {"options": {"min_rounds": 3}, "history": race.history, "result": js})
+    store.write_tune(tmp_path, tune._record(Options(epsilon=0.02), [race], 0.0) | {"result": js})
     page = Page("t")
     recommendation.section(page, [SimpleNamespace(run_dir=tmp_path, record=SimpleNamespace(run_id="r"))])
     shown = page.render()
@@ -537,7 +569,7 @@ def test_worlds_of_one_arm_run_their_rounds_and_the_note_compares_per_sample(tmp
     half = 0.5  # the recommended arm's 8 samples a step over the other's 16
     assert f"{other.label} ×{other.ratio * half:.2f} [{other.lo * half:.2f}, {other.hi * half:.2f}]" in note
     # The report: no round held two settings, so no race chart (it used to fail on the empty history).
-    store.write_tune(tmp_path, {"options": {"min_rounds": 3}, "history": raced[0].history, "result": result.to_json()})
+    store.write_tune(tmp_path, tune._record(Options(), raced, 0.0) | {"result": result.to_json()})
     page = Page("t")
     recommendation.section(page, [SimpleNamespace(run_dir=tmp_path, record=SimpleNamespace(run_id="r"))])
     shown = page.render()
@@ -582,7 +614,7 @@ def test_arms_across_worlds_get_each_worlds_own_answer(tmp_path, capsys):
     assert "Within each world (its own race, on the same intervals):" in out and best[2] in out
     cli.print_tune(result, "md")  # the other world's arm holds its winner's unpaired interval: the column says so
     assert "| 95% interval (spent; other worlds unpaired) |" in capsys.readouterr().out
-    store.write_tune(tmp_path, {"options": {"min_rounds": 3}, "history": races[0].history, "result": result.to_json()})
+    store.write_tune(tmp_path, tune._record(Options(), races, 0.0) | {"result": result.to_json()})
     page = Page("t")
     recommendation.section(page, [SimpleNamespace(run_dir=tmp_path, record=SimpleNamespace(run_id="r"))])
     assert html.escape(result.worlds[1]) in page.render() and "other worlds unpaired" in page.render()
@@ -860,6 +892,8 @@ def test_epsilon_and_confidence_take_a_percentage_or_a_fraction(tmp_path, capsys
         (["--min-rounds", "5"], "repeats = 4: expected at least --min-rounds 5"),
         (["--set", "slowdown_pct=0"], "1 case; a tune races two or more settings"),
         (["--filter", "slowdown_pct=0"], "1 case after --filter; a tune races two or more settings"),
+        # It was overridden without a word.
+        (["--set", "capture.profiler_steps=3"], "--set capture.profiler_steps=3: a tune traces nothing"),
     ],
 )
 def test_a_grid_the_race_cannot_judge_is_refused_with_exit_2(tmp_path, capsys, args, said):

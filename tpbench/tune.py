@@ -81,6 +81,13 @@ def prepare(
     two or more, and one ``repeats`` for all (the most rounds any arm gets), no fewer than the race's
     ``min_rounds``, before which it judges nothing (fewer, and it could only end unresolved)."""
     overrides = tuple(overrides)
+    for o in overrides:
+        key, _, value = (part.strip() for part in o.partition("="))
+        if key == "capture.profiler_steps" and value != "0":
+            raise TuneError(
+                f"--set {o}: a tune traces nothing (its timed steps decide); --trace traces the recommended "
+                "setting and its closest rival after the race"
+            )
     prepared = sweep.prepare(suite_path, [*overrides, *OVERRIDES], filters, launcher, allow_large)
     prepared = replace(prepared, overrides=overrides)  # the user's own: the tune's are its business
     n = len(prepared.cases)
@@ -108,8 +115,13 @@ def reopen(run_dir: Path) -> tuple[store.Run, Options]:
     saved = store.read_tune(run_dir)
     if saved is None:
         raise store.StoreError(f"{run_dir}: no {store.TUNE_FILE}; not a tune (resume a sweep with tpbench sweep)")
+    try:
+        options = Options(**saved["options"])
+        options.check()
+    except (TypeError, TuneError) as e:  # a key this tpbench does not know, a value it would refuse
+        raise store.StoreError(f"{Path(run_dir) / store.TUNE_FILE}: 'options': {e}") from None
     run, _ = sweep.reopen(run_dir)
-    return run, Options(**saved["options"])
+    return run, options
 
 
 def _save(run: store.Run, record: dict[str, Any]) -> None:

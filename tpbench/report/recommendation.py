@@ -18,14 +18,21 @@ from tpbench.report.html import Page, plot_text
 
 
 def section(page: Page, runs: list[store.Loaded]) -> None:
-    tuned = [(r, t) for r in runs if (t := store.read_tune(r.run_dir)) and t.get("result")]
+    tuned = [(r, t) for r in runs if (t := store.read_tune(r.run_dir))]
     if not tuned:
         return
     page.heading("Recommendation", anchor="recommendation")
     for run, saved in tuned:
-        result = saved["result"]
         if len(tuned) > 1:
             page.heading(f"run {run.record.run_id}", level=3)
+        if not saved.get("result"):  # interrupted (or still racing): no answer yet, and how to get one
+            n = len(saved["history"])
+            page.paragraph(
+                f"No recommendation yet: this tune stopped after {n} round{'s' if n != 1 else ''} "
+                f"(interrupted, or still running). Resume it with tpbench tune --resume {run.run_dir}."
+            )
+            continue
+        result = saved["result"]
         page.paragraph(result["claim"])
         if result.get("training_note"):  # tune.json before it had none
             page.paragraph(result["training_note"])
@@ -49,7 +56,8 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
             "leader (the lowest geometric mean) was clearly above 1, its variance pooled over every value the race "
             "had, and retired (tied: it runs no more rounds) once it could no longer be more than "
             f"{verdict.percent(result['epsilon'])} faster than the leader, brought back should a later leader not be "
-            "safe from it; the race ended tied once the leader alone was left running; intervals at "
+            "safe from it; a race ends when one setting is left, tied once the leader alone is left running, or "
+            "unresolved when its rounds or its budget run out; intervals at "
             f"{verdict.percent(result['confidence'])} "
             "confidence spent over every round the race could look at and every setting (docs/tune.md). "
             f"Timed steps: {result['timed_s']:.1f} s of the {result['grid_timed_s']:.1f} s the whole grid "
