@@ -18,12 +18,14 @@ import pytest
 from conftest import run_cli
 from synthetic_runs import make_run
 
-from tpbench import user_files, whatif_run
+from tpbench import store, sweep, user_files, whatif_run
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    return make_run(tmp_path_factory.mktemp("harden"), {"ddp": [10.0, 10.1, 9.9], "zero_no_overlap": [12, 12.2, 12.1]})
+    run = make_run(tmp_path_factory.mktemp("harden"), {"ddp": [10.0, 10.1, 9.9], "zero_no_overlap": [12, 12.2, 12.1]})
+    sweep.finalize(store.Run.open(run))  # its summary, as a sweep leaves it
+    return run
 
 
 # --- files: only regular files are read, with a size cap -----------------------------------------

@@ -322,6 +322,20 @@ def test_wrong_shaped_steps_parquet_exits_3_naming_the_file(done_run, tmp_path, 
     assert str(victim) in err and "Traceback" not in err, err
 
 
+def test_a_complete_run_without_its_summary_is_refused_by_report_until_resumed(done_run, tmp_path, capsys):
+    """A complete run's summary.parquet gone: the report used to drop its verdicts and step times
+    without a word; it exits 3 naming the file, as for a done case's missing steps.parquet, and
+    ``--resume`` writes the summary again."""
+    run = copy_run(done_run, tmp_path)
+    (run / "summary.parquet").unlink()
+    assert run_cli(_commands(run, tmp_path)["report"]) == 3
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{run / 'summary.parquet'}: missing, but run.json says the run is complete" in err, err
+    assert "Traceback" not in err and not (tmp_path / "r.html").exists()
+    assert run_cli(["sweep", "--resume", str(run), "--no-report"]) == 0
+    assert run_cli(_commands(run, tmp_path)["report"]) == 0
+
+
 # --- 6. a repeat longer than timeout_s fails as timed out ---------------------------------------
 
 

@@ -197,6 +197,8 @@ from tpbench import cli
 root = Path({str(tmp_path)!r})
 a = make_run(root / "a", {{"ddp": [10.0, 10.1], "zero_no_overlap": [12.0, 12.2]}})
 b = make_run(root / "b", {{"ddp": [10.0, 10.2], "zero_no_overlap": [12.1, 12.0]}}, seed=1)
+from tpbench import store, sweep
+sweep.finalize(store.Run.open(a))  # the summary a report reads
 """
     code += _cli(f"['report', str(a), '-o', {str(tmp_path / 'r.html')!r}]") + _cli("['compare', str(a), str(b)]")
     assert not _torch_imported(code)

@@ -339,6 +339,7 @@ def test_metric_cpu_ms_compares_cpu_time_and_says_so(tmp_path):
 
 def test_report_metric_not_recorded_is_an_error_naming_the_run(tmp_path):
     run = make_run(tmp_path / "old", {"ddp": [10, 10.1, 9.9]})  # no cpu_ms, like runs made before it was recorded
+    finalize(store.Run.open(run))
     proc = subprocess.run(
         [sys.executable, "-m", "tpbench", "report", str(run), "--metric", "cpu_ms", "-o", str(tmp_path / "r.html")],
         capture_output=True,

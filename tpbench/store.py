@@ -790,6 +790,23 @@ def load(run_dir: str | Path) -> Loaded:
     return Loaded(run_dir, record, cases_table(record), steps, summary)
 
 
+def require_summary(loaded: Loaded) -> None:
+    """Refuse a finished run whose summary.parquet is missing, with a ``StoreError`` naming it.
+
+    run.json says ``complete`` only once the summary is written (``sweep.finalize``), so a finished
+    run without one is broken, as a done case without its steps.parquet is; a reader of the summary's
+    numbers (the report) would otherwise drop its verdicts without a word. ``load`` does not check
+    it: compare and export work from the steps, and ``--resume`` loads such a run to write it again.
+    """
+    if not loaded.record.finished or not loaded.summary.empty:
+        return
+    path = loaded.run_dir / SUMMARY_FILE
+    raise StoreError(
+        f"{path}: {'no rows' if path.exists() else 'missing'}, but run.json says the run is {loaded.record.status}; "
+        f"`tpbench sweep --resume {loaded.run_dir}` writes it again"
+    )
+
+
 def cases_table(record: RunRecord) -> pd.DataFrame:
     """A run's cases as a table, built here only: one row per case with its parameters as the
     suite gave them, its label (``suite.labels``), status, error and failure detail."""

@@ -115,6 +115,8 @@ def load(runs: list[store.Loaded], metric: str = "step_ms") -> ReportData:
     each case's per-repeat values (``repeat_medians_ms``, ``repeat_ids``) are its CPU times."""
     if metric not in METRIC_WORDS:
         raise ValueError(f"--metric {metric}: expected one of {', '.join(METRIC_WORDS)}")
+    for run in runs:
+        store.require_summary(run)  # a finished run's numbers are its summary's
     tags = run_tags(runs)
     frames = [_run_cases(r, tags[r.record.run_id], metric) for r in runs]
     cases = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
