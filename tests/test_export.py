@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli
 from synthetic_runs import make_run
 
 from tpbench import export as exports
@@ -119,3 +120,16 @@ def test_export_to_stdout_and_bad_format(run: Path) -> None:
         timeout=120,
     )
     assert p.returncode == 2
+
+
+@pytest.mark.parametrize("fmt", exports.EXPORT_FORMATS)
+def test_a_run_without_a_finished_case_is_refused_not_exported_empty(tmp_path: Path, fmt: str, capsys) -> None:
+    """A run killed before any repeat finished (here every case failed) used to export an empty
+    document with exit 0, which a CI job would upload; refused with exit 2 naming the run, as
+    ``compare`` refuses nothing to compare, and nothing written."""
+    run = make_run(tmp_path / "run", {"ddp": [10.0], "zero_no_overlap": [12.0]}, failed=["ddp", "zero_no_overlap"])
+    out = tmp_path / "bench.json"
+    assert run_cli(["export", str(run), "--format", fmt, "-o", str(out)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{run}: nothing to export: no case has timed steps (2 failed)" in err, err
+    assert not out.exists()

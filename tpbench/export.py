@@ -4,6 +4,7 @@ github-action-benchmark's ``customSmallerIsBetter`` input (``tpbench export``)."
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,11 @@ def _export_cases(loaded: store.Loaded) -> tuple[list[tuple[Case, str, np.ndarra
             continue
         reps = per_repeat[per_repeat["case_id"] == cid]["step_ms"].dropna().to_numpy()
         out.append((Case.from_params(p), names[cid], data["step_ms"].to_numpy(dtype=float), reps))
+    if not out:
+        # An empty document exits 0 and a CI job would upload it: refused, as compare refuses nothing to compare.
+        states = Counter(c.status for c in loaded.record.cases.values())
+        said = ", ".join(f"{n} {state}" for state, n in states.most_common())
+        raise GateError(f"{loaded.run_dir}: nothing to export: no case has timed steps ({said})")
     return out, skipped
 
 
