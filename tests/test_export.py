@@ -133,3 +133,20 @@ def test_a_run_without_a_finished_case_is_refused_not_exported_empty(tmp_path: P
     err = " ".join(capsys.readouterr().err.split())
     assert f"{run}: nothing to export: no case has timed steps (2 failed)" in err, err
     assert not out.exists()
+
+
+def test_pytest_benchmark_names_come_from_all_the_runs_cases(tmp_path: Path) -> None:
+    """A case without data (a tune's world left "not raced", an interrupted sweep) used to drop
+    the keys only it varied from every name (``ddp[slowdown_pct=0.0]`` for
+    ``ddp[world_size=1-slowdown_pct=0.0]``): names follow all the run's cases, so a dashboard's
+    series keeps its name whichever cases finished."""
+    run = make_run(tmp_path / "run", {"ddp": [10.0, 10.2]}, sweep={"world_size": "[1, 2]"})
+    names = {b["extra_info"]["case_id"]: b["name"] for b in exports.export_pytest_benchmark(run).document["benchmarks"]}
+    meta = json.loads((run / "run.json").read_text())
+    gone = next(cid for cid, c in meta["cases"].items() if c["params"]["world_size"] == 2)
+    meta["cases"][gone]["status"] = "pending"  # as a run that never got to that world leaves it
+    (run / "run.json").write_text(json.dumps(meta))
+    shutil.rmtree(run / "cases" / gone)
+    (left,) = exports.export_pytest_benchmark(run).document["benchmarks"]
+    assert left["name"] == names[left["extra_info"]["case_id"]] == "ddp[world_size=1]"
+    assert left["params"] == {"world_size": 1}

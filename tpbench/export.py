@@ -13,8 +13,8 @@ import numpy as np
 
 from tpbench import store
 from tpbench.analysis.stats import CONFIDENCE, bootstrap_ci, repeat_values, slowest_rank, windows_of
-from tpbench.compare import GateError
-from tpbench.suite import Case, varying_keys
+from tpbench.compare import GateError, swept_keys
+from tpbench.suite import Case
 
 EXPORT_FORMATS = ("pytest-benchmark", "custom-smaller-is-better")
 # The pytest-benchmark storage layout we write (unchanged in what `pytest-benchmark compare` reads since 3.x).
@@ -63,15 +63,16 @@ def _export_cases(loaded: store.Loaded) -> tuple[list[tuple[Case, str, np.ndarra
 def export_pytest_benchmark(run_dir: str | Path) -> Export:
     """pytest-benchmark's saved-run JSON: one benchmark per case over its timed steps, in seconds.
 
-    Benchmarks are named ``ALGORITHM[key=value-…]`` after the keys that vary in the suite, grouped
-    by suite, with the case parameters under ``params``, so ``pytest-benchmark compare`` and its
+    Benchmarks are named ``ALGORITHM[key=value-…]`` after the keys that vary among the run's cases
+    (those without data too, so a case keeps its name whichever cases finished), grouped by suite,
+    with the case parameters under ``params``, so ``pytest-benchmark compare`` and its
     ``--group-by`` options work on tpbench runs.
     """
     loaded = store.load(run_dir)
     env = loaded.environment
     suite = loaded.record.suite.name
     cases, skipped = _export_cases(loaded)
-    keys = varying_keys([c for c, *_ in cases])
+    keys = swept_keys(loaded.record)  # all its cases': a name must not change with which cases have data
     benchmarks = [_pytest_benchmark(loaded, suite, keys, *c) for c in cases]
     git = env.get("git") or {}
     document = {
