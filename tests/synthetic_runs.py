@@ -64,6 +64,7 @@ def make_run(
     sweep: Mapping[str, Any] | None = None,
     factor: Callable[[Case], float] | None = None,
     cpu_ms: Callable[[Case], float] | None = None,
+    workloads: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Path:
     """A finished run with one case per algorithm; ``medians[algorithm]`` are its per-repeat medians (ms).
 
@@ -73,6 +74,7 @@ def make_run(
     ``medians`` are per algorithm and ``factor(case)`` scales them per case (cases of one world
     share each repeat's round, as a sweep's do). ``cpu_ms(case)``: each step's CPU time (with the
     same jitter); without it the steps record none, as runs from before it was recorded.
+    ``workloads``: ``[workloads.NAME]`` tables, their values in TOML syntax.
     """
     algorithms = sorted(medians)
     repeats = max(len(v) for v in medians.values())
@@ -82,6 +84,8 @@ def make_run(
     text = text.replace("[sweep]", "".join(f"{k} = {v}\n" for k, v in (defaults or {}).items()) + "[sweep]")
     text = "".join(line for line in text.splitlines(True) if line.split(" = ")[0] not in (sweep or {}))
     text = text.replace("[capture]", "".join(f"{k} = {v}\n" for k, v in (sweep or {}).items()) + "[capture]")
+    for name, keys in (workloads or {}).items():
+        text += f"[workloads.{name}]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items())
     cases = expand(parse(text, "synthetic.toml"), Machine(gpus=0))
     run = store.Run.create(
         root, "synthetic", "synthetic.toml", text, [c.params() for c in cases], dict(environment or ENVIRONMENT)

@@ -601,3 +601,33 @@ def test_the_crossover_table_names_every_key_that_tells_its_points_apart():
         }
     )
     assert _other_keys(points) == ["shard_buckets"]
+
+
+def test_a_table_column_with_no_value_shows_empty_cells_not_none():
+    """pandas' formatters skip a column holding only None, which printed "None" (the Across runs
+    table's ratio when no case had a counterpart); every cell is the page's own, blank when missing."""
+    from tpbench.report.html import Page
+
+    page = Page("t")
+    page.table(pd.DataFrame([{"case": "ddp", "ratio": None, "verdict": "missing"}]))
+    assert "<td>None</td>" not in page.parts[-1] and "<td></td>" in page.parts[-1]
+
+
+def test_several_runs_show_parameters_as_the_suite_spells_them(tmp_path):
+    """A run of another workload lacks mlp's keys: concatenated, its NaN turned the other runs'
+    integers into floats ("workload.width=64.0" in every sentence); they read as the suite wrote
+    them. No case has a counterpart in the first run, so the Across runs table has no ratio."""
+    two = {"ddp": [10.0, 10.2, 9.9], "zero_no_overlap": [12.0, 12.1, 11.9]}
+    mlp = {"workload": '"mlp"'}
+    runs = [
+        make_run(tmp_path / "wide", two, defaults=mlp, workloads={"mlp": {"width": 64}}),
+        make_run(tmp_path / "narrow", two, defaults=mlp, workloads={"mlp": {"width": 32}}, seed=1),
+        make_run(tmp_path / "markov", two, defaults={"workload": '"markov"'}, seed=2),
+    ]
+    loaded = [finalize(store.Run.open(run)) for run in runs]
+    data = report_data.load(loaded)
+    said = {report_data.context_text(row, data.context_keys) for row in data.cases.to_dict("records")}
+    assert said == {"workload=mlp, workload.width=64", "workload=mlp, workload.width=32", "workload=markov"}
+    html = build_report(loaded, tmp_path)
+    assert "workload.width=64.0" not in html and "Fastest workload=mlp, workload.width=64:" in html
+    assert 'id="across-runs"' in html and "<td>None</td>" not in html

@@ -119,7 +119,7 @@ def load(runs: list[store.Loaded], metric: str = "step_ms") -> ReportData:
         store.require_summary(run)  # a finished run's numbers are its summary's
     tags = run_tags(runs)
     frames = [_run_cases(r, tags[r.record.run_id], metric) for r in runs]
-    cases = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    cases = _concat_runs(frames, {k for r in runs for c in r.record.cases.values() for k in c.params})
     for col in STEP_TIME_COLUMNS:
         # A run without summary.parquet (interrupted before its end) still gets a report of its cases.
         if col not in cases:
@@ -135,6 +135,21 @@ def load(runs: list[store.Loaded], metric: str = "step_ms") -> ReportData:
         cases = cases.iloc[sorted(range(len(cases)), key=keys.__getitem__)].reset_index(drop=True)
         cases["order"] = range(len(cases))
     return ReportData(runs, tags, cases, context, metric)
+
+
+def _concat_runs(frames: list[pd.DataFrame], params: set[str]) -> pd.DataFrame:
+    """The runs' cases as one table. A parameter that one run's cases lack (a key of another
+    workload) is NaN there, which turns the other runs' integers into floats (``2.0`` in sentences
+    for the suite's ``2``): such a column keeps each run's own values, None where a run has none, as
+    ``store.cases_table`` keeps a collapsed key within a run."""
+    if not frames:
+        return pd.DataFrame()
+    cases = pd.concat(frames, ignore_index=True)
+    for col in params & set(cases.columns):
+        if cases[col].dtype == float and any(col in f and f[col].dtype != float for f in frames):
+            values = [v for f in frames for v in (f[col] if col in f else [None] * len(f))]
+            cases[col] = pd.Series(values, dtype=object)
+    return cases
 
 
 def _algo(algorithm: str, impl: Any) -> str:

@@ -88,8 +88,8 @@ class Page:
 
     def table(self, df: pd.DataFrame, float_format: str = "{:.3g}", scroll: bool = False) -> None:
         """A DataFrame as an escaped HTML table; long tables scroll inside a box."""
-        fmt = {c: (lambda v, f=float_format: _cell(v, f)) for c in df.columns}
-        body = df.to_html(index=False, escape=True, formatters=fmt, border=0, na_rep="")
+        # Every cell through ``_cell``: pandas' own formatters skip a column of None only, printing "None".
+        body = df.map(lambda v: _cell(v, float_format)).to_html(index=False, escape=True, border=0)
         self.parts.append(f'<div class="{"wide scroll" if scroll else "wide"}">{body}</div>')
 
     def details(self, summary: str, text: str) -> None:
