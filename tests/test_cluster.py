@@ -368,7 +368,7 @@ def test_printed_command_runs_and_resume_records_it(tmp_path, capsys):
     # A dry run says that the world ran: its case is left to record, with no repeat to run.
     assert run_cli(["sweep", "--resume", str(run_dir), "--dry-run"]) == 0
     shown = " ".join(capsys.readouterr().out.split())
-    assert "1 cases to resume, 1 of them with every repeat on disk, only to record" in shown and "0 of 1" in shown
+    assert "1 case to resume, 1 of them with every repeat on disk, only to record" in shown and "0 of 1" in shown
     assert run_cli(["sweep", "--resume", str(run_dir), "--no-report"]) == 0
     loaded = store.load(run_dir)
     assert loaded.record.status == "complete" and set(loaded.cases.status) == {"done"}

@@ -85,6 +85,21 @@ def test_validate_says_how_much_a_suite_writes_and_warns_where_it_would_not_fit(
     assert f"warning: {tmp_path}: " in shown.err and "would refuse these cases there, exit 3" in shown.err
 
 
+def test_one_case_is_counted_as_one_case(tmp_path, capsys, monkeypatch):
+    """A count that can be one says "case": validate, a dry run and the report said "ok, 1 cases",
+    "1 cases (dry run)" and "1 cases: 1 done"."""
+    suite = Path(__file__).parent.parent / "suites" / "smoke.toml"
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["validate", str(suite), "--filter", "algorithm=ddp"]) == 0
+    assert "smoke.toml: ok, 1 case (" in capsys.readouterr().out
+    assert run_cli(["sweep", str(suite), "--filter", "algorithm=ddp", "--dry-run"]) == 0
+    assert "smoke: 1 case (dry run)" in capsys.readouterr().out
+    run = make_run(tmp_path / "one", {"ddp": [10.0, 10.1, 9.9]})
+    sweep.finalize(store.Run.open(run))
+    assert run_cli(["report", str(run), "-o", str(tmp_path / "r.html")]) == 0
+    assert "(complete; 1 case: 1 done)" in (tmp_path / "r.html").read_text()
+
+
 def test_list_names_a_suites_folder_that_is_not_there(tmp_path, capsys):
     """An explicit ``--suites`` that does not exist is an error; without it, a folder with no suites/
     lists the algorithms and workloads alone."""

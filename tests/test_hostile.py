@@ -433,7 +433,7 @@ def test_machine_limits_follow_cores_and_memory_and_allow_large_lifts_them(capsy
     assert run_cli(["validate", str(huge)]) == 2
     assert f"expected at most {machine.max_ranks} ranks on this machine" in capsys.readouterr().err
     assert run_cli(["validate", str(huge), "--allow-large"]) == 0
-    assert "ok, 1 cases" in capsys.readouterr().out
+    assert "ok, 1 case (" in capsys.readouterr().out
 
 
 # --- 9, 10. the terminal prints paths as they are; files respect the umask ----------------------

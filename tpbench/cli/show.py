@@ -36,7 +36,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     cases = sweep.prepare(args.suite, args.set, args.filter, allow_large=args.allow_large).cases
     size = store.size_words(sum(map(sweep.case_estimate, cases)))
     about = f"{sum(c.repeats for c in cases)} repeats; about {size} of results"
-    out.print(f"{args.suite}: ok, {len(cases)} cases ({about})", markup=False, soft_wrap=True)
+    n = len(cases)
+    out.print(f"{args.suite}: ok, {n} case{'' if n == 1 else 's'} ({about})", markup=False, soft_wrap=True)
     # A suite can be valid and still not fit where its results go by default (``steps = 1e9``): the
     # sweep's own check, said here as a warning rather than only when `sweep` refuses it (exit 3).
     results = Path("results").absolute()

@@ -219,14 +219,17 @@ def _sweep(args: argparse.Namespace) -> int:
             # A case with every repeat on disk (a printed world that ran) is only recorded.
             on_disk = sum(left[c.case_id] == 0 for c in todo)
             recorded = f", {on_disk} of them with every repeat on disk, only to record" if on_disk else ""
-            table = cases_table(f"{run.dir}: {len(todo)} cases to resume{recorded} (dry run)", todo, left)
+            n = len(todo)
+            table = cases_table(f"{run.dir}: {n} case{'' if n == 1 else 's'} to resume{recorded} (dry run)", todo, left)
             out.print(fitted(table, out))
             return EXIT_OK
         suite, launcher = None, launcher if args.launcher else sweep.RECORDED
     else:
         suite = sweep.prepare(args.suite, args.set, args.filter, launcher, allow_large=args.allow_large)
         if args.dry_run:
-            out.print(fitted(cases_table(f"{suite.suite.name}: {len(suite.cases)} cases (dry run)", suite.cases), out))
+            n = len(suite.cases)
+            title = f"{suite.suite.name}: {n} case{'' if n == 1 else 's'} (dry run)"
+            out.print(fitted(cases_table(title, suite.cases), out))
             return EXIT_OK
         if not args.no_report:  # before hours of sweeping, not after
             if args.report and args.report.is_dir():

@@ -106,7 +106,7 @@ def _run_line(page: Page, data: ReportData, run: store.Loaded) -> None:
     tag = f"{data.tags[record.run_id]}: " if data.multi else ""
     page.paragraph(
         f"{tag}run {record.run_id} of suite {record.suite.name} ({record.status or '?'}; "
-        f"{len(record.cases)} cases: {counts}). {desc}",
+        f"{len(record.cases)} case{'' if len(record.cases) == 1 else 's'}: {counts}). {desc}",
         css="muted",
     )
 

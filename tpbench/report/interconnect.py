@@ -241,7 +241,8 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, replay.Fab
     page.heading("Projected step time (ms) per fabric, with its 95% interval: projections, not measurements", level=3)
     refused = int(first["refused"].notna().sum())
     if refused:
-        page.paragraph(f"{refused} of {len(first)} cases refused; the last column says why.", css="warn")
+        n = len(first)
+        page.paragraph(f"{refused} of {n} case{'' if n == 1 else 's'} refused; the last column says why.", css="warn")
     page.table(wide.reset_index())
     answer = whatif_run.answer_lines(result.projections, labels)
     if answer:
