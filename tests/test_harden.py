@@ -215,6 +215,13 @@ def test_adaptive_target_must_lie_within_its_bounds(tmp_path, capsys, value):
     assert "from 0.1% to 10000%" in capsys.readouterr().err
 
 
+def test_a_report_file_with_no_report_is_refused(tmp_path, capsys):
+    """Both were accepted, and no report written where --report said."""
+    args = ["sweep", "suites/smoke.toml", "--no-report", "--report", str(tmp_path / "r.html"), "--dry-run"]
+    assert run_cli(args) == 2
+    assert "with --no-report: the one names the report's file, the other writes none" in capsys.readouterr().err
+
+
 def test_a_bare_target_of_one_or_more_is_refused_as_the_fraction_it_reads_as(tmp_path, capsys):
     """``--target-ci 5`` read as ±500 %: met at once, the sweep added no round and said nothing."""
     for cmd in (["sweep", "suites/smoke.toml", "--budget-s", "60"], ["gate", "suites/gate.toml"]):

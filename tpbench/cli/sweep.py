@@ -287,6 +287,8 @@ def _check_sweep_args(args: argparse.Namespace):
         usage("--target-ci with --lockstep: the gate decides when its sides stop")
     if args.print_only and args.lockstep:
         usage("--print: a lockstep gate paces worlds this command starts itself; drop --lockstep")
+    if args.no_report and args.report:
+        usage(f"--report {args.report} with --no-report: the one names the report's file, the other writes none")
     return launcher
 
 
