@@ -202,3 +202,27 @@ def test_two_concurrent_sweeps_into_one_root_are_both_intact_and_bitwise_reprodu
     la = a.steps.sort_values(cols)[cols + ["loss"]].reset_index(drop=True)
     lb = b.steps.sort_values(cols)[cols + ["loss"]].reset_index(drop=True)
     pd.testing.assert_frame_equal(la, lb, check_exact=True)
+
+
+def test_a_run_whose_process_is_gone_reads_as_interrupted_not_running(tmp_path, capsys):
+    """A sweep killed outright (SIGKILL, the OOM killer) leaves run.json saying "running": its report
+    said "2 running" for ever. Read while no process holds its lock, it is what Ctrl-C would have left
+    (interrupted, the cases in flight pending); while one does, it is running. run.json is not changed."""
+    from synthetic_runs import make_run
+
+    run_dir = make_run(tmp_path / "r", {"ddp": [10.0, 11.0], "zero_no_overlap": [9.0, 9.5]})
+    meta = json.loads((run_dir / "run.json").read_text())
+    first = sorted(meta["cases"])[0]
+    meta["status"], meta["cases"][first]["status"] = "running", "running"
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    loaded = store.load(run_dir)
+    assert loaded.record.status == "interrupted" and loaded.record.cases[first].status == "pending"
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
+    lock = store.RunLock(run_dir)  # as the sweep running it holds it
+    try:
+        loaded = store.load(run_dir)
+        assert loaded.record.status == "running" and loaded.record.cases[first].status == "running"
+    finally:
+        lock.release()
+    assert run_cli(["report", str(run_dir), "-o", str(tmp_path / "r.html")]) == 0
+    assert "running" not in capsys.readouterr().out + (tmp_path / "r.html").read_text().split("<body")[1]

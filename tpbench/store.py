@@ -35,8 +35,9 @@ import shutil
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pandas as pd
@@ -49,6 +50,7 @@ from tpbench.record import (  # the case states are the store's vocabulary too
     CASE_STATES,
     DONE,
     FAILED,
+    INTERRUPTED,
     PENDING,
     RUNNING,
     SCHEMA_VERSION,
@@ -777,6 +779,8 @@ def load(run_dir: str | Path) -> Loaded:
     """Everything of a run as DataFrames. Broken files raise ``StoreError`` naming the file."""
     run_dir = Path(run_dir)
     record = read_record(run_dir)
+    if record.status == RUNNING and not owned(run_dir):
+        record = _left_interrupted(record)
     frames = []
     for cid, case in record.cases.items():
         steps_path = case_dir(run_dir, cid) / STEPS_FILE
@@ -788,6 +792,30 @@ def load(run_dir: str | Path) -> Loaded:
     summary_path = run_dir / SUMMARY_FILE
     summary = _read_summary(summary_path) if summary_path.exists() else pd.DataFrame()
     return Loaded(run_dir, record, cases_table(record), steps, summary)
+
+
+def owned(run_dir: Path) -> bool:
+    """Whether a process holds the run's lock (``RunLock``): a sweep, tune or resume running it now."""
+    try:
+        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released with the descriptor, below
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _left_interrupted(record: RunRecord) -> RunRecord:
+    """A run that says it is running, but whose process is gone (killed outright: SIGKILL, the OOM
+    killer, a lost node), as Ctrl-C would have left it: interrupted, the cases it had in flight
+    pending. Read so, not written (a resume takes it over as it is): a report or compare of it
+    said "2 running" for ever."""
+    cases = {cid: replace(c, status=PENDING) if c.status == RUNNING else c for cid, c in record.cases.items()}
+    return replace(record, status=INTERRUPTED, cases=MappingProxyType(cases))
 
 
 def require_summary(loaded: Loaded) -> None:
