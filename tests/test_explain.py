@@ -10,6 +10,7 @@ steps only do if they ran as the timed ones did."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -227,13 +228,46 @@ def test_compare_names_the_top_contributor_of_a_regression(burnt: Path, capsys) 
 
 
 @pytest.mark.ranks
-def test_two_runs_match_case_by_case(burnt: Path, capsys) -> None:
-    """BASE CAND matches by identity (``compare.counterpart``): a run against itself explains each
-    case, with no change in any part."""
-    assert run_cli(["explain", str(burnt), str(burnt), "--format", "json"]) == 0
-    cases = json.loads(capsys.readouterr().out)["cases"]
-    assert len(cases) == 4
-    assert all(c["delta_ms"] == 0 and {p["delta_ms"] for p in c["components"]} == {0} for c in cases)
+def test_two_runs_match_case_by_case(burnt: Path, tmp_path: Path, capsys) -> None:
+    """BASE CAND matches by identity (``compare.counterpart``): a run against a copy of itself
+    explains each case, with no change in any part."""
+    copy = shutil.copytree(burnt, tmp_path / "copy")
+    assert run_cli(["explain", str(burnt), str(copy), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["cases"]) == 4 and doc["environment_differences"] == []
+    assert all(c["delta_ms"] == 0 and {p["delta_ms"] for p in c["components"]} == {0} for c in doc["cases"])
+
+
+def test_a_run_given_twice_is_refused_as_compare_refuses_it(tmp_path: Path, capsys) -> None:
+    """Every part of a run against itself is exactly 0: a typo, not an explanation (exit 2, compare's words)."""
+    from synthetic_runs import make_run
+
+    run = make_run(tmp_path, {"ddp": [10.0, 10.1, 9.9]})
+    for same in (run, run / "."):
+        assert run_cli(["explain", str(run), str(same)]) == 2
+        assert f"{run}: given as both baseline and candidate" in capsys.readouterr().err
+        assert run_cli(["compare", str(run), str(same)]) == 2
+        assert f"{run}: given as both baseline and candidate" in capsys.readouterr().err
+
+
+@pytest.mark.ranks
+def test_runs_of_other_environments_are_explained_as_incomparable(burnt: Path, tmp_path: Path, capsys) -> None:
+    """compare's rule (``compare.runs_environment_differences``): another torch makes the runs
+    incomparable, said above the parts and exit 3, unless --ignore-env torch."""
+    other = shutil.copytree(burnt, tmp_path / "other")
+    doc = json.loads((other / store.RUN_FILE).read_text())
+    doc["environment"]["torch"] = "9.9.9"
+    (other / store.RUN_FILE).write_text(json.dumps(doc))
+    assert run_cli(["compare", str(burnt), str(other)]) == 3
+    capsys.readouterr()
+    assert run_cli(["explain", str(burnt), str(other)]) == 3
+    out = capsys.readouterr().out
+    assert "incomparable: the environments differ" in out and "environment differs: " in out
+    assert f"torch: {store.load(burnt).environment['torch']} vs 9.9.9" in out
+    assert run_cli(["explain", str(burnt), str(other), "--format", "json"]) == 3
+    assert len(json.loads(capsys.readouterr().out)["environment_differences"]) == 1
+    assert run_cli(["explain", str(burnt), str(other), "--ignore-env", "torch"]) == 0
+    assert "incomparable" not in capsys.readouterr().out
 
 
 @pytest.mark.ranks
@@ -257,7 +291,8 @@ def test_bad_arguments_say_what_to_give(burnt: Path, tmp_path: Path, capsys) -> 
 @pytest.mark.ranks
 def test_a_run_without_traces_says_how_to_get_them(tmp_path: Path, capsys) -> None:
     untraced = sweep_in_process(tmp_path, tiny_suite("seed = [0]", name="plain", steps=1, warmup_steps=1)).run_dir
-    assert run_cli(["explain", str(untraced), str(untraced)]) == 2
+    copy = shutil.copytree(untraced, tmp_path / "copy")
+    assert run_cli(["explain", str(untraced), str(copy)]) == 2
     said = capsys.readouterr().err
     assert "no traced steps (baseline case" in said and "capture.profiler_steps" in said
 

@@ -241,6 +241,43 @@ def environment_differences(
     ]
 
 
+def check_ignore_env(ignore_env: Iterable[str]) -> None:
+    """``GateError`` for an ``--ignore-env`` key that is no fingerprint key: ignoring it would ignore nothing."""
+    unknown = set(ignore_env) - set(COMPARABLE_KEYS)
+    if unknown:
+        raise GateError(f"--ignore-env {', '.join(sorted(unknown))}: expected one of {', '.join(COMPARABLE_KEYS)}")
+
+
+def check_distinct(base: Sequence[RunData], cand: Sequence[RunData]) -> None:
+    """``GateError`` for a run given on both sides: every ratio is exactly 1 with an interval, which
+    reads as a verdict but is a typo (``compare`` and ``explain`` refuse it alike)."""
+    both = sorted({str(Path(b.dir).resolve()) for b in base} & {str(Path(c.dir).resolve()) for c in cand})
+    if both:
+        raise GateError(
+            f"{', '.join(both)}: given as both baseline and candidate; a run compared with itself shows nothing"
+        )
+
+
+def runs_environment_differences(
+    base: Sequence[RunData], cand: Sequence[RunData], ignore_env: Iterable[str] = ()
+) -> list[str]:
+    """Every comparable key on which a baseline run differs from a candidate run, or the candidate
+    runs from each other, as 'RUN vs RUN: key: a vs b': what makes runs incomparable (``compare``'s
+    verdict, ``explain``'s note), the ``ignore_env`` keys left out."""
+    across = {
+        f"{Path(b.dir).name} vs {Path(c.dir).name}: {d}"
+        for b in base
+        for c in cand
+        for d in environment_differences(b.environment, c.environment, ignore_env)
+    }
+    among = {
+        f"candidate runs {Path(cand[0].dir).name} vs {Path(c.dir).name}: {d}"
+        for c in cand[1:]
+        for d in environment_differences(cand[0].environment, c.environment, ignore_env)
+    }
+    return sorted(across | among)
+
+
 def compare_runs(
     baseline: Sequence[store.Loaded | str | Path],
     candidate: Sequence[store.Loaded | str | Path],
@@ -269,29 +306,11 @@ def compare_runs(
         )
     if pairing == "repeats" and not len(baseline) == len(candidate) == 1:
         raise GateError(f"pairing by repeats needs one run a side, got {len(baseline)} and {len(candidate)}")
-    unknown = set(ignore_env) - set(COMPARABLE_KEYS)
-    if unknown:
-        raise GateError(f"--ignore-env {', '.join(sorted(unknown))}: expected one of {', '.join(COMPARABLE_KEYS)}")
+    check_ignore_env(ignore_env)
     base = [RunData.of(d, metric) for d in baseline]
     cand = [RunData.of(d, metric) for d in candidate]
-    both = sorted({str(Path(b.dir).resolve()) for b in base} & {str(Path(c.dir).resolve()) for c in cand})
-    if both:  # every ratio exactly 1 with an interval: a typo, not a verdict
-        raise GateError(
-            f"{', '.join(both)}: given as both baseline and candidate; a run compared with itself shows nothing"
-        )
-    env_diff = sorted(
-        {
-            f"{Path(b.dir).name} vs {Path(c.dir).name}: {d}"
-            for b in base
-            for c in cand
-            for d in environment_differences(b.environment, c.environment, ignore_env)
-        }
-        | {
-            f"candidate runs {Path(cand[0].dir).name} vs {Path(c.dir).name}: {d}"
-            for c in cand[1:]
-            for d in environment_differences(cand[0].environment, c.environment, ignore_env)
-        }
-    )
+    check_distinct(base, cand)
+    env_diff = runs_environment_differences(base, cand, ignore_env)
     ref = cand[0]
     results = [
         _judge_case(cid, ref.labels[cid], ref.params[cid], base, cand, threshold, confidence, bool(env_diff), pairing)

@@ -91,12 +91,15 @@ class CaseExplanation:
 
 @dataclass(frozen=True)
 class Report:
-    """Every explained case, and the matched cases left out (``skipped``: case → why)."""
+    """Every explained case, and the matched cases left out (``skipped``: case → why);
+    ``environment_differences``: what makes the two runs incomparable (``compare``'s rule,
+    ``compare.runs_environment_differences``), empty when they are comparable or within one run."""
 
     baseline: str
     candidate: str
     cases: list[CaseExplanation]
     skipped: dict[str, str] = field(default_factory=dict)
+    environment_differences: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -104,6 +107,7 @@ class Report:
             "candidate": self.candidate,
             "cases": [c.to_dict() for c in self.cases],
             "skipped": self.skipped,
+            "environment_differences": self.environment_differences,
         }
 
 
@@ -153,10 +157,18 @@ def explain_cases(
     return out, skipped
 
 
-def run(runs: Sequence[str | Path], *, pairs: Sequence[str] = (), confidence: float = CONFIDENCE) -> Report:
+def run(
+    runs: Sequence[str | Path],
+    *,
+    pairs: Sequence[str] = (),
+    confidence: float = CONFIDENCE,
+    ignore_env: Sequence[str] = (),
+) -> Report:
     """``tpbench explain BASE CAND`` (two runs, their cases matched by identity) or ``tpbench
     explain RUN --pair KEY=A..B`` (two cases of one run). Raises ``ExplainError`` for arguments
-    that name nothing to explain, or when no matched case has traces on both sides."""
+    that name nothing to explain (one run given twice, as ``compare`` refuses it), or when no
+    matched case has traces on both sides. Two runs whose environments differ, beyond the
+    ``ignore_env`` keys, are explained with the differences in ``Report.environment_differences``."""
     if len(runs) == 1:
         if not pairs:
             raise ExplainError("explain RUN_DIR needs --pair KEY=BASELINE..CANDIDATE (or give two runs: BASE CAND)")
@@ -166,11 +178,19 @@ def run(runs: Sequence[str | Path], *, pairs: Sequence[str] = (), confidence: fl
             raise ExplainError(str(e)) from None
         matched = [(p.baseline_case, p.candidate_case, p.result.label, _medians(p.result)) for p in within.pairs]
         base_dir = cand_dir = Path(within.run)
+        differs: list[str] = []
     elif len(runs) == 2:
         if pairs:
             raise ExplainError("--pair: only with a single RUN_DIR (two cases of one run)")
         base_dir, cand_dir = Path(runs[0]), Path(runs[1])
-        matched = matched_across(base_dir, cand_dir)
+        base, cand = compare.RunData.of(base_dir), compare.RunData.of(cand_dir)
+        try:
+            compare.check_ignore_env(ignore_env)
+            compare.check_distinct([base], [cand])
+        except compare.GateError as e:
+            raise ExplainError(str(e)) from None
+        differs = compare.runs_environment_differences([base], [cand], ignore_env)
+        matched = _matched(base, cand)
     else:
         raise ExplainError(f"explain takes BASE_RUN CAND_RUN, or one RUN_DIR with --pair; got {len(runs)} runs")
     if not matched:  # the two runs share no finished case: nothing to pair, whatever they traced
@@ -186,7 +206,7 @@ def run(runs: Sequence[str | Path], *, pairs: Sequence[str] = (), confidence: fl
             f"nothing to explain: {why}. Traces come from the traced steps after each case's timed ones: "
             "sweep with capture.profiler_steps >= 2 (e.g. --set capture.profiler_steps=5)"
         )
-    return Report(str(base_dir), str(cand_dir), cases, skipped)
+    return Report(str(base_dir), str(cand_dir), cases, skipped, differs)
 
 
 def annotate(
@@ -225,7 +245,10 @@ def _medians(r: compare.CaseResult) -> tuple[float, float]:
 
 def matched_across(base_dir: Path, cand_dir: Path) -> list[tuple[str, str, str, tuple[float, float]]]:
     """The finished candidate cases with a counterpart in the baseline (``compare.counterpart``)."""
-    base, cand = compare.RunData.of(base_dir), compare.RunData.of(cand_dir)
+    return _matched(compare.RunData.of(base_dir), compare.RunData.of(cand_dir))
+
+
+def _matched(base: compare.RunData, cand: compare.RunData) -> list[tuple[str, str, str, tuple[float, float]]]:
     out = []
     for cid, params in cand.params.items():
         other, _ = compare.counterpart(params, cid, base)

@@ -237,9 +237,20 @@ def _explain_note(c: explain.CaseExplanation) -> str:
     )
 
 
+def _incomparable(r: explain.Report) -> list[str]:
+    """The note above an explanation of runs whose environments differ, in compare's words."""
+    if not r.environment_differences:
+        return []
+    return [
+        "incomparable: the environments differ, so a part may have moved with them (exit 3; --ignore-env KEY "
+        "explains the runs as comparable)",
+        *(f"environment differs: {d}" for d in r.environment_differences),
+    ]
+
+
 def render_explain_text(r: explain.Report) -> str:
     """Per case: the sentence, then each part's change (ms per step) with its 95 % interval."""
-    lines = [f"tpbench explain: baseline {r.baseline} → candidate {r.candidate}", ""]
+    lines = [f"tpbench explain: baseline {r.baseline} → candidate {r.candidate}", *_incomparable(r), ""]
     for c in r.cases:
         table = [["part", "change ms", "95% CI"], *_explain_rows(c)]
         widths = [max(len(row[i]) for row in table) for i in range(3)]
@@ -255,6 +266,7 @@ def render_explain_text(r: explain.Report) -> str:
 
 def render_explain_markdown(r: explain.Report) -> str:
     lines = ["### tpbench explain", "", f"baseline `{r.baseline}` → candidate `{r.candidate}`", ""]
+    lines += [f"- {line}" for line in _incomparable(r)] + ([""] if r.environment_differences else [])
     for c in r.cases:
         lines += [f"#### {c.label}", "", c.top, "", "| part | change ms | 95% CI |", "|---|---:|---:|"]
         lines += ["| " + " | ".join(x.replace("|", "\\|") for x in row) + " |" for row in _explain_rows(c)]

@@ -63,21 +63,26 @@ def _seconds(text: str) -> float:
 
 
 def _verdict_args(p: argparse.ArgumentParser) -> None:
-    from tpbench.environment import COMPARABLE_KEYS
-
     p.add_argument("--metric", default="step_ms", help="per-step column to compare, lower is better (default: step_ms)")
     p.add_argument("--threshold", default="5%", help="changes within ±THRESHOLD pass (default: 5%%)")
     p.add_argument("--format", choices=("text", "md", "json"), default="text", help="output on stdout (default: text)")
     p.add_argument(
         "--fail-on-inconclusive", action="store_true", help="exit 4 when a case is inconclusive (default: exit 0)"
     )
+    _ignore_env_arg(p, "compare")
+
+
+def _ignore_env_arg(p: argparse.ArgumentParser, verb: str) -> None:
+    """``--ignore-env KEY``: compare's and explain's one rule for runs whose fingerprints differ."""
+    from tpbench.environment import COMPARABLE_KEYS
+
     p.add_argument(
         "--ignore-env",
         action="append",
         default=[],
         choices=COMPARABLE_KEYS,
         metavar="KEY",
-        help=f"compare even though this fingerprint key differs ({', '.join(COMPARABLE_KEYS)})",
+        help=f"{verb} even though this fingerprint key differs ({', '.join(COMPARABLE_KEYS)})",
     )
 
 
@@ -285,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=BASELINE..CANDIDATE",
         help="one run: explain these comparisons of its cases (repeatable), e.g. interconnect=loopback..tcp-1gbit",
     )
+    _ignore_env_arg(p, "explain")
     p.add_argument("--format", choices=("text", "md", "json"), default="text", help="output on stdout (default: text)")
     p.set_defaults(func=cmd_explain)
 

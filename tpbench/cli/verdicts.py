@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tpbench.cli.common import EXIT_OK, EXIT_USAGE, console, given_flags, stop_signals_interrupt
+from tpbench.cli.common import EXIT_OK, EXIT_RESULTS, EXIT_USAGE, console, given_flags, stop_signals_interrupt
 
 
 def _print_verdict(comparison, fmt: str) -> int:
@@ -65,10 +65,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from tpbench import explain, render
 
-    report = explain.run(args.runs, pairs=args.pair)
+    report = explain.run(args.runs, pairs=args.pair, ignore_env=args.ignore_env)
     sys.stdout.write(render.EXPLAIN_RENDERERS[args.format](report))
     sys.stdout.flush()
-    return EXIT_OK
+    # Incomparable runs exit as compare's verdict on them does: a script must not read the parts as clean.
+    return EXIT_RESULTS if report.environment_differences else EXIT_OK
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
