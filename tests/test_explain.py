@@ -250,6 +250,27 @@ def test_a_run_given_twice_is_refused_as_compare_refuses_it(tmp_path: Path, caps
         assert f"{run}: given as both baseline and candidate" in capsys.readouterr().err
 
 
+def test_runs_without_traces_exit_3_and_a_traced_case_without_its_tables_names_them(tmp_path: Path, capsys) -> None:
+    """No traces is what the runs hold, not a bad argument: exit 3, as ``whatif`` on such a run. A
+    case whose traces are there but whose analysed tables are gone is told which files, not to trace."""
+    from synthetic_runs import make_run
+
+    base, cand = (make_run(tmp_path / side, {"ddp": [10.0, 10.1, 9.9]}) for side in ("base", "cand"))
+    assert run_cli(["explain", str(base), str(cand)]) == 3
+    said = capsys.readouterr().err
+    assert "no traced steps (baseline case" in said and "capture.profiler_steps >= 2" in said
+    (cid,) = store.load(cand).record.cases
+    for run in (base, cand):
+        store.trace_dir(run, cid).mkdir()
+        (store.trace_dir(run, cid) / "rank0.json.gz").write_bytes(b"")
+    assert run_cli(["explain", str(base), str(cand)]) == 3
+    said = capsys.readouterr().err
+    for run in (base, cand):
+        case = store.case_dir(run, cid)
+        assert f"{case / 'intervals.parquet'}, {case / 'marks.parquet'}: missing, though the case was traced" in said
+    assert "profiler_steps" not in said
+
+
 @pytest.mark.ranks
 def test_runs_of_other_environments_are_explained_as_incomparable(burnt: Path, tmp_path: Path, capsys) -> None:
     """compare's rule (``compare.runs_environment_differences``): another torch makes the runs
@@ -292,7 +313,7 @@ def test_bad_arguments_say_what_to_give(burnt: Path, tmp_path: Path, capsys) -> 
 def test_a_run_without_traces_says_how_to_get_them(tmp_path: Path, capsys) -> None:
     untraced = sweep_in_process(tmp_path, tiny_suite("seed = [0]", name="plain", steps=1, warmup_steps=1)).run_dir
     copy = shutil.copytree(untraced, tmp_path / "copy")
-    assert run_cli(["explain", str(untraced), str(copy)]) == 2
+    assert run_cli(["explain", str(untraced), str(copy)]) == 3
     said = capsys.readouterr().err
     assert "no traced steps (baseline case" in said and "capture.profiler_steps" in said
 

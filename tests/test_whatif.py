@@ -323,6 +323,22 @@ def test_a_gpu_run_is_refused_with_its_reason_and_nothing_is_written(tmp_path):
         model(loaded.cases.iloc[0].to_dict())
 
 
+def test_a_traced_case_whose_tables_are_gone_is_refused_naming_the_file(tmp_path):
+    """A case whose traces are there but whose intervals table is not (deleted, or its analysis cut
+    short) is refused naming that file: "profiler_steps = 0" would send the user to trace it again."""
+    run = shutil.copytree(BUSY_RUN, tmp_path / "run")
+    cid = "1d3c71874772"
+    (store.case_dir(run, cid) / "intervals.parquet").unlink()
+    store.trace_dir(run, cid).mkdir()
+    (store.trace_dir(run, cid) / "rank0.json.gz").write_bytes(gzip.compress(b"{}"))
+    loaded = store.load(run)
+    model = whatif_run.case_models(loaded, loaded.cases, whatif_run.link_wires(loaded, loaded.cases))
+    row = loaded.cases.set_index("case_id", drop=False).loc[cid].to_dict()
+    lost = re.escape(f"{store.case_dir(run, cid) / 'intervals.parquet'}: missing, though the case was traced")
+    with pytest.raises(whatif.NotModelled, match=lost):
+        model(row)
+
+
 def test_a_case_the_model_cannot_take_is_refused_alone(tmp_path):
     """A world of one rank communicates nothing, so it has no link to fit: that case is refused with
     the reason, and the 2-rank case of the same sweep is still projected (a scaling study sweeping

@@ -22,7 +22,17 @@ from tpbench.analysis.stats import CONFIDENCE
 
 
 class ExplainError(ValueError):
-    """An explain that cannot be done as asked (bad --pair, no traces): exit 2, with what to do."""
+    """An explain that cannot be done as asked (bad --pair, one run given twice): exit 2, with what to do."""
+
+
+class NoTraces(ValueError):
+    """No matched case has analysed traces on both sides: the runs, not the arguments, cannot answer
+    (exit 3, as ``whatif``'s run without traces); the message says what is missing and how to get it."""
+
+
+# What explain reads of a case's analysed traces (``traced_steps``).
+TABLES = ("intervals", "marks")
+NO_TRACED_STEPS = "no traced steps"
 
 
 @dataclass(frozen=True)
@@ -142,12 +152,12 @@ def explain_cases(
     for base_case, cand_case, label, timed in matched:
         b, c = traced_steps(base_dir, base_case), traced_steps(cand_dir, cand_case)
         missing = [
-            f"{side} case {cid} in {d}"
+            _missing(side, d, cid)
             for side, cid, d, t in (("baseline", base_case, base_dir, b), ("candidate", cand_case, cand_dir, c))
             if t is None
         ]
         if missing:
-            skipped[label] = f"no traced steps ({'; '.join(missing)})"
+            skipped[label] = "; ".join(missing)
             continue
         (base_ms, cand_ms) = timed
         traced = parts.explain(b, c, confidence=confidence)
@@ -155,6 +165,12 @@ def explain_cases(
         buckets = (bucket_count(base_dir, base_case), bucket_count(cand_dir, cand_case))
         out.append(CaseExplanation(cand_case, label, base_case, cand_case, e, cand_ms - base_ms, traced, buckets))
     return out, skipped
+
+
+def _missing(side: str, run_dir: Path, case_id: str) -> str:
+    """Why one side of a matched case has no traced steps: its analysed tables lost (named), or no traces."""
+    lost = store.lost_tables(run_dir, case_id, TABLES)
+    return f"{side} case {case_id}: {lost}" if lost else f"{NO_TRACED_STEPS} ({side} case {case_id} in {run_dir})"
 
 
 def run(
@@ -167,7 +183,7 @@ def run(
     """``tpbench explain BASE CAND`` (two runs, their cases matched by identity) or ``tpbench
     explain RUN --pair KEY=A..B`` (two cases of one run). Raises ``ExplainError`` for arguments
     that name nothing to explain (one run given twice, as ``compare`` refuses it), or when no
-    matched case has traces on both sides. Two runs whose environments differ, beyond the
+    matched case has traces on both sides (``NoTraces``). Two runs whose environments differ, beyond the
     ``ignore_env`` keys, are explained with the differences in ``Report.environment_differences``."""
     if len(runs) == 1:
         if not pairs:
@@ -202,9 +218,15 @@ def run(
     cases, skipped = explain_cases(base_dir, cand_dir, matched, confidence=confidence)
     if not cases:
         why = "; ".join(f"{k}: {v}" for k, v in skipped.items()) or "no matched finished cases"
-        raise ExplainError(
-            f"nothing to explain: {why}. Traces come from the traced steps after each case's timed ones: "
-            "sweep with capture.profiler_steps >= 2 (e.g. --set capture.profiler_steps=5)"
+        untraced = any(NO_TRACED_STEPS in v for v in skipped.values()) or not skipped
+        raise NoTraces(
+            f"nothing to explain: {why}"
+            + (
+                ". Traces come from the traced steps after each case's timed ones: sweep with "
+                "capture.profiler_steps >= 2 (e.g. --set capture.profiler_steps=5)"
+                if untraced
+                else ""
+            )
         )
     return Report(str(base_dir), str(cand_dir), cases, skipped, differs)
 

@@ -930,6 +930,21 @@ def traces(run_dir: Path, case_id: str) -> list[Path]:
     return sorted(trace_dir(run_dir, case_id).glob("rank*.json.gz"))
 
 
+def lost_tables(run_dir: Path, case_id: str, names: Iterable[str]) -> str:
+    """Which of the derived tables ``names`` a traced case lacks (deleted, or its analysis cut short),
+    as a sentence naming the files; "" when it has them all, or has no traces to derive them from.
+    A reader that finds no analysed traces says this rather than "trace the case": its traces are there."""
+    if not traces(run_dir, case_id):
+        return ""
+    lost = [str(path) for name in names if not (path := case_dir(run_dir, case_id) / f"{name}.parquet").exists()]
+    if not lost:
+        return ""
+    return (
+        f"{', '.join(lost)}: missing, though the case was traced ({trace_dir(run_dir, case_id)}); the sweep "
+        "derives its tables from those traces when the run finishes"
+    )
+
+
 def iter_runs(root: Path, suite: str | None = None) -> Iterable[Path]:
     """Run directories under a results root, oldest first (run ids sort by time)."""
     root = Path(root)

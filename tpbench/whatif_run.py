@@ -70,6 +70,10 @@ def link_wires(loaded: store.Loaded, done: pd.DataFrame) -> dict[str, Fabric | N
     return wires
 
 
+# What a case's model reads of its analysed traces (``whatif.case_model``), in its order.
+TABLES = ("intervals", "overlap", "marks")
+
+
 def case_models(
     loaded: store.Loaded, done: pd.DataFrame, wires: Mapping[str, Fabric | None]
 ) -> Callable[[Mapping[str, Any]], whatif.CaseModel]:
@@ -96,10 +100,12 @@ def case_models(
         cid = row["case_id"]
         if row["device"] != "cpu":
             raise whatif.NotModelled(f"it ran on {row['device']}; {ON_GPU}")
+        if lost := store.lost_tables(loaded.run_dir, cid, TABLES):
+            raise whatif.NotModelled(f"case {cid}: {lost}")
         return whatif.case_model(
             cid,
             row,
-            *(store.read_case_table(loaded.run_dir, cid, t) for t in ("intervals", "overlap", "marks")),
+            *(store.read_case_table(loaded.run_dir, cid, t) for t in TABLES),
             steps_by_case[cid],
             interference.chosen_interference(own[cid], pooled.get(_pool_key(row))) if cid in own else None,
             comm_on_host=True,

@@ -16,7 +16,7 @@ from tpbench.cli.options import build_parser
 
 def main(argv: list[str] | None = None) -> None:
     from tpbench.compare import GateError
-    from tpbench.explain import ExplainError
+    from tpbench.explain import ExplainError, NoTraces
     from tpbench.gate import SideError
     from tpbench.interconnect import InterconnectUnavailable
     from tpbench.racing import TuneError
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     except (SuiteError, InterconnectUnavailable) as e:
         error(e)
         code = EXIT_USAGE
-    except StoreError as e:
+    except (StoreError, NoTraces) as e:
         error(e)
         code = EXIT_RESULTS
     except OSError as e:
