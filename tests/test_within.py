@@ -141,6 +141,30 @@ def test_too_few_rounds_are_inconclusive_and_verdicts_state_the_half_width(tmp_p
     assert text.count("too few to judge") == 1  # said once: in the verdict, not again as a note
 
 
+def test_huge_half_widths_read_in_three_figures_wherever_they_are_said(tmp_path: Path, capsys) -> None:
+    """Two rounds far apart give a t interval on one degree of freedom quintillions of per cent wide:
+    every output states a half-width through ``verdict.half_width_pct`` ("±8.42e+14%"), as
+    ``signed_pct`` states a change, where each had a fixed format ("±842056629980018.5%")."""
+    from types import SimpleNamespace
+
+    from tpbench import verdict
+    from tpbench.analysis.stats import Ratio
+    from tpbench.cli.sweep import _print_batch
+    from tpbench.record import Adaptive
+    from tpbench.report import verdicts
+
+    assert [verdict.half_width_pct(hw) for hw in (0.054, 0.52, 16539.12)] == ["±5.4%", "±52.0%", "±1.65e+06%"]
+    run = make_run(tmp_path, {"ddp": [10, 10], "zero_no_overlap": [1, 1000]}, jitter=0.0)
+    (p,) = compare.within_run(run).pairs
+    said = verdict.half_width_pct(p.result.half_width)
+    assert p.result.half_width > 1e3 and said.startswith("±") and "e+" in said
+    assert f"the widest interval resolves {said}" in render.render_text(compare.within_run(run))
+    assert verdicts.resolution([Ratio(1.0, 1 / 16540.12, 16540.12, 2, "paired")]) == "this run resolves ±1.65e+06%"
+    record = SimpleNamespace(adaptive=Adaptive(target_ci=0.05, budget_s=60.0), wall_s=12.0)
+    _print_batch(record, sweep.Batch(1, [], {"x": 2}, [("ddp", 8420566299800.185)]))
+    assert "(widest ±8.42e+14%)" in capsys.readouterr().err
+
+
 def test_the_sides_shown_are_the_values_whose_ratio_is_the_change(tmp_path: Path) -> None:
     """A side with two slow repeats in six: its median (10) is below the other's (12) while its
     geometric mean (14.4) is above it. The change is the ratio of geometric means, so the columns

@@ -40,9 +40,9 @@ def _num(x: float | None) -> str:
 
 
 def _resolves(r: CaseResult) -> str:
-    """The half-width as "±3.1%" ("" without an interval)."""
+    """The half-width as "±3.1%" (``verdict.half_width_pct``; "" without an interval)."""
     hw = r.half_width
-    return "" if hw is None or not math.isfinite(hw) else f"±{hw * 100:.1f}%"
+    return "" if hw is None or not math.isfinite(hw) else verdict.half_width_pct(hw)
 
 
 def verdict_text(r: CaseResult) -> str:

@@ -74,6 +74,13 @@ def signed_pct(ratio: float) -> str:
     return f"{x:+.1f}%"
 
 
+def half_width_pct(half_width: float) -> str:
+    """An interval's half-width (a fraction of its ratio: what it resolves) as "±4.0%", written as
+    ``signed_pct`` writes a change, so that every output says it alike: two repeats' t interval on one
+    degree of freedom can be 10⁶ % wide, "±1.65e+06%", where a fixed format read "±1653912.0%"."""
+    return "±" + signed_pct(1 + abs(half_width))[1:]
+
+
 def percent(share: float) -> str:
     """A share the user stated (a tune's margin or confidence) as a percentage, never rounded: "2%",
     "2.5%", "97.5%". Rounded to whole percents, a margin of 2.5 % would read "within 2%" and a
@@ -139,7 +146,7 @@ def of(
     elif call == PASS:
         clause = f"within {limit}"
     elif direction == NO_DIFFERENCE:
-        clause = f"{ONLY_RESOLVES} ±{est.half_width * 100:.1f}%"
+        clause = f"{ONLY_RESOLVES} {half_width_pct(est.half_width)}"
     else:
         clause = f"not shown beyond {limit}"
     return Verdict(call, direction, clause, numbers)

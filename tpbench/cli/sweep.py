@@ -311,11 +311,13 @@ class SweepDisplay:
 
 def _print_batch(record, batch) -> None:
     """The line an adaptive batch starts with: what is still too wide, and the rounds it adds."""
+    from tpbench import verdict
+
     widest = max((hw for _, hw in batch.comparisons if hw is not None), default=None)
     console.print(
         f"adaptive batch {batch.number}: {len(batch.comparisons)} comparison(s) above ±"
         f"{record.adaptive.target_ci:.1%}"
-        + (f" (widest ±{widest:.1%})" if widest is not None else "")
+        + (f" (widest {verdict.half_width_pct(widest)})" if widest is not None else "")
         + f"; +{max(batch.added.values())} round(s) for {len(batch.cases)} case(s), "
         f"{record.wall_s or 0:.0f} of {record.adaptive.budget_s:g} s spent",
         markup=False,

@@ -14,6 +14,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from tpbench import verdict
 from tpbench.analysis import convergence
 from tpbench.analysis.convergence import TARGET_RELATIVE_GAP
 from tpbench.analysis.stats import Ratio
@@ -149,7 +150,7 @@ def _ratio_cell(est: Ratio | None) -> str:
         return ""
     if not est.has_interval:
         return f"{est.ratio:.2f} (one repeat)"
-    return f"{est.ratio:.2f} [{est.lo:.2f}, {est.hi:.2f}] ±{est.half_width:.1%}"
+    return f"{est.ratio:.2f} [{est.lo:.2f}, {est.hi:.2f}] {verdict.half_width_pct(est.half_width)}"
 
 
 def _drift(page: Page, curves: pd.DataFrame) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from tpbench import store, whatif_run
+from tpbench import store, verdict, whatif_run
 from tpbench.analysis import crossover, replay, whatif, whatif_validation
 from tpbench.report.figures import ratio_trace
 from tpbench.report.html import Page, plot_text
@@ -85,7 +85,7 @@ def _crossover_section(page: Page, run: store.Loaded, suffix: str, anchor: str) 
     shown = points.assign(
         **{
             "allreduce MB/step": points["allreduce_bytes_per_step"] / 1e6,
-            "resolves": [f"±{w:.1%}" if np.isfinite(w) else "one repeat" for w in points["half_width"]],
+            "resolves": [verdict.half_width_pct(w) if np.isfinite(w) else "one repeat" for w in points["half_width"]],
         }
     )
     page.paragraph(

@@ -8,6 +8,7 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
+from tpbench import verdict
 from tpbench.report.data import ReportData, context_text
 from tpbench.report.figures import (
     LEGEND_TOP,
@@ -145,7 +146,7 @@ def _heatmap(data: ReportData, key: str, cs: list[Comparison]) -> go.Figure:
                 "y": plot_text((f"{data.tags[c.run_id]} · " if data.multi else "") + y),
                 "ratio": c.ratio,
                 "text": f"{c.ratio:.2f}<br>[{c.lo:.2f}, {c.hi:.2f}]"
-                + (f"<br>±{c.est.half_width:.1%}" if c.est.has_interval else "<br>one repeat"),
+                + (f"<br>{verdict.half_width_pct(c.est.half_width)}" if c.est.has_interval else "<br>one repeat"),
             }
         )
     df = pd.DataFrame(rows)
@@ -201,7 +202,7 @@ def comparisons_table(page: Page, data: ReportData, comparisons: list[Comparison
             "baseline ms": c.est.sides[0],
             "ratio": c.ratio,
             "95% CI": f"[{c.lo:.3g}, {c.hi:.3g}]",
-            "resolves": f"±{c.est.half_width:.1%}" if c.est.has_interval else "",
+            "resolves": verdict.half_width_pct(c.est.half_width) if c.est.has_interval else "",
             "paired": f"{c.est.n} rounds" if c.est.method == "paired" else c.est.method,
             "verdict": change_text(c),
         }

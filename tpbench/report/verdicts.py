@@ -258,12 +258,6 @@ def repeat_values(row: dict[str, Any]) -> dict[int, float]:
 # --- words -------------------------------------------------------------------------------------
 
 
-def _pct(x: float) -> str:
-    """A magnitude in percent: whole numbers, with one decimal below 10% so small effects don't read as 0%."""
-    v = abs(x) * 100
-    return f"{v:.1f}%" if v < 9.95 else f"{v:.0f}%"
-
-
 def resolution(ests: Iterable[Ratio]) -> str:
     """What one or several comparisons could resolve: "this run resolves ±4.0%" (the interval's
     half-width, the smallest difference it could have told from none), for several the largest
@@ -272,7 +266,9 @@ def resolution(ests: Iterable[Ratio]) -> str:
     widths = [e.half_width for e in ests if e.has_interval]
     if not widths:
         return "one repeat: no interval"
-    text = f"this run resolves ±{_pct(max(widths))}" + (" or better at each" if len(widths) > 1 else "")
+    text = f"this run resolves {verdict.half_width_pct(max(widths))}" + (
+        " or better at each" if len(widths) > 1 else ""
+    )
     missing = len(ests) - len(widths)
     return text + (f", {missing} with one repeat and no interval" if missing else "")
 
@@ -657,7 +653,8 @@ def across_runs_lines(data: ReportData, comps: list[engine.Comparison]) -> list[
         )
         widths = sorted(r.half_width for r in judged if r.half_width is not None and np.isfinite(r.half_width))
         line += (
-            f"; the intervals resolve ±{_pct(widths[0])} to ±{_pct(widths[-1])} (median ±{_pct(np.median(widths))})"
+            f"; the intervals resolve {verdict.half_width_pct(widths[0])} to {verdict.half_width_pct(widths[-1])} "
+            f"(median {verdict.half_width_pct(float(np.median(widths)))})"
             if widths
             else "; no case has an interval (too few repeats)"
         )
@@ -667,7 +664,7 @@ def across_runs_lines(data: ReportData, comps: list[engine.Comparison]) -> list[
             change = verdict.change(big.ratio, big.ci_lo, big.ci_hi)
             line += (
                 f"; largest change: {case_label(data, c, big.case_id)}, {change} ({big.verdict}: {big.words}; "
-                f"resolves ±{_pct(big.half_width)})"
+                f"resolves {verdict.half_width_pct(big.half_width)})"
             )
         lines.append(line + ".")
     return lines
