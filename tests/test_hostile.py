@@ -502,8 +502,10 @@ def test_list_tolerates_a_suites_folder_of_broken_files(tmp_path, capsys):
 @pytest.mark.parametrize(
     "where,message",
     [
-        ("a-file/r.html", "a-file: report directory is not writable"),
-        ("a-folder", "a-folder: is a folder; --report takes the report's file name"),
+        ("{tmp}/a-file/r.html", "{tmp}/a-file: the folder of --report {tmp}/a-file/r.html is a file, not a directory"),
+        ("{tmp}/a-folder", "{tmp}/a-folder: is a folder; --report takes the report's file name"),
+        # /proc takes no new files, and the OS says "No such file or directory" of a folder that is there.
+        ("/proc/r.html", "/proc: the folder of --report /proc/r.html takes no new files (a virtual filesystem"),
     ],
 )
 def test_an_unusable_report_path_is_refused_before_the_sweep(tmp_path, capsys, where, message):
@@ -511,10 +513,21 @@ def test_an_unusable_report_path_is_refused_before_the_sweep(tmp_path, capsys, w
     (tmp_path / "a-file").write_text("")
     (tmp_path / "a-folder").mkdir()
     out = tmp_path / "results"
-    assert run_cli(["sweep", str(suite), "--out", str(out), "--report", str(tmp_path / where)]) == 3
-    err = capsys.readouterr().err
-    assert f"{tmp_path}/{message}" in err, err
+    assert run_cli(["sweep", str(suite), "--out", str(out), "--report", where.format(tmp=tmp_path)]) == 3
+    err = " ".join(capsys.readouterr().err.split())
+    assert message.format(tmp=tmp_path) in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("out", ["a-file", "a-file/results"])
+def test_a_file_in_place_of_the_results_directory_is_named(tmp_path, capsys, out):
+    """``--out`` naming a file, or a path under one: said so, where the OS says only "File exists"."""
+    suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]')
+    (tmp_path / "a-file").write_text("")
+    assert run_cli(["sweep", str(suite), "--out", str(tmp_path / out), "--no-report"]) == 3
+    err = " ".join(capsys.readouterr().err.split())
+    said = "is a file" if out == "a-file" else f"cannot be made: {tmp_path / 'a-file'} is a file"
+    assert f"{tmp_path / out}: the results directory {said}, not a directory" in err, err
 
 
 def test_a_failed_write_names_the_users_file_and_leaves_no_temporary(done_run, tmp_path, capsys):

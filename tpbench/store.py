@@ -558,8 +558,14 @@ def _size(path: Path) -> int:
 
 
 def check_writable(root: Path, what: str = "results directory") -> None:
-    """Fail before any case runs when results (or the report) cannot be written (missing
-    permission, full disk)."""
+    """Fail before any case runs when results (or the report) cannot be written, saying why: a file
+    where the directory, or one above it, should be (the OS says only "File exists"), a filesystem
+    that takes no new files (/proc: "No such file or directory" for a folder that exists), or the
+    OS's reason (missing permission, full disk). ``what``: the directory as the user knows it."""
+    root = Path(root)
+    if (blocker := _file_in_the_way(root)) is not None:
+        said = "is a file" if blocker == root else f"cannot be made: {blocker} is a file"
+        raise StoreError(f"{root}: the {what} {said}, not a directory")
     try:
         root.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=root, prefix=".write-probe-")
@@ -569,8 +575,21 @@ def check_writable(root: Path, what: str = "results directory") -> None:
         finally:
             os.close(fd)
             os.unlink(probe)
+    except FileNotFoundError:
+        raise StoreError(
+            f"{root}: the {what} takes no new files (a virtual filesystem, as /proc and /sys are); expected a "
+            "directory on a disk"
+        ) from None
     except OSError as e:
-        raise StoreError(f"{root}: {what} is not writable: {e.strerror or e}") from None
+        raise StoreError(f"{root}: the {what} is not writable: {e.strerror or e}") from None
+
+
+def _file_in_the_way(root: Path) -> Path | None:
+    """The nearest existing path at or above ``root`` when it is not a directory, else None."""
+    for path in (root, *root.parents):
+        if path.exists():
+            return None if path.is_dir() else path
+    return None
 
 
 def check_space(root: Path, need_bytes: int, why: str) -> None:
