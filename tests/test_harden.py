@@ -70,6 +70,23 @@ def test_filters_that_match_no_case_are_refused_naming_the_filter_and_the_values
     assert "--filter steps=999: no case matches; the 1 case(s) the filters before it left have steps 8" in err
 
 
+def test_a_filter_error_says_the_collapsed_value_apart_with_the_filter_that_keeps_it(capsys):
+    """``shard_buckets`` does not apply to the zero suite's zero_no_overlap cases (collapsed to None):
+    the error listed "None | false | true", a value no suite sets; it now names the filter that keeps
+    those cases, and that filter keeps them."""
+    zero = Path(__file__).parent.parent / "suites" / "zero.toml"
+    assert run_cli(["validate", str(zero), "--filter", "shard_buckets=maybe"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the 18 case(s) have shard_buckets false | true, or none where it does not apply (6, collapsed: " in err
+    assert "--filter shard_buckets=None keeps them)" in err and "None |" not in err
+    assert run_cli(["validate", str(zero), "--filter", "shard_buckets=None"]) == 0
+    assert "ok, 6 cases" in " ".join(capsys.readouterr().out.split())
+    smoke = Path(__file__).parent.parent / "suites" / "smoke.toml"
+    assert run_cli(["validate", str(smoke), "--filter", "shard_buckets=true"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "shard_buckets does not apply to any of the 2 case(s) (collapsed: --filter shard_buckets=None" in err
+
+
 def test_validate_says_how_much_a_suite_writes_and_warns_where_it_would_not_fit(tmp_path, capsys, monkeypatch):
     """``validate`` passed ``steps = 1e9`` as "ok" and the sweep then refused it for disk space
     (exit 3): it still passes (the suite is valid), with the estimate the sweep's check uses and a

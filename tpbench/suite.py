@@ -734,14 +734,25 @@ def select(cases: list[Case], filters: Iterable[str], *, where: str | None = Non
             raise SuiteError(f"--filter {f}: unknown key {key!r}; expected id or one of {', '.join(CASE_KEYS)}")
         kept = [c for c in out if _matches(c, key, wanted) != neg]
         if where is not None and out and not kept:
-            had = list(dict.fromkeys(c.case_id if key == "id" else value_text(getattr(c, key)) for c in out))
-            shown = " | ".join(had[:12]) + (f" … ({len(had)} in all)" if len(had) > 12 else "")
             before = " the filters before it left" if f != filters[0] else ""
-            raise SuiteError(
-                f"{where}: --filter {f}: no case matches; the {len(out)} case(s){before} have {key} {shown}"
-            )
+            raise SuiteError(f"{where}: --filter {f}: no case matches; {_values_had(out, key, before)}")
         out = kept
     return out
+
+
+def _values_had(cases: list[Case], key: str, before: str) -> str:
+    """The values of ``key`` among ``cases``, as a filter writes them, for the error of a filter that
+    kept none. A key collapsed for a case's algorithm holds ``None``, which no suite sets: it is said
+    apart, with the filter that keeps those cases, rather than listed as a value the suite swept."""
+    values = [c.case_id if key == "id" else getattr(c, key) for c in cases]
+    had = list(dict.fromkeys(value_text(v) for v in values if v is not None))
+    moot = sum(v is None for v in values)
+    collapsed = f"collapsed: --filter {key}={value_text(None)} keeps them"
+    if not had:
+        return f"{key} does not apply to any of the {len(cases)} case(s){before} ({collapsed})"
+    shown = " | ".join(had[:12]) + (f" … ({len(had)} in all)" if len(had) > 12 else "")
+    where_moot = f", or none where it does not apply ({moot}, {collapsed})" if moot else ""
+    return f"the {len(cases)} case(s){before} have {key} {shown}{where_moot}"
 
 
 def _matches(case: Case, key: str, wanted: list[str]) -> bool:
