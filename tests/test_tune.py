@@ -289,6 +289,7 @@ def test_a_tune_json_of_the_wrong_shape_is_refused_naming_the_file(tmp_path, cap
     result = tune_answer.result(stored(tmp_path, suite), cases, [race], options, 30.0, NO_EVAL)
     good = tune._record(options, [race], 30.0) | {"result": result.to_json()}
     run_dir = make_run(tmp_path / "r", {"ddp": [10.0, 11.0]})
+    sweep.finalize(store.Run.open(run_dir))  # its summary, as a tune leaves it
     for broken in (
         {"options": 5},
         {"options": {"epsilon": 0.02, "patience": 3}},
