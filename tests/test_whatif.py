@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import sweep_in_process, tiny_suite
+from synthetic_runs import make_run
 
 from tpbench import store, whatif_run
 from tpbench.analysis import interference, replay, skeletons, timeline, trace_events, whatif, whatif_validation
@@ -342,8 +343,11 @@ def test_a_traced_case_whose_tables_are_gone_is_refused_naming_the_file(tmp_path
 def test_a_case_the_model_cannot_take_is_refused_alone(tmp_path):
     """A world of one rank communicates nothing, so it has no link to fit: that case is refused with
     the reason, and the 2-rank case of the same sweep is still projected (a scaling study sweeping
-    world_size used to get no projection at all, only that error)."""
-    loaded = sweep_in_process(tmp_path, tiny_suite("world_size = [1, 2]", profiler_steps=3))
+    world_size used to get no projection at all, only that error). zero_no_overlap's: a one-rank
+    world's broadcasts record bytes though they move none, and it was projected as if they crossed
+    a link."""
+    suite = tiny_suite("world_size = [1, 2]", profiler_steps=3, algorithm='"zero_no_overlap"')
+    loaded = sweep_in_process(tmp_path, suite)
     result = whatif_run.run_whatif(loaded, whatif_run.load_fabrics())
     size = {m.case_id: m.params["world_size"] for m in result.models}
     assert sorted(size.values()) == [1, 2]
@@ -356,6 +360,33 @@ def test_a_case_the_model_cannot_take_is_refused_alone(tmp_path):
         else:  # modelled from its own traces (whether its fit then holds is the calibration's business)
             assert len(m.skeletons) == 3 and all(sk.collectives for sk in m.skeletons)
             assert m.refused is None or "communicates nothing" not in m.refused
+
+
+def test_post_local_sgd_after_its_switch_is_refused_with_the_reason(tmp_path):
+    """Its gradient all-reduces run in node subgroups and every averaging_period-th step averages the
+    model: the replay priced the subgroup's collectives as the whole world's (×1.5 the bytes on 4
+    ranks) and calibrated on steps of one kind against a period-aware step time. Before its switch
+    (``start_localSGD_iter = "never"``) it is DDP's all-reduce, and modelled as such."""
+    loaded = store.load(make_run(tmp_path, {"ddp": [10.0, 10.2]}))
+    model = whatif_run.case_models(loaded, loaded.cases, whatif_run.link_wires(loaded, loaded.cases))
+    row = loaded.cases.iloc[0].to_dict() | {"algorithm": "post_localSGD_hook", "averaging_period": 4}
+    with pytest.raises(whatif.NotModelled, match="post-local SGD after its switch"):
+        model(row | {"start_localSGD_iter": 0})
+    with pytest.raises(whatif.NotModelled, match="no analysed traces"):  # on to the model: no traces here
+        model(row | {"start_localSGD_iter": "never"})
+    # Refused, its measured step is the period-aware one the run's step time gives (every 4th step
+    # averages the model): the what-if table said 10 ms beside a step time of 12.5.
+    steps = pd.DataFrame(
+        [
+            {"repeat": r, "step": i, "rank": k, "phase": "timed", "step_ms": 20.0 if i % 4 == 3 else 10.0}
+            for r in range(3)
+            for i in range(8)
+            for k in range(2)
+        ]
+    )
+    params = row | {"start_localSGD_iter": 0}
+    refused = whatif.refused_model("c", params, steps, whatif_run.AFTER_SWITCH)
+    assert refused.measured_ms == 12.5 and refused.refused == whatif_run.AFTER_SWITCH
 
 
 def test_each_kind_of_collective_gets_its_own_bandwidth_and_waiting_is_not_counted():

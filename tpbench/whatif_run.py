@@ -20,6 +20,7 @@ import pandas as pd
 from tpbench import store, user_files
 from tpbench.analysis import interference, replay, whatif, whatif_validation
 from tpbench.analysis.replay import Fabric
+from tpbench.analysis.stats import averaging_window
 from tpbench.analysis.whatif_validation import RunWhatIf
 from tpbench.interconnect import resolve, tbf_parameters
 from tpbench.record import CaseRecord
@@ -29,6 +30,15 @@ ON_GPU = (
     "the what-if replays CPU ranks: the training thread's work between the collectives it issues and waits for. "
     "On a GPU, compute is CUDA kernels queued ahead of the thread and autograd's device thread issues the "
     "collectives, which that model does not describe; GPU runs are not projected"
+)
+# Cases the replay cannot describe (``case_models``): a world of one rank (its collectives record bytes and move
+# none: zero_no_overlap's broadcasts were projected as if they crossed a link), and post-local SGD once it
+# switches (its subgroups and averaging steps).
+ONE_RANK = "a world of one rank communicates nothing: there is no link to fit or to swap"
+AFTER_SWITCH = (
+    "post-local SGD after its switch: its gradients are all-reduced within each node's subgroup and every "
+    "averaging_period-th step averages the model, where the replay prices each traced collective over the whole "
+    "world and calibrates on steps of one kind; such cases are not projected"
 )
 
 
@@ -100,6 +110,10 @@ def case_models(
         cid = row["case_id"]
         if row["device"] != "cpu":
             raise whatif.NotModelled(f"it ran on {row['device']}; {ON_GPU}")
+        if row["world_size"] == 1:  # its broadcasts and all-reduces record bytes, but move none
+            raise whatif.NotModelled(ONE_RANK)
+        if averaging_window(row) > 1:
+            raise whatif.NotModelled(AFTER_SWITCH)
         if lost := store.lost_tables(loaded.run_dir, cid, TABLES):
             raise whatif.NotModelled(f"case {cid}: {lost}")
         return whatif.case_model(
