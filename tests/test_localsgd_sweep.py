@@ -118,6 +118,17 @@ def test_averaging_traffic_appears_in_the_traces_of_averaging_steps(run):
                 assert seen == {1: [], 2: []}, (case["case_id"], path.name)
 
 
+def test_every_traced_collectives_bytes_are_known(run):
+    """The drift measurement at an averaging step gathered each rank's distance with an all_gather,
+    whose list input Gloo's trace records without a size: the case's bytes per step came out
+    unknown (and the what-if said the traces lacked record_shapes). Every collective is sized now."""
+    summary = run.summary.set_index("case_id")
+    for cid in run.cases["case_id"]:
+        collectives = store.read_case_table(run.run_dir, cid, "collectives")
+        assert collectives["bytes"].notna().all(), cid
+        assert summary.loc[cid, "comm_bytes_per_step"] > 0, cid
+
+
 # The harness as it was before averaging was fixed: gradients cleared right after the optimizer
 # step, so the averager saw none. Installed in the rank processes only, through PYTHONPATH.
 OLD_ORDER = """
