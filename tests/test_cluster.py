@@ -175,6 +175,15 @@ def test_emulated_links_need_the_local_launcher(tmp_path):
         sweep.start(prepared, tmp_path, launcher)
 
 
+def test_a_dry_run_refuses_what_the_run_would_and_names_the_first_cases_link(capsys):
+    """A dry run listed the 24 cases the run then refused, and the refusal named whichever shaped
+    link a set's order gave first."""
+    args = ["sweep", str(REPO / "suites" / "crossover.toml"), "--launcher", "torchrun", "--dry-run"]
+    for cmd in (args, ["tune", *args[1:]]):
+        assert run_cli(cmd) == 2
+        assert "interconnect 'tcp-2.5gbit' emulates a link" in capsys.readouterr().err
+
+
 def test_slurm_script_hands_the_allocation_to_torchrun(tmp_path):
     """examples/slurm/sweep.sbatch with stand-ins for scontrol and tpbench: the allocation becomes
     the torchrun settings tpbench accepts (rendezvous on the first node, a port per job)."""

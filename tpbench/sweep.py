@@ -22,7 +22,13 @@ from tpbench.analysis import bandwidth, convergence, overlap, timeline
 from tpbench.analysis.memory import per_case
 from tpbench.analysis.stats import CONFIDENCE, slowest_rank, spent_confidence, summarize
 from tpbench.environment import fingerprint
-from tpbench.interconnect import InterconnectUnavailable, check_available, reap_stale_namespaces, resolve
+from tpbench.interconnect import (
+    Interconnect,
+    InterconnectUnavailable,
+    check_available,
+    reap_stale_namespaces,
+    resolve,
+)
 from tpbench.launch import Listener, PrintedWorld, group_cases, ingest_printed, print_group, run_group
 from tpbench.suite import Case, Machine, Suite, expand, load, select, with_overrides
 from tpbench.worlds import Torchrun
@@ -93,16 +99,25 @@ def _largest_done(run: store.Run) -> int:
     return max((store.case_bytes(run.dir, cid) for cid, st in run.case_status().items() if st == store.DONE), default=0)
 
 
-def start(prepared: Prepared, out_root: Path, launcher: Torchrun | None = None) -> store.Run:
-    """Create the run directory (checked writable) with every case pending, and the launcher
-    recorded so that ``--resume`` starts worlds the same way."""
-    for key in {c.launch_key for c in prepared.cases}:
-        ic = resolve(key[3], prepared.suite.interconnects)
+def launchable(prepared: Prepared, launcher: Torchrun | None) -> list[Interconnect]:
+    """The cases' interconnects, in the order of their first cases, or ``InterconnectUnavailable``
+    for one ``launcher`` cannot give: an emulated link lives in a network namespace of one machine,
+    and torchrun worlds use the real network between their nodes. A dry run checks it too (it
+    listed the cases the run would then refuse)."""
+    ics = [resolve(key[3], prepared.suite.interconnects) for key in dict.fromkeys(c.launch_key for c in prepared.cases)]
+    for ic in ics:
         if launcher is not None and ic.shaped:
             raise InterconnectUnavailable(
                 f"interconnect {ic.name!r} emulates a link in a network namespace of one machine; torchrun worlds "
                 "use the real network between their nodes: run it with the local launcher"
             )
+    return ics
+
+
+def start(prepared: Prepared, out_root: Path, launcher: Torchrun | None = None) -> store.Run:
+    """Create the run directory (checked writable) with every case pending, and the launcher
+    recorded so that ``--resume`` starts worlds the same way."""
+    for ic in launchable(prepared, launcher):
         check_available(ic)
     store.check_writable(out_root)
     check_space(out_root, prepared.cases)

@@ -227,6 +227,7 @@ def _sweep(args: argparse.Namespace) -> int:
     else:
         suite = sweep.prepare(args.suite, args.set, args.filter, launcher, allow_large=args.allow_large)
         if args.dry_run:
+            sweep.launchable(suite, launcher)
             n = len(suite.cases)
             title = f"{suite.suite.name}: {n} case{'' if n == 1 else 's'} (dry run)"
             out.print(fitted(cases_table(title, suite.cases), out))

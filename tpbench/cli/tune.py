@@ -119,6 +119,7 @@ def _tune(args: argparse.Namespace) -> int:
         options.check()
         if args.dry_run:
             prepared = tune.prepare(args.suite, args.set, args.filter, launcher, args.allow_large, options.min_rounds)
+            sweep.launchable(prepared, launcher)
             title = (
                 f"{prepared.suite.name}: {len(prepared.cases)} settings to race, "
                 f"at most {prepared.cases[0].repeats} rounds (dry run)"
