@@ -117,6 +117,16 @@ def test_one_case_is_counted_as_one_case(tmp_path, capsys, monkeypatch):
     assert "(complete; 1 case: 1 done)" in (tmp_path / "r.html").read_text()
 
 
+@pytest.mark.ranks
+def test_one_rank_process_is_one_process(tmp_path, capsys):
+    """The sweep's last line said "1 rank processes started"."""
+    suite = Path(__file__).parent.parent / "suites" / "smoke.toml"
+    args = ["--filter", "algorithm=ddp", "--set", "world_size=1", "--set", "repeats=1", "--set", "steps=2"]
+    assert run_cli(["sweep", str(suite), *args, "--no-report", "--out", str(tmp_path)]) == 0
+    said = capsys.readouterr()
+    assert "; 1 rank process started." in " ".join((said.out + said.err).split())
+
+
 def test_list_names_a_suites_folder_that_is_not_there(tmp_path, capsys):
     """An explicit ``--suites`` that does not exist is an error; without it, a folder with no suites/
     lists the algorithms and workloads alone."""

@@ -319,7 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--target-ci",
         type=_target_ci,
         metavar="PCT",
-        help="lockstep: stop once every case's interval half-width is at most PCT (after 10 pairs per case)",
+        help="lockstep: pair until every case is decided (from 10 pairs a case): different when its interval "
+        "excludes 1, same when it lies within ±PCT; then answer same / different / unknown",
     )
     p.add_argument(
         "--budget-s",

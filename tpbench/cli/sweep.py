@@ -266,7 +266,8 @@ def _sweep(args: argparse.Namespace) -> int:
         out.print(line, markup=False, soft_wrap=True)
     eff = outcome.loaded.record.efficiency or Efficiency()
     console.print(
-        f"Wall {outcome.wall_s:.1f} s; timed steps {eff.timed_s:.1f} s; {eff.processes_started} rank processes started."
+        f"Wall {outcome.wall_s:.1f} s; timed steps {eff.timed_s:.1f} s; {eff.processes_started} rank "
+        f"process{'es' if eff.processes_started != 1 else ''} started."
     )
     if not args.no_report:
         run_dir = outcome.run.dir

@@ -189,7 +189,8 @@ def _environment(page: Page, data: ReportData) -> None:
                 (f"{data.tags[r.record.run_id]}: " if data.multi else "")
                 + f"{eff.wall_s:.1f} s wall, {eff.timed_s:.1f} s in timed steps"
                 + (f" ({share:.0%})" if share is not None else "")
-                + f", {eff.worlds_started} world(s), {eff.processes_started} rank processes started.",
+                + f", {eff.worlds_started} world(s), {eff.processes_started} rank "
+                + f"process{'es' if eff.processes_started != 1 else ''} started.",
                 css="muted",
             )
     for r in data.runs:
