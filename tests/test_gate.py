@@ -345,10 +345,22 @@ def test_compare_text_and_markdown(runs: dict[str, Path]) -> None:
     assert "baseline: 2 run(s)" in p.stdout and "regression" in p.stdout and "+3" in p.stdout  # +3x.x%
     md = tpbench("compare", runs["base"], runs["slow"], "--format", "md").stdout
     lines = md.splitlines()
-    assert lines[0].startswith("### tpbench gate:") and "regression" in lines[0]
+    assert lines[0].startswith("### tpbench compare:") and "regression" in lines[0]
     table = [ln for ln in lines if ln.startswith("|")]
     assert len(table) == 3 and table[1].startswith("|---") and table[2].startswith("| ddp |")
     assert all(ln.count("|") == table[0].count("|") for ln in table)
+
+
+def test_a_markdown_verdict_is_headed_by_the_command_that_made_it(runs: dict[str, Path], capsys) -> None:
+    """compare's Markdown was headed "tpbench gate" (one renderer for both): a CI summary then named a
+    gate that never ran."""
+    from tpbench.cli import verdicts
+
+    comparison = compare.compare_runs([runs["base"]], [runs["slow"]])
+    assert verdicts._print_verdict(comparison, "md", "gate") == 1
+    assert capsys.readouterr().out.startswith("### tpbench gate: 🔴 **regression**")
+    assert verdicts._print_verdict(comparison, "md") == 1
+    assert capsys.readouterr().out.startswith("### tpbench compare: 🔴 **regression**")
 
 
 def test_compare_usage_errors(runs: dict[str, Path], tmp_path: Path) -> None:

@@ -881,6 +881,21 @@ def test_epsilon_and_confidence_take_a_percentage_or_a_fraction(tmp_path, capsys
     assert "--epsilon 1 (100%): expected" in capsys.readouterr().err  # not "--epsilon 1" alone, as if typed
 
 
+def test_a_dry_run_prints_its_plan_in_the_format_asked(tmp_path, capsys):
+    """``--format json`` printed the text table, which a script reading the answer cannot parse."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 10]", repeats=4))
+    assert run_cli(["tune", str(suite), "--dry-run", "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["dry_run"] is True and plan["max_rounds"] == 4
+    assert [a["params"]["slowdown_pct"] for a in plan["settings"]] == [0, 10]
+    assert plan["settings"][0]["world"] == "2×gloo/cpu loopback"
+    assert run_cli(["tune", str(suite), "--dry-run", "--format", "md"]) == 0
+    md = capsys.readouterr().out
+    assert "2 settings to race, at most 4 rounds (dry run)" in md
+    assert "| case_id | setting | world | steps per round |" in md
+
+
 @pytest.mark.parametrize(
     "args, said",
     [

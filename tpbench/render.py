@@ -169,13 +169,14 @@ _MARK = {
 }
 
 
-def render_markdown(c: Result) -> str:
-    """For CI job summaries and PR comments: a headline, the table, the method in one line."""
+def render_markdown(c: Result, command: str = "tpbench compare") -> str:
+    """For CI job summaries and PR comments: a headline (``command``: compare or gate), the table, the
+    method in one line."""
 
     def esc(s: str) -> str:
         return s.replace("|", "\\|")
 
-    title = "tpbench compare (within one run)" if isinstance(c, WithinRun) else "tpbench gate"
+    title = f"{command} (within one run)" if isinstance(c, WithinRun) else command
     lines = [f"### {title}: {_MARK[c.verdict]}", ""]
     lines += [f"- {esc(line)}" for line in _preamble(c)]
     header = _header(c)

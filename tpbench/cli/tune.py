@@ -120,11 +120,7 @@ def _tune(args: argparse.Namespace) -> int:
         if args.dry_run:
             prepared = tune.prepare(args.suite, args.set, args.filter, launcher, args.allow_large, options.min_rounds)
             sweep.launchable(prepared, launcher)
-            title = (
-                f"{prepared.suite.name}: {len(prepared.cases)} settings to race, "
-                f"at most {prepared.cases[0].repeats} rounds (dry run)"
-            )
-            out.print(fitted(cases_table(title, prepared.cases), out))
+            print_dry_run(prepared, args.format)
             return EXIT_OK
     display = _TuneDisplay()
     try:
@@ -145,6 +141,31 @@ def _tune(args: argparse.Namespace) -> int:
         result = _trace_tune(result, launcher)
     print_tune(result, args.format)
     return {tune_answer.UNRESOLVED: EXIT_UNRESOLVED, tune_answer.FAILED: EXIT_FAILED}.get(result.state, EXIT_OK)
+
+
+def print_dry_run(prepared, fmt: str) -> None:
+    """``tune --dry-run``: the settings a tune would race, in ``--format`` as its answer would be, so a
+    script that reads the JSON answer can read the plan too."""
+    from tpbench.suite import labels
+
+    cases, rounds = prepared.cases, prepared.cases[0].repeats
+    title = f"{prepared.suite.name}: {len(cases)} settings to race, at most {rounds} rounds (dry run)"
+    if fmt == "text":
+        out.print(fitted(cases_table(title, cases), out))
+        return
+    names = labels([cases])[0]
+    worlds = [f"{c.world_size}×{c.backend}/{c.device} {c.interconnect}" for c in cases]
+    if fmt == "json":
+        settings = [
+            {"case_id": c.case_id, "label": names[c.case_id], "params": c.params(), "world": w}
+            for c, w in zip(cases, worlds)
+        ]
+        plan = {"suite": prepared.suite.name, "dry_run": True, "max_rounds": rounds, "settings": settings}
+        sys.stdout.write(json.dumps(plan, indent=2, allow_nan=False) + "\n")
+        return
+    rows = [(c.case_id, names[c.case_id], w, f"{c.steps}") for c, w in zip(cases, worlds)]
+    lines = [f"**{title}**", "", *_md_table(("case_id", "setting", "world", "steps per round"), rows)]
+    sys.stdout.write("\n".join(lines) + "\n")
 
 
 def _trace_tune(result, launcher):

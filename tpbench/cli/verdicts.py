@@ -10,11 +10,14 @@ from pathlib import Path
 from tpbench.cli.common import EXIT_OK, EXIT_RESULTS, EXIT_USAGE, console, given_flags, stop_signals_interrupt
 
 
-def _print_verdict(comparison, fmt: str) -> int:
+def _print_verdict(comparison, fmt: str, command: str = "compare") -> int:
     from tpbench import explain, render
 
     comparison = explain.annotate(comparison)  # a regression names its top contributor where traced
-    sys.stdout.write(render.RENDERERS[fmt](comparison))
+    if fmt == "md":  # a CI summary's heading names the command that wrote it
+        sys.stdout.write(render.render_markdown(comparison, f"tpbench {command}"))
+    else:
+        sys.stdout.write(render.RENDERERS[fmt](comparison))
     sys.stdout.flush()
     return comparison.exit_code
 
@@ -123,4 +126,4 @@ def _gate(args: argparse.Namespace) -> int:
             markup=False,
         )
     console.print(f"Gate runs: {judged.out}", soft_wrap=True, markup=False)
-    return _print_verdict(judged.comparison, args.format)
+    return _print_verdict(judged.comparison, args.format, "gate")
