@@ -197,3 +197,14 @@ def test_compare_never_ranks_a_case_whose_training_became_non_finite(tmp_path, m
     assert proc.returncode == 3, proc.stdout + proc.stderr
     (case,) = json.loads(proc.stdout)["cases"]
     assert case["verdict"] == "missing" and "failed" in case["reason"], case
+
+
+@pytest.mark.ranks
+def test_a_multi_line_error_is_reported_by_its_type_and_first_line(tmp_path):
+    """DDP's unused-parameter error runs over several lines: the case's error names it by its first
+    (its last line, "... as part of this error", says neither what nor why)."""
+    code, out, run = _sweep(tmp_path, _suite(tmp_path, 'workload = ["user_models:unused_parameter"]'))
+    assert code == 1, out
+    error = _errors(run)["user_models:unused_parameter"]
+    assert "raised RuntimeError: Expected to have finished reduction in the prior iteration" in error, error
+    assert "raised RuntimeError: Expected to have finished reduction" in " ".join(out.split())  # rich wraps lines

@@ -52,6 +52,20 @@ from tpbench.worlds import (
 Listener = Callable[[str, dict[str, Any]], None]
 
 
+def exception_line(tb: str) -> str:
+    """The first line of a formatted traceback's (last) exception: its type and what it says first.
+
+    A traceback's last line is the end of a multi-line message (DDP's unused-parameter error ends
+    "... as part of this error"), which names neither the exception nor its cause. The exception
+    starts at the first unindented line after the last frame (frames and their source lines are
+    indented); in a text without frames, its first unindented line.
+    """
+    lines = tb.strip().splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    after = lines[frames[-1] + 1 :] if frames else lines
+    return next((line for line in after if line and not line[0].isspace()), "an error")
+
+
 @dataclass(frozen=True)
 class LaunchGroup:
     """Cases that run in the same world of processes."""
@@ -245,9 +259,8 @@ class Supervisor:
                 self.outcome.failed_case, self.outcome.died_tracing = self.tracing, True
         elif self.errors:
             first = self.errors[0]
-            tb = first["error"].strip().splitlines()
             self.outcome.failed_case = first.get("case") or self.outcome.failed_case
-            self.outcome.cause = f"rank {first['rank']} raised {tb[-1] if tb else 'an error'}"
+            self.outcome.cause = f"rank {first['rank']} raised {exception_line(first['error'])}"
         else:
             self.outcome.cause = cause
         reports = [f"--- rank {e['rank']} error ---\n{e['error']}" for e in self.errors]

@@ -135,3 +135,20 @@ def nan_grads(state: object, bucket: torch.distributed.GradBucket) -> torch.futu
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(bucket.buffer().fill_(float("nan")))
     return fut
+
+
+def unused_parameter(ctx: WorkloadContext) -> Bench:
+    """``good``'s model beside a layer its forward never uses: DDP's second step raises its
+    multi-line "Expected to have finished reduction" error."""
+    bench = good(ctx)
+    bench.model = _WithUnused(bench.model).to(ctx.device)
+    return bench
+
+
+class _WithUnused(nn.Module):
+    def __init__(self, used: nn.Module) -> None:
+        super().__init__()
+        self.used, self.unused = used, nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
