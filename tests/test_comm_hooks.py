@@ -90,6 +90,67 @@ def test_module_that_fails_on_import_is_refused(tmp_path: Path, monkeypatch: pyt
         expand(parse('[defaults]\nworld_size = 2\ncomm_hook = "broken_hooks:hook"\n', "t.toml"), CPU)
 
 
+_IMPORTS = "import torch\nimport torch.distributed as dist\n\n"
+_TYPED = "def typed(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:\n    ...\n"
+_DDP_RULE_HOOKS = {
+    "ddp_rule_hooks": _IMPORTS
+    + "def plain(state, bucket):\n    ...\n"
+    + "def other_name(state, grad_bucket):\n    ...\n"
+    + "def wrong_return(state, bucket) -> torch.Tensor:\n    ...\n"
+    + _TYPED,
+    "ddp_rule_lazy_hooks": "from __future__ import annotations\n" + _IMPORTS + _TYPED,
+}
+_DDP_RULE_PATHS = [
+    "ddp_rule_hooks:plain",
+    "ddp_rule_hooks:other_name",
+    "ddp_rule_hooks:typed",
+    "ddp_rule_hooks:wrong_return",
+    "ddp_rule_lazy_hooks:typed",
+]
+
+
+def _ddp_registers(rank: int, world_size: int, where: str) -> dict[str, bool]:
+    """Which of the hooks DDP's register_comm_hook accepts."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, where)
+    out = {}
+    for path in _DDP_RULE_PATHS:
+        module, _, name = path.partition(":")
+        try:
+            DDP(torch.nn.Linear(4, 4)).register_comm_hook(None, getattr(importlib.import_module(module), name))
+            out[path] = True
+        except (KeyError, ValueError):
+            out[path] = False
+    return out
+
+
+@pytest.mark.ranks
+def test_hooks_ddp_would_refuse_are_refused_at_validation_where_ddp_registers_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DDP looks the bucket up by the name ``bucket`` and compares annotations with real types: a hook
+    it refuses failed every case on every rank with a bare ``KeyError: 'bucket'``. Refused up front
+    exactly where DDP registers it (``ddp``); the ZeRO hooks, which call it themselves, take it."""
+    for module, text in _DDP_RULE_HOOKS.items():
+        (tmp_path / f"{module}.py").write_text(text)
+    monkeypatch.chdir(tmp_path)  # hooks are imported from where tpbench runs, as the ranks import them
+    registers = run_world(_ddp_registers, 2, str(tmp_path), timeout_s=60)[0]
+    assert registers == {p: p in ("ddp_rule_hooks:plain", "ddp_rule_hooks:typed") for p in _DDP_RULE_PATHS}
+    for path, ok in registers.items():
+        direct = parse(f'[defaults]\nworld_size = 2\ncomm_hook = "{path}"\n', "t.toml")
+        wrapped = parse(
+            f'[defaults]\nworld_size = 2\ncomm_hook = "{path}"\nalgorithm = "hook_with_zero_step"\n', "t.toml"
+        )
+        assert len(expand(wrapped, CPU)) == 1
+        if ok:
+            assert len(expand(direct, CPU)) == 1
+        else:
+            with pytest.raises(SuiteError, match=rf"t\.toml: comm_hook: .*'{path}' .*DDP requires"):
+                expand(direct, CPU)
+
+
 def test_state_collapses_for_builtin_hooks_and_old_ids_stay() -> None:
     suite = parse(
         f'[defaults]\nworld_size = 2\ncomm_hook_state = "examples.comm_hooks.scaled_fp16:make_state"\n'

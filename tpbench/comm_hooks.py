@@ -146,6 +146,34 @@ class Bf16Support:
         return None
 
 
+def ddp_refusal(hook: Callable[..., Any]) -> str | None:
+    """Why DDP's ``register_comm_hook`` would refuse ``hook``, or None. DDP looks the hook's second
+    parameter up by the name ``bucket`` and compares its annotations with real types
+    (``DistributedDataParallel._check_comm_hook``): refused there, every rank of every such case fails
+    with a bare ``KeyError: 'bucket'`` or ValueError, so the suite is refused up front instead."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        sig = inspect.signature(hook)
+    except ValueError:
+        return None  # no signature to inspect (some builtins): DDP says why when it registers it
+    bucket = sig.parameters.get("bucket")
+    if bucket is None:
+        return f"names its parameters ({', '.join(sig.parameters)}): DDP requires the second one to be named 'bucket'"
+    if bucket.annotation not in (inspect.Parameter.empty, dist.GradBucket):
+        return _annotated("bucket", bucket.annotation, "dist.GradBucket")
+    if sig.return_annotation not in (inspect.Signature.empty, torch.futures.Future[torch.Tensor]):
+        return _annotated("its return", sig.return_annotation, "torch.futures.Future[torch.Tensor]")
+    return None
+
+
+def _annotated(what: str, got: Any, expected: str) -> str:
+    """DDP's annotation rule broken; a string annotation is what ``from __future__ import annotations`` makes."""
+    lazy = " (a string: the hook's module has `from __future__ import annotations`?)" if isinstance(got, str) else ""
+    return f"annotates {what} as {got!r}{lazy}: DDP requires {expected} or no annotation"
+
+
 def check(case: HookedCase, wrapped: bool) -> tuple[str, str] | None:
     """Why the case's hook cannot run, as (key, reason), or None. ``wrapped``: the algorithm wraps
     the hook (the ZeRO hooks) instead of registering it on DDP. Imports torch only for bf16 and the
@@ -157,9 +185,12 @@ def check(case: HookedCase, wrapped: bool) -> tuple[str, str] | None:
             return "comm_hook", why
     if is_import_path(name):
         try:
-            load(name, 2)
+            hook = load(name, 2)
         except CommHookError as e:
             return "comm_hook", f"expected a function (state, bucket) -> Future: {e}"
+        why = None if wrapped else ddp_refusal(hook)
+        if why:
+            return "comm_hook", f"expected a function (state, bucket) -> Future that DDP registers: {name!r} {why}"
     if case.comm_hook_state is not None:
         try:
             load(case.comm_hook_state, 1)
