@@ -208,3 +208,17 @@ def test_a_multi_line_error_is_reported_by_its_type_and_first_line(tmp_path):
     error = _errors(run)["user_models:unused_parameter"]
     assert "raised RuntimeError: Expected to have finished reduction in the prior iteration" in error, error
     assert "raised RuntimeError: Expected to have finished reduction" in " ".join(out.split())  # rich wraps lines
+
+
+@pytest.mark.ranks
+def test_a_hook_that_returns_no_future_fails_its_cases_naming_the_hook(tmp_path):
+    """Registered on DDP or wrapped by a ZeRO hook, a hook returning None crashed the rank (SIGSEGV)."""
+    sweep = 'algorithm = ["ddp", "hook_with_zero_step"]\ncomm_hook = ["user_models:returns_none"]'
+    code, out, run = _sweep(tmp_path, _suite(tmp_path, sweep, warmup_steps=3))
+    assert code == 1, out
+    errors = list(run.record.cases[c].error for c in run.cases["case_id"])
+    assert len(errors) == 2, errors
+    for error in errors:
+        assert (
+            "TypeError: comm_hook user_models:returns_none: returned NoneType, expected a torch.futures.Future" in error
+        )

@@ -8,6 +8,7 @@ that validates, reports or compares reads the torch-free declarations in ``tpben
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -88,7 +89,30 @@ def comm_hook(case: Case) -> Callable[..., Any]:
         "fp16_compress": default_hooks.fp16_compress_hook,
         "bf16_compress": default_hooks.bf16_compress_hook,
     }
-    return builtin[case.comm_hook] if case.comm_hook in builtin else comm_hooks.load(case.comm_hook, 2)
+    if case.comm_hook in builtin:
+        return builtin[case.comm_hook]
+    return _returns_future(case.comm_hook, comm_hooks.load(case.comm_hook, 2))
+
+
+def _returns_future(path: str, hook: Callable[..., Any]) -> Callable[..., Any]:
+    """``hook`` (the user's), failing its case by name when it returns anything but a Future.
+
+    PyTorch's reducer takes a hook's return value on trust: ``None`` crashes the rank with SIGSEGV,
+    which says nothing of the hook. The check costs one Python call per bucket; ``functools.wraps``
+    keeps the hook's name and signature, which DDP inspects when it registers it.
+    """
+
+    @functools.wraps(hook)
+    def checked(state: Any, bucket: dist.GradBucket) -> Any:
+        fut = hook(state, bucket)
+        if not isinstance(fut, torch._C.Future):  # what collectives' get_future() and then() return
+            raise TypeError(
+                f"comm_hook {path}: returned {type(fut).__name__}, expected a torch.futures.Future "
+                "whose value is the bucket's reduced tensor"
+            )
+        return fut
+
+    return checked
 
 
 def register_comm_hook(ddp: DDP, case: Case, process_group: dist.ProcessGroup | None) -> None:
