@@ -64,9 +64,8 @@ def _import(path: str) -> Callable[..., Any]:
         raise UserWorkloadError(str(e)) from None
     factory = getattr(module, attr, None)
     if not callable(factory):
-        raise UserWorkloadError(
-            f"expected a function {attr!r} in module {module_name!r}, found {type(factory).__name__}"
-        )
+        found = type(factory).__name__ if hasattr(module, attr) else "nothing by that name"  # not "NoneType"
+        raise UserWorkloadError(f"expected a function {attr!r} in module {module_name!r}, found {found}")
     return factory
 
 
