@@ -172,21 +172,16 @@ def test_needs_two_distinct_ratios():
         crossover.estimate_crossover(synthetic_points([1.0, 1.0], lambda x: 1.0))
 
 
-def test_ratio_points_pair_cases_and_take_comm_compute_from_the_reference():
-    """Two links × one bucket size; the reference has ``shard_buckets``/``impl`` collapsed (None)."""
+def _frames(spec: dict, **reference_keys: object) -> tuple[list[dict], list[dict], list[dict]]:
+    """Cases, steps and summary rows of ``spec``, (algorithm, link[, tag]) → (per-repeat medians, comm_ms,
+    compute_ms); the hooks have ``shard_buckets``/``impl`` set and the reference ``reference_keys``
+    (a key a tag names takes the tag's value), the others collapsed (None)."""
     cases, steps, summary = [], [], []
-    spec = {  # (algorithm, link) → (per-repeat medians, comm_ms, compute_ms)
-        (REFERENCE, "loopback"): ([50, 52, 51], 10.0, 20.0),
-        (SEQUENTIAL, "loopback"): ([40, 41, 42], 12.0, 20.0),
-        (INTERLEAVED, "loopback"): ([36, 37, 38], 13.0, 20.0),
-        (REFERENCE, "tcp-1gbit"): ([90, 92, 91], 60.0, 20.0),
-        (SEQUENTIAL, "tcp-1gbit"): ([80, 81, 82], 61.0, 20.0),
-        (INTERLEAVED, "tcp-1gbit"): ([88, 89, 90], 62.0, 20.0),
-        ("ddp", "loopback"): ([30, 30, 30], 5.0, 20.0),  # not part of any point
-    }
-    for i, ((alg, link), (reps, comm, compute)) in enumerate(spec.items()):
+    for i, (key, (reps, comm, compute)) in enumerate(spec.items()):
+        alg, link = key[:2]
         cid = f"c{i}"
         hook = alg in (SEQUENTIAL, INTERLEAVED)
+        own = {k: (key[2] if len(key) > 2 else v) for k, v in reference_keys.items()}
         cases.append(
             {
                 "case_id": cid,
@@ -195,6 +190,7 @@ def test_ratio_points_pair_cases_and_take_comm_compute_from_the_reference():
                 "bucket_cap_mb": 2.0,
                 "shard_buckets": False if hook else None,
                 "impl": "tpbench" if hook else None,
+                **{k: (v if alg == REFERENCE else None) for k, v in own.items()},
                 "status": "done",
             }
         )
@@ -204,6 +200,21 @@ def test_ratio_points_pair_cases_and_take_comm_compute_from_the_reference():
                     {"case_id": cid, "repeat": r, "rank": 0, "step": s, "phase": "timed", "step_ms": m + (s - 2)}
                 )
         summary.append({"case_id": cid, "comm_ms": comm, "compute_ms": compute})
+    return cases, steps, summary
+
+
+def test_ratio_points_pair_cases_and_take_comm_compute_from_the_reference():
+    """Two links × one bucket size; the reference has ``shard_buckets``/``impl`` collapsed (None)."""
+    spec = {  # (algorithm, link) → (per-repeat medians, comm_ms, compute_ms)
+        (REFERENCE, "loopback"): ([50, 52, 51], 10.0, 20.0),
+        (SEQUENTIAL, "loopback"): ([40, 41, 42], 12.0, 20.0),
+        (INTERLEAVED, "loopback"): ([36, 37, 38], 13.0, 20.0),
+        (REFERENCE, "tcp-1gbit"): ([90, 92, 91], 60.0, 20.0),
+        (SEQUENTIAL, "tcp-1gbit"): ([80, 81, 82], 61.0, 20.0),
+        (INTERLEAVED, "tcp-1gbit"): ([88, 89, 90], 62.0, 20.0),
+        ("ddp", "loopback"): ([30, 30, 30], 5.0, 20.0),  # not part of any point
+    }
+    cases, steps, summary = _frames(spec)
     pts = crossover.ratio_points(pd.DataFrame(cases), pd.DataFrame(steps), pd.DataFrame(summary))
     assert list(pts["interconnect"]) == ["loopback", "tcp-1gbit"]
     assert list(pts["comm_compute"]) == [0.5, 3.0]  # the reference's figures, not the hooks'
@@ -216,3 +227,21 @@ def test_ratio_points_pair_cases_and_take_comm_compute_from_the_reference():
     no_ref = pd.DataFrame(cases)[lambda d: d["algorithm"] != REFERENCE]
     pts2 = crossover.ratio_points(no_ref, pd.DataFrame(steps), pd.DataFrame(summary))
     assert list(pts2["comm_compute"]) == [0.6, 3.05] and set(pts2["comm_compute_from"]) == {SEQUENTIAL}
+
+
+def test_the_reference_is_found_beside_a_key_the_hooks_leave_unset():
+    """``parameters_as_bucket_view`` is set on zero_no_overlap and collapsed (None) on the ZeRO hooks, as
+    every suite since that key records it: the reference still matches (it was missed, and comm:compute
+    silently taken from the sequential hook), the per-parameter one (PyTorch's default) before the packed."""
+    spec = {
+        (REFERENCE, "loopback", True): ([45, 46, 47], 8.0, 20.0),  # packed: listed first, not picked
+        (REFERENCE, "loopback", False): ([50, 52, 51], 10.0, 20.0),
+        (SEQUENTIAL, "loopback"): ([40, 41, 42], 12.0, 20.0),
+        (INTERLEAVED, "loopback"): ([36, 37, 38], 13.0, 20.0),
+        (REFERENCE, "tcp-1gbit", False): ([90, 92, 91], 60.0, 20.0),
+        (SEQUENTIAL, "tcp-1gbit"): ([80, 81, 82], 61.0, 20.0),
+        (INTERLEAVED, "tcp-1gbit"): ([88, 89, 90], 62.0, 20.0),
+    }
+    cases, steps, summary = _frames(spec, parameters_as_bucket_view=False)
+    pts = crossover.ratio_points(pd.DataFrame(cases), pd.DataFrame(steps), pd.DataFrame(summary))
+    assert list(pts["comm_compute"]) == [0.5, 3.0] and set(pts["comm_compute_from"]) == {REFERENCE}

@@ -80,7 +80,7 @@ def ratio_points(cases: pd.DataFrame, steps: pd.DataFrame, summary: pd.DataFrame
         est = case_ratio(b, c, paired=True)
         paired = est.method == "paired"
         rounds = sorted(set(b) & set(c)) if paired else None
-        ref = refs[_matches(refs, s, params, strict=False)]
+        ref = _reference(refs, s, params)
         source = ref.iloc[0]["case_id"] if len(ref) else s["case_id"]
         rows.append(
             {
@@ -104,16 +104,25 @@ def ratio_points(cases: pd.DataFrame, steps: pd.DataFrame, summary: pd.DataFrame
     return pd.DataFrame(rows)
 
 
+def _reference(refs: pd.DataFrame, row: dict, params: list[str]) -> pd.DataFrame:
+    """The no-overlap cases that match ``row`` (a sequential case), PyTorch's default first: where
+    both are swept, per-parameter broadcasts (``parameters_as_bucket_view`` false) before packed."""
+    found = refs[_matches(refs, row, params, strict=False)]
+    if "parameters_as_bucket_view" in found:
+        found = found.sort_values("parameters_as_bucket_view", key=lambda c: c.astype(bool), kind="stable")
+    return found
+
+
 def _matches(frame: pd.DataFrame, row: dict, params: list[str], strict: bool) -> pd.Series:
-    """Rows of ``frame`` equal to ``row`` on ``params``. Not strict: a parameter the candidate
-    leaves unset (collapsed for its algorithm, like ``shard_buckets`` for ``zero_no_overlap``)
-    matches any value."""
+    """Rows of ``frame`` equal to ``row`` on ``params``. Not strict: a parameter unset on either side
+    (collapsed for its algorithm, like ``shard_buckets`` for ``zero_no_overlap`` and
+    ``parameters_as_bucket_view`` for the ZeRO hooks) matches any value."""
     mask = pd.Series(True, index=frame.index)
     for k in params:
         col = frame[k].astype(object)
         unset = col.isna()
         same = col.map(functools.partial(_same, b=row[k]))
-        mask &= same | (unset & (not strict)) | (unset & _isna(row[k]))
+        mask &= same | ((unset | _isna(row[k])) & (not strict)) | (unset & _isna(row[k]))
     return mask
 
 
