@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -97,8 +98,9 @@ def _bench(path: str, result: Any) -> Bench:
             raise UserWorkloadError(f"expected Bench.{name} from {path} to be callable")
     if result.heldout_batches is not None and not callable(result.heldout_batches):
         raise UserWorkloadError(f"expected Bench.heldout_batches from {path} to be callable or None")
-    if result.optimal_loss is not None and not isinstance(result.optimal_loss, (int, float)):
-        raise UserWorkloadError(f"expected Bench.optimal_loss from {path} to be a number or None")
+    loss = result.optimal_loss
+    if loss is not None and (isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss)):
+        raise UserWorkloadError(f"expected Bench.optimal_loss from {path} to be a finite number or None, got {loss!r}")
     return result
 
 
@@ -136,19 +138,20 @@ def imported_workload(path: str) -> type[Workload]:
 
 
 def check(cls: type[Workload], params: object, batch_size: int) -> None:
-    """Call the factory once on the meta device, and its ``train_batch(0)``: the protocol's
+    """Call the factory once on the meta device, and its ``train_batch(0)`` and ``heldout_batches()``: the protocol's
     mistakes surface before the sweep, without allocating the model."""
     ctx = WorkloadContext(rank=0, world_size=1, batch_size=batch_size, seed=0, device=torch.device("meta"))
 
     def on_meta() -> Any:
         with torch.device("meta"):
-            return cls(params, ctx).train_batch(0)
+            workload = cls(params, ctx)
+            return workload.train_batch(0), workload.heldout_batches()
 
     # What the factory changes of torch's process-wide state is the ranks' concern (the worker
     # fails such a case); here it must not stay behind in the process that validates.
     dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
     try:
-        batch = user_code.limited(cls.name, on_meta)
+        batch, heldout = user_code.limited(cls.name, on_meta)
     except UserWorkloadError:
         raise
     except user_code.UserCodeFailed as e:
@@ -161,4 +164,9 @@ def check(cls: type[Workload], params: object, batch_size: int) -> None:
     if not (isinstance(batch, tuple) and len(batch) == 2):
         raise UserWorkloadError(
             f"expected Bench.train_batch(step) from {cls.name} to return (inputs, targets), got {type(batch).__name__}"
+        )
+    if not (isinstance(heldout, (list, tuple)) and all(isinstance(b, tuple) and len(b) == 2 for b in heldout)):
+        raise UserWorkloadError(
+            f"expected Bench.heldout_batches() from {cls.name} to return a list of (inputs, targets), "
+            f"got {type(heldout).__name__}"
         )

@@ -157,3 +157,15 @@ class _WithUnused(nn.Module):
 def returns_none(state, bucket):  # unannotated: DDP refuses a "-> None" hook at validation
     """A communication hook that forgets its return: PyTorch's reducer would crash on it (SIGSEGV)."""
     bucket.buffer()
+
+
+def heldout_not_pairs(ctx: WorkloadContext) -> Bench:
+    bench = good(ctx)
+    bench.heldout_batches = lambda: 5
+    return bench
+
+
+def optimal_loss_nan(ctx: WorkloadContext) -> Bench:
+    bench = good(ctx)
+    bench.optimal_loss = float("nan")
+    return bench
