@@ -631,3 +631,20 @@ def test_several_runs_show_parameters_as_the_suite_spells_them(tmp_path):
     html = build_report(loaded, tmp_path)
     assert "workload.width=64.0" not in html and "Fastest workload=mlp, workload.width=64:" in html
     assert 'id="across-runs"' in html and "<td>None</td>" not in html
+
+
+def test_the_folded_comparisons_name_packed_broadcasts_only_where_the_run_has_them(tmp_path):
+    """A run without parameters_as_bucket_view = true (crossover.toml, compression.toml) was told its
+    ZeRO hooks were compared against zero_no_overlap "unpacked and packed"."""
+    zero = {"zero_no_overlap": [20, 21, 20.5], "hook_with_zero_step": [15, 15.5, 15.2]}
+    zero["hook_with_zero_step_interleaved"] = [14, 14.5, 14.2]
+    unpacked = make_run(tmp_path / "unpacked", zero)
+    finalize(store.Run.open(unpacked))
+    unpacked = build_report([store.load(unpacked)], tmp_path)
+    assert "more: each ZeRO hook against zero_no_overlap (per-parameter broadcasts)" in unpacked
+    assert "unpacked and packed" not in unpacked
+    both = make_run(tmp_path / "both", zero, sweep={"parameters_as_bucket_view": "[false, true]"})
+    finalize(store.Run.open(both))
+    assert "more: each ZeRO hook against zero_no_overlap (unpacked and packed)" in build_report(
+        [store.load(both)], tmp_path
+    )

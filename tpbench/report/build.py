@@ -111,6 +111,14 @@ def _run_line(page: Page, data: ReportData, run: store.Loaded) -> None:
     )
 
 
+def _no_overlap_baselines(data: ReportData) -> str:
+    """The zero_no_overlap baselines the folded comparisons are against: packed broadcasts only where
+    a run has them (crossover, compression and most suites of one's own sweep only the default)."""
+    done = data.done
+    packed = verdicts.PACKED in done and bool(done[verdicts.PACKED].astype(object).eq(True).any())
+    return "zero_no_overlap (unpacked and packed)" if packed else verdicts.UNPACKED_WORD
+
+
 def _headlines(
     page: Page,
     data: ReportData,
@@ -147,7 +155,7 @@ def _headlines(
         page.heading("Where the hooks' lead over per-parameter broadcasts comes from", level=3, anchor="attribution")
         page.table(verdicts.attribution_table(attrs, data.tags if data.multi else None))
     if more:
-        page.details_list(f"{len(more)} more: each ZeRO hook against zero_no_overlap (unpacked and packed)", more)
+        page.details_list(f"{len(more)} more: each ZeRO hook against {_no_overlap_baselines(data)}", more)
     notes = (
         f"Verdicts compare {data.what} ({data.metric}). "
         "Intervals: 95% t interval over rounds, paired by round for cases of one world (each round's ratio "
