@@ -72,6 +72,18 @@ def test_overrides_replace_sweeps_and_defaults_and_reach_tables():
     assert len(cases) == 2
 
 
+def test_overrides_reach_the_table_of_a_workload_named_by_a_dotted_import_path(monkeypatch):
+    """``--set workloads.NAME.KEY`` for the worked example's ``examples.own_model.bench:build`` (refused
+    before: its dots were taken for more levels), bare or quoted as in TOML; a KEY alone is refused."""
+    monkeypatch.chdir(REPO)  # the factory is imported from where tpbench runs
+    suite = load(REPO / "examples" / "own_model" / "suite.toml")
+    for name in ("examples.own_model.bench:build", '"examples.own_model.bench:build"'):
+        cases = expand(with_overrides(suite, [f"workloads.{name}.width=64"]), CPU)
+        assert {dict(c.workload_params)["width"] for c in cases} == {64}
+    with pytest.raises(SuiteError, match="expected KEY, capture.KEY or workloads.NAME.KEY"):
+        with_overrides(suite, ["workloads.width=64"])
+
+
 def test_filters():
     cases = expand(parse(BASE, "t.toml"), CPU)
     assert {c.algorithm for c in select(cases, ["algorithm=ddp"])} == {"ddp"}

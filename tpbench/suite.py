@@ -427,11 +427,11 @@ def _apply_override(doc: dict[str, Any], assignment: str) -> None:
         raise SuiteError(f"--set {assignment}: expected KEY=VALUE")
     value = _parse_value(raw.strip())
     parts = key.split(".")
-    if parts[0] in ("capture", "workloads") and len(parts) == (2 if parts[0] == "capture" else 3):
-        table = doc.setdefault(parts[0], {})
-        for p in parts[1:-1]:
-            table = table.setdefault(p, {})
-        table[parts[-1]] = value
+    workload = _workload_key(key)
+    if workload:
+        doc.setdefault("workloads", {}).setdefault(workload[0], {})[workload[1]] = value
+    elif parts[0] == "capture" and len(parts) == 2:
+        doc.setdefault("capture", {})[parts[1]] = value
     elif len(parts) > 1:
         raise SuiteError(f"--set {assignment}: expected KEY, capture.KEY or workloads.NAME.KEY")
     elif key in doc.get("sweep", {}) or _sweeps(key, value):
@@ -439,6 +439,18 @@ def _apply_override(doc: dict[str, Any], assignment: str) -> None:
         doc.get("defaults", {}).pop(key, None)
     else:
         doc.setdefault("defaults", {})[key] = value
+
+
+def _workload_key(key: str) -> tuple[str, str] | None:
+    """``workloads.NAME.KEY`` as (NAME, KEY), or None. NAME may hold dots, as an import path does
+    (``workloads.examples.own_model.bench:build.width``), and may be quoted as in TOML; KEY, a
+    parameter name, cannot, so the last dot ends NAME."""
+    if not key.startswith("workloads."):
+        return None
+    name, _, param = key.removeprefix("workloads.").rpartition(".")
+    if len(name) >= 2 and name[0] == name[-1] and name[0] in "\"'":
+        name = name[1:-1]
+    return (name, param) if name and param else None
 
 
 def _sweeps(key: str, value: Any) -> bool:
