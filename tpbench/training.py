@@ -20,6 +20,7 @@ from torch.profiler import record_function
 
 from tpbench import comm_hooks
 from tpbench.comm_hooks import ALLREDUCE
+from tpbench.hooks import _torch_private as private
 from tpbench.suite import DDP_DEFAULT
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def _returns_future(path: str, hook: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(hook)
     def checked(state: Any, bucket: dist.GradBucket) -> Any:
         fut = hook(state, bucket)
-        if not isinstance(fut, torch._C.Future):  # what collectives' get_future() and then() return
+        if not private.is_future(fut):
             raise TypeError(
                 f"comm_hook {path}: returned {type(fut).__name__}, expected a torch.futures.Future "
                 "whose value is the bucket's reduced tensor"

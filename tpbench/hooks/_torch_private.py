@@ -5,8 +5,9 @@ Overlapping ZeRO with DDP cannot be written against public API alone: PyTorch's
 the gradients, and that hand-over happens through private state (``_overlap_info``, the
 bucket-assignment cache, ``_partition_parameters``, ``_build_ddp_param_buckets``,
 ``_init_local_optimizer``, ``_local_step``). Knowing when DDP's buckets are final needs
-``DistributedDataParallel._has_rebuilt_buckets``, and skipping profiler ranges cheaply needs
-``torch.autograd._profiler_enabled``.
+``DistributedDataParallel._has_rebuilt_buckets``, skipping profiler ranges cheaply needs
+``torch.autograd._profiler_enabled``, and checking that a user's hook returned a future needs
+``torch._C.Future``.
 
 Everything of that kind lives here, behind a small interface of plain values, so that a torch
 upgrade touches one file. The interface is checked against the installed torch version: a
@@ -91,6 +92,13 @@ def require_ddp_internals(ddp: DistributedDataParallel) -> None:
 def profiler_enabled() -> bool:
     """Whether a profiler is recording on this thread (a C++ flag read: costs well under a microsecond)."""
     return torch.autograd._profiler_enabled()
+
+
+def is_future(value: Any) -> bool:
+    """Whether a communication hook returned a future DDP can wait on. A collective's
+    ``get_future()`` and ``then()`` return the private base class ``torch._C.Future``, of which the
+    public ``torch.futures.Future`` is a subclass, so only the base class admits both."""
+    return isinstance(value, torch._C.Future)
 
 
 def ddp_has_rebuilt_buckets(ddp: DistributedDataParallel) -> bool:
