@@ -376,18 +376,23 @@ LOCALSGD_SUITE = localsgd_suite(
 )
 
 
-def test_local_sgd_verdict_time_to_target_and_final_gap():
+def localsgd_data(reached: dict[str, tuple[bool, ...]] | None = None) -> report_data.ReportData:
+    """Plain DDP (100 ms steps, final held-out loss 1.02) and post-local SGD (60 ms, 1.04) over 3
+    repeats, the target 1.05; ``reached`` names, per side ("never", "local"), the repeats whose
+    held-out loss reaches it (at step 29; the others stay at 1.3): all of them by default."""
+    reached = {"never": (True,) * 3, "local": (True,) * 3, **(reached or {})}
     cases = expand(parse(LOCALSGD_SUITE, "lsgd.toml"), Machine(gpus=0))
     never = next(c for c in cases if c.start_localSGD_iter == "never")
     local = next(c for c in cases if c.start_localSGD_iter == 10)
     optimum, target = 1.0, 1.05
     rows = []
-    for case, step_ms, final in ((never, 100.0, 1.02), (local, 60.0, 1.04)):
+    for side, case, step_ms, final in (("never", never, 100.0, 1.02), ("local", local, 60.0, 1.04)):
         for repeat in range(3):
+            end = final if reached[side][repeat] else 1.3
             for rank in range(4):
                 for step in range(40):
-                    # Both reach the target at step 29 (held-out loss evaluated every 10 steps).
-                    held = np.nan if (step + 1) % 10 else (1.3 if step < 29 else final)
+                    # Held-out loss evaluated every 10 steps; a reaching repeat gets there at step 29.
+                    held = np.nan if (step + 1) % 10 else (1.3 if step < 29 else end)
                     rows.append(
                         {
                             "case_id": case.case_id,
@@ -425,7 +430,11 @@ def test_local_sgd_verdict_time_to_target_and_final_gap():
         "cases": {c.case_id: {"params": c.params(), "status": "done"} for c in cases},
     }
     record = RunRecord.from_json(meta)
-    data = report_data.load([store.Loaded(Path("/nonexistent"), record, store.cases_table(record), steps, summary)])
+    return report_data.load([store.Loaded(Path("/nonexistent"), record, store.cases_table(record), steps, summary)])
+
+
+def test_local_sgd_verdict_time_to_target_and_final_gap():
+    data = localsgd_data()
     [v] = verdicts.convergence_verdicts(data)
     assert v.cand_reached == v.base_reached == 3
     assert v.reach_ratio.ratio == pytest.approx(0.6) and v.reach_ratio.method == "paired"
@@ -434,6 +443,38 @@ def test_local_sgd_verdict_time_to_target_and_final_gap():
     assert text.startswith("post-local SGD (start_localSGD_iter=10 averaging_period=4) reaches the target in ")
     assert ", time to the target faster: -40.0% [" in text and "but ends 0.020 nats above DDP's held-out loss" in text
     assert "its step time against DDP's, faster: -40.0% [" in text and "(this run resolves ±" in text
+
+
+@pytest.mark.parametrize(
+    "reached, says, never_says",
+    [
+        # Every repeat of the candidate reached the target, two of DDP's: not "only 3 of its repeats".
+        (
+            {"never": (True, True, False)},
+            "reaches the target in 1.82 s of training (DDP in only 2 of its 3 repeats)",
+            "only 3",
+        ),
+        # Two of the candidate's three: the table beside it leaves the cell blank, so the sentence gives no time.
+        (
+            {"never": (False,) * 3, "local": (True, True, False)},
+            "reaches the target in only 2 of its 3 repeats, which DDP never does",
+            "s of training",
+        ),
+        (
+            {"never": (True, False, True), "local": (False,) * 3},
+            "never reaches the target (DDP in only 2 of its 3 repeats)",
+            "DDP does, in",
+        ),
+    ],
+)
+def test_local_sgd_verdict_when_some_repeats_miss_the_target(reached, says, never_says):
+    """A case "reaches the target" only if every repeat does (the Time to target table's rule): the
+    sentence says how many repeats did where not all, on either side, and never a time the table
+    beside it leaves blank."""
+    [v] = verdicts.convergence_verdicts(localsgd_data(reached))
+    assert v.reach_ratio is None
+    text = verdicts.convergence_sentence(v, [])
+    assert says in text and never_says not in text, text
 
 
 @pytest.fixture(scope="module")

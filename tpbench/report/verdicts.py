@@ -523,6 +523,8 @@ class ConvergenceVerdict:
     reach_ratio: Ratio | None  # training time to target, candidate / baseline (``stats.case_ratio`` over repeats)
     cand_reached: int  # repeats of the candidate that reached the target
     base_reached: int
+    cand_repeats: int  # repeats with a held-out loss, reaching or not
+    base_repeats: int
     cand_time_s: float
     base_time_s: float
     final_delta: float  # median final held-out loss, candidate − baseline (nats)
@@ -551,6 +553,8 @@ def convergence_verdicts(data: ReportData) -> list[ConvergenceVerdict]:
                 ratio,
                 int(ct.notna().sum()),
                 int(bt.notna().sum()),
+                len(ct),
+                len(bt),
                 float(ct.median()),
                 float(bt.median()),
                 float(cand["final_heldout_loss"] - base["final_heldout_loss"]),
@@ -586,16 +590,27 @@ def convergence_sentence(v: ConvergenceVerdict, keys: list[str]) -> str:
             reach += f", time to the target {tt.text}{resolved(tt, est)}"
         else:
             reach += f" ({resolution([est])})"
-    elif v.cand_reached == 0:
-        reach = "never reaches the target" + (
-            f" (DDP does, in {v.base_time_s:.3g} s)" if v.base_reached else " (nor does DDP)"
-        )
-    elif v.base_reached == 0:
-        reach = f"reaches the target in {v.cand_time_s:.3g} s of training, which DDP never does"
     else:
-        reach = f"reaches the target in only {v.cand_reached} of its repeats (DDP: {v.base_reached})"
+        reach = _reach_counted(v)
     join = " but " if ((sooner or "which DDP" in reach) and v.final_delta > convergence.LEVEL_NATS) else " and "
     return f"{who} {reach}{join}{ends}; {_steps_phrase(c)}."
+
+
+def _reach_counted(v: ConvergenceVerdict) -> str:
+    """Where a repeat on either side missed the target: a side reaches it only if every repeat does
+    (the Time to target table's rule, whose cell is blank otherwise), so a time is given only for a
+    side that did in all its repeats, and a side that did in some is counted, not timed."""
+    if v.cand_reached == 0:
+        mine = "never reaches the target"
+    elif v.cand_reached == v.cand_repeats:
+        mine = f"reaches the target in {v.cand_time_s:.3g} s of training"
+    else:
+        mine = f"reaches the target in only {v.cand_reached} of its {v.cand_repeats} repeats"
+    if v.base_reached == 0:
+        return f"{mine}, which DDP never does" if v.cand_reached else f"{mine} (nor does DDP)"
+    if v.base_reached == v.base_repeats:
+        return f"{mine} (DDP does, in {v.base_time_s:.3g} s)"
+    return f"{mine} (DDP in only {v.base_reached} of its {v.base_repeats} repeats)"
 
 
 def _steps_phrase(c: Comparison) -> str:
