@@ -293,3 +293,29 @@ def test_report_says_per_bucket_size_whether_compression_changes_the_winner() ->
     assert big.endswith(
         "Compression changes the answer: sequential with allreduce, no clear winner with fp16_compress."
     )
+
+
+def test_report_does_not_say_compression_keeps_or_changes_an_answer_the_run_did_not_decide() -> None:
+    """An interval that holds no change but reaches beyond the threshold (2 MB: ±48%; at 8 MB the
+    all-reduce hook's) could hide either winner: "Compression does not change the answer (no clear
+    winner)" and "changes the answer: interleaved with allreduce, no clear winner with fp16_compress"
+    both read as findings where the run found nothing. A tie within the threshold is an answer."""
+    lines = winner_lines(
+        [
+            _pair("allreduce", 2, 1.03, 0.85, 1.25),
+            _pair("fp16_compress", 2, 0.83, 0.40, 1.70),
+            _pair("allreduce", 4, 0.90, 0.85, 0.95),
+            _pair("fp16_compress", 4, 0.83, 0.40, 1.70),
+            _pair("allreduce", 8, 1.03, 0.85, 1.25),
+            _pair("fp16_compress", 8, 0.90, 0.85, 0.95),
+            _pair("allreduce", 16, 1.01, 0.97, 1.04),
+            _pair("fp16_compress", 16, 1.00, 0.98, 1.03),
+        ]
+    )
+    two, four, eight, sixteen = lines
+    for line in (two, four, eight):
+        assert "Compression changes" not in line and "Compression does not change" not in line, line
+    assert two.endswith("Whether compression changes the answer is not shown: undecided with allreduce, fp16_compress.")
+    assert four.endswith("Whether compression changes the answer is not shown: undecided with fp16_compress.")
+    assert eight.endswith("Whether compression changes the answer is not shown: undecided with allreduce.")
+    assert sixteen.endswith("Compression does not change the answer (no clear winner).")

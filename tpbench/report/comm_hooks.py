@@ -99,19 +99,34 @@ def winner_lines(comparisons: list[Comparison]) -> list[str]:
         parts = [f"with {hook}, {_wins(c)} ({_ratio(c)})" for hook, c in by_hook.items()]
         line = f"{sentence_start(where)}: " + "; ".join(parts) + "."
         if BASELINE in by_hook:
-            base = _WINNER[by_hook[BASELINE].verdict]
-            changed = {
-                h: _WINNER[c.verdict] for h, c in by_hook.items() if h != BASELINE and _WINNER[c.verdict] != base
-            }
-            line += (
-                f" Compression changes the answer: {base} with {BASELINE}, "
-                + ", ".join(f"{w} with {h}" for h, w in changed.items())
-                + "."
-                if changed
-                else f" Compression does not change the answer ({base})."
-            )
+            line += " " + _compression_effect(by_hook)
         lines.append(line)
     return lines
+
+
+def _decided(c: Comparison) -> bool:
+    """Whether the comparison gives an answer to hold another against: a winner, or a tie within the
+    threshold. An interval that holds no change but reaches beyond the threshold (or no interval)
+    could hide either winner, so it neither keeps nor changes an answer."""
+    return c.verdict in (verdict.FASTER, verdict.SLOWER) or c.said.call == verdict.PASS
+
+
+def _compression_effect(by_hook: dict[str, Comparison]) -> str:
+    """Whether each compressing hook's winner differs from the all-reduce hook's, said only between
+    decided comparisons; the undecided are named instead."""
+    undecided = [h for h, c in by_hook.items() if not _decided(c)]
+    decided = {h: _WINNER[c.verdict] for h, c in by_hook.items() if h != BASELINE and _decided(c)}
+    if BASELINE in undecided or not decided:
+        return f"Whether compression changes the answer is not shown: undecided with {', '.join(undecided)}."
+    base = _WINNER[by_hook[BASELINE].verdict]
+    changed = {h: w for h, w in decided.items() if w != base}
+    said = (
+        f"Compression changes the answer: {base} with {BASELINE}, "
+        + ", ".join(f"{w} with {h}" for h, w in changed.items())
+        if changed
+        else f"Compression does not change the answer ({base})"
+    )
+    return said + (f"; not shown with {', '.join(undecided)} (undecided)." if undecided else ".")
 
 
 def _wins(c: Comparison) -> str:
