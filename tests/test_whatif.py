@@ -372,6 +372,10 @@ def test_post_local_sgd_after_its_switch_is_refused_with_the_reason(tmp_path):
     row = loaded.cases.iloc[0].to_dict() | {"algorithm": "post_localSGD_hook", "averaging_period": 4}
     with pytest.raises(whatif.NotModelled, match="post-local SGD after its switch"):
         model(row | {"start_localSGD_iter": 0})
+    # Averaging every step, its steps are of one kind, but its gradients still cross only the node
+    # subgroup: it was projected (suites of averaging_period = [1, 2] got one setting "ranked first").
+    with pytest.raises(whatif.NotModelled, match="post-local SGD after its switch"):
+        model(row | {"start_localSGD_iter": 0, "averaging_period": 1})
     with pytest.raises(whatif.NotModelled, match="no analysed traces"):  # on to the model: no traces here
         model(row | {"start_localSGD_iter": "never"})
     # Refused, its measured step is the period-aware one the run's step time gives (every 4th step

@@ -18,9 +18,9 @@ from typing import Any
 import pandas as pd
 
 from tpbench import store, user_files
+from tpbench.algorithms import LOCALSGD, is_plain_ddp
 from tpbench.analysis import interference, replay, whatif, whatif_validation
 from tpbench.analysis.replay import Fabric
-from tpbench.analysis.stats import averaging_window
 from tpbench.analysis.whatif_validation import RunWhatIf
 from tpbench.interconnect import resolve, tbf_parameters
 from tpbench.record import CaseRecord
@@ -40,6 +40,12 @@ AFTER_SWITCH = (
     "averaging_period-th step averages the model, where the replay prices each traced collective over the whole "
     "world and calibrates on steps of one kind; such cases are not projected"
 )
+
+
+def switches_to_local_sgd(params: Mapping[str, Any]) -> bool:
+    """Whether a case is post-local SGD that switches: from then on its gradients cross only the node
+    subgroup, whatever its ``averaging_period`` (every step averaging, at 1, still leaves them there)."""
+    return params["algorithm"] == LOCALSGD and not is_plain_ddp(dict(params))
 
 
 def load_fabrics(extra: Iterable[str | Path] = ()) -> dict[str, Fabric]:
@@ -112,7 +118,7 @@ def case_models(
             raise whatif.NotModelled(f"it ran on {row['device']}; {ON_GPU}")
         if row["world_size"] == 1:  # its broadcasts and all-reduces record bytes, but move none
             raise whatif.NotModelled(ONE_RANK)
-        if averaging_window(row) > 1:
+        if switches_to_local_sgd(row):
             raise whatif.NotModelled(AFTER_SWITCH)
         if lost := store.lost_tables(loaded.run_dir, cid, TABLES):
             raise whatif.NotModelled(f"case {cid}: {lost}")
