@@ -29,6 +29,7 @@ from tpbench.analysis import stats
 from tpbench.record import RunRecord
 from tpbench.report import build_report, verdicts
 from tpbench.report import data as report_data
+from tpbench.report.timelines import traced_vs_timed
 from tpbench.suite import Machine, expand, parse
 from tpbench.sweep import finalize
 
@@ -689,3 +690,14 @@ def test_the_folded_comparisons_name_packed_broadcasts_only_where_the_run_has_th
     assert "more: each ZeRO hook against zero_no_overlap (unpacked and packed)" in build_report(
         [store.load(both)], tmp_path
     )
+
+
+def test_traced_against_timed_gives_the_range_over_cases(runs):
+    """The Overlap section's one figure for how long traced steps took against timed ones: a median
+    over cases alone read "0.99×" where one case's traced steps took 1.59× (localsgd, 5 cases)."""
+    said = traced_vs_timed(np.array([1.155, 0.994, 0.80, 0.82, 1.59]))
+    assert said.startswith(
+        "Traced steps took 0.99× as long as their case's timed median (the median over 5 cases; 0.8× to 1.6×): "
+    )
+    assert traced_vs_timed(np.array([1.2])).startswith("Traced steps took 1.2× as long as the timed steps' median: ")
+    assert "timed median (the median over " in build_report([store.load(runs[0])])
