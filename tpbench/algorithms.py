@@ -31,6 +31,8 @@ class CheckedCase(comm_hooks.HookedCase, Protocol):
     def shard_buckets(self) -> bool | None: ...
     @property
     def start_localSGD_iter(self) -> int | str | None: ...
+    @property
+    def steps(self) -> int: ...
 
 
 # Keys that only some algorithms use; every other case key applies to all of them.
@@ -77,6 +79,8 @@ class Algorithm:
     own_hook: Callable[[CheckedCase], bool] = lambda case: False
     # Whether the comm_hook is wrapped (the ZeRO hooks) rather than registered on DDP itself.
     wraps_comm_hook: bool = False
+    # What else the algorithm refuses of a case, as ``check`` returns it.
+    own_check: Callable[[CheckedCase], tuple[str, str] | None] = lambda case: None
 
     def check(self, case: CheckedCase) -> tuple[str, str] | None:
         """Why ``case`` cannot run with this algorithm, as (key, message), or None."""
@@ -93,7 +97,20 @@ class Algorithm:
                 f'composed with it; expected "allreduce", "fp16_compress" or "bf16_compress" (PyTorch\'s '
                 f"compression wrappers around it), got {case.comm_hook!r}"
             )
-        return comm_hooks.check(case, wrapped=self.wraps_comm_hook)
+        return self.own_check(case) or comm_hooks.check(case, wrapped=self.wraps_comm_hook)
+
+
+def _switches_in_time(case: CheckedCase) -> tuple[str, str] | None:
+    """Post-local SGD must switch before its last timed step: the hook counts every iteration from
+    the first warm-up step, and one that switches later times plain DDP under post-local SGD's name,
+    which the report would then judge against DDP as post-local SGD."""
+    start, last = case.start_localSGD_iter, case.warmup_steps + case.steps
+    if isinstance(start, int) and start >= last:
+        return "start_localSGD_iter", (
+            f'expected "never" or an integer below {last} (warmup_steps {case.warmup_steps} + steps {case.steps}): '
+            f"switching at iteration {start}, every timed step would be plain DDP's, got {start}"
+        )
+    return None
 
 
 _ZERO_HOOK = dict(
@@ -146,6 +163,7 @@ ALGORITHMS: dict[str, Algorithm] = {
                 else frozenset()
             ),
             own_hook=lambda case: case.start_localSGD_iter != "never",
+            own_check=_switches_in_time,
         ),
     ]
 }
