@@ -27,7 +27,7 @@ from benchmarks import budget_resolution, synth_run
 from tpbench import store
 from tpbench.analysis import stats
 from tpbench.record import RunRecord
-from tpbench.report import build_report, verdicts
+from tpbench.report import build_report, performance, verdicts
 from tpbench.report import data as report_data
 from tpbench.report.timelines import traced_vs_timed
 from tpbench.suite import Machine, expand, parse
@@ -701,3 +701,14 @@ def test_traced_against_timed_gives_the_range_over_cases(runs):
     )
     assert traced_vs_timed(np.array([1.2])).startswith("Traced steps took 1.2× as long as the timed steps' median: ")
     assert "timed median (the median over " in build_report([store.load(runs[0])])
+
+
+def test_step_time_caption_says_what_a_post_local_sgd_point_is():
+    """Its points are the median over averaging periods of each period's mean step, not the median
+    of its steps that the caption said (which drops most averaging steps)."""
+    data = localsgd_data()
+    assert "Post-local SGD after its switch: per repeat, the median over whole averaging periods" in (
+        performance.step_time_caption(data.done)
+    )
+    plain = data.done[data.done["start_localSGD_iter"] == "never"]
+    assert "Post-local SGD" not in performance.step_time_caption(plain)

@@ -9,6 +9,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from tpbench import verdict
+from tpbench.analysis.stats import averaging_window
 from tpbench.report.data import ReportData, context_text
 from tpbench.report.figures import (
     LEGEND_TOP,
@@ -30,11 +31,7 @@ def step_time(page: Page, data: ReportData) -> None:
     if done.empty:
         return
     page.heading("Step time", anchor="step-time")
-    page.paragraph(
-        "Median of the slowest rank's step time over timed steps; error bars: 95% bootstrap CI over "
-        "repeats (the repeat is the independent unit).",
-        css="muted",
-    )
+    page.paragraph(step_time_caption(done), css="muted")
     buckets = ddp_bucket_lines(done)
     if buckets:
         page.paragraph("The gradient buckets DDP really built: " + "; ".join(buckets) + ".", css="muted")
@@ -43,6 +40,23 @@ def step_time(page: Page, data: ReportData) -> None:
         page.figure(_against_bucket_size(data, done))
     else:
         page.figure(_bars(data, done))
+
+
+def step_time_caption(done: pd.DataFrame) -> str:
+    """What the points are. Post-local SGD after its switch is not the median over its steps: its
+    repeat value is the median over whole averaging periods of each one's mean step
+    (``stats.repeat_values``), so that the averaging steps count, and the caption says so where such a
+    case is shown."""
+    said = (
+        "Median of the slowest rank's step time over timed steps; error bars: 95% bootstrap CI over "
+        "repeats (the repeat is the independent unit)."
+    )
+    if any(averaging_window(row) > 1 for row in done.to_dict("records")):
+        said += (
+            " Post-local SGD after its switch: per repeat, the median over whole averaging periods of each "
+            "period's mean step, so that the averaging steps, which a median over steps drops, count."
+        )
+    return said
 
 
 def ddp_bucket_lines(done: pd.DataFrame) -> list[str]:
