@@ -376,6 +376,9 @@ def test_post_local_sgd_after_its_switch_is_refused_with_the_reason(tmp_path):
     # subgroup: it was projected (suites of averaging_period = [1, 2] got one setting "ranked first").
     with pytest.raises(whatif.NotModelled, match="post-local SGD after its switch"):
         model(row | {"start_localSGD_iter": 0, "averaging_period": 1})
+    # Without the intra-node all-reduce its gradients stay on each rank: the reason must not say otherwise.
+    with pytest.raises(whatif.NotModelled, match="its gradients are not all-reduced at all"):
+        model(row | {"start_localSGD_iter": 0, "post_local_gradient_allreduce": False})
     with pytest.raises(whatif.NotModelled, match="no analysed traces"):  # on to the model: no traces here
         model(row | {"start_localSGD_iter": "never"})
     # Refused, its measured step is the period-aware one the run's step time gives (every 4th step

@@ -40,6 +40,10 @@ AFTER_SWITCH = (
     "averaging_period-th step averages the model, where the replay prices each traced collective over the whole "
     "world and calibrates on steps of one kind; such cases are not projected"
 )
+# The same, where post_local_gradient_allreduce = false leaves the gradients local after the switch.
+AFTER_SWITCH_NO_ALLREDUCE = AFTER_SWITCH.replace(
+    "its gradients are all-reduced within each node's subgroup", "its gradients are not all-reduced at all"
+)
 
 
 def switches_to_local_sgd(params: Mapping[str, Any]) -> bool:
@@ -119,7 +123,10 @@ def case_models(
         if row["world_size"] == 1:  # its broadcasts and all-reduces record bytes, but move none
             raise whatif.NotModelled(ONE_RANK)
         if switches_to_local_sgd(row):
-            raise whatif.NotModelled(AFTER_SWITCH)
+            allreduce = row.get("post_local_gradient_allreduce")  # None in a record older than the key: true
+            raise whatif.NotModelled(
+                AFTER_SWITCH_NO_ALLREDUCE if allreduce is not None and not allreduce else AFTER_SWITCH
+            )
         if lost := store.lost_tables(loaded.run_dir, cid, TABLES):
             raise whatif.NotModelled(f"case {cid}: {lost}")
         return whatif.case_model(
