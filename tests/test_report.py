@@ -377,15 +377,18 @@ LOCALSGD_SUITE = localsgd_suite(
 )
 
 
-def localsgd_data(reached: dict[str, tuple[bool, ...]] | None = None) -> report_data.ReportData:
+def localsgd_data(
+    reached: dict[str, tuple[bool, ...]] | None = None, *, heldout: bool = True, optimum: float | None = 1.0
+) -> report_data.ReportData:
     """Plain DDP (100 ms steps, final held-out loss 1.02) and post-local SGD (60 ms, 1.04) over 3
     repeats, the target 1.05; ``reached`` names, per side ("never", "local"), the repeats whose
-    held-out loss reaches it (at step 29; the others stay at 1.3): all of them by default."""
+    held-out loss reaches it (at step 29; the others stay at 1.3): all of them by default. Without
+    ``heldout`` the run stores no held-out loss (eval_every = 0); ``optimum`` None: none known."""
     reached = {"never": (True,) * 3, "local": (True,) * 3, **(reached or {})}
     cases = expand(parse(LOCALSGD_SUITE, "lsgd.toml"), Machine(gpus=0))
     never = next(c for c in cases if c.start_localSGD_iter == "never")
     local = next(c for c in cases if c.start_localSGD_iter == 10)
-    optimum, target = 1.0, 1.05
+    target = np.nan if optimum is None else optimum * 1.05
     rows = []
     for side, case, step_ms, final in (("never", never, 100.0, 1.02), ("local", local, 60.0, 1.04)):
         for repeat in range(3):
@@ -403,8 +406,8 @@ def localsgd_data(reached: dict[str, tuple[bool, ...]] | None = None) -> report_
                             "phase": "timed",
                             "step_ms": step_ms * (1 + 0.01 * repeat),
                             "loss": 1.5,
-                            "heldout_loss": held,
-                            "optimal_loss": optimum,
+                            **({"heldout_loss": held} if heldout else {}),
+                            "optimal_loss": np.nan if optimum is None else optimum,
                         }
                     )
     steps = pd.DataFrame(rows)
@@ -416,9 +419,12 @@ def localsgd_data(reached: dict[str, tuple[bool, ...]] | None = None) -> report_
                 "ci_lo_ms": ms,
                 "ci_hi_ms": ms * 1.02,
                 "repeat_medians_ms": [ms, ms * 1.01, ms * 1.02],
-                "final_heldout_loss": final,
-                "optimal_loss": optimum,
-                "target_loss": target,
+                **(
+                    {"final_heldout_loss": final, "optimal_loss": np.nan if optimum is None else optimum}
+                    | {"target_loss": target}
+                    if heldout
+                    else {}
+                ),
             }
             for c, ms, final in ((never, 100.0, 1.02), (local, 60.0, 1.04))
         ]
@@ -712,3 +718,24 @@ def test_step_time_caption_says_what_a_post_local_sgd_point_is():
     )
     plain = data.done[data.done["start_localSGD_iter"] == "never"]
     assert "Post-local SGD" not in performance.step_time_caption(plain)
+
+
+@pytest.mark.parametrize("without", ["heldout", "optimum"])
+def test_local_sgd_against_ddp_is_stated_without_a_target_loss(without):
+    """Post-local SGD against DDP in step time is one of the report's stated comparisons, but it was
+    said only inside the convergence verdict: a run without a held-out loss (eval_every = 0, the
+    default) or whose workload knows no optimum (embedding, most models of one's own) got none."""
+    data = localsgd_data(heldout=False) if without == "heldout" else localsgd_data(optimum=None)
+    assert verdicts.convergence_verdicts(data) == []
+    [line] = verdicts.step_time_only_sentences(data, [], [])
+    assert line.startswith(
+        "post-local SGD (start_localSGD_iter=10 averaging_period=4): its step time against DDP's, faster: -40.0% ["
+    )
+    if without == "heldout":
+        assert line.endswith(
+            "; no held-out loss was evaluated (eval_every), so how far its steps take the model is not measured."
+        )
+    else:
+        assert line.endswith(
+            "; it ends 0.020 nats above DDP's held-out loss (no target: the workload knows no optimal loss)."
+        )

@@ -572,13 +572,41 @@ def reach_times(steps: pd.DataFrame, run_id: str, case_id: str, target: float) -
     return first.reindex(sorted(curves["repeat"].unique()))
 
 
-def convergence_sentence(v: ConvergenceVerdict, keys: list[str]) -> str:
-    c = v.comparison
+def _localsgd_who(c: Comparison, keys: list[str]) -> str:
+    """The post-local SGD case in words: "post-local SGD (start_localSGD_iter=0 averaging_period=4)"."""
     setting = " ".join(
         f"{k}={c.candidate.get(k)}" for k in ("start_localSGD_iter", "averaging_period") if _present(c.candidate.get(k))
     )
     ctx = context_text(c.context, keys)
-    who = f"post-local SGD ({setting}{', ' + ctx if ctx else ''})"
+    return f"post-local SGD ({setting}{', ' + ctx if ctx else ''})"
+
+
+def step_time_only_sentences(
+    data: ReportData, conv: list[ConvergenceVerdict], keys: list[str], tags: dict[str, str] | None = None
+) -> list[str]:
+    """Post-local SGD against DDP where it has no convergence verdict (no held-out loss, or no known
+    optimum to set a target by): its step time, a comparison the report states for every such pair,
+    and why the loss side is missing or, without a target, where its held-out loss ends. ``tags``:
+    each run's tag, to prefix the lines of a report of several runs."""
+    judged = {(v.comparison.run_id, v.comparison.candidate["case_id"]) for v in conv}
+    lines = []
+    for c in compare(data, LOCALSGD_KIND):
+        if (c.run_id, c.candidate["case_id"]) in judged:
+            continue
+        cand, base = c.candidate.get("final_heldout_loss"), c.baseline.get("final_heldout_loss")
+        loss = (
+            f"it {_ends(float(cand - base))} (no target: the workload knows no optimal loss)"
+            if _present(cand) and _present(base)
+            else "no held-out loss was evaluated (eval_every), so how far its steps take the model is not measured"
+        )
+        tag = f"[{tags[c.run_id]}] " if tags else ""
+        lines.append(f"{tag}{_localsgd_who(c, keys)}: {_steps_phrase(c)}; {loss}.")
+    return lines
+
+
+def convergence_sentence(v: ConvergenceVerdict, keys: list[str]) -> str:
+    c = v.comparison
+    who = _localsgd_who(c, keys)
     ends = _ends(v.final_delta)
     sooner = False
     if v.reach_ratio is not None:
