@@ -739,3 +739,10 @@ def test_local_sgd_against_ddp_is_stated_without_a_target_loss(without):
         assert line.endswith(
             "; it ends 0.020 nats above DDP's held-out loss (no target: the workload knows no optimal loss)."
         )
+
+
+def test_all_comparisons_table_lists_post_local_sgd_against_ddp():
+    """The table has the figures of every pair the verdicts state; post-local SGD against DDP's were
+    left out, and a post-local SGD run had no such table at all."""
+    html = build_report(localsgd_data().runs)
+    assert 'id="comparisons"' in html and "post-local SGD / DDP" in html
