@@ -1114,6 +1114,24 @@ def test_whatif_command_shows_and_stores_refusals(tmp_path):
     assert re.search(r"\d+\.\d \[\d+\.\d, \d+\.\d\]", rows["hook_with_zero_step bucket_cap_mb=25"])
 
 
+def test_a_run_whose_every_case_is_refused_exits_3_with_the_reasons_written(tmp_path):
+    """It exited 0, as if something had been projected; the refusals are still shown and stored."""
+    run = shutil.copytree(BUSY_RUN, tmp_path / "run")
+    for cid in store.load(run).cases["case_id"]:
+        (store.case_dir(run, cid) / "intervals.parquet").unlink(missing_ok=True)
+    said = {}
+    for fmt in ("text", "json"):
+        p = subprocess.run(
+            [sys.executable, "-m", "tpbench", "whatif", str(run), "--format", fmt], capture_output=True, text=True
+        )
+        assert p.returncode == 3, p.stderr
+        said[fmt] = p
+    assert "Nothing projected: every case was refused" in " ".join(said["text"].stderr.split())
+    assert "(*) refused" in said["text"].stderr  # each with its reason
+    assert all(p["refused"] for p in json.loads(said["json"].stdout)["projections"])
+    assert pd.read_parquet(run / "whatif.parquet")["refused"].notna().all()
+
+
 @pytest.mark.parametrize("width", [80, 110, 160])
 def test_the_whatif_table_hides_no_word_of_a_label_nor_a_fabric_on_a_narrow_terminal(tmp_path, monkeypatch, width):
     """Rich cuts a long word short in a table of many columns ("hook_with_zero_s…" for both ZeRO

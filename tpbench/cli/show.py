@@ -151,9 +151,11 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     except ValueError as e:
         error(e)
         return EXIT_USAGE if isinstance(e, UnknownReference) else EXIT_RESULTS
+    # Every case refused: the tables and the reasons are written, but a script must not read "projected".
+    code = EXIT_RESULTS if written.result.projections["refused"].notna().all() else EXIT_OK
     if args.format == "json":
         sys.stdout.write(json.dumps(written.to_json(), indent=2, allow_nan=False) + "\n")
-        return EXIT_OK
+        return code
     if len(written.result.validation):
         _print_whatif_validation(written)
     t = Table(
@@ -173,7 +175,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     for line in written.ranking_lines():
         out.print(f"projection: {line}", markup=False)
     console.print(f"tables: {written.projections_path}, {written.validation_path}", markup=False)
-    return EXIT_OK
+    if code != EXIT_OK:
+        console.print("[yellow]Nothing projected: every case was refused (the reasons above).[/]")
+    return code
 
 
 def _print_whatif_validation(written) -> None:
