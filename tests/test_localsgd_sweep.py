@@ -18,6 +18,7 @@ import pytest
 from conftest import localsgd_suite, sweep_in_process
 
 from tpbench import store
+from tpbench.report import build_report
 from tpbench.workloads.markov import TinyTransformer
 
 pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
@@ -179,3 +180,11 @@ def test_a_tune_reads_the_held_out_loss_each_setting_ends_at(run):
         loss, _ = tune_answer._converged(by_case, case_id)
         assert loss is not None and loss == pytest.approx(float(by_case.loc[case_id, "final_heldout_loss"]))
         assert math.isfinite(loss) and 0 < loss < math.log(MARKOV["vocab"]) + 1
+
+
+def test_a_report_without_zero_cases_has_no_what_zero_saves_section(run):
+    """Its DDP and post-local SGD cases hold the whole optimizer state each: the section was headed
+    "What ZeRO saves" over no ZeRO, and the memory chart pointed to it."""
+    assert len(store.read_case_tables(run, "memory"))  # what the section was drawn from
+    html = build_report([run])
+    assert 'id="zero-saves"' not in html and "What ZeRO saves" not in html

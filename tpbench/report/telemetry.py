@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tpbench.analysis.noise import OTHER_CORES_NOISY, STEAL_PCT_NOISY, noisy_repeats
+from tpbench.report import zero_memory
 from tpbench.report.data import ReportData
 from tpbench.report.figures import LEGEND_TOP, MARGIN, display
 from tpbench.report.html import Page
@@ -209,10 +210,10 @@ def memory(page: Page, data: ReportData) -> None:
     long["rank"] = "rank " + long["rank"].astype(str)
     long = display(long, ["case"])
     page.heading("Memory per rank", anchor="memory")
+    exact = '; the exact optimizer state is in "What ZeRO saves"' if zero_memory.shown(data) else ""
     page.paragraph(
         "Peak per rank over all steps of a case: process RSS (on CPU mostly the runtime, about the same for "
-        'every case; the exact optimizer state is in "What ZeRO saves"), and on GPU the CUDA caching '
-        "allocator's allocated and reserved bytes."
+        f"every case{exact}), and on GPU the CUDA caching allocator's allocated and reserved bytes."
         + (
             ""
             if few

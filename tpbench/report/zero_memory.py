@@ -15,10 +15,16 @@ from tpbench.report.html import Page
 MIB = 2**20
 
 
+def shown(data: ReportData) -> bool:
+    """Whether the section appears: only beside a ZeRO case (one whose ranks partition the optimizer's
+    parameters). A run of DDP and post-local SGD alone was headed "What ZeRO saves" over no ZeRO."""
+    return not data.table("memory").empty and not data.table("partition").empty
+
+
 def section(page: Page, data: ReportData) -> None:
-    memory = data.table("memory")
-    if memory.empty:
+    if not shown(data):
         return
+    memory = data.table("memory")
     cases = data.with_cases(
         per_case(memory, data.table("partition")), ["algorithm", "bucket_cap_mb", "shard_buckets", "workload"]
     )
