@@ -33,7 +33,7 @@ bucket_cap_mb = [1, 2, 4, 8, 16, 25, 50, 100]
 shard_buckets = [false, true]
 seed = [0, 1, 2, 3, 4]
 lr = [0.001, 0.01, 0.1]
-start_localSGD_iter = [0, 10, 100]
+start_localSGD_iter = [0, 10, 20]
 """
 
 
