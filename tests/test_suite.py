@@ -93,6 +93,16 @@ def test_filters():
         select(cases, ["nope=1"])
 
 
+def test_a_negative_filter_that_excludes_nothing_is_refused_as_a_typo():
+    """``shard_buckets!=True`` (the labels' spelling; the suite's value is ``true``) matched no case and
+    so kept all of them, silently: the sweep ran the cases the user meant to drop."""
+    cases = expand(parse(BASE, "t.toml"), CPU)
+    assert select(cases, ["algorithm!=nope"]) == cases  # without a suite to name, as compare filters a run
+    with pytest.raises(SuiteError, match=r"t.toml: --filter algorithm!=nope: no case has that value, so it excl"):
+        select(cases, ["algorithm!=nope"], where="t.toml")
+    assert select(cases, ["algorithm!=ddp"], where="t.toml") == [c for c in cases if c.algorithm != "ddp"]
+
+
 def test_every_bad_input_of_the_catalogue_is_refused_by_the_library():
     """The same catalogue the CLI is tested with (tests/data/bad_suites), at the library level."""
     for path in sorted((REPO / "tests" / "data" / "bad_suites").glob("*.toml")):

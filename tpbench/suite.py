@@ -731,7 +731,8 @@ def select(cases: list[Case], filters: Iterable[str], *, where: str | None = Non
 
     With ``where`` (the suite's path), filters that leave no case are an error naming the first
     that did and the values the cases before it had: a typo in a value reads as such, not as an
-    empty suite."""
+    empty suite. So is a ``key!=v`` that excludes nothing (``shard_buckets!=True``, as the labels
+    spell it, where the suite's value is ``true``): it would run every case it was meant to drop."""
     out, filters = cases, list(filters)
     for f in filters:
         neg = "!=" in f
@@ -745,9 +746,10 @@ def select(cases: list[Case], filters: Iterable[str], *, where: str | None = Non
         if key != "id" and key not in CASE_KEYS and key not in CAPTURE_KEYS:
             raise SuiteError(f"--filter {f}: unknown key {key!r}; expected id or one of {', '.join(CASE_KEYS)}")
         kept = [c for c in out if _matches(c, key, wanted) != neg]
-        if where is not None and out and not kept:
+        if where is not None and out and (not kept or (neg and len(kept) == len(out))):
             before = " the filters before it left" if f != filters[0] else ""
-            raise SuiteError(f"{where}: --filter {f}: no case matches; {_values_had(out, key, before)}")
+            what = "no case has that value, so it excludes nothing" if kept else "no case matches"
+            raise SuiteError(f"{where}: --filter {f}: {what}; {_values_had(out, key, before)}")
         out = kept
     return out
 
