@@ -222,6 +222,9 @@ def test_compare_names_the_top_contributor_of_a_regression(burnt: Path, capsys) 
     out = capsys.readouterr().out
     said = "where the time went, over its traced steps (tpbench explain): +"
     assert any(f"{label}, {said}" in out for label, c in cases.items() if c["verdict"] == "regression")
+    assert run_cli(["compare", str(burnt), "--pair", "slowdown_pct=0..150", "--format", "md"]) == 1
+    out = capsys.readouterr().out
+    assert any(f"\n- {label}, {said}" in out for label, c in cases.items() if c["verdict"] == "regression"), out
     # No regression, nothing to explain: a pair judged the other way round is an improvement.
     assert run_cli(["compare", str(burnt), "--pair", "slowdown_pct=150..0", "--format", "json"]) == 0
     assert {p["result"]["top_contributor"] for p in json.loads(capsys.readouterr().out)["pairs"]} == {""}

@@ -184,7 +184,7 @@ def render_markdown(c: Result, command: str = "tpbench compare") -> str:
     for row, r in zip(_rows(c), c.cases):
         row[7] = _MARK[r.verdict] + row[7].removeprefix(r.verdict)
         lines.append("| " + " | ".join(esc(x) for x in row) + " |")
-    lines += [esc(line) for line in _contributors(c, "- where the time went, ")]
+    lines += [esc(line) for line in _contributors(c, "- ")]
     lines += ["", f"{_footer(c)}.", ""]
     return "\n".join(lines)
 
