@@ -160,6 +160,38 @@ def test_report_on_truncated_parquet_names_the_file(finished_run, tmp_path, caps
 
 
 @pytest.mark.ranks
+def test_resume_writes_a_cut_short_summary_again(finished_run, tmp_path, capsys):
+    """A summary.parquet cut short was left as it was ("Nothing to resume", exit 0) while `report`
+    refused it; a missing one was written again. Both are now written again from the steps."""
+    run = corrupt_copy(finished_run, tmp_path)
+    summary = run / "summary.parquet"
+    summary.write_bytes(summary.read_bytes()[:100])
+    assert run_cli(["sweep", "--resume", str(run), "--no-report"]) == 0
+    assert "Nothing to resume" not in capsys.readouterr().out
+    assert len(store.load(run).summary) == 2
+    assert run_cli(["report", str(run), "-o", str(tmp_path / "r.html")]) == 0
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_resume_refuses_a_done_case_whose_steps_are_lost(finished_run, tmp_path, capsys, damage):
+    """A done case's steps.parquet missing or cut short: `--resume` said "Nothing to resume: every
+    case is done" and exited 0 (or, with the summary gone too, marked the complete run interrupted);
+    it exits 3 naming the file, and changes nothing."""
+    run = corrupt_copy(finished_run, tmp_path)
+    victim = next(run.glob("cases/*/steps.parquet"))
+    if damage == "missing":
+        victim.unlink()
+    else:
+        victim.write_bytes(victim.read_bytes()[:100])
+    before = (run / "run.json").read_text()
+    assert run_cli(["sweep", "--resume", str(run), "--no-report"]) == 3
+    captured = capsys.readouterr()
+    assert str(victim) in captured.err and "Nothing to resume" not in captured.out
+    assert (run / "run.json").read_text() == before
+
+
+@pytest.mark.ranks
 @pytest.mark.parametrize("damage,message", [("missing", "run.json: missing"), ("garbage", "run.json: corrupted")])
 def test_report_on_broken_run_json_says_what_is_broken(finished_run, tmp_path, capsys, damage, message):
     run = corrupt_copy(finished_run, tmp_path)

@@ -794,8 +794,10 @@ class Loaded:
         return dict(self.record.environment)
 
 
-def load(run_dir: str | Path) -> Loaded:
-    """Everything of a run as DataFrames. Broken files raise ``StoreError`` naming the file."""
+def load(run_dir: str | Path, *, summary: bool = True) -> Loaded:
+    """Everything of a run as DataFrames. Broken files raise ``StoreError`` naming the file.
+    ``summary=False`` leaves summary.parquet unread (empty): what writes it again (``--resume``)
+    must get past one that is broken."""
     run_dir = Path(run_dir)
     record = read_record(run_dir)
     if record.status == RUNNING and not owned(run_dir):
@@ -809,8 +811,8 @@ def load(run_dir: str | Path) -> Loaded:
             frames.append(_read_steps(steps_path).assign(case_id=cid))
     steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     summary_path = run_dir / SUMMARY_FILE
-    summary = _read_summary(summary_path) if summary_path.exists() else pd.DataFrame()
-    return Loaded(run_dir, record, cases_table(record), steps, summary)
+    table = _read_summary(summary_path) if summary and summary_path.exists() else pd.DataFrame()
+    return Loaded(run_dir, record, cases_table(record), steps, table)
 
 
 def owned(run_dir: Path) -> bool:

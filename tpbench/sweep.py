@@ -178,6 +178,7 @@ def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
     files, so what they finished counts as done. A run with nothing left to run keeps its status.
     """
     run = store.Run.open(run_dir, own=True)
+    store.load(run.dir, summary=False)  # a done case's steps lost: refused before anything runs or changes
     cases = {cid: c.case for cid, c in run.record.cases.items()}
     ingest_printed(run, cases, run.record.suite_table("interconnects"), lambda kind, ev: None)
     todo = missing(run)
@@ -349,7 +350,7 @@ def finalize(run: store.Run) -> store.Loaded:
 
 
 def _finalize(run: store.Run) -> store.Loaded:
-    loaded = store.load(run.dir)
+    loaded = store.load(run.dir, summary=False)  # written afresh below, even over a broken one
     summary = summarize(loaded.steps, loaded.cases)
     for extra in (
         convergence.summarize(loaded.steps),
@@ -667,5 +668,11 @@ def refuse_a_tune(run_dir: Path) -> None:
 
 
 def _summarized(run: store.Run) -> bool:
-    """Complete with its summary written: a resume of it has nothing to do."""
-    return run.record.finished and (run.dir / store.SUMMARY_FILE).exists()
+    """Complete with its summary written and readable: a resume of it has nothing to do. A summary
+    that is missing or unreadable (cut short, overwritten) is written again from the steps."""
+    if not run.record.finished:
+        return False
+    try:
+        return not store.load(run.dir).summary.empty
+    except store.StoreError:
+        return False
