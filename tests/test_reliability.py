@@ -192,6 +192,25 @@ def test_resume_refuses_a_done_case_whose_steps_are_lost(finished_run, tmp_path,
 
 
 @pytest.mark.ranks
+def test_resume_records_a_pending_case_whose_every_repeat_is_on_disk(finished_run, tmp_path):
+    """A sweep killed outright after rank 0 wrote a case's last repeat, before the launcher recorded
+    the case: the dry run said "only to record", but `--resume` ran no world for it, left it pending
+    and marked the run complete (exit 0). It is recorded done, its steps those the ranks wrote."""
+    run = corrupt_copy(finished_run, tmp_path)
+    case_id = next(run.glob("cases/*/steps.parquet")).parent.name
+    steps = (run / "cases" / case_id / "steps.parquet").read_bytes()
+    store.unmerge_case(run, case_id)
+    meta = json.loads((run / "run.json").read_text())
+    meta["status"], meta["cases"][case_id]["status"] = "running", "running"
+    (run / "run.json").write_text(json.dumps(meta))
+    assert run_cli(["sweep", "--resume", str(run), "--no-report"]) == 0
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["cases"][case_id]["status"] == "done"
+    assert (run / "cases" / case_id / "steps.parquet").read_bytes() == steps
+    assert len(meta["worlds"]) == len(json.loads((finished_run / "run.json").read_text())["worlds"])
+
+
+@pytest.mark.ranks
 @pytest.mark.parametrize("damage,message", [("missing", "run.json: missing"), ("garbage", "run.json: corrupted")])
 def test_report_on_broken_run_json_says_what_is_broken(finished_run, tmp_path, capsys, damage, message):
     run = corrupt_copy(finished_run, tmp_path)

@@ -360,6 +360,17 @@ def _done_repeats(run: store.Run, cases: Iterable[Case]) -> set[tuple[str, int]]
     return {(c.case_id, r) for c in cases for r in store.finished_repeats(run.dir, c.case_id)}
 
 
+def _record_whole(run: store.Run, cases: Iterable[Case], settled: set[str], done: set[tuple[str, int]]) -> set[str]:
+    """Record done the cases not yet done whose every repeat is on disk, and return their ids. A sweep
+    killed outright (SIGKILL, the OOM killer) after rank 0 wrote a case's last repeat, before the
+    launcher recorded the case, leaves it so: no world has anything of it to run, and it stayed
+    pending in a run then marked complete (the dry run's "only to record" was never done)."""
+    whole = [c for c in cases if c.case_id not in settled and all((c.case_id, r) in done for r in range(c.repeats))]
+    for case in whole:
+        run.case_done(case.case_id, case.repeats)
+    return {c.case_id for c in whole}
+
+
 def run_group(
     run: store.Run,
     group: LaunchGroup,
@@ -386,6 +397,7 @@ def run_group(
     status = run.case_status()
     # A case done in an earlier pass is merged: its parts are gone, and ``done`` would not know it.
     failed, finished = ({cid for cid in cases if status[cid] == s} for s in (store.FAILED, store.DONE))
+    finished |= _record_whole(run, group.cases, failed | finished, done)
     retried = False
     retraced: set[str] = set()
     size = group.world_size
