@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from conftest import run_cli
 from test_reliability import tiny_suite_file as tiny_suite
@@ -109,7 +110,7 @@ def test_resume_dry_run_lists_the_missing_cases_and_runs_nothing(done_run, tmp_p
     # A repeat already on disk is not run again, and the table says how many are left (it showed the whole plan).
     parts = run / "cases" / pending[0] / "parts"
     parts.mkdir(parents=True)
-    (parts / "r0000.parquet").write_bytes(b"")
+    pd.DataFrame({"repeat": [0]}).to_parquet(parts / "r0000.parquet")  # readable: an empty file reruns
     repeats = json.loads(before[1])["cases"][pending[0]]["params"]["repeats"]
     assert run_cli(["sweep", "--resume", str(run), "--dry-run"]) == 0
     printed = capsys.readouterr().out

@@ -211,6 +211,28 @@ def test_resume_records_a_pending_case_whose_every_repeat_is_on_disk(finished_ru
 
 
 @pytest.mark.ranks
+def test_resume_runs_again_a_repeat_whose_part_is_cut_short(finished_run, tmp_path, capsys):
+    """A pending case's repeat part cut short (a disk error, a hand's `head -c`): `--resume` ran the
+    rest, then died merging the parts with a bare pyarrow traceback, every time. The part is set
+    aside (kept, as unreadable-rNNNN.parquet) and its repeat runs again."""
+    run = corrupt_copy(finished_run, tmp_path)
+    case_id = next(run.glob("cases/*/steps.parquet")).parent.name
+    store.unmerge_case(run, case_id)
+    part = run / "cases" / case_id / "parts" / "r0000.parquet"
+    part.write_bytes(part.read_bytes()[:100])
+    meta = json.loads((run / "run.json").read_text())
+    meta["status"], meta["cases"][case_id]["status"] = "interrupted", "pending"
+    (run / "run.json").write_text(json.dumps(meta))
+    assert run_cli(["sweep", "--resume", str(run), "--dry-run"]) == 0
+    assert "1 of 1×" in capsys.readouterr().out  # the repeat runs again: not "0 of 1×", only to record
+    assert run_cli(["sweep", "--resume", str(run), "--no-report"]) == 0
+    assert json.loads((run / "run.json").read_text())["cases"][case_id]["status"] == "done"
+    steps = pd.read_parquet(run / "cases" / case_id / "steps.parquet")
+    assert sorted(steps["repeat"].unique()) == [0] and not steps.duplicated(["repeat", "rank", "step"]).any()
+    assert (run / "cases" / case_id / "unreadable-r0000.parquet").exists()
+
+
+@pytest.mark.ranks
 @pytest.mark.parametrize("damage,message", [("missing", "run.json: missing"), ("garbage", "run.json: corrupted")])
 def test_report_on_broken_run_json_says_what_is_broken(finished_run, tmp_path, capsys, damage, message):
     run = corrupt_copy(finished_run, tmp_path)

@@ -239,7 +239,7 @@ def _merge_parts(parts: list[Path], out: Path, transform: Callable[[pd.DataFrame
     """Concatenate part files into ``out`` (through ``transform``), then remove them and their folder."""
     if not parts:
         return
-    atomic_write_parquet(out, transform(pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)))
+    atomic_write_parquet(out, transform(pd.concat([_read_parquet(p) for p in parts], ignore_index=True)))
     for p in parts:
         p.unlink()
     parts[0].parent.rmdir()
@@ -248,6 +248,27 @@ def _merge_parts(parts: list[Path], out: Path, transform: Callable[[pd.DataFrame
 def finished_repeats(run_dir: Path, case_id: str) -> set[int]:
     """Repeats of a case already on disk (after a world died mid-case)."""
     return {int(p.stem[1:]) for p in (case_dir(run_dir, case_id) / "parts").glob("r*.parquet")}
+
+
+def unreadable_parts(run_dir: Path, case_id: str) -> list[Path]:
+    """A case's repeat parts whose parquet footer cannot be read (cut short, overwritten): their
+    repeats are missing, whatever ``finished_repeats`` counts."""
+    bad = []
+    for part in sorted((case_dir(run_dir, case_id) / "parts").glob("r*.parquet")):
+        try:
+            pq.read_metadata(part)
+        except Exception:  # pyarrow raises several types for truncated or foreign files
+            bad.append(part)
+    return bad
+
+
+def set_aside_unreadable(run_dir: Path, case_id: str) -> list[Path]:
+    """Move a case's unreadable repeat parts (``unreadable_parts``) out of its parts, to
+    ``unreadable-rNNNN.parquet`` beside them, and return their new paths, so that ``--resume`` runs
+    those repeats again. Left in place, the merge of the case's parts failed with a bare pyarrow
+    traceback on every resume. Moved, not deleted: they stay for whoever looks."""
+    folder = case_dir(run_dir, case_id)
+    return [part.rename(folder / f"unreadable-{part.name}") for part in unreadable_parts(run_dir, case_id)]
 
 
 def case_steps(run_dir: Path, case_id: str) -> pd.DataFrame:

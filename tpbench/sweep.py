@@ -160,10 +160,12 @@ def missing(run: store.Run) -> list[Case]:
 
 def repeats_left(run: store.Run, cases: list[Case]) -> dict[str, int]:
     """How many of each case's repeats ``--resume`` would run: a failed case starts clean, a pending
-    one keeps its finished repeats."""
+    one keeps its finished repeats, but for those whose part is unreadable (run again)."""
     status = run.case_status()
     kept = {
-        c.case_id: 0 if status[c.case_id] == store.FAILED else len(store.finished_repeats(run.dir, c.case_id))
+        c.case_id: 0
+        if status[c.case_id] == store.FAILED
+        else len(store.finished_repeats(run.dir, c.case_id)) - len(store.unreadable_parts(run.dir, c.case_id))
         for c in cases
     }
     return {c.case_id: c.repeats - kept[c.case_id] for c in cases}
@@ -186,6 +188,7 @@ def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
         check_space(run.dir, todo, _largest_done(run))
     for case in todo:
         run.reset_case(case.case_id)
+        store.set_aside_unreadable(run.dir, case.case_id)
     if todo:
         run.hold_reserve()
         run.set_status(store.RUNNING, resumed=time.time())
