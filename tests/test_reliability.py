@@ -173,6 +173,18 @@ def test_resume_writes_a_cut_short_summary_again(finished_run, tmp_path, capsys)
 
 
 @pytest.mark.ranks
+def test_a_resume_says_its_own_wall_time_apart_from_the_runs(finished_run, tmp_path, capsys):
+    """The closing line's timed steps and processes are the whole run's: on a resume that only wrote
+    the summary it read "Wall 0.2 s; timed steps 4.0 s", more time timed than spent."""
+    run = corrupt_copy(finished_run, tmp_path)
+    (run / "summary.parquet").unlink()
+    assert run_cli(["sweep", "--resume", str(run), "--no-report"]) == 0
+    line = " ".join(capsys.readouterr().err.split())
+    wall_s = json.loads((run / "run.json").read_text())["efficiency"]["wall_s"]
+    assert " s this resume; the whole run: " in line and f"{wall_s:.1f} s running worlds" in line
+
+
+@pytest.mark.ranks
 @pytest.mark.parametrize("damage", ["missing", "truncated"])
 def test_resume_refuses_a_done_case_whose_steps_are_lost(finished_run, tmp_path, capsys, damage):
     """A done case's steps.parquet missing or cut short: `--resume` said "Nothing to resume: every

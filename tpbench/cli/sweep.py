@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -27,6 +27,9 @@ from tpbench.cli.common import (
     torchrun_launcher,
     usage,
 )
+
+if TYPE_CHECKING:
+    from tpbench.sweep import Outcome
 
 
 class SweepProgress:
@@ -147,6 +150,22 @@ def _summary_table(loaded) -> Table:
     return t
 
 
+def _closing_line(outcome: Outcome, resumed: bool) -> str:
+    """Wall time, timed steps and processes started. The last two are the whole run's (its record's
+    efficiency), so a resume says its own wall time apart from the run's: "Wall 0.2 s; timed steps
+    4.0 s" on a resume that only wrote the summary read as more time timed than spent."""
+    from tpbench.record import Efficiency
+
+    eff = outcome.loaded.record.efficiency or Efficiency()
+    started = f"{eff.processes_started} rank process{'es' if eff.processes_started != 1 else ''} started"
+    if not resumed:
+        return f"Wall {outcome.wall_s:.1f} s; timed steps {eff.timed_s:.1f} s; {started}."
+    return (
+        f"Wall {outcome.wall_s:.1f} s this resume; the whole run: {eff.wall_s or 0.0:.1f} s running worlds, "
+        f"{eff.timed_s:.1f} s in timed steps, {started}."
+    )
+
+
 def _print_worlds(run, worlds: list, launcher) -> int:
     """``--print``: the command(s) to start on every node, then how to record what they did."""
     where = "on this machine" if launcher.nnodes == 1 else f"on each of the {launcher.nnodes} nodes, at the same time"
@@ -207,7 +226,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     from tpbench import report, store, sweep
-    from tpbench.record import Efficiency
 
     launcher = _check_sweep_args(args)
     if args.resume:
@@ -264,11 +282,7 @@ def _sweep(args: argparse.Namespace) -> int:
     out.print(fitted(_summary_table(outcome.loaded), out))
     for line in _fastest(outcome.loaded):
         out.print(line, markup=False, soft_wrap=True)
-    eff = outcome.loaded.record.efficiency or Efficiency()
-    console.print(
-        f"Wall {outcome.wall_s:.1f} s; timed steps {eff.timed_s:.1f} s; {eff.processes_started} rank "
-        f"process{'es' if eff.processes_started != 1 else ''} started."
-    )
+    console.print(_closing_line(outcome, resumed=args.resume is not None))
     if not args.no_report:
         run_dir = outcome.run.dir
         path = report.write_report([run_dir], args.report or report.default_report_path(run_dir, args.reports_dir))
