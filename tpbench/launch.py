@@ -398,8 +398,7 @@ def run_group(
     # A case done in an earlier pass is merged: its parts are gone, and ``done`` would not know it.
     failed, finished = ({cid for cid in cases if status[cid] == s} for s in (store.FAILED, store.DONE))
     finished |= _record_whole(run, group.cases, failed | finished, done)
-    retried = False
-    retraced: set[str] = set()
+    retried, retraced = False, set[str]()  # a fresh world once for the machine; a trace's retry once per case
     size = group.world_size
     layout = rank_layout(os.sched_getaffinity(0), size) if launcher is None else torchrun_layout(launcher, size)
     while True:
