@@ -831,8 +831,7 @@ def load(run_dir: str | Path, *, summary: bool = True) -> Loaded:
                 raise StoreError(f"{steps_path}: missing, but run.json says case {cid} is done")
             frames.append(_read_steps(steps_path).assign(case_id=cid))
     steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    summary_path = run_dir / SUMMARY_FILE
-    table = _read_summary(summary_path) if summary and summary_path.exists() else pd.DataFrame()
+    table = read_summary(run_dir) if summary else pd.DataFrame()
     return Loaded(run_dir, record, cases_table(record), steps, table)
 
 
@@ -894,6 +893,13 @@ def cases_table(record: RunRecord) -> pd.DataFrame:
         if table[col].dtype == float and any(r.get(col) is None for r in rows):
             table[col] = pd.Series([r.get(col) for r in rows], dtype=object)
     return table
+
+
+def read_summary(run_dir: Path) -> pd.DataFrame:
+    """A run's summary.parquet alone (empty when it has none); a broken one raises ``StoreError``
+    naming it. What asks only whether the summary stands need not read every case's steps."""
+    path = Path(run_dir) / SUMMARY_FILE
+    return _read_summary(path) if path.exists() else pd.DataFrame()
 
 
 def _read_summary(path: Path) -> pd.DataFrame:

@@ -676,6 +676,6 @@ def _summarized(run: store.Run) -> bool:
     if not run.record.finished:
         return False
     try:
-        return not store.load(run.dir).summary.empty
+        return not store.read_summary(run.dir).empty
     except store.StoreError:
         return False
