@@ -113,6 +113,11 @@ def fitted(table: Table, console: Console) -> Table:
     return table
 
 
+def world_text(case) -> str:
+    """A case's world as the case tables say it: "2×gloo/cpu loopback"."""
+    return f"{case.world_size}×{case.backend}/{case.device} {case.interconnect}"
+
+
 def cases_table(title: str, cases: list, left: dict[str, int] | None = None) -> Table:
     """The cases a command would run; ``left``: each case's repeats still to run (a resume), shown
     as "2 of 3" before the steps."""
@@ -129,7 +134,7 @@ def cases_table(title: str, cases: list, left: dict[str, int] | None = None) -> 
         t.add_row(
             c.case_id,
             escape(names[c.case_id]),
-            f"{c.world_size}×{c.backend}/{c.device} {escape(c.interconnect)}",
+            escape(world_text(c)),
             f"{repeats}×{c.steps}",
         )
     return t

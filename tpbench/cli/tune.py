@@ -28,6 +28,7 @@ from tpbench.cli.common import (
     stop_signals_interrupt,
     torchrun_launcher,
     usage,
+    world_text,
 )
 from tpbench.cli.sweep import SweepDisplay
 
@@ -154,7 +155,7 @@ def print_dry_run(prepared, fmt: str) -> None:
         out.print(fitted(cases_table(title, cases), out))
         return
     names = labels([cases])[0]
-    worlds = [f"{c.world_size}×{c.backend}/{c.device} {c.interconnect}" for c in cases]
+    worlds = [world_text(c) for c in cases]
     if fmt == "json":
         settings = [
             {"case_id": c.case_id, "label": names[c.case_id], "params": c.params(), "world": w}
