@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 import pandas as pd
 
 from tpbench import compare, store
@@ -36,10 +35,38 @@ NO_TRACED_STEPS = "no traced steps"
 
 
 @dataclass(frozen=True)
+class Measured:
+    """What ``compare`` measured of a matched case, in ms per step: each side's compared value
+    (``CaseResult.baseline_compared`` and ``candidate_compared``, whose ratio is compare's ratio) and
+    the change's interval (compare's ratio interval times the baseline's value; NaN where compare has
+    none). Explain's step-time line is this figure, point and interval together, so that it never calls
+    "faster" what compare, from every timed repeat and paired by round where it can, calls no
+    difference: the traced steps alone are few, and unpaired."""
+
+    base_ms: float
+    cand_ms: float
+    lo_ms: float = math.nan
+    hi_ms: float = math.nan
+
+    @classmethod
+    def of(cls, r: compare.CaseResult) -> Measured:
+        b, c = r.baseline_compared, r.candidate_compared
+        if b is None or c is None:
+            return cls(math.nan, math.nan)
+        if r.half_width is None or r.ci_lo is None or r.ci_hi is None:  # too few repeats for an interval
+            return cls(b, c)
+        return cls(b, c, b * (r.ci_lo - 1), b * (r.ci_hi - 1))
+
+    @property
+    def delta_ms(self) -> float:
+        return self.cand_ms - self.base_ms
+
+
+@dataclass(frozen=True)
 class CaseExplanation:
-    """One matched case: the change the timed steps measured (``timed_delta_ms``: the difference
-    of the two cases' median step times, the figure ``compare`` judges) split into parts
-    (``explanation``: each side's traced steps scaled to its timed step, ``analysis.explain.scaled``),
+    """One matched case: the change the timed steps measured (``timed_delta_ms``: ``compare``'s
+    figure, ``Measured``) split into parts (``explanation``: each side's traced steps scaled to its
+    compared step, ``analysis.explain.scaled``; its step-time interval is compare's),
     and the traced steps' own change (``traced``), unscaled, to check the traces against; ``buckets``:
     how many gradient buckets DDP built on each side, where recorded (what a bucket-size change did)."""
 
@@ -139,17 +166,20 @@ def bucket_count(run_dir: Path, case_id: str) -> int | None:
     return len(buckets) if buckets is not None and len(buckets) else None
 
 
+Matched = tuple[str, str, str, Measured]  # (base case, candidate case, label, what compare measured)
+
+
 def explain_cases(
     base_dir: Path,
     cand_dir: Path,
-    matched: Sequence[tuple[str, str, str, tuple[float, float]]],
+    matched: Sequence[Matched],
     *,
     confidence: float = CONFIDENCE,
 ) -> tuple[list[CaseExplanation], dict[str, str]]:
-    """Explain each (base case, candidate case, label, (base, candidate) timed median step in ms);
-    a case without traces on either side goes to the second value with the reason."""
+    """Explain each matched case; a case without traces on either side goes to the second value
+    with the reason."""
     out, skipped = [], {}
-    for base_case, cand_case, label, timed in matched:
+    for base_case, cand_case, label, measured in matched:
         b, c = traced_steps(base_dir, base_case), traced_steps(cand_dir, cand_case)
         missing = [
             _missing(side, d, cid)
@@ -159,11 +189,12 @@ def explain_cases(
         if missing:
             skipped[label] = "; ".join(missing)
             continue
-        (base_ms, cand_ms) = timed
         traced = parts.explain(b, c, confidence=confidence)
-        e = parts.explain(parts.scaled(b, base_ms), parts.scaled(c, cand_ms), confidence=confidence)
+        e = parts.explain(parts.scaled(b, measured.base_ms), parts.scaled(c, measured.cand_ms), confidence=confidence)
+        if math.isfinite(measured.delta_ms):  # compare's interval; the traced steps' only without timed ones
+            e = replace(e, lo=measured.lo_ms, hi=measured.hi_ms)
         buckets = (bucket_count(base_dir, base_case), bucket_count(cand_dir, cand_case))
-        out.append(CaseExplanation(cand_case, label, base_case, cand_case, e, cand_ms - base_ms, traced, buckets))
+        out.append(CaseExplanation(cand_case, label, base_case, cand_case, e, measured.delta_ms, traced, buckets))
     return out, skipped
 
 
@@ -192,21 +223,17 @@ def run(
             within = compare.within_run(runs[0], pairs=pairs)
         except compare.GateError as e:
             raise ExplainError(str(e)) from None
-        matched = [(p.baseline_case, p.candidate_case, p.result.label, _medians(p.result)) for p in within.pairs]
+        matched = [(p.baseline_case, p.candidate_case, p.result.label, Measured.of(p.result)) for p in within.pairs]
         base_dir = cand_dir = Path(within.run)
         differs: list[str] = []
     elif len(runs) == 2:
         if pairs:
             raise ExplainError("--pair: only with a single RUN_DIR (two cases of one run)")
         base_dir, cand_dir = Path(runs[0]), Path(runs[1])
-        base, cand = compare.RunData.of(base_dir), compare.RunData.of(cand_dir)
         try:
-            compare.check_ignore_env(ignore_env)
-            compare.check_distinct([base], [cand])
+            matched, differs = _matched(base_dir, cand_dir, ignore_env)
         except compare.GateError as e:
             raise ExplainError(str(e)) from None
-        differs = compare.runs_environment_differences([base], [cand], ignore_env)
-        matched = _matched(base, cand)
     else:
         raise ExplainError(f"explain takes BASE_RUN CAND_RUN, or one RUN_DIR with --pair; got {len(runs)} runs")
     if not matched:  # the two runs share no finished case: nothing to pair, whatever they traced
@@ -255,28 +282,28 @@ def _named(r: compare.CaseResult, base_dir: Path, base_case: str, cand_dir: Path
     """``r`` with its top contributor, when it is a regression and both cases have traced steps."""
     if r.verdict != compare.REGRESSION:
         return r
-    found, _ = explain_cases(base_dir, cand_dir, [(base_case, r.case_id, r.label, _medians(r))])
+    found, _ = explain_cases(base_dir, cand_dir, [(base_case, r.case_id, r.label, Measured.of(r))])
     return replace(r, top_contributor=found[0].top) if found else r
 
 
-def _medians(r: compare.CaseResult) -> tuple[float, float]:
-    if r.baseline_median is None or r.candidate_median is None:
-        return (float("nan"), float("nan"))
-    return (r.baseline_median, r.candidate_median)
+def matched_across(base_dir: Path, cand_dir: Path) -> list[Matched]:
+    """The finished candidate cases with a counterpart in the baseline (``compare.counterpart``),
+    each with what ``compare`` measured of it."""
+    return _matched(base_dir, cand_dir)[0]
 
 
-def matched_across(base_dir: Path, cand_dir: Path) -> list[tuple[str, str, str, tuple[float, float]]]:
-    """The finished candidate cases with a counterpart in the baseline (``compare.counterpart``)."""
-    return _matched(compare.RunData.of(base_dir), compare.RunData.of(cand_dir))
-
-
-def _matched(base: compare.RunData, cand: compare.RunData) -> list[tuple[str, str, str, tuple[float, float]]]:
+def _matched(base_dir: Path, cand_dir: Path, ignore_env: Sequence[str] = ()) -> tuple[list[Matched], list[str]]:
+    """``matched_across``, and the environment differences that make the runs incomparable
+    (``compare.compare_runs``, whose ``GateError`` for a run given twice or an unknown
+    ``ignore_env`` key passes through)."""
+    base, cand = store.load(base_dir), store.load(cand_dir)
+    comparison = compare.compare_runs([base], [cand], ignore_env=ignore_env)
+    judged = {r.case_id: r for r in comparison.cases}
+    base_data, cand_data = compare.RunData.of(base), compare.RunData.of(cand)
     out = []
-    for cid, params in cand.params.items():
-        other, _ = compare.counterpart(params, cid, base)
-        if other is None or cand.status[cid] != store.DONE or base.status[other] != store.DONE:
+    for cid, params in cand_data.params.items():
+        other, _ = compare.counterpart(params, cid, base_data)
+        if other is None or cand_data.status[cid] != store.DONE or base_data.status[other] != store.DONE:
             continue
-        b, c = base.values.get(other), cand.values.get(cid)
-        timed = (float(np.median(list(b.values()))), float(np.median(list(c.values())))) if b and c else (math.nan,) * 2
-        out.append((other, cid, cand.labels[cid], timed))
-    return out
+        out.append((other, cid, cand_data.labels[cid], Measured.of(judged[cid])))
+    return out, comparison.environment_differences

@@ -230,7 +230,8 @@ def _explain_rows(c: explain.CaseExplanation) -> list[list[str]]:
 def _explain_note(c: explain.CaseExplanation) -> str:
     e, t = c.explanation, c.traced
     return (
-        f"timed steps {e.base_ms:.2f} → {e.cand_ms:.2f} ms (medians), split as the traced steps went "
+        f"timed steps {e.base_ms:.2f} → {e.cand_ms:.2f} ms (compare's figures, and its interval of the step "
+        "time), split as the traced steps went "
         f"({t.base_ms:.2f} → {t.cand_ms:.2f} ms, {_ms(t.delta_ms)} ms over {t.base_steps}/{t.cand_steps} steps, "
         f"each side's parts scaled to its timed step; residual {e.residual_ms:+.3f} ms)"
         + (f"; DDP buckets {c.buckets[0]} → {c.buckets[1]}" if None not in c.buckets else "")

@@ -175,6 +175,9 @@ def sentence(e: Explanation) -> str:
             f"that moved most: {what}, {top.delta_ms:+.2f} ms (95% CI {top.lo:+.2f} to {top.hi:+.2f})."
         )
     direction = "slower" if e.delta_ms > 0 else "faster"
+    interval = "no interval: too few timed repeats"
+    if math.isfinite(e.lo) and math.isfinite(e.hi):
+        interval = f"95% CI {e.lo:+.2f} to {e.hi:+.2f}"
     share = 100 * top.delta_ms / e.delta_ms
     sub = e.top_detail if top.name == "exposed_comm" else None
     if sub is not None and sub.delta_ms * e.delta_ms > 0:
@@ -185,7 +188,7 @@ def sentence(e: Explanation) -> str:
             what += f" ({spread}; the largest, {sub.name}, {sub.delta_ms:+.2f} ms)"
     lead = "mostly" if share > 50 else "most of all"  # "mostly" is more than half of it
     return (
-        f"{e.delta_ms:+.2f} ms per step {direction} (95% CI {e.lo:+.2f} to {e.hi:+.2f}), {lead} {what}: "
+        f"{e.delta_ms:+.2f} ms per step {direction} ({interval}), {lead} {what}: "
         f"{top.delta_ms:+.2f} ms ({share:.0f}% of the change, 95% CI {top.lo:+.2f} to {top.hi:+.2f})."
     )
 

@@ -1,6 +1,6 @@
 """The "Where the time went" section of a report of several runs: per matched case with traces on
-both sides, a waterfall from the first run's step to the later run's (median timed steps, split as the
-traced steps went), one bar per part of
+both sides, a waterfall from the first run's step to the later run's (the timed steps as ``compare``
+shows them, split as the traced steps went), one bar per part of
 ``tpbench explain`` (compute, exposed communication, optimizer, idle, straggler wait).
 
 The parts come from ``tpbench.explain`` (the cases matched as ``compare`` matches them, the
@@ -34,7 +34,8 @@ def section(page: Page, data: ReportData) -> None:
     shown = f"the {MAX_CASES} largest changes of {len(found)}" if len(found) > MAX_CASES else f"{len(found)}"
     page.paragraph(
         "Per case traced in both runs: the first run's step, then each part's change (ms per step, "
-        "candidate − baseline), then the later run's step (median timed steps, each split as its traced steps "
+        "candidate − baseline), then the later run's step (the timed steps as tpbench compare shows them, each "
+        "split as its traced steps "
         "went); the parts add up to the change exactly "
         f"(tpbench explain; docs/explain.md). Cases shown: {shown}.",
         css="muted",
