@@ -186,6 +186,10 @@ def test_hooks_advantage_splits_into_packing_and_overlap():
     assert list(table["from packing"]) == ["0.50× [0.50, 0.50]"] * 4
     assert list(table["from the hook itself"]) == ["0.80× [0.80, 0.80]"] * 4
     assert set(table["the hook itself"]) == {"faster, beyond the ±5% threshold"}
+    # At one bucket size every setting is blank, and the table has no column for it.
+    one = report_data.load([in_memory_run(suite.replace("bucket_cap_mb = [1, 4]", "bucket_cap_mb = [1]"), medians)])
+    table = verdicts.attribution_table(verdicts.attributions({k.key: verdicts.compare(one, k) for k in kinds.values()}))
+    assert len(table) == 2 and "setting" not in table and "hook" in table
     # A run without the packed baseline has nothing to split.
     plain = report_data.load([in_memory_run(suite.replace("parameters_as_bucket_view = [false, true]", ""), medians)])
     assert verdicts.attributions({k.key: verdicts.compare(plain, k) for k in verdicts.ZERO_KINDS}) == []

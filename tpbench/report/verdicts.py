@@ -440,7 +440,9 @@ def attribution_table(attrs: list[Attribution], tags: dict[str, str] | None = No
                 "the hook itself": a.hook.said.words,
             }
         )
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    # A suite swept at one bucket size leaves every setting blank: a column of nothing is noise.
+    return table.drop(columns="setting") if len(table) and not table["setting"].astype(bool).any() else table
 
 
 def _times(est: Ratio) -> str:
