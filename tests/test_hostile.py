@@ -455,6 +455,12 @@ def test_markup_in_names_and_paths_is_printed_verbatim_and_files_follow_the_umas
     report = reports / f"zero [v2]-{run_dir.name}.html"
     assert f"Run directory: {run_dir}\n" in proc.stderr and f"Report: {report}\n" in proc.stderr, proc.stderr
     assert "zero [v2]" in proc.stdout  # the summary table's title
+    # The closing line's wall time includes the analysis after the worlds; the report gives the
+    # worlds' own, and both name it alike (the report once called it "wall", 46.4 s against 50.8).
+    worlds_s = json.loads((run_dir / "run.json").read_text())["efficiency"]["wall_s"]
+    said = f"{worlds_s:.1f} s running worlds"
+    assert f"({said}); timed steps " in " ".join((proc.stdout + proc.stderr).split()), proc.stdout + proc.stderr
+    assert f"{said}, " in report.read_text() and " s wall, " not in report.read_text()
     written = [
         run_dir / "run.json",
         run_dir / "summary.parquet",

@@ -197,7 +197,7 @@ def _environment(page: Page, data: ReportData) -> None:
             share = eff.timed_share
             page.paragraph(
                 (f"{data.tags[r.record.run_id]}: " if data.multi else "")
-                + f"{eff.wall_s:.1f} s wall, {eff.timed_s:.1f} s in timed steps"
+                + f"{eff.wall_s:.1f} s running worlds, {eff.timed_s:.1f} s in timed steps"
                 + (f" ({share:.0%})" if share is not None else "")
                 + f", {eff.worlds_started} world(s), {eff.processes_started} rank "
                 + f"process{'es' if eff.processes_started != 1 else ''} started.",
