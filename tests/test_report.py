@@ -149,6 +149,24 @@ def test_collapsed_parameters_share_one_baseline_and_noise_is_not_called():
     )
 
 
+def test_a_speedup_cell_is_coloured_only_where_its_interval_excludes_1():
+    """A ratio of 0.75 [0.23, 2.45] drawn blue reads as a win the run did not show: such a cell is
+    white (the neutral 1), its text still giving the ratio and interval."""
+    data = report_data.load([in_memory_run(ZERO_SUITE, zero_medians)])
+    seen = set()
+    for kind in verdicts.ZERO_KINDS[:2]:  # interleaved/sequential: all shown; sequential/no overlap: none
+        comps = verdicts.compare(data, kind)
+        heat = performance._heatmap(data, kind.key, comps).data[0]
+        z, text = np.asarray(heat.z, dtype=float), np.asarray(heat.text)
+        assert len(comps) == z.size
+        for shade, said in zip(z.flat, text.flat):  # "0.80<br>[0.78, 0.82]<br>±2.5%"
+            ratio, lo, hi = map(float, re.match(r"([\d.]+)<br>\[([\d.]+), ([\d.]+)\]", said).groups())
+            held = lo <= 1 <= hi
+            seen.add(held)
+            assert shade == (1.0 if held else pytest.approx(ratio, abs=0.005)), (said, shade)
+    assert seen == {True, False}
+
+
 def test_hooks_advantage_splits_into_packing_and_overlap():
     """With both zero_no_overlap baselines, each hook is judged against the unpacked one (named so),
     and that ratio X splits into packing Y (packed / unpacked) times overlap Z (hook / packed)."""

@@ -141,7 +141,8 @@ def heatmaps(page: Page, data: ReportData, comparisons: dict[str, list[Compariso
     page.paragraph(
         "Step time ratio (candidate / baseline) per matched pair of cases, with its 95% interval (paired by "
         "round when the two ran in one world) and its half-width (±, what the run could resolve); below 1 (blue) "
-        "the candidate is faster.",
+        "the candidate is faster. A cell is coloured only where its interval excludes 1: one that holds it is "
+        "left white, whichever way its ratio leans.",
         css="muted",
     )
     for key, cs in present.items():
@@ -158,7 +159,8 @@ def _heatmap(data: ReportData, key: str, cs: list[Comparison]) -> go.Figure:
                 "x": mb_text(c.context["bucket_cap_mb"]) if "bucket_cap_mb" in c.context else "all",
                 "bucket": float(on_bucket_axis(pd.Series([c.context.get("bucket_cap_mb", 0)])).iloc[0]),
                 "y": plot_text((f"{data.tags[c.run_id]} · " if data.multi else "") + y),
-                "ratio": c.ratio,
+                # Colour says shown faster or slower; a ratio whose interval holds 1 shows nothing.
+                "shade": c.ratio if c.est.has_interval and not c.lo <= 1 <= c.hi else 1.0,
                 "text": f"{c.ratio:.2f}<br>[{c.lo:.2f}, {c.hi:.2f}]"
                 + (f"<br>{verdict.half_width_pct(c.est.half_width)}" if c.est.has_interval else "<br>one repeat"),
             }
@@ -166,9 +168,9 @@ def _heatmap(data: ReportData, key: str, cs: list[Comparison]) -> go.Figure:
     df = pd.DataFrame(rows)
     xs = list(dict.fromkeys(df.sort_values("bucket")["x"]))
     ys = list(dict.fromkeys(df["y"]))
-    z = df.pivot_table(index="y", columns="x", values="ratio", aggfunc="first").reindex(index=ys, columns=xs)
+    z = df.pivot_table(index="y", columns="x", values="shade", aggfunc="first").reindex(index=ys, columns=xs)
     text = df.pivot_table(index="y", columns="x", values="text", aggfunc="first").reindex(index=ys, columns=xs)
-    spread = max(0.05, float((df["ratio"] - 1).abs().max()))
+    spread = max(0.05, float((df["shade"] - 1).abs().max()))
     kind = cs[0].kind
     fig = go.Figure(
         go.Heatmap(
