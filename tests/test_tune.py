@@ -474,13 +474,41 @@ def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, ca
     assert result.trace_step in " ".join(out.split()) and result.to_json()["trace_step"] == result.trace_step
 
 
+def write_heldout_steps(run_dir: Path, reach_at: dict[str, int], step_ms: dict[str, float], rounds: int = 5) -> None:
+    """Each arm's stored steps as a post-local SGD run writes them, real parquet files: 40 steps a
+    round, a held-out loss every 10, the target (1.05, the optimum 1.0) first reached after
+    ``reach_at[arm]`` steps (never where that is beyond 40), each step ``step_ms[arm]`` ms with
+    1 % of noise per round."""
+    rng = np.random.default_rng(5)
+    for arm, at in reach_at.items():
+        rows = [
+            {
+                "repeat": r,
+                "rank": 0,
+                "step": s,
+                "phase": "timed",
+                "step_ms": step_ms[arm] * noise,
+                "loss": 1.5,
+                "heldout_loss": np.nan if (s + 1) % 10 else (1.02 if s + 1 >= at else 1.3),
+                "optimal_loss": 1.0,
+            }
+            for r in range(rounds)
+            for noise in [rng.lognormal(0, 0.01)]
+            for s in range(40)
+        ]
+        d = store.case_dir(run_dir, arm)
+        d.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(rows).to_parquet(d / store.STEPS_FILE)
+
+
 def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_target(tmp_path, capsys):
     """Settings that do not train alike (post-local SGD, a compressing hook): the race compares step
     times, so the recommended setting's faster steps may have bought a worse model. Its held-out
     loss ending more than 0.005 nats above the lowest is said beside the claim (text, JSON, the
-    report), with the training time to the target loss of the setting that reaches it soonest; a
-    table column gives every arm's loss. Losses that end level (DDP and ZeRO compute the same
-    update) say nothing."""
+    report), with the setting that reaches the target loss soonest and how sure that is: its ratio
+    against the recommended one and the next soonest, each with its interval, paired by round over
+    the stored steps; a table column gives every arm's loss. Losses that end level (DDP and ZeRO
+    compute the same update) say nothing."""
     from tpbench.cli import tune as cli
 
     suite = tmp_path / "s.toml"
@@ -490,6 +518,10 @@ def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_t
     race = run_race(Race(list(values), 60, Options(epsilon=0.02), comparisons=3), values)
     best = race.leader()
     other = next(c.case_id for c in cases if c.case_id != best and c.slowdown_pct == 30)
+    # The recommended arm reaches the target after 30 steps of 100 ms (3 s), the other after 20 (2 s);
+    # the last two never do.
+    rest = [c.case_id for c in cases if c.case_id not in (best, other)]
+    write_heldout_steps(tmp_path, {best: 30, other: 20, **dict.fromkeys(rest, 99)}, dict.fromkeys(values, 100.0))
 
     def summary(best_loss: float, target: float | None = 1.6) -> pd.DataFrame:
         rows = [
@@ -497,6 +529,7 @@ def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_t
                 "case_id": c.case_id,
                 "final_heldout_loss": best_loss if c.case_id == best else 1.580 if c.case_id == other else 1.590,
                 "target_loss": target,
+                "steps_to_target": 30.0 if c.case_id == best else 20.0 if c.case_id == other else np.nan,
                 "time_to_target_s": 3.0 if c.case_id == best else 2.0 if c.case_id == other else np.nan,
             }
             for c in cases
@@ -508,7 +541,13 @@ def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_t
     note = result.training_note
     assert note.startswith("The settings do not train alike: the recommended one's held-out loss ends at 1.600")
     assert f"0.020 nats above the lowest ({low.label}, 1.580)" in note
-    assert f"reaches the target loss in 3 s of training, where {low.label} takes 2 s" in note
+    assert (
+        "Time to the target loss (training seconds, geometric means over rounds; intervals at 98.33333333% each, "
+        in note
+    )
+    assert f"so that the soonest against all 3 others holds at 95%): {low.label} reaches it soonest (2 s of " in note
+    assert "training); against the recommended one (3 s): faster: -33." in note and "beyond the ±5% threshold" in note
+    assert "next soonest" not in note  # no other arm reaches it in every round
     assert "compared step_ms alone" in note
     js = result.to_json()
     assert js["training_note"] == note and {a["case_id"]: a["heldout_loss"] for a in js["arms"]}[other] == 1.58
@@ -522,15 +561,51 @@ def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_t
     recommendation.section(page, [SimpleNamespace(run_dir=tmp_path, record=SimpleNamespace(run_id="r"))])
     shown = page.render()
     assert html.escape(note) in shown and "held-out loss" in shown
-    # Level, or no workload evaluation: nothing to say.
-    level = tune_answer.result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0, summary(1.584))
-    assert level.training_note is None
+    # No workload evaluation: nothing to say.
     assert tune_answer.result(stored(tmp_path, suite), cases, [race], Options(), 0.0, NO_EVAL).training_note is None
     # No target known: the losses alone.
     untargeted = tune_answer.result(
         stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0, summary(1.6, None)
     )
     assert "target" not in untargeted.training_note and "1.580" in untargeted.training_note
+
+
+def test_settings_that_end_level_but_reach_the_target_apart_name_the_soonest_with_its_interval(tmp_path):
+    """Post-local SGD settings often end level (within 0.005 nats) yet reach the target loss after
+    different numbers of steps: the race ranked time per step, which does not rank time to the
+    target. The note used to appear only for a worse final loss, so such a tune said nothing of
+    which setting reaches the target soonest; now it names it, against the recommended one and the
+    next soonest, each with its interval, and says how sure (the confidence over the comparisons).
+    Settings that reach the target at the same step (DDP and ZeRO) still get no note."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 20, 40]", repeats=20))
+    cases = sorted(tune.prepare(suite).cases, key=lambda c: c.slowdown_pct)
+    ids = [c.case_id for c in cases]
+    values = synthetic({c.case_id: 1 + c.slowdown_pct / 100 for c in cases}, 20, seed=4)
+    race = run_race(Race(ids, 20, Options(), comparisons=2), values)
+    assert race.leader() == ids[0]
+    # The fastest steps (100 ms) need 40 steps; the 20 % slower ones 20 (2.4 s), the slowest 30 (4.2 s).
+    write_heldout_steps(tmp_path, dict(zip(ids, (40, 20, 30))), dict(zip(ids, (100.0, 120.0, 140.0))))
+    summary = pd.DataFrame(
+        {
+            "case_id": ids,
+            "final_heldout_loss": [1.02, 1.021, 1.019],
+            "target_loss": 1.05,
+            "steps_to_target": [40, 20, 30],
+        }
+    )
+    result = tune_answer.result(stored(tmp_path, suite), cases, [race], Options(), 0.0, summary)
+    rec, soon, slow = (next(a for a in result.arms if a.case_id == i) for i in ids)
+    note = result.training_note
+    assert note.startswith("The settings do not train alike (they reach the target loss after different numbers of")
+    assert (
+        f"{soon.label} reaches it soonest (2.41 s of training); against the recommended one (3.99 s): faster: -" in note
+    )
+    assert f"against the next soonest, {slow.label} (4.2 s): faster: -4" in note
+    assert "intervals at 97.5% each, so that the soonest against all 2 others holds at 95%" in note
+    # Reaching the target at the same step: the step time already ranks the time to it.
+    together = summary.assign(steps_to_target=30)
+    assert tune_answer.result(stored(tmp_path, suite), cases, [race], Options(), 0.0, together).training_note is None
 
 
 def test_worlds_of_one_arm_run_their_rounds_and_the_note_compares_per_sample(tmp_path):

@@ -19,8 +19,9 @@ import numpy as np
 import pandas as pd
 
 from tpbench import store, verdict
+from tpbench.analysis import convergence
 from tpbench.analysis.convergence import LEVEL_NATS
-from tpbench.analysis.stats import Ratio, slowest_rank, spent_confidence, unpaired_ratio
+from tpbench.analysis.stats import Ratio, case_ratio, slowest_rank, spent_confidence, unpaired_ratio
 from tpbench.racing import (
     ALL_TIED,
     BUDGET,
@@ -156,7 +157,7 @@ def result(
     samples = {c.case_id: c.world_size * c.batch_size for c in cases}
     notes = (
         _work_note(rec, arms, samples, options.metric),
-        _training_note(rec, arms, options.metric, _has_target(summary)),
+        _training_note(rec, arms, options, _reach(run, arms, summary), _steps_apart(summary, arms)),
     )
     note = " ".join(n for n in notes if n) or None
     return Result(
@@ -338,36 +339,57 @@ def _converged(convergence: pd.DataFrame | None, arm: str) -> tuple[float | None
     return tuple(None if pd.isna(row.get(k)) else float(row[k]) for k in ("final_heldout_loss", "time_to_target_s"))
 
 
-def _has_target(summary: pd.DataFrame) -> bool:
-    return "target_loss" in summary and bool(summary["target_loss"].notna().any())
+def _reach(run: store.Run, arms: list[Arm], summary: pd.DataFrame) -> dict[str, dict[int, float]] | None:
+    """Each arm's training seconds to the target loss per round it ran (``convergence.reach_by_repeat``;
+    NaN in a round that never reached it), None where the workload knows no target: what the note's
+    time-to-target intervals pair by round."""
+    if not ("target_loss" in summary and bool(summary["target_loss"].notna().any())):
+        return None
+    return {a.case_id: convergence.reach_by_repeat(store.case_steps(run.dir, a.case_id)) for a in arms}
 
 
-def _training_note(rec: Arm | None, arms: list[Arm], metric: str, target: bool) -> str | None:
+def _steps_apart(summary: pd.DataFrame, arms: list[Arm]) -> bool:
+    """Whether the arms reach the target loss after different numbers of steps (or some never do):
+    their updates differ, so time per step alone does not rank their time to the target. Settings
+    that compute the same update (DDP and the ZeRO variants) reach it at the same step."""
+    if "steps_to_target" not in summary:
+        return False
+    mine = summary[summary["case_id"].isin([a.case_id for a in arms if a.status != FAILED])]
+    return mine["steps_to_target"].nunique(dropna=False) > 1
+
+
+def _training_note(
+    rec: Arm | None, arms: list[Arm], options: Options, reach: dict[str, dict[int, float]] | None, apart: bool
+) -> str | None:
     """Said where the settings do not train alike (post-local SGD averaging now and then, a hook
     that compresses gradients): the race compared the time of a step, which says nothing of how
     far the step takes the model. When the recommended setting's held-out loss ends more than
     ``LEVEL_NATS`` above the lowest one's, the faster steps may have bought a worse model, and the
-    claim alone would hide it: the note gives both losses and, where the workload knows its target
-    loss, the training time the recommended setting took to reach it against the setting that
-    reached it soonest. Settings that compute the same update (DDP and the ZeRO variants) end
-    level and get no note."""
+    claim alone would hide it: the note gives both losses. Where the workload knows its target loss
+    and the settings reach it at different steps (``apart``) or end apart, it names the setting
+    that reaches it soonest, with intervals (``_to_target``): a user who trains to a loss chooses by
+    that, and a bare "soonest" would claim more than a few noisy rounds show. Settings that compute
+    the same update (DDP and the ZeRO variants) end level, reach the target together and get no note."""
     scored = [a for a in arms if a.heldout_loss is not None and a.status != FAILED]
     if rec is None or rec.heldout_loss is None or len(scored) < 2:
         return None
     low = min(scored, key=lambda a: a.heldout_loss)
     gap = rec.heldout_loss - low.heldout_loss
-    if gap <= LEVEL_NATS:
+    if gap <= LEVEL_NATS and not (apart and reach):
         return None
-
-    said = (
-        f"The settings do not train alike: the recommended one's held-out loss ends at {rec.heldout_loss:.3f}, "
-        f"{gap:.3f} nats above the lowest ({low.label}, {low.heldout_loss:.3f})"
-    )
-    if target:
-        said += ", and " + _to_target(rec, scored)
+    said = "The settings do not train alike"
+    if gap > LEVEL_NATS:
+        said += (
+            f": the recommended one's held-out loss ends at {rec.heldout_loss:.3f}, "
+            f"{gap:.3f} nats above the lowest ({low.label}, {low.heldout_loss:.3f})"
+        )
+    else:
+        said += " (they reach the target loss after different numbers of steps)"
+    if reach:
+        said += ". " + _to_target(rec, scored, reach, options.confidence)
     return (
-        f"{said}. The race compared {metric} alone, which does not count how far a step takes the model: weigh "
-        "the two (the report's Convergence section has the curves)."
+        f"{said}. The race compared {options.metric} alone, which does not count how far a step takes the "
+        "model: weigh the two (the report's Convergence section has the curves)."
     )
 
 
@@ -394,21 +416,45 @@ def _work_note(rec: Arm | None, arms: list[Arm], samples: dict[str, int], metric
     return said
 
 
-def _to_target(rec: Arm, scored: list[Arm]) -> str:
-    """Which setting reaches the workload's target loss in the least training time, against the
-    recommended one: what a user who trains to a loss, not for a number of steps, would choose by."""
-    reached = [a for a in scored if a.time_to_target_s is not None]
+def _to_target(rec: Arm, scored: list[Arm], reach: dict[str, dict[int, float]], confidence: float) -> str:
+    """Which setting reaches the workload's target loss in the least training time (the geometric
+    mean over its rounds, the statistic its ratios compare), against the recommended one and the
+    next soonest, each a ratio with its interval: paired by round within a world, Welch's across
+    worlds, at the confidence that holds for the soonest against every other setting together
+    (Bonferroni). What a user who trains to a loss, not for a number of steps, would choose by,
+    and how sure the few rounds a tune gives each setting make it."""
+    times = {a.case_id: reach.get(a.case_id, {}) for a in scored}
+    reached = [a for a in scored if times[a.case_id] and not any(math.isnan(t) for t in times[a.case_id].values())]
     if not reached:
-        return "none reaches the target loss in every round it ran"
-    soonest = min(reached, key=lambda a: a.time_to_target_s)
-    if soonest is rec:
-        return f"it reaches the target loss soonest of all ({rec.time_to_target_s:.3g} s of training)"
-    mine = (
-        "it does not reach the target loss in every round"
-        if rec.time_to_target_s is None
-        else f"it reaches the target loss in {rec.time_to_target_s:.3g} s of training"
+        return "Time to the target loss: none reaches it in every round it ran"
+    ranked = sorted(reached, key=lambda a: geomean(times[a.case_id]))
+    soonest = ranked[0]
+    each = spent_confidence(confidence, 1, len(scored) - 1)
+
+    def against(other: Arm) -> str:
+        paired = other.world == soonest.world
+        est = case_ratio(times[other.case_id], times[soonest.case_id], paired=paired, confidence=each)
+        said = verdict.of(est)
+        how = f" (resolves {verdict.half_width_pct(est.half_width)})" if est.has_interval else ""
+        return f"({geomean(times[other.case_id]):.3g} s): {said.text}{'' if said.says_resolution else how}"
+
+    mine = "the recommended one" if soonest is rec else soonest.label
+    head = (
+        f"Time to the target loss (training seconds, geometric means over rounds; intervals at "
+        f"{verdict.percent(each)} each, so that the soonest against all {len(scored) - 1} others holds at "
+        f"{verdict.percent(confidence)})"
     )
-    return f"{mine}, where {soonest.label} takes {soonest.time_to_target_s:.3g} s"
+    parts = [f"{head}: {mine} reaches it soonest ({geomean(times[soonest.case_id]):.3g} s of training)"]
+    if soonest is not rec:
+        parts.append(
+            f"against the recommended one {against(rec)}"
+            if rec in reached
+            else "the recommended one does not reach it in every round it ran"
+        )
+    runner = next((a for a in ranked[1:] if a is not rec), None)
+    if runner is not None:
+        parts.append(f"against the next soonest, {runner.label} {against(runner)}")
+    return "; ".join(parts)
 
 
 def _eliminated_vs(race: Race, arm: str) -> dict[str, Any] | None:

@@ -46,22 +46,20 @@ def summarize(steps: pd.DataFrame) -> pd.DataFrame:
     repeat never does, so a case that misses the target never looks fast)."""
     if steps.empty or "heldout_loss" not in steps:
         return pd.DataFrame(columns=["case_id"])
-    optimal = steps.groupby("case_id")["optimal_loss"].first().to_dict() if "optimal_loss" in steps else {}
-    c = curves(steps)
-    evals = c.dropna(subset=["heldout_loss"])
+    optimal = _optima(steps)
+    evals = curves(steps).dropna(subset=["heldout_loss"])
     rows = []
     for case_id, grp in evals.groupby("case_id"):
         opt = optimal.get(case_id)
-        opt = None if opt is None or pd.isna(opt) else float(opt)
         target = target_loss(opt)
         finals, reach_steps, reach_times = [], [], []
         for _, rep in grp.groupby("repeat"):
             rep = rep.sort_values("step")
             finals.append(rep["heldout_loss"].iloc[-1])
             if target is not None:
-                hit = rep[rep["heldout_loss"] <= target]
-                reach_steps.append(float(hit["step"].iloc[0] + 1) if len(hit) else np.nan)
-                reach_times.append(float(hit["train_time_s"].iloc[0]) if len(hit) else np.nan)
+                at_step, at_s = _reach(rep, target)
+                reach_steps.append(at_step)
+                reach_times.append(at_s)
         final = float(np.median(finals))
         rows.append(
             {
@@ -76,3 +74,32 @@ def summarize(steps: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+def reach_by_repeat(steps: pd.DataFrame) -> dict[int, float]:
+    """One case's steps: per repeat, the training seconds until its held-out loss first reaches the
+    workload's target (NaN: never; empty without a held-out loss or a known optimum). Each repeat's
+    own value, so that two settings' times to the target pair by round as their step times do."""
+    if steps.empty or "heldout_loss" not in steps:
+        return {}
+    steps = steps.assign(case_id=0)
+    target = target_loss(next(iter(_optima(steps).values()), None))
+    if target is None:
+        return {}
+    evals = curves(steps).dropna(subset=["heldout_loss"])
+    return {int(r): _reach(rep.sort_values("step"), target)[1] for r, rep in evals.groupby("repeat")}
+
+
+def _optima(steps: pd.DataFrame) -> dict[object, float | None]:
+    """Each case's known optimal loss (None: the workload knows none)."""
+    if "optimal_loss" not in steps:
+        return {}
+    first = steps.groupby("case_id")["optimal_loss"].first()
+    return {k: None if pd.isna(v) else float(v) for k, v in first.items()}
+
+
+def _reach(rep: pd.DataFrame, target: float) -> tuple[float, float]:
+    """One repeat's evaluations in step order: the steps and training seconds until its held-out
+    loss first reaches ``target`` (NaN, NaN: never)."""
+    hit = rep[rep["heldout_loss"] <= target]
+    return (float(hit["step"].iloc[0] + 1), float(hit["train_time_s"].iloc[0])) if len(hit) else (np.nan, np.nan)
