@@ -147,6 +147,7 @@ def _headlines(
         (f"[{data.tags[v.comparison.run_id]}] " if data.multi else "") + verdicts.convergence_sentence(v, keys)
         for v in conv
     ]
+    lines += verdicts.soonest_lines(data)
     lines += verdicts.step_time_only_sentences(data, conv, keys, tags=data.tags if data.multi else None)
     lines += verdicts.across_runs_lines(data, cross)
     if not lines and not more:
