@@ -97,10 +97,30 @@ def test_a_fitted_crossing_without_points_that_differ_is_not_a_crossover():
     assert not est.interleaved_at and not est.sequential_at and not est.placed
     spread = max(np.maximum(pts["ratio_hi"] - 1, 1 - pts["ratio_lo"]))
     assert est.spread == pytest.approx(spread)
-    assert est.sentence() == (
+    # Every interval inside the threshold the verdicts judge by: the hooks are alike here.
+    assert est.sentence(threshold=0.1) == (
         f"No crossover within comm:compute 1.4–19: interleaved and sequential within ±{spread:.1%} at every "
         "measured point (5 points)."
     )
+    # Wider than the ±5 % the report judges by: no crossover is ruled out either.
+    assert est.sentence().startswith("No crossover placed within comm:compute 1.4–19, and none ruled out: not resolved")
+
+
+def test_intervals_too_wide_to_resolve_anything_say_so_and_what_would_resolve_them():
+    """Two noisy repeats a point: the report said "interleaved and sequential within ±159.6% at every
+    measured point", a bound that tells a user nothing and reads as "no crossover". Now: not
+    resolved, with the widest interval and at most about how many times the rounds would resolve
+    the verdicts' ±5 % (an interval narrows as 1/√rounds)."""
+    pts = synthetic_points([1.4, 3, 6, 12, 19], lambda x: 1.0, noise=0.25, repeats=3, seed=2)
+    est = crossover.estimate_crossover(pts)
+    assert not est.interleaved_at and not est.sequential_at and est.spread > 1
+    times = int(np.ceil((np.log1p(est.spread) / np.log1p(0.05)) ** 2))
+    assert est.sentence() == (
+        "No crossover placed within comm:compute 1.4–19, and none ruled out: not resolved, no point tells the hooks "
+        f"apart (5 points; intervals up to ±{est.spread:.1%}; at most about {times} times the rounds run would resolve "
+        "±5%, e.g. sweep --target-ci 5%)."
+    )
+    assert "within ±" not in est.sentence()
 
 
 def test_one_hook_faster_everywhere_is_said_as_such():
@@ -122,7 +142,13 @@ def test_one_hook_faster_at_some_points_and_no_difference_at_the_others():
         "No crossover placed within comm:compute 0.5–4: interleaved clearly faster at 2 of 4 points "
         "(comm:compute 0.5–1), no clear difference at the other 2, sequential never clearly faster"
     )
-    assert f"every interval within ±{est.spread:.1%})." in text
+    # The points with no clear difference resolve ±5 % (noise 1 %): the bound over every point stands.
+    assert est.open_spread < 0.05 and f"every interval within ±{est.spread:.1%})." in text
+    loud = crossover.estimate_crossover(
+        synthetic_points([0.5, 1, 2, 4], lambda x: 0.5 if x < 1.5 else 1.0, noise=0.1, repeats=3)
+    )
+    assert loud.interleaved_at == (0.5, 1.0) and not loud.sequential_at and loud.open_spread > 0.05
+    assert f"intervals up to ±{loud.open_spread:.1%}; at most about " in loud.sentence()  # the others unresolved
 
 
 def test_wins_that_interleave_along_comm_compute_place_no_crossover():

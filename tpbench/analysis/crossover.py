@@ -40,6 +40,9 @@ from tpbench.algorithms import INTERLEAVED, SEQUENTIAL
 from tpbench.algorithms import NO_OVERLAP as REFERENCE
 from tpbench.analysis.stats import BOOTSTRAP_SAMPLES, CONFIDENCE, case_ratio, half_width, repeat_values
 
+# The change below which two hooks count as alike: the report's verdict threshold (``verdict.THRESHOLD``,
+# which analysis/ does not import); wider intervals at no clear win are unresolved.
+RESOLVED = 0.05
 _NOT_PARAMS = ("case_id", "algorithm", "label", "status", "error", "detail")
 
 
@@ -160,7 +163,8 @@ class Crossover:
     The points: ``interleaved_at``/``sequential_at`` are the comm:compute of the points whose
     interval lies wholly below/above 1 (that hook clearly faster); ``spread``: the smallest x with
     every point's interval inside [1−x, 1+x]; ``half_width``: the largest interval half-width (both
-    NaN when no point has an interval). Points with one repeat have no interval and count for neither.
+    NaN when no point has an interval); ``open_spread``: ``spread`` over the points that are no clear
+    win. Points with one repeat have no interval and count for neither.
     """
 
     x: float | None
@@ -180,6 +184,7 @@ class Crossover:
     sequential_at: tuple[float, ...]
     spread: float
     half_width: float
+    open_spread: float  # ``spread`` over the points with no clear win alone (NaN: none)
 
     def ratio_at(self, comm_compute: np.ndarray) -> np.ndarray:
         """The fitted line, interleaved/sequential at these comm:compute ratios (for plotting)."""
@@ -220,8 +225,10 @@ class Crossover:
         gap = self.gap
         return gap is not None and self.x is not None and gap[0] <= self.x <= gap[1]
 
-    def sentence(self) -> str:
-        """The finding in words, with its numbers: a crossover only where the points place it."""
+    def sentence(self, threshold: float = RESOLVED) -> str:
+        """The finding in words, with its numbers: a crossover only where the points place it.
+        ``threshold``: the change the report's verdicts judge by; points whose intervals reach
+        beyond it at no clear win are said to be unresolved, not "within ±x%"."""
         span = f"comm:compute {_range((self.x_min, self.x_max))}"
         measured = f"{self.points} points, each resolving ±{self.half_width:.1%} or better"
         inter, seq, n = len(self.interleaved_at), len(self.sequential_at), self.points
@@ -256,6 +263,11 @@ class Crossover:
         if not math.isfinite(self.half_width):
             return f"No crossover placed within {span}: one repeat per point, so no point has an interval ({n} points)."
         if not inter and not seq:
+            if self.spread > threshold:
+                return (
+                    f"No crossover placed within {span}, and none ruled out: not resolved, no point tells the "
+                    f"hooks apart ({n} points; {self._unresolved(threshold, self.spread)})."
+                )
             return (
                 f"No crossover within {span}: interleaved and sequential within ±{self.spread:.1%} at every "
                 f"measured point ({n} points)."
@@ -267,10 +279,27 @@ class Crossover:
             return (
                 f"{who.capitalize()} faster at every measured point ({span}, {n} points, {by}); no crossover within it."
             )
+        wide = self.open_spread > threshold
+        rest = self._unresolved(threshold, self.open_spread) if wide else f"every interval within ±{self.spread:.1%}"
         return (
             f"No crossover placed within {span}: {who} clearly faster at {len(at)} of {n} points (comm:compute "
             f"{_range(at)}), no clear difference at the other {n - len(at)}, {other} never clearly faster "
-            f"({by}; every interval within ±{self.spread:.1%})."
+            f"({by}; {rest})."
+        )
+
+    @staticmethod
+    def _unresolved(threshold: float, spread: float) -> str:
+        """What the widest interval holding no change leaves open (``spread``: how far it reaches from
+        it) and about what would close it: its half-width shrinks as 1/√rounds (faster while the rounds
+        are few, as the t quantile falls), so the rounds to resolve ±``threshold`` are at most about
+        (log(1 + spread) / log(1 + threshold))² times those run.
+        "Within ±159.6%" said nothing a user could act on."""
+        times = math.ceil((math.log1p(spread) / math.log1p(threshold)) ** 2)
+        pct = spread * 100
+        wide = f"±{pct:.3g}%" if pct >= 1e5 else f"±{pct:.1f}%"
+        return (
+            f"intervals up to {wide}; at most about {times} times the rounds run would resolve ±{threshold:.0%}, "
+            f"e.g. sweep --target-ci {threshold:.0%}"
         )
 
 
@@ -339,6 +368,7 @@ def estimate_crossover(
     )
     # A point without an interval (one repeat) is never a clear win, and bounds nothing.
     known = np.isfinite(widths)
+    reach = np.maximum(r_hi - 1, 1 - r_lo)  # how far from no change each point's interval reaches
     return Crossover(
         x=float(np.exp(root)) if inside else None,
         lo=float(np.exp(lo)),
@@ -355,6 +385,7 @@ def estimate_crossover(
         points=len(pts),
         interleaved_at=tuple(float(v) for v in cc[known & (r_hi < 1)]),
         sequential_at=tuple(float(v) for v in cc[known & (r_lo > 1)]),
-        spread=float(np.max(np.maximum(r_hi - 1, 1 - r_lo)[known])) if known.any() else math.nan,
+        spread=float(np.max(reach[known])) if known.any() else math.nan,
         half_width=float(np.max(widths[known])) if known.any() else math.nan,
+        open_spread=float(np.max(reach[open_])) if (open_ := known & (r_lo <= 1) & (r_hi >= 1)).any() else math.nan,
     )

@@ -55,14 +55,13 @@ def _crossover_section(page: Page, run: store.Loaded, suffix: str, anchor: str) 
         page.paragraph(f"No crossover estimate: {e}.", css="warn")
         est = None
     if est is not None:
-        page.bullets([est.sentence()], css="verdicts")
+        page.bullets([est.sentence(verdict.THRESHOLD)], css="verdicts")
         by_bucket = []
         if "bucket_cap_mb" in points and points["bucket_cap_mb"].nunique() > 1:
             for bucket, grp in points.groupby("bucket_cap_mb"):
                 try:
-                    by_bucket.append(
-                        f"bucket_cap_mb={value_text(bucket)}: {crossover.estimate_crossover(grp).sentence()}"
-                    )
+                    said = crossover.estimate_crossover(grp).sentence(verdict.THRESHOLD)
+                    by_bucket.append(f"bucket_cap_mb={value_text(bucket)}: {said}")
                 except ValueError as e:
                     by_bucket.append(f"bucket_cap_mb={value_text(bucket)}: {e}")
             page.bullets(by_bucket)
