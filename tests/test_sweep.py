@@ -229,6 +229,36 @@ def test_the_progress_bar_ends_full_when_a_case_fails(tmp_path):
     assert (task.completed, task.total) == (3, 3)
 
 
+def test_the_progress_of_a_sweep_whose_every_case_fails_counts_the_planned_repeats_and_names_the_failure(
+    tmp_path,
+):
+    """Its only case's rank is killed in its first repeat: the bar's total drops to what will run
+    (nothing), while the count keeps the planned repeats and says they were dropped ("0/0" said
+    nothing), and the line names the case as failed rather than as if its repeat still ran."""
+    import contextlib
+
+    from tpbench import sweep
+    from tpbench.cli.sweep import SweepProgress
+
+    suite = tmp_path / "fail.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp"]', fault='"crash:1"', repeats=2, warmup_steps=3))
+    shown = []
+
+    @contextlib.contextmanager
+    def progress(phase: sweep.Phase):
+        listener = SweepProgress(phase.cases, phase.items)
+        shown.append(listener)
+        yield listener
+
+    outcome = sweep.run(suite, out=tmp_path / "results", progress=progress)
+    assert len(outcome.failed) == 1
+    (listener,) = shown
+    (task,) = listener.progress.tasks
+    assert (task.completed, task.total) == (0, 0)
+    assert task.fields["tally"] == "0/2, 2 dropped"
+    assert task.fields["current"] == "ddp failed; cases 0/1 done, 1 failed"
+
+
 def test_the_library_sweep_tells_its_progress_each_phase_and_returns_the_finished_run(tmp_path):
     """``sweep.run``, as the command calls it: the progress it is given sees the phase (its cases and
     items) before any world starts and gets the launcher's events; the outcome holds the finished

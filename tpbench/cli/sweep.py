@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -33,8 +33,14 @@ if TYPE_CHECKING:
 
 
 class SweepProgress:
-    """Renders launcher events: case i/N, the current case, ETA. ``items``: each case's items still
-    to run; a case that fails runs none after, so its rest leaves the total and the ETA."""
+    """Renders launcher events: repeats run of those planned, the current case, cases settled, ETA.
+
+    ``items``: each case's items still to run. A case that fails runs none after, so its rest
+    leaves the bar's total (the ETA counts only what will run) and is said as dropped beside the
+    count of the planned ones: a sweep whose every case failed reads "0/4 repeats, 4 dropped", not
+    "0/0". Cases run interleaved, so the line names the case of the repeat in flight and counts the
+    cases settled apart, rather than numbering the case by how many ended before it.
+    """
 
     def __init__(self, cases: list, items: dict[str, int]) -> None:
         from tpbench.suite import labels
@@ -46,7 +52,7 @@ class SweepProgress:
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
-            MofNCompleteColumn(),
+            TextColumn("{task.fields[tally]}"),
             TextColumn("{task.fields[current]}"),
             TimeElapsedColumn(),
             TextColumn("ETA"),
@@ -54,10 +60,22 @@ class SweepProgress:
             console=console,
             transient=False,
         )
-        self.total = sum(items.values())
-        self.task = self.progress.add_task("repeats", total=self.total, current="starting worlds…")
+        self.planned = self.total = sum(items.values())
+        self.run = 0
+        self.task = self.progress.add_task("repeats", total=self.total, current="starting worlds…", tally=self._tally())
         self.done_cases = 0
+        self.failed_cases = 0
         self.total_cases = len(cases)
+
+    def _tally(self) -> str:
+        """Repeats run of those planned, and those a failed case will not run."""
+        dropped = self.planned - self.total
+        return f"{self.run}/{self.planned}" + (f", {dropped} dropped" if dropped else "")
+
+    def _cases(self) -> str:
+        """The cases settled: "cases 1/3 done, 1 failed"."""
+        failed = f", {self.failed_cases} failed" if self.failed_cases else ""
+        return f"cases {self.done_cases}/{self.total_cases} done{failed}"
 
     def __call__(self, event: str, data: dict[str, Any]) -> None:
         if event == "world_start":
@@ -68,15 +86,17 @@ class SweepProgress:
             label = self.labels.get(data["case"], data["case"])
             self.progress.update(
                 self.task,
-                current=f"case {self.done_cases + 1}/{self.total_cases}: {escape(label)} "
-                f"(repeat {data['repeat'] + 1}/{self.repeats.get(data['case'], '?')})",
+                current=f"{escape(label)} (repeat {data['repeat'] + 1}/{self.repeats.get(data['case'], '?')}); "
+                f"{self._cases()}",
             )
         elif event == "repeat_end":
             if data["case"] in self.left:
                 self.left[data["case"]] -= 1
-            self.progress.advance(self.task)
+            self.run += 1
+            self.progress.update(self.task, advance=1, tally=self._tally())
         elif event == "case_end":
             self.done_cases += 1
+            self.progress.update(self.task, current=self._cases())
         elif event == "world_retry":
             self.progress.console.print(
                 Text.assemble(("world failed: ", "yellow"), f"{data['cause']}; trying a fresh one")
@@ -99,11 +119,16 @@ class SweepProgress:
                 )
             )
         elif event == "case_failed":
-            self.done_cases += 1
-            self.total -= max(0, self.left.pop(data["case"], 0))
-            self.progress.update(self.task, total=self.total)
-            label = self.labels.get(data["case"], data["case"])
-            self.progress.console.print(Text.assemble(("case failed: ", "red"), f"{label}: {data['cause']}"))
+            self._case_failed(data)
+
+    def _case_failed(self, data: dict[str, Any]) -> None:
+        self.failed_cases += 1
+        self.total -= max(0, self.left.pop(data["case"], 0))
+        label = self.labels.get(data["case"], data["case"])
+        self.progress.update(
+            self.task, total=self.total, tally=self._tally(), current=f"{escape(label)} failed; {self._cases()}"
+        )
+        self.progress.console.print(Text.assemble(("case failed: ", "red"), f"{label}: {data['cause']}"))
 
 
 def _fastest(loaded) -> list[str]:
