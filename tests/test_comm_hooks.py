@@ -319,3 +319,43 @@ def test_report_does_not_say_compression_keeps_or_changes_an_answer_the_run_did_
     assert four.endswith("Whether compression changes the answer is not shown: undecided with fp16_compress.")
     assert eight.endswith("Whether compression changes the answer is not shown: undecided with allreduce.")
     assert sixteen.endswith("Compression does not change the answer (no clear winner).")
+
+
+_OWN_HOOKS = '''import torch
+import torch.distributed as dist
+
+
+def local_only(state, bucket):
+    """Never communicates: every rank steps with its own gradients."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def averaged(state, bucket):
+    tensor = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(tensor, async_op=True).get_future().then(lambda f: f.value()[0])
+'''
+
+
+@pytest.mark.ranks
+def test_a_hook_of_your_own_that_never_communicates_fails_its_case_with_the_reason(tmp_path: Path) -> None:
+    """A hook returning each rank's own gradients ran "done" at a fraction of the all-reduce's step
+    time, winning every comparison; its first warm-up step now shows the ranks' gradients apart,
+    registered on DDP and wrapped by a ZeRO hook alike, while a hook that all-reduces stays done."""
+    (tmp_path / "own_hooks.py").write_text(_OWN_HOOKS)
+    suite = tmp_path / "own.toml"
+    suite.write_text(
+        tiny_suite(
+            'algorithm = ["ddp", "hook_with_zero_step"]\ncomm_hook = ["own_hooks:local_only", "own_hooks:averaged"]',
+            warmup_steps=3,
+        )
+    )
+    proc = tpbench("sweep", suite, "--out", tmp_path / "results", "--no-report", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    cases = store.load(next(store.iter_runs(tmp_path / "results"))).record.cases.values()
+    found = {(c.case.algorithm, c.case.comm_hook): (c.status, c.error or "") for c in cases}
+    for algorithm in ("ddp", "hook_with_zero_step"):
+        assert found[(algorithm, "own_hooks:averaged")] == ("done", "")
+        status, error = found[(algorithm, "own_hooks:local_only")]
+        assert status == "failed" and "comm_hook own_hooks:local_only did not reduce the gradients" in error

@@ -3,7 +3,10 @@
 Non-finite training (``check_finite``): its step times are not those of training and it must
 never be ranked. torch's process-wide settings changed by a case's workload factory or hook
 (``torch_state``, ``check_torch_state``): they would carry into the next case of the same world.
-``tpbench.worker`` checks both and fails the case with the cause in run.json.
+A hook of the user's own that left the ranks' gradients different (``grad_fingerprint``,
+``check_reduced``): it did not reduce them, so its steps are not data-parallel training and its
+step times, free of communication, would win every comparison. ``tpbench.worker`` checks these
+and fails the case with the cause in run.json.
 """
 
 from __future__ import annotations
@@ -32,6 +35,40 @@ def check_finite(repeat: int, rank: int, losses: list[torch.Tensor], model: torc
         raise FloatingPointError(
             f"non-finite training: parameter {name} holds NaN or inf after repeat {repeat} on rank {rank}"
         )
+
+
+def grad_fingerprint(model: torch.nn.Module) -> tuple[float, float]:
+    """The gradients DDP left after a backward pass, which are the comm hook's results, as two
+    numbers (the sum of squares and of absolute values, in float64) that every rank must share: a
+    hook that reduces the gradients gives every rank the same ones (DDP keeps the replicas equal
+    that way), one that returns its rank's own does not, since each rank trains on its own batch."""
+    grads = [p.grad.detach().double() for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return 0.0, 0.0
+    squares = torch.stack([g.square().sum() for g in grads]).sum()
+    absolute = torch.stack([g.abs().sum() for g in grads]).sum()
+    return float(squares), float(absolute)  # one device sync each, once per repeat
+
+
+# Ranks' fingerprints further apart than this share (of the larger) differ. A reducing hook gives
+# every rank the same bits; local gradients of different batches differ by percents.
+REDUCED_TOLERANCE = 1e-6
+
+
+def check_reduced(hook: str, repeat: int, fingerprints: list[tuple[float, float] | None]) -> None:
+    """Fail the case (on rank 0, with every rank's ``grad_fingerprint`` of the repeat's first
+    warm-up step) whose hook left the ranks' gradients different: it did not communicate them."""
+    first = fingerprints[0]
+    for rank, theirs in enumerate(fingerprints[1:], start=1):
+        if first is None or theirs is None:
+            return
+        if any(abs(a - b) > REDUCED_TOLERANCE * max(abs(a), abs(b)) for a, b in zip(first, theirs)):
+            raise RuntimeError(
+                f"comm_hook {hook} did not reduce the gradients across the ranks: after it ran in the first "
+                f"warm-up step of repeat {repeat}, rank {rank}'s gradient norm was {theirs[0] ** 0.5:.6g} and "
+                f"rank 0's {first[0] ** 0.5:.6g}; without communication its step times are not those of "
+                "data-parallel training"
+            )
 
 
 def torch_state() -> dict[str, Any]:

@@ -616,6 +616,13 @@ def _check_combination(path: str, r: dict[str, Any], machine: Machine, suite: Su
         )
     if r["slowdown_pct"] and r["warmup_steps"] < 1:
         raise _fail(path, "slowdown_pct", "expected warmup_steps >= 1: the delay is calibrated on the warm-up steps")
+    if comm_hooks.is_import_path(r["comm_hook"]) and r["warmup_steps"] < 1:
+        raise _fail(
+            path,
+            "comm_hook",
+            "a hook of your own needs warmup_steps >= 1: the first warm-up step checks that it reduced the "
+            "gradients across the ranks",
+        )
     if r["slowdown_ranks"] != "all" and max(r["slowdown_ranks"]) >= r["world_size"]:
         raise _fail(
             path,

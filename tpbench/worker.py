@@ -56,6 +56,7 @@ from tpbench import accounting, capture, guards, lockstep, planted, store, workl
 from tpbench.analysis.stats import metric_columns, repeat_values, windows_of
 from tpbench.analysis.trace_events import BURN_RANGE, FORWARD_RANGE
 from tpbench.capture import machine_load, nvml, profiler, transport
+from tpbench.comm_hooks import is_import_path
 from tpbench.environment import fingerprint
 from tpbench.plan import Plan
 from tpbench.suite import Case
@@ -189,15 +190,20 @@ def train_step(
     y: torch.Tensor,
     profiled: bool = False,
     forward_done: Callable[[], None] | None = None,
+    backward_done: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """forward + backward + what the algorithm does after backward: the unit a step time measures.
-    ``forward_done`` is called as the forward pass ends (``StepTimer.forward_done``)."""
+    ``forward_done`` is called as the forward pass ends (``StepTimer.forward_done``);
+    ``backward_done`` as backward ends, while the gradients are the comm hook's results (the
+    algorithm may drop them after)."""
     with _phase(profiled, FORWARD_RANGE):
         loss = workload.loss(training.model(x), y)
     if forward_done is not None:
         forward_done()
     with _phase(profiled, "tpbench.backward"):
         loss.backward()
+    if backward_done is not None:
+        backward_done()
     with _phase(profiled, "tpbench.optimizer"):
         training.after_backward()
     if training.after_step is not None:
@@ -276,6 +282,13 @@ class _Repeat:
         self.burn = case.slowdown_pct / 100 if case.slowdown_kind == "cpu" and self.slowed else 0.0
         self.burned: list[float] = []  # seconds of CPU burnt per timed step
         self.delay_s = 0.0
+        # A hook of the user's own has its results compared across the ranks (``guards.check_reduced``)
+        # in the first warm-up step: untimed, and left out of the slowdown's calibration.
+        self.checks_hook = is_import_path(case.comm_hook) and case.warmup_steps > 0
+        self.hook_grads: tuple[float, float] | None = None
+
+    def _fingerprint(self) -> None:
+        self.hook_grads = guards.grad_fingerprint(self.training.model)
 
     def step(self, collections: GcCounter) -> None:
         """The case's next step (warm-up or timed), measured."""
@@ -288,7 +301,10 @@ class _Repeat:
         before = collections.count
         self.starts.append(time.perf_counter())
         self.timer.start()
-        self.losses.append(train_step(self.training, self.workload, x, y, forward_done=self.timer.forward_done))
+        probe = self._fingerprint if self.checks_hook and i == 0 else None
+        self.losses.append(
+            train_step(self.training, self.workload, x, y, forward_done=self.timer.forward_done, backward_done=probe)
+        )
         if self.delay_s:
             planted.delay(self.delay_s)
         elif self.burn and i >= case.warmup_steps:
@@ -424,11 +440,15 @@ class CaseRunner:
             **memory,
             "capture": self._capture(case, repeat, arm.sampler, spans, clock, last=profile_after, window=trace_window),
             "accounting": counted,
+            "hook_grads": arm.hook_grads,
         }
         gathered: list[Any] | None = [None] * self.rank.world_size if self.rank.rank == 0 else None
         dist.gather_object(mine, gathered, dst=0, group=self.ctrl)
         if gathered is None:
             return None
+        fingerprints = [m.pop("hook_grads") for m in gathered]
+        if arm.checks_hook:
+            guards.check_reduced(case.comm_hook, repeat, fingerprints)
         _machine_loads(gathered, self.hosts)
         captures = [m.pop("capture") for m in gathered]
         counts = [m.pop("accounting") for m in gathered]
