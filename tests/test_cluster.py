@@ -167,6 +167,33 @@ def test_torchrun_usage_errors(argv, message, capsys, tmp_path):
     assert not list(tmp_path.iterdir())  # refused before a run directory exists
 
 
+@pytest.mark.parametrize(
+    "started, argv, message",
+    [
+        (None, ["--launcher", "torchrun"], "was started with the local launcher"),
+        (Torchrun(), ["--launcher", "local"], "was started with the torchrun launcher"),
+        (Torchrun(), ["--launcher", "torchrun", "--nproc-per-node", "2"], "ran with no --nproc-per-node"),
+    ],
+)
+def test_a_resume_refuses_another_launcher_than_the_runs_own(started, argv, message, capsys, tmp_path):
+    """A resume given another launcher ran its missing cases with it while run.json kept naming the
+    run's own (a local run's missing cases under torchrun): refused, dry run included, and by the
+    library too, before the run is touched."""
+    prepared = sweep.prepare(REPO / "suites" / "smoke.toml", launcher=started)
+    run = sweep.start(prepared, tmp_path, started)
+    run.lock.release()
+    before = (run.dir / "run.json").read_text()
+    for dry in (["--dry-run"], ["--no-report"]):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["sweep", "--resume", str(run.dir), *argv, *dry])
+        assert e.value.code == 2
+        assert message in " ".join(capsys.readouterr().err.split())
+    other = None if started else Torchrun()
+    with pytest.raises(sweep.SweepError, match="a resumed run starts its worlds as its finished cases ran"):
+        sweep.run(resume=run.dir, launcher=other)
+    assert (run.dir / "run.json").read_text() == before
+
+
 @pytest.mark.ranks
 def test_emulated_links_need_the_local_launcher(tmp_path):
     launcher = Torchrun()

@@ -622,7 +622,8 @@ def run(
     the missing cases of ``resume``; then, with ``target_ci`` and ``budget_s``, the adaptive
     batches (``next_batch``); then ``finalize``. ``print_only``: the torchrun worlds are planned and
     returned (``Outcome.printed``) for the user to start, not run. ``launcher``: None runs ranks
-    here; ``RECORDED`` (with ``resume``) starts them as the run was started. ``progress`` is told of
+    here; ``RECORDED`` (with ``resume``) starts them as the run was started, and another kind than
+    the run's is refused (``refuse_another_launcher``). ``progress`` is told of
     each phase before its worlds start. Ctrl-C leaves the run interrupted and resumable."""
     if resume is not None:
         the_run, cases, launcher = _resume(resume, launcher, print_only)
@@ -656,11 +657,27 @@ def _resume(
 ) -> tuple[store.Run, list[Case], Torchrun | None]:
     """A run reopened to resume (``reopen``), its missing cases and the launcher to start them with."""
     refuse_a_tune(run_dir)
+    if launcher != RECORDED:
+        refuse_another_launcher(run_dir, launcher)
     the_run, cases = reopen(run_dir)
     launcher = launcher_of(the_run.record) if launcher == RECORDED else launcher
     if print_only and launcher is None:
         raise SweepError(f"--print: {the_run.dir} runs with the local launcher; add --launcher torchrun")
     return the_run, cases, launcher
+
+
+def refuse_another_launcher(run_dir: Path, launcher: Torchrun | None) -> None:
+    """A resumed run starts its worlds the way its finished cases' worlds started: the local
+    launcher's pinned ranks on this machine, or torchrun's agents on the recorded nodes. Another
+    launcher would measure its missing cases apart from the finished ones, which the run would then
+    compare as if alike, and leave run.json naming the launcher it did not use."""
+    recorded = store.read_record(run_dir).launcher.name
+    given = "local" if launcher is None else "torchrun"
+    if given != recorded:
+        raise SweepError(
+            f"--launcher {given} with --resume: {run_dir} was started with the {recorded} launcher, and a resumed "
+            "run starts its worlds as its finished cases ran (drop --launcher, or start a new run)"
+        )
 
 
 def refuse_a_tune(run_dir: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import shlex
 import signal
 import sys
@@ -68,6 +69,44 @@ def torchrun_launcher(args: argparse.Namespace):
             "or --print to start them yourself"
         )
     return launcher
+
+
+def resumed_launcher(args: argparse.Namespace, launcher, command: str = "sweep"):
+    """The launcher a resume starts its worlds with: the run's own (``sweep.RECORDED``) unless
+    ``--launcher`` is given, which must name the same kind (``sweep.refuse_another_launcher``). A
+    torchrun run keeps its recorded nodes and ranks per node (others would place the missing cases'
+    ranks apart from the finished ones'); ``--rdzv-endpoint`` and ``--agent-prefix`` may change, as
+    a new allocation's nodes need. ``tpbench sweep`` and ``tpbench tune`` resume alike."""
+    from tpbench import store, sweep
+
+    if not args.launcher:
+        return sweep.RECORDED
+    try:
+        sweep.refuse_another_launcher(args.resume, launcher)
+    except sweep.SweepError as e:
+        usage(str(e), command)
+    if launcher is None:
+        return None
+    recorded = sweep.launcher_of(store.read_record(args.resume))
+    for flag, given, ran in (
+        ("--nnodes", args.nnodes, recorded.nnodes),
+        ("--nproc-per-node", args.nproc_per_node, recorded.nproc_per_node),
+    ):
+        if given is not None and given != ran:
+            had = f"{flag} {ran}" if ran is not None else f"no {flag} (the world size over --nnodes)"
+            usage(
+                f"{flag} {given} with --resume: {args.resume}'s worlds ran with {had}, and a resumed run "
+                "places its ranks as its finished cases' were (drop it, or start a new run)",
+                command,
+            )
+    merged = dataclasses.replace(
+        recorded,
+        rdzv_endpoint=args.rdzv_endpoint or recorded.rdzv_endpoint,
+        agent_prefix=launcher.agent_prefix if args.agent_prefix is not None else recorded.agent_prefix,
+    )
+    if merged.problem():
+        usage(merged.problem(), command)
+    return merged
 
 
 def usage(message: str, command: str = "sweep") -> None:

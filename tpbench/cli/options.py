@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
         t.add_argument(
             "--launcher",
             choices=("local", "torchrun"),
-            help="start the ranks here (local, the default) or each world as a torchrun job; --resume reuses the run's",
+            help="start the ranks here (local, the default) or each world as a torchrun job; --resume reuses the run's "
+            "(another is refused)",
         )
         t.add_argument("--nnodes", type=int, help="nodes per world (default: 1)")
         t.add_argument("--nproc-per-node", type=int, help="ranks per node (default: the world size / --nnodes)")

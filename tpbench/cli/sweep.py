@@ -22,6 +22,7 @@ from tpbench.cli.common import (
     label_column,
     out,
     resumable,
+    resumed_launcher,
     showing,
     stop_signals_interrupt,
     torchrun_launcher,
@@ -256,6 +257,7 @@ def _sweep(args: argparse.Namespace) -> int:
     launcher = _check_sweep_args(args)
     if args.resume:
         _check_resume_args(args)
+        launcher = resumed_launcher(args, launcher)
         if args.dry_run:
             run = store.Run.open(args.resume)
             todo = sweep.missing(run)
@@ -267,7 +269,7 @@ def _sweep(args: argparse.Namespace) -> int:
             table = cases_table(f"{run.dir}: {n} case{'' if n == 1 else 's'} to resume{recorded} (dry run)", todo, left)
             out.print(fitted(table, out))
             return EXIT_OK
-        suite, launcher = None, launcher if args.launcher else sweep.RECORDED
+        suite = None
     else:
         suite = sweep.prepare(args.suite, args.set, args.filter, launcher, allow_large=args.allow_large)
         if args.dry_run:

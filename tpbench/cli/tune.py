@@ -24,6 +24,7 @@ from tpbench.cli.common import (
     label_column,
     out,
     resumable,
+    resumed_launcher,
     showing,
     stop_signals_interrupt,
     torchrun_launcher,
@@ -108,7 +109,7 @@ def _tune(args: argparse.Namespace) -> int:
                 "own options (tune.json)",
                 "tune",
             )
-        suite, options, launcher = None, racing.Options(), launcher if args.launcher else sweep.RECORDED
+        suite, options, launcher = None, racing.Options(), resumed_launcher(args, launcher, "tune")
     else:
         given = {
             k: v
