@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import localsgd_suite
+from conftest import localsgd_suite, run_cli
 from synthetic_runs import make_run
 
 from benchmarks import budget_resolution, synth_run
@@ -825,3 +825,27 @@ def test_the_verdicts_say_which_post_local_sgd_setting_reaches_the_target_soones
         "training (geometric mean over repeats); against the runner-up post_localSGD_hook "
         "start_localSGD_iter=never (2.02 s), time to the target: faster: -10.0% [" in said
     )
+
+
+def test_report_of_several_runs_leaves_the_first_runs_own_report(tmp_path, monkeypatch):
+    """`tpbench report A B` without -o wrote to A's own report path (reports/<suite>-<A>.html, where
+    A's sweep had written A's report) and replaced it with the comparison."""
+    a = make_run(tmp_path / "a", {"ddp": [10.0, 10.2, 9.9]})
+    b = make_run(tmp_path / "b", {"ddp": [10.1, 10.0, 10.3]})
+    c = make_run(tmp_path / "c", {"ddp": [10.0, 10.1, 10.2]})
+    for run in (a, b, c):
+        finalize(store.Run.open(run))
+    monkeypatch.chdir(tmp_path)
+    ids = [store.read_record(run).run_id for run in (a, b, c)]
+    assert run_cli(["report", str(a)]) == 0
+    own = tmp_path / "reports" / f"synthetic-{ids[0]}.html"
+    before = own.read_bytes()
+    assert "across-runs" not in headings(before.decode())
+
+    assert run_cli(["report", str(a), str(b)]) == 0
+    assert run_cli(["report", str(a), str(b), str(c)]) == 0
+    assert own.read_bytes() == before
+    pair = tmp_path / "reports" / f"synthetic-{ids[0]}-vs-{ids[1]}.html"
+    assert "across-runs" in headings(pair.read_text())
+    (three,) = (tmp_path / "reports").glob(f"synthetic-{ids[0]}-vs-2-runs-*.html")
+    assert "across-runs" in headings(three.read_text())

@@ -24,7 +24,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if twice:
         error(ValueError(f"{twice[0]}: given twice; a report of several runs compares each with the first"))
         return EXIT_USAGE
-    out_path = args.output or report.default_report_path(args.runs[0])
+    out_path = args.output or report.default_report_path(args.runs)
     path = report.write_report(args.runs, out_path, args.metric)
     console.print(f"Report: {path}", markup=False, soft_wrap=True)
     return EXIT_OK

@@ -313,7 +313,7 @@ def _sweep(args: argparse.Namespace) -> int:
     console.print(_closing_line(outcome, resumed=args.resume is not None))
     if not args.no_report:
         run_dir = outcome.run.dir
-        path = report.write_report([run_dir], args.report or report.default_report_path(run_dir, args.reports_dir))
+        path = report.write_report([run_dir], args.report or report.default_report_path([run_dir], args.reports_dir))
         console.print(f"Report: {path}", markup=False, soft_wrap=True)
     return EXIT_FAILED if outcome.failed else EXIT_OK
 

@@ -3,6 +3,7 @@ the runs have the data for it, then the raw material (every case, failures, trac
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -41,9 +42,19 @@ ENVIRONMENT_KEYS = (
 )
 
 
-def default_report_path(run_dir: Path, reports_root: Path = Path("reports")) -> Path:
-    record = store.read_record(run_dir)
-    return Path(reports_root) / f"{record.suite.name}-{record.run_id}.html"
+def default_report_path(run_dirs: list[Path], reports_root: Path = Path("reports")) -> Path:
+    """Where a report goes unless told: one run's at ``<suite>-<run_id>.html``, where its sweep wrote
+    it; several runs' named after the first and the others ("-vs-<run_id>", or their count and a
+    digest of their ids where there are more than two runs), so that comparing runs never replaces
+    the first run's own report (it had: ``tpbench report A B`` overwrote A's)."""
+    first, *rest = [store.read_record(d) for d in run_dirs]
+    name = f"{first.suite.name}-{first.run_id}"
+    if len(rest) == 1:
+        name += f"-vs-{rest[0].run_id}"
+    elif rest:
+        digest = hashlib.sha1(" ".join(r.run_id for r in rest).encode()).hexdigest()[:8]
+        name += f"-vs-{len(rest)}-runs-{digest}"
+    return Path(reports_root) / f"{name}.html"
 
 
 def write_report(run_dirs: list[Path], out: Path, metric: str = "step_ms") -> Path:
