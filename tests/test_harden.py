@@ -234,12 +234,15 @@ def test_budget_seconds_must_be_finite_and_bounded(tmp_path, capsys, value):
     assert "expected a number of seconds > 0 and <= 604800" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("value", ["1e-200", "0%", "20000%", "nan"])
+@pytest.mark.parametrize("value", ["1e-200", "0%", "20000%", "nan", "inf", "200"])
 def test_adaptive_target_must_lie_within_its_bounds(tmp_path, capsys, value):
+    """A bare "inf" or "200" was told "write inf% for that percentage, or inf% if you mean it" (and
+    "20000% if you mean it"), values the bounds refuse however written."""
     assert (
         run_cli(["sweep", "suites/smoke.toml", "--target-ci", value, "--budget-s", "60", "--out", str(tmp_path)]) == 2
     )
-    assert "from 0.1% to 10000%" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "from 0.1% to 10000%" in err and "if you mean it" not in err
 
 
 def test_a_report_file_with_no_report_is_refused(tmp_path, capsys):

@@ -25,8 +25,9 @@ def _target_ci(text: str) -> float:
         value = _fraction(text)
     except argparse.ArgumentTypeError:
         value = 0.0  # out of range below: one message for text and numbers alike
-    if value >= 1 and not text.strip().endswith("%"):
-        # A bare 5 is a fraction, ±500 %: met at once, it added no round. 5% is what was meant.
+    if 1 <= value <= MAX_TARGET_CI and not text.strip().endswith("%"):
+        # A bare 5 is a fraction, ±500 %: met at once, it added no round. 5% is what was meant. Only
+        # within the bounds: "inf" (or 200) is no fraction anyone could mean, "or inf% if you mean it".
         raise argparse.ArgumentTypeError(
             f"{text}: a bare number is a fraction ({value:.0%}); write {text.strip()}% for that percentage, "
             f"or {value:.0%} if you mean it"
