@@ -220,8 +220,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tune, print_only=False)
 
     p = sub.add_parser("report", help="write the HTML report of one run, or compare several")
-    p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
-    p.add_argument("-o", "--output", type=Path, metavar="FILE")
+    p.add_argument(
+        "runs", nargs="+", type=Path, metavar="RUN_DIR", help="one run, or several: each compared with the first"
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        metavar="FILE",
+        help="default: reports/<suite>-<run_id>.html; several runs: reports/<suite>-<run_id>-vs-<run_id>.html",
+    )
     p.add_argument(
         "--metric",
         choices=("step_ms", "cpu_ms"),
