@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import signal
@@ -203,17 +204,13 @@ def test_a_world_that_cannot_start_is_retried_once_then_fails_its_cases_with_the
     assert worker_processes(run_dir) == []
 
 
-def test_the_progress_bar_ends_full_when_a_case_fails(tmp_path):
-    """The command's progress (``SweepProgress``) over a real sweep whose second case's rank is
-    killed in its first repeat: that case runs nothing after, so its unrun repeats leave the total
-    and the bar ends at its total, not short of it with an ETA that never comes."""
-    import contextlib
-
+def _progress_of(tmp_path, suite_text: str):
+    """Sweep ``suite_text`` with the command's progress (``SweepProgress``) listening: its one task."""
     from tpbench import sweep
     from tpbench.cli.sweep import SweepProgress
 
     suite = tmp_path / "fail.toml"
-    suite.write_text(tiny_suite('fault = ["none", "crash:1"]', repeats=3, warmup_steps=3))
+    suite.write_text(suite_text)
     shown = []
 
     @contextlib.contextmanager
@@ -226,6 +223,14 @@ def test_the_progress_bar_ends_full_when_a_case_fails(tmp_path):
     assert len(outcome.failed) == 1
     (listener,) = shown
     (task,) = listener.progress.tasks
+    return task
+
+
+def test_the_progress_bar_ends_full_when_a_case_fails(tmp_path):
+    """The command's progress over a real sweep whose second case's rank is killed in its first
+    repeat: that case runs nothing after, so its unrun repeats leave the total and the bar ends at
+    its total, not short of it with an ETA that never comes."""
+    task = _progress_of(tmp_path, tiny_suite('fault = ["none", "crash:1"]', repeats=3, warmup_steps=3))
     assert (task.completed, task.total) == (3, 3)
 
 
@@ -235,25 +240,7 @@ def test_the_progress_of_a_sweep_whose_every_case_fails_counts_the_planned_repea
     """Its only case's rank is killed in its first repeat: the bar's total drops to what will run
     (nothing), while the count keeps the planned repeats and says they were dropped ("0/0" said
     nothing), and the line names the case as failed rather than as if its repeat still ran."""
-    import contextlib
-
-    from tpbench import sweep
-    from tpbench.cli.sweep import SweepProgress
-
-    suite = tmp_path / "fail.toml"
-    suite.write_text(tiny_suite('algorithm = ["ddp"]', fault='"crash:1"', repeats=2, warmup_steps=3))
-    shown = []
-
-    @contextlib.contextmanager
-    def progress(phase: sweep.Phase):
-        listener = SweepProgress(phase.cases, phase.items)
-        shown.append(listener)
-        yield listener
-
-    outcome = sweep.run(suite, out=tmp_path / "results", progress=progress)
-    assert len(outcome.failed) == 1
-    (listener,) = shown
-    (task,) = listener.progress.tasks
+    task = _progress_of(tmp_path, tiny_suite('algorithm = ["ddp"]', fault='"crash:1"', repeats=2, warmup_steps=3))
     assert (task.completed, task.total) == (0, 0)
     assert task.fields["tally"] == "0/2, 2 dropped"
     assert task.fields["current"] == "ddp failed; cases 0/1 done, 1 failed"
