@@ -58,7 +58,11 @@ def test_lockstep_alternates_items_of_worlds_started_once_stops_early_and_aa_is_
 
     record = json.loads((out / "gate.json").read_text())
     assert record["mode"] == "lockstep" and record["seed"] == 7
-    assert record["stopped"].startswith("every case decided (same")  # by the sequential rule, ±1000 %
+    assert record["stopped"] == "every case decided"  # by the sequential rule, ±1000 %
+    # The answer line says the answer, the rule and the target once ("… target ±1000.0%; every case
+    # decided (same, sequential rule, target ±1000.0%))" said them twice).
+    answer = "Gate answer: same (each case's pairs by the sequential rule, target ±1000.0%; every case decided)"
+    assert answer in p.stderr, p.stderr
     assert record["answer"] == "same" and set(record["answers"].values()) == {"same"}
     rounds = record["rounds"]
     assert len(rounds) == 20  # 2 cases x 10 repeats, one item per side each round
