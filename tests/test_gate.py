@@ -247,6 +247,54 @@ def test_slowdown_pct_does_not_orphan_cases(tmp_path: Path) -> None:
     assert case.verdict == "regression" and case.baseline_runs == 1
 
 
+def test_runs_timing_other_steps_say_so_and_a_switch_timed_otherwise_is_incomparable(tmp_path: Path) -> None:
+    """Runs made with other `steps` still match case by case, and compare and the report say the
+    timed steps differ; post-local SGD switching within its timed steps times another mix of global
+    and local steps under another `steps` (3 of 8 before the switch, 3 of 40): incomparable, exit 3."""
+    from tpbench import store
+    from tpbench.report.build import build_report
+    from tpbench.sweep import finalize
+
+    sweep = {"start_localSGD_iter": '["never", 6]'}
+    base = make_run(tmp_path / "b", {"post_localSGD_hook": noisy(10, 5, 0.02, 1)}, sweep=sweep)
+    cand = make_run(
+        tmp_path / "c",
+        {"post_localSGD_hook": noisy(10, 5, 0.02, 2)},
+        sweep=sweep,
+        steps=40,
+        factor=lambda case: 1.0 if case.start_localSGD_iter == "never" else 1.5,  # more local steps timed
+    )
+    for run in (base, cand):
+        finalize(store.Run.open(run))  # the summaries the report reads, as a sweep leaves them
+    p = tpbench("compare", base, cand, "--format", "json")
+    assert p.returncode == 3, p.stderr
+    cases = {c["label"].split("=")[-1]: c for c in json.loads(p.stdout)["cases"]}
+    assert cases["never"]["verdict"] == "pass" and cases["never"]["reason"] == "timed steps differ: steps 8 vs 40"
+    assert cases["6"]["verdict"] == "incomparable" and cases["6"]["ratio"] is not None
+    assert "after 3 of 8 timed steps in the baseline, 3 of 40 in the candidate" in cases["6"]["reason"]
+    html = build_report([store.load(base), store.load(cand)])
+    assert "3 of 40 in the candidate" in html  # the "Across runs" table's note
+    # The line over the runs tallies it, but its ratios are of the case judged alone.
+    ratios = re.search(
+        r"1 incomparable, 1 pass \(threshold ±5%\); median step-time ratio [\d.]+ \(range ([\d.]+)–([\d.]+)\)", html
+    )
+    assert ratios and all(0.95 < float(x) < 1.05 for x in ratios.groups())
+
+
+def test_a_baseline_sweeping_a_budget_key_matches_the_case_timed_alike(tmp_path: Path) -> None:
+    """A baseline that sweeps warmup_steps has two cases of one identity: the candidate's case is
+    judged against the one that timed the same steps, not whichever comes first."""
+    base = make_run(
+        tmp_path / "b",
+        {"ddp": noisy(10, 5, 0.02, 1)},
+        sweep={"warmup_steps": "[1, 3]"},
+        factor=lambda case: 2.0 if case.warmup_steps == 1 else 1.0,  # the first of the two, twice as slow
+    )
+    cand = make_run(tmp_path / "c", {"ddp": noisy(10, 5, 0.02, 2)})
+    (case,) = compare.compare_runs([base], [cand]).cases
+    assert case.verdict == "pass" and case.reason == ""
+
+
 def test_runs_differing_only_in_repeats_match_case_by_case_in_compare_and_report(tmp_path: Path) -> None:
     """`tpbench compare` and `tpbench report` match cases by the same engine: runs that differ only
     in repeats share every case, even when the baseline's ids were stored by a tpbench that hashed

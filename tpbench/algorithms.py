@@ -187,3 +187,14 @@ def is_plain_ddp(params: dict[str, Any]) -> bool:
     return params["algorithm"] == LOCALSGD_BASELINE or (
         params["algorithm"] == LOCALSGD and params.get("start_localSGD_iter") == "never"
     )
+
+
+def timed_before_switch(params: dict[str, Any]) -> int:
+    """How many of a case's timed steps run before post-local SGD switches to local SGD (0 for any
+    other case, or one that switched during warm-up). The hook counts iterations from the first
+    warm-up step, so ``warmup_steps`` and ``steps`` set this share: two runs of one case made with
+    other ones time a different mix of global and local steps, a different step time."""
+    start = params.get("start_localSGD_iter")
+    if params.get("algorithm") != LOCALSGD or not isinstance(start, int) or isinstance(start, bool):
+        return 0
+    return min(max(0, start - int(params.get("warmup_steps") or 0)), int(params.get("steps") or 0))

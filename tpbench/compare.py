@@ -12,8 +12,10 @@ vocabulary the report uses too): ``regression``, ``improvement``, ``pass``, ``in
 CI straddles a threshold, or too few repeats), with the direction ("slower, not shown beyond the
 ±5% threshold") in ``CaseResult.words``. The engine adds:
 
-- ``incomparable`` the environments differ in what matters (``environment.COMPARABLE_KEYS``) or
-                   the case ran on a different world (world size, backend, device)
+- ``incomparable`` the environments differ in what matters (``environment.COMPARABLE_KEYS``), the
+                   case ran on a different world (world size, backend, device), or post-local SGD
+                   switched within its timed steps and the sides timed other steps
+                   (``timed_steps_differences``; other ``steps`` or ``warmup_steps`` are a note)
 - ``missing``      the candidate's case has no counterpart in the baseline, or no data
 
 Exit codes: 0 pass or improvement, 1 regression, 3 incomparable or missing, 4 inconclusive with
@@ -44,7 +46,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from tpbench import store
-from tpbench.algorithms import COMPARED_PAIRS, is_plain_ddp
+from tpbench.algorithms import COMPARED_PAIRS, is_plain_ddp, timed_before_switch
 from tpbench.analysis.stats import (
     CONFIDENCE,
     Ratio,
@@ -75,6 +77,10 @@ EXIT_PASS, EXIT_REGRESSION, EXIT_USAGE, EXIT_INCOMPARABLE, EXIT_INCONCLUSIVE = 0
 # Parameters of the world a case ran on: a case that matches on everything else but these is the
 # same case on another machine shape, which is incomparable rather than missing.
 WORLD_KEYS = ("world_size", "backend", "device", "ranks_per_node")
+# The budget keys that set which steps of a repeat are timed. Runs that differ in them still match
+# case by case (a step's time does not depend on how many are timed), and the note says so; but
+# post-local SGD that switches within its timed steps times another mix of steps under them.
+TIMED_KEYS = ("warmup_steps", "steps")
 
 
 class GateError(ValueError):
@@ -219,14 +225,43 @@ def counterpart(params: dict[str, Any], case_id: str, run: RunData) -> tuple[str
     identity), or None and why not (the same case on another world is named as such)."""
     if case_id in run.params and _same(params, run.params[case_id]):
         return case_id, ""
-    for cid, p in run.params.items():
-        if _same(params, p):
-            return cid, ""
+    same = [cid for cid, p in run.params.items() if _same(params, p)]
+    if same:  # a run that sweeps a budget key has several: the one timed as this case is, if any
+        return next((cid for cid in same if _timed(run.params[cid]) == _timed(params)), same[0]), ""
     for p in run.params.values():
         if _same(params, p, WORLD_KEYS):
             diff = ", ".join(f"{k} {p.get(k)} vs {params.get(k)}" for k in WORLD_KEYS if p.get(k) != params.get(k))
             return None, f"different world: {diff}"
     return None, ""
+
+
+def _timed(params: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(params.get(k) for k in TIMED_KEYS)
+
+
+def timed_steps_differences(base: Sequence[Mapping[str, Any]], cand: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+    """How the matched cases of the two sides differ in which steps they time, as (note, why they
+    are incomparable), each "" when there is nothing to say. The note names the keys ("steps 8 vs
+    40"): each side's per-step values are still compared. Incomparable: post-local SGD whose timed
+    steps hold another number of steps before its switch, or as many of another total
+    (``algorithms.timed_before_switch``): each side times another mix of global and local SGD."""
+
+    def values(side: Sequence[Mapping[str, Any]], key: str) -> str:
+        return "/".join(str(v) for v in dict.fromkeys(p.get(key) for p in side))
+
+    keys = [k for k in TIMED_KEYS if len({p.get(k) for p in [*base, *cand]}) > 1]
+    note = ", ".join(f"{k} {values(base, k)} vs {values(cand, k)}" for k in keys)
+    mixes = {(timed_before_switch(dict(p)), p.get("steps")) for p in [*base, *cand]}
+    if not note or len(mixes) < 2 or not any(before for before, _ in mixes):
+        return (f"timed steps differ: {note}" if note else ""), ""
+
+    def mix(side: Sequence[Mapping[str, Any]]) -> str:
+        return "/".join(dict.fromkeys(f"{timed_before_switch(dict(p))} of {p.get('steps')}" for p in side))
+
+    return "", (
+        f"timed steps differ: {note}; the switch to local SGD comes after {mix(base)} timed steps in the "
+        f"baseline, {mix(cand)} in the candidate: each side times another mix of global and local steps"
+    )
 
 
 def environment_differences(
@@ -344,10 +379,12 @@ def _judge_case(
 ) -> CaseResult:
     cand_per_run = [r.values.get(case_id) for r in cand]
     base_per_run: list[dict[int, float] | None] = []
+    base_params: list[dict[str, Any]] = []
     world_diff = ""
     for run in base:
         cid, why = counterpart(params, case_id, run)
         base_per_run.append(run.values.get(cid) if cid is not None else None)
+        base_params += [run.params[cid]] if cid is not None else []
         world_diff = world_diff or why
     if pairing == "rounds":  # keep the rounds where both sides have data, so pairs stay aligned
         both = [(b, c) for b, c in zip(base_per_run, cand_per_run) if b and c]
@@ -390,11 +427,12 @@ def _judge_case(
         "pairs": est.n if est.method == "paired" else 0,
     }
     said = verdict_of(est, threshold, baseline_n=n_b, candidate_n=n_c)
-    if env_differs:
-        return CaseResult(
-            verdict=INCOMPARABLE, reason="environments differ (see above)", words=said.words, **common, **numbers
-        )
-    return CaseResult(verdict=said.call, reason=_too_few(said), words=said.words, **common, **numbers)
+    note, unlike = timed_steps_differences(base_params, [r.params[case_id] for r in cand if case_id in r.params])
+    if env_differs or unlike:
+        why = "; ".join(w for w in ("environments differ (see above)" if env_differs else "", unlike or note) if w)
+        return CaseResult(verdict=INCOMPARABLE, reason=why, words=said.words, **common, **numbers)
+    reason = "; ".join(w for w in (_too_few(said), note) if w)
+    return CaseResult(verdict=said.call, reason=reason, words=said.words, **common, **numbers)
 
 
 def _too_few(said: Verdict) -> str:

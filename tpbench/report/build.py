@@ -250,7 +250,8 @@ def _across_runs_table(page: Page, data: ReportData, cross: list[compare.Compari
         f"The same case (same identity: parameters less budget keys such as repeats) in each run "
         f"against the first run, judged as `tpbench compare FIRST RUN` judges it: ratio of median step "
         f"times with its {cross[0].confidence:.0%} bootstrap interval over repeats, threshold "
-        f'±{cross[0].threshold:.0%}; "resolves": the interval\'s half-width.',
+        f'±{cross[0].threshold:.0%}; "resolves": the interval\'s half-width. The note says where the runs timed '
+        "other steps (steps, warmup_steps).",
         css="muted",
     )
     rows = [

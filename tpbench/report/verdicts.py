@@ -737,21 +737,27 @@ def case_label(data: ReportData, c: engine.Comparison, case_id: str) -> str:
 
 
 def across_runs_lines(data: ReportData, comps: list[engine.Comparison]) -> list[str]:
-    """Per later run: the tally of verdicts against the first run, the range of what its intervals
-    resolve (``CaseResult.half_width``) and the largest change called."""
+    """Per later run: the tally of verdicts against the first run, the ratios and what the intervals
+    resolve (``CaseResult.half_width``) of the cases judged, and the largest change called. An
+    incomparable case's ratio is left out: it measured something else (post-local SGD timed across
+    its switch otherwise, ``compare.timed_steps_differences``), not a change."""
     lines = []
     for c in comps:
-        judged = [r for r in c.cases if r.ratio is not None]
-        if not judged:
+        common = [r for r in c.cases if r.ratio is not None]
+        if not common:
             continue
+        judged = [r for r in common if r.verdict != engine.INCOMPARABLE]
         counts = collections.Counter(r.verdict for r in c.cases)
-        ratios = np.array([r.ratio for r in judged])
         tally = ", ".join(f"{counts[v]} {v}" for v in engine.VERDICTS if counts[v])
         line = (
             f"Run {run_tag(data, c.candidate_runs[0])} against run {run_tag(data, c.baseline_runs[0])}, over "
-            f"{len(judged)} common case(s): {tally} (threshold ±{c.threshold:.0%}); median step-time ratio "
-            f"{np.median(ratios):.3g} (range {ratios.min():.3g}–{ratios.max():.3g})"
+            f"{len(common)} common case(s): {tally} (threshold ±{c.threshold:.0%})"
         )
+        if not judged:
+            lines.append(line + ".")
+            continue
+        ratios = np.array([r.ratio for r in judged])
+        line += f"; median step-time ratio {np.median(ratios):.3g} (range {ratios.min():.3g}–{ratios.max():.3g})"
         widths = sorted(r.half_width for r in judged if r.half_width is not None and np.isfinite(r.half_width))
         line += (
             f"; the intervals resolve {verdict.half_width_pct(widths[0])} to {verdict.half_width_pct(widths[-1])} "
