@@ -956,6 +956,34 @@ def test_epsilon_and_confidence_take_a_percentage_or_a_fraction(tmp_path, capsys
     assert "--epsilon 1 (100%): expected" in capsys.readouterr().err  # not "--epsilon 1" alone, as if typed
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ["tune", "SUITE", "--dry-run", "--epsilon", "-1%"],
+            "--epsilon -0.01 (-1%): expected a margin above 0 and below 1",
+        ),
+        (
+            ["tune", "SUITE", "--dry-run", "--confidence", "-5%"],
+            "--confidence -0.05: expected a number above 0.5 and below 1",
+        ),
+        (["tune", "SUITE", "--dry-run", "--budget-s", "-1e3"], "--budget-s: -1e3: expected a number of seconds > 0"),
+        (["sweep", "SUITE", "--dry-run", "--target-ci", "-5%"], "--target-ci: -5%: expected a percentage like 5%"),
+        (["compare", "A", "B", "--threshold", "-5%"], "--threshold -5%: expected a value in [0%, 100%)"),
+        (["gate", "SUITE", "--baseline", ".", "--candidate", ".", "--threshold", "-5%"], "--threshold -5%: expected"),
+    ],
+)
+def test_a_negative_value_is_refused_by_its_option_check(tmp_path, capsys, args, said):
+    """A negative value argparse does not take for a number ("-1%") reached no check: argparse said
+    "argument --epsilon: expected one argument", as if none was given. Now the option's own message."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 10]", repeats=4))
+    assert run_cli([str(suite) if a == "SUITE" else a for a in args]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert said in err and "expected one argument" not in err
+    assert not (tmp_path / "results").exists()
+
+
 def test_a_dry_run_prints_its_plan_in_the_format_asked(tmp_path, capsys):
     """``--format json`` printed the text table, which a script reading the answer cannot parse."""
     suite = tmp_path / "s.toml"

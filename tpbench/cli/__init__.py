@@ -8,10 +8,32 @@ exit codes.
 
 from __future__ import annotations
 
+import re
 import sys
 
 from tpbench.cli.common import EXIT_RESULTS, EXIT_USAGE, console, error, interrupted
 from tpbench.cli.options import build_parser
+
+# A value that starts like a negative number ("-1%", "-1e-3", "-inf") but that argparse does not
+# take for one (it takes only "-5" and "-0.5"): argparse reads it as an unknown option and says
+# "expected one argument", never reaching the check that names the option and what it expects.
+_NEGATIVE = re.compile(r"-(\d|\.\d|inf|nan)", re.IGNORECASE)
+_ARGPARSE_NEGATIVE = re.compile(r"-\d+|-\d*\.\d+")
+
+
+def _negative_values_kept(argv: list[str]) -> list[str]:
+    """``--epsilon -1%`` as ``--epsilon=-1%``: the value reaches the option's own check, which
+    refuses it naming the option and the values expected (exit 2). Only where argparse would have
+    refused the pair anyway, so that nothing it accepts reads otherwise."""
+    out: list[str] = []
+    for token in argv:
+        prev = out[-1] if out else ""
+        joinable = prev.startswith("--") and "=" not in prev and prev != "--"
+        if joinable and _NEGATIVE.match(token) and not _ARGPARSE_NEGATIVE.fullmatch(token):
+            out[-1] = f"{prev}={token}"
+        else:
+            out.append(token)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     from tpbench.store import StoreError
     from tpbench.suite import SuiteError
 
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_negative_values_kept(sys.argv[1:] if argv is None else argv))
     if args.command in ("sweep", "tune") and not args.suite and not args.resume:
         console.print(f"tpbench {args.command}: error: give a SUITE file, or --resume RUN_DIR", markup=False)
         sys.exit(EXIT_USAGE)
