@@ -1496,3 +1496,26 @@ def test_a_reference_link_the_run_does_not_have_is_a_bad_option(tmp_path, capsys
     shutil.copytree(LINKS_RUN, run)
     assert run_cli(["whatif", str(run), "--reference", "nope"]) == 2
     assert "--reference nope: no finished case on that link; the run has ['loopback'," in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        (
+            ["whatif"],
+            "tpbench whatif: error: takes one RUN_DIR (it projects one run's traced steps onto other fabrics)",
+        ),
+        (["export", "--format", "pytest-benchmark"], "tpbench export: error: takes one RUN_DIR"),
+    ],
+)
+def test_two_runs_to_a_command_of_one_run_say_what_it_takes(tmp_path, capsys, command, said):
+    """``tpbench whatif A B`` said "tpbench: error: unrecognized arguments: B" under the list of
+    every command: nothing of what whatif takes, nor of the commands that take two runs."""
+    from conftest import run_cli
+
+    a, b = (make_run(tmp_path / side, {"ddp": [10.0, 10.2]}) for side in "ab")
+    assert run_cli([*command, str(a), str(b)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert said in err and f"got 2: {b} besides; to compare runs: tpbench compare BASELINE CANDIDATE" in err
+    assert "{sweep,tune" not in err  # the command's own usage, not the list of commands
+    assert not (a / "whatif.parquet").exists()

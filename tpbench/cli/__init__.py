@@ -8,6 +8,7 @@ exit codes.
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 
@@ -36,6 +37,33 @@ def _negative_values_kept(argv: list[str]) -> list[str]:
     return out
 
 
+# Commands that take one run or suite: what they do with it, and what a reader who gave more likely meant.
+_COMPARE = "to compare runs: tpbench compare BASELINE CANDIDATE"
+_ONE = {
+    "whatif": (
+        "RUN_DIR",
+        "it projects one run's traced steps onto other fabrics",
+        f"{_COMPARE}; where their time went: tpbench explain BASELINE CANDIDATE",
+    ),
+    "export": ("RUN_DIR", "it writes one run for a CI dashboard", _COMPARE),
+    "sweep": ("SUITE", "it runs one suite", ""),
+    "tune": ("SUITE", "it races one suite's settings", ""),
+    "validate": ("SUITE", "it checks one suite", ""),
+}
+
+
+def _refuse_extra(args: argparse.Namespace, extra: list[str]) -> None:
+    """Arguments the command did not take, refused with the command's own usage (argparse's root
+    parser showed the list of commands and "unrecognized arguments", whose command was unsaid),
+    and, for a command that takes one run or suite given more, what it takes: exit 2."""
+    parser: argparse.ArgumentParser = args.command_parser
+    if args.command in _ONE and not any(a.startswith("-") for a in extra):
+        what, does, meant = _ONE[args.command]
+        said = f"takes one {what} ({does}), got {len(extra) + 1}: {' '.join(extra)} besides"
+        parser.error(f"{said}; {meant}" if meant else said)
+    parser.error(f"unrecognized arguments: {' '.join(extra)}")
+
+
 def main(argv: list[str] | None = None) -> None:
     from tpbench.compare import GateError
     from tpbench.explain import ExplainError, NoTraces
@@ -45,7 +73,9 @@ def main(argv: list[str] | None = None) -> None:
     from tpbench.store import StoreError
     from tpbench.suite import SuiteError
 
-    args = build_parser().parse_args(_negative_values_kept(sys.argv[1:] if argv is None else argv))
+    args, extra = build_parser().parse_known_args(_negative_values_kept(sys.argv[1:] if argv is None else argv))
+    if extra:
+        _refuse_extra(args, extra)
     if args.command in ("sweep", "tune") and not args.suite and not args.resume:
         console.print(f"tpbench {args.command}: error: give a SUITE file, or --resume RUN_DIR", markup=False)
         sys.exit(EXIT_USAGE)

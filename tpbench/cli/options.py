@@ -393,4 +393,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="text: the tables and the answer; json: projections, intervals, refusals, validation and ranking",
     )
     p.set_defaults(func=cmd_whatif)
+    for command in sub.choices.values():  # what ``cli.main`` says an argument too many with
+        command.set_defaults(command_parser=command)
     return ap
