@@ -335,9 +335,12 @@ def test_runs_of_other_environments_are_explained_as_incomparable(burnt: Path, t
 def test_bad_arguments_say_what_to_give(burnt: Path, tmp_path: Path, capsys) -> None:
     from synthetic_runs import make_run
 
-    # Two runs with no case in common: not a matter of traces (it used to say to trace more steps).
+    # Two runs with no case in common: not a matter of traces (it used to say to trace more steps),
+    # nor of the arguments (it exited 2): the runs cannot answer, exit 3 as compare's "missing".
     other = make_run(tmp_path, {"ddp": [10.0, 10.1, 9.9]})
-    assert run_cli(["explain", str(burnt), str(other)]) == 2
+    assert run_cli(["compare", str(burnt), str(other)]) == 3
+    capsys.readouterr()
+    assert run_cli(["explain", str(burnt), str(other)]) == 3
     said = capsys.readouterr().err
     assert f"no finished case of {other} has a finished counterpart in {burnt}" in said and "profiler" not in said
     assert run_cli(["explain", str(burnt), "--pair", "slowdown_pct=0..40"]) == 2

@@ -236,8 +236,8 @@ def run(
             raise ExplainError(str(e)) from None
     else:
         raise ExplainError(f"explain takes BASE_RUN CAND_RUN, or one RUN_DIR with --pair; got {len(runs)} runs")
-    if not matched:  # the two runs share no finished case: nothing to pair, whatever they traced
-        raise ExplainError(
+    if not matched:  # the two runs share no finished case: the runs cannot answer (compare: missing, exit 3)
+        raise NoTraces(
             f"nothing to explain: no finished case of {cand_dir} has a finished counterpart in {base_dir} (matched by "
             "their parameters, as compare matches them); two cases of one run side by side: tpbench explain RUN_DIR "
             "--pair KEY=BASELINE..CANDIDATE"
