@@ -422,6 +422,9 @@ def test_compare_usage_errors(runs: dict[str, Path], tmp_path: Path) -> None:
     assert p.returncode == 2 and "--metric nope" in p.stderr and "step_ms" in p.stderr
     p = tpbench("compare", runs["base"], runs["slow"], runs["base"] / ".")  # the same run on both sides
     assert p.returncode == 2 and f"{runs['base']}: given as both baseline and candidate" in p.stderr
+    # One baseline given twice: pooled as two runs that agree exactly, it narrowed the interval.
+    p = tpbench("compare", runs["base"], runs["base"] / ".", runs["slow"])
+    assert p.returncode == 2 and f"{runs['base']}: given twice" in p.stderr and "regression" not in p.stdout
 
 
 def test_broken_runs_exit_3_naming_the_file(runs: dict[str, Path], tmp_path: Path) -> None:

@@ -285,7 +285,14 @@ def check_ignore_env(ignore_env: Iterable[str]) -> None:
 
 def check_distinct(base: Sequence[RunData], cand: Sequence[RunData]) -> None:
     """``GateError`` for a run given on both sides: every ratio is exactly 1 with an interval, which
-    reads as a verdict but is a typo (``compare`` and ``explain`` refuse it alike)."""
+    reads as a verdict but is a typo (``compare`` and ``explain`` refuse it alike). Or twice on one
+    side: pooled as two runs, its copies agree exactly and narrow the run-to-run spread the
+    interval rests on (the report refuses a run given twice too)."""
+    for side in (base, cand):
+        dirs = [str(Path(r.dir).resolve()) for r in side]
+        twice = sorted({d for d in dirs if dirs.count(d) > 1})
+        if twice:
+            raise GateError(f"{', '.join(twice)}: given twice; each run counts once among the runs pooled")
     both = sorted({str(Path(b.dir).resolve()) for b in base} & {str(Path(c.dir).resolve()) for c in cand})
     if both:
         raise GateError(
