@@ -657,8 +657,7 @@ def _resume(
 ) -> tuple[store.Run, list[Case], Torchrun | None]:
     """A run reopened to resume (``reopen``), its missing cases and the launcher to start them with."""
     refuse_a_tune(run_dir)
-    if launcher != RECORDED:
-        refuse_another_launcher(run_dir, launcher)
+    refuse_another_launcher(run_dir, launcher)
     the_run, cases = reopen(run_dir)
     launcher = launcher_of(the_run.record) if launcher == RECORDED else launcher
     if print_only and launcher is None:
@@ -666,11 +665,14 @@ def _resume(
     return the_run, cases, launcher
 
 
-def refuse_another_launcher(run_dir: Path, launcher: Torchrun | None) -> None:
+def refuse_another_launcher(run_dir: Path, launcher: Torchrun | None | Literal["recorded"]) -> None:
     """A resumed run starts its worlds the way its finished cases' worlds started: the local
     launcher's pinned ranks on this machine, or torchrun's agents on the recorded nodes. Another
     launcher would measure its missing cases apart from the finished ones, which the run would then
-    compare as if alike, and leave run.json naming the launcher it did not use."""
+    compare as if alike, and leave run.json naming the launcher it did not use. ``RECORDED`` is the
+    run's own, never another."""
+    if launcher == RECORDED:
+        return
     recorded = store.read_record(run_dir).launcher.name
     given = "local" if launcher is None else "torchrun"
     if given != recorded:

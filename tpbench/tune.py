@@ -384,8 +384,7 @@ def run(
     tune in ``resume`` gone on with its own options (``reopen``; ``launcher`` ``sweep.RECORDED``:
     the run's own), raced to its result (``race``)."""
     if resume is not None:
-        if launcher != sweep.RECORDED:
-            sweep.refuse_another_launcher(resume, launcher)
+        sweep.refuse_another_launcher(resume, launcher)
         the_run, options = reopen(resume)
         launcher = sweep.launcher_of(the_run.record) if launcher == sweep.RECORDED else launcher
     else:
