@@ -186,9 +186,14 @@ class RunData:
     status: dict[str, str]  # case_id → status
     values: dict[str, dict[int, float]]  # case_id → repeat → that repeat's value (stats.repeat_values)
     labels: dict[str, str]  # case_id → label (``store.Loaded.cases``)
+    metric: str = "step_ms"  # what ``values`` hold
 
     @classmethod
-    def of(cls, run: store.Loaded | str | Path, metric: str = "step_ms") -> RunData:
+    def of(cls, run: RunData | store.Loaded | str | Path, metric: str = "step_ms") -> RunData:
+        """What the comparison needs of ``run``; one read already for ``metric`` is kept as it is."""
+        if isinstance(run, RunData) and run.metric == metric:
+            return run
+        run = run.dir if isinstance(run, RunData) else run
         loaded = run if isinstance(run, store.Loaded) else store.load(run)
         values: dict[str, dict[int, float]] = {}
         cases = loaded.record.cases
@@ -211,6 +216,7 @@ class RunData:
             {cid: c.status for cid, c in cases.items()},
             values,
             dict(zip(loaded.cases["case_id"], loaded.cases["label"])),
+            metric,
         )
 
 
@@ -321,8 +327,8 @@ def runs_environment_differences(
 
 
 def compare_runs(
-    baseline: Sequence[store.Loaded | str | Path],
-    candidate: Sequence[store.Loaded | str | Path],
+    baseline: Sequence[RunData | store.Loaded | str | Path],
+    candidate: Sequence[RunData | store.Loaded | str | Path],
     *,
     metric: str = "step_ms",
     threshold: float = THRESHOLD,

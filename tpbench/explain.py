@@ -296,10 +296,9 @@ def _matched(base_dir: Path, cand_dir: Path, ignore_env: Sequence[str] = ()) -> 
     """``matched_across``, and the environment differences that make the runs incomparable
     (``compare.compare_runs``, whose ``GateError`` for a run given twice or an unknown
     ``ignore_env`` key passes through)."""
-    base, cand = store.load(base_dir), store.load(cand_dir)
-    comparison = compare.compare_runs([base], [cand], ignore_env=ignore_env)
+    base_data, cand_data = compare.RunData.of(base_dir), compare.RunData.of(cand_dir)
+    comparison = compare.compare_runs([base_data], [cand_data], ignore_env=ignore_env)
     judged = {r.case_id: r for r in comparison.cases}
-    base_data, cand_data = compare.RunData.of(base), compare.RunData.of(cand)
     out = []
     for cid, params in cand_data.params.items():
         other, _ = compare.counterpart(params, cid, base_data)
