@@ -24,9 +24,10 @@ class ExplainError(ValueError):
     """An explain that cannot be done as asked (bad --pair, one run given twice): exit 2, with what to do."""
 
 
-class NoTraces(ValueError):
-    """No matched case has analysed traces on both sides: the runs, not the arguments, cannot answer
-    (exit 3, as ``whatif``'s run without traces); the message says what is missing and how to get it."""
+class Unanswerable(ValueError):
+    """The runs, not the arguments, cannot answer: no case of one has a finished counterpart in the
+    other, or no matched case has analysed traces on both sides (exit 3, as ``compare``'s missing cases
+    and ``whatif``'s run without traces); the message says what is missing and how to get it."""
 
 
 # What explain reads of a case's analysed traces (``traced_steps``).
@@ -213,9 +214,10 @@ def run(
 ) -> Report:
     """``tpbench explain BASE CAND`` (two runs, their cases matched by identity) or ``tpbench
     explain RUN --pair KEY=A..B`` (two cases of one run). Raises ``ExplainError`` for arguments
-    that name nothing to explain (one run given twice, as ``compare`` refuses it), or when no
-    matched case has traces on both sides (``NoTraces``). Two runs whose environments differ, beyond the
-    ``ignore_env`` keys, are explained with the differences in ``Report.environment_differences``."""
+    that name nothing to explain (one run given twice, as ``compare`` refuses it), and
+    ``Unanswerable`` when no case is matched or no matched case has traces on both sides. Two runs
+    whose environments differ, beyond the ``ignore_env`` keys, are explained with the differences in
+    ``Report.environment_differences``."""
     if len(runs) == 1:
         if not pairs:
             raise ExplainError("explain RUN_DIR needs --pair KEY=BASELINE..CANDIDATE (or give two runs: BASE CAND)")
@@ -237,7 +239,7 @@ def run(
     else:
         raise ExplainError(f"explain takes BASE_RUN CAND_RUN, or one RUN_DIR with --pair; got {len(runs)} runs")
     if not matched:  # the two runs share no finished case: the runs cannot answer (compare: missing, exit 3)
-        raise NoTraces(
+        raise Unanswerable(
             f"nothing to explain: no finished case of {cand_dir} has a finished counterpart in {base_dir} (matched by "
             "their parameters, as compare matches them); two cases of one run side by side: tpbench explain RUN_DIR "
             "--pair KEY=BASELINE..CANDIDATE"
@@ -246,7 +248,7 @@ def run(
     if not cases:
         why = "; ".join(f"{k}: {v}" for k, v in skipped.items()) or "no matched finished cases"
         untraced = any(NO_TRACED_STEPS in v for v in skipped.values()) or not skipped
-        raise NoTraces(
+        raise Unanswerable(
             f"nothing to explain: {why}"
             + (
                 ". Traces come from the traced steps after each case's timed ones: sweep with "

@@ -66,7 +66,7 @@ def _refuse_extra(args: argparse.Namespace, extra: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     from tpbench.compare import GateError
-    from tpbench.explain import ExplainError, NoTraces
+    from tpbench.explain import ExplainError, Unanswerable
     from tpbench.gate import SideError
     from tpbench.interconnect import InterconnectUnavailable
     from tpbench.racing import TuneError
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     except (SuiteError, InterconnectUnavailable) as e:
         error(e)
         code = EXIT_USAGE
-    except (StoreError, NoTraces) as e:
+    except (StoreError, Unanswerable) as e:
         error(e)
         code = EXIT_RESULTS
     except OSError as e:
