@@ -451,15 +451,20 @@ def localsgd_data(
             for c, ms, final in ((never, 100.0, 1.02), (local, 60.0, 1.04))
         ]
     )
+    return report_data.load([finished_in_memory("lsgd-test", LOCALSGD_SUITE, cases, steps, summary)])
+
+
+def finished_in_memory(name: str, text: str, cases: list, steps: pd.DataFrame, summary: pd.DataFrame) -> store.Loaded:
+    """A finished run ``r1`` of suite ``name`` (``text``) held in memory: every case done, these tables."""
     meta = {
         "run_id": "r1",
-        "suite": {"name": "lsgd-test", "text": LOCALSGD_SUITE},
+        "suite": {"name": name, "text": text},
         "status": "complete",
         "environment": dict(synth_run.ENVIRONMENT),
         "cases": {c.case_id: {"params": c.params(), "status": "done"} for c in cases},
     }
     record = RunRecord.from_json(meta)
-    return report_data.load([store.Loaded(Path("/nonexistent"), record, store.cases_table(record), steps, summary)])
+    return store.Loaded(Path("/nonexistent"), record, store.cases_table(record), steps, summary)
 
 
 def test_local_sgd_verdict_time_to_target_and_final_gap():
@@ -799,18 +804,9 @@ def localsgd_settings_data() -> report_data.ReportData:
                 **{"final_heldout_loss": 1.02, "optimal_loss": 1.0, "target_loss": 1.05},
             }
         )
-    meta = {
-        "run_id": "r1",
-        "suite": {"name": "lsgd-settings", "text": text},
-        "status": "complete",
-        "environment": dict(synth_run.ENVIRONMENT),
-        "cases": {c.case_id: {"params": c.params(), "status": "done"} for c in cases},
-    }
-    record = RunRecord.from_json(meta)
-    loaded = store.Loaded(
-        Path("/nonexistent"), record, store.cases_table(record), pd.DataFrame(rows), pd.DataFrame(summary)
+    return report_data.load(
+        [finished_in_memory("lsgd-settings", text, cases, pd.DataFrame(rows), pd.DataFrame(summary))]
     )
-    return report_data.load([loaded])
 
 
 def test_the_verdicts_say_which_post_local_sgd_setting_reaches_the_target_soonest():
