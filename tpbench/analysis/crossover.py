@@ -292,8 +292,8 @@ class Crossover:
         """What the widest interval holding no change leaves open (``spread``: how far it reaches from
         it) and about what would close it: its half-width shrinks as 1/√rounds (faster while the rounds
         are few, as the t quantile falls), so the rounds to resolve ±``threshold`` are at most about
-        (log(1 + spread) / log(1 + threshold))² times those run.
-        "Within ±159.6%" said nothing a user could act on."""
+        (log(1 + spread) / log(1 + threshold))² times those run: what a user can act on, where a bound
+        such as "within ±159.6%" is not."""
         times = math.ceil((math.log1p(spread) / math.log1p(threshold)) ** 2)
         pct = spread * 100
         wide = f"±{pct:.3g}%" if pct >= 1e5 else f"±{pct:.1f}%"

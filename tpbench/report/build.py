@@ -46,7 +46,7 @@ def default_report_path(run_dirs: list[Path], reports_root: Path = Path("reports
     """Where a report goes unless told: one run's at ``<suite>-<run_id>.html``, where its sweep wrote
     it; several runs' named after the first and the others ("-vs-<run_id>", or their count and a
     digest of their ids where there are more than two runs), so that comparing runs never replaces
-    the first run's own report (it had: ``tpbench report A B`` overwrote A's)."""
+    the first run's own report, which its sweep wrote."""
     first, *rest = [store.read_record(d) for d in run_dirs]
     name = f"{first.suite.name}-{first.run_id}"
     if len(rest) == 1:
