@@ -200,14 +200,22 @@ def test_compare_never_ranks_a_case_whose_training_became_non_finite(tmp_path, m
 
 
 @pytest.mark.ranks
-def test_a_multi_line_error_is_reported_by_its_type_and_first_line(tmp_path):
+def test_a_multi_line_error_is_reported_by_its_type_and_first_line_and_the_suite_key_that_mends_it(tmp_path):
     """DDP's unused-parameter error runs over several lines: the case's error names it by its first
-    (its last line, "... as part of this error", says neither what nor why)."""
-    code, out, run = _sweep(tmp_path, _suite(tmp_path, 'workload = ["user_models:unused_parameter"]'))
+    (its last line, "... as part of this error", says neither what nor why), and the suite key that
+    mends it, DDP's advice being an argument the suite's user never passes; with the key the same
+    model runs."""
+    sweep = 'workload = ["user_models:unused_parameter"]\nfind_unused_parameters = [false, true]'
+    code, out, run = _sweep(tmp_path, _suite(tmp_path, sweep))
     assert code == 1, out
-    error = _errors(run)["user_models:unused_parameter"]
+    by_key = {row.find_unused_parameters: row for row in run.cases.itertuples()}
+    error = run.record.cases[by_key[False].case_id].error
     assert "raised RuntimeError: Expected to have finished reduction in the prior iteration" in error, error
-    assert "raised RuntimeError: Expected to have finished reduction" in " ".join(out.split())  # rich wraps lines
+    assert "set find_unused_parameters = true in the suite" in error, error
+    said = " ".join(out.split())  # rich wraps lines
+    assert "raised RuntimeError: Expected to have finished reduction" in said
+    assert "set find_unused_parameters = true in the suite" in said
+    assert by_key[True].status == "done", run.record.cases[by_key[True].case_id].error
 
 
 @pytest.mark.ranks

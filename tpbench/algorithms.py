@@ -33,6 +33,10 @@ class CheckedCase(comm_hooks.HookedCase, Protocol):
     def start_localSGD_iter(self) -> int | str | None: ...
     @property
     def steps(self) -> int: ...
+    @property
+    def static_graph(self) -> bool: ...
+    @property
+    def find_unused_parameters(self) -> bool: ...
 
 
 # Keys that only some algorithms use; every other case key applies to all of them.
@@ -55,6 +59,7 @@ TUNING_KEYS = ALGORITHM_SPECIFIC_KEYS | {
     "bucket_cap_mb_list",
     "gradient_as_bucket_view",
     "static_graph",
+    "find_unused_parameters",
     "comm_hook",
     "comm_hook_state",
 }
@@ -113,6 +118,20 @@ def _switches_in_time(case: CheckedCase) -> tuple[str, str] | None:
     return None
 
 
+def _buckets_settle(case: CheckedCase) -> tuple[str, str] | None:
+    """The ZeRO hooks initialise ZeRO once DDP has rebuilt its buckets, which DDP never does with
+    ``find_unused_parameters`` and no ``static_graph``: the case would time steps that update nothing
+    (PyTorch's hooks refuse it as they start). ``static_graph`` lets a model leave the same
+    parameters unused in every step without it."""
+    if case.find_unused_parameters and not case.static_graph:
+        return "find_unused_parameters", (
+            "the ZeRO hooks need DDP's buckets to settle, which they never do with find_unused_parameters = true "
+            "and static_graph = false; expected static_graph = true with it (a model that leaves the same "
+            "parameters unused in every step needs only static_graph = true)"
+        )
+    return None
+
+
 _ZERO_HOOK = dict(
     uses=frozenset({"impl", "shard_buckets"}),
     # The first two iterations (three with static_graph) only collect buckets; we ask for three
@@ -121,6 +140,7 @@ _ZERO_HOOK = dict(
     # PyTorch's own ZeRO hooks refuse Gloo ("may meet hangs", pytorch#62300).
     torch_impl_backends=frozenset({"nccl"}),
     wraps_comm_hook=True,
+    own_check=_buckets_settle,
 )
 
 # In display order: the report sorts algorithms as listed here.

@@ -66,6 +66,23 @@ def exception_line(tb: str) -> str:
     return next((line for line in after if line and not line[0].isspace()), "an error")
 
 
+# DDP's error for a model with parameters no step uses; its advice names DDP's argument, which a
+# suite sets by its own key.
+_UNUSED_PARAMETERS = "find_unused_parameters=True"
+
+
+def suite_hint(tb: str) -> str:
+    """What the suite can set against a rank's error, where the error's advice is a DDP argument the
+    suite has a key for (else ""): DDP's message tells how to construct DDP, which a suite's user
+    does not do."""
+    if _UNUSED_PARAMETERS in tb:
+        return (
+            "; the model has parameters that no step uses: set find_unused_parameters = true in the suite "
+            "(with the ZeRO hooks, static_graph = true, if the same parameters go unused in every step)"
+        )
+    return ""
+
+
 @dataclass(frozen=True)
 class LaunchGroup:
     """Cases that run in the same world of processes."""
@@ -260,7 +277,9 @@ class Supervisor:
         elif self.errors:
             first = self.errors[0]
             self.outcome.failed_case = first.get("case") or self.outcome.failed_case
-            self.outcome.cause = f"rank {first['rank']} raised {exception_line(first['error'])}"
+            self.outcome.cause = (
+                f"rank {first['rank']} raised {exception_line(first['error']).rstrip()}{suite_hint(first['error'])}"
+            )
         else:
             self.outcome.cause = cause
         reports = [f"--- rank {e['rank']} error ---\n{e['error']}" for e in self.errors]

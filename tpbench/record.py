@@ -60,6 +60,7 @@ ADDED_KEYS: dict[str, Any] = {
     "bucket_cap_mb_list": None,
     "trace_windows": 1,
     "passes": 1,
+    "find_unused_parameters": False,
 }
 # Added keys that only some algorithms use: collapsed (None) for the others, which had no such key
 # before either, so there None is the old behaviour too.
@@ -351,6 +352,7 @@ class Case:
     bucket_cap_mb_list: list[float] | None = ADDED_KEYS["bucket_cap_mb_list"]
     trace_windows: int = ADDED_KEYS["trace_windows"]
     passes: int = ADDED_KEYS["passes"]
+    find_unused_parameters: bool = ADDED_KEYS["find_unused_parameters"]
     case_id: str = ""
 
     def params(self) -> dict[str, Any]:

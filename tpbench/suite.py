@@ -146,6 +146,7 @@ CASE_KEYS: dict[str, KeySpec] = {
     ),
     "gradient_as_bucket_view": KeySpec(False, "true or false", _bool),
     "static_graph": KeySpec(False, "true or false", _bool),
+    "find_unused_parameters": KeySpec(False, "true or false", _bool),
     "shard_buckets": KeySpec(False, "true or false", _bool),
     "parameters_as_bucket_view": KeySpec(False, "true or false", _bool),
     "comm_hook": KeySpec("allreduce", comm_hooks.EXPECTED, comm_hooks.valid_name),

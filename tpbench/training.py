@@ -158,6 +158,7 @@ def _ddp(model: torch.nn.Module, ctx: BuildContext) -> DDP:
         process_group=ctx.process_group,
         gradient_as_bucket_view=case.gradient_as_bucket_view,
         static_graph=case.static_graph,
+        find_unused_parameters=case.find_unused_parameters,
         **bucketing(case),
     )
 
