@@ -150,3 +150,11 @@ def test_pytest_benchmark_names_come_from_all_the_runs_cases(tmp_path: Path) -> 
     (left,) = exports.export_pytest_benchmark(run).document["benchmarks"]
     assert left["name"] == names[left["extra_info"]["case_id"]] == "ddp[world_size=1]"
     assert left["params"] == {"world_size": 1}
+
+
+def test_a_case_of_one_repeat_is_exported_without_a_range(tmp_path: Path) -> None:
+    """One repeat has no interval: the optional range is left out, not given as "± 0"."""
+    entries = exports.export_custom_smaller_is_better(make_run(tmp_path, {"ddp": [10.0]})).document
+    (entry,) = entries
+    assert "range" not in entry and entry["extra"].startswith("no CI (one repeat) over 1 repeats")
+    assert entry["value"] == pytest.approx(10.0, rel=0.02)

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from rich.console import Console
+from synthetic_runs import make_run
 
+from tpbench import store, sweep
 from tpbench.analysis.stats import repeat_values, summarize
+from tpbench.cli.sweep import _summary_table
+from tpbench.report import data as report_data
+from tpbench.report.verdicts import fastest_lines
 
 
 def _steps(repeats: int = 6, steps: int = 16, period: int = 4) -> pd.DataFrame:
@@ -53,3 +59,22 @@ def test_the_point_is_the_statistic_its_interval_is_of():
     assert abs(row["median_ms"] - 15.0) < 0.5 and abs(row["step_median_ms"] - 10.0) < 0.5
     assert row["step_median_ms"] < row["ci_lo_ms"]
     assert row["samples_per_s"] == 8 * 2 / (row["median_ms"] / 1e3)
+
+
+def test_one_repeat_has_no_interval_rather_than_one_of_no_width():
+    """One value resamples only to itself: "[7.91, 7.91]" would say the step time is known exactly."""
+    cases = pd.DataFrame([{"case_id": "lsgd", "algorithm": "ddp", "batch_size": 8, "world_size": 2, "status": "done"}])
+    (row,) = summarize(_steps(repeats=1), cases).to_dict("records")
+    assert np.isfinite(row["median_ms"]) and np.isnan(row["ci_lo_ms"]) and np.isnan(row["ci_hi_ms"])
+    (two,) = summarize(_steps(repeats=2), cases).to_dict("records")
+    assert two["ci_lo_ms"] < two["ci_hi_ms"]
+
+
+def test_one_repeat_is_shown_without_an_interval_in_the_table_and_the_verdict(tmp_path):
+    loaded = sweep.finalize(store.Run.open(make_run(tmp_path, {"ddp": [10.0], "zero_no_overlap": [20.0]})))
+    console = Console(record=True, width=200)
+    console.print(_summary_table(loaded))
+    rows = [line for line in console.export_text().splitlines() if "ddp" in line or "zero_no_overlap" in line]
+    assert len(rows) == 2 and all("—" in r and "nan" not in r and "[" not in r for r in rows), rows
+    (line,) = fastest_lines(report_data.load([loaded]), alone=False)
+    assert "ms/step (one repeat, no interval)" in line and "nan" not in line, line

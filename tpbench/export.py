@@ -169,14 +169,17 @@ def export_custom_smaller_is_better(run_dir: str | Path) -> Export:
     entries = []
     for case, label, _ms, reps in cases:
         lo, hi = bootstrap_ci(reps)
+        # One repeat has no interval: no range (the format's field is optional), rather than "± 0".
+        ranged = {"range": f"± {round((hi - lo) / 2, 6)}"} if np.isfinite(lo) else {}
+        ci = f"{CONFIDENCE:.0%} CI [{lo:.4g}, {hi:.4g}] ms" if ranged else "no CI (one repeat)"
         entries.append(
             {
                 "name": f"{suite}/{label}",
                 "unit": "ms",
                 "value": round(float(np.median(reps)), 6),
-                "range": f"± {round((hi - lo) / 2, 6)}",
+                **ranged,
                 "extra": (
-                    f"{CONFIDENCE:.0%} CI [{lo:.4g}, {hi:.4g}] ms over {reps.size} repeats; case {case.case_id}; "
+                    f"{ci} over {reps.size} repeats; case {case.case_id}; "
                     f"run {loaded.record.run_id}; torch {env.get('torch')}; "
                     f"{case.world_size}×{case.backend}/{case.device}"
                 ),

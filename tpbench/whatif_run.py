@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from tpbench import store, user_files
+from tpbench import store, user_files, verdict
 from tpbench.algorithms import LOCALSGD, is_plain_ddp
 from tpbench.analysis import interference, replay, whatif, whatif_validation
 from tpbench.analysis.replay import Fabric
@@ -329,7 +329,10 @@ def host_ratio_text(ratio: float) -> str:
 
 def ms_interval(ms: float, lo: float, hi: float) -> str:
     """A step time with its interval, as the terminal and the report print them: CPU steps of a few
-    to a few hundred ms, to a tenth of one each, so that a column's numbers line up ("19.0", not "19")."""
+    to a few hundred ms, to a tenth of one each, so that a column's numbers line up ("19.0", not "19");
+    "no interval" where there is none (one repeat)."""
+    if math.isnan(lo) or math.isnan(hi):
+        return f"{ms:.1f} [{verdict.NO_INTERVAL}]"
     return f"{ms:.1f} [{lo:.1f}, {hi:.1f}]"
 
 

@@ -336,12 +336,13 @@ def bootstrap_ci(
     confidence: float = CONFIDENCE,
     seed: int = 0,
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of ``statistic`` over ``values`` (seeded: reports are reproducible)."""
+    """Percentile bootstrap interval of ``statistic`` over ``values`` (seeded: reports are reproducible).
+
+    NaN at both ends for fewer than two values: one value resamples only to itself, and an interval
+    of no width would claim the value is known exactly (a case of one repeat printed "[7.91, 7.91]")."""
     values = np.asarray(values, dtype=float)
-    if values.size == 0:
+    if values.size < 2:
         return (float("nan"), float("nan"))
-    if values.size == 1:
-        return (float(values[0]), float(values[0]))
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, values.size, size=(samples, values.size))
     stats = statistic(values[idx])

@@ -595,7 +595,7 @@ def calibrated(
     interference = interference or Interference()
     kappa = interference.replay_factor
     measured = float(np.median(reps_ms))
-    ci = bootstrap_ci(reps_ms)
+    ci = _timed_band(reps_ms)
     traced = np.array([sk.measured_s for sk in skels]) * 1e3
     traced_lo, traced_hi = bootstrap_ci(traced) if len(traced) > 1 else (math.nan, math.nan)
     limit = max(1.0, measured / float(np.median(traced)))
@@ -709,7 +709,16 @@ def refused_model(case_id: str, params: Mapping[str, Any], step_rows: pd.DataFra
     reps = _repeat_ms(case_id, params, step_rows)
     measured = float(np.median(reps))
     fit = Fit(math.nan, math.nan, math.nan, measured, None, miss=math.nan)
-    return CaseModel(case_id, dict(params), [], FREE, fit, measured, bootstrap_ci(reps), reason, reps)
+    return CaseModel(case_id, dict(params), [], FREE, fit, measured, _timed_band(reps), reason, reps)
+
+
+def _timed_band(reps_ms: Sequence[float] | np.ndarray) -> tuple[float, float]:
+    """The timed median's 95 % interval that calibration fits into (``calibrate``'s band): one
+    repeat has no interval, and its band is then the value itself (the replay fits it exactly)."""
+    if len(reps_ms) < 2:
+        value = float(np.median(reps_ms))
+        return (value, value)
+    return bootstrap_ci(reps_ms)
 
 
 PROJECTION_COLUMNS = (

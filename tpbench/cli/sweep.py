@@ -146,8 +146,8 @@ def _fastest(loaded) -> list[str]:
 def _summary_table(loaded) -> Table:
     t = Table(
         title=escape(f"{loaded.record.suite.name} · run {loaded.record.run_id}"),
-        caption="ms/step: the median of the repeats' values, with the 95% CI of that median; "
-        "steps p10–p90: the spread of single timed steps",
+        caption="ms/step: the median of the repeats' values, with the 95% CI of that median (—: one repeat, no "
+        "interval); steps p10–p90: the spread of single timed steps",
     )
     label_column(t, "case")
     for col, just in [
@@ -167,7 +167,7 @@ def _summary_table(loaded) -> Table:
                 escape(row["label"]),
                 row["status"],
                 f"{row['median_ms']:.2f}",
-                f"[{row['ci_lo_ms']:.2f}, {row['ci_hi_ms']:.2f}]",
+                f"[{row['ci_lo_ms']:.2f}, {row['ci_hi_ms']:.2f}]" if row["ci_lo_ms"] == row["ci_lo_ms"] else "—",
                 f"{row['p10_ms']:.2f}–{row['p90_ms']:.2f}",
                 f"{row['samples_per_s']:.0f}",
             )

@@ -96,7 +96,10 @@ def _against_bucket_size(data: ReportData, done: pd.DataFrame) -> go.Figure:
     df, (frow, fcol) = facet_common(data, done, ["shard_buckets", "interconnect"])
     df = df.assign(
         series=series(data, df, {"bucket_cap_mb", "shard_buckets", "interconnect"}),
-        ci=[f"[{lo:.3g}, {hi:.3g}]" for lo, hi in zip(df["ci_lo_ms"], df["ci_hi_ms"])],
+        ci=[
+            f"[{lo:.3g}, {hi:.3g}]" if lo == lo else "none (one repeat)"
+            for lo, hi in zip(df["ci_lo_ms"], df["ci_hi_ms"])
+        ],
     )
     return lines_against_bucket_size(
         data,

@@ -460,6 +460,15 @@ def _knobs(row: dict[str, Any], data: ReportData) -> str:
     return " ".join([row["algo"], *knobs])
 
 
+def _median_interval(case: dict) -> str:
+    """A case's median's interval as the Verdicts print it beside the median: "[15.8, 18.6]", or
+    "(one repeat, no interval)"."""
+    lo, hi, median = case["ci_lo_ms"], case["ci_hi_ms"], case["median_ms"]
+    if pd.isna(lo) or pd.isna(hi):
+        return "(one repeat, no interval)"
+    return f"[{verdict.ms(lo, median)}, {verdict.ms(hi, median)}]"
+
+
 def fastest_lines(data: ReportData, alone: bool = True) -> list[str]:
     """Per run and setting: the fastest case, its interval, and how sure we are that it beats the
     runner-up; ``alone``: also for a setting of one case (its time, and that it is alone there: a
@@ -481,8 +490,7 @@ def fastest_lines(data: ReportData, alone: bool = True) -> list[str]:
         where = context_text(best, setting)
         head = f"[{best['run']}] " if data.multi else ""
         if data.metric == "step_ms":
-            lo, hi = verdict.ms(best["ci_lo_ms"], best["median_ms"]), verdict.ms(best["ci_hi_ms"], best["median_ms"])
-            at = f"{verdict.ms(best['median_ms'])} ms/step [{lo}, {hi}]"
+            at = f"{verdict.ms(best['median_ms'])} ms/step {_median_interval(best)}"
         else:
             at = f"{verdict.ms(best['_rank'])} ms {data.what} (geometric mean over repeats)"
         if len(grp) == 1:
