@@ -15,9 +15,10 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from conftest import run_cli
 from synthetic_runs import make_run
 
-from tpbench import store
+from tpbench import environment, store
 from tpbench.record import (
     ADDED_KEYS,
     COMPLETE,
@@ -60,6 +61,11 @@ def test_run_json_and_summary_carry_the_schema_version(run: Path) -> None:
     assert case.status == "done" and case.params["algorithm"] == "ddp"
     with pytest.raises(TypeError):
         case.params["algorithm"] = "zero_no_overlap"  # the record is read-only
+
+
+def test_tpbench_version_names_the_version_every_run_records(capsys) -> None:
+    assert run_cli(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"tpbench {environment.fingerprint()['tpbench']}"
 
 
 @pytest.mark.parametrize("version", [2, 99, "1", None])

@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+import tpbench
 from tpbench.cli.show import cmd_env, cmd_export, cmd_list, cmd_report, cmd_validate, cmd_whatif
 from tpbench.cli.sweep import cmd_sweep
 from tpbench.cli.tune import cmd_tune
@@ -99,6 +100,7 @@ def _fraction(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="tpbench", description="Profile and benchmark PyTorch DDP communication hooks.")
+    ap.add_argument("--version", action="version", version=f"tpbench {tpbench.__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
 
     def suite_args(p: argparse.ArgumentParser) -> None:
