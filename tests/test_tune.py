@@ -984,6 +984,28 @@ def test_a_negative_value_is_refused_by_its_option_check(tmp_path, capsys, args,
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["sweep", "SUITE", "--dry-run", "-5%"], "tpbench sweep: error: unrecognized arguments: -5%"),
+        (["compare", "A", "B", "--fail-on-inconclusive", "-1%"], "tpbench compare: error: unrecognized arguments: -1%"),
+        (["sweep", "SUITE", "--dry-run", "--epsilon", "-5%"], "unrecognized arguments: --epsilon -5%"),
+        (["sweep", "SUITE", "--dry-run", "--eps", "-5%"], "unrecognized arguments: --eps -5%"),
+        (["tune", "SUITE", "--dry-run", "--eps", "-5%"], "expected a margin above 0 and below 1"),
+    ],
+)
+def test_a_negative_value_after_a_flag_or_another_commands_option_is_named_as_typed(tmp_path, capsys, args, said):
+    """A negative value was joined to whatever option came before it: after a flag argparse said
+    "argument --dry-run: ignored explicit argument '-5%'", and after an option the command lacks,
+    "unrecognized arguments: --epsilon=-5%", a form nobody typed. Only an option of the command that
+    takes one value (or its abbreviation, as argparse allows) takes it now."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 10]", repeats=4))
+    assert run_cli([str(suite) if a == "SUITE" else a for a in args]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert said in err and "ignored explicit argument" not in err and "=-" not in err
+
+
 def test_a_dry_run_prints_its_plan_in_the_format_asked(tmp_path, capsys):
     """``--format json`` printed the text table, which a script reading the answer cannot parse."""
     suite = tmp_path / "s.toml"

@@ -22,19 +22,41 @@ _NEGATIVE = re.compile(r"-(\d|\.\d|inf|nan)", re.IGNORECASE)
 _ARGPARSE_NEGATIVE = re.compile(r"-\d+|-\d*\.\d+")
 
 
-def _negative_values_kept(argv: list[str]) -> list[str]:
+def _negative_values_kept(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     """``--epsilon -1%`` as ``--epsilon=-1%``: the value reaches the option's own check, which
     refuses it naming the option and the values expected (exit 2). Only where argparse would have
-    refused the pair anyway, so that nothing it accepts reads otherwise."""
+    refused the pair anyway, so that nothing it accepts reads otherwise, and only after an option of
+    the command that takes one value: joined to a flag (``--dry-run -1%``) argparse said "ignored
+    explicit argument", and to an option the command lacks, "unrecognized arguments: --eps=-1%",
+    which the user never typed; left apart, it names the stray value itself."""
+    command = _command_parser(parser, argv)
     out: list[str] = []
     for token in argv:
         prev = out[-1] if out else ""
-        joinable = prev.startswith("--") and "=" not in prev and prev != "--"
+        joinable = command is not None and _takes_one_value(command, prev)
         if joinable and _NEGATIVE.match(token) and not _ARGPARSE_NEGATIVE.fullmatch(token):
             out[-1] = f"{prev}={token}"
         else:
             out.append(token)
     return out
+
+
+def _command_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser | None:
+    """The parser of the command ``argv`` starts with (None: none, which argparse then refuses)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and argv:
+            return action.choices.get(argv[0])
+    return None
+
+
+def _takes_one_value(parser: argparse.ArgumentParser, flag: str) -> bool:
+    """Whether ``flag`` is a long option of ``parser`` that takes one value, given whole or, as
+    argparse allows, by a prefix of one option alone (``--eps`` for ``--epsilon``)."""
+    if not flag.startswith("--") or "=" in flag or flag == "--":
+        return False
+    options = parser._option_string_actions
+    matches = [options[flag]] if flag in options else [a for s, a in options.items() if s.startswith(flag)]
+    return len(matches) == 1 and matches[0].nargs is None
 
 
 # Commands that take one run or suite: what they do with it, and what a reader who gave more likely meant.
@@ -73,7 +95,9 @@ def main(argv: list[str] | None = None) -> None:
     from tpbench.store import StoreError
     from tpbench.suite import SuiteError
 
-    args, extra = build_parser().parse_known_args(_negative_values_kept(sys.argv[1:] if argv is None else argv))
+    parser = build_parser()
+    given = sys.argv[1:] if argv is None else argv
+    args, extra = parser.parse_known_args(_negative_values_kept(given, parser))
     if extra:
         _refuse_extra(args, extra)
     if args.command in ("sweep", "tune") and not args.suite and not args.resume:
