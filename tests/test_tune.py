@@ -953,7 +953,9 @@ def test_epsilon_and_confidence_take_a_percentage_or_a_fraction(tmp_path, capsys
     assert run_cli(["tune", str(suite), "--epsilon", "2", "--dry-run"]) == 2
     assert "--epsilon 2 (200%): expected a margin above 0 and below 1, like 0.02 (or 2%)" in capsys.readouterr().err
     assert run_cli(["tune", str(suite), "--epsilon", "100%", "--dry-run"]) == 2
-    assert "--epsilon 1 (100%): expected" in capsys.readouterr().err  # not "--epsilon 1" alone, as if typed
+    assert "--epsilon 100%: expected" in capsys.readouterr().err  # as typed, not the 1 it reads as
+    assert run_cli(["tune", str(suite), "--confidence", "95", "--dry-run"]) == 2
+    assert "--confidence 95 (9500%): expected a number above 0.5 and below 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -961,11 +963,11 @@ def test_epsilon_and_confidence_take_a_percentage_or_a_fraction(tmp_path, capsys
     [
         (
             ["tune", "SUITE", "--dry-run", "--epsilon", "-1%"],
-            "--epsilon -0.01 (-1%): expected a margin above 0 and below 1",
+            "--epsilon -1%: expected a margin above 0 and below 1",
         ),
         (
             ["tune", "SUITE", "--dry-run", "--confidence", "-5%"],
-            "--confidence -0.05: expected a number above 0.5 and below 1",
+            "--confidence -5%: expected a number above 0.5 and below 1",
         ),
         (["tune", "SUITE", "--dry-run", "--budget-s", "-1e3"], "--budget-s: -1e3: expected a number of seconds > 0"),
         (["sweep", "SUITE", "--dry-run", "--target-ci", "-5%"], "--target-ci: -5%: expected a percentage like 5%"),
@@ -991,7 +993,7 @@ def test_a_negative_value_is_refused_by_its_option_check(tmp_path, capsys, args,
         (["compare", "A", "B", "--fail-on-inconclusive", "-1%"], "tpbench compare: error: unrecognized arguments: -1%"),
         (["sweep", "SUITE", "--dry-run", "--epsilon", "-5%"], "unrecognized arguments: --epsilon -5%"),
         (["sweep", "SUITE", "--dry-run", "--eps", "-5%"], "unrecognized arguments: --eps -5%"),
-        (["tune", "SUITE", "--dry-run", "--eps", "-5%"], "expected a margin above 0 and below 1"),
+        (["tune", "SUITE", "--dry-run", "--eps", "-5%"], "--epsilon -5%: expected a margin above 0 and below 1"),
     ],
 )
 def test_a_negative_value_after_a_flag_or_another_commands_option_is_named_as_typed(tmp_path, capsys, args, said):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from tpbench.analysis.stats import Ratio, blocked_ratios, geometric_mean, spent_confidence, spent_miss
 
@@ -44,16 +44,20 @@ class Options:
     metric: str = "step_ms"
     min_rounds: int = MIN_ROUNDS
 
-    def check(self) -> None:
-        """One line naming the option and what was expected (``TuneError``)."""
+    def check(self, typed: Mapping[str, str] | None = None) -> None:
+        """One line naming the option and what was expected (``TuneError``). ``typed``: the command
+        line's text of ``epsilon`` and ``confidence``, echoed as typed ("--confidence -5%", not the
+        -0.05 it reads as); without it (options from tune.json) each value as read."""
+        typed = typed or {}
         if not (math.isfinite(self.epsilon) and 0 < self.epsilon < 1):
             raise TuneError(
-                f"--epsilon {self.epsilon:g} ({100 * self.epsilon:g}%): expected a margin above 0 and below 1, "
+                f"--epsilon {_as_given(self.epsilon, typed.get('epsilon'))}: expected a margin above 0 and below 1, "
                 "like 0.02 (or 2%)"
             )
         if not (math.isfinite(self.confidence) and 0.5 < self.confidence < 1):
             raise TuneError(
-                f"--confidence {self.confidence:g}: expected a number above 0.5 and below 1, like 0.95 (or 95%)"
+                f"--confidence {_as_given(self.confidence, typed.get('confidence'))}: expected a number above 0.5 "
+                "and below 1, like 0.95 (or 95%)"
             )
         if self.budget_s is not None and not (math.isfinite(self.budget_s) and self.budget_s > 0):
             raise TuneError(f"--budget-s {self.budget_s:g}: expected a number of seconds > 0")
@@ -61,6 +65,13 @@ class Options:
             raise TuneError(f"--metric {self.metric}: expected one of {', '.join(METRICS)}")
         if self.min_rounds < 2:
             raise TuneError(f"--min-rounds {self.min_rounds}: expected at least 2 (an interval needs two rounds)")
+
+
+def _as_given(value: float, typed: str | None) -> str:
+    """An option's fraction in a message: as typed, or as read where nothing was typed, with the
+    percentage it reads as unless that is what was typed ("2 (200%)": a bare number is a fraction)."""
+    text = (typed or f"{value:g}").strip()
+    return text if text.endswith("%") else f"{text} ({100 * value:g}%)"
 
 
 class Race:

@@ -37,6 +37,16 @@ def given_flags(options: dict[str, Any]) -> list[str]:
     return [flag for flag, value in options.items() if value is not None and value != []]
 
 
+def fraction(text: str) -> float:
+    """``2%`` or ``0.02`` → 0.02: a percentage, or a bare number read as a fraction (the range is each
+    option's own check: ``options._target_ci``, ``racing.Options.check``)."""
+    raw = text.strip()
+    try:
+        return float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text}: expected a percentage like 2% or a fraction like 0.02") from None
+
+
 def torchrun_launcher(args: argparse.Namespace):
     """The torchrun launcher the arguments ask for (None: local); a usage error as ``SystemExit``."""
     from tpbench.worlds import Torchrun

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import tpbench
+from tpbench.cli.common import fraction
 from tpbench.cli.show import cmd_env, cmd_export, cmd_list, cmd_report, cmd_validate, cmd_whatif
 from tpbench.cli.sweep import cmd_sweep
 from tpbench.cli.tune import cmd_tune
@@ -23,7 +24,7 @@ def _target_ci(text: str) -> float:
     """``--target-ci 5%`` or ``0.05``: the half-width every within-run comparison (a sweep's) or
     every case's interval (a gate's) should reach."""
     try:
-        value = _fraction(text)
+        value = fraction(text)
     except argparse.ArgumentTypeError:
         value = 0.0  # out of range below: one message for text and numbers alike
     if 1 <= value <= MAX_TARGET_CI and not text.strip().endswith("%"):
@@ -88,14 +89,11 @@ def _ignore_env_arg(p: argparse.ArgumentParser, verb: str) -> None:
     )
 
 
-def _fraction(text: str) -> float:
-    """``2%`` or ``0.02`` → 0.02: a percentage, or a bare number read as a fraction (the range is each
-    option's own check: ``_target_ci``, ``racing.Options.check``)."""
-    raw = text.strip()
-    try:
-        return float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text}: expected a percentage like 2% or a fraction like 0.02") from None
+def _fraction_text(text: str) -> str:
+    """``--epsilon`` and ``--confidence``: their text as typed, once it reads as a fraction
+    (``fraction``), so that the range check (``racing.Options.check``) can echo what was typed."""
+    fraction(text)
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -196,12 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="list the settings and exit")
     p.add_argument(
         "--epsilon",
-        type=_fraction,
+        type=_fraction_text,
         metavar="PCT",
         help="the claim: the setting named is within PCT of the best, 2%% or 0.02 (default: 2%%)",
     )
     p.add_argument(
-        "--confidence", type=_fraction, help="of the whole claim, above 0.5, below 1: 0.95 or 95%% (default: 0.95)"
+        "--confidence", type=_fraction_text, help="of the whole claim, above 0.5, below 1: 0.95 or 95%% (default: 0.95)"
     )
     p.add_argument(
         "--budget-s", type=_seconds, metavar="SECONDS", help="stop after this long, resolved or not (default: no limit)"

@@ -20,6 +20,7 @@ from tpbench.cli.common import (
     cases_table,
     console,
     fitted,
+    fraction,
     given_flags,
     label_column,
     out,
@@ -111,14 +112,12 @@ def _tune(args: argparse.Namespace) -> int:
             )
         suite, options, launcher = None, racing.Options(), resumed_launcher(args, launcher, "tune")
     else:
-        given = {
-            k: v
-            for k, v in (("confidence", args.confidence), ("metric", args.metric), ("min_rounds", args.min_rounds))
-            if v is not None
-        }
-        epsilon = args.epsilon if args.epsilon is not None else racing.Options.epsilon
-        suite, options = args.suite, racing.Options(epsilon=epsilon, budget_s=args.budget_s, **given)
-        options.check()
+        # --epsilon and --confidence as typed ("-5%"), for the check to echo; their fractions to race.
+        typed = {k: v for k, v in (("epsilon", args.epsilon), ("confidence", args.confidence)) if v is not None}
+        given = {k: v for k, v in (("metric", args.metric), ("min_rounds", args.min_rounds)) if v is not None}
+        given |= {k: fraction(v) for k, v in typed.items()}
+        suite, options = args.suite, racing.Options(budget_s=args.budget_s, **given)
+        options.check(typed)
         if args.dry_run:
             prepared = tune.prepare(args.suite, args.set, args.filter, launcher, args.allow_large, options.min_rounds)
             sweep.launchable(prepared, launcher)
