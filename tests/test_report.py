@@ -240,6 +240,19 @@ def test_fastest_line_names_the_setting_and_the_evidence_against_the_runner_up()
     assert re.search(r"bucket_cap_mb=4(?![.\d])", text) and "bucket_cap_mb=4.0" not in text
 
 
+def test_fastest_lines_follow_the_suites_order_of_its_settings():
+    """The sweep's closing lines came in the report table's order, the values sorted: a suite that
+    lists its slowest link first, or ``batch_size = [16, 4, 8]``, read its lines in another order."""
+    suite = ZERO_SUITE.replace('["loopback", "tcp-1gbit"]', '["tcp-1gbit", "loopback"]')
+    lines = verdicts.fastest_lines(report_data.load([in_memory_run(suite, zero_medians)]), alone=False)
+    assert [line.split(":")[0] for line in lines] == ["Fastest on tcp-1gbit", "Fastest on loopback"]
+    suite = ZERO_SUITE.replace("[sweep]\n", "[sweep]\nbatch_size = [16, 4, 8]\n")
+    lines = verdicts.fastest_lines(report_data.load([in_memory_run(suite, zero_medians)]), alone=False)
+    assert [re.search(r"batch_size=\d+", line).group() for line in lines] == [
+        f"batch_size={b}" for b in (16, 16, 4, 4, 8, 8)
+    ]
+
+
 def test_a_fastest_case_that_is_not_the_lowest_median_says_which_is():
     """The fastest is ranked by the geometric mean over repeats, the sweep's table by the median:
     where they name different cases, the line says which case has the lowest median and why it
