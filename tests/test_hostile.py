@@ -221,6 +221,38 @@ def test_ctrl_c_during_the_end_of_sweep_analysis_leaves_a_run_resume_completes(d
     assert (run / "summary.parquet").exists()
 
 
+def test_ctrl_c_after_the_run_completed_exits_with_the_runs_code_and_says_it_is_saved(tmp_path, monkeypatch, capsys):
+    """Ctrl-C after the closing line, while the report is written, exited 130 saying "Interrupted."
+    of a run complete and saved, with nothing to resume. Now the run's own exit code, and a line
+    that says the run is complete and how to write the report that was not (a stop signal, a
+    ``KeyboardInterrupt`` too, is handled alike). The signal is real, sent from inside the report's
+    writing, so it lands there every time."""
+    from tpbench import report
+
+    suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]')
+
+    def stopped(*a, **k):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # the signal arrives before this ends
+        raise AssertionError("the signal did not arrive")
+
+    monkeypatch.setattr(report, "write_report", stopped)
+    # As in the test above: a test run in the background may inherit SIGINT ignored.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code = run_cli(["sweep", str(suite), "--out", str(tmp_path / "results")])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    captured = capsys.readouterr()
+    (run,) = store.iter_runs(tmp_path / "results")
+    assert code == 0, captured.err
+    err = " ".join(captured.err.split())
+    assert "Wall " in err and "Report:" not in err
+    assert f"Interrupted. The run had finished: {run} is complete and saved; its report was not written: " in err
+    assert f"tpbench report {run}" in err and "--resume" not in err
+    assert json.loads((run / "run.json").read_text())["status"] == "complete"
+
+
 def test_a_write_that_fails_in_the_end_of_sweep_analysis_leaves_the_run_interrupted(done_run, tmp_path, monkeypatch):
     """A derived table that cannot be written (a full disk, a path too long: a reviewer's 4,000-character
     results path) used to leave run.json "running" after exit 3; it is marked interrupted, as a failed

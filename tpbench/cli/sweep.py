@@ -19,6 +19,7 @@ from tpbench.cli.common import (
     console,
     fitted,
     given_flags,
+    interrupted,
     label_column,
     out,
     resumable,
@@ -252,7 +253,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from tpbench import report, store, sweep
+    from tpbench import store, sweep
 
     launcher = _check_sweep_args(args)
     if args.resume:
@@ -306,15 +307,36 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.print_only:
         console.print(f"Run directory: {outcome.run.dir}", markup=False, soft_wrap=True)
         return _print_worlds(outcome.run, outcome.printed, outcome.launcher)
-    _print_adaptive(outcome.loaded.record.adaptive)
-    out.print(fitted(_summary_table(outcome.loaded), out))
-    for line in _fastest(outcome.loaded):
-        out.print(line, markup=False, soft_wrap=True)
-    console.print(_closing_line(outcome, resumed=args.resume is not None))
-    if not args.no_report:
-        run_dir = outcome.run.dir
-        path = report.write_report([run_dir], args.report or report.default_report_path([run_dir], args.reports_dir))
-        console.print(f"Report: {path}", markup=False, soft_wrap=True)
+    return _conclude(args, outcome)
+
+
+def _conclude(args: argparse.Namespace, outcome: Outcome) -> int:
+    """A finished run's summary, closing line and report; the exit code. The run is complete and
+    saved before any of it: Ctrl-C or a stop signal here cuts the printing or the report short, not
+    the run, so the exit code is still the run's (it was 130, as if there were something to resume)
+    and the line says what is kept and how to write the report that was not."""
+    from tpbench import report
+
+    run_dir, path = outcome.run.dir, None
+    try:
+        _print_adaptive(outcome.loaded.record.adaptive)
+        out.print(fitted(_summary_table(outcome.loaded), out))
+        for line in _fastest(outcome.loaded):
+            out.print(line, markup=False, soft_wrap=True)
+        console.print(_closing_line(outcome, resumed=args.resume is not None))
+        if not args.no_report:
+            path = report.write_report(
+                [run_dir], args.report or report.default_report_path([run_dir], args.reports_dir)
+            )
+            console.print(f"Report: {path}", markup=False, soft_wrap=True)
+    except KeyboardInterrupt as e:
+        said, _ = interrupted(e)
+        again = shlex.join(["tpbench", "report", str(run_dir), *(["-o", str(args.report)] if args.report else [])])
+        missing = "" if args.no_report or path else f"; its report was not written: {again}"
+        console.print(
+            Text.assemble("\n", (said, "yellow"), f" The run had finished: {run_dir} is complete and saved{missing}."),
+            soft_wrap=True,
+        )
     return EXIT_FAILED if outcome.failed else EXIT_OK
 
 
