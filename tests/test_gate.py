@@ -67,6 +67,17 @@ def test_parse_threshold_rejects(text: str) -> None:
         compare.parse_threshold(text)
 
 
+def test_a_bare_threshold_of_1_or_more_says_it_reads_as_a_fraction() -> None:
+    """``--threshold 5`` (meant as 5 %) said only "expected a value in [0%, 100%)": the 500 % it reads as was unsaid."""
+    with pytest.raises(compare.GateError) as e:
+        compare.parse_threshold("5")
+    assert str(e.value) == (
+        "--threshold 5 (a bare number is a fraction: 500%): expected a value in [0%, 100%), like 5% or 0.05"
+    )
+    with pytest.raises(compare.GateError, match=r"^--threshold 150%: expected a value in \[0%, 100%\), like 5%"):
+        compare.parse_threshold("150%")
+
+
 def test_ratio_ci_known_answers() -> None:
     base = [np.array(noisy(10, 8, 0.02, 1))]
     # 30% slower, tight: the whole interval sits near 1.3.

@@ -95,7 +95,10 @@ def parse_threshold(text: str) -> float:
     except ValueError:
         raise GateError(f"--threshold {text}: expected a percentage like 5% or a fraction like 0.05") from None
     if not 0 <= value < 1:
-        raise GateError(f"--threshold {text}: expected a value in [0%, 100%)")
+        # A bare 5 reads as 500 %; said as read, "--threshold 5: expected a value in [0%, 100%)" left
+        # the 5 % it was meant as unexplained.
+        read = "" if raw.endswith("%") else f" (a bare number is a fraction: {100 * value:g}%)"
+        raise GateError(f"--threshold {text}{read}: expected a value in [0%, 100%), like 5% or 0.05")
     return value
 
 
