@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import sweep_in_process, tiny_suite
+from conftest import run_cli, sweep_in_process, tiny_suite
 from synthetic_runs import make_run
 
 from tpbench import store, whatif_run
@@ -1519,3 +1519,12 @@ def test_two_runs_to_a_command_of_one_run_say_what_it_takes(tmp_path, capsys, co
     assert said in err and f"got 2: {b} besides; to compare runs: tpbench compare BASELINE CANDIDATE" in err
     assert "{sweep,tune" not in err  # the command's own usage, not the list of commands
     assert not (a / "whatif.parquet").exists()
+
+
+def test_an_unknown_fabric_is_refused_in_one_line_naming_the_option(tmp_path, capsys):
+    """``--fabric nvlink5`` said "unknown fabric(s) nvlink5; known: …" without the option, folded
+    over two lines at a terminal's width: now one line naming ``--fabric``, exit 2, before any run is read."""
+    assert run_cli(["whatif", str(tmp_path / "none"), "--fabric", "nvlink5", "--fabric", "ib-ndr"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tpbench whatif: error: --fabric nvlink5: unknown fabric; expected one of nvlink4, ")
+    assert err.endswith("100gbe (--fabrics FILE adds others)") and "\n" not in err

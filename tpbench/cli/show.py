@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from tpbench.cli.common import EXIT_OK, EXIT_RESULTS, EXIT_USAGE, console, error, fitted, label_column, out
+from tpbench.cli.common import EXIT_OK, EXIT_RESULTS, EXIT_USAGE, console, error, fitted, label_column, out, usage
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -142,10 +142,11 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     unknown = [f for f in args.fabric if f not in fabrics]
     if unknown:
-        console.print(
-            f"tpbench whatif: error: unknown fabric(s) {', '.join(unknown)}; known: {', '.join(fabrics)}", markup=False
+        usage(
+            f"--fabric {', '.join(unknown)}: unknown fabric{'s' if len(unknown) > 1 else ''}; expected one of "
+            f"{', '.join(fabrics)} (--fabrics FILE adds others)",
+            "whatif",
         )
-        return EXIT_USAGE
     try:
         written = whatif_run.write(args.run, {k: fabrics[k] for k in (args.fabric or fabrics)}, args.reference)
     except ValueError as e:
