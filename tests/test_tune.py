@@ -1008,6 +1008,19 @@ def test_a_negative_value_after_a_flag_or_another_commands_option_is_named_as_ty
     assert said in err and "ignored explicit argument" not in err and "=-" not in err
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["--nnodes", "2"], ["--launcher", "torchrun", "--nnodes", "0"], ["--launcher", "torchrun", "--nnodes", "2"]],
+)
+def test_a_launcher_option_refused_is_said_by_tune(tmp_path, capsys, args):
+    """The torchrun options' errors, shared with sweep, said "tpbench sweep: error: ..." to a tune."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 10]", repeats=4))
+    assert run_cli(["tune", str(suite), "--dry-run", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tpbench tune: error: --nnodes") and "tpbench sweep" not in err
+
+
 def test_a_dry_run_prints_its_plan_in_the_format_asked(tmp_path, capsys):
     """``--format json`` printed the text table, which a script reading the answer cannot parse."""
     suite = tmp_path / "s.toml"

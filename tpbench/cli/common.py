@@ -48,7 +48,8 @@ def fraction(text: str) -> float:
 
 
 def torchrun_launcher(args: argparse.Namespace):
-    """The torchrun launcher the arguments ask for (None: local); a usage error as ``SystemExit``."""
+    """The torchrun launcher the arguments ask for (None: local); a usage error as ``SystemExit``,
+    said by the command that was run (``tpbench tune`` takes these options too)."""
     from tpbench.worlds import Torchrun
 
     given = given_flags(
@@ -62,7 +63,7 @@ def torchrun_launcher(args: argparse.Namespace):
     if args.launcher != "torchrun":
         # On --resume, --print alone reuses the run's own torchrun settings.
         if given or (args.print_only and not args.resume):
-            usage(f"{', '.join(given or ['--print'])}: only with --launcher torchrun")
+            usage(f"{', '.join(given or ['--print'])}: only with --launcher torchrun", args.command)
         return None
     launcher = Torchrun(
         nnodes=1 if args.nnodes is None else args.nnodes,
@@ -71,12 +72,13 @@ def torchrun_launcher(args: argparse.Namespace):
         agent_prefix=tuple(shlex.split(args.agent_prefix or "")),
     )
     if launcher.problem():
-        usage(launcher.problem())
+        usage(launcher.problem(), args.command)
     if launcher.nnodes > 1 and not launcher.agent_prefix and not args.print_only:
         usage(
             f"--nnodes {launcher.nnodes} starts agents on {launcher.nnodes} machines: give --agent-prefix "
             "(e.g. 'srun --ntasks-per-node=1 --kill-on-bad-exit=1') to start them from here, "
-            "or --print to start them yourself"
+            "or --print to start them yourself",
+            args.command,
         )
     return launcher
 
