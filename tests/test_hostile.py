@@ -583,10 +583,12 @@ def test_a_failed_write_names_the_users_file_and_leaves_no_temporary(done_run, t
 # --- 13. smaller --------------------------------------------------------------------------------
 
 
-def test_torchrun_with_zero_nodes_is_refused(tmp_path, capsys):
+@pytest.mark.parametrize(("flag", "value"), [("--nnodes", "0"), ("--nproc-per-node", "-3")])
+def test_torchrun_with_zero_nodes_is_refused(tmp_path, capsys, flag, value):
+    """The option and its value named: "--nnodes and --nproc-per-node must be >= 1" said neither."""
     suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]')
-    assert run_cli(["sweep", str(suite), "--launcher", "torchrun", "--nnodes", "0", "--out", str(tmp_path / "r")]) == 2
-    assert "--nnodes and --nproc-per-node must be >= 1" in capsys.readouterr().err
+    assert run_cli(["sweep", str(suite), "--launcher", "torchrun", flag, value, "--out", str(tmp_path / "r")]) == 2
+    assert f"tpbench sweep: error: {flag} {value}: expected at least 1" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 
 
