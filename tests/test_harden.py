@@ -132,6 +132,13 @@ def test_list_names_a_suites_folder_that_is_not_there(tmp_path, capsys):
     lists the algorithms and workloads alone."""
     assert run_cli(["list", "--suites", str(tmp_path / "none")]) == 2
     assert f"--suites {tmp_path / 'none'}: no such folder" in capsys.readouterr().err
+    # A suite file given for the folder is there, and said to be no folder.
+    (tmp_path / "s.toml").write_text("[suite]\n")
+    assert run_cli(["list", "--suites", str(tmp_path / "s.toml")]) == 2
+    assert (
+        f"--suites {tmp_path / 's.toml'}: not a folder; expected a folder of suite TOML files"
+        in capsys.readouterr().err
+    )
 
 
 def test_export_leaves_out_steps_without_a_time(tmp_path, capsys):

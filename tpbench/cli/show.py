@@ -66,7 +66,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     from tpbench.workloads import WORKLOADS, preset_sizes
 
     if args.suites is not None and not Path(args.suites).is_dir():  # asked for, and not there
-        error(ValueError(f"--suites {args.suites}: no such folder; expected a folder of suite TOML files"))
+        # A suite file given for the folder is there: "no such folder" would send its reader looking for it.
+        what = "not a folder" if Path(args.suites).exists() else "no such folder"
+        error(ValueError(f"--suites {args.suites}: {what}; expected a folder of suite TOML files"))
         return EXIT_USAGE
     t = Table(title="algorithms")
     t.add_column("name")
