@@ -229,3 +229,19 @@ def test_cases_from_before_the_packed_key_keep_their_ids():
     )
     before = {"ddp": "ea105e14acf2", "zero_no_overlap": "51093eadc7d9", "hook_with_zero_step": "f80838c023e1"}
     assert {c.algorithm: c.case_id for c in expand(suite, CPU)} == before
+
+
+@pytest.mark.parametrize(
+    ("key", "said"),
+    [("algorithm", "algorithm: expected one of ddp, "), ("interconnect", "interconnect: unknown interconnect 'nope'")],
+)
+def test_a_value_set_on_the_command_line_that_the_expansion_refuses_says_with_set(tmp_path, key, said):
+    """``--set algorithm=nope`` said "s.toml: algorithm: expected one of ...": the reader looked for
+    'nope' in a file that has none. Every other --set value already said "s.toml (with --set)"."""
+    from tpbench import sweep
+
+    suite = tmp_path / "s.toml"
+    suite.write_text('[defaults]\nworld_size = 2\nbackend = "gloo"\ndevice = "cpu"\n')
+    with pytest.raises(SuiteError) as e:
+        sweep.prepare(suite, [f"{key}=nope"])
+    assert str(e.value).startswith(f"{suite} (with --set): {said}")
