@@ -117,6 +117,18 @@ def test_resume_dry_run_lists_the_missing_cases_and_runs_nothing(done_run, tmp_p
     assert "repeats left of all × steps" in printed and f"{repeats - 1} of {repeats}×" in printed
 
 
+def test_resume_dry_run_refuses_a_run_whose_done_case_lost_its_steps(done_run, tmp_path, capsys):
+    """`--resume` refuses a run whose done case's steps.parquet is gone (exit 3 naming it); its dry
+    run listed "0 cases to resume" and exited 0, telling the user the run was whole."""
+    run = copy_run(done_run, tmp_path)
+    steps = next((run / "cases").glob("*/steps.parquet"))
+    steps.unlink()
+    before = tree(run), (run / "run.json").read_bytes()
+    assert run_cli(["sweep", "--resume", str(run), "--dry-run"]) == 3
+    assert f"{steps}: missing, but run.json says case" in capsys.readouterr().err
+    assert (tree(run), (run / "run.json").read_bytes()) == before
+
+
 @pytest.mark.parametrize(
     "extra,message",
     [

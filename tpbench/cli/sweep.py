@@ -261,6 +261,10 @@ def _sweep(args: argparse.Namespace) -> int:
         launcher = resumed_launcher(args, launcher)
         if args.dry_run:
             run = store.Run.open(args.resume)
+            # What `--resume` refuses before it changes anything (a done case's steps lost or
+            # unreadable, ``sweep.reopen``), its dry run refuses too: "0 cases to resume" then exit 0
+            # would tell a user the run is whole when the resume itself exits 3.
+            store.load(run.dir, summary=False)
             todo = sweep.missing(run)
             left = sweep.repeats_left(run, todo)
             # A case with every repeat on disk (a printed world that ran) is only recorded.
