@@ -141,13 +141,51 @@ def test_failure_reports_blame_the_killed_rank_over_the_ones_torchrun_stopped():
 def test_event_files_are_followed_line_by_line(tmp_path):
     events = EventFiles(tmp_path)
     assert events.read() == []
-    (tmp_path / "rank1.jsonl").write_text('{"event": "error", "rank": 1}\n{"event": "x"')
-    assert events.read() == [{"event": "error", "rank": 1}]
+    (tmp_path / "rank1.jsonl").write_text('{"event": "error", "rank": 1, "error": "boom"}\n{"event": "x"')
+    assert events.read() == [{"event": "error", "rank": 1, "error": "boom"}]
     with open(tmp_path / "rank1.jsonl", "a") as f:
         f.write(', "rank": 1}\n')
-    (tmp_path / "rank0.jsonl").write_text('{"event": "world_ready"}\n')
-    assert events.read() == [{"event": "world_ready"}, {"event": "x", "rank": 1}]
+    (tmp_path / "rank0.jsonl").write_text('{"event": "world_ready", "world": "w0", "nodes": []}\n')
+    assert events.read() == [{"event": "world_ready", "world": "w0", "nodes": []}, {"event": "x", "rank": 1}]
     assert events.read() == []
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "line 2: not JSON (Expecting property name"),
+        ("[1, 2]", "line 2: [1, 2] is not an event; expected one JSON object per line"),
+        (
+            '{"event": "repeat_end", "t": 1.0, "case": "c", "repeat": "zero"}',
+            """line 2: a 'repeat_end' event whose 'repeat' is "zero", expected int""",
+        ),
+        (
+            '{"event": "round_start", "t": 1.0, "items": [["c"]]}',
+            "line 2: a 'round_start' event whose items are not [case, repeat] pairs",
+        ),
+    ],
+    ids=["not-json", "a-list", "repeat-as-text", "round-items"],
+)
+def test_a_damaged_events_file_stops_the_resume_naming_its_line_and_leaves_the_run(tmp_path, capsys, line, message):
+    """A printed world's events file, read back by `--resume`, with a line that is not an event of
+    the shape the ranks write: `--resume` crashed with a traceback (JSONDecodeError, TypeError,
+    ValueError: list.remove) and left the case `running`; now exit 3 naming the file and line, and
+    run.json as it was."""
+    suite = tmp_path / "tiny.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp"]', world_size='"auto"'))
+    args = ["sweep", str(suite), "--launcher", "torchrun", "--nproc-per-node", "2", "--print", "--out", str(tmp_path)]
+    assert run_cli(args) == 0
+    run_dir = only_run(tmp_path)
+    events = run_dir / "events" / "w0"
+    events.mkdir(parents=True)
+    ready = {"event": "world_ready", "t": 1.0, "world": "w0", "nodes": []}
+    (events / "rank0.jsonl").write_text(json.dumps(ready) + "\n" + line + "\n")
+    before = (run_dir / "run.json").read_bytes()
+    capsys.readouterr()
+    assert run_cli(["sweep", "--resume", str(run_dir), "--no-report"]) == 3
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{events / 'rank0.jsonl'}: {message}" in err and "Traceback" not in err, err
+    assert (run_dir / "run.json").read_bytes() == before
 
 
 @pytest.mark.ranks

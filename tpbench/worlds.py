@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
+from tpbench import store
 from tpbench.capture import transport
 from tpbench.interconnect import Interconnect, WorldNetwork
 from tpbench.plan import Plan
@@ -316,17 +317,60 @@ def torchrun_env(ic: Interconnect, launcher: Torchrun, plan: Plan, log_dir: Path
     return env
 
 
+# What the launcher's ``Supervisor`` reads of each kind of event, and its type. An events file is on
+# disk (and, after ``--print``, read back by ``--resume``), so a line without them is damage (a
+# disk's, an edit's): ``event_line`` says so naming the file and line, not a KeyError mid-resume.
+_NUMBER = (int, float)
+EVENT_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "world_ready": {"world": str, "nodes": list},
+    "repeat_start": {"t": _NUMBER, "case": str, "repeat": int},
+    "round_start": {"t": _NUMBER, "items": list},
+    "repeat_end": {"t": _NUMBER, "case": str, "repeat": int},
+    "case_end": {"case": str},
+    "trace_start": {"case": str},
+    "capture": {"case": str},
+    "error": {"rank": int, "error": str},
+}
+
+
+def event_line(line: bytes, where: str) -> dict[str, Any]:
+    """One line of a rank's events file as an event, checked for what the supervisor reads of its
+    kind (``EVENT_FIELDS``; a round's items as [case, repeat] pairs); ``store.StoreError`` naming
+    ``where`` (file and line), the key and what was expected otherwise."""
+    expected = 'expected one JSON object per line, as tpbench.worker writes them ({"event": NAME, ...})'
+    try:
+        ev = json.loads(line)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise store.StoreError(f"{where}: not JSON ({e}); {expected}") from None
+    if not isinstance(ev, dict) or not isinstance(ev.get("event"), str):
+        raise store.StoreError(f"{where}: {line[:80].decode(errors='replace')} is not an event; {expected}")
+    for key, kind in EVENT_FIELDS.get(ev["event"], {}).items():
+        value = ev.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            raise store.StoreError(
+                f"{where}: a {ev['event']!r} event whose {key!r} is {json.dumps(value)}, expected {names}"
+            )
+    if ev["event"] == "round_start" and not all(
+        isinstance(i, list) and len(i) == 2 and isinstance(i[0], str) and type(i[1]) is int for i in ev["items"]
+    ):
+        raise store.StoreError(f"{where}: a 'round_start' event whose items are not [case, repeat] pairs")
+    return ev
+
+
 class EventFiles:
     """Follows the events files the ranks of a torchrun world append to (``rank<r>.jsonl``).
 
     Files are reopened on every read: on NFS, opening a file is what makes a client revalidate
-    its cache and see other hosts' appends.
+    its cache and see other hosts' appends. A line is an event once its newline is there (a rank
+    may be mid-write); a whole line that is not one is refused (``event_line``).
     """
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.offsets: dict[Path, int] = {}
         self.partial: dict[Path, bytes] = {}
+        self.lines: dict[Path, int] = {}  # whole lines read so far, to name a damaged one
 
     def read(self) -> list[dict[str, Any]]:
         events = []
@@ -338,7 +382,9 @@ class EventFiles:
                 continue
             self.offsets[path] = self.offsets.get(path, 0) + len(chunk)
             *lines, self.partial[path] = (self.partial.get(path, b"") + chunk).split(b"\n")
-            events += [json.loads(line) for line in lines if line.strip()]
+            first = self.lines.get(path, 0) + 1
+            self.lines[path] = first - 1 + len(lines)
+            events += [event_line(line, f"{path}: line {n}") for n, line in enumerate(lines, first) if line.strip()]
         return events
 
 
