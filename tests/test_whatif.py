@@ -1226,6 +1226,24 @@ def test_the_ranking_names_each_fabrics_first_and_whether_the_intervals_decide_i
     assert set(whatif.ranking(p)["first"]) == {"seq"} and whatif.cannot_win(p) == ["slow"]
 
 
+def test_a_lone_setting_is_not_said_to_have_beaten_refused_ones_or_to_rank_first_everywhere():
+    """A run with one finished case (the other failed or never ran) said "the only setting projected
+    (the others were refused)", though nothing was refused, and then "the same setting ranks first on
+    every fabric projected": a ranking of one. Where one setting is projected beside refused ones, the
+    refusal is said, and no ranking across fabrics either."""
+    lone = _projections([("ddp", "nvlink", 8.0, 4.9, 10.6), ("ddp", "100gbe", 8.1, 5.0, 10.7)])
+    assert whatif_run.answer_lines(lone, {"ddp": "ddp"}) == [
+        "on nvlink: ddp, 8.0 [4.9, 10.6] ms, the run's only finished setting (nothing to rank it against)",
+        "on 100gbe: ddp, 8.1 [5.0, 10.7] ms, the run's only finished setting (nothing to rank it against)",
+    ]
+    beside = pd.concat([lone, _projections([("zero", f, float("nan"), 0.0, 0.0) for f in ("nvlink", "100gbe")])])
+    beside.loc[beside["case_id"] == "zero", ["projected_ms", "refused"]] = [float("nan"), "why"]
+    assert whatif_run.answer_lines(beside, {"ddp": "ddp"}) == [
+        "on nvlink: ddp, 8.0 [4.9, 10.6] ms, the only setting projected (the others were refused)",
+        "on 100gbe: ddp, 8.1 [5.0, 10.7] ms, the only setting projected (the others were refused)",
+    ]
+
+
 # --------------------------------------------------------------------------- skeletons from traces
 
 

@@ -266,11 +266,16 @@ def answer_lines(projections: pd.DataFrame, labels: Mapping[str, str]) -> list[s
     if rank.empty:
         return []
     made = projections[projections["refused"].isna()].groupby("fabric")["case_id"].nunique()
+    # The cases the what-if had (a run's finished ones), refused or not: a run that finished one case
+    # has no others, refused or otherwise, and nothing was ranked.
+    cases = projections.groupby("fabric")["case_id"].nunique()
     lines = []
     for r in rank.to_dict("records"):
         ms = ms_interval(r["projected_ms"], r["predicted_lo_ms"], r["predicted_hi_ms"])
         first = f"{labels.get(r['first'], r['first'])}, {ms} ms"
-        if made[r["fabric"]] == 1:
+        if cases[r["fabric"]] == 1:
+            lines.append(f"on {r['fabric']}: {first}, the run's only finished setting (nothing to rank it against)")
+        elif made[r["fabric"]] == 1:
             lines.append(f"on {r['fabric']}: {first}, the only setting projected (the others were refused)")
         elif r["decided"]:
             lines.append(f"on {r['fabric']}: {first} would be fastest; every other setting's interval lies above its")
@@ -281,9 +286,10 @@ def answer_lines(projections: pd.DataFrame, labels: Mapping[str, str]) -> list[s
                 f"on {r['fabric']}: {first} ranks first, undecided: the intervals of {others} reach below its top"
             )
     firsts = list(dict.fromkeys(rank["first"]))
-    if len(firsts) == 1:
+    ranked = (made[rank["fabric"]] > 1).any()  # one setting projected on each fabric ranks nothing
+    if ranked and len(firsts) == 1:
         lines.append(f"the same setting ranks first on every fabric projected ({len(rank)})")
-    else:
+    elif ranked:
         where = "; ".join(f"{', '.join(rank.loc[rank['first'] == c, 'fabric'])}: {labels.get(c, c)}" for c in firsts)
         lines.append(f"the ranking changes across fabrics ({where})")
     beaten = whatif.cannot_win(projections)
