@@ -21,7 +21,7 @@ import pytest
 from conftest import REPO, run_cli, sweep_in_process, tiny_suite, tpbench
 from test_interconnect import needs_netns
 
-from tpbench import explain, store
+from tpbench import compare, explain, store
 from tpbench.analysis import explain as parts
 from tpbench.analysis.trace_events import BURN_RANGE
 from tpbench.report.build import build_report
@@ -349,6 +349,26 @@ def test_bad_arguments_say_what_to_give(burnt: Path, tmp_path: Path, capsys) -> 
     assert "'nokey' is not swept" in capsys.readouterr().err
     assert run_cli(["explain", str(burnt)]) == 2
     assert "needs --pair" in capsys.readouterr().err
+
+
+@pytest.mark.ranks
+def test_a_report_of_two_runs_judges_them_once_for_its_verdicts_and_waterfalls(
+    burnt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tpbench report A B` ran compare's engine twice per later run, once for the across-runs
+    verdicts and again for the waterfalls (each reading both runs from disk anew); it now judges
+    them once and draws both from that, with the same waterfalls."""
+    other = shutil.copytree(burnt, tmp_path / "other")
+    doc = json.loads((other / store.RUN_FILE).read_text())
+    doc["run_id"] += "-copy"
+    (other / store.RUN_FILE).write_text(json.dumps(doc))
+    calls = []
+    judge = compare.compare_runs
+    monkeypatch.setattr(compare, "compare_runs", lambda *a, **k: calls.append(a) or judge(*a, **k))
+    page = build_report([store.load(burnt), store.load(other)])
+    assert len(calls) == 1
+    assert "Where the time went" in page and page.count('"type":"waterfall"') == 4
+    assert "over 4 common case(s)" in page
 
 
 @pytest.mark.slow

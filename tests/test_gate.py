@@ -335,7 +335,7 @@ def test_runs_differing_only_in_repeats_match_case_by_case_in_compare_and_report
     assert sorted(v for _, _, v, *_ in by_cli) == ["pass", "regression"]
 
     data = report_data([store.load(base), store.load(cand)])
-    (engine,) = verdicts.against_first_run(data)
+    (engine,) = verdicts.against_first_run(verdicts.run_data(data))
     assert [(c.case_id, c.label, c.verdict, c.ratio, c.ci_lo, c.ci_hi) for c in engine.cases] == by_cli
     # One label per case in both runs: the repeats they differ in are not part of it.
     assert sorted(data.cases["label"]) == ["ddp", "ddp", "zero_no_overlap", "zero_no_overlap"]

@@ -300,11 +300,19 @@ def _matched(base_dir: Path, cand_dir: Path, ignore_env: Sequence[str] = ()) -> 
     ``ignore_env`` key passes through)."""
     base_data, cand_data = compare.RunData.of(base_dir), compare.RunData.of(cand_dir)
     comparison = compare.compare_runs([base_data], [cand_data], ignore_env=ignore_env)
+    return matched_in(comparison, base_data, cand_data), comparison.environment_differences
+
+
+def matched_in(comparison: compare.Comparison, base: compare.RunData, cand: compare.RunData) -> list[Matched]:
+    """``matched_across`` from a step-time comparison already made of ``base`` and ``cand``: a report
+    of several runs judges them once and draws its verdicts and its waterfalls from that one result."""
+    if comparison.metric != "step_ms":
+        raise ValueError(f"explain splits the step time; the comparison is of {comparison.metric}")
     judged = {r.case_id: r for r in comparison.cases}
     out = []
-    for cid, params in cand_data.params.items():
-        other, _ = compare.counterpart(params, cid, base_data)
-        if other is None or cand_data.status[cid] != store.DONE or base_data.status[other] != store.DONE:
+    for cid, params in cand.params.items():
+        other, _ = compare.counterpart(params, cid, base)
+        if other is None or cand.status[cid] != store.DONE or base.status[other] != store.DONE:
             continue
-        out.append((other, cid, cand_data.labels[cid], Measured.of(judged[cid])))
-    return out, comparison.environment_differences
+        out.append((other, cid, cand.labels[cid], Measured.of(judged[cid])))
+    return out

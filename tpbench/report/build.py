@@ -85,11 +85,12 @@ def _page(data: ReportData, runs: list[store.Loaded], out_dir: Path) -> Page:
     kinds = [*verdicts.ZERO_KINDS, *verdicts.impl_kinds(data)]
     comparisons = {k.key: verdicts.compare(data, k) for k in kinds}
     conv = verdicts.convergence_verdicts(data)
-    cross = verdicts.against_first_run(data)
+    sides = verdicts.run_data(data)
+    cross = verdicts.against_first_run(sides)
     _headlines(page, data, comparisons, conv, cross)
     _environment(page, data)
     performance.step_time(page, data)
-    waterfall.section(page, data)
+    waterfall.section(page, data, sides, cross)
     telemetry.machine_load(page, data)
     performance.heatmaps(page, data, comparisons)
     interconnect.sections(page, data.runs)

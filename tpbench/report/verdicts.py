@@ -739,16 +739,21 @@ def _ends(delta: float) -> str:
 # --- several runs -----------------------------------------------------------------------------
 
 
-def against_first_run(data: ReportData) -> list[engine.Comparison]:
-    """Each later run against the first, by the comparison engine of ``tpbench compare``: the same
-    matching (by case identity), interval and verdicts. Environments are not held against the
-    runs here (a report of several runs is usually made to see what a new torch or driver does);
-    the report's environment table shows what differs."""
+def run_data(data: ReportData, metric: str | None = None) -> list[engine.RunData]:
+    """What ``tpbench compare`` needs of each run of a report of several (none for one run), by
+    ``metric`` (the report's own by default): read once, for the verdicts and the waterfalls alike."""
     if not data.multi:
         return []
+    return [engine.RunData.of(run, metric or data.metric) for run in data.runs]
+
+
+def against_first_run(sides: list[engine.RunData]) -> list[engine.Comparison]:
+    """Each later run against the first (``run_data``), by the comparison engine of ``tpbench
+    compare``: the same matching (by case identity), interval and verdicts. Environments are not held
+    against the runs here (a report of several runs is usually made to see what a new torch or driver
+    does); the report's environment table shows what differs."""
     return [
-        engine.compare_runs([data.runs[0]], [run], metric=data.metric, ignore_env=COMPARABLE_KEYS)
-        for run in data.runs[1:]
+        engine.compare_runs([sides[0]], [side], metric=side.metric, ignore_env=COMPARABLE_KEYS) for side in sides[1:]
     ]
 
 

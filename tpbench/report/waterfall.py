@@ -11,6 +11,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from tpbench import explain
+from tpbench.compare import Comparison, RunData
+from tpbench.report import verdicts
 from tpbench.report.data import ReportData
 from tpbench.report.figures import MARGIN
 from tpbench.report.html import Page, plot_text
@@ -19,13 +21,19 @@ from tpbench.report.html import Page, plot_text
 MAX_CASES = 12
 
 
-def section(page: Page, data: ReportData) -> None:
-    if not data.multi:
+def section(page: Page, data: ReportData, sides: list[RunData], cross: list[Comparison]) -> None:
+    """``cross``: each later run of ``sides`` against the first, as the verdicts judged them
+    (``verdicts.against_first_run``), used again here rather than judged twice; judged anew only when
+    the report compares by another metric than step time, the time explain splits."""
+    if not cross:
         return
-    first = data.runs[0].run_dir
+    if cross[0].metric != "step_ms":
+        sides = verdicts.run_data(data, "step_ms")
+        cross = verdicts.against_first_run(sides)
     found = []
-    for run in data.runs[1:]:
-        cases, _ = explain.explain_cases(first, run.run_dir, explain.matched_across(first, run.run_dir))
+    for run, side, comparison in zip(data.runs[1:], sides[1:], cross):
+        matched = explain.matched_in(comparison, sides[0], side)
+        cases, _ = explain.explain_cases(sides[0].dir, side.dir, matched)
         found += [(data.tags[run.record.run_id], c) for c in cases]
     if not found:
         return
