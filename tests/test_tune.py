@@ -556,6 +556,15 @@ def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_t
     cli.print_tune(result, "text")
     out = " ".join(capsys.readouterr().out.split())
     assert " ".join(note.split()) in out and "held-out loss" in out and "1.580" in out
+    # The table gives every arm's time to the target, "—" where a round never reached it: the note,
+    # which ranks them by it, names only the soonest and the recommended one.
+    cli.print_tune(result, "md")
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    head = [c.strip() for c in table[0].strip("|").split("|")]
+    assert head[-2:] == ["held-out loss", "to target s (median)"]
+    to_target = {row.split(" | ")[0].strip("| "): row.rstrip(" |").rsplit(" | ", 1)[1] for row in table[1:]}
+    assert to_target[low.label] == "2" and to_target[result.recommended.label] == "3"
+    assert sorted(to_target.values()) == ["2", "3", "—", "—"]
     store.write_tune(tmp_path, tune._record(Options(epsilon=0.02), [race], 0.0) | {"result": js})
     page = Page("t")
     recommendation.section(page, [SimpleNamespace(run_dir=tmp_path, record=SimpleNamespace(run_id="r"))])

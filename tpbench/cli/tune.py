@@ -265,6 +265,12 @@ def _where_table(where: dict) -> tuple[str, tuple[str, ...], list[tuple[str, ...
     return title, head, rows, verdict.rival_line(where)
 
 
+# Each arm's training seconds to the target loss, the median over its rounds (``Arm.time_to_target_s``);
+# "—" where a round it ran never reached it. The training note ranks the arms by this time (by the
+# geometric mean, which its ratios compare), and without the column only the arms it names had one.
+TO_TARGET = "to target s (median)"
+
+
 def print_tune(result, fmt: str) -> None:
     from tpbench import verdict
 
@@ -287,6 +293,11 @@ def print_tune(result, fmt: str) -> None:
     if any(a.heldout_loss is not None for a in result.arms):  # a workload that evaluates: how far each trained
         head += ("held-out loss",)
         rows = [(*r, "—" if a.heldout_loss is None else f"{a.heldout_loss:.3f}") for r, a in zip(rows, result.arms)]
+    if any(a.time_to_target_s is not None for a in result.arms):  # the time the training note ranks them by
+        head += (TO_TARGET,)
+        rows = [
+            (*r, "—" if a.time_to_target_s is None else f"{a.time_to_target_s:.3g}") for r, a in zip(rows, result.arms)
+        ]
     cost = (
         f"wall {result.wall_s:.0f} s; timed steps {result.timed_s:.1f} s, "
         f"{result.timed_s / result.grid_timed_s:.0%} of the {result.grid_timed_s:.1f} s the whole grid would have timed"
