@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -163,8 +164,30 @@ def test_a_speedup_cell_is_coloured_only_where_its_interval_excludes_1():
             ratio, lo, hi = map(float, re.match(r"([\d.]+)<br>\[([\d.]+), ([\d.]+)\]", said).groups())
             held = lo <= 1 <= hi
             seen.add(held)
-            assert shade == (1.0 if held else pytest.approx(ratio, abs=0.005)), (said, shade)
+            assert shade == (0.0 if held else pytest.approx(math.log2(ratio), abs=0.01)), (said, shade)
     assert seen == {True, False}
+
+
+def test_speedup_colours_are_a_log_scale_that_never_reaches_a_ratio_of_0():
+    """The heatmaps coloured the ratio on a linear scale 1 ± its largest distance from 1: a hook 3
+    times as slow stretched the colour bar to a ratio of -1 (its ticks read 0 and -1, ratios no step
+    time has), and a hook twice as fast was coloured half as deep as one twice as slow. Coloured by
+    log2(ratio) now: the bar is symmetric in the ratio's log and every tick a positive ratio."""
+
+    def medians(p: dict) -> list[float]:
+        """Interleaved 3 times sequential's step time at 1 MB buckets, half of it at 4 MB."""
+        factor = (3.0 if p["bucket_cap_mb"] == 1 else 0.5) if p["algorithm"] == "hook_with_zero_step_interleaved" else 1
+        return [100.0 * factor, 101.0 * factor, 99.0 * factor]
+
+    data = report_data.load([in_memory_run(ZERO_SUITE, medians)])
+    heat = performance._heatmap(data, verdicts.ZERO_KINDS[0].key, verdicts.compare(data, verdicts.ZERO_KINDS[0]))
+    heat = heat.data[0]
+    assert heat.zmin == -heat.zmax  # was 1 - 2, 1 + 2: a bar from a ratio of -1 to 3
+    ratios = [float(t) for t in heat.colorbar.ticktext]
+    assert min(ratios) > 0 and max(ratios) == pytest.approx(3.0, rel=0.02)
+    z = np.asarray(heat.z, dtype=float)
+    # Twice as fast is -1, as deep a blue as twice as slow would be red; 3 times as slow is log2 3.
+    assert z.min() == pytest.approx(-1.0, abs=0.01) and z.max() == pytest.approx(math.log2(3), abs=0.01)
 
 
 def test_hooks_advantage_splits_into_packing_and_overlap():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import math
 
 import pandas as pd
 import plotly.express as px
@@ -145,7 +146,8 @@ def heatmaps(page: Page, data: ReportData, comparisons: dict[str, list[Compariso
         "Step time ratio (candidate / baseline) per matched pair of cases, with its 95% interval (paired by "
         "round when the two ran in one world) and its half-width (±, what the run could resolve); below 1 (blue) "
         "the candidate is faster. A cell is coloured only where its interval excludes 1: one that holds it is "
-        "left white, whichever way its ratio leans.",
+        "left white, whichever way its ratio leans. The colour scale is the ratio's logarithm: twice as fast is as "
+        "deep a blue as twice as slow is red.",
         css="muted",
     )
     for key, cs in present.items():
@@ -163,7 +165,7 @@ def _heatmap(data: ReportData, key: str, cs: list[Comparison]) -> go.Figure:
                 "bucket": float(on_bucket_axis(pd.Series([c.context.get("bucket_cap_mb", 0)])).iloc[0]),
                 "y": plot_text((f"{data.tags[c.run_id]} · " if data.multi else "") + y),
                 # Colour says shown faster or slower; a ratio whose interval holds 1 shows nothing.
-                "shade": c.ratio if c.est.has_interval and not c.lo <= 1 <= c.hi else 1.0,
+                "shade": math.log2(c.ratio) if c.est.has_interval and not c.lo <= 1 <= c.hi else 0.0,
                 "text": f"{c.ratio:.2f}<br>[{c.lo:.2f}, {c.hi:.2f}]"
                 + (f"<br>{verdict.half_width_pct(c.est.half_width)}" if c.est.has_interval else "<br>one repeat"),
             }
@@ -173,7 +175,10 @@ def _heatmap(data: ReportData, key: str, cs: list[Comparison]) -> go.Figure:
     ys = list(dict.fromkeys(df["y"]))
     z = df.pivot_table(index="y", columns="x", values="shade", aggfunc="first").reindex(index=ys, columns=xs)
     text = df.pivot_table(index="y", columns="x", values="text", aggfunc="first").reindex(index=ys, columns=xs)
-    spread = max(0.05, float((df["shade"] - 1).abs().max()))
+    # Coloured by log2(ratio), 0 (white) at no change: twice as fast is as blue as twice as slow is red.
+    # On the ratio itself a scale 1 ± 2.1 (a ratio of 3.1) reached a ratio of -1.1, and 0.5 was pale.
+    spread = max(math.log2(1.05), float(df["shade"].abs().max()))
+    ticks = [spread * k / 2 for k in range(-2, 3)]
     kind = cs[0].kind
     fig = go.Figure(
         go.Heatmap(
@@ -183,10 +188,10 @@ def _heatmap(data: ReportData, key: str, cs: list[Comparison]) -> go.Figure:
             text=text.fillna("").to_numpy(),
             texttemplate="%{text}",
             colorscale="RdBu_r",
-            zmid=1,
-            zmin=1 - spread,
-            zmax=1 + spread,
-            colorbar=dict(title="ratio"),
+            zmid=0,
+            zmin=-spread,
+            zmax=spread,
+            colorbar=dict(title="ratio", tickvals=ticks, ticktext=[f"{2**t:.2g}" for t in ticks]),
             hovertemplate="%{y}<br>%{x}: %{text}<extra></extra>",
         )
     )
