@@ -714,6 +714,27 @@ def test_the_crossover_table_names_every_key_that_tells_its_points_apart():
     assert _other_keys(points) == ["shard_buckets"]
 
 
+def test_the_crossover_plots_its_ratios_on_a_log_axis():
+    """interleaved / sequential is a ratio and the crossover's line a fit of its log: on a linear axis
+    one point's interval up to 36.6 (suites/zero.toml, 3 repeats) pressed the other points, their
+    intervals and the line into the bottom 5 % of the chart, unreadable."""
+    from tpbench.report.interconnect import _crossover_figure
+
+    points = pd.DataFrame(
+        {
+            "interconnect": ["loopback"] * 3,
+            "bucket_cap_mb": [0.5, 1, 4],
+            "allreduce_bytes_per_step": [3.71e6] * 3,
+            "comm_compute": [3.0, 4.5, 3.3],
+            "ratio": [1.15, 1.03, 1.49],
+            "ratio_lo": [0.87, 0.45, 0.06],
+            "ratio_hi": [1.52, 2.37, 36.6],
+        }
+    )
+    fig = _crossover_figure(points, None, [])
+    assert fig.layout.yaxis.type == "log" and "log scale" in fig.layout.yaxis.title.text
+
+
 def test_a_table_column_with_no_value_shows_empty_cells_not_none():
     """pandas' formatters skip a column holding only None, which printed "None" (the Across runs
     table's ratio when no case had a counterpart); every cell is the page's own, blank when missing."""
