@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, tiny_suite
 from synthetic_runs import make_run
 
 from tpbench import store, sweep, user_files, whatif_run
@@ -229,6 +229,42 @@ def test_export_into_a_fifo_writes_to_its_reader(run_dir, tmp_path, capsys):
 
 
 # --- budgets and targets: finite and within documented bounds ------------------------------------
+
+
+_GATE = ["gate", "NONE", "--baseline", ".", "--candidate", "."]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["sweep", "SUITE", "--budget-s", "-1"], "tpbench sweep: error: --budget-s -1: expected a number of seconds"),
+        (["sweep", "SUITE", "--target-ci", "0"], "tpbench sweep: error: --target-ci 0: expected a percentage"),
+        (["sweep", "SUITE", "--launcher", "torchrun", "--nproc-per-node", "0"], "--nproc-per-node 0: expected an"),
+        (["tune", "SUITE", "--epsilon", "200%"], "tpbench tune: error: --epsilon 200%: expected a margin"),
+        (["tune", "SUITE", "--epsilon", "abc"], "tpbench tune: error: --epsilon abc: expected a percentage"),
+        (["tune", "SUITE", "--min-rounds", "1"], "tpbench tune: error: --min-rounds 1: expected an integer >= 2"),
+        (["tune", "SUITE", "--min-rounds", "x"], "tpbench tune: error: --min-rounds x: expected an integer >= 2"),
+        (["tune", "SUITE", "--nnodes", "-1"], "tpbench tune: error: --nnodes -1: expected an integer >= 1"),
+        (["compare", "A", "B", "--threshold", "150%"], "tpbench compare: error: --threshold 150%: expected"),
+        (["compare", "A", "B", "--format", "xml"], "tpbench compare: error: --format xml: expected one of text, md"),
+        ([*_GATE, "--seed", "-5"], "tpbench gate: error: --seed -5: expected an integer >= 0"),
+        ([*_GATE, "--repeats", "0"], "tpbench gate: error: --repeats 0: expected an integer from 1 to 10000"),
+        ([*_GATE, "--mode", "rounds", "--rounds", "0"], "tpbench gate: error: --rounds 0: expected an integer >= 1"),
+        ([*_GATE, "--threshold", "x"], "tpbench gate: error: --threshold x: expected a percentage"),
+    ],
+)
+def test_an_option_value_refused_is_one_line_naming_command_option_and_value(tmp_path, capsys, args, said):
+    """Option errors came in two looks within one command: argparse's usage block above "tpbench
+    sweep: error: argument --budget-s: -1: ...", or one line "error: --epsilon 200%: ..."; and a
+    negative ``--seed`` (which ``random.Random`` reads as the positive one) was taken. Now one
+    line each, said by the command, exit 2, before anything runs."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 10]", repeats=4))
+    given = [str(suite) if a == "SUITE" else str(tmp_path / "none.toml") if a == "NONE" else a for a in args]
+    assert run_cli([*given, "--out", str(tmp_path / "out")] if args[0] != "compare" else given) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.startswith(f"tpbench {args[0]}: error: --") and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "1e308", "-5", "0"])
@@ -513,7 +549,7 @@ def test_gate_repeats_out_of_bounds_exit_2(tmp_path, capsys, repeats):
         )
         == 2
     )
-    assert "expected 1 to 10000 repeats" in capsys.readouterr().err
+    assert f"--repeats {repeats}: expected an integer from 1 to 10000" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("capture", [{"nvml": "none"}, {"observed_transport": [1]}, {"clock_sync": 5}])

@@ -600,7 +600,7 @@ def test_torchrun_with_zero_nodes_is_refused(tmp_path, capsys, flag, value):
     """The option and its value named: "--nnodes and --nproc-per-node must be >= 1" said neither."""
     suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]')
     assert run_cli(["sweep", str(suite), "--launcher", "torchrun", flag, value, "--out", str(tmp_path / "r")]) == 2
-    assert f"tpbench sweep: error: {flag} {value}: expected at least 1" in capsys.readouterr().err
+    assert f"tpbench sweep: error: {flag} {value}: expected an integer >= 1" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 
 

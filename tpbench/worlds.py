@@ -252,7 +252,7 @@ class Torchrun:
         # The option given and its value: "--nnodes and --nproc-per-node must be >= 1" named neither.
         for flag, value in (("--nnodes", self.nnodes), ("--nproc-per-node", self.nproc_per_node)):
             if value is not None and value < 1:
-                return f"{flag} {value}: expected at least 1"
+                return f"{flag} {value}: expected an integer >= 1"
         if self.nnodes > 1 and not self.rdzv_endpoint:
             return (
                 f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT "

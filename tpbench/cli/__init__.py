@@ -12,7 +12,7 @@ import argparse
 import re
 import sys
 
-from tpbench.cli.common import EXIT_RESULTS, EXIT_USAGE, console, error, interrupted
+from tpbench.cli.common import EXIT_RESULTS, EXIT_USAGE, console, error, interrupted, usage
 from tpbench.cli.options import build_parser
 
 # A value that starts like a negative number ("-1%", "-1e-3", "-inf") but that argparse does not
@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> None:
         said, code = interrupted(e)
         console.print(said, markup=False)
     except (GateError, TuneError, ExplainError) as e:
-        error(e)
-        code = EXIT_USAGE
+        # Bad options or arguments, said as argparse and the options' own types say them (exit 2).
+        usage(str(e), args.command)
     except SideError as e:
         error(e)
         code = EXIT_USAGE if e.usage else EXIT_RESULTS

@@ -14,7 +14,7 @@ import dataclasses
 import shlex
 import signal
 import sys
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
@@ -121,7 +121,7 @@ def resumed_launcher(args: argparse.Namespace, launcher, command: str = "sweep")
     return merged
 
 
-def usage(message: str, command: str = "sweep") -> None:
+def usage(message: str, command: str = "sweep") -> NoReturn:
     console.print(f"tpbench {command}: error: {message}", soft_wrap=True, markup=False)
     raise SystemExit(EXIT_USAGE)
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Callable
 
 import tpbench
-from tpbench.cli.common import fraction
+from tpbench.cli.common import fraction, usage
 from tpbench.cli.show import cmd_env, cmd_export, cmd_list, cmd_report, cmd_validate, cmd_whatif
 from tpbench.cli.sweep import cmd_sweep
 from tpbench.cli.tune import cmd_tune
@@ -18,6 +19,62 @@ from tpbench.cli.verdicts import cmd_compare, cmd_explain, cmd_gate
 # week is a typo.
 MIN_TARGET_CI, MAX_TARGET_CI = 0.001, 100.0
 MAX_BUDGET_S = 7 * 24 * 3600.0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, an option's value that its type or its choices refuse said as every other bad option
+    is: one line naming the option, the value and what was expected ("tpbench gate: error: --seed -5:
+    expected an integer >= 0"), exit 2. argparse printed its usage block above "argument --budget-s:
+    -1: ...", while the checks made after parsing (``racing.Options.check``, ``compare.parse_threshold``,
+    ``usage``) said one line: two looks within one command. Each type's message starts with the text
+    it refuses; argparse's other errors (a missing value, an unknown option) keep its usage block."""
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> object:
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError as e:
+            if not action.option_strings:
+                raise
+            usage(f"{_flag(action)} {e.message}", self.prog.removeprefix("tpbench "))
+
+    def _check_value(self, action: argparse.Action, value) -> None:
+        if action.option_strings and action.choices is not None and value not in action.choices:
+            usage(
+                f"{_flag(action)} {value}: expected one of {', '.join(map(str, action.choices))}",
+                self.prog.removeprefix("tpbench "),
+            )
+        super()._check_value(action, value)
+
+
+def _flag(action: argparse.Action) -> str:
+    """An option as its errors name it: its long form (``--output`` for ``-o``, ``--epsilon`` for the
+    ``--eps`` argparse lets a prefix stand for)."""
+    return max(action.option_strings, key=len)
+
+
+def _integer(minimum: int, maximum: int | None = None, why: str = "") -> Callable[[str], int]:
+    """The type of an integer option from ``minimum`` (to ``maximum``): a negative ``--seed``, ``--repeats 0``
+    or ``--nnodes 0`` refused naming the value and the range (``why``: what the bound is for)."""
+    expected = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"{text}: expected {expected}{why}")
+        return value
+
+    return parse
+
+
+def _gate_repeats(text: str) -> int:
+    """``gate --repeats``: 1 to ``gate.MAX_REPEATS``, read where it is given (the gate's module is
+    not imported for every command's parser)."""
+    from tpbench.gate import MAX_REPEATS
+
+    return _integer(1, MAX_REPEATS)(text)
 
 
 def _target_ci(text: str) -> float:
@@ -97,7 +154,7 @@ def _fraction_text(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="tpbench", description="Profile and benchmark PyTorch DDP communication hooks.")
+    ap = _Parser(prog="tpbench", description="Profile and benchmark PyTorch DDP communication hooks.")
     ap.add_argument("--version", action="version", version=f"tpbench {tpbench.__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -132,8 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
             help="start the ranks here (local, the default) or each world as a torchrun job; --resume reuses the run's "
             "(another is refused)",
         )
-        t.add_argument("--nnodes", type=int, help="nodes per world (default: 1)")
-        t.add_argument("--nproc-per-node", type=int, help="ranks per node (default: the world size / --nnodes)")
+        t.add_argument("--nnodes", type=_integer(1), help="nodes per world (default: 1)")
+        t.add_argument("--nproc-per-node", type=_integer(1), help="ranks per node (default: the world size / --nnodes)")
         t.add_argument(
             "--rdzv-endpoint",
             metavar="HOST:PORT",
@@ -207,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metric", choices=("step_ms", "cpu_ms"), help="what is raced (default: wall time per step)")
     p.add_argument(
         "--min-rounds",
-        type=int,
+        type=_integer(2, why=" (an interval needs two rounds)"),
         help="rounds every setting runs before the first elimination or retirement (default: 3); repeats is the most",
     )
     p.add_argument("--format", choices=("text", "md", "json"), default="text", help="how to print the result")
@@ -322,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--repeats",
-        type=int,
+        type=_gate_repeats,
         help="lockstep: the most repeats per case (default: 30; 500 with --target-ci)",
     )
     p.add_argument(
@@ -338,8 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="lockstep: stop after this long, whatever is left (default: 480)",
     )
-    p.add_argument("--seed", type=int, help="lockstep: seed of each round's side order (default: 0)")
-    p.add_argument("--rounds", type=int, help="rounds mode: sweeps per side, alternating (default: 5)")
+    p.add_argument("--seed", type=_integer(0), help="lockstep: seed of each round's side order (default: 0)")
+    p.add_argument("--rounds", type=_integer(1), help="rounds mode: sweeps per side, alternating (default: 5)")
     suite_args(p)
     p.add_argument(
         "--candidate-set",

@@ -22,8 +22,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     resolved = [Path(run).resolve() for run in args.runs]
     twice = [run for i, run in enumerate(args.runs) if resolved[i] in resolved[:i]]
     if twice:
-        error(ValueError(f"{twice[0]}: given twice; a report of several runs compares each with the first"))
-        return EXIT_USAGE
+        usage(f"{twice[0]}: given twice; a report of several runs compares each with the first", "report")
     out_path = args.output or report.default_report_path(args.runs)
     path = report.write_report(args.runs, out_path, args.metric)
     console.print(f"Report: {path}", markup=False, soft_wrap=True)
@@ -68,8 +67,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.suites is not None and not Path(args.suites).is_dir():  # asked for, and not there
         # A suite file given for the folder is there: "no such folder" would send its reader looking for it.
         what = "not a folder" if Path(args.suites).exists() else "no such folder"
-        error(ValueError(f"--suites {args.suites}: {what}; expected a folder of suite TOML files"))
-        return EXIT_USAGE
+        usage(f"--suites {args.suites}: {what}; expected a folder of suite TOML files", "list")
     t = Table(title="algorithms")
     t.add_column("name")
     t.add_column("description")
@@ -151,9 +149,11 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         )
     try:
         written = whatif_run.write(args.run, {k: fabrics[k] for k in (args.fabric or fabrics)}, args.reference)
+    except UnknownReference as e:
+        usage(str(e), "whatif")
     except ValueError as e:
         error(e)
-        return EXIT_USAGE if isinstance(e, UnknownReference) else EXIT_RESULTS
+        return EXIT_RESULTS
     # Every case refused: the tables and the reasons are written, but a script must not read "projected".
     code = EXIT_RESULTS if written.result.projections["refused"].notna().all() else EXIT_OK
     if args.format == "json":
