@@ -69,7 +69,9 @@ def test_bf16_refused_exactly_where_pytorch_refuses_it() -> None:
     if found["direct"] is None:
         assert len(expand(direct, CPU)) == 1
     else:
-        with pytest.raises(SuiteError, match=r"bf16\.toml: comm_hook: bf16_compress: PyTorch's DDP registers"):
+        with pytest.raises(
+            SuiteError, match=r"bf16\.toml: \[defaults\] comm_hook: bf16_compress: PyTorch's DDP registers"
+        ):
             expand(direct, CPU)
 
 
@@ -147,7 +149,7 @@ def test_hooks_ddp_would_refuse_are_refused_at_validation_where_ddp_registers_th
         if ok:
             assert len(expand(direct, CPU)) == 1
         else:
-            with pytest.raises(SuiteError, match=rf"t\.toml: comm_hook: .*'{path}' .*DDP requires"):
+            with pytest.raises(SuiteError, match=rf"t\.toml: \[defaults\] comm_hook: .*'{path}' .*DDP requires"):
                 expand(direct, CPU)
 
 

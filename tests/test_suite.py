@@ -215,7 +215,7 @@ def test_bucket_cap_mb_list_refused_on_a_torch_without_it(monkeypatch):
     monkeypatch.setattr(suite_module, "torch_version", lambda: (2, 12))
     text = "[defaults]\nbucket_cap_mb_list = [1, 25]\n"
     with pytest.raises(
-        SuiteError, match=r"t.toml: bucket_cap_mb_list: expected torch >= 2.13.*installed torch is 2.12"
+        SuiteError, match=r"t.toml: \[defaults\] bucket_cap_mb_list: expected torch >= 2.13.*installed torch is 2.12"
     ):
         expand(parse(text, "t.toml"), CPU)
     assert expand(parse('[defaults]\nbucket_cap_mb = "default"\n', "t.toml"), CPU)  # the rest still runs
@@ -233,7 +233,10 @@ def test_cases_from_before_the_packed_key_keep_their_ids():
 
 @pytest.mark.parametrize(
     ("key", "said"),
-    [("algorithm", "algorithm: expected one of ddp, "), ("interconnect", "interconnect: unknown interconnect 'nope'")],
+    [
+        ("algorithm", "[defaults] algorithm: expected one of ddp, "),
+        ("interconnect", "[defaults] interconnect: unknown interconnect 'nope'"),
+    ],
 )
 def test_a_value_set_on_the_command_line_that_the_expansion_refuses_says_with_set(tmp_path, key, said):
     """``--set algorithm=nope`` said "s.toml: algorithm: expected one of ...": the reader looked for
@@ -245,3 +248,30 @@ def test_a_value_set_on_the_command_line_that_the_expansion_refuses_says_with_se
     with pytest.raises(SuiteError) as e:
         sweep.prepare(suite, [f"{key}=nope"])
     assert str(e.value).startswith(f"{suite} (with --set): {said}")
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('[sweep]\nalgorithm = ["ddp", "nope"]\n', "t.toml: [sweep] algorithm[1]: expected one of ddp, "),
+        (
+            '[defaults]\nworld_size = 2\n[sweep]\nfault = ["none", "crash:5"]\n',
+            't.toml: [sweep] fault[1]: expected "none"',
+        ),
+        ('[defaults]\nworkload = "nope"\n', "t.toml: [defaults] workload: expected one of "),
+        (
+            "[defaults]\nworld_size = 6\n[sweep]\nranks_per_node = [2, 4]\n",
+            "t.toml: [sweep] ranks_per_node[1]: expected a",
+        ),
+        (
+            "[defaults]\nwarmup_steps = 0\n[sweep]\nslowdown_pct = [0, 10]\n",
+            "t.toml: [sweep] slowdown_pct[1]: expected",
+        ),
+    ],
+)
+def test_a_combination_refused_names_the_table_and_value_as_per_key_errors_do(text, said):
+    """Expansion said "t.toml: algorithm: expected one of ...", where per-key errors say
+    "t.toml: [sweep] algorithm[1]: ...": in a suite of many lists the reader had to find the value."""
+    with pytest.raises(SuiteError) as e:
+        expand(parse(text, "t.toml"), CPU)
+    assert str(e.value).startswith(said), str(e.value)

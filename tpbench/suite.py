@@ -507,21 +507,32 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
     cases: dict[str, Case] = {}
     for combo in itertools.product(*(suite.sweep[k] for k in keys)):
         raw = base | dict(zip(keys, combo))
+        where = functools.partial(_where, suite, raw)
         algo = ALGORITHMS.get(raw["algorithm"])
         if algo is None:
-            raise _fail(path, "algorithm", f"expected one of {', '.join(ALGORITHMS)}, got {raw['algorithm']!r}")
+            raise _fail(path, where("algorithm"), f"expected one of {', '.join(ALGORITHMS)}, got {raw['algorithm']!r}")
         r = _resolve_machine(raw, machine)
-        _check_combination(path, r, machine, suite)
+        _check_combination(path, r, machine, suite, where)
         for k in (ALGORITHM_SPECIFIC_KEYS - algo.uses) | algo.moot(r) | comm_hooks.moot(r) | _moot_bucketing(r):
             r[k] = None
-        r["workload_params"] = _workload_params(suite, r["workload"], r["batch_size"])
+        r["workload_params"] = _workload_params(suite, r["workload"], r["batch_size"], where("workload"))
         case = Case(**r)
         why = algo.check(case)
         if why:
-            raise _fail(path, why[0], f"{why[1]} (case {case.label(keys)})")
+            raise _fail(path, where(why[0]), f"{why[1]} (case {case.label(keys)})")
         case = dataclasses.replace(case, case_id=case_id(case, swept_budget))
         cases.setdefault(case.case_id, case)
     return list(cases.values())
+
+
+def _where(suite: Suite, raw: Mapping[str, Any], key: str) -> str:
+    """A key that a case's combination refuses, named as the per-key checks name it: with the table
+    its value comes from and, in ``[sweep]``, the value's index ("[sweep] world_size[1]"), so that a
+    suite of many lists says which value is at fault. ``--set`` values are in those tables too (the
+    suite's path then says "with --set"); a key neither table sets has its built-in default: bare."""
+    if key in suite.sweep and raw.get(key) in suite.sweep[key]:
+        return f"[sweep] {key}[{suite.sweep[key].index(raw[key])}]"
+    return f"[defaults] {key}" if key in suite.defaults else key
 
 
 def _moot_bucketing(r: dict[str, Any]) -> frozenset[str]:
@@ -556,12 +567,13 @@ def params_of(name: str) -> type:
 
 @functools.cache
 def _checked_workload(
-    path: str, name: str, table: tuple[tuple[str, Any], ...], batch_size: int
+    path: str, name: str, table: tuple[tuple[str, Any], ...], batch_size: int, key: str
 ) -> tuple[tuple[str, Any], ...]:
+    """``key``: the workload key as its errors name it (``_where``)."""
     try:
         params_cls = params_of(name)
     except UserWorkloadError as e:
-        raise _fail(path, "workload", str(e)) from None
+        raise _fail(path, key, str(e)) from None
     where = f"[workloads.{name}]"
     try:
         params = params_cls(**dict(table))
@@ -573,61 +585,71 @@ def _checked_workload(
         try:
             imported.check(resolve(name), params, batch_size)
         except UserWorkloadError as e:
-            raise _fail(path, where if table else "workload", str(e)) from None
+            raise _fail(path, where if table else key, str(e)) from None
     return tuple(sorted(dataclasses.asdict(params).items()))
 
 
-def _workload_params(suite: Suite, name: str, batch_size: int) -> tuple[tuple[str, Any], ...]:
+def _workload_params(suite: Suite, name: str, batch_size: int, key: str) -> tuple[tuple[str, Any], ...]:
     """The case's resolved workload parameters; a user's factory is also called once on the meta
     device (see ``tpbench.workloads.imported``), once per distinct (workload, parameters)."""
     table = tuple(sorted(suite.workloads.get(name, {}).items()))
-    return _checked_workload(suite.path, name, table, batch_size)
+    return _checked_workload(suite.path, name, table, batch_size, key)
 
 
-def _check_combination(path: str, r: dict[str, Any], machine: Machine, suite: Suite) -> None:
+def _check_combination(
+    path: str, r: dict[str, Any], machine: Machine, suite: Suite, where: Callable[[str], str]
+) -> None:
+    """A resolved case's keys checked against each other and the machine; each refusal names the
+    key at fault as ``where`` does (``_where``)."""
     if r["device"] == "cuda" and machine.gpus == 0:
-        raise _fail(path, "device", 'expected a machine with CUDA GPUs for device = "cuda"; this one has none')
+        raise _fail(path, where("device"), 'expected a machine with CUDA GPUs for device = "cuda"; this one has none')
     if r["backend"] == "nccl" and r["device"] != "cuda":
-        raise _fail(path, "backend", 'expected device = "cuda" with backend = "nccl"')
+        raise _fail(path, where("backend"), 'expected device = "cuda" with backend = "nccl"')
     if machine.nnodes is not None:
-        _check_torchrun_layout(path, r, machine)
+        _check_torchrun_layout(path, r, machine, where)
     elif r["backend"] == "nccl" and r["world_size"] > machine.gpus:
         raise _fail(
-            path, "world_size", f"expected at most {machine.gpus} NCCL ranks (one per GPU), got {r['world_size']}"
+            path,
+            where("world_size"),
+            f"expected at most {machine.gpus} NCCL ranks (one per GPU), got {r['world_size']}",
         )
     elif machine.max_ranks is not None and r["world_size"] > machine.max_ranks:
         raise _fail(
             path,
-            "world_size",
+            where("world_size"),
             f"expected at most {machine.max_ranks} ranks on this machine ({machine.capacity}: "
             f"{RANKS_PER_CORE} per core, {MB_PER_RANK} MiB each), got {r['world_size']} (--allow-large runs it anyway)",
         )
     if r["world_size"] % r["ranks_per_node"] != 0:
         raise _fail(
-            path, "ranks_per_node", f"expected a divisor of world_size {r['world_size']}, got {r['ranks_per_node']}"
+            path,
+            where("ranks_per_node"),
+            f"expected a divisor of world_size {r['world_size']}, got {r['ranks_per_node']}",
         )
     if r["bucket_cap_mb_list"] is not None and (torch_version() or (0, 0)) < BUCKET_CAP_MB_LIST_TORCH:
         have = ".".join(map(str, torch_version() or ())) or "none"
         need = ".".join(map(str, BUCKET_CAP_MB_LIST_TORCH))
         raise _fail(
             path,
-            "bucket_cap_mb_list",
+            where("bucket_cap_mb_list"),
             f"expected torch >= {need}, whose DistributedDataParallel takes a cap per bucket; the installed torch is "
             f'{have} (use bucket_cap_mb, or bucket_cap_mb = "{DDP_DEFAULT}" for DDP\'s 1 MB first bucket)',
         )
     if r["slowdown_pct"] and r["warmup_steps"] < 1:
-        raise _fail(path, "slowdown_pct", "expected warmup_steps >= 1: the delay is calibrated on the warm-up steps")
+        raise _fail(
+            path, where("slowdown_pct"), "expected warmup_steps >= 1: the delay is calibrated on the warm-up steps"
+        )
     if comm_hooks.is_import_path(r["comm_hook"]) and r["warmup_steps"] < 1:
         raise _fail(
             path,
-            "comm_hook",
+            where("comm_hook"),
             "a hook of your own needs warmup_steps >= 1: the first warm-up step checks that it reduced the "
             "gradients across the ranks",
         )
     if r["slowdown_ranks"] != "all" and max(r["slowdown_ranks"]) >= r["world_size"]:
         raise _fail(
             path,
-            "slowdown_ranks",
+            where("slowdown_ranks"),
             f"expected ranks < world_size {r['world_size']}, got {r['slowdown_ranks']}",
         )
     fault = r["fault"]
@@ -635,41 +657,47 @@ def _check_combination(path: str, r: dict[str, Any], machine: Machine, suite: Su
         kind, _, rank = fault.partition(":")
         if kind not in FAULTS or not rank.isdigit() or int(rank) >= r["world_size"]:
             expected = f'"none" or KIND:RANK (KIND {"/".join(FAULTS)}) with RANK < world_size'
-            raise _fail(path, "fault", f"expected {expected}, got {fault!r}")
+            raise _fail(path, where("fault"), f"expected {expected}, got {fault!r}")
     from tpbench.interconnect import resolve
 
     try:
         ic = resolve(r["interconnect"], suite.interconnects)
     except ValueError as e:
-        raise _fail(path, "interconnect", str(e)) from None
+        raise _fail(path, where("interconnect"), str(e)) from None
     if ic.backend != r["backend"]:
         raise _fail(
-            path, "interconnect", f"profile {ic.name!r} is for backend {ic.backend}, but the case uses {r['backend']}"
+            path,
+            where("interconnect"),
+            f"profile {ic.name!r} is for backend {ic.backend}, but the case uses {r['backend']}",
         )
 
 
-def _check_torchrun_layout(path: str, r: dict[str, Any], machine: Machine) -> None:
+def _check_torchrun_layout(path: str, r: dict[str, Any], machine: Machine, where: Callable[[str], str]) -> None:
     """Under torchrun a world is nnodes x nproc_per_node ranks, whatever the suite says: a case
     that asks for another size, or for node subgroups that span machines, is refused here."""
     nnodes, world_size = machine.nnodes, r["world_size"]
     if machine.nproc_per_node is not None and world_size != nnodes * machine.nproc_per_node:
         raise _fail(
             path,
-            "world_size",
+            where("world_size"),
             f'expected "auto" or {nnodes * machine.nproc_per_node} '
             f"(--nnodes {nnodes} x --nproc-per-node {machine.nproc_per_node}) under torchrun, got {world_size}",
         )
     if world_size % nnodes != 0:
-        raise _fail(path, "world_size", f"expected a multiple of --nnodes {nnodes} under torchrun, got {world_size}")
+        raise _fail(
+            path, where("world_size"), f"expected a multiple of --nnodes {nnodes} under torchrun, got {world_size}"
+        )
     per_node = world_size // nnodes
     if r["backend"] == "nccl" and per_node > machine.gpus:
         raise _fail(
-            path, "world_size", f"expected at most {machine.gpus} NCCL ranks per node (one per GPU), got {per_node}"
+            path,
+            where("world_size"),
+            f"expected at most {machine.gpus} NCCL ranks per node (one per GPU), got {per_node}",
         )
     if per_node % r["ranks_per_node"] != 0:
         raise _fail(
             path,
-            "ranks_per_node",
+            where("ranks_per_node"),
             f'expected "auto" or a divisor of the {per_node} ranks per node under torchrun '
             f"(a node subgroup cannot span machines), got {r['ranks_per_node']}",
         )
