@@ -251,17 +251,20 @@ _GATE = ["gate", "NONE", "--baseline", ".", "--candidate", "."]
         ([*_GATE, "--repeats", "0"], "tpbench gate: error: --repeats 0: expected an integer from 1 to 10000"),
         ([*_GATE, "--mode", "rounds", "--rounds", "0"], "tpbench gate: error: --rounds 0: expected an integer >= 1"),
         ([*_GATE, "--threshold", "x"], "tpbench gate: error: --threshold x: expected a percentage"),
+        (["sweep", "SUITE", "--set", "=5"], "tpbench sweep: error: --set =5: expected KEY=VALUE"),
+        (["validate", "SUITE", "--filter", "nokey=1"], "tpbench validate: error: --filter nokey=1: unknown key"),
     ],
 )
 def test_an_option_value_refused_is_one_line_naming_command_option_and_value(tmp_path, capsys, args, said):
     """Option errors came in two looks within one command: argparse's usage block above "tpbench
     sweep: error: argument --budget-s: -1: ...", or one line "error: --epsilon 200%: ..."; and a
-    negative ``--seed`` (which ``random.Random`` reads as the positive one) was taken. Now one
-    line each, said by the command, exit 2, before anything runs."""
+    negative ``--seed`` (which ``random.Random`` reads as the positive one) was taken; ``--set`` and
+    ``--filter`` said "error: --set =5: ...". Now one line each, said by the command, exit 2, before
+    anything runs."""
     suite = tmp_path / "s.toml"
     suite.write_text(tiny_suite("slowdown_pct = [0, 10]", repeats=4))
     given = [str(suite) if a == "SUITE" else str(tmp_path / "none.toml") if a == "NONE" else a for a in args]
-    assert run_cli([*given, "--out", str(tmp_path / "out")] if args[0] != "compare" else given) == 2
+    assert run_cli([*given, "--out", str(tmp_path / "out")] if args[0] not in ("compare", "validate") else given) == 2
     err = capsys.readouterr().err
     assert said in err and err.startswith(f"tpbench {args[0]}: error: --") and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()

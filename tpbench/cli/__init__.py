@@ -105,7 +105,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_USAGE)
     try:
         code = args.func(args)
-    except (SuiteError, InterconnectUnavailable) as e:
+    except SuiteError as e:
+        # A suite file's mistake, or a --set or --filter one: bad input, said as a bad option is.
+        usage(str(e), args.command)
+    except InterconnectUnavailable as e:
         error(e)
         code = EXIT_USAGE
     except (StoreError, Unanswerable) as e:

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from tpbench.cli.common import EXIT_OK, EXIT_RESULTS, EXIT_USAGE, console, error, fitted, label_column, out, usage
+from tpbench.cli.common import EXIT_OK, EXIT_RESULTS, console, error, fitted, label_column, out, usage
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -138,8 +138,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     try:
         fabrics = whatif_run.load_fabrics(args.fabrics)
     except ValueError as e:
-        error(e)
-        return EXIT_USAGE
+        usage(str(e), "whatif")
     unknown = [f for f in args.fabric if f not in fabrics]
     if unknown:
         usage(
