@@ -270,6 +270,26 @@ def test_an_option_value_refused_is_one_line_naming_command_option_and_value(tmp
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ["sweep", "suites/smoke.toml", "--dry-run", "--launcher", "torchrun", "--agent-prefix", "srun 'x"],
+            "tpbench sweep: error: --agent-prefix srun 'x: expected a command line (No closing quotation)",
+        ),
+        (
+            ["gate", "suites/gate.toml", "--baseline", "'x", "--candidate", "."],
+            "tpbench gate: error: --baseline 'x: expected a file, a directory or a command line (No closing quotation)",
+        ),
+    ],
+)
+def test_a_command_line_with_an_unclosed_quote_is_refused_naming_the_option(tmp_path, capsys, args, said):
+    """shlex's "ValueError: No closing quotation" came out as a traceback, exit 1."""
+    assert run_cli([*args, "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == said
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "1e308", "-5", "0"])
 def test_budget_seconds_must_be_finite_and_bounded(tmp_path, capsys, value):
     assert (

@@ -95,7 +95,10 @@ def resolve_side(name: str, spec: str, work_dir: Path) -> Side:
         raise GateError(
             f"--{name} {spec}: expected a python executable, a venv, a source tree with pyproject.toml, or a command"
         )
-    argv = tuple(shlex.split(spec))
+    try:
+        argv = tuple(shlex.split(spec))
+    except ValueError as e:  # an unclosed quote: shlex's own words, not a traceback
+        raise GateError(f"--{name} {spec}: expected a file, a directory or a command line ({e})") from None
     if not argv or shutil.which(argv[0]) is None:
         raise GateError(f"--{name} {spec}: no such file, directory or command")
     return Side(name, spec, "command", argv)

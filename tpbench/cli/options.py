@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 from pathlib import Path
 from typing import Callable
 
@@ -67,6 +68,16 @@ def _integer(minimum: int, maximum: int | None = None, why: str = "") -> Callabl
         return value
 
     return parse
+
+
+def _command_line(text: str) -> str:
+    """``--agent-prefix``: a command line, as typed, once ``shlex`` can split it (an unclosed quote
+    raised its ValueError as a traceback when the launcher was built)."""
+    try:
+        shlex.split(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text}: expected a command line ({e})") from None
+    return text
 
 
 def _gate_repeats(text: str) -> int:
@@ -198,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         t.add_argument(
             "--agent-prefix",
+            type=_command_line,
             metavar="CMD",
             help="command that starts one torchrun agent per node, "
             "e.g. 'srun --ntasks-per-node=1 --kill-on-bad-exit=1'",
