@@ -1514,7 +1514,7 @@ def test_a_reference_link_the_run_does_not_have_is_a_bad_option(tmp_path, capsys
     shutil.copytree(LINKS_RUN, run)
     assert run_cli(["whatif", str(run), "--reference", "nope"]) == 2
     err = capsys.readouterr().err
-    assert "--reference nope: no finished case on that link; expected one of loopback, " in err and "[" not in err
+    assert "--reference nope: no case finished on it; expected one of loopback, " in err and "[" not in err
 
 
 @pytest.mark.parametrize(

@@ -236,9 +236,7 @@ def run_whatif(
     links = list(dict.fromkeys(cases["interconnect"]))
     reference = reference or ("loopback" if "loopback" in links else links[0])
     if reference not in links:
-        raise UnknownReference(
-            f"--reference {reference}: no finished case on that link; expected one of {', '.join(links)}"
-        )
+        raise UnknownReference(f"--reference {reference}: no case finished on it; expected one of {', '.join(links)}")
     rate = {link: math.inf if wires[link] is None else wires[link].beta_Bps for link in links}
     slowest = min((link for link in links if rate[link] < math.inf), key=rate.__getitem__, default=None)
     cache: dict[str, CaseModel] = {}
