@@ -329,6 +329,30 @@ def test_the_commands_a_tune_names_make_the_settings_it_raced(tmp_path):
     assert shlex.split(result.trace_step)[:6] == ["tpbench", "sweep", str(suite), "--set", "batch_size=256", "--filter"]
 
 
+def test_the_trace_sweep_a_tune_names_traces_both_settings_once(tmp_path):
+    """The suite traces nothing (``capture.profiler_steps = 0``, as tune-planted's) and races many
+    rounds: the sweep the tune named ran the suite's budget, every repeat again and no trace. It now
+    runs ``--trace``'s: the two settings, one repeat each, whole averaging windows traced in one window."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 1.5, 30]", repeats=12, steps=6))
+    cases = tune.prepare(suite, ["batch_size=16"]).cases
+    values = synthetic({c.case_id: 1 + c.slowdown_pct / 100 for c in cases}, 12, noise=0.02)
+    options = Options(epsilon=0.005)
+    race = run_race(Race(list(values), 12, options, comparisons=2), values)
+    source = SuiteSource("s", str(suite), "", None, ("batch_size=16", "repeats=12"))
+    run = SimpleNamespace(dir=tmp_path, record=SimpleNamespace(suite=source))
+    result = tune_answer.result(run, cases, [race], options, 30.0, NO_EVAL)
+    cmd = shlex.split(result.trace_step)
+    assert cmd[:3] == ["tpbench", "sweep", str(suite)]
+    sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
+    filters = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--filter"]
+    traced = sweep.prepare(suite, sets, filters).cases
+    assert {c.case_id for c in traced} == {a.case_id for a in tune_answer.traced_arms(result.arms)}
+    assert [(c.repeats, c.profiler_steps, c.trace_windows) for c in traced] == [(1, tune_answer.TRACE_STEPS, 1)] * 2
+    # Post-local SGD's windows of 4 and 16 steps: 16 holds whole windows of both; 3 and 4, 12.
+    assert [tune_answer.trace_steps(w) for w in ([1], [4, 16], [3, 4], [8])] == [5, 16, 12, 8]
+
+
 def test_a_run_keeps_the_set_and_filter_it_was_started_with(tmp_path):
     suite = tmp_path / "s.toml"
     suite.write_text(tiny_suite("slowdown_pct = [0, 10, 20]", repeats=4))
@@ -1339,13 +1363,13 @@ def test_trace_says_where_the_recommended_settings_time_goes_beside_its_closest_
     rival = next(a for a in result["arms"] if a["case_id"] == arms[1]["case_id"])
     assert arms[1]["step_ms"] == pytest.approx(arms[0]["step_ms"] * rival["ratio"])
     for a in arms:
-        assert a["traced_steps"] == tune_trace.TRACE_STEPS
+        assert a["traced_steps"] == tune_answer.TRACE_STEPS
         assert sum(a["parts_ms"].values()) == pytest.approx(a["step_ms"])
         assert a["parts_ms"]["compute"] > 0
     # The trace run: the same two cases, one repeat each, traced; the race's run untouched by it.
     loaded = store.load(traced)
     assert set(loaded.cases["case_id"]) == {a["case_id"] for a in arms}
-    assert set(loaded.cases["repeats"]) == {1} and set(loaded.cases["profiler_steps"]) == {tune_trace.TRACE_STEPS}
+    assert set(loaded.cases["repeats"]) == {1} and set(loaded.cases["profiler_steps"]) == {tune_answer.TRACE_STEPS}
     assert all(store.read_case_table(traced, a["case_id"], "intervals") is not None for a in arms)
     assert store.load(tuned).steps.groupby("case_id")["repeat"].nunique().max() == 2
     assert where["sentence"].startswith(f"{arms[1]['step_ms'] - arms[0]['step_ms']:+.2f} ms a step")

@@ -21,7 +21,14 @@ import pandas as pd
 from tpbench import store, verdict
 from tpbench.analysis import convergence
 from tpbench.analysis.convergence import LEVEL_NATS
-from tpbench.analysis.stats import Ratio, case_ratio, slowest_rank, spent_confidence, unpaired_ratio
+from tpbench.analysis.stats import (
+    Ratio,
+    averaging_window,
+    case_ratio,
+    slowest_rank,
+    spent_confidence,
+    unpaired_ratio,
+)
 from tpbench.racing import (
     ALL_TIED,
     BUDGET,
@@ -37,6 +44,18 @@ from tpbench.racing import (
 from tpbench.suite import Case, labels, varying_keys
 
 RECOMMENDED, TIED, ELIMINATED, UNRESOLVED, FAILED = "recommended", "tied", "eliminated", "unresolved", "failed"
+# Traced steps per setting (at least; whole averaging windows for post-local SGD), in one window
+# after its one timed repeat (``gate --explain`` traces as many): ``tune --trace``'s sweep
+# (``tune_trace``) and the one ``trace_step`` names.
+TRACE_STEPS = 5
+
+
+def trace_steps(windows: list[int]) -> int:
+    """At least ``TRACE_STEPS`` traced steps, made of whole averaging windows of each setting whose
+    ``averaging_window`` is in ``windows`` (post-local SGD averages every averaging_period-th step),
+    so that the traced steps hold that periodic cost as often as the timed ones do."""
+    window = math.lcm(*windows)
+    return window * math.ceil(TRACE_STEPS / window)
 
 
 @dataclass
@@ -153,7 +172,7 @@ def result(
     history = [e for r in races for e in r.history]
     step = _next_step(run, races, rec, more, options, wall_s) if state == UNRESOLVED else None
     decide_s = _decide_wall_s(arms, seconds, rec.rounds + more, wall_s, timed_s) if step and rec and more else None
-    trace = _trace_step(run, arms)
+    trace = _trace_step(run, arms, {c.case_id: averaging_window(c.params()) for c in cases})
     samples = {c.case_id: c.world_size * c.batch_size for c in cases}
     notes = (
         _work_note(rec, arms, samples, options.metric),
@@ -569,19 +588,28 @@ def traced_arms(arms: list[Arm]) -> list[Arm]:
     return [rec] if rival is None else [rec, rival]
 
 
-def _trace_step(run: store.Run, arms: list[Arm]) -> str | None:
+def _trace_step(run: store.Run, arms: list[Arm], windows: Mapping[str, int]) -> str | None:
     """The sweep that shows where the recommended arm's time goes, beside its closest rival's
     (``traced_arms``): a tune traces nothing, and a sweep of the two traces both, so that its report
-    splits their steps into compute, exposed communication and idle and ``whatif`` can replay them
-    (``--trace`` runs one itself, ``tune_trace``). Selected by case id, which the budget keys
-    (``repeats``) do not change."""
+    splits their steps into compute, exposed communication and idle and ``whatif`` can replay them.
+    Selected by case id, which the budget keys do not change; with ``--trace``'s budget (one repeat,
+    ``trace_steps`` traced steps in one window; ``windows``: each arm's ``averaging_window``), since
+    the suite's own may trace nothing (``capture.profiler_steps = 0``, tune-planted's) after hundreds
+    of repeats."""
     traced = traced_arms(arms)
     if not traced:
         return None
     ids = "|".join(a.case_id for a in traced)
+    steps = trace_steps([windows.get(a.case_id, 1) for a in traced])
+    budget = ["repeats=1", f"capture.profiler_steps={steps}", "capture.trace_windows=1"]
     # Quoted: | is a shell pipe.
     return " ".join(
-        [f"tpbench sweep {run.record.suite.command_path}", *_own_sets(run), f"--filter {shlex.quote('id=' + ids)}"]
+        [
+            f"tpbench sweep {run.record.suite.command_path}",
+            *_own_sets(run),
+            f"--filter {shlex.quote('id=' + ids)}",
+            *(f"--set {b}" for b in budget),
+        ]
     )
 
 

@@ -4,7 +4,7 @@ A tune traces nothing: its timed steps decide, and a trace after every arm's rep
 each arm a world's time. So the answer's last part, "here is where the time goes", is a sweep of
 its own, run once the race has ended: the recommended setting and its closest rival (``tune``'s
 ``traced_arms``), each as the tune ran it (its ``--set`` included: the cases are read back from the
-tune's run), one repeat each and ``TRACE_STEPS`` traced steps, into a run beside the tune's.
+tune's run), one repeat each and ``tune_answer.TRACE_STEPS`` traced steps, into a run beside the tune's.
 
 Each setting's traced steps are split into the parts ``tpbench explain`` uses (compute, exposed
 communication, optimizer, idle, straggler wait; ``analysis/explain.py``) and scaled to the step
@@ -16,7 +16,6 @@ recommended setting is then given part by part (``_by_part``).
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,9 +28,6 @@ from tpbench.record import Case
 from tpbench.suite import SuiteError, parse
 from tpbench.worlds import Torchrun
 
-# Traced steps per setting (at least; whole averaging windows for post-local SGD), in one window
-# after its one timed repeat (``gate --explain`` traces as many).
-TRACE_STEPS = 5
 RECOMMENDED, RIVAL = "recommended", "closest rival"
 
 
@@ -66,18 +62,15 @@ class TraceError(RuntimeError):
 
 
 def prepared(tuned: store.Loaded, case_ids: list[str]) -> sweep.Prepared:
-    """The trace sweep: the tune's cases ``case_ids`` as it ran them, with one repeat and at least
-    ``TRACE_STEPS`` traced steps in one window; its suite is the tune's (the same file and tables)."""
+    """The trace sweep: the tune's cases ``case_ids`` as it ran them, with one repeat and
+    ``tune_answer.trace_steps`` traced steps in one window; its suite is the tune's (the same file and tables)."""
     record = tuned.record
     source = record.suite
     suite = dataclasses.replace(parse(source.text, source.path or source.name), path=source.path)
     cases = []
     for cid in case_ids:
         params = record.cases[cid].params
-        # Whole averaging windows (post-local SGD averages every averaging_period-th step), so that
-        # the traced steps hold that periodic cost as often as the timed ones do.
-        window = averaging_window(params)
-        steps = window * math.ceil(TRACE_STEPS / window)
+        steps = tune_answer.trace_steps([averaging_window(params)])
         cases.append(dataclasses.replace(Case.from_params(params), repeats=1, profiler_steps=steps, trace_windows=1))
     return sweep.Prepared(suite, cases)
 
