@@ -919,6 +919,28 @@ def test_the_race_chart_zooms_on_the_ratios_near_1_on_a_log_axis():
     assert "run off" not in calm.layout.title.text and 10 ** calm.layout.yaxis.range[1] >= 1.04
 
 
+def test_the_race_chart_draws_the_rounds_leader_at_1():
+    """The leader has no interval against itself: left out, the line of a setting that led rounds 3
+    and 4 ran straight from its ratio at round 2 to round 5's, as if it had trailed in between."""
+    led = {2: "b", 3: "a", 4: "a", 5: "b"}
+    history = [
+        {
+            "round": r,
+            "leader": led[r],
+            "eliminated": [],
+            "retired": [],
+            "intervals": {k: [1.04, 0.95, 1.14] for k in ("a", "b", "c") if k != led[r]},
+        }
+        for r in range(2, 6)
+    ]
+    fig = recommendation._race_figure(history, {"a": "a", "b": "b", "c": "c"}, 0.02)
+    lines = {t.name: t for t in fig.data if t.mode == "lines+markers"}
+    assert list(lines["a"].x) == [2, 3, 4, 5] and list(lines["a"].y) == [1.04, 1, 1, 1.04]
+    assert [round(v, 6) for v in lines["a"].error_y.array] == [0.1, 0, 0, 0.1]  # no bar where it led
+    assert list(lines["b"].y) == [1, 1.04, 1.04, 1] and list(lines["c"].y) == [1.04] * 4
+    assert "at 1 without a bar: the round's leader" in fig.layout.title.text
+
+
 def test_the_interval_spends_confidence_over_looks_and_comparisons():
     """The race's interval is sequential_ratio at its looks and comparisons: wider than a plain
     95 % paired interval, by the union bound."""

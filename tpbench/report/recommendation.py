@@ -159,18 +159,11 @@ def _loss(v: float | None) -> str:
 RACE_TOP = 1.5
 
 
-def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> go.Figure:
-    """Per setting, its ratio to that round's leader with the race's interval, round by round; a
-    cross where it was eliminated, a ring where it was retired. The band runs from 1 / (1 + epsilon)
-    to 1: a setting whose interval's lower end is inside it or above can no longer be more than
-    epsilon faster than the leader and is retired (tied: it runs no more rounds); one whose lower end
-    is above 1 is eliminated.
-
-    The axis is logarithmic (a ratio and its inverse lie equally far from 1) and spans at most
-    1 / ``RACE_TOP`` to ``RACE_TOP``: a front door's unpacked ``zero_no_overlap`` at 2.3× would
-    otherwise leave the tie zone and the settings still racing for it a sliver at the bottom.
-    Settings further behind run off the top, which the title says."""
-    fig = go.Figure()
+def _race_rows(history: list[dict]) -> pd.DataFrame:
+    """The race chart's points: per judged round, each setting's ratio to that round's leader with
+    its interval and whether it went (``out``) or was retired then; the leader itself at 1, since it
+    has no interval against itself: left out, its line would run straight across the rounds it led
+    as if it had trailed a leader in them."""
     rows = [
         {
             "arm": arm,
@@ -184,7 +177,27 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
         for e in history
         for arm, v in e["intervals"].items()
     ]
-    df = pd.DataFrame(rows, columns=["arm", "round", "ratio", "lo", "hi", "out", "retired"])
+    rows += [
+        {"arm": e["leader"], "round": e["round"], "ratio": 1.0, "lo": 1.0, "hi": 1.0, "out": False, "retired": False}
+        for e in history
+        if e["intervals"] and e.get("leader")
+    ]
+    return pd.DataFrame(rows, columns=["arm", "round", "ratio", "lo", "hi", "out", "retired"]).sort_values("round")
+
+
+def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> go.Figure:
+    """Per setting, its ratio to that round's leader with the race's interval, round by round (the
+    leader itself at 1, without one); a cross where it was eliminated, a ring where it was retired.
+    The band runs from 1 / (1 + epsilon) to 1: a setting whose interval's lower end is inside it or
+    above can no longer be more than epsilon faster than the leader and is retired (tied: it runs no
+    more rounds); one whose lower end is above 1 is eliminated.
+
+    The axis is logarithmic (a ratio and its inverse lie equally far from 1) and spans at most
+    1 / ``RACE_TOP`` to ``RACE_TOP``: a front door's unpacked ``zero_no_overlap`` at 2.3× would
+    otherwise leave the tie zone and the settings still racing for it a sliver at the bottom.
+    Settings further behind run off the top, which the title says."""
+    fig = go.Figure()
+    df = _race_rows(history)
     top = float(df["ratio"].max()) if len(df) else 1.0
     bottom = float(df["ratio"].min()) if len(df) else 1.0
     order = {a: i for i, a in enumerate(names)}  # the table's order, in the legend too
@@ -227,9 +240,13 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
     fig.add_hrect(y0=1 / (1 + epsilon), y1=1, fillcolor="#d9dde5", opacity=0.5, line_width=0)
     low = max(1 / RACE_TOP, min(0.9, bottom * 0.97, 1 / (1 + epsilon) ** 2))  # as far below 1 at most
     high = min(RACE_TOP, max(top * 1.03, (1 + epsilon) ** 2))
-    off = f"<br><sup>settings more than {RACE_TOP:g}× the leader run off the top</sup>" if top > high else ""
+    off = f"; settings more than {RACE_TOP:g}× the leader run off the top" if top > high else ""
     fig.update_layout(
-        title=f"The race: ratio to the round's leader (×: eliminated; ○: retired, tied; shaded: the tie zone){off}",
+        # The key on a line of its own: on one line with the title it ran under plotly's toolbar.
+        title=(
+            "The race: ratio to the round's leader<br><sup>×: eliminated; ○: retired, tied; at 1 without a bar: "
+            f"the round's leader; shaded: the tie zone{off}</sup>"
+        ),
         # Rounds are whole: no tick at 2.5 in a short race, at most a dozen in a long one.
         xaxis=dict(title="round", tick0=0, dtick=max(1, math.ceil(df["round"].max() / 12))),
         yaxis=dict(title="ratio to the leader (log scale)", type="log", range=[math.log10(low), math.log10(high)]),
