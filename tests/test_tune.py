@@ -240,6 +240,9 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     assert result.decide_wall_s is None  # values made up here, no step timed: no estimate of how long
     cli.print_tune(result, "text")
     assert f"race again for about {rounds} rounds" in capsys.readouterr().out.replace("\n", " ")
+    cli.print_tune(result, "md")  # a paragraph of its own, not run on from the cost line's
+    md = capsys.readouterr().out
+    assert f"wall 30 s\n\nTo decide it, race again for about {rounds} rounds" in md
     store.write_tune(tmp_path, tune._record(options, [race], 30.0) | {"result": result.to_json()})
     page = Page("tune")
     recommendation.section(page, [SimpleNamespace(run_dir=tmp_path)])

@@ -311,7 +311,8 @@ def print_tune(result, fmt: str) -> None:
         lines = [f"**{result.claim}**", *(["", result.training_note] if result.training_note else [])]
         lines += ["", verdict.WORLDS_SAY, *(f"- {w}" for w in result.worlds)] if result.worlds else []
         lines += ["", *_md_table(head, rows)]
-        lines += ["", cost, *([f"{then}`{result.next_step}`"] if result.next_step else [])]
+        # Its own paragraph: on the line under the cost, Markdown ran the two together into one.
+        lines += ["", cost, *(["", f"{then}`{result.next_step}`"] if result.next_step else [])]
         if result.where:
             title, whead, wrows, said = _where_table(result.where)
             lines += ["", title, "", *_md_table(whead, wrows), *(["", said] if said else [])]
