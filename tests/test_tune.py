@@ -263,6 +263,27 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     )
 
 
+def test_a_budget_spent_before_the_first_look_says_nothing_was_judged(tmp_path):
+    """``--budget-s 1`` on the smoke suite: its first round outlasts the budget and the race ends
+    after it, before ``--min-rounds``. The claim said "1 still within reach of it at 95% confidence"
+    and nothing more, as if a look had found it so; no interval, no estimate, no command followed."""
+    suite, cases, values = close_pair(tmp_path)
+    budget = Options(budget_s=1.0)
+    said = {}
+    for rounds in (1, 3):
+        race = Race(list(values), 12, budget, comparisons=1)
+        for r in range(rounds):
+            for a in race.live:
+                race.record(a, r, values[a][r])
+            race.close_round()
+        race.end(BUDGET)
+        said[rounds] = tune_answer.result(stored(tmp_path, suite), cases, [race], budget, 14.0, NO_EVAL).claim
+    assert said[1].endswith(
+        "; nothing was judged: the budget ran out after 1 round, before the 3 the race judges from (--min-rounds)"
+    )
+    assert "nothing was judged" not in said[3]  # judged at round 3: its intervals say the rest
+
+
 def test_a_tiny_margin_at_ten_nines_says_what_would_decide_it_in_the_words_it_was_asked(tmp_path):
     """``--epsilon 0.01% --confidence 0.9999999999`` (how docs/tune-runs.md runs every arm for fixed
     rounds): the race ends unresolved, and the rounds that would decide it run to millions, where a

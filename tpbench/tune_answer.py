@@ -521,10 +521,18 @@ def _claim(
         f"; the rounds run show it within {verdict.signed_pct(1 + shown)[1:]} of the best" if shown is not None else ""
     )
     tied = f"tied with {counts[TIED]}, " if counts[TIED] else ""
+    # A budget spent before the first look: "within reach at 95% confidence" alone reads as judged.
+    ran = max((r.rounds for r in races), default=0)
+    early = (
+        f"; nothing was judged: the budget ran out after {ran} round{'' if ran == 1 else 's'}, before the "
+        f"{options.min_rounds} the race judges from (--min-rounds)"
+        if BUDGET in why and ran < options.min_rounds
+        else ""
+    )
     return (
         f"{rec.label}: the best guess of {n} settings, unresolved ({', '.join(why)}): {counts[UNRESOLVED]} "
         f"still within reach of it at {conf} and ±{verdict.percent(options.epsilon)}, "
-        f"{tied}{gone}{failed}{resolved}{then}"
+        f"{tied}{gone}{failed}{resolved}{then}{early}"
     )
 
 
