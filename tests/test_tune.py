@@ -775,7 +775,8 @@ def test_across_worlds_the_winners_run_on_and_an_open_comparison_says_what_would
         assert race.decided == ONE_LEFT and race.ended == MAX_ROUNDS and race.rounds == 30
         assert len(race.eliminated) == 1 and len(race.judged(race.leader())) == 30
     result = tune_answer.result(stored(tmp_path, suite), cases, races, Options(), 60.0, NO_EVAL)
-    assert result.state == tune_answer.UNRESOLVED and "unresolved (most rounds run)" in result.claim
+    # Not "(most rounds run)", which read as "most of the rounds".
+    assert result.state == tune_answer.UNRESOLVED and "unresolved (all 30 rounds run)" in result.claim
     assert result.rounds_to_decide and f"about {result.rounds_to_decide} more rounds would decide it" in result.claim
     assert f"--set repeats={30 + result.rounds_to_decide}" in result.next_step
     label = {a.case_id: a.label for a in result.arms}

@@ -529,6 +529,9 @@ def _claim(
         if BUDGET in why and ran < options.min_rounds
         else ""
     )
+    # "most rounds run", the race's own word, read as "most of the rounds": say all, and how many.
+    top = max((r.max_rounds for r in races), default=0)
+    why = [f"all {top} rounds run" if w == MAX_ROUNDS else w for w in why]
     return (
         f"{rec.label}: the best guess of {n} settings, unresolved ({', '.join(why)}): {counts[UNRESOLVED]} "
         f"still within reach of it at {conf} and ±{verdict.percent(options.epsilon)}, "
