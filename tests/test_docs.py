@@ -55,6 +55,15 @@ def test_relative_links_resolve(page: Path):
     assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
 
 
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_in_page_anchors_resolve(page: Path):
+    """A `[text](#heading)` link to this page's own heading: renaming the heading breaks it as silently."""
+    text = FENCE.sub("", page.read_text(encoding="utf-8"))
+    own = anchors(page)
+    broken = [t for t in LINK.findall(text) if t.startswith("#") and t[1:] not in own]
+    assert not broken, f"{page.relative_to(ROOT)}: no heading for " + ", ".join(broken)
+
+
 def test_pages_keep_within_120_columns():
     long = [
         f"{p.relative_to(ROOT)}:{n}"
