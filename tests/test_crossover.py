@@ -114,13 +114,26 @@ def test_intervals_too_wide_to_resolve_anything_say_so_and_what_would_resolve_th
     pts = synthetic_points([1.4, 3, 6, 12, 19], lambda x: 1.0, noise=0.25, repeats=3, seed=2)
     est = crossover.estimate_crossover(pts)
     assert not est.interleaved_at and not est.sequential_at and est.spread > 1
-    times = int(np.ceil((np.log1p(est.spread) / np.log1p(0.05)) ** 2))
+    times = int(np.ceil((np.log1p(est.half_width) / np.log1p(0.05)) ** 2))
     assert est.sentence() == (
         "No crossover placed within comm:compute 1.4–19, and none ruled out: not resolved, no point tells the hooks "
-        f"apart (5 points; intervals up to ±{est.spread:.1%}; at most about {times} times the rounds run would resolve "
-        "±5%, e.g. sweep --target-ci 5%)."
+        f"apart (5 points; the widest interval could only resolve ±{est.half_width:.1%} (its half-width, the table's "
+        f"resolves); at most about {times} times the rounds run would resolve ±5%, e.g. sweep --target-ci 5%)."
     )
     assert "within ±" not in est.sentence()
+
+
+def test_an_unresolved_point_is_said_by_its_half_width_as_the_table_beside_it_says_it():
+    """suites/zero.toml on 3 repeats: a point's interval [0.06, 36.6] read "intervals up to ±3563.1%" (how far
+    it reaches above 1) in the sentence while the table under it, in the same "±", gave its half-width,
+    ±2362.0%. The sentence now gives the half-width and names it."""
+    pts = synthetic_points([1.4, 3, 6], lambda x: 1.0, noise=0.01)
+    pts.loc[1, ["ratio_lo", "ratio_hi"]] = (0.06, 36.6)
+    pts.loc[1, "half_width"] = np.sqrt(36.6 / 0.06) - 1  # stats.half_width: ±2370%
+    text = crossover.estimate_crossover(pts).sentence()
+    assert "could only resolve ±2369.8% (its half-width, the table's resolves)" in text
+    assert "3560" not in text
+    assert "at most about 4320 times the rounds run would resolve ±5%" in text  # (log 24.7 / log 1.05)²
 
 
 def test_one_hook_faster_everywhere_is_said_as_such():
@@ -148,7 +161,8 @@ def test_one_hook_faster_at_some_points_and_no_difference_at_the_others():
         synthetic_points([0.5, 1, 2, 4], lambda x: 0.5 if x < 1.5 else 1.0, noise=0.1, repeats=3)
     )
     assert loud.interleaved_at == (0.5, 1.0) and not loud.sequential_at and loud.open_spread > 0.05
-    assert f"intervals up to ±{loud.open_spread:.1%}; at most about " in loud.sentence()  # the others unresolved
+    said = f"the widest interval could only resolve ±{loud.open_half_width:.1%} (its half-width"
+    assert said in loud.sentence()  # the others unresolved
 
 
 def test_wins_that_interleave_along_comm_compute_place_no_crossover():

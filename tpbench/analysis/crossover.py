@@ -163,8 +163,9 @@ class Crossover:
     The points: ``interleaved_at``/``sequential_at`` are the comm:compute of the points whose
     interval lies wholly below/above 1 (that hook clearly faster); ``spread``: the smallest x with
     every point's interval inside [1−x, 1+x]; ``half_width``: the largest interval half-width (both
-    NaN when no point has an interval); ``open_spread``: ``spread`` over the points that are no clear
-    win. Points with one repeat have no interval and count for neither.
+    NaN when no point has an interval); ``open_spread`` and ``open_half_width``: ``spread`` and
+    ``half_width`` over the points that are no clear win. Points with one repeat have no interval and
+    count for neither.
     """
 
     x: float | None
@@ -185,6 +186,7 @@ class Crossover:
     spread: float
     half_width: float
     open_spread: float  # ``spread`` over the points with no clear win alone (NaN: none)
+    open_half_width: float  # ``half_width`` over the same points
 
     def ratio_at(self, comm_compute: np.ndarray) -> np.ndarray:
         """The fitted line, interleaved/sequential at these comm:compute ratios (for plotting)."""
@@ -266,7 +268,7 @@ class Crossover:
             if self.spread > threshold:
                 return (
                     f"No crossover placed within {span}, and none ruled out: not resolved, no point tells the "
-                    f"hooks apart ({n} points; {self._unresolved(threshold, self.spread)})."
+                    f"hooks apart ({n} points; {self._unresolved(threshold, self.open_half_width)})."
                 )
             return (
                 f"No crossover within {span}: interleaved and sequential within ±{self.spread:.1%} at every "
@@ -280,7 +282,9 @@ class Crossover:
                 f"{who.capitalize()} faster at every measured point ({span}, {n} points, {by}); no crossover within it."
             )
         wide = self.open_spread > threshold
-        rest = self._unresolved(threshold, self.open_spread) if wide else f"every interval within ±{self.spread:.1%}"
+        rest = (
+            self._unresolved(threshold, self.open_half_width) if wide else f"every interval within ±{self.spread:.1%}"
+        )
         return (
             f"No crossover placed within {span}: {who} clearly faster at {len(at)} of {n} points (comm:compute "
             f"{_range(at)}), no clear difference at the other {n - len(at)}, {other} never clearly faster "
@@ -288,18 +292,19 @@ class Crossover:
         )
 
     @staticmethod
-    def _unresolved(threshold: float, spread: float) -> str:
-        """What the widest interval holding no change leaves open (``spread``: how far it reaches from
-        it) and about what would close it: its half-width shrinks as 1/√rounds (faster while the rounds
-        are few, as the t quantile falls), so the rounds to resolve ±``threshold`` are at most about
-        (log(1 + spread) / log(1 + threshold))² times those run: what a user can act on, where a bound
-        such as "within ±159.6%" is not."""
-        times = math.ceil((math.log1p(spread) / math.log1p(threshold)) ** 2)
-        pct = spread * 100
+    def _unresolved(threshold: float, half_width: float) -> str:
+        """What the widest interval holding no change leaves open, as its half-width (``half_width``),
+        the "resolves" the table under the sentence and every verdict give (not how far the interval
+        reaches from 1: [0.06, 36.6] reaches +3560% but resolves ±2370%, and the two read alike as "±"),
+        and about what would close it: the half-width shrinks as 1/√rounds in log space (faster while
+        the rounds are few, as the t quantile falls), so the rounds to resolve ±``threshold`` are at
+        most about (log(1 + half_width) / log(1 + threshold))² times those run."""
+        times = math.ceil((math.log1p(half_width) / math.log1p(threshold)) ** 2)
+        pct = half_width * 100
         wide = f"±{pct:.3g}%" if pct >= 1e5 else f"±{pct:.1f}%"
         return (
-            f"intervals up to {wide}; at most about {times} times the rounds run would resolve ±{threshold:.0%}, "
-            f"e.g. sweep --target-ci {threshold:.0%}"
+            f"the widest interval could only resolve {wide} (its half-width, the table's resolves); at most about "
+            f"{times} times the rounds run would resolve ±{threshold:.0%}, e.g. sweep --target-ci {threshold:.0%}"
         )
 
 
@@ -388,4 +393,5 @@ def estimate_crossover(
         spread=float(np.max(reach[known])) if known.any() else math.nan,
         half_width=float(np.max(widths[known])) if known.any() else math.nan,
         open_spread=float(np.max(reach[open_])) if (open_ := known & (r_lo <= 1) & (r_hi >= 1)).any() else math.nan,
+        open_half_width=float(np.max(widths[open_])) if open_.any() else math.nan,
     )
