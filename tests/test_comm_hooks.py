@@ -24,7 +24,7 @@ from tpbench.analysis.stats import Ratio
 from tpbench.comm_hooks import Bf16Support
 from tpbench.hooks import hook_with_zero_step
 from tpbench.report.build import build_report
-from tpbench.report.comm_hooks import winner_lines
+from tpbench.report.comm_hooks import _figure, winner_lines
 from tpbench.report.verdicts import ZERO_KINDS, Comparison
 from tpbench.suite import Case, Machine, SuiteError, case_id, expand, parse
 
@@ -321,6 +321,14 @@ def test_report_does_not_say_compression_keeps_or_changes_an_answer_the_run_did_
     assert four.endswith("Whether compression changes the answer is not shown: undecided with fp16_compress.")
     assert eight.endswith("Whether compression changes the answer is not shown: undecided with allreduce.")
     assert sixteen.endswith("Compression does not change the answer (no clear winner).")
+
+
+def test_the_wrapped_hooks_chart_plots_its_ratios_on_a_log_axis() -> None:
+    """interleaved / sequential with its interval, as the crossover chart plots it (on a log axis since
+    8a82424): on a linear one an interval such as [0.06, 36.6] pressed every other point flat, and twice as
+    fast sat half as far from 1 as twice as slow."""
+    fig = _figure([_pair("allreduce", 2, 0.90, 0.85, 0.95), _pair("fp16_compress", 2, 1.49, 0.06, 36.6)])
+    assert fig.layout.yaxis.type == "log" and "(log scale)" in fig.layout.yaxis.title.text
 
 
 _OWN_HOOKS = '''import torch
