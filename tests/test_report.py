@@ -714,6 +714,30 @@ def test_the_crossover_table_names_every_key_that_tells_its_points_apart():
     assert _other_keys(points) == ["shard_buckets"]
 
 
+def test_the_crossover_legend_spells_a_setting_as_the_case_labels_and_tables_do():
+    """The legend and hover said shard_buckets=false (the command line's spelling) where the table under
+    the chart, the verdicts and every case label say shard_buckets=False."""
+    from tpbench.report.interconnect import _crossover_figure
+
+    points = pd.DataFrame(
+        {
+            "interconnect": ["loopback"] * 2,
+            "bucket_cap_mb": [4.0, 4.0],
+            "shard_buckets": [False, True],
+            "comm_hook": ["allreduce"] * 2,
+            "allreduce_bytes_per_step": [3.71e6] * 2,
+            "comm_compute": [3.0, 4.5],
+            "ratio": [1.15, 1.03],
+            "ratio_lo": [0.87, 0.45],
+            "ratio_hi": [1.52, 2.37],
+        }
+    )
+    fig = _crossover_figure(points, None, ["shard_buckets"])
+    names = [t.name for t in fig.data]
+    assert names == ["bucket_cap_mb=4 shard_buckets=False", "bucket_cap_mb=4 shard_buckets=True"]
+    assert fig.data[0].text[0] == "loopback, allreduce, shard_buckets=False, all-reduce 3.71 MB/step"
+
+
 def test_the_crossover_plots_its_ratios_on_a_log_axis():
     """interleaved / sequential is a ratio and the crossover's line a fit of its log: on a linear axis
     one point's interval up to 36.6 (suites/zero.toml, 3 repeats) pressed the other points, their
