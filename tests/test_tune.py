@@ -589,12 +589,11 @@ def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_t
     note = result.training_note
     assert note.startswith("The settings do not train alike: the recommended one's held-out loss ends at 1.600")
     assert f"0.020 nats above the lowest ({low.label}, 1.580)" in note
-    assert (
-        "Time to the target loss (training seconds, geometric means over rounds; intervals at 98.33333333% each, "
-        in note
-    )
+    assert "Time to the target loss (training seconds, medians over rounds; intervals at 98.33333333% each, " in note
     assert f"so that the soonest against all 3 others holds at 95%): {low.label} reaches it soonest (2 s of " in note
-    assert "training); against the recommended one (3 s): faster: -33." in note and "beyond the ±5% threshold" in note
+    assert (
+        "training); against the recommended one (2.99 s): faster: -33." in note and "beyond the ±5% threshold" in note
+    )
     assert "next soonest" not in note  # no other arm reaches it in every round
     assert "compared step_ms alone" in note
     js = result.to_json()
@@ -656,13 +655,35 @@ def test_settings_that_end_level_but_reach_the_target_apart_name_the_soonest_wit
     note = result.training_note
     assert note.startswith("The settings do not train alike (they reach the target loss after different numbers of")
     assert (
-        f"{soon.label} reaches it soonest (2.41 s of training); against the recommended one (3.99 s): faster: -" in note
+        f"{soon.label} reaches it soonest (2.4 s of training); against the recommended one (3.99 s): faster: -" in note
     )
-    assert f"against the next soonest, {slow.label} (4.2 s): faster: -4" in note
+    assert f"against the next soonest, {slow.label} (4.21 s): faster: -4" in note
     assert "intervals at 97.5% each, so that the soonest against all 2 others holds at 95%" in note
     # Reaching the target at the same step: the step time already ranks the time to it.
     together = summary.assign(steps_to_target=30)
     assert tune_answer.result(stored(tmp_path, suite), cases, [race], Options(), 0.0, together).training_note is None
+
+
+def test_the_time_to_target_note_gives_medians_and_says_where_it_ranks_by_the_geometric_mean():
+    """The note gave geometric means ("reaches it soonest (2.15 s)") beside the table's "to target s
+    (median)" column and the report's soonest-to-target line, which give medians. Its times are now
+    medians; it still ranks by the geometric mean, which its ratios compare, and says so where a
+    setting it is set against has the lower median (here the recommended one: 1, 1, 10 s)."""
+    arms = [
+        tune_answer.Arm(cid, cid, {}, 0, tune_answer.RECOMMENDED if cid == "a" else "racing", 3, None, None, None, None)
+        for cid in ("a", "b", "c")
+    ]
+    reach = {"a": {0: 1.0, 1: 1.0, 2: 10.0}, "b": {0: 2.0, 1: 2.0, 2: 2.0}, "c": {0: 3.0, 1: 3.0, 2: 30.0}}
+    note = tune_answer._to_target(arms[0], arms, reach, 0.95)
+    assert note.startswith("Time to the target loss (training seconds, medians over rounds; intervals at 97.5% each")
+    assert (
+        "b reaches it soonest (2 s of training; first by the geometric mean over rounds, which the ratios compare); "
+        "against the recommended one (1 s): "
+    ) in note
+    assert "against the next soonest, c (3 s): " in note
+    # Where the medians agree with the rank, nothing more is said.
+    plain = tune_answer._to_target(arms[0], arms, reach | {"a": {0: 5.0, 1: 5.0, 2: 5.0}}, 0.95)
+    assert "b reaches it soonest (2 s of training); against the recommended one (5 s)" in plain
 
 
 def test_worlds_of_one_arm_run_their_rounds_and_the_note_compares_per_sample(tmp_path):

@@ -436,12 +436,14 @@ def _work_note(rec: Arm | None, arms: list[Arm], samples: dict[str, int], metric
 
 
 def _to_target(rec: Arm, scored: list[Arm], reach: dict[str, dict[int, float]], confidence: float) -> str:
-    """Which setting reaches the workload's target loss in the least training time (the geometric
-    mean over its rounds, the statistic its ratios compare), against the recommended one and the
-    next soonest, each a ratio with its interval: paired by round within a world, Welch's across
+    """Which setting reaches the workload's target loss in the least training time (ranked by the
+    geometric mean over its rounds, the statistic its ratios compare), against the recommended one and
+    the next soonest, each a ratio with its interval: paired by round within a world, Welch's across
     worlds, at the confidence that holds for the soonest against every other setting together
     (Bonferroni). What a user who trains to a loss, not for a number of steps, would choose by,
-    and how sure the few rounds a tune gives each setting make it."""
+    and how sure the few rounds a tune gives each setting make it. Its times are medians over rounds,
+    as the table's "to target s (median)" and the report's soonest-to-target line give them; where a
+    setting it is set against has the lower median, it says the rank is by the geometric mean."""
     times = {a.case_id: reach.get(a.case_id, {}) for a in scored}
     reached = [a for a in scored if times[a.case_id] and not any(math.isnan(t) for t in times[a.case_id].values())]
     if not reached:
@@ -450,27 +452,36 @@ def _to_target(rec: Arm, scored: list[Arm], reach: dict[str, dict[int, float]], 
     soonest = ranked[0]
     each = spent_confidence(confidence, 1, len(scored) - 1)
 
+    def median(arm: Arm) -> float:
+        return float(np.median(list(times[arm.case_id].values())))
+
     def against(other: Arm) -> str:
         paired = other.world == soonest.world
         est = case_ratio(times[other.case_id], times[soonest.case_id], paired=paired, confidence=each)
         said = verdict.of(est)
         how = f" (resolves {verdict.half_width_pct(est.half_width)})" if est.has_interval else ""
-        return f"({geomean(times[other.case_id]):.3g} s): {said.text}{'' if said.says_resolution else how}"
+        return f"({median(other):.3g} s): {said.text}{'' if said.says_resolution else how}"
 
+    runner = next((a for a in ranked[1:] if a is not rec), None)
+    shown = [a for a in (rec, runner) if a is not None and a is not soonest and a in reached]
     mine = "the recommended one" if soonest is rec else soonest.label
     head = (
-        f"Time to the target loss (training seconds, geometric means over rounds; intervals at "
+        f"Time to the target loss (training seconds, medians over rounds; intervals at "
         f"{verdict.percent(each)} each, so that the soonest against all {len(scored) - 1} others holds at "
         f"{verdict.percent(confidence)})"
     )
-    parts = [f"{head}: {mine} reaches it soonest ({geomean(times[soonest.case_id]):.3g} s of training)"]
+    first = (
+        "; first by the geometric mean over rounds, which the ratios compare"
+        if any(median(a) < median(soonest) for a in shown)
+        else ""
+    )
+    parts = [f"{head}: {mine} reaches it soonest ({median(soonest):.3g} s of training{first})"]
     if soonest is not rec:
         parts.append(
             f"against the recommended one {against(rec)}"
             if rec in reached
             else "the recommended one does not reach it in every round it ran"
         )
-    runner = next((a for a in ranked[1:] if a is not rec), None)
     if runner is not None:
         parts.append(f"against the next soonest, {runner.label} {against(runner)}")
     return "; ".join(parts)
