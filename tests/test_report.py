@@ -933,3 +933,20 @@ def test_report_of_several_runs_leaves_the_first_runs_own_report(tmp_path, monke
     assert "across-runs" in headings(pair.read_text())
     (three,) = (tmp_path / "reports").glob(f"synthetic-{ids[0]}-vs-2-runs-*.html")
     assert "across-runs" in headings(three.read_text())
+
+
+def test_the_drift_chart_counts_steps_trained_as_the_loss_chart_beside_it_does():
+    """A drift stored at step s is measured after that step's optimizer step, s + 1 steps in; the chart
+    drew it at s on a "step" axis beside the loss chart's "steps trained", so averaging every 4 steps
+    from the start read as drift at 0, 4, 8 (none trained at 0) against losses at 20, 40. And its
+    legend, at the shared height below the plot, covered that axis's title."""
+    from tpbench.report.convergence import _drift_figure
+    from tpbench.report.figures import LEGEND_BELOW
+
+    curves = pd.DataFrame(
+        {"case": ["a"] * 3 + ["b"] * 2, "order": [0] * 3 + [1] * 2, "step": [0, 4, 8, 60, 76], "drift_max_l2": 0.5}
+    )
+    fig = _drift_figure(curves)
+    assert [list(t.x) for t in fig.data] == [[1, 5, 9], [61, 77]]
+    assert fig.layout.xaxis.title.text == "steps trained"
+    assert fig.layout.legend.y < LEGEND_BELOW["y"]
