@@ -263,10 +263,14 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     )
 
 
-def test_a_budget_spent_before_the_first_look_says_nothing_was_judged(tmp_path):
+def test_a_budget_spent_before_the_first_look_says_nothing_was_judged(tmp_path, capsys):
     """``--budget-s 1`` on the smoke suite: its first round outlasts the budget and the race ends
     after it, before ``--min-rounds``. The claim said "1 still within reach of it at 95% confidence"
-    and nothing more, as if a look had found it so; no interval, no estimate, no command followed."""
+    and nothing more, as if a look had found it so; no interval, no estimate. It named no command
+    either, where every other unresolved tune does: now the suite's rounds with the time they take
+    at this tune's pace (14 s a round here: 12 rounds, 168 s)."""
+    from tpbench.cli import tune as cli
+
     suite, cases, values = close_pair(tmp_path)
     budget = Options(budget_s=1.0)
     said = {}
@@ -277,11 +281,17 @@ def test_a_budget_spent_before_the_first_look_says_nothing_was_judged(tmp_path):
                 race.record(a, r, values[a][r])
             race.close_round()
         race.end(BUDGET)
-        said[rounds] = tune_answer.result(stored(tmp_path, suite), cases, [race], budget, 14.0, NO_EVAL).claim
-    assert said[1].endswith(
+        said[rounds] = tune_answer.result(stored(tmp_path, suite), cases, [race], budget, 14.0, NO_EVAL)
+    assert said[1].claim.endswith(
         "; nothing was judged: the budget ran out after 1 round, before the 3 the race judges from (--min-rounds)"
     )
-    assert "nothing was judged" not in said[3]  # judged at round 3: its intervals say the rest
+    assert "nothing was judged" not in said[3].claim  # judged at round 3: its intervals say the rest
+    early = said[1]
+    assert early.rounds_to_decide is None and early.next_step == f"tpbench tune {suite} --set repeats=12 --budget-s 168"
+    cli.print_tune(early, "text")
+    assert f"To judge it, race again with the time its rounds take (under the same launcher): {early.next_step}" in (
+        capsys.readouterr().out.replace("\n", "")
+    )
 
 
 def test_a_tiny_margin_at_ten_nines_says_what_would_decide_it_in_the_words_it_was_asked(tmp_path):

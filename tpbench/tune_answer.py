@@ -170,8 +170,11 @@ def result(
     shown = supported_epsilon(ratios.get(a.case_id) for a in arms if a.status in (TIED, UNRESOLVED)) if rec else None
     claim = _claim(rec, state, counts, n_arms, options, races, more, shown)
     history = [e for r in races for e in r.history]
-    step = _next_step(run, races, rec, more, options, wall_s) if state == UNRESOLVED else None
-    decide_s = _decide_wall_s(arms, seconds, rec.rounds + more, wall_s, timed_s) if step and rec and more else None
+    # The rounds the command that would decide it is given: those the estimate asks for, or, where the
+    # budget ended the race before its first look (no interval, no estimate), the suite's own.
+    total = rec.rounds + more if rec and more else _suite_rounds(races) if rec and _unjudged(races, options) else None
+    step = _next_step(run, races, rec, total, options, wall_s) if state == UNRESOLVED else None
+    decide_s = _decide_wall_s(arms, seconds, total, wall_s, timed_s) if step and total else None
     trace = _trace_step(run, arms, {c.case_id: averaging_window(c.params()) for c in cases})
     samples = {c.case_id: c.world_size * c.batch_size for c in cases}
     notes = (
@@ -537,7 +540,7 @@ def _claim(
     early = (
         f"; nothing was judged: the budget ran out after {ran} round{'' if ran == 1 else 's'}, before the "
         f"{options.min_rounds} the race judges from (--min-rounds)"
-        if BUDGET in why and ran < options.min_rounds
+        if _unjudged(races, options)
         else ""
     )
     # "most rounds run", the race's own word, read as "most of the rounds": say all, and how many.
@@ -548,6 +551,17 @@ def _claim(
         f"still within reach of it at {conf} and ±{verdict.percent(options.epsilon)}, "
         f"{tied}{gone}{failed}{resolved}{then}{early}"
     )
+
+
+def _unjudged(races: list[Race], options: Options) -> bool:
+    """The budget ended the race before its first look (``--min-rounds``): nothing was judged."""
+    ran = max((r.rounds for r in races), default=0)
+    return any(r.ended == BUDGET for r in races) and ran < options.min_rounds
+
+
+def _suite_rounds(races: list[Race]) -> int:
+    """The most rounds the races were allowed (the suite's ``repeats``)."""
+    return max((r.max_rounds for r in races), default=0)
 
 
 def _more_rounds(races: list[Race], rounds: int, across: int = 0) -> int | None:
@@ -569,20 +583,20 @@ def _more_rounds(races: list[Race], rounds: int, across: int = 0) -> int | None:
 
 
 def _next_step(
-    run: store.Run, races: list[Race], rec: Arm | None, more: int | None, options: Options, wall_s: float
+    run: store.Run, races: list[Race], rec: Arm | None, rounds: int | None, options: Options, wall_s: float
 ) -> str | None:
-    """What to run to decide an unresolved tune: the same suite raced afresh for about the rounds
-    the estimate says would decide it (``_more_rounds``; at least the repeats it had), and, where
-    the budget ended it, the wall time those rounds took here, scaled. Afresh, because the rounds
-    run here were judged at the confidence this tune's rounds and budget spent: a race that went on
-    with more would look more often than its intervals allowed for. None without an estimate."""
-    if rec is None or not more:
+    """What to run to decide an unresolved tune: the same suite raced afresh for about ``rounds``,
+    those the estimate says would decide it (``_more_rounds``), or the suite's own where the budget
+    ended it before anything was judged (at least the repeats it had), and, where the budget ended
+    it, the wall time those rounds took here, scaled. Afresh, because the rounds run here were
+    judged at the confidence this tune's rounds and budget spent: a race that went on with more
+    would look more often than its intervals allowed for. None without ``rounds``."""
+    if rec is None or not rounds:
         return None
-    rounds = rec.rounds + more
     ended = {r.ended for r in races}
     parts = [f"tpbench tune {run.record.suite.command_path}", *_own_sets(run)]
     parts += [f"--filter {shlex.quote(f)}" for f in run.record.suite.filters]
-    parts.append(f"--set repeats={max(rounds, *(r.max_rounds for r in races))}")
+    parts.append(f"--set repeats={max(rounds, _suite_rounds(races))}")
     defaults = Options()
     if options.epsilon != defaults.epsilon:
         parts.append(f"--epsilon {verdict.percent(options.epsilon)}")

@@ -41,7 +41,8 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
             page.bullets(result["worlds"])
         if result.get("next_step"):  # tune.json before it had none
             rec = next(a for a in result["arms"] if a["status"] == "recommended")
-            rounds = rec["rounds"] + result["rounds_to_decide"]
+            more = result["rounds_to_decide"]  # None: nothing judged, no estimate (verdict.decide_words)
+            rounds = more and rec["rounds"] + more
             page.paragraph(verdict.decide_words(rounds, result.get("decide_wall_s")) + result["next_step"])
         if result.get("trace_step") and not result.get("where"):  # tune.json before it had none
             page.paragraph(
