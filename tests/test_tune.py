@@ -263,6 +263,22 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     )
 
 
+def test_the_text_answer_keeps_its_cost_on_stdout(tmp_path, capsys):
+    """``tpbench tune ... > answer.txt`` lost the cost line ("wall N s; timed steps ..."), printed on
+    stderr with the run directory, while Markdown and JSON keep it in the answer. Now the claim,
+    the table and the cost are on stdout, and only where the run lies goes to stderr."""
+    from tpbench.cli import tune as cli
+
+    suite, cases, values = close_pair(tmp_path)
+    options = Options(epsilon=0.005)
+    race = run_race(Race(list(values), 12, options, comparisons=1), values)
+    result = tune_answer.result(stored(tmp_path, suite), cases, [race], options, 30.0, NO_EVAL)
+    cli.print_tune(result, "text")
+    said = capsys.readouterr()
+    assert result.claim in said.out and "wall 30 s" in said.out and "wall" not in said.err
+    assert said.err == f"Run directory: {result.run_dir}\n"
+
+
 def test_a_budget_spent_before_the_first_look_says_nothing_was_judged(tmp_path, capsys):
     """``--budget-s 1`` on the smoke suite: its first round outlasts the budget and the race ends
     after it, before ``--min-rounds``. The claim said "1 still within reach of it at 95% confidence"

@@ -327,6 +327,9 @@ def print_tune(result, fmt: str) -> None:
     if result.worlds:
         out.print("\n".join([verdict.WORLDS_SAY, *(f"  {w}" for w in result.worlds)]), markup=False, soft_wrap=True)
     out.print(_text_table(head, rows))
+    # On stdout, as in Markdown and JSON: what the tune cost is part of its answer (`> answer.txt` keeps it);
+    # where its run lies goes to stderr, as every command's run directory does.
+    out.print(cost, markup=False, soft_wrap=True)
     if result.next_step:
         out.print(then + result.next_step, markup=False, soft_wrap=True)
     if result.where:
@@ -337,4 +340,4 @@ def print_tune(result, fmt: str) -> None:
             out.print(said, markup=False, soft_wrap=True)
     elif result.trace_step:
         out.print(TRACE_SAYS + result.trace_step, markup=False, soft_wrap=True)
-    console.print(f"{cost}. Run directory: {result.run_dir}", markup=False, soft_wrap=True)
+    console.print(f"Run directory: {result.run_dir}", markup=False, soft_wrap=True)
