@@ -1160,7 +1160,12 @@ def test_a_dry_run_prints_its_plan_in_the_format_asked(tmp_path, capsys):
     assert run_cli(["tune", str(suite), "--dry-run", "--format", "md"]) == 0
     md = capsys.readouterr().out
     assert "2 settings to race, at most 4 rounds (dry run)" in md
-    assert "| case_id | setting | world | steps per round |" in md
+    assert "| case_id | setting | world | steps per round (warm-up + timed) |" in md
+    assert "| 2 + 4 |" in md  # tiny_suite's warm-up and timed steps, run every round an arm races
+    # The text table said "repeats × steps", 4×8: as if every arm ran every round; both now say the same.
+    assert run_cli(["tune", str(suite), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "steps per round (warm-up + timed)" in text and "2 + 4" in text and "repeats" not in text
 
 
 @pytest.mark.parametrize(

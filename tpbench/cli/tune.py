@@ -17,7 +17,6 @@ from tpbench.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_UNRESOLVED,
-    cases_table,
     console,
     fitted,
     fraction,
@@ -151,11 +150,21 @@ def print_dry_run(prepared, fmt: str) -> None:
 
     cases, rounds = prepared.cases, prepared.cases[0].repeats
     title = f"{prepared.suite.name}: {len(cases)} settings to race, at most {rounds} rounds (dry run)"
-    if fmt == "text":
-        out.print(fitted(cases_table(title, cases), out))
-        return
     names = labels([cases])[0]
     worlds = [world_text(c) for c in cases]
+    # Not sweep's "repeats × steps": a setting runs at most `rounds` (the title), fewer once decided.
+    head = ("case_id", "setting", "world", "steps per round (warm-up + timed)")
+    rows = [(c.case_id, names[c.case_id], w, f"{c.warmup_steps} + {c.steps}") for c, w in zip(cases, worlds)]
+    if fmt == "text":
+        t = Table(title=escape(title))
+        t.add_column(head[0])
+        label_column(t, head[1])
+        for col in head[2:]:
+            t.add_column(col)
+        for r in rows:
+            t.add_row(*map(escape, r))
+        out.print(fitted(t, out))
+        return
     if fmt == "json":
         settings = [
             {"case_id": c.case_id, "label": names[c.case_id], "params": c.params(), "world": w}
@@ -164,8 +173,7 @@ def print_dry_run(prepared, fmt: str) -> None:
         plan = {"suite": prepared.suite.name, "dry_run": True, "max_rounds": rounds, "settings": settings}
         sys.stdout.write(json.dumps(plan, indent=2, allow_nan=False) + "\n")
         return
-    rows = [(c.case_id, names[c.case_id], w, f"{c.steps}") for c, w in zip(cases, worlds)]
-    lines = [f"**{title}**", "", *_md_table(("case_id", "setting", "world", "steps per round"), rows)]
+    lines = [f"**{title}**", "", *_md_table(head, rows)]
     sys.stdout.write("\n".join(lines) + "\n")
 
 
