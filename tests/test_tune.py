@@ -263,6 +263,20 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     )
 
 
+def test_an_unresolved_claim_says_the_open_arms_may_be_faster_one_sided(tmp_path):
+    """The arms left open said "1 still within reach of it at 95% confidence and ±0.5%", a two-sided
+    reading, where an arm stays open only while it may be more than epsilon faster (the tie is
+    one-sided: one that may only be slower does not threaten the claim)."""
+    suite, cases, values = close_pair(tmp_path)
+    options = Options(epsilon=0.005)
+    race = run_race(Race(list(values), 12, options, comparisons=1), values)
+    result = tune_answer.result(stored(tmp_path, suite), cases, [race], options, 30.0, NO_EVAL)
+    (other,) = [a for a in result.arms if a.status == "unresolved"]
+    assert other.lo < 1 / 1.005  # what keeps it open: it may be more than 0.5% faster
+    assert "unresolved (all 12 rounds run): 1 may still be over 0.5% faster at 95% confidence, " in result.claim
+    assert "±" not in result.claim
+
+
 def test_the_text_answer_keeps_its_cost_on_stdout(tmp_path, capsys):
     """``tpbench tune ... > answer.txt`` lost the cost line ("wall N s; timed steps ..."), printed on
     stderr with the run directory, while Markdown and JSON keep it in the answer. Now the claim,
@@ -281,7 +295,7 @@ def test_the_text_answer_keeps_its_cost_on_stdout(tmp_path, capsys):
 
 def test_a_budget_spent_before_the_first_look_says_nothing_was_judged(tmp_path, capsys):
     """``--budget-s 1`` on the smoke suite: its first round outlasts the budget and the race ends
-    after it, before ``--min-rounds``. The claim said "1 still within reach of it at 95% confidence"
+    after it, before ``--min-rounds``. The claim said "1 may still be over 2% faster at 95% confidence"
     and nothing more, as if a look had found it so; no interval, no estimate. It named no command
     either, where every other unresolved tune does: now the suite's rounds with the time they take
     at this tune's pace (14 s a round here: 12 rounds, 168 s)."""

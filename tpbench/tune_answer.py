@@ -535,7 +535,7 @@ def _claim(
         f"; the rounds run show it within {verdict.signed_pct(1 + shown)[1:]} of the best" if shown is not None else ""
     )
     tied = f"tied with {counts[TIED]}, " if counts[TIED] else ""
-    # A budget spent before the first look: "within reach at 95% confidence" alone reads as judged.
+    # A budget spent before the first look: "may still be ... at 95% confidence" alone reads as judged.
     ran = max((r.rounds for r in races), default=0)
     early = (
         f"; nothing was judged: the budget ran out after {ran} round{'' if ran == 1 else 's'}, before the "
@@ -547,8 +547,10 @@ def _claim(
     top = max((r.max_rounds for r in races), default=0)
     why = [f"all {top} rounds run" if w == MAX_ROUNDS else w for w in why]
     return (
+        # One-sided, as the tie (docs/tune.md, "The rule"): an arm left open is one that may be more than
+        # epsilon faster; one that may only be slower is no threat to the claim ("±" read as two-sided).
         f"{rec.label}: the best guess of {n} settings, unresolved ({', '.join(why)}): {counts[UNRESOLVED]} "
-        f"still within reach of it at {conf} and ±{verdict.percent(options.epsilon)}, "
+        f"may still be over {verdict.percent(options.epsilon)} faster at {conf}, "
         f"{tied}{gone}{failed}{resolved}{then}{early}"
     )
 
