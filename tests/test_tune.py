@@ -1294,6 +1294,9 @@ def test_a_planted_tune_eliminates_the_slow_arm_early_and_prints_its_json(tmp_pa
     assert run_cli(["report", str(run_dir), "-o", str(tmp_path / "report.html")]) == 0
     page = (tmp_path / "report.html").read_text()
     assert page.index(">Recommendation<") < page.index(">Environment<")  # the report opens with it
+    # Arms told apart by a planted slowdown, a key of the setting and not a tuning knob: each read as
+    # "the only case there" in the Verdicts. They are the race's, compared in its Recommendation.
+    assert "the only case there" not in page and "settings this tune raced: compared in its Recommendation" in page
     assert doc["claim"].split(":")[0] in page
     assert "intervals at 95% confidence spent" in page and "{result[" not in page  # its method, filled in
     assert verdict.eliminated_vs_text(vs) in html.unescape(page)

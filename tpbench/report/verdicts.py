@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from tpbench import compare as engine
-from tpbench import verdict
+from tpbench import store, verdict
 from tpbench.algorithms import (
     ALGORITHMS,
     COMPARED_PAIRS,
@@ -474,6 +474,26 @@ def _median_interval(case: dict) -> str:
     return f"[{verdict.ms(lo, median)}, {verdict.ms(hi, median)}]"
 
 
+def _tuned_runs(data: ReportData) -> set[str]:
+    """The runs ``tpbench tune`` raced (they have tune.json)."""
+    return {r.record.run_id for r in data.runs if store.read_tune(r.run_dir)}
+
+
+def _tuned_lines(data: ReportData) -> list[str]:
+    """A tune's arms are the settings its user asked to race, whatever keys tell them apart: a
+    planted ``slowdown_pct`` is not a tuning knob, and grouped by it every arm read as "the only
+    case there". The tune's Recommendation compares them, at the confidence its race spent; a
+    second ranking here, on other intervals, could disagree with it: point to it instead."""
+    lines = []
+    for run_id in sorted(_tuned_runs(data)):
+        arms = data.done[data.done["run_id"] == run_id]
+        if arms.empty:
+            continue
+        head = f"[{arms['run'].iloc[0]}] " if data.multi else ""
+        lines.append(f"{head}The {len(arms)} settings this tune raced: compared in its Recommendation above.")
+    return lines
+
+
 def fastest_lines(data: ReportData, alone: bool = True) -> list[str]:
     """Per run and setting: the fastest case, its interval, and how sure we are that it beats the
     runner-up; ``alone``: also for a setting of one case (its time, and that it is alone there: a
@@ -481,7 +501,8 @@ def fastest_lines(data: ReportData, alone: bool = True) -> list[str]:
     a setting of its own, and "fastest" among one would claim a ranking there is none of)."""
     done = data.done
     setting = [k for k in data.context_keys if k not in TUNING_KEYS]
-    lines = []
+    lines = _tuned_lines(data)
+    done = done[~done["run_id"].isin(_tuned_runs(data))]
     # A list-valued key (``slowdown_ranks = [1]``) groups by its JSON text: a list is not hashable.
     by = [done[k].map(lambda v: json.dumps(v) if isinstance(v, list) else v) for k in ["run_id", *setting]]
     for grp in _in_suite_order(data, [g for _, g in done.groupby(by, dropna=False, sort=False)]):
