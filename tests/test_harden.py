@@ -311,6 +311,35 @@ def test_adaptive_target_must_lie_within_its_bounds(tmp_path, capsys, value):
     assert "from 0.1% to 10000%" in err and "if you mean it" not in err
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["validate", ""], "tpbench validate: error: SUITE '': an empty path; expected a suite file"),
+        (["sweep", ""], "tpbench sweep: error: SUITE '': an empty path; expected a suite file"),
+        (["tune", ""], "tpbench tune: error: SUITE '': an empty path; expected a suite file"),
+        (["sweep", "--resume", ""], "tpbench sweep: error: --resume '': an empty path; expected a run directory"),
+        (["sweep", "suites/smoke.toml", "--out", ""], "tpbench sweep: error: --out '': an empty path"),
+        (["sweep", "suites/smoke.toml", "--report", ""], "tpbench sweep: error: --report '': an empty path"),
+        (["report", ""], "tpbench report: error: RUN_DIR '': an empty path; expected a run directory"),
+        (["report", "RUN", "-o", ""], "tpbench report: error: --output '': an empty path; expected a file"),
+        (["compare", "RUN", ""], "tpbench compare: error: RUN_DIR '': an empty path; expected a run directory"),
+        (["explain", "", "RUN"], "tpbench explain: error: RUN_DIR '': an empty path; expected a run directory"),
+        (["export", "", "--format", "pytest-benchmark"], "tpbench export: error: RUN_DIR '': an empty path"),
+        (["export", "RUN", "--format", "pytest-benchmark", "-o", ""], "tpbench export: error: --output '': an empty"),
+        (["whatif", ""], "tpbench whatif: error: RUN_DIR '': an empty path; expected a run directory"),
+        (["whatif", "RUN", "--fabrics", ""], "tpbench whatif: error: --fabrics '': an empty path"),
+        (["list", "--suites", ""], "tpbench list: error: --suites '': an empty path; expected a folder"),
+    ],
+)
+def test_an_empty_path_is_refused_naming_the_argument(run_dir, capsys, args, said):
+    """``Path("")`` is ``.``: ``validate ''`` said ".: the suite file is not a regular file (a
+    directory)", ``report ''`` looked for a run in the current directory, ``sweep --out ''`` swept
+    into it and ``list --suites ''`` listed the default folder. Each is refused, exit 2, naming it."""
+    assert run_cli([str(run_dir) if a == "RUN" else a for a in args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(said) and err.count("\n") == 1, err
+
+
 def test_a_report_file_with_no_report_is_refused(tmp_path, capsys):
     """Both were accepted, and no report written where --report said."""
     args = ["sweep", "suites/smoke.toml", "--no-report", "--report", str(tmp_path / "r.html"), "--dry-run"]

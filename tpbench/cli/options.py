@@ -34,8 +34,6 @@ class _Parser(argparse.ArgumentParser):
         try:
             return super()._get_value(action, arg_string)
         except argparse.ArgumentError as e:
-            if not action.option_strings:
-                raise
             usage(f"{_flag(action)} {e.message}", self.prog.removeprefix("tpbench "))
 
     def _check_value(self, action: argparse.Action, value) -> None:
@@ -49,8 +47,30 @@ class _Parser(argparse.ArgumentParser):
 
 def _flag(action: argparse.Action) -> str:
     """An option as its errors name it: its long form (``--output`` for ``-o``, ``--epsilon`` for the
-    ``--eps`` argparse lets a prefix stand for)."""
+    ``--eps`` argparse lets a prefix stand for); a positional argument as its usage line names it
+    (``RUN_DIR``, ``SUITE``)."""
+    if not action.option_strings:
+        return str(action.metavar or action.dest.upper())
     return max(action.option_strings, key=len)
+
+
+def _given(what: str) -> Callable[[str], str]:
+    """The type of a path argument or option kept as text: an empty one refused naming it
+    (``Path("")`` is ``.``, so ``validate ''`` said ".: the suite file is not a regular file" and
+    ``report ''`` looked for a run in the current directory: neither names what was typed)."""
+
+    def parse(text: str) -> str:
+        if not text:
+            raise argparse.ArgumentTypeError(f"'': an empty path; expected {what}")
+        return text
+
+    return parse
+
+
+def _path(what: str) -> Callable[[str], Path]:
+    """The type of a path argument or option: ``_given``'s check, then the ``Path``."""
+    check = _given(what)
+    return lambda text: Path(check(text))
 
 
 def _integer(minimum: int, maximum: int | None = None, why: str = "") -> Callable[[str], int]:
@@ -113,6 +133,7 @@ def _target_ci(text: str) -> float:
 def _out_dir(text: str) -> Path:
     """A results folder: its path must be UTF-8, since torch's file store (the ranks' rendezvous)
     and its profiler (the traces) take only such paths; refused here rather than by every rank."""
+    _path("a results folder")(text)
     try:
         os.fsencode(text).decode("utf-8")
     except UnicodeDecodeError:
@@ -217,14 +238,21 @@ def build_parser() -> argparse.ArgumentParser:
         return t
 
     p = sub.add_parser("sweep", help="run a suite")
-    p.add_argument("suite", nargs="?", help="suite TOML file (not needed with --resume)")
+    p.add_argument("suite", nargs="?", type=_given("a suite file"), help="suite TOML file (not needed with --resume)")
     suite_args(p)
     allow_large_arg(p)
     p.add_argument("--out", type=_out_dir, help="results root (default: results)")
-    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="run only the missing or failed cases of RUN_DIR")
+    p.add_argument(
+        "--resume",
+        type=_path("a run directory"),
+        metavar="RUN_DIR",
+        help="run only the missing or failed cases of RUN_DIR",
+    )
     p.add_argument("--dry-run", action="store_true", help="list the cases and exit")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
-    p.add_argument("--report", type=Path, metavar="FILE", help="report path (default: reports/<suite>-<run_id>.html)")
+    p.add_argument(
+        "--report", type=_path("a file"), metavar="FILE", help="report path (default: reports/<suite>-<run_id>.html)"
+    )
     p.add_argument("--reports-dir", type=Path, default=Path("reports"), help=argparse.SUPPRESS)
     # Set by `tpbench gate` (lockstep mode): the Unix socket its worlds ask before each item.
     p.add_argument("--lockstep", metavar="SOCKET", help=argparse.SUPPRESS)
@@ -255,11 +283,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "tune", help="race a suite's swept settings and name the best, with a margin and a confidence (docs/tune.md)"
     )
-    p.add_argument("suite", nargs="?", help="suite TOML file: its swept grid is the settings raced (not with --resume)")
+    p.add_argument(
+        "suite",
+        nargs="?",
+        type=_given("a suite file"),
+        help="suite TOML file: its swept grid is the settings raced (not with --resume)",
+    )
     suite_args(p)
     allow_large_arg(p)
     p.add_argument("--out", type=_out_dir, help="results root (default: results)")
-    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="go on with an interrupted tune of RUN_DIR")
+    p.add_argument(
+        "--resume", type=_path("a run directory"), metavar="RUN_DIR", help="go on with an interrupted tune of RUN_DIR"
+    )
     p.add_argument("--dry-run", action="store_true", help="list the settings and exit")
     p.add_argument(
         "--epsilon",
@@ -290,12 +325,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="write the HTML report of one run, or compare several")
     p.add_argument(
-        "runs", nargs="+", type=Path, metavar="RUN_DIR", help="one run, or several: each compared with the first"
+        "runs",
+        nargs="+",
+        type=_path("a run directory"),
+        metavar="RUN_DIR",
+        help="one run, or several: each compared with the first",
     )
     p.add_argument(
         "-o",
         "--output",
-        type=Path,
+        type=_path("a file"),
         metavar="FILE",
         help="default: reports/<suite>-<run_id>.html; several runs: reports/<suite>-<run_id>-vs-<run_id>.html",
     )
@@ -308,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("validate", help="check a suite without running it")
-    p.add_argument("suite")
+    p.add_argument("suite", type=_given("a suite file"))
     suite_args(p)
     allow_large_arg(p)
     p.set_defaults(func=cmd_validate)
@@ -317,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_env)
 
     p = sub.add_parser("list", help="list algorithms, workloads and suites")
-    p.add_argument("--suites", help="folder of suites (default: suites, where there is one)")
+    p.add_argument("--suites", type=_given("a folder"), help="folder of suites (default: suites, where there is one)")
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser(
@@ -328,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "runs",
         nargs="+",
-        type=Path,
+        type=_path("a run directory"),
         metavar="RUN_DIR",
         help="BASELINE_RUN... CANDIDATE_RUN (several baselines are pooled); one RUN_DIR: its cases that differ "
         "in one swept key, pair by pair",
@@ -358,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "runs",
         nargs="+",
-        type=Path,
+        type=_path("a run directory"),
         metavar="RUN_DIR",
         help="BASE_RUN CAND_RUN (their cases matched as compare matches them), or one RUN_DIR with --pair",
     )
@@ -374,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("gate", help="run a suite for baseline and candidate in this job, in lockstep, and judge")
-    p.add_argument("suite", help="suite TOML file")
+    p.add_argument("suite", type=_given("a suite file"), help="suite TOML file")
     p.add_argument(
         "--baseline",
         required=True,
@@ -430,15 +469,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_gate)
 
     p = sub.add_parser("export", help="write a run as pytest-benchmark or github-action-benchmark JSON")
-    p.add_argument("run", type=Path, metavar="RUN_DIR")
+    p.add_argument("run", type=_path("a run directory"), metavar="RUN_DIR")
     p.add_argument("--format", required=True, choices=("pytest-benchmark", "custom-smaller-is-better"))
-    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write here instead of stdout")
+    p.add_argument("-o", "--output", type=_path("a file"), metavar="FILE", help="write here instead of stdout")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser(
         "whatif", help="project a run's step times onto other fabrics (α–β model), validated on its emulated links"
     )
-    p.add_argument("run", type=Path, metavar="RUN_DIR")
+    p.add_argument("run", type=_path("a run directory"), metavar="RUN_DIR")
     p.add_argument(
         "--fabric", action="append", default=[], metavar="NAME", help="project onto these fabrics only (default: all)"
     )
@@ -446,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--fabrics",
         action="append",
         default=[],
-        type=Path,
+        type=_path("a fabrics file"),
         metavar="FILE",
         help="TOML with [fabrics.NAME] latency_us, bandwidth_GBps (adds to or overrides the built-in table)",
     )
