@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.stats
-from conftest import REPO, tiny_suite
+from conftest import REPO, run_cli, tiny_suite
 from conftest import tpbench as run_tpbench
 from synthetic_runs import ENVIRONMENT, make_run
 
@@ -469,6 +469,21 @@ def test_gate_rejects_sides_it_cannot_run(tmp_path: Path) -> None:
     # --rounds 0 used to run the default 5 rounds (0 read as "not given").
     p = tpbench("gate", suite, "--baseline", REPO, "--candidate", sys.executable, "--mode", "rounds", "--rounds", "0")
     assert p.returncode == 2 and "--rounds 0: expected an integer >= 1" in p.stderr
+
+
+@pytest.mark.parametrize("empty", ["--baseline", "--candidate"])
+def test_an_empty_side_is_refused_naming_the_option(tmp_path: Path, capsys, empty: str) -> None:
+    """``Path("")`` is the current directory: run from a checkout, ``--baseline ""`` was that source
+    tree, and the gate measured it against the candidate without a word."""
+    sides = {"--baseline": str(REPO), "--candidate": str(REPO)} | {empty: ""}
+    args = ["gate", "suites/gate.toml", *[x for kv in sides.items() for x in kv], "--out", str(tmp_path / "out")]
+    assert run_cli([*args, "--repeats", "1", "--budget-s", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tpbench gate: error: {empty} '': empty; expected a python executable"), err
+    assert err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(gate.GateError, match=f"{empty} '': empty"):
+        gate.resolve_side(empty.removeprefix("--"), "", tmp_path)
 
 
 def test_resolve_side_forms(tmp_path: Path) -> None:

@@ -74,8 +74,13 @@ def resolve_side(name: str, spec: str, work_dir: Path) -> Side:
     PYTHONPATH. Both run in ``work_dir``, never in the caller's directory: ``python -m`` puts the
     working directory first on sys.path, and a checkout there would shadow the side's own code
     (a source tree runs in its own root for the same reason). Anything else is a command prefix
-    such as ``"uv run tpbench"``.
+    such as ``"uv run tpbench"``. An empty spec is refused: ``Path("")`` is the current directory,
+    which, in a checkout, read as that source tree, and the gate measured it without a word.
     """
+    if not spec:
+        raise GateError(
+            f"--{name} '': empty; expected a python executable, a venv, a source tree with pyproject.toml, or a command"
+        )
     path = Path(spec).expanduser()
     kept = own_pythonpath()
     if path.is_file() and os.access(path, os.X_OK):
