@@ -182,10 +182,12 @@ def test_a_damaged_events_file_stops_the_resume_naming_its_line_and_leaves_the_r
     (events / "rank0.jsonl").write_text(json.dumps(ready) + "\n" + line + "\n")
     before = (run_dir / "run.json").read_bytes()
     capsys.readouterr()
-    assert run_cli(["sweep", "--resume", str(run_dir), "--no-report"]) == 3
-    err = " ".join(capsys.readouterr().err.split())
-    assert f"{events / 'rank0.jsonl'}: {message}" in err and "Traceback" not in err, err
-    assert (run_dir / "run.json").read_bytes() == before
+    # Its dry run refuses it the same way (it listed the case and exited 0), changing nothing either.
+    for dry in (["--dry-run"], ["--no-report"]):
+        assert run_cli(["sweep", "--resume", str(run_dir), *dry]) == 3
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"{events / 'rank0.jsonl'}: {message}" in err and "Traceback" not in err, err
+        assert (run_dir / "run.json").read_bytes() == before
 
 
 @pytest.mark.ranks

@@ -531,6 +531,16 @@ class PrintedWorldRecord:
         pass
 
 
+def check_printed(run: store.Run) -> None:
+    """Read, recording nothing, the events files ``ingest_printed`` would read: a whole line that is
+    not an event is refused as it is there (``event_line``: ``store.StoreError`` naming the file and
+    line), so that ``sweep --resume --dry-run`` refuses what ``--resume`` refuses instead of listing
+    the run's cases and exiting 0."""
+    for entry in run.record.worlds:
+        if entry.printed and not entry.ingested:
+            EventFiles(run.dir / "events" / entry.world).read()
+
+
 def ingest_printed(
     run: store.Run, cases: dict[str, Case], user_interconnects: dict[str, Any], listener: Listener
 ) -> None:

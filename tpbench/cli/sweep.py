@@ -253,7 +253,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from tpbench import store, sweep
+    from tpbench import launch, store, sweep
 
     launcher = _check_sweep_args(args)
     if args.resume:
@@ -265,6 +265,7 @@ def _sweep(args: argparse.Namespace) -> int:
             # unreadable, ``sweep.reopen``), its dry run refuses too: "0 cases to resume" then exit 0
             # would tell a user the run is whole when the resume itself exits 3.
             store.load(run.dir, summary=False)
+            launch.check_printed(run)  # a printed world's events file damaged: refused as --resume does
             todo = sweep.missing(run)
             left = sweep.repeats_left(run, todo)
             # A case with every repeat on disk (a printed world that ran) is only recorded.
