@@ -342,6 +342,25 @@ def test_a_tiny_margin_at_ten_nines_says_what_would_decide_it_in_the_words_it_wa
     assert [verdict.duration(s) for s in (45, 600, 7200, 12855 * 60)] == ["45 s", "10 min", "2 h", "9 days"]
 
 
+def test_only_the_commands_that_read_tune_json_refuse_a_damaged_one(tmp_path, capsys):
+    """``whatif`` of a tune's untraced run read tune.json only to word its "no case was traced" error,
+    and so exited on the damaged file instead. As ``compare`` and ``export`` (which never read it),
+    it now does its own job; the report, whose Recommendation is tune.json's, refuses it naming it."""
+    from synthetic_runs import make_run
+
+    run_dir = make_run(tmp_path / "r", {"ddp": [10.0, 11.0], "zero_no_overlap": [12.0, 12.5]})
+    sweep.finalize(store.Run.open(run_dir))  # its summary, as a tune leaves it
+    (run_dir / store.TUNE_FILE).write_text("{not json")
+    assert run_cli(["whatif", str(run_dir)]) == 3
+    err = capsys.readouterr().err
+    assert "no case was traced (a tune traces nothing)" in err and store.TUNE_FILE not in err, err
+    assert run_cli(["compare", str(run_dir)]) in (0, 1, 4)
+    assert run_cli(["export", "--format", "pytest-benchmark", str(run_dir)]) == 0
+    assert store.TUNE_FILE not in capsys.readouterr().err
+    assert run_cli(["report", str(run_dir), "-o", str(tmp_path / "report.html")]) == 3
+    assert f"{run_dir / store.TUNE_FILE}: unreadable" in capsys.readouterr().err
+
+
 def test_a_tune_json_of_the_wrong_shape_is_refused_naming_the_file(tmp_path, capsys):
     """Valid JSON of the wrong shape gave tracebacks (exit 1) in ``tune --resume`` and the report;
     now exit 3 naming tune.json, as for run.json. An interrupted tune's report says how to resume it."""

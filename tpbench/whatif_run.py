@@ -66,7 +66,10 @@ def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: s
     if done.empty:
         raise ValueError(f"{loaded.run_dir}: no finished case")
     if "profiler_steps" in done and not (done["profiler_steps"].fillna(0) > 0).any():
-        what = "a tune traces nothing" if store.read_tune(loaded.run_dir) else "capture.profiler_steps = 0"
+        # A tune is a run with tune.json; whether it is one is all this error needs, so the file is
+        # not read: a damaged one is the report's and ``tune --resume``'s to refuse, not the what-if's.
+        tune = (Path(loaded.run_dir) / store.TUNE_FILE).exists()
+        what = "a tune traces nothing" if tune else "capture.profiler_steps = 0"
         raise ValueError(
             f"{loaded.run_dir}: no case was traced ({what}), and the what-if replays traced steps; sweep the "
             "settings to project with traces, e.g. `tpbench sweep SUITE --filter ... --set capture.profiler_steps=3`"
