@@ -581,6 +581,32 @@ def test_a_file_in_place_of_the_results_directory_is_named(tmp_path, capsys, out
     assert f"{tmp_path / out}: the results directory {said}, not a directory" in err, err
 
 
+@pytest.mark.parametrize("command", [["report"], ["export", "--format", "custom-smaller-is-better"]])
+@pytest.mark.parametrize(
+    "where,message",
+    [
+        ("{tmp}/new/deeper/out", None),  # made, as sweep --report and --out make theirs
+        ("{tmp}/a-file/out", "{tmp}/a-file: the folder of {tmp}/a-file/out is a file, not a directory"),
+        ("{tmp}/a-file/sub/out", "{tmp}/a-file/sub: the folder of {tmp}/a-file/sub/out cannot be made: {tmp}/a-file"),
+        ("/proc/out", "/proc: the folder of /proc/out takes no new files (a virtual filesystem"),
+    ],
+)
+def test_an_output_files_missing_folders_are_made_or_refused_as_the_sweeps_report(
+    done_run, tmp_path, capsys, command, where, message
+):
+    """``report -o`` and ``export -o`` made the folders above their file, as ``sweep --report`` does,
+    but one that could not be made was said as the OS says it ("{tmp}/a-file: File exists", "Not a
+    directory", "No such file or directory" of /proc): now as ``sweep --report`` says it (exit 3)."""
+    (tmp_path / "a-file").write_text("")
+    target = where.format(tmp=tmp_path)
+    code = run_cli([command[0], str(done_run), *command[1:], "-o", target])
+    err = " ".join(capsys.readouterr().err.split())
+    if message is None:
+        assert code == 0 and Path(target).is_file(), err
+    else:
+        assert code == 3 and message.format(tmp=tmp_path) in err, err
+
+
 def test_a_failed_write_names_the_users_file_and_leaves_no_temporary(done_run, tmp_path, capsys):
     """``-o`` naming a folder: the rename of the finished temporary file fails, the error names
     the user's path (exit 3), and the temporary file is gone."""

@@ -158,9 +158,14 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 def write_output(path: Path, data: bytes) -> Path:
     """Write a file the user named (``report -o``, ``export -o``): through a symlink to its target,
     in place into an existing special file (``/dev/null``, a FIFO), atomically otherwise; a device
-    node is never replaced by a regular file. Returns where it landed."""
+    node is never replaced by a regular file. Returns where it landed.
+
+    Missing folders above the file are made, as for ``sweep --report`` and ``--out``; one that cannot
+    be is said as ``sweep --report`` says it (``check_writable``), where the OS said only "File exists"
+    or "Not a directory" of a file in the way."""
     target, in_place = user_files.output_target(path)
     if not in_place:
+        check_writable(target.parent, f"folder of {path}")
         atomic_write_bytes(target, data)
         return target
     try:

@@ -61,7 +61,6 @@ def write_report(run_dirs: list[Path], out: Path, metric: str = "step_ms") -> Pa
     """Load the runs, build their report and write it atomically to ``out``."""
     runs = [store.load(d) for d in run_dirs]
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     store.write_output(out, build_report(runs, out.parent.resolve(), metric).encode())
     return out
 
