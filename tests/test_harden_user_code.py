@@ -58,7 +58,10 @@ def test_a_factory_that_sleeps_is_stopped_by_the_time_limit_naming_it(in_bad, tm
     assert run_cli(["validate", str(suite)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.splitlines() == [err]
-    assert f"{suite}: workload: user_models:sleeps: did not return within 1 s (called with ctx.device = meta)" in err
+    assert (
+        f"{suite}: [sweep] workload[0]: user_models:sleeps: did not return within 1 s (called with ctx.device = meta)"
+        in err
+    )
 
 
 def test_a_hook_module_that_never_finishes_importing_is_stopped_naming_it(in_bad, tmp_path, monkeypatch, capsys):
