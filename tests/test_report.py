@@ -911,6 +911,17 @@ def test_the_verdicts_say_which_post_local_sgd_setting_reaches_the_target_soones
     )
 
 
+def test_plain_ddp_is_named_ddp_in_every_legend_and_table_of_the_report():
+    """Post-local SGD that never switches is plain DDP: the Verdicts called it "DDP", while the
+    convergence legend, the Time to target table and the step-time chart called it
+    "post_localSGD_hook start_localSGD_iter=never" (11 times in this report), one more setting."""
+    html = build_report(localsgd_settings_data().runs)
+    assert "start_localSGD_iter=never" not in html
+    assert re.search(r'"mode":"lines\+markers","name":"DDP"', html)  # the convergence legend
+    assert "<td>DDP</td>" in html  # the Time to target table's first column
+    assert "<td>post_localSGD_hook start_localSGD_iter=10 averaging_period=4</td>" in html
+
+
 def test_report_of_several_runs_leaves_the_first_runs_own_report(tmp_path, monkeypatch):
     """`tpbench report A B` without -o wrote to A's own report path (reports/<suite>-<A>.html, where
     A's sweep had written A's report) and replaced it with the comparison."""

@@ -8,7 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from tpbench.suite import MAX_CASES, Machine, SuiteError, expand, load, parse, select, varying_keys, with_overrides
+from tpbench.suite import (
+    MAX_CASES,
+    Machine,
+    SuiteError,
+    expand,
+    labels,
+    load,
+    parse,
+    select,
+    varying_keys,
+    with_overrides,
+)
 
 CPU = Machine(gpus=0)
 REPO = Path(__file__).resolve().parent.parent
@@ -275,3 +286,21 @@ def test_a_combination_refused_names_the_table_and_value_as_per_key_errors_do(te
     with pytest.raises(SuiteError) as e:
         expand(parse(text, "t.toml"), CPU)
     assert str(e.value).startswith(said), str(e.value)
+
+
+def test_post_local_sgd_that_never_switches_is_labelled_ddp_and_still_selected_by_its_key():
+    """A post-local SGD case with start_localSGD_iter = "never" is plain DDP (no hook registered). The
+    Verdicts called it "DDP", while every label (convergence legend, time-to-target table, tune's claim
+    and table, the CLI's tables) called it "post_localSGD_hook start_localSGD_iter=never", one more
+    post-local SGD setting. The label now says "DDP"; its --filter value is unchanged."""
+    text = BASE.replace('algorithm = ["ddp", "zero_no_overlap"]\nbucket_cap_mb = [1, 4]', "")
+    text = text.replace("[defaults]", '[defaults]\nalgorithm = "post_localSGD_hook"\nranks_per_node = 1')
+    cases = expand(parse(text + 'start_localSGD_iter = ["never", 1]\nbucket_cap_mb = [1, 4]\n', "t.toml"), CPU)
+    named = labels([cases])[0]
+    never = select(cases, ["start_localSGD_iter=never"])
+    assert sorted(named[c.case_id] for c in never) == ["DDP bucket_cap_mb=1", "DDP bucket_cap_mb=4"]
+    switching = [named[c.case_id] for c in cases if c not in never]
+    assert sorted(switching) == [
+        "post_localSGD_hook bucket_cap_mb=1 start_localSGD_iter=1",
+        "post_localSGD_hook bucket_cap_mb=4 start_localSGD_iter=1",
+    ]

@@ -12,7 +12,7 @@ collapses the others so that, say, ``shard_buckets`` never doubles the ``ddp`` c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from tpbench import comm_hooks
 
@@ -207,6 +207,28 @@ def is_plain_ddp(params: dict[str, Any]) -> bool:
     return params["algorithm"] == LOCALSGD_BASELINE or (
         params["algorithm"] == LOCALSGD and params.get("start_localSGD_iter") == "never"
     )
+
+
+# What outputs call a plain-DDP post-local SGD case, and the key that name already says.
+PLAIN_DDP_NAME, PLAIN_DDP_KEY = "DDP", "start_localSGD_iter"
+
+
+def display_name(params: Mapping[str, Any]) -> str:
+    """A case's algorithm as every output names it (labels, legends, tables, verdicts): the algorithm,
+    with ``[torch]`` when PyTorch's own hook ran, or "DDP" for post-local SGD that never switches: it
+    registers no hook, and "post_localSGD_hook start_localSGD_iter=never" read as one more post-local
+    SGD setting. What a user types to select it (``--filter start_localSGD_iter=never``) is unchanged."""
+    if params["algorithm"] == LOCALSGD and is_plain_ddp(dict(params)):
+        return PLAIN_DDP_NAME
+    impl = params.get("impl")
+    # A table's missing impl is NaN, not None: only a named implementation is shown.
+    return params["algorithm"] + (f"[{impl}]" if isinstance(impl, str) and impl != "tpbench" else "")
+
+
+def named_keys(name: str) -> frozenset[str]:
+    """The keys a ``display_name`` already says, left out of a label beside it: "DDP" is
+    ``start_localSGD_iter = "never"``."""
+    return frozenset({PLAIN_DDP_KEY}) if name == PLAIN_DDP_NAME else frozenset()
 
 
 def timed_before_switch(params: dict[str, Any]) -> int:

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping
 import tomllib
 
 from tpbench import comm_hooks
-from tpbench.algorithms import ALGORITHMS
+from tpbench.algorithms import ALGORITHMS, display_name, named_keys
 
 SCHEMA_VERSION = 1
 KNOWN_VERSIONS = (0, 1)
@@ -379,11 +379,13 @@ class Case:
         return (params["world_size"], params["backend"], params["device"], params["interconnect"])
 
     def label(self, varying: Iterable[str] = ()) -> str:
-        """A short human name: the algorithm plus the values of the keys that vary in the suite."""
-        parts = [self.algorithm + ("" if self.impl in (None, "tpbench") else f"[{self.impl}]")]
+        """A short human name: the algorithm (``algorithms.display_name``) plus the values of the keys that
+        vary in the suite."""
+        name = display_name(self.params())
+        parts, said = [name], named_keys(name) | {"algorithm"}
         for k in varying:
             v = getattr(self, k, None)
-            if k != "algorithm" and v is not None:
+            if k not in said and v is not None:
                 parts.append(f"{k}={v}")
         return " ".join(parts)
 

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from tpbench import store
-from tpbench.algorithms import ALGORITHMS
+from tpbench.algorithms import ALGORITHMS, display_name
 from tpbench.analysis.stats import repeat_values, windows_of
 from tpbench.environment import commit_text
 from tpbench.suite import DDP_DEFAULT, Case, labels, shown_keys
@@ -129,7 +129,7 @@ def load(runs: list[store.Loaded], metric: str = "step_ms") -> ReportData:
     # impl stays a context key (pairs of cases must agree on it); labels show it with the algorithm.
     context = [k for k in shown_keys(run_cases) if k != "algorithm"]
     if not cases.empty:
-        cases["algo"] = [_algo(a, i) for a, i in zip(cases["algorithm"], cases.get("impl", [None] * len(cases)))]
+        cases["algo"] = [display_name(row) for row in cases.to_dict("records")]
         cases["label"] = _labels(cases, runs, run_cases)
         keys = _order_keys(cases, runs, context)
         cases = cases.iloc[sorted(range(len(cases)), key=keys.__getitem__)].reset_index(drop=True)
@@ -150,11 +150,6 @@ def _concat_runs(frames: list[pd.DataFrame], params: set[str]) -> pd.DataFrame:
             values = [v for f in frames for v in (f[col] if col in f else [None] * len(f))]
             cases[col] = pd.Series(values, dtype=object)
     return cases
-
-
-def _algo(algorithm: str, impl: Any) -> str:
-    """The name the CLI shows: the algorithm, with ``[torch]`` when PyTorch's own hook ran."""
-    return algorithm + ("" if impl in (None, "tpbench") or pd.isna(impl) else f"[{impl}]")
 
 
 def _run_cases(run: store.Loaded, tag: str, metric: str) -> pd.DataFrame:

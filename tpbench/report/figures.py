@@ -6,6 +6,7 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
+from tpbench.algorithms import named_keys
 from tpbench.report.data import ReportData
 from tpbench.report.html import plot_text
 from tpbench.suite import DDP_DEFAULT
@@ -28,18 +29,16 @@ def display(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
 
 
 def series(data: ReportData, df: pd.DataFrame, exclude: set[str]) -> pd.Series:
-    """What tells lines apart: the algorithm (with its impl) plus every other varying key not on an
-    axis or facet (``exclude``)."""
+    """What tells lines apart: the algorithm as cases are named (``display_name``, with its impl) plus
+    every other varying key not on an axis or facet (``exclude``), less those the name says."""
     others = [k for k in data.context_keys if k not in exclude | {"impl"}]
-    return pd.Series(
-        [
-            " ".join(
-                [row["algo"], *(f"{k}={row[k]}" for k in others if row.get(k) is not None and not pd.isna(row.get(k)))]
-            )
-            for row in df.to_dict("records")
-        ],
-        index=df.index,
-    )
+
+    def line(row: dict) -> str:
+        said = named_keys(row["algo"])
+        shown = [k for k in others if k not in said and row.get(k) is not None and not pd.isna(row.get(k))]
+        return " ".join([row["algo"], *(f"{k}={row[k]}" for k in shown)])
+
+    return pd.Series([line(row) for row in df.to_dict("records")], index=df.index)
 
 
 def facet_common(data: ReportData, df: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, list[str | None]]:

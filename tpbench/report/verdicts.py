@@ -38,6 +38,7 @@ from tpbench.algorithms import (
     TUNING_KEYS,
     ZERO_HOOKS,
     is_plain_ddp,
+    named_keys,
 )
 from tpbench.analysis import convergence
 from tpbench.analysis.stats import Ratio, case_ratio, geometric_mean
@@ -453,13 +454,11 @@ def _times(est: Ratio) -> str:
 
 
 def _knobs(row: dict[str, Any], data: ReportData) -> str:
-    """A case by what the user would set: the algorithm and its tuning parameters (the setting is already said).
-    Post-local SGD that never switches is named "DDP", as every post-local SGD verdict names it: it runs
-    no hook, and "post_localSGD_hook start_localSGD_iter=never" read as one more post-local SGD setting."""
-    keys = [k for k in data.context_keys if k in TUNING_KEYS - {"impl"} and _present(row.get(k))]
+    """A case by what the user would set: its name (``display_name``: "DDP" for post-local SGD that never
+    switches, as every post-local SGD verdict names it) and its tuning parameters (the setting is already said)."""
+    said = named_keys(row["algo"]) | {"impl"}
+    keys = [k for k in data.context_keys if k in TUNING_KEYS - said and _present(row.get(k))]
     name = row["algo"]
-    if row["algorithm"] == LOCALSGD and is_plain_ddp(row):
-        name, keys = "DDP", [k for k in keys if k != "start_localSGD_iter"]  # its other post-local keys are moot
     # As the case's label writes them: a column of 0.5 and 4 MB holds 4.0, the suite said 4.
     knobs = [f"{k}={int(v) if isinstance(v := row[k], float) and v.is_integer() else v}" for k in keys]
     return " ".join([name, *knobs])
