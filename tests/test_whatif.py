@@ -26,7 +26,8 @@ from synthetic_runs import make_run
 from tpbench import store, whatif_run
 from tpbench.analysis import interference, replay, skeletons, timeline, trace_events, whatif, whatif_validation
 from tpbench.analysis.replay import CollectiveSpec, Fabric, Issue, StepSkeleton, Wait, Work, collective_time, simulate
-from tpbench.report import build_report
+from tpbench.report import build_report, interconnect
+from tpbench.report.html import Page
 
 # --------------------------------------------------------------------------- α–β costs
 
@@ -1051,6 +1052,18 @@ def test_report_shows_the_reason_in_place_of_the_number():
     assert re.search(r"<td>[+-]\d+\.\d%</td>", kept) and re.search(r"<td>[+-]\d+\.\d%</td>", refused)
     assert "Which setting each fabric would favour (projected)" in section
     assert "on nvlink4: zero_no_overlap bucket_cap_mb=4" in section
+
+
+def test_the_reports_fabric_table_says_shared_medium_in_words(tmp_path):
+    """The fabric table's "shared medium" column printed Python's False/True; it says "yes"/"no"."""
+    extra = tmp_path / "fabrics.toml"
+    extra.write_text('[fabrics.hub]\nlatency_us = 5\nbandwidth_GBps = 1\nshared = true\ndescription = "a hub"\n')
+    page = Page("t")
+    interconnect.sections(page, [store.load(LINKS_RUN)], whatif_run.load_fabrics([extra]))
+    table = "".join(page.parts).split("<th>shared medium</th>")[1]
+    cells = [re.findall(r"<td>(.*?)</td>", r, re.S) for r in re.findall(r"<tr>(.*?)</tr>", table, re.S)]
+    shared = {row[0]: row[3] for row in cells if row}
+    assert shared["hub"] == "yes" and shared["nvlink4"] == "no" and set(shared.values()) == {"yes", "no"}
 
 
 def test_the_reports_validation_table_gives_measured_and_predicted_alike():

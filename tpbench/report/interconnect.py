@@ -267,7 +267,8 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, replay.Fab
                 "fabric": f.name,
                 "latency_us": f.alpha_s * 1e6,
                 "bandwidth_GBps": f.beta_Bps / 1e9,
-                "shared medium": f.shared,
+                # In words, as the rest of the page: a cell of Python's True/False reads as code.
+                "shared medium": "yes" if f.shared else "no",
                 "description": f.description,
             }
             for f in fabrics.values()
