@@ -757,6 +757,11 @@ def test_the_crossover_plots_its_ratios_on_a_log_axis():
     )
     fig = _crossover_figure(points, None, [])
     assert fig.layout.yaxis.type == "log" and "log scale" in fig.layout.yaxis.title.text
+    # Over three decades every tick says its ratio: plotly's own labels between decades are bare digits
+    # ("5, 2, 1, 5, 2, 0.1"), the "5" under 1 meaning 0.5.
+    ticks = dict(zip(fig.layout.yaxis.tickvals, fig.layout.yaxis.ticktext))
+    assert {0.1: "0.1", 0.5: "0.5", 1.0: "1", 2.0: "2", 10.0: "10"}.items() <= ticks.items(), ticks
+    assert ticks[0.05] == "0.05" and max(ticks) < 100, ticks
 
 
 def test_a_table_column_with_no_value_shows_empty_cells_not_none():

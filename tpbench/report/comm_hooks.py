@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 
 from tpbench import verdict
 from tpbench.report.data import ReportData, context_text, sentence_start
-from tpbench.report.figures import LEGEND_BELOW, MARGIN, ratio_trace
+from tpbench.report.figures import LEGEND_BELOW, MARGIN, log_ratio_ticks, ratio_trace
 from tpbench.report.html import Page, plot_text
 from tpbench.report.verdicts import Comparison, resolution
 
@@ -175,7 +175,11 @@ def _figure(comparisons: list[Comparison]) -> go.Figure:
     fig.update_xaxes(type="category", title="wrapped communication hook")
     # A ratio on a log axis, as the crossover chart's: twice as fast as far below 1 as twice as slow
     # above it, and one wide interval (two rounds: [0.40, 1.70] and wider) no longer presses the rest flat.
-    fig.update_yaxes(type="log", title="step time, interleaved / sequential (log scale)")
+    fig.update_yaxes(
+        type="log",
+        title="step time, interleaved / sequential (log scale)",
+        **log_ratio_ticks([*rows["ratio"], *rows["lo"], *rows["hi"]]),
+    )
     # Series side by side at each hook, so their intervals do not hide one another.
     fig.update_layout(height=420, margin=MARGIN, legend=LEGEND_BELOW, scattermode="group")
     return fig

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
+
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
@@ -115,6 +118,19 @@ def lines_against_bucket_size(
     fig.update_yaxes(matches=None, rangemode="tozero")
     fig.update_layout(height=row_height * rows + 160, margin=MARGIN, legend=LEGEND_BELOW)
     return fig
+
+
+def log_ratio_ticks(values: Iterable[float]) -> dict[str, list]:
+    """Ticks for a ratio's log axis, each labelled as the ratio it is (0.5, 1, 2, 5, 10): over more than
+    a decade plotly labels the ticks between decades with a bare digit ("5, 2, 1, 5, 2, 0.1"), so the
+    "5" under 1 means 0.5. The 1-2-5 steps of each decade the values span (1 always), or the decades
+    alone where those would crowd the axis."""
+    finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    lo, hi = min([*finite, 1.0]), max([*finite, 1.0])
+    decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+    steps = (1, 2, 5) if math.log10(hi / lo) <= 3 else (1,)
+    ticks = [m * 10.0**d for d in decades for m in steps if lo / 1.5 <= m * 10.0**d <= hi * 1.5]
+    return dict(tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
 
 
 def ratio_trace(grp: pd.DataFrame, x: str, name: str, lo: str = "lo", hi: str = "hi", **scatter: object) -> go.Scatter:

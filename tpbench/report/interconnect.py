@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 
 from tpbench import store, verdict, whatif_run
 from tpbench.analysis import crossover, replay, whatif, whatif_validation
-from tpbench.report.figures import ratio_trace
+from tpbench.report.figures import log_ratio_ticks, ratio_trace
 from tpbench.report.html import Page, plot_text
 from tpbench.suite import value_text
 
@@ -162,7 +162,11 @@ def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None, oth
     )
     # A ratio on a log axis, as the fit is of its log: on a linear one a single wide interval (to 36
     # on suites/zero.toml's 3 repeats) pressed every point and the line into the bottom 5 %.
-    fig.update_yaxes(type="log", title="step time, interleaved / sequential (log scale)")
+    fig.update_yaxes(
+        type="log",
+        title="step time, interleaved / sequential (log scale)",
+        **log_ratio_ticks([*points["ratio"], *points["ratio_lo"], *points["ratio_hi"]]),
+    )
     fig.update_layout(height=430, margin=dict(l=10, r=10, t=30, b=10))
     return fig
 
