@@ -486,6 +486,29 @@ def test_an_empty_side_is_refused_naming_the_option(tmp_path: Path, capsys, empt
         gate.resolve_side(empty.removeprefix("--"), "", tmp_path)
 
 
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (
+            ["--target-ci", "5%", "--repeats", "5"],
+            "--repeats 5 with --target-ci: the gate decides a case from 10 pairs",
+        ),
+        (["--set", "repeats=2"], "--set repeats=2: the gate sets repeats; use --repeats"),
+        (["--candidate-set", "repeats=2"], "--candidate-set repeats=2: the gate sets repeats; use --repeats"),
+        (["--set", "capture.profiler_steps=5"], "--set capture.profiler_steps=5: a gate never traces while it"),
+    ],
+)
+def test_lockstep_options_it_would_not_honour_are_refused(tmp_path: Path, capsys, flags: list[str], said: str) -> None:
+    """A --target-ci gate of fewer than 10 repeats could never decide a case: it ran to "unknown"
+    without a word. ``--set repeats=2`` came after the gate's own ``repeats`` and won: each side ran 2
+    repeats while gate.json said 4; ``--set capture.profiler_steps=5`` traced the measured steps."""
+    args = ["gate", "suites/gate.toml", "--baseline", str(REPO), "--candidate", str(REPO), "--repeats", "4"]
+    assert run_cli([*args, "--out", str(tmp_path / "out"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tpbench gate: error: {said}"), err
+    assert not (tmp_path / "out").exists()
+
+
 def test_resolve_side_forms(tmp_path: Path) -> None:
     venv = Path(sys.prefix)
     s = gate.resolve_side("baseline", str(venv), tmp_path)

@@ -80,6 +80,33 @@ def cmd_gate(args: argparse.Namespace) -> int:
         return _gate(args)
 
 
+# Keys a lockstep gate sets for both sides itself (``gate.Lockstep.overrides``): a user's --set would come after
+# them and win, unseen by the gate.
+_GATE_KEYS = {
+    "repeats": "the gate sets repeats; use --repeats",
+    "capture.profiler_steps": "a gate never traces while it measures; use --explain",
+}
+
+
+def _check_lockstep_options(args: argparse.Namespace) -> None:
+    """``GateError`` (exit 2, before any sweep) for lockstep options the gate would not honour: a
+    ``--target-ci`` whose ``--repeats`` stops short of the pairs a case is decided from, which ran to
+    "unknown" without a word; a ``--set``/``--candidate-set`` of a key the gate sets itself, which
+    overrode it in each side's sweep (``repeats=2``: 2 repeats run, gate.json saying the gate's own)."""
+    from tpbench import compare, gate
+
+    if args.target_ci is not None and args.repeats is not None and args.repeats < gate.MIN_PAIRS:
+        raise compare.GateError(
+            f"--repeats {args.repeats} with --target-ci: the gate decides a case from {gate.MIN_PAIRS} pairs; "
+            f"expected --repeats >= {gate.MIN_PAIRS}"
+        )
+    for flag, values in (("--set", args.set), ("--candidate-set", args.candidate_set)):
+        for value in values or ():
+            why = _GATE_KEYS.get(value.split("=", 1)[0].strip())
+            if why:
+                raise compare.GateError(f"{flag} {value}: {why}")
+
+
 def _gate(args: argparse.Namespace) -> int:
     from tpbench import compare, gate, store
 
@@ -95,6 +122,8 @@ def _gate(args: argparse.Namespace) -> int:
         misplaced = ["--rounds"]
     if misplaced:
         raise compare.GateError(f"{', '.join(misplaced)}: not an option of --mode {args.mode}")
+    if args.mode == "lockstep":
+        _check_lockstep_options(args)
     given = {
         k: v for k, v in (("repeats", args.repeats), ("budget_s", args.budget_s), ("seed", args.seed)) if v is not None
     }
