@@ -22,7 +22,7 @@ from conftest import REPO, run_cli, tiny_suite
 from conftest import tpbench as run_tpbench
 from synthetic_runs import ENVIRONMENT, make_run
 
-from tpbench import compare, gate
+from tpbench import compare, gate, render
 from tpbench.analysis.stats import Ratio, hierarchical_ratio_ci, paired_ratio, unpaired_ratio
 
 
@@ -223,6 +223,21 @@ def test_incomparable_environment_and_world(tmp_path: Path) -> None:
     four_ranks = make_run(tmp_path / "w", {"ddp": noisy(10, 5, 0.02, 3)}, world_size=4)
     (case,) = compare.compare_runs([base], [four_ranks]).cases
     assert case.verdict == "incomparable" and "world_size 2 vs 4" in case.reason
+
+
+def test_an_ignored_environment_difference_is_still_said(tmp_path: Path) -> None:
+    """``--ignore-env torch`` judged the runs, and every output then read as if both ran one torch:
+    a CI summary gave a verdict across torch versions without naming them."""
+    base = make_run(tmp_path / "b", {"ddp": noisy(10, 5, 0.02, 1)})
+    other = make_run(tmp_path / "t", {"ddp": noisy(10, 5, 0.02, 2)}, environment=ENVIRONMENT | {"torch": "2.4.0"})
+    diff = f"{Path(base).name} vs {Path(other).name}: torch: 2.13.0+cpu vs 2.4.0"
+    said = f"environment differs, ignored (--ignore-env): {diff}"
+    c = compare.compare_runs([base], [other], ignore_env=["torch"])
+    assert c.environment_differences == [] and c.exit_code != 3
+    assert c.ignored_environment_differences == [diff]
+    assert said in render.render_text(c) and f"- {said}" in render.render_markdown(c)
+    assert json.loads(render.render_json(c))["ignored_environment_differences"] == c.ignored_environment_differences
+    assert compare.compare_runs([base], [other]).ignored_environment_differences == []
 
 
 def test_missing_cases(tmp_path: Path) -> None:

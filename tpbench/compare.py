@@ -174,6 +174,9 @@ class Comparison(_Verdicts):
     pairing: str = "none"
     baseline_commits: list[str] = field(default_factory=list)
     candidate_commits: list[str] = field(default_factory=list)
+    # The differences ``ignore_env`` let through: judged as comparable, but said, so that a verdict
+    # across torch versions does not read as one within a single version.
+    ignored_environment_differences: list[str] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- comparing runs
@@ -362,6 +365,7 @@ def compare_runs(
     cand = [RunData.of(d, metric) for d in candidate]
     check_distinct(base, cand)
     env_diff = runs_environment_differences(base, cand, ignore_env)
+    ignored = sorted(set(runs_environment_differences(base, cand)) - set(env_diff))
     ref = cand[0]
     results = [
         _judge_case(cid, ref.labels[cid], ref.params[cid], base, cand, threshold, confidence, bool(env_diff), pairing)
@@ -379,6 +383,7 @@ def compare_runs(
         pairing,
         sorted({commit_text(b.environment) for b in base}),
         sorted({commit_text(c.environment) for c in cand}),
+        ignored,
     )
 
 

@@ -123,6 +123,7 @@ def _preamble(c: Result) -> list[str]:
         f"candidate: {len(c.candidate_runs)} run(s), commit {', '.join(c.candidate_commits)}",
     ]
     lines += [f"environment differs: {d}" for d in c.environment_differences]
+    lines += [f"environment differs, ignored (--ignore-env): {d}" for d in c.ignored_environment_differences]
     return lines
 
 
