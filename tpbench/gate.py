@@ -534,7 +534,7 @@ def run_lockstep(
         conductor = _Conductor(sides, cfg.stall_s, started + cfg.budget_s)
         stopped = _pace(conductor, sides, cfg, started, rounds, announce)
         if stopped:
-            announce(f"tpbench gate: stopping after {len(rounds)} rounds: {stopped}")
+            announce(f"tpbench gate: stopping after {len(rounds)} round{'' if len(rounds) == 1 else 's'}: {stopped}")
         conductor.finish(cfg.finish_grace_s if stopped and stopped.startswith("budget") else None)
     except BaseException:
         for s in sides:
