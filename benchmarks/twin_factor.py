@@ -15,6 +15,7 @@ Usage: ``python benchmarks/twin_factor.py RUN_DIR [RUN_DIR ...] [--twin LINK] [-
 import argparse
 import dataclasses
 import math
+import sys
 
 import numpy as np
 
@@ -57,7 +58,13 @@ def main() -> None:
             seen.append(errs)
             shown = "  ".join(f"{k} {v:+6.1f} %" for k, v in errs.items())
             print(f"{run} {algorithm:32} factor ×{twin.fit.factor:.2f} ({twin.fit.factor_source})  {shown}")
-    for name in seen[0] if seen else ():
+    if not seen:  # silence would read as "no errors": say which links were missing
+        print(
+            f"no algorithm has a finished, unrefused case on both --twin {args.twin} and --target {args.target}",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+    for name in seen[0]:
         e = np.array([s[name] for s in seen])
         print(
             f"{name:15} over {len(e)}: mean |error| {np.mean(abs(e)):.1f} %, worst {np.max(abs(e)):.1f} %, "

@@ -1028,6 +1028,22 @@ def test_the_own_miss_benchmark_replays_each_step_on_its_own_communication(capsy
     assert line[0] == loaded.record.run_id and line[1:3] == ["5", "0"]
 
 
+def test_the_twin_factor_benchmark_says_when_no_algorithm_has_both_links(capsys, monkeypatch):
+    """benchmarks/twin_factor.py on runs with no algorithm done on both --twin and --target used to
+    print nothing and exit 0, which reads as "no errors"; it names the links it looked for and fails."""
+    from benchmarks import twin_factor
+
+    monkeypatch.setattr(sys, "argv", ["twin_factor.py", str(LINKS_RUN), "--twin", "tcp-10gbit"])
+    with pytest.raises(SystemExit) as exc:
+        twin_factor.main()
+    assert exc.value.code == 1
+    err = capsys.readouterr().err
+    assert "tcp-10gbit" in err and "loopback" in err
+    monkeypatch.setattr(sys, "argv", ["twin_factor.py", str(LINKS_RUN)])  # the defaults pair two algorithms
+    twin_factor.main()
+    assert "over 2: mean |error|" in capsys.readouterr().out
+
+
 def _all_models(loaded: store.Loaded) -> list[whatif.CaseModel]:
     """Every finished case's model as ``whatif_run.run_whatif`` builds it."""
     done = loaded.cases[loaded.cases["status"] == store.DONE]
