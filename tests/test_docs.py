@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# The examples' own READMEs too: docs/ links into examples/, and an example's page moves with its folder.
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "examples").glob("**/README.md"))]
 # [text](target) and ![alt](target); the target ends at whitespace or the closing parenthesis.
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
@@ -37,6 +38,7 @@ def anchors(page: Path) -> set[str]:
 
 def test_there_are_pages_and_links():
     assert (ROOT / "docs" / "architecture.md") in PAGES
+    assert (ROOT / "examples" / "slurm" / "README.md") in PAGES
     assert sum(len(relative_links(p)) for p in PAGES) > 20
 
 
