@@ -75,10 +75,11 @@ def resolution(run_dir: Path, target: float = TARGET) -> Resolution:
 
 def line(r: Resolution, target: float = TARGET) -> str:
     wall = f"{r.wall_s:7.1f} s" if r.wall_s is not None else "      ? s"
-    share = r.within_target / r.comparisons if r.comparisons else float("nan")
+    if not r.comparisons:  # nothing to resolve: say so rather than print shares and widths of nan
+        return f"{r.shape:>10}  {wall}  no comparison in its report  {r.run_dir}"
     return (
         f"{r.shape:>10}  {wall}  {r.comparisons:3d} comparisons ({r.paired} paired)  "
-        f"half-width <= {target:.0%}: {r.within_target}/{r.comparisons} ({share:.0%})  "
+        f"half-width <= {target:.0%}: {r.within_target}/{r.comparisons} ({r.within_target / r.comparisons:.0%})  "
         f"median ±{r.median_half_width:.1%}  largest ±{r.max_half_width:.1%}  {r.run_dir}"
     )
 
@@ -131,12 +132,15 @@ def main() -> None:
         for shape, rs in by_shape.items():
             walls = [r.wall_s for r in rs if r.wall_s is not None]
             wall = f"{statistics.median(walls):.1f} s" if walls else "?"
-            shares = [r.within_target / r.comparisons for r in rs if r.comparisons]
-            share = statistics.median(shares) if shares else float("nan")
-            median = statistics.median(r.median_half_width for r in rs)
+            compared = [r for r in rs if r.comparisons]
+            if not compared:
+                print(f"{shape:>10}  {wall} wall, no comparison in its reports ({len(rs)} runs)")
+                continue
+            share = statistics.median(r.within_target / r.comparisons for r in compared)
+            median = statistics.median(r.median_half_width for r in compared)
             print(
                 f"{shape:>10}  {wall} wall, {share:.0%} within ±{args.target:.0%}, "
-                f"median ±{median:.1%} ({len(rs)} runs)"
+                f"median ±{median:.1%} ({len(rs)} runs, {len(compared)} with comparisons)"
             )
 
 

@@ -649,6 +649,15 @@ def test_budget_resolution_counts_what_the_reports_comparisons_resolve(tmp_path)
     assert "half-width <= 5%: 1/1 (100%)" in budget_resolution.line(res)
 
 
+def test_budget_resolution_says_when_a_run_states_no_comparison(tmp_path):
+    """A run whose report compares nothing (one DDP case, as suites/smoke.toml's ddp against
+    zero_no_overlap is not a comparison the report states) printed "0/0 (nan%) median ±nan%"."""
+    run = make_run(tmp_path, {"ddp": [100.0, 101.0, 99.0]}, jitter=0.002)
+    finalize(store.Run.open(run))
+    text = budget_resolution.line(budget_resolution.resolution(run))
+    assert "nan" not in text and "no comparison" in text
+
+
 def test_an_adaptive_sweeps_raised_repeats_do_not_split_its_cases(tmp_path):
     """An adaptive sweep raised one case's repeats: the report still pairs it with the others (its
     repeats as planned, from run.json's ``adaptive`` record), instead of treating 9 and 6 repeats
