@@ -89,7 +89,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="a new directory for the runs")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=False)
+    if args.out.exists():  # each sweep's run is found by globbing its folder, which must hold only that run
+        parser.error(f"--out {args.out} already exists; give a new directory")
+    args.out.mkdir(parents=True)
     load_before = os.getloadavg()
     base_toml, link_toml = args.out / "base.toml", args.out / "link.toml"
     base_toml.write_text(SUITE.format(name="check", sweep=""))

@@ -481,3 +481,16 @@ def test_gate_explain_traces_each_side_after_the_verdict_and_names_the_cause(tmp
         assert not list(measured.glob("cases/*/trace/*.json.gz"))
         (traced,) = store.iter_runs(tmp_path / "g" / side / "explain")
         assert list(traced.glob("cases/*/trace/rank*.json.gz"))
+
+
+def test_the_explain_checks_benchmark_refuses_an_existing_out_in_one_line(tmp_path, monkeypatch, capsys):
+    """benchmarks/explain_checks.py wants a new --out: run twice with the same DIR it used to end in
+    a FileExistsError traceback; it now says what to do, as argparse does, before sweeping anything."""
+    from benchmarks import explain_checks
+
+    monkeypatch.setattr(sys, "argv", ["explain_checks.py", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as exc:
+        explain_checks.main()
+    assert exc.value.code == 2
+    assert f"--out {tmp_path} already exists" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
