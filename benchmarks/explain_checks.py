@@ -109,7 +109,7 @@ def main() -> None:
     print("\n".join(rows))
     after = os.getloadavg()
     print(
-        f"load average (1, 5, 15 min): before {load_before[0]:.2f} {load_before[1]:.2f}, after {after[0]:.2f} "
+        f"load average (1, 5 min): before {load_before[0]:.2f} {load_before[1]:.2f}, after {after[0]:.2f} "
         f"{after[1]:.2f}; {os.cpu_count()} CPUs"
     )
 
