@@ -435,9 +435,11 @@ def test_smaller_buckets_are_exposed_communication_shown_by_bucket(tmp_path: Pat
     16 KB or less): DDP builds one bucket for the whole model, then one per layer (the small head
     shares one), and each of the 48 allreduces pays Gloo's per-collective cost, several times the
     step's compute (about 20 → 110 ms per step on the shared 2-core machine). The exposed time is
-    split over the candidate's buckets, which sum to it."""
+    split over the candidate's buckets, which sum to it. Four repeats: the change is compare's, whose
+    interval on two pairs (a t of 12.7) could hold no change even at 5× ("no change resolved", and no
+    sentence about the buckets)."""
     mlp = {"width": 64, "depth": 48}
-    smoke = SMOKE | {"repeats": 2, "steps": 4}
+    smoke = SMOKE | {"repeats": 4, "steps": 4}
     suite = tiny_suite("bucket_cap_mb = [25, 0.01]", name="buckets", profiler_steps=4, mlp=mlp, **smoke)
     run = sweep_in_process(tmp_path, suite)
     assert run_cli(["explain", str(run.run_dir), "--pair", "bucket_cap_mb=25..0.01", "--format", "json"]) == 0

@@ -294,8 +294,8 @@ def test_runs_timing_other_steps_say_so_and_a_switch_timed_otherwise_is_incompar
         finalize(store.Run.open(run))  # the summaries the report reads, as a sweep leaves them
     p = tpbench("compare", base, cand, "--format", "json")
     assert p.returncode == 3, p.stderr
-    cases = {c["label"].split("=")[-1]: c for c in json.loads(p.stdout)["cases"]}
-    assert cases["never"]["verdict"] == "pass" and cases["never"]["reason"] == "timed steps differ: steps 8 vs 40"
+    cases = {c["label"].split("=")[-1]: c for c in json.loads(p.stdout)["cases"]}  # "never" is labelled DDP
+    assert cases["DDP"]["verdict"] == "pass" and cases["DDP"]["reason"] == "timed steps differ: steps 8 vs 40"
     assert cases["6"]["verdict"] == "incomparable" and cases["6"]["ratio"] is not None
     assert "after 3 of 8 timed steps in the baseline, 3 of 40 in the candidate" in cases["6"]["reason"]
     html = build_report([store.load(base), store.load(cand)])
