@@ -544,8 +544,7 @@ def _claim(
         else ""
     )
     # "most rounds run", the race's own word, read as "most of the rounds": say all, and how many.
-    top = max((r.max_rounds for r in races), default=0)
-    why = [f"all {top} rounds run" if w == MAX_ROUNDS else w for w in why]
+    why = [f"all {_suite_rounds(races)} rounds run" if w == MAX_ROUNDS else w for w in why]
     return (
         # One-sided, as the tie (docs/tune.md, "The rule"): an arm left open is one that may be more than
         # epsilon faster; one that may only be slower is no threat to the claim ("±" read as two-sided).

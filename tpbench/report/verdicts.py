@@ -478,13 +478,13 @@ def _tuned_runs(data: ReportData) -> set[str]:
     return {r.record.run_id for r in data.runs if store.read_tune(r.run_dir)}
 
 
-def _tuned_lines(data: ReportData) -> list[str]:
+def _tuned_lines(data: ReportData, tuned: set[str]) -> list[str]:
     """A tune's arms are the settings its user asked to race, whatever keys tell them apart: a
     planted ``slowdown_pct`` is not a tuning knob, and grouped by it every arm read as "the only
     case there". The tune's Recommendation compares them, at the confidence its race spent; a
     second ranking here, on other intervals, could disagree with it: point to it instead."""
     lines = []
-    for run_id in sorted(_tuned_runs(data)):
+    for run_id in sorted(tuned):
         arms = data.done[data.done["run_id"] == run_id]
         if arms.empty:
             continue
@@ -500,8 +500,9 @@ def fastest_lines(data: ReportData, alone: bool = True) -> list[str]:
     a setting of its own, and "fastest" among one would claim a ranking there is none of)."""
     done = data.done
     setting = [k for k in data.context_keys if k not in TUNING_KEYS]
-    lines = _tuned_lines(data)
-    done = done[~done["run_id"].isin(_tuned_runs(data))]
+    tuned = _tuned_runs(data)  # each run's tune.json read once
+    lines = _tuned_lines(data, tuned)
+    done = done[~done["run_id"].isin(tuned)]
     # A list-valued key (``slowdown_ranks = [1]``) groups by its JSON text: a list is not hashable.
     by = [done[k].map(lambda v: json.dumps(v) if isinstance(v, list) else v) for k in ["run_id", *setting]]
     for grp in _in_suite_order(data, [g for _, g in done.groupby(by, dropna=False, sort=False)]):
