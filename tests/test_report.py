@@ -190,6 +190,19 @@ def test_speedup_colours_are_a_log_scale_that_never_reaches_a_ratio_of_0():
     assert z.min() == pytest.approx(-1.0, abs=0.01) and z.max() == pytest.approx(math.log2(3), abs=0.01)
 
 
+def test_a_speedup_colour_bar_of_no_coloured_cell_labels_each_tick_apart():
+    """With every cell white (no interval excludes 1) the bar spans ±5 %, whose ticks at two figures
+    read "1.1, 1, 1, 0.98, 0.95": two labels the same, one 1.05 said as 1.1."""
+
+    def medians(p: dict) -> list[float]:
+        return [100.0, 130.0, 80.0] if p["algorithm"] == "hook_with_zero_step_interleaved" else [100.0, 101.0, 99.0]
+
+    data = report_data.load([in_memory_run(ZERO_SUITE, medians)])
+    heat = performance._heatmap(data, verdicts.ZERO_KINDS[0].key, verdicts.compare(data, verdicts.ZERO_KINDS[0]))
+    labels = list(heat.data[0].colorbar.ticktext)
+    assert labels == ["0.952", "0.976", "1", "1.02", "1.05"], labels
+
+
 def test_hooks_advantage_splits_into_packing_and_overlap():
     """With both zero_no_overlap baselines, each hook is judged against the unpacked one (named so),
     and that ratio X splits into packing Y (packed / unpacked) times overlap Z (hook / packed)."""
