@@ -554,7 +554,6 @@ def test_list_tolerates_a_suites_folder_of_broken_files(tmp_path, capsys):
     "where,message",
     [
         ("{tmp}/a-file/r.html", "{tmp}/a-file: the folder of --report {tmp}/a-file/r.html is a file, not a directory"),
-        ("{tmp}/a-folder", "{tmp}/a-folder: is a folder; --report takes the report's file name"),
         # /proc takes no new files, and the OS says "No such file or directory" of a folder that is there.
         ("/proc/r.html", "/proc: the folder of --report /proc/r.html takes no new files (a virtual filesystem"),
     ],
@@ -607,14 +606,37 @@ def test_an_output_files_missing_folders_are_made_or_refused_as_the_sweeps_repor
         assert code == 3 and message.format(tmp=tmp_path) in err, err
 
 
-def test_a_failed_write_names_the_users_file_and_leaves_no_temporary(done_run, tmp_path, capsys):
-    """``-o`` naming a folder: the rename of the finished temporary file fails, the error names
-    the user's path (exit 3), and the temporary file is gone."""
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["sweep", "{suite}", "--report"],
+        ["report", "{run}", "-o"],
+        ["export", "{run}", "--format", "pytest-benchmark", "-o"],
+    ],
+)
+def test_a_folder_given_as_an_output_file_is_refused_as_typed(done_run, tmp_path, capsys, command):
+    """A folder for ``--report`` or ``-o``: one line naming the option (exit 2), before anything runs.
+    It was taken, then failed on writing (exit 3, "error: DIR: cannot write: Is a directory", no option
+    named), or for the sweep was refused as a disk fault (exit 3)."""
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]')
+    args = [a.format(suite=suite, run=done_run) for a in command]
+    assert run_cli([*args, str(folder)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    option = "--report" if command[0] == "sweep" else "--output"
+    assert f"tpbench {command[0]}: error: {option} {folder}: is a folder; expected the" in err, err
+    assert list(folder.iterdir()) == []
+
+
+def test_a_failed_write_names_the_users_file_and_leaves_no_temporary(tmp_path):
+    """A folder in the file's place when it is written (the CLI refuses one as typed, but one can
+    appear meanwhile): the rename of the finished temporary file fails, the error names the user's
+    path, and the temporary file is gone."""
     target = tmp_path / "bench.json"
     target.mkdir()
-    assert run_cli(["export", str(done_run), "--format", "pytest-benchmark", "-o", str(target)]) == 3
-    err = capsys.readouterr().err
-    assert f"{target}: cannot write: Is a directory" in err and ".tmp" not in err, err
+    with pytest.raises(store.StoreError, match=f"{target}: cannot write: Is a directory"):
+        store.write_output(target, b"{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]
 
 

@@ -73,6 +73,21 @@ def _path(what: str) -> Callable[[str], Path]:
     return lambda text: Path(check(text))
 
 
+def _file(what: str) -> Callable[[str], Path]:
+    """The type of an output file option: ``_path``'s check, and a folder refused as it is typed (exit 2).
+    A folder passed to ``--report`` or ``-o`` was taken and failed on writing, exit 3 and no option named
+    ("error: reports: cannot write: Is a directory"), as if the disk were at fault."""
+    check = _path(what)
+
+    def parse(text: str) -> Path:
+        path = check(text)
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text}: is a folder; expected {what}")
+        return path
+
+    return parse
+
+
 def _integer(minimum: int, maximum: int | None = None, why: str = "") -> Callable[[str], int]:
     """The type of an integer option from ``minimum`` (to ``maximum``): a negative ``--seed``, ``--repeats 0``
     or ``--nnodes 0`` refused naming the value and the range (``why``: what the bound is for)."""
@@ -251,7 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="list the cases and exit")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     p.add_argument(
-        "--report", type=_path("a file"), metavar="FILE", help="report path (default: reports/<suite>-<run_id>.html)"
+        "--report",
+        type=_file("the report's file name"),
+        metavar="FILE",
+        help="report path (default: reports/<suite>-<run_id>.html)",
     )
     p.add_argument("--reports-dir", type=Path, default=Path("reports"), help=argparse.SUPPRESS)
     # Set by `tpbench gate` (lockstep mode): the Unix socket its worlds ask before each item.
@@ -334,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-o",
         "--output",
-        type=_path("a file"),
+        type=_file("the report's file name"),
         metavar="FILE",
         help="default: reports/<suite>-<run_id>.html; several runs: reports/<suite>-<run_id>-vs-<run_id>.html",
     )
@@ -471,7 +489,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write a run as pytest-benchmark or github-action-benchmark JSON")
     p.add_argument("run", type=_path("a run directory"), metavar="RUN_DIR")
     p.add_argument("--format", required=True, choices=("pytest-benchmark", "custom-smaller-is-better"))
-    p.add_argument("-o", "--output", type=_path("a file"), metavar="FILE", help="write here instead of stdout")
+    p.add_argument(
+        "-o", "--output", type=_file("the export's file name"), metavar="FILE", help="write here instead of stdout"
+    )
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser(

@@ -285,8 +285,6 @@ def _sweep(args: argparse.Namespace) -> int:
             out.print(fitted(cases_table(title, suite.cases), out))
             return EXIT_OK
         if not args.no_report:  # before hours of sweeping, not after
-            if args.report and args.report.is_dir():
-                raise store.StoreError(f"{args.report}: is a folder; --report takes the report's file name")
             where = f"folder of --report {args.report}" if args.report else "report directory"
             store.check_writable(args.report.parent if args.report else args.reports_dir, where)
     display = SweepDisplay()
