@@ -179,7 +179,7 @@ def test_a_resume_says_its_own_wall_time_apart_from_the_runs(finished_run, tmp_p
     run = corrupt_copy(finished_run, tmp_path)
     (run / "summary.parquet").unlink()
     assert run_cli(["sweep", "--resume", str(run), "--no-report"]) == 0
-    line = " ".join(capsys.readouterr().err.split())
+    line = " ".join(capsys.readouterr().out.split())
     wall_s = json.loads((run / "run.json").read_text())["efficiency"]["wall_s"]
     assert " s this resume; the whole run: " in line and f"{wall_s:.1f} s running worlds" in line
 

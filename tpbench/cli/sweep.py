@@ -178,9 +178,11 @@ def _summary_table(loaded) -> Table:
 
 
 def _closing_line(outcome: Outcome, resumed: bool) -> str:
-    """Wall time, timed steps and processes started. The last two are the whole run's (its record's
-    efficiency), so a resume says its own wall time apart from the run's: "Wall 0.2 s; timed steps
-    4.0 s" on a resume that only wrote the summary read as more time timed than spent."""
+    """Wall time, timed steps and processes started, on stdout with the table and the fastest line it
+    closes (``> results.txt`` kept the table without what it cost; tune's cost line is on stdout too).
+    The last two are the whole run's (its record's efficiency), so a resume says its own wall time
+    apart from the run's: "Wall 0.2 s; timed steps 4.0 s" on a resume that only wrote the summary read
+    as more time timed than spent."""
     from tpbench.record import Efficiency
 
     eff = outcome.loaded.record.efficiency or Efficiency()
@@ -326,7 +328,7 @@ def _conclude(args: argparse.Namespace, outcome: Outcome) -> int:
         out.print(fitted(_summary_table(outcome.loaded), out))
         for line in _fastest(outcome.loaded):
             out.print(line, markup=False, soft_wrap=True)
-        console.print(_closing_line(outcome, resumed=args.resume is not None))
+        out.print(_closing_line(outcome, resumed=args.resume is not None), markup=False, soft_wrap=True)
         if not args.no_report:
             path = report.write_report(
                 [run_dir], args.report or report.default_report_path([run_dir], args.reports_dir)
