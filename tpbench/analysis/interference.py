@@ -95,11 +95,6 @@ class Interference:
         stretch under 1 would let a slower fabric project a shorter step."""
         return max(1.0, self.factor)
 
-    def describe(self) -> str:
-        if not self.ops:
-            return "interference not measured (no op was traced both beside a collective and alone)"
-        return f"×{self.factor:.2f} [{self.lo:.2f}, {self.hi:.2f}] over {self.ops} ops ({self.source})"
-
 
 def interference(pairs: pd.DataFrame, source: str = "case") -> Interference:
     """``Interference`` from matched ops (``interference_pairs``): the ratio of total times, which

@@ -53,12 +53,6 @@ def union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return s[first], reach[last]
 
 
-def union_length(start: np.ndarray, end: np.ndarray) -> int:
-    """|∪ [start, end)| in the intervals' unit."""
-    s, e = union(start, end)
-    return int((e - s).sum())
-
-
 def covered_before(us: np.ndarray, ue: np.ndarray, cum: np.ndarray, t: np.ndarray) -> np.ndarray:
     """|(∪ [us, ue)) ∩ (−∞, t)| for each t, the pieces sorted and disjoint, ``cum`` their
     cumulative lengths (``cum[i]``: the first i pieces)."""
