@@ -107,10 +107,8 @@ def worker(rank: int, ws: int, args: argparse.Namespace) -> None:
             ("untraced/untraced", "untraced", "untraced again"),
         ):
             r = np.array([m[num] / m[den] for m in rows])
-            print(
-                f"{what:18s} median {np.median(r):.2f}, {r.min():.2f}–{r.max():.2f}, "
-                f"sd of log {np.log(r).std(ddof=1):.3f}"
-            )
+            sd = f"sd of log {np.log(r).std(ddof=1):.3f}" if len(r) > 1 else "no sd (one pass)"
+            print(f"{what:18s} median {np.median(r):.2f}, {r.min():.2f}–{r.max():.2f}, {sd}")
         cost = op_cost_us()
         print(f"tracer cost per op: {', '.join(f'{c:.2f}' for c in cost)} µs (median {np.median(cost):.2f})")
     dist.destroy_process_group()
@@ -121,4 +119,7 @@ if __name__ == "__main__":
     ap.add_argument("passes", nargs="?", type=int, default=10)
     ap.add_argument("--algorithm", default="hook_with_zero_step_interleaved")
     ap.add_argument("--steps", type=int, default=8)
-    mp.spawn(worker, args=(2, ap.parse_args()), nprocs=2)
+    args = ap.parse_args()
+    if args.passes < 1:
+        ap.error(f"passes {args.passes}: expected at least 1")
+    mp.spawn(worker, args=(2, args), nprocs=2)
