@@ -224,6 +224,29 @@ def test_a_change_without_an_interval_says_so() -> None:
     assert "slower (no interval: too few timed repeats), mostly compute" in said and "nan" not in said
 
 
+def _line_kinds(text: str) -> list[tuple[int, str]]:
+    """Each line's indent and first word, numbers as "#": what the page's example and the output share."""
+    words = [(len(line) - len(line.lstrip()), (line.split() or [""])[0]) for line in text.splitlines()]
+    return [(indent, "#" if word[:1] in "+-" and word[1:2].isdigit() else word) for indent, word in words]
+
+
+def test_the_pages_example_output_has_the_outputs_lines() -> None:
+    """docs/explain.md's example output, line by line, is what the text renderer writes: the runs'
+    line, each case's label, sentence, table and note (the page once left out the first and last)."""
+    from tpbench import render
+
+    page = (REPO / "docs" / "explain.md").read_text(encoding="utf-8")
+    example = page.split("```\n")[2]  # the first plain block, after the commands' ```sh block
+    base = pd.DataFrame({p: [1e6, 1.2e6, 0.9e6] for p in parts.PARTS} | {f"{parts.DETAIL}bucket 0": [1e5] * 3})
+    cand = base + [0, 5e5, 0, 0, 24e6, 5e5]
+    for side in (base, cand):
+        side["step_ns"] = side[list(parts.PARTS)].sum(axis=1)
+    e = parts.explain(base, cand)
+    case = explain.CaseExplanation("1601c6a93971", "slowdown_pct: 0 → 150", "b", "c", e, e.delta_ms, e, (1, 1))
+    out = render.render_explain_text(explain.Report("results/zero/<RUN>", "results/zero/<RUN>", [case]))
+    assert _line_kinds(example) == _line_kinds(out), out
+
+
 @pytest.mark.ranks
 def test_text_and_markdown_name_the_top_contributor_in_one_sentence(burnt: Path, capsys) -> None:
     assert run_cli(["explain", str(burnt), "--pair", "slowdown_pct=0..150"]) == 0
