@@ -10,7 +10,7 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import astuple
+from dataclasses import astuple, replace
 from pathlib import Path
 from typing import Callable
 
@@ -195,6 +195,25 @@ def test_too_few_repeats_is_inconclusive(tmp_path: Path) -> None:
     c = make_run(tmp_path / "c", {"ddp": [20, 20.1]})
     (case,) = compare.compare_runs([b], [c]).cases
     assert case.verdict == "inconclusive" and "too few to judge (2 baseline, 2 candidate repeats" in case.reason
+
+
+def test_a_lockstep_gate_stopped_before_two_pairs_is_not_judged_unpaired(tmp_path: Path) -> None:
+    """A lockstep gate whose budget ran out with fewer than 2 pairs fell back to the unpaired bootstrap
+    (an interval from the baseline's 3 repeats against the candidate's 1) under the heading "t interval
+    ... over repeats paired in lockstep". Now the pairs are all it judges, and it says how few there were."""
+    b = make_run(tmp_path / "b", {"ddp": [10, 10.4, 9.6]})
+    c = make_run(tmp_path / "c", {"ddp": [20]})
+    comparison = compare.compare_runs([b], [c], pairing="repeats")
+    (case,) = comparison.cases
+    assert case.verdict == "inconclusive" and case.pairs == 1 and case.half_width is None
+    assert case.ci_lo == case.ci_hi == case.ratio == pytest.approx(2.0, rel=0.02)
+    assert case.reason == "1 pair (the one repeat both sides ran): a paired interval needs 2", case.reason
+    assert "paired in lockstep" in render.render_text(comparison)
+    # Repeats that no pair shares: nothing to pair, said so, rather than an unpaired interval.
+    apart = compare.RunData.of(c)
+    apart = replace(apart, dir=tmp_path / "apart", values={k: {7: v[0]} for k, v in apart.values.items()})
+    (case,) = compare.compare_runs([b], [apart], pairing="repeats").cases
+    assert case.verdict == "missing" and case.reason == "no repeat ran on both sides", case.reason
 
 
 def test_several_baselines_judge_against_their_spread(tmp_path: Path) -> None:
