@@ -520,6 +520,17 @@ def test_an_empty_side_is_refused_naming_the_option(tmp_path: Path, capsys, empt
         gate.resolve_side(empty.removeprefix("--"), "", tmp_path)
 
 
+def test_a_failing_side_is_said_as_the_gate_says_its_errors(tmp_path: Path, capsys) -> None:
+    """A side whose sweep fails stopped the gate with a bare "error: baseline (...): its sweep exited
+    with 1 ...", where every other error of the command reads "tpbench gate: error: ..."."""
+    side = "/bin/false tpbench"  # a command prefix whose "sweep" exits 1 at once, leaving no run
+    args = ["gate", "suites/gate.toml", "--baseline", side, "--candidate", side, "--repeats", "2"]
+    assert run_cli([*args, "--budget-s", "60", "--out", str(tmp_path / "out")]) == 3
+    err = " ".join(capsys.readouterr().err.split())
+    said = f"tpbench gate: error: baseline ({side}): its sweep exited with 1 and left no run in "
+    assert said in err and " error:" not in err.replace(said, ""), err
+
+
 @pytest.mark.parametrize(
     "flags, said",
     [

@@ -109,14 +109,14 @@ def main(argv: list[str] | None = None) -> None:
         # A suite file's mistake, or a --set or --filter one: bad input, said as a bad option is.
         usage(str(e), args.command)
     except InterconnectUnavailable as e:
-        error(e)
+        error(e, args.command)
         code = EXIT_USAGE
     except (StoreError, Unanswerable) as e:
-        error(e)
+        error(e, args.command)
         code = EXIT_RESULTS
     except OSError as e:
         # A disk that fills up or a folder that disappears mid-sweep: what finished is on disk.
-        error(RuntimeError(f"{e.filename or ''}: {e.strerror or e}"))
+        error(RuntimeError(f"{e.filename or ''}: {e.strerror or e}"), args.command)
         code = EXIT_RESULTS
     except KeyboardInterrupt as e:
         # Before a run directory exists (or outside a sweep): nothing to resume, nothing to say but that.
@@ -126,6 +126,6 @@ def main(argv: list[str] | None = None) -> None:
         # Bad options or arguments, said as argparse and the options' own types say them (exit 2).
         usage(str(e), args.command)
     except SideError as e:
-        error(e)
+        error(e, args.command)
         code = EXIT_USAGE if e.usage else EXIT_RESULTS
     sys.exit(code)

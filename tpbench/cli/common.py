@@ -253,6 +253,8 @@ def showing(progress: Progress, watcher: Any) -> Iterator[Any]:
         yield watcher
 
 
-def error(e: Exception) -> None:
-    # User text (file names, keys like "[defaults] steps") must not be read as rich markup.
-    console.print(Text.assemble(("error: ", "red"), str(e)), soft_wrap=True)
+def error(e: Exception, command: str) -> None:
+    """``e`` on one line named by its command, "tpbench gate: error: ...", as ``usage`` and argparse
+    say theirs: a bare "error: ..." in a CI log did not say which step failed. User text (file
+    names, keys like "[defaults] steps") must not be read as rich markup."""
+    console.print(Text.assemble(f"tpbench {command}: ", ("error: ", "red"), str(e)), soft_wrap=True)

@@ -151,7 +151,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     except UnknownReference as e:
         usage(str(e), "whatif")
     except ValueError as e:
-        error(e)
+        error(e, "whatif")
         return EXIT_RESULTS
     # Every case refused: the tables and the reasons are written, but a script must not read "projected".
     code = EXIT_RESULTS if written.result.projections["refused"].notna().all() else EXIT_OK
