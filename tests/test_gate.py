@@ -554,6 +554,39 @@ def test_lockstep_options_it_would_not_honour_are_refused(tmp_path: Path, capsys
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("fmt", ["json", "md"])
+def test_the_gate_answer_is_in_json_and_markdown(tmp_path: Path, capsys, monkeypatch, fmt: str) -> None:
+    """With --target-ci the gate's same / different / unknown answer was said only on stderr: a CI
+    step reading ``--format json`` (or the Markdown job summary) could not see it. The sides'
+    sweeps are stood in for by two finished runs (the lockstep protocol: test_lockstep.py)."""
+    runs = {
+        side: make_run(tmp_path / side, {"ddp": noisy(m, 12, 0.02, seed)}, seed=seed)
+        for side, m, seed in (("baseline", 10, 1), ("candidate", 13, 2))
+    }
+    cid = next(iter(compare.RunData.of(runs["candidate"]).params))
+    record = {"stopped": "every case decided", "answer": "different", "answers": {cid: "different"}}
+
+    def lockstep(suite, baseline, candidate, out, cfg, **_) -> gate.LockstepRun:
+        assert cfg.target_ci == pytest.approx(0.05)
+        return gate.LockstepRun(out, runs["baseline"], runs["candidate"], record)
+
+    monkeypatch.setattr(gate, "run_lockstep", lockstep)
+    args = ["gate", "suites/gate.toml", "--baseline", str(REPO), "--candidate", str(REPO), "--target-ci", "5%"]
+    assert run_cli([*args, "--out", str(tmp_path / "out"), "--format", fmt]) == 1
+    out, err = capsys.readouterr()
+    said = "Gate answer: different (each case's pairs by the sequential rule, target ±5.0%; every case decided)"
+    assert said in " ".join(err.split())
+    if fmt == "json":
+        doc = json.loads(out)
+        assert (doc["answer"], doc["answers"], doc["target_ci"]) == ("different", {cid: "different"}, 0.05)
+        assert doc["verdict"] == "regression"
+    else:
+        assert out.splitlines()[2] == f"- {said}", out
+    # compare, and a gate without a target, have no answer to give: no key, no line.
+    plain = compare.compare_runs([runs["baseline"]], [runs["candidate"]])
+    assert "answer" not in json.loads(render.render_json(plain)) and "answer" not in render.render_markdown(plain)
+
+
 def test_resolve_side_forms(tmp_path: Path) -> None:
     venv = Path(sys.prefix)
     s = gate.resolve_side("baseline", str(venv), tmp_path)

@@ -64,6 +64,7 @@ def test_lockstep_alternates_items_of_worlds_started_once_stops_early_and_aa_is_
     answer = "Gate answer: same (each case's pairs by the sequential rule, target ±1000.0%; every case decided)"
     assert answer in p.stderr, p.stderr
     assert record["answer"] == "same" and set(record["answers"].values()) == {"same"}
+    assert (doc["answer"], doc["answers"], doc["target_ci"]) == ("same", record["answers"], 10.0)  # --format json
     rounds = record["rounds"]
     assert len(rounds) == 20  # 2 cases x 10 repeats, one item per side each round
     rng = random.Random(7)

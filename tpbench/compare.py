@@ -160,6 +160,26 @@ class _Verdicts:
 
 
 @dataclass(frozen=True)
+class GateAnswer:
+    """A lockstep gate's answer with ``--target-ci`` (``gate.answers``, as Chromium's Pinpoint
+    answers): "same", "different" or "unknown", overall and per case id, beside the verdict, which
+    stays ``compare``'s at the threshold. Carried by the ``Comparison`` so that every format says it."""
+
+    answer: str
+    answers: dict[str, str]  # case id → that case's answer
+    target_ci: float  # the target half-width, a fraction
+    stopped: str  # why the gate stopped (gate.json's ``stopped``)
+
+    @property
+    def line(self) -> str:
+        """The answer in one line, as the gate prints it on stderr and the Markdown summary lists it."""
+        return (
+            f"Gate answer: {self.answer} (each case's pairs by the sequential rule, target "
+            f"±{self.target_ci:.1%}; {self.stopped})"
+        )
+
+
+@dataclass(frozen=True)
 class Comparison(_Verdicts):
     """Everything a gate decided, ready to render as text, Markdown or JSON."""
 
@@ -177,6 +197,16 @@ class Comparison(_Verdicts):
     # The differences ``ignore_env`` let through: judged as comparable, but said, so that a verdict
     # across torch versions does not read as one within a single version.
     ignored_environment_differences: list[str] = field(default_factory=list)
+    answer: GateAnswer | None = None  # a gate's with --target-ci; None for compare and gates without
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document: with a gate's answer, its ``answer``, ``answers`` (per case id) and
+        ``target_ci`` at the top level; without one, no such keys."""
+        doc = super().to_dict()
+        del doc["answer"]
+        if self.answer is None:
+            return doc
+        return doc | {"answer": self.answer.answer, "answers": self.answer.answers, "target_ci": self.answer.target_ci}
 
 
 # ---------------------------------------------------------------- comparing runs

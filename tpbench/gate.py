@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -763,6 +763,9 @@ def run(
         fail_on_inconclusive=fail_on_inconclusive,
         ignore_env=ignore_env,
     )
+    if record is not None and "answer" in record:
+        said = compare.GateAnswer(record["answer"], record["answers"], cfg.target_ci or 0.0, record["stopped"])
+        comparison = replace(comparison, answer=said)
     if explain_steps and comparison.verdict == compare.REGRESSION:
         traced = trace_sides(suite, base, cand, out, explain_steps, **sides)
         comparison = explain.annotate(comparison, traced)

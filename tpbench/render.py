@@ -179,6 +179,8 @@ def render_markdown(c: Result, command: str = "tpbench compare") -> str:
 
     title = f"{command} (within one run)" if isinstance(c, WithinRun) else command
     lines = [f"### {title}: {_MARK[c.verdict]}", ""]
+    if isinstance(c, Comparison) and c.answer is not None:
+        lines.append(f"- {esc(c.answer.line)}")
     lines += [f"- {esc(line)}" for line in _preamble(c)]
     header = _header(c)
     lines += ["", "| " + " | ".join(header) + " |", "|" + "|".join(["---", *["---:"] * 6, "---", "---"]) + "|"]

@@ -147,12 +147,7 @@ def _gate(args: argparse.Namespace) -> int:
         ignore_env=args.ignore_env,
         explain_steps=gate.EXPLAIN_STEPS if args.explain else 0,
     )
-    if judged.record is not None and "answer" in judged.record:
-        console.print(
-            f"Gate answer: {judged.record['answer']} (each case's pairs by the sequential rule, target "
-            f"±{cfg.target_ci:.1%}; {judged.record['stopped']})",
-            soft_wrap=True,
-            markup=False,
-        )
+    if judged.comparison.answer is not None:
+        console.print(judged.comparison.answer.line, soft_wrap=True, markup=False)
     console.print(f"Gate runs: {judged.out}", soft_wrap=True, markup=False)
     return _print_verdict(judged.comparison, args.format, "gate")
