@@ -216,6 +216,16 @@ def test_a_lockstep_gate_stopped_before_two_pairs_is_not_judged_unpaired(tmp_pat
     assert case.verdict == "missing" and case.reason == "no repeat ran on both sides", case.reason
 
 
+def test_a_rounds_gate_of_one_round_is_not_judged_unpaired(tmp_path: Path) -> None:
+    """``gate --mode rounds --rounds 1`` judged its one pair of runs by the unpaired bootstrap over their
+    repeats, and called a regression under the heading "t interval of the ratio over paired rounds"."""
+    b = make_run(tmp_path / "b", {"ddp": noisy(10, 6, 0.02, 1)})
+    c = make_run(tmp_path / "c", {"ddp": noisy(13, 6, 0.02, 2)}, seed=1)
+    (case,) = compare.compare_runs([b], [c], pairing="rounds").cases
+    assert case.verdict == "inconclusive" and case.pairs == 1 and case.half_width is None, case
+    assert case.reason == "1 pair (the one round both sides ran): a paired interval needs 2", case.reason
+
+
 def test_several_baselines_judge_against_their_spread(tmp_path: Path) -> None:
     """A candidate 12% above one baseline is a regression against that one alone; against three
     baselines that themselves scatter ±10% it is within their spread: inconclusive. A 40% slowdown

@@ -477,21 +477,23 @@ def _judge_case(
         "ci_lo": est.lo,
         "ci_hi": est.hi,
         "half_width": est.half_width if est.has_interval else None,
-        "pairs": est.n if est.method == "paired" or pairing == "repeats" else 0,
+        "pairs": est.n if est.method == "paired" or pairing != "none" else 0,
     }
     said = verdict_of(est, threshold, baseline_n=n_b, candidate_n=n_c)
     note, unlike = timed_steps_differences(base_params, [r.params[case_id] for r in cand if case_id in r.params])
     if env_differs or unlike:
         why = "; ".join(w for w in ("environments differ (see above)" if env_differs else "", unlike or note) if w)
         return CaseResult(verdict=INCOMPARABLE, reason=why, words=said.words, **common, **numbers)
-    one_pair = ONE_PAIR if pairing == "repeats" and not est.has_interval else ""
+    one_pair = ONE_PAIR.format(PAIRED_UNITS[pairing]) if pairing != "none" and not est.has_interval else ""
     reason = "; ".join(w for w in (_too_few(said), one_pair, note) if w)
     return CaseResult(verdict=said.call, reason=reason, words=said.words, **common, **numbers)
 
 
-# The reason of a lockstep gate's case with a single pair (its budget spent after one round): the
-# pair's ratio stands alone, unjudged, where an unpaired interval would mix in the unpaired repeats.
-ONE_PAIR = "1 pair (the one repeat both sides ran): a paired interval needs 2"
+# The reason of a paired case with a single pair (a lockstep gate's budget spent after one round, a
+# rounds gate of one round): the pair's ratio stands alone, unjudged, where an unpaired interval
+# would have judged the repeats under a heading that says they were paired.
+ONE_PAIR = "1 pair (the one {} both sides ran): a paired interval needs 2"
+PAIRED_UNITS = {"repeats": "repeat", "rounds": "round"}
 
 
 def _too_few(said: Verdict) -> str:
@@ -501,12 +503,12 @@ def _too_few(said: Verdict) -> str:
 
 def _estimate(base: list[dict[int, float]], cand: list[dict[int, float]], pairing: str, confidence: float) -> Ratio:
     """The ratio and interval of one case under the comparison's pairing (module docstring).
-    Paired by repeats, only the pairs count, however few: a lockstep gate stopped by its budget
-    after one round would otherwise be judged by an unpaired interval under a heading that says
-    "paired in lockstep" (``_judge_case`` has checked that at least one pair exists)."""
+    Paired, only the pairs count, however few: a lockstep gate stopped by its budget after one
+    round, or a rounds gate of one round, would otherwise be judged by an unpaired interval under a
+    heading that says "paired" (``_judge_case`` has checked that at least one pair exists)."""
     if pairing == "repeats":
         return paired_ratio(base[0], cand[0], confidence=confidence)
-    if pairing == "rounds" and len(base) >= 2:
+    if pairing == "rounds":
         medians = [(float(np.median(list(b.values()))), float(np.median(list(c.values())))) for b, c in zip(base, cand)]
         return paired_ratio(
             {i: m for i, (m, _) in enumerate(medians)},
