@@ -321,7 +321,10 @@ def test_adaptive_target_must_lie_within_its_bounds(tmp_path, capsys, value):
         (["sweep", "suites/smoke.toml", "--out", ""], "tpbench sweep: error: --out '': an empty path"),
         (["sweep", "suites/smoke.toml", "--report", ""], "tpbench sweep: error: --report '': an empty path"),
         (["report", ""], "tpbench report: error: RUN_DIR '': an empty path; expected a run directory"),
-        (["report", "RUN", "-o", ""], "tpbench report: error: --output '': an empty path; expected a file"),
+        (
+            ["report", "RUN", "-o", ""],
+            "tpbench report: error: --output '': an empty path; expected the report's file name",
+        ),
         (["compare", "RUN", ""], "tpbench compare: error: RUN_DIR '': an empty path; expected a run directory"),
         (["explain", "", "RUN"], "tpbench explain: error: RUN_DIR '': an empty path; expected a run directory"),
         (["export", "", "--format", "pytest-benchmark"], "tpbench export: error: RUN_DIR '': an empty path"),
