@@ -202,3 +202,15 @@ def test_the_fingerprint_reads_torchs_build_without_importing_torch():
     same, imported, cpu_build = json.loads(subprocess.check_output([sys.executable, "-c", code], text=True))
     assert same
     assert imported is not cpu_build  # imported only where the build may have a GPU to ask about
+
+
+def test_the_tables_step_time_columns_are_there_before_the_summary_is(tmp_path: Path) -> None:
+    """A script's ``load(run).table["median_ms"]`` reads an interrupted run (no summary.parquet yet)
+    and one whose cases all failed (a summary without numbers) as no numbers, not a KeyError."""
+    no_summary = make_run(tmp_path / "a", {"ddp": [10.0, 10.2]})
+    all_failed = make_run(tmp_path / "b", {"ddp": [10.0]}, failed=["ddp"])
+    store.write_summary(all_failed, pd.DataFrame({"case_id": list(store.load(all_failed).record.cases)}))
+    for path in (no_summary, all_failed):
+        table = store.load(path).table
+        assert set(store.STEP_TIME_COLUMNS) <= set(table.columns)
+        assert table["median_ms"].isna().all() and table["repeat_medians_ms"].isna().all()

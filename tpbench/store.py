@@ -776,6 +776,10 @@ def _read_parquet(path: Path) -> pd.DataFrame:
         raise StoreError(f"{path}: unreadable parquet ({type(e).__name__}: {e})") from None
 
 
+# The summary's step-time columns every reader of ``Loaded.table`` may rely on (NaN, or None for
+# the per-repeat values, where a case has no numbers).
+STEP_TIME_COLUMNS = ("median_ms", "ci_lo_ms", "ci_hi_ms", "p10_ms", "p90_ms", "repeat_medians_ms")
+
 # The columns every steps.parquet has (the worker writes more), and whether each is numeric.
 STEPS_COLUMNS = {"repeat": True, "rank": True, "step": True, "phase": False, "step_ms": True, "loss": True}
 
@@ -808,11 +812,22 @@ class Loaded:
     @functools.cached_property
     def table(self) -> pd.DataFrame:
         """The tidy cases table: ``cases`` with the summary's numbers (median_ms, CIs, overlap,
-        memory ...) beside each case; cases without numbers (failed, or no summary yet) have NaN."""
-        if self.summary.empty or "case_id" not in self.summary:
-            return self.cases
-        numbers = [c for c in self.summary.columns if c == "case_id" or c not in self.cases.columns]
-        return self.cases.merge(self.summary[numbers], on="case_id", how="left")
+        memory ...) beside each case; cases without numbers (failed, or no summary yet) have NaN.
+
+        The step-time columns (``STEP_TIME_COLUMNS``) are always there, so that a script's
+        ``table["median_ms"]`` reads an interrupted run (no summary yet) or one whose cases all
+        failed (a summary without numbers) as NaN rather than raising ``KeyError``."""
+        table = self.cases
+        if not self.summary.empty and "case_id" in self.summary:
+            numbers = [c for c in self.summary.columns if c == "case_id" or c not in self.cases.columns]
+            table = table.merge(self.summary[numbers], on="case_id", how="left")
+        kinds = {col: object if col == "repeat_medians_ms" else float for col in STEP_TIME_COLUMNS}
+        missing = {
+            col: pd.Series([None] * len(table), index=table.index, dtype=kind)
+            for col, kind in kinds.items()
+            if col not in table
+        }
+        return table.assign(**missing) if missing else table
 
     @property
     def environment(self) -> dict[str, Any]:

@@ -159,10 +159,7 @@ def _summary_table(loaded) -> Table:
         ("samples/s", "right"),
     ]:
         t.add_column(col, justify=just)
-    s = loaded.table
-    for row in (
-        s.sort_values("median_ms", na_position="last").to_dict("records") if "median_ms" in s else s.to_dict("records")
-    ):
+    for row in loaded.table.sort_values("median_ms", na_position="last").to_dict("records"):
         if row.get("median_ms") == row.get("median_ms") and row.get("median_ms") is not None:
             t.add_row(
                 escape(row["label"]),

@@ -22,9 +22,6 @@ from tpbench.suite import DDP_DEFAULT, Case, labels, shown_keys
 
 # Plot and table order: baselines first, then what is measured against them.
 
-# Summary columns every section may rely on (NaN where a case has no numbers).
-STEP_TIME_COLUMNS = ("median_ms", "ci_lo_ms", "ci_hi_ms", "p10_ms", "p90_ms", "repeat_medians_ms")
-
 # What each metric the report can compare by is called in its sentences (``tpbench report --metric``).
 METRIC_WORDS = {"step_ms": "step time", "cpu_ms": "CPU time per step"}
 
@@ -119,11 +116,8 @@ def load(runs: list[store.Loaded], metric: str = "step_ms") -> ReportData:
         store.require_summary(run)  # a finished run's numbers are its summary's
     tags = run_tags(runs)
     frames = [_run_cases(r, tags[r.record.run_id], metric) for r in runs]
+    # Each run's table has the step-time columns (``store.STEP_TIME_COLUMNS``), an interrupted run's too.
     cases = _concat_runs(frames, {k for r in runs for c in r.record.cases.values() for k in c.params})
-    for col in STEP_TIME_COLUMNS:
-        # A run without summary.parquet (interrupted before its end) still gets a report of its cases.
-        if col not in cases:
-            cases[col] = pd.Series([None] * len(cases), dtype=object if col == "repeat_medians_ms" else float)
     # Repeats as planned: an adaptive sweep's raised repeats must not split its cases into settings.
     run_cases = [[Case.from_params(r.record.planned_params(cid)) for cid in r.record.cases] for r in runs]
     # impl stays a context key (pairs of cases must agree on it); labels show it with the algorithm.
