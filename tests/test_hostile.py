@@ -381,6 +381,21 @@ def test_a_complete_run_without_its_summary_is_refused_by_report_until_resumed(d
     assert run_cli(_commands(run, tmp_path)["report"]) == 0
 
 
+def test_a_summary_parquet_that_is_not_a_summary_is_refused_naming_it_until_resumed(done_run, tmp_path, capsys):
+    """A foreign table in summary.parquet's place (no ``case_id``): the report dropped its verdicts
+    without a word and ``tpbench.load(run).table`` had no numbers; report, compare and export exit 3
+    naming the file, and ``--resume`` writes the summary again."""
+    run = copy_run(done_run, tmp_path)
+    pd.read_parquet(next(run.glob("cases/*/memory.parquet"))).to_parquet(run / "summary.parquet")
+    for command in _commands(run, tmp_path).values():
+        assert run_cli(command) == 3
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"{run / 'summary.parquet'}: not a tpbench summary table (no 'case_id' column)" in err, err
+        assert "Traceback" not in err and not (tmp_path / "r.html").exists()
+    assert run_cli(["sweep", "--resume", str(run), "--no-report"]) == 0
+    assert store.load(run).table["median_ms"].notna().all()
+
+
 # --- 6. a repeat longer than timeout_s fails as timed out ---------------------------------------
 
 

@@ -923,13 +923,20 @@ def read_summary(run_dir: Path) -> pd.DataFrame:
 
 
 def _read_summary(path: Path) -> pd.DataFrame:
-    """summary.parquet, refused when a newer tpbench wrote it (no version: today's layout)."""
+    """summary.parquet, refused when a newer tpbench wrote it (no version: today's layout) or when
+    it is not a summary: every summary with columns has ``case_id`` (``stats.summarize`` keeps a row
+    per case), and a foreign table read as one gave a report without its verdicts, not a word said."""
     df = _read_parquet(path)
     raw = (pq.read_schema(path).metadata or {}).get(SUMMARY_VERSION_KEY)
     if raw is not None:
         problem = version_problem(int(raw) if raw.isdigit() else raw.decode(errors="replace"))
         if problem:
             raise StoreError(f"{path}: {problem}")
+    if len(df.columns) and "case_id" not in df:
+        raise StoreError(
+            f"{path}: not a tpbench summary table (no 'case_id' column); "
+            f"`tpbench sweep --resume {path.parent}` writes it again"
+        )
     return df
 
 
