@@ -214,3 +214,16 @@ def test_the_tables_step_time_columns_are_there_before_the_summary_is(tmp_path: 
         table = store.load(path).table
         assert set(store.STEP_TIME_COLUMNS) <= set(table.columns)
         assert table["median_ms"].isna().all() and table["repeat_medians_ms"].isna().all()
+
+
+@pytest.mark.parametrize("table", ["summary.parquet", "steps.parquet"])
+def test_a_folder_in_a_tables_place_is_refused_naming_it(run: Path, table: str) -> None:
+    """pandas reads a folder as a parquet dataset: a folder named summary.parquet escaped as a bare
+    OSError naming no file ("error: : Cannot open for reading"), one named steps.parquet read as a
+    table without its columns. Both are refused as what they are."""
+    path = run / table if table == "summary.parquet" else next(run.glob(f"cases/*/{table}"))
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(store.StoreError) as e:
+        store.load(run)
+    assert str(e.value) == f"{path}: a directory, expected a parquet file"

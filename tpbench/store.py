@@ -33,6 +33,7 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -770,6 +771,15 @@ def _params_problem(params: dict[str, Any]) -> str | None:
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:
+    """A table of the run, refused naming it unless it is a regular parquet file: pandas reads a
+    directory as a dataset, so a folder in a table's place read as a table of no columns ("no
+    'repeat' column") or, for the summary, escaped as a bare OSError that named no file."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        raise StoreError(f"{path}: unreadable parquet ({type(e).__name__}: {e.strerror or e})") from None
+    if not stat.S_ISREG(mode):
+        raise StoreError(f"{path}: {user_files.file_kind(mode)}, expected a parquet file")
     try:
         return pd.read_parquet(path)
     except Exception as e:  # pyarrow raises several types for truncated or foreign files

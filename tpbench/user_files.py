@@ -32,7 +32,7 @@ def read_text(path: str | Path, what: str, limit: int = MAX_INPUT_BYTES) -> str:
     st = os.fstat(fd)  # before fdopen, which refuses a directory with its own error, naming no path
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise ValueError(f"{p}: the {what} is not a regular file ({_kind(st.st_mode)})")
+        raise ValueError(f"{p}: the {what} is not a regular file ({file_kind(st.st_mode)})")
     with os.fdopen(fd, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
@@ -70,7 +70,8 @@ def write_in_place(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words, for a message that refuses it."""
     for test, name in (
         (stat.S_ISDIR, "a directory"),
         (stat.S_ISCHR, "a character device"),
