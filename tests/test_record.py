@@ -227,3 +227,21 @@ def test_a_folder_in_a_tables_place_is_refused_naming_it(run: Path, table: str) 
     with pytest.raises(store.StoreError) as e:
         store.load(run)
     assert str(e.value) == f"{path}: a directory, expected a parquet file"
+
+
+def test_a_path_that_is_not_a_run_says_where_the_run_is(tmp_path: Path) -> None:
+    """A run's own run.json, a suite's folder and the results root given where a run directory is
+    asked for: "run.json: no such run directory" and "not a tpbench run (or its sweep never started)"
+    left the user guessing the level; the error names the run folder, or the newest run below."""
+    runs = [make_run(tmp_path / "results", {"ddp": [10.0]}) for _ in range(2)]
+    newer = max(runs, key=lambda p: p.name)  # run ids sort by time (two made in one second, by suffix)
+    expected = {
+        newer / "run.json": f"the run is its folder, {newer}",
+        newer.parent: f"{newer.parent / 'run.json'}: missing; {newer.parent} is not a tpbench run; it holds 2 runs, "
+        f"the newest {newer}",
+        tmp_path / "results": f"it holds 2 runs, the newest {newer}",
+        tmp_path: "is not a tpbench run (or its sweep never started)",
+    }
+    for path, said in expected.items():
+        with pytest.raises(store.StoreError, match=re.escape(said)):
+            store.load(path)

@@ -658,9 +658,9 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
     recorder (``Run``); readers take ``read_record`` or ``load``."""
     path = Path(run_dir) / RUN_FILE
     if not Path(run_dir).is_dir():
-        raise StoreError(f"{run_dir}: no such run directory")
+        raise StoreError(_not_a_run_dir(Path(run_dir)))
     if not path.exists() and not path.is_symlink():
-        raise StoreError(f"{path}: missing; {run_dir} is not a tpbench run (or its sweep never started)")
+        raise StoreError(f"{path}: missing; {run_dir} is not a tpbench run{_runs_under(Path(run_dir))}")
     try:
         # Only a regular file, and only so much of it: a run.json replaced by /dev/zero is refused, not read.
         meta = json.loads(user_files.read_text(path, "run.json", MAX_RUN_JSON_BYTES))
@@ -677,6 +677,29 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
     if problem:
         raise StoreError(f"{path}: corrupted ({problem})")
     return meta
+
+
+def _not_a_run_dir(path: Path) -> str:
+    """Why ``path`` is not a run directory: it does not exist, or it is a file (a run's own run.json
+    given where its folder is asked for reads as the folder)."""
+    if not path.exists():
+        return f"{path}: no such run directory"
+    hint = f": the run is its folder, {path.parent}" if path.name == RUN_FILE else ""
+    return f"{path}: not a directory; expected a run directory (results/<suite>/<run_id>){hint}"
+
+
+def _runs_under(folder: Path) -> str:
+    """What to say of a folder that is not a run: the newest run it holds, when it is a suite's folder
+    (``results/<suite>``) or a results root, so that the user sees which level a run is; else that
+    its sweep may never have started."""
+    try:
+        runs = [p for p in folder.iterdir() if (p / RUN_FILE).exists()] or list(iter_runs(folder))
+    except OSError:  # a folder we may not list: say no more of it
+        runs = []
+    if not runs:
+        return " (or its sweep never started)"
+    newest = max(runs, key=lambda p: p.name)  # run ids sort by time, whichever suite they are of
+    return f"; it holds {len(runs)} run{'s' if len(runs) > 1 else ''}, the newest {newest}"
 
 
 # Case keys that are never collapsed to None.
