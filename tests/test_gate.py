@@ -733,3 +733,17 @@ def test_example_workflow_uses_real_flags() -> None:
     args = build_parser().parse_args(argv)
     assert args.func.__name__ == "cmd_gate" and args.format == "md" and args.mode == "lockstep" and args.repeats == 30
     assert (REPO / args.suite).is_file()
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "rounds"])
+def test_a_file_in_place_of_the_gates_out_folder_is_named(tmp_path: Path, capsys, mode: str) -> None:
+    """``--out`` naming a file (or a path under one): said as a sweep's ``--out`` is, before any side
+    starts; the gate said only "tpbench gate: error: /tmp/x: File exists" (lockstep) or
+    ".../x/baseline/round01: Not a directory" (rounds)."""
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "gate"
+    args = ["gate", "suites/gate.toml", "--baseline", ".", "--candidate", ".", "--mode", mode, "--out", str(out)]
+    assert run_cli([*args, *(["--rounds", "2"] if mode == "rounds" else ["--budget-s", "60"])]) == 3
+    err = " ".join(capsys.readouterr().err.split())
+    said = f"tpbench gate: error: {out}: the gate's --out folder cannot be made: {tmp_path / 'a-file'} is a file"
+    assert said in err, err

@@ -170,6 +170,7 @@ def run_gate(
     if not suite.is_file():
         raise GateError(f"{suite}: no such suite file")
     out = Path(out).absolute()
+    store.check_writable(out, "gate's --out folder")  # as the lockstep gate says it (``_claim``)
     runs: dict[str, list[Path]] = {"baseline": [], "candidate": []}
     for r in range(rounds):
         for side in (baseline, candidate) if r % 2 == 0 else (candidate, baseline):
@@ -602,8 +603,10 @@ def _pace(
 
 def _claim(out: Path, baseline: Side, candidate: Side) -> tuple[store.RunLock, Path]:
     """``out`` locked for this gate (a second gate into it is refused, naming this one) and
-    checked free of an earlier gate's runs, and a folder for the sides' sockets."""
-    out.mkdir(parents=True, exist_ok=True)
+    checked free of an earlier gate's runs, and a folder for the sides' sockets. A file in the way, a
+    virtual filesystem or a missing permission is said as a sweep's ``--out`` says it (``check_writable``),
+    where the OS said only "File exists"."""
+    store.check_writable(out, "gate's --out folder")
     lock = store.RunLock(out)
     try:
         earlier = [out / s.name for s in (baseline, candidate) if (out / s.name).is_dir()]
