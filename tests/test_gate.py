@@ -747,3 +747,29 @@ def test_a_file_in_place_of_the_gates_out_folder_is_named(tmp_path: Path, capsys
     err = " ".join(capsys.readouterr().err.split())
     said = f"tpbench gate: error: {out}: the gate's --out folder cannot be made: {tmp_path / 'a-file'} is a file"
     assert said in err, err
+
+
+def test_a_round_the_budget_cuts_short_keeps_its_finished_item() -> None:
+    """The budget spent while one side's item of a round had finished: the round was dropped from
+    gate.json's rounds and the stop line said "stopping after 0 rounds", though the item had run and
+    was on its side's disk. A stand-in conductor (the gate's own class, not torch's) finishes the
+    first item of round 2 and then finds the budget spent."""
+    from types import SimpleNamespace
+
+    sides = [SimpleNamespace(exited=False, side=SimpleNamespace(name=n)) for n in ("baseline", "candidate")]
+    done = iter([{"case": "c", "repeat": 0}] * 3)
+
+    class Conductor:
+        def run_item(self, side, metric):
+            try:
+                return next(done)
+            except StopIteration:
+                raise gate.BudgetSpent("candidate's item c repeat 1") from None
+
+    rounds: list = []
+    cfg = gate.Lockstep(budget_s=1e12)  # never spent by the clock: the stand-in spends it
+    stopped = gate._pace(Conductor(), sides, cfg, 0.0, rounds, lambda line: None)
+    assert stopped.startswith("budget of 1e+12 s spent while waiting for candidate's item")
+    assert [len(r["items"]) for r in rounds] == [2, 1] and rounds[1]["partial"] and "partial" not in rounds[0]
+    assert gate._rounds_run(rounds) == "1 round and 1 item of round 2"
+    assert gate._rounds_run(rounds[:1]) == "1 round"

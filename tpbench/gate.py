@@ -535,7 +535,7 @@ def run_lockstep(
         conductor = _Conductor(sides, cfg.stall_s, started + cfg.budget_s)
         stopped = _pace(conductor, sides, cfg, started, rounds, announce)
         if stopped:
-            announce(f"tpbench gate: stopping after {len(rounds)} round{'' if len(rounds) == 1 else 's'}: {stopped}")
+            announce(f"tpbench gate: stopping after {_rounds_run(rounds)}: {stopped}")
         conductor.finish(cfg.finish_grace_s if stopped and stopped.startswith("budget") else None)
     except BaseException:
         for s in sides:
@@ -568,6 +568,17 @@ def run_lockstep(
     return LockstepRun(out, runs[0], runs[1], record)
 
 
+def _rounds_run(rounds: list[dict[str, Any]]) -> str:
+    """The rounds run, as the stop line says them: "3 rounds", or "3 rounds and 1 item of round 4"
+    when the budget ended a round after one side's item."""
+    whole = [r for r in rounds if not r.get("partial")]
+    said = f"{len(whole)} round{'' if len(whole) == 1 else 's'}"
+    if len(whole) < len(rounds):
+        n = len(rounds[-1]["items"])
+        said += f" and {n} item{'' if n == 1 else 's'} of round {len(rounds)}"
+    return said
+
+
 def _pace(
     conductor: _Conductor,
     sides: list[_Side],
@@ -583,9 +594,17 @@ def _pace(
     stopped = None
     while stopped is None and not all(s.exited for s in sides):
         order = rng.sample(sides, len(sides))
+        items = []
         try:
-            items = [i for i in (conductor.run_item(s, cfg.metric) for s in order) if i is not None]
+            for s in order:
+                if (item := conductor.run_item(s, cfg.metric)) is not None:
+                    items.append(item)
         except BudgetSpent as e:
+            # An item the round had finished is on its side's disk: gate.json keeps it too, in a round
+            # marked partial, and the stop line counts it ("0 rounds" read as if nothing had run).
+            if items:
+                rounds.append({"round": len(rounds) + 1, "order": [s.side.name for s in order], "items": items})
+                rounds[-1]["partial"] = True
             return f"budget of {cfg.budget_s:g} s spent while waiting for {e}"
         if items:
             rounds.append({"round": len(rounds) + 1, "order": [s.side.name for s in order], "items": items})
