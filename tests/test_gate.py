@@ -773,3 +773,17 @@ def test_a_round_the_budget_cuts_short_keeps_its_finished_item() -> None:
     assert [len(r["items"]) for r in rounds] == [2, 1] and rounds[1]["partial"] and "partial" not in rounds[0]
     assert gate._rounds_run(rounds) == "1 round and 1 item of round 2"
     assert gate._rounds_run(rounds[:1]) == "1 round"
+
+
+@pytest.mark.parametrize(("flags", "warned"), [(["--repeats", "2"], True), (["--repeats", "3"], False)])
+def test_a_gate_too_short_to_fail_says_so_before_it_runs(tmp_path: Path, capsys, flags, warned) -> None:
+    """``--repeats 2``: every case ends "too few to judge (2 pairs; need 3)", inconclusive, and the
+    gate exits 0 whatever the candidate does; a CI job made quick that way never went red, unwarned."""
+    side = "/bin/false tpbench"  # the sides fail at once: the warning comes before any sweep
+    args = ["gate", "suites/gate.toml", "--baseline", side, "--candidate", side, *flags]
+    assert run_cli([*args, "--budget-s", "60", "--out", str(tmp_path / "out")]) == 3
+    err = " ".join(capsys.readouterr().err.split())
+    said = "tpbench gate: warning: --repeats 2: a case is judged on at least 3 pairs; with 2 every case ends"
+    assert (said in err) == warned and ("cannot fail" in err) == warned, err
+    if warned:
+        assert err.index(said) < err.index("tpbench gate: baseline:"), err
