@@ -381,16 +381,26 @@ def test_a_complete_run_without_its_summary_is_refused_by_report_until_resumed(d
     assert run_cli(_commands(run, tmp_path)["report"]) == 0
 
 
-def test_a_summary_parquet_that_is_not_a_summary_is_refused_naming_it_until_resumed(done_run, tmp_path, capsys):
-    """A foreign table in summary.parquet's place (no ``case_id``): the report dropped its verdicts
-    without a word and ``tpbench.load(run).table`` had no numbers; report, compare and export exit 3
-    naming the file, and ``--resume`` writes the summary again."""
+@pytest.mark.parametrize("foreign", ["table", "run"])
+def test_a_summary_parquet_that_is_not_a_summary_is_refused_naming_it_until_resumed(
+    done_run, tmp_path, capsys, foreign
+):
+    """A foreign table in summary.parquet's place (no ``case_id``), or another run's summary (its
+    case ids not this run's): the report dropped its verdicts without a word and
+    ``tpbench.load(run).table`` had no numbers; report, compare and export exit 3 naming the file,
+    and ``--resume`` writes the summary again."""
     run = copy_run(done_run, tmp_path)
-    pd.read_parquet(next(run.glob("cases/*/memory.parquet"))).to_parquet(run / "summary.parquet")
+    if foreign == "table":
+        pd.read_parquet(next(run.glob("cases/*/memory.parquet"))).to_parquet(run / "summary.parquet")
+        said = "not a tpbench summary table (no 'case_id' column)"
+    else:
+        other = pd.read_parquet(run / "summary.parquet")
+        other.assign(case_id=[f"0000000000{i:02d}" for i in range(len(other))]).to_parquet(run / "summary.parquet")
+        said = f"{len(other)} of its cases are not this run's (e.g. 000000000000); another run's summary?"
     for command in _commands(run, tmp_path).values():
         assert run_cli(command) == 3
         err = " ".join(capsys.readouterr().err.split())
-        assert f"{run / 'summary.parquet'}: not a tpbench summary table (no 'case_id' column)" in err, err
+        assert f"{run / 'summary.parquet'}: {said}" in err, err
         assert "Traceback" not in err and not (tmp_path / "r.html").exists()
     assert run_cli(["sweep", "--resume", str(run), "--no-report"]) == 0
     assert store.load(run).table["median_ms"].notna().all()

@@ -884,8 +884,19 @@ def load(run_dir: str | Path, *, summary: bool = True) -> Loaded:
                 raise StoreError(f"{steps_path}: missing, but run.json says case {cid} is done")
             frames.append(_read_steps(steps_path).assign(case_id=cid))
     steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    table = read_summary(run_dir) if summary else pd.DataFrame()
+    table = check_summary_cases(run_dir, read_summary(run_dir), record) if summary else pd.DataFrame()
     return Loaded(run_dir, record, cases_table(record), steps, table)
+
+
+def check_summary_cases(run_dir: Path, summary: pd.DataFrame, record: RunRecord) -> pd.DataFrame:
+    """``summary``, refused when it holds cases that are not the run's: another run's summary copied
+    here matches none of its cases, and the report dropped its verdicts without a word."""
+    if not summary.empty and "case_id" in summary and (foreign := set(summary["case_id"]) - set(record.cases)):
+        raise StoreError(
+            f"{Path(run_dir) / SUMMARY_FILE}: {len(foreign)} of its cases are not this run's (e.g. {min(foreign)}); "
+            f"another run's summary? `tpbench sweep --resume {run_dir}` writes it again"
+        )
+    return summary
 
 
 def owned(run_dir: Path) -> bool:
