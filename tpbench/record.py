@@ -68,11 +68,16 @@ ADDED_ALGORITHM_KEYS = frozenset({"parameters_as_bucket_view"})
 
 
 def version_problem(version: Any) -> str | None:
-    """Why this tpbench cannot read a record of this schema version, or None."""
-    if isinstance(version, bool) or not isinstance(version, int) or version not in KNOWN_VERSIONS:
+    """Why this tpbench cannot read a record of this schema version, or None. Only an integer above
+    the versions it knows is said to come from a newer tpbench: "1" or null is no tpbench's writing
+    (an edited or damaged file), and "upgrade tpbench" would send its user the wrong way."""
+    known = ", ".join(map(str, KNOWN_VERSIONS))
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        return f"schema_version {version!r} is not a version (expected an integer, one of {known}): a damaged record"
+    if version not in KNOWN_VERSIONS:
         return (
-            f"schema_version {version!r} is not one this tpbench reads "
-            f"({', '.join(map(str, KNOWN_VERSIONS))}); a newer tpbench wrote it: upgrade tpbench to read it"
+            f"schema_version {version!r} is not one this tpbench reads ({known}); a newer tpbench wrote it: "
+            "upgrade tpbench to read it"
         )
     return None
 
