@@ -546,6 +546,19 @@ def test_a_results_folder_whose_path_is_not_utf8_is_refused_before_anything_runs
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", ["sweep", "tune"])
+@pytest.mark.parametrize("below", ["", "cases"])
+def test_a_results_folder_that_is_a_run_or_inside_one_is_refused_naming_the_resume(run_dir, command, below, capsys):
+    """--out is the results root: given a run's own folder (or one inside it), the new run was made
+    inside the old one's. Refused in one line (exit 2) naming the run and its resume; nothing written."""
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    assert run_cli([command, "suites/smoke.toml", "--out", str(run_dir / below), "--dry-run"]) == 2
+    said = capsys.readouterr().err
+    assert "a run's directory (it holds run.json)" in said
+    assert f"tpbench sweep --resume {run_dir}" in said
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
+
+
 # --- run.json entries of the wrong type: exit 3 naming the file, never a traceback ---------------
 
 

@@ -158,6 +158,32 @@ def _out_dir(text: str) -> Path:
     return Path(text)
 
 
+def _results_root(text: str) -> Path:
+    """The type of ``sweep --out`` and ``tune --out``: a results folder (``_out_dir``) that is not a
+    run's directory nor inside one. Each run goes in ``OUT/<suite>/<run_id>``: given a run's own
+    folder (as if ``--out`` named where to put this run, or added to that one), the new run was made
+    inside the old one's, the two runs tangled in one folder and nothing said."""
+    from tpbench.store import RUN_FILE, TUNE_FILE
+
+    def holds_a_run(folder: Path) -> bool:
+        try:
+            return (folder / RUN_FILE).is_file()
+        except OSError:  # a folder this user may not search: it holds no run of theirs
+            return False
+
+    out = _out_dir(text).resolve()
+    run = next((p for p in (out, *out.parents) if holds_a_run(p)), None)
+    if run is None:
+        return Path(text)
+    where = "is" if run == out else f"is inside {run},"
+    command = "tune" if (run / TUNE_FILE).is_file() else "sweep"
+    raise argparse.ArgumentTypeError(
+        f"{text}: {where} a run's directory (it holds {RUN_FILE}); --out is the results root, each run going in "
+        f"OUT/<suite>/<run_id>: give the folder the runs are kept in, or run that run's missing cases with "
+        f"tpbench {command} --resume {shlex.quote(str(run))}"
+    )
+
+
 def _seconds(text: str) -> float:
     """A time budget: finite, above 0 and at most ``MAX_BUDGET_S`` (NaN, inf and 1e308 would never end)."""
     try:
@@ -256,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("suite", nargs="?", type=_given("a suite file"), help="suite TOML file (not needed with --resume)")
     suite_args(p)
     allow_large_arg(p)
-    p.add_argument("--out", type=_out_dir, help="results root (default: results)")
+    p.add_argument("--out", type=_results_root, help="results root (default: results)")
     p.add_argument(
         "--resume",
         type=_path("a run directory"),
@@ -309,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     suite_args(p)
     allow_large_arg(p)
-    p.add_argument("--out", type=_out_dir, help="results root (default: results)")
+    p.add_argument("--out", type=_results_root, help="results root (default: results)")
     p.add_argument(
         "--resume", type=_path("a run directory"), metavar="RUN_DIR", help="go on with an interrupted tune of RUN_DIR"
     )
