@@ -450,3 +450,24 @@ def test_printed_command_runs_and_resume_records_it(tmp_path, capsys):
     assert loaded.record.status == "complete" and set(loaded.cases.status) == {"done"}
     assert loaded.record.worlds[0].ingested
     assert isinstance(loaded.summary, pd.DataFrame) and len(loaded.summary) == 1
+
+
+@pytest.mark.ranks
+def test_a_printed_command_whose_world_a_resume_took_over_runs_nothing(tmp_path, capsys):
+    """--print, then --resume before the printed command ran: the resume runs the case itself. The
+    printed command, started after all, must not measure the finished case again (it wrote its
+    repeats and traces over the run's): it exits naming the resume, and the run is unchanged."""
+    out = tmp_path / "results"
+    suite = ["sweep", str(REPO / "suites" / "smoke.toml"), "--set", "world_size=auto", "--set", "repeats=1"]
+    printed = [*suite, "--filter", "algorithm=ddp", "--launcher", "torchrun", "--nproc-per-node", "1", "--print"]
+    assert run_cli([*printed, "--out", str(out)]) == 0
+    run_dir = only_run(out)
+    command = next(line for line in capsys.readouterr().out.splitlines() if not line.startswith("#"))
+    assert run_cli(["sweep", "--resume", str(run_dir), "--no-report"]) == 0
+    files = {p: p.read_bytes() for p in (run_dir / "cases").rglob("*") if p.is_file()}
+
+    started = subprocess.run(shlex.split(command), capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert started.returncode != 0
+    assert f"`tpbench sweep --resume {run_dir}`" in started.stderr and "nothing to run" in started.stderr
+    assert {p: p.read_bytes() for p in (run_dir / "cases").rglob("*") if p.is_file()} == files
+    assert not (run_dir / "events" / "w0").exists()

@@ -500,6 +500,16 @@ def print_group(
     )
 
 
+def take_over_printed(run: store.Run) -> None:
+    """Record as spent the printed worlds that never started (no events), whose pending cases the
+    resume that calls this runs (or prints again) itself: their printed commands, started after
+    all, then run nothing (``worker._spent``) rather than measure those cases a second time and
+    write over their traces and tables."""
+    for entry in run.record.worlds:
+        if entry.printed and not entry.ingested and not any((run.dir / "events" / entry.world).glob("rank*.jsonl")):
+            run.world_ingested(entry.world)
+
+
 class PrintedWorldRecord:
     """A world the user ran from a printed command, as the ``Supervisor`` sees it afterwards:
     over, its events files complete, no process to watch or kill."""

@@ -555,7 +555,8 @@ class Run:
         self._save()
 
     def world_ingested(self, world: str) -> None:
-        """A printed world's events were read back (``--resume`` after ``--print``)."""
+        """A printed world's events were read back, or its cases taken over since it had none
+        (``--resume`` after ``--print``): its printed command is spent."""
         for entry in self._meta.get("worlds", []):
             if entry["world"] == world:
                 entry["ingested"] = time.time()

@@ -29,7 +29,15 @@ from tpbench.interconnect import (
     reap_stale_namespaces,
     resolve,
 )
-from tpbench.launch import Listener, PrintedWorld, group_cases, ingest_printed, print_group, run_group
+from tpbench.launch import (
+    Listener,
+    PrintedWorld,
+    group_cases,
+    ingest_printed,
+    print_group,
+    run_group,
+    take_over_printed,
+)
 from tpbench.suite import Case, Machine, Suite, expand, load, select, with_overrides
 from tpbench.worlds import Torchrun
 
@@ -180,7 +188,9 @@ def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
     owns it (a sweep still running, a second resume).
 
     Worlds printed for the user to start (``--print``) are read back first, from their events
-    files, so what they finished counts as done. A run with nothing left to run keeps its status.
+    files, so what they finished counts as done; those never started are taken over (their printed
+    commands then run nothing: ``launch.take_over_printed``). A run with nothing left to run keeps
+    its status.
     """
     run = store.Run.open(run_dir, own=True)
     store.load(run.dir, summary=False)  # a done case's steps lost: refused before anything runs or changes
@@ -192,6 +202,7 @@ def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
     for case in todo:
         run.reset_case(case.case_id)
         store.set_aside_unreadable(run.dir, case.case_id)
+    take_over_printed(run)
     if todo:
         run.hold_reserve()
         run.set_status(store.RUNNING, resumed=time.time())

@@ -860,12 +860,35 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--event-fd", type=int, default=None)
     args = ap.parse_args(argv)
     plan = Plan.read(args.plan)
+    if plan.events_dir is not None and (spent := _spent(plan)):
+        print(f"python -m tpbench.worker {args.plan}: {spent}", file=sys.stderr, flush=True)
+        sys.exit(2)
     events = _torchrun_rank(plan) if plan.events_dir is not None else Events(args.event_fd)
     run_plan(plan, events)
     sys.stdout.flush()
     sys.stderr.flush()
     # destroy_process_group() can hang on Gloo once subgroups exist; everything is written by now.
     os._exit(0)
+
+
+def _spent(plan: Plan) -> str | None:
+    """Why a world printed by ``sweep --print`` must not run (None: it may). Once ``--resume`` has
+    recorded such a world (its events read back, or its cases taken over because it had not
+    started), its printed command is spent: started again, from a shell's history say, its ranks
+    would measure finished cases a second time and write over their traces and tables."""
+    try:
+        worlds = store.read_record(Path(plan.run_dir)).worlds
+    except store.StoreError:
+        return None  # no readable run.json to tell: the plan runs as it always did
+    entry = next((w for w in worlds if w.world == plan.world), None)
+    if entry is None or not entry.printed or entry.ingested is None:
+        return None
+    when = _dt.datetime.fromtimestamp(entry.ingested).isoformat(timespec="seconds")
+    return (
+        f"world {plan.world} of {plan.run_dir} was recorded by `tpbench sweep --resume` at {when} (what this "
+        "command ran read back, or its cases taken over to run there): nothing to run; what the run still misses, "
+        f"`tpbench sweep --resume {plan.run_dir}` runs (add --print for new commands)"
+    )
 
 
 def _torchrun_rank(plan: Plan) -> Events:
