@@ -12,7 +12,7 @@ import time
 
 import pandas as pd
 import pytest
-from conftest import REPO, only_run, tiny_suite, tpbench, worker_processes
+from conftest import REPO, only_run, run_cli, tiny_suite, tpbench, worker_processes
 
 from tpbench import store
 
@@ -245,6 +245,28 @@ def test_the_progress_of_a_sweep_whose_every_case_fails_counts_the_planned_repea
     assert (task.completed, task.total) == (0, 0)
     assert task.fields["tally"] == "0/2, 2 dropped"
     assert task.fields["current"] == "ddp failed; cases 0/1 done, 1 failed"
+
+
+def test_a_sweep_with_a_failed_case_says_where_its_traceback_is_and_how_to_run_it_again(tmp_path, capsys, monkeypatch):
+    """A case whose ranks raise in its hook: the line printed as it failed holds the cause's first
+    line only; the sweep's end names where the whole cause and the ranks' logs are (without a
+    report, run.json alone) and the resume that runs the case again, and that detail is there."""
+    monkeypatch.chdir(tmp_path)  # the hook is imported from where tpbench runs, as the ranks import it
+    (tmp_path / "raising_hook_of_test_sweep.py").write_text(
+        "def hook(state, bucket):\n    raise RuntimeError('boom in the hook')\n"
+    )
+    suite = tmp_path / "raise.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp"]', comm_hook='"raising_hook_of_test_sweep:hook"', repeats=1))
+    assert run_cli(["sweep", str(suite), "--out", str(tmp_path / "results"), "--no-report"]) == 1
+    run_dir = only_run(tmp_path / "results")
+    said = " ".join(capsys.readouterr().err.split())
+    assert "raised RuntimeError: boom in the hook" in said
+    assert (
+        "1 case failed: the cause in full (a raising rank's traceback) and the ranks' last log lines are in "
+        f"{run_dir / 'run.json'} (each case's detail); after a fix, tpbench sweep --resume {run_dir} runs it again"
+    ) in said
+    (entry,) = json.loads((run_dir / "run.json").read_text())["cases"].values()
+    assert "Traceback" in entry["detail"] and "boom in the hook" in entry["detail"]
 
 
 def test_the_library_sweep_tells_its_progress_each_phase_and_returns_the_finished_run(tmp_path):

@@ -193,6 +193,20 @@ def _closing_line(outcome: Outcome, resumed: bool) -> str:
     )
 
 
+def _failures_line(run_dir: Path, failed: int, report: Path | None) -> str:
+    """Where a failed case's whole cause (a raising rank's traceback) and its ranks' last log lines
+    are, and how to run it again: the line printed as it failed gives only the cause's first line
+    ("rank 1 raised RuntimeError: ..."), and the rest, which the report shows, was otherwise found
+    only by reading run.json."""
+    cases, them = ("1 case", "it") if failed == 1 else (f"{failed} cases", "them")
+    shown = f"under 'Failed cases' in {report} and " if report else ""
+    again = shlex.join(["tpbench", "sweep", "--resume", str(run_dir)])
+    return (
+        f"{cases} failed: the cause in full (a raising rank's traceback) and the ranks' last log lines are {shown}"
+        f"in {run_dir / 'run.json'} (each case's detail); after a fix, {again} runs {them} again."
+    )
+
+
 def _print_worlds(run, worlds: list, launcher) -> int:
     """``--print``: the command(s) to start on every node, then how to record what they did."""
     where = "on this machine" if launcher.nnodes == 1 else f"on each of the {launcher.nnodes} nodes, at the same time"
@@ -331,6 +345,8 @@ def _conclude(args: argparse.Namespace, outcome: Outcome) -> int:
                 [run_dir], args.report or report.default_report_path([run_dir], args.reports_dir)
             )
             console.print(f"Report: {path}", markup=False, soft_wrap=True)
+        if outcome.failed:
+            console.print(_failures_line(run_dir, len(outcome.failed), path), markup=False, soft_wrap=True)
     except KeyboardInterrupt as e:
         said, _ = interrupted(e)
         again = shlex.join(["tpbench", "report", str(run_dir), *(["-o", str(args.report)] if args.report else [])])
