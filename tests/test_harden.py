@@ -559,6 +559,23 @@ def test_a_results_folder_that_is_a_run_or_inside_one_is_refused_naming_the_resu
     assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
 
 
+@pytest.mark.parametrize("command", [["report"], ["compare"], ["sweep", "--dry-run", "--resume"]])
+def test_a_folder_of_runs_given_as_a_run_names_its_latest_run_and_a_file_says_it_is_one(tmp_path, command, capsys):
+    """A results root or a suite's folder given where a run was expected: exit 3 naming the latest
+    run it holds ("is not a tpbench run" alone left the reader to look two levels down); a file (a
+    suite given to --resume, say) is said to be a file, not "no such run directory"."""
+    run = make_run(tmp_path / "results", {"ddp": [10.0, 10.1, 9.9]})
+    for folder in (run.parent, run.parent.parent):
+        assert run_cli([*command, str(folder)]) == 3
+        said = " ".join(capsys.readouterr().err.split())
+        assert f"{folder} is not a tpbench run but holds 1 run (the latest: {run}): give a run's own folder" in said
+    suite = tmp_path / "suite.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp"]'))
+    assert run_cli([*command, str(suite)]) == 3
+    said = f"{suite}: not a directory; expected a run directory (results/<suite>/<run_id>)"
+    assert said in " ".join(capsys.readouterr().err.split())
+
+
 # --- run.json entries of the wrong type: exit 3 naming the file, never a traceback ---------------
 
 

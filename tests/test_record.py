@@ -240,9 +240,9 @@ def test_a_path_that_is_not_a_run_says_where_the_run_is(tmp_path: Path) -> None:
     newer = max(runs, key=lambda p: p.name)  # run ids sort by time (two made in one second, by suffix)
     expected = {
         newer / "run.json": f"the run is its folder, {newer}",
-        newer.parent: f"{newer.parent / 'run.json'}: missing; {newer.parent} is not a tpbench run; it holds 2 runs, "
-        f"the newest {newer}",
-        tmp_path / "results": f"it holds 2 runs, the newest {newer}",
+        newer.parent: f"{newer.parent / 'run.json'}: missing; {newer.parent} is not a tpbench run but holds 2 runs "
+        f"(the latest: {newer}): give a run's own folder",
+        tmp_path / "results": f"but holds 2 runs (the latest: {newer})",
         tmp_path: "is not a tpbench run (or its sweep never started)",
     }
     for path, said in expected.items():

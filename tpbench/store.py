@@ -661,7 +661,7 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
     if not Path(run_dir).is_dir():
         raise StoreError(_not_a_run_dir(Path(run_dir)))
     if not path.exists() and not path.is_symlink():
-        raise StoreError(f"{path}: missing; {run_dir} is not a tpbench run{_runs_under(Path(run_dir))}")
+        raise StoreError(f"{path}: missing; {run_dir} is not a tpbench run{_runs_below(Path(run_dir))}")
     try:
         # Only a regular file, and only so much of it: a run.json replaced by /dev/zero is refused, not read.
         meta = json.loads(user_files.read_text(path, "run.json", MAX_RUN_JSON_BYTES))
@@ -689,18 +689,17 @@ def _not_a_run_dir(path: Path) -> str:
     return f"{path}: not a directory; expected a run directory (results/<suite>/<run_id>){hint}"
 
 
-def _runs_under(folder: Path) -> str:
-    """What to say of a folder that is not a run: the newest run it holds, when it is a suite's folder
-    (``results/<suite>``) or a results root, so that the user sees which level a run is; else that
-    its sweep may never have started."""
-    try:
-        runs = [p for p in folder.iterdir() if (p / RUN_FILE).exists()] or list(iter_runs(folder))
-    except OSError:  # a folder we may not list: say no more of it
-        runs = []
-    if not runs:
-        return " (or its sweep never started)"
-    newest = max(runs, key=lambda p: p.name)  # run ids sort by time, whichever suite they are of
-    return f"; it holds {len(runs)} run{'s' if len(runs) > 1 else ''}, the newest {newest}"
+def _runs_below(folder: Path) -> str:
+    """What to give instead of a folder that is not a run but holds runs: a results root
+    (``ROOT/<suite>/<run_id>``) or one suite's folder of them, named with its latest run; else that
+    its sweep may never have started. Said where a run was expected: "is not a tpbench run" alone
+    left the reader to find the run's folder two levels down."""
+    with contextlib.suppress(OSError):
+        found = [p for p in folder.iterdir() if (p / RUN_FILE).is_file()] or list(iter_runs(folder))
+        if found:
+            many = f"{len(found)} runs" if len(found) > 1 else "1 run"
+            return f" but holds {many} (the latest: {max(found, key=lambda p: p.name)}): give a run's own folder"
+    return " (or its sweep never started)"
 
 
 # Case keys that are never collapsed to None.
