@@ -413,7 +413,7 @@ def test_a_repeat_that_ends_after_its_timeout_fails_as_timed_out(tmp_path):
     """The world's own report (events as a torchrun world writes them, read back as ``--resume``
     reads a printed world's): the repeat ended 0.5 s past ``timeout_s``, so the case fails as timed
     out instead of passing because its end arrived before the launcher's check."""
-    from tpbench.launch import PrintedWorldRecord, Supervisor
+    from tpbench.launch import SLOWER, PrintedWorldRecord, Supervisor
     from tpbench.suite import Machine, expand, load
 
     case = expand(load(tiny_suite(tmp_path, 'algorithm = ["ddp"]', timeout_s=2)), Machine(gpus=0))[0]
@@ -431,7 +431,7 @@ def test_a_repeat_that_ends_after_its_timeout_fails_as_timed_out(tmp_path):
     (events / "rank0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
     outcome = Supervisor(PrintedWorldRecord(run.dir, "w0", 2), {case.case_id: case}, run, lambda k, e: None).supervise()
     assert outcome.failed_case == case.case_id
-    assert outcome.cause == "timed out after 2 s in repeat 0 (it took 2.5 s)"
+    assert outcome.cause == f"timed out after 2 s in repeat 0 (it took 2.5 s{SLOWER})"
     assert outcome.completed == set()
     assert run.record.cases[case.case_id].status == "running"  # not done; the launcher marks it failed
 
@@ -439,7 +439,7 @@ def test_a_repeat_that_ends_after_its_timeout_fails_as_timed_out(tmp_path):
 def test_a_round_stepped_in_turn_has_its_arms_timeouts_together(tmp_path):
     """A tune's round runs two arms' steps in turn: it may take both arms' ``timeout_s`` (2 + 2 s),
     so 3.5 s passes, and 4.5 s fails as timed out in that round, blamed on no single arm."""
-    from tpbench.launch import PrintedWorldRecord, Supervisor
+    from tpbench.launch import SLOWER, PrintedWorldRecord, Supervisor
     from tpbench.suite import Machine, expand, load
 
     cases = expand(load(tiny_suite(tmp_path, 'algorithm = ["ddp", "zero_no_overlap"]', timeout_s=2)), Machine(0))
@@ -461,7 +461,7 @@ def test_a_round_stepped_in_turn_has_its_arms_timeouts_together(tmp_path):
         world = PrintedWorldRecord(run.dir, "w0", 2)
         outcomes.append(Supervisor(world, {c.case_id: c for c in cases}, run, lambda k, e: None).supervise())
     assert outcomes[0].cause is None and outcomes[0].completed == {(a, 0), (b, 0)}
-    assert outcomes[1].cause == "timed out after 4 s in round 0 (2 cases stepped in turn) (it took 4.5 s)"
+    assert outcomes[1].cause == f"timed out after 4 s in round 0 (2 cases stepped in turn) (it took 4.5 s{SLOWER})"
     assert outcomes[1].failed_case is None and outcomes[1].completed == set()
 
 

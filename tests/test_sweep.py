@@ -83,6 +83,8 @@ def test_crash_and_hang_fail_only_their_case_and_leave_no_process(tmp_path):
     assert by_fault["crash:1"]["error"] == "rank 1 was killed by SIGKILL"
     assert by_fault["hang:1"]["status"] == "failed"
     assert by_fault["hang:1"]["error"].startswith("timed out after 6 s")
+    # ... naming the cure for a case that is only slow here, beside the hang it may be
+    assert "(a rank hung; or it runs slower than that here: raise the suite's timeout_s)" in by_fault["hang:1"]["error"]
     # The sweep went on in a fresh world after each failure.
     assert len(meta["worlds"]) >= 2
     assert worker_processes(run_dir) == []

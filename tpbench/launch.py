@@ -83,6 +83,11 @@ def suite_hint(tb: str) -> str:
     return ""
 
 
+# Beside a timeout's cause: a healthy case on a busy or slow machine times out the same way, and
+# "a rank hung" alone sent its user looking for a deadlock that was not there.
+SLOWER = "; or it runs slower than that here: raise the suite's timeout_s"
+
+
 @dataclass(frozen=True)
 class LaunchGroup:
     """Cases that run in the same world of processes."""
@@ -217,7 +222,7 @@ class Supervisor:
             # when its end reached us before the launcher's own check did.
             took, limit = ev["t"] - self.started_t, self.current.limit_s
             if took > limit:
-                self.overran = f"timed out after {limit:g} s in {self.current.what()} (it took {took:.1f} s)"
+                self.overran = f"timed out after {limit:g} s in {self.current.what()} (it took {took:.1f} s{SLOWER})"
                 return
             self.outcome.completed.add((ev["case"], ev["repeat"]))
             self.tracing = None
@@ -312,7 +317,9 @@ class Supervisor:
                 )
             if self.current and now - self.current.t0 > self.current.limit_s:
                 limit = self.current.limit_s
-                return self._fail(f"timed out after {limit:g} s in {self.current.what()} (a rank hung)", hung=True)
+                return self._fail(
+                    f"timed out after {limit:g} s in {self.current.what()} (a rank hung{SLOWER})", hung=True
+                )
 
 
 def _write_plan(
