@@ -31,7 +31,7 @@ import tomllib
 from tpbench import comm_hooks, user_files
 from tpbench.algorithms import ALGORITHM_SPECIFIC_KEYS, ALGORITHMS
 from tpbench.record import ADDED_ALGORITHM_KEYS, ADDED_KEYS, Case  # Case: defined below the suite, with the record
-from tpbench.workload_params import PARAMS, UserWorkloadError, is_import_path, unknown
+from tpbench.workload_params import PARAMS, UserWorkloadError, is_import_path, shards_by_node, unknown
 
 # Keys that set a case's measurement budget or capture, and test-only knobs (an injected slowdown
 # exists to be compared against a run without it): recorded with a case, not part of what it
@@ -513,9 +513,13 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
             raise _fail(path, where("algorithm"), f"expected one of {', '.join(ALGORITHMS)}, got {raw['algorithm']!r}")
         r = _resolve_machine(raw, machine)
         _check_combination(path, r, machine, suite, where)
-        for k in (ALGORITHM_SPECIFIC_KEYS - algo.uses) | algo.moot(r) | comm_hooks.moot(r) | _moot_bucketing(r):
+        workload_params = _workload_params(suite, r["workload"], r["batch_size"], where("workload"))
+        moot = (ALGORITHM_SPECIFIC_KEYS - algo.uses) | algo.moot(r) | comm_hooks.moot(r) | _moot_bucketing(r)
+        if shards_by_node(r["workload"], dict(workload_params)):
+            moot -= {"ranks_per_node"}  # the nodes the data is split by: DDP must train on the same split
+        for k in moot:
             r[k] = None
-        r["workload_params"] = _workload_params(suite, r["workload"], r["batch_size"], where("workload"))
+        r["workload_params"] = workload_params
         case = Case(**r)
         why = algo.check(case)
         if why:

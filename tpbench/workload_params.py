@@ -7,8 +7,9 @@ tests import.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 class UserWorkloadError(ValueError):
@@ -37,6 +38,13 @@ def apply_preset(params: object, presets: dict[str, dict[str, int]]) -> None:
 
 
 NON_IID_MODES = ("none", "node", "rank")
+
+
+def shards_by_node(workload: str, params: Mapping[str, Any]) -> bool:
+    """Whether a workload's training data depends on ``ranks_per_node``: markov's ``non_iid = "node"``
+    gives each node its own part of the chain. Then the key shapes every case's data, plain DDP's
+    included, not only post-local SGD's subgroups, and a case must keep it to train on the same data."""
+    return workload == MarkovParams.workload and params.get("non_iid") == "node"
 
 
 @dataclass(frozen=True)

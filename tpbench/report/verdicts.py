@@ -123,8 +123,9 @@ LOCALSGD_KIND = Kind(
     "DDP",
     lambda row: row["algorithm"] == LOCALSGD and not is_plain_ddp(row),
     is_plain_ddp,
-    # Post-local SGD's own parameters define the sides; impl is matched on like any other key.
-    frozenset({"algorithm"}) | ALGORITHMS[LOCALSGD].uses - {"impl"},
+    # Post-local SGD's own parameters define the sides; impl is matched on like any other key, and so is
+    # ranks_per_node, which DDP keeps where the workload splits its data by node (``shards_by_node``).
+    frozenset({"algorithm"}) | ALGORITHMS[LOCALSGD].uses - {"impl", "ranks_per_node"},
 )
 
 
