@@ -988,3 +988,22 @@ def test_the_drift_chart_counts_steps_trained_as_the_loss_chart_beside_it_does()
     assert [list(t.x) for t in fig.data] == [[1, 5, 9], [61, 77]]
     assert fig.layout.xaxis.title.text == "steps trained"
     assert fig.layout.legend.y < LEGEND_BELOW["y"]
+
+
+def test_local_sgd_verdicts_name_every_setting_the_run_varies(tmp_path):
+    """Post-local SGD's lines against DDP named only start_localSGD_iter and averaging_period: a run
+    sweeping post_local_gradient_allreduce got two lines "post-local SGD (start_localSGD_iter=2
+    averaging_period=4): ..." with different numbers, and no way to tell which case each was."""
+    run = make_run(
+        tmp_path,
+        {"post_localSGD_hook": [20.0, 20.5]},
+        world_size=4,
+        defaults={"ranks_per_node": 2},
+        sweep={"start_localSGD_iter": '["never", 2]', "post_local_gradient_allreduce": "[true, false]"},
+        factor=lambda c: 1.0 if c.start_localSGD_iter == "never" else (0.6 if c.post_local_gradient_allreduce else 0.5),
+    )
+    finalize(store.Run.open(run))
+    html = build_report([store.load(run)])
+    for flag in ("True", "False"):
+        said = f"post-local SGD (start_localSGD_iter=2 averaging_period=4 post_local_gradient_allreduce={flag}): "
+        assert html.count(said) == 1, flag

@@ -153,7 +153,7 @@ def _headlines(
             )
     attrs = verdicts.attributions(comparisons)
     lines += verdicts.attribution_lines(attrs, lambda run_id: f"[{data.tags[run_id]}] " if data.multi else "")
-    keys = [k for k in data.context_keys if k not in verdicts.LOCALSGD_KIND.sides]
+    keys = data.context_keys  # each post-local SGD line names its own varying settings (_localsgd_who)
     lines += [
         (f"[{data.tags[v.comparison.run_id]}] " if data.multi else "") + verdicts.convergence_sentence(v, keys)
         for v in conv

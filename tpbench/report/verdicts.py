@@ -678,11 +678,15 @@ def _soonest_line(
 
 
 def _localsgd_who(c: Comparison, keys: list[str]) -> str:
-    """The post-local SGD case in words: "post-local SGD (start_localSGD_iter=0 averaging_period=4)"."""
-    setting = " ".join(
-        f"{k}={c.candidate.get(k)}" for k in ("start_localSGD_iter", "averaging_period") if _present(c.candidate.get(k))
-    )
-    ctx = context_text(c.context, keys)
+    """The post-local SGD case in words: "post-local SGD (start_localSGD_iter=0 averaging_period=4)",
+    then any other post-local SGD key among ``keys`` (the run's varying keys, ``ReportData.context_keys``)
+    and what the candidate sets that DDP lacks: two cases that differ only in
+    post_local_gradient_allreduce read alike otherwise. Then the context both sides share."""
+    always = ("start_localSGD_iter", "averaging_period")
+    own = [k for k in keys if k in LOCALSGD_KIND.sides and k not in always and k != "algorithm"]
+    named = dict.fromkeys((*always, *own, *c.variant))
+    setting = " ".join(f"{k}={c.candidate.get(k)}" for k in named if _present(c.candidate.get(k)))
+    ctx = context_text(c.context, [k for k in keys if k not in LOCALSGD_KIND.sides])
     return f"post-local SGD ({setting}{', ' + ctx if ctx else ''})"
 
 
