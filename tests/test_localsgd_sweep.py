@@ -161,6 +161,7 @@ def test_an_averaging_step_that_would_average_nothing_fails_the_case(tmp_path, m
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in [str(patch), os.environ.get("PYTHONPATH")] if p))
     text = SUITE.replace("world_size = 4", "world_size = 2").replace("ranks_per_node = 2", "ranks_per_node = 1")
     text = text.replace(f"steps = {STEPS}", "steps = 2").replace("averaging_period = [4, 16]", "averaging_period = [4]")
+    text = text.replace("eval_every = 10", "eval_every = 2")  # within its 2 steps
     run = sweep_in_process(tmp_path, text.replace("profiler_steps = 2", "profiler_steps = 0"))
     for case in run.record.cases.values():
         assert case.status == "failed", case

@@ -321,3 +321,13 @@ def test_plain_ddp_keeps_the_nodes_that_split_a_non_iid_workloads_data():
     # Where the data does not depend on the nodes, DDP's cases still collapse across ranks_per_node.
     iid = expand(with_overrides(suite, ['workloads.markov.non_iid="none"', 'algorithm="ddp"']), CPU)
     assert [c.ranks_per_node for c in iid] == [None]
+
+
+def test_eval_every_beyond_the_steps_a_repeat_trains_is_refused():
+    """eval_every 20 with steps = 12 (suites/localsgd.toml --set steps=12) evaluated no held-out loss:
+    the report dropped its Convergence section and said only "no held-out loss was evaluated
+    (eval_every)", as if eval_every were 0. Refused before the sweep; the last trained step still counts."""
+    suite = load(REPO / "suites" / "localsgd.toml")
+    with pytest.raises(SuiteError, match=r"eval_every: expected 0 \(never\) or at most 12 .* got 20"):
+        expand(with_overrides(suite, ["steps=12"]), CPU)
+    assert expand(with_overrides(suite, ["steps=61", "eval_every=61"]), CPU)  # 60: its latest switch

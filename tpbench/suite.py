@@ -639,6 +639,7 @@ def _check_combination(
             f"expected torch >= {need}, whose DistributedDataParallel takes a cap per bucket; the installed torch is "
             f'{have} (use bucket_cap_mb, or bucket_cap_mb = "{DDP_DEFAULT}" for DDP\'s 1 MB first bucket)',
         )
+    _check_eval_every(path, r, where)
     if r["slowdown_pct"] and r["warmup_steps"] < 1:
         raise _fail(
             path, where("slowdown_pct"), "expected warmup_steps >= 1: the delay is calibrated on the warm-up steps"
@@ -673,6 +674,20 @@ def _check_combination(
             path,
             where("interconnect"),
             f"profile {ic.name!r} is for backend {ic.backend}, but the case uses {r['backend']}",
+        )
+
+
+def _check_eval_every(path: str, r: dict[str, Any], where: Callable[[str], str]) -> None:
+    """A held-out evaluation interval longer than the steps a repeat trains (warm-up and timed, counted
+    from the first) evaluates nothing: the run would have no loss curve, no time to target and no
+    convergence verdict, the report only saying none was evaluated, as though eval_every were 0."""
+    every, trained = r["eval_every"], r["warmup_steps"] + r["steps"]
+    if every > trained:
+        raise _fail(
+            path,
+            where("eval_every"),
+            f"expected 0 (never) or at most {trained} (warmup_steps {r['warmup_steps']} + steps {r['steps']}): "
+            f"a repeat trains {trained} steps, so no held-out loss would ever be evaluated, got {every}",
         )
 
 
