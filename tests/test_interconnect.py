@@ -18,8 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_cli, tiny_suite
 
 from tpbench import interconnect as icm
+from tpbench import store, sweep
 from tpbench.interconnect import Interconnect, InterconnectUnavailable, resolve, world_network
 
 # ---------------------------------------------------------------------------------------------
@@ -149,6 +151,28 @@ def test_missing_requirements_are_named(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(InterconnectUnavailable, match=expected):
         icm.check_available(resolve("tcp-1gbit"))
     assert icm.reap_stale_namespaces() == []
+
+
+def test_resume_refuses_an_emulated_link_it_cannot_make_before_running_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run of loopback and tcp-1gbit cases, interrupted before any ran, resumed where `tc` is
+    missing: refused (exit 2) naming what is missing, before anything runs or changes. It ran the
+    loopback world first, then stopped at the emulated one, the run left reading as running."""
+    suite = tmp_path / "suite.toml"
+    suite.write_text(tiny_suite('interconnect = ["loopback", "tcp-1gbit"]'))
+    monkeypatch.setattr(sweep, "check_available", lambda ic: None)  # made where `tc` is: no root needed here
+    run = sweep.start(sweep.prepare(suite), tmp_path / "results")
+    run.set_status(store.INTERRUPTED)
+    run.lock.release()
+    monkeypatch.undo()
+    monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "tc" else f"/usr/sbin/{tool}")
+    before = (run.dir / "run.json").read_text()
+    for dry in (["--dry-run"], ["--no-report"]):
+        assert run_cli(["sweep", "--resume", str(run.dir), *dry]) == 2
+        assert "'tcp-1gbit' emulates a link and needs: " in capsys.readouterr().err
+    assert (run.dir / "run.json").read_text() == before  # nothing ran: the loopback world neither
+    assert store.read_record(run.dir).status == store.INTERRUPTED
 
 
 # ---------------------------------------------------------------------------------------------

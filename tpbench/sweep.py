@@ -169,6 +169,16 @@ def missing(run: store.Run) -> list[Case]:
     return [c.case for c in run.record.cases.values() if c.status != store.DONE]
 
 
+def check_links(run: store.Run) -> None:
+    """``InterconnectUnavailable`` for an emulated link that the missing cases of ``run`` need and
+    this machine cannot make (no root, no ``tc``, no tbf), before a resume changes or runs anything.
+    A new sweep checks its links before it starts (``start``); a resume that did not ran its other
+    worlds first and then stopped at the emulated one's, exit 2, its run left reading as running."""
+    profiles = run.record.suite_table("interconnects")
+    for name in dict.fromkeys(c.interconnect for c in missing(run)):
+        check_available(resolve(name, profiles))
+
+
 def repeats_left(run: store.Run, cases: list[Case]) -> dict[str, int]:
     """How many of each case's repeats ``--resume`` would run: a failed case starts clean, a pending
     one keeps its finished repeats, but for those whose part is unreadable (run again)."""
@@ -672,6 +682,7 @@ def _resume(
     """A run reopened to resume (``reopen``), its missing cases and the launcher to start them with."""
     refuse_a_tune(run_dir)
     refuse_another_launcher(run_dir, launcher)
+    check_links(store.Run.open(run_dir))
     the_run, cases = reopen(run_dir)
     launcher = launcher_of(the_run.record) if launcher == RECORDED else launcher
     if print_only and launcher is None:

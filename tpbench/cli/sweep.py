@@ -279,6 +279,7 @@ def _sweep(args: argparse.Namespace) -> int:
             # would tell a user the run is whole when the resume itself exits 3.
             store.load(run.dir, summary=False)
             launch.check_printed(run)  # a printed world's events file damaged: refused as --resume does
+            sweep.check_links(run)  # an emulated link this machine cannot make: refused as --resume does
             todo = sweep.missing(run)
             left = sweep.repeats_left(run, todo)
             # A case with every repeat on disk (a printed world that ran) is only recorded.
