@@ -317,6 +317,28 @@ def test_adaptive_flags_are_checked(tmp_path: Path, capsys) -> None:
     assert "expected a percentage like 5%" in capsys.readouterr().err
 
 
+def test_adaptive_sweep_without_a_comparison_is_refused(tmp_path: Path, capsys) -> None:
+    """One case, or two that differ in two keys, make no comparison for rounds to narrow: it ran the
+    planned repeats and said "target met; 0 of 0 comparison(s) resolve ±5.0%". Refused before
+    anything runs (exit 2), its dry run too; two cases one key apart are not."""
+    suite = tmp_path / "suite.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp", "zero_no_overlap"]\nbatch_size = [8, 16]'))
+    adaptive = ["--target-ci", "5%", "--budget-s", "60", "--out", str(tmp_path / "r"), "--no-report"]
+    assert run_cli(["sweep", str(suite), "--set", 'algorithm=["ddp"]', "--set", "batch_size=8", *adaptive]) == 2
+    assert "the sweep's one case makes no comparison for adaptive rounds to narrow" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+    diagonal = [str(suite), "--filter", "id=" + "|".join(_diagonal_ids(suite)), *adaptive]
+    assert run_cli(["sweep", *diagonal, "--dry-run"]) == 2
+    assert "2 cases, no two one swept key apart, make no comparison" in capsys.readouterr().err
+    assert run_cli(["sweep", str(suite), "--filter", "batch_size=8", *adaptive, "--dry-run"]) == 0
+
+
+def _diagonal_ids(suite: Path) -> list[str]:
+    """The ids of (ddp, batch 8) and (zero_no_overlap, batch 16): two cases two keys apart."""
+    cases = sweep.prepare(suite).cases
+    return [c.case_id for c in cases if (c.algorithm, c.batch_size) in {("ddp", 8), ("zero_no_overlap", 16)}]
+
+
 def test_report_and_compare_match_the_same_cases(zero_run: Path, tmp_path: Path) -> None:
     """The report's algorithm comparisons (``verdicts.compare``) are pairs ``compare RUN_DIR`` lists
     too, moot keys and post-local SGD against plain DDP included."""

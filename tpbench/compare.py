@@ -593,6 +593,14 @@ def _differing(a: Mapping[str, Any], b: Mapping[str, Any], keys: list[str]) -> l
     return [k for k in keys if a.get(k) is not None and b.get(k) is not None and a.get(k) != b.get(k)]
 
 
+def any_comparable(cases: Sequence[Case]) -> bool:
+    """Whether two of ``cases`` differ in exactly one of the keys that vary among them: a pair
+    ``within_run`` would compare once both are done."""
+    keys = varying_keys(list(cases))
+    params = [c.params() for c in cases]
+    return any(len(_differing(a, b, keys)) == 1 for i, a in enumerate(params) for b in params[i + 1 :])
+
+
 def orient(key: str, a: Mapping[str, Any], b: Mapping[str, Any], order: Sequence[Any]) -> tuple[Any, Any]:
     """(baseline, candidate) of two cases differing in ``key``: post-local SGD against plain DDP,
     the ZeRO hooks as ``algorithms.COMPARED_PAIRS`` has them (interleaved against sequential, each

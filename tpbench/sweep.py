@@ -425,6 +425,19 @@ class Batch:
     comparisons: list[tuple[str, float | None]]  # (label, half-width) still above the target
 
 
+def refuse_nothing_to_compare(cases: list[Case]) -> None:
+    """``SweepError`` for an adaptive sweep of cases no two of which differ in one swept key (one
+    case, or a filter's pick): it adds rounds to comparisons, and with none it ended at once as
+    "target met; 0 of 0 comparison(s) resolve", the target never measured against anything."""
+    if not compare.any_comparable(cases):
+        n = len(cases)
+        which = "one case makes" if n == 1 else f"{n} cases, no two one swept key apart, make"
+        raise SweepError(
+            f"--target-ci: the sweep's {which} no comparison for adaptive rounds to narrow (they narrow those "
+            "`tpbench compare RUN_DIR` makes, pair by pair); sweep a key over two or more values, or drop --target-ci"
+        )
+
+
 def start_adaptive(run: store.Run, target: float, budget_s: float) -> None:
     """Make a run adaptive: after its planned repeats, ``next_batch`` adds rounds until every
     within-run comparison (``compare.within_run``) resolves ±``target`` or the run has spent
@@ -660,6 +673,8 @@ def run(
             raise SweepError(f"{prepared.suite.path}: no case matches the filters")
         if print_only and launcher is None:
             raise SweepError("--print: only with --launcher torchrun")
+        if target_ci is not None:
+            refuse_nothing_to_compare(prepared.cases)
         the_run, cases = start(prepared, Path(out), launcher), prepared.cases
         if target_ci is not None and budget_s is not None:
             start_adaptive(the_run, target_ci, budget_s)

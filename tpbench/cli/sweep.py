@@ -294,6 +294,11 @@ def _sweep(args: argparse.Namespace) -> int:
         suite = sweep.prepare(args.suite, args.set, args.filter, launcher, allow_large=args.allow_large)
         if args.dry_run:
             sweep.launchable(suite, launcher)
+            if args.target_ci is not None:
+                try:
+                    sweep.refuse_nothing_to_compare(suite.cases)
+                except sweep.SweepError as e:
+                    usage(str(e))
             n = len(suite.cases)
             title = f"{suite.suite.name}: {n} case{'' if n == 1 else 's'} (dry run)"
             out.print(fitted(cases_table(title, suite.cases), out))
