@@ -309,6 +309,34 @@ def test_interrupted_adaptive_batch_resumes(tmp_path: Path, capsys) -> None:
     assert run_cli(["sweep", "--resume", str(run.dir), "--target-ci", "5%"]) == 2
 
 
+@pytest.mark.ranks
+def test_resuming_a_failed_case_of_an_adaptive_run_reopens_its_loop(tmp_path: Path, capsys) -> None:
+    """The loop ended while a case had failed: no comparison, "target met; 0 of 0". --resume ran the
+    case again and kept that ending, its comparison never judged, run.json's half-widths after
+    empty. Now the loop goes on from its record and ends again, here on its budget, with the
+    comparison's half-width after."""
+    suite = tmp_path / "suite.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp", "zero_no_overlap"]', repeats=2))
+    prepared = sweep.prepare(suite)
+    run = sweep.start(prepared, tmp_path / "r")
+    sweep.start_adaptive(run, 0.05, 1e6)
+    done, failed = prepared.cases
+    sweep.execute(run, [done], lambda kind, data: None)
+    run.set_case(failed.case_id, store.FAILED, error="planted")
+    assert sweep.next_batch(run) is None and run.record.adaptive.state == sweep.TARGET_MET
+    run.set_status("interrupted")
+    run.lock.release()
+    meta = _record(run.dir)
+    meta["adaptive"]["budget_s"] = meta["wall_s"]  # spent: the loop ends at its first look after the resume
+    (run.dir / "run.json").write_text(json.dumps(meta))
+    assert run_cli(["sweep", "--resume", str(run.dir), "--no-report"]) == 0
+    assert "adaptive: budget spent; 0 of 1 comparison(s) resolve ±5.0%" in capsys.readouterr().err
+    adaptive = _record(run.dir)["adaptive"]
+    assert adaptive["state"] == "budget" and adaptive["half_widths_before"] == []
+    (after,) = adaptive["half_widths_after"]
+    assert after["pair"] == "algorithm: ddp → zero_no_overlap" and after["half_width"] > 0.05
+
+
 def test_adaptive_flags_are_checked(tmp_path: Path, capsys) -> None:
     suite = _adaptive_suite(tmp_path)
     assert run_cli(["sweep", str(suite), "--target-ci", "5%"]) == 2

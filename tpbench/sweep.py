@@ -453,6 +453,18 @@ def start_adaptive(run: store.Run, target: float, budget_s: float) -> None:
     )
 
 
+def reopen_adaptive(run: store.Run) -> None:
+    """Open an ended adaptive loop again for a resume that runs cases again (a failed one): the
+    loop ended without that case's comparisons, and closed it read "target met; 0 of 0
+    comparison(s)" after the case ran, those comparisons never given rounds. Its batches and budget
+    stay as they were: ``next_batch`` goes on from them, and ends again with the half-widths after."""
+    adaptive = run.record.adaptive
+    if adaptive is None or adaptive.state == ADAPTING:
+        return
+    ended = ("wall_s", "half_widths_after", "rounds_added")
+    run.set_adaptive({k: v for k, v in adaptive.to_json().items() if k not in ended} | {"state": ADAPTING})
+
+
 def _half_widths(pairs: list[compare.CasePair]) -> list[dict[str, Any]]:
     return [{"pair": p.result.label, "half_width": p.result.half_width, "method": p.method} for p in pairs]
 
@@ -666,6 +678,8 @@ def run(
         the_run, cases, launcher = _resume(resume, launcher, print_only)
         if not cases and _summarized(the_run):
             return Outcome(the_run, [], nothing_left=True)
+        if cases:
+            reopen_adaptive(the_run)
     else:
         launcher = None if launcher == RECORDED else launcher
         prepared = suite if isinstance(suite, Prepared) else prepare(suite, overrides, filters, launcher, allow_large)
