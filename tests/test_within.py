@@ -277,7 +277,9 @@ def test_adaptive_sweep_with_a_target_met_adds_nothing(tmp_path: Path, capsys) -
     suite.write_text(tiny_suite('algorithm = ["ddp", "zero_no_overlap"]', warmup_steps=3, repeats=5))
     args = ["sweep", str(suite), "--out", str(tmp_path / "r"), "--no-report"]
     assert run_cli([*args, "--target-ci", "10000%", "--budget-s", "600"]) == 0
-    assert "adaptive: target met; 1 of 1 comparison(s) resolve ±10000.0%, 0 repeat(s) added" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "adaptive: target met; 1 of 1 comparison(s) resolve ±10000.0% (widest ±" in said
+    assert "by the sequential rule, wider than a 95% interval), 0 repeat(s) added over 0 batch(es)" in said
     (run,) = (tmp_path / "r").glob("*/*")
     adaptive = _record(run)["adaptive"]
     assert adaptive["state"] == "met" and adaptive["batches"] == [] and adaptive["rounds_added"] == {}
@@ -335,6 +337,24 @@ def test_resuming_a_failed_case_of_an_adaptive_run_reopens_its_loop(tmp_path: Pa
     assert adaptive["state"] == "budget" and adaptive["half_widths_before"] == []
     (after,) = adaptive["half_widths_after"]
     assert after["pair"] == "algorithm: ddp → zero_no_overlap" and after["half_width"] > 0.05
+
+
+def test_adaptive_ending_says_the_widest_half_width_by_its_rule(capsys) -> None:
+    """The loop stops by the sequential rule's half-widths, wider than the 95 % interval a verdict
+    gives: "0 of 1 comparison(s) resolve ±20.0%" stood above "this run resolves ±19.6%" with
+    nothing to tell why. The line says the widest half-width it judged by, and by which rule."""
+    from tpbench.cli.sweep import _print_adaptive
+    from tpbench.record import Adaptive
+
+    after = ({"pair": "algorithm: ddp → zero_no_overlap", "half_width": 0.303, "method": "paired"},)
+    _print_adaptive(Adaptive(target_ci=0.2, state="budget", half_widths_after=after, rounds_added={"a": 11}))
+    assert (
+        capsys.readouterr().err.split()
+        == (
+            "adaptive: budget spent; 0 of 1 comparison(s) resolve ±20.0% (widest ±30.3% by the sequential rule, "
+            "wider than a 95% interval), 11 repeat(s) added over 0 batch(es)"
+        ).split()
+    )
 
 
 def test_adaptive_flags_are_checked(tmp_path: Path, capsys) -> None:
