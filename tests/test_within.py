@@ -313,7 +313,7 @@ def test_interrupted_adaptive_batch_resumes(tmp_path: Path, capsys) -> None:
 
 @pytest.mark.ranks
 def test_resuming_a_failed_case_of_an_adaptive_run_reopens_its_loop(tmp_path: Path, capsys) -> None:
-    """The loop ended while a case had failed: no comparison, "target met; 0 of 0". --resume ran the
+    """The loop ended while a case had failed: no comparison (it said "target met; 0 of 0"). --resume ran the
     case again and kept that ending, its comparison never judged, run.json's half-widths after
     empty. Now the loop goes on from its record and ends again, here on its budget, with the
     comparison's half-width after."""
@@ -325,7 +325,13 @@ def test_resuming_a_failed_case_of_an_adaptive_run_reopens_its_loop(tmp_path: Pa
     done, failed = prepared.cases
     sweep.execute(run, [done], lambda kind, data: None)
     run.set_case(failed.case_id, store.FAILED, error="planted")
-    assert sweep.next_batch(run) is None and run.record.adaptive.state == sweep.TARGET_MET
+    # Ended with no comparison: said so, where it read "target met; 0 of 0 comparison(s)".
+    assert sweep.next_batch(run) is None and run.record.adaptive.state == sweep.NO_COMPARISON
+    from tpbench.cli.sweep import _print_adaptive
+
+    _print_adaptive(run.record.adaptive)
+    said = " ".join(capsys.readouterr().err.split())
+    assert said.startswith("adaptive: no comparison among the finished cases") and "target met" not in said, said
     run.set_status("interrupted")
     run.lock.release()
     meta = _record(run.dir)

@@ -413,6 +413,9 @@ MIN_ROUNDS = 2
 # its intervals spend their confidence over MAX_BATCHES + 1 looks (``stats.sequential_ratio``).
 MAX_BATCHES = 6
 ADAPTING, TARGET_MET, BUDGET_SPENT, LOOKS_SPENT = "running", "met", "budget", "looks"
+# Ended with no comparison to narrow: every pair had a failed case (a sweep of none is refused before
+# it runs, ``refuse_nothing_to_compare``). "met" said of it read "target met; 0 of 0 comparison(s)".
+NO_COMPARISON = "none"
 
 
 @dataclass(frozen=True)
@@ -493,6 +496,15 @@ def _sequential_pairs(loaded: store.Loaded) -> list[compare.CasePair]:
     return compare.within_run(loaded, confidence=spent_confidence(CONFIDENCE, MAX_BATCHES + 1, n)).pairs
 
 
+def _ended(pairs: list[compare.CasePair], wide: list[compare.CasePair], cap: int) -> str:
+    """Why the loop ends: no comparison at all, the target met, the budget spent, or the looks."""
+    if not pairs:
+        return NO_COMPARISON
+    if not wide:
+        return TARGET_MET
+    return BUDGET_SPENT if cap < MIN_ROUNDS else LOOKS_SPENT
+
+
 def next_batch(run: store.Run) -> Batch | None:
     """The next batch of an adaptive run, its cases already extended (``store.Run.extend_case``)
     and it recorded in run.json; None once every comparison resolves the target, the budget
@@ -518,7 +530,7 @@ def next_batch(run: store.Run) -> Batch | None:
     if not wide or cap < MIN_ROUNDS or len(rec["batches"]) >= MAX_BATCHES:
         added = {c: cases[c].repeats - n for c, n in rec["planned_repeats"].items() if c in cases}
         rec |= {
-            "state": TARGET_MET if not wide else BUDGET_SPENT if cap < MIN_ROUNDS else LOOKS_SPENT,
+            "state": _ended(pairs, wide, cap),
             "wall_s": spent,
             "half_widths_after": _half_widths(pairs),
             "rounds_added": {c: n for c, n in added.items() if n > 0},

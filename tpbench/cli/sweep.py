@@ -437,6 +437,8 @@ def _print_adaptive(adaptive) -> None:
         sweep.TARGET_MET: "target met",
         sweep.BUDGET_SPENT: "budget spent",
         sweep.LOOKS_SPENT: f"the most batches ({sweep.MAX_BATCHES}) added",
+        sweep.NO_COMPARISON: "no comparison among the finished cases (a failed case's comparisons are left out; "
+        "--resume runs it again, and the rounds go on)",
     }.get(adaptive.state, "")
     console.print(
         f"adaptive: {said}; {within} of {len(after)} comparison(s) resolve ±{adaptive.target_ci:.1%}{by_rule}, "
