@@ -175,6 +175,27 @@ def test_resume_refuses_an_emulated_link_it_cannot_make_before_running_anything(
     assert store.read_record(run.dir).status == store.INTERRUPTED
 
 
+def test_a_tune_resume_refuses_an_emulated_link_it_cannot_make_before_racing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As a sweep's resume: a tune of loopback and tcp-1gbit arms, interrupted before any round,
+    resumed where `tc` is missing, is refused naming what is missing, its run unchanged."""
+    from tpbench import racing, tune
+
+    suite = tmp_path / "suite.toml"
+    suite.write_text(tiny_suite('interconnect = ["loopback", "tcp-1gbit"]', repeats=3))
+    monkeypatch.setattr(sweep, "check_available", lambda ic: None)  # made where `tc` is: no root needed here
+    run, _ = tune.start(suite, racing.Options(), out_root=tmp_path / "results")
+    run.set_status(store.INTERRUPTED)
+    run.lock.release()
+    monkeypatch.undo()
+    monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "tc" else f"/usr/sbin/{tool}")
+    before = (run.dir / "run.json").read_text()
+    assert run_cli(["tune", "--resume", str(run.dir)]) == 2
+    assert "'tcp-1gbit' emulates a link and needs: " in capsys.readouterr().err
+    assert (run.dir / "run.json").read_text() == before
+
+
 # ---------------------------------------------------------------------------------------------
 # Namespaces (root + iproute2)
 
