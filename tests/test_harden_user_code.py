@@ -222,6 +222,29 @@ def test_a_multi_line_error_is_reported_by_its_type_and_first_line_and_the_suite
 
 
 @pytest.mark.ranks
+def test_a_hook_whose_result_is_not_the_buckets_size_or_dtype_fails_its_cases_naming_the_hook(tmp_path):
+    """A result one element short ran "done" under DDP (a view of the bucket) and failed the ZeRO
+    hooks with "start (…) + length (…) exceeds dimension size (…)"; an undecompressed fp16 result
+    failed them with "expected dtype float … but got dtype c10::Half": neither named the hook. DDP
+    casts an fp16 result into the gradients, so there that hook still runs."""
+    sweep = (
+        'algorithm = ["ddp", "hook_with_zero_step"]\n'
+        'comm_hook = ["user_models:short_result", "user_models:not_decompressed"]'
+    )
+    code, out, run = _sweep(tmp_path, _suite(tmp_path, sweep, warmup_steps=3))
+    assert code == 1, out
+    found = {(r.algorithm, r.comm_hook): run.record.cases[r.case_id].error or "" for r in run.cases.itertuples()}
+    for algorithm in ("ddp", "hook_with_zero_step"):
+        error = found[(algorithm, "user_models:short_result")]
+        assert "comm_hook user_models:short_result: its future's value for bucket 0 is a tensor of" in error, error
+        assert "expected one tensor of the bucket's" in error, error
+    assert found[("ddp", "user_models:not_decompressed")] == ""
+    error = found[("hook_with_zero_step", "user_models:not_decompressed")]
+    assert "inner hook user_models:not_decompressed returned torch.float16 ×" in error, error
+    assert "the optimizer steps on the bucket's reduced gradients, torch.float32 ×" in error, error
+
+
+@pytest.mark.ranks
 def test_a_hook_that_returns_no_future_fails_its_cases_naming_the_hook(tmp_path):
     """Registered on DDP or wrapped by a ZeRO hook, a hook returning None crashed the rank (SIGSEGV)."""
     sweep = 'algorithm = ["ddp", "hook_with_zero_step"]\ncomm_hook = ["user_models:returns_none"]'

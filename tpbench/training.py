@@ -96,24 +96,50 @@ def comm_hook(case: Case) -> Callable[..., Any]:
 
 
 def _returns_future(path: str, hook: Callable[..., Any]) -> Callable[..., Any]:
-    """``hook`` (the user's), failing its case by name when it returns anything but a Future.
+    """``hook`` (the user's), failing its case by name when it returns anything but a Future, or a
+    Future whose value is not one tensor of the bucket's size.
 
     PyTorch's reducer takes a hook's return value on trust: ``None`` crashes the rank with SIGSEGV,
-    which says nothing of the hook. The check costs one Python call per bucket; ``functools.wraps``
-    keeps the hook's name and signature, which DDP inspects when it registers it.
+    and a value of the wrong size fails deep inside DDP ("setStorage: ... out of bounds") or the
+    ZeRO hooks' slicing, or, where it is a view of the bucket, passes unnoticed; none of which
+    names the hook. The type check costs one Python call per bucket. The value is known only once
+    the collective completes, so it is checked in a callback chained to the future, in the first
+    backward pass only (until the last bucket): that pass is a warm-up step (a hook of one's own
+    needs ``warmup_steps`` >= 1), so the timed steps' futures stay as the hook made them.
+    ``functools.wraps`` keeps the hook's name and signature, which DDP inspects when it registers it.
     """
+    first_pass = True
 
     @functools.wraps(hook)
     def checked(state: Any, bucket: dist.GradBucket) -> Any:
+        nonlocal first_pass
         fut = hook(state, bucket)
         if not private.is_future(fut):
             raise TypeError(
                 f"comm_hook {path}: returned {type(fut).__name__}, expected a torch.futures.Future "
                 "whose value is the bucket's reduced tensor"
             )
-        return fut
+        if not first_pass:
+            return fut
+        first_pass = not bucket.is_last()
+        return fut.then(functools.partial(_bucket_sized, path, bucket.index(), bucket.buffer().numel()))
 
     return checked
+
+
+def _bucket_sized(path: str, index: int, numel: int, fut: torch.futures.Future) -> Any:
+    """``fut``'s value, when it is what DDP's docs ask of a hook: "a single tensor that has the same
+    shape with the tensors inside grad bucket" (a one-tensor list, as a collective's future holds,
+    counts as that tensor)."""
+    value = fut.value()
+    tensor = value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value
+    if isinstance(tensor, torch.Tensor) and tensor.numel() == numel:
+        return value
+    got = f"a tensor of {tensor.numel()} elements" if isinstance(tensor, torch.Tensor) else type(value).__name__
+    raise ValueError(
+        f"comm_hook {path}: its future's value for bucket {index} is {got}, expected one tensor of the "
+        f"bucket's {numel} elements (the reduced bucket.buffer())"
+    )
 
 
 def register_comm_hook(ddp: DDP, case: Case, process_group: dist.ProcessGroup | None) -> None:

@@ -145,17 +145,14 @@ def _completes_at_enqueue(group: Any, device: torch.device) -> bool:
     return device.type == "cuda" and backend == "nccl"
 
 
-def _reduced_tensor(fut: torch.futures.Future) -> torch.Tensor:
-    """The flat reduced bucket a comm hook's future holds (a tensor, or a one-tensor list)."""
-    value = fut.value()
-    return value[0] if isinstance(value, (list, tuple)) else value
-
-
 @dataclass(frozen=True)
 class _BucketPlan:
     """What one rank does for one DDP bucket once ZeRO is installed."""
 
     index: int
+    numel: int
+    dtype: torch.dtype
+    """The bucket's size and dtype, which its hook's reduced tensor must have."""
     broadcasts: tuple[tuple[torch.Tensor, int], ...]
     """(flat shard tensor, global source rank) per owning rank, in rank order."""
     local_offset: int | None
@@ -164,6 +161,26 @@ class _BucketPlan:
     """(element offset, numel, shape) in the reduced flat bucket of each parameter this rank steps."""
     step_range: str
     broadcast_range: str
+
+
+def _reduced_tensor(fut: torch.futures.Future, hook: CommHook, plan: _BucketPlan) -> torch.Tensor:
+    """The flat reduced bucket a comm hook's future holds (a tensor, or a one-tensor list).
+
+    Checked to be the bucket's size and dtype (its gradients are sliced out of it and stepped): a
+    hook that returns its compressed tensor without decompressing it, or a tensor of another size,
+    would otherwise fail inside the optimizer step ("expected dtype
+    float ... but got dtype c10::Half") or in a slice, naming neither the hook nor the bucket."""
+    value = fut.value()
+    flat = value[0] if isinstance(value, (list, tuple)) else value
+    if not isinstance(flat, torch.Tensor) or flat.dtype != plan.dtype or flat.numel() != plan.numel:
+        got = f"{flat.dtype} × {flat.numel()}" if isinstance(flat, torch.Tensor) else type(flat).__name__
+        name = f"{getattr(hook, '__module__', '?')}:{getattr(hook, '__qualname__', hook)}"
+        raise ValueError(
+            f"the ZeRO hook's inner hook {name} returned {got} for bucket {plan.index}; the optimizer steps on the "
+            f"bucket's reduced gradients, {plan.dtype} × {plan.numel} (a compressing hook decompresses in its "
+            "future's callback, as fp16_compress_hook does)"
+        )
+    return flat
 
 
 class _ZeroOverlap:
@@ -234,6 +251,8 @@ class _ZeroOverlap:
             plans.append(
                 _BucketPlan(
                     index=k,
+                    numel=sum(numels[k]),
+                    dtype=params[0].dtype,
                     broadcasts=broadcasts,
                     local_offset=None if local is None else local.local_offset,
                     grad_slices=slices,
@@ -267,7 +286,7 @@ class _ZeroOverlap:
     def _step_and_broadcast(self, plan: _BucketPlan, fut: torch.futures.Future) -> None:
         if plan.local_offset is not None:
             fut.wait()  # NCCL: a stream dependency; Gloo: blocks until this bucket is reduced
-            flat = _reduced_tensor(fut)
+            flat = _reduced_tensor(fut, self._hook, plan)
             grads = self._grads
             for i, (offset, numel, shape) in enumerate(plan.grad_slices, start=plan.local_offset):
                 grads[i] = flat.narrow(0, offset, numel).view(shape)

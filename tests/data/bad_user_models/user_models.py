@@ -159,6 +159,20 @@ def returns_none(state, bucket):  # unannotated: DDP refuses a "-> None" hook at
     bucket.buffer()
 
 
+def short_result(state, bucket):
+    """All-reduces, then returns the bucket's view one element short: DDP, taking its views of the
+    result by offset, ran on without noticing; the ZeRO hooks failed slicing it."""
+    tensor = bucket.buffer().div_(torch.distributed.get_world_size())
+    return torch.distributed.all_reduce(tensor, async_op=True).get_future().then(lambda f: f.value()[0][:-1])
+
+
+def not_decompressed(state, bucket):
+    """fp16 compression that forgets to decompress: DDP casts the result into the fp32 gradients,
+    the ZeRO hooks' optimizer step failed on the dtype ("expected dtype float ... got c10::Half")."""
+    tensor = bucket.buffer().div(torch.distributed.get_world_size()).half()
+    return torch.distributed.all_reduce(tensor, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
 def heldout_not_pairs(ctx: WorkloadContext) -> Bench:
     bench = good(ctx)
     bench.heldout_batches = lambda: 5
