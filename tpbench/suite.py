@@ -22,6 +22,7 @@ import itertools
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -355,6 +356,16 @@ def _suite_meta(doc: dict[str, Any], path: str) -> tuple[str, str]:
     return name, description
 
 
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _workload_table(name: str) -> str:
+    """The workload's table header as the suite file spells it: an import path is not a bare TOML
+    key (``[workloads.mypkg.bench:build]`` would be three nested tables and a syntax error), so its
+    table is ``[workloads."mypkg.bench:build"]``, which is what errors must name for the user to find it."""
+    return f"workloads.{name}" if _BARE_KEY.fullmatch(name) else f'workloads."{name}"'
+
+
 def _workload_tables(doc: dict[str, Any], path: str) -> dict[str, dict[str, Any]]:
     """The [workloads.NAME] tables, each key checked against the workload's parameters."""
     workloads: dict[str, dict[str, Any]] = {}
@@ -362,16 +373,18 @@ def _workload_tables(doc: dict[str, Any], path: str) -> dict[str, dict[str, Any]
         try:
             wl_params = params_of(wname)
         except UserWorkloadError as e:
-            raise _fail(path, f"[workloads.{wname}]", f"unknown workload: {e}") from None
+            raise _fail(path, f"[{_workload_table(wname)}]", f"unknown workload: {e}") from None
         if not isinstance(table, dict):
-            raise _fail(path, f"[workloads.{wname}]", "expected a table")
+            raise _fail(path, f"[{_workload_table(wname)}]", "expected a table")
         fields = {f.name: f for f in dataclasses.fields(wl_params)}
         for k, v in table.items():
             if k not in fields:
-                raise _fail(path, f"[workloads.{wname}] {k}", f"unknown key; expected one of {', '.join(fields)}")
+                raise _fail(
+                    path, f"[{_workload_table(wname)}] {k}", f"unknown key; expected one of {', '.join(fields)}"
+                )
             want = type(fields[k].default)
             if type(v) is not want and not (want is float and type(v) is int):
-                raise _fail(path, f"[workloads.{wname}] {k}", f"expected {want.__name__}, got {v!r}")
+                raise _fail(path, f"[{_workload_table(wname)}] {k}", f"expected {want.__name__}, got {v!r}")
             if (
                 isinstance(v, (int, float))
                 and not isinstance(v, bool)
@@ -379,7 +392,7 @@ def _workload_tables(doc: dict[str, Any], path: str) -> dict[str, dict[str, Any]
             ):
                 raise _fail(
                     path,
-                    f"[workloads.{wname}] {k}",
+                    f"[{_workload_table(wname)}] {k}",
                     f"expected a finite value{' > 0' if fields[k].default > 0 else ''}, got {v!r}",
                 )
         workloads[wname] = {k: canonical(fields[k].default, v) for k, v in table.items()}
@@ -578,7 +591,7 @@ def _checked_workload(
         params_cls = params_of(name)
     except UserWorkloadError as e:
         raise _fail(path, key, str(e)) from None
-    where = f"[workloads.{name}]"
+    where = f"[{_workload_table(name)}]"
     try:
         params = params_cls(**dict(table))
     except ValueError as e:
