@@ -251,9 +251,10 @@ def test_a_dry_run_refuses_what_the_run_would_and_names_the_first_cases_link(cap
         assert "interconnect 'tcp-2.5gbit' emulates a link" in capsys.readouterr().err
 
 
-def test_slurm_script_hands_the_allocation_to_torchrun(tmp_path):
-    """examples/slurm/sweep.sbatch with stand-ins for scontrol and tpbench: the allocation becomes
-    the torchrun settings tpbench accepts (rendezvous on the first node, a port per job)."""
+def _slurm_job(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """examples/slurm/sweep.sbatch run as Slurm would on the first node of a 2-node job, with
+    stand-ins for scontrol, tpbench (it writes its arguments to ``args``) and nvidia-smi (a node
+    without a GPU driver: it fails, printing nothing), and ``env`` added to the job's environment."""
     shims = tmp_path / "bin"
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     (tmp_path / ".venv" / "bin" / "activate").write_text(f'PATH="{shims}:$PATH"\n')
@@ -261,22 +262,31 @@ def test_slurm_script_hands_the_allocation_to_torchrun(tmp_path):
     for name, body in [
         ("scontrol", 'printf "gpu-a\\ngpu-b\\n"'),
         ("tpbench", 'printf "%s\\n" "$@" > "$SLURM_SUBMIT_DIR/args"'),
+        ("nvidia-smi", "exit 9"),
     ]:
         (shims / name).write_text(f"#!/bin/sh\n{body}\n")
         (shims / name).chmod(0o755)
-    env = os.environ | {
+    job = {k: v for k, v in os.environ.items() if k not in ("SLURM_GPUS_ON_NODE", "NPROC_PER_NODE")}
+    job |= {
         "SLURM_SUBMIT_DIR": str(tmp_path),
         "SLURM_JOB_NODELIST": "gpu-[a-b]",
         "SLURM_JOB_NUM_NODES": "2",
-        "SLURM_GPUS_ON_NODE": "4",
         "SLURM_JOB_ID": "1234",
-    }
-    subprocess.run(
+    } | env
+    return subprocess.run(
         ["bash", str(REPO / "examples" / "slurm" / "sweep.sbatch"), "suites/zero.toml", "--set", "steps=50"],
-        env=env,
+        env=job,
         cwd=tmp_path,
-        check=True,
+        capture_output=True,
+        text=True,
     )
+
+
+def test_slurm_script_hands_the_allocation_to_torchrun(tmp_path):
+    """examples/slurm/sweep.sbatch with stand-ins for scontrol and tpbench: the allocation becomes
+    the torchrun settings tpbench accepts (rendezvous on the first node, a port per job)."""
+    proc = _slurm_job(tmp_path, SLURM_GPUS_ON_NODE="4")
+    assert proc.returncode == 0, proc.stderr
     args = cli.build_parser().parse_args((tmp_path / "args").read_text().splitlines())
     assert torchrun_launcher(args) == Torchrun(
         nnodes=2,
@@ -285,6 +295,20 @@ def test_slurm_script_hands_the_allocation_to_torchrun(tmp_path):
         agent_prefix=("srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"),
     )
     assert (args.suite, args.set, args.out) == ("suites/zero.toml", ["steps=50"], tmp_path / "results")
+
+
+def test_slurm_script_on_cpu_nodes_asks_for_the_ranks_per_node_and_takes_them(tmp_path):
+    """On a node with no GPU the script ended at once with nvidia-smi's exit status and no word of
+    why (set -e, pipefail); it now says what to set, and with NPROC_PER_NODE set it runs."""
+    refused = _slurm_job(tmp_path / "refused")
+    assert refused.returncode == 2, refused.stderr
+    assert "ranks per node: expected a count >= 1, got '0'" in refused.stderr
+    assert "on CPU-only nodes set it: NPROC_PER_NODE=4 sbatch" in refused.stderr
+    assert not (tmp_path / "refused" / "args").exists()
+    ran = _slurm_job(tmp_path / "ran", NPROC_PER_NODE="3")
+    assert ran.returncode == 0, ran.stderr
+    args = cli.build_parser().parse_args((tmp_path / "ran" / "args").read_text().splitlines())
+    assert torchrun_launcher(args).nproc_per_node == 3
 
 
 # --- two agents x 2 ranks: smoke cases and post-local SGD over the two "nodes" ------------------
