@@ -222,6 +222,24 @@ def test_a_multi_line_error_is_reported_by_its_type_and_first_line_and_the_suite
 
 
 @pytest.mark.ranks
+def test_a_rank_error_raised_in_the_users_code_names_where(tmp_path):
+    """A hook that raised failed its case with "rank 0 raised ValueError: my hook is broken", its own
+    words, naming neither the hook nor its file: the case's error now ends with the innermost frame
+    of the user's code (tpbench's, torch's and Python's frames skipped), relative to where tpbench
+    runs; an error of tpbench's own (a hook returning None) gets no such suffix."""
+    sweep = 'comm_hook = ["user_models:hook_raises", "user_models:returns_none"]'
+    code, out, run = _sweep(tmp_path, _suite(tmp_path, sweep, warmup_steps=3))
+    assert code == 1, out
+    errors = {row.comm_hook: run.record.cases[row.case_id].error or "" for row in run.cases.itertuples()}
+    source = (BAD / "user_models.py").read_text().splitlines()
+    line = next(i for i, text in enumerate(source, start=1) if "my hook is broken" in text)
+    assert errors["user_models:hook_raises"].endswith(
+        f"raised ValueError: my hook is broken (at user_models.py:{line}, in hook_raises)"
+    ), errors
+    assert errors["user_models:returns_none"].endswith("whose value is the bucket's reduced tensor"), errors
+
+
+@pytest.mark.ranks
 def test_a_hook_whose_result_is_not_the_buckets_size_or_dtype_fails_its_cases_naming_the_hook(tmp_path):
     """A result one element short ran "done" under DDP (a view of the bucket) and failed the ZeRO
     hooks with "start (…) + length (…) exceeds dimension size (…)"; an undecompressed fp16 result

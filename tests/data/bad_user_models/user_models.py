@@ -159,6 +159,11 @@ def returns_none(state, bucket):  # unannotated: DDP refuses a "-> None" hook at
     bucket.buffer()
 
 
+def hook_raises(state, bucket):
+    """A communication hook that raises its own words, which say nothing of which hook it is."""
+    raise ValueError("my hook is broken")
+
+
 def short_result(state, bucket):
     """All-reduces, then returns the bucket's view one element short: DDP, taking its views of the
     result by offset, ran on without noticing; the ZeRO hooks failed slicing it."""
