@@ -369,3 +369,12 @@ def test_a_hook_of_your_own_that_never_communicates_fails_its_case_with_the_reas
         assert found[(algorithm, "own_hooks:averaged")] == ("done", "")
         status, error = found[(algorithm, "own_hooks:local_only")]
         assert status == "failed" and "comm_hook own_hooks:local_only did not reduce the gradients" in error
+
+
+@pytest.mark.parametrize(("path", "said"), [("sys:maxsize", "is an int,"), ("math:pi", "is a float,")])
+def test_a_hook_path_naming_no_function_says_what_it_names(path: str, said: str) -> None:
+    """'sys:maxsize' read "is a int, not a function"."""
+    from tpbench import comm_hooks
+
+    with pytest.raises(comm_hooks.CommHookError, match=f"'{path}' {said} not a function"):
+        comm_hooks.load(path, 2)

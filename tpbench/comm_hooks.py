@@ -99,7 +99,8 @@ def load(path: str, arguments: int) -> Callable[..., Any]:
             raise CommHookError(f"module {module_name!r} has no {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise CommHookError(f"{path!r} is a {type(obj).__name__}, not a function")
+        kind = type(obj).__name__
+        raise CommHookError(f"{path!r} is {'an' if kind[:1] in 'aeiou' else 'a'} {kind}, not a function")
     try:
         inspect.signature(obj).bind(*([None] * arguments))
     except TypeError:
