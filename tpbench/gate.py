@@ -742,6 +742,20 @@ class Judged:
     record: dict[str, Any] | None = None  # a lockstep gate's gate.json; None for --mode rounds
 
 
+def _cannot_fail(mode: str, pairs: int, fail_on_inconclusive: bool) -> str | None:
+    """A warning, once the sides resolve and before any sweep, for a gate of fewer pairs than a case
+    is judged on (``compare.MIN_REPEATS``): every case ends "too few to judge", inconclusive, and the
+    gate exits 0 whatever the candidate does, so a CI job set up with ``--repeats 2`` to be quick
+    never goes red."""
+    if pairs >= compare.MIN_REPEATS or fail_on_inconclusive:
+        return None
+    flag = "--rounds" if mode == "rounds" else "--repeats"
+    return (
+        f"tpbench gate: warning: {flag} {pairs}: a case is judged on at least {compare.MIN_REPEATS} pairs; with "
+        f"{pairs} every case ends inconclusive and this gate cannot fail (--fail-on-inconclusive fails on that)"
+    )
+
+
 def run(
     suite: str | Path,
     baseline: str,
@@ -767,6 +781,8 @@ def run(
     trace that many steps of each side (``trace_sides``) and name each regression's top contributor."""
     base = resolve_side("baseline", baseline, out / "baseline")
     cand = resolve_side("candidate", candidate, out / "candidate")
+    if warning := _cannot_fail(mode, rounds if mode == "rounds" else cfg.repeats, fail_on_inconclusive):
+        announce(warning)
     sides = dict(overrides=overrides, filters=filters, candidate_overrides=candidate_overrides, announce=announce)
     record = None
     if mode == "rounds":

@@ -107,23 +107,6 @@ def _check_lockstep_options(args: argparse.Namespace) -> None:
                 raise compare.GateError(f"{flag} {value}: {why}")
 
 
-def _warn_if_it_cannot_fail(args: argparse.Namespace) -> None:
-    """A warning, before any sweep, for a gate of fewer pairs than a case is judged on
-    (``compare.MIN_REPEATS``): every case ends "too few to judge", inconclusive, and the gate exits 0
-    whatever the candidate does, so a CI job set up with ``--repeats 2`` to be quick never goes red."""
-    from tpbench import compare
-
-    flag, pairs = ("--rounds", args.rounds) if args.mode == "rounds" else ("--repeats", args.repeats)
-    if pairs is None or pairs >= compare.MIN_REPEATS or args.fail_on_inconclusive:
-        return
-    console.print(
-        f"tpbench gate: warning: {flag} {pairs}: a case is judged on at least {compare.MIN_REPEATS} pairs; with "
-        f"{pairs} every case ends inconclusive and this gate cannot fail (--fail-on-inconclusive fails on that)",
-        soft_wrap=True,
-        markup=False,
-    )
-
-
 def _gate(args: argparse.Namespace) -> int:
     from tpbench import compare, gate, store
 
@@ -141,7 +124,6 @@ def _gate(args: argparse.Namespace) -> int:
         raise compare.GateError(f"{', '.join(misplaced)}: not an option of --mode {args.mode}")
     if args.mode == "lockstep":
         _check_lockstep_options(args)
-    _warn_if_it_cannot_fail(args)
     given = {
         k: v for k, v in (("repeats", args.repeats), ("budget_s", args.budget_s), ("seed", args.seed)) if v is not None
     }
