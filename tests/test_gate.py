@@ -22,7 +22,7 @@ from conftest import REPO, run_cli, tiny_suite
 from conftest import tpbench as run_tpbench
 from synthetic_runs import ENVIRONMENT, make_run
 
-from tpbench import compare, gate, render
+from tpbench import compare, gate, render, store
 from tpbench.analysis.stats import Ratio, hierarchical_ratio_ci, paired_ratio, unpaired_ratio
 
 
@@ -787,3 +787,85 @@ def test_a_gate_too_short_to_fail_says_so_before_it_runs(tmp_path: Path, capsys,
     assert (said in err) == warned and ("cannot fail" in err) == warned, err
     if warned:
         assert err.index(said) < err.index("tpbench gate: baseline:"), err
+
+
+# ---------------------------------------------------------------- the user's own code
+
+
+USER_MODEL = """\
+import torch
+from tpbench.workloads import Bench, WorkloadContext, batch_seed
+
+print(f"mymodels imported from {__file__}", flush=True)  # in each rank's log: which copy ran
+EXTRA_MATMULS = @EXTRA@
+
+
+class Net(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(32, width), torch.nn.Linear(width, 4)
+        self.w = torch.nn.Parameter(torch.eye(width))
+
+    def forward(self, x):
+        h = self.a(x)
+        for _ in range(1 + EXTRA_MATMULS):
+            h = h @ self.w
+        return self.b(h)
+
+
+def make(ctx: WorkloadContext, width: int = 128) -> Bench:
+    torch.manual_seed(ctx.seed)
+    model = Net(width).to(ctx.device)
+
+    def train_batch(step: int):
+        g = torch.Generator().manual_seed(batch_seed(ctx.seed, ctx.rank, step))
+        x = torch.randn(ctx.batch_size, 32, generator=g)
+        return x.to(ctx.device), x[:, :4].argmax(dim=1).to(ctx.device)
+
+    return Bench(model=model, train_batch=train_batch, loss=torch.nn.functional.cross_entropy)
+"""
+
+USER_SUITE = """\
+[suite]
+name = "mine"
+[defaults]
+workload = "mymodels:make"
+world_size = 2
+backend = "gloo"
+device = "cpu"
+algorithm = "ddp"
+batch_size = 64
+warmup_steps = 1
+steps = 4
+repeats = 3
+timeout_s = 60
+"""
+
+
+def user_project(folder: Path, extra_matmuls: int = 0) -> Path:
+    """A user's project: ``mymodels.py`` (a model factory doing ``1 + extra_matmuls`` matmuls of
+    its hidden layer a step, saying its file in each rank's log) and ``suite.toml`` naming it."""
+    folder.mkdir(parents=True)
+    (folder / "mymodels.py").write_text(USER_MODEL.replace("@EXTRA@", str(extra_matmuls)))
+    (folder / "suite.toml").write_text(USER_SUITE)
+    return folder
+
+
+def imported_from(run: Path) -> set[str]:
+    """The files ``mymodels`` was imported from, as the run's rank logs say them."""
+    logs = "".join(p.read_text() for p in (run / "logs").glob("*-rank*.log"))
+    return set(re.findall(r"mymodels imported from (\S+)", logs))
+
+
+@pytest.mark.ranks
+def test_a_rounds_gate_imports_the_suites_own_code_from_the_callers_folder(tmp_path: Path) -> None:
+    """Only the lockstep gate handed its sides the caller's folder: in ``--mode rounds`` (and the
+    sweeps of ``--explain``) a venv side's sweep, run in ``--out/<side>``, could not import the
+    suite's ``workload = "mymodels:make"`` and the gate exited 2 ("cannot import 'mymodels'")."""
+    mine = user_project(tmp_path / "mine")
+    args = ["gate", "suite.toml", "--baseline", sys.prefix, "--candidate", sys.prefix, "--mode", "rounds"]
+    p = run_tpbench(*args, "--rounds", "1", "--set", "repeats=1", "--out", tmp_path / "g", cwd=mine)
+    assert p.returncode == 0, p.stderr
+    for side in ("baseline", "candidate"):
+        (run,) = store.iter_runs(tmp_path / "g" / side / "round01")
+        assert imported_from(run) == {str(mine / "mymodels.py")}

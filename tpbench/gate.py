@@ -55,7 +55,9 @@ SIDE_USAGE = 2
 
 @dataclass(frozen=True)
 class Side:
-    """How to run one side's ``tpbench``: a command prefix, extra environment, a working directory."""
+    """How to run one side's ``tpbench``: a command prefix, extra environment, a working directory.
+    ``env`` names where the suite's own code is imported from (``user_code.USER_PATH_ENV``): every
+    sweep of the side (lockstep, ``--mode rounds``, ``--explain``) runs with it."""
 
     name: str
     spec: str
@@ -83,19 +85,23 @@ def resolve_side(name: str, spec: str, work_dir: Path) -> Side:
         )
     path = Path(spec).expanduser()
     kept = own_pythonpath()
+    # The sides run elsewhere; the suite's own code (a workload or hook named MODULE:NAME) is
+    # imported from the caller's folder, as validation here found it.
+    user = {user_code.USER_PATH_ENV: os.getcwd()}
+    env = {"PYTHONPATH": kept, **user}
     if path.is_file() and os.access(path, os.X_OK):
-        return Side(name, spec, "python", (str(path.absolute()), "-m", "tpbench"), {"PYTHONPATH": kept}, work_dir)
+        return Side(name, spec, "python", (str(path.absolute()), "-m", "tpbench"), env, work_dir)
     if path.is_dir() and (path / "pyvenv.cfg").exists():
         python = path / "bin" / "python"
         if not python.exists():
             raise GateError(f"--{name} {spec}: a virtual environment without bin/python")
-        return Side(name, spec, "venv", (str(python.absolute()), "-m", "tpbench"), {"PYTHONPATH": kept}, work_dir)
+        return Side(name, spec, "venv", (str(python.absolute()), "-m", "tpbench"), env, work_dir)
     if path.is_dir() and (path / "pyproject.toml").exists():
         if not (path / "tpbench" / "__init__.py").exists():
             raise GateError(f"--{name} {spec}: a source tree without a tpbench package")
         tree = str(path.resolve())
-        pythonpath = os.pathsep.join(p for p in (tree, kept) if p)
-        return Side(name, spec, "source", (sys.executable, "-m", "tpbench"), {"PYTHONPATH": pythonpath}, cwd=Path(tree))
+        env = {"PYTHONPATH": os.pathsep.join(p for p in (tree, kept) if p), **user}
+        return Side(name, spec, "source", (sys.executable, "-m", "tpbench"), env, cwd=Path(tree))
     if path.exists():
         raise GateError(
             f"--{name} {spec}: expected a python executable, a venv, a source tree with pyproject.toml, or a command"
@@ -106,7 +112,7 @@ def resolve_side(name: str, spec: str, work_dir: Path) -> Side:
         raise GateError(f"--{name} {spec}: expected a file, a directory or a command line ({e})") from None
     if not argv or shutil.which(argv[0]) is None:
         raise GateError(f"--{name} {spec}: no such file, directory or command")
-    return Side(name, spec, "command", argv)
+    return Side(name, spec, "command", argv, user)
 
 
 def own_pythonpath() -> str:
@@ -697,9 +703,7 @@ def _start(
     with open(log, "wb") as f:
         proc = subprocess.Popen(
             cmd,
-            # The sides run in their own folders; the suite's own code (a workload or hook named
-            # MODULE:NAME) is imported from the caller's folder, as validation found it.
-            env=os.environ | side.env | {user_code.USER_PATH_ENV: os.getcwd()},
+            env=os.environ | side.env,
             cwd=side.cwd,
             stdout=f,
             stderr=subprocess.STDOUT,
