@@ -22,7 +22,7 @@ from conftest import REPO, run_cli, tiny_suite
 from conftest import tpbench as run_tpbench
 from synthetic_runs import ENVIRONMENT, make_run
 
-from tpbench import compare, gate, render, store
+from tpbench import compare, gate, render, store, user_code
 from tpbench.analysis.stats import Ratio, hierarchical_ratio_ci, paired_ratio, unpaired_ratio
 
 
@@ -507,9 +507,10 @@ def test_gate_rejects_sides_it_cannot_run(tmp_path: Path) -> None:
     suite = REPO / "suites" / "smoke.toml"
     p = tpbench("gate", suite, "--baseline", tmp_path / "no-such-venv", "--candidate", sys.executable)
     assert p.returncode == 2 and "no-such-venv" in p.stderr
-    (tmp_path / "pyproject.toml").write_text("")
-    p = tpbench("gate", suite, "--baseline", tmp_path, "--candidate", sys.executable)
-    assert p.returncode == 2 and "without a tpbench package" in p.stderr
+    (tmp_path / "env" / "bin").mkdir(parents=True)  # a conda environment, say: not a folder of code
+    (tmp_path / "env" / "bin" / "python").symlink_to(sys.executable)
+    p = tpbench("gate", suite, "--baseline", tmp_path / "env", "--candidate", sys.executable)
+    assert p.returncode == 2 and "a Python environment without pyvenv.cfg; give its bin/python" in p.stderr
     # --rounds 0 used to run the default 5 rounds (0 read as "not given").
     p = tpbench("gate", suite, "--baseline", REPO, "--candidate", sys.executable, "--mode", "rounds", "--rounds", "0")
     assert p.returncode == 2 and "--rounds 0: expected an integer >= 1" in p.stderr
@@ -869,3 +870,51 @@ def test_a_rounds_gate_imports_the_suites_own_code_from_the_callers_folder(tmp_p
     for side in ("baseline", "candidate"):
         (run,) = store.iter_runs(tmp_path / "g" / side / "round01")
         assert imported_from(run) == {str(mine / "mymodels.py")}
+
+
+def test_a_folder_of_ones_own_code_is_a_side_that_imports_from_it_alone(tmp_path: Path, monkeypatch) -> None:
+    """A directory that is neither a venv nor holds a tpbench package is the user's own code, run by
+    this tpbench: first on PYTHONPATH (with its src/), its working directory and its only user path, so
+    the caller's folder (the candidate's checkout) cannot supply the baseline's modules."""
+    base, cand = user_project(tmp_path / "base"), user_project(tmp_path / "cand")
+    (base / "src").mkdir()
+    (cand / "pyproject.toml").write_text("")  # with or without one
+    monkeypatch.chdir(cand)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(tmp_path / "elsewhere")]))
+    for folder, spec, first in ((base, "../base", [str(base), str(base / "src")]), (cand, ".", [str(cand)])):
+        s = gate.resolve_side("baseline", spec, tmp_path / "out")
+        assert (s.kind, s.cwd, s.argv) == ("project", folder, (sys.executable, "-m", "tpbench"))
+        assert s.env[user_code.USER_PATH_ENV] == str(folder)
+        path = s.env["PYTHONPATH"].split(os.pathsep)
+        assert path[: len(first)] == first and path[-1] == str(tmp_path / "elsewhere")
+        p = subprocess.run(
+            [*s.argv[:1], "-c", "import mymodels, tpbench; print(mymodels.__file__); print(tpbench.__file__)"],
+            env=os.environ | s.env,
+            cwd=s.cwd,
+            capture_output=True,
+            text=True,
+        )
+        mine, tpb = p.stdout.splitlines()[-2:]
+        assert mine == str(folder / "mymodels.py") and Path(tpb).resolve() == Path(gate.__file__).resolve().with_name(
+            "__init__.py"
+        )
+
+
+@pytest.mark.ranks
+def test_a_gate_of_two_checkouts_of_ones_own_code_measures_each_sides_own_model(tmp_path: Path) -> None:
+    """Gating one's own model, run in the candidate's checkout: ``--baseline ../base --candidate .``.
+    A folder without a tpbench package was refused ("a source tree without a tpbench package"), and
+    a venv side imported the model from the caller's folder: both sides measured the candidate's."""
+    base = user_project(tmp_path / "base")
+    cand = user_project(tmp_path / "cand", extra_matmuls=2)  # 3x the hidden layer's compute
+    (base / "pyproject.toml").write_text("")
+    args = ["gate", "suite.toml", "--baseline", "../base", "--candidate", ".", "--repeats", "3"]
+    p = run_tpbench(*args, "--out", tmp_path / "g", "--format", "json", cwd=cand)
+    assert p.returncode in (0, 1), p.stderr
+    assert "baseline ../base: a folder of your own code, run by this tpbench" in p.stderr
+    sides = json.loads((tmp_path / "g" / "gate.json").read_text())["sides"]
+    for name, folder in (("baseline", base), ("candidate", cand)):
+        assert sides[name]["kind"] == "project"
+        assert imported_from(Path(sides[name]["run"])) == {str(folder / "mymodels.py")}
+    (case,) = json.loads(p.stdout)["cases"]
+    assert case["pairs"] == 3

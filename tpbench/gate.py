@@ -25,6 +25,7 @@ import selectors
 import shlex
 import shutil
 import signal
+import site
 import socket
 import struct
 import subprocess
@@ -51,6 +52,10 @@ class SideError(RuntimeError):
 
 # What a side's ``tpbench sweep`` exits with on bad input (``tpbench.cli.common.EXIT_USAGE``).
 SIDE_USAGE = 2
+# What ``--baseline``/``--candidate`` may be, as an error names them.
+SIDE_FORMS = (
+    "a python executable, a venv, a tpbench source tree with pyproject.toml, a folder of your own code, or a command"
+)
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ class Side:
 
     name: str
     spec: str
-    kind: str  # "python", "venv", "source" or "command"
+    kind: str  # "python", "venv", "source", "project" or "command"
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     cwd: Path | None = None
@@ -72,17 +77,16 @@ def resolve_side(name: str, spec: str, work_dir: Path) -> Side:
 
     A python executable or a venv directory runs ``python -m tpbench`` of that environment (no
     PYTHONPATH entry that holds a tpbench package comes before it: ``own_pythonpath``); a source
-    tree (a directory with pyproject.toml) runs this interpreter with the tree first on
-    PYTHONPATH. Both run in ``work_dir``, never in the caller's directory: ``python -m`` puts the
-    working directory first on sys.path, and a checkout there would shadow the side's own code
-    (a source tree runs in its own root for the same reason). Anything else is a command prefix
-    such as ``"uv run tpbench"``. An empty spec is refused: ``Path("")`` is the current directory,
-    which, in a checkout, read as that source tree, and the gate measured it without a word.
+    tree (a directory with pyproject.toml and a tpbench package) runs this interpreter with the
+    tree first on PYTHONPATH. Both run in ``work_dir``, never in the caller's directory: ``python
+    -m`` puts the working directory first on sys.path, and a checkout there would shadow the side's
+    own code (a source tree runs in its own root for the same reason). Any other directory is a
+    folder of the user's own code (``project_side``). Anything else is a command prefix such as
+    ``"uv run tpbench"``. An empty spec is refused: ``Path("")`` is the current directory, which,
+    in a checkout, read as that source tree, and the gate measured it without a word.
     """
     if not spec:
-        raise GateError(
-            f"--{name} '': empty; expected a python executable, a venv, a source tree with pyproject.toml, or a command"
-        )
+        raise GateError(f"--{name} '': empty; expected {SIDE_FORMS}")
     path = Path(spec).expanduser()
     kept = own_pythonpath()
     # The sides run elsewhere; the suite's own code (a workload or hook named MODULE:NAME) is
@@ -96,16 +100,17 @@ def resolve_side(name: str, spec: str, work_dir: Path) -> Side:
         if not python.exists():
             raise GateError(f"--{name} {spec}: a virtual environment without bin/python")
         return Side(name, spec, "venv", (str(python.absolute()), "-m", "tpbench"), env, work_dir)
-    if path.is_dir() and (path / "pyproject.toml").exists():
-        if not (path / "tpbench" / "__init__.py").exists():
-            raise GateError(f"--{name} {spec}: a source tree without a tpbench package")
+    if path.is_dir() and (path / "pyproject.toml").exists() and (path / "tpbench" / "__init__.py").exists():
         tree = str(path.resolve())
         env = {"PYTHONPATH": os.pathsep.join(p for p in (tree, kept) if p), **user}
         return Side(name, spec, "source", (sys.executable, "-m", "tpbench"), env, cwd=Path(tree))
+    if path.is_dir() and (path / "bin" / "python").exists():
+        # A conda environment, say: read as a folder of code, it would run under this interpreter.
+        raise GateError(f"--{name} {spec}: a Python environment without pyvenv.cfg; give its bin/python")
+    if path.is_dir() and not (path / "tpbench" / "__init__.py").exists():
+        return project_side(name, spec, path, kept)
     if path.exists():
-        raise GateError(
-            f"--{name} {spec}: expected a python executable, a venv, a source tree with pyproject.toml, or a command"
-        )
+        raise GateError(f"--{name} {spec}: expected {SIDE_FORMS}")
     try:
         argv = tuple(shlex.split(spec))
     except ValueError as e:  # an unclosed quote: shlex's own words, not a traceback
@@ -113,6 +118,32 @@ def resolve_side(name: str, spec: str, work_dir: Path) -> Side:
     if not argv or shutil.which(argv[0]) is None:
         raise GateError(f"--{name} {spec}: no such file, directory or command")
     return Side(name, spec, "command", argv, user)
+
+
+def project_side(name: str, spec: str, path: Path, kept: str) -> Side:
+    """A folder of the user's own code (a workload or hook the suite names ``MODULE:NAME``), run by
+    this tpbench: its modules come from that folder, so two checkouts of one project are gated
+    against each other, each side measuring its own copy.
+
+    The folder (and its ``src/``, for a src layout) comes first on PYTHONPATH and is the side's
+    working directory and its only ``TPBENCH_USER_PATH``: the caller's folder, which is the
+    candidate's checkout when the gate runs there, must not supply the baseline's modules. This
+    tpbench's own root follows where the interpreter would not find it alone (a checkout run with
+    ``PYTHONPATH``, or from its root), then the caller's other PYTHONPATH entries."""
+    folder = path.resolve()
+    src = folder / "src"
+    paths = [str(folder), *([str(src)] if src.is_dir() else []), *this_tpbench_root(), kept]
+    env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p), user_code.USER_PATH_ENV: str(folder)}
+    return Side(name, spec, "project", (sys.executable, "-m", "tpbench"), env, cwd=folder)
+
+
+def this_tpbench_root() -> list[str]:
+    """The folder this tpbench package is imported from, unless it is one of this interpreter's
+    site-packages, which a project side finds by itself: a site-packages folder put first on
+    PYTHONPATH would come before the standard library."""
+    root = Path(__file__).resolve().parent.parent
+    site_dirs = {Path(d).resolve() for d in [*site.getsitepackages(), site.getusersitepackages()]}
+    return [] if root in site_dirs else [str(root)]
 
 
 def own_pythonpath() -> str:
@@ -565,7 +596,13 @@ def run_lockstep(
         **({"answer": answer_of(per_case), "answers": per_case} if per_case is not None else {}),
         "wall_s": time.monotonic() - started,
         "sides": {
-            s.side.name: {"spec": s.side.spec, "run": str(r), "log": str(s.log), "exit_code": s.proc.returncode}
+            s.side.name: {
+                "spec": s.side.spec,
+                "kind": s.side.kind,
+                "run": str(r),
+                "log": str(s.log),
+                "exit_code": s.proc.returncode,
+            }
             for s, r in zip(sides, runs)
         },
         "rounds": rounds,
@@ -785,6 +822,12 @@ def run(
     trace that many steps of each side (``trace_sides``) and name each regression's top contributor."""
     base = resolve_side("baseline", baseline, out / "baseline")
     cand = resolve_side("candidate", candidate, out / "candidate")
+    for side in (base, cand):
+        if side.kind == "project":
+            announce(
+                f"tpbench gate: {side.name} {side.spec}: a folder of your own code, run by this tpbench "
+                f"({Path(__file__).parent}); its modules are imported from {side.cwd}"
+            )
     if warning := _cannot_fail(mode, rounds if mode == "rounds" else cfg.repeats, fail_on_inconclusive):
         announce(warning)
     sides = dict(overrides=overrides, filters=filters, candidate_overrides=candidate_overrides, announce=announce)
