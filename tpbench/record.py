@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tomllib
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
-
-import tomllib
 
 from tpbench import comm_hooks
 from tpbench.algorithms import ALGORITHMS, display_name, named_keys

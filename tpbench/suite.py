@@ -23,11 +23,10 @@ import json
 import math
 import os
 import re
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
-
-import tomllib
 
 from tpbench import comm_hooks, user_files
 from tpbench.algorithms import ALGORITHM_SPECIFIC_KEYS, ALGORITHMS

@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import math
 import re
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-import tomllib
 
 from tpbench.analysis.bandwidth import busbw_factor
 
