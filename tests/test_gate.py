@@ -918,3 +918,31 @@ def test_a_gate_of_two_checkouts_of_ones_own_code_measures_each_sides_own_model(
         assert imported_from(Path(sides[name]["run"])) == {str(folder / "mymodels.py")}
     (case,) = json.loads(p.stdout)["cases"]
     assert case["pairs"] == 3
+
+
+@pytest.mark.parametrize(
+    ("suite_text", "overrides", "refused"),
+    [
+        (tiny_suite('algorithm = ["ddp"]'), [], True),  # built-in code only: a wrong folder gated tpbench alike
+        (tiny_suite('algorithm = ["ddp"]'), ["workload=mymodels:make"], False),
+        (tiny_suite('algorithm = ["ddp"]', workload='"mymodels:make"'), [], False),
+        (tiny_suite('comm_hook = ["allreduce", "myhooks:h"]'), [], False),
+    ],
+)
+def test_a_folder_of_ones_own_code_with_a_suite_that_names_none_is_refused(
+    tmp_path: Path, suite_text: str, overrides: list[str], refused: bool
+) -> None:
+    """A folder that is neither a venv nor tpbench's is read as the user's code; with a suite that
+    names no MODULE:NAME (``--baseline results``, a typo) both sides ran this tpbench on the same
+    code, and the gate passed it against itself without a word. Refused before any sweep."""
+    suite = tmp_path / "suite.toml"
+    suite.write_text(suite_text)
+    folder = tmp_path / "not-code"
+    folder.mkdir()
+    side = gate.resolve_side("baseline", str(folder), tmp_path / "out")
+    assert side.kind == "project"
+    if refused:
+        with pytest.raises(gate.GateError, match=r"a folder of your own code, but .* names none \(no workload"):
+            gate._refuse_a_project_without_code(side, suite, overrides)
+    else:
+        gate._refuse_a_project_without_code(side, suite, overrides)

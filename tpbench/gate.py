@@ -137,6 +137,41 @@ def project_side(name: str, spec: str, path: Path, kept: str) -> Side:
     return Side(name, spec, "project", (sys.executable, "-m", "tpbench"), env, cwd=folder)
 
 
+# The suite keys that name the user's code by import path (MODULE:NAME).
+_CODE_KEYS = ("workload", "comm_hook", "comm_hook_state")
+
+
+def _refuse_a_project_without_code(side: Side, suite: str | Path, overrides: Sequence[str]) -> None:
+    """``GateError`` for a folder of one's own code (``project_side``) given with a suite that names
+    none of it (no ``workload``, ``comm_hook`` or ``comm_hook_state`` ``MODULE:NAME`` in its tables
+    or the ``--set`` values): both sides would run this tpbench on the same built-in code, and a
+    mistyped or wrong folder (``--baseline results``) gated the code against itself without a word.
+    Read from the file's text as written: the suite is validated where each side imports its code."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(Path(suite).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return  # the sides' own sweeps refuse it, naming what is wrong
+    values: list[Any] = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].strip() in _CODE_KEYS]
+    for table in (data.get("defaults"), data.get("sweep")):
+        if isinstance(table, dict):
+            values += [v for k in _CODE_KEYS for v in _as_list(table.get(k))]
+    workloads = data.get("workloads")
+    if isinstance(workloads, dict):
+        values += list(workloads)
+    if not any(isinstance(v, str) and ":" in v for v in values):
+        raise GateError(
+            f"--{side.name} {side.spec}: a folder of your own code, but {suite} names none (no workload, comm_hook "
+            "or comm_hook_state MODULE:NAME): both sides would run this tpbench alike; expected "
+            f"{SIDE_FORMS.replace(', a folder of your own code', '')} for a side of tpbench itself"
+        )
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
 def this_tpbench_root() -> list[str]:
     """The folder this tpbench package is imported from, unless it is one of this interpreter's
     site-packages, which a project side finds by itself: a site-packages folder put first on
@@ -824,6 +859,7 @@ def run(
     cand = resolve_side("candidate", candidate, out / "candidate")
     for side in (base, cand):
         if side.kind == "project":
+            _refuse_a_project_without_code(side, suite, [*overrides, *candidate_overrides])
             announce(
                 f"tpbench gate: {side.name} {side.spec}: a folder of your own code, run by this tpbench "
                 f"({Path(__file__).parent}); its modules are imported from {side.cwd}"
