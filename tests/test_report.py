@@ -574,6 +574,16 @@ def headings(html: str) -> set[str]:
     return set(re.findall(r'<h2 id="([^"]+)"', html))
 
 
+def figures(html: str) -> list[dict]:
+    """Every figure of a page as the JSON its ``tpbPlot`` call draws (``<`` is escaped inside it)."""
+    return [json.loads(f) for f in re.findall(r'tpbPlot\("fig\d+", (.*?)\);</script>', html)]
+
+
+def figure_after(html: str, anchor: str) -> dict:
+    """The first figure after the heading with id ``anchor``."""
+    return figures(html[html.index(f'id="{anchor}"') :])[0]
+
+
 def test_sections_appear_only_with_their_data(runs):
     full, bare = runs
     with_all = headings(build_report([store.load(full)]))
@@ -1007,3 +1017,18 @@ def test_local_sgd_verdicts_name_every_setting_the_run_varies(tmp_path):
     for flag in ("True", "False"):
         said = f"post-local SGD (start_localSGD_iter=2 averaging_period=4 post_local_gradient_allreduce={flag}): "
         assert html.count(said) == 1, flag
+
+
+def test_express_and_plain_figures_draw_ranks_in_the_page_templates_colours(runs):
+    """Figures built with plotly express took D3's palette (the report builds them without a
+    template), ``go`` traces the page template's in the browser: rank 0 was blue in "Memory per rank"
+    and violet in "What ZeRO saves" beside it."""
+    import plotly.io as pio
+
+    from tpbench.report.html import PAGE_TEMPLATE
+
+    full, _ = runs
+    memory = figure_after(build_report([store.load(full)]), "memory")
+    colorway = [c.lower() for c in pio.templates[PAGE_TEMPLATE].layout.colorway]
+    drawn = {t["name"]: t["marker"]["color"].lower() for t in memory["data"]}
+    assert drawn["rank 0"] == colorway[0] and drawn["rank 1"] == colorway[1], drawn

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pandas as pd
+import plotly.express as px
 import plotly.graph_objects as go
 import plotly.io as pio
 import plotly.offline
@@ -138,9 +139,13 @@ class Page:
         )
 
 
+# The template every figure is drawn with, in the browser (``tpbPlot``).
+PAGE_TEMPLATE = "plotly_white"
+
+
 def _plot_function() -> str:
     """``tpbPlot(id, figure)``: draws a figure with the page's one template."""
-    template = pio.templates["plotly_white"].to_plotly_json()
+    template = pio.templates[PAGE_TEMPLATE].to_plotly_json()
     template["layout"]["font"] = {"family": "system-ui, sans-serif", "size": 12}
     config = {"displaylogo": False, "responsive": True}
     return (
@@ -154,10 +159,16 @@ def _plot_function() -> str:
 def plain_templates() -> Iterator[None]:
     """Build figures without plotly's default template. Every figure object otherwise deep-copies
     it on creation (the larger part of building a report of a hundred cases) only for ``figure``
-    to drop it; the page applies its own template once, in the browser."""
-    saved = pio.templates.default
+    to drop it; the page applies its own template once, in the browser.
+
+    plotly express picks a trace's colour when the figure is built, from the template's colorway, and
+    without one from D3's palette; a ``go`` trace without a colour takes the page template's in the
+    browser. So express is given the page template's colorway: otherwise rank 0 was D3's blue in
+    "Memory per rank" and the template's violet in "What ZeRO saves" beside it."""
+    saved = pio.templates.default, px.defaults.color_discrete_sequence
     pio.templates.default = "none"
+    px.defaults.color_discrete_sequence = list(pio.templates[PAGE_TEMPLATE].layout.colorway)
     try:
         yield
     finally:
-        pio.templates.default = saved
+        pio.templates.default, px.defaults.color_discrete_sequence = saved
