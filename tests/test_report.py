@@ -449,12 +449,17 @@ LOCALSGD_SUITE = localsgd_suite(
 
 
 def localsgd_data(
-    reached: dict[str, tuple[bool, ...]] | None = None, *, heldout: bool = True, optimum: float | None = 1.0
+    reached: dict[str, tuple[bool, ...]] | None = None,
+    *,
+    heldout: bool = True,
+    optimum: float | None = 1.0,
+    drift: bool = False,
 ) -> report_data.ReportData:
     """Plain DDP (100 ms steps, final held-out loss 1.02) and post-local SGD (60 ms, 1.04) over 3
     repeats, the target 1.05; ``reached`` names, per side ("never", "local"), the repeats whose
     held-out loss reaches it (at step 29; the others stay at 1.3): all of them by default. Without
-    ``heldout`` the run stores no held-out loss (eval_every = 0); ``optimum`` None: none known."""
+    ``heldout`` the run stores no held-out loss (eval_every = 0); ``optimum`` None: none known. With
+    ``drift`` post-local SGD records its parameter drift before each averaging (every 4th step)."""
     reached = {"never": (True,) * 3, "local": (True,) * 3, **(reached or {})}
     cases = expand(parse(LOCALSGD_SUITE, "lsgd.toml"), Machine(gpus=0))
     never = next(c for c in cases if c.start_localSGD_iter == "never")
@@ -479,6 +484,7 @@ def localsgd_data(
                             "loss": 1.5,
                             **({"heldout_loss": held} if heldout else {}),
                             "optimal_loss": np.nan if optimum is None else optimum,
+                            **({"drift_max_l2": 0.5 if side == "local" and step % 4 == 3 else np.nan} if drift else {}),
                         }
                     )
     steps = pd.DataFrame(rows)
@@ -994,7 +1000,7 @@ def test_the_drift_chart_counts_steps_trained_as_the_loss_chart_beside_it_does()
     curves = pd.DataFrame(
         {"case": ["a"] * 3 + ["b"] * 2, "order": [0] * 3 + [1] * 2, "step": [0, 4, 8, 60, 76], "drift_max_l2": 0.5}
     )
-    fig = _drift_figure(curves)
+    fig = _drift_figure(curves, {"a": "#000001", "b": "#000002"})
     assert [list(t.x) for t in fig.data] == [[1, 5, 9], [61, 77]]
     assert fig.layout.xaxis.title.text == "steps trained"
     assert fig.layout.legend.y < LEGEND_BELOW["y"]
@@ -1017,6 +1023,23 @@ def test_local_sgd_verdicts_name_every_setting_the_run_varies(tmp_path):
     for flag in ("True", "False"):
         said = f"post-local SGD (start_localSGD_iter=2 averaging_period=4 post_local_gradient_allreduce={flag}): "
         assert html.count(said) == 1, flag
+
+
+def test_a_case_has_one_colour_in_the_loss_and_the_drift_charts():
+    """Each convergence chart numbered its own series' colours: DDP, which never averages, has no
+    drift, so every drift line took the colour of the case before it in the loss chart beside it
+    (post-local SGD was red against the loss and DDP's blue against the drift)."""
+    from tpbench.report import convergence
+    from tpbench.report.html import Page
+
+    data = localsgd_data(drift=True)
+    page = Page(title="t")
+    convergence.section(page, data, verdicts.convergence_verdicts(data))
+    loss, drift = figures(page.render())
+    loss_colors = {t["name"]: t["line"]["color"] for t in loss["data"] if t.get("showlegend", True)}
+    assert len(set(loss_colors.values())) == 2
+    [local] = drift["data"]
+    assert local["line"]["color"] == loss_colors[local["name"]]
 
 
 def test_express_and_plain_figures_draw_ranks_in_the_page_templates_colours(runs):

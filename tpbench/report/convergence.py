@@ -50,13 +50,22 @@ def section(page: Page, data: ReportData, verdicts: list[ConvergenceVerdict]) ->
         f"workload's known optimum; dotted: the target, {TARGET_RELATIVE_GAP:.0%} above it.",
         css="muted",
     )
-    page.figure(_loss_figure(curves.dropna(subset=["heldout_loss"]), data))
+    colors = _case_colors(curves)
+    page.figure(_loss_figure(curves.dropna(subset=["heldout_loss"]), data, colors))
     _time_to_target(page, data, verdicts)
     if "drift_max_l2" in curves and curves["drift_max_l2"].notna().any():
-        _drift(page, curves.dropna(subset=["drift_max_l2"]))
+        _drift(page, curves.dropna(subset=["drift_max_l2"]), colors)
 
 
-def _loss_figure(curves: pd.DataFrame, data: ReportData) -> go.Figure:
+def _case_colors(curves: pd.DataFrame) -> dict[str, str]:
+    """One colour per case for both charts, in the cases' order: each chart numbering its own series
+    shifted every drift line one colour off the loss chart's, since DDP (which never averages) has no
+    drift (its blue went to the first post-local SGD setting, drawn red beside it)."""
+    cases = curves.sort_values("order", kind="stable")["case"].drop_duplicates()
+    return {case: SERIES_COLORS[i % len(SERIES_COLORS)] for i, case in enumerate(cases)}
+
+
+def _loss_figure(curves: pd.DataFrame, data: ReportData, colors: dict[str, str]) -> go.Figure:
     fig = make_subplots(
         rows=1,
         cols=2,
@@ -64,8 +73,8 @@ def _loss_figure(curves: pd.DataFrame, data: ReportData) -> go.Figure:
         horizontal_spacing=0.03,
         subplot_titles=["held-out loss vs step", "held-out loss vs training time"],
     )
-    for i, (case, c) in enumerate(curves.sort_values(["order", "step"], kind="stable").groupby("case", sort=False)):
-        color = SERIES_COLORS[i % len(SERIES_COLORS)]
+    for case, c in curves.sort_values(["order", "step"], kind="stable").groupby("case", sort=False):
+        color = colors[case]
         for col, x in ((1, "step"), (2, "train_time_s")):
             fig.add_scatter(
                 x=c[x] + (1 if x == "step" else 0),
@@ -153,17 +162,17 @@ def _ratio_cell(est: Ratio | None) -> str:
     return f"{est.ratio:.2f} [{est.lo:.2f}, {est.hi:.2f}] {verdict.half_width_pct(est.half_width)}"
 
 
-def _drift(page: Page, curves: pd.DataFrame) -> None:
+def _drift(page: Page, curves: pd.DataFrame, colors: dict[str, str]) -> None:
     page.heading("Parameter drift before averaging", level=3)
     page.paragraph(
         "Largest L2 distance of a rank's parameters from their mean across ranks, measured just before "
         "each model averaging (mean over repeats): how far local steps let the replicas wander.",
         css="muted",
     )
-    page.figure(_drift_figure(curves))
+    page.figure(_drift_figure(curves, colors))
 
 
-def _drift_figure(curves: pd.DataFrame) -> go.Figure:
+def _drift_figure(curves: pd.DataFrame, colors: dict[str, str]) -> go.Figure:
     """Drift against steps trained, as the loss chart above counts them: a drift stored at step s was
     measured after that step's optimizer step, s + 1 steps in (it was drawn at s, "step", one off the
     loss chart's axis). Its legend sits lower than the shared one: at this height that one covered
@@ -173,6 +182,7 @@ def _drift_figure(curves: pd.DataFrame) -> go.Figure:
         x="trained",
         y="drift_max_l2",
         color="case",
+        color_discrete_map=colors,
         markers=True,
         labels={"drift_max_l2": "max L2 drift", "case": "", "trained": "steps trained"},
     )
