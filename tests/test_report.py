@@ -1055,3 +1055,29 @@ def test_express_and_plain_figures_draw_ranks_in_the_page_templates_colours(runs
     colorway = [c.lower() for c in pio.templates[PAGE_TEMPLATE].layout.colorway]
     drawn = {t["name"]: t["marker"]["color"].lower() for t in memory["data"]}
     assert drawn["rank 0"] == colorway[0] and drawn["rank 1"] == colorway[1], drawn
+
+
+def test_machine_load_lists_the_repeats_furthest_from_their_median_first_either_way():
+    """The noisy repeats were sorted by their signed change: one 30 % below its case's median came
+    last, after those at "+0%" (and past the table's rows it was the one left out), and a change of
+    -0.05 % read "-0%" beside "+0%"."""
+    from tpbench.report import telemetry
+    from tpbench.report.html import Page
+
+    text = '[suite]\nname = "load"\n[defaults]\nworld_size = 2\nbackend = "gloo"\ndevice = "cpu"\nrepeats = 4\n'
+    cases = expand(parse(text, "load.toml"), Machine(gpus=0))
+    busy = {"load1": 3.0, "steal_pct": 0.0, "runnable": 4, "busy_cores": 64.0, "other_cores": 63.0}
+    repeat_ms = [100.0, 99.9, 70.0, 105.0]  # against their median 99.95: +0.05 %, -0.05 %, -30 %, +5 %
+    steps = pd.DataFrame(
+        [
+            {"case_id": cases[0].case_id, "repeat": r, "rank": rank, "step": s, "phase": "timed", "step_ms": ms, **busy}
+            for r, ms in enumerate(repeat_ms)
+            for rank in range(2)
+            for s in range(3)
+        ]
+    )
+    summary = pd.DataFrame([{"case_id": cases[0].case_id, "median_ms": 99.95, "repeat_medians_ms": repeat_ms}])
+    page = Page(title="t")
+    telemetry.machine_load(page, report_data.load([finished_in_memory("load", text, cases, steps, summary)]))
+    rows = [re.findall(r"<td>(.*?)</td>", tr) for tr in re.findall(r"<tr>(.*?)</tr>", page.render(), re.S)]
+    assert [(r[1], r[2]) for r in rows if r] == [("2", "-30%"), ("3", "+5%"), ("0", "+0%"), ("1", "+0%")]

@@ -154,7 +154,11 @@ def machine_load(page: Page, data: ReportData) -> None:
     if not frames:
         return
     repeats = pd.concat(frames, ignore_index=True)
-    noisy = data.with_cases(repeats[repeats["noisy"]]).sort_values("relative", ascending=False)
+    # Noisiest first: furthest from its case's median either way. Sorted by the signed change, the repeats
+    # furthest below it came last, and past the table's rows were the ones left out.
+    noisy = data.with_cases(repeats[repeats["noisy"]]).sort_values(
+        "relative", key=lambda r: (r - 1).abs(), ascending=False, kind="stable"
+    )
     page.heading("Machine load", anchor="machine-load")
     criteria = (
         f"other processes, the world's own ranks not counted, used more than {OTHER_CORES_NOISY:g} cores beyond "
@@ -175,7 +179,7 @@ def machine_load(page: Page, data: ReportData) -> None:
             **({"run": shown["run"]} if data.multi else {}),
             "case": shown["label"],
             "repeat": shown["repeat"],
-            "step time vs case median": [f"{r - 1:+.0%}" for r in shown["relative"]],
+            "step time vs case median": [_change_pct(r) for r in shown["relative"]],
             **({"other CPU (cores)": shown["other_cores"].round(2)} if "other_cores" in shown else {}),
             "load1": shown["load1"].round(2),
             "other runnable": shown["runnable"],
@@ -186,6 +190,12 @@ def machine_load(page: Page, data: ReportData) -> None:
     page.table(rows)
     if len(noisy) > len(shown):
         page.paragraph(f"{len(noisy) - len(shown)} more noisy repeats not listed.", css="muted")
+
+
+def _change_pct(relative: float) -> str:
+    """A repeat's step time against its case's median as a whole percentage; a change that rounds to
+    none reads "+0%", never "-0%" (formatting 0.9995 - 1 gave "-0%" beside another repeat's "+0%")."""
+    return f"{round((relative - 1) * 100):+d}%"  # an int: no negative zero
 
 
 # Beyond this many cases, memory per rank is drawn for one representative case per algorithm.
