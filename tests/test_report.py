@@ -1081,3 +1081,33 @@ def test_machine_load_lists_the_repeats_furthest_from_their_median_first_either_
     telemetry.machine_load(page, report_data.load([finished_in_memory("load", text, cases, steps, summary)]))
     rows = [re.findall(r"<td>(.*?)</td>", tr) for tr in re.findall(r"<tr>(.*?)</tr>", page.render(), re.S)]
     assert [(r[1], r[2]) for r in rows if r] == [("2", "-30%"), ("3", "+5%"), ("0", "+0%"), ("1", "+0%")]
+
+
+def test_a_waterfall_leaves_room_above_its_highest_bar_for_that_bars_label():
+    """Plotly's value axis ended at the highest level the bars reach, so a part's label drawn above a
+    bar there was cut in half ("+2.84" over a run of increases ending at 110 ms), and a long case's
+    one-line title ran under the chart's tool buttons."""
+    from tpbench.analysis.explain import Component, Explanation
+    from tpbench.explain import CaseExplanation
+    from tpbench.report import waterfall
+
+    parts = [("compute", 12.0), ("exposed_comm", 5.6), ("optimizer", -0.9), ("idle", 4.6), ("straggler_wait", 2.8)]
+    explanation = Explanation(
+        base_ms=86.6,
+        cand_ms=110.7,
+        delta_ms=24.1,
+        lo=-29.7,
+        hi=53.9,
+        base_steps=6,
+        cand_steps=6,
+        components=[Component(name, d, d - 10, d + 10) for name, d in parts],
+    )
+    case = CaseExplanation("c1", "hook_with_zero_step shard_buckets=False", "c1", "c1", explanation, 24.1, explanation)
+    fig = waterfall._waterfall("B", case)
+    low, high = fig.layout.yaxis.range
+    assert low == 0 and high >= 1.1 * 110.7  # the running sum's highest level is the candidate's 110.7 ms
+    assert fig.layout.yaxis.title.text == "ms per step"
+    assert fig.layout.title.text.split("<br>") == [
+        f"B, {case.label}",
+        "step time (ms), baseline → candidate",
+    ]

@@ -8,6 +8,8 @@ derived tables the sweeps wrote), so the bars add up to the change exactly, as t
 
 from __future__ import annotations
 
+import itertools
+
 import plotly.graph_objects as go
 
 from tpbench import explain
@@ -19,6 +21,8 @@ from tpbench.report.html import Page, plot_text
 
 # Beyond this many cases a page would hold a chart per case of a large suite: the largest changes.
 MAX_CASES = 12
+# The value axis runs this far above the highest bar, room for a label drawn above it.
+LABEL_ROOM = 1.12
 
 
 def section(page: Page, data: ReportData, sides: list[RunData], cross: list[Comparison]) -> None:
@@ -70,11 +74,15 @@ def _waterfall(tag: str, case: explain.CaseExplanation) -> go.Figure:
             totals=dict(marker=dict(color="#5c6b7a")),
         )
     )
+    # The bars' levels: the baseline, the running sum after each part, the candidate. Plotly's range ends
+    # at the highest bar, and a part's label set above its bar there was cut off ("+2.84" half drawn).
+    levels = [*itertools.accumulate(values[:-1]), e.cand_ms]
     fig.update_layout(
-        title=plot_text(f"{tag}, {case.label}: step time (ms), baseline → candidate"),
-        yaxis_title="ms per step",
-        margin=MARGIN,
-        height=360,
+        # Two lines: on one, a long case's title ran under the chart's tool buttons at the top right.
+        title=plot_text(f"{tag}, {case.label}") + "<br>" + plot_text("step time (ms), baseline → candidate"),
+        yaxis=dict(title="ms per step", range=[min(0.0, *levels), max(levels) * LABEL_ROOM]),
+        margin=MARGIN | dict(t=70),
+        height=380,
         showlegend=False,
     )
     return fig
