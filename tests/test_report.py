@@ -1111,3 +1111,16 @@ def test_a_waterfall_leaves_room_above_its_highest_bar_for_that_bars_label():
         f"B, {case.label}",
         "step time (ms), baseline → candidate",
     ]
+
+
+def test_the_collectives_chart_colours_each_algorithm_as_the_step_time_chart_does(runs):
+    """Plotly colours a series in the order it first appears: the collectives, grouped by case id (a
+    hash), put zero_no_overlap first, so it took the colour plain DDP has in the step-time chart."""
+    full, _ = runs
+    html = build_report([store.load(full)])
+    step_time = {t["name"]: t["line"]["color"] for t in figure_after(html, "step-time")["data"]}
+    collectives = {t["name"].split(", ")[0]: t["marker"]["color"] for t in figure_after(html, "collectives")["data"]}
+    assert len(collectives) > 1 and all(step_time[algo] == color for algo, color in collectives.items()), (
+        step_time,
+        collectives,
+    )

@@ -291,7 +291,9 @@ def _busbw(page: Page, data: ReportData, df: pd.DataFrame) -> go.Figure:
         .groupby(["run_id", "case_id", "collective", "bytes"], as_index=False, observed=True)
         .agg(busbw_gbps=("busbw_gbps", "median"), time_ms=("time_ms", "median"), n=("busbw_gbps", "size"))
     )
-    agg = display(data.with_cases(agg), ["algo", "label", "run", "collective"])
+    # In the cases' order, as the step-time chart draws them: plotly colours each algorithm in the order it
+    # first appears, and grouped by case id (a hash) plain DDP was blue there and red here.
+    agg = display(data.with_cases(agg).sort_values("order", kind="stable"), ["algo", "label", "run", "collective"])
     agg["bytes"] = agg["bytes"].astype(float)
     fig = px.scatter(
         agg,
