@@ -1055,6 +1055,8 @@ def test_express_and_plain_figures_draw_ranks_in_the_page_templates_colours(runs
     colorway = [c.lower() for c in pio.templates[PAGE_TEMPLATE].layout.colorway]
     drawn = {t["name"]: t["marker"]["color"].lower() for t in memory["data"]}
     assert drawn["rank 0"] == colorway[0] and drawn["rank 1"] == colorway[1], drawn
+    # ... in MiB, as "What ZeRO saves" says its bytes: the axis read "MB" of VmHWM's KiB / 1024.
+    assert memory["layout"]["xaxis"]["title"]["text"] == "MiB"
 
 
 def test_machine_load_lists_the_repeats_furthest_from_their_median_first_either_way():

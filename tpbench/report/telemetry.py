@@ -17,7 +17,7 @@ from tpbench.report.html import Page
 # Panels in drawing order: (title, columns drawn in it).
 PANELS = (
     ("GPU utilisation %", ("gpu_util_pct",)),
-    ("memory used (MB)", ("mem_used_mb",)),
+    ("memory used (MiB)", ("mem_used_mb",)),  # bytes / 2**20, as the _mb columns all are
     ("power (W)", ("power_w",)),
     ("SM clock (MHz)", ("sm_clock_mhz",)),
     ("PCIe (MB/s)", ("pcie_tx_mb_s", "pcie_rx_mb_s")),
@@ -215,7 +215,8 @@ def memory(page: Page, data: ReportData) -> None:
         keep = {(row["run_id"], row["case_id"]) for row, _ in data.representative()}
         df = df[[k in keep for k in zip(df["run_id"], df["case_id"])]]
     df["case"] = [f"{r} · {lab}" if data.multi else lab for r, lab in zip(df["run"], df["label"])]
-    long = df.melt(id_vars=["case", "rank"], value_vars=cols, var_name="metric", value_name="MB")
+    # The *_mb columns are MiB (VmHWM's KiB / 1024, CUDA's bytes / 2**20), as "What ZeRO saves" says them.
+    long = df.melt(id_vars=["case", "rank"], value_vars=cols, var_name="metric", value_name="MiB")
     long["metric"] = long["metric"].map(MEMORY_COLUMNS)
     long["rank"] = "rank " + long["rank"].astype(str)
     long = display(long, ["case"])
@@ -234,7 +235,7 @@ def memory(page: Page, data: ReportData) -> None:
     )
     fig = px.bar(
         long,
-        x="MB",
+        x="MiB",
         y="case",
         color="rank",
         facet_col="metric" if len(cols) > 1 else None,
