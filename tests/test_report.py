@@ -1126,3 +1126,18 @@ def test_the_collectives_chart_colours_each_algorithm_as_the_step_time_chart_doe
         step_time,
         collectives,
     )
+
+
+def test_the_collectives_chart_labels_its_byte_axis_as_sizes(runs):
+    """Plotly labelled a log axis of bytes "5, 1000, 2, 5, 10k": the "5" before "1000" meant 500 bytes.
+    One tick a decade, each a size ("100 B", "1 kB", "10 MB")."""
+    from tpbench.report.figures import log_byte_ticks
+
+    assert log_byte_ticks([500, 4000, 2.5e7]) == {
+        "tickvals": [1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8],
+        "ticktext": ["100 B", "1 kB", "10 kB", "100 kB", "1 MB", "10 MB", "100 MB"],
+    }
+    assert log_byte_ticks([]) == {}
+    full, _ = runs
+    axis = figure_after(build_report([store.load(full)]), "collectives")["layout"]["xaxis"]
+    assert axis["type"] == "log" and axis["ticktext"] and all(t.endswith("B") for t in axis["ticktext"]), axis

@@ -133,6 +133,20 @@ def log_ratio_ticks(values: Iterable[float]) -> dict[str, list]:
     return dict(tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
 
 
+def log_byte_ticks(values: Iterable[float]) -> dict[str, list]:
+    """Ticks for a log axis of bytes, one a decade the values span, each labelled as the size it is
+    ("100 B", "1 kB", "10 MB", 1 kB = 1000 B): plotly labels the ticks between decades with a bare
+    digit ("5, 1000, 2, 5, 10k"), so the "5" before "1000" means 500 bytes."""
+    finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    if not finite:
+        return {}
+    decades = range(math.floor(math.log10(min(finite))), math.ceil(math.log10(max(finite))) + 1)
+    ticks = [10.0**d for d in decades]
+    units = ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1.0, "B"))
+    text = [next(f"{t / size:g} {unit}" for size, unit in units if t >= size or size == 1.0) for t in ticks]
+    return dict(tickvals=ticks, ticktext=text)
+
+
 def ratio_trace(grp: pd.DataFrame, x: str, name: str, lo: str = "lo", hi: str = "hi", **scatter: object) -> go.Scatter:
     """One series of ratios (``grp["ratio"]``) against ``x``, their intervals (``lo``, ``hi``) as
     error bars, ``name`` plot-safe ("cases" when empty)."""

@@ -23,6 +23,7 @@ from tpbench.report.figures import (
     display,
     facet_common,
     lines_against_bucket_size,
+    log_byte_ticks,
     series,
 )
 from tpbench.report.html import Page, plot_text
@@ -313,6 +314,7 @@ def _busbw(page: Page, data: ReportData, df: pd.DataFrame) -> go.Figure:
             "time_ms": "median time (ms)",
         },
     )
+    fig.update_xaxes(**log_byte_ticks(agg["bytes"]))
     return fig
 
 
