@@ -190,6 +190,24 @@ def test_the_sides_shown_are_the_values_whose_ratio_is_the_change(tmp_path: Path
     assert "|hook_with_zero_step|zero_no_overlap|12|14.4|0.832|" in table  # candidate ms, baseline ms, ratio
 
 
+def test_a_metric_at_zero_is_inconclusive_not_a_crash(tmp_path: Path, capsys) -> None:
+    """A per-step column that counts nothing in a repeat (gc_collections, steal_pct: 0) has no log
+    ratio: the pair is inconclusive with the reason, in every format, where ``compare RUN --metric``
+    stopped with a ZeroDivisionError traceback."""
+    run = make_run(
+        tmp_path,
+        {"ddp": [10, 11, 12], "zero_no_overlap": [12, 13, 14]},
+        cpu_ms=lambda case: 0.0 if case.algorithm == "ddp" else 2.0,
+    )
+    (p,) = compare.within_run(run, metric="cpu_ms").pairs
+    assert p.result.verdict == compare.INCONCLUSIVE and p.result.ratio is None
+    assert p.result.reason == "a repeat's cpu_ms is 0: no ratio"
+    for fmt in ("text", "md", "json"):
+        assert run_cli(["compare", str(run), "--metric", "cpu_ms", "--format", fmt]) == 0
+        assert "a repeat's cpu_ms is 0: no ratio" in capsys.readouterr().out
+    assert run_cli(["compare", str(run), "--metric", "cpu_ms", "--fail-on-inconclusive"]) == 4
+
+
 def test_runs_compare_states_half_widths_too(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     base = make_run(tmp_path / "a", {"ddp": list(10 * (1 + 0.01 * rng.uniform(-1, 1, 6)))})

@@ -689,26 +689,33 @@ def _pair(
     confidence: float,
 ) -> CasePair:
     b, c = data.values[base["case_id"]], data.values[cand["case_id"]]
-    est = case_ratio(b, c, paired=ran_together(base, cand), confidence=confidence)
     context = {k: cand.get(k) if cand.get(k) is not None else base.get(k) for k in keys if k != key}
     context = {k: v for k, v in context.items() if v is not None}
     label = f"{key}: {value_text(base[key])} → {value_text(cand[key])}"
     if context:
         label += " (" + " ".join(f"{k}={value_text(v)}" for k, v in context.items()) + ")"
-    numbers = {
+    sides = {
         "case_id": cand["case_id"],
         "label": label,
         "baseline_median": float(np.median(list(b.values()))),
         "candidate_median": float(np.median(list(c.values()))),
+        "baseline_repeats": len(b),
+        "candidate_repeats": len(c),
+        "baseline_runs": 1,
+        "candidate_runs": 1,
+    }
+    if (least := min(*b.values(), *c.values())) <= 0:
+        # The interval is over log ratios: a repeat that counted nothing (gc_collections, steal_pct at 0)
+        # has none, and dividing by it stopped the whole comparison with a ZeroDivisionError.
+        result = CaseResult(verdict=INCONCLUSIVE, reason=f"a repeat's {data.metric} is {least:g}: no ratio", **sides)
+        return CasePair(key, base[key], cand[key], context, base["case_id"], cand["case_id"], "single", result)
+    est = case_ratio(b, c, paired=ran_together(base, cand), confidence=confidence)
+    numbers = sides | {
         "baseline_compared": est.sides[0],
         "candidate_compared": est.sides[1],
         "ratio": est.ratio,
         "ci_lo": est.lo,
         "ci_hi": est.hi,
-        "baseline_repeats": len(b),
-        "candidate_repeats": len(c),
-        "baseline_runs": 1,
-        "candidate_runs": 1,
         "half_width": est.half_width if est.has_interval else None,
         "pairs": est.n if est.method == "paired" else 0,
     }
