@@ -291,6 +291,25 @@ def test_compare_names_the_top_contributor_of_a_regression(burnt: Path, capsys) 
 
 
 @pytest.mark.ranks
+def test_compare_of_another_metric_names_the_contributor_with_the_step_times_figures(burnt: Path) -> None:
+    """The parts split the step time: under ``compare RUN --metric cpu_ms`` a regression's sentence
+    gives the step time's change (compare's step-time figures for the pair), where it scaled the
+    parts to the CPU time's and read "+1.16 ms per step slower, mostly exposed comm" of a step that
+    grew by 9.8 ms. The verdict is set to regression here: 3 paired rounds may leave it undecided."""
+    selector = "slowdown_pct=0..150"
+    by_cpu = compare.within_run(burnt, metric="cpu_ms", pairs=[selector])
+    forced = [dataclasses.replace(p.result, verdict=compare.REGRESSION) for p in by_cpu.pairs]
+    by_cpu = dataclasses.replace(
+        by_cpu, pairs=[dataclasses.replace(p, result=r) for p, r in zip(by_cpu.pairs, forced, strict=True)]
+    )
+    steps = {p.candidate_case: explain.Measured.of(p.result) for p in compare.within_run(burnt, pairs=[selector]).pairs}
+    for p in explain.annotate(by_cpu).pairs:
+        cpu = explain.Measured.of(next(r for r in forced if r.case_id == p.candidate_case))
+        assert p.result.top_contributor.startswith(f"{steps[p.candidate_case].delta_ms:+.2f} ms per step")
+        assert not p.result.top_contributor.startswith(f"{cpu.delta_ms:+.2f} ms per step")
+
+
+@pytest.mark.ranks
 def test_two_runs_match_case_by_case(burnt: Path, tmp_path: Path, capsys) -> None:
     """BASE CAND matches by identity (``compare.counterpart``): a run against a copy of itself
     explains each case, with no change in any part."""
