@@ -1272,6 +1272,21 @@ def test_a_lone_setting_is_not_said_to_have_beaten_refused_ones_or_to_rank_first
     ]
 
 
+def test_one_fabric_projected_says_nothing_of_a_ranking_across_fabrics():
+    """``whatif --fabric nvlink4`` ranks the settings on one fabric: it said "the same setting ranks
+    first on every fabric projected (1)", a claim of a ranking kept across fabrics made of one."""
+    one = _projections([("seq", "nvlink", 10.0, 9.5, 10.5), ("inter", "nvlink", 8.0, 7.5, 8.5)])
+    assert whatif_run.answer_lines(one, {"seq": "sequential", "inter": "interleaved"}) == [
+        "on nvlink: interleaved, 8.0 [7.5, 8.5] ms would be fastest; every other setting's interval lies above its",
+        "cannot rank first on any projected fabric: sequential",
+    ]
+    two = pd.concat(
+        [one, _projections([("seq", "100gbe", 30.0, 29.0, 31.0), ("inter", "100gbe", 20.0, 19.0, 21.0)])],
+        ignore_index=True,
+    )
+    assert "the same setting ranks first on every fabric projected (2)" in whatif_run.answer_lines(two, {})
+
+
 # --------------------------------------------------------------------------- skeletons from traces
 
 

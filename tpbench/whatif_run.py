@@ -289,10 +289,11 @@ def answer_lines(projections: pd.DataFrame, labels: Mapping[str, str]) -> list[s
                 f"on {r['fabric']}: {first} ranks first, undecided: the intervals of {others} reach below its top"
             )
     firsts = list(dict.fromkeys(rank["first"]))
-    ranked = (made[rank["fabric"]] > 1).any()  # one setting projected on each fabric ranks nothing
-    if ranked and len(firsts) == 1:
+    # One setting projected on each fabric ranks nothing; one fabric (--fabric NAME) has no "across".
+    across = (made[rank["fabric"]] > 1).any() and len(rank) > 1
+    if across and len(firsts) == 1:
         lines.append(f"the same setting ranks first on every fabric projected ({len(rank)})")
-    elif ranked:
+    elif across:
         where = "; ".join(f"{', '.join(rank.loc[rank['first'] == c, 'fabric'])}: {labels.get(c, c)}" for c in firsts)
         lines.append(f"the ranking changes across fabrics ({where})")
     beaten = whatif.cannot_win(projections)
