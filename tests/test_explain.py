@@ -356,7 +356,8 @@ def test_runs_without_traces_exit_3_and_a_traced_case_without_its_tables_names_t
 @pytest.mark.ranks
 def test_runs_of_other_environments_are_explained_as_incomparable(burnt: Path, tmp_path: Path, capsys) -> None:
     """compare's rule (``compare.runs_environment_differences``): another torch makes the runs
-    incomparable, said above the parts and exit 3, unless --ignore-env torch."""
+    incomparable, said above the parts and exit 3, unless --ignore-env torch, which still names the
+    difference in every format, as compare does (it was left unsaid)."""
     other = shutil.copytree(burnt, tmp_path / "other")
     doc = json.loads((other / store.RUN_FILE).read_text())
     doc["environment"]["torch"] = "9.9.9"
@@ -369,8 +370,14 @@ def test_runs_of_other_environments_are_explained_as_incomparable(burnt: Path, t
     assert f"torch: {store.load(burnt).environment['torch']} vs 9.9.9" in out
     assert run_cli(["explain", str(burnt), str(other), "--format", "json"]) == 3
     assert len(json.loads(capsys.readouterr().out)["environment_differences"]) == 1
-    assert run_cli(["explain", str(burnt), str(other), "--ignore-env", "torch"]) == 0
-    assert "incomparable" not in capsys.readouterr().out
+    ignored = "environment differs, ignored (--ignore-env): "
+    for fmt in ("text", "md"):
+        assert run_cli(["explain", str(burnt), str(other), "--ignore-env", "torch", "--format", fmt]) == 0
+        out = capsys.readouterr().out
+        assert "incomparable" not in out and ignored in out and "vs 9.9.9" in out
+    assert run_cli(["explain", str(burnt), str(other), "--ignore-env", "torch", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["environment_differences"] == [] and len(doc["ignored_environment_differences"]) == 1
 
 
 @pytest.mark.ranks

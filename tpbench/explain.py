@@ -131,13 +131,16 @@ class CaseExplanation:
 class Report:
     """Every explained case, and the matched cases left out (``skipped``: case → why);
     ``environment_differences``: what makes the two runs incomparable (``compare``'s rule,
-    ``compare.runs_environment_differences``), empty when they are comparable or within one run."""
+    ``compare.runs_environment_differences``), empty when they are comparable or within one run;
+    ``ignored_environment_differences``: those ``--ignore-env`` set aside, still said, as ``compare``
+    says them: runs of two torch versions explained as comparable must not read as one environment."""
 
     baseline: str
     candidate: str
     cases: list[CaseExplanation]
     skipped: dict[str, str] = field(default_factory=dict)
     environment_differences: list[str] = field(default_factory=list)
+    ignored_environment_differences: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -146,6 +149,7 @@ class Report:
             "cases": [c.to_dict() for c in self.cases],
             "skipped": self.skipped,
             "environment_differences": self.environment_differences,
+            "ignored_environment_differences": self.ignored_environment_differences,
         }
 
 
@@ -228,12 +232,13 @@ def run(
         matched = [(p.baseline_case, p.candidate_case, p.result.label, Measured.of(p.result)) for p in within.pairs]
         base_dir = cand_dir = Path(within.run)
         differs: list[str] = []
+        ignored: list[str] = []
     elif len(runs) == 2:
         if pairs:
             raise ExplainError("--pair: only with a single RUN_DIR (two cases of one run)")
         base_dir, cand_dir = Path(runs[0]), Path(runs[1])
         try:
-            matched, differs = _matched(base_dir, cand_dir, ignore_env)
+            matched, differs, ignored = _matched(base_dir, cand_dir, ignore_env)
         except compare.GateError as e:
             raise ExplainError(str(e)) from None
     else:
@@ -257,7 +262,7 @@ def run(
                 else ""
             )
         )
-    return Report(str(base_dir), str(cand_dir), cases, skipped, differs)
+    return Report(str(base_dir), str(cand_dir), cases, skipped, differs, ignored)
 
 
 def annotate(
@@ -313,13 +318,16 @@ def matched_across(base_dir: Path, cand_dir: Path) -> list[Matched]:
     return _matched(base_dir, cand_dir)[0]
 
 
-def _matched(base_dir: Path, cand_dir: Path, ignore_env: Sequence[str] = ()) -> tuple[list[Matched], list[str]]:
-    """``matched_across``, and the environment differences that make the runs incomparable
-    (``compare.compare_runs``, whose ``GateError`` for a run given twice or an unknown
-    ``ignore_env`` key passes through)."""
+def _matched(
+    base_dir: Path, cand_dir: Path, ignore_env: Sequence[str] = ()
+) -> tuple[list[Matched], list[str], list[str]]:
+    """``matched_across``, the environment differences that make the runs incomparable and those
+    ``ignore_env`` set aside (``compare.compare_runs``, whose ``GateError`` for a run given twice or
+    an unknown ``ignore_env`` key passes through)."""
     base_data, cand_data = compare.RunData.of(base_dir), compare.RunData.of(cand_dir)
     comparison = compare.compare_runs([base_data], [cand_data], ignore_env=ignore_env)
-    return matched_in(comparison, base_data, cand_data), comparison.environment_differences
+    matched = matched_in(comparison, base_data, cand_data)
+    return matched, comparison.environment_differences, comparison.ignored_environment_differences
 
 
 def matched_in(comparison: compare.Comparison, base: compare.RunData, cand: compare.RunData) -> list[Matched]:

@@ -243,13 +243,16 @@ def _explain_note(c: explain.CaseExplanation) -> str:
 
 
 def _incomparable(r: explain.Report) -> list[str]:
-    """The note above an explanation of runs whose environments differ, in compare's words."""
+    """The note above an explanation of runs whose environments differ, in compare's words, those
+    ``--ignore-env`` set aside included."""
+    ignored = [f"environment differs, ignored (--ignore-env): {d}" for d in r.ignored_environment_differences]
     if not r.environment_differences:
-        return []
+        return ignored
     return [
         "incomparable: the environments differ, so a part may have moved with them (exit 3; --ignore-env KEY "
         "explains the runs as comparable)",
         *(f"environment differs: {d}" for d in r.environment_differences),
+        *ignored,
     ]
 
 
@@ -271,7 +274,8 @@ def render_explain_text(r: explain.Report) -> str:
 
 def render_explain_markdown(r: explain.Report) -> str:
     lines = ["### tpbench explain", "", f"baseline `{r.baseline}` → candidate `{r.candidate}`", ""]
-    lines += [f"- {line}" for line in _incomparable(r)] + ([""] if r.environment_differences else [])
+    noted = _incomparable(r)
+    lines += [f"- {line}" for line in noted] + ([""] if noted else [])
     for c in r.cases:
         lines += [f"#### {c.label}", "", c.top, "", "| part | change ms | 95% CI |", "|---|---:|---:|"]
         lines += ["| " + " | ".join(x.replace("|", "\\|") for x in row) + " |" for row in _explain_rows(c)]
