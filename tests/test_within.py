@@ -208,6 +208,20 @@ def test_a_metric_at_zero_is_inconclusive_not_a_crash(tmp_path: Path, capsys) ->
     assert run_cli(["compare", str(run), "--metric", "cpu_ms", "--fail-on-inconclusive"]) == 4
 
 
+def test_runs_whose_candidate_counts_nothing_are_inconclusive(tmp_path: Path, capsys) -> None:
+    """Runs compared by a metric the candidate recorded as 0 (steal_pct on an idle host): no ratio, as
+    for a baseline at 0. It read "improvement: faster: -100.0% [-100.0%, -100.0%]", and the NaN
+    half-width stopped ``--format json`` with a ValueError; paired by repeat it divided by zero."""
+    base = make_run(tmp_path / "a", {"ddp": [10, 11, 12]}, cpu_ms=lambda case: 2.0)
+    cand = make_run(tmp_path / "b", {"ddp": [10, 11, 12]}, cpu_ms=lambda case: 0.0, seed=1)
+    (r,) = compare.compare_runs([base], [cand], metric="cpu_ms").cases
+    assert (r.verdict, r.reason, r.ratio) == (compare.INCONCLUSIVE, "candidate median is 0: no ratio", None)
+    assert run_cli(["compare", str(base), str(cand), "--metric", "cpu_ms", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cases"][0]["reason"] == "candidate median is 0: no ratio"
+    (r,) = compare.compare_runs([base], [cand], metric="cpu_ms", pairing="repeats").cases
+    assert r.reason == "a candidate repeat's value is 0: no ratio"
+
+
 def test_runs_compare_states_half_widths_too(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     base = make_run(tmp_path / "a", {"ddp": list(10 * (1 + 0.01 * rng.uniform(-1, 1, 6)))})

@@ -465,8 +465,8 @@ def _judge_case(
         return CaseResult(verdict=MISSING, reason="no repeat ran on both sides", **common)
     b_all = np.concatenate([list(v.values()) for v in base_values])
     c_all = np.concatenate([list(v.values()) for v in cand_values])
-    if np.median(b_all) <= 0:
-        return CaseResult(verdict=INCONCLUSIVE, reason="baseline median is 0: no ratio", **common)
+    if why := _no_ratio(b_all, c_all, pairing):
+        return CaseResult(verdict=INCONCLUSIVE, reason=why, **common)
     est = _estimate(base_values, cand_values, pairing, confidence)
     numbers = {
         "baseline_median": float(np.median(b_all)),
@@ -487,6 +487,19 @@ def _judge_case(
     one_pair = ONE_PAIR.format(PAIRED_UNITS[pairing]) if pairing != "none" and not est.has_interval else ""
     reason = "; ".join(w for w in (_too_few(said), one_pair, note) if w)
     return CaseResult(verdict=said.call, reason=reason, words=said.words, **common, **numbers)
+
+
+def _no_ratio(b_all: np.ndarray, c_all: np.ndarray, pairing: str) -> str:
+    """Why a case's sides give no ratio (a metric that counts nothing: steal_pct, gc_collections at 0),
+    else "". Unpaired, the bootstrap compares medians: a candidate's at 0 read "faster: -100.0%
+    [-100.0%, -100.0%]" with no half-width, whose NaN stopped ``--format json``. Paired, each pair's
+    log ratio needs both values above 0."""
+    for side, values in (("baseline", b_all), ("candidate", c_all)):
+        if pairing == "none" and np.median(values) <= 0:
+            return f"{side} median is 0: no ratio"
+        if pairing != "none" and values.min() <= 0:
+            return f"a {side} repeat's value is {values.min():g}: no ratio"
+    return ""
 
 
 # The reason of a paired case with a single pair (a lockstep gate's budget spent after one round, a
