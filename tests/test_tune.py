@@ -907,6 +907,38 @@ def test_a_world_the_budget_ended_before_its_first_round_leaves_its_arms_unresol
     ]
 
 
+def test_the_grid_a_tune_costs_against_counts_each_worlds_own_rounds(tmp_path):
+    """The budget cut the recommended arm's world after 3 rounds, and the other world ran 6: the
+    grid counted every arm for the recommended arm's 3 rounds alone, so a tune across worlds
+    printed "timed steps 1.8 s, 162% of the 1.1 s the whole grid would have timed". Each arm now
+    counts for its own world's rounds: the tune never times more than the grid."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("world_size = [1, 2]\nslowdown_pct = [0, 40]", repeats=10))
+    cases = tune.prepare(suite).cases
+    values = synthetic({c.case_id: c.world_size * (1 + c.slowdown_pct / 100) for c in cases}, 10, seed=3)
+    races = []
+    for w, (size, rounds) in enumerate(((1, 3), (2, 6))):
+        race = Race([c.case_id for c in cases if c.world_size == size], 10, Options(), 3, world=w, runs_on=True)
+        for r in range(rounds):
+            for a in list(race.live):
+                race.record(a, r, values[a][r])
+            race.close_round()
+        race.end(BUDGET)
+        races.append(race)
+    for race in races:  # each arm's timed steps, as a world stores them: 0.1 s a step, 4 steps a round
+        for a in race.arms:
+            rows = [(a, r, "timed", s, 0, 100.0) for r in race.judged(a) for s in range(4)]
+            steps = pd.DataFrame(rows, columns=["case_id", "repeat", "phase", "step", "rank", "step_ms"])
+            store.case_dir(tmp_path, a).mkdir(parents=True)
+            steps.to_parquet(store.case_dir(tmp_path, a) / store.STEPS_FILE)
+    result = tune_answer.result(stored(tmp_path, suite), cases, races, Options(budget_s=9), 9.0, NO_EVAL)
+    assert result.recommended.world == 0 and result.recommended.rounds == 3
+    ran = sum(len(race.judged(a)) for race in races for a in race.arms)
+    assert result.timed_s == pytest.approx(0.4 * ran)
+    assert result.grid_timed_s == pytest.approx(0.4 * (2 * 3 + 2 * 6))
+    assert result.timed_s <= result.grid_timed_s
+
+
 def test_every_arm_failed_recommends_nothing_and_exits_1(tmp_path, capsys):
     """Both arms' worlds crash: no recommendation, state "failed" and exit 1, as a failed sweep
     (it used to read "recommended" with no recommended arm, and exit 0); the report says why it has

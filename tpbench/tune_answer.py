@@ -166,7 +166,7 @@ def result(
     across_rounds = _across_rounds(races, best_race, best, options.epsilon, across) if best is not None else 0
     more = _more_rounds([r for r in races if r.decided is None], rec.rounds if rec else 0, across_rounds)
     seconds = _round_seconds(run, cases)
-    timed_s, grid_timed_s = _timed(seconds, rec.rounds if rec else 0)
+    timed_s, grid_timed_s = _timed(seconds, {a: r.rounds for r in races for a in r.arms})
     shown = supported_epsilon(ratios.get(a.case_id) for a in arms if a.status in (TIED, UNRESOLVED)) if rec else None
     claim = _claim(rec, state, counts, n_arms, options, races, more, shown)
     history = [e for r in races for e in r.history]
@@ -667,11 +667,14 @@ def _round_seconds(run: store.Run, cases: list[Case]) -> dict[str, pd.Series]:
     return out
 
 
-def _timed(seconds: Mapping[str, pd.Series], rounds: int) -> tuple[float, float]:
-    """The timed-step seconds the tune ran (every arm and round, ``_round_seconds``), and what
-    every arm would have timed over ``rounds`` rounds (each arm's mean per round × ``rounds``)."""
+def _timed(seconds: Mapping[str, pd.Series], rounds: Mapping[str, int]) -> tuple[float, float]:
+    """The timed-step seconds the tune ran (every arm and round, ``_round_seconds``), and what the
+    grid would have timed: each arm's mean per round times the ``rounds`` its world's race ran. In
+    one world those are the recommended arm's rounds; across worlds, each world's own: a world the
+    budget cut short (the recommended arm's, say) set against the rounds of another that ran on
+    made the tune's share over 100 %, as if racing cost more than running every arm."""
     timed = sum(float(s.sum()) for s in seconds.values())
-    return timed, sum(float(s.mean()) for s in seconds.values()) * rounds
+    return timed, sum(float(s.mean()) * rounds.get(a, 0) for a, s in seconds.items())
 
 
 def _decide_wall_s(
