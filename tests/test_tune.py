@@ -1136,6 +1136,19 @@ def test_resuming_a_directory_that_is_not_there_says_so(tmp_path, capsys):
     assert f"{tmp_path / 'none'}: no such run directory" in capsys.readouterr().err
 
 
+def test_a_resume_with_dry_run_is_refused_and_races_nothing(tmp_path, capsys):
+    """``tune --resume RUN_DIR --dry-run`` of a tune stopped before its first round: the dry run was
+    ignored and the resume raced every round left (24 s, exit 4). Now refused (exit 2) with what to
+    run instead, and the run is as it was: no world started, no round in tune.json."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 10]", repeats=4))
+    run, _ = tune.start(suite, Options(), out_root=tmp_path / "r")
+    assert run_cli(["tune", "--resume", str(run.dir), "--dry-run"]) == 2
+    assert "--dry-run with --resume: a resumed tune has no dry run" in capsys.readouterr().err
+    assert store.read_tune(run.dir)["history"] == []
+    assert set(run.case_status().values()) == {store.PENDING}
+
+
 def test_epsilon_and_confidence_take_a_percentage_or_a_fraction(tmp_path, capsys):
     suite = tmp_path / "s.toml"
     suite.write_text(tiny_suite("slowdown_pct = [0, 10]", repeats=4))

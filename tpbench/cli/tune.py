@@ -91,6 +91,12 @@ def _tune(args: argparse.Namespace) -> int:
 
     launcher = torchrun_launcher(args)
     if args.resume:
+        if args.dry_run:  # ignored, the resume raced every round left while the user asked for a plan
+            usage(
+                "--dry-run with --resume: a resumed tune has no dry run (tpbench report RUN_DIR shows the race so "
+                "far; tpbench tune --resume RUN_DIR goes on with it)",
+                "tune",
+            )
         given = given_flags(
             {
                 "--set": args.set,
