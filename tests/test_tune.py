@@ -867,6 +867,25 @@ def test_across_worlds_the_winners_run_on_and_an_open_comparison_says_what_would
     assert alone.ended == alone.decided == ONE_LEFT and alone.rounds < 30
 
 
+def test_a_decided_tune_has_no_rounds_to_decide_though_another_worlds_own_race_is_open(tmp_path):
+    """The faster world's race names its best; the other world's two settings (alike, 4× slower) are
+    too noisy to tell apart in their own race, yet both are clearly slower than the best, unpaired: the tune is decided
+    ("the best of 4 settings", exit 0). Its JSON said "rounds_to_decide": 505 all the same."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("world_size = [1, 2]\nslowdown_pct = [0, 40]", repeats=10))
+    cases = tune.prepare(suite).cases
+    races = []
+    for w, size in enumerate((1, 2)):
+        world = {c.case_id: 1 + c.slowdown_pct / 100 if size == 1 else 4.0 for c in cases if c.world_size == size}
+        values = synthetic(world, 10, noise=0.02 if size == 1 else 0.3, seed=w)
+        races.append(run_race(Race(list(world), 10, Options(), comparisons=3, world=w, runs_on=True), values))
+    assert races[0].decided == ONE_LEFT and races[1].decided is None  # the slower world's own race is open
+    result = tune_answer.result(stored(tmp_path, suite), cases, races, Options(), 10.0, NO_EVAL)
+    assert result.state == tune_answer.RECOMMENDED and "the best of 4 settings" in result.claim
+    assert result.rounds_to_decide is None and result.to_json()["rounds_to_decide"] is None
+    assert result.next_step is None and result.decide_wall_s is None
+
+
 def test_an_arm_of_another_world_clearly_slower_than_the_best_is_eliminated_whatever_its_winner(tmp_path):
     """Another world's arms share its winner's outcome against the best arm (tied or undecided),
     unless an arm's own interval against the best lies above 1: it used to be listed "unresolved",

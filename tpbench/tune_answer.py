@@ -164,7 +164,10 @@ def result(
     # Every arm failed: nothing was raced, and nothing is recommended (exit 1, as a failed sweep).
     state = FAILED if rec is None else UNRESOLVED if counts[UNRESOLVED] else TIED if counts[TIED] else RECOMMENDED
     across_rounds = _across_rounds(races, best_race, best, options.epsilon, across) if best is not None else 0
-    more = _more_rounds([r for r in races if r.decided is None], rec.rounds if rec else 0, across_rounds)
+    # Only an unresolved tune has rounds left to decide: a world whose own race is open (its arms all
+    # eliminated unpaired) does not make a decided tune's claim open.
+    open_races = [r for r in races if r.decided is None]
+    more = _more_rounds(open_races, rec.rounds, across_rounds) if rec and state == UNRESOLVED else None
     seconds = _round_seconds(run, cases)
     timed_s, grid_timed_s = _timed(seconds, {a: r.rounds for r in races for a in r.arms})
     shown = supported_epsilon(ratios.get(a.case_id) for a in arms if a.status in (TIED, UNRESOLVED)) if rec else None
