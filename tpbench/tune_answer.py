@@ -73,7 +73,8 @@ class Arm:
     retired_at: int | None = None  # the round after which it stopped, retired (tied, or eliminated later)
     # What eliminated it, from the race's history: that round's leader and the arm's ratio to it with
     # the interval that lay above 1 ({"leader", "ratio", "lo", "hi"}). The ratio to the recommended
-    # arm above may still hold 1 where the leader then was another arm, or its rounds were fewer.
+    # arm above may still hold 1 where the leader then was another arm, its rounds were fewer, or the
+    # variance pooled over the race's later rounds is larger than the one that eliminated it.
     eliminated_vs: dict[str, Any] | None = None
     # Where the workload evaluates a held-out loss: where this setting's ends (the median over its
     # rounds), and the training seconds it takes to reach the workload's target loss (None: not in

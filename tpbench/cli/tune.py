@@ -218,7 +218,8 @@ def decided(arm, epsilon: float) -> str:
     longer be ``epsilon`` faster than the leader), or both: retired, then shown slower from the rounds it
     had run (its rounds then end before the round it went). An elimination says the interval that
     decided it, against that round's leader: the table's interval against the recommended arm may
-    hold 1 (another leader then, or fewer rounds), and without it the elimination would look unfounded.
+    hold 1 (another leader then, fewer rounds, or a variance pooled over later, noisier rounds too), and
+    without it the elimination would look unfounded.
     A tied arm says why it is tied: beside its ratio (a retired arm may be well behind, +16 % on
     suites/zero.toml), "tied" alone reads as "as fast"."""
     from tpbench import tune_answer, verdict
