@@ -293,6 +293,28 @@ def test_the_text_answer_keeps_its_cost_on_stdout(tmp_path, capsys):
     assert said.err == f"Run directory: {result.run_dir}\n"
 
 
+def test_a_cpu_ms_tune_says_its_ratios_are_cpu_time_in_text_and_markdown(tmp_path, capsys):
+    """``--metric cpu_ms``: the claim, the table's headings and the cost line read exactly as a step_ms
+    tune's, so a reader of the text or Markdown took the ratios for wall time (only the JSON and the
+    report named the metric). Now the ratio column and the cost line say what was raced."""
+    from tpbench.cli import tune as cli
+
+    suite, cases, values = close_pair(tmp_path)
+    said = {}
+    for metric in ("step_ms", "cpu_ms"):
+        options = Options(epsilon=0.005, metric=metric)
+        race = run_race(Race(list(values), 12, options, comparisons=1), values)
+        result = tune_answer.result(stored(tmp_path, suite), cases, [race], options, 30.0, NO_EVAL)
+        cli.print_tune(result, "md")
+        said[metric] = capsys.readouterr().out
+        cli.print_tune(result, "text")
+        said[metric, "text"] = capsys.readouterr().out.replace("\n", " ")
+    assert "| vs recommended (CPU time per step) |" in said["cpu_ms"]
+    assert "\nwall 30 s; the ratios are of CPU time per step (--metric cpu_ms)\n" in said["cpu_ms"]
+    assert "wall 30 s; the ratios are of CPU time per step (--metric cpu_ms)" in said["cpu_ms", "text"]
+    assert "| vs recommended |" in said["step_ms"] and "CPU" not in said["step_ms"] + said["step_ms", "text"]
+
+
 def test_a_budget_spent_before_the_first_look_says_nothing_was_judged(tmp_path, capsys):
     """``--budget-s 1`` on the smoke suite: its first round outlasts the budget and the race ends
     after it, before ``--min-rounds``. The claim said "1 may still be over 2% faster at 95% confidence"
