@@ -1194,6 +1194,28 @@ def test_bad_options_exit_2_before_anything_runs(tmp_path, capsys, bad):
     assert not (tmp_path / "r").exists()
 
 
+def test_resuming_a_tune_that_had_ended_says_so_and_shows_no_race_starting(tmp_path, capsys):
+    """``tune --resume RUN`` of a tune that had ended races nothing, yet its progress line said
+    "tune 2 settings starting…" on stderr. Now it says the tune had ended and shows its answer again."""
+    from tpbench.cli import tune as cli
+
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 40]", repeats=3))
+    run, _ = tune.start(suite, Options(), out_root=tmp_path / "results")
+    capsys.readouterr()
+    for ended in (False, True):
+        saved = store.read_tune(run.dir)
+        answer = {"claim": "x", "metric": "step_ms", "state": "tied", "arms": []}
+        answer |= dict.fromkeys(("epsilon", "confidence", "timed_s", "grid_timed_s"), 0.5)
+        store.write_tune(run.dir, saved | {"result": answer} if ended else saved)
+        with cli._TuneDisplay()(run):
+            pass
+        said = capsys.readouterr().err
+        assert said.startswith(f"Run directory: {run.dir}\n")
+        assert ("starting…" in said) is not ended
+        assert ("This tune had ended: nothing more to race; its answer again." in said) is ended
+
+
 def test_resuming_a_directory_that_is_not_there_says_so(tmp_path, capsys):
     """As ``sweep --resume`` does (it used to say "no tune.json; not a tune")."""
     assert run_cli(["tune", "--resume", str(tmp_path / "none")]) == 3

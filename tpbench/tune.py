@@ -258,7 +258,7 @@ def race(
     base_wall, t0 = float(saved.get("wall_s", 0.0)), time.monotonic()
     # A tune resumed after it ended races nothing more: its result is rebuilt and shown again, and
     # the wall time stays the tune's own (reading it back is not tuning).
-    finished = "result" in saved and all(rc.ended is not None for rc in races)
+    finished = had_ended(saved) and all(rc.ended is not None for rc in races)
 
     def spent() -> float:
         return base_wall if finished else base_wall + time.monotonic() - t0
@@ -314,6 +314,13 @@ def race(
         result = replace(result, where=saved["result"].get("where"))
     _save(run, _record(options, races, result.wall_s) | {"result": result.to_json()})
     return result
+
+
+def had_ended(saved: dict[str, Any] | None) -> bool:
+    """Whether tune.json (``saved``) holds the tune's answer: ``race`` writes it only once every
+    world's race has ended (an interrupted race's record has none), so resuming it races nothing
+    more and shows the answer again; the CLI says so instead of a race starting."""
+    return saved is not None and "result" in saved
 
 
 def _replayed_races(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -204,11 +205,14 @@ class _TuneDisplay:
         self.run = None
 
     def __call__(self, run):
-        from tpbench import tune
+        from tpbench import store, tune
         from tpbench.suite import Case
 
         self.run = run
         console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
+        if tune.had_ended(store.read_tune(run.dir)):  # a resume of it races nothing: no race starting
+            console.print("This tune had ended: nothing more to race; its answer again.", markup=False)
+            return contextlib.nullcontext(tune.Watch())
         listener = TuneProgress([Case.from_params(c.params) for c in run.record.cases.values()])
         return showing(listener.progress, tune.Watch(listener, listener.round))
 
