@@ -263,6 +263,40 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     )
 
 
+def test_the_rounds_to_race_again_agree_with_the_repeats_the_command_gives(tmp_path, capsys):
+    """A budget that ended the race after 6 of the suite's 200 rounds: the advice said "race again for
+    about 20 rounds" beside a command of ``--set repeats=200`` (the suite's own, kept). Now the
+    sentence says the command keeps the suite's 200 as the most, in the terminal, Markdown and report;
+    a tune out of rounds, whose command gives just the rounds it names, says nothing more."""
+    from tpbench.cli import tune as cli
+
+    suite, cases, values = close_pair(tmp_path)
+    budget = Options(epsilon=0.005, budget_s=30.0)
+    race = Race(list(values), 200, budget, comparisons=1)
+    for r in range(6):
+        for a in race.live:
+            race.record(a, r, values[a][r])
+        race.close_round()
+    race.end(BUDGET)
+    result = tune_answer.result(stored(tmp_path, suite), cases, [race], budget, 30.0, NO_EVAL)
+    rounds = 6 + result.rounds_to_decide
+    assert rounds < 200 and "--set repeats=200 " in result.next_step and result.to_json()["next_repeats"] == 200
+    said = f"race again for about {rounds} rounds (the command keeps the suite's 200 as the most; under the same"
+    cli.print_tune(result, "text")
+    assert said in capsys.readouterr().out.replace("\n", " ")
+    cli.print_tune(result, "md")
+    assert said in capsys.readouterr().out
+    store.write_tune(tmp_path, tune._record(budget, [race], 30.0) | {"result": result.to_json()})
+    page = Page("tune")
+    recommendation.section(page, [SimpleNamespace(run_dir=tmp_path)])
+    assert said in html.unescape(page.render())
+    assert verdict.decide_words(20, 45.0, 200) == (
+        "To decide it, race again for about 20 rounds (the command keeps the suite's 200 as the most; 20 take at "
+        "most about 45 s here at this tune's pace; under the same launcher): "
+    )
+    assert verdict.decide_words(240, 45.0, 240) == verdict.decide_words(240, 45.0)
+
+
 def test_an_unresolved_claim_says_the_open_arms_may_be_faster_one_sided(tmp_path):
     """The arms left open said "1 still within reach of it at 95% confidence and ±0.5%", a two-sided
     reading, where an arm stays open only while it may be more than epsilon faster (the tie is

@@ -113,6 +113,9 @@ class Result:
     history: list[dict[str, Any]] = field(default_factory=list)
     next_step: str | None = None  # unresolved: the command that would likely decide it (see _next_step)
     decide_wall_s: float | None = None  # about how long that command would take here (_decide_wall_s)
+    # The most rounds that command gives its race (its --set repeats, _next_repeats): at least the
+    # suite's own, so more than the rounds the estimate asks for where the budget ended this tune early.
+    next_repeats: int | None = None
     trace_step: str | None = None  # the sweep that traces the recommended arm and its closest rival (_trace_step)
     # The settings do not train alike: other samples a step (_work_note), a worse loss (_training_note).
     training_note: str | None = None
@@ -137,6 +140,7 @@ class Result:
             "supported_epsilon": self.supported_epsilon,
             "next_step": self.next_step,
             "decide_wall_s": self.decide_wall_s,
+            "next_repeats": self.next_repeats,
             "trace_step": self.trace_step,
             "training_note": self.training_note,
             "worlds": self.worlds,
@@ -203,6 +207,7 @@ def result(
         history=history,
         next_step=step,
         decide_wall_s=decide_s,
+        next_repeats=_next_repeats(total, races) if step and total else None,
         trace_step=trace,
         training_note=note,
         worlds=_world_lines(races, {a.case_id: a.label for a in arms}, options.epsilon),
@@ -601,7 +606,7 @@ def _next_step(
     ended = {r.ended for r in races}
     parts = [f"tpbench tune {run.record.suite.command_path}", *_own_sets(run)]
     parts += [f"--filter {shlex.quote(f)}" for f in run.record.suite.filters]
-    parts.append(f"--set repeats={max(rounds, _suite_rounds(races))}")
+    parts.append(f"--set repeats={_next_repeats(rounds, races)}")
     defaults = Options()
     if options.epsilon != defaults.epsilon:
         parts.append(f"--epsilon {verdict.percent(options.epsilon)}")
@@ -614,6 +619,13 @@ def _next_step(
     if BUDGET in ended or options.budget_s is not None:
         parts.append(f"--budget-s {math.ceil(wall_s * rounds / max(rec.rounds, 1))}")
     return " ".join(parts)
+
+
+def _next_repeats(rounds: int, races: list[Race]) -> int:
+    """The most rounds ``_next_step``'s race is given: the ``rounds`` the estimate asks for, or the
+    suite's own repeats where those are more (a tune the budget ended early), which the estimate's
+    looks were already counted over (``_more_rounds``)."""
+    return max(rounds, _suite_rounds(races))
 
 
 def traced_arms(arms: list[Arm]) -> list[Arm]:

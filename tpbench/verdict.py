@@ -203,18 +203,22 @@ def rival_line(where: Mapping[str, Any]) -> str | None:
     return f"{arms[1]['label']} against {arms[0]['label']}: {where['sentence']}"
 
 
-def decide_words(rounds: int | None, wall_s: float | None) -> str:
+def decide_words(rounds: int | None, wall_s: float | None, repeats: int | None = None) -> str:
     """What an unresolved tune says before the command that would likely decide it, in the terminal
     and the report alike: the rounds, and at most about how long they would take here
     (``tune_answer._decide_wall_s``, which runs every arm still in reach for all of them; a race that
     decides sooner stops sooner); left out where the tune timed no steps. ``rounds`` None: the budget
     ended it before its first look, so there is no estimate, and the command gives the suite's
-    rounds the time they take here."""
+    rounds the time they take here. ``repeats``: the command's ``--set repeats``, said where it is more
+    than ``rounds`` (the suite's own, kept), so that "about 30 rounds" beside "repeats=200" does not
+    read as a mistake."""
     took = ""
     if wall_s is not None and math.isfinite(wall_s):
         took = f"at most about {duration(wall_s)} here at this tune's pace; "
     if rounds is None:
         return f"To judge it, race again with the time its rounds take ({took}under the same launcher): "
+    if repeats is not None and repeats > rounds:
+        took = f"the command keeps the suite's {repeats} as the most; " + (took and f"{rounds} take {took}")
     return f"To decide it, race again for about {rounds} rounds ({took}under the same launcher): "
 
 

@@ -343,7 +343,8 @@ def print_tune(result, fmt: str) -> None:
     then = ""  # unresolved: what would likely decide it (docs/tune.md, "Outputs")
     if result.next_step:
         more = result.rounds_to_decide  # None: nothing judged, no estimate (verdict.decide_words)
-        then = verdict.decide_words(more and result.recommended.rounds + more, result.decide_wall_s)
+        rounds = more and result.recommended.rounds + more
+        then = verdict.decide_words(rounds, result.decide_wall_s, result.next_repeats)
     if fmt == "md":
         lines = [f"**{result.claim}**", *(["", result.training_note] if result.training_note else [])]
         lines += ["", verdict.WORLDS_SAY, *(f"- {w}" for w in result.worlds)] if result.worlds else []

@@ -43,7 +43,8 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
             rec = next(a for a in result["arms"] if a["status"] == "recommended")
             more = result["rounds_to_decide"]  # None: nothing judged, no estimate (verdict.decide_words)
             rounds = more and rec["rounds"] + more
-            page.paragraph(verdict.decide_words(rounds, result.get("decide_wall_s")) + result["next_step"])
+            said = verdict.decide_words(rounds, result.get("decide_wall_s"), result.get("next_repeats"))
+            page.paragraph(said + result["next_step"])
         if result.get("trace_step") and not result.get("where"):  # tune.json before it had none
             page.paragraph(
                 "Where the time goes: a tune traces nothing (tpbench tune --trace does, after the race); this sweep "
