@@ -1780,3 +1780,15 @@ def test_the_trace_sweep_traces_whole_averaging_windows_and_the_cases_as_the_tun
     assert {c.averaging_period: c.profiler_steps for c in prepared.cases} == {4: 8, 16: 16}
     assert all(c.repeats == 1 and c.trace_windows == 1 and c.steps == 32 for c in prepared.cases)
     assert [c.case_id for c in prepared.cases] == [c.case_id for c in cases]  # the same settings, by id
+
+
+def test_the_reports_race_table_names_a_cpu_ms_races_ratios() -> None:
+    """The report's table headed its ratios "vs recommended" whatever was raced; the terminal says
+    "vs recommended (CPU time per step)" of a cpu_ms tune, and so does the report now."""
+    from tpbench.report.recommendation import _table
+
+    arm = {"label": "a", "status": "recommended", "rounds": 3, "ratio": 1.0, "lo": None, "hi": None}
+    arm |= {"eliminated_at": None, "retired_at": None}
+    for metric, heading in (("cpu_ms", "vs recommended (CPU time per step)"), ("step_ms", "vs recommended")):
+        table = _table({"arms": [arm], "confidence": 0.95, "metric": metric})
+        assert heading in table.columns, list(table.columns)

@@ -31,6 +31,17 @@ from typing import Any
 
 from tpbench.analysis.stats import Ratio
 
+# What a comparison's or a race's metric (``--metric``) is called in sentences and headings.
+METRIC_WORDS = {"step_ms": "step time", "cpu_ms": "CPU time per step"}
+
+
+def ratio_heading(metric: str) -> str:
+    """A tune's ratio column, naming what was raced where it is not the default step time: with
+    ``--metric cpu_ms`` the text, Markdown and the report's table read exactly as a step_ms race's,
+    and only the JSON said the ratios were CPU time."""
+    return "vs recommended" if metric == "step_ms" else f"vs recommended ({METRIC_WORDS[metric]})"
+
+
 PASS, REGRESSION, IMPROVEMENT, INCONCLUSIVE = "pass", "regression", "improvement", "inconclusive"
 FASTER, SLOWER, NO_DIFFERENCE, NO_INTERVAL = "faster", "slower", "no difference shown", "no interval"
 # The threshold a comparison judges by unless told otherwise (``--threshold``; the report's).

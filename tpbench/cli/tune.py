@@ -290,21 +290,12 @@ def _where_table(where: dict) -> tuple[str, tuple[str, ...], list[tuple[str, ...
 TO_TARGET = "to target s (median)"
 
 
-def ratio_heading(metric: str) -> str:
-    """The table's ratio column, naming what was raced where it is not the default wall time per step:
-    with ``--metric cpu_ms`` the text and Markdown read exactly as a step_ms race's, and only the JSON
-    and the report said the ratios were CPU time."""
-    return "vs recommended" if metric == "step_ms" else f"vs recommended ({METRIC_WORDS[metric]})"
-
-
 def raced_on(metric: str) -> str:
     """After the cost line, whose timed steps are wall time whatever was raced: what the ratios are,
-    where the race was not on wall time per step (``ratio_heading``)."""
-    return "" if metric == "step_ms" else f"; the ratios are of {METRIC_WORDS[metric]} (--metric {metric})"
+    where the race was not on wall time per step (``verdict.ratio_heading``)."""
+    from tpbench import verdict
 
-
-# What a tune's ratios compare (``--metric``), in the words the table and the cost line use.
-METRIC_WORDS = {"step_ms": "wall time per step", "cpu_ms": "CPU time per step"}
+    return "" if metric == "step_ms" else f"; the ratios are of {verdict.METRIC_WORDS[metric]} (--metric {metric})"
 
 
 def print_tune(result, fmt: str) -> None:
@@ -325,7 +316,7 @@ def print_tune(result, fmt: str) -> None:
         for a in result.arms
     ]
     spent = verdict.interval_heading(result.confidence, bool(result.worlds))
-    head = ("setting", "status", "rounds", ratio_heading(result.metric), spent, "decided")
+    head = ("setting", "status", "rounds", verdict.ratio_heading(result.metric), spent, "decided")
     if any(a.heldout_loss is not None for a in result.arms):  # a workload that evaluates: how far each trained
         head += ("held-out loss",)
         rows = [(*r, "—" if a.heldout_loss is None else f"{a.heldout_loss:.3f}") for r, a in zip(rows, result.arms)]

@@ -68,7 +68,7 @@ def write_report(run_dirs: list[Path], out: Path, metric: str = "step_ms") -> Pa
 def build_report(runs: list[store.Loaded], out_dir: Path = Path("."), metric: str = "step_ms") -> str:
     """The whole HTML page for one run, or several runs compared side by side. ``out_dir`` is
     where the page will live: links to traces are relative to it. ``metric``: what the verdicts
-    compare (``data.METRIC_WORDS``); the charts always show step time."""
+    compare (``verdict.METRIC_WORDS``); the charts always show step time."""
     with plain_templates():
         return _page(load(runs, metric), runs, out_dir).render()
 

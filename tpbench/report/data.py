@@ -14,16 +14,13 @@ from typing import Any
 
 import pandas as pd
 
-from tpbench import store
+from tpbench import store, verdict
 from tpbench.algorithms import ALGORITHMS, display_name
 from tpbench.analysis.stats import repeat_values, windows_of
 from tpbench.environment import commit_text
 from tpbench.suite import DDP_DEFAULT, Case, labels, shown_keys
 
 # Plot and table order: baselines first, then what is measured against them.
-
-# What each metric the report can compare by is called in its sentences (``tpbench report --metric``).
-METRIC_WORDS = {"step_ms": "step time", "cpu_ms": "CPU time per step"}
 
 # Environment keys that make runs differ, in the order a run's tag names them.
 _TAG_KEYS = ("gpu_model", "torch", "cuda", "nccl", "gpu_driver", "cpu_model", "hostname", "commit")
@@ -47,7 +44,7 @@ class ReportData:
     @property
     def what(self) -> str:
         """The compared quantity in words: "step time" or "CPU time per step"."""
-        return METRIC_WORDS[self.metric]
+        return verdict.METRIC_WORDS[self.metric]
 
     @property
     def multi(self) -> bool:
@@ -108,10 +105,10 @@ class ReportData:
 
 
 def load(runs: list[store.Loaded], metric: str = "step_ms") -> ReportData:
-    """The report's view of ``runs``; comparisons by ``metric`` (``METRIC_WORDS``): with ``cpu_ms``
+    """The report's view of ``runs``; comparisons by ``metric`` (``verdict.METRIC_WORDS``): with ``cpu_ms``
     each case's per-repeat values (``repeat_medians_ms``, ``repeat_ids``) are its CPU times."""
-    if metric not in METRIC_WORDS:
-        raise ValueError(f"--metric {metric}: expected one of {', '.join(METRIC_WORDS)}")
+    if metric not in verdict.METRIC_WORDS:
+        raise ValueError(f"--metric {metric}: expected one of {', '.join(verdict.METRIC_WORDS)}")
     for run in runs:
         store.require_summary(run)  # a finished run's numbers are its summary's
     tags = run_tags(runs)

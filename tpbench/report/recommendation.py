@@ -138,7 +138,7 @@ def _table(result: dict) -> pd.DataFrame:
                 "setting": a["label"],
                 "status": a["status"],
                 "rounds": a["rounds"],
-                "vs recommended": verdict.change(a["ratio"]),
+                verdict.ratio_heading(result.get("metric", "step_ms")): verdict.change(a["ratio"]),
                 interval: "" if a["lo"] is None else f"[{verdict.change(a['lo'])}, {verdict.change(a['hi'])}]",
                 "eliminated after round": "" if a["eliminated_at"] is None else a["eliminated_at"],
                 "what eliminated it": verdict.what_eliminated(a["status"], a.get("eliminated_vs")),
