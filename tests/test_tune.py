@@ -250,17 +250,23 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     assert f"race again for about {rounds} rounds" in html and result.next_step in html
 
     budget = Options(epsilon=0.005, budget_s=30.0)
-    race = Race(list(values), 200, budget, comparisons=1)
-    for r in range(6):
-        for a in race.live:
-            race.record(a, r, values[a][r])
-        race.close_round()
-    race.end(BUDGET)
+    race = _ended_by_budget(values, budget)
     result = tune_answer.result(stored(tmp_path, suite), cases, [race], budget, 30.0, NO_EVAL)
     rounds = 6 + result.rounds_to_decide
     assert rounds <= 200 and f"--set repeats=200 --epsilon 0.5% --budget-s {math.ceil(30.0 * rounds / 6)}" in (
         result.next_step
     )
+
+
+def _ended_by_budget(values, options: Options) -> Race:
+    """A race of the suite's 200 rounds that the budget ended after 6."""
+    race = Race(list(values), 200, options, comparisons=1)
+    for r in range(6):
+        for a in race.live:
+            race.record(a, r, values[a][r])
+        race.close_round()
+    race.end(BUDGET)
+    return race
 
 
 def test_the_rounds_to_race_again_agree_with_the_repeats_the_command_gives(tmp_path, capsys):
@@ -272,12 +278,7 @@ def test_the_rounds_to_race_again_agree_with_the_repeats_the_command_gives(tmp_p
 
     suite, cases, values = close_pair(tmp_path)
     budget = Options(epsilon=0.005, budget_s=30.0)
-    race = Race(list(values), 200, budget, comparisons=1)
-    for r in range(6):
-        for a in race.live:
-            race.record(a, r, values[a][r])
-        race.close_round()
-    race.end(BUDGET)
+    race = _ended_by_budget(values, budget)
     result = tune_answer.result(stored(tmp_path, suite), cases, [race], budget, 30.0, NO_EVAL)
     rounds = 6 + result.rounds_to_decide
     assert rounds < 200 and "--set repeats=200 " in result.next_step and result.to_json()["next_repeats"] == 200
