@@ -203,6 +203,17 @@ def test_a_speedup_colour_bar_of_no_coloured_cell_labels_each_tick_apart():
     assert labels == ["0.952", "0.976", "1", "1.02", "1.05"], labels
 
 
+def test_a_speedup_heatmap_of_one_bucket_size_labels_its_column_with_that_size():
+    """With one bucket size in the run (``--filter bucket_cap_mb=1``) the comparisons' context drops
+    the key (it does not vary), and the heatmaps' only column read "all" though every case ran at 1 MB."""
+    suite = ZERO_SUITE.replace("bucket_cap_mb = [1, 4]", "bucket_cap_mb = [1]")
+    data = report_data.load([in_memory_run(suite, zero_medians)])
+    comps = verdicts.compare(data, verdicts.ZERO_KINDS[0])
+    assert comps and all("bucket_cap_mb" not in c.context for c in comps)
+    heat = performance._heatmap(data, verdicts.ZERO_KINDS[0].key, comps).data[0]
+    assert list(heat.x) == ["1 MB"], heat.x
+
+
 def test_hooks_advantage_splits_into_packing_and_overlap():
     """With both zero_no_overlap baselines, each hook is judged against the unpacked one (named so),
     and that ratio X splits into packing Y (packed / unpacked) times overlap Z (hook / packed)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import math
+from typing import Any
 
 import pandas as pd
 import plotly.express as px
@@ -159,10 +160,11 @@ def _heatmap(data: ReportData, key: str, cs: list[Comparison]) -> go.Figure:
     for c in cs:
         shared = context_text(c.context, [k for k in c.context if k != "bucket_cap_mb"])
         y = ", ".join(filter(None, [shared, *(f"{k}={v}" for k, v in c.variant.items())])) or "all"
+        bucket = _shared_bucket(c)
         rows.append(
             {
-                "x": mb_text(c.context["bucket_cap_mb"]) if "bucket_cap_mb" in c.context else "all",
-                "bucket": float(on_bucket_axis(pd.Series([c.context.get("bucket_cap_mb", 0)])).iloc[0]),
+                "x": "all" if bucket is None else mb_text(bucket),
+                "bucket": float(on_bucket_axis(pd.Series([0 if bucket is None else bucket])).iloc[0]),
                 "y": plot_text((f"{data.tags[c.run_id]} · " if data.multi else "") + y),
                 # Colour says shown faster or slower; a ratio whose interval holds 1 shows nothing.
                 "shade": math.log2(c.ratio) if c.est.has_interval and not c.lo <= 1 <= c.hi else 0.0,
@@ -204,6 +206,20 @@ def _heatmap(data: ReportData, key: str, cs: list[Comparison]) -> go.Figure:
     )
     fig.update_yaxes(autorange="reversed")
     return fig
+
+
+def _shared_bucket(c: Comparison) -> Any:
+    """The ``bucket_cap_mb`` both sides of ``c`` ran at, or None where they differ or DDP ignored it.
+
+    The context holds only keys the run varies: with one bucket size (``--filter bucket_cap_mb=1``)
+    it has none, and the heatmap's only column read "all" though every case ran at 1 MB."""
+    if "bucket_cap_mb" in c.context:
+        return c.context["bucket_cap_mb"]
+    sides = (c.candidate, c.baseline)
+    if any(isinstance(side.get("bucket_cap_mb_list"), list) for side in sides):
+        return None  # DDP ignores bucket_cap_mb beside a list of caps
+    value = c.candidate.get("bucket_cap_mb")
+    return value if value is not None and value == c.baseline.get("bucket_cap_mb") else None
 
 
 def comparisons_table(page: Page, data: ReportData, comparisons: list[Comparison]) -> None:
