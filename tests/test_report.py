@@ -1132,11 +1132,29 @@ def test_the_collectives_chart_colours_each_algorithm_as_the_step_time_chart_doe
     full, _ = runs
     html = build_report([store.load(full)])
     step_time = {t["name"]: t["line"]["color"] for t in figure_after(html, "step-time")["data"]}
-    collectives = {t["name"].split(", ")[0]: t["marker"]["color"] for t in figure_after(html, "collectives")["data"]}
+    collectives = {t["name"].split(" ")[0]: t["marker"]["color"] for t in figure_after(html, "collectives")["data"]}
     assert len(collectives) > 1 and all(step_time[algo] == color for algo, color in collectives.items()), (
         step_time,
         collectives,
     )
+
+
+def test_the_collectives_chart_tells_the_settings_of_one_algorithm_apart(runs):
+    """Coloured by algorithm with a symbol per collective, every case of one algorithm (post-local
+    SGD's periods, packed and unpacked zero_no_overlap) drew the same marker: one trace per
+    algorithm and collective, told apart only by hovering. Now each case and collective has its own
+    legend entry, named by the case's label, and a symbol no other of its algorithm's has."""
+    full, _ = runs
+    traces = figure_after(build_report([store.load(full)]), "collectives")["data"]
+    by_color: dict[str, list[tuple[str, str]]] = {}
+    for t in traces:
+        by_color.setdefault(t["marker"]["color"], []).append((t["name"], t["marker"]["symbol"]))
+    hooks = [entries for entries in by_color.values() if entries[0][0].startswith("hook_with_zero_step ")]
+    assert len(hooks) == 1 and len(hooks[0]) > 1, by_color  # its four cases, each its own entry
+    for entries in by_color.values():
+        names, symbols = zip(*entries)
+        assert len(set(names)) == len(names) and len(set(symbols)) == len(symbols), entries
+        assert all(name.endswith(", allreduce") for name in names), names
 
 
 def test_the_collectives_chart_labels_its_byte_axis_as_sizes(runs):

@@ -34,6 +34,9 @@ MAX_BARS = 24
 # A Gantt with more bars than this merges each rank's lane into its union: the picture stays
 # the same at the report's zoom, and the file stays small for GPU traces with many kernels.
 MAX_GANTT_BARS = 4000
+# Symbols told apart at a glance, filled then open: one per case and collective of an algorithm.
+_SHAPES = ("circle", "square", "diamond", "triangle-up", "cross", "x", "star", "triangle-down", "pentagon", "hexagon")
+MARKER_SYMBOLS = [*_SHAPES, *(f"{shape}-open" for shape in _SHAPES)]
 
 
 def overlap(page: Page, data: ReportData) -> None:
@@ -296,12 +299,14 @@ def _busbw(page: Page, data: ReportData, df: pd.DataFrame) -> go.Figure:
     # first appears, and grouped by case id (a hash) plain DDP was blue there and red here.
     agg = display(data.with_cases(agg).sort_values("order", kind="stable"), ["algo", "label", "run", "collective"])
     agg["bytes"] = agg["bytes"].astype(float)
+    agg["setting"] = agg["label"] + ", " + agg["collective"]
     fig = px.scatter(
         agg,
         x="bytes",
         y="busbw_gbps",
         color="algo",
-        symbol="collective",
+        symbol="setting",
+        symbol_map=_symbols_within_algorithm(agg),
         log_x=True,
         facet_col="run" if data.multi else None,
         hover_name="label",
@@ -315,7 +320,22 @@ def _busbw(page: Page, data: ReportData, df: pd.DataFrame) -> go.Figure:
         },
     )
     fig.update_xaxes(**log_byte_ticks(agg["bytes"]))
+    # px names a trace "algo, setting"; the setting (the case's label) already starts with the algorithm.
+    fig.for_each_trace(lambda t: t.update(name=t.name.split(", ", 1)[-1]))
     return fig
+
+
+def _symbols_within_algorithm(agg: pd.DataFrame) -> dict[str, str]:
+    """A marker symbol per case and collective (``setting``), distinct among one algorithm's.
+
+    Colour is the algorithm's, as in the step-time chart; with a symbol per collective only, the
+    settings of one algorithm (post-local SGD's periods, packed and unpacked zero_no_overlap) drew
+    alike and could be told apart only by hovering."""
+    out: dict[str, str] = {}
+    for _, group in agg.groupby("algo", sort=False):
+        for i, setting in enumerate(dict.fromkeys(group["setting"])):
+            out[setting] = MARKER_SYMBOLS[i % len(MARKER_SYMBOLS)]
+    return out
 
 
 def _transfer_times(page: Page, data: ReportData, df: pd.DataFrame) -> go.Figure:
