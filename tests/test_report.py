@@ -1139,6 +1139,18 @@ def test_the_collectives_chart_colours_each_algorithm_as_the_step_time_chart_doe
     )
 
 
+def test_the_overlap_legend_lists_the_parts_in_the_order_the_bars_stack_them(runs):
+    """Plotly lists a stacked bar chart's legend in reverse ("traceorder" defaults to "reversed"
+    under barmode "stack"), right for a vertical stack, but these bars stack left to right under a
+    horizontal legend that then read "idle, exposed comm, overlapped, compute only"."""
+    full, _ = runs
+    fig = figure_after(build_report([store.load(full)]), "overlap")
+    assert fig["layout"]["barmode"] == "stack"
+    stacked = [t["name"] for t in fig["data"] if t["type"] == "bar"]
+    assert stacked == ["compute only", "overlapped", "exposed comm", "idle"]
+    assert fig["layout"]["legend"].get("traceorder") == "normal", fig["layout"]["legend"]
+
+
 def test_the_collectives_chart_tells_the_settings_of_one_algorithm_apart(runs):
     """Coloured by algorithm with a symbol per collective, every case of one algorithm (post-local
     SGD's periods, packed and unpacked zero_no_overlap) drew the same marker: one trace per

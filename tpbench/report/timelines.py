@@ -135,7 +135,9 @@ def _overlap_bars(df: pd.DataFrame) -> go.Figure:
         height=max(260, 30 * len(df) + 130),
         margin=dict(MARGIN, r=110),
         xaxis_title="ms per step and rank",
-        legend=LEGEND_TOP,
+        # Plotly reverses a stacked chart's legend by default (right for a vertical stack); these stack
+        # left to right beside a horizontal legend, which then read idle first.
+        legend=LEGEND_TOP | dict(traceorder="normal"),
     )
     fig.update_yaxes(autorange="reversed")
     return fig
