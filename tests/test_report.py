@@ -260,6 +260,36 @@ def test_hooks_advantage_splits_into_packing_and_overlap():
     assert verdicts.attributions({k.key: verdicts.compare(plain, k) for k in verdicts.ZERO_KINDS}) == []
 
 
+@pytest.mark.parametrize(
+    ("hook_ms", "says"),
+    [
+        (lambda p: 50.0, "the hook itself is not shown to differ in 4 of the 4 settings ("),
+        (
+            lambda p: 40.0 if p["bucket_cap_mb"] == 1 else 50.0,
+            "the hook itself is faster in 2 and not shown to differ in 2 of the 4 settings (",
+        ),
+    ],
+)
+def test_the_hooks_own_share_reads_as_a_sentence(hook_ms, says):
+    """The verdict's count of what the hook itself does was the verdict words spliced after "is":
+    "the hook itself is no difference shown in 4 of the 4 settings"."""
+    suite = ZERO_SUITE.replace("shard_buckets = [false, true]", "parameters_as_bucket_view = [false, true]").replace(
+        'interconnect = ["loopback", "tcp-1gbit"]', ""
+    )
+
+    def medians(p: dict) -> list[float]:
+        wobble = (1.0, 1.01, 0.99)
+        if p["algorithm"] == "zero_no_overlap":
+            return [(50.0 if p["parameters_as_bucket_view"] else 100.0) * w for w in wobble]
+        return [hook_ms(p) * w for w in wobble]
+
+    data = report_data.load([in_memory_run(suite, medians)])
+    (line,) = verdicts.attribution_lines(
+        verdicts.attributions({k.key: verdicts.compare(data, k) for k in verdicts.ZERO_KINDS})
+    )
+    assert says in line, line
+
+
 def test_a_single_repeat_is_never_called():
     suite = ZERO_SUITE.replace('interconnect = ["loopback", "tcp-1gbit"]', 'interconnect = ["loopback"]')
     data = report_data.load([in_memory_run(suite, lambda p: zero_medians(p)[:1])])

@@ -388,6 +388,16 @@ def attributions(comparisons: dict[str, list[Comparison]]) -> list[Attribution]:
     return out
 
 
+# What the hook itself is, per verdict direction, as words that follow "the hook itself is": the
+# directions' own names read "the hook itself is no difference shown in 4 of the 4 settings".
+_HOOK_CALLED = {
+    verdict.FASTER: "faster",
+    verdict.SLOWER: "slower",
+    verdict.NO_DIFFERENCE: "not shown to differ",
+    verdict.NO_INTERVAL: "not judged (one repeat, no interval)",
+}
+
+
 def attribution_lines(attrs: list[Attribution], prefix: Callable[[str], str] = lambda run: "") -> list[str]:
     """One sentence per run: the range of the hooks' ratio against per-parameter broadcasts, how much
     of it packing gives and how much the hooks themselves, with how many of the latter were shown
@@ -400,11 +410,8 @@ def attribution_lines(attrs: list[Attribution], prefix: Callable[[str], str] = l
     lines = []
     for run_id, group in by_run.items():
         calls = collections.Counter(a.hook.said.direction for a in group)
-        shown = ", ".join(
-            f"{d} in {calls[d]}"
-            for d in (verdict.FASTER, verdict.SLOWER, verdict.NO_DIFFERENCE, verdict.NO_INTERVAL)
-            if calls[d]
-        )
+        parts = [f"{words} in {calls[d]}" for d, words in _HOOK_CALLED.items() if calls[d]]
+        shown = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
         n = len(group)
         lines.append(
             prefix(run_id) + f"Of the ZeRO hooks' {_span(a.whole for a in group)} {group[0].whole.what} against "
