@@ -78,6 +78,19 @@ def test_a_bare_threshold_of_1_or_more_says_it_reads_as_a_fraction() -> None:
         compare.parse_threshold("150%")
 
 
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "NaN%", "infinity%"])
+def test_a_threshold_that_is_no_finite_number_is_refused_as_such(text: str) -> None:
+    """``--threshold nan`` said "(a bare number is a fraction: nan%): expected a value in [0%, 100%)", as if
+    NaN were a number out of range, and the hint was for a 5 meant as 5 %."""
+    with pytest.raises(compare.GateError) as e:
+        compare.parse_threshold(text)
+    assert (
+        str(e.value)
+        == f"--threshold {text}: not a finite number; expected a percentage like 5% or a fraction like 0.05"
+    )
+    assert run_cli(["compare", str(REPO / "tests/data/whatif_links_run"), "--threshold", text]) == 2
+
+
 def test_ratio_ci_known_answers() -> None:
     base = [np.array(noisy(10, 8, 0.02, 1))]
     # 30% slower, tight: the whole interval sits near 1.3.

@@ -39,6 +39,7 @@ comparison could have seen, stated beside every verdict.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -94,6 +95,12 @@ def parse_threshold(text: str) -> float:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
     except ValueError:
         raise GateError(f"--threshold {text}: expected a percentage like 5% or a fraction like 0.05") from None
+    if not math.isfinite(value):
+        # float() reads "nan" and "inf": said as out of range, "(a bare number is a fraction: nan%)" read as if
+        # NaN were a number, and the hint was for a 5 meant as 5 %.
+        raise GateError(
+            f"--threshold {text}: not a finite number; expected a percentage like 5% or a fraction like 0.05"
+        )
     if not 0 <= value < 1:
         # A bare 5 reads as 500 %; said as read, "--threshold 5: expected a value in [0%, 100%)" left
         # the 5 % it was meant as unexplained.
