@@ -1560,6 +1560,19 @@ def test_a_reference_link_the_run_does_not_have_is_a_bad_option(tmp_path, capsys
     assert "--reference nope: no case finished on it; expected one of loopback, " in err and "[" not in err
 
 
+def test_an_empty_reference_link_is_a_bad_option(tmp_path, capsys):
+    """``--reference ''`` was read as no --reference: the run projected from loopback, exit 0, as if
+    the option had not been typed. It is refused as an unknown link is (exit 2, nothing written)."""
+    from conftest import run_cli
+
+    run = tmp_path / "run"
+    shutil.copytree(LINKS_RUN, run)
+    assert run_cli(["whatif", str(run), "--reference", ""]) == 2
+    err = capsys.readouterr().err
+    assert "tpbench whatif: error: --reference : no case finished on it; expected one of loopback, " in err
+    assert not (run / "whatif.parquet").exists()
+
+
 @pytest.mark.parametrize(
     ("command", "said"),
     [

@@ -234,7 +234,8 @@ def run_whatif(
     if cases.empty:
         raise ValueError("no finished case")
     links = list(dict.fromkeys(cases["interconnect"]))
-    reference = reference or ("loopback" if "loopback" in links else links[0])
+    if reference is None:  # only absent: an empty --reference is a link the run does not have, refused below
+        reference = "loopback" if "loopback" in links else links[0]
     if reference not in links:
         raise UnknownReference(f"--reference {reference}: no case finished on it; expected one of {', '.join(links)}")
     rate = {link: math.inf if wires[link] is None else wires[link].beta_Bps for link in links}
