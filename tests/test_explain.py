@@ -545,3 +545,17 @@ def test_the_explain_checks_benchmark_refuses_an_existing_out_in_one_line(tmp_pa
     assert exc.value.code == 2
     assert f"--out {tmp_path} already exists" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_ignore_env_with_one_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--ignore-env KEY`` given with one run was taken without a word: the cases of one run share its
+    environment, so it ignored nothing. Refused (exit 2) as ``--pair`` with two runs is, before any run is read."""
+    run = tmp_path / "run"
+    shutil.copytree(REPO / "tests/data/whatif_links_run", run)
+    pair = ["--pair", "interconnect=loopback..tcp-500mbit"]
+    for command in (["compare", str(run)], ["explain", str(run), *pair]):
+        assert run_cli([*command, "--ignore-env", "torch"]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"tpbench {command[0]}: error: --ignore-env: only when runs are compared" in err, err
+    assert run_cli(["compare", str(run), *pair]) != 2  # the same without it: judged
+    assert run_cli(["explain", str(run), *pair]) == 0

@@ -88,6 +88,12 @@ class GateError(ValueError):
     """A gate that cannot be set up as asked (bad threshold, unknown metric, side not found): exit 2."""
 
 
+# Why ``--ignore-env`` is refused beside one run (``compare RUN``, ``explain RUN --pair``): a run records
+# one environment, which all its cases share, so the option would ignore nothing, and taking it
+# without a word let a reader think it had done something.
+IGNORE_ENV_WITHIN_RUN = "only when runs are compared, not the cases of one run (they share its environment)"
+
+
 def parse_threshold(text: str) -> float:
     """``5%`` or ``0.05`` → 0.05. A fraction, because the verdict compares ratios with 1 ± it."""
     raw = text.strip()

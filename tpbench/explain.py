@@ -225,6 +225,8 @@ def run(
     if len(runs) == 1:
         if not pairs:
             raise ExplainError("explain RUN_DIR needs --pair KEY=BASELINE..CANDIDATE (or give two runs: BASE CAND)")
+        if ignore_env:  # the cases of one run share its environment: there is nothing to ignore
+            raise ExplainError(f"--ignore-env: {compare.IGNORE_ENV_WITHIN_RUN}")
         try:
             within = compare.within_run(runs[0], pairs=pairs)
         except compare.GateError as e:

@@ -27,6 +27,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     threshold = compare.parse_threshold(args.threshold)
     if len(args.runs) == 1:
+        if args.ignore_env:  # the cases of one run share its environment: there is nothing to ignore
+            console.print(
+                f"tpbench compare: error: --ignore-env: {compare.IGNORE_ENV_WITHIN_RUN}", soft_wrap=True, markup=False
+            )
+            return EXIT_USAGE
         within = compare.within_run(
             args.runs[0],
             metric=args.metric,
