@@ -576,6 +576,28 @@ def test_a_folder_of_runs_given_as_a_run_names_its_latest_run_and_a_file_says_it
     assert said in " ".join(capsys.readouterr().err.split())
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["report"],
+        ["export", "--format", "pytest-benchmark"],
+        ["compare"],
+        ["explain", "--pair", "algorithm=ddp..zero_no_overlap"],
+        ["whatif"],
+    ],
+)
+def test_a_run_directory_that_does_not_exist_exits_3_in_every_command_that_reads_runs(tmp_path, command, capsys):
+    """A missing run directory is missing results, as the docs' exit codes say (3, naming it), in every command
+    that reads a run: one of them exiting 2 (as a bad option) would make a CI step's code mean another thing."""
+    missing = tmp_path / "results" / "zero" / "gone"
+    assert run_cli([command[0], str(missing), *command[1:]]) == 3
+    assert f"tpbench {command[0]}: error: {missing}: no such run directory" in " ".join(capsys.readouterr().err.split())
+    if command[0] in ("report", "compare", "explain"):  # the second run missing, the first there
+        run = make_run(tmp_path / "here", {"ddp": [10.0, 10.1, 9.9]})
+        assert run_cli([command[0], str(run), str(missing)]) == 3
+        assert f"{missing}: no such run directory" in " ".join(capsys.readouterr().err.split())
+
+
 # --- run.json entries of the wrong type: exit 3 naming the file, never a traceback ---------------
 
 
