@@ -214,19 +214,29 @@ def test_a_speedup_heatmap_of_one_bucket_size_labels_its_column_with_that_size()
     assert list(heat.x) == ["1 MB"], heat.x
 
 
-def test_hooks_advantage_splits_into_packing_and_overlap():
-    """With both zero_no_overlap baselines, each hook is judged against the unpacked one (named so),
-    and that ratio X splits into packing Y (packed / unpacked) times overlap Z (hook / packed)."""
-    suite = ZERO_SUITE.replace("shard_buckets = [false, true]", "parameters_as_bucket_view = [false, true]").replace(
-        'interconnect = ["loopback", "tcp-1gbit"]', ""
-    )
+# ZERO_SUITE with both zero_no_overlap baselines (per-parameter and packed broadcasts), on one link.
+PACKED_SUITE = ZERO_SUITE.replace("shard_buckets = [false, true]", "parameters_as_bucket_view = [false, true]").replace(
+    'interconnect = ["loopback", "tcp-1gbit"]', ""
+)
+
+
+def packed_medians(hook_ms):
+    """Repeat medians for PACKED_SUITE: unpacked zero_no_overlap 100 ms, packed 50, a hook ``hook_ms(params)``."""
 
     def medians(p: dict) -> list[float]:
         wobble = (1.0, 1.01, 0.99)
         if p["algorithm"] == "zero_no_overlap":
             return [(50.0 if p["parameters_as_bucket_view"] else 100.0) * w for w in wobble]
-        return [40.0 * w for w in wobble]  # both hooks: 0.4 of unpacked, 0.8 of packed
+        return [hook_ms(p) * w for w in wobble]
 
+    return medians
+
+
+def test_hooks_advantage_splits_into_packing_and_overlap():
+    """With both zero_no_overlap baselines, each hook is judged against the unpacked one (named so),
+    and that ratio X splits into packing Y (packed / unpacked) times overlap Z (hook / packed)."""
+    suite = PACKED_SUITE
+    medians = packed_medians(lambda p: 40.0)  # both hooks: 0.4 of unpacked, 0.8 of packed
     data = report_data.load([in_memory_run(suite, medians)])
     kinds = {k.key: k for k in verdicts.ZERO_KINDS}
     comparisons = {key: verdicts.compare(data, k) for key, k in kinds.items()}
@@ -273,17 +283,7 @@ def test_hooks_advantage_splits_into_packing_and_overlap():
 def test_the_hooks_own_share_reads_as_a_sentence(hook_ms, says):
     """The verdict's count of what the hook itself does was the verdict words spliced after "is":
     "the hook itself is no difference shown in 4 of the 4 settings"."""
-    suite = ZERO_SUITE.replace("shard_buckets = [false, true]", "parameters_as_bucket_view = [false, true]").replace(
-        'interconnect = ["loopback", "tcp-1gbit"]', ""
-    )
-
-    def medians(p: dict) -> list[float]:
-        wobble = (1.0, 1.01, 0.99)
-        if p["algorithm"] == "zero_no_overlap":
-            return [(50.0 if p["parameters_as_bucket_view"] else 100.0) * w for w in wobble]
-        return [hook_ms(p) * w for w in wobble]
-
-    data = report_data.load([in_memory_run(suite, medians)])
+    data = report_data.load([in_memory_run(PACKED_SUITE, packed_medians(hook_ms))])
     (line,) = verdicts.attribution_lines(
         verdicts.attributions({k.key: verdicts.compare(data, k) for k in verdicts.ZERO_KINDS})
     )
