@@ -311,3 +311,24 @@ def test_a_run_whose_process_is_gone_reads_as_interrupted_not_running(tmp_path, 
         lock.release()
     assert run_cli(["report", str(run_dir), "-o", str(tmp_path / "r.html")]) == 0
     assert "running" not in capsys.readouterr().out + (tmp_path / "r.html").read_text().split("<body")[1]
+
+
+@pytest.mark.ranks
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="needs root to mount a tmpfs read-only")
+def test_a_run_on_a_read_only_disk_says_to_resume_a_copy(finished_run, tmp_path, capsys):
+    """``--resume`` of a run on a read-only filesystem said only "RUN/.lock: Read-only file system"
+    (exit 3); it now says what to do (copy it and resume the copy), and what works where it is."""
+    disk = tmp_path / "ro"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], check=True)
+    try:
+        run = corrupt_copy(finished_run, disk)
+        meta = json.loads((run / "run.json").read_text())
+        (run / "run.json").write_text(json.dumps(meta | {"status": "interrupted"}))
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        assert run_cli(["sweep", "--resume", str(run), "--no-report"]) == 3
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"{run}: cannot be written here (Read-only file system); a resume writes into the run: copy it" in err
+        assert run_cli(["report", str(run), "-o", str(tmp_path / "r.html")]) == 0  # read where it is
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)

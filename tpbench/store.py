@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import fcntl
 import functools
 import json
@@ -96,7 +97,17 @@ class RunLock:
     def __init__(self, run_dir: Path) -> None:
         path = Path(run_dir) / LOCK_FILE
         self.fd = -1
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            # A run on a read-only disk (a mounted archive, a shared results store): the OS's words
+            # (".lock: Read-only file system") said nothing of what still works or what to do.
+            raise StoreError(
+                f"{run_dir}: cannot be written here ({e.strerror}); a resume writes into the run: copy it to a "
+                "writable folder and resume the copy (report, compare and export read it where it is)"
+            ) from None
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
