@@ -10,6 +10,7 @@ directories written through the store by ``benchmarks/synth_run.py``. The browse
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import re
@@ -605,6 +606,63 @@ def test_local_sgd_verdict_when_some_repeats_miss_the_target(reached, says, neve
     assert v.reach_ratio is None
     text = verdicts.convergence_sentence(v, [])
     assert says in text and never_says not in text, text
+
+
+TWO_DDP_SUITE = localsgd_suite(
+    'algorithm = ["ddp", "post_localSGD_hook"]\nstart_localSGD_iter = ["never", 10]\naveraging_period = [4]',
+    name="lsgd-two-ddp",
+    steps=40,
+    repeats=3,
+    eval_every=10,
+).replace('algorithm = "post_localSGD_hook"\n', "", 1)
+
+
+def two_ddp_data() -> report_data.ReportData:
+    """Post-local SGD (60 ms steps, final held-out loss 1.04) beside both forms of plain DDP: the ``ddp``
+    algorithm (100 ms, 1.02) and post-local SGD that never switches (90 ms, 1.03); 3 repeats of 40 steps,
+    a held-out loss every 10, each reaching the target (1.05) at step 29."""
+    cases = expand(parse(TWO_DDP_SUITE, "lsgd.toml"), Machine(gpus=0))
+    shape = {("ddp", None): (100.0, 1.02), ("post_localSGD_hook", "never"): (90.0, 1.03)}
+    shape[("post_localSGD_hook", 10)] = (60.0, 1.04)
+    rows, summary = [], []
+    for c in cases:
+        step_ms, final = shape[c.algorithm, c.start_localSGD_iter]
+        for repeat, step in itertools.product(range(3), range(40)):
+            held = np.nan if (step + 1) % 10 else (1.3 if step < 29 else final)
+            rows.append(
+                {
+                    **{"case_id": c.case_id, "repeat": repeat, "rank": 0, "step": step, "phase": "timed"},
+                    **{"step_ms": step_ms * (1 + 0.01 * repeat), "loss": 1.5, "heldout_loss": held},
+                    "optimal_loss": 1.0,
+                }
+            )
+        summary.append(
+            {
+                **{"case_id": c.case_id, "median_ms": step_ms, "ci_lo_ms": step_ms, "ci_hi_ms": step_ms * 1.02},
+                "repeat_medians_ms": [step_ms, step_ms * 1.01, step_ms * 1.02],
+                **{"final_heldout_loss": final, "optimal_loss": 1.0, "target_loss": 1.05},
+            }
+        )
+    loaded = finished_in_memory("lsgd-two-ddp", TWO_DDP_SUITE, cases, pd.DataFrame(rows), pd.DataFrame(summary))
+    return report_data.load([loaded])
+
+
+def test_post_local_sgd_against_two_ddp_baselines_names_each():
+    """A run with both the ``ddp`` algorithm and post-local SGD that never switches has two plain-DDP
+    baselines, both "DDP": each post-local SGD case got two verdict lines that began alike and never
+    said which DDP each was set against. Each now names its baseline by what tells the two apart."""
+    data = two_ddp_data()
+    conv = verdicts.convergence_verdicts(data)
+    lines = [verdicts.convergence_sentence(v, data.context_keys) for v in conv]
+    plain = verdicts.step_time_only_sentences(data, [], data.context_keys)  # as though none were judged
+    for said in (lines, plain):
+        assert len(said) == 2
+        ddp, never = sorted(said, key=lambda line: "against DDP run as algorithm=ddp" not in line)
+        assert "against DDP run as algorithm=ddp)" in ddp, ddp
+        assert "against DDP run as algorithm=post_localSGD_hook start_localSGD_iter=never)" in never, never
+    # A run with one DDP names none: "DDP" says it.
+    [v] = verdicts.convergence_verdicts(localsgd_data())
+    assert "against DDP run as" not in verdicts.convergence_sentence(v, [])
 
 
 @pytest.fixture(scope="module")

@@ -158,6 +158,9 @@ class Comparison:
     variant: dict[str, Any]  # candidate parameters the baseline lacks, e.g. shard_buckets against zero_no_overlap
     est: Ratio  # candidate / baseline of the report's metric (``stats.case_ratio``)
     what: str = "step time"  # that metric in words (``ReportData.what``)
+    # Where the candidate matched several baselines (``ddp`` and post-local SGD that never switches, both
+    # "DDP"): what tells this one apart, "algorithm=ddp"; empty where it matched one.
+    baseline_named: str = ""
 
     @property
     def ratio(self) -> float:
@@ -222,7 +225,8 @@ def compare(data: ReportData, kind: Kind) -> list[Comparison]:
         for b in bases:
             by_key.setdefault(_key(b, keys), []).append(b)
         for c in cands:
-            for b in by_key.get(_key(c, keys), []):
+            matched = by_key.get(_key(c, keys), [])
+            for b in matched:
                 out.append(
                     Comparison(
                         kind,
@@ -233,9 +237,20 @@ def compare(data: ReportData, kind: Kind) -> list[Comparison]:
                         {k: c.get(k) for k in variant if _present(c.get(k))},
                         case_estimate(b, c),
                         data.what,
+                        _told_apart(b, matched, list(dict.fromkeys(["algorithm", *data.context_keys]))),
                     )
                 )
     return out
+
+
+def _told_apart(baseline: dict[str, Any], matched: list[dict[str, Any]], keys: list[str]) -> str:
+    """``baseline``'s values of the ``keys`` on which the baselines ``matched`` to one candidate differ
+    ("algorithm=ddp"), so that the candidate's lines against each say which they are against; empty
+    for a lone baseline, whose name already says it."""
+    if len(matched) < 2:
+        return ""
+    differ = [k for k in keys if len({json.dumps(b.get(k), default=str) for b in matched}) > 1]
+    return " ".join(f"{k}={baseline[k]}" for k in differ if _present(baseline.get(k)))
 
 
 def _present(v: Any) -> bool:
@@ -688,13 +703,15 @@ def _localsgd_who(c: Comparison, keys: list[str]) -> str:
     """The post-local SGD case in words: "post-local SGD (start_localSGD_iter=0 averaging_period=4)",
     then any other post-local SGD key among ``keys`` (the run's varying keys, ``ReportData.context_keys``)
     and what the candidate sets that DDP lacks: two cases that differ only in
-    post_local_gradient_allreduce read alike otherwise. Then the context both sides share."""
+    post_local_gradient_allreduce read alike otherwise. Then the context both sides share, and, in a
+    run with both forms of plain DDP, which one this line is against (``Comparison.baseline_named``)."""
     always = ("start_localSGD_iter", "averaging_period")
     own = [k for k in keys if k in LOCALSGD_KIND.sides and k not in always and k != "algorithm"]
     named = dict.fromkeys((*always, *own, *c.variant))
     setting = " ".join(f"{k}={c.candidate.get(k)}" for k in named if _present(c.candidate.get(k)))
     ctx = context_text(c.context, [k for k in keys if k not in LOCALSGD_KIND.sides])
-    return f"post-local SGD ({setting}{', ' + ctx if ctx else ''})"
+    against = f"; against DDP run as {c.baseline_named}" if c.baseline_named else ""
+    return f"post-local SGD ({setting}{', ' + ctx if ctx else ''}{against})"
 
 
 def step_time_only_sentences(
