@@ -496,12 +496,14 @@ def localsgd_data(
     heldout: bool = True,
     optimum: float | None = 1.0,
     drift: bool = False,
+    evals_to: int = 40,
 ) -> report_data.ReportData:
     """Plain DDP (100 ms steps, final held-out loss 1.02) and post-local SGD (60 ms, 1.04) over 3
     repeats, the target 1.05; ``reached`` names, per side ("never", "local"), the repeats whose
     held-out loss reaches it (at step 29; the others stay at 1.3): all of them by default. Without
     ``heldout`` the run stores no held-out loss (eval_every = 0); ``optimum`` None: none known. With
-    ``drift`` post-local SGD records its parameter drift before each averaging (every 4th step)."""
+    ``drift`` post-local SGD records its parameter drift before each averaging (every 4th step). No
+    evaluation after ``evals_to`` steps trained (40: the last is at the end of training)."""
     reached = {"never": (True,) * 3, "local": (True,) * 3, **(reached or {})}
     cases = expand(parse(LOCALSGD_SUITE, "lsgd.toml"), Machine(gpus=0))
     never = next(c for c in cases if c.start_localSGD_iter == "never")
@@ -514,7 +516,7 @@ def localsgd_data(
             for rank in range(4):
                 for step in range(40):
                     # Held-out loss evaluated every 10 steps; a reaching repeat gets there at step 29.
-                    held = np.nan if (step + 1) % 10 else (1.3 if step < 29 else end)
+                    held = np.nan if (step + 1) % 10 or step >= evals_to else (1.3 if step < 29 else end)
                     rows.append(
                         {
                             "case_id": case.case_id,
@@ -574,6 +576,24 @@ def test_local_sgd_verdict_time_to_target_and_final_gap():
     assert text.startswith("post-local SGD (start_localSGD_iter=10 averaging_period=4) reaches the target in ")
     assert ", time to the target faster: -40.0% [" in text and "but ends 0.020 nats above DDP's held-out loss" in text
     assert "its step time against DDP's, faster: -40.0% [" in text and "(this run resolves ±" in text
+
+
+def test_final_held_out_loss_says_its_step_where_the_last_evaluation_is_not_the_end_of_training():
+    """With eval_every not dividing the steps trained (here 30 of 40 evaluated), the "final" held-out loss
+    the report compares is the last evaluation's, not the trained model's: the verdicts and the Time to
+    target table now say at which step it was evaluated (and say nothing where it is the end)."""
+    short = localsgd_data(evals_to=30)
+    [v] = verdicts.convergence_verdicts(short)
+    assert "ends 0.020 nats above DDP's held-out loss (last evaluated at step 30 of the 40 trained);" in (
+        verdicts.convergence_sentence(v, [])
+    )
+    [line] = verdicts.step_time_only_sentences(localsgd_data(optimum=None, evals_to=30), [], [])
+    assert "(no target: the workload knows no optimal loss; last evaluated at step 30 of the 40 trained)" in line
+    table = build_report(short.runs).split("Time to target", 1)[1]
+    assert "last held-out evaluation" in table and "<td>30 of 40</td>" in table
+    [v] = verdicts.convergence_verdicts(localsgd_data())
+    assert "last evaluated" not in verdicts.convergence_sentence(v, [])
+    assert "last held-out evaluation" not in build_report(localsgd_data().runs)
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from tpbench.analysis.stats import Ratio
 from tpbench.report.data import ReportData
 from tpbench.report.figures import LEGEND_BELOW, MARGIN, SERIES_COLORS
 from tpbench.report.html import Page, plot_text
-from tpbench.report.verdicts import ConvergenceVerdict
+from tpbench.report.verdicts import ConvergenceVerdict, evaluated_to
 
 
 def _curves(data: ReportData) -> pd.DataFrame:
@@ -118,8 +118,12 @@ def _time_to_target(page: Page, data: ReportData, verdicts: list[ConvergenceVerd
     if rows.empty:
         return
     vs = {(v.comparison.run_id, v.comparison.candidate["case_id"]): v for v in verdicts}
+    records = rows.to_dict("records")
+    evaluated = [evaluated_to(data, r) for r in records]
+    # Where eval_every does not divide the steps trained, the final held-out loss is the last evaluation's.
+    short = any(e is not None and e[0] != e[1] for e in evaluated)
     table = []
-    for r in rows.to_dict("records"):
+    for r, at in zip(records, evaluated):
         v = vs.get((r["run_id"], r["case_id"]))
         est = v.reach_ratio if v else None
         table.append(
@@ -127,13 +131,16 @@ def _time_to_target(page: Page, data: ReportData, verdicts: list[ConvergenceVerd
                 **({"run": r["run"]} if data.multi else {}),
                 "case": r["label"],
                 **{c: r.get(c) for c in cols},
+                **({"last held-out evaluation (step)": f"{at[0]} of {at[1]}" if at else ""} if short else {}),
                 "time to target vs DDP": _ratio_cell(est),
                 "final loss − DDP": v.final_delta if v else None,
             }
         )
     page.heading("Time to target", level=3)
     page.paragraph(
-        "Median over repeats; a case reaches the target only if every repeat does (otherwise blank). "
+        "Median over repeats; a case reaches the target only if every repeat does (otherwise blank). The final "
+        "held-out loss is the last evaluation's: where eval_every does not divide the steps trained, a column "
+        "gives its step. "
         "Ratios: candidate / DDP training time to target, with its 95% t interval over repeats (paired by round "
         "when both ran in one world) and its half-width, the smallest difference it could resolve.",
         css="muted",

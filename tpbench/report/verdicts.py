@@ -596,6 +596,7 @@ class ConvergenceVerdict:
     cand_time_s: float
     base_time_s: float
     final_delta: float  # median final held-out loss, candidate − baseline (nats)
+    final_at: str = ""  # where that loss is not the trained model's, the step it was evaluated at (``last_evaluated``)
 
 
 def convergence_verdicts(data: ReportData) -> list[ConvergenceVerdict]:
@@ -626,9 +627,35 @@ def convergence_verdicts(data: ReportData) -> list[ConvergenceVerdict]:
                 float(ct.median()),
                 float(bt.median()),
                 float(cand["final_heldout_loss"] - base["final_heldout_loss"]),
+                last_evaluated(data, c),
             )
         )
     return out
+
+
+def evaluated_to(data: ReportData, row: dict[str, Any]) -> tuple[int, int] | None:
+    """A case's last held-out evaluation, in steps trained, and the steps it trained (warm-up and timed:
+    the worker counts ``eval_every`` from the first); None where it evaluated none. Where ``eval_every``
+    does not divide the steps trained, the "final" held-out loss is that evaluation's, not the trained
+    model's."""
+    steps = data.steps()
+    mine = steps[(steps["run_id"] == row["run_id"]) & (steps["case_id"] == row["case_id"])]
+    held = mine["step"][mine["heldout_loss"].notna()] if "heldout_loss" in mine else mine["step"].iloc[:0]
+    if held.empty:
+        return None
+    return int(held.max()) + 1, int(row["warmup_steps"]) + int(row["steps"])
+
+
+def last_evaluated(data: ReportData, c: Comparison) -> str:
+    """Where either side's final held-out loss is not its trained model's (``evaluated_to``), the step
+    of that evaluation: "last evaluated at step 30 of the 40 trained"; empty where both were evaluated
+    at the end of training, or either at no step (no loss is compared then)."""
+    cand, base = evaluated_to(data, c.candidate), evaluated_to(data, c.baseline)
+    if cand is None or base is None or (cand[0] == cand[1] and base[0] == base[1]):
+        return ""
+    if cand == base:
+        return f"last evaluated at step {cand[0]} of the {cand[1]} trained"
+    return f"last evaluated at step {cand[0]} of its {cand[1]} trained, DDP's at step {base[0]} of its {base[1]}"
 
 
 def reach_times(steps: pd.DataFrame, run_id: str, case_id: str, target: float) -> pd.Series:
@@ -727,8 +754,9 @@ def step_time_only_sentences(
         if (c.run_id, c.candidate["case_id"]) in judged:
             continue
         cand, base = c.candidate.get("final_heldout_loss"), c.baseline.get("final_heldout_loss")
+        at = last_evaluated(data, c)
         loss = (
-            f"it {_ends(float(cand - base))} (no target: the workload knows no optimal loss)"
+            f"it {_ends(float(cand - base))} (no target: the workload knows no optimal loss{'; ' + at if at else ''})"
             if _present(cand) and _present(base)
             else "no held-out loss was evaluated (eval_every), so how far its steps take the model is not measured"
         )
@@ -740,7 +768,7 @@ def step_time_only_sentences(
 def convergence_sentence(v: ConvergenceVerdict, keys: list[str]) -> str:
     c = v.comparison
     who = _localsgd_who(c, keys)
-    ends = _ends(v.final_delta)
+    ends = _ends(v.final_delta) + (f" ({v.final_at})" if v.final_at else "")
     sooner = False
     if v.reach_ratio is not None:
         est = v.reach_ratio
