@@ -318,6 +318,19 @@ def test_adaptive_sweep_with_a_target_met_adds_nothing(tmp_path: Path, capsys) -
 
 
 @pytest.mark.ranks
+def test_dry_run_of_an_adaptive_run_cut_off_between_batches_says_the_loop_goes_on(tmp_path: Path, capsys) -> None:
+    """Planned repeats done, the loop still running: no case is missing, yet --resume runs more
+    batches. The dry run read "0 cases to resume" and nothing more, as if the run were whole."""
+    run = _planned(tmp_path, 0.001)
+    run.set_status("interrupted")
+    run.lock.release()
+    assert run_cli(["sweep", "--resume", str(run.dir), "--dry-run"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "0 cases to resume; the adaptive loop goes on: up to 6 more batch(es) within the budget left (" in said
+    assert _record(run.dir)["adaptive"]["batches"] == []  # a dry run: nothing planned, nothing run
+
+
+@pytest.mark.ranks
 @pytest.mark.slow
 def test_interrupted_adaptive_batch_resumes(tmp_path: Path, capsys) -> None:
     """A batch recorded and its cases extended, its world never run (what Ctrl-C right after

@@ -468,6 +468,17 @@ def reopen_adaptive(run: store.Run) -> None:
     run.set_adaptive({k: v for k, v in adaptive.to_json().items() if k not in ended} | {"state": ADAPTING})
 
 
+def batches_left(run: store.Run, todo: list[Case]) -> int | None:
+    """The most adaptive batches a resume of ``run`` may still run after ``todo`` (its missing
+    cases): None where it runs none (a planned run, or an ended loop with nothing to run again;
+    ``reopen_adaptive`` opens one only for cases run again). A dry run says so, for a run cut off
+    between batches has no case to resume and yet its resume goes on adding rounds."""
+    adaptive = run.record.adaptive
+    if adaptive is None or (adaptive.state != ADAPTING and not todo):
+        return None
+    return max(MAX_BATCHES - len(adaptive.batches), 0)
+
+
 def _half_widths(pairs: list[compare.CasePair]) -> list[dict[str, Any]]:
     return [{"pair": p.result.label, "half_width": p.result.half_width, "method": p.method} for p in pairs]
 

@@ -227,6 +227,21 @@ def _print_worlds(run, worlds: list, launcher) -> int:
     return EXIT_OK
 
 
+def _loop_left(run, todo: list) -> str:
+    """What a resume's adaptive loop does after the missing cases (nothing for a planned run): a run
+    cut off between batches read "0 cases to resume" while its resume ran more batches."""
+    from tpbench import sweep
+
+    batches = sweep.batches_left(run, todo)
+    if batches is None:
+        return ""
+    adaptive, spent = run.record.adaptive, run.record.wall_s or 0.0
+    budget = f"{spent:.0f} of {adaptive.budget_s:g} s spent"
+    if batches == 0 or spent >= adaptive.budget_s:
+        return f"; then the adaptive loop ends ({sweep.MAX_BATCHES - batches} batch(es) run, {budget})"
+    return f"; the adaptive loop goes on: up to {batches} more batch(es) within the budget left ({budget})"
+
+
 def _check_resume_args(args: argparse.Namespace) -> None:
     """``--resume`` runs the run's own suite: what would change its cases is refused, so that the
     missing cases measure what the finished ones did."""
@@ -286,7 +301,9 @@ def _sweep(args: argparse.Namespace) -> int:
             on_disk = sum(left[c.case_id] == 0 for c in todo)
             recorded = f", {on_disk} of them with every repeat on disk, only to record" if on_disk else ""
             n = len(todo)
-            table = cases_table(f"{run.dir}: {n} case{'' if n == 1 else 's'} to resume{recorded} (dry run)", todo, left)
+            loop = _loop_left(run, todo)
+            title = f"{run.dir}: {n} case{'' if n == 1 else 's'} to resume{recorded}{loop} (dry run)"
+            table = cases_table(title, todo, left)
             out.print(fitted(table, out))
             return EXIT_OK
         suite = None
