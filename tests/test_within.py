@@ -348,6 +348,10 @@ def test_interrupted_adaptive_batch_resumes(tmp_path: Path, capsys) -> None:
     meta["adaptive"]["budget_s"] = meta["wall_s"] + 1e-3
     (run.dir / "run.json").write_text(json.dumps(meta))
     assert run_cli(["sweep", "--resume", str(run.dir), "--no-report"]) == 0
+    # The batch it finishes is named, as before the cut: its rounds ran under no batch line.
+    said = " ".join(capsys.readouterr().err.split())
+    assert "adaptive batch 1: 1 comparison(s) above ±0.1%" in said and "+3 round(s) for 2 case(s)" in said, said
+    assert said.count("adaptive batch") == 1  # the budget pays for no batch after it
     meta = _record(run.dir)
     assert meta["status"] == "complete" and meta["adaptive"]["state"] == "budget"
     assert meta["adaptive"]["rounds_added"] == {cid: 3 for cid in meta["cases"]}

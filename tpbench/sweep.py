@@ -479,6 +479,25 @@ def batches_left(run: store.Run, todo: list[Case]) -> int | None:
     return max(MAX_BATCHES - len(adaptive.batches), 0)
 
 
+def pending_batch(run: store.Run, todo: list[Case]) -> Batch | None:
+    """The adaptive batch a resume finishes, as ``next_batch`` planned it (from its record in
+    run.json): the last one, where the loop is running and any of ``todo`` (the missing cases) is
+    one of its cases; None otherwise. The resume names it, as the batch line did before the cut,
+    so that its rounds do not run under no batch."""
+    adaptive = run.record.adaptive
+    if adaptive is None or adaptive.state != ADAPTING or not adaptive.batches:
+        return None
+    last = adaptive.batches[-1]
+    if not any(c.case_id in last["repeats"] for c in todo):
+        return None
+    return Batch(
+        len(adaptive.batches),
+        [run.record.cases[cid].case for cid in last["repeats"]],
+        {cid: new - old for cid, (old, new) in last["repeats"].items()},
+        [(c["pair"], c["half_width"]) for c in last["comparisons"]],
+    )
+
+
 def _half_widths(pairs: list[compare.CasePair]) -> list[dict[str, Any]]:
     return [{"pair": p.result.label, "half_width": p.result.half_width, "method": p.method} for p in pairs]
 
@@ -641,7 +660,7 @@ class Phase:
     run: store.Run
     cases: list[Case]
     items: dict[str, int]  # case_id → its (case, repeat) items still to run
-    batch: Batch | None = None  # the adaptive batch; None for the planned repeats
+    batch: Batch | None = None  # the adaptive batch (one a resume finishes too); None for the planned repeats
 
 
 # Given each phase before its worlds start, the listener of its launcher events as a context (the
@@ -697,10 +716,12 @@ def run(
     here; ``RECORDED`` (with ``resume``) starts them as the run was started, and another kind than
     the run's is refused (``refuse_another_launcher``). ``progress`` is told of
     each phase before its worlds start. Ctrl-C leaves the run interrupted and resumable."""
+    pending = None
     if resume is not None:
         the_run, cases, launcher = _resume(resume, launcher, print_only)
         if not cases and _summarized(the_run):
             return Outcome(the_run, [], nothing_left=True)
+        pending = pending_batch(the_run, cases)
         if cases:
             reopen_adaptive(the_run)
     else:
@@ -719,7 +740,7 @@ def run(
         return Outcome(the_run, cases, printed=print_worlds(the_run, cases, launcher), launcher=launcher)
     left = {c.case_id: c.repeats - len(store.finished_repeats(the_run.dir, c.case_id)) for c in cases}
     t0 = time.monotonic()
-    with progress(Phase(the_run, cases, left)) as listener:
+    with progress(Phase(the_run, cases, left, pending)) as listener:
         execute(the_run, cases, listener, launcher, lockstep, in_passes=lockstep is None)
     while (batch := next_batch(the_run)) is not None:
         with progress(Phase(the_run, batch.cases, batch.added, batch)) as listener:
