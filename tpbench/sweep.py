@@ -171,9 +171,9 @@ def missing(run: store.Run) -> list[Case]:
 
 def check_links(run: store.Run) -> None:
     """``InterconnectUnavailable`` for an emulated link that the missing cases of ``run`` need and
-    this machine cannot make (no root, no ``tc``, no tbf), before a resume changes or runs anything.
-    A new sweep checks its links before it starts (``start``); a resume that did not ran its other
-    worlds first and then stopped at the emulated one's, exit 2, its run left reading as running."""
+    this machine cannot make (no root, no ``tc``, no tbf): checked by ``reopen`` (a sweep's or a
+    tune's resume) and a resume's dry run before anything runs or changes, as a new sweep checks
+    its links before it starts (``start``)."""
     profiles = run.record.suite_table("interconnects")
     for name in dict.fromkeys(c.interconnect for c in missing(run)):
         check_available(resolve(name, profiles))
@@ -203,6 +203,7 @@ def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
     its status.
     """
     run = store.Run.open(run_dir, own=True)
+    check_links(run)  # an emulated link this machine cannot make: refused before anything runs or changes
     store.load(run.dir, summary=False)  # a done case's steps lost: refused before anything runs or changes
     cases = {cid: c.case for cid, c in run.record.cases.items()}
     ingest_printed(run, cases, run.record.suite_table("interconnects"), lambda kind, ev: None)
@@ -755,7 +756,6 @@ def _resume(
     """A run reopened to resume (``reopen``), its missing cases and the launcher to start them with."""
     refuse_a_tune(run_dir)
     refuse_another_launcher(run_dir, launcher)
-    check_links(store.Run.open(run_dir))
     the_run, cases = reopen(run_dir)
     launcher = launcher_of(the_run.record) if launcher == RECORDED else launcher
     if print_only and launcher is None:

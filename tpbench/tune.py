@@ -392,7 +392,6 @@ def run(
     the run's own), raced to its result (``race``)."""
     if resume is not None:
         sweep.refuse_another_launcher(resume, launcher)
-        sweep.check_links(store.Run.open(resume))  # before the race goes on, as a sweep's resume checks
         the_run, options = reopen(resume)
         launcher = sweep.launcher_of(the_run.record) if launcher == sweep.RECORDED else launcher
     else:
