@@ -938,6 +938,7 @@ def test_a_gate_of_two_checkouts_of_ones_own_code_measures_each_sides_own_model(
     [
         (tiny_suite('algorithm = ["ddp"]'), [], True),  # built-in code only: a wrong folder gated tpbench alike
         (tiny_suite('algorithm = ["ddp"]'), ["workload=mymodels:make"], False),
+        (tiny_suite('algorithm = ["ddp"]'), ["workload"], True),  # no value: an IndexError's traceback
         (tiny_suite('algorithm = ["ddp"]', workload='"mymodels:make"'), [], False),
         (tiny_suite('comm_hook = ["allreduce", "myhooks:h"]'), [], False),
     ],

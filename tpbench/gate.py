@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -147,13 +148,12 @@ def _refuse_a_project_without_code(side: Side, suite: str | Path, overrides: Seq
     or the ``--set`` values): both sides would run this tpbench on the same built-in code, and a
     mistyped or wrong folder (``--baseline results``) gated the code against itself without a word.
     Read from the file's text as written: the suite is validated where each side imports its code."""
-    import tomllib
-
     try:
         data = tomllib.loads(Path(suite).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return  # the sides' own sweeps refuse it, naming what is wrong
-    values: list[Any] = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].strip() in _CODE_KEYS]
+    assigned = (o.partition("=") for o in overrides)  # a value without "=" is the sides' to refuse
+    values: list[Any] = [value for key, _, value in assigned if key.strip() in _CODE_KEYS]
     for table in (data.get("defaults"), data.get("sweep")):
         if isinstance(table, dict):
             values += [v for k in _CODE_KEYS for v in _as_list(table.get(k))]
