@@ -672,20 +672,20 @@ def _pace(
     stopped = None
     while stopped is None and not all(s.exited for s in sides):
         order = rng.sample(sides, len(sides))
-        items = []
+        items: list[dict[str, Any]] = []
+        this = {"round": len(rounds) + 1, "order": [s.side.name for s in order], "items": items}
         try:
             for s in order:
                 if (item := conductor.run_item(s, cfg.metric)) is not None:
                     items.append(item)
         except BudgetSpent as e:
             # An item the round had finished is on its side's disk: gate.json keeps it too, in a round
-            # marked partial, and the stop line counts it ("0 rounds" read as if nothing had run).
+            # marked partial, which the stop line counts.
             if items:
-                rounds.append({"round": len(rounds) + 1, "order": [s.side.name for s in order], "items": items})
-                rounds[-1]["partial"] = True
+                rounds.append(this | {"partial": True})
             return f"budget of {cfg.budget_s:g} s spent while waiting for {e}"
         if items:
-            rounds.append({"round": len(rounds) + 1, "order": [s.side.name for s in order], "items": items})
+            rounds.append(this)
             if not misaligned and len({(i["case"], i["repeat"]) for i in items}) > 1:
                 misaligned = True
                 announce(
