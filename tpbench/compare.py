@@ -490,7 +490,7 @@ def _judge_case(
         "ci_lo": est.lo,
         "ci_hi": est.hi,
         "half_width": est.half_width if est.has_interval else None,
-        "pairs": est.n if est.method == "paired" or pairing != "none" else 0,
+        "pairs": est.n if pairing != "none" else 0,
     }
     said = verdict_of(est, threshold, baseline_n=n_b, candidate_n=n_c)
     note, unlike = timed_steps_differences(base_params, [r.params[case_id] for r in cand if case_id in r.params])
