@@ -35,6 +35,11 @@ from tpbench.compare import (
 Result = Comparison | WithinRun
 
 
+def _ignored(differences: list[str]) -> list[str]:
+    """The environment differences ``--ignore-env`` let through, a line each, as compare and explain say them."""
+    return [f"environment differs, ignored (--ignore-env): {d}" for d in differences]
+
+
 def _num(x: float | None) -> str:
     return "" if x is None or not math.isfinite(x) else verdict.ms(x)
 
@@ -123,7 +128,7 @@ def _preamble(c: Result) -> list[str]:
         f"candidate: {len(c.candidate_runs)} run(s), commit {', '.join(c.candidate_commits)}",
     ]
     lines += [f"environment differs: {d}" for d in c.environment_differences]
-    lines += [f"environment differs, ignored (--ignore-env): {d}" for d in c.ignored_environment_differences]
+    lines += _ignored(c.ignored_environment_differences)
     return lines
 
 
@@ -245,7 +250,7 @@ def _explain_note(c: explain.CaseExplanation) -> str:
 def _incomparable(r: explain.Report) -> list[str]:
     """The note above an explanation of runs whose environments differ, in compare's words, those
     ``--ignore-env`` set aside included."""
-    ignored = [f"environment differs, ignored (--ignore-env): {d}" for d in r.ignored_environment_differences]
+    ignored = _ignored(r.ignored_environment_differences)
     if not r.environment_differences:
         return ignored
     return [
