@@ -895,19 +895,8 @@ def load(run_dir: str | Path, *, summary: bool = True) -> Loaded:
                 raise StoreError(f"{steps_path}: missing, but run.json says case {cid} is done")
             frames.append(_read_steps(steps_path).assign(case_id=cid))
     steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    table = check_summary_cases(run_dir, read_summary(run_dir), record) if summary else pd.DataFrame()
+    table = read_summary(run_dir, record) if summary else pd.DataFrame()
     return Loaded(run_dir, record, cases_table(record), steps, table)
-
-
-def check_summary_cases(run_dir: Path, summary: pd.DataFrame, record: RunRecord) -> pd.DataFrame:
-    """``summary``, refused when it holds cases that are not the run's: another run's summary copied
-    here matches none of its cases, and the report dropped its verdicts without a word."""
-    if not summary.empty and "case_id" in summary and (foreign := set(summary["case_id"]) - set(record.cases)):
-        raise StoreError(
-            f"{Path(run_dir) / SUMMARY_FILE}: {len(foreign)} of its cases are not this run's (e.g. {min(foreign)}); "
-            f"another run's summary? `tpbench sweep --resume {run_dir}` writes it again"
-        )
-    return summary
 
 
 def owned(run_dir: Path) -> bool:
@@ -970,11 +959,19 @@ def cases_table(record: RunRecord) -> pd.DataFrame:
     return table
 
 
-def read_summary(run_dir: Path) -> pd.DataFrame:
+def read_summary(run_dir: Path, record: RunRecord) -> pd.DataFrame:
     """A run's summary.parquet alone (empty when it has none); a broken one raises ``StoreError``
-    naming it. What asks only whether the summary stands need not read every case's steps."""
+    naming it, and so does one holding cases that are not ``record``'s (another run's summary copied
+    here matches none of its cases). What asks only whether the summary stands need not read every
+    case's steps."""
     path = Path(run_dir) / SUMMARY_FILE
-    return _read_summary(path) if path.exists() else pd.DataFrame()
+    summary = _read_summary(path) if path.exists() else pd.DataFrame()
+    if not summary.empty and "case_id" in summary and (foreign := set(summary["case_id"]) - set(record.cases)):
+        raise StoreError(
+            f"{path}: {len(foreign)} of its cases are not this run's (e.g. {min(foreign)}); "
+            f"another run's summary? `tpbench sweep --resume {run_dir}` writes it again"
+        )
+    return summary
 
 
 def _read_summary(path: Path) -> pd.DataFrame:

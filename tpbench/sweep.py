@@ -793,6 +793,6 @@ def _summarized(run: store.Run) -> bool:
     if not run.record.finished:
         return False
     try:
-        return not store.check_summary_cases(run.dir, store.read_summary(run.dir), run.record).empty
+        return not store.read_summary(run.dir, run.record).empty
     except store.StoreError:
         return False
