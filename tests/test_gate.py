@@ -960,3 +960,8 @@ def test_a_folder_of_ones_own_code_with_a_suite_that_names_none_is_refused(
             gate._refuse_a_project_without_code(side, suite, overrides)
     else:
         gate._refuse_a_project_without_code(side, suite, overrides)
+
+
+def test_the_keys_the_gate_refuses_in_set_are_the_ones_it_sets() -> None:
+    """``GATE_KEYS`` (refused in a user's --set) and ``Lockstep.overrides`` (set for both sides) name one list."""
+    assert [o.split("=", 1)[0] for o in gate.Lockstep().overrides()] == list(gate.GATE_KEYS)

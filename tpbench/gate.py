@@ -300,8 +300,17 @@ class Lockstep:
 
     def overrides(self) -> list[str]:
         """``--set`` values for both sides (before the user's own): the planned repeats, and no
-        profiling, which a gate never reads. Both are budget keys: cases keep their identity."""
+        profiling, which a gate never reads. Both are budget keys: cases keep their identity. Their
+        keys are ``GATE_KEYS``'."""
         return [f"repeats={self.repeats}", "capture.profiler_steps=0"]
+
+
+# The keys ``Lockstep.overrides`` sets for both sides, and what to give instead: a user's --set of one
+# would come after the gate's and win, unseen by the gate (``tpbench gate`` refuses it).
+GATE_KEYS = {
+    "repeats": "the gate sets repeats; use --repeats",
+    "capture.profiler_steps": "a gate never traces while it measures; use --explain",
+}
 
 
 @dataclass

@@ -85,14 +85,6 @@ def cmd_gate(args: argparse.Namespace) -> int:
         return _gate(args)
 
 
-# Keys a lockstep gate sets for both sides itself (``gate.Lockstep.overrides``): a user's --set would come after
-# them and win, unseen by the gate.
-_GATE_KEYS = {
-    "repeats": "the gate sets repeats; use --repeats",
-    "capture.profiler_steps": "a gate never traces while it measures; use --explain",
-}
-
-
 def _check_lockstep_options(args: argparse.Namespace) -> None:
     """``GateError`` (exit 2, before any sweep) for lockstep options the gate would not honour: a
     ``--target-ci`` whose ``--repeats`` stops short of the pairs a case is decided from, which ran to
@@ -107,7 +99,7 @@ def _check_lockstep_options(args: argparse.Namespace) -> None:
         )
     for flag, values in (("--set", args.set), ("--candidate-set", args.candidate_set)):
         for value in values or ():
-            why = _GATE_KEYS.get(value.split("=", 1)[0].strip())
+            why = gate.GATE_KEYS.get(value.split("=", 1)[0].strip())
             if why:
                 raise compare.GateError(f"{flag} {value}: {why}")
 
