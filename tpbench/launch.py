@@ -35,6 +35,7 @@ from tpbench import store
 from tpbench.capture import transport
 from tpbench.interconnect import Interconnect, resolve, world_network
 from tpbench.plan import Plan
+from tpbench.record import WorldRecord
 from tpbench.suite import Case
 from tpbench.worlds import (
     DRAIN_S,
@@ -552,9 +553,19 @@ def take_over_printed(run: store.Run) -> None:
     resume that calls this runs (or prints again) itself: their printed commands, started after
     all, then run nothing (``worker._spent``) rather than measure those cases a second time and
     write over their traces and tables."""
-    for entry in run.record.worlds:
-        if entry.printed and not entry.ingested and not any((run.dir / "events" / entry.world).glob("rank*.jsonl")):
+    for entry in _printed_not_recorded(run):
+        if not _started(run, entry.world):
             run.world_ingested(entry.world)
+
+
+def _printed_not_recorded(run: store.Run) -> list[WorldRecord]:
+    """The run's worlds printed for the user to start (``--print``) that no resume has recorded yet."""
+    return [entry for entry in run.record.worlds if entry.printed and not entry.ingested]
+
+
+def _started(run: store.Run, world: str) -> bool:
+    """Whether a printed world was started: its ranks write events files as they start."""
+    return any((run.dir / "events" / world).glob("rank*.jsonl"))
 
 
 class PrintedWorldRecord:
@@ -593,9 +604,8 @@ def check_printed(run: store.Run) -> None:
     not an event is refused as it is there (``event_line``: ``store.StoreError`` naming the file and
     line), so that ``sweep --resume --dry-run`` refuses what ``--resume`` refuses instead of listing
     the run's cases and exiting 0."""
-    for entry in run.record.worlds:
-        if entry.printed and not entry.ingested:
-            EventFiles(run.dir / "events" / entry.world).read()
+    for entry in _printed_not_recorded(run):
+        EventFiles(run.dir / "events" / entry.world).read()
 
 
 def ingest_printed(
@@ -604,10 +614,8 @@ def ingest_printed(
     """Record what the printed worlds of a run did, from their events files, as if supervised:
     finished cases become done, a case that raised or was cut short becomes failed. A printed
     world with no events yet has not been started; it is left alone (its cases stay pending)."""
-    for entry in run.record.worlds:
-        if not entry.printed or entry.ingested:
-            continue
-        if not any((run.dir / "events" / entry.world).glob("rank*.jsonl")):
+    for entry in _printed_not_recorded(run):
+        if not _started(run, entry.world):
             continue
         world = PrintedWorldRecord(run.dir, entry.world, entry.world_size)
         plan = Plan.read(run.dir / "plans" / f"{entry.world}.json")
