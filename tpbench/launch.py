@@ -123,8 +123,8 @@ def suite_hint(tb: str) -> str:
     return ""
 
 
-# Beside a timeout's cause: a healthy case on a busy or slow machine times out the same way, and
-# "a rank hung" alone sent its user looking for a deadlock that was not there.
+# Beside a timeout's cause: a healthy case on a busy or slow machine times out the same way as a hung
+# one, and the cure for it is a larger timeout.
 SLOWER = "; or it runs slower than that here: raise the suite's timeout_s"
 
 

@@ -703,8 +703,8 @@ def _not_a_run_dir(path: Path) -> str:
 def _runs_below(folder: Path) -> str:
     """What to give instead of a folder that is not a run but holds runs: a results root
     (``ROOT/<suite>/<run_id>``) or one suite's folder of them, named with its latest run; else that
-    its sweep may never have started. Said where a run was expected: "is not a tpbench run" alone
-    left the reader to find the run's folder two levels down."""
+    its sweep may never have started. Said where a run was expected, so that the reader sees which
+    level of the results tree a run is."""
     with contextlib.suppress(OSError):
         found = [p for p in folder.iterdir() if (p / RUN_FILE).is_file()] or list(iter_runs(folder))
         if found:

@@ -415,7 +415,7 @@ MIN_ROUNDS = 2
 MAX_BATCHES = 6
 ADAPTING, TARGET_MET, BUDGET_SPENT, LOOKS_SPENT = "running", "met", "budget", "looks"
 # Ended with no comparison to narrow: every pair had a failed case (a sweep of none is refused before
-# it runs, ``refuse_nothing_to_compare``). "met" said of it read "target met; 0 of 0 comparison(s)".
+# it runs, ``refuse_nothing_to_compare``), which is not a target met.
 NO_COMPARISON = "none"
 
 
@@ -459,8 +459,7 @@ def start_adaptive(run: store.Run, target: float, budget_s: float) -> None:
 
 def reopen_adaptive(run: store.Run) -> None:
     """Open an ended adaptive loop again for a resume that runs cases again (a failed one): the
-    loop ended without that case's comparisons, and closed it read "target met; 0 of 0
-    comparison(s)" after the case ran, those comparisons never given rounds. Its batches and budget
+    loop ended without that case's comparisons, which then get their rounds. Its batches and budget
     stay as they were: ``next_batch`` goes on from them, and ends again with the half-widths after."""
     adaptive = run.record.adaptive
     if adaptive is None or adaptive.state == ADAPTING:

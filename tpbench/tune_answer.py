@@ -686,9 +686,8 @@ def _round_seconds(run: store.Run, cases: list[Case]) -> dict[str, pd.Series]:
 def _timed(seconds: Mapping[str, pd.Series], rounds: Mapping[str, int]) -> tuple[float, float]:
     """The timed-step seconds the tune ran (every arm and round, ``_round_seconds``), and what the
     grid would have timed: each arm's mean per round times the ``rounds`` its world's race ran. In
-    one world those are the recommended arm's rounds; across worlds, each world's own: a world the
-    budget cut short (the recommended arm's, say) set against the rounds of another that ran on
-    made the tune's share over 100 %, as if racing cost more than running every arm."""
+    one world those are the recommended arm's rounds; across worlds, each world's own, so that the
+    tune's share stays at most 1 where the budget cut one world short of another."""
     timed = sum(float(s.sum()) for s in seconds.values())
     return timed, sum(float(s.mean()) * rounds.get(a, 0) for a, s in seconds.items())
 

@@ -74,9 +74,8 @@ def _path(what: str) -> Callable[[str], Path]:
 
 
 def _file(what: str) -> Callable[[str], Path]:
-    """The type of an output file option: ``_path``'s check, and a folder refused as it is typed (exit 2).
-    A folder passed to ``--report`` or ``-o`` was taken and failed on writing, exit 3 and no option named
-    ("error: reports: cannot write: Is a directory"), as if the disk were at fault."""
+    """The type of an output file option: ``_path``'s check, and a folder refused as it is typed: a
+    usage error naming the option (exit 2), not a failed write (exit 3, as if the disk were at fault)."""
     check = _path(what)
 
     def parse(text: str) -> Path:

@@ -436,8 +436,8 @@ def _print_batch(record, batch) -> None:
 def _print_adaptive(adaptive) -> None:
     """How an adaptive sweep ended (nothing for a planned one), with the widest half-width after by
     the rule it stopped by: the sequential one, at the confidence spent over the loop's looks, wider
-    than the 95 % interval that the verdicts under it and ``compare`` give of the same comparison.
-    Without it, "0 of 1 comparison(s) resolve ±20.0%" stood above "this run resolves ±19.6%"."""
+    than the 95 % interval that the verdicts under it and ``compare`` give of the same comparison, so
+    that the two figures of one comparison are told apart."""
     from tpbench import sweep, verdict
 
     if not adaptive:
