@@ -181,9 +181,8 @@ def _drift(page: Page, curves: pd.DataFrame, colors: dict[str, str]) -> None:
 
 def _drift_figure(curves: pd.DataFrame, colors: dict[str, str]) -> go.Figure:
     """Drift against steps trained, as the loss chart above counts them: a drift stored at step s was
-    measured after that step's optimizer step, s + 1 steps in (it was drawn at s, "step", one off the
-    loss chart's axis). Its legend sits lower than the shared one: at this height that one covered
-    the axis title."""
+    measured after that step's optimizer step, s + 1 steps in, where the loss chart's axis puts it.
+    Its legend sits lower than the shared one, clear of the axis title at this height."""
     fig = px.line(
         curves.sort_values(["order", "step"], kind="stable").assign(trained=lambda c: c["step"] + 1),
         x="trained",

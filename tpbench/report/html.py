@@ -163,8 +163,8 @@ def plain_templates() -> Iterator[None]:
 
     plotly express picks a trace's colour when the figure is built, from the template's colorway, and
     without one from D3's palette; a ``go`` trace without a colour takes the page template's in the
-    browser. So express is given the page template's colorway: otherwise rank 0 was D3's blue in
-    "Memory per rank" and the template's violet in "What ZeRO saves" beside it."""
+    browser. So express is given the page template's colorway, and a series has one colour in every
+    chart of the page, whichever way the chart was built."""
     saved = pio.templates.default, px.defaults.color_discrete_sequence
     pio.templates.default = "none"
     px.defaults.color_discrete_sequence = list(pio.templates[PAGE_TEMPLATE].layout.colorway)

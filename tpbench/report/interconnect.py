@@ -109,8 +109,8 @@ def _other_keys(points: pd.DataFrame) -> list[str]:
 
 def _value(v: object) -> str:
     """A parameter value as the case labels (``Case.label``) and the tables beside the chart write it:
-    a bool as Python spells it, shard_buckets=False (the legend said "false" over tables saying False),
-    a whole float as an integer (4, not 4.0)."""
+    a bool as Python spells it (shard_buckets=False, as in the tables), a whole float as an integer (4,
+    not 4.0)."""
     return str(bool(v)) if isinstance(v, (bool, np.bool_)) else value_text(v)
 
 
@@ -160,8 +160,8 @@ def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None, oth
     fig.update_xaxes(
         type="log", title="communication : computation (no-overlap reference)", range=[np.log10(lo_x), np.log10(hi_x)]
     )
-    # A ratio on a log axis, as the fit is of its log: on a linear one a single wide interval (to 36
-    # on suites/zero.toml's 3 repeats) pressed every point and the line into the bottom 5 %.
+    # A ratio on a log axis, as the fit is of its log; a single wide interval then leaves the other
+    # points and the line readable.
     fig.update_yaxes(
         type="log",
         title="step time, interleaved / sequential (log scale)",

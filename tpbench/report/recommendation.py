@@ -244,7 +244,7 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
     high = min(RACE_TOP, max(top * 1.03, (1 + epsilon) ** 2))
     off = f"; settings more than {RACE_TOP:g}× the leader run off the top" if top > high else ""
     fig.update_layout(
-        # The key on a line of its own: on one line with the title it ran under plotly's toolbar.
+        # The key on a line of its own, clear of plotly's toolbar.
         title=(
             "The race: ratio to the round's leader<br><sup>×: eliminated; ○: retired, tied; at 1 without a bar: "
             f"the round's leader; shaded: the tie zone{off}</sup>"

@@ -154,8 +154,7 @@ def machine_load(page: Page, data: ReportData) -> None:
     if not frames:
         return
     repeats = pd.concat(frames, ignore_index=True)
-    # Noisiest first: furthest from its case's median either way. Sorted by the signed change, the repeats
-    # furthest below it came last, and past the table's rows were the ones left out.
+    # Noisiest first: furthest from its case's median either way, so that the table's rows keep those.
     noisy = data.with_cases(repeats[repeats["noisy"]]).sort_values(
         "relative", key=lambda r: (r - 1).abs(), ascending=False, kind="stable"
     )
@@ -194,7 +193,7 @@ def machine_load(page: Page, data: ReportData) -> None:
 
 def _change_pct(relative: float) -> str:
     """A repeat's step time against its case's median as a whole percentage; a change that rounds to
-    none reads "+0%", never "-0%" (formatting 0.9995 - 1 gave "-0%" beside another repeat's "+0%")."""
+    none reads "+0%", never "-0%"."""
     return f"{round((relative - 1) * 100):+d}%"  # an int: no negative zero
 
 

@@ -136,7 +136,7 @@ def _overlap_bars(df: pd.DataFrame) -> go.Figure:
         margin=dict(MARGIN, r=110),
         xaxis_title="ms per step and rank",
         # Plotly reverses a stacked chart's legend by default (right for a vertical stack); these stack
-        # left to right beside a horizontal legend, which then read idle first.
+        # left to right beside a horizontal legend, which lists them in that order.
         legend=LEGEND_TOP | dict(traceorder="normal"),
     )
     fig.update_yaxes(autorange="reversed")
@@ -298,7 +298,7 @@ def _busbw(page: Page, data: ReportData, df: pd.DataFrame) -> go.Figure:
         .agg(busbw_gbps=("busbw_gbps", "median"), time_ms=("time_ms", "median"), n=("busbw_gbps", "size"))
     )
     # In the cases' order, as the step-time chart draws them: plotly colours each algorithm in the order it
-    # first appears, and grouped by case id (a hash) plain DDP was blue there and red here.
+    # first appears, so each algorithm has the step-time chart's colour here.
     agg = display(data.with_cases(agg).sort_values("order", kind="stable"), ["algo", "label", "run", "collective"])
     agg["bytes"] = agg["bytes"].astype(float)
     agg["setting"] = agg["label"] + ", " + agg["collective"]

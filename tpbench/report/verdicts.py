@@ -503,8 +503,8 @@ def _tuned_runs(data: ReportData) -> set[str]:
 
 def _tuned_lines(data: ReportData, tuned: set[str]) -> list[str]:
     """A tune's arms are the settings its user asked to race, whatever keys tell them apart: a
-    planted ``slowdown_pct`` is not a tuning knob, and grouped by it every arm read as "the only
-    case there". The tune's Recommendation compares them, at the confidence its race spent; a
+    planted ``slowdown_pct`` is not a tuning knob, and grouped by it every arm would stand alone.
+    The tune's Recommendation compares them, at the confidence its race spent; a
     second ranking here, on other intervals, could disagree with it: point to it instead."""
     lines = []
     for run_id in sorted(tuned):

@@ -74,11 +74,11 @@ def _waterfall(tag: str, case: explain.CaseExplanation) -> go.Figure:
             totals=dict(marker=dict(color="#5c6b7a")),
         )
     )
-    # The bars' levels: the baseline, the running sum after each part, the candidate. Plotly's range ends
-    # at the highest bar, and a part's label set above its bar there was cut off ("+2.84" half drawn).
+    # The bars' levels: the baseline, the running sum after each part, the candidate. The range runs
+    # past the highest bar, whose part's label sits above it.
     levels = [*itertools.accumulate(values[:-1]), e.cand_ms]
     fig.update_layout(
-        # Two lines: on one, a long case's title ran under the chart's tool buttons at the top right.
+        # Two lines, so that a long case's title stays clear of the chart's tool buttons at the top right.
         title=plot_text(f"{tag}, {case.label}") + "<br>" + plot_text("step time (ms), baseline → candidate"),
         yaxis=dict(title="ms per step", range=[min(0.0, *levels), max(levels) * LABEL_ROOM]),
         margin=MARGIN | dict(t=70),
