@@ -32,6 +32,7 @@ from tpbench.interconnect import (
 from tpbench.launch import (
     Listener,
     PrintedWorld,
+    check_printed,
     group_cases,
     ingest_printed,
     print_group,
@@ -192,6 +193,16 @@ def repeats_left(run: store.Run, cases: list[Case]) -> dict[str, int]:
     return {c.case_id: c.repeats - kept[c.case_id] for c in cases}
 
 
+def check_resumable(run: store.Run) -> None:
+    """What a resume refuses before anything runs or changes, and so its dry run too (which would
+    otherwise list the run's cases and exit 0 where the resume exits 2 or 3): a done case's steps
+    lost or unreadable, a printed world's events file damaged, an emulated link this machine cannot
+    make (``check_links``)."""
+    store.load(run.dir, summary=False)
+    check_printed(run)
+    check_links(run)
+
+
 def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
     """A run to resume, owned by this process from now on, and the cases it still needs: failed
     ones start clean, pending ones keep their finished repeats. ``RunBusy`` when another process
@@ -203,8 +214,7 @@ def reopen(run_dir: Path) -> tuple[store.Run, list[Case]]:
     its status.
     """
     run = store.Run.open(run_dir, own=True)
-    check_links(run)  # an emulated link this machine cannot make: refused before anything runs or changes
-    store.load(run.dir, summary=False)  # a done case's steps lost: refused before anything runs or changes
+    check_resumable(run)
     cases = {cid: c.case for cid, c in run.record.cases.items()}
     ingest_printed(run, cases, run.record.suite_table("interconnects"), lambda kind, ev: None)
     todo = missing(run)

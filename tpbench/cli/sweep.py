@@ -281,7 +281,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from tpbench import launch, store, sweep
+    from tpbench import store, sweep
 
     launcher = _check_sweep_args(args)
     if args.resume:
@@ -289,12 +289,7 @@ def _sweep(args: argparse.Namespace) -> int:
         launcher = resumed_launcher(args, launcher)
         if args.dry_run:
             run = store.Run.open(args.resume)
-            # What `--resume` refuses before it changes anything (a done case's steps lost or
-            # unreadable, ``sweep.reopen``), its dry run refuses too: "0 cases to resume" then exit 0
-            # would tell a user the run is whole when the resume itself exits 3.
-            store.load(run.dir, summary=False)
-            launch.check_printed(run)  # a printed world's events file damaged: refused as --resume does
-            sweep.check_links(run)  # an emulated link this machine cannot make: refused as --resume does
+            sweep.check_resumable(run)  # what --resume refuses before it changes anything, refused here too
             todo = sweep.missing(run)
             left = sweep.repeats_left(run, todo)
             # A case with every repeat on disk (a printed world that ran) is only recorded.
