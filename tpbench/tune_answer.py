@@ -180,7 +180,11 @@ def result(
     history = [e for r in races for e in r.history]
     # The rounds the command that would decide it is given: those the estimate asks for, or, where the
     # budget ended the race before its first look (no interval, no estimate), the suite's own.
-    total = rec.rounds + more if rec and more else _suite_rounds(races) if rec and _unjudged(races, options) else None
+    total = None
+    if rec and more:
+        total = rec.rounds + more
+    elif rec and _unjudged(races, options):
+        total = _suite_rounds(races)
     step = _next_step(run, races, rec, total, options, wall_s) if state == UNRESOLVED else None
     decide_s = _decide_wall_s(arms, seconds, total, wall_s, timed_s) if step and total else None
     trace = _trace_step(run, arms, {c.case_id: averaging_window(c.params()) for c in cases})
