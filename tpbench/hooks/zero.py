@@ -163,15 +163,18 @@ class _BucketPlan:
     broadcast_range: str
 
 
-def _reduced_tensor(fut: torch.futures.Future, hook: CommHook, plan: _BucketPlan) -> torch.Tensor:
-    """The flat reduced bucket a comm hook's future holds (a tensor, or a one-tensor list).
-
-    Checked to be the bucket's size and dtype (its gradients are sliced out of it and stepped): a
-    hook that returns its compressed tensor without decompressing it, or a tensor of another size,
-    would otherwise fail inside the optimizer step ("expected dtype
-    float ... but got dtype c10::Half") or in a slice, naming neither the hook nor the bucket."""
+def _reduced_tensor(fut: torch.futures.Future) -> torch.Tensor:
+    """The flat reduced bucket a comm hook's future holds (a tensor, or a one-tensor list)."""
     value = fut.value()
-    flat = value[0] if isinstance(value, (list, tuple)) else value
+    return value[0] if isinstance(value, (list, tuple)) else value
+
+
+def _check_reduced(flat: Any, hook: CommHook, plan: _BucketPlan) -> None:
+    """``ValueError`` naming the inner hook when its reduced bucket is not the bucket's size and dtype
+    (its gradients are sliced out of it and stepped): a hook that returns its compressed tensor
+    without decompressing it, or a tensor of another size, would otherwise fail inside the optimizer
+    step ("expected dtype float ... but got dtype c10::Half") or in a slice, naming neither the hook
+    nor the bucket."""
     if not isinstance(flat, torch.Tensor) or flat.dtype != plan.dtype or flat.numel() != plan.numel:
         got = f"{flat.dtype} × {flat.numel()}" if isinstance(flat, torch.Tensor) else type(flat).__name__
         name = f"{getattr(hook, '__module__', '?')}:{getattr(hook, '__qualname__', hook)}"
@@ -180,7 +183,6 @@ def _reduced_tensor(fut: torch.futures.Future, hook: CommHook, plan: _BucketPlan
             f"bucket's reduced gradients, {plan.dtype} × {plan.numel} (a compressing hook decompresses in its "
             "future's callback, as fp16_compress_hook does)"
         )
-    return flat
 
 
 class _ZeroOverlap:
@@ -203,6 +205,7 @@ class _ZeroOverlap:
         self._interleaved = interleaved
         self._collected: list[list[torch.Tensor]] = []
         self._plans: list[_BucketPlan] | None = None
+        self._unchecked: set[int] = set()  # buckets whose reduced tensor ``_check_reduced`` has yet to see
         self._lag: int | None = None  # buckets between a reduce being issued and its step; None = at the end
         self._grads: list[torch.Tensor | None] = []
         self._reduced: deque[tuple[_BucketPlan, torch.futures.Future]] = deque()
@@ -265,6 +268,7 @@ class _ZeroOverlap:
             self._lag = 0 if _completes_at_enqueue(zero.process_group, device) else 1
         self._collected = []
         self._plans = plans
+        self._unchecked = {p.index for p in plans}
 
     def _advance(self, index: int, fut: torch.futures.Future) -> None:
         assert self._plans is not None
@@ -286,7 +290,10 @@ class _ZeroOverlap:
     def _step_and_broadcast(self, plan: _BucketPlan, fut: torch.futures.Future) -> None:
         if plan.local_offset is not None:
             fut.wait()  # NCCL: a stream dependency; Gloo: blocks until this bucket is reduced
-            flat = _reduced_tensor(fut, self._hook, plan)
+            flat = _reduced_tensor(fut)
+            if plan.index in self._unchecked:  # a bucket's first reduce, in warm-up: timed steps skip the check
+                _check_reduced(flat, self._hook, plan)
+                self._unchecked.discard(plan.index)
             grads = self._grads
             for i, (offset, numel, shape) in enumerate(plan.grad_slices, start=plan.local_offset):
                 grads[i] = flat.narrow(0, offset, numel).view(shape)
