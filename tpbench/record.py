@@ -390,8 +390,16 @@ class Case:
         for k in varying:
             v = getattr(self, k, None)
             if k not in said and v is not None:
-                parts.append(f"{k}={v}")
+                parts.append(f"{k}={label_value(v)}")
         return " ".join(parts)
+
+
+def label_value(v: Any) -> str:
+    """A parameter value as case labels write it, wherever the value comes from: a bool as Python
+    spells it (shard_buckets=True), a whole float as an integer (bucket_cap_mb=4), since a stored
+    column of 0.5 and 4 MB holds 4.0 where the suite said 4. ``suite.value_text`` is the other
+    spelling, the command line's (``--filter shard_buckets=true``)."""
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ import plotly.graph_objects as go
 
 from tpbench import store, verdict, whatif_run
 from tpbench.analysis import crossover, replay, whatif, whatif_validation
+from tpbench.record import label_value
 from tpbench.report.figures import log_ratio_ticks, ratio_trace
 from tpbench.report.html import Page, plot_text
-from tpbench.suite import value_text
 
 
 def sections(page: Page, runs: list[store.Loaded], fabrics: dict[str, replay.Fabric] | None = None) -> None:
@@ -61,9 +61,9 @@ def _crossover_section(page: Page, run: store.Loaded, suffix: str, anchor: str) 
             for bucket, grp in points.groupby("bucket_cap_mb"):
                 try:
                     said = crossover.estimate_crossover(grp).sentence(verdict.THRESHOLD)
-                    by_bucket.append(f"bucket_cap_mb={_value(bucket)}: {said}")
+                    by_bucket.append(f"bucket_cap_mb={label_value(bucket)}: {said}")
                 except ValueError as e:
-                    by_bucket.append(f"bucket_cap_mb={_value(bucket)}: {e}")
+                    by_bucket.append(f"bucket_cap_mb={label_value(bucket)}: {e}")
             page.bullets(by_bucket)
     other = _other_keys(points)
     page.figure(_crossover_figure(points, est, other))
@@ -107,13 +107,6 @@ def _other_keys(points: pd.DataFrame) -> list[str]:
     return [k for k in params if k not in shown and points[k].astype(str).nunique() > 1]
 
 
-def _value(v: object) -> str:
-    """A parameter value as the case labels (``Case.label``) and the tables beside the chart write it:
-    a bool as Python spells it (shard_buckets=False, as in the tables), a whole float as an integer (4,
-    not 4.0)."""
-    return str(bool(v)) if isinstance(v, (bool, np.bool_)) else value_text(v)
-
-
 def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None, other: list[str]) -> go.Figure:
     fig = go.Figure()
     # One series per bucket size and wrapped hook (a symbol per hook), so compressed points show apart.
@@ -122,7 +115,7 @@ def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None, oth
     keys = [k for k in ("bucket_cap_mb", *other, "comm_hook") if k in points]
     for values, grp in points.groupby(keys, sort=False):
         named = dict(zip(keys, values))
-        name = " ".join(f"{k}={_value(v)}" for k, v in named.items() if k != "comm_hook" or len(hooks) > 1)
+        name = " ".join(f"{k}={label_value(v)}" for k, v in named.items() if k != "comm_hook" or len(hooks) > 1)
         grp = grp.sort_values("comm_compute")
         fig.add_trace(
             ratio_trace(
@@ -136,7 +129,7 @@ def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None, oth
                 text=[
                     plot_text(
                         f"{link}, {hook}"
-                        + "".join(f", {k}={_value(v)}" for k, v in zip(other, rest))
+                        + "".join(f", {k}={label_value(v)}" for k, v in zip(other, rest))
                         + (f", all-reduce {b / 1e6:.3g} MB/step" if np.isfinite(b) else "")
                     )
                     for link, hook, b, *rest in zip(

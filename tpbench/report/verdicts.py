@@ -43,6 +43,7 @@ from tpbench.algorithms import (
 from tpbench.analysis import convergence
 from tpbench.analysis.stats import Ratio, case_ratio, geometric_mean
 from tpbench.environment import COMPARABLE_KEYS
+from tpbench.record import label_value
 from tpbench.report.data import ReportData, context_text, sentence_start
 from tpbench.suite import DDP_DEFAULT, ran_together
 
@@ -482,8 +483,7 @@ def _knobs(row: dict[str, Any], data: ReportData) -> str:
     said = named_keys(row["algo"]) | {"impl"}
     keys = [k for k in data.context_keys if k in TUNING_KEYS - said and _present(row.get(k))]
     name = row["algo"]
-    # As the case's label writes them: a column of 0.5 and 4 MB holds 4.0, the suite said 4.
-    knobs = [f"{k}={int(v) if isinstance(v := row[k], float) and v.is_integer() else v}" for k in keys]
+    knobs = [f"{k}={label_value(row[k])}" for k in keys]
     return " ".join([name, *knobs])
 
 
