@@ -1161,6 +1161,25 @@ def test_a_case_has_one_colour_in_the_loss_and_the_drift_charts():
     assert local["line"]["color"] == loss_colors[local["name"]]
 
 
+def test_the_loss_chart_marks_where_post_local_sgd_switches_in_its_own_colour():
+    """The loss-per-step chart drew post-local SGD's curve with nothing at start_localSGD_iter, so a
+    bend there read as noise or a learning-rate effect. A dash-dot line now marks the switch (10
+    steps trained here), on the step chart only, in the case's colour; DDP gets none."""
+    from tpbench.report import convergence
+    from tpbench.report.html import Page
+
+    data = localsgd_data()
+    page = Page(title="t")
+    convergence.section(page, data, verdicts.convergence_verdicts(data))
+    html = page.render()
+    assert "dash-dot: where post-local SGD switches" in html
+    loss = figures(html)[0]
+    [line] = [s for s in loss["layout"]["shapes"] if s["line"].get("dash") == "dashdot"]
+    assert line["x0"] == line["x1"] == 10 and line["xref"] == "x"
+    colors = {t["name"]: t["line"]["color"] for t in loss["data"] if t.get("showlegend", True)}
+    assert line["line"]["color"] == next(c for name, c in colors.items() if "start_localSGD_iter=10" in name)
+
+
 def test_express_and_plain_figures_draw_ranks_in_the_page_templates_colours(runs):
     """Figures built with plotly express took D3's palette (the report builds them without a
     template), ``go`` traces the page template's in the browser: rank 0 was blue in "Memory per rank"

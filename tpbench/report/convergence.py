@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tpbench import verdict
+from tpbench.algorithms import LOCALSGD
 from tpbench.analysis import convergence
 from tpbench.analysis.convergence import TARGET_RELATIVE_GAP
 from tpbench.analysis.stats import Ratio
@@ -43,15 +44,17 @@ def section(page: Page, data: ReportData, verdicts: list[ConvergenceVerdict]) ->
     curves["case"] = [
         plot_text(f"{r} · {lab}" if data.multi else lab) for r, lab in zip(curves["run"], curves["label"])
     ]
+    switches = _switches(curves, data)
     page.heading("Convergence", anchor="convergence")
     page.paragraph(
         f"Held-out loss (mean over ranks, then over repeats) against step and against training time "
         f"(cumulative slowest-rank step time: evaluation and drift measurement excluded). Dashed: the "
-        f"workload's known optimum; dotted: the target, {TARGET_RELATIVE_GAP:.0%} above it.",
+        f"workload's known optimum; dotted: the target, {TARGET_RELATIVE_GAP:.0%} above it"
+        + ("; dash-dot: where post-local SGD switches to local averaging (start_localSGD_iter)." if switches else "."),
         css="muted",
     )
     colors = _case_colors(curves)
-    page.figure(_loss_figure(curves.dropna(subset=["heldout_loss"]), data, colors))
+    page.figure(_loss_figure(curves.dropna(subset=["heldout_loss"]), data, colors, switches))
     _time_to_target(page, data, verdicts)
     if "drift_max_l2" in curves and curves["drift_max_l2"].notna().any():
         _drift(page, curves.dropna(subset=["drift_max_l2"]), colors)
@@ -65,7 +68,9 @@ def _case_colors(curves: pd.DataFrame) -> dict[str, str]:
     return {case: SERIES_COLORS[i % len(SERIES_COLORS)] for i, case in enumerate(cases)}
 
 
-def _loss_figure(curves: pd.DataFrame, data: ReportData, colors: dict[str, str]) -> go.Figure:
+def _loss_figure(
+    curves: pd.DataFrame, data: ReportData, colors: dict[str, str], switches: dict[int, list[str]]
+) -> go.Figure:
     fig = make_subplots(
         rows=1,
         cols=2,
@@ -103,11 +108,35 @@ def _loss_figure(curves: pd.DataFrame, data: ReportData, colors: dict[str, str])
             annotation_text="target",
             annotation_position="top left",
         )
+    for at, cases in switches.items():
+        fig.add_vline(
+            x=at,
+            line=dict(dash="dashdot", width=1, color=colors[cases[0]] if len(cases) == 1 else "#777"),
+            annotation_text=f"local SGD from {at}",
+            annotation_position="top right",
+            annotation_font_size=10,
+            row=1,
+            col=1,
+        )
     fig.update_xaxes(title_text="steps trained", row=1, col=1)
     fig.update_xaxes(title_text="training time (s)", row=1, col=2)
     fig.update_yaxes(title_text="held-out loss (nats)", row=1, col=1)
     fig.update_layout(height=480, margin=MARGIN, legend=LEGEND_BELOW)
     return fig
+
+
+def _switches(curves: pd.DataFrame, data: ReportData) -> dict[int, list[str]]:
+    """Where each post-local SGD case leaves global averaging, for a dash-dot line on the loss-per-step
+    chart (a curve that bends there bends because of the switch): step → the cases (as ``curves``
+    names them) that switch after that many steps trained. The hook counts iterations from the
+    first warm-up step, as the chart's steps do. Cases that switch at one step share one line."""
+    if "start_localSGD_iter" not in data.cases:
+        return {}
+    shown = curves.drop_duplicates("case")[["run_id", "case_id", "case"]]
+    cases = shown.merge(data.cases[["run_id", "case_id", "algo", "start_localSGD_iter"]], on=["run_id", "case_id"])
+    cases = cases.assign(at=pd.to_numeric(cases["start_localSGD_iter"], errors="coerce"))
+    cases = cases[(cases["algo"] == LOCALSGD) & cases["at"].notna()]
+    return {int(at): list(grp["case"]) for at, grp in cases.groupby("at", sort=True)}
 
 
 def _time_to_target(page: Page, data: ReportData, verdicts: list[ConvergenceVerdict]) -> None:
