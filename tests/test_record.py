@@ -219,6 +219,20 @@ def test_the_tables_step_time_columns_are_there_before_the_summary_is(tmp_path: 
         assert table["median_ms"].isna().all() and table["repeat_medians_ms"].isna().all()
 
 
+def test_a_summary_whose_step_times_are_text_is_refused_naming_the_column(run: Path) -> None:
+    """``Loaded.table`` promises its step-time columns as numbers: a summary.parquet holding text there
+    (written by hand, or by another tool) loaded as it was, and ``tpbench report`` then died in its
+    verdicts with a TypeError while compare and export, which read the steps, went on."""
+    path = run / "summary.parquet"
+    cases = list(store.load(run).record.cases)
+    pd.DataFrame({"case_id": cases, "median_ms": ["10.0"]}).to_parquet(path, index=False)
+    with pytest.raises(store.StoreError) as e:
+        store.load(run)
+    assert str(e.value).startswith(f"{path}: column 'median_ms' holds ") and "expected numbers (ms)" in str(e.value)
+    pd.DataFrame({"case_id": cases, "median_ms": [None]}, dtype=object).to_parquet(path, index=False)
+    assert store.load(run).table["median_ms"].isna().all()  # a case without numbers is not a wrong type
+
+
 @pytest.mark.parametrize("table", ["summary.parquet", "steps.parquet"])
 def test_a_folder_in_a_tables_place_is_refused_naming_it(run: Path, table: str) -> None:
     """pandas reads a folder as a parquet dataset: a folder named summary.parquet escaped as a bare

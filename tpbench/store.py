@@ -989,7 +989,20 @@ def _read_summary(path: Path) -> pd.DataFrame:
             f"{path}: not a tpbench summary table (no 'case_id' column); "
             f"`tpbench sweep --resume {path.parent}` writes it again"
         )
+    # The step times every reader does arithmetic on (``Loaded.table``'s promise): a column of text
+    # there escaped from the report as a TypeError in its verdicts, while compare and export, which
+    # read the steps, went on. All-null is a summary whose cases have no numbers, not a wrong type.
+    for col in STEP_TIME_COLUMNS:
+        if col in df and col != "repeat_medians_ms" and not _numbers_or_null(df[col]):
+            raise StoreError(
+                f"{path}: column {col!r} holds {df[col].dtype}, expected numbers (ms); "
+                f"`tpbench sweep --resume {path.parent}` writes it again"
+            )
     return df
+
+
+def _numbers_or_null(column: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(column) or bool(column.isna().all())
 
 
 def write_summary(run_dir: Path, summary: pd.DataFrame) -> Path:
