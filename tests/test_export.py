@@ -100,6 +100,7 @@ def test_custom_smaller_is_better(run: Path, tmp_path: Path) -> None:
     by = {e["name"]: e for e in entries}
     assert by["synthetic/ddp"]["unit"] == "ms" and by["synthetic/ddp"]["value"] == pytest.approx(10.05, rel=0.02)
     assert by["synthetic/ddp"]["range"].startswith("± ")
+    assert "; tpbench 0.1.0; torch " in by["synthetic/ddp"]["extra"]  # the format has no version field of its own
     assert len({e["name"] for e in entries}) == len(entries)  # names are the series keys on the dashboard
 
 

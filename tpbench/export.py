@@ -160,7 +160,9 @@ def export_custom_smaller_is_better(run_dir: str | Path) -> Export:
     """github-action-benchmark's ``customSmallerIsBetter`` input: [{name, unit, value, range, extra}].
 
     The value is the median of the per-repeat medians (what the gate compares), the range the
-    half-width of its bootstrap CI, so a dashboard shows the same number the gate judged.
+    half-width of its bootstrap CI, so a dashboard shows the same number the gate judged. The
+    format has no field for a version, so ``extra`` names the tpbench (and torch) that measured the
+    run: a dashboard's step between two points may be a change of tpbench, not of the code.
     """
     loaded = store.load(run_dir)
     suite = loaded.record.suite.name
@@ -180,7 +182,7 @@ def export_custom_smaller_is_better(run_dir: str | Path) -> Export:
                 **ranged,
                 "extra": (
                     f"{ci} over {reps.size} repeats; case {case.case_id}; "
-                    f"run {loaded.record.run_id}; torch {env.get('torch')}; "
+                    f"run {loaded.record.run_id}; tpbench {env.get('tpbench')}; torch {env.get('torch')}; "
                     f"{case.world_size}×{case.backend}/{case.device}"
                 ),
             }
