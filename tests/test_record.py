@@ -262,3 +262,19 @@ def test_a_path_that_is_not_a_run_says_where_the_run_is(tmp_path: Path) -> None:
     for path, said in expected.items():
         with pytest.raises(store.StoreError, match=re.escape(said)):
             store.load(path)
+
+
+def test_measuring_md_lists_every_summary_column_a_run_writes() -> None:
+    """docs/measuring.md's table of summary.parquet's columns, against a real finished run's summary
+    (a GPU run, so its memory peaks are there too): each column written is documented, each one
+    documented is written. A script reading ``load(run).table`` had only "medians, spreads, CIs"."""
+    from tpbench.suite import CAPTURE_KEYS, CASE_KEYS
+
+    root = Path(__file__).resolve().parent
+    text = (root.parent / "docs" / "measuring.md").read_text(encoding="utf-8")
+    table = text.split("summary.parquet's columns", 1)[1].split("\n\n", 2)[1]
+    documented = {name for row in table.splitlines()[2:] for name in re.findall(r"`([\w.]+)`", row.split("|")[1])}
+    summary = pd.read_parquet(root / "fixtures" / "runs" / "h200_gloo2_capture" / "summary.parquet")
+    cases = set(CASE_KEYS) | set(CAPTURE_KEYS) | {"case_id", "label", "status", "error", "detail"}
+    written = {c for c in summary.columns if c not in cases and not c.startswith("workload.")}
+    assert documented == written
