@@ -219,6 +219,17 @@ def test_the_tables_step_time_columns_are_there_before_the_summary_is(tmp_path: 
         assert table["median_ms"].isna().all() and table["repeat_medians_ms"].isna().all()
 
 
+def test_the_steps_of_a_run_with_no_finished_case_have_the_steps_columns(tmp_path: Path) -> None:
+    """``load(run).steps`` of a run whose cases all failed (or that was stopped before one finished) was a
+    frame without columns: ``stats.repeat_values(run.steps)`` raised ``KeyError: 'phase'``, and
+    ``run.steps.groupby("case_id")`` ``KeyError: 'case_id'``. It has no rows and every steps column."""
+    from tpbench.analysis import stats
+
+    steps = store.load(make_run(tmp_path, {"ddp": [10.0]}, failed=["ddp"])).steps
+    assert steps.empty and set(store.STEPS_COLUMNS) | {"case_id"} <= set(steps.columns)
+    assert stats.repeat_values(steps).empty and steps.groupby("case_id").size().empty
+
+
 def test_a_summary_whose_step_times_are_text_is_refused_naming_the_column(run: Path) -> None:
     """``Loaded.table`` promises its step-time columns as numbers: a summary.parquet holding text there
     (written by hand, or by another tool) loaded as it was, and ``tpbench report`` then died in its

@@ -850,7 +850,7 @@ class Loaded:
     run_dir: Path
     record: RunRecord
     cases: pd.DataFrame  # one row per case: params, label, status, error, detail (``cases_table``)
-    steps: pd.DataFrame  # all cases' steps.parquet, with a case_id column
+    steps: pd.DataFrame  # all cases' steps.parquet, with a case_id column (no rows: no case done)
     summary: pd.DataFrame  # summary.parquet (empty if not written yet)
 
     @functools.cached_property
@@ -894,9 +894,17 @@ def load(run_dir: str | Path, *, summary: bool = True) -> Loaded:
             if not steps_path.exists():
                 raise StoreError(f"{steps_path}: missing, but run.json says case {cid} is done")
             frames.append(_read_steps(steps_path).assign(case_id=cid))
-    steps = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    steps = pd.concat(frames, ignore_index=True) if frames else _no_steps()
     table = read_summary(run_dir, record) if summary else pd.DataFrame()
     return Loaded(run_dir, record, cases_table(record), steps, table)
+
+
+def _no_steps() -> pd.DataFrame:
+    """The steps of a run with no finished case (interrupted before one, or every case failed): no
+    rows, but the columns every steps.parquet has, so that a script's ``stats.repeat_values(run.steps)``
+    or ``run.steps.groupby("case_id")`` reads it as no steps rather than raising ``KeyError``."""
+    kinds = {col: float if numeric else object for col, numeric in STEPS_COLUMNS.items()} | {"case_id": object}
+    return pd.DataFrame({col: pd.Series(dtype=kind) for col, kind in kinds.items()})
 
 
 def owned(run_dir: Path) -> bool:
