@@ -1092,6 +1092,34 @@ def test_the_reports_validation_table_gives_measured_and_predicted_alike():
     assert row and len(re.findall(r"<td>\d+\.\d \[\d+\.\d, \d+\.\d\]</td>", row.group(0))) == 2
 
 
+def test_the_validation_charts_axes_name_both_intervals_and_call_the_prediction_predicted():
+    """Each point carries two intervals, the measured median's 95 % CI across and the prediction's
+    95 % interval up: both axes say which bars they carry. The y values are predictions, as the
+    table beside ("predicted ms [95% interval]") and the legend ("predicted = measured") call them;
+    the axis and the hover said "projected", the word for a fabric no run measured."""
+    v = pd.DataFrame(
+        [
+            {
+                "direction": whatif_validation.SLOWER,
+                "interconnect": "tcp-1gbit",
+                "case": "ddp",
+                "measured_ms": 30.0,
+                "ci_lo_ms": 28.0,
+                "ci_hi_ms": 31.0,
+                "predicted_ms": 33.0,
+                "predicted_lo_ms": 20.0,
+                "predicted_hi_ms": 50.0,
+            }
+        ]
+    )
+    fig = interconnect._validation_figure(v)
+    assert fig.layout.xaxis.title.text == "measured step time (ms), 95% CI"
+    assert fig.layout.yaxis.title.text == "predicted step time (ms), 95% interval"
+    point = fig.data[0]
+    assert "predicted" in point.hovertemplate and "projected" not in point.hovertemplate
+    assert list(point.error_x.arrayminus) == [2.0] and list(point.error_y.array) == [17.0]
+
+
 def test_whatif_json_gives_projections_intervals_refusals_and_the_ranking(tmp_path):
     docs = []
     for source in (LINKS_RUN, BUSY_RUN):  # validation in the first, refusals in the second

@@ -334,6 +334,8 @@ def _validation(page: Page, result: whatif_validation.RunWhatIf, labels: dict[st
 
 
 def _validation_figure(v: pd.DataFrame) -> go.Figure:
+    """Each made prediction against its measured median, both with their intervals, one trace per
+    direction and target link, beside the line where prediction equals measurement."""
     fig = go.Figure()
     for (direction, link), grp in v.groupby(["direction", "interconnect"], sort=False):
         fig.add_trace(
@@ -354,7 +356,7 @@ def _validation_figure(v: pd.DataFrame) -> go.Figure:
                     arrayminus=grp["predicted_ms"] - grp["predicted_lo_ms"],
                 ),
                 text=[plot_text(c) for c in grp["case"]],
-                hovertemplate="%{text}<br>measured %{x:.1f} ms<br>projected %{y:.1f} ms<extra></extra>",
+                hovertemplate="%{text}<br>measured %{x:.1f} ms<br>predicted %{y:.1f} ms<extra></extra>",
             )
         )
     top = float(max(v["ci_hi_ms"].max(), v["predicted_hi_ms"].max())) * 1.05
@@ -363,7 +365,9 @@ def _validation_figure(v: pd.DataFrame) -> go.Figure:
             x=[0, top], y=[0, top], mode="lines", name="predicted = measured", line=dict(dash="dot", color="#5b6475")
         )
     )
-    fig.update_xaxes(title="measured step time (ms)", range=[0, top])
-    fig.update_yaxes(title="projected step time (ms), 95% interval", range=[0, top])
+    # Both axes name their bars. The y values are predictions of a link the run measured, as the table
+    # and the legend call them: "projected" is the word for a fabric no run measured.
+    fig.update_xaxes(title="measured step time (ms), 95% CI", range=[0, top])
+    fig.update_yaxes(title="predicted step time (ms), 95% interval", range=[0, top])
     fig.update_layout(height=420, margin=dict(l=10, r=10, t=30, b=10))
     return fig
