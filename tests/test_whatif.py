@@ -340,6 +340,28 @@ def test_a_traced_case_whose_tables_are_gone_is_refused_naming_the_file(tmp_path
         model(row)
 
 
+def test_a_traced_case_whose_traces_and_tables_are_gone_is_not_said_to_be_untraced(tmp_path):
+    """A case traced at capture.profiler_steps = 3 whose traces and tables were deleted was refused
+    with "(profiler_steps = 0, or a run older than its marks table)": neither is true of it. The
+    reason says it was traced and what is gone; a case that was not traced is told how to trace it."""
+    run = shutil.copytree(BUSY_RUN, tmp_path / "run")
+    cid = "1d3c71874772"
+    for name in whatif_run.TABLES:
+        (store.case_dir(run, cid) / f"{name}.parquet").unlink()
+    loaded = store.load(run)
+    model = whatif_run.case_models(loaded, loaded.cases, whatif_run.link_wires(loaded, loaded.cases))
+    row = loaded.cases.set_index("case_id", drop=False).loc[cid].to_dict()
+    assert row["profiler_steps"] == 3
+    with pytest.raises(whatif.NotModelled) as traced:
+        model(row)
+    assert "capture.profiler_steps = 3" in str(traced.value) and "profiler_steps = 0" not in str(traced.value)
+    assert "gone from the run" in str(traced.value) and "sweep it again" in str(traced.value)
+    with pytest.raises(whatif.NotModelled) as untraced:
+        model(row | {"profiler_steps": 0})
+    reason = str(untraced.value)
+    assert "capture.profiler_steps = 0" in reason and "--set capture.profiler_steps=3" in reason
+
+
 def test_a_case_the_model_cannot_take_is_refused_alone(tmp_path):
     """A world of one rank communicates nothing, so it has no link to fit: that case is refused with
     the reason, and the 2-rank case of the same sweep is still projected (a scaling study sweeping

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -682,9 +683,7 @@ def case_model(
     ``beside_comm`` (its interference: default its own matched ops' factor, ``interference``),
     ``comm_on_host``, ``wire`` and ``thread_speed`` as in ``calibrated``."""
     if intervals is None or marks is None:
-        raise NotModelled(
-            f"case {case_id} has no analysed traces (profiler_steps = 0, or a run older than its marks table)"
-        )
+        raise NotModelled(_untraced(case_id, params))
     skels = skeletons(marks_from_table(marks), intervals)
     if not skels:
         raise NotModelled(f"case {case_id}: no profiled step common to all ranks")
@@ -693,6 +692,22 @@ def case_model(
     path = fit_host_path(skels, overlap, intervals)
     forward = forward_times(step_rows, marks)
     return calibrated(case_id, params, skels, path, reps, kappa, comm_on_host, wire, forward, thread_speed)
+
+
+def _untraced(case_id: str, params: Mapping[str, Any]) -> str:
+    """Why a case has no analysed traces, and what would give them. A case its record says was traced
+    (``profiler_steps`` > 0) had them deleted, traces and tables alike (with its traces there, its
+    reader names the missing tables instead): "profiler_steps = 0" would be untrue of it."""
+    traced = params.get("profiler_steps")
+    if isinstance(traced, numbers.Real) and traced > 0:  # NaN (a record without the key) is not > 0
+        return (
+            f"case {case_id} has no analysed traces, though it was traced (capture.profiler_steps = {int(traced)}): "
+            "its traces and the tables derived from them are gone from the run; sweep it again to project it"
+        )
+    return (
+        f"case {case_id} has no analysed traces (capture.profiler_steps = 0, or a run older than its marks table); "
+        "sweep it with traced steps to project it, e.g. --set capture.profiler_steps=3"
+    )
 
 
 def _repeat_ms(case_id: str, params: Mapping[str, Any], step_rows: pd.DataFrame) -> np.ndarray:
