@@ -95,7 +95,7 @@ def test_user_profiles() -> None:
 @pytest.mark.parametrize(
     ("table", "message"),
     [
-        ({"backend": "gloo", "speed": "1gbit"}, r"unknown key\(s\) speed; expected backend, env, rate"),
+        ({"backend": "gloo", "speed": "1gbit"}, r"unknown key\(s\) speed; expected backend, env, rate, allow_env$"),
         ({"rate": "1gbit"}, r"backend must be one of gloo, nccl, got None"),
         ({"backend": "mpi"}, r"backend must be one of gloo, nccl, got 'mpi'"),
         ({"backend": "nccl", "env": {"NCCL_DEBUG": 1}}, r"env.NCCL_DEBUG must be a string, got int"),
@@ -108,7 +108,7 @@ def test_user_profiles() -> None:
             {"backend": "gloo", "rate": "1gbit", "env": {"MASTER_ADDR": "10.0.0.1"}},
             r"env.MASTER_ADDR must be '127.0.0.1'",
         ),
-        ("1gbit", r"expected a table with keys backend, env, rate"),
+        ("1gbit", r"expected a table with keys backend, env, rate, allow_env$"),
     ],
 )
 def test_bad_user_profiles(table: object, message: str) -> None:

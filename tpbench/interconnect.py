@@ -158,16 +158,21 @@ def _builtins_text() -> str:
     return ", ".join(BUILTIN_NAMES) + " (e.g. tcp-1gbit, tcp-10gbit)"
 
 
+# The keys of an ``[interconnects.NAME]`` table, in one place: the message for a profile that is not a
+# table left out allow_env, which the unknown-key message named.
+PROFILE_KEYS = ("backend", "env", "rate", "allow_env")
+
+
 def _user_profile(name: str, table: Mapping[str, Any]) -> Interconnect:
     """Validate one ``[interconnects.NAME]`` table."""
     where = f"interconnect profile {name!r}"
     if not _NAME_RE.fullmatch(name):
         raise ValueError(f"{where}: names may hold letters, digits, '_', '.', '-' and start with a letter or digit")
     if not isinstance(table, Mapping):
-        raise ValueError(f"{where}: expected a table with keys backend, env, rate")
-    unknown = sorted(set(table) - {"backend", "env", "rate", "allow_env"})
+        raise ValueError(f"{where}: expected a table with keys {', '.join(PROFILE_KEYS)}")
+    unknown = sorted(set(table) - set(PROFILE_KEYS))
     if unknown:
-        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; expected backend, env, rate, allow_env")
+        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; expected {', '.join(PROFILE_KEYS)}")
     backend = table.get("backend")
     if backend not in BACKENDS:
         raise ValueError(f"{where}: backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
