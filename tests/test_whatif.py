@@ -1091,6 +1091,21 @@ def test_report_shows_the_reason_in_place_of_the_number():
     assert "on nvlink4: zero_no_overlap bucket_cap_mb=4" in section
 
 
+def test_the_whatif_section_opens_with_a_short_warning_and_folds_its_method_away():
+    """The section opened with one paragraph of some 400 words (replay, interference, calibration,
+    bounds, refusals, intervals) above the tables it explains: a screen of text before the first
+    number. The warning says what a projection is in a few sentences; the method is folded, a
+    bullet per step, under "How a projection is made, bounded and refused"."""
+    html = build_report([store.load(BUSY_RUN)])
+    section = html[html.index('id="whatif"') :]
+    warning = re.search(r'<p class="warn">(.*?)</p>', section, re.S).group(1)
+    assert warning.startswith("PROJECTIONS, not measurements") and len(warning.split()) < 90
+    folded = section[section.index("<summary>How a projection is made, bounded and refused</summary>") :]
+    steps = re.findall(r"<li>(\w+):", folded[: folded.index("</details>")])
+    assert steps == ["Replay", "Interference", "Calibration", "Bounds", "Refusals", "Intervals"]
+    assert section.index("How a projection is made") < section.index("<table")
+
+
 def test_the_reports_fabric_table_says_shared_medium_in_words(tmp_path):
     """The fabric table's "shared medium" column printed Python's False/True; it says "yes"/"no"."""
     extra = tmp_path / "fabrics.toml"

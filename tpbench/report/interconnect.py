@@ -184,42 +184,15 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, replay.Fab
     labels = dict(zip(run.cases["case_id"], run.cases["label"]))
     page.heading(f"What-if: other fabrics (projections){suffix}", anchor=f"whatif{anchor}")
     page.paragraph(
-        "PROJECTIONS, not measurements: each case's traced timeline on this machine (compute, and when each "
-        "collective is issued and waited for under its hook) replayed with every collective costed by an α–β "
-        "ring model of another fabric (t = hops·α + bytes·busbw factor / β, collectives one at a time). Compute "
-        "that runs while a collective is in flight is stretched by the case's interference factor, measured on "
-        "its own traces (the same op's time beside a collective over its time alone; pooled over the run's cases "
-        "on one backend, device and link where a case's own ops do not pin it to ±10%; an estimate below 1 is replayed "
-        "as 1, since nothing on a host speeds compute while a collective runs), so a faster fabric also gives compute "
-        "its cores back. The traced host is scaled (the factor nearest 1: compute, and on CPU "
-        "ranks the host's own communication with it) so the replay on the case's own measured link lands within "
-        f"its timed median's 95% interval, not above the median (and above 1 raising the replay by no more than "
-        "the timed steps over the traced ones: the model's own miss is not put on the host); on a shaped link "
-        "where communication is most of the step, which the timed step cannot pin it on, the factor is the forward "
-        "passes' timed over traced instead, where below 1, or the training thread's CPU time timed over traced where "
-        f"that is lower (down to ×{whatif.THREAD_FACTOR_FLOOR:.2f}: the tracer's cost on many small ops). "
-        f"Reference link: {result.reference}. A projection is never below the case's compute critical path (its "
-        "replay with free communication) and, on a fabric no slower than the measured link, never above the measured "
-        f"step. A case is refused, with the reason, when its traced steps replay more than "
-        f"{whatif.REPLAY_RESIDUAL:.0%} away from themselves (each step's replay against its own span, the median over "
-        "the steps), or when matching the timed steps would need a factor "
-        f"outside ×{whatif.COMPUTE_FACTOR[0]:.2f}–{whatif.COMPUTE_FACTOR[1]:.2f} "
-        "(traced steps unrepresentative of timed ones; on such a shaped link, also when the forward passes' "
-        "factor lies outside it, or the thread's below its floor). "
-        "Each projection has a 95% interval from what it rests on: its replays over the traced steps (a bootstrap "
-        "of their median) and every compute factor that matches the timed median's 95% interval as well, widened by "
-        "the model's own miss of the traced steps it was built from, and on CPU ranks holding the other reading of the "
-        "timed steps (the tracer's cost on compute alone, or on a shaped link the wire's time kept) and, where the "
-        "forward passes or the thread set the factor, the readings not taken, and the "
-        "scatter the timed repeats' median has (in ms), which a run measuring the projection would carry too; what "
-        "else it leaves out is not in it (the "
-        "validation's coverage measures that). An interval's low end can lie "
-        "below the compute critical path shown beside it: that path is at the calibrated factor, and the interval "
-        "spans the factors the traced steps allow. "
-        "Fabric parameters are nominal (achievable bandwidth is lower); extend or override them with a fabrics TOML "
-        "file (tpbench whatif --fabrics FILE).",
+        "PROJECTIONS, not measurements: each case's traced steps on this machine, replayed with every collective "
+        "costed by a model of another fabric and the compute beside a collective slowed as the case's own traces "
+        "show it slowed. Each projection has a 95% interval; a case the model cannot describe, or whose traced steps "
+        f"it does not reproduce, is refused with the reason. Reference link: {result.reference}. Fabric parameters "
+        "are nominal (achievable bandwidth is lower); extend or override them with a fabrics TOML file "
+        "(tpbench whatif --fabrics FILE).",
         css="warn",
     )
+    page.details_list("How a projection is made, bounded and refused", _method(result.reference))
     if len(result.validation):
         _validation(page, result, labels)
     proj = result.projections.assign(case=[labels.get(c, c) for c in result.projections["case_id"]])
@@ -272,6 +245,46 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, replay.Fab
         ]
     )
     page.table(fab)
+
+
+def _method(reference: str) -> list[str]:
+    """The what-if's method, step by step, folded under the section's short warning: one paragraph of
+    it was a screen of text above the tables it explains."""
+    return [
+        "Replay: each case's traced timeline (compute, and when each collective is issued and waited for under "
+        "its hook) with every collective costed by an α–β ring model of the fabric (t = hops·α + bytes·busbw "
+        "factor / β), collectives one at a time.",
+        "Interference: compute that runs while a collective is in flight is stretched by the case's interference "
+        "factor, measured on its own traces (the same op's time beside a collective over its time alone; pooled "
+        "over the run's cases on one backend, device and link where a case's own ops do not pin it to ±10%; an "
+        "estimate below 1 is replayed as 1, since nothing on a host speeds compute while a collective runs), so "
+        "a faster fabric also gives compute its cores back.",
+        "Calibration: the traced host is scaled (the factor nearest 1: compute, and on CPU ranks the host's own "
+        f"communication with it) so the replay on the case's own measured link ({reference} is the reference) "
+        "lands within its timed median's 95% interval, not above the median (and above 1 raising the replay by "
+        "no more than the timed steps over the traced ones: the model's own miss is not put on the host). On a "
+        "shaped link where communication is most of the step, which the timed step cannot pin it on, the factor "
+        "is the forward passes' timed over traced instead, where below 1, or the training thread's CPU time timed "
+        f"over traced where that is lower (down to ×{whatif.THREAD_FACTOR_FLOOR:.2f}: the tracer's cost on many "
+        "small ops).",
+        "Bounds: a projection is never below the case's compute critical path (its replay with free "
+        "communication) and, on a fabric no slower than the measured link, never above the measured step.",
+        f"Refusals: a case is refused, with the reason, when its traced steps replay more than "
+        f"{whatif.REPLAY_RESIDUAL:.0%} away from themselves (each step's replay against its own span, the median "
+        "over the steps), or when matching the timed steps would need a factor outside "
+        f"×{whatif.COMPUTE_FACTOR[0]:.2f}–{whatif.COMPUTE_FACTOR[1]:.2f} (traced steps unrepresentative of timed "
+        "ones; on such a shaped link, also when the forward passes' factor lies outside it, or the thread's below "
+        "its floor).",
+        "Intervals: each projection's 95% interval comes from what it rests on: its replays over the traced steps "
+        "(a bootstrap of their median) and every compute factor that matches the timed median's 95% interval as "
+        "well, widened by the model's own miss of the traced steps it was built from, and on CPU ranks holding "
+        "the other reading of the timed steps (the tracer's cost on compute alone, or on a shaped link the wire's "
+        "time kept) and, where the forward passes or the thread set the factor, the readings not taken, and the "
+        "scatter the timed repeats' median has (in ms), which a run measuring the projection would carry too. "
+        "What else it leaves out is not in it (the validation's coverage measures that). An interval's low end "
+        "can lie below the compute critical path shown beside it: that path is at the calibrated factor, and the "
+        "interval spans the factors the traced steps allow.",
+    ]
 
 
 def _validation(page: Page, result: whatif_validation.RunWhatIf, labels: dict[str, str]) -> None:
