@@ -251,8 +251,10 @@ def test_a_dry_run_refuses_what_the_run_would_and_names_the_first_cases_link(cap
         assert "interconnect 'tcp-2.5gbit' emulates a link" in capsys.readouterr().err
 
 
-def _slurm_job(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    """examples/slurm/sweep.sbatch run as Slurm would on the first node of a 2-node job, with
+def _slurm_job(
+    tmp_path: Path, argv: tuple[str, ...] = ("suites/zero.toml", "--set", "steps=50"), **env: str
+) -> subprocess.CompletedProcess:
+    """examples/slurm/sweep.sbatch ``argv`` run as Slurm would on the first node of a 2-node job, with
     stand-ins for scontrol, tpbench (it writes its arguments to ``args``) and nvidia-smi (a node
     without a GPU driver: it fails, printing nothing), and ``env`` added to the job's environment."""
     shims = tmp_path / "bin"
@@ -274,7 +276,7 @@ def _slurm_job(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
         "SLURM_JOB_ID": "1234",
     } | env
     return subprocess.run(
-        ["bash", str(REPO / "examples" / "slurm" / "sweep.sbatch"), "suites/zero.toml", "--set", "steps=50"],
+        ["bash", str(REPO / "examples" / "slurm" / "sweep.sbatch"), *argv],
         env=job,
         cwd=tmp_path,
         capture_output=True,
@@ -295,6 +297,23 @@ def test_slurm_script_hands_the_allocation_to_torchrun(tmp_path):
         agent_prefix=("srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"),
     )
     assert (args.suite, args.set, args.out) == ("suites/zero.toml", ["steps=50"], tmp_path / "results")
+
+
+def test_slurm_script_resumes_a_run_in_a_new_allocation(tmp_path):
+    """A job stopped by its time limit leaves its run interrupted; `sbatch sweep.sbatch --resume
+    RUN_DIR` made `tpbench sweep --resume --launcher ... --out ... RUN_DIR`, which argparse refuses
+    (--resume took no value) and --out with --resume too: the script could not resume a run. It now
+    gives the resume the new allocation's rendezvous and agents, and neither a suite nor --out."""
+    proc = _slurm_job(tmp_path, ("--resume", "results/zero/r1"), SLURM_GPUS_ON_NODE="4")
+    assert proc.returncode == 0, proc.stderr
+    args = cli.build_parser().parse_args((tmp_path / "args").read_text().splitlines())
+    assert (args.resume, args.suite, args.out) == (Path("results/zero/r1"), None, None)
+    launcher = torchrun_launcher(args)
+    assert (launcher.nnodes, launcher.nproc_per_node, launcher.rdzv_endpoint) == (2, 4, "gpu-a:29734")
+    assert launcher.agent_prefix[0] == "srun"
+    refused = _slurm_job(tmp_path / "no-run", ("--resume",), SLURM_GPUS_ON_NODE="4")
+    assert refused.returncode != 0 and "usage: sbatch examples/slurm/sweep.sbatch" in refused.stderr
+    assert not (tmp_path / "no-run" / "args").exists()
 
 
 def test_slurm_script_on_cpu_nodes_asks_for_the_ranks_per_node_and_takes_them(tmp_path):
