@@ -264,7 +264,8 @@ def test_a_sweep_with_a_failed_case_says_where_its_traceback_is_and_how_to_run_i
     said = " ".join(capsys.readouterr().err.split())
     assert "raised RuntimeError: boom in the hook" in said
     assert (
-        "1 case failed: the cause in full (a raising rank's traceback) and the ranks' last log lines are in "
+        "1 case failed: the cause in full (a raising rank's traceback, or each rank's stacks when a repeat timed out) "
+        "and the ranks' last log lines are in "
         f"{run_dir / 'run.json'} (each case's detail); after a fix, tpbench sweep --resume {run_dir} runs it again"
     ) in said
     (entry,) = json.loads((run_dir / "run.json").read_text())["cases"].values()

@@ -239,6 +239,7 @@ class Supervisor:
         self.overran: str | None = None  # why the repeat in flight failed although it ended
         self.started_t = 0.0  # rank 0's clock at the start of the repeat in flight
         self.tracing: str | None = None  # the case whose trace some rank has started, until its repeat ends
+        self.stacks: list[tuple[str, str]] = []  # where each rank was when its repeat timed out
 
     def _pump(self, timeout: float) -> None:
         for ev in self.world.read_events(timeout):
@@ -329,8 +330,9 @@ class Supervisor:
         else:
             self.outcome.cause = cause
         reports = [f"--- rank {e['rank']} error ---\n{e['error']}" for e in self.errors]
+        stacks = [f"--- {name} ---\n{text}" for name, text in self.stacks]
         tails = [f"--- {name} (last lines) ---\n{text}" for name, text in self.world.log_tails()]
-        self.outcome.detail = "\n".join(reports + tails)
+        self.outcome.detail = "\n".join(reports + stacks + tails)
         self.world.kill()
         return self.outcome
 
@@ -358,6 +360,7 @@ class Supervisor:
                 )
             if self.current and now - self.current.t0 > self.current.limit_s:
                 limit = self.current.limit_s
+                self.stacks = self.world.stacks()
                 return self._fail(
                     f"timed out after {limit:g} s in {self.current.what()} (a rank hung{SLOWER})", hung=True
                 )
@@ -594,6 +597,9 @@ class PrintedWorldRecord:
 
     def log_tails(self) -> list[tuple[str, str]]:
         return [(f"rank {r} log", tail(log)) for r, log in enumerate(self.rank_logs)]
+
+    def stacks(self) -> list[tuple[str, str]]:
+        return []  # no process to ask
 
     def kill(self) -> None:
         pass

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tpbench import store
+
+# The signal on which a rank writes its Python stacks to its log (the worker registers it with
+# ``faulthandler``): the launcher sends it to the ranks of a world whose repeat timed out
+# (``worlds.World.stacks``), so that the failed case says where each rank was.
+STACKS_SIGNAL = signal.SIGUSR1
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ import contextlib
 import ctypes
 import dataclasses
 import datetime as _dt
+import faulthandler
 import gc
 import json
 import math
@@ -58,7 +59,7 @@ from tpbench.analysis.trace_events import BURN_RANGE, FORWARD_RANGE
 from tpbench.capture import machine_load, nvml, profiler, transport
 from tpbench.comm_hooks import is_import_path
 from tpbench.environment import fingerprint
-from tpbench.plan import Plan
+from tpbench.plan import STACKS_SIGNAL, Plan
 from tpbench.suite import Case
 from tpbench.training import BuildContext, Training, build
 from tpbench.workloads import WorkloadContext
@@ -864,6 +865,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"python -m tpbench.worker {args.plan}: {spent}", file=sys.stderr, flush=True)
         sys.exit(2)
     events = _torchrun_rank(plan) if plan.events_dir is not None else Events(args.event_fd)
+    # Asked by the launcher when a repeat times out, a rank writes where it is to its log
+    # (``worlds.World.stacks``), from a signal handler: a rank blocked in a collective too.
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
     run_plan(plan, events)
     sys.stdout.flush()
     sys.stderr.flush()

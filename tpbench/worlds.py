@@ -27,12 +27,17 @@ from typing import Any, Iterable, Protocol
 from tpbench import store
 from tpbench.capture import transport
 from tpbench.interconnect import Interconnect, WorldNetwork
-from tpbench.plan import Plan
+from tpbench.plan import STACKS_SIGNAL, Plan
 
 # A world that has not rendezvoused by then is not going to.
 STARTUP_TIMEOUT_S = 180.0
 # After the first sign of failure, how long to wait for the other ranks' error reports.
 DRAIN_S = 1.0
+# A rank asked for its stacks (``World.stacks``) writes them from a signal handler at once; a rank
+# that has not within this long is not going to.
+STACKS_S = 2.0
+# The lines of a rank's stacks kept for run.json: its innermost frames come first.
+STACK_LINES = 100
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,7 @@ class WorldProcesses(Protocol):
     def ended(self) -> Ended | None: ...
     def killed_ranks(self) -> list[tuple[int, int]]: ...
     def log_tails(self) -> list[tuple[str, str]]: ...
+    def stacks(self) -> list[tuple[str, str]]: ...
     def kill(self) -> None: ...
 
 
@@ -107,10 +113,19 @@ def start_rank(cores: tuple[int, ...] | None) -> None:
         os.sched_setaffinity(0, cores)
 
 
-def tail(path: Path, lines: int = 15) -> str:
+def tail(path: Path, lines: int = 15, end: int | None = None) -> str:
+    """The last ``lines`` lines of a log, of its first ``end`` bytes when given."""
     with contextlib.suppress(OSError):
-        return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+        with open(path, "rb") as f:
+            text = f.read(end if end is not None else -1).decode(errors="replace")
+        return "\n".join(text.strip().splitlines()[-lines:])
     return ""
+
+
+def _size(path: Path) -> int:
+    with contextlib.suppress(OSError):
+        return path.stat().st_size
+    return 0
 
 
 class World:
@@ -129,6 +144,7 @@ class World:
         self.procs: list[subprocess.Popen] = []
         self.groups_killed = False
         self.logs: list[Path] = []
+        self.dumped_at: dict[int, int] = {}  # rank → its log's size when it was asked for its stacks
         self.readers: dict[int, int] = {}  # read fd → rank
         self.buffers: dict[int, bytes] = {}
         self.sel = selectors.DefaultSelector()
@@ -205,7 +221,32 @@ class World:
         return [(r, p.returncode) for r, p in enumerate(self.procs) if p.poll() is not None and p.returncode < 0]
 
     def log_tails(self) -> list[tuple[str, str]]:
-        return [(f"rank {r} log", tail(log)) for r, log in enumerate(self.logs)]
+        """Each rank's last log lines, written before any stacks it was asked for (``stacks``)."""
+        return [(f"rank {r} log", tail(log, end=self.dumped_at.get(r))) for r, log in enumerate(self.logs)]
+
+    def stacks(self) -> list[tuple[str, str]]:
+        """Where each live rank is, for a world that hung: its Python stacks, every thread's, which
+        it writes to its log on ``STACKS_SIGNAL`` (``faulthandler``, from a signal handler, so also
+        while it is blocked in a collective). A time-out's cause alone ("timed out after 60 s") says
+        neither which rank stopped nor where; these say both: the rank stuck in the user's code or a
+        peer that never came, and its peers waiting in the collective."""
+        for r, p in enumerate(self.procs):
+            if p.poll() is None:
+                self.dumped_at[r] = _size(self.logs[r])
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, STACKS_SIGNAL)
+        deadline = time.monotonic() + STACKS_S
+        while time.monotonic() < deadline and any(_size(self.logs[r]) == n for r, n in self.dumped_at.items()):
+            time.sleep(0.05)
+        time.sleep(0.1)  # the last frames of a dump that has begun
+        found = []
+        for r, n in self.dumped_at.items():
+            with open(self.logs[r], "rb") as f:
+                f.seek(n)
+                text = f.read().decode(errors="replace").strip()
+            if text:
+                found.append((f"rank {r} stacks when it timed out", "\n".join(text.splitlines()[:STACK_LINES])))
+        return found
 
     def kill(self) -> None:
         """Kill each rank's process group (its session), also where the rank itself has exited: what
@@ -478,6 +519,11 @@ class TorchrunWorld:
         return [(f"rank {r} log", tail(log)) for r, log in enumerate(self.rank_logs)] + [
             ("torchrun", tail(self.agent_log, 40))
         ]
+
+    def stacks(self) -> list[tuple[str, str]]:
+        """None: the ranks run under torchrun's agents, on other nodes too, and a signal to an agent
+        would stop it (``World.stacks`` asks a local world's ranks)."""
+        return []
 
     def kill(self) -> None:
         """SIGTERM to the job's process group: agents stop their ranks, srun forwards it to every node."""

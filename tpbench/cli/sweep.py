@@ -194,15 +194,16 @@ def _closing_line(outcome: Outcome, resumed: bool) -> str:
 
 
 def _failures_line(run_dir: Path, failed: int, report: Path | None) -> str:
-    """Where a failed case's whole cause (a raising rank's traceback) and its ranks' last log lines
-    are, and how to run it again: the line printed as it failed gives only the cause's first line
-    ("rank 1 raised RuntimeError: ..."), and the rest, which the report shows, was otherwise found
-    only by reading run.json."""
+    """Where a failed case's whole cause (a raising rank's traceback, a hung world's stacks) and its
+    ranks' last log lines are, and how to run it again: the line printed as it failed gives only the
+    cause's first line ("rank 1 raised RuntimeError: ..."), and the rest, which the report shows, was
+    otherwise found only by reading run.json."""
     cases, them = ("1 case", "it") if failed == 1 else (f"{failed} cases", "them")
     shown = f"under 'Failed cases' in {report} and " if report else ""
     again = shlex.join(["tpbench", "sweep", "--resume", str(run_dir)])
     return (
-        f"{cases} failed: the cause in full (a raising rank's traceback) and the ranks' last log lines are {shown}"
+        f"{cases} failed: the cause in full (a raising rank's traceback, or each rank's stacks when a repeat timed "
+        f"out) and the ranks' last log lines are {shown}"
         f"in {run_dir / 'run.json'} (each case's detail); after a fix, {again} runs {them} again."
     )
 
