@@ -198,6 +198,8 @@ def test_a_run_being_swept_belongs_to_its_sweep_and_a_stop_signal_interrupts_it_
     assert meta["status"] == "interrupted"
     assert sorted(c["status"] for c in meta["cases"].values()) == ["done", "pending"]
     assert worker_processes(run_dir) == []
+    # The space a run holds back while it is swept is given back: it stayed in every interrupted run.
+    assert not (run_dir / store.RESERVE_FILE).exists()
     store.RunLock(run_dir)  # free again
 
 

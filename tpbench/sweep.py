@@ -296,11 +296,14 @@ def execute(
 
 
 def _mark_interrupted(run: store.Run) -> None:
-    """The case in flight back to pending (its finished repeats stay), the run interrupted."""
+    """The case in flight back to pending (its finished repeats stay), the run interrupted, and its
+    reserved space (``store.RESERVE_FILE``) given back: it is held while the run is swept, and an
+    interrupted run left as it is kept it for good (``--resume`` sets it aside again)."""
     for cid, status in run.case_status().items():
         if status == store.RUNNING:
             run.set_case(cid, store.PENDING)
     run.set_status(record.INTERRUPTED, interrupted=time.time())
+    run.release_reserve()
 
 
 def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:
