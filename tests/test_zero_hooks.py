@@ -382,3 +382,33 @@ def test_unsupported_torch_is_named() -> None:
         require_supported_torch("2.99.0")
     with pytest.raises(RuntimeError, match=r"installed torch is 2\.3\.1\+cu121"):
         require_supported_torch("2.3.1+cu121")
+
+
+def _wrong_objects(rank: int, world_size: int) -> dict[str, str]:
+    """What each ZeRO hook raises when handed the wrong object for ``ddp`` or ``zero``."""
+    model = _model()
+    ddp = DDP(copy.deepcopy(model))
+    zero = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD, overlap_with_ddp=True, lr=0.01)
+    found = {}
+    for name, args in {
+        "module-as-ddp": (allreduce_hook, model, zero),
+        "optimizer-as-zero": (allreduce_hook, ddp, torch.optim.SGD(ddp.parameters(), lr=0.01)),
+    }.items():
+        for wrap in (hook_with_zero_step, hook_with_zero_step_interleaved):
+            try:
+                wrap(*args)
+                found[f"{wrap.__name__}-{name}"] = "accepted"
+            except Exception as e:  # the type and message are what the test checks
+                found[f"{wrap.__name__}-{name}"] = f"{type(e).__name__}: {e}"
+    return found
+
+
+def test_a_wrong_ddp_or_zero_is_named_not_blamed_on_torch() -> None:
+    """A module passed for ``ddp`` or a plain optimizer for ``zero`` is a caller's mistake: it is
+    named as such, not reported as private state missing from this torch release."""
+    (found,) = run_world(_wrong_objects, 1, timeout_s=120)
+    for wrap in ("hook_with_zero_step", "hook_with_zero_step_interleaved"):
+        assert found[f"{wrap}-module-as-ddp"].startswith("TypeError: ddp must be a DistributedDataParallel")
+        assert "got Sequential" in found[f"{wrap}-module-as-ddp"]
+        assert found[f"{wrap}-optimizer-as-zero"].startswith("TypeError: zero must be a ZeroRedundancyOptimizer")
+        assert "got SGD" in found[f"{wrap}-optimizer-as-zero"]

@@ -315,6 +315,25 @@ class _ZeroOverlap:
         self._next_bucket = 0
 
 
+def _require_types(ddp: Any, zero: Any) -> None:
+    """``TypeError`` naming the argument when ``ddp`` or ``zero`` is the wrong kind of object.
+
+    Checked before the private-state checks, which would otherwise report a module passed for
+    ``ddp`` or a plain optimizer passed for ``zero`` as private state missing from this torch
+    release. ZeRO is imported only here: whoever passes a real one has imported it already.
+    """
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    if not isinstance(ddp, DistributedDataParallel):
+        raise TypeError(
+            f"ddp must be a DistributedDataParallel (the model the hook is registered on), got {type(ddp).__name__}"
+        )
+    if not isinstance(zero, ZeroRedundancyOptimizer):
+        raise TypeError(
+            f"zero must be a ZeroRedundancyOptimizer built with overlap_with_ddp=True, got {type(zero).__name__}"
+        )
+
+
 def _wrap(
     hook: CommHook,
     ddp: DistributedDataParallel,
@@ -323,6 +342,7 @@ def _wrap(
     interleaved: bool,
     name: str,
 ) -> CommHook:
+    _require_types(ddp, zero)
     internals = private.ZeroInternals(zero)
     private.require_ddp_internals(ddp)
     if not internals.overlap_with_ddp:
@@ -367,6 +387,8 @@ def hook_with_zero_step(
     Raises:
         ValueError: if ``zero`` was constructed with ``overlap_with_ddp=False``, or if ``ddp`` uses
             ``find_unused_parameters=True`` without ``static_graph`` (its buckets never settle).
+        TypeError: if ``ddp`` is not a ``DistributedDataParallel`` or ``zero`` not a
+            ``ZeroRedundancyOptimizer``.
 
     Warning:
         The first two training iterations (three with ``static_graph``) do not update parameters
@@ -402,6 +424,8 @@ def hook_with_zero_step_interleaved(
     Raises:
         ValueError: if ``zero`` was constructed with ``overlap_with_ddp=False``, or if ``ddp`` uses
             ``find_unused_parameters=True`` without ``static_graph`` (its buckets never settle).
+        TypeError: if ``ddp`` is not a ``DistributedDataParallel`` or ``zero`` not a
+            ``ZeroRedundancyOptimizer``.
 
     Warning:
         The first two training iterations (three with ``static_graph``) do not update parameters
