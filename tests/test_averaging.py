@@ -6,6 +6,8 @@ averaging call did (nothing, a pair mean, the global mean) can be read off the r
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -156,3 +158,55 @@ def test_argument_checks() -> None:
         PeriodicModelAverager(period=0)
     with pytest.raises(ValueError):
         PeriodicModelAverager(period=2, warmup_steps=-1)
+
+
+def _pytorch_twins() -> list[tuple[object, object]]:
+    """Each reference function or class of ``tpbench.hooks`` beside PyTorch's documented one."""
+    from torch.distributed.algorithms.ddp_comm_hooks import ddp_zero_hook, post_localSGD_hook
+    from torch.distributed.algorithms.model_averaging import averagers, hierarchical_model_averager, utils
+
+    import tpbench.hooks as ours
+
+    theirs = {
+        "hook_with_zero_step": ddp_zero_hook,
+        "hook_with_zero_step_interleaved": ddp_zero_hook,
+        "post_localSGD_hook": post_localSGD_hook,
+        "PostLocalSGDState": post_localSGD_hook,
+        "PeriodicModelAverager": averagers,
+        "HierarchicalModelAverager": hierarchical_model_averager,
+        "average_parameters": utils,
+        "average_parameters_or_parameter_groups": utils,
+        "get_params_to_average": utils,
+    }
+    pairs: list[tuple[object, object]] = []
+    for name, module in theirs.items():
+        mine, twin = getattr(ours, name), getattr(module, name)
+        pairs.append((mine, twin))
+        if inspect.isclass(twin):
+            pairs += [
+                (getattr(mine, m), getattr(twin, m))
+                for m in ("average_parameters", "maybe_increase_iter")
+                if hasattr(twin, m)
+            ]
+    return pairs
+
+
+def test_signatures_match_pytorchs() -> None:
+    """docs/hooks.md promises PyTorch's signatures: the same parameters in the same order, of the
+    same kinds, with PyTorch's defaults; tpbench may only add keyword-only parameters, or a default
+    where PyTorch has none."""
+    for mine, twin in _pytorch_twins():
+        ours, theirs = inspect.signature(mine).parameters, inspect.signature(twin).parameters
+        name = getattr(mine, "__qualname__", mine)
+        assert list(ours)[: len(theirs)] == list(theirs), name
+        for p in theirs.values():
+            assert ours[p.name].kind == p.kind, (name, p.name)
+            if p.default is not inspect.Parameter.empty:
+                assert ours[p.name].default == p.default, (name, p.name)
+        extra = list(ours)[len(theirs) :]
+        assert all(ours[p].kind is inspect.Parameter.KEYWORD_ONLY for p in extra), (name, extra)
+
+
+def test_hierarchical_averager_without_periods_is_refused_as_pytorchs_is() -> None:
+    with pytest.raises(ValueError, match="must not be empty"):
+        HierarchicalModelAverager()

@@ -188,10 +188,11 @@ class HierarchicalModelAverager:
 
     def __init__(
         self,
-        period_group_size_dict: Mapping[int, int],
+        period_group_size_dict: Mapping[int, int] | None = None,
         warmup_steps: int = 0,
         process_group: dist.ProcessGroup | None = None,
     ) -> None:
+        # PyTorch's signature defaults it to None, refused here as there: no levels, nothing to average.
         if not period_group_size_dict:
             raise ValueError("period_group_size_dict must not be empty")
         if warmup_steps < 0:
