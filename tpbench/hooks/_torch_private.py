@@ -243,8 +243,10 @@ class ZeroInternals:
     def local_step(self, gradients: list[torch.Tensor | None]) -> None:
         """Step this rank's local (functional) optimizer; ``None`` entries are left untouched.
 
-        Goes through ZeRO's own ``_local_step`` so that changes to ``zero.param_groups`` (a
-        learning-rate scheduler) reach the local optimizer, exactly as with ``zero.step()``.
+        Goes through ZeRO's own ``_local_step``, as PyTorch's hooks do, so the two step alike. That
+        includes what they do not do: the functional optimizers read their hyperparameters from
+        their construction arguments, so a learning-rate scheduler on ``zero.param_groups`` changes
+        ``zero.optim.param_groups`` but not the step.
         """
         self._zero._local_step(gradients)
 

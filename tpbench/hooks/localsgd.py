@@ -149,9 +149,9 @@ class PostLocalSGDState:
     def maybe_increase_iter(self, bucket: dist.GradBucket) -> None:
         """Count one iteration per backward pass, and log when local SGD starts.
 
-        DDP hands buckets to the hook in reverse order, so the bucket that ``is_last()`` (bucket 0)
-        closes an iteration. The hook calls this only before the switch, so ``iter`` stops at
-        ``start_localSGD_iter`` (PyTorch's behaviour).
+        ``is_last()`` marks the last bucket DDP hands the hook in an iteration (the highest index:
+        DDP reduces buckets in index order), so counting it counts iterations. The hook calls this
+        only before the switch, so ``iter`` stops at ``start_localSGD_iter`` (PyTorch's behaviour).
         """
         if bucket.is_last():
             self.iter += 1
