@@ -154,7 +154,7 @@ def test_interrupt_then_resume_runs_only_what_is_missing(tmp_path):
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
-    assert "--resume" in err
+    assert "--resume" in err and "the finished repeats of the cases in flight, are kept" in err, err
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["status"] == "interrupted"
     statuses = sorted(c["status"] for c in meta["cases"].values())

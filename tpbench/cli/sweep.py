@@ -335,7 +335,9 @@ def _sweep(args: argparse.Namespace) -> int:
     except sweep.SweepError as e:
         usage(str(e))
     except KeyboardInterrupt as e:
-        return resumable(e, display.run, "sweep", "Finished cases are kept.")
+        return resumable(
+            e, display.run, "sweep", "Finished cases, and the finished repeats of the cases in flight, are kept."
+        )
     if outcome.nothing_left:
         console.print(f"Nothing to resume: every case of {outcome.run.dir} is done.", markup=False, soft_wrap=True)
         return EXIT_OK
