@@ -160,6 +160,26 @@ def test_resume_accepts_the_suite_the_run_was_started_from(done_run, tmp_path, c
     assert run_cli(["sweep", str(same), "--resume", str(run), "--dry-run"]) == 0
 
 
+def test_resume_accepts_the_suite_file_of_a_run_started_with_set(done_run, tmp_path, capsys):
+    """A run started with ``--set`` records the file's text and a note per assignment; given that
+    file again with ``--resume`` (the first command, its ``--set`` dropped as the resume asks) it was
+    refused as "not the suite the run was started from"."""
+    from tpbench import suite
+
+    run = copy_run(done_run, tmp_path, missing=1)
+    meta = json.loads((run / "run.json").read_text())
+    same = tmp_path / "same.toml"
+    same.write_text(meta["suite"]["text"])
+    assignments = ["timeout_s=60"]  # the suite's own value: the cases stay the run's
+    meta["suite"]["text"] = suite.with_overrides(suite.load(same), assignments).text
+    meta["suite"]["set"] = assignments
+    (run / "run.json").write_text(json.dumps(meta))
+    assert run_cli(["sweep", str(same), "--resume", str(run), "--dry-run"]) == 0, capsys.readouterr().err
+    same.write_text(meta["suite"]["text"].replace("timeout_s = 60", "timeout_s = 61", 1))
+    assert run_cli(["sweep", str(same), "--resume", str(run), "--dry-run"]) == 2
+    assert "not the suite" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_run_being_swept_belongs_to_its_sweep_and_a_stop_signal_interrupts_it_like_ctrl_c(tmp_path, capsys, stop):
     """While a sweep runs, ``--resume`` of its run is refused naming the owner (exit 3, nothing

@@ -473,6 +473,18 @@ def _sweeps(key: str, value: Any) -> bool:
     return isinstance(value, list)
 
 
+def override_note(assignments: Iterable[str]) -> str:
+    """The comment lines that ``with_overrides`` appends to a suite's text, one per ``--set``, so that
+    the text a run records says what ran; ``file_text`` takes them off again."""
+    return "".join(f"\n# --set {a}" for a in assignments)
+
+
+def file_text(recorded: str, assignments: Iterable[str]) -> str:
+    """The suite file's own text, from the text a run recorded with these ``--set`` assignments: a
+    resume given the file it was started from compares the file with this, not with the notes."""
+    return recorded.removesuffix(override_note(assignments))
+
+
 def with_overrides(suite: Suite, assignments: Iterable[str]) -> Suite:
     """The suite with ``--set`` overrides applied, validated again as a whole like the file itself."""
     assignments = list(assignments)
@@ -481,7 +493,7 @@ def with_overrides(suite: Suite, assignments: Iterable[str]) -> Suite:
     doc = tomllib.loads(suite.text)
     for a in assignments:
         _apply_override(doc, a)
-    note = "".join(f"\n# --set {a}" for a in assignments)
+    note = override_note(assignments)
     return dataclasses.replace(_validate(doc, f"{suite.path} (with --set)"), path=suite.path, text=suite.text + note)
 
 

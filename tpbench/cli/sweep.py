@@ -246,7 +246,7 @@ def _loop_left(run, todo: list) -> str:
 def _check_resume_args(args: argparse.Namespace) -> None:
     """``--resume`` runs the run's own suite: what would change its cases is refused, so that the
     missing cases measure what the finished ones did."""
-    from tpbench import store, sweep, user_files
+    from tpbench import store, suite, sweep, user_files
 
     sweep.refuse_a_tune(args.resume)
     changed = given_flags(
@@ -264,7 +264,9 @@ def _check_resume_args(args: argparse.Namespace) -> None:
             "in its own directory (start a new sweep to change them)"
         )
     if args.suite:
-        recorded = store.read_record(args.resume).suite.text
+        source = store.read_record(args.resume).suite
+        # A run started with --set recorded them after the file's text: the file itself is the same suite.
+        recorded = suite.file_text(source.text, source.overrides)
         try:
             same = user_files.read_text(args.suite, "suite file") == recorded
         except ValueError:
