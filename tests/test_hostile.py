@@ -676,6 +676,27 @@ def test_a_folder_given_as_an_output_file_is_refused_as_typed(done_run, tmp_path
     assert list(folder.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["sweep", "{suite}", "--report"],
+        ["report", "{run}", "-o"],
+        ["export", "{run}", "--format", "pytest-benchmark", "-o"],
+    ],
+)
+def test_an_output_file_that_ends_in_a_slash_is_refused_as_a_folder(done_run, tmp_path, capsys, command):
+    """``-o out/`` for a folder not made yet: the report was written as a file called ``out`` (exit 0).
+    Now one line naming the option and the name typed (exit 2), and nothing is written."""
+    suite = tiny_suite(tmp_path, 'algorithm = ["ddp"]')
+    args = [a.format(suite=suite, run=done_run) for a in command]
+    target = f"{tmp_path}/out/"
+    assert run_cli([*args, target]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    option = "--report" if command[0] == "sweep" else "--output"
+    assert f"tpbench {command[0]}: error: {option} {target}: names a folder (it ends in '/')" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_failed_write_names_the_users_file_and_leaves_no_temporary(tmp_path):
     """A folder in the file's place when it is written (the CLI refuses one as typed, but one can
     appear meanwhile): the rename of the finished temporary file fails, the error names the user's

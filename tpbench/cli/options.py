@@ -75,13 +75,17 @@ def _path(what: str) -> Callable[[str], Path]:
 
 def _file(what: str) -> Callable[[str], Path]:
     """The type of an output file option: ``_path``'s check, and a folder refused as it is typed: a
-    usage error naming the option (exit 2), not a failed write (exit 3, as if the disk were at fault)."""
+    usage error naming the option (exit 2), not a failed write (exit 3, as if the disk were at fault).
+    A name that ends in a separator (``-o out/``) names a folder too, made or not: ``Path`` drops the
+    separator, so it was written as a file called ``out``."""
     check = _path(what)
 
     def parse(text: str) -> Path:
         path = check(text)
         if path.is_dir():
             raise argparse.ArgumentTypeError(f"{text}: is a folder; expected {what}")
+        if text.endswith(("/", os.sep)):
+            raise argparse.ArgumentTypeError(f"{text}: names a folder (it ends in '/'); expected {what}")
         return path
 
     return parse
