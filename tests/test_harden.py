@@ -70,6 +70,26 @@ def test_filters_that_match_no_case_are_refused_naming_the_filter_and_the_values
     assert "--filter steps=999: no case matches; the 1 case(s) the filters before it left have steps 8" in err
 
 
+def test_a_filter_value_that_no_case_has_is_refused_beside_values_that_match(capsys):
+    """``--filter 'algorithm=ddp|zero_no_overlp'`` ran ddp alone (exit 0): the misspelt value kept no
+    case, but the filter kept some, so nothing said so. Each value must now match a case (exit 2),
+    for ``=`` and ``!=`` alike and for id prefixes; values that all match still select as before."""
+    suite = Path(__file__).parent.parent / "suites" / "smoke.toml"
+    for command in (["validate"], ["sweep", "--dry-run"]):
+        assert run_cli([*command, str(suite), "--filter", "algorithm=ddp|zero_no_overlp"]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert (
+            "smoke.toml: --filter algorithm=ddp|zero_no_overlp: no case has algorithm zero_no_overlp (each value "
+            "must match a case); the 2 case(s) have algorithm ddp | zero_no_overlap"
+        ) in err, err
+    assert run_cli(["validate", str(suite), "--filter", "algorithm!=ddp|nope"]) == 2
+    assert "no case has algorithm nope" in capsys.readouterr().err
+    assert run_cli(["validate", str(suite), "--filter", "id=0|zz"]) == 2
+    assert "no case has id zz" in capsys.readouterr().err
+    assert run_cli(["validate", str(suite), "--filter", "algorithm=ddp|zero_no_overlap"]) == 0
+    assert "ok, 2 cases" in capsys.readouterr().out
+
+
 def test_a_filter_error_says_the_collapsed_value_apart_with_the_filter_that_keeps_it(capsys):
     """``shard_buckets`` does not apply to the zero suite's zero_no_overlap cases (collapsed to None):
     the error listed "None | false | true", a value no suite sets; it now names the filter that keeps

@@ -811,7 +811,9 @@ def select(cases: list[Case], filters: Iterable[str], *, where: str | None = Non
     With ``where`` (the suite's path), filters that leave no case are an error naming the first
     that did and the values the cases before it had: a typo in a value reads as such, not as an
     empty suite. So is a ``key!=v`` that excludes nothing (``shard_buckets!=True``, as the labels
-    spell it, where the suite's value is ``true``): it would run every case it was meant to drop."""
+    spell it, where the suite's value is ``true``): it would run every case it was meant to drop. And
+    so is one value of several that no case has (``algorithm=ddp|zero_no_overlp``): the filter keeps
+    cases, so the typo went unseen and the cases it named were silently left out."""
     out, filters = cases, list(filters)
     for f in filters:
         neg = "!=" in f
@@ -825,10 +827,15 @@ def select(cases: list[Case], filters: Iterable[str], *, where: str | None = Non
         if key != "id" and key not in CASE_KEYS and key not in CAPTURE_KEYS:
             raise SuiteError(f"--filter {f}: unknown key {key!r}; expected id or one of {', '.join(CASE_KEYS)}")
         kept = [c for c in out if _matches(c, key, wanted) != neg]
-        if where is not None and out and (not kept or (neg and len(kept) == len(out))):
+        if where is not None and out:
             before = " the filters before it left" if f != filters[0] else ""
-            what = "no case has that value, so it excludes nothing" if kept else "no case matches"
-            raise SuiteError(f"{where}: --filter {f}: {what}; {_values_had(out, key, before)}")
+            unmatched = [w for w in wanted if not any(_matches(c, key, [w]) for c in out)]
+            if not kept or (neg and len(kept) == len(out)):
+                what = "no case has that value, so it excludes nothing" if kept else "no case matches"
+                raise SuiteError(f"{where}: --filter {f}: {what}; {_values_had(out, key, before)}")
+            if unmatched:
+                what = f"no case has {key} {' | '.join(unmatched)} (each value must match a case)"
+                raise SuiteError(f"{where}: --filter {f}: {what}; {_values_had(out, key, before)}")
         out = kept
     return out
 
