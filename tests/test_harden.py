@@ -385,7 +385,14 @@ def test_compare_of_a_filter_matching_nothing_or_of_no_pair_exits_2(run_dir, tmp
     assert run_cli(["compare", str(run_dir), "--filter", "algorithm=ddp", "--fail-on-inconclusive"]) == 2
     assert "nothing to compare" in capsys.readouterr().err
     assert run_cli(["compare", str(run_dir), "--filter", "bucket_cap_mb=999"]) == 2
-    assert "--filter bucket_cap_mb=999: matches no finished case" in capsys.readouterr().err
+    assert f"{run_dir}: --filter bucket_cap_mb=999: no case matches" in capsys.readouterr().err
+
+
+def test_compare_names_a_filter_value_that_no_finished_case_has(run_dir, capsys):
+    """As sweep's --filter does: ``algorithm=ddp|zero_no_overlp`` compared ddp alone, the typo unseen."""
+    assert run_cli(["compare", str(run_dir), "--filter", "algorithm=ddp|zero_no_overlp"]) == 2
+    said = capsys.readouterr().err
+    assert "no case has algorithm zero_no_overlp (each value must match a case)" in said, said
 
 
 @pytest.mark.parametrize("metric", ["repeat", "rank", "nonesuch"])

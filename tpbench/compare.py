@@ -674,7 +674,9 @@ def within_run(
     keys = swept_keys(loaded.record)
     done = [cid for cid in data.params if data.status[cid] == store.DONE and data.values.get(cid)]
     try:
-        kept = {c.case_id for c in select([Case.from_params(data.params[cid]) for cid in done], filters)}
+        # As sweep's --filter: a value no finished case has is named, not silently left out.
+        finished = [Case.from_params(data.params[cid]) for cid in done]
+        kept = {c.case_id for c in select(finished, filters, where=str(loaded.run_dir))}
     except SuiteError as e:
         raise GateError(str(e)) from None
     if filters and not kept:
