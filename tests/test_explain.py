@@ -131,6 +131,24 @@ def test_a_change_its_interval_cannot_resolve_gets_no_share_and_mostly_means_mor
     assert 0 < e.lo and "most of all compute: +3.00 ms (43% of the change" in parts.sentence(e)
 
 
+def test_a_resolved_change_whose_largest_part_is_not_resolved_gets_no_mostly():
+    """The step's change resolved (timed over many steps) but its largest part's interval, over a few
+    traced steps, held zero: "mostly exposed comm: +4.67 ms (323% of the change, 95% CI -58.02 to
+    +67.37)" claimed a cause the traced steps could not tell from noise. It now says no part's change is
+    resolved and names the part that moved most with its interval."""
+    base = pd.DataFrame({p: [1.5e6, 1.51e6, 1.49e6, 1.5e6] for p in parts.PARTS})
+    cand = base.copy()
+    cand["exposed_comm"] += [30e6, -25e6, 28e6, -14e6]  # +4.75 ms on average, unresolved
+    cand["compute"] += 1e6
+    base["step_ns"] = base[list(parts.PARTS)].sum(axis=1)
+    cand["step_ns"] = base["step_ns"] + [1e6, 1.01e6, 0.99e6, 1e6]  # the step: +1 ms, resolved
+    e = parts.explain(base, cand)
+    said = parts.sentence(e)
+    assert 0 < e.lo and e.top.lo < 0 < e.top.hi, (e, said)
+    assert "slower (95% CI" in said and "no part's change is resolved over the traced steps" in said, said
+    assert "mostly" not in said and "most of all" not in said and "% of the change" not in said, said
+
+
 # ---------------------------------------------------------------- real sweeps, planted causes
 
 

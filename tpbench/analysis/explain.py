@@ -178,6 +178,11 @@ def sentence(e: Explanation) -> str:
     interval = "no interval: too few timed repeats"
     if math.isfinite(e.lo) and math.isfinite(e.hi):
         interval = f"95% CI {e.lo:+.2f} to {e.hi:+.2f}"
+    if top.lo <= 0 <= top.hi:  # the change is resolved, but its largest part is not: no "mostly" on it
+        return (
+            f"{e.delta_ms:+.2f} ms per step {direction} ({interval}); no part's change is resolved over the traced "
+            f"steps: the part that moved most, {what}, {top.delta_ms:+.2f} ms (95% CI {top.lo:+.2f} to {top.hi:+.2f})."
+        )
     share = 100 * top.delta_ms / e.delta_ms
     sub = e.top_detail if top.name == "exposed_comm" else None
     if sub is not None and sub.delta_ms * e.delta_ms > 0:
