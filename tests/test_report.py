@@ -1309,3 +1309,17 @@ def test_the_collectives_chart_labels_its_byte_axis_as_sizes(runs):
     full, _ = runs
     axis = figure_after(build_report([store.load(full)]), "collectives")["layout"]["xaxis"]
     assert axis["type"] == "log" and axis["ticktext"] and all(t.endswith("B") for t in axis["ticktext"]), axis
+
+
+@pytest.mark.parametrize("sizes", [[16640, 20800], [20800], [5100, 9900], [7, 7.5]])
+def test_a_byte_axis_within_one_decade_still_shows_two_labelled_ticks(sizes):
+    """A 2-rank MLP's DDP buckets of 16.6 and 20.8 kB drew the collectives chart with no label on its
+    x axis: its ticks were 10 kB and 100 kB, both outside plotly's range. The axis now sets its range
+    around the sizes and ticks inside it."""
+    from tpbench.report.figures import log_byte_ticks
+
+    axis = log_byte_ticks(sizes)
+    lo, hi = axis["range"]
+    assert lo < math.log10(min(sizes)) and math.log10(max(sizes)) < hi, axis
+    inside = [t for t in axis["tickvals"] if lo <= math.log10(t) <= hi]
+    assert len(inside) >= 2 and len(axis["ticktext"]) == len(axis["tickvals"]), axis

@@ -20,6 +20,8 @@ LEGEND_TOP = dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0
 LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.12, xanchor="left", x=0, title_text="")
 # One colour per series, picked by the figure: enough distinct ones for the front door's eighteen settings.
 SERIES_COLORS = px.colors.qualitative.Plotly + px.colors.qualitative.Dark24
+# How far a byte axis reaches past its sizes on each side, in decades, where it sets its own range.
+_BYTE_AXIS_PAD = 0.35
 
 
 def display(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
@@ -136,15 +138,30 @@ def log_ratio_ticks(values: Iterable[float]) -> dict[str, list]:
 def log_byte_ticks(values: Iterable[float]) -> dict[str, list]:
     """Ticks for a log axis of bytes, one a decade the values span, each labelled as the size it is
     ("100 B", "1 kB", "10 MB", 1 kB = 1000 B): plotly labels the ticks between decades with a bare
-    digit ("5, 1000, 2, 5, 10k"), so the "5" before "1000" means 500 bytes."""
+    digit ("5, 1000, 2, 5, 10k"), so the "5" before "1000" means 500 bytes.
+
+    Sizes that hold fewer than two decade ticks between them (DDP buckets of 16.6 and 20.8 kB) would
+    draw an axis with one label or none, plotly's range ending short of the decades. Then the range is
+    set, a third of a decade wider than the sizes on each side, and ticked at 1, 2 and 5 a decade, or at
+    every digit where those still give fewer than two: at least two ticks in a range 0.7 decades wide."""
     finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
     if not finite:
         return {}
-    decades = range(math.floor(math.log10(min(finite))), math.ceil(math.log10(max(finite))) + 1)
+    lo, hi = math.log10(min(finite)), math.log10(max(finite))
+    decades = range(math.floor(lo), math.ceil(hi) + 1)
     ticks = [10.0**d for d in decades]
+    axis: dict[str, list] = {}
+    if sum(min(finite) <= t <= max(finite) for t in ticks) < 2:
+        lo, hi = lo - _BYTE_AXIS_PAD, hi + _BYTE_AXIS_PAD
+        for digits in ((1,), (1, 2, 5), range(1, 10)):
+            ticks = [m * 10.0**d for d in range(math.floor(lo), math.ceil(hi) + 1) for m in digits]
+            ticks = [t for t in ticks if lo <= math.log10(t) <= hi]
+            if len(ticks) >= 2:
+                break
+        axis["range"] = [lo, hi]
     units = ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1.0, "B"))
     text = [next(f"{t / size:g} {unit}" for size, unit in units if t >= size or size == 1.0) for t in ticks]
-    return dict(tickvals=ticks, ticktext=text)
+    return dict(tickvals=ticks, ticktext=text, **axis)
 
 
 def ratio_trace(grp: pd.DataFrame, x: str, name: str, lo: str = "lo", hi: str = "hi", **scatter: object) -> go.Scatter:
