@@ -5,6 +5,7 @@ Complements ``test_sweep.py`` (crash/hang knobs, SIGINT + resume, unwritable roo
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -182,6 +183,29 @@ def test_a_resume_says_its_own_wall_time_apart_from_the_runs(finished_run, tmp_p
     line = " ".join(capsys.readouterr().out.split())
     wall_s = json.loads((run / "run.json").read_text())["efficiency"]["wall_s"]
     assert " s this resume; the whole run: " in line and f"{wall_s:.1f} s running worlds" in line
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("cut", ["gzip", "json"])
+def test_a_trace_cut_short_is_named_and_the_run_finishes_without_it(finished_run, tmp_path, capsys, cut):
+    """A case's trace cut short (a copy interrupted, a damaged disk) ended the analysis of a sweep or
+    resume in a traceback from the JSON or gzip decoder, naming no file. It exits 3 naming the file
+    and what to do; done so, the resume finishes the run."""
+    run = corrupt_copy(finished_run, tmp_path)
+    (run / "summary.parquet").unlink()  # so that the resume analyses the run again
+    cid = next(iter(store.load(run, summary=False).record.cases))
+    store.trace_dir(run, cid).mkdir()
+    whole = gzip.decompress((Path(__file__).parent / "fixtures" / "traces" / "gloo2" / "rank0.json.gz").read_bytes())
+    victim = store.trace_dir(run, cid) / "rank0.json.gz"
+    cut_short = gzip.compress(whole)[:-100] if cut == "gzip" else gzip.compress(whole[: len(whole) // 2])
+    victim.write_bytes(cut_short)
+    assert run_cli(["sweep", "--resume", str(run), "--no-report"]) == 3
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"case {cid}: {victim}: not a whole Chrome trace" in err and "Traceback" not in err, err
+    assert f"move its trace folder ({store.trace_dir(run, cid)}) aside" in err, err
+    shutil.move(store.trace_dir(run, cid), tmp_path / "aside")
+    assert run_cli(["sweep", "--resume", str(run), "--no-report"]) == 0
+    assert len(store.load(run).summary) == 2
 
 
 @pytest.mark.ranks

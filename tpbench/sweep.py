@@ -21,6 +21,7 @@ from tpbench import compare, record, store
 from tpbench.analysis import bandwidth, convergence, overlap, timeline
 from tpbench.analysis.memory import per_case
 from tpbench.analysis.stats import CONFIDENCE, slowest_rank, spent_confidence, summarize
+from tpbench.analysis.trace_events import TraceUnreadable
 from tpbench.environment import fingerprint
 from tpbench.interconnect import (
     Interconnect,
@@ -320,7 +321,13 @@ def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:
         paths = store.traces(run_dir, cid)
         if not paths:
             continue
-        tl = timeline.read_traces(paths)
+        try:
+            tl = timeline.read_traces(paths)
+        except TraceUnreadable as e:
+            raise store.StoreError(
+                f"case {cid}: {e}; move its trace folder ({store.trace_dir(run_dir, cid)}) aside and "
+                f"`tpbench sweep --resume {run_dir}` finishes the run without that case's trace tables"
+            ) from e
         per_step = overlap.step_overlap(tl.intervals, tl.steps)
         store.write_case_table(run_dir, cid, "intervals", tl.intervals)
         store.write_case_table(run_dir, cid, "overlap", per_step)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import zlib
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -39,7 +40,24 @@ def _open(path: Path) -> BinaryIO:
     return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
 
 
+class TraceUnreadable(ValueError):
+    """A trace file that is not a whole Chrome trace: cut short, damaged, or not gzip or JSON at all.
+    Its message names the file, so that a sweep can say which of a run's files to deal with."""
+
+
 def scan(path: Path, acc: TraceEvents) -> dict[str, Any]:
+    """``_scan``, with a file that cannot be decoded (a copy cut short, a damaged disk) raised as
+    ``TraceUnreadable`` naming it, not as the decoder's error, which names no file."""
+    try:
+        meta = _scan(path, acc)
+    except (orjson.JSONDecodeError, EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise TraceUnreadable(f"{path}: not a whole Chrome trace, cut short or damaged ({e})") from e
+    if not isinstance(meta, dict):
+        raise TraceUnreadable(f"{path}: not a Chrome trace (its JSON is a {type(meta).__name__}, not an object)")
+    return meta
+
+
+def _scan(path: Path, acc: TraceEvents) -> Any:
     """Feed the ``traceEvents`` array to ``acc`` a few MB at a time; return the other top-level keys.
 
     torch.profiler writes one event per block, each opening on a line of its own indented by two
