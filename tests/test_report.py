@@ -1323,3 +1323,41 @@ def test_a_byte_axis_within_one_decade_still_shows_two_labelled_ticks(sizes):
     assert lo < math.log10(min(sizes)) and math.log10(max(sizes)) < hi, axis
     inside = [t for t in axis["tickvals"] if lo <= math.log10(t) <= hi]
     assert len(inside) >= 2 and len(axis["ticktext"]) == len(axis["tickvals"]), axis
+
+
+def test_the_timeline_draws_a_step_as_the_overlap_figures_count_it():
+    """A Gloo collective's range often ends after its step has (its end is recorded once the worker
+    thread runs again): the timeline drew it whole, past the step's end, and left it out of the next
+    step, which the overlap figures count it in. Each rank's bars are now its intervals cut to its span
+    of the step, and their union per lane is what ``overlap.step_overlap`` counts."""
+    from tpbench.analysis.overlap import step_overlap, union
+    from tpbench.report.timelines import _gantt_figure, _step_pieces
+
+    ms = 1_000_000
+    spans = [
+        (rank, step, 20 * step * ms + rank * ms, 20 * (step + 1) * ms + rank * ms) for rank in (0, 1) for step in (0, 1)
+    ]
+    steps = pd.DataFrame(spans, columns=["rank", "step", "start_ns", "end_ns"])
+    rows = []
+    for rank, step, lo, hi in spans:
+        rows += [
+            (rank, step, "compute", "aten::mm", lo, lo + 8 * ms),
+            (rank, step, "optimizer", "tpbench.optimizer", hi - 3 * ms, hi - ms),
+        ]
+        rows.append((rank, step, "comm", "gloo:all_reduce", lo + 6 * ms, hi + 5 * ms))  # into the next step
+    iv = pd.DataFrame(rows, columns=["rank", "step", "lane", "name", "start_ns", "end_ns"])
+    marks = steps.rename(columns={"step": "index"}).assign(kind="step")
+    counted = step_overlap(iv, steps).set_index(["rank", "step"])
+    fig = _gantt_figure(_step_pieces(iv, marks, 1))
+    origin = steps.loc[steps["step"] == 1, "start_ns"].min()
+    for rank, _, lo, hi in (s for s in spans if s[1] == 1):
+        bars = [
+            (origin + b * ms, origin + (b + w) * ms)
+            for t in fig.data
+            if t.name == "comm"
+            for y, b, w in zip(t.y, t.base, t.x)
+            if y == f"rank {rank} · comm"
+        ]
+        assert all(lo - 1 <= s and e <= hi + 1 for s, e in bars), (rank, bars, lo, hi)
+        us, ue = union(np.array([round(s) for s, _ in bars]), np.array([round(e) for _, e in bars]))
+        assert abs(int((ue - us).sum()) - counted.loc[(rank, 1), "comm_ns"]) <= 2, (rank, bars)

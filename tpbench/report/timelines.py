@@ -195,7 +195,9 @@ def gantt(page: Page, data: ReportData) -> None:
     page.paragraph(
         "Per algorithm, the case with its median step time, and of that case's traced steps the one with "
         "the median span. Lanes per rank: compute, communication, optimizer (the optimizer lane marks "
-        "ranges whose work is also in compute or comm). Time from the step's earliest event on any rank.",
+        "ranges whose work is also in compute or comm). Each rank's intervals are cut to its span of the step, "
+        "as the overlap figures count them: a collective still running from the step before shows from the "
+        "step's start. Time from the step's earliest event on any rank.",
         css="muted",
     )
     overlap_steps = data.table("overlap")
@@ -208,7 +210,25 @@ def gantt(page: Page, data: ReportData) -> None:
         step = _median_step(iv, spans)
         title = f"{row['run']} · {row['label']}" if data.multi else row["label"]
         page.heading(f"{title} (case {row['case_id']}, step {step})", level=3)
-        page.figure(_gantt_figure(iv[iv["step"] == step]))
+        marks = data.case_table(row["run_id"], row["case_id"], "marks")
+        page.figure(_gantt_figure(_step_pieces(iv, marks, step)))
+
+
+def _step_pieces(iv: pd.DataFrame, marks: pd.DataFrame | None, step: int) -> pd.DataFrame:
+    """The intervals of ``step`` cut to each rank's span of it (``marks``' step rows), the pieces
+    ``overlap.step_overlap`` counts. Drawn whole, by the step each started in, a Gloo collective
+    that ran on past its step's end showed beyond it, and one still running from the step before was
+    left out, where the overlap figures count both in the step. Without step marks: the intervals
+    that started in the step, whole."""
+    spans = marks[(marks["kind"] == "step") & (marks["index"] == step)] if marks is not None else None
+    if spans is None or spans.empty:
+        return iv[iv["step"] == step]
+    pieces = []
+    for rank, span in spans.groupby("rank"):
+        lo, hi = int(span["start_ns"].min()), int(span["end_ns"].max())
+        mine = iv[(iv["rank"] == rank) & (iv["end_ns"] > lo) & (iv["start_ns"] < hi)]
+        pieces.append(mine.assign(start_ns=mine["start_ns"].clip(lower=lo), end_ns=mine["end_ns"].clip(upper=hi)))
+    return pd.concat(pieces, ignore_index=True)
 
 
 def _median_step(iv: pd.DataFrame, spans: pd.DataFrame) -> int:
