@@ -74,7 +74,9 @@ def overlap(page: Page, data: ReportData) -> None:
         "same time (overlapped), communication nothing hid (exposed), other work (memory copies, other "
         "threads' ops outside both; only where a trace has some) and time with nothing running (idle): "
         "together the traced step. overlap % = overlapped / communication, as Holistic Trace Analysis defines it. "
-        "Traced steps run after the timed ones, under the profiler.",
+        "Traced steps run after the timed ones, under the profiler. In the table, compute and comm are each "
+        "whole, overlapped part included; its overlap % counts every traced step, where summary.parquet's "
+        "overlap_pct, as Holistic Trace Analysis counts it, leaves out the last: the two can differ.",
         css="muted",
     )
     timed = df[["run_id", "case_id", "span"]].merge(
@@ -94,8 +96,8 @@ def overlap(page: Page, data: ReportData) -> None:
             columns={
                 "name": "case",
                 "overlap_pct": "overlap %",
-                "compute": "compute ms",
-                "comm": "comm ms",
+                "compute": "compute ms (with overlapped)",
+                "comm": "comm ms (with overlapped)",
                 "overlapped": "overlapped ms",
                 "exposed": "exposed comm ms",
                 "idle": "idle ms",
