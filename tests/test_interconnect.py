@@ -96,7 +96,7 @@ def test_user_profiles() -> None:
     ("table", "message"),
     [
         ({"backend": "gloo", "speed": "1gbit"}, r"unknown key\(s\) speed; expected backend, env, rate, allow_env$"),
-        ({"rate": "1gbit"}, r"backend must be one of gloo, nccl, got None"),
+        ({"rate": "1gbit"}, r"backend must be one of gloo, nccl, it has none$"),
         ({"backend": "mpi"}, r"backend must be one of gloo, nccl, got 'mpi'"),
         ({"backend": "nccl", "env": {"NCCL_DEBUG": 1}}, r"env.NCCL_DEBUG must be a string, got int"),
         ({"backend": "nccl", "env": {"1BAD": "x"}}, r"not a valid environment variable name"),

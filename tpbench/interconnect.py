@@ -175,7 +175,8 @@ def _user_profile(name: str, table: Mapping[str, Any]) -> Interconnect:
         raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; expected {', '.join(PROFILE_KEYS)}")
     backend = table.get("backend")
     if backend not in BACKENDS:
-        raise ValueError(f"{where}: backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        got = f"got {backend!r}" if "backend" in table else "it has none"
+        raise ValueError(f"{where}: backend must be one of {', '.join(BACKENDS)}, {got}")
     env = table.get("env", {})
     if not isinstance(env, Mapping):
         raise ValueError(f"{where}: env must be a table of strings")
