@@ -1622,7 +1622,7 @@ def test_a_reference_link_the_run_does_not_have_is_a_bad_option(tmp_path, capsys
     shutil.copytree(LINKS_RUN, run)
     assert run_cli(["whatif", str(run), "--reference", "nope"]) == 2
     err = capsys.readouterr().err
-    assert "--reference nope: no case finished on it; expected one of loopback, " in err and "[" not in err
+    assert "--reference 'nope': no case finished on it; expected one of loopback, " in err and "[" not in err
 
 
 def test_an_empty_reference_link_is_a_bad_option(tmp_path, capsys):
@@ -1634,7 +1634,7 @@ def test_an_empty_reference_link_is_a_bad_option(tmp_path, capsys):
     shutil.copytree(LINKS_RUN, run)
     assert run_cli(["whatif", str(run), "--reference", ""]) == 2
     err = capsys.readouterr().err
-    assert "tpbench whatif: error: --reference : no case finished on it; expected one of loopback, " in err
+    assert "tpbench whatif: error: --reference '': no case finished on it; expected one of loopback, " in err
     assert not (run / "whatif.parquet").exists()
 
 

@@ -237,7 +237,7 @@ def run_whatif(
     if reference is None:  # only absent: an empty --reference is a link the run does not have, refused below
         reference = "loopback" if "loopback" in links else links[0]
     if reference not in links:
-        raise UnknownReference(f"--reference {reference}: no case finished on it; expected one of {', '.join(links)}")
+        raise UnknownReference(f"--reference {reference!r}: no case finished on it; expected one of {', '.join(links)}")
     rate = {link: math.inf if wires[link] is None else wires[link].beta_Bps for link in links}
     slowest = min((link for link in links if rate[link] < math.inf), key=rate.__getitem__, default=None)
     cache: dict[str, CaseModel] = {}
