@@ -514,3 +514,24 @@ def test_a_printed_command_whose_world_a_resume_took_over_runs_nothing(tmp_path,
     assert f"`tpbench sweep --resume {run_dir}`" in started.stderr and "nothing to run" in started.stderr
     assert {p: p.read_bytes() for p in (run_dir / "cases").rglob("*") if p.is_file()} == files
     assert not (run_dir / "events" / "w0").exists()
+
+
+def test_an_interrupted_torchrun_run_says_how_to_resume_it_from_a_new_allocation(capsys):
+    """The interrupt's resume line was the bare ``tpbench sweep --resume RUN``, which reuses the
+    rendezvous endpoint and agents run.json records: from a login node, or a new Slurm job, that
+    rendezvous is gone. A torchrun run's line says what a new allocation adds; a local run's does not."""
+    from types import SimpleNamespace
+
+    from tpbench.cli.common import resumable
+    from tpbench.record import LauncherRecord
+
+    def said(launcher: str, command: str) -> str:
+        run = SimpleNamespace(dir=Path("results/zero/R"), record=SimpleNamespace(launcher=LauncherRecord(launcher)))
+        assert resumable(KeyboardInterrupt(), run, command, "Kept.") == 130
+        return capsys.readouterr().err
+
+    torchrun = said("torchrun", "sweep")
+    assert "tpbench sweep --resume results/zero/R" in torchrun
+    assert "--rdzv-endpoint HOST:PORT --agent-prefix CMD" in torchrun
+    assert "sbatch examples/slurm/sweep.sbatch --resume results/zero/R" in torchrun
+    assert "sbatch" not in said("torchrun", "tune") and "--rdzv-endpoint" not in said("local", "sweep")

@@ -229,10 +229,23 @@ def resumable(e: KeyboardInterrupt, run, command: str, kept: str) -> int:
             (said, "yellow"),
             f" {kept} Resume with:\n  ",
             shlex.join(["tpbench", command, "--resume", str(run.dir)]),
+            _new_allocation(run, command),
         ),
         soft_wrap=True,
     )
     return code
+
+
+def _new_allocation(run, command: str) -> str:
+    """For a torchrun run, what a resume from another allocation adds: a bare resume reuses the
+    rendezvous endpoint and agent prefix that run.json records, which an ended job no longer holds."""
+    if run.record.launcher.name != "torchrun":
+        return ""
+    slurm = f", or on Slurm: sbatch examples/slurm/sweep.sbatch --resume {run.dir}" if command == "sweep" else ""
+    return (
+        "\n(in the same allocation; from a new one, add --launcher torchrun --rdzv-endpoint HOST:PORT "
+        f"--agent-prefix CMD for its rendezvous and agents{slurm})"
+    )
 
 
 @contextlib.contextmanager
