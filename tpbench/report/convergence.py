@@ -146,25 +146,28 @@ def _time_to_target(page: Page, data: ReportData, verdicts: list[ConvergenceVerd
     )
     if rows.empty:
         return
-    vs = {(v.comparison.run_id, v.comparison.candidate["case_id"]): v for v in verdicts}
+    vs = {(v.comparison.run_id, v.comparison.candidate["case_id"], v.comparison.baseline_named): v for v in verdicts}
+    # A run with both forms of plain DDP sets each candidate against each: a column pair per DDP, named
+    # as the verdict lines name it (one pair, "vs DDP", kept only the last of them).
+    against = list(dict.fromkeys(v.comparison.baseline_named for v in verdicts)) or [""]
     records = rows.to_dict("records")
     evaluated = [evaluated_to(data, r) for r in records]
     # Where eval_every does not divide the steps trained, the final held-out loss is the last evaluation's.
     short = any(e is not None and e[0] != e[1] for e in evaluated)
     table = []
     for r, at in zip(records, evaluated):
-        v = vs.get((r["run_id"], r["case_id"]))
-        est = v.reach_ratio if v else None
-        table.append(
-            {
-                **({"run": r["run"]} if data.multi else {}),
-                "case": r["label"],
-                **{c: r.get(c) for c in cols},
-                **({"last held-out evaluation (step)": f"{at[0]} of {at[1]}" if at else ""} if short else {}),
-                "time to target vs DDP": _ratio_cell(est),
-                "final loss − DDP": v.final_delta if v else None,
-            }
-        )
+        row = {
+            **({"run": r["run"]} if data.multi else {}),
+            "case": r["label"],
+            **{c: r.get(c) for c in cols},
+            **({"last held-out evaluation (step)": f"{at[0]} of {at[1]}" if at else ""} if short else {}),
+        }
+        for named in against:
+            v = vs.get((r["run_id"], r["case_id"], named))
+            ddp = f"DDP ({named})" if named else "DDP"
+            row[f"time to target vs {ddp}"] = _ratio_cell(v.reach_ratio if v else None)
+            row[f"final loss − {ddp}"] = v.final_delta if v else None
+        table.append(row)
     page.heading("Time to target", level=3)
     page.paragraph(
         "Median over repeats; a case reaches the target only if every repeat does (otherwise blank). The final "
