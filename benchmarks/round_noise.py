@@ -11,10 +11,13 @@ designs, in a seeded order within each round so that they see the same machine:
 - inter-build: both built per round, then interleaved.
 
 Usage: ``python benchmarks/round_noise.py [ROUNDS] [--competitor]`` (default 40 rounds; with
-``--competitor`` a busy loop runs throughout). Prints each design's spread and mean.
+``--competitor`` a busy loop runs throughout). Prints the command and the machine's load, then each
+design's spread and mean.
 """
 
+import argparse
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -27,8 +30,6 @@ import torch.multiprocessing as mp
 from tpbench import suite as suite_mod
 from tpbench.worker import build_case, train_step
 
-ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
-ROUNDS = int(ARGS[0]) if ARGS else 40
 SUITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "suites", "tune-planted.toml")
 WARM, TIMED, GAP = 3, 10, 0.05
 
@@ -64,7 +65,7 @@ def interleaved(a, b):
     return ta, tb
 
 
-def worker(rank, ws):
+def worker(rank, ws, rounds):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29611")
     dist.init_process_group("gloo", rank=rank, world_size=ws)
     torch.set_num_threads(1)
@@ -73,7 +74,7 @@ def worker(rank, ws):
     case = suite_mod.expand(s)[0]
     a0, b0 = make(case, rank, ws), make(case, rank, ws)
     res = {d: [] for d in ("rebuild", "reuse", "interleave", "inter-build")}
-    for r in range(ROUNDS):
+    for r in range(rounds):
         order = list(res)
         np.random.default_rng(r).shuffle(order)
         for d in order:
@@ -93,17 +94,41 @@ def worker(rank, ws):
                 sb = np.max([g[1] for g in got], axis=0)
                 res[d].append(np.log(np.median(sa) / np.median(sb)))
     if rank == 0:
-        print(f"{ROUNDS} rounds, load1 {os.getloadavg()[0]:.2f}")
+        print(f"{rounds} rounds, load1 {os.getloadavg()[0]:.2f}")
         for d, v in res.items():
             v = np.array(v)
             print(f"{d:12s} sd of log ratio {v.std(ddof=1):.3f}  mean {v.mean():+.3f}")
     dist.destroy_process_group()
 
 
-if __name__ == "__main__":
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if "--competitor" in sys.argv else None
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, checked before any rank starts: the script used to take any word that did not
+    start with ``--`` as ROUNDS and ignore the rest, so ``--help`` or a misspelt ``--competitor``
+    silently ran the whole measurement, and ``abc`` or ``1`` ended in a traceback."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "rounds", nargs="?", type=int, default=40, metavar="ROUNDS", help="A/A rounds per design (default 40)"
+    )
+    parser.add_argument("--competitor", action="store_true", help="run a busy loop throughout")
+    args = parser.parse_args(argv)
+    if args.rounds < 2:
+        parser.error(f"ROUNDS {args.rounds}: expected at least 2 (a spread needs two rounds)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    load = os.getloadavg()
+    print("command:", shlex.join(["python", "benchmarks/round_noise.py", *argv]), flush=True)
+    print(f"load average (1, 5 min) at the start: {load[0]:.2f} {load[1]:.2f}; {os.cpu_count()} CPUs", flush=True)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.competitor else None
     try:
-        mp.spawn(worker, args=(2,), nprocs=2)
+        mp.spawn(worker, args=(2, args.rounds), nprocs=2)
     finally:
         if busy:
             busy.kill()
+
+
+if __name__ == "__main__":
+    main()

@@ -9,10 +9,13 @@ and its forward and backward. The sleeps take turns within each block so that th
 falls on all alike.
 
 Usage: ``python benchmarks/wake_cost.py [BLOCKS]`` (default 6 blocks of 10 samples per sleep).
-Prints each sleep's median, 10th and 90th percentile in ms. Measure on an otherwise idle machine.
+Prints the command and the machine's load, then each sleep's median, 10th and 90th percentile in ms.
+Measure on an otherwise idle machine.
 """
 
+import argparse
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -62,5 +65,19 @@ def main(blocks: int) -> None:
         print(f"{name:21s} after {sleep_ms:3d} ms asleep: median {median:.2f} ms (p10 {q[0]:.2f}, p90 {q[-1]:.2f})")
 
 
+def parse_blocks(argv: list[str]) -> int:
+    """BLOCKS, checked: read by hand it made ``--help`` a traceback and ``0`` one after the warm-up."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("blocks", nargs="?", type=int, default=6, metavar="BLOCKS", help="default 6")
+    blocks = parser.parse_args(argv).blocks
+    if blocks < 1:
+        parser.error(f"BLOCKS {blocks}: expected at least 1")
+    return blocks
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 6)
+    blocks = parse_blocks(sys.argv[1:])
+    load = os.getloadavg()
+    print("command:", shlex.join(["python", "benchmarks/wake_cost.py", *sys.argv[1:]]))
+    print(f"load average (1, 5 min) at the start: {load[0]:.2f} {load[1]:.2f}; {os.cpu_count()} CPUs", flush=True)
+    main(blocks)

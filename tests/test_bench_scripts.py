@@ -1,0 +1,52 @@
+"""The scripts in benchmarks/ as a user runs them: ``--help`` helps, a bad argument is refused in one
+line with exit 2 before anything is measured. Each runs in this process as ``__main__`` (runpy), so
+these take no ranks and no measurement; the figures they print are checked where the docs use them."""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+import pytest
+import torch.multiprocessing
+from conftest import REPO
+
+
+def _run_script(name: str, argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
+    """Run ``benchmarks/NAME.py ARGV`` as ``python benchmarks/NAME.py`` does; its exit code.
+
+    Starting ranks fails the test: a script that measures where it should refuse would otherwise
+    run for minutes."""
+
+    def no_ranks(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"benchmarks/{name}.py {argv} started ranks")
+
+    monkeypatch.setattr(torch.multiprocessing, "spawn", no_ranks)
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", *argv])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(REPO / "benchmarks" / f"{name}.py"), run_name="__main__")
+    return exc.value.code or 0
+
+
+@pytest.mark.parametrize("name", ["round_noise", "wake_cost"])
+def test_help_prints_usage_and_measures_nothing(name, monkeypatch, capsys):
+    """round_noise.py and wake_cost.py read sys.argv by hand: ``round_noise.py --help`` ran the
+    40-round measurement, ``wake_cost.py --help`` ended in a ValueError traceback."""
+    assert _run_script(name, ["--help"], monkeypatch) == 0
+    assert capsys.readouterr().out.startswith(f"usage: {name}.py")
+
+
+@pytest.mark.parametrize(
+    ("name", "argv", "message"),
+    [
+        ("round_noise", ["abc"], "argument ROUNDS: invalid int value: 'abc'"),
+        ("round_noise", ["1"], "ROUNDS 1: expected at least 2"),
+        ("round_noise", ["--competiter"], "unrecognized arguments: --competiter"),
+        ("wake_cost", ["0"], "BLOCKS 0: expected at least 1"),
+    ],
+)
+def test_a_bad_argument_is_refused_in_one_line(name, argv, message, monkeypatch, capsys):
+    """A misspelt option was ignored (the measurement ran without it) and a count out of range ended
+    in a traceback after the warm-up; each is now argparse's one line and exit 2."""
+    assert _run_script(name, argv, monkeypatch) == 2
+    assert f"{name}.py: error: {message}" in capsys.readouterr().err
