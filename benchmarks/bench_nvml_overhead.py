@@ -198,6 +198,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     ap.add_argument("--json", type=Path, help="also write the result here")
     args = ap.parse_args(argv)
+    for name in ("rounds", "steps"):  # 0 was a traceback after the run
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} {getattr(args, name)}: expected at least 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     result = measure(args.rounds, args.steps, args.interval_ms, args.sim_query_ms, args.width, args.depth, args.batch)

@@ -42,6 +42,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--buckets", type=float, nargs="+", default=[1, 2, 4, 8, 16, 25])
     args = ap.parse_args()
+    if args.rounds < 1:  # 0 timed nothing and ended in a FileNotFoundError for the report it never wrote
+        ap.error(f"--rounds {args.rounds}: expected at least 1")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="tpbench-bench-report-"))
     runs = sorted((work / "results").glob("*/*/run.json")) if args.reuse else []
     if runs:

@@ -268,6 +268,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, str | None]:
         p.error("PyTorch's interleaved hook hangs on Gloo; compare it on NCCL (--backend nccl --device cuda)")
     if cfg.warmup < 3:
         p.error("--warmup must be >= 3: the hooks' first iterations do not update parameters")
+    for name in ("world_size", "batch_size", "steps", "rounds"):  # 0 was a traceback after the run
+        if getattr(cfg, name) < 1:
+            p.error(f"--{name.replace('_', '-')} {getattr(cfg, name)}: expected at least 1")
     return cfg, out
 
 

@@ -87,9 +87,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--min-rounds", type=int, default=racing.MIN_ROUNDS)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    ratios = tuple(float(x) for x in a.ratios.split(","))
+    # Checked here, in argparse's one line and exit 2: a word in --ratios, an --epsilon out of range or
+    # --races 0 used to end in a traceback (the last after every race had run).
+    try:
+        ratios = tuple(float(x) for x in a.ratios.split(","))
+    except ValueError:
+        p.error(f"--ratios {a.ratios}: expected numbers separated by commas, like 1,1.05,1.2")
+    for name in ("races", "repeats"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name} {getattr(a, name)}: expected at least 1")
     options = racing.Options(epsilon=a.epsilon, min_rounds=a.min_rounds)
-    options.check()
+    try:
+        options.check()
+    except racing.TuneError as e:
+        p.error(str(e))
     rng = np.random.default_rng(a.seed)
     outcomes = [race_once(ratios, a.sd, rng, options, a.repeats) for _ in range(a.races)]
     print(f"ratios {ratios}, sd {a.sd}, epsilon {a.epsilon}, repeats {a.repeats}, min rounds {a.min_rounds}:")

@@ -43,10 +43,17 @@ def test_help_prints_usage_and_measures_nothing(name, monkeypatch, capsys):
         ("round_noise", ["1"], "ROUNDS 1: expected at least 2"),
         ("round_noise", ["--competiter"], "unrecognized arguments: --competiter"),
         ("wake_cost", ["0"], "BLOCKS 0: expected at least 1"),
+        ("race_cost", ["--races", "0"], "--races 0: expected at least 1"),
+        ("race_cost", ["--ratios", "1,x"], "--ratios 1,x: expected numbers separated by commas"),
+        ("race_cost", ["--epsilon", "2"], "--epsilon 2 (200%): expected a margin above 0 and below 1"),
+        ("bench_zero_hooks", ["--steps", "0"], "--steps 0: expected at least 1"),
+        ("bench_zero_hooks", ["--world-size", "0"], "--world-size 0: expected at least 1"),
+        ("bench_nvml_overhead", ["--rounds", "0"], "--rounds 0: expected at least 1"),
+        ("bench_report", ["--rounds", "0"], "--rounds 0: expected at least 1"),
     ],
 )
 def test_a_bad_argument_is_refused_in_one_line(name, argv, message, monkeypatch, capsys):
     """A misspelt option was ignored (the measurement ran without it) and a count out of range ended
-    in a traceback after the warm-up; each is now argparse's one line and exit 2."""
+    in a traceback, often after the whole measurement; each is now argparse's one line and exit 2."""
     assert _run_script(name, argv, monkeypatch) == 2
     assert f"{name}.py: error: {message}" in capsys.readouterr().err
