@@ -85,9 +85,10 @@ def line(r: Resolution, target: float = TARGET) -> str:
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
+    """REPEATSxWARMUP+STEPS as three integers; ValueError naming the text."""
     m = re.fullmatch(r"(\d+)x(\d+)\+(\d+)", text)
     if not m:
-        raise SystemExit(f"--shape {text!r}: expected REPEATSxWARMUP+STEPS, e.g. 12x3+12")
+        raise ValueError(f"--shape {text!r}: expected REPEATSxWARMUP+STEPS, e.g. 12x3+12")
     return int(m[1]), int(m[2]), int(m[3])
 
 
@@ -103,6 +104,8 @@ def sweep(suite: str, shape: str, out: Path) -> Path:
 
 
 def main() -> None:
+    from tpbench import store
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="*", type=Path, metavar="RUN_DIR")
     ap.add_argument("--suite", help="sweep this suite once per --shape and round")
@@ -113,15 +116,25 @@ def main() -> None:
     args = ap.parse_args()
     if bool(args.suite) == bool(args.runs) or (args.suite and not args.shape):
         ap.error("give RUN_DIRs, or --suite with at least one --shape")
-    for shape in args.shape:
-        parse_shape(shape)
+    # Each refused in argparse's one line and exit 2: a bad --shape exited 1, --rounds 0 printed nothing
+    # and exited 0, a RUN_DIR that is not a run was a StoreError traceback.
+    try:
+        for shape in args.shape:
+            parse_shape(shape)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: expected at least 1")
     runs = list(args.runs)
     if args.suite:
         root = args.out or Path(tempfile.mkdtemp(prefix="tpbench-budget-"))
         for k in range(args.rounds):
             for i, shape in enumerate(args.shape):
                 runs.append(sweep(args.suite, shape, root / f"round{k}-shape{i}"))
-    results = [resolution(r, args.target) for r in runs]
+    try:
+        results = [resolution(r, args.target) for r in runs]
+    except store.StoreError as e:
+        ap.error(str(e))
     for r in results:
         print(line(r, args.target))
     by_shape: dict[str, list[Resolution]] = {}

@@ -44,19 +44,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+")
     args = parser.parse_args()
+    runs = [load_run(parser, run_dir) for run_dir in args.runs]
     print("run | cases | refused | within 5 % (10 %): step by step | median vs median | own step's path")
-    for run_dir in args.runs:
-        loaded = store.load(run_dir)
+    for run_dir, loaded in zip(args.runs, runs, strict=True):
         done = loaded.cases[loaded.cases["status"] == store.DONE]
         model_of = whatif_run.case_models(loaded, done, whatif_run.link_wires(loaded, done))
-        rows, refused = [], 0
+        rows, refused = np.empty((0, 3)), 0
         for row in done.to_dict("records"):
-            model = model_of(row)
+            try:
+                model = model_of(row)
+            except whatif.NotModelled:  # refused by the what-if too: a GPU or one-rank case, traces gone, ...
+                refused += 1
+                continue
             fit = model.fit
-            rows.append((fit.miss, fit.replay_ms / fit.traced_ms - 1, own_step_path_miss(model, run_dir)))
+            miss = (fit.miss, fit.replay_ms / fit.traced_ms - 1, own_step_path_miss(model, run_dir))
+            rows = np.vstack([rows, miss])
             refused += model.refused is not None
-        counts = [within(np.abs(np.array(rows)[:, col]) * 100) for col in range(3)]
-        print(f"{loaded.record.run_id} | {len(rows)} | {refused} | " + " | ".join(counts))
+        counts = [within(np.abs(rows[:, col]) * 100) for col in range(3)]
+        print(f"{loaded.record.run_id} | {len(done)} | {refused} | " + " | ".join(counts))
+
+
+def load_run(parser: argparse.ArgumentParser, run_dir: str) -> store.Loaded:
+    """The run at ``run_dir``, or argparse's one line and exit 2 (it was a StoreError traceback)."""
+    try:
+        return store.load(run_dir)
+    except store.StoreError as e:
+        parser.error(str(e))
 
 
 def within(misses_pct: np.ndarray) -> str:

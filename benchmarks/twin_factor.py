@@ -20,6 +20,7 @@ import sys
 import numpy as np
 
 from tpbench import store, whatif_run
+from tpbench.analysis import whatif
 from tpbench.analysis.whatif import CaseModel
 
 
@@ -43,14 +44,21 @@ def main() -> None:
     args = parser.parse_args()
     seen: list[dict[str, float]] = []
     for run in args.runs:
-        loaded = store.load(run)
+        try:
+            loaded = store.load(run)
+        except store.StoreError as e:  # not a run: argparse's one line and exit 2, not a traceback
+            parser.error(str(e))
         done = loaded.cases[loaded.cases["status"] == store.DONE]
         model = whatif_run.case_models(loaded, done, whatif_run.link_wires(loaded, done))
         for algorithm, cases in done.groupby("algorithm"):
             by_link = {row["interconnect"]: row for row in cases.to_dict("records")}
             if args.twin not in by_link or args.target not in by_link:
                 continue
-            twin, target = model(by_link[args.twin]), model(by_link[args.target])
+            try:
+                twin, target = model(by_link[args.twin]), model(by_link[args.target])
+            except whatif.NotModelled:  # post-local SGD after its switch, a GPU case, traces gone: no model
+                print(f"{run} {algorithm}: skipped (twin or target not modelled)")
+                continue
             if twin.refused is not None or target.refused is not None:  # its projections are NaN
                 print(f"{run} {algorithm}: skipped (twin or target refused)")
                 continue

@@ -5,6 +5,7 @@ these take no ranks and no measurement; the figures they print are checked where
 from __future__ import annotations
 
 import runpy
+import shutil
 import sys
 
 import pytest
@@ -57,3 +58,36 @@ def test_a_bad_argument_is_refused_in_one_line(name, argv, message, monkeypatch,
     in a traceback, often after the whole measurement; each is now argparse's one line and exit 2."""
     assert _run_script(name, argv, monkeypatch) == 2
     assert f"{name}.py: error: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "argv", "message"),
+    [
+        ("own_miss", ["NOWHERE"], "NOWHERE: no such run directory"),
+        ("twin_factor", ["NOWHERE"], "NOWHERE: no such run directory"),
+        ("budget_resolution", ["NOWHERE"], "NOWHERE: no such run directory"),
+        ("budget_resolution", ["--suite", "suites/smoke.toml", "--shape", "3x"], "--shape '3x': expected"),
+        ("budget_resolution", ["--suite", "suites/smoke.toml", "--shape", "3x1+1", "--rounds", "0"], "--rounds 0"),
+    ],
+)
+def test_the_run_readers_refuse_what_is_not_a_run_in_one_line(name, argv, message, tmp_path, monkeypatch, capsys):
+    """A RUN_DIR that is not a run was a StoreError traceback (exit 1); budget_resolution's bad
+    --shape exited 1 and its --rounds 0 printed nothing and exited 0, as if it had found nothing."""
+    argv = [a.replace("NOWHERE", str(tmp_path / "nowhere")) for a in argv]
+    assert _run_script(name, argv, monkeypatch) == 2
+    err = capsys.readouterr().err
+    assert f"{name}.py: error: {message.replace('NOWHERE', str(tmp_path / 'nowhere'))}" in err, err
+
+
+def test_own_miss_counts_a_case_the_whatif_cannot_model_as_refused(tmp_path, monkeypatch, capsys):
+    """own_miss.py ended in a NotModelled traceback at the first case the what-if refuses without a
+    model (traces gone here; a GPU, one-rank or switched post-local SGD case alike), so it could not
+    read a run that held one; that case now counts among the refused and the others are replayed."""
+    run = tmp_path / "run"
+    shutil.copytree(REPO / "tests/data/whatif_links_run", run)
+    gone = sorted((run / "cases").iterdir())[0]
+    (gone / "intervals.parquet").unlink()
+    monkeypatch.setattr(sys, "argv", ["own_miss.py", str(run)])
+    runpy.run_path(str(REPO / "benchmarks" / "own_miss.py"), run_name="__main__")
+    line = capsys.readouterr().out.splitlines()[-1].split(" | ")
+    assert line[1:3] == ["5", "1"], line
