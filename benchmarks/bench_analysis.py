@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.provenance import provenance
+
 TARGET_BYTES = 200 * 10**6
 
 
@@ -123,6 +125,7 @@ def main() -> None:
     if a.measure:
         print(json.dumps(measure(*a.measure)))
         return
+    print(provenance("benchmarks.bench_analysis", sys.argv[1:]), flush=True)
 
     bench = a.workdir / "bench"
     if not (a.reuse and (bench / "rank0.json.gz").exists()):

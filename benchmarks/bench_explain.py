@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_analysis import _peak_rss_kb, uncompressed_size
+from benchmarks.provenance import provenance
 
 
 def _steps_of(marks):  # marks → the steps table explain reads (as tpbench.explain.traced_steps)
@@ -108,6 +109,7 @@ def main() -> None:
     if a.measure:
         print(json.dumps(measure(*a.measure)))
         return
+    print(provenance("benchmarks.bench_explain", sys.argv[1:]), flush=True)
     prepare(a.workdir, a.steps, a.depth, a.width, a.reuse)
     for trace in sorted((a.workdir / "base").glob("rank*.json.gz")):
         print(

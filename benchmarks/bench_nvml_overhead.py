@@ -32,6 +32,7 @@ import pynvml
 import torch
 import torch.distributed as dist
 
+from benchmarks.provenance import provenance
 from tpbench.capture import nvml
 from tpbench.suite import Machine, expand, parse
 from tpbench.worker import CaseRunner, Events, Rank
@@ -197,10 +198,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     ap.add_argument("--json", type=Path, help="also write the result here")
+    argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     for name in ("rounds", "steps"):  # 0 was a traceback after the run
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)}: expected at least 1")
+    print(provenance("benchmarks.bench_nvml_overhead", argv), flush=True)
     if args.threads:
         torch.set_num_threads(args.threads)
     result = measure(args.rounds, args.steps, args.interval_ms, args.sim_query_ms, args.width, args.depth, args.batch)

@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.provenance import provenance
+
 TARGET_S = 10.0
 
 _ROUND = """
@@ -44,6 +46,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.rounds < 1:  # 0 timed nothing and ended in a FileNotFoundError for the report it never wrote
         ap.error(f"--rounds {args.rounds}: expected at least 1")
+    print(provenance("benchmarks.bench_report", sys.argv[1:]), flush=True)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="tpbench-bench-report-"))
     runs = sorted((work / "results").glob("*/*/run.json")) if args.reuse else []
     if runs:

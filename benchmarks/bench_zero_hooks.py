@@ -46,6 +46,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from benchmarks.provenance import provenance
 from tpbench.hooks import zero as tpbench_zero_hook
 
 
@@ -275,7 +276,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, str | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     cfg, out = parse_args(argv)
+    print(provenance("benchmarks.bench_zero_hooks", argv), flush=True)
     summary = summarize(cfg, launch(bench_rank, cfg)[0])
     print(report(summary))
     if out:

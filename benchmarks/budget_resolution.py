@@ -32,6 +32,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.provenance import provenance
+
 TARGET = 0.05
 
 
@@ -125,6 +127,7 @@ def main() -> None:
         ap.error(str(e))
     if args.rounds < 1:
         ap.error(f"--rounds {args.rounds}: expected at least 1")
+    print(provenance("benchmarks.budget_resolution", sys.argv[1:]), flush=True)
     runs = list(args.runs)
     if args.suite:
         root = args.out or Path(tempfile.mkdtemp(prefix="tpbench-budget-"))

@@ -17,6 +17,8 @@ Usage: ``python benchmarks/tracer_factor.py [PASSES] [--algorithm NAME] [--steps
 
 import argparse
 import os
+import shlex
+import sys
 import time
 
 import numpy as np
@@ -122,4 +124,5 @@ if __name__ == "__main__":
     args = ap.parse_args()
     if args.passes < 1:
         ap.error(f"passes {args.passes}: expected at least 1")
+    print("command:", shlex.join(["python", "benchmarks/tracer_factor.py", *sys.argv[1:]]), flush=True)
     mp.spawn(worker, args=(2, args), nprocs=2)

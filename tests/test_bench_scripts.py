@@ -4,6 +4,7 @@ these take no ranks and no measurement; the figures they print are checked where
 
 from __future__ import annotations
 
+import os
 import runpy
 import shutil
 import sys
@@ -91,3 +92,16 @@ def test_own_miss_counts_a_case_the_whatif_cannot_model_as_refused(tmp_path, mon
     runpy.run_path(str(REPO / "benchmarks" / "own_miss.py"), run_name="__main__")
     line = capsys.readouterr().out.splitlines()[-1].split(" | ")
     assert line[1:3] == ["5", "1"], line
+
+
+def test_a_benchmark_states_its_command_and_the_load_before_its_figures(monkeypatch, capsys):
+    """budget_resolution's half-widths (and bench_zero_hooks', bench_analysis', bench_explain's,
+    bench_report's and bench_nvml_overhead's timings) depend on the machine's noise; they printed
+    neither the command nor the load, so a pasted figure could be neither judged nor rerun."""
+    run = str(REPO / "tests/data/whatif_links_run")
+    monkeypatch.setattr(sys, "argv", ["budget_resolution.py", run, "--target", "0.1"])
+    runpy.run_module("benchmarks.budget_resolution", run_name="__main__")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"command: python -m benchmarks.budget_resolution {run} --target 0.1"
+    assert out[1].startswith("load average (1, 5 min) at the start: ") and out[1].endswith(f"; {os.cpu_count()} CPUs")
+    assert "half-width <= 10%" in out[2]
