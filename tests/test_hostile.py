@@ -653,7 +653,8 @@ def test_an_output_files_missing_folders_are_made_or_refused_as_the_sweeps_repor
         assert code == 3 and message.format(tmp=tmp_path) in err, err
 
 
-@pytest.mark.parametrize(
+# The three commands that take an output file name: the sweep's report, report and export.
+OUTPUT_FILE_COMMANDS = pytest.mark.parametrize(
     "command",
     [
         ["sweep", "{suite}", "--report"],
@@ -661,6 +662,9 @@ def test_an_output_files_missing_folders_are_made_or_refused_as_the_sweeps_repor
         ["export", "{run}", "--format", "pytest-benchmark", "-o"],
     ],
 )
+
+
+@OUTPUT_FILE_COMMANDS
 def test_a_folder_given_as_an_output_file_is_refused_as_typed(done_run, tmp_path, capsys, command):
     """A folder for ``--report`` or ``-o``: one line naming the option (exit 2), before anything runs.
     It was taken, then failed on writing (exit 3, "error: DIR: cannot write: Is a directory", no option
@@ -676,14 +680,7 @@ def test_a_folder_given_as_an_output_file_is_refused_as_typed(done_run, tmp_path
     assert list(folder.iterdir()) == []
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        ["sweep", "{suite}", "--report"],
-        ["report", "{run}", "-o"],
-        ["export", "{run}", "--format", "pytest-benchmark", "-o"],
-    ],
-)
+@OUTPUT_FILE_COMMANDS
 def test_an_output_file_that_ends_in_a_slash_is_refused_as_a_folder(done_run, tmp_path, capsys, command):
     """``-o out/`` for a folder not made yet: the report was written as a file called ``out`` (exit 0).
     Now one line naming the option and the name typed (exit 2), and nothing is written."""
