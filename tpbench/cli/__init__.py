@@ -97,6 +97,12 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = build_parser()
     given = sys.argv[1:] if argv is None else argv
+    if not given:
+        # What there is to run, each command with its line, rather than argparse's "the following
+        # arguments are required: command" under a usage line that lists the names alone.
+        parser.print_help(sys.stderr)
+        console.print("\ntpbench: error: give a command; tpbench COMMAND --help lists its options", markup=False)
+        sys.exit(EXIT_USAGE)
     args, extra = parser.parse_known_args(_negative_values_kept(given, parser))
     if extra:
         _refuse_extra(args, extra)

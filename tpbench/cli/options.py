@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import shlex
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
 import tpbench
-from tpbench.cli.common import fraction, usage
+from tpbench.cli.common import EXIT_USAGE, console, fraction, usage
 from tpbench.cli.show import cmd_env, cmd_export, cmd_list, cmd_report, cmd_validate, cmd_whatif
 from tpbench.cli.sweep import cmd_sweep
 from tpbench.cli.tune import cmd_tune
@@ -37,12 +38,29 @@ class _Parser(argparse.ArgumentParser):
             usage(f"{_flag(action)} {e.message}", self.prog.removeprefix("tpbench "))
 
     def _check_value(self, action: argparse.Action, value) -> None:
+        if isinstance(action, argparse._SubParsersAction) and value not in action.choices:
+            _unknown_command(value, list(action.choices))
         if action.option_strings and action.choices is not None and value not in action.choices:
             usage(
                 f"{_flag(action)} {value}: expected one of {', '.join(map(str, action.choices))}",
                 self.prog.removeprefix("tpbench "),
             )
         super()._check_value(action, value)
+
+
+def _unknown_command(value: str, commands: list[str]) -> NoReturn:
+    """A command ``tpbench`` does not have, said in one line with the closest one it has (``rport``:
+    report): argparse said "argument command: invalid choice: 'rport' (choose from ...)" under the
+    usage block, leaving the reader to spot the typo in a list of eleven."""
+    close = difflib.get_close_matches(value, commands, n=1)
+    guess = f"; did you mean {close[0]}?" if close else ""
+    console.print(
+        f"tpbench: error: {value}: no such command{guess} (the commands: {', '.join(commands)}; "
+        "tpbench --help says what each does)",
+        soft_wrap=True,
+        markup=False,
+    )
+    raise SystemExit(EXIT_USAGE)
 
 
 def _flag(action: argparse.Action) -> str:

@@ -1,0 +1,34 @@
+"""The ``tpbench`` command as a whole: no command given, a command or an option mistyped.
+
+Each case names the exit code and the line a user meets; none starts a rank process.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_cli
+
+
+def test_no_command_lists_every_command_with_what_it_does(capsys):
+    """``tpbench`` alone said "the following arguments are required: command" under a usage line of
+    bare names: now the help, each command with its line, then the error (exit 2)."""
+    assert run_cli([]) == 2
+    err = capsys.readouterr().err
+    assert "write the HTML report of one run" in err and "race a suite's swept settings" in err
+    assert err.rstrip().endswith("tpbench: error: give a command; tpbench COMMAND --help lists its options")
+
+
+@pytest.mark.parametrize(
+    ("typed", "said"),
+    [
+        ("rport", "tpbench: error: rport: no such command; did you mean report? (the commands: sweep, tune,"),
+        ("comapre", "tpbench: error: comapre: no such command; did you mean compare? (the commands:"),
+        ("frobnicate", "tpbench: error: frobnicate: no such command (the commands: sweep, tune, report,"),
+    ],
+)
+def test_a_mistyped_command_names_the_closest_one(capsys, typed, said):
+    """``tpbench rport RUN`` said "argument command: invalid choice: 'rport' (choose from ...)" under
+    the usage block: the reader had to spot the typo in a list of eleven."""
+    assert run_cli([typed, "results/smoke/RUN"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith(said) and "invalid choice" not in err and "usage:" not in err
