@@ -32,3 +32,24 @@ def test_a_mistyped_command_names_the_closest_one(capsys, typed, said):
     assert run_cli([typed, "results/smoke/RUN"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert err.startswith(said) and "invalid choice" not in err and "usage:" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["compare", "A", "B", "--formt", "json"], "unrecognized arguments: --formt json; did you mean --format?"),
+        (["compare", "A", "B", "--treshold=2%"], "unrecognized arguments: --treshold=2%; did you mean --threshold?"),
+        (
+            ["sweep", "S", "--dryrun", "--no-reprot"],
+            "unrecognized arguments: --dryrun --no-reprot; did you mean --dry-run, --no-report?",
+        ),
+        (["sweep", "S", "--report-dir", "r"], "unrecognized arguments: --report-dir r; did you mean --report?"),
+        (["sweep", "S", "--frobnicate"], "tpbench sweep: error: unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_a_mistyped_option_names_the_closest_one_the_command_has(capsys, args, said):
+    """``sweep S --dryrun`` said "unrecognized arguments: --dryrun" alone; the reader looked for the
+    spelling in the usage block. The hidden ``--reports-dir`` (the tests') is never offered."""
+    assert run_cli(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.endswith(said)

@@ -9,6 +9,7 @@ exit codes.
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import sys
 
@@ -83,7 +84,24 @@ def _refuse_extra(args: argparse.Namespace, extra: list[str]) -> None:
         what, does, meant = _ONE[args.command]
         said = f"takes one {what} ({does}), got {len(extra) + 1}: {' '.join(extra)} besides"
         parser.error(f"{said}; {meant}" if meant else said)
-    parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    parser.error(f"unrecognized arguments: {' '.join(extra)}{_closest_options(parser, extra)}")
+
+
+def _closest_options(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    """For each mistyped long option among ``extra`` (``--dryrun``, ``--formt=json``), the command's
+    closest one, "; did you mean --dry-run?" (empty: none is close). argparse named the stranger alone,
+    leaving the reader to find the spelling in the usage block. Hidden options are never offered."""
+    known = [
+        flag
+        for flag, action in parser._option_string_actions.items()
+        if flag.startswith("--") and flag != "--help" and action.help != argparse.SUPPRESS
+    ]
+    guesses: list[str] = []
+    for token in extra:
+        flag = token.split("=", 1)[0]
+        if flag.startswith("--") and flag not in known:
+            guesses += [g for g in difflib.get_close_matches(flag, known, n=1, cutoff=0.8) if g not in guesses]
+    return f"; did you mean {', '.join(guesses)}?" if guesses else ""
 
 
 def main(argv: list[str] | None = None) -> None:
