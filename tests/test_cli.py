@@ -53,3 +53,17 @@ def test_a_mistyped_option_names_the_closest_one_the_command_has(capsys, args, s
     assert run_cli(args) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert err.endswith(said)
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        ("--confidence", "--confidence abc: expected a percentage like 95% or a fraction like 0.95"),
+        ("--epsilon", "--epsilon abc: expected a percentage like 2% or a fraction like 0.02"),
+    ],
+)
+def test_a_fraction_that_is_no_number_is_told_a_value_its_option_takes(capsys, option, said):
+    """``tune --confidence abc`` was told "like 2% or ... 0.02", which the confidence's own range
+    (above 0.5) then refuses: each option's example is now a value it takes."""
+    assert run_cli(["tune", "S", option, "abc"]) == 2
+    assert capsys.readouterr().err.strip() == f"tpbench tune: error: {said}"

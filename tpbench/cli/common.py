@@ -37,14 +37,18 @@ def given_flags(options: dict[str, Any]) -> list[str]:
     return [flag for flag, value in options.items() if value is not None and value != []]
 
 
-def fraction(text: str) -> float:
+def fraction(text: str, example: float = 0.02) -> float:
     """``2%`` or ``0.02`` → 0.02: a percentage, or a bare number read as a fraction (the range is each
-    option's own check: ``options._target_ci``, ``racing.Options.check``)."""
+    option's own check: ``options._target_ci``, ``racing.Options.check``). Text that is neither is
+    refused with ``example`` written both ways: a value the option itself would take, so that
+    ``--confidence abc`` is not told "like 2%", which its range then refuses."""
     raw = text.strip()
     try:
         return float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text}: expected a percentage like 2% or a fraction like 0.02") from None
+        raise argparse.ArgumentTypeError(
+            f"{text}: expected a percentage like {example * 100:g}% or a fraction like {example:g}"
+        ) from None
 
 
 def torchrun_launcher(args: argparse.Namespace):

@@ -240,11 +240,16 @@ def _ignore_env_arg(p: argparse.ArgumentParser, verb: str) -> None:
     )
 
 
-def _fraction_text(text: str) -> str:
-    """``--epsilon`` and ``--confidence``: their text as typed, once it reads as a fraction
-    (``fraction``), so that the range check (``racing.Options.check``) can echo what was typed."""
-    fraction(text)
-    return text
+def _fraction_text(example: float) -> Callable[[str], str]:
+    """The type of ``--epsilon`` and ``--confidence``: their text as typed, once it reads as a
+    fraction (``fraction``, its refusal giving ``example``, a value of that option), so that the range
+    check (``racing.Options.check``) can echo what was typed."""
+
+    def parse(text: str) -> str:
+        fraction(text, example)
+        return text
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -363,12 +368,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="list the settings and exit")
     p.add_argument(
         "--epsilon",
-        type=_fraction_text,
+        type=_fraction_text(0.02),
         metavar="PCT",
         help="the claim: the setting named is within PCT of the best, 2%% or 0.02 (default: 2%%)",
     )
     p.add_argument(
-        "--confidence", type=_fraction_text, help="of the whole claim, above 0.5, below 1: 0.95 or 95%% (default: 0.95)"
+        "--confidence",
+        type=_fraction_text(0.95),
+        help="of the whole claim, above 0.5, below 1: 0.95 or 95%% (default: 0.95)",
     )
     p.add_argument(
         "--budget-s", type=_seconds, metavar="SECONDS", help="stop after this long, resolved or not (default: no limit)"
