@@ -1257,6 +1257,22 @@ def test_resuming_a_directory_that_is_not_there_says_so(tmp_path, capsys):
     assert f"{tmp_path / 'none'}: no such run directory" in capsys.readouterr().err
 
 
+def test_resuming_a_folder_that_holds_no_run_says_so_not_that_it_is_a_sweep(tmp_path, capsys):
+    """An empty folder, or a results root given for its run, was told "no tune.json; not a tune
+    (resume a sweep with tpbench sweep)", though it held no sweep either: now as ``sweep --resume``
+    says it, naming the runs a root holds."""
+    empty, root = tmp_path / "empty", tmp_path / "results"
+    empty.mkdir()
+    (root / "zero" / "20260101T000000Z-abcdef").mkdir(parents=True)
+    (root / "zero" / "20260101T000000Z-abcdef" / "run.json").write_text("{}")
+    assert run_cli(["tune", "--resume", str(empty)]) == 3
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{empty} is not a tpbench run (or its sweep never started)" in err and "not a tune" not in err
+    assert run_cli(["tune", "--resume", str(root)]) == 3
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{root} is not a tpbench run but holds 1 run (the latest: {root}/zero/20260101T000000Z-abcdef)" in err
+
+
 def test_a_resume_with_dry_run_is_refused_and_races_nothing(tmp_path, capsys):
     """``tune --resume RUN_DIR --dry-run`` of a tune stopped before its first round: the dry run was
     ignored and the resume raced every round left (24 s, exit 4). Now refused (exit 2) with what to

@@ -110,10 +110,11 @@ def prepare(
 
 def reopen(run_dir: Path) -> tuple[store.Run, Options]:
     """A tune to resume (``sweep.reopen``: owned by this process, finished repeats kept) and its options."""
-    if not Path(run_dir).is_dir():
-        raise store.StoreError(f"{run_dir}: no such run directory")
     saved = store.read_tune(run_dir)
     if saved is None:
+        # A folder that is no run at all (empty, a results root, a file) is said as every command says
+        # it, naming the runs it holds; only a run without tune.json is "a sweep, not a tune".
+        store.read_run_json(run_dir)
         raise store.StoreError(f"{run_dir}: no {store.TUNE_FILE}; not a tune (resume a sweep with tpbench sweep)")
     try:
         options = Options(**saved["options"])
