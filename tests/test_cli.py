@@ -5,8 +5,27 @@ Each case names the exit code and the line a user meets; none starts a rank proc
 
 from __future__ import annotations
 
+import argparse
+import re
+from pathlib import Path
+
 import pytest
 from conftest import run_cli
+
+from tpbench.cli.options import build_parser
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = "\n".join(page.read_text() for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
+
+
+def commands() -> dict[str, argparse.ArgumentParser]:
+    (sub,) = (a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def shown(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The arguments ``COMMAND --help`` shows (not ``-h`` itself, nor the hidden ones)."""
+    return [a for a in parser._actions if a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)]
 
 
 def test_no_command_lists_every_command_with_what_it_does(capsys):
@@ -67,3 +86,27 @@ def test_a_fraction_that_is_no_number_is_told_a_value_its_option_takes(capsys, o
     (above 0.5) then refuses: each option's example is now a value it takes."""
     assert run_cli(["tune", "S", option, "abc"]) == 2
     assert capsys.readouterr().err.strip() == f"tpbench tune: error: {said}"
+
+
+@pytest.mark.parametrize("command", sorted(commands()))
+def test_every_value_in_help_is_named_as_the_docs_name_it(command):
+    """``--min-rounds MIN_ROUNDS``, ``--out OUT``, ``--threshold THRESHOLD`` and a lower-case ``[suite]``
+    were argparse's names for what the docs call N, DIR, PCT and SUITE: each value is named, or its
+    choices listed, so that one spelling means one thing across the commands."""
+    for action in shown(commands()[command]):
+        if action.nargs != 0:
+            assert action.metavar or action.choices, f"{command} {action.option_strings or action.dest}"
+            assert action.metavar != action.dest.upper() or not action.option_strings
+
+
+@pytest.mark.parametrize("command", sorted(commands()))
+def test_every_option_in_help_is_documented_and_every_documented_option_exists(command):
+    """Each option a command's help shows is named somewhere in README.md or docs/, and each option
+    the docs give a command on one line (``tpbench tune ... --epsilon 2%``) is one it has."""
+    parser = commands()[command]
+    for action in shown(parser):
+        named = [o for o in action.option_strings if re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", DOCS)]
+        assert named or not action.option_strings, f"tpbench {command} {action.option_strings}: not in the docs"
+    for line in re.findall(rf"tpbench {command} ([^`\n]*)", DOCS):
+        for option in re.findall(r"(?<![\w-])(--?[a-z][a-z0-9-]*)", line):
+            assert option in parser._option_string_actions, f"the docs give tpbench {command} {option}: {line}"

@@ -217,8 +217,13 @@ def _seconds(text: str) -> float:
 
 
 def _verdict_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metric", default="step_ms", help="per-step column to compare, lower is better (default: step_ms)")
-    p.add_argument("--threshold", default="5%", help="changes within ±THRESHOLD pass (default: 5%%)")
+    p.add_argument(
+        "--metric",
+        default="step_ms",
+        metavar="COLUMN",
+        help="per-step column to compare, lower is better (default: step_ms)",
+    )
+    p.add_argument("--threshold", default="5%", metavar="PCT", help="changes within ±THRESHOLD pass (default: 5%%)")
     p.add_argument("--format", choices=("text", "md", "json"), default="text", help="output on stdout (default: text)")
     p.add_argument(
         "--fail-on-inconclusive", action="store_true", help="exit 4 when a case is inconclusive (default: exit 0)"
@@ -288,8 +293,13 @@ def build_parser() -> argparse.ArgumentParser:
             help="start the ranks here (local, the default) or each world as a torchrun job; --resume reuses the run's "
             "(another is refused)",
         )
-        t.add_argument("--nnodes", type=_integer(1), help="nodes per world (default: 1)")
-        t.add_argument("--nproc-per-node", type=_integer(1), help="ranks per node (default: the world size / --nnodes)")
+        t.add_argument("--nnodes", type=_integer(1), metavar="N", help="nodes per world (default: 1)")
+        t.add_argument(
+            "--nproc-per-node",
+            type=_integer(1),
+            metavar="N",
+            help="ranks per node (default: the world size / --nnodes)",
+        )
         t.add_argument(
             "--rdzv-endpoint",
             metavar="HOST:PORT",
@@ -305,10 +315,16 @@ def build_parser() -> argparse.ArgumentParser:
         return t
 
     p = sub.add_parser("sweep", help="run a suite")
-    p.add_argument("suite", nargs="?", type=_given("a suite file"), help="suite TOML file (not needed with --resume)")
+    p.add_argument(
+        "suite",
+        nargs="?",
+        type=_given("a suite file"),
+        metavar="SUITE",
+        help="suite TOML file (not needed with --resume)",
+    )
     suite_args(p)
     allow_large_arg(p)
-    p.add_argument("--out", type=_results_root, help="results root (default: results)")
+    p.add_argument("--out", type=_results_root, metavar="DIR", help="results root (default: results)")
     p.add_argument(
         "--resume",
         type=_path("a run directory"),
@@ -357,11 +373,12 @@ def build_parser() -> argparse.ArgumentParser:
         "suite",
         nargs="?",
         type=_given("a suite file"),
+        metavar="SUITE",
         help="suite TOML file: its swept grid is the settings raced (not with --resume)",
     )
     suite_args(p)
     allow_large_arg(p)
-    p.add_argument("--out", type=_results_root, help="results root (default: results)")
+    p.add_argument("--out", type=_results_root, metavar="DIR", help="results root (default: results)")
     p.add_argument(
         "--resume", type=_path("a run directory"), metavar="RUN_DIR", help="go on with an interrupted tune of RUN_DIR"
     )
@@ -375,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--confidence",
         type=_fraction_text(0.95),
+        metavar="C",
         help="of the whole claim, above 0.5, below 1: 0.95 or 95%% (default: 0.95)",
     )
     p.add_argument(
@@ -384,6 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--min-rounds",
         type=_integer(2, why=" (an interval needs two rounds)"),
+        metavar="N",
         help="rounds every setting runs before the first elimination or retirement (default: 3); repeats is the most",
     )
     p.add_argument("--format", choices=("text", "md", "json"), default="text", help="how to print the result")
@@ -419,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("validate", help="check a suite without running it")
-    p.add_argument("suite", type=_given("a suite file"))
+    p.add_argument("suite", type=_given("a suite file"), metavar="SUITE", help="suite TOML file")
     suite_args(p)
     allow_large_arg(p)
     p.set_defaults(func=cmd_validate)
@@ -428,7 +447,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_env)
 
     p = sub.add_parser("list", help="list algorithms, workloads and suites")
-    p.add_argument("--suites", type=_given("a folder"), help="folder of suites (default: suites, where there is one)")
+    p.add_argument(
+        "--suites",
+        type=_given("a folder"),
+        metavar="DIR",
+        help="folder of suites (default: suites, where there is one)",
+    )
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser(
@@ -485,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("gate", help="run a suite for baseline and candidate in this job, in lockstep, and judge")
-    p.add_argument("suite", type=_given("a suite file"), help="suite TOML file")
+    p.add_argument("suite", type=_given("a suite file"), metavar="SUITE", help="suite TOML file")
     p.add_argument(
         "--baseline",
         required=True,
@@ -503,6 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--repeats",
         type=_gate_repeats,
+        metavar="N",
         help="lockstep: the most repeats per case (default: 30; 500 with --target-ci)",
     )
     p.add_argument(
@@ -518,8 +543,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="lockstep: stop after this long, whatever is left (default: 480)",
     )
-    p.add_argument("--seed", type=_integer(0), help="lockstep: seed of each round's side order (default: 0)")
-    p.add_argument("--rounds", type=_integer(1), help="rounds mode: sweeps per side, alternating (default: 5)")
+    p.add_argument(
+        "--seed", type=_integer(0), metavar="N", help="lockstep: seed of each round's side order (default: 0)"
+    )
+    p.add_argument(
+        "--rounds", type=_integer(1), metavar="N", help="rounds mode: sweeps per side, alternating (default: 5)"
+    )
     suite_args(p)
     p.add_argument(
         "--candidate-set",
@@ -529,7 +558,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="override for the candidate only (e.g. slowdown_pct=10 to check the gate itself)",
     )
     p.add_argument(
-        "--out", type=_out_dir, help="where the gate's runs, logs and gate.json go (default: results/gate/<id>)"
+        "--out",
+        type=_out_dir,
+        metavar="DIR",
+        help="where the gate's runs, logs and gate.json go (default: results/gate/<id>)",
     )
     _verdict_args(p)
     p.add_argument(
@@ -542,7 +574,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="write a run as pytest-benchmark or github-action-benchmark JSON")
     p.add_argument("run", type=_path("a run directory"), metavar="RUN_DIR")
-    p.add_argument("--format", required=True, choices=("pytest-benchmark", "custom-smaller-is-better"))
+    p.add_argument(
+        "--format",
+        required=True,
+        choices=("pytest-benchmark", "custom-smaller-is-better"),
+        help="a saved run that pytest-benchmark compare reads, or github-action-benchmark's customSmallerIsBetter",
+    )
     p.add_argument(
         "-o", "--output", type=_file("the export's file name"), metavar="FILE", help="write here instead of stdout"
     )
