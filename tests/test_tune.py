@@ -39,7 +39,8 @@ def synthetic(factors: dict[str, float], rounds: int, noise: float = 0.01, seed:
 
 def stored(tmp_path, suite) -> SimpleNamespace:
     """What ``tune._result`` reads of a run that synthetic races did not store: its directory and
-    the suite it was started from."""
+    the suite it was started from. Its results root (``tmp_path``'s grandparent) is not the default
+    ``results``: the commands a tune names give it (``--out``)."""
     return SimpleNamespace(dir=tmp_path, record=SimpleNamespace(suite=SuiteSource("s", str(suite), "")))
 
 
@@ -232,10 +233,9 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     # The estimate is for a race given that many rounds, its confidence spent over more looks (each
     # interval wider: more rounds), and settled: a race that long needs no more.
     assert race.rounds_to_decide(1000) > race.rounds_to_decide() and 12 + race.rounds_to_decide(rounds) <= rounds
-    assert (
-        result.rounds_to_decide > 0
-        and result.next_step == f"tpbench tune {suite} --set repeats={rounds} --epsilon 0.5%"
-    )
+    # --out: the tune's own results root; pasted without it, the race went to ./results.
+    said_next = f"tpbench tune {suite} --out {tmp_path.parent.parent} --set repeats={rounds} --epsilon 0.5%"
+    assert result.rounds_to_decide > 0 and result.next_step == said_next
     assert result.to_json()["next_step"] == result.next_step
     assert result.decide_wall_s is None  # values made up here, no step timed: no estimate of how long
     cli.print_tune(result, "text")
@@ -374,7 +374,8 @@ def test_a_budget_spent_before_the_first_look_says_nothing_was_judged(tmp_path, 
     )
     assert "nothing was judged" not in said[3].claim  # judged at round 3: its intervals say the rest
     early = said[1]
-    assert early.rounds_to_decide is None and early.next_step == f"tpbench tune {suite} --set repeats=12 --budget-s 168"
+    said_next = f"tpbench tune {suite} --out {tmp_path.parent.parent} --set repeats=12 --budget-s 168"
+    assert early.rounds_to_decide is None and early.next_step == said_next
     cli.print_tune(early, "text")
     assert f"To judge it, race again with the time its rounds take (under the same launcher): {early.next_step}" in (
         capsys.readouterr().out.replace("\n", "")
@@ -459,7 +460,7 @@ def test_the_commands_a_tune_names_make_the_settings_it_raced(tmp_path):
     options = Options(epsilon=0.005)
     race = run_race(Race(list(values), 12, options, comparisons=1), values)
     source = SuiteSource("s", str(suite), "", None, ("batch_size=256", "repeats=12"), ("slowdown_pct=0|1",))
-    run = SimpleNamespace(dir=tmp_path, record=SimpleNamespace(suite=source))
+    run = SimpleNamespace(dir=Path("results/s/run"), record=SimpleNamespace(suite=source))  # the default root
     result = tune_answer.result(run, cases, [race], options, 30.0, NO_EVAL)
     rounds = 12 + result.rounds_to_decide
     assert shlex.split(result.next_step) == [
@@ -467,6 +468,11 @@ def test_the_commands_a_tune_names_make_the_settings_it_raced(tmp_path):
         *("--set", f"repeats={rounds}", "--epsilon", "0.5%"),
     ]
     assert shlex.split(result.trace_step)[:6] == ["tpbench", "sweep", str(suite), "--set", "batch_size=256", "--filter"]
+    # Under a results root of its own (--out), each command names it, so that a pasted one writes beside it.
+    run.dir = tmp_path / "my results" / "s" / "run"
+    result = tune_answer.result(run, cases, [race], options, 30.0, NO_EVAL)
+    for command in (result.next_step, result.trace_step):
+        assert shlex.split(command)[5:7] == ["--out", str(tmp_path / "my results")], command
 
 
 def test_the_trace_sweep_a_tune_names_traces_both_settings_once(tmp_path):
@@ -656,8 +662,8 @@ def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, ca
     # Where the time goes: the sweep it names traces the recommended arm and the tied arm nearest it.
     rival = min((a for a in result.arms if a.status == "tied"), key=lambda a: a.ratio)
     cmd = shlex.split(result.trace_step)
-    assert cmd[:3] == ["tpbench", "sweep", str(suite)] and cmd[3] == "--filter"
-    assert {c.case_id for c in select(cases, [cmd[4]])} == {result.recommended.case_id, rival.case_id}
+    assert cmd[:5] == ["tpbench", "sweep", str(suite), "--out", str(tmp_path.parent.parent)] and cmd[5] == "--filter"
+    assert {c.case_id for c in select(cases, [cmd[6]])} == {result.recommended.case_id, rival.case_id}
     assert result.trace_step in " ".join(out.split()) and result.to_json()["trace_step"] == result.trace_step
 
 

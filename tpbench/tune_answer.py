@@ -608,7 +608,7 @@ def _next_step(
     if rec is None or not rounds:
         return None
     ended = {r.ended for r in races}
-    parts = [f"tpbench tune {run.record.suite.command_path}", *_own_sets(run)]
+    parts = [f"tpbench tune {run.record.suite.command_path}", *_own_sets(run), *_own_out(run)]
     parts += [f"--filter {shlex.quote(f)}" for f in run.record.suite.filters]
     parts.append(f"--set repeats={_next_repeats(rounds, races)}")
     defaults = Options()
@@ -664,6 +664,7 @@ def _trace_step(run: store.Run, arms: list[Arm], windows: Mapping[str, int]) -> 
         [
             f"tpbench sweep {run.record.suite.command_path}",
             *_own_sets(run),
+            *_own_out(run),
             f"--filter {shlex.quote('id=' + ids)}",
             *(f"--set {b}" for b in budget),
         ]
@@ -675,6 +676,13 @@ def _own_sets(run: store.Run) -> list[str]:
     for a command that must make the same settings: another key's value changes the case ids."""
     sets = (s for s in run.record.suite.overrides if s.partition("=")[0].strip() != "repeats")
     return [f"--set {shlex.quote(s)}" for s in sets]
+
+
+def _own_out(run: store.Run) -> list[str]:
+    """The tune's own results root, where it is not the default ``results``: pasted without it, a
+    command the tune suggests wrote its run under ./results, apart from this one."""
+    root = Path(run.dir).parent.parent
+    return [] if root.resolve() == Path("results").resolve() else [f"--out {shlex.quote(str(root))}"]
 
 
 def _round_seconds(run: store.Run, cases: list[Case]) -> dict[str, pd.Series]:
