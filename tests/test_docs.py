@@ -1,4 +1,5 @@
-"""The documentation in the repository: its relative links resolve and it points nowhere outside the repository.
+"""The documentation in the repository: its relative links resolve and it points nowhere outside the repository,
+neither to a file beside the tree nor to a web address.
 
 A moved or renamed page, module or example breaks a link silently on GitHub; these tests catch it. The project's
 docs are self-contained, so nothing may send a reader to a design file outside the tree.
@@ -18,6 +19,9 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROO
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 OUTSIDE = re.compile(r"DESIGN\.md|\.\./shared")
+# A web address in prose: a scheme (https://, chrome://), www., or a host name ending in a common top-level domain
+# (ui.perfetto.dev). The docs name the tools and papers they cite; they link to none of them.
+WEB = re.compile(r"\b[a-z][a-z0-9+.-]*://|\bwww\.|\b[a-z0-9-]+(?:\.[a-z0-9-]+)*\.(?:com|org|net|io|dev|ai)\b", re.I)
 # What the last test reads: the project's text files, not outputs, environments or hidden folders.
 TEXT = {".py", ".md", ".toml", ".sh", ".yml", ".yaml", ".txt", ".cfg", ".json", ""}
 SKIP = {"results", "reports", "build", "dist"}
@@ -64,6 +68,22 @@ def test_in_page_anchors_resolve(page: Path):
     own = anchors(page)
     broken = [t for t in LINK.findall(text) if t.startswith("#") and t[1:] not in own]
     assert not broken, f"{page.relative_to(ROOT)}: no heading for " + ", ".join(broken)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_pages_give_no_web_address(page: Path):
+    """The docs are self-contained: a page says what a tool or paper is by name, never where on the web it lives
+    (code blocks included: a command that fetches from the web would point outside too)."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    hits = [f"{n}: {m.group(0)}" for n, line in enumerate(lines, 1) for m in WEB.finditer(line)]
+    assert not hits, f"{page.relative_to(ROOT)}: " + "; ".join(hits)
+
+
+def test_the_web_address_finder_finds_them():
+    for address in ("https://example.com/x", "see www.example", "open ui.perfetto.dev", "chrome://tracing"):
+        assert WEB.search(address), address
+    for name in ("plotly.js", "store.Run.case_done", "tpbench.load", "results/zero/run.json", "tcp-2.5gbit", "e.g. x"):
+        assert not WEB.search(name), name
 
 
 def test_pages_keep_within_120_columns():
