@@ -118,6 +118,8 @@ def test_smoke_report_renders_every_figure_without_errors(browser, smoke_run, tm
         "Raw traces",
     ):
         assert heading in text
+    # It names the trace viewers and points at none of them: the project points at nothing outside itself.
+    assert "Perfetto's trace viewer" in text and "perfetto.dev" not in text and "chrome://" not in text
     assert browser.evaluate("document.querySelectorAll('a[href$=\".json.gz\"]').length") == 4  # 2 cases x 2 ranks
     shot = browser.screenshot(ARTIFACTS / "report-smoke.png")
     assert shot.stat().st_size > 50_000

@@ -333,7 +333,7 @@ def _traces(page: Page, data: ReportData, out_dir: Path) -> None:
         page.heading("Raw traces", anchor="traces")
         page.paragraph(
             "torch.profiler Chrome traces, one per rank, linked relative to this file: open one in "
-            'Perfetto (ui.perfetto.dev, "Open trace file") or chrome://tracing, or load a case\'s folder '
+            "Perfetto's trace viewer (\"Open trace file\") or Chrome's tracing page, or load a case's folder "
             "with Holistic Trace Analysis.",
             css="muted",
         )
