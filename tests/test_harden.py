@@ -159,6 +159,11 @@ def test_list_names_a_suites_folder_that_is_not_there(tmp_path, capsys):
         f"--suites {tmp_path / 's.toml'}: not a folder; expected a folder of suite TOML files"
         in capsys.readouterr().err
     )
+    # A folder with no suite in it: said so, where an empty "suites in" table said nothing of why.
+    (tmp_path / "empty").mkdir()
+    assert run_cli(["list", "--suites", str(tmp_path / "empty")]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"No suite in {tmp_path / 'empty'} (no *.toml file)." in said and "suites in" not in said
 
 
 def test_export_leaves_out_steps_without_a_time(tmp_path, capsys):

@@ -91,13 +91,16 @@ def cmd_list(args: argparse.Namespace) -> int:
         w.add_row(name, ", ".join(keys), sizes)
     out.print(w)
     suites_dir = Path(args.suites or "suites")
-    if suites_dir.is_dir():
+    files = sorted(suites_dir.glob("*.toml")) if suites_dir.is_dir() else []
+    if files:
         s = Table(title=escape(f"suites in {suites_dir}"))
         s.add_column("file")
         s.add_column("description")
-        for p in sorted(suites_dir.glob("*.toml")):
+        for p in files:
             s.add_row(escape(p.name), escape(_suite_description(p)))
         out.print(s)
+    elif args.suites is not None:  # asked for: an empty table said nothing of why
+        out.print(f"No suite in {suites_dir} (no *.toml file).", markup=False, soft_wrap=True)
     return EXIT_OK
 
 
