@@ -331,3 +331,11 @@ def test_eval_every_beyond_the_steps_a_repeat_trains_is_refused():
     with pytest.raises(SuiteError, match=r"eval_every: expected 0 \(never\) or at most 12 .* got 20"):
         expand(with_overrides(suite, ["steps=12"]), CPU)
     assert expand(with_overrides(suite, ["steps=61", "eval_every=61"]), CPU)  # 60: its latest switch
+
+
+@pytest.mark.parametrize("workload", ["markov", "gpt"])
+def test_a_negative_chain_seed_is_refused_at_validation(workload):
+    """numpy refuses a negative seed for the chain: without the check every case failed on its ranks."""
+    suite = with_overrides(parse(BASE, "t.toml"), [f"workload={workload}", f"workloads.{workload}.chain_seed=-1"])
+    with pytest.raises(SuiteError, match=rf"t.toml: \[workloads.{workload}\]: chain_seed must be >= 0, got -1"):
+        expand(suite, CPU)

@@ -40,6 +40,14 @@ def apply_preset(params: object, presets: dict[str, dict[str, int]]) -> None:
 NON_IID_MODES = ("none", "node", "rank")
 
 
+def check_chain_seed(chain_seed: int) -> None:
+    """``chain_seed`` seeds numpy's generator, which refuses a negative seed: refused here, at
+    validation, rather than failing every case on the ranks. The suite's range check cannot catch it,
+    since the default, 0, allows any sign."""
+    if chain_seed < 0:
+        raise ValueError(f"chain_seed must be >= 0, got {chain_seed}")
+
+
 def shards_by_node(workload: str, params: Mapping[str, Any]) -> bool:
     """Whether a workload's training data depends on ``ranks_per_node``: markov's ``non_iid = "node"``
     gives each node its own part of the chain. Then the key shapes every case's data, plain DDP's
@@ -79,6 +87,7 @@ class MarkovParams:
     heldout_sequences: int = 512
 
     def __post_init__(self) -> None:
+        check_chain_seed(self.chain_seed)
         if self.vocab % self.clusters:
             raise ValueError(f"vocab ({self.vocab}) must be divisible by clusters ({self.clusters})")
         if not 0 < self.leak <= 1:
@@ -121,6 +130,7 @@ class GPTParams:
 
     def __post_init__(self) -> None:
         apply_preset(self, GPT_PRESETS)
+        check_chain_seed(self.chain_seed)
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.fanout > self.vocab_size:
