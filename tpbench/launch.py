@@ -23,9 +23,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import re
-import site
-import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +34,7 @@ from tpbench.interconnect import Interconnect, resolve, world_network
 from tpbench.plan import Plan
 from tpbench.record import WorldRecord
 from tpbench.suite import Case
+from tpbench.user_code import user_frame
 from tpbench.worlds import (
     DRAIN_S,
     Ended,
@@ -68,42 +66,6 @@ def exception_line(tb: str) -> str:
     frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
     after = lines[frames[-1] + 1 :] if frames else lines
     return next((line for line in after if line and not line[0].isspace()), "an error")
-
-
-_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
-# Where tpbench's, torch's and Python's own code lives (site-packages, the user's included): frames
-# there are not the user's.
-_NOT_USERS = tuple(
-    os.path.join(os.path.realpath(p), "")
-    for p in {
-        str(Path(__file__).parent),
-        *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")),
-        *site.getsitepackages(),
-        site.getusersitepackages(),
-    }
-)
-
-
-def user_frame(tb: str) -> str:
-    """Where in the user's code a rank's exception was raised, as " (at FILE:LINE, in FUNCTION)", or "".
-
-    A case's error is one line, the exception's first (``exception_line``); a hook or workload
-    factory of one's own that raises says only its own words there ("ValueError: my hook is
-    broken"), not which of the suite's hooks or factories said them, and the traceback that does is
-    in run.json's ``detail``. The innermost frame outside tpbench, the installed packages and the
-    standard library is that code's; errors raised in tpbench or torch with none of it on the stack
-    get no suffix. A file under the working directory is shown relative to it."""
-    found = ""
-    for line in tb.splitlines():
-        m = _FRAME.match(line)
-        if m is None or m["file"].startswith("<"):
-            continue
-        path = os.path.realpath(m["file"])
-        if path.startswith(_NOT_USERS):
-            continue
-        shown = os.path.relpath(path)
-        found = f" (at {m['file'] if shown.startswith('..') else shown}:{m['line']}, in {m['func']})"
-    return found
 
 
 # DDP's error for a model with parameters no step uses; its advice names DDP's argument, which a

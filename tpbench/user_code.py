@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
+import site
 import sys
+import sysconfig
 import threading
+import traceback
+from pathlib import Path
 from types import ModuleType
 from typing import Callable, TypeVar
 
@@ -30,6 +35,49 @@ class UserCodeFailed(Exception):
 USER_PATH_ENV = "TPBENCH_USER_PATH"
 
 
+_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
+# Where tpbench's, torch's and Python's own code lives (site-packages, the user's included): frames
+# there are not the user's.
+_NOT_USERS = tuple(
+    os.path.join(os.path.realpath(p), "")
+    for p in {
+        str(Path(__file__).parent),
+        *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")),
+        *site.getsitepackages(),
+        site.getusersitepackages(),
+    }
+)
+
+
+def user_frame(tb: str) -> str:
+    """Where in the user's code an exception was raised, from its formatted traceback ``tb``, as
+    " (at FILE:LINE, in FUNCTION)", or "".
+
+    A case's error is one line, the exception's first (``exception_line``); a hook or workload
+    factory of one's own that raises says only its own words there ("ValueError: my hook is
+    broken"), not which of the suite's hooks or factories said them, and the traceback that does is
+    in run.json's ``detail``. The innermost frame outside tpbench, the installed packages and the
+    standard library is that code's; errors raised in tpbench or torch with none of it on the stack
+    get no suffix. A file under the working directory is shown relative to it. Validation says the
+    same of the code it runs (``raised_at``), so a factory that raises is found from either."""
+    found = ""
+    for line in tb.splitlines():
+        m = _FRAME.match(line)
+        if m is None or m["file"].startswith("<"):
+            continue
+        path = os.path.realpath(m["file"])
+        if path.startswith(_NOT_USERS):
+            continue
+        shown = os.path.relpath(path)
+        found = f" (at {m['file'] if shown.startswith('..') else shown}:{m['line']}, in {m['func']})"
+    return found
+
+
+def raised_at(e: BaseException) -> str:
+    """``user_frame`` of an exception caught in this process."""
+    return user_frame("".join(traceback.format_exception(e)))
+
+
 def import_module(module_name: str) -> ModuleType:
     """``module_name`` imported with the current directory on the path, as the ranks (``python -m
     tpbench.worker``, started here) see it, then ``TPBENCH_USER_PATH``'s folders; any failure
@@ -42,7 +90,7 @@ def import_module(module_name: str) -> ModuleType:
         return importlib.import_module(module_name)
     except Exception as e:  # any import failure is the user's to see, named
         where = f"from {cwd} or PYTHONPATH"
-        raise ImportError(f"cannot import {module_name!r} ({where}): {type(e).__name__}: {e}") from None
+        raise ImportError(f"cannot import {module_name!r} ({where}): {type(e).__name__}: {e}{raised_at(e)}") from None
 
 
 def limited(what: str, fn: Callable[[], T], limit_s: float | None = None) -> T:

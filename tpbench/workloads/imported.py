@@ -157,7 +157,9 @@ def check(cls: type[Workload], params: object, batch_size: int) -> None:
     except user_code.UserCodeFailed as e:
         raise UserWorkloadError(f"{e} (called with ctx.device = meta)") from None
     except Exception as e:  # the user's code: report what it raised, where
-        raise UserWorkloadError(f"{cls.name} raised {type(e).__name__}: {e} (called with ctx.device = meta)") from None
+        raise UserWorkloadError(
+            f"{cls.name} raised {type(e).__name__}: {e}{user_code.raised_at(e)} (called with ctx.device = meta)"
+        ) from None
     finally:
         torch.set_default_dtype(dtype)
         torch.set_num_threads(threads)
