@@ -339,3 +339,28 @@ def test_a_negative_chain_seed_is_refused_at_validation(workload):
     suite = with_overrides(parse(BASE, "t.toml"), [f"workload={workload}", f"workloads.{workload}.chain_seed=-1"])
     with pytest.raises(SuiteError, match=rf"t.toml: \[workloads.{workload}\]: chain_seed must be >= 0, got -1"):
         expand(suite, CPU)
+
+
+FACTORY = """
+import torch
+from tpbench.workloads import Bench
+
+
+def build(ctx, dropout: float = 0.1, shift: int = 3, width: int = 4) -> Bench:
+    model = torch.nn.Sequential(torch.nn.Linear(width, 2), torch.nn.Dropout(dropout)).to(ctx.device)
+    x = torch.zeros(ctx.batch_size, width, device=ctx.device) + shift
+    y = torch.zeros(ctx.batch_size, dtype=torch.long, device=ctx.device)
+    return Bench(model=model, train_batch=lambda step: (x, y), loss=torch.nn.functional.cross_entropy)
+"""
+
+
+def test_a_factorys_own_parameters_take_any_finite_value_of_their_type(tmp_path, monkeypatch):
+    """A positive default of the user's factory is not a range: a dropout of 0.1 set to 0, or a
+    shift of 3 set to -2, was refused as "expected a finite value > 0"; NaN still is refused."""
+    (tmp_path / "zero_ok.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)  # the factory is imported from where tpbench runs
+    text = BASE.replace("steps = 3\n", 'steps = 3\nworkload = "zero_ok:build"\n') + '[workloads."zero_ok:build"]\n'
+    cases = expand(parse(text + "dropout = 0.0\nshift = -2\n"), CPU)
+    assert {(dict(c.workload_params)["dropout"], dict(c.workload_params)["shift"]) for c in cases} == {(0.0, -2)}
+    with pytest.raises(SuiteError, match=r'\[workloads."zero_ok:build"\] dropout: expected a finite value, got nan'):
+        parse(text + "dropout = nan\n")

@@ -376,6 +376,10 @@ def _workload_tables(doc: dict[str, Any], path: str) -> dict[str, dict[str, Any]
         if not isinstance(table, dict):
             raise _fail(path, f"[{_workload_table(wname)}]", "expected a table")
         fields = {f.name: f for f in dataclasses.fields(wl_params)}
+        # A built-in workload's positive defaults are sizes and counts, which must stay above 0; a
+        # factory of the user's own gets any finite number (a dropout of 0.1 may well be set to 0)
+        # and checks its own ranges, where its errors name it.
+        sized = not is_import_path(wname)
         for k, v in table.items():
             if k not in fields:
                 raise _fail(
@@ -384,15 +388,14 @@ def _workload_tables(doc: dict[str, Any], path: str) -> dict[str, dict[str, Any]
             want = type(fields[k].default)
             if type(v) is not want and not (want is float and type(v) is int):
                 raise _fail(path, f"[{_workload_table(wname)}] {k}", f"expected {want.__name__}, got {v!r}")
-            if (
-                isinstance(v, (int, float))
-                and not isinstance(v, bool)
-                and (v <= 0 and fields[k].default > 0 or not math.isfinite(v))
-            ):
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                continue
+            positive = sized and fields[k].default > 0
+            if v <= 0 and positive or not math.isfinite(v):
                 raise _fail(
                     path,
                     f"[{_workload_table(wname)}] {k}",
-                    f"expected a finite value{' > 0' if fields[k].default > 0 else ''}, got {v!r}",
+                    f"expected a finite value{' > 0' if positive else ''}, got {v!r}",
                 )
         workloads[wname] = {k: canonical(fields[k].default, v) for k, v in table.items()}
     return workloads
