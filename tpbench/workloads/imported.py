@@ -70,6 +70,12 @@ def _import(path: str) -> Callable[..., Any]:
     return factory
 
 
+# The types a parameter's default may have: what a suite's TOML can give in its place, and what a
+# case records in run.json and hashes into its id (a tuple, a Path or a torch.dtype is neither: a
+# list default broke the dataclass, a dtype the record, a tuple could never be set).
+_TOML_TYPES = (int, float, bool, str)
+
+
 def _params_class(path: str, factory: Callable[..., Any]) -> type:
     """A frozen dataclass of the factory's keyword parameters (after ``ctx``), so that suites
     validate ``[workloads."PATH"]`` tables like a built-in workload's."""
@@ -80,8 +86,11 @@ def _params_class(path: str, factory: Callable[..., Any]) -> type:
     for p in params[1:]:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise UserWorkloadError(f"expected named parameters with defaults after ctx in {path}, got {p}")
-        if p.default is p.empty or p.default is None:
-            raise UserWorkloadError(f"expected a default (int, float, bool or str) for parameter {p.name!r} of {path}")
+        if type(p.default) not in _TOML_TYPES:
+            found = "none" if p.default is p.empty else f"{type(p.default).__name__} {p.default!r}"
+            raise UserWorkloadError(
+                f"expected a default (int, float, bool or str) for parameter {p.name!r} of {path}, got {found}"
+            )
         fields.append((p.name, type(p.default), dataclasses.field(default=p.default)))
     return dataclasses.make_dataclass("Params", fields, frozen=True)
 
