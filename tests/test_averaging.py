@@ -210,3 +210,15 @@ def test_signatures_match_pytorchs() -> None:
 def test_hierarchical_averager_without_periods_is_refused_as_pytorchs_is() -> None:
     with pytest.raises(ValueError, match="must not be empty"):
         HierarchicalModelAverager()
+
+
+def test_params_to_average_refuse_what_pytorchs_refuses_with_its_error() -> None:
+    """PyTorch's ``get_params_to_average`` raises ``NotImplementedError`` for an item that is neither a
+    parameter nor a parameter group; ours raised ``TypeError``, which code catching PyTorch's missed."""
+    from torch.distributed.algorithms.model_averaging import utils
+
+    from tpbench.hooks import get_params_to_average
+
+    for fn in (utils.get_params_to_average, get_params_to_average):
+        with pytest.raises(NotImplementedError, match="is not supported"):
+            fn([3])

@@ -30,7 +30,8 @@ ParamsOrGroups = Iterable[torch.nn.Parameter] | Iterable[dict]
 
 
 def get_params_to_average(params: ParamsOrGroups) -> list[torch.Tensor]:
-    """The parameters that have a gradient, from ``model.parameters()`` or ``optimizer.param_groups``."""
+    """The parameters that have a gradient, from ``model.parameters()`` or ``optimizer.param_groups``;
+    ``NotImplementedError`` for anything else, as PyTorch's."""
     chosen: list[torch.Tensor] = []
     for item in params:
         if isinstance(item, torch.Tensor):
@@ -38,7 +39,8 @@ def get_params_to_average(params: ParamsOrGroups) -> list[torch.Tensor]:
         elif isinstance(item, dict):
             candidates = item["params"]
         else:
-            raise TypeError(f"expected parameters or parameter groups, got {type(item).__name__}")
+            # NotImplementedError, as PyTorch's raises: code written against it catches that.
+            raise NotImplementedError(f"Parameter input of type {type(item)} is not supported")
         chosen.extend(p for p in candidates if p.grad is not None)
     return chosen
 
