@@ -189,9 +189,10 @@ class ZeroInternals:
         This does what ``ZeroRedundancyOptimizer._init_zero_for_overlap`` does, except that the
         partition is ``shards`` rather than ZeRO's own heuristic (which, with ``shard_buckets``,
         fails with "All indices are disallowed" when a bucket splits into more pieces than there
-        are ranks). Afterwards ZeRO's public methods (``state_dict``, ``consolidate_state_dict``,
-        ``load_state_dict``) see a fully initialised optimizer, and each parameter's data lives
-        in its shard's flat tensor so that one broadcast per shard syncs it.
+        are ranks). Afterwards ZeRO's own bookkeeping (partition, buckets, parameter groups) is
+        that of a fully initialised optimizer, and each parameter's data lives in its shard's flat
+        tensor so that one broadcast per shard syncs it. Its state-dict methods fail as they do under
+        PyTorch's own hooks: the local optimizer is a functional one, which has no ``state_dict``.
         """
         zero = self._zero
         if self.initialized:
