@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import astuple, replace
@@ -747,6 +748,53 @@ def test_example_workflow_uses_real_flags() -> None:
     args = build_parser().parse_args(argv)
     assert args.func.__name__ == "cmd_gate" and args.format == "md" and args.mode == "lockstep" and args.repeats == 30
     assert (REPO / args.suite).is_file()
+
+
+def _workflow_step(name: str) -> str:
+    """The ``run`` script of examples/ci/perf-gate.yml's step ``name``, GitHub's expressions filled in."""
+    import yaml
+
+    doc = yaml.safe_load((REPO / "examples" / "ci" / "perf-gate.yml").read_text())
+    (step,) = [s for s in doc["jobs"]["gate"]["steps"] if s.get("name") == name]
+    assert step["shell"] == "bash"
+    return step["run"].replace("${{ github.base_ref }}", "main")
+
+
+def test_example_workflow_checks_out_the_baseline_again_in_a_reused_workspace(tmp_path: Path) -> None:
+    """The workflow's baseline step, run by bash as GitHub runs it, twice in one clone with
+    RUNNER_TEMP emptied between jobs, as on a self-hosted runner: the second job's ``git worktree
+    add`` failed with "is a missing but already registered worktree", the job red before it measured."""
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "RUNNER_TEMP": str(tmp_path / "temp"),
+    }
+    clone = tmp_path / "clone"
+    clone.mkdir()
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=clone, env=env, check=True, capture_output=True, text=True).stdout
+
+    (clone / "code.py").write_text("base\n")
+    git("init", "-q")
+    git("add", "code.py")
+    git("commit", "-qm", "base")
+    base = git("rev-parse", "HEAD").strip()
+    git("update-ref", "refs/remotes/origin/main", base)
+    (clone / "code.py").write_text("candidate\n")
+    git("commit", "-qam", "pull request")
+    script = _workflow_step("Check out the merge base (baseline)")
+    for job in range(2):
+        (tmp_path / "temp").mkdir()  # each job's RUNNER_TEMP starts empty
+        p = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=clone, env=env)
+        assert p.returncode == 0, f"job {job + 1}: the baseline step failed"
+        assert (tmp_path / "temp" / "baseline" / "code.py").read_text() == "base\n"
+        shutil.rmtree(tmp_path / "temp")
 
 
 @pytest.mark.parametrize("mode", ["lockstep", "rounds"])
