@@ -797,6 +797,32 @@ def test_example_workflow_checks_out_the_baseline_again_in_a_reused_workspace(tm
         shutil.rmtree(tmp_path / "temp")
 
 
+GATE_ACCURACY = REPO / "examples" / "ci" / "gate_accuracy.py"
+
+
+def test_gate_accuracy_stops_at_a_gate_that_refuses_its_input(tmp_path: Path) -> None:
+    """examples/ci/gate_accuracy.py with a mistyped GATE_ARG: each gate exits 2 before any side
+    starts, and the script crashed at the first with a traceback about the side's missing folder,
+    the gate's own error unsaid. It stops there with that error, exit 2, having logged no gate."""
+    argv = [sys.executable, GATE_ACCURACY, "--out", tmp_path, "--gates", "2", "--slowdown", "0", "--", "--repets", "5"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    p = subprocess.run(list(map(str, argv)), capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert "unrecognized arguments: --repets 5; did you mean --repeats?" in p.stderr
+    assert "Traceback" not in p.stderr and not (tmp_path / "gates.jsonl").exists()
+
+
+def test_gate_accuracy_judges_a_gate_that_left_no_runs(tmp_path: Path) -> None:
+    """A gate that failed before its sides wrote a run (its folder empty or absent) is tallied as
+    "no runs"; the script crashed there, ending a campaign of hours at that gate."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gate_accuracy", GATE_ACCURACY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.judge(tmp_path / "c0-s0-000", "cpu_ms", 0.05)["verdict"] == "no runs"
+
+
 @pytest.mark.parametrize("mode", ["lockstep", "rounds"])
 def test_a_file_in_place_of_the_gates_out_folder_is_named(tmp_path: Path, capsys, mode: str) -> None:
     """``--out`` naming a file (or a path under one): said as a sweep's ``--out`` is, before any side

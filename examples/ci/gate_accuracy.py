@@ -21,7 +21,9 @@ Everything after ``--`` goes to ``tpbench gate`` (e.g. ``--repeats 40``). Result
 gate under DIR, ``DIR/gates.jsonl`` (one line per gate and metric, with its interval) and a Markdown
 table on stdout (with ``--target-ci`` among GATE_ARGS, a second table of the gates' own answers: different,
 same or unknown, from the sequential interval each stopped on); ``--table --threshold 2%`` prints the
-table of what DIR holds judged at another threshold.
+table of what DIR holds judged at another threshold. A gate that refuses its input (exit 2: a
+mistyped GATE_ARG) stops the script with the gate's error; one that ends without a verdict (exit 3:
+a side failed) has its error shown and is tallied "no runs".
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import time
 from pathlib import Path
 
 from tpbench import compare, store
+from tpbench.cli.common import EXIT_USAGE
 
 # The shipped gate suite: one compute-bound DDP case of about 15 ms per step on 2 CPU ranks.
 SUITE = Path(__file__).resolve().parents[2] / "suites" / "gate.toml"
@@ -45,7 +48,9 @@ def _busy_loops(n: int) -> list[subprocess.Popen]:
 
 
 def _runs(gate_dir: Path, side: str) -> list[Path]:
-    return sorted(store.iter_runs(gate_dir / side))
+    """The side's runs in one gate's folder; none where the gate failed before the side wrote any."""
+    folder = gate_dir / side
+    return sorted(store.iter_runs(folder)) if folder.is_dir() else []
 
 
 def run_gate(suite: Path, out: Path, slowdown: float, gate_args: list[str]) -> dict:
@@ -57,7 +62,15 @@ def run_gate(suite: Path, out: Path, slowdown: float, gate_args: list[str]) -> d
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
     load_before = os.getloadavg()[0]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode == EXIT_USAGE:
+        # Input the gate refuses (a mistyped GATE_ARG, a suite it rejects) is refused in every gate:
+        # stop at the first with the gate's own words, not tally a campaign of gates that never ran.
+        print(proc.stderr, end="", file=sys.stderr)
+        print(f"gate_accuracy: the gate refused its input (exit {EXIT_USAGE}); nothing measured", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    if proc.returncode not in (0, 1, 4):  # a gate that could not judge: say why, and go on to the next
+        print(proc.stderr, end="", file=sys.stderr)
     facts = {
         "wall_s": time.monotonic() - t0,
         "exit_code": proc.returncode,
