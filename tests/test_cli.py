@@ -110,3 +110,12 @@ def test_every_option_in_help_is_documented_and_every_documented_option_exists(c
     for line in re.findall(rf"tpbench {command} ([^`\n]*)", DOCS):
         for option in re.findall(r"(?<![\w-])(--?[a-z][a-z0-9-]*)", line):
             assert option in parser._option_string_actions, f"the docs give tpbench {command} {option}: {line}"
+
+
+def test_gate_help_names_every_form_a_side_takes():
+    """``tpbench gate --help`` gave four forms of ``--baseline``; the fifth, a folder of your own code (a
+    checkout of a project whose suite names its own workload or hook), which CI gates a project's code
+    with (docs/gates.md), was left out, as if such a folder were refused."""
+    said = " ".join(commands()["gate"]._option_string_actions["--baseline"].help.split())
+    for form in ("python executable", "venv", "tpbench source tree", "folder of your own code", "command prefix"):
+        assert form in said, f"--baseline's help does not name {form}: {said}"

@@ -514,7 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--baseline",
         required=True,
         metavar="PATH_OR_CMD",
-        help="python executable, venv directory, source tree (pyproject.toml) or tpbench command prefix",
+        help="python executable, venv directory, tpbench source tree (pyproject.toml), folder of your own code "
+        "(its MODULE:NAME workloads and hooks, run by this tpbench) or tpbench command prefix",
     )
     p.add_argument("--candidate", required=True, metavar="PATH_OR_CMD", help="same forms as --baseline")
     p.add_argument(
