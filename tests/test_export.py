@@ -159,3 +159,21 @@ def test_a_case_of_one_repeat_is_exported_without_a_range(tmp_path: Path) -> Non
     (entry,) = entries
     assert "range" not in entry and entry["extra"].startswith("no CI (one repeat) over 1 repeats")
     assert entry["value"] == pytest.approx(10.0, rel=0.02)
+
+
+def test_export_of_cpu_time_names_the_metric_and_exports_its_values(tmp_path: Path, capsys) -> None:
+    """The CI example gates on cpu_ms while export wrote only wall time: the dashboard could not show
+    the number the gate judged. ``--metric cpu_ms`` exports the ranks' CPU time per step, its series
+    named apart (a chart must not join CPU time to wall time); a run without it is refused."""
+    run = make_run(tmp_path / "cpu", {"ddp": [10.0, 10.2, 9.9]}, cpu_ms=lambda case: 4.0)
+    [entry] = exports.export_run(run, "custom-smaller-is-better", "cpu_ms").document
+    assert entry["name"].endswith("/ddp [cpu_ms]") and entry["value"] == pytest.approx(4.0, rel=0.05)
+    [wall] = exports.export_run(run, "custom-smaller-is-better").document
+    assert not wall["name"].endswith("]") and wall["value"] == pytest.approx(10.0, rel=0.05)
+    doc = exports.export_run(run, "pytest-benchmark", "cpu_ms").document
+    [bench] = doc["benchmarks"]
+    assert bench["group"].endswith("(cpu_ms)") and bench["extra_info"]["metric"] == "cpu_ms"
+    assert bench["stats"]["median"] == pytest.approx(0.004, rel=0.05)  # seconds, as pytest-benchmark writes
+    without = make_run(tmp_path / "wall", {"ddp": [10.0, 10.2]})
+    assert run_cli(["export", str(without), "--format", "pytest-benchmark", "--metric", "cpu_ms"]) == 2
+    assert "--metric cpu_ms was not recorded in this run's steps" in capsys.readouterr().err

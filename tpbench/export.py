@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from tpbench import store
 from tpbench.analysis.stats import CONFIDENCE, bootstrap_ci, repeat_values, slowest_rank, windows_of
@@ -17,6 +18,8 @@ from tpbench.compare import GateError, swept_keys
 from tpbench.suite import Case
 
 EXPORT_FORMATS = ("pytest-benchmark", "custom-smaller-is-better")
+# What a case's numbers are (``--metric``): wall time per step, or the ranks' CPU time per step.
+EXPORT_METRICS = ("step_ms", "cpu_ms")
 # The pytest-benchmark storage layout we write (unchanged in what `pytest-benchmark compare` reads since 3.x).
 PYTEST_BENCHMARK_VERSION = "5.1.0"
 
@@ -36,22 +39,27 @@ class Export:
         return store.write_output(path, self.text.encode())
 
 
-def _export_cases(loaded: store.Loaded) -> tuple[list[tuple[Case, str, np.ndarray, np.ndarray]], list[str]]:
-    """Done cases with their label, per-step times (slowest rank, ms) and per-repeat values (ms,
-    ``stats.repeat_values``: the values the gate, the report and the summary's ``median_ms`` use)."""
+def _export_cases(
+    loaded: store.Loaded, metric: str
+) -> tuple[list[tuple[Case, str, np.ndarray, np.ndarray]], list[str]]:
+    """Done cases with their label, per-step values of ``metric`` (ms: ``step_ms`` the slowest rank's,
+    ``cpu_ms`` the mean over ranks) and per-repeat values (ms, ``stats.repeat_values``: the values the
+    gate, the report and, for ``step_ms``, the summary's ``median_ms`` use)."""
     params = {cid: c.params for cid, c in loaded.record.cases.items()}
     names = dict(zip(loaded.cases["case_id"], loaded.cases["label"]))
-    per_step = slowest_rank(loaded.steps) if not loaded.steps.empty else None
-    per_repeat = repeat_values(loaded.steps, windows=windows_of(params)) if per_step is not None else None
+    if not loaded.steps.empty and (metric not in loaded.steps or loaded.steps[metric].isna().all()):
+        raise GateError(f"{loaded.run_dir}: --metric {metric} was not recorded in this run's steps")
+    per_step = _per_step(loaded.steps, metric) if not loaded.steps.empty else None
+    per_repeat = repeat_values(loaded.steps, metric, windows_of(params)) if per_step is not None else None
     out, skipped = [], []
     for cid, p in params.items():
-        # A step without a time (NaN) is not a measurement: JSON has no NaN, and statistics skip it.
-        data = per_step[(per_step["case_id"] == cid) & per_step["step_ms"].notna()] if per_step is not None else None
+        # A step without a value (NaN) is not a measurement: JSON has no NaN, and statistics skip it.
+        data = per_step[(per_step["case_id"] == cid) & per_step[metric].notna()] if per_step is not None else None
         if data is None or data.empty:
             skipped.append(names[cid])
             continue
-        reps = per_repeat[per_repeat["case_id"] == cid]["step_ms"].dropna().to_numpy()
-        out.append((Case.from_params(p), names[cid], data["step_ms"].to_numpy(dtype=float), reps))
+        reps = per_repeat[per_repeat["case_id"] == cid][metric].dropna().to_numpy()
+        out.append((Case.from_params(p), names[cid], data[metric].to_numpy(dtype=float), reps))
     if not out:
         # An empty document exits 0 and a CI job would upload it: refused, as compare refuses nothing to compare.
         states = Counter(c.status for c in loaded.record.cases.values())
@@ -60,20 +68,31 @@ def _export_cases(loaded: store.Loaded) -> tuple[list[tuple[Case, str, np.ndarra
     return out, skipped
 
 
-def export_pytest_benchmark(run_dir: str | Path) -> Export:
+def _per_step(steps: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Each timed step's value, as ``stats.repeat_values`` takes it before the median: a step lasts
+    as long as its slowest rank (``step_ms``), a rank's CPU time is averaged over ranks."""
+    if metric == "step_ms":
+        return slowest_rank(steps)
+    timed = steps[steps["phase"] == "timed"]
+    return timed.groupby(["case_id", "repeat", "step"], as_index=False, sort=True)[metric].mean()
+
+
+def export_pytest_benchmark(run_dir: str | Path, metric: str = "step_ms") -> Export:
     """pytest-benchmark's saved-run JSON: one benchmark per case over its timed steps, in seconds.
 
     Benchmarks are named ``ALGORITHM[key=value-…]`` after the keys that vary among the run's cases
     (those without data too, so a case keeps its name whichever cases finished), grouped by suite,
     with the case parameters under ``params``, so ``pytest-benchmark compare`` and its
-    ``--group-by`` options work on tpbench runs.
+    ``--group-by`` options work on tpbench runs. With ``metric`` ``cpu_ms`` the group is
+    ``SUITE (cpu_ms)``: a comparison must not set CPU time against another run's wall time.
     """
     loaded = store.load(run_dir)
     env = loaded.environment
     suite = loaded.record.suite.name
-    cases, skipped = _export_cases(loaded)
+    cases, skipped = _export_cases(loaded, metric)
     keys = swept_keys(loaded.record)  # all its cases': a name must not change with which cases have data
-    benchmarks = [_pytest_benchmark(loaded, suite, keys, *c) for c in cases]
+    group = suite if metric == "step_ms" else f"{suite} ({metric})"
+    benchmarks = [_pytest_benchmark(loaded, group, keys, metric, *c) for c in cases]
     git = env.get("git") or {}
     document = {
         "machine_info": {
@@ -100,9 +119,17 @@ def export_pytest_benchmark(run_dir: str | Path) -> Export:
 
 
 def _pytest_benchmark(
-    loaded: store.Loaded, suite: str, keys: list[str], case: Case, label: str, ms: np.ndarray, reps: np.ndarray
+    loaded: store.Loaded,
+    suite: str,
+    keys: list[str],
+    metric: str,
+    case: Case,
+    label: str,
+    ms: np.ndarray,
+    reps: np.ndarray,
 ) -> dict[str, Any]:
-    """One case as a pytest-benchmark benchmark: its timed steps' statistics in seconds."""
+    """One case as a pytest-benchmark benchmark: its timed steps' statistics in seconds (``suite``:
+    its group)."""
     s = np.sort(ms / 1e3)
     q1, q3 = (float(np.quantile(s, q)) for q in (0.25, 0.75))
     iqr = q3 - q1
@@ -120,6 +147,7 @@ def _pytest_benchmark(
             "case_id": case.case_id,
             "label": label,
             "run_id": loaded.record.run_id,
+            "metric": metric,
             "repeat_medians_ms": reps.tolist(),
             "case": case.params(),
         },
@@ -156,18 +184,20 @@ def _pytest_benchmark(
     }
 
 
-def export_custom_smaller_is_better(run_dir: str | Path) -> Export:
+def export_custom_smaller_is_better(run_dir: str | Path, metric: str = "step_ms") -> Export:
     """github-action-benchmark's ``customSmallerIsBetter`` input: [{name, unit, value, range, extra}].
 
     The value is the median of the per-repeat medians (what the gate compares), the range the
     half-width of its bootstrap CI, so a dashboard shows the same number the gate judged. The
     format has no field for a version, so ``extra`` names the tpbench (and torch) that measured the
-    run: a dashboard's step between two points may be a change of tpbench, not of the code.
+    run: a dashboard's step between two points may be a change of tpbench, not of the code. With
+    ``metric`` ``cpu_ms`` each name ends in `` [cpu_ms]``: a chart of CPU time is not wall time's.
     """
     loaded = store.load(run_dir)
     suite = loaded.record.suite.name
-    cases, skipped = _export_cases(loaded)
+    cases, skipped = _export_cases(loaded, metric)
     env = loaded.environment
+    tag = "" if metric == "step_ms" else f" [{metric}]"
     entries = []
     for case, label, _ms, reps in cases:
         lo, hi = bootstrap_ci(reps)
@@ -176,7 +206,7 @@ def export_custom_smaller_is_better(run_dir: str | Path) -> Export:
         ci = f"{CONFIDENCE:.0%} CI [{lo:.4g}, {hi:.4g}] ms" if ranged else "no CI (one repeat)"
         entries.append(
             {
-                "name": f"{suite}/{label}",
+                "name": f"{suite}/{label}{tag}",
                 "unit": "ms",
                 "value": round(float(np.median(reps)), 6),
                 **ranged,
@@ -190,9 +220,11 @@ def export_custom_smaller_is_better(run_dir: str | Path) -> Export:
     return Export(entries, skipped)
 
 
-def export_run(run_dir: str | Path, fmt: str) -> Export:
+def export_run(run_dir: str | Path, fmt: str, metric: str = "step_ms") -> Export:
+    if metric not in EXPORT_METRICS:
+        raise GateError(f"--metric {metric}: expected one of {', '.join(EXPORT_METRICS)}")
     if fmt == "pytest-benchmark":
-        return export_pytest_benchmark(run_dir)
+        return export_pytest_benchmark(run_dir, metric)
     if fmt == "custom-smaller-is-better":
-        return export_custom_smaller_is_better(run_dir)
+        return export_custom_smaller_is_better(run_dir, metric)
     raise GateError(f"--format {fmt}: expected one of {', '.join(EXPORT_FORMATS)}")

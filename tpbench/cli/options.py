@@ -582,6 +582,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a saved run that pytest-benchmark compare reads, or github-action-benchmark's customSmallerIsBetter",
     )
     p.add_argument(
+        "--metric",
+        choices=("step_ms", "cpu_ms"),
+        default="step_ms",
+        help="what each case's numbers are: wall time per step (default) or the ranks' CPU time per step",
+    )
+    p.add_argument(
         "-o", "--output", type=_file("the export's file name"), metavar="FILE", help="write here instead of stdout"
     )
     p.set_defaults(func=cmd_export)
