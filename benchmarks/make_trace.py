@@ -236,6 +236,11 @@ def main() -> None:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--gpu-style", metavar="DIR", help="also write GPU-style copies of the traces here")
     a = parser.parse_args()
+    # Checked here, in argparse's one line and exit 2: --steps 0 started the ranks and ended in
+    # torch.profiler's "Invalid profiler schedule" traceback, a zero size in one from torch.
+    for name in ("steps", "width", "batch_size", "world_size"):
+        if getattr(a, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} {getattr(a, name)}: expected at least 1")
     job = TraceJob(a.out_dir, a.steps, a.width, a.depth, a.batch_size, a.bucket_cap_mb, a.bucket_ranges, a.world_size)
     for path in make_traces(job):
         print(f"{path}  {path.stat().st_size / 1e3:.1f} kB")

@@ -419,6 +419,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--localsgd", action="store_true", help="write a post-local SGD run instead")
     args = ap.parse_args()
+    # Checked here, in argparse's one line and exit 2: either ended in a SuiteError traceback
+    # naming the script's own synthetic suite, not the option given.
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: expected at least 1")
+    if not all(b > 0 for b in args.buckets):
+        ap.error(f"--buckets {' '.join(map(str, args.buckets))}: expected sizes in MB above 0")
     if args.localsgd:
         print(make_localsgd_run(args.out, repeats=args.repeats))
     else:

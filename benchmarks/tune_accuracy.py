@@ -172,6 +172,12 @@ def main() -> None:
     ap.add_argument("--table", action="store_true", help="only print the table of what DIR already holds")
     args = ap.parse_args(argv)
     log = args.out / "tunes.jsonl"
+    # Checked here, in argparse's one line and exit 2: both used to end in a FileNotFoundError
+    # traceback for tunes.jsonl, since no tune had run to write it.
+    if args.tunes < 1 and not args.table:
+        ap.error(f"--tunes {args.tunes}: expected at least 1 (--table prints what --out already holds)")
+    if args.table and not log.is_file():
+        ap.error(f"--out {args.out}: no tunes.jsonl there to print; run tunes into it first")
     if not args.table:
         args.out.mkdir(parents=True, exist_ok=True)
         suite = args.suite.absolute()

@@ -80,6 +80,29 @@ def test_the_run_readers_refuse_what_is_not_a_run_in_one_line(name, argv, messag
     assert f"{name}.py: error: {message.replace('NOWHERE', str(tmp_path / 'nowhere'))}" in err, err
 
 
+@pytest.mark.parametrize(
+    ("name", "argv", "message"),
+    [
+        ("tune_accuracy", ["--out", "OUT", "--tunes", "0"], "--tunes 0: expected at least 1"),
+        ("tune_accuracy", ["--out", "OUT", "--table"], "--out OUT: no tunes.jsonl there to print"),
+        ("make_trace", ["OUT", "--steps", "0"], "--steps 0: expected at least 1"),
+        ("make_trace", ["OUT", "--world-size", "0"], "--world-size 0: expected at least 1"),
+        ("synth_run", ["OUT", "--repeats", "0"], "--repeats 0: expected at least 1"),
+        ("synth_run", ["OUT", "--buckets", "1", "0"], "--buckets 1.0 0.0: expected sizes in MB above 0"),
+    ],
+)
+def test_the_writers_refuse_a_count_out_of_range_in_one_line(name, argv, message, tmp_path, monkeypatch, capsys):
+    """tune_accuracy's --tunes 0, or --table on a folder without results, ended in a FileNotFoundError
+    traceback for tunes.jsonl; make_trace's --steps 0 in torch.profiler's "Invalid profiler schedule";
+    synth_run's --repeats 0 in a SuiteError naming its own synthetic suite. Nothing is written."""
+    out = tmp_path / "out"
+    argv = [a.replace("OUT", str(out)) for a in argv]
+    assert _run_script(name, argv, monkeypatch) == 2
+    err = capsys.readouterr().err
+    assert f"{name}.py: error: {message.replace('OUT', str(out))}" in err, err
+    assert not out.exists()
+
+
 def test_own_miss_counts_a_case_the_whatif_cannot_model_as_refused(tmp_path, monkeypatch, capsys):
     """own_miss.py ended in a NotModelled traceback at the first case the what-if refuses without a
     model (traces gone here; a GPU, one-rank or switched post-local SGD case alike), so it could not
