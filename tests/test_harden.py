@@ -70,6 +70,23 @@ def test_filters_that_match_no_case_are_refused_naming_the_filter_and_the_values
     assert "--filter steps=999: no case matches; the 1 case(s) the filters before it left have steps 8" in err
 
 
+def test_a_workload_table_no_case_runs_is_warned_of(tmp_path, capsys):
+    """``[workloads.markov]`` beside cases that all run mlp was accepted without a word: its parameters
+    changed nothing, and a forgotten or misspelt ``workload`` went unseen until the results. validate
+    and the dry runs now warn, naming the table; ``--set workload=markov`` uses it, and then nothing is said."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(
+        '[sweep]\nalgorithm = ["ddp", "zero_no_overlap"]\n[defaults]\nworkload = "mlp"\n'
+        "[workloads.markov]\nvocab = 64\n"
+    )
+    warning = f"warning: {suite}: [workloads.markov]: no case runs this workload (the cases run mlp)"
+    for command in (["validate"], ["sweep", "--dry-run"], ["tune", "--dry-run"]):
+        assert run_cli([*command, str(suite)]) == 0
+        assert warning in " ".join(capsys.readouterr().err.split()), command
+    assert run_cli(["validate", str(suite), "--set", "workload=markov"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_a_filter_value_that_no_case_has_is_refused_beside_values_that_match(capsys):
     """``--filter 'algorithm=ddp|zero_no_overlp'`` ran ddp alone (exit 0): the misspelt value kept no
     case, but the filter kept some, so nothing said so. Each value must now match a case (exit 2),

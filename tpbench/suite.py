@@ -401,6 +401,16 @@ def _workload_tables(doc: dict[str, Any], path: str) -> dict[str, dict[str, Any]
     return workloads
 
 
+def unused_workload_tables(suite: Suite, cases: Iterable[Case]) -> list[str]:
+    """Each ``[workloads.NAME]`` table whose workload none of ``cases`` runs, as the file spells it.
+
+    Such a table is most likely a mistake (``workload`` never set to it, or set under another name),
+    and its parameters then silently change nothing. It is warned of, not refused: a suite may keep
+    tables for workloads that ``--set workload=...`` picks, as it keeps unused ``[interconnects.X]``."""
+    used = {c.workload for c in cases}
+    return [f"[{_workload_table(name)}]" for name in suite.workloads if name not in used]
+
+
 # A suite name becomes a folder and a report file name, and is printed: keep it short and printable.
 _MAX_NAME = 100
 

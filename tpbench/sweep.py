@@ -40,18 +40,21 @@ from tpbench.launch import (
     run_group,
     take_over_printed,
 )
-from tpbench.suite import Case, Machine, Suite, expand, load, select, with_overrides
+from tpbench.suite import Case, Machine, Suite, expand, load, select, unused_workload_tables, with_overrides
 from tpbench.worlds import Torchrun
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """A suite's cases, and the ``--set`` and ``--filter`` that made them (run.json keeps them)."""
+    """A suite's cases, and the ``--set`` and ``--filter`` that made them (run.json keeps them);
+    ``unused_workloads``: the ``[workloads.NAME]`` tables no case of the suite runs (before
+    ``--filter``, which may leave out a workload on purpose), for validate and dry runs to warn of."""
 
     suite: Suite
     cases: list[Case]
     overrides: tuple[str, ...] = ()
     filters: tuple[str, ...] = ()
+    unused_workloads: tuple[str, ...] = ()
 
 
 def prepare(
@@ -78,8 +81,9 @@ def prepare(
     # A value --set gave that only the expansion refuses (an unknown algorithm, interconnect or
     # workload) is said "with --set", as the keys validated before it are: the file holds no such value.
     said = dataclasses.replace(suite, path=f"{suite.path} (with --set)") if overrides else suite
-    cases = select(expand(said, machine), filters, where=str(suite.path))
-    return Prepared(suite, cases, overrides, filters)
+    expanded = expand(said, machine)
+    cases = select(expanded, filters, where=str(suite.path))
+    return Prepared(suite, cases, overrides, filters, tuple(unused_workload_tables(suite, expanded)))
 
 
 # What a case writes, for the free-space check. Measured on the shipped suites: the largest case

@@ -130,6 +130,20 @@ def usage(message: str, command: str = "sweep") -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
+def warn_unused_workloads(prepared) -> None:
+    """Warn, on stderr, of each ``[workloads.NAME]`` table no case runs (``sweep.Prepared``'s
+    ``unused_workloads``): its parameters change nothing, which a user who forgot or misspelt
+    ``workload`` would otherwise learn only from the results."""
+    runs = ", ".join(sorted({c.workload for c in prepared.cases}))
+    for table in prepared.unused_workloads:
+        console.print(
+            f"warning: {prepared.suite.path}: {table}: no case runs this workload (the cases run {runs}); "
+            "set `workload` to it where it is meant, or remove the table",
+            markup=False,
+            soft_wrap=True,
+        )
+
+
 # The widest a label column is kept for its longest word; a longer word folds onto the next line.
 MAX_LABEL_WORD = 40
 # Narrower than this a fixed label column reads as letters; rich then shares the width out itself.

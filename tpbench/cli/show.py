@@ -12,7 +12,17 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from tpbench.cli.common import EXIT_OK, EXIT_RESULTS, console, error, fitted, label_column, out, usage
+from tpbench.cli.common import (
+    EXIT_OK,
+    EXIT_RESULTS,
+    console,
+    error,
+    fitted,
+    label_column,
+    out,
+    usage,
+    warn_unused_workloads,
+)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -32,11 +42,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from tpbench import store, sweep
 
-    cases = sweep.prepare(args.suite, args.set, args.filter, allow_large=args.allow_large).cases
+    prepared = sweep.prepare(args.suite, args.set, args.filter, allow_large=args.allow_large)
+    cases = prepared.cases
     size = store.size_words(sum(map(sweep.case_estimate, cases)))
     about = f"{sum(c.repeats for c in cases)} repeats; about {size} of results"
     n = len(cases)
     out.print(f"{args.suite}: ok, {n} case{'' if n == 1 else 's'} ({about})", markup=False, soft_wrap=True)
+    warn_unused_workloads(prepared)
     # A suite can be valid and still not fit where its results go by default (``steps = 1e9``): the
     # sweep's own check, said here as a warning rather than only when `sweep` refuses it (exit 3).
     results = Path("results").absolute()

@@ -28,6 +28,7 @@ from tpbench.cli.common import (
     stop_signals_interrupt,
     torchrun_launcher,
     usage,
+    warn_unused_workloads,
 )
 
 if TYPE_CHECKING:
@@ -317,6 +318,7 @@ def _sweep(args: argparse.Namespace) -> int:
             n = len(suite.cases)
             title = f"{suite.suite.name}: {n} case{'' if n == 1 else 's'} (dry run)"
             out.print(fitted(cases_table(title, suite.cases), out))
+            warn_unused_workloads(suite)
             return EXIT_OK
         if not args.no_report:  # before hours of sweeping, not after
             where = f"folder of --report {args.report}" if args.report else "report directory"

@@ -30,6 +30,7 @@ from tpbench.cli.common import (
     stop_signals_interrupt,
     torchrun_launcher,
     usage,
+    warn_unused_workloads,
     world_text,
 )
 from tpbench.cli.sweep import SweepDisplay
@@ -128,6 +129,7 @@ def _tune(args: argparse.Namespace) -> int:
             prepared = tune.prepare(args.suite, args.set, args.filter, launcher, args.allow_large, options.min_rounds)
             sweep.launchable(prepared, launcher)
             print_dry_run(prepared, args.format)
+            warn_unused_workloads(prepared)
             return EXIT_OK
     display = _TuneDisplay()
     try:
