@@ -1039,3 +1039,16 @@ def test_a_folder_of_ones_own_code_with_a_suite_that_names_none_is_refused(
 def test_the_keys_the_gate_refuses_in_set_are_the_ones_it_sets() -> None:
     """``GATE_KEYS`` (refused in a user's --set) and ``Lockstep.overrides`` (set for both sides) name one list."""
     assert [o.split("=", 1)[0] for o in gate.Lockstep().overrides()] == list(gate.GATE_KEYS)
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "rounds"])
+def test_a_missing_suite_file_is_the_gates_first_and_only_line_naming_it_as_typed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], mode: str
+) -> None:
+    """``tpbench gate nosuch.toml`` with folders of one's own code printed how it resolved each side
+    (two lines) before the error, and the error named the absolute path where ``sweep`` names the
+    path as typed; the error now comes first and alone, as ``sweep``'s does."""
+    (tmp_path / "mine").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["gate", "nosuch.toml", "--baseline", "mine", "--candidate", "mine", "--mode", mode]) == 2
+    assert capsys.readouterr().err.splitlines() == ["tpbench gate: error: nosuch.toml: no such suite file"]

@@ -142,6 +142,14 @@ def project_side(name: str, spec: str, path: Path, kept: str) -> Side:
 _CODE_KEYS = ("workload", "comm_hook", "comm_hook_state")
 
 
+def suite_file(suite: str | Path) -> Path:
+    """The suite file's absolute path (the sides' sweeps run in other folders); ``GateError``, naming
+    the path as typed, as ``tpbench sweep`` does, when it is not a file."""
+    if not Path(suite).is_file():
+        raise GateError(f"{suite}: no such suite file")
+    return Path(suite).absolute()
+
+
 def _refuse_a_project_without_code(side: Side, suite: str | Path, overrides: Sequence[str]) -> None:
     """``GateError`` for a folder of one's own code (``project_side``) given with a suite that names
     none of it (no ``workload``, ``comm_hook`` or ``comm_hook_state`` ``MODULE:NAME`` in its tables
@@ -238,9 +246,7 @@ def run_gate(
     """
     if rounds < 1:
         raise GateError(f"--rounds {rounds}: expected at least 1")
-    suite = Path(suite).absolute()
-    if not suite.is_file():
-        raise GateError(f"{suite}: no such suite file")
+    suite = suite_file(suite)
     out = Path(out).absolute()
     store.check_writable(out, "gate's --out folder")  # as the lockstep gate says it (``_claim``)
     runs: dict[str, list[Path]] = {"baseline": [], "candidate": []}
@@ -602,9 +608,7 @@ def run_lockstep(
             f"--repeats {cfg.repeats}, --budget-s {cfg.budget_s:g}: expected 1 to {MAX_REPEATS} repeats and a "
             "finite budget > 0"
         )
-    suite = Path(suite).absolute()
-    if not suite.is_file():
-        raise GateError(f"{suite}: no such suite file")
+    suite = suite_file(suite)
     out = Path(out).absolute()
     lock, sockets = _claim(out, baseline, candidate)
     sides: list[_Side] = []
@@ -864,6 +868,7 @@ def run(
     judge the candidate's runs against the baseline's (``compare.compare_runs``, on ``cfg.metric``,
     paired by repeats or by rounds). ``explain_steps`` (``--explain``): once a regression is called,
     trace that many steps of each side (``trace_sides``) and name each regression's top contributor."""
+    suite_file(suite)  # before either side is resolved and announced, as sweep refuses it first
     base = resolve_side("baseline", baseline, out / "baseline")
     cand = resolve_side("candidate", candidate, out / "candidate")
     for side in (base, cand):
