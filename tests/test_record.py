@@ -71,13 +71,18 @@ def test_tpbench_version_names_the_version_every_run_records(capsys) -> None:
 @pytest.mark.parametrize("version", [2, 99, "1", None, -1])
 def test_an_unknown_run_json_version_is_refused_naming_the_file_and_version(run: Path, version) -> None:
     """A higher integer is a newer tpbench's; "1", null or -1 was said to be one too ("upgrade
-    tpbench"), though no tpbench writes them: a damaged record."""
+    tpbench"), though no tpbench writes them: a damaged record. The versions read are said in words:
+    "(0, 1)" named a version 0 that no file says (it stands for a run without a version)."""
     meta = json.loads((run / "run.json").read_text())
     (run / "run.json").write_text(json.dumps(meta | {"schema_version": version}))
     p = export(run)
     assert p.returncode == 3
     (line,) = p.stderr.strip().splitlines()
-    said = "newer tpbench" if isinstance(version, int) and version > 0 else "not a version (expected an integer"
+    said = (
+        "is not one this tpbench reads (1, or none); a newer tpbench"
+        if isinstance(version, int) and version > 0
+        else "is not a version (expected the integer 1, or no schema_version at all): a damaged record"
+    )
     assert str(run / "run.json") in line and f"schema_version {version!r}" in line and said in line
 
 
@@ -90,7 +95,9 @@ def test_an_unknown_summary_version_is_refused_naming_the_file(run: Path) -> Non
     p = export(run)
     assert p.returncode == 3
     (line,) = p.stderr.strip().splitlines()
-    assert str(run / "summary.parquet") in line and "schema_version 7" in line
+    assert (
+        str(run / "summary.parquet") in line and "schema_version 7 is not one this tpbench reads (1, or none)" in line
+    )
 
 
 def test_a_run_without_a_version_loads_as_today_s_layout(run: Path) -> None:

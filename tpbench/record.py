@@ -70,13 +70,18 @@ def version_problem(version: Any) -> str | None:
     """Why this tpbench cannot read a record of this schema version, or None. Only an integer above
     the versions it knows is said to come from a newer tpbench: "1" or null is no tpbench's writing
     (an edited or damaged file), and "upgrade tpbench" would send its user the wrong way."""
-    known = ", ".join(map(str, KNOWN_VERSIONS))
+    # In words: version 0 stands for a record written before versions were (an unversioned run reads
+    # as version 1), so "(0, 1)" told its user of a version no tpbench writes.
+    written = " or ".join(str(v) for v in KNOWN_VERSIONS if v)
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        return f"schema_version {version!r} is not a version (expected an integer, one of {known}): a damaged record"
+        return (
+            f"schema_version {version!r} is not a version (expected the integer {written}, or no schema_version "
+            "at all): a damaged record"
+        )
     if version not in KNOWN_VERSIONS:
         return (
-            f"schema_version {version!r} is not one this tpbench reads ({known}); a newer tpbench wrote it: "
-            "upgrade tpbench to read it"
+            f"schema_version {version!r} is not one this tpbench reads ({written}, or none); a newer tpbench "
+            "wrote it: upgrade tpbench to read it"
         )
     return None
 
