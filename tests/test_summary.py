@@ -3,6 +3,8 @@ the per-repeat values, which for post-local SGD are period-aware, and its bootst
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pandas as pd
 from rich.console import Console
@@ -78,3 +80,16 @@ def test_one_repeat_is_shown_without_an_interval_in_the_table_and_the_verdict(tm
     assert len(rows) == 2 and all("—" in r and "nan" not in r and "[" not in r for r in rows), rows
     (line,) = fastest_lines(report_data.load([loaded]), alone=False)
     assert "ms/step (one repeat, no interval)" in line and "nan" not in line, line
+
+
+def test_the_tables_caption_is_left_justified_in_a_file(tmp_path):
+    """Written to a file (``tpbench sweep ... > out.txt``: 160 columns, no terminal), the caption,
+    wrapped to the table's width, was centred under it: its second line began 7 spaces in. Its lines
+    now start at the table's left edge and read as the caption's words in order."""
+    loaded = sweep.finalize(store.Run.open(make_run(tmp_path, {"ddp": [10.0, 10.2], "zero_no_overlap": [20.0, 20.1]})))
+    file = io.StringIO()
+    Console(file=file, width=160, highlight=False).print(_summary_table(loaded))
+    lines = file.getvalue().splitlines()
+    caption = lines[next(i for i, line in enumerate(lines) if line.startswith("└")) + 1 :]
+    assert len(caption) > 1 and all(line and not line.startswith(" ") for line in caption), caption
+    assert " ".join(line.strip() for line in caption).startswith("ms/step: the median of the repeats' values")

@@ -146,10 +146,13 @@ def _fastest(loaded) -> list[str]:
 
 
 def _summary_table(loaded) -> Table:
+    """The sweep's table of step times. Its caption is left-justified: wrapped to the table's width
+    and centred, as rich does by default, its lines began at odd indents (most visibly in a file)."""
     t = Table(
         title=escape(f"{loaded.record.suite.name} · run {loaded.record.run_id}"),
         caption="ms/step: the median of the repeats' values, with the 95% CI of that median (—: one repeat, no "
         "interval); steps p10–p90: the spread of single timed steps",
+        caption_justify="left",
     )
     label_column(t, "case")
     for col, just in [
