@@ -1668,3 +1668,26 @@ def test_an_unknown_fabric_is_refused_in_one_line_naming_the_option(tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert err.startswith("tpbench whatif: error: --fabric nvlink5: unknown fabric; expected one of nvlink4, ")
     assert err.endswith("100gbe (--fabrics FILE adds others)") and "\n" not in err
+
+
+def test_whatif_md_says_what_the_text_says_as_markdown(tmp_path, capsys):
+    """``whatif --format`` took text or json where compare, explain, tune and gate also take md; md
+    now gives the text's validation and projections as Markdown tables (intervals in each cell), its
+    refusals and its answer per fabric, the same figures the text prints."""
+    run = tmp_path / "run"
+    shutil.copytree(LINKS_RUN, run)
+    assert run_cli(["whatif", str(run)]) == 0
+    text = capsys.readouterr().out
+    assert run_cli(["whatif", str(run), "--format", "md"]) == 0
+    md = capsys.readouterr().out.splitlines()
+    assert md[0] == f"**{whatif_run.VALIDATION_TITLE}**" and f"**{whatif_run.PROJECTIONS_TITLE}**" in md
+    head = md.index(
+        "| case | measured (loopback) | compute critical path | compute beside comm | nvlink4 | pcie5-x16 "
+        "| ib-ndr | 100gbe |"
+    )
+    assert md[head + 1] == "|" + "---|" * 8
+    rows = [line.strip("| ").split(" | ") for line in md[head + 2 :] if line.startswith("| ")]
+    assert len(rows) == 2 and all(row[-1] in text for row in rows), rows
+    said = [line.removeprefix("- ") for line in md if line.startswith("- projection: ")]
+    words = " ".join(text.split())  # the text folds its long lines at 160 columns
+    assert len(said) == text.count("projection: ") and all(line in words for line in said), said

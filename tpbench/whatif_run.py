@@ -162,6 +162,23 @@ def _pool_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
 PROJECTIONS_FILE, VALIDATION_FILE = "whatif.parquet", "whatif_validation.parquet"
 
 
+# The titles and headers of ``tpbench whatif``'s two tables, in text and in Markdown alike.
+PROJECTIONS_TITLE = (
+    "PROJECTED step time (ms) [95% interval]: this machine's compute with each fabric's α–β communication"
+)
+VALIDATION_TITLE = "validation: emulated links predicted from their twins on other links"
+VALIDATION_HEAD = (
+    "direction",
+    "case",
+    "from",
+    "link",
+    "measured ms [95% CI]",
+    "predicted ms [95% interval]",
+    "error",
+    "target's host ×",
+)
+
+
 @dataclass(frozen=True)
 class Written:
     """A run's what-if as ``write`` stored it: the result, the case labels, the two tables' paths."""
@@ -231,6 +248,11 @@ class Written:
             )
         return rows
 
+    def projection_head(self) -> tuple[str, ...]:
+        """The headers of ``projection_rows``' columns."""
+        reference = f"measured ({self.result.reference})"
+        return ("case", reference, "compute critical path", "compute beside comm", *self.fabrics())
+
     def refused_models(self) -> list[str]:
         """Per case whose model was refused: its label and why."""
         return [f"{self.labels[m.case_id]}: {m.refused}" for m in self.result.models if m.refused is not None]
@@ -240,6 +262,21 @@ class Written:
         the intervals decide it), whether that changes across fabrics, and which settings cannot
         rank first on any of them."""
         return answer_lines(self.result.projections, self.labels)
+
+    def to_markdown(self) -> str:
+        """``tpbench whatif --format md``: what the text output says, as Markdown for a CI comment or
+        a page: the validation (where the run has emulated links), the projections with their
+        intervals, each refusal with its reason and the ranking per fabric."""
+        lines: list[str] = []
+        if len(self.result.validation):
+            lines += [f"**{VALIDATION_TITLE}**", "", *_md_table(VALIDATION_HEAD, self.validation_rows()), ""]
+            lines += [f"- refused {line}" for line in self.refused_references()]
+            lines += [f"- {error_line(e)}" for e in self.result.errors().to_dict("records")]
+            lines += [""] if lines[-1] else []
+        lines += [f"**{PROJECTIONS_TITLE}**", "", *_md_table(self.projection_head(), self.projection_rows()), ""]
+        lines += [f"- (*) refused {line}" for line in self.refused_models()]
+        lines += [f"- projection: {line}" for line in self.ranking_lines()]
+        return "\n".join(lines).rstrip("\n") + "\n"
 
     def to_json(self) -> dict[str, Any]:
         """``tpbench whatif --format json``: the projections with their intervals and refusals, the
@@ -300,6 +337,15 @@ def answer_lines(projections: pd.DataFrame, labels: Mapping[str, str]) -> list[s
     if beaten:
         lines.append("cannot rank first on any projected fabric: " + ", ".join(labels.get(c, c) for c in beaten))
     return lines
+
+
+def _md_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """A Markdown table's lines; a "|" in a cell (a label may hold one) is escaped so that it stays one cell."""
+
+    def row(cells: tuple[str, ...]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    return [row(head), "|" + "---|" * len(head), *map(row, rows)]
 
 
 def error_line(e: Mapping[str, Any]) -> str:

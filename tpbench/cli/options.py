@@ -614,9 +614,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--format",
-        choices=("text", "json"),
+        choices=("text", "json", "md"),
         default="text",
-        help="text: the tables and the answer; json: projections, intervals, refusals, validation and ranking",
+        help="text: the tables and the answer; json: projections, intervals, refusals, validation and ranking; "
+        "md: the text's tables, refusals and answer as Markdown",
     )
     p.set_defaults(func=cmd_whatif)
     for command in sub.choices.values():  # what ``cli.main`` says an argument too many with

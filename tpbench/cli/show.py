@@ -173,17 +173,28 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     if args.format == "json":
         sys.stdout.write(json.dumps(written.to_json(), indent=2, allow_nan=False) + "\n")
         return code
+    if args.format == "md":
+        sys.stdout.write(written.to_markdown())
+    else:
+        _print_whatif_text(written)
+    console.print(f"tables: {written.projections_path}, {written.validation_path}", markup=False)
+    if code != EXIT_OK:
+        console.print("[yellow]Nothing projected: every case was refused (the reasons above).[/]")
+    return code
+
+
+def _print_whatif_text(written) -> None:
+    """``tpbench whatif``'s text: the validation (where the run has emulated links), the projections,
+    the refusals (on stderr) and the ranking per fabric."""
+    from tpbench import whatif_run
+
     if len(written.result.validation):
         _print_whatif_validation(written)
-    t = Table(
-        title="PROJECTED step time (ms) [95% interval]: this machine's compute with each fabric's α–β communication"
-    )
-    label_column(t, "case")
-    t.add_column(f"measured ({written.result.reference})", justify="right")
-    t.add_column("compute critical path", justify="right")
-    t.add_column("compute beside comm", justify="right")
-    for name in written.fabrics():
-        t.add_column(name, justify="right")
+    t = Table(title=whatif_run.PROJECTIONS_TITLE)
+    case, *numbers = written.projection_head()
+    label_column(t, case)
+    for col in numbers:
+        t.add_column(col, justify="right")
     for row in written.projection_rows():
         t.add_row(*row)
     out.print(fitted(t, out))
@@ -191,22 +202,18 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         console.print(Text.assemble(("(*) refused ", "yellow"), line))
     for line in written.ranking_lines():
         out.print(f"projection: {line}", markup=False)
-    console.print(f"tables: {written.projections_path}, {written.validation_path}", markup=False)
-    if code != EXIT_OK:
-        console.print("[yellow]Nothing projected: every case was refused (the reasons above).[/]")
-    return code
 
 
 def _print_whatif_validation(written) -> None:
     """The what-if's validation: each emulated link predicted from its twins, what was refused, the errors."""
     from tpbench import whatif_run
 
-    t = Table(title="validation: emulated links predicted from their twins on other links")
-    numbers = ("measured ms [95% CI]", "predicted ms [95% interval]", "error", "target's host ×")
-    t.add_column("direction")
-    label_column(t, "case")
-    for col in ("from", "link", *numbers):
-        t.add_column(col, justify="right" if col in numbers else "left")
+    t = Table(title=whatif_run.VALIDATION_TITLE)
+    direction, case, *rest = whatif_run.VALIDATION_HEAD
+    t.add_column(direction)
+    label_column(t, case)
+    for i, col in enumerate(rest):
+        t.add_column(col, justify="right" if i >= 2 else "left")  # from, link; then the numbers
     for row in written.validation_rows():
         t.add_row(*row)
     out.print(fitted(t, out))
