@@ -216,6 +216,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _time_metric(p: argparse.ArgumentParser, what: str) -> None:
+    """``--metric step_ms|cpu_ms`` of the commands that read a run's times (report, export)."""
+    p.add_argument(
+        "--metric",
+        choices=("step_ms", "cpu_ms"),
+        default="step_ms",
+        help=f"{what}: wall time per step (default) or the ranks' CPU time per step",
+    )
+
+
 def _verdict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metric",
@@ -429,12 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="default: reports/<suite>-<run_id>.html; several runs: reports/<suite>-<run_id>-vs-<run_id>.html",
     )
-    p.add_argument(
-        "--metric",
-        choices=("step_ms", "cpu_ms"),
-        default="step_ms",
-        help="what the verdicts compare: wall time per step (default) or the ranks' CPU time per step",
-    )
+    _time_metric(p, "what the verdicts compare")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("validate", help="check a suite without running it")
@@ -581,12 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("pytest-benchmark", "custom-smaller-is-better"),
         help="a saved run that pytest-benchmark compare reads, or github-action-benchmark's customSmallerIsBetter",
     )
-    p.add_argument(
-        "--metric",
-        choices=("step_ms", "cpu_ms"),
-        default="step_ms",
-        help="what each case's numbers are: wall time per step (default) or the ranks' CPU time per step",
-    )
+    _time_metric(p, "what each case's numbers are")
     p.add_argument(
         "-o", "--output", type=_file("the export's file name"), metavar="FILE", help="write here instead of stdout"
     )
