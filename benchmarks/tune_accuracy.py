@@ -176,6 +176,8 @@ def main() -> None:
     # traceback for tunes.jsonl, since no tune had run to write it.
     if args.tunes < 1 and not args.table:
         ap.error(f"--tunes {args.tunes}: expected at least 1 (--table prints what --out already holds)")
+    if args.competitor < 0:
+        ap.error(f"--competitor {args.competitor}: expected 0 or more busy loops")
     if args.table and not log.is_file():
         ap.error(f"--out {args.out}: no tunes.jsonl there to print; run tunes into it first")
     if not args.table:

@@ -85,6 +85,7 @@ def test_the_run_readers_refuse_what_is_not_a_run_in_one_line(name, argv, messag
     [
         ("tune_accuracy", ["--out", "OUT", "--tunes", "0"], "--tunes 0: expected at least 1"),
         ("tune_accuracy", ["--out", "OUT", "--table"], "--out OUT: no tunes.jsonl there to print"),
+        ("tune_accuracy", ["--out", "OUT", "--competitor", "-1"], "--competitor -1: expected 0 or more busy loops"),
         ("make_trace", ["OUT", "--steps", "0"], "--steps 0: expected at least 1"),
         ("make_trace", ["OUT", "--world-size", "0"], "--world-size 0: expected at least 1"),
         ("synth_run", ["OUT", "--repeats", "0"], "--repeats 0: expected at least 1"),
