@@ -812,6 +812,15 @@ def test_gate_accuracy_stops_at_a_gate_that_refuses_its_input(tmp_path: Path) ->
     assert "Traceback" not in p.stderr and not (tmp_path / "gates.jsonl").exists()
 
 
+def test_gate_accuracy_table_of_a_folder_without_gates_is_refused_in_one_line(tmp_path: Path) -> None:
+    """``--table --out DIR`` on a folder that holds no gates.jsonl ended in a FileNotFoundError traceback."""
+    argv = [sys.executable, GATE_ACCURACY, "--out", tmp_path, "--table"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    p = subprocess.run(list(map(str, argv)), capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2 and f"--out {tmp_path}: no gates.jsonl there to print" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+
+
 def test_gate_accuracy_judges_a_gate_that_left_no_runs(tmp_path: Path) -> None:
     """A gate that failed before its sides wrote a run (its folder empty or absent) is tallied as
     "no runs"; the script crashed there, ending a campaign of hours at that gate."""

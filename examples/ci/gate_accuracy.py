@@ -184,6 +184,8 @@ def main() -> None:
     args = ap.parse_args(argv)
     threshold = compare.parse_threshold(args.threshold)
     log = args.out / "gates.jsonl"
+    if args.table and not log.is_file():  # a FileNotFoundError traceback for gates.jsonl before
+        ap.error(f"--out {args.out}: no gates.jsonl there to print; run gates into it first")
     if not args.table:
         args.out.mkdir(parents=True, exist_ok=True)
         suite = args.suite.absolute()
