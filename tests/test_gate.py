@@ -558,6 +558,16 @@ def test_a_failing_side_is_said_as_the_gate_says_its_errors(tmp_path: Path, caps
     assert said in err and " error:" not in err.replace(said, ""), err
 
 
+def test_a_failing_side_leaves_the_markdown_summary_its_reason(tmp_path: Path, capsys) -> None:
+    """The CI example tees ``--format md`` into the job's summary; a side that failed left it empty
+    (exit 3, the reason only in the job's log). The Markdown now says there is no verdict and why."""
+    side = "/bin/false tpbench"
+    args = ["gate", "suites/gate.toml", "--baseline", side, "--candidate", side, "--repeats", "2", "--format", "md"]
+    assert run_cli([*args, "--budget-s", "60", "--out", str(tmp_path / "out")]) == 3
+    out = capsys.readouterr().out
+    assert out.startswith("**tpbench gate: no verdict**: a side failed.") and f"baseline ({side}): its sweep " in out
+
+
 @pytest.mark.parametrize(
     "flags, said",
     [

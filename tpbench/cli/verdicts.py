@@ -81,8 +81,23 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
+    from tpbench.gate import SideError
+
     with stop_signals_interrupt():  # SIGTERM/SIGHUP: the sides stopped, their sockets removed, said so
-        return _gate(args)
+        try:
+            return _gate(args)
+        except SideError as e:
+            if args.format == "md":
+                sys.stdout.write(_no_verdict_md(e))
+            raise
+
+
+def _no_verdict_md(e: Exception) -> str:
+    """What ``--format md`` prints when a side fails and there is no verdict: the CI example tees the
+    Markdown into the job's summary, which was left empty, the reason only in the job's log."""
+    fence = "`" * 3
+    text = str(e).replace(fence, "'" * 3)
+    return f"**tpbench gate: no verdict**: a side failed.\n\n{fence}\n{text}\n{fence}\n"
 
 
 def _check_lockstep_options(args: argparse.Namespace) -> None:
