@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tpbench.cli.common import EXIT_OK, EXIT_RESULTS, EXIT_USAGE, console, given_flags, stop_signals_interrupt
+from tpbench.cli.common import EXIT_OK, EXIT_RESULTS, console, given_flags, stop_signals_interrupt, usage
 
 
 def _print_verdict(comparison, fmt: str, command: str = "compare") -> int:
@@ -28,10 +28,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     threshold = compare.parse_threshold(args.threshold)
     if len(args.runs) == 1:
         if args.ignore_env:  # the cases of one run share its environment: there is nothing to ignore
-            console.print(
-                f"tpbench compare: error: --ignore-env: {compare.IGNORE_ENV_WITHIN_RUN}", soft_wrap=True, markup=False
-            )
-            return EXIT_USAGE
+            usage(f"--ignore-env: {compare.IGNORE_ENV_WITHIN_RUN}", "compare")
         within = compare.within_run(
             args.runs[0],
             metric=args.metric,
@@ -42,23 +39,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )
         if not within.pairs:
             # "pass" over no comparison would let a CI job pass on a typo or a one-case run.
-            console.print(
-                f"tpbench compare: error: {args.runs[0]}: nothing to compare: no two finished cases"
+            usage(
+                f"{args.runs[0]}: nothing to compare: no two finished cases"
                 + (" that --filter/--pair keep" if args.filter or args.pair else "")
                 + " differ in exactly one swept key",
-                soft_wrap=True,
-                markup=False,
+                "compare",
             )
-            return EXIT_USAGE
         return _print_verdict(within, args.format)
     if args.pair or args.filter:
         flags = ", ".join(f for f, v in (("--pair", args.pair), ("--filter", args.filter)) if v)
-        console.print(
-            f"tpbench compare: error: {flags}: only with a single RUN_DIR (pairs of cases within one run)",
-            soft_wrap=True,
-            markup=False,
-        )
-        return EXIT_USAGE
+        usage(f"{flags}: only with a single RUN_DIR (pairs of cases within one run)", "compare")
     comparison = compare.compare_runs(
         args.runs[:-1],
         args.runs[-1:],
