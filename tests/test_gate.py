@@ -1071,3 +1071,25 @@ def test_a_missing_suite_file_is_the_gates_first_and_only_line_naming_it_as_type
     monkeypatch.chdir(tmp_path)
     assert run_cli(["gate", "nosuch.toml", "--baseline", "mine", "--candidate", "mine", "--mode", mode]) == 2
     assert capsys.readouterr().err.splitlines() == ["tpbench gate: error: nosuch.toml: no such suite file"]
+
+
+def test_report_tallies_only_the_common_cases_and_names_a_run_with_none_in_common(tmp_path: Path) -> None:
+    """The report's line per later run counts a case missing on one side apart from the common ones
+    (it said "over 2 common case(s): 1 missing, 2 pass", three verdicts of two cases), and a run
+    that shares no case with the first gets a line saying so instead of none."""
+    from tpbench.report import verdicts
+    from tpbench.report.data import load as report_data
+    from tpbench.sweep import finalize
+
+    two = {"ddp": noisy(10, 3, 0.01, 1), "zero_no_overlap": noisy(20, 3, 0.01, 2)}
+    base = make_run(tmp_path / "a", two)
+    more = make_run(tmp_path / "b", {**two, "hook_with_zero_step": noisy(15, 3, 0.01, 3)})
+    other = make_run(tmp_path / "c", {"ddp": noisy(10, 3, 0.01, 4)}, defaults={"batch_size": 64})
+    for run in (base, more, other):
+        finalize(store.Run.open(run))
+    data = report_data([store.load(base), store.load(more), store.load(other)])
+    first, second = verdicts.across_runs_lines(data, verdicts.against_first_run(verdicts.run_data(data)))
+    assert "over 2 common case(s): 2 pass (threshold ±5%)" in first
+    assert first.endswith("; 1 case(s) missing on one side (the Across runs table says why).")
+    none_in_common = r"Run C · \S+ against run A · \S+: no case in common; 1 case\(s\) missing on one side .*\."
+    assert re.fullmatch(none_in_common, second)

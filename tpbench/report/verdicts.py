@@ -850,21 +850,25 @@ def across_runs_lines(data: ReportData, comps: list[engine.Comparison]) -> list[
     """Per later run: the tally of verdicts against the first run, the ratios and what the intervals
     resolve (``CaseResult.half_width``) of the cases judged, and the largest change called. An
     incomparable case's ratio is left out: it measured something else (post-local SGD timed across
-    its switch otherwise, ``compare.timed_steps_differences``), not a change."""
+    its switch otherwise, ``compare.timed_steps_differences``), not a change. Cases missing on one
+    side (another ``--filter`` or batch size, a failed or pending case) are counted apart from the
+    common ones, so the tally adds up to the cases it says it is over, and a run with no case in
+    common says so rather than go unmentioned."""
     lines = []
     for c in comps:
-        common = [r for r in c.cases if r.ratio is not None]
+        pair = f"Run {run_tag(data, c.candidate_runs[0])} against run {run_tag(data, c.baseline_runs[0])}"
+        common = [r for r in c.cases if r.verdict != engine.MISSING]
+        n_missing = len(c.cases) - len(common)
+        missing = f"; {n_missing} case(s) missing on one side (the Across runs table says why)" if n_missing else ""
         if not common:
+            lines.append(f"{pair}: no case in common{missing}.")
             continue
-        judged = [r for r in common if r.verdict != engine.INCOMPARABLE]
-        counts = collections.Counter(r.verdict for r in c.cases)
+        judged = [r for r in common if r.ratio is not None and r.verdict != engine.INCOMPARABLE]
+        counts = collections.Counter(r.verdict for r in common)
         tally = ", ".join(f"{counts[v]} {v}" for v in engine.VERDICTS if counts[v])
-        line = (
-            f"Run {run_tag(data, c.candidate_runs[0])} against run {run_tag(data, c.baseline_runs[0])}, over "
-            f"{len(common)} common case(s): {tally} (threshold ±{c.threshold:.0%})"
-        )
+        line = f"{pair}, over {len(common)} common case(s): {tally} (threshold ±{c.threshold:.0%})"
         if not judged:
-            lines.append(line + ".")
+            lines.append(line + missing + ".")
             continue
         ratios = np.array([r.ratio for r in judged])
         line += f"; median step-time ratio {np.median(ratios):.3g} (range {ratios.min():.3g}–{ratios.max():.3g})"
@@ -883,5 +887,5 @@ def across_runs_lines(data: ReportData, comps: list[engine.Comparison]) -> list[
                 f"; largest change: {case_label(data, c, big.case_id)}, {change} ({big.verdict}: {big.words}; "
                 f"resolves {verdict.half_width_pct(big.half_width)})"
             )
-        lines.append(line + ".")
+        lines.append(line + missing + ".")
     return lines
