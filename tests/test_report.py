@@ -1429,3 +1429,14 @@ def test_the_overlap_table_says_its_compute_and_comm_include_the_overlapped_part
     for col in ("compute ms (with overlapped)", "comm ms (with overlapped)"):
         ms = {c: table[c].str.replace(",", "").astype(float) for c in (col, "overlapped ms")}
         assert (ms[col] >= ms["overlapped ms"]).all(), table
+
+
+def test_report_refuses_a_copy_of_a_run_it_was_given(runs, tmp_path, capsys):
+    """A copy of a run (another folder, the same run id) is the same run given twice: the report
+    tagged both "B" and compared the run with itself, every ratio exactly 1."""
+    full, _ = runs
+    copy = shutil.copytree(full, tmp_path / "copy")
+    out = tmp_path / "cmp.html"
+    assert run_cli(["report", str(full), str(copy), "-o", str(out)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{copy}: the same run as {full}" in err and "a copy" in err and not out.exists()

@@ -26,17 +26,32 @@ from tpbench.cli.common import (
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from tpbench import report
+    from tpbench import report, store
 
     # Each later run is compared with the first: the same run twice would say nothing.
     resolved = [Path(run).resolve() for run in args.runs]
     twice = [run for i, run in enumerate(args.runs) if resolved[i] in resolved[:i]]
     if twice:
         usage(f"{twice[0]}: given twice; a report of several runs compares each with the first", "report")
+    _refuse_copies(args.runs, [store.read_record(Path(run)).run_id for run in args.runs])
     out_path = args.output or report.default_report_path(args.runs)
     path = report.write_report(args.runs, out_path, args.metric)
     console.print(f"Report: {path}", markup=False, soft_wrap=True)
     return EXIT_OK
+
+
+def _refuse_copies(runs: list[str], run_ids: list[str]) -> None:
+    """Exit 2 where a run is a copy of an earlier one (another folder, the same run id): the report
+    keys runs by their id, so the two would share one tag ("B · … against B · …") and one set of
+    cases, and every ratio between them would be exactly 1."""
+    for i, rid in enumerate(run_ids):
+        if rid in run_ids[:i]:
+            first = runs[run_ids.index(rid)]
+            usage(
+                f"{runs[i]}: the same run as {first} (run id {rid}, a copy); a report of several runs "
+                "compares each with the first",
+                "report",
+            )
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
