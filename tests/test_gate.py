@@ -1093,3 +1093,16 @@ def test_report_tallies_only_the_common_cases_and_names_a_run_with_none_in_commo
     assert first.endswith("; 1 case(s) missing on one side (the Across runs table says why).")
     none_in_common = r"Run C · \S+ against run A · \S+: no case in common; 1 case\(s\) missing on one side .*\."
     assert re.fullmatch(none_in_common, second)
+
+
+def test_a_case_without_baseline_data_says_whether_the_baseline_failed_it_or_lacks_it(tmp_path: Path) -> None:
+    """The baseline side names its case's status as the candidate side does ("no candidate data (case
+    failed)"): "no baseline data for this case" read as if the baseline never had it, hiding a
+    baseline to ``--resume``."""
+    two = {"ddp": noisy(10, 3, 0.01, 1), "zero_no_overlap": noisy(20, 3, 0.01, 2)}
+    base = make_run(tmp_path / "a", two, failed=["ddp"])
+    cand = make_run(tmp_path / "b", {**two, "hook_with_zero_step": noisy(15, 3, 0.01, 3)})
+    reasons = {c.label: (c.verdict, c.reason) for c in compare.compare_runs([base], [cand]).cases}
+    assert reasons["ddp"] == ("missing", "no baseline data (case failed)")
+    assert reasons["hook_with_zero_step"] == ("missing", "no baseline data for this case")
+    assert reasons["zero_no_overlap"][0] == "pass"

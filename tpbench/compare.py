@@ -471,7 +471,7 @@ def _judge_case(
     if not any(base_per_run):
         if world_diff:
             return CaseResult(verdict=INCOMPARABLE, reason=world_diff, **common)
-        return CaseResult(verdict=MISSING, reason="no baseline data for this case", **common)
+        return CaseResult(verdict=MISSING, reason=_no_baseline_data(params, case_id, base), **common)
     if not base_values:
         return CaseResult(verdict=MISSING, reason="no round has data on both sides", **common)
     if pairing == "repeats" and not base_values[0].keys() & cand_values[0].keys():
@@ -500,6 +500,15 @@ def _judge_case(
     one_pair = ONE_PAIR.format(PAIRED_UNITS[pairing]) if pairing != "none" and not est.has_interval else ""
     reason = "; ".join(w for w in (_too_few(said), one_pair, note) if w)
     return CaseResult(verdict=said.call, reason=reason, words=said.words, **common, **numbers)
+
+
+def _no_baseline_data(params: dict[str, Any], case_id: str, base: list[RunData]) -> str:
+    """Why a case has no baseline values: its baseline case's status where a baseline run has it
+    (failed, pending: an interrupted run, to ``--resume``), as the candidate side says of its own,
+    else that no baseline run has such a case."""
+    ids = [(run, counterpart(params, case_id, run)[0]) for run in base]
+    states = sorted({run.status.get(cid, "absent") for run, cid in ids if cid is not None})
+    return f"no baseline data (case {'/'.join(states)})" if states else "no baseline data for this case"
 
 
 def _no_ratio(b_all: np.ndarray, c_all: np.ndarray, pairing: str) -> str:
