@@ -1091,7 +1091,7 @@ def test_report_tallies_only_the_common_cases_and_names_a_run_with_none_in_commo
     first, second = verdicts.across_runs_lines(data, verdicts.against_first_run(verdicts.run_data(data)))
     assert "over 2 common case(s): 2 pass (threshold ±5%)" in first
     assert first.endswith("; 1 case(s) missing on one side (the Across runs table says why).")
-    none_in_common = r"Run C · \S+ against run A · \S+: no case in common; 1 case\(s\) missing on one side .*\."
+    none_in_common = r"Run C · \S+ against run A · \S+: no case has data in both runs; 1 case\(s\) missing on .*\."
     assert re.fullmatch(none_in_common, second)
 
 

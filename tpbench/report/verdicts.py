@@ -852,8 +852,8 @@ def across_runs_lines(data: ReportData, comps: list[engine.Comparison]) -> list[
     incomparable case's ratio is left out: it measured something else (post-local SGD timed across
     its switch otherwise, ``compare.timed_steps_differences``), not a change. Cases missing on one
     side (another ``--filter`` or batch size, a failed or pending case) are counted apart from the
-    common ones, so the tally adds up to the cases it says it is over, and a run with no case in
-    common says so rather than go unmentioned."""
+    common ones, so the tally adds up to the cases it says it is over, and a run with no case that
+    has data in both says so rather than go unmentioned."""
     lines = []
     for c in comps:
         pair = f"Run {run_tag(data, c.candidate_runs[0])} against run {run_tag(data, c.baseline_runs[0])}"
@@ -861,7 +861,7 @@ def across_runs_lines(data: ReportData, comps: list[engine.Comparison]) -> list[
         n_missing = len(c.cases) - len(common)
         missing = f"; {n_missing} case(s) missing on one side (the Across runs table says why)" if n_missing else ""
         if not common:
-            lines.append(f"{pair}: no case in common{missing}.")
+            lines.append(f"{pair}: no case has data in both runs{missing}.")
             continue
         judged = [r for r in common if r.ratio is not None and r.verdict != engine.INCOMPARABLE]
         counts = collections.Counter(r.verdict for r in common)
