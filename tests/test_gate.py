@@ -1106,3 +1106,18 @@ def test_a_case_without_baseline_data_says_whether_the_baseline_failed_it_or_lac
     assert reasons["ddp"] == ("missing", "no baseline data (case failed)")
     assert reasons["hook_with_zero_step"] == ("missing", "no baseline data for this case")
     assert reasons["zero_no_overlap"][0] == "pass"
+
+
+def test_a_copy_of_a_pooled_run_is_refused_on_its_side_and_allowed_against_it(tmp_path: Path) -> None:
+    """A copy of a baseline run (another folder, the same run id) pooled beside it counted the run's
+    repeats twice ("baseline: 2 run(s)", repeats 6/3): refused, as the run given twice is. The run
+    against its copy, an A/A check, is still judged."""
+    import shutil
+
+    base = make_run(tmp_path / "a", {"ddp": noisy(10, 3, 0.01, 1)})
+    cand = make_run(tmp_path / "b", {"ddp": noisy(10, 3, 0.01, 2)})
+    copy = shutil.copytree(base, tmp_path / "copy")
+    with pytest.raises(compare.GateError, match=rf"^{copy}: the same run as {base} \(run id \S+, a copy\)"):
+        compare.compare_runs([base, copy], [cand])
+    (case,) = compare.compare_runs([base], [copy]).cases
+    assert case.ratio == pytest.approx(1.0)

@@ -236,6 +236,7 @@ class RunData:
     values: dict[str, dict[int, float]]  # case_id → repeat → that repeat's value (stats.repeat_values)
     labels: dict[str, str]  # case_id → label (``store.Loaded.cases``)
     metric: str = "step_ms"  # what ``values`` hold
+    run_id: str = ""  # run.json's: a copy of a run in another folder keeps it
 
     @classmethod
     def of(cls, run: RunData | store.Loaded | str | Path, metric: str = "step_ms") -> RunData:
@@ -266,6 +267,7 @@ class RunData:
             values,
             dict(zip(loaded.cases["case_id"], loaded.cases["label"])),
             metric,
+            loaded.record.run_id,
         )
 
 
@@ -342,12 +344,21 @@ def check_distinct(base: Sequence[RunData], cand: Sequence[RunData]) -> None:
     """``GateError`` for a run given on both sides: every ratio is exactly 1 with an interval, which
     reads as a verdict but is a typo (``compare`` and ``explain`` refuse it alike). Or twice on one
     side: pooled as two runs, its copies agree exactly and narrow the run-to-run spread the
-    interval rests on (the report refuses a run given twice too)."""
+    interval rests on (the report refuses a run given twice too). A copy of a run in another folder
+    (the same run id) on the same side is refused alike: pooled, it counted the run's repeats twice.
+    A run against its copy stays allowed: an A/A check of the comparison itself."""
     for side in (base, cand):
         dirs = [str(Path(r.dir).resolve()) for r in side]
         twice = sorted({d for d in dirs if dirs.count(d) > 1})
         if twice:
             raise GateError(f"{', '.join(twice)}: given twice; each run counts once among the runs pooled")
+        first: dict[str, RunData] = {}
+        for r in side:
+            if r.run_id and (seen := first.setdefault(r.run_id, r)) is not r:
+                raise GateError(
+                    f"{r.dir}: the same run as {seen.dir} (run id {r.run_id}, a copy); each run counts once "
+                    "among the runs pooled"
+                )
     both = sorted({str(Path(b.dir).resolve()) for b in base} & {str(Path(c.dir).resolve()) for c in cand})
     if both:
         raise GateError(
