@@ -1815,3 +1815,23 @@ def test_the_reports_race_table_names_a_cpu_ms_races_ratios() -> None:
     for metric, heading in (("cpu_ms", "vs recommended (CPU time per step)"), ("step_ms", "vs recommended")):
         table = _table({"arms": [arm], "confidence": 0.95, "metric": metric})
         assert heading in table.columns, list(table.columns)
+
+
+def test_the_trace_sentence_keeps_each_interval_end_on_its_side_of_no_change() -> None:
+    """A part named as excluding no change read "optimizer +0.04 ms [+0.00, +0.07]" (its low end
+    +0.004 ms, rounded to two decimals): the sentence said it excluded no change beside an interval
+    that showed it. Each end now keeps its side of zero, with up to four decimals."""
+    from tpbench.analysis.explain import Component, Explanation
+
+    components = [
+        Component("compute", 0.21, 0.13, 0.30),
+        Component("optimizer", 0.04, 0.004, 0.07),
+        Component("idle", -0.0032, -0.0061, -0.0004),
+    ]
+    e = Explanation(3.23, 3.48, 0.25, 0.1, 0.4, 5, 5, components)
+    said = tune_trace._by_part(e)
+    assert "optimizer +0.04 ms [+0.004, +0.07]" in said, said
+    assert "idle -0.003 ms [-0.01, -0.0004]" in said, said
+    assert "compute +0.21 ms [+0.13, +0.30]" in said, said
+    assert said.endswith("excluding no change: compute, optimizer, idle)."), said
+    assert verdict.signed_ms(0.0) == "+0.00" and verdict.signed_ms(0.88) == "+0.88"

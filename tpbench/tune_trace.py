@@ -26,6 +26,7 @@ from tpbench.analysis.stats import averaging_window, geometric_mean, repeat_valu
 from tpbench.explain import traced_steps
 from tpbench.record import Case
 from tpbench.suite import SuiteError, parse
+from tpbench.verdict import signed_ms
 from tpbench.worlds import Torchrun
 
 RECOMMENDED, RIVAL = "recommended", "closest rival"
@@ -135,7 +136,9 @@ def _by_part(e: parts.Explanation) -> str:
     each other (less exposed communication, more compute), and the parts are the finding."""
     changes = sorted(e.components, key=lambda c: -abs(c.delta_ms))
     listed = ", ".join(
-        f"{c.name.replace('_', ' ')} {c.delta_ms:+.2f} ms [{c.lo:+.2f}, {c.hi:+.2f}]" for c in changes if c.delta_ms
+        f"{c.name.replace('_', ' ')} {signed_ms(c.delta_ms)} ms [{signed_ms(c.lo)}, {signed_ms(c.hi)}]"
+        for c in changes
+        if c.delta_ms
     )
     shown = [c.name.replace("_", " ") for c in changes if c.lo > 0 or c.hi < 0]
     return (

@@ -85,6 +85,18 @@ def signed_pct(ratio: float) -> str:
     return f"{x:+.1f}%"
 
 
+def signed_ms(x: float) -> str:
+    """Milliseconds as a signed change, "+0.88", with as many decimals (two to four) as it takes to keep
+    its side of no change: ``tune --trace`` names the parts whose interval excludes no change, and one
+    of them read "optimizer +0.04 ms [+0.00, +0.07]" where its low end was +0.004. Closer to 0 than
+    that, "+0.00"."""
+    for digits in (2, 3, 4):
+        said = f"{x:+.{digits}f}"
+        if float(said) != 0:
+            return said
+    return f"{x:+.2f}"
+
+
 def half_width_pct(half_width: float) -> str:
     """An interval's half-width (a fraction of its ratio: what it resolves) as "±4.0%", written as
     ``signed_pct`` writes a change, so that every output says it alike: two repeats' t interval on one
