@@ -272,8 +272,9 @@ def _ended_by_budget(values, options: Options) -> Race:
 def test_the_rounds_to_race_again_agree_with_the_repeats_the_command_gives(tmp_path, capsys):
     """A budget that ended the race after 6 of the suite's 200 rounds: the advice said "race again for
     about 20 rounds" beside a command of ``--set repeats=200`` (the suite's own, kept). Now the
-    sentence says the command keeps the suite's 200 as the most, in the terminal, Markdown and report;
-    a tune out of rounds, whose command gives just the rounds it names, says nothing more."""
+    sentence says the command keeps this tune's 200 as the most, in the terminal, Markdown and report
+    (not "the suite's": a tune's repeats may be its own ``--set repeats``, not the suite file's); a
+    tune out of rounds, whose command gives just the rounds it names, says nothing more."""
     from tpbench.cli import tune as cli
 
     suite, cases, values = close_pair(tmp_path)
@@ -282,7 +283,7 @@ def test_the_rounds_to_race_again_agree_with_the_repeats_the_command_gives(tmp_p
     result = tune_answer.result(stored(tmp_path, suite), cases, [race], budget, 30.0, NO_EVAL)
     rounds = 6 + result.rounds_to_decide
     assert rounds < 200 and "--set repeats=200 " in result.next_step and result.to_json()["next_repeats"] == 200
-    said = f"race again for about {rounds} rounds (the command keeps the suite's 200 as the most; under the same"
+    said = f"race again for about {rounds} rounds (the command keeps this tune's 200 as the most; under the same"
     cli.print_tune(result, "text")
     assert said in capsys.readouterr().out.replace("\n", " ")
     cli.print_tune(result, "md")
@@ -292,7 +293,7 @@ def test_the_rounds_to_race_again_agree_with_the_repeats_the_command_gives(tmp_p
     recommendation.section(page, [SimpleNamespace(run_dir=tmp_path)])
     assert said in html.unescape(page.render())
     assert verdict.decide_words(20, 45.0, 200) == (
-        "To decide it, race again for about 20 rounds (the command keeps the suite's 200 as the most; 20 take at "
+        "To decide it, race again for about 20 rounds (the command keeps this tune's 200 as the most; 20 take at "
         "most about 45 s here at this tune's pace; under the same launcher): "
     )
     assert verdict.decide_words(240, 45.0, 240) == verdict.decide_words(240, 45.0)

@@ -233,15 +233,16 @@ def decide_words(rounds: int | None, wall_s: float | None, repeats: int | None =
     decides sooner stops sooner); left out where the tune timed no steps. ``rounds`` None: the budget
     ended it before its first look, so there is no estimate, and the command gives the suite's
     rounds the time they take here. ``repeats``: the command's ``--set repeats``, said where it is more
-    than ``rounds`` (the suite's own, kept), so that "about 30 rounds" beside "repeats=200" does not
-    read as a mistake."""
+    than ``rounds`` (this tune's own, kept), so that "about 30 rounds" beside "repeats=200" does not
+    read as a mistake. "This tune's", not "the suite's": a tune run with ``--set repeats=30`` said "the
+    suite's 30" of a suite whose file says 300."""
     took = ""
     if wall_s is not None and math.isfinite(wall_s):
         took = f"at most about {duration(wall_s)} here at this tune's pace; "
     if rounds is None:
         return f"To judge it, race again with the time its rounds take ({took}under the same launcher): "
     if repeats is not None and repeats > rounds:
-        took = f"the command keeps the suite's {repeats} as the most; " + (took and f"{rounds} take {took}")
+        took = f"the command keeps this tune's {repeats} as the most; " + (took and f"{rounds} take {took}")
     return f"To decide it, race again for about {rounds} rounds ({took}under the same launcher): "
 
 
