@@ -1162,6 +1162,28 @@ def test_the_race_chart_zooms_on_the_ratios_near_1_on_a_log_axis():
     assert "run off" not in calm.layout.title.text and 10 ** calm.layout.yaxis.range[1] >= 1.04
 
 
+def test_the_race_chart_keeps_an_elimination_beyond_its_top_on_the_top_edge():
+    """A setting eliminated at 1.62× the leader (suites/whatif.toml's zero_no_overlap on loopback)
+    ran off the chart's top with its cross: the table said "eliminated after round 5" and the chart
+    showed nothing happen. The cross now sits on the top edge, drawn whole, its hover the ratio."""
+    history = [
+        {
+            "round": r,
+            "eliminated": ["far"] if r == 5 else [],
+            "retired": [],
+            "intervals": {"far": [1.62, 0.8 if r < 5 else 1.16, 2.26], "near": [1.05, 0.97, 1.13]},
+        }
+        for r in range(2, 6)
+    ]
+    fig = recommendation._race_figure(history, {"far": "far", "near": "near"}, 0.02)
+    high = 10 ** fig.layout.yaxis.range[1]
+    (cross,) = [t for t in fig.data if t.mode == "markers" and t.marker.symbol == "x"]
+    assert list(cross.x) == [5] and cross.y[0] == pytest.approx(high) and cross.cliponaxis is False
+    assert cross.text[0] == "eliminated at 1.62× the leader"
+    (line,) = [t for t in fig.data if t.name == "far" and t.mode == "lines+markers"]
+    assert line.y[-1] == 1.62  # the line itself still runs off the top, as the title says
+
+
 def test_the_race_chart_draws_the_rounds_leader_at_1():
     """The leader has no interval against itself: left out, the line of a setting that led rounds 3
     and 4 ran straight from its ratio at round 2 to round 5's, as if it had trailed in between."""

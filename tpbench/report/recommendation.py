@@ -197,11 +197,15 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
     The axis is logarithmic (a ratio and its inverse lie equally far from 1) and spans at most
     1 / ``RACE_TOP`` to ``RACE_TOP``: a front door's unpacked ``zero_no_overlap`` at 2.3× would
     otherwise leave the tie zone and the settings still racing for it a sliver at the bottom.
-    Settings further behind run off the top, which the title says."""
+    Settings further behind run off the top, which the title says; their crosses and rings stay on
+    the top edge (the hover gives the ratio): a setting's elimination is the chart's event, and the
+    whatif suite's ``zero_no_overlap``, eliminated at 1.62× after round 5, had none to see."""
     fig = go.Figure()
     df = _race_rows(history)
     top = float(df["ratio"].max()) if len(df) else 1.0
     bottom = float(df["ratio"].min()) if len(df) else 1.0
+    low = max(1 / RACE_TOP, min(0.9, bottom * 0.97, 1 / (1 + epsilon) ** 2))  # as far below 1 at most
+    high = min(RACE_TOP, max(top * 1.03, (1 + epsilon) ** 2))
     order = {a: i for i, a in enumerate(names)}  # the table's order, in the legend too
     arms = sorted(df["arm"].unique(), key=lambda a: order.get(a, len(order)))
     for i, arm in enumerate(arms):
@@ -232,16 +236,17 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
                 fig.add_trace(
                     go.Scatter(
                         x=marked["round"],
-                        y=marked["ratio"],
+                        y=marked["ratio"].clip(upper=high),
                         mode="markers",
                         marker=dict(symbol=symbol, size=14, color=color, line=dict(width=2)),
                         name=plot_text(f"{names.get(arm, arm)} {what}"),
+                        text=[f"{what} at {r:.3g}× the leader" for r in marked["ratio"]],
+                        hoverinfo="x+text+name",
+                        cliponaxis=False,  # on the top edge: drawn whole, not cut in half
                         showlegend=False,
                     )
                 )
     fig.add_hrect(y0=1 / (1 + epsilon), y1=1, fillcolor="#d9dde5", opacity=0.5, line_width=0)
-    low = max(1 / RACE_TOP, min(0.9, bottom * 0.97, 1 / (1 + epsilon) ** 2))  # as far below 1 at most
-    high = min(RACE_TOP, max(top * 1.03, (1 + epsilon) ** 2))
     off = f"; settings more than {RACE_TOP:g}× the leader run off the top" if top > high else ""
     fig.update_layout(
         # The key on a line of its own, clear of plotly's toolbar.
