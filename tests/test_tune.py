@@ -1858,3 +1858,16 @@ def test_the_trace_sentence_keeps_each_interval_end_on_its_side_of_no_change() -
     assert "compute +0.21 ms [+0.13, +0.30]" in said, said
     assert said.endswith("excluding no change: compute, optimizer, idle)."), said
     assert verdict.signed_ms(0.0) == "+0.00" and verdict.signed_ms(0.88) == "+0.88"
+
+
+def test_the_docs_opening_claim_names_the_setting_as_the_tune_labels_it() -> None:
+    """docs/tune.md opened with "ddp slowdown_pct=0.0: within 2% of the best of 7 settings …", where a
+    tune of suites/tune-planted.toml names that setting "ddp slowdown_pct=0": the example a reader
+    compares the terminal with must read as the terminal does."""
+    from tpbench.suite import labels
+
+    cases = tune.prepare(REPO / "suites" / "tune-planted.toml").cases
+    names = labels([cases])[0]
+    (best,) = [names[c.case_id] for c in cases if c.slowdown_pct == 0]
+    opening = (REPO / "docs" / "tune.md").read_text().split("```")[1]
+    assert f"\n{best}: within 2% of the best of {len(cases)} settings, 95% confidence;" in opening, (best, opening)
