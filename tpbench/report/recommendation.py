@@ -59,7 +59,14 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
             "had, and retired (tied: it runs no more rounds) once it could no longer be more than "
             f"{verdict.percent(result['epsilon'])} faster than the leader, brought back should a later leader not be "
             "safe from it; a race ends when one setting is left, tied once the leader alone is left running, or "
-            "unresolved when its rounds or its budget run out; intervals at "
+            "unresolved when its rounds or its budget run out; "
+            + (
+                "settings that cannot share a world race within their own and are set against the recommended "
+                "setting at the end on an unpaired interval; "
+                if len(saved["worlds"]) > 1
+                else ""
+            )
+            + "intervals at "
             f"{verdict.percent(result['confidence'])} "
             "confidence spent over every round the race could look at and every setting (docs/tune.md). "
             f"Timed steps: {result['timed_s']:.1f} s of the {result['grid_timed_s']:.1f} s the whole grid "
