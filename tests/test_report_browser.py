@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from browser import ALL_FIGURES_DRAWN, Browser, ensure_chromium
-from conftest import tiny_suite
+from conftest import run_cli, sweep_in_process, tiny_suite
 from test_report import hostile_copy, synth_run
 
 from tpbench import report, store
@@ -60,26 +58,10 @@ def browser(chromium):
 def smoke_run(tmp_path_factory) -> Path:
     """A real sweep: 2 Gloo ranks, 2 cases, 2 repeats, traced steps (its own report is not used:
     each test writes the report it looks at)."""
-    tmp = tmp_path_factory.mktemp("report-smoke")
-    (tmp / "suite.toml").write_text(SUITE)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tpbench",
-            "sweep",
-            str(tmp / "suite.toml"),
-            "--out",
-            str(tmp / "results"),
-            "--no-report",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    [run_dir] = store.iter_runs(tmp / "results")
+    # In this process: a fresh interpreter would spend seconds importing torch.
+    loaded = sweep_in_process(tmp_path_factory.mktemp("report-smoke"), SUITE)
+    assert loaded.record.status == "complete" and set(loaded.cases["status"]) == {"done"}, loaded.record.cases
+    run_dir = loaded.run_dir
     # The sweep parsed the traces into the tables the report reads (it never opens a trace itself).
     assert all(
         store.read_case_table(run_dir, cid, "intervals") is not None for cid in store.read_run_json(run_dir)["cases"]
@@ -161,13 +143,8 @@ def test_several_runs_in_one_report(browser, smoke_run, tmp_path):
     meta["environment"]["torch"] = "9.9.9"
     (other / "run.json").write_text(json.dumps(meta))
     out = tmp_path / "compare.html"
-    proc = subprocess.run(
-        [sys.executable, "-m", "tpbench", "report", str(smoke_run), str(other), "-o", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
+    # The CLI in this process: a fresh interpreter would spend seconds importing torch.
+    assert run_cli(["report", str(smoke_run), str(other), "-o", str(out)]) == 0
     page = browser.load(out)
     assert page.errors == [] and page.dialogs == []
     total, drawn = figures(browser)
