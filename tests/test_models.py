@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_suite
+from conftest import sweep_in_process, tiny_suite
 
 from tpbench import algorithms, store
 from tpbench.analysis.memory import per_case
@@ -40,17 +40,10 @@ SUITE = tiny_suite(
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> store.Loaded:
     """One sweep: every built-in workload at its smallest size x every algorithm (both shard_buckets)."""
-    tmp = tmp_path_factory.mktemp("models")
-    (tmp / "models.toml").write_text(SUITE)
-    proc = subprocess.run(
-        [sys.executable, "-m", "tpbench", "sweep", "models.toml", "--out", "results", "--no-report"],
-        capture_output=True,
-        text=True,
-        cwd=tmp,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return store.load(next(store.iter_runs(tmp / "results")))
+    # In this process: a fresh interpreter would spend seconds importing torch.
+    loaded = sweep_in_process(tmp_path_factory.mktemp("models"), SUITE)
+    assert loaded.record.status == "complete" and set(loaded.cases["status"]) == {"done"}, loaded.record.cases
+    return loaded
 
 
 def test_every_model_trains_under_every_algorithm(run: store.Loaded) -> None:
