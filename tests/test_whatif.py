@@ -1157,16 +1157,16 @@ def test_the_validation_charts_axes_name_both_intervals_and_call_the_prediction_
     assert list(point.error_x.arrayminus) == [2.0] and list(point.error_y.array) == [17.0]
 
 
-def test_whatif_json_gives_projections_intervals_refusals_and_the_ranking(tmp_path):
+def test_whatif_json_gives_projections_intervals_refusals_and_the_ranking(tmp_path, capsys):
     docs = []
     for source in (LINKS_RUN, BUSY_RUN):  # validation in the first, refusals in the second
         run = tmp_path / source.name
         shutil.copytree(source, run)
-        p = subprocess.run(
-            [sys.executable, "-m", "tpbench", "whatif", str(run), "--format", "json"], capture_output=True, text=True
-        )
-        assert p.returncode == 0, p.stderr
-        docs.append(json.loads(p.stdout))
+        # The CLI in this process: a fresh interpreter would spend seconds importing torch.
+        code = run_cli(["whatif", str(run), "--format", "json"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        docs.append(json.loads(out))
     assert docs[0]["validation"] and all(
         "predicted_lo_ms" in r and "predicted_hi_ms" in r and "host_ratio" in r for r in docs[0]["validation"]
     )
