@@ -965,14 +965,14 @@ def imported_from(run: Path) -> set[str]:
 
 
 @pytest.mark.ranks
-def test_a_rounds_gate_imports_the_suites_own_code_from_the_callers_folder(tmp_path: Path) -> None:
+def test_a_rounds_gate_imports_the_suites_own_code_from_the_callers_folder(tmp_path: Path, monkeypatch) -> None:
     """Only the lockstep gate handed its sides the caller's folder: in ``--mode rounds`` (and the
     sweeps of ``--explain``) a venv side's sweep, run in ``--out/<side>``, could not import the
     suite's ``workload = "mymodels:make"`` and the gate exited 2 ("cannot import 'mymodels'")."""
     mine = user_project(tmp_path / "mine")
+    monkeypatch.chdir(mine)  # the caller's folder; the gate runs here, its sides' sweeps in fresh interpreters
     args = ["gate", "suite.toml", "--baseline", sys.prefix, "--candidate", sys.prefix, "--mode", "rounds"]
-    p = run_tpbench(*args, "--rounds", "1", "--set", "repeats=1", "--out", tmp_path / "g", cwd=mine)
-    assert p.returncode == 0, p.stderr
+    assert run_cli([*args, "--rounds", "1", "--set", "repeats=1", "--out", str(tmp_path / "g")]) == 0
     for side in ("baseline", "candidate"):
         (run,) = store.iter_runs(tmp_path / "g" / side / "round01")
         assert imported_from(run) == {str(mine / "mymodels.py")}
