@@ -942,6 +942,17 @@ def test_the_crossover_plots_its_ratios_on_a_log_axis():
     assert ticks[0.05] == "0.05" and max(ticks) < 100, ticks
 
 
+def test_a_ratio_axis_close_to_one_is_labelled_in_even_steps():
+    """The front door's crossover chart (ratios 0.88-1.19) had one labelled tick, "1": the 1-2-5 steps of
+    a decade put nothing else near its points, so no ratio could be read off the axis."""
+    from tpbench.report.figures import log_ratio_ticks
+
+    ticks = log_ratio_ticks([0.876, 1.19, 0.944, 1.13])
+    assert ticks["ticktext"] == ["0.85", "0.9", "0.95", "1", "1.05", "1.1", "1.15", "1.2"], ticks
+    assert log_ratio_ticks([1.0, 2.7])["ticktext"] == ["1", "1.5", "2", "2.5", "3"]
+    assert log_ratio_ticks([0.06, 36.6])["ticktext"][:3] == ["0.05", "0.1", "0.2"]  # decades as before
+
+
 def test_a_table_column_with_no_value_shows_empty_cells_not_none():
     """pandas' formatters skip a column holding only None, which printed "None" (the Across runs
     table's ratio when no case had a counterpart); every cell is the page's own, blank when missing."""
