@@ -295,6 +295,15 @@ def build_parser() -> argparse.ArgumentParser:
             help="run worlds and sweeps beyond this machine's limits (4 ranks per core, 512 MiB per rank; 10000 cases)",
         )
 
+    def run_args(p: argparse.ArgumentParser, suite_help: str, resume_help: str) -> None:
+        """What ``sweep`` and ``tune`` share: a suite (or ``--resume`` of a run), its ``--set``/``--filter``,
+        ``--allow-large`` and the results root."""
+        p.add_argument("suite", nargs="?", type=_given("a suite file"), metavar="SUITE", help=suite_help)
+        suite_args(p)
+        allow_large_arg(p)
+        p.add_argument("--out", type=_results_root, metavar="DIR", help="results root (default: results)")
+        p.add_argument("--resume", type=_path("a run directory"), metavar="RUN_DIR", help=resume_help)
+
     def torchrun_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         t = p.add_argument_group("torchrun (multi-node; the results root must be on a filesystem every node sees)")
         t.add_argument(
@@ -325,22 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
         return t
 
     p = sub.add_parser("sweep", help="run a suite")
-    p.add_argument(
-        "suite",
-        nargs="?",
-        type=_given("a suite file"),
-        metavar="SUITE",
-        help="suite TOML file (not needed with --resume)",
-    )
-    suite_args(p)
-    allow_large_arg(p)
-    p.add_argument("--out", type=_results_root, metavar="DIR", help="results root (default: results)")
-    p.add_argument(
-        "--resume",
-        type=_path("a run directory"),
-        metavar="RUN_DIR",
-        help="run only the missing or failed cases of RUN_DIR",
-    )
+    run_args(p, "suite TOML file (not needed with --resume)", "run only the missing or failed cases of RUN_DIR")
     p.add_argument("--dry-run", action="store_true", help="list the cases and exit")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     p.add_argument(
@@ -379,18 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "tune", help="race a suite's swept settings and name the best, with a margin and a confidence (docs/tune.md)"
     )
-    p.add_argument(
-        "suite",
-        nargs="?",
-        type=_given("a suite file"),
-        metavar="SUITE",
-        help="suite TOML file: its swept grid is the settings raced (not with --resume)",
-    )
-    suite_args(p)
-    allow_large_arg(p)
-    p.add_argument("--out", type=_results_root, metavar="DIR", help="results root (default: results)")
-    p.add_argument(
-        "--resume", type=_path("a run directory"), metavar="RUN_DIR", help="go on with an interrupted tune of RUN_DIR"
+    run_args(
+        p,
+        "suite TOML file: its swept grid is the settings raced (not with --resume)",
+        "go on with an interrupted tune of RUN_DIR",
     )
     p.add_argument("--dry-run", action="store_true", help="list the settings and exit")
     p.add_argument(
