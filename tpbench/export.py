@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from tpbench import store
-from tpbench.analysis.stats import CONFIDENCE, bootstrap_ci, repeat_values, slowest_rank, windows_of
+from tpbench.analysis.stats import CONFIDENCE, bootstrap_ci, per_step, repeat_values, windows_of
 from tpbench.compare import GateError, swept_keys
 from tpbench.suite import Case
 
@@ -49,12 +48,12 @@ def _export_cases(
     names = dict(zip(loaded.cases["case_id"], loaded.cases["label"]))
     if not loaded.steps.empty and (metric not in loaded.steps or loaded.steps[metric].isna().all()):
         raise GateError(f"{loaded.run_dir}: --metric {metric} was not recorded in this run's steps")
-    per_step = _per_step(loaded.steps, metric) if not loaded.steps.empty else None
-    per_repeat = repeat_values(loaded.steps, metric, windows_of(params)) if per_step is not None else None
+    steps = per_step(loaded.steps, metric) if not loaded.steps.empty else None
+    per_repeat = repeat_values(loaded.steps, metric, windows_of(params)) if steps is not None else None
     out, skipped = [], []
     for cid, p in params.items():
         # A step without a value (NaN) is not a measurement: JSON has no NaN, and statistics skip it.
-        data = per_step[(per_step["case_id"] == cid) & per_step[metric].notna()] if per_step is not None else None
+        data = steps[(steps["case_id"] == cid) & steps[metric].notna()] if steps is not None else None
         if data is None or data.empty:
             skipped.append(names[cid])
             continue
@@ -66,15 +65,6 @@ def _export_cases(
         said = ", ".join(f"{n} {state}" for state, n in states.most_common())
         raise GateError(f"{loaded.run_dir}: nothing to export: no case has timed steps ({said})")
     return out, skipped
-
-
-def _per_step(steps: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Each timed step's value, as ``stats.repeat_values`` takes it before the median: a step lasts
-    as long as its slowest rank (``step_ms``), a rank's CPU time is averaged over ranks."""
-    if metric == "step_ms":
-        return slowest_rank(steps)
-    timed = steps[steps["phase"] == "timed"]
-    return timed.groupby(["case_id", "repeat", "step"], as_index=False, sort=True)[metric].mean()
 
 
 def export_pytest_benchmark(run_dir: str | Path, metric: str = "step_ms") -> Export:

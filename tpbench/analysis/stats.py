@@ -36,10 +36,18 @@ CONFIDENCE = 0.95
 _LOCALSGD = "post_localSGD_hook"
 
 
+def per_step(steps: pd.DataFrame, metric: str = "step_ms") -> pd.DataFrame:
+    """Timed steps only, one row per (case_id, repeat, step) with its value of ``metric``: ``step_ms``
+    the slowest rank's (a step lasts as long as it does), any other metric (``cpu_ms``, memory) the
+    mean over ranks."""
+    timed = steps[steps["phase"] == "timed"]
+    how = "max" if metric == "step_ms" else "mean"
+    return timed.groupby(["case_id", "repeat", "step"], as_index=False, sort=True)[metric].agg(how)
+
+
 def slowest_rank(steps: pd.DataFrame) -> pd.DataFrame:
     """Timed steps only, one row per (case_id, repeat, step): a step lasts as long as its slowest rank."""
-    timed = steps[steps["phase"] == "timed"]
-    return timed.groupby(["case_id", "repeat", "step"], as_index=False, sort=True)["step_ms"].max()
+    return per_step(steps, "step_ms")
 
 
 def averaging_window(params: Mapping[str, Any]) -> int:
@@ -70,12 +78,9 @@ def repeat_values(
     so the periodic cost is in the value instead of being the outlier a median drops. Fewer timed
     steps than one window: their mean.
     """
-    timed = steps[steps["phase"] == "timed"]
-    how = "max" if metric == "step_ms" else "mean"
-    per_step = timed.groupby(["case_id", "repeat", "step"], as_index=False, sort=True)[metric].agg(how)
     windows = windows or {}
     rows = []
-    for (cid, rep), g in per_step.groupby(["case_id", "repeat"], sort=True):
+    for (cid, rep), g in per_step(steps, metric).groupby(["case_id", "repeat"], sort=True):
         v = g[metric].to_numpy(dtype=float)
         w = max(1, int(windows.get(cid, 1)))
         if w > 1:
