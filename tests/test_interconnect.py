@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -151,6 +152,45 @@ def test_missing_requirements_are_named(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(InterconnectUnavailable, match=expected):
         icm.check_available(resolve("tcp-1gbit"))
     assert icm.reap_stale_namespaces() == []
+
+
+def test_dry_runs_and_validate_name_a_link_this_machine_cannot_make(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked where PATH holds no `tc` (a real PATH, the check itself runs): a suite of emulated
+    links, built in (tcp-1gbit) or its own (a rated profile), is refused by `sweep --dry-run` and
+    `tune --dry-run` (exit 2), as the sweep would refuse it, naming the suite file, the key that
+    asks for the link and what is missing; `validate` says the same as a warning (exit 0: the suite
+    is right, this machine is not). A suite on loopback alone passes all three without a word."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if ip := shutil.which("ip"):
+        (bin_dir / "ip").symlink_to(ip)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    own = tmp_path / "own.toml"
+    own.write_text(
+        tiny_suite('interconnect = ["loopback", "wan"]', repeats=3)
+        + '[interconnects.wan]\nbackend = "gloo"\nrate = "2gbit"\n'
+    )
+    builtin = tmp_path / "builtin.toml"
+    builtin.write_text(tiny_suite('interconnect = ["loopback", "tcp-1gbit"]', repeats=3))
+    flat = tmp_path / "flat.toml"
+    flat.write_text(tiny_suite("bucket_cap_mb = [1, 2]", interconnect='"loopback"', repeats=3))
+    missing = "emulates a link and needs: .*the `tc` command \\(install iproute2\\)"
+    for suite, where in (
+        (own, f"{own}: interconnects.wan.rate: interconnect 'wan' "),
+        (builtin, f"{builtin}: interconnect 'tcp-1gbit' "),
+    ):
+        for command in (["sweep", "--dry-run"], ["tune", "--dry-run"]):
+            assert run_cli([*command, str(suite)]) == 2
+            assert re.search(re.escape(where) + missing, capsys.readouterr().err)
+        assert run_cli(["validate", str(suite)]) == 0
+        said = capsys.readouterr()
+        assert ": ok, " in said.out and re.search("warning: " + re.escape(where) + missing, said.err)
+    for command in (["sweep", "--dry-run"], ["tune", "--dry-run"], ["validate"]):
+        assert run_cli([*command, str(flat)]) == 0
+        said = capsys.readouterr()
+        assert "`tc`" not in said.err and "warning" not in said.err
 
 
 def test_resume_refuses_an_emulated_link_it_cannot_make_before_running_anything(

@@ -118,24 +118,31 @@ def _largest_done(run: store.Run) -> int:
 
 def launchable(prepared: Prepared, launcher: Torchrun | None) -> list[Interconnect]:
     """The cases' interconnects, in the order of their first cases, or ``InterconnectUnavailable``
-    for one ``launcher`` cannot give: an emulated link lives in a network namespace of one machine,
-    and torchrun worlds use the real network between their nodes. A dry run checks it too (it
-    listed the cases the run would then refuse)."""
-    ics = [resolve(key[3], prepared.suite.interconnects) for key in dict.fromkeys(c.launch_key for c in prepared.cases)]
+    for one ``launcher`` or this machine cannot give: an emulated link lives in a network namespace
+    of one machine, which torchrun worlds (the real network between their nodes) do not use, and
+    which needs root, iproute2 and tbf (``check_available``). The error names the suite file and,
+    for a profile of the suite's own, its ``rate`` key. Dry runs and ``validate`` check it too, so
+    that they do not list cases the run would refuse."""
+    suite = prepared.suite
+    ics = [resolve(key[3], suite.interconnects) for key in dict.fromkeys(c.launch_key for c in prepared.cases)]
     for ic in ics:
         if launcher is not None and ic.shaped:
             raise InterconnectUnavailable(
                 f"interconnect {ic.name!r} emulates a link in a network namespace of one machine; torchrun worlds "
                 "use the real network between their nodes: run it with the local launcher"
             )
+        try:
+            check_available(ic)
+        except InterconnectUnavailable as e:
+            key = f"interconnects.{ic.name}.rate: " if ic.name in suite.interconnects else ""
+            raise InterconnectUnavailable(f"{suite.path}: {key}{e}") from None
     return ics
 
 
 def start(prepared: Prepared, out_root: Path, launcher: Torchrun | None = None) -> store.Run:
     """Create the run directory (checked writable) with every case pending, and the launcher
     recorded so that ``--resume`` starts worlds the same way."""
-    for ic in launchable(prepared, launcher):
-        check_available(ic)
+    launchable(prepared, launcher)
     store.check_writable(out_root)
     check_space(out_root, prepared.cases)
     s = prepared.suite

@@ -56,6 +56,7 @@ def _refuse_copies(runs: list[str], run_ids: list[str]) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from tpbench import store, sweep
+    from tpbench.interconnect import InterconnectUnavailable
 
     prepared = sweep.prepare(args.suite, args.set, args.filter, allow_large=args.allow_large)
     cases = prepared.cases
@@ -64,6 +65,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     n = len(cases)
     out.print(f"{args.suite}: ok, {n} case{'' if n == 1 else 's'} ({about})", markup=False, soft_wrap=True)
     warn_unused_workloads(prepared)
+    # A suite can be valid and still need what this machine lacks (root, `tc` for an emulated link):
+    # said as a warning, since the suite is right and another machine may run it.
+    try:
+        sweep.launchable(prepared, None)
+    except InterconnectUnavailable as e:
+        console.print(f"warning: {e} (`tpbench sweep` would refuse it here, exit 2)", markup=False, soft_wrap=True)
     # A suite can be valid and still not fit where its results go by default (``steps = 1e9``): the
     # sweep's own check, said here as a warning rather than only when `sweep` refuses it (exit 3).
     results = Path("results").absolute()
