@@ -27,7 +27,7 @@ def _negative_values_kept(argv: list[str], parser: argparse.ArgumentParser) -> l
     """``--epsilon -1%`` as ``--epsilon=-1%``: the value reaches the option's own check, which
     refuses it naming the option and the values expected (exit 2). Only where argparse would have
     refused the pair anyway, so that nothing it accepts reads otherwise, and only after an option of
-    the command that takes one value: joined to a flag (``--dry-run -1%``) argparse said "ignored
+    the command that takes one value: joined to a flag (``--dry-run -1%``) argparse would say "ignored
     explicit argument", and to an option the command lacks, "unrecognized arguments: --eps=-1%",
     which the user never typed; left apart, it names the stray value itself."""
     command = _command_parser(parser, argv)
@@ -77,7 +77,7 @@ _ONE = {
 
 def _refuse_extra(args: argparse.Namespace, extra: list[str]) -> None:
     """Arguments the command did not take, refused with the command's own usage (argparse's root
-    parser showed the list of commands and "unrecognized arguments", whose command was unsaid),
+    parser would show the list of commands and "unrecognized arguments" without naming the command),
     and, for a command that takes one run or suite given more, what it takes: exit 2."""
     parser: argparse.ArgumentParser = args.command_parser
     if args.command in _ONE and not any(a.startswith("-") for a in extra):
@@ -89,8 +89,8 @@ def _refuse_extra(args: argparse.Namespace, extra: list[str]) -> None:
 
 def _closest_options(parser: argparse.ArgumentParser, extra: list[str]) -> str:
     """For each mistyped long option among ``extra`` (``--dryrun``, ``--formt=json``), the command's
-    closest one, "; did you mean --dry-run?" (empty: none is close). argparse named the stranger alone,
-    leaving the reader to find the spelling in the usage block. Hidden options are never offered."""
+    closest one, "; did you mean --dry-run?" (empty: none is close), so that the reader need not find
+    the spelling in the usage block. Hidden options are never offered."""
     known = [
         flag
         for flag, action in parser._option_string_actions.items()

@@ -26,10 +26,10 @@ MAX_BUDGET_S = 7 * 24 * 3600.0
 class _Parser(argparse.ArgumentParser):
     """argparse, an option's value that its type or its choices refuse said as every other bad option
     is: one line naming the option, the value and what was expected ("tpbench gate: error: --seed -5:
-    expected an integer >= 0"), exit 2. argparse printed its usage block above "argument --budget-s:
-    -1: ...", while the checks made after parsing (``racing.Options.check``, ``compare.parse_threshold``,
-    ``usage``) said one line: two looks within one command. Each type's message starts with the text
-    it refuses; argparse's other errors (a missing value, an unknown option) keep its usage block."""
+    expected an integer >= 0"), exit 2, as the checks made after parsing (``racing.Options.check``,
+    ``compare.parse_threshold``, ``usage``) say theirs, so one command's errors look alike (argparse
+    would print its usage block above "argument --budget-s: -1: ..."). Each type's message starts with
+    the text it refuses; argparse's other errors (a missing value, an unknown option) keep its usage block."""
 
     def _get_value(self, action: argparse.Action, arg_string: str) -> object:
         try:
@@ -50,8 +50,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _unknown_command(value: str, commands: list[str]) -> NoReturn:
     """A command ``tpbench`` does not have, said in one line with the closest one it has (``rport``:
-    report): argparse said "argument command: invalid choice: 'rport' (choose from ...)" under the
-    usage block, leaving the reader to spot the typo in a list of eleven."""
+    report), so that the reader need not spot the typo in argparse's list of every command
+    ("argument command: invalid choice: 'rport' (choose from ...)" under the usage block)."""
     close = difflib.get_close_matches(value, commands, n=1)
     guess = f"; did you mean {close[0]}?" if close else ""
     console.print(
@@ -74,8 +74,8 @@ def _flag(action: argparse.Action) -> str:
 
 def _given(what: str) -> Callable[[str], str]:
     """The type of a path argument or option kept as text: an empty one refused naming it
-    (``Path("")`` is ``.``, so ``validate ''`` said ".: the suite file is not a regular file" and
-    ``report ''`` looked for a run in the current directory: neither names what was typed)."""
+    (``Path("")`` is ``.``: taken as a path, ``validate ''`` would call the current directory not a
+    regular file and ``report ''`` would look for a run there, neither naming what was typed)."""
 
     def parse(text: str) -> str:
         if not text:
@@ -95,7 +95,7 @@ def _file(what: str) -> Callable[[str], Path]:
     """The type of an output file option: ``_path``'s check, and a folder refused as it is typed: a
     usage error naming the option (exit 2), not a failed write (exit 3, as if the disk were at fault).
     A name that ends in a separator (``-o out/``) names a folder too, made or not: ``Path`` drops the
-    separator, so it was written as a file called ``out``."""
+    separator, so it would be written as a file called ``out``."""
     check = _path(what)
 
     def parse(text: str) -> Path:
@@ -127,8 +127,8 @@ def _integer(minimum: int, maximum: int | None = None, why: str = "") -> Callabl
 
 
 def _command_line(text: str) -> str:
-    """``--agent-prefix``: a command line, as typed, once ``shlex`` can split it (an unclosed quote
-    raised its ValueError as a traceback when the launcher was built)."""
+    """``--agent-prefix``: a command line, as typed, once ``shlex`` can split it: an unclosed quote is
+    refused here as a bad option, not met later as a ``ValueError`` when the launcher is built."""
     try:
         shlex.split(text)
     except ValueError as e:
@@ -152,7 +152,7 @@ def _target_ci(text: str) -> float:
     except argparse.ArgumentTypeError:
         value = 0.0  # out of range below: one message for text and numbers alike
     if 1 <= value <= MAX_TARGET_CI and not text.strip().endswith("%"):
-        # A bare 5 is a fraction, ±500 %: met at once, it added no round. 5% is what was meant. Only
+        # A bare 5 is a fraction, ±500 %, met at once with no round added; 5% is what is meant. Only
         # within the bounds: "inf" (or 200) is no fraction anyone could mean, "or inf% if you mean it".
         raise argparse.ArgumentTypeError(
             f"{text}: a bare number is a fraction ({value:.0%}); write {text.strip()}% for that percentage, "
@@ -182,8 +182,8 @@ def _out_dir(text: str) -> Path:
 def _results_root(text: str) -> Path:
     """The type of ``sweep --out`` and ``tune --out``: a results folder (``_out_dir``) that is not a
     run's directory nor inside one. Each run goes in ``OUT/<suite>/<run_id>``: given a run's own
-    folder (as if ``--out`` named where to put this run, or added to that one), the new run was made
-    inside the old one's, the two runs tangled in one folder and nothing said."""
+    folder (as if ``--out`` named where to put this run, or added to that one), the new run would be
+    made inside the old one's, the two tangled in one folder without a word."""
     from tpbench.store import RUN_FILE, TUNE_FILE
 
     def holds_a_run(folder: Path) -> bool:

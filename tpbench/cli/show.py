@@ -133,7 +133,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         for p in files:
             s.add_row(escape(p.name), escape(_suite_description(p)))
         out.print(s)
-    elif args.suites is not None:  # asked for: an empty table said nothing of why
+    elif args.suites is not None:  # asked for: an empty table would not say why
         out.print(f"No suite in {suites_dir} (no *.toml file).", markup=False, soft_wrap=True)
     return EXIT_OK
 

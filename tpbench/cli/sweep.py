@@ -200,7 +200,7 @@ def _closing_line(outcome: Outcome, resumed: bool) -> str:
 def _failures_line(run_dir: Path, failed: int, report: Path | None) -> str:
     """Where a failed case's whole cause (a raising rank's traceback, a hung world's stacks) and its
     ranks' last log lines are, and how to run it again: the line printed as it failed gives only the
-    cause's first line ("rank 1 raised RuntimeError: ..."), and the rest, which the report shows, was
+    cause's first line ("rank 1 raised RuntimeError: ..."), and the rest, which the report shows, is
     otherwise found only by reading run.json."""
     cases, them = ("1 case", "it") if failed == 1 else (f"{failed} cases", "them")
     shown = f"under 'Failed cases' in {report} and " if report else ""
@@ -234,7 +234,7 @@ def _print_worlds(run, worlds: list, launcher) -> int:
 
 def _loop_left(run, todo: list) -> str:
     """What a resume's adaptive loop does after the missing cases (nothing for a planned run): a run
-    cut off between batches read "0 cases to resume" while its resume ran more batches."""
+    cut off between batches has 0 cases to resume and still more batches to run."""
     from tpbench import sweep
 
     batches = sweep.batches_left(run, todo)
@@ -357,8 +357,8 @@ def _sweep(args: argparse.Namespace) -> int:
 def _conclude(args: argparse.Namespace, outcome: Outcome) -> int:
     """A finished run's summary, closing line and report; the exit code. The run is complete and
     saved before any of it: Ctrl-C or a stop signal here cuts the printing or the report short, not
-    the run, so the exit code is still the run's (it was 130, as if there were something to resume)
-    and the line says what is kept and how to write the report that was not."""
+    the run, so the exit code is still the run's (not 130, which would say there is something to
+    resume) and the line says what is kept and how to write the report that was not."""
     from tpbench import report
 
     run_dir, path = outcome.run.dir, None

@@ -84,7 +84,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 def _no_verdict_md(e: Exception) -> str:
     """What ``--format md`` prints when a side fails and there is no verdict: the CI example tees the
-    Markdown into the job's summary, which was left empty, the reason only in the job's log."""
+    Markdown into the job's summary, which should not be left empty, the reason only in the job's log."""
     fence = "`" * 3
     text = str(e).replace(fence, "'" * 3)
     return f"**tpbench gate: no verdict**: a side failed.\n\n{fence}\n{text}\n{fence}\n"
