@@ -90,7 +90,7 @@ class GateError(ValueError):
 
 # Why ``--ignore-env`` is refused beside one run (``compare RUN``, ``explain RUN --pair``): a run records
 # one environment, which all its cases share, so the option would ignore nothing, and taking it
-# without a word let a reader think it had done something.
+# without a word would let a reader think it did something.
 IGNORE_ENV_WITHIN_RUN = "only when runs are compared, not the cases of one run (they share its environment)"
 
 
@@ -108,8 +108,8 @@ def parse_threshold(text: str) -> float:
             f"--threshold {text}: not a finite number; expected a percentage like 5% or a fraction like 0.05"
         )
     if not 0 <= value < 1:
-        # A bare 5 reads as 500 %; said as read, "--threshold 5: expected a value in [0%, 100%)" left
-        # the 5 % it was meant as unexplained.
+        # A bare 5 reads as 500 %: the message says so, since the 5 % it is likely meant as would
+        # otherwise go unexplained.
         read = "" if raw.endswith("%") else f" (a bare number is a fraction: {100 * value:g}%)"
         raise GateError(f"--threshold {text}{read}: expected a value in [0%, 100%), like 5% or 0.05")
     return value
@@ -345,7 +345,7 @@ def check_distinct(base: Sequence[RunData], cand: Sequence[RunData]) -> None:
     reads as a verdict but is a typo (``compare`` and ``explain`` refuse it alike). Or twice on one
     side: pooled as two runs, its copies agree exactly and narrow the run-to-run spread the
     interval rests on (the report refuses a run given twice too). A copy of a run in another folder
-    (the same run id) on the same side is refused alike: pooled, it counted the run's repeats twice.
+    (the same run id) on the same side is refused alike: pooled, it would count the run's repeats twice.
     A run against its copy stays allowed: an A/A check of the comparison itself."""
     for side in (base, cand):
         dirs = [str(Path(r.dir).resolve()) for r in side]
@@ -524,8 +524,8 @@ def _no_baseline_data(params: dict[str, Any], case_id: str, base: list[RunData])
 
 def _no_ratio(b_all: np.ndarray, c_all: np.ndarray, pairing: str) -> str:
     """Why a case's sides give no ratio (a metric that counts nothing: steal_pct, gc_collections at 0),
-    else "". Unpaired, the bootstrap compares medians: a candidate's at 0 read "faster: -100.0%
-    [-100.0%, -100.0%]" with no half-width, whose NaN stopped ``--format json``. Paired, each pair's
+    else "". Unpaired, the bootstrap compares medians: a candidate's at 0 would read "faster: -100.0%
+    [-100.0%, -100.0%]" with a NaN half-width, which ``--format json`` cannot write. Paired, each pair's
     log ratio needs both values above 0."""
     for side, values in (("baseline", b_all), ("candidate", c_all)):
         if pairing == "none" and np.median(values) <= 0:

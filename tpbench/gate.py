@@ -714,8 +714,8 @@ def _pace(
 def _claim(out: Path, baseline: Side, candidate: Side) -> tuple[store.RunLock, Path]:
     """``out`` locked for this gate (a second gate into it is refused, naming this one) and
     checked free of an earlier gate's runs, and a folder for the sides' sockets. A file in the way, a
-    virtual filesystem or a missing permission is said as a sweep's ``--out`` says it (``check_writable``),
-    where the OS said only "File exists"."""
+    virtual filesystem or a missing permission is said as a sweep's ``--out`` says it (``check_writable``):
+    the OS says only "File exists"."""
     store.check_writable(out, "gate's --out folder")
     lock = store.RunLock(out)
     try:

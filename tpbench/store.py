@@ -103,7 +103,7 @@ class RunLock:
             if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
                 raise
             # A run on a read-only disk (a mounted archive, a shared results store): the OS's words
-            # (".lock: Read-only file system") said nothing of what still works or what to do.
+            # (".lock: Read-only file system") say nothing of what still works or what to do.
             raise StoreError(
                 f"{run_dir}: cannot be written here ({e.strerror}); a resume writes into the run: copy it to a "
                 "writable folder and resume the copy (report, compare and export read it where it is)"
@@ -173,8 +173,8 @@ def write_output(path: Path, data: bytes) -> Path:
     node is never replaced by a regular file. Returns where it landed.
 
     Missing folders above the file are made, as for ``sweep --report`` and ``--out``; one that cannot
-    be is said as ``sweep --report`` says it (``check_writable``), where the OS said only "File exists"
-    or "Not a directory" of a file in the way."""
+    be is said as ``sweep --report`` says it (``check_writable``): the OS says only "File exists" or
+    "Not a directory" of a file in the way."""
     target, in_place = user_files.output_target(path)
     if not in_place:
         check_writable(target.parent, f"folder of {path}")
@@ -806,8 +806,8 @@ def _params_problem(params: dict[str, Any]) -> str | None:
 
 def _read_parquet(path: Path) -> pd.DataFrame:
     """A table of the run, refused naming it unless it is a regular parquet file: pandas reads a
-    directory as a dataset, so a folder in a table's place read as a table of no columns ("no
-    'repeat' column") or, for the summary, escaped as a bare OSError that named no file."""
+    directory as a dataset, so a folder in a table's place would read as a table of no columns ("no
+    'repeat' column") or, for the summary, escape as a bare OSError that names no file."""
     try:
         mode = path.stat().st_mode
     except OSError as e:
@@ -925,8 +925,8 @@ def owned(run_dir: Path) -> bool:
 def _left_interrupted(record: RunRecord) -> RunRecord:
     """A run that says it is running, but whose process is gone (killed outright: SIGKILL, the OOM
     killer, a lost node), as Ctrl-C would have left it: interrupted, the cases it had in flight
-    pending. Read so, not written (a resume takes it over as it is): a report or compare of it
-    said "2 running" for ever."""
+    pending. Read so, not written (a resume takes it over as it is), so that a report or compare of
+    it does not say "2 running" for ever."""
     cases = {cid: replace(c, status=PENDING) if c.status == RUNNING else c for cid, c in record.cases.items()}
     return replace(record, status=INTERRUPTED, cases=MappingProxyType(cases))
 

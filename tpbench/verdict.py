@@ -37,8 +37,8 @@ METRIC_WORDS = {"step_ms": "step time", "cpu_ms": "CPU time per step"}
 
 def ratio_heading(metric: str) -> str:
     """A tune's ratio column, naming what was raced where it is not the default step time: with
-    ``--metric cpu_ms`` the text, Markdown and the report's table read exactly as a step_ms race's,
-    and only the JSON said the ratios were CPU time."""
+    ``--metric cpu_ms`` the text, Markdown and the report's table would otherwise read exactly as a
+    step_ms race's, and only the JSON would say the ratios are CPU time."""
     return "vs recommended" if metric == "step_ms" else f"vs recommended ({METRIC_WORDS[metric]})"
 
 
@@ -87,9 +87,8 @@ def signed_pct(ratio: float) -> str:
 
 def signed_ms(x: float) -> str:
     """Milliseconds as a signed change, "+0.88", with as many decimals (two to four) as it takes to keep
-    its side of no change: ``tune --trace`` names the parts whose interval excludes no change, and one
-    of them read "optimizer +0.04 ms [+0.00, +0.07]" where its low end was +0.004. Closer to 0 than
-    that, "+0.00"."""
+    its side of no change: ``tune --trace`` names the parts whose interval excludes no change, and a
+    low end of +0.004 reads "+0.004", not "+0.00". Closer to 0 than four decimals, "+0.00"."""
     for digits in (2, 3, 4):
         said = f"{x:+.{digits}f}"
         if float(said) != 0:
@@ -100,7 +99,7 @@ def signed_ms(x: float) -> str:
 def half_width_pct(half_width: float) -> str:
     """An interval's half-width (a fraction of its ratio: what it resolves) as "±4.0%", written as
     ``signed_pct`` writes a change, so that every output says it alike: two repeats' t interval on one
-    degree of freedom can be 10⁶ % wide, "±1.65e+06%", where a fixed format read "±1653912.0%"."""
+    degree of freedom can be 10⁶ % wide, "±1.65e+06%", which a fixed format writes as "±1653912.0%"."""
     return "±" + signed_pct(1 + abs(half_width))[1:]
 
 
@@ -234,8 +233,8 @@ def decide_words(rounds: int | None, wall_s: float | None, repeats: int | None =
     ended it before its first look, so there is no estimate, and the command gives the suite's
     rounds the time they take here. ``repeats``: the command's ``--set repeats``, said where it is more
     than ``rounds`` (this tune's own, kept), so that "about 30 rounds" beside "repeats=200" does not
-    read as a mistake. "This tune's", not "the suite's": a tune run with ``--set repeats=30`` said "the
-    suite's 30" of a suite whose file says 300."""
+    read as a mistake. "This tune's", not "the suite's": with ``--set repeats=30`` the tune's rounds
+    are 30 where the suite's file may say 300."""
     took = ""
     if wall_s is not None and math.isfinite(wall_s):
         took = f"at most about {duration(wall_s)} here at this tune's pace; "
