@@ -293,9 +293,9 @@ def annotate(
 
 def _step_times(within: compare.WithinRun) -> dict[tuple[str, str], Measured]:
     """What the step time measured of each regressed pair of ``within`` (baseline case, candidate case),
-    where ``within`` judged another metric (``--metric cpu_ms``): the parts split the step time, so
-    scaled to the pair's CPU time they read "+1.16 ms per step slower, mostly exposed comm" of a
-    step that grew by 9.8 ms. Empty for a comparison of the step time itself: its own figures."""
+    where ``within`` judged another metric (``--metric cpu_ms``): the parts split the step time, and
+    scaled to the pair's CPU time they would say "+1.16 ms per step slower" of a step that grew by
+    9.8 ms. Empty for a comparison of the step time itself: its own figures."""
     regressed = [p for p in within.pairs if p.result.verdict == compare.REGRESSION]
     if within.metric == "step_ms" or not regressed:
         return {}

@@ -826,7 +826,7 @@ def select(cases: list[Case], filters: Iterable[str], *, where: str | None = Non
     empty suite. So is a ``key!=v`` that excludes nothing (``shard_buckets!=True``, as the labels
     spell it, where the suite's value is ``true``): it would run every case it was meant to drop. And
     so is one value of several that no case has (``algorithm=ddp|zero_no_overlp``): the filter keeps
-    cases, so the typo went unseen and the cases it named were silently left out."""
+    cases, so the typo would go unseen and the cases it names would silently be left out."""
     out, filters = cases, list(filters)
     for f in filters:
         neg = "!=" in f

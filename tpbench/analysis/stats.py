@@ -344,7 +344,7 @@ def bootstrap_ci(
     """Percentile bootstrap interval of ``statistic`` over ``values`` (seeded: reports are reproducible).
 
     NaN at both ends for fewer than two values: one value resamples only to itself, and an interval
-    of no width would claim the value is known exactly (a case of one repeat printed "[7.91, 7.91]")."""
+    of no width would claim the value is known exactly ("[7.91, 7.91]" for a case of one repeat)."""
     values = np.asarray(values, dtype=float)
     if values.size < 2:
         return (float("nan"), float("nan"))

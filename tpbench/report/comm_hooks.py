@@ -174,7 +174,7 @@ def _figure(comparisons: list[Comparison]) -> go.Figure:
     fig.add_hline(y=1.0, line_dash="dot", line_color="#5b6475")
     fig.update_xaxes(type="category", title="wrapped communication hook")
     # A ratio on a log axis, as the crossover chart's: twice as fast as far below 1 as twice as slow
-    # above it, and one wide interval (two rounds: [0.40, 1.70] and wider) no longer presses the rest flat.
+    # above it, and one wide interval (two rounds: [0.40, 1.70] and wider) does not press the rest flat.
     fig.update_yaxes(
         type="log",
         title="step time, interleaved / sequential (log scale)",

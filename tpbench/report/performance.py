@@ -212,7 +212,7 @@ def _shared_bucket(c: Comparison) -> Any:
     """The ``bucket_cap_mb`` both sides of ``c`` ran at, or None where they differ or DDP ignored it.
 
     The context holds only keys the run varies: with one bucket size (``--filter bucket_cap_mb=1``)
-    it has none, and the heatmap's only column read "all" though every case ran at 1 MB."""
+    it has none, and the heatmap's only column would read "all" though every case ran at 1 MB."""
     if "bucket_cap_mb" in c.context:
         return c.context["bucket_cap_mb"]
     sides = (c.candidate, c.baseline)

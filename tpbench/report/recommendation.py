@@ -205,8 +205,9 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
     1 / ``RACE_TOP`` to ``RACE_TOP``: a front door's unpacked ``zero_no_overlap`` at 2.3× would
     otherwise leave the tie zone and the settings still racing for it a sliver at the bottom.
     Settings further behind run off the top, which the title says; their crosses and rings stay on
-    the top edge (the hover gives the ratio): a setting's elimination is the chart's event, and the
-    whatif suite's ``zero_no_overlap``, eliminated at 1.62× after round 5, had none to see."""
+    the top edge (the hover gives the ratio): a setting's elimination is the chart's event, and one
+    drawn off the chart (the whatif suite's ``zero_no_overlap``, eliminated at 1.62× after round 5)
+    would leave none to see."""
     fig = go.Figure()
     df = _race_rows(history)
     top = float(df["ratio"].max()) if len(df) else 1.0

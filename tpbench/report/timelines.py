@@ -156,8 +156,8 @@ def _overlap_bars(df: pd.DataFrame) -> go.Figure:
 
 def traced_vs_timed(ratios: np.ndarray) -> str:
     """How long the traced steps took against each case's timed median. Over several cases, the median
-    with its range: a median alone read "0.99×" beside a case whose traced steps took 1.59× its timed
-    ones, which the table under it shows."""
+    with its range: a median alone can read "0.99×" beside a case whose traced steps took 1.59× its
+    timed ones, which the table under it shows."""
     if len(ratios) == 1:
         said = f"Traced steps took {ratios[0]:.2g}× as long as the timed steps' median"
     else:
@@ -227,10 +227,10 @@ def gantt(page: Page, data: ReportData) -> None:
 
 def _step_pieces(iv: pd.DataFrame, marks: pd.DataFrame | None, step: int) -> pd.DataFrame:
     """The intervals of ``step`` cut to each rank's span of it (``marks``' step rows), the pieces
-    ``overlap.step_overlap`` counts. Drawn whole, by the step each started in, a Gloo collective
-    that ran on past its step's end showed beyond it, and one still running from the step before was
-    left out, where the overlap figures count both in the step. Without step marks: the intervals
-    that started in the step, whole."""
+    ``overlap.step_overlap`` counts, so that the chart shows what the overlap figures count: drawn
+    whole, by the step each started in, a Gloo collective that runs on past its step's end would show
+    beyond it, and one still running from the step before would be left out. Without step marks: the
+    intervals that started in the step, whole."""
     spans = marks[(marks["kind"] == "step") & (marks["index"] == step)] if marks is not None else None
     if spans is None or spans.empty:
         return iv[iv["step"] == step]

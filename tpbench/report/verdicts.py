@@ -405,7 +405,7 @@ def attributions(comparisons: dict[str, list[Comparison]]) -> list[Attribution]:
 
 
 # What the hook itself is, per verdict direction, as words that follow "the hook itself is": the
-# directions' own names read "the hook itself is no difference shown in 4 of the 4 settings".
+# directions' own names would read "the hook itself is no difference shown in 4 of the 4 settings".
 _HOOK_CALLED = {
     verdict.FASTER: "faster",
     verdict.SLOWER: "slower",
@@ -807,8 +807,8 @@ def _steps_phrase(c: Comparison) -> str:
 
 
 def _ends(delta: float) -> str:
-    """Its final held-out loss against DDP's, in three decimals: the level band is 0.005 nats, and two
-    read "ends 0.01 nats above it" for 0.0052 ("it" the target, as one read it, not DDP)."""
+    """Its final held-out loss against DDP's, in three decimals: the level band is 0.005 nats, which
+    two decimals would blur (0.0052 as "0.01"), and "DDP's", not "it", which can be read as the target."""
     if abs(delta) < convergence.LEVEL_NATS:
         return f"ends level with DDP (held-out loss within {convergence.LEVEL_NATS:g} nats)"
     return f"ends {abs(delta):.3f} nats {'above' if delta > 0 else 'below'} DDP's held-out loss"
