@@ -998,8 +998,8 @@ def _read_summary(path: Path) -> pd.DataFrame:
             f"`tpbench sweep --resume {path.parent}` writes it again"
         )
     # The step times every reader does arithmetic on (``Loaded.table``'s promise): a column of text
-    # there escaped from the report as a TypeError in its verdicts, while compare and export, which
-    # read the steps, went on. All-null is a summary whose cases have no numbers, not a wrong type.
+    # there would escape from the report as a TypeError in its verdicts, while compare and export,
+    # which read the steps, go on. All-null is a summary whose cases have no numbers, not a wrong type.
     for col in STEP_TIME_COLUMNS:
         if col in df and col != "repeat_medians_ms" and not _numbers_or_null(df[col]):
             raise StoreError(

@@ -241,7 +241,7 @@ def spent_miss(confidence: float, looks: int, comparisons: int = 1) -> float:
     """``1 - spent_confidence(...)``, the chance each single interval may miss, computed without the
     round trip through 1: for a race asked how long it would take at a tiny margin and a confidence
     of ten nines, ``looks`` runs to millions and the spent confidence rounds to exactly 1.0, whose
-    normal quantile does not exist (``tpbench tune`` failed with a traceback at its end)."""
+    normal quantile does not exist (a tune would end with a traceback)."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
     return (1 - confidence) / (max(1, int(looks)) * max(1, int(comparisons)))
@@ -288,9 +288,9 @@ def _block_noise(logs: Mapping[str, Mapping[int, float]]) -> tuple[float, int]:
 
     The first arm's effect is left out of the design (the others are relative to it): with a column
     for every arm and every round, both sets sum to ones, and on such a rank-deficient design of a
-    race's 299 values numpy's solver failed to converge ("SVD did not converge"), which would have
-    ended a tune with a traceback (tests/fixtures/races/svd_did_not_converge.json). The fitted values,
-    and so the residuals, are the same."""
+    race's 299 values numpy's solver can fail to converge ("SVD did not converge"), which would end a
+    tune with a traceback (tests/fixtures/races/svd_did_not_converge.json). The fitted values, and so
+    the residuals, are the same."""
     cells = [(a, r, x) for a, per_round in logs.items() for r, x in per_round.items()]
     arm_col = {a: i - 1 for i, a in enumerate(logs) if i}
     round_col = {r: len(arm_col) + i for i, r in enumerate(sorted({r for _, r, _ in cells}))}

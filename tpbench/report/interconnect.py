@@ -248,8 +248,8 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, replay.Fab
 
 
 def _method(reference: str) -> list[str]:
-    """The what-if's method, step by step, folded under the section's short warning: one paragraph of
-    it was a screen of text above the tables it explains."""
+    """The what-if's method, step by step, folded under the section's short warning: in one paragraph
+    it would be a screen of text above the tables it explains."""
     return [
         "Replay: each case's traced timeline (compute, and when each collective is issued and waited for under "
         "its hook) with every collective costed by an α–β ring model of the fabric (t = hops·α + bytes·busbw "
