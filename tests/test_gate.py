@@ -294,6 +294,20 @@ def test_missing_cases(tmp_path: Path) -> None:
     assert case.verdict == "missing" and "failed" in case.reason
 
 
+def test_baseline_cases_the_candidate_lacks_are_named_without_changing_the_verdict(tmp_path: Path) -> None:
+    """A candidate run with another --filter lacks some of the baseline's cases: every output names
+    them ("not in candidate: ..."), and the verdict and exit code stay those of the cases both have."""
+    base = make_run(tmp_path / "b", {"ddp": noisy(10, 5, 0.02, 1), "zero_no_overlap": noisy(20, 5, 0.02, 2)})
+    cand = make_run(tmp_path / "c", {"ddp": noisy(10, 5, 0.02, 3)}, seed=1)
+    c = compare.compare_runs([base], [cand])
+    assert [r.label for r in c.cases] == ["ddp"] and c.verdict == "pass" and c.exit_code == 0
+    assert c.not_in_candidate == ["zero_no_overlap"]
+    said = "not in candidate (baseline cases it did not run, not judged): zero_no_overlap"
+    assert said in render.render_text(c) and f"- {said}" in render.render_markdown(c)
+    assert json.loads(render.render_json(c))["not_in_candidate"] == ["zero_no_overlap"]
+    assert compare.compare_runs([cand], [base]).not_in_candidate == []
+
+
 def test_other_metric(tmp_path: Path) -> None:
     """Any per-step column compares the same way (lower is better): here peak memory, which is the
     same on both sides although the step times are not."""

@@ -1446,3 +1446,13 @@ def test_report_refuses_a_copy_of_a_run_it_was_given(runs, tmp_path, capsys):
     assert run_cli(["report", str(full), str(copy), "-o", str(out)]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"{copy}: the same run as {full}" in err and "a copy" in err and not out.exists()
+
+
+def test_across_runs_names_the_first_runs_cases_a_later_run_lacks(tmp_path):
+    """A later run made with another --filter lacks some of the first run's cases: the Across runs
+    section names them, where its table, a row per case of the later run, left them out."""
+    base = make_run(tmp_path / "b", {"ddp": [10.0, 10.2, 9.9], "zero_no_overlap": [12.0, 12.1, 11.9]})
+    cand = make_run(tmp_path / "c", {"ddp": [10.1, 10.0, 9.8]}, seed=1)
+    html = build_report([finalize(store.Run.open(run)) for run in (base, cand)], tmp_path)
+    said = re.search(r"Not in run B [^(]*\(cases of run A [^)]* it did not run, not judged\): ([^<]*)</p>", html)
+    assert said is not None and said.group(1) == "zero_no_overlap."

@@ -211,6 +211,9 @@ class Comparison(_Verdicts):
     # across torch versions does not read as one within a single version.
     ignored_environment_differences: list[str] = field(default_factory=list)
     answer: GateAnswer | None = None  # a gate's with --target-ci; None for compare and gates without
+    # Labels of the baseline's cases the candidate has no case for (another --filter): not judged, so
+    # not in ``cases`` and not in the verdict, but said, where they were left out without a word.
+    not_in_candidate: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document: with a gate's answer, its ``answer``, ``answers`` (per case id) and
@@ -438,6 +441,18 @@ def compare_runs(
         sorted({commit_text(b.environment) for b in base}),
         sorted({commit_text(c.environment) for c in cand}),
         ignored,
+        not_in_candidate=not_in_candidate(base, ref),
+    )
+
+
+def not_in_candidate(base: Sequence[RunData], ref: RunData) -> list[str]:
+    """The labels of the baseline runs' cases that no case of the candidate ``ref`` measures
+    (``counterpart``), in the runs' order, each once: the cases are judged from the candidate's
+    side, so these would go unmentioned."""
+    return list(
+        dict.fromkeys(
+            run.labels[cid] for run in base for cid, p in run.params.items() if counterpart(p, cid, ref)[0] is None
+        )
     )
 
 

@@ -154,7 +154,14 @@ def render_text(c: Result) -> str:
     for row in table:
         cells = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
         lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines + _contributors(c) + ["", _footer(c)]) + "\n"
+    return "\n".join(lines + _contributors(c) + _not_in_candidate(c) + ["", _footer(c)]) + "\n"
+
+
+def _not_in_candidate(c: Result, bullet: str = "") -> list[str]:
+    """The line naming the baseline's cases the candidate lacks (``Comparison.not_in_candidate``), if any."""
+    names = c.not_in_candidate if isinstance(c, Comparison) else []
+    said = "not in candidate (baseline cases it did not run, not judged)"
+    return ["", f"{bullet}{said}: {', '.join(names)}"] if names else []
 
 
 def _contributors(c: Result, bullet: str = "") -> list[str]:
@@ -192,7 +199,7 @@ def render_markdown(c: Result, command: str = "tpbench compare") -> str:
     for row, r in zip(_rows(c), c.cases):
         row[7] = _MARK[r.verdict] + row[7].removeprefix(r.verdict)
         lines.append("| " + " | ".join(esc(x) for x in row) + " |")
-    lines += [esc(line) for line in _contributors(c, "- ")]
+    lines += [esc(line) for line in _contributors(c, "- ") + _not_in_candidate(c, "- ")]
     lines += ["", f"{_footer(c)}.", ""]
     return "\n".join(lines)
 

@@ -269,6 +269,13 @@ def _across_runs_table(page: Page, data: ReportData, cross: list[compare.Compari
         for r in c.cases
     ]
     page.table(pd.DataFrame(rows), scroll=len(rows) > 20)
+    for c in cross:  # the table has a row per case of the later run: the first run's others are named here
+        if c.not_in_candidate:
+            run, first = (verdicts.run_tag(data, side[0]) for side in (c.candidate_runs, c.baseline_runs))
+            page.paragraph(
+                f"Not in run {run} (cases of run {first} it did not run, not judged): {', '.join(c.not_in_candidate)}.",
+                css="muted",
+            )
 
 
 def _failures(page: Page, data: ReportData) -> None:
