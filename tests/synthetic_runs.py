@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tpbench import store
-from tpbench.suite import Case, Machine, expand, parse
+from tpbench.suite import Case, Machine, expand, parse, with_overrides
 
 ENVIRONMENT: dict[str, Any] = {
     "tpbench": "0.1.0",
@@ -65,6 +65,7 @@ def make_run(
     factor: Callable[[Case], float] | None = None,
     cpu_ms: Callable[[Case], float] | None = None,
     workloads: Mapping[str, Mapping[str, Any]] | None = None,
+    overrides: Sequence[str] = (),
 ) -> Path:
     """A finished run with one case per algorithm; ``medians[algorithm]`` are its per-repeat medians (ms).
 
@@ -74,7 +75,8 @@ def make_run(
     ``medians`` are per algorithm and ``factor(case)`` scales them per case (cases of one world
     share each repeat's round, as a sweep's do). ``cpu_ms(case)``: each step's CPU time (with the
     same jitter); without it the steps record none, as runs from before it was recorded.
-    ``workloads``: ``[workloads.NAME]`` tables, their values in TOML syntax.
+    ``workloads``: ``[workloads.NAME]`` tables, their values in TOML syntax. ``overrides``: ``--set``
+    assignments, applied and recorded as a sweep's.
     """
     algorithms = sorted(medians)
     repeats = max(len(v) for v in medians.values())
@@ -86,9 +88,16 @@ def make_run(
     text = text.replace("[capture]", "".join(f"{k} = {v}\n" for k, v in (sweep or {}).items()) + "[capture]")
     for name, keys in (workloads or {}).items():
         text += f"[workloads.{name}]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items())
-    cases = expand(parse(text, "synthetic.toml"), Machine(gpus=0))
+    suite = with_overrides(parse(text, "synthetic.toml"), overrides)
+    cases = expand(suite, Machine(gpus=0))
     run = store.Run.create(
-        root, "synthetic", "synthetic.toml", text, [c.params() for c in cases], dict(environment or ENVIRONMENT)
+        root,
+        "synthetic",
+        "synthetic.toml",
+        suite.text,
+        [c.params() for c in cases],
+        dict(environment or ENVIRONMENT),
+        overrides=overrides,
     )
     rng = np.random.default_rng(seed)
     for case in cases:

@@ -177,3 +177,24 @@ def test_export_of_cpu_time_names_the_metric_and_exports_its_values(tmp_path: Pa
     without = make_run(tmp_path / "wall", {"ddp": [10.0, 10.2]})
     assert run_cli(["export", str(without), "--format", "pytest-benchmark", "--metric", "cpu_ms"]) == 2
     assert "--metric cpu_ms was not recorded in this run's steps" in capsys.readouterr().err
+
+
+def test_runs_of_one_suite_at_other_set_values_export_apart(tmp_path: Path) -> None:
+    """Runs at ``--set bucket_cap_mb=4`` and ``=8`` exported the same names, so a dashboard merged their
+    series. The names carry the run's --set of what a case measures, spelled alike however typed;
+    a run without --set, a budget key (repeats), a key the case ignores (shard_buckets for DDP) or one
+    the label already shows leaves a name as it was."""
+    medians = {"ddp": [10.0, 10.2, 9.9], "hook_with_zero_step": [12.0, 12.1, 11.9]}
+
+    def names(*sets: str) -> list[str]:
+        run = make_run(tmp_path / str(len(list(tmp_path.iterdir()))), medians, overrides=sets)
+        return [e["name"] for e in exports.export_custom_smaller_is_better(run).document]
+
+    assert names() == names("repeats=3") == ["synthetic/ddp", "synthetic/hook_with_zero_step"]
+    four = ["synthetic/ddp (--set bucket_cap_mb=4)", "synthetic/hook_with_zero_step (--set bucket_cap_mb=4)"]
+    assert names("bucket_cap_mb=4") == names("bucket_cap_mb = 4.0", "repeats=3") == four
+    assert names("shard_buckets=true", "bucket_cap_mb=8") == [
+        "synthetic/ddp (--set bucket_cap_mb=8)",
+        "synthetic/hook_with_zero_step (--set bucket_cap_mb=8, shard_buckets=true)",
+    ]
+    assert names("bucket_cap_mb=[4, 8]")[:2] == ["synthetic/ddp bucket_cap_mb=4", "synthetic/ddp bucket_cap_mb=8"]

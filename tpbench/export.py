@@ -7,14 +7,14 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from tpbench import store
 from tpbench.analysis.stats import CONFIDENCE, bootstrap_ci, per_step, repeat_values, windows_of
 from tpbench.compare import GateError, swept_keys
-from tpbench.suite import Case
+from tpbench.suite import Case, measured_overrides
 
 EXPORT_FORMATS = ("pytest-benchmark", "custom-smaller-is-better")
 # What a case's numbers are (``--metric``): wall time per step, or the ranks' CPU time per step.
@@ -180,14 +180,18 @@ def export_custom_smaller_is_better(run_dir: str | Path, metric: str = "step_ms"
     The value is the median of the per-repeat medians (what the gate compares), the range the
     half-width of its bootstrap CI, so a dashboard shows the same number the gate judged. The
     format has no field for a version, so ``extra`` names the tpbench (and torch) that measured the
-    run: a dashboard's step between two points may be a change of tpbench, not of the code. With
-    ``metric`` ``cpu_ms`` each name ends in `` [cpu_ms]``: a chart of CPU time is not wall time's.
+    run: a dashboard's step between two points may be a change of tpbench, not of the code. A run
+    made with ``--set`` names it (``_settings``), so that runs of one suite at other settings are
+    series apart. With ``metric`` ``cpu_ms`` each name ends in `` [cpu_ms]``: a chart of CPU time
+    is not wall time's.
     """
     loaded = store.load(run_dir)
     suite = loaded.record.suite.name
     cases, skipped = _export_cases(loaded, metric)
     env = loaded.environment
     tag = "" if metric == "step_ms" else f" [{metric}]"
+    sets = measured_overrides(loaded.record.suite.overrides)
+    shown = {"algorithm", *swept_keys(loaded.record)}  # what each case's label already says
     entries = []
     for case, label, _ms, reps in cases:
         lo, hi = bootstrap_ci(reps)
@@ -196,7 +200,7 @@ def export_custom_smaller_is_better(run_dir: str | Path, metric: str = "step_ms"
         ci = f"{CONFIDENCE:.0%} CI [{lo:.4g}, {hi:.4g}] ms" if ranged else "no CI (one repeat)"
         entries.append(
             {
-                "name": f"{suite}/{label}{tag}",
+                "name": f"{suite}/{label}{_settings(case, sets, shown)}{tag}",
                 "unit": "ms",
                 "value": round(float(np.median(reps)), 6),
                 **ranged,
@@ -208,6 +212,15 @@ def export_custom_smaller_is_better(run_dir: str | Path, metric: str = "step_ms"
             }
         )
     return Export(entries, skipped)
+
+
+def _settings(case: Case, sets: Mapping[str, str], shown: set[str]) -> str:
+    """The run's ``--set`` of what ``case`` measures (``suite.measured_overrides``) as its name's end,
+    " (--set bucket_cap_mb=4, shard_buckets=true)", or "" without: a name without it is the name a
+    run without --set exports, which dashboards keep their series by. A key the label shows, or one
+    moot for the case (None: shard_buckets for DDP), tells no series apart and is left out."""
+    said = [f"{k}={v}" for k, v in sets.items() if k not in shown and getattr(case, k, "") is not None]
+    return f" (--set {', '.join(said)})" if said else ""
 
 
 def export_run(run_dir: str | Path, fmt: str, metric: str = "step_ms") -> Export:

@@ -510,6 +510,26 @@ def with_overrides(suite: Suite, assignments: Iterable[str]) -> Suite:
     return dataclasses.replace(_validate(doc, f"{suite.path} (with --set)"), path=suite.path, text=suite.text + note)
 
 
+def measured_overrides(assignments: Iterable[str]) -> dict[str, str]:
+    """``--set`` assignments as key → value, for the keys that change what a case measures: one per
+    key (the last, as ``with_overrides`` applies them), sorted, each value spelled alike however it
+    was typed (``bucket_cap_mb = 4.0`` is ``bucket_cap_mb=4``). Budget keys, capture's included, are
+    left out: runs that differ only in them measure the same cases (``identity``). ``export`` names a
+    run's settings by them."""
+    found: dict[str, str] = {}
+    for a in assignments:
+        key, _, raw = a.partition("=")
+        key = key.strip()
+        if key.removeprefix("capture.") not in BUDGET_KEYS:
+            found[key] = _set_text(_parse_value(raw.strip()))
+    return dict(sorted(found.items()))
+
+
+def _set_text(v: Any) -> str:
+    """A ``--set`` value as the command line writes it (``value_text``), a list's items alike: [4, 8]."""
+    return "[" + ", ".join(_set_text(x) for x in v) + "]" if isinstance(v, list) else value_text(v)
+
+
 def _resolve_machine(raw: dict[str, Any], machine: Machine) -> dict[str, Any]:
     """Resolve "auto": the node's GPUs with NCCL when there are >= 2 of them, else 2 Gloo ranks on CPU."""
     multi_gpu = machine.gpus >= 2
