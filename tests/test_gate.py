@@ -268,6 +268,22 @@ def test_incomparable_environment_and_world(tmp_path: Path) -> None:
     assert case.verdict == "incomparable" and "world_size 2 vs 4" in case.reason
 
 
+def test_runs_on_other_gpu_counts_are_incomparable_and_runs_without_one_still_compare(tmp_path: Path) -> None:
+    """Ranks of a CUDA case share a GPU when the node has fewer than the world's ranks, so the same
+    case on one GPU and on two of one model measured other things, and compare judged them. A run
+    whose fingerprint does not record a GPU count is still judged against one that does."""
+    one, two = (ENVIRONMENT | {"gpu_model": "NVIDIA H200", "gpu_count": n} for n in (1, 2))
+    base = make_run(tmp_path / "b", {"ddp": noisy(10, 5, 0.02, 1)}, environment=one)
+    other = make_run(tmp_path / "c", {"ddp": noisy(10, 5, 0.02, 2)}, environment=two)
+    c = compare.compare_runs([base], [other])
+    assert c.verdict == "incomparable" and c.exit_code == 3
+    assert c.environment_differences == [f"{Path(base).name} vs {Path(other).name}: gpu_count: 1 vs 2"]
+    assert compare.compare_runs([base], [other], ignore_env=["gpu_count"]).verdict == "pass"
+    unrecorded = {k: v for k, v in one.items() if k != "gpu_count"}
+    older = make_run(tmp_path / "o", {"ddp": noisy(10, 5, 0.02, 3)}, environment=unrecorded)
+    assert compare.compare_runs([older], [other]).verdict == "pass"
+
+
 def test_an_ignored_environment_difference_is_still_said(tmp_path: Path) -> None:
     """``--ignore-env torch`` judged the runs, and every output then read as if both ran one torch:
     a CI summary gave a verdict across torch versions without naming them."""

@@ -327,12 +327,14 @@ def timed_steps_differences(base: Sequence[Mapping[str, Any]], cand: Sequence[Ma
 def environment_differences(
     baseline: dict[str, Any], candidate: dict[str, Any], ignore: Iterable[str] = ()
 ) -> list[str]:
-    """The comparable keys on which two fingerprints differ, as 'key: baseline vs candidate'."""
+    """The comparable keys on which two fingerprints differ, as 'key: baseline vs candidate'. A key
+    only one of them records is unknown on one side, not a difference: a stored run.json without a
+    key compared since (``gpu_count``) stays comparable."""
     skip = set(ignore)
     return [
         f"{k}: {baseline.get(k)} vs {candidate.get(k)}"
         for k in COMPARABLE_KEYS
-        if k not in skip and baseline.get(k) != candidate.get(k)
+        if k not in skip and k in baseline and k in candidate and baseline[k] != candidate[k]
     ]
 
 

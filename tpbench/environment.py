@@ -19,8 +19,10 @@ from typing import Any
 
 import tpbench
 
-# Keys whose difference makes step times incomparable.
-COMPARABLE_KEYS = ("torch", "cuda", "nccl", "gpu_model", "gpu_driver", "cpu_model", "cpu_count")
+# Keys whose difference makes step times incomparable. ``gpu_count``: a rank takes GPU ``local_rank %
+# gpu_count`` (the worker), so a CUDA case's ranks share a GPU on a node with fewer GPUs than ranks,
+# and the same case on one GPU and on two of one model measures other things.
+COMPARABLE_KEYS = ("torch", "cuda", "nccl", "gpu_model", "gpu_count", "gpu_driver", "cpu_model", "cpu_count")
 
 
 def _cpu_model() -> str:
