@@ -1148,7 +1148,7 @@ def test_the_race_chart_zooms_on_the_ratios_near_1_on_a_log_axis():
         }
         for r in range(2, 6)
     ]
-    fig = recommendation._race_figure(history, {"far": "far", "near": "near"}, 0.02)
+    fig = recommendation._race_figure(history, {"far": "far", "near": "near"}, 0.02, min_rounds=2)
     axis = fig.layout.yaxis
     low, high = (10**v for v in axis.range)
     assert axis.type == "log" and low <= 1 / 1.02**2 and 1.13 < high <= recommendation.RACE_TOP
@@ -1158,7 +1158,7 @@ def test_the_race_chart_zooms_on_the_ratios_near_1_on_a_log_axis():
     # too, and two settings one colour), in the table's order.
     lines = [t for t in fig.data if t.mode == "lines+markers"]
     assert [t.name for t in lines] == ["far", "near"] and len({t.line.color for t in lines} - {None}) == 2
-    calm = recommendation._race_figure(history[2:], {"near": "near"}, 0.02)  # nothing beyond: no note
+    calm = recommendation._race_figure(history[2:], {"near": "near"}, 0.02, min_rounds=2)  # nothing beyond: no note
     assert "run off" not in calm.layout.title.text and 10 ** calm.layout.yaxis.range[1] >= 1.04
 
 
@@ -1175,7 +1175,7 @@ def test_the_race_chart_keeps_an_elimination_beyond_its_top_on_the_top_edge():
         }
         for r in range(2, 6)
     ]
-    fig = recommendation._race_figure(history, {"far": "far", "near": "near"}, 0.02)
+    fig = recommendation._race_figure(history, {"far": "far", "near": "near"}, 0.02, min_rounds=2)
     high = 10 ** fig.layout.yaxis.range[1]
     (cross,) = [t for t in fig.data if t.mode == "markers" and t.marker.symbol == "x"]
     assert list(cross.x) == [5] and cross.y[0] == pytest.approx(high) and cross.cliponaxis is False
@@ -1198,12 +1198,39 @@ def test_the_race_chart_draws_the_rounds_leader_at_1():
         }
         for r in range(2, 6)
     ]
-    fig = recommendation._race_figure(history, {"a": "a", "b": "b", "c": "c"}, 0.02)
+    fig = recommendation._race_figure(history, {"a": "a", "b": "b", "c": "c"}, 0.02, min_rounds=2)
     lines = {t.name: t for t in fig.data if t.mode == "lines+markers"}
     assert list(lines["a"].x) == [2, 3, 4, 5] and list(lines["a"].y) == [1.04, 1, 1, 1.04]
     assert [round(v, 6) for v in lines["a"].error_y.array] == [0.1, 0, 0, 0.1]  # no bar where it led
     assert list(lines["b"].y) == [1, 1.04, 1.04, 1] and list(lines["c"].y) == [1.04] * 4
     assert "at 1 without a bar: the round's leader" in fig.layout.title.text
+
+
+def race_charts(tmp_path, suite, cases, races, options: Options = Options()) -> list:
+    """The race charts the report's Recommendation draws for ``races`` (synthetic, stored as a tune
+    stores them): the figures the page was handed, in order."""
+    result = tune_answer.result(stored(tmp_path, suite), cases, races, options, 0.0, NO_EVAL)
+    store.write_tune(tmp_path, tune._record(options, races, 0.0) | {"result": result.to_json()})
+    page, figures = Page("t"), []
+    page.figure = figures.append
+    run = SimpleNamespace(run_dir=tmp_path, record=SimpleNamespace(run_id="r", cases={}))
+    recommendation.section(page, [run])
+    return figures
+
+
+def test_the_race_chart_starts_at_the_first_round_the_rule_may_decide(tmp_path):
+    """The race computes intervals from round 2, but before --min-rounds (3) it decides nothing, and
+    there the intervals span the chart: drawn, round 2 read as a race under way. The chart starts at
+    --min-rounds and its title says why the rounds before it are not drawn."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 5, 40]", repeats=12))
+    cases = tune.prepare(suite).cases
+    values = synthetic({c.case_id: 1 + c.slowdown_pct / 100 for c in cases}, 12, noise=0.03, seed=2)
+    race = run_race(Race([c.case_id for c in cases], 12, Options(), comparisons=2), values)
+    assert race.history[0]["round"] == 1 and race.history[1]["intervals"]  # the race has round 2's intervals
+    (fig,) = race_charts(tmp_path, suite, cases, [race])
+    assert min(x for t in fig.data for x in t.x) == MIN_ROUNDS == 3
+    assert "before round 3, too few rounds to decide (--min-rounds 3)" in fig.layout.title.text
 
 
 def test_the_interval_spends_confidence_over_looks_and_comparisons():

@@ -75,8 +75,9 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
         )
         page.table(_table(result))
         names = {a["case_id"]: a["label"] for a in result["arms"]}
-        if any(e.get("intervals") for e in saved["history"]):
-            page.figure(_race_figure(saved["history"], names, result["epsilon"]))
+        min_rounds = int(saved["options"]["min_rounds"])
+        if any(e.get("intervals") for e in judged_rounds(saved["history"], min_rounds)):
+            page.figure(_race_figure(saved["history"], names, result["epsilon"], min_rounds))
         else:
             page.paragraph(f"No race chart: {_no_chart(saved)}.", css="muted")
         if result.get("where"):  # tune --trace; an id names one element of a page
@@ -168,6 +169,14 @@ def _loss(v: float | None) -> str:
 RACE_TOP = 1.5
 
 
+def judged_rounds(history: list[dict], min_rounds: int) -> list[dict]:
+    """The rounds of ``history`` at which the rule could decide: from ``min_rounds`` on. The race
+    computes an interval from round 2, but before ``--min-rounds`` it eliminates and retires
+    nothing, and at so few rounds the interval spans most of the chart: drawn, those rounds read as
+    a race that was already under way."""
+    return [e for e in history if e["round"] >= min_rounds]
+
+
 def _race_rows(history: list[dict]) -> pd.DataFrame:
     """The race chart's points: per judged round, each setting's ratio to that round's leader with
     its interval and whether it went (``out``) or was retired then; the leader itself at 1, since it
@@ -194,9 +203,11 @@ def _race_rows(history: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["arm", "round", "ratio", "lo", "hi", "out", "retired"]).sort_values("round")
 
 
-def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> go.Figure:
-    """Per setting, its ratio to that round's leader with the race's interval, round by round (the
-    leader itself at 1, without one); a cross where it was eliminated, a ring where it was retired.
+def _race_figure(history: list[dict], names: dict[str, str], epsilon: float, min_rounds: int) -> go.Figure:
+    """Per setting, its ratio to that round's leader with the race's interval, round by round from
+    ``min_rounds``, the first round the rule may decide (``judged_rounds``; the title says the
+    rounds before it had too few to decide), the leader itself at 1, without an interval; a cross
+    where it was eliminated, a ring where it was retired.
     The band runs from 1 / (1 + epsilon) to 1: a setting whose interval's lower end is inside it or
     above can no longer be more than epsilon faster than the leader and is retired (tied: it runs no
     more rounds); one whose lower end is above 1 is eliminated.
@@ -209,7 +220,7 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
     drawn off the chart (the whatif suite's ``zero_no_overlap``, eliminated at 1.62× after round 5)
     would leave none to see."""
     fig = go.Figure()
-    df = _race_rows(history)
+    df = _race_rows(judged_rounds(history, min_rounds))
     top = float(df["ratio"].max()) if len(df) else 1.0
     bottom = float(df["ratio"].min()) if len(df) else 1.0
     low = max(1 / RACE_TOP, min(0.9, bottom * 0.97, 1 / (1 + epsilon) ** 2))  # as far below 1 at most
@@ -256,11 +267,12 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float) -> 
                 )
     fig.add_hrect(y0=1 / (1 + epsilon), y1=1, fillcolor="#d9dde5", opacity=0.5, line_width=0)
     off = f"; settings more than {RACE_TOP:g}× the leader run off the top" if top > high else ""
+    early = f"; before round {min_rounds}, too few rounds to decide (--min-rounds {min_rounds})"
     fig.update_layout(
         # The key on a line of its own, clear of plotly's toolbar.
         title=(
-            "The race: ratio to the round's leader<br><sup>×: eliminated; ○: retired, tied; at 1 without a bar: "
-            f"the round's leader; shaded: the tie zone{off}</sup>"
+            f"The race: ratio to the round's leader, from round {min_rounds}<br><sup>×: eliminated; ○: retired, "
+            f"tied; at 1 without a bar: the round's leader; shaded: the tie zone{off}{early}</sup>"
         ),
         # Rounds are whole: no tick at 2.5 in a short race, at most a dozen in a long one.
         xaxis=dict(title="round", tick0=0, dtick=max(1, math.ceil(df["round"].max() / 12))),
