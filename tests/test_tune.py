@@ -1233,6 +1233,28 @@ def test_the_race_chart_starts_at_the_first_round_the_rule_may_decide(tmp_path):
     assert "before round 3, too few rounds to decide (--min-rounds 3)" in fig.layout.title.text
 
 
+def test_a_tune_across_worlds_draws_one_race_chart_per_world_named_by_its_world(tmp_path):
+    """Each world races on its own rounds against its own leader. Drawn in one chart, the two
+    worlds' lines ran side by side, both leaders at 1, and nothing said which world a line was in."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("world_size = [1, 2]\nslowdown_pct = [0, 40]", repeats=12))
+    cases = tune.prepare(suite).cases
+    values = synthetic({c.case_id: c.world_size * (1 + c.slowdown_pct / 100) for c in cases}, 12, noise=0.02, seed=4)
+    races = []
+    for w, size in enumerate((1, 2)):
+        arms = [c.case_id for c in cases if c.world_size == size]
+        races.append(run_race(Race(arms, 12, Options(), comparisons=3, world=w), values))
+    charts = race_charts(tmp_path, suite, cases, races)
+    assert len(charts) == 2
+    for fig, size in zip(charts, (1, 2)):
+        assert fig.layout.title.text.startswith(f"The race in the world of world_size={size}: ")
+        arms = {c.label(["world_size", "slowdown_pct"]) for c in cases if c.world_size == size}
+        assert {t.name for t in fig.data if t.mode == "lines+markers"} == arms
+    # One world: one chart, its title naming no world.
+    (alone,) = race_charts(tmp_path, suite, [c for c in cases if c.world_size == 1], races[:1])
+    assert alone.layout.title.text.startswith("The race: ")
+
+
 def test_the_interval_spends_confidence_over_looks_and_comparisons():
     """The race's interval is sequential_ratio at its looks and comparisons: wider than a plain
     95 % paired interval, by the union bound."""

@@ -74,14 +74,42 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
             css="muted",
         )
         page.table(_table(result))
-        names = {a["case_id"]: a["label"] for a in result["arms"]}
-        min_rounds = int(saved["options"]["min_rounds"])
-        if any(e.get("intervals") for e in judged_rounds(saved["history"], min_rounds)):
-            page.figure(_race_figure(saved["history"], names, result["epsilon"], min_rounds))
-        else:
-            page.paragraph(f"No race chart: {_no_chart(saved)}.", css="muted")
+        _race_charts(page, saved)
         if result.get("where"):  # tune --trace; an id names one element of a page
             _where(page, result["where"], "where-time-goes" if len(tuned) == 1 else None)
+
+
+# What tells a tune's worlds apart (``Case.launch_key``): arms that differ in one of these cannot
+# share a world, so they race in races of their own.
+WORLD_KEYS = ("world_size", "backend", "device", "interconnect")
+
+
+def _race_charts(page: Page, saved: dict) -> None:
+    """One race chart per world that raced two settings or more, each titled with its world where
+    the tune spans several: each world has its own rounds and its own leader, and drawn in one
+    chart their lines run side by side, two leaders at 1, with nothing saying which race a line
+    belongs to."""
+    result = saved["result"]
+    names = {a["case_id"]: a["label"] for a in result["arms"]}
+    min_rounds = int(saved["options"]["min_rounds"])
+    judged = judged_rounds(saved["history"], min_rounds)
+    worlds = list(dict.fromkeys(e.get("world", 0) for e in judged if e.get("intervals")))
+    if not worlds:
+        page.paragraph(f"No race chart: {_no_chart(saved)}.", css="muted")
+    for world in worlds:
+        history = [e for e in judged if e.get("world", 0) == world]
+        title = _world_name(saved, world) if len(saved["worlds"]) > 1 else None
+        page.figure(_race_figure(history, names, result["epsilon"], min_rounds, title))
+
+
+def _world_name(saved: dict, world: int) -> str:
+    """A world by the keys that make it one ("world_size=2", "interconnect=tcp-1gbit"): those of
+    ``WORLD_KEYS`` among the swept keys of its first arm; arms of different worlds differ in one of
+    them, which is swept, since a tune's worlds come from its grid."""
+    first = saved["worlds"][str(world)]["arms"][0]
+    params = next(a["params"] for a in saved["result"]["arms"] if a["case_id"] == first)
+    said = [f"{k}={params[k]}" for k in WORLD_KEYS if k in params]
+    return " ".join(said) or f"world {world}"
 
 
 def _no_chart(saved: dict) -> str:
@@ -203,11 +231,14 @@ def _race_rows(history: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["arm", "round", "ratio", "lo", "hi", "out", "retired"]).sort_values("round")
 
 
-def _race_figure(history: list[dict], names: dict[str, str], epsilon: float, min_rounds: int) -> go.Figure:
+def _race_figure(
+    history: list[dict], names: dict[str, str], epsilon: float, min_rounds: int, world: str | None = None
+) -> go.Figure:
     """Per setting, its ratio to that round's leader with the race's interval, round by round from
     ``min_rounds``, the first round the rule may decide (``judged_rounds``; the title says the
     rounds before it had too few to decide), the leader itself at 1, without an interval; a cross
-    where it was eliminated, a ring where it was retired.
+    where it was eliminated, a ring where it was retired. ``world``: the world's name, in the title,
+    where the tune raced in several (one chart each, ``_race_charts``).
     The band runs from 1 / (1 + epsilon) to 1: a setting whose interval's lower end is inside it or
     above can no longer be more than epsilon faster than the leader and is retired (tied: it runs no
     more rounds); one whose lower end is above 1 is eliminated.
@@ -271,7 +302,8 @@ def _race_figure(history: list[dict], names: dict[str, str], epsilon: float, min
     fig.update_layout(
         # The key on a line of its own, clear of plotly's toolbar.
         title=(
-            f"The race: ratio to the round's leader, from round {min_rounds}<br><sup>×: eliminated; ○: retired, "
+            f"The race{f' in the world of {world}' if world else ''}: ratio to the round's leader, from round "
+            f"{min_rounds}<br><sup>×: eliminated; ○: retired, "
             f"tied; at 1 without a bar: the round's leader; shaded: the tie zone{off}{early}</sup>"
         ),
         # Rounds are whole: no tick at 2.5 in a short race, at most a dozen in a long one.
