@@ -1255,6 +1255,35 @@ def test_a_tune_across_worlds_draws_one_race_chart_per_world_named_by_its_world(
     assert alone.layout.title.text.startswith("The race: ")
 
 
+def test_a_tied_arms_low_end_on_the_margin_does_not_read_as_the_margin(tmp_path, capsys):
+    """A tied arm's low end is at or above 1 / (1 + ε), a change of -1.96 % at ε = 2 %. One decimal
+    wrote it "-2.0%", beside "it could no longer be 2% faster than the leader" (text, md, report):
+    the number read as the margin the words said it was clear of. It reads "-1.96%"; an arm just
+    below the line (not tied) keeps its one decimal, "-2.0%"."""
+    from tpbench.cli import tune as cli
+
+    assert verdict.signed_pct(1 / 1.02, verdict.tie_line(0.02)) == "-1.96%"
+    assert verdict.signed_pct(1 / 1.02 - 1e-4, verdict.tie_line(0.02)) == "-2.0%"
+    assert verdict.signed_pct(0.97, verdict.tie_line(0.02)) == "-3.0%"  # far from it: as before
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 0.5]", repeats=40))
+    cases = tune.prepare(suite).cases
+    values = synthetic({c.case_id: 1 + c.slowdown_pct / 100 for c in cases}, 40, seed=1)
+    race = run_race(Race([c.case_id for c in cases], 40, Options(), comparisons=1), values)
+    result = tune_answer.result(stored(tmp_path, suite), cases, [race], Options(), 0.0, NO_EVAL)
+    assert result.state == tune_answer.TIED
+    tied = next(a for a in result.arms if a.status == tune_answer.TIED)
+    tied.lo = 1 / 1.02  # on the line: retired, as racing.within_epsilon says
+    for fmt in ("text", "md"):
+        cli.print_tune(result, fmt)
+        out = capsys.readouterr().out
+        assert "could no longer be 2% faster" in out and "[-1.96%, " in out and "-2.0%" not in out
+    store.write_tune(tmp_path, tune._record(Options(), [race], 0.0) | {"result": result.to_json()})
+    page = Page("t")
+    recommendation.section(page, [SimpleNamespace(run_dir=tmp_path, record=SimpleNamespace(run_id="r"))])
+    assert "[-1.96%, " in page.render() and "-2.0%" not in page.render()
+
+
 def test_the_interval_spends_confidence_over_looks_and_comparisons():
     """The race's interval is sequential_ratio at its looks and comparisons: wider than a plain
     95 % paired interval, by the union bound."""
@@ -1885,7 +1914,7 @@ def test_the_reports_race_table_names_a_cpu_ms_races_ratios() -> None:
     arm = {"label": "a", "status": "recommended", "rounds": 3, "ratio": 1.0, "lo": None, "hi": None}
     arm |= {"eliminated_at": None, "retired_at": None}
     for metric, heading in (("cpu_ms", "vs recommended (CPU time per step)"), ("step_ms", "vs recommended")):
-        table = _table({"arms": [arm], "confidence": 0.95, "metric": metric})
+        table = _table({"arms": [arm], "confidence": 0.95, "epsilon": 0.02, "metric": metric})
         assert heading in table.columns, list(table.columns)
 
 

@@ -70,19 +70,32 @@ def enough(est: Ratio, baseline_n: int, candidate_n: int) -> bool:
     return min(baseline_n, candidate_n) >= MIN_REPEATS and (est.method != "paired" or est.n >= MIN_REPEATS)
 
 
-def signed_pct(ratio: float) -> str:
+def signed_pct(ratio: float, line: float | None = None) -> str:
     """A ratio as a signed change, "+9.0%", with as many decimals (up to three) as it takes to keep
     its side of no change: an interval that lies above 1 must not read "[+0.0%, …]". Closer to
     1 than that, "+0.0%". Beyond ±100,000 %, three figures ("+5.2e+21%"): such an end says only that
-    the rounds run bound nothing (a confidence of ten nines over three rounds)."""
+    the rounds run bound nothing (a confidence of ten nines over three rounds).
+
+    ``line``: another ratio whose side it keeps as well, a tune's 1 / (1 + ε) (``tie_line``). An arm
+    that can no longer be 2 % faster has its interval's low end at or above 1 / 1.02, a change of
+    -1.96 %, which one decimal writes "-2.0%": beside "it could no longer be 2% faster" it read as
+    the very margin it was said to be clear of. It then reads "-1.96%"."""
     x = (ratio - 1) * 100
     if abs(x) >= 1e5:
         return f"{x:+.3g}%"
+    edge = None if line is None else (line - 1) * 100
     for digits in (1, 2, 3):
         said = f"{x:+.{digits}f}%"
-        if float(said[:-1]) != 0:
+        shown = float(said[:-1])
+        if shown != 0 and (edge is None or (shown >= edge) == (x >= edge)):
             return said
     return f"{x:+.1f}%"
+
+
+def tie_line(epsilon: float) -> float:
+    """The ratio to the leader at or above which a tune arm can no longer be ``epsilon`` faster
+    (``racing.within_epsilon``): its interval's low end there retires it."""
+    return 1 / (1 + epsilon)
 
 
 def signed_ms(x: float) -> str:
@@ -110,12 +123,12 @@ def percent(share: float) -> str:
     return f"{share * 100:.10g}%"
 
 
-def change(ratio: float | None, lo: float | None = None, hi: float | None = None) -> str:
+def change(ratio: float | None, lo: float | None = None, hi: float | None = None, line: float | None = None) -> str:
     """A ratio as a signed change with its interval when given: "+9.0% [+1.0%, +17.6%]"; a ratio
-    that is None or not finite as nothing (a table's empty cell)."""
+    that is None or not finite as nothing (a table's empty cell); ``line`` as ``signed_pct``'s."""
 
     def pct(r: float | None) -> str:
-        return "" if r is None or not math.isfinite(r) else signed_pct(r)
+        return "" if r is None or not math.isfinite(r) else signed_pct(r, line)
 
     return pct(ratio) + (f" [{pct(lo)}, {pct(hi)}]" if lo is not None and hi is not None else "")
 

@@ -306,13 +306,14 @@ def print_tune(result, fmt: str) -> None:
     if fmt == "json":
         sys.stdout.write(json.dumps(result.to_json(), indent=2, allow_nan=False) + "\n")
         return
+    line = verdict.tie_line(result.epsilon)  # a tied arm's low end reads as clear of the margin, as it is
     rows = [
         (
             a.label,
             a.status,
             str(a.rounds),
-            "—" if a.ratio is None else verdict.signed_pct(a.ratio),
-            "—" if a.lo is None else f"[{verdict.signed_pct(a.lo)}, {verdict.signed_pct(a.hi)}]",
+            "—" if a.ratio is None else verdict.signed_pct(a.ratio, line),
+            "—" if a.lo is None else f"[{verdict.signed_pct(a.lo, line)}, {verdict.signed_pct(a.hi, line)}]",
             decided(a, result.epsilon),
         )
         for a in result.arms

@@ -168,14 +168,17 @@ def _where(page: Page, where: dict, anchor: str | None) -> None:
 def _table(result: dict) -> pd.DataFrame:
     losses = any(a.get("heldout_loss") is not None for a in result["arms"])  # tune.json before it had none
     interval = verdict.interval_heading(result["confidence"], bool(result.get("worlds")))
+    line = verdict.tie_line(result["epsilon"])  # a tied arm's low end reads as clear of the margin, as it is
     return pd.DataFrame(
         [
             {
                 "setting": a["label"],
                 "status": a["status"],
                 "rounds": a["rounds"],
-                verdict.ratio_heading(result.get("metric", "step_ms")): verdict.change(a["ratio"]),
-                interval: "" if a["lo"] is None else f"[{verdict.change(a['lo'])}, {verdict.change(a['hi'])}]",
+                verdict.ratio_heading(result.get("metric", "step_ms")): verdict.change(a["ratio"], line=line),
+                interval: ""
+                if a["lo"] is None
+                else f"[{verdict.change(a['lo'], line=line)}, {verdict.change(a['hi'], line=line)}]",
                 "eliminated after round": "" if a["eliminated_at"] is None else a["eliminated_at"],
                 "what eliminated it": verdict.what_eliminated(a["status"], a.get("eliminated_vs")),
                 "retired after round": verdict.brought_back(a.get("sat_out", 0))
