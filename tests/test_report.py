@@ -95,6 +95,20 @@ def zero_medians(p: dict) -> list[float]:
     return base
 
 
+def test_the_report_reads_a_tunes_tune_json_once(tmp_path, monkeypatch):
+    """The Recommendation read each run's tune.json, and the Verdicts read it again to leave a
+    tune's settings to it: parsed and checked twice per report. ``Loaded.tune`` reads it once."""
+    loaded = dataclasses.replace(in_memory_run(ZERO_SUITE, zero_medians), run_dir=tmp_path)
+    options = {"epsilon": 0.02, "confidence": 0.95, "min_rounds": 3, "metric": "step_ms"}
+    store.write_tune(tmp_path, {"options": options, "wall_s": 1.0, "worlds": {}, "history": []})
+    reads = []
+    read = store.read_tune
+    monkeypatch.setattr(store, "read_tune", lambda run_dir: reads.append(run_dir) or read(run_dir))
+    page = build_report([loaded])
+    assert "No recommendation yet" in page and "this tune raced: compared in its Recommendation" in page
+    assert reads == [tmp_path]
+
+
 def test_interleaved_vs_sequential_in_words_with_intervals():
     data = report_data.load([in_memory_run(ZERO_SUITE, zero_medians)])
     comps = verdicts.compare(data, verdicts.ZERO_KINDS[0])

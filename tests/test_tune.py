@@ -44,6 +44,12 @@ def stored(tmp_path, suite) -> SimpleNamespace:
     return SimpleNamespace(dir=tmp_path, record=SimpleNamespace(suite=SuiteSource("s", str(suite), "")))
 
 
+def tuned_run(run_dir: Path) -> SimpleNamespace:
+    """What the report's Recommendation reads of a run (``store.Loaded``): its directory, its id and
+    its tune.json, read as ``Loaded.tune`` reads it."""
+    return SimpleNamespace(run_dir=run_dir, record=SimpleNamespace(run_id="r"), tune=store.read_tune(run_dir))
+
+
 # The summary of a run whose workload evaluates no held-out loss (the mlp): no arm has one.
 NO_EVAL = pd.DataFrame(columns=["case_id"])
 
@@ -245,7 +251,7 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     assert f"wall 30 s\n\nTo decide it, race again for about {rounds} rounds" in md
     store.write_tune(tmp_path, tune._record(options, [race], 30.0) | {"result": result.to_json()})
     page = Page("tune")
-    recommendation.section(page, [SimpleNamespace(run_dir=tmp_path)])
+    recommendation.section(page, [tuned_run(tmp_path)])
     html = page.render()
     assert f"race again for about {rounds} rounds" in html and result.next_step in html
 
@@ -290,7 +296,7 @@ def test_the_rounds_to_race_again_agree_with_the_repeats_the_command_gives(tmp_p
     assert said in capsys.readouterr().out
     store.write_tune(tmp_path, tune._record(budget, [race], 30.0) | {"result": result.to_json()})
     page = Page("tune")
-    recommendation.section(page, [SimpleNamespace(run_dir=tmp_path)])
+    recommendation.section(page, [tuned_run(tmp_path)])
     assert said in html.unescape(page.render())
     assert verdict.decide_words(20, 45.0, 200) == (
         "To decide it, race again for about 20 rounds (the command keeps this tune's 200 as the most; 20 take at "
@@ -623,7 +629,7 @@ def test_a_retired_arm_brought_back_says_the_rounds_it_sat_out(tmp_path):
     doc["arms"][0] |= {"status": "unresolved", "rounds": 5, "retired_at": None, "sat_out": 7}
     store.write_tune(tmp_path, tune._record(Options(epsilon=0.02), [race], 1.0) | {"result": doc})
     page = Page("tune")
-    recommendation.section(page, [SimpleNamespace(run_dir=tmp_path)])
+    recommendation.section(page, [tuned_run(tmp_path)])
     html = page.render()
     assert "<td>7 (it sat out 1 of them: retired, then brought back)</td>" in html
     assert "<td>retired, then brought back: it sat out 7 rounds</td>" in html
@@ -760,7 +766,7 @@ def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_t
     assert sorted(to_target.values()) == ["2", "3", "—", "—"]
     store.write_tune(tmp_path, tune._record(Options(epsilon=0.02), [race], 0.0) | {"result": js})
     page = Page("t")
-    recommendation.section(page, [SimpleNamespace(run_dir=tmp_path, record=SimpleNamespace(run_id="r"))])
+    recommendation.section(page, [tuned_run(tmp_path)])
     shown = page.render()
     assert html.escape(note) in shown and "held-out loss" in shown
     # No workload evaluation: nothing to say.
@@ -871,7 +877,7 @@ def test_worlds_of_one_arm_run_their_rounds_and_the_note_compares_per_sample(tmp
     # The report: no round held two settings, so no race chart (it used to fail on the empty history).
     store.write_tune(tmp_path, tune._record(Options(), raced, 0.0) | {"result": result.to_json()})
     page = Page("t")
-    recommendation.section(page, [SimpleNamespace(run_dir=tmp_path, record=SimpleNamespace(run_id="r"))])
+    recommendation.section(page, [tuned_run(tmp_path)])
     shown = page.render()
     assert html.escape(note) in shown and "No race chart: no world held two of these settings" in shown
     assert "<td>None</td>" not in shown and "the recommended setting's world, at the end, unpaired" in shown
@@ -916,7 +922,7 @@ def test_arms_across_worlds_get_each_worlds_own_answer(tmp_path, capsys):
     assert "| 95% interval (spent; other worlds unpaired) |" in capsys.readouterr().out
     store.write_tune(tmp_path, tune._record(Options(), races, 0.0) | {"result": result.to_json()})
     page = Page("t")
-    recommendation.section(page, [SimpleNamespace(run_dir=tmp_path, record=SimpleNamespace(run_id="r"))])
+    recommendation.section(page, [tuned_run(tmp_path)])
     assert html.escape(result.worlds[1]) in page.render() and "other worlds unpaired" in page.render()
     # One world: the claim is the world's answer, nothing more to say.
     alone = [c for c in cases if c.world_size == 1]
@@ -1058,7 +1064,7 @@ def test_every_arm_failed_recommends_nothing_and_exits_1(tmp_path, capsys):
     assert {a["status"] for a in printed["arms"]} == {tune_answer.FAILED}
     (run_dir,) = store.iter_runs(tmp_path / "r")
     page = Page("t")
-    recommendation.section(page, [SimpleNamespace(run_dir=run_dir, record=SimpleNamespace(run_id="r"))])
+    recommendation.section(page, [tuned_run(run_dir)])
     assert "No race chart: every setting failed (the table), so no round was judged." in page.render()
 
 
@@ -1213,8 +1219,7 @@ def race_charts(tmp_path, suite, cases, races, options: Options = Options()) -> 
     store.write_tune(tmp_path, tune._record(options, races, 0.0) | {"result": result.to_json()})
     page, figures = Page("t"), []
     page.figure = figures.append
-    run = SimpleNamespace(run_dir=tmp_path, record=SimpleNamespace(run_id="r", cases={}))
-    recommendation.section(page, [run])
+    recommendation.section(page, [tuned_run(tmp_path)])
     return figures
 
 
@@ -1280,7 +1285,7 @@ def test_a_tied_arms_low_end_on_the_margin_does_not_read_as_the_margin(tmp_path,
         assert "could no longer be 2% faster" in out and "[-1.96%, " in out and "-2.0%" not in out
     store.write_tune(tmp_path, tune._record(Options(), [race], 0.0) | {"result": result.to_json()})
     page = Page("t")
-    recommendation.section(page, [SimpleNamespace(run_dir=tmp_path, record=SimpleNamespace(run_id="r"))])
+    recommendation.section(page, [tuned_run(tmp_path)])
     assert "[-1.96%, " in page.render() and "-2.0%" not in page.render()
 
 
@@ -1801,7 +1806,7 @@ def test_trace_says_where_the_recommended_settings_time_goes_beside_its_closest_
     assert "Where the time goes (traced after the race, 5 steps each" in text and where["sentence"] in text
     assert "| setting | role | step ms | compute ms |" in text and "tpbench sweep" not in text
     page = Page("t")
-    recommendation.section(page, [SimpleNamespace(run_dir=tuned, record=SimpleNamespace(run_id="r"))])
+    recommendation.section(page, [tuned_run(tuned)])
     body = html.unescape(page.render())
     assert 'id="where-time-goes"' in body and where["sentence"] in body
     # Resumed after it ended, the tune shows its answer again, where the time goes included (the

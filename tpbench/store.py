@@ -873,6 +873,14 @@ class Loaded:
         }
         return table.assign(**missing) if missing else table
 
+    @functools.cached_property
+    def tune(self) -> dict[str, Any] | None:
+        """The run's tune.json (``read_tune``; None: the run is no tune), read on first use and kept:
+        the report asks it twice (its Recommendation, and its Verdicts leaving a tune's settings to
+        it), and read twice it was parsed and checked twice. Lazily, so that the readers that never
+        ask (compare, export) do not fail on a damaged one."""
+        return read_tune(self.run_dir)
+
     @property
     def environment(self) -> dict[str, Any]:
         """The run's environment fingerprint, a copy (exports write it out as JSON)."""

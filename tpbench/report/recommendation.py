@@ -1,8 +1,8 @@
 """The "Recommendation" section of a tune's report: the claim, every setting's outcome, and the race
 chart (each setting's ratio interval to the round's leader against rounds, eliminations marked).
 
-It reads the run's tune.json (``tpbench.tune`` writes it; ``store.read_tune`` reads it back), so
-the report needs none of the tune's machinery."""
+It reads the run's tune.json (``tpbench.tune`` writes it; ``store.Loaded.tune`` reads it back, once
+for the whole report), so the report needs none of the tune's machinery."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tpbench.report.html import Page, plot_text
 
 
 def section(page: Page, runs: list[store.Loaded]) -> None:
-    tuned = [(r, t) for r in runs if (t := store.read_tune(r.run_dir))]
+    tuned = [(r, r.tune) for r in runs if r.tune]
     if not tuned:
         return
     page.heading("Recommendation", anchor="recommendation")

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from tpbench import compare as engine
-from tpbench import store, verdict
+from tpbench import verdict
 from tpbench.algorithms import (
     ALGORITHMS,
     COMPARED_PAIRS,
@@ -498,7 +498,7 @@ def _median_interval(case: dict) -> str:
 
 def _tuned_runs(data: ReportData) -> set[str]:
     """The runs ``tpbench tune`` raced (they have tune.json)."""
-    return {r.record.run_id for r in data.runs if store.read_tune(r.run_dir)}
+    return {r.record.run_id for r in data.runs if r.tune}
 
 
 def _tuned_lines(data: ReportData, tuned: set[str]) -> list[str]:
@@ -523,7 +523,7 @@ def fastest_lines(data: ReportData, alone: bool = True) -> list[str]:
     a setting of its own, and "fastest" among one would claim a ranking there is none of)."""
     done = data.done
     setting = [k for k in data.context_keys if k not in TUNING_KEYS]
-    tuned = _tuned_runs(data)  # each run's tune.json read once
+    tuned = _tuned_runs(data)
     lines = _tuned_lines(data, tuned)
     done = done[~done["run_id"].isin(tuned)]
     # A list-valued key (``slowdown_ranks = [1]``) groups by its JSON text: a list is not hashable.
