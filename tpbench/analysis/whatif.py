@@ -331,6 +331,10 @@ class Fit:
     # median traced span compares two different steps wherever the replay does not keep the steps'
     # order, and three steps scattering by ±15 % then swing it by as much as the model's error.
     miss: float = dataclasses.field(kw_only=True)
+    # How well the traced steps pin ``miss``: its 95 % bootstrap interval over the steps (NaN under
+    # two). Three steps that scatter on a busy machine move it by their draw as much as the model
+    # does, and only this tells a refusal that more traced steps could lift from one they could not.
+    miss_interval: tuple[float, float] = dataclasses.field(default=(math.nan, math.nan), kw_only=True)
     # The host factors of the readings of the tracer's cost not taken (``_host_factor``): on a step of
     # mostly communication, the timed steps' own factor and the forward passes', where a lower one
     # replaced them. None of them is reliably right there, so the interval holds their projections.
@@ -378,13 +382,42 @@ class Fit:
             f"±{TRACED_MEDIAN_TARGET:.0%}"
         )
 
+    def _miss_advice(self) -> str:
+        """What would lift a refusal for the model's own miss (``REPLAY_RESIDUAL``). Where the miss's
+        interval over the traced steps (``miss_interval``) reaches within the limit, the draw of a few
+        scattered steps may have made it: the sweep again with nothing else running and more traced
+        steps, as many as would pin it to ±``TRACED_MEDIAN_TARGET`` (an interval narrows as 1/√n).
+        Where all of it lies beyond, more steps would not: the replay does not describe the case."""
+        n, (lo, hi) = self.traced_steps, self.miss_interval
+        half = (hi - lo) / 2
+        again = "sweep again with nothing else running on the machine"
+        if n < 2 or not math.isfinite(half):
+            need = max(5, n + 1)
+            return f"; it rests on {n} traced step(s): {again} and --set capture.profiler_steps={need}"
+        known = f"over its {n} traced steps the miss lies in [{lo:+.0%}, {hi:+.0%}] (95% interval)"
+        if lo > REPLAY_RESIDUAL or hi < -REPLAY_RESIDUAL:
+            return (
+                f"; {known}, all of it beyond the limit: more traced steps would not lift it, the replay does not "
+                "describe this case's steps (the run's other cases are still projected)"
+            )
+        if half <= TRACED_MEDIAN_TARGET:
+            return (
+                f"; {known}, near the limit: more traced steps would hardly move it, a quieter machine might: {again}"
+            )
+        need = math.ceil(n * (half / TRACED_MEDIAN_TARGET) ** 2)
+        return (
+            f"; {known}, within the limit in part, so the draw of scattered steps may have made it: {again} and "
+            f"--set capture.profiler_steps={need}, which would pin it to ±{TRACED_MEDIAN_TARGET:.0%}"
+        )
+
     def refusal(self) -> str | None:
-        """Why this case's projections would not be trustworthy, or None when they are."""
+        """Why this case's projections would not be trustworthy, or None when they are; with what
+        would lift the refusal, where anything would."""
         if abs(self.miss) > REPLAY_RESIDUAL:
             return (
                 f"the model does not reproduce its own traced steps (each step's replay off its span by a median "
                 f"{self.miss:+.0%}, limit ±{REPLAY_RESIDUAL:.0%}; median replay {self.replay_ms:.1f} ms, traced "
-                f"{self.traced_ms:.1f} ms)"
+                f"{self.traced_ms:.1f} ms)" + self._miss_advice()
             )
         unlike = f"traced steps ({self.traced_ms:.1f} ms) unrepresentative of timed steps ({self.measured_ms:.1f} ms)"
         if self.factor is None:
@@ -614,6 +647,7 @@ def calibrated(
         traced_half_width=(traced_hi - traced_lo) / 2 / float(np.median(traced)),
         thread_speed=thread_speed,
         miss=float(np.median(replays / traced - 1)),
+        miss_interval=bootstrap_ci(replays / traced - 1),
     )
     mostly_comm = fit.comm_only_ms >= MOSTLY_COMMUNICATION * measured
     if wire is not None and comm_on_host and fit.factor is not None and mostly_comm:
