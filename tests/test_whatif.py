@@ -292,6 +292,49 @@ def test_interference_is_measured_on_the_same_op_beside_a_collective_and_alone()
     assert whatif_run.interference_text(row | {"interference": 1.1, "interference_source": "pooled"}).endswith("pooled")
 
 
+def test_a_pool_no_tighter_than_the_case_is_not_taken_and_an_unresolved_factor_widens_the_interval():
+    """Pooling buys precision. A pool as loose as the case's own (×1.57 [0.13, 14.32]) buys none, and
+    the case keeps its own; a pool that pins it, or one tighter than a case with no ops, is taken.
+    A factor left unresolved is not replayed as if known: the projection's interval holds the
+    projection at the end of its interval (×2.0, the host factor refitted there to the timed steps),
+    so it is wider than the same point's would be, resolved (which, on identical timed and traced
+    steps, is the point itself): at ×2 that work was 7 ms untraced, at ×1.2 10.3 ms."""
+    own = interference.Interference(1.20, 0.60, 2.40, 40, "case")
+    loose_pool = interference.Interference(1.57, 0.13, 14.32, 400, "pooled")
+    tight_pool = interference.Interference(1.30, 1.25, 1.35, 900, "pooled")
+    assert interference.chosen_interference(own, loose_pool) is own and not own.resolved
+    assert interference.chosen_interference(own, tight_pool) is tight_pool and tight_pool.resolved
+    no_ops = interference.Interference(1.0, 1.0, 1.0, 0, "case")
+    assert interference.chosen_interference(no_ops, loose_pool) is loose_pool
+
+    # 12 ms of work traced beside a 10 ms all-reduce (10 ms of it overlapping): what it was alone depends on κ.
+    ops = [Work(0.010), Issue(AR(0)), Work(0.012, beside=0.010), Wait((AR(0),)), Work(0.005)]
+    path = Fabric("as measured", 0.0, 4e8)
+    traced = simulate(
+        StepSkeleton(0, (tuple(ops),) * 2, (CollectiveSpec(AR(0), 4e6, 2),), 0.0), replay.fabric_cost(path)
+    )
+    skels = [StepSkeleton(i, (tuple(ops),) * 2, (CollectiveSpec(AR(0), 4e6, 2),), traced.step_s) for i in range(3)]
+    timed = np.array([traced.step_s * 1e3] * 3)
+
+    def model(kappa: interference.Interference) -> whatif.CaseModel:
+        return whatif.calibrated("c", {}, skels, path, timed, kappa, comm_on_host=False)
+
+    unresolved = model(interference.Interference(1.2, 1.0, 2.0, 40, "pooled"))
+    resolved = model(interference.Interference(1.2, 1.19, 1.21, 40, "pooled"))
+    assert unresolved.refused is None and resolved.refused is None
+    fast = Fabric("fast", 0.0, 4e9)  # a 1 ms all-reduce: the work beside it runs alone, unstretched
+    lo, hi = unresolved.step_interval_ms(fast)
+    r_lo, r_hi = resolved.step_interval_ms(fast)
+    assert unresolved.step_ms(fast) == pytest.approx(resolved.step_ms(fast))
+    assert lo <= r_lo and hi >= r_hi and (hi - lo) > (r_hi - r_lo) * 1.4, ((lo, hi), (r_lo, r_hi))
+    factor = whatif.calibrate(skels, path, timed[0] / 1e3, timed[0] / 1e3, 2.0)
+    at_end = replay.median_step_s(skels, fast, factor, 2.0) * 1e3
+    assert lo <= at_end <= hi
+    row = {"interference": 1.2, "interference_lo": 1.0, "interference_hi": 2.0, "interference_ops": 40}
+    said = whatif_run.interference_text(row | {"interference_source": "pooled"})
+    assert said.endswith("pooled, unresolved"), said
+
+
 def test_interference_is_near_one_where_compute_runs_on_the_gpu():
     """The H200 trace (2 Gloo ranks sharing the GPU, CUDA tensors): compute is CUDA kernels, and
     Gloo communicates on CPU threads, so the kernels beside a collective run as fast as alone."""
@@ -851,11 +894,12 @@ def test_a_run_traced_on_a_busy_machine_refuses_or_stays_within_bounds():
     assert not fast.empty and (fast["projected_ms"] <= fast["measured_ms"]).all()
     # The critical path is not collapsed: within the factor's range of the traced compute.
     for model in (m for m in result.models if m.refused is None):
-        traced_cp = replay.median_step_s(model.skeletons, replay.FREE) * 1e3
+        traced_cp = replay.median_step_s(model.skeletons, replay.FREE, 1.0, model.interference.replay_factor) * 1e3
         mine = made[made["case_id"] == model.case_id]
         assert (mine["compute_ms"] >= whatif.COMPUTE_FACTOR[0] * traced_cp).all()
-        # The interval's low end: no traced step's compute critical path at the least factor undercut.
-        free, kappa = replay.fabric_cost(replay.FREE), model.interference.replay_factor
+        # The interval's low end: no traced step's compute critical path at the least factor undercut,
+        # at the largest interference its interval holds (the most traced stretch taken out).
+        free, kappa = replay.fabric_cost(replay.FREE), max(model.interference.replay_factor, model.interference.hi)
         fastest = min(replay.simulate(sk, free, 1.0, kappa).step_s for sk in model.skeletons) * 1e3
         assert (mine["predicted_lo_ms"] >= fastest * whatif.COMPUTE_FACTOR[0] * (1 - 1e-9)).all()
         # Refitted on each resample, the interval keeps the bound up to the timed steps' own spread.

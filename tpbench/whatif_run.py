@@ -367,14 +367,19 @@ def interference_text(row: Mapping[str, Any]) -> str:
     """A projections row's interference, as the terminal and the report show it: "×1.10 [1.00, 1.22]
     pooled" (pooled: the run's cases on its backend, device and link; case: its own ops). An
     estimate below 1 says so, "replayed as ×1" (``Interference.replay_factor``): a reader who sees
-    ×0.85 beside a projection should not take it that compute was sped up there."""
+    ×0.85 beside a projection should not take it that compute was sped up there. One that neither the
+    case's ops nor the pool pin says "unresolved" (``Interference.resolved``) beside a projection: its
+    interval's ends are in the projection's."""
     if not row["interference_ops"]:
         return "not measured"
-    text = (
-        f"×{row['interference']:.2f} [{row['interference_lo']:.2f}, {row['interference_hi']:.2f}] "
-        f"{row['interference_source']}"
-    )
-    return text + ", replayed as ×1" if row["interference"] < 1 else text
+    factor, lo, hi = row["interference"], row["interference_lo"], row["interference_hi"]
+    text = f"×{factor:.2f} [{lo:.2f}, {hi:.2f}] {row['interference_source']}"
+    if factor < 1:
+        text += ", replayed as ×1"
+    resolved = interference.Interference(factor, lo, hi, int(row["interference_ops"])).resolved
+    if not resolved and pd.isna(row.get("refused")):  # a refused case has no interval to hold it
+        text += ", unresolved"
+    return text
 
 
 def host_ratio_text(ratio: float) -> str:

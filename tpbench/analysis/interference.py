@@ -5,8 +5,9 @@ models the same effect for GPU kernels beside NCCL's). The same op is timed besi
 alone across a case's traced steps (``interference_pairs``); the ratio of their totals is the
 factor (``interference``) the what-if's replay stretches overlapped compute by. A case whose own
 ops do not pin it takes the factor pooled over the run's cases on its backend, device and link
-(``chosen_interference``). On fabrics where communication leaves the CPU (NCCL on GPUs) it comes
-out near 1.
+where the pool does pin it, or is at least tighter (``chosen_interference``); a factor that stays
+unpinned is *unresolved*, and the projections' intervals hold its ends (``whatif.CaseModel``). On
+fabrics where communication leaves the CPU (NCCL on GPUs) it comes out near 1.
 """
 
 from __future__ import annotations
@@ -89,6 +90,19 @@ class Interference:
     source: str = "none"
 
     @property
+    def resolved(self) -> bool:
+        """Whether at least ``MIN_MATCHED_OPS`` ops pin the factor to ±``INTERFERENCE_PRECISION`` (its
+        95 % interval): then the replay may take it as known. An unresolved factor is a guess whose
+        interval the projections must carry."""
+        return self.ops >= MIN_MATCHED_OPS and self.half_width <= INTERFERENCE_PRECISION
+
+    @property
+    def half_width(self) -> float:
+        """The 95 % interval's half-width over the factor; infinite where no op was matched (a
+        factor of 1 then is no measurement, however narrow its interval of none)."""
+        return (self.hi - self.lo) / 2 / self.factor if self.ops and self.factor > 0 else float("inf")
+
+    @property
     def replay_factor(self) -> float:
         """The stretch the replay applies: the estimate, or 1 below 1. Nothing on a host makes
         compute faster while a collective runs; an estimate under 1 is timing noise, and a
@@ -109,7 +123,14 @@ def interference(pairs: pd.DataFrame, source: str = "case") -> Interference:
 
 
 def chosen_interference(own: Interference, pooled: Interference | None) -> Interference:
-    """A case's own factor when at least ``MIN_MATCHED_OPS`` ops pin it to ±``INTERFERENCE_PRECISION``,
-    else the pooled one when there is one."""
-    pinned = own.ops >= MIN_MATCHED_OPS and (own.hi - own.lo) / 2 <= INTERFERENCE_PRECISION * own.factor
-    return own if pinned or pooled is None else pooled
+    """A case's own factor when it is ``resolved``; else the pooled one where that is resolved or at
+    least tighter than the case's own; else the case's own.
+
+    Pooling buys precision: more matched ops than one case's. A pool whose interval is no tighter than
+    the case's own buys none (a pooled ×1.57 [0.13, 14.32] against a case's as loose), and replaying
+    its point as if known would hide the case's own evidence behind a number no better pinned. Either
+    way the chosen factor may stay unresolved, and then the projections' intervals carry it
+    (``whatif.CaseModel.step_interval_ms``)."""
+    if own.resolved or pooled is None:
+        return own
+    return pooled if pooled.resolved or pooled.half_width < own.half_width else own

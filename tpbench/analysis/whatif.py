@@ -503,7 +503,9 @@ class CaseModel:
         on another), so the interval is widened to [lo·(1 − |r|), hi·(1 + |r|)]. It also holds the
         projections at the other readings of the host: the timed steps' (``other_factor``) and,
         where the forward passes or the training thread set the factor, the readings that were not
-        taken (``Fit.readings``). It stays within the physical bounds: not below the replay of any
+        taken (``Fit.readings``), and where the interference is unresolved (``Interference.resolved``),
+        the projections at the ends of its interval (``_interference_readings``). It stays within the
+        physical bounds: not below the replay of any
         traced step with free communication at the least factor allowed, and, on a fabric no slower
         than the case's own link, not above the timed median's interval."""
         if self.refused is not None:
@@ -539,10 +541,11 @@ class CaseModel:
         lo, hi = np.quantile(projected, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
         miss = abs(self.fit.miss)
         lo, hi = max(lo * (1 - miss), self._least_ms), hi * (1 + miss)
-        for factor in (self.other_factor, *self.fit.readings):
-            if factor is not None:
-                other = median_step_s(self.skeletons, fabric, factor, self.interference.replay_factor) * 1e3
-                lo, hi = min(lo, other), max(hi, other)
+        kappa = self.interference.replay_factor
+        readings = [(f, kappa) for f in (self.other_factor, *self.fit.readings) if f is not None]
+        for factor, k in readings + list(self._interference_readings):
+            other = median_step_s(self.skeletons, fabric, factor, k) * 1e3
+            lo, hi = min(lo, other), max(hi, other)
         if self.no_slower_than_measured(fabric):
             hi = min(hi, max(self.ci_ms[1], lo))
         point = self.step_ms(fabric)
@@ -570,11 +573,39 @@ class CaseModel:
         )
 
     @cached_property
+    def _interference_readings(self) -> tuple[tuple[float, float], ...]:
+        """Where the interference is unresolved (``Interference.resolved``: neither the case's own ops
+        nor the run's pool pin it), the (host factor, κ) of each end of its interval: the timed steps
+        agree with any κ in it as well as with the point, so the interval holds their projections.
+        Where the timed steps set the host factor, it is refitted at that κ (``calibrate``, as for the
+        point): a larger κ leaves less of the timed step to compute. An end at which no factor within
+        bounds matches the timed steps is ruled out by them and left out. Empty where resolved."""
+        if self.interference.resolved or self.fit.factor is None:
+            return ()
+        out = []
+        for kappa in {max(1.0, self.interference.lo), max(1.0, self.interference.hi)} - {
+            self.interference.replay_factor
+        }:
+            factor: float | None = self.compute_scale
+            if self.fit.factor_source == "timed steps":
+                measured, low = self.measured_ms / 1e3, self.ci_ms[0] / 1e3
+                raise_limit = self.fit.raise_limit
+                factor = calibrate(
+                    self.skeletons, self.path, measured, low, kappa, self.fit.scales_path, raise_limit=raise_limit
+                )
+            if factor is not None and self.fit.least_factor <= factor <= COMPUTE_FACTOR[1]:
+                out.append((factor, kappa))
+        return tuple(sorted(out))
+
+    @cached_property
     def _least_ms(self) -> float:
         """The shortest step any factor allows: a traced step's replay with free communication and
-        compute at the least factor the fit may take (``Fit.least_factor``)."""
-        free, kappa = fabric_cost(FREE), self.interference.replay_factor
-        return min(simulate(sk, free, self.fit.least_factor, kappa).step_s for sk in self.skeletons) * 1e3
+        compute at the least factor the fit may take (``Fit.least_factor``), at each interference the
+        interval holds (``_interference_readings``: a larger one takes more of the traced work beside
+        communication out as the tracer's stretch)."""
+        free, least = fabric_cost(FREE), self.fit.least_factor
+        kappas = {self.interference.replay_factor, *(k for _, k in self._interference_readings)}
+        return min(simulate(sk, free, least, k).step_s for sk in self.skeletons for k in kappas) * 1e3
 
     @cached_property
     def _own_replays(self) -> np.ndarray:

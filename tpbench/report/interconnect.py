@@ -256,7 +256,9 @@ def _method(reference: str) -> list[str]:
         "factor / β), collectives one at a time.",
         "Interference: compute that runs while a collective is in flight is stretched by the case's interference "
         "factor, measured on its own traces (the same op's time beside a collective over its time alone; pooled "
-        "over the run's cases on one backend, device and link where a case's own ops do not pin it to ±10%; an "
+        "over the run's cases on one backend, device and link where a case's own ops do not pin it to ±10% and "
+        "the pool's do, or pin it closer; where neither pins it, \"unresolved\", the projection's interval holds "
+        "its interval's ends; an "
         "estimate below 1 is replayed as 1, since nothing on a host speeds compute while a collective runs), so "
         "a faster fabric also gives compute its cores back.",
         "Calibration: the traced host is scaled (the factor nearest 1: compute, and on CPU ranks the host's own "
