@@ -23,7 +23,7 @@ from conftest import REPO, run_cli, tiny_suite
 from conftest import tpbench as run_tpbench
 from synthetic_runs import ENVIRONMENT, make_run
 
-from tpbench import compare, gate, render, store, user_code
+from tpbench import compare, gate, gate_record, render, store, user_code
 from tpbench.analysis.stats import Ratio, hierarchical_ratio_ci, paired_ratio, unpaired_ratio
 
 
@@ -631,7 +631,12 @@ def test_the_gate_answer_is_in_json_and_markdown(tmp_path: Path, capsys, monkeyp
         for side, m, seed in (("baseline", 10, 1), ("candidate", 13, 2))
     }
     cid = next(iter(compare.RunData.of(runs["candidate"]).params))
-    record = {"stopped": "every case decided", "answer": "different", "answers": {cid: "different"}}
+    side = gate_record.GateSide("spec", "source", "run", "log", 0)
+    record = gate_record.GateRecord(
+        seed=0, metric="step_ms", repeats=30, target_ci=0.05, budget_s=480.0, stopped="every case decided",
+        wall_s=1.0, sides={"baseline": side, "candidate": side}, rounds=[], answer="different",
+        answers={cid: "different"},
+    )  # fmt: skip
 
     def lockstep(suite, baseline, candidate, out, cfg, **_) -> gate.LockstepRun:
         assert cfg.target_ci == pytest.approx(0.05)
@@ -894,7 +899,7 @@ def test_a_round_the_budget_cuts_short_keeps_its_finished_item() -> None:
     from types import SimpleNamespace
 
     sides = [SimpleNamespace(exited=False, side=SimpleNamespace(name=n)) for n in ("baseline", "candidate")]
-    done = iter([{"case": "c", "repeat": 0}] * 3)
+    done = iter([gate_record.GateItem("baseline", "c", 0, 0.0, 1.0, True)] * 3)
 
     class Conductor:
         def run_item(self, side, metric):
@@ -907,9 +912,71 @@ def test_a_round_the_budget_cuts_short_keeps_its_finished_item() -> None:
     cfg = gate.Lockstep(budget_s=1e12)  # never spent by the clock: the stand-in spends it
     stopped = gate._pace(Conductor(), sides, cfg, 0.0, rounds, lambda line: None)
     assert stopped.startswith("budget of 1e+12 s spent while waiting for candidate's item")
-    assert [len(r["items"]) for r in rounds] == [2, 1] and rounds[1]["partial"] and "partial" not in rounds[0]
+    assert [len(r.items) for r in rounds] == [2, 1] and rounds[1].partial and not rounds[0].partial
+    assert "partial" in rounds[1].to_json() and "partial" not in rounds[0].to_json()
     assert gate._rounds_run(rounds) == "1 round and 1 item of round 2"
     assert gate._rounds_run(rounds[:1]) == "1 round"
+
+
+# gate.json as a lockstep gate wrote it before its record was typed (no schema_version): a finished
+# item with the world's clock, one its world died in, a round the budget cut short, and the answer.
+OLD_GATE_JSON = {
+    "mode": "lockstep", "seed": 7, "metric": "step_ms", "repeats": 30, "target_ci": 0.05, "budget_s": 480.0,
+    "stopped": "budget of 480 s spent while waiting for candidate's item c 1", "answer": "unknown",
+    "answers": {"c": "unknown"}, "wall_s": 481.5,
+    "sides": {
+        "baseline": {"spec": "/base", "kind": "source", "run": "/g/baseline/r1", "log": "/g/baseline.log",
+                     "exit_code": 0},
+        "candidate": {"spec": "/venv", "kind": "venv", "run": "/g/candidate/r2", "log": "/g/candidate.log",
+                      "exit_code": None},
+    },
+    "rounds": [
+        {"round": 1, "order": ["candidate", "baseline"], "items": [
+            {"side": "candidate", "case": "c", "repeat": 0, "start": 10.0, "end": 11.0, "done": False},
+            {"side": "baseline", "case": "c", "repeat": 0, "start": 11.0, "end": 12.5, "done": True,
+             "began": 11.1, "ended": 12.4},
+        ]},
+        {"round": 2, "order": ["baseline", "candidate"], "items": [
+            {"side": "baseline", "case": "c", "repeat": 1, "start": 13.0, "end": 14.0, "done": True,
+             "began": 13.1, "ended": 13.9},
+        ], "partial": True},
+    ],
+}  # fmt: skip
+
+
+def test_gate_json_loads_into_the_record_the_gate_writes_and_back(tmp_path: Path) -> None:
+    """The gate judged from a dict it had built for gate.json, picking keys out of it, and nothing read
+    gate.json back but as a dict. Now one typed record (``gate_record.GateRecord``) passes from the
+    gate's rounds to its file to its answer: a file as earlier gates wrote it loads into it, writes
+    back the same keys and values (with ``schema_version``), and reads back equal; a file of another
+    version, or not a gate's, is refused naming it."""
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "gate.json").write_text(json.dumps(OLD_GATE_JSON))
+    record = gate_record.read(old)
+    assert record.rounds[1].partial and record.rounds[0].items[0].began is None
+    assert record.sides["candidate"] == gate_record.GateSide(
+        "/venv", "venv", "/g/candidate/r2", "/g/candidate.log", None
+    )
+    assert record.gate_answer == compare.GateAnswer("unknown", {"c": "unknown"}, 0.05, OLD_GATE_JSON["stopped"])
+    assert record.to_json() == {"schema_version": 1, **OLD_GATE_JSON}
+    again = tmp_path / "again"
+    again.mkdir()
+    gate_record.write(again, record)
+    assert gate_record.read(again) == record
+    assert json.loads((again / "gate.json").read_text()) == {"schema_version": 1, **OLD_GATE_JSON}
+    # Without --target-ci: no answer in the record, none in the file.
+    plain = replace(record, answer=None, answers=None, target_ci=None)
+    gate_record.write(again, plain)
+    assert "answer" not in json.loads((again / "gate.json").read_text()) and gate_record.read(again) == plain
+    assert plain.gate_answer is None
+    for doc, said in (({**OLD_GATE_JSON, "schema_version": 2}, "schema_version 2"), ([], "expected a JSON object")):
+        (again / "gate.json").write_text(json.dumps(doc))
+        with pytest.raises(gate.GateError, match=f"gate.json: {said}"):
+            gate_record.read(again)
+    (again / "gate.json").write_text(json.dumps({k: v for k, v in OLD_GATE_JSON.items() if k != "rounds"}))
+    with pytest.raises(gate.GateError, match="gate.json: not a gate record"):
+        gate_record.read(again)
 
 
 @pytest.mark.parametrize(("flags", "warned"), [(["--repeats", "2"], True), (["--repeats", "3"], False)])

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import math
 import os
 import random
@@ -37,9 +36,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tpbench import compare, explain, lockstep, store, user_code
+from tpbench import compare, explain, gate_record, lockstep, store, user_code
 from tpbench.analysis.stats import sequential_ratio
 from tpbench.compare import GateError
+from tpbench.gate_record import GATE_FILE, GateItem, GateRecord, GateRound, GateSide
 
 
 class SideError(RuntimeError):
@@ -286,7 +286,6 @@ MIN_PAIRS = 10
 ADAPTIVE_REPEATS = 500
 # The most repeats a gate accepts (--repeats): each is planned up front, and no budget runs past it.
 MAX_REPEATS = 10_000
-GATE_FILE = "gate.json"
 # Traced steps per case of each side for ``gate --explain``, after the verdict.
 EXPLAIN_STEPS = 5
 
@@ -442,7 +441,7 @@ class _Conductor:
                 )
             )
 
-    def run_item(self, side: _Side, metric: str) -> dict[str, Any] | None:
+    def run_item(self, side: _Side, metric: str) -> GateItem | None:
         """Let ``side`` run the item it asked for once every side is idle; None if it has exited.
         Returns the item as gate.json records it."""
         self.wait_until(lambda: all(o.idle for o in self.sides), "both sides to be ready")
@@ -457,16 +456,9 @@ class _Conductor:
                 f"--metric {metric}: not recorded by the {side.side.name} side's item ({case}, repeat {repeat}); "
                 f"expected one of {', '.join(side.last_done['recorded'])}"
             )
-        return {
-            "side": side.side.name,
-            "case": case,
-            "repeat": repeat,
-            "start": start,
-            "end": time.time(),
-            "done": done,
-            # When the item ran by the world's own clock (rank 0's).
-            **({k: side.last_done[k] for k in ("began", "ended")} if done else {}),
-        }
+        # When the item ran by the world's own clock (rank 0's).
+        ran = {k: side.last_done[k] for k in ("began", "ended")} if done else {}
+        return GateItem(side.side.name, case, repeat, start, time.time(), done, **ran)
 
     def finish(self, grace_s: float | None = None) -> None:
         """Answer stop to whatever asks from now on, until every side's sweep has exited. With
@@ -534,7 +526,7 @@ class LockstepRun:
     out: Path
     baseline: Path
     candidate: Path
-    record: dict[str, Any]
+    record: GateRecord
 
 
 # What a gate with --target-ci answers, as Chromium's Pinpoint does: the sides differ, they are the
@@ -612,7 +604,7 @@ def run_lockstep(
     out = Path(out).absolute()
     lock, sockets = _claim(out, baseline, candidate)
     sides: list[_Side] = []
-    rounds: list[dict[str, Any]] = []
+    rounds: list[GateRound] = []
     started = time.monotonic()
     try:
         for side in (baseline, candidate):
@@ -633,39 +625,33 @@ def run_lockstep(
         lock.release()
     per_case = answers(sides, cfg) if cfg.target_ci is not None else None
     runs = _side_runs(sides, out, stopped)
-    record = {
-        "mode": "lockstep",
-        "seed": cfg.seed,
-        "metric": cfg.metric,
-        "repeats": cfg.repeats,
-        "target_ci": cfg.target_ci,
-        "budget_s": cfg.budget_s,
-        "stopped": stopped or "the plans ended",
-        **({"answer": answer_of(per_case), "answers": per_case} if per_case is not None else {}),
-        "wall_s": time.monotonic() - started,
-        "sides": {
-            s.side.name: {
-                "spec": s.side.spec,
-                "kind": s.side.kind,
-                "run": str(r),
-                "log": str(s.log),
-                "exit_code": s.proc.returncode,
-            }
+    record = GateRecord(
+        seed=cfg.seed,
+        metric=cfg.metric,
+        repeats=cfg.repeats,
+        target_ci=cfg.target_ci,
+        budget_s=cfg.budget_s,
+        stopped=stopped or "the plans ended",
+        answer=answer_of(per_case) if per_case is not None else None,
+        answers=per_case,
+        wall_s=time.monotonic() - started,
+        sides={
+            s.side.name: GateSide(s.side.spec, s.side.kind, str(r), str(s.log), s.proc.returncode)
             for s, r in zip(sides, runs)
         },
-        "rounds": rounds,
-    }
-    store.atomic_write_bytes(out / GATE_FILE, json.dumps(record, indent=1).encode())
+        rounds=rounds,
+    )
+    gate_record.write(out, record)
     return LockstepRun(out, runs[0], runs[1], record)
 
 
-def _rounds_run(rounds: list[dict[str, Any]]) -> str:
+def _rounds_run(rounds: list[GateRound]) -> str:
     """The rounds run, as the stop line says them: "3 rounds", or "3 rounds and 1 item of round 4"
     when the budget ended a round after one side's item."""
-    whole = [r for r in rounds if not r.get("partial")]
+    whole = [r for r in rounds if not r.partial]
     said = f"{len(whole)} round{'' if len(whole) == 1 else 's'}"
     if len(whole) < len(rounds):
-        n = len(rounds[-1]["items"])
+        n = len(rounds[-1].items)
         said += f" and {n} item{'' if n == 1 else 's'} of round {len(rounds)}"
     return said
 
@@ -675,7 +661,7 @@ def _pace(
     sides: list[_Side],
     cfg: Lockstep,
     started: float,
-    rounds: list[dict[str, Any]],
+    rounds: list[GateRound],
     announce: Callable[[str], None],
 ) -> str | None:
     """Round after round, one item of each side in an order drawn from ``cfg.seed``, each round
@@ -685,8 +671,8 @@ def _pace(
     stopped = None
     while stopped is None and not all(s.exited for s in sides):
         order = rng.sample(sides, len(sides))
-        items: list[dict[str, Any]] = []
-        this = {"round": len(rounds) + 1, "order": [s.side.name for s in order], "items": items}
+        this = GateRound(len(rounds) + 1, [s.side.name for s in order])
+        items = this.items
         try:
             for s in order:
                 if (item := conductor.run_item(s, cfg.metric)) is not None:
@@ -695,11 +681,11 @@ def _pace(
             # An item the round had finished is on its side's disk: gate.json keeps it too, in a round
             # marked partial, which the stop line counts.
             if items:
-                rounds.append(this | {"partial": True})
+                rounds.append(replace(this, partial=True))
             return f"budget of {cfg.budget_s:g} s spent while waiting for {e}"
         if items:
             rounds.append(this)
-            if not misaligned and len({(i["case"], i["repeat"]) for i in items}) > 1:
+            if not misaligned and len({(i.case, i.repeat) for i in items}) > 1:
                 misaligned = True
                 announce(
                     f"tpbench gate: warning: in round {len(rounds)} the sides ran different items "
@@ -828,7 +814,7 @@ class Judged:
 
     out: Path
     comparison: compare.Comparison
-    record: dict[str, Any] | None = None  # a lockstep gate's gate.json; None for --mode rounds
+    record: GateRecord | None = None  # a lockstep gate's gate.json; None for --mode rounds
 
 
 def _cannot_fail(mode: str, pairs: int, fail_on_inconclusive: bool) -> str | None:
@@ -898,9 +884,8 @@ def run(
         fail_on_inconclusive=fail_on_inconclusive,
         ignore_env=ignore_env,
     )
-    if record is not None and "answer" in record:
-        said = compare.GateAnswer(record["answer"], record["answers"], cfg.target_ci or 0.0, record["stopped"])
-        comparison = replace(comparison, answer=said)
+    if record is not None and record.gate_answer is not None:
+        comparison = replace(comparison, answer=record.gate_answer)
     if explain_steps and comparison.verdict == compare.REGRESSION:
         traced = trace_sides(suite, base, cand, out, explain_steps, **sides)
         comparison = explain.annotate(comparison, traced)

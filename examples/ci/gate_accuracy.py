@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from tpbench import compare, store
+from tpbench import compare, gate_record, store
 from tpbench.cli.common import EXIT_USAGE
 
 # The shipped gate suite: one compute-bound DDP case of about 15 ms per step on 2 CPU ranks.
@@ -77,9 +77,9 @@ def run_gate(suite: Path, out: Path, slowdown: float, gate_args: list[str]) -> d
         "load1_before": load_before,
         "load1_after": os.getloadavg()[0],
     }
-    record = json.loads((out / "gate.json").read_text()) if (out / "gate.json").is_file() else {}
-    if "answer" in record:  # --target-ci: the gate's own answer, from its sequential interval
-        facts |= {"answer": record["answer"], "stopped": record["stopped"], "target_ci": record["target_ci"]}
+    record = gate_record.read(out) if (out / gate_record.GATE_FILE).is_file() else None
+    if record is not None and record.answer is not None:  # --target-ci: the gate's own, from its sequential interval
+        facts |= {"answer": record.answer, "stopped": record.stopped, "target_ci": record.target_ci}
     return facts
 
 
