@@ -892,6 +892,21 @@ def test_worlds_of_one_arm_run_their_rounds_and_the_note_compares_per_sample(tmp
     assert [a.status for a in single.arms if a.status != tune_answer.RECOMMENDED] == [tune_answer.UNRESOLVED]
 
 
+def two_world_races(tmp_path, repeats: int):
+    """A suite of two worlds (world_size 1 and 2), two settings in each (0 and 40 % slower), and each
+    world's race run on synthetic rounds: the 2-rank world twice as slow as the 1-rank one."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("world_size = [1, 2]\nslowdown_pct = [0, 40]", repeats=repeats))
+    cases = tune.prepare(suite).cases
+    scale = {c.case_id: c.world_size * (1 + c.slowdown_pct / 100) for c in cases}
+    values = synthetic(scale, repeats, noise=0.02, seed=4)
+    races = []
+    for w, size in enumerate((1, 2)):
+        arms = [c.case_id for c in cases if c.world_size == size]
+        races.append(run_race(Race(arms, repeats, Options(), comparisons=3, world=w), values))
+    return suite, cases, races
+
+
 def test_arms_across_worlds_get_each_worlds_own_answer(tmp_path, capsys):
     """Two links, two settings on each (what a suite sweeping interconnect races): the claim across
     worlds names the faster link's best setting, which says mostly that the link is faster; each
@@ -899,14 +914,7 @@ def test_arms_across_worlds_get_each_worlds_own_answer(tmp_path, capsys):
     JSON, the report)."""
     from tpbench.cli import tune as cli
 
-    suite = tmp_path / "s.toml"
-    suite.write_text(tiny_suite("world_size = [1, 2]\nslowdown_pct = [0, 40]", repeats=30))
-    cases = tune.prepare(suite).cases
-    values = synthetic({c.case_id: c.world_size * (1 + c.slowdown_pct / 100) for c in cases}, 30, noise=0.02, seed=4)
-    races = []
-    for w, size in enumerate((1, 2)):
-        arms = [c.case_id for c in cases if c.world_size == size]
-        races.append(run_race(Race(arms, 30, Options(), comparisons=3, world=w), values))
+    suite, cases, races = two_world_races(tmp_path, 30)
     result = tune_answer.result(stored(tmp_path, suite), cases, races, Options(), 0.0, NO_EVAL)
     label = {a.case_id: a.label for a in result.arms}
     best = {c.world_size: label[c.case_id] for c in cases if c.slowdown_pct == 0}
@@ -1241,14 +1249,7 @@ def test_the_race_chart_starts_at_the_first_round_the_rule_may_decide(tmp_path):
 def test_a_tune_across_worlds_draws_one_race_chart_per_world_named_by_its_world(tmp_path):
     """Each world races on its own rounds against its own leader. Drawn in one chart, the two
     worlds' lines ran side by side, both leaders at 1, and nothing said which world a line was in."""
-    suite = tmp_path / "s.toml"
-    suite.write_text(tiny_suite("world_size = [1, 2]\nslowdown_pct = [0, 40]", repeats=12))
-    cases = tune.prepare(suite).cases
-    values = synthetic({c.case_id: c.world_size * (1 + c.slowdown_pct / 100) for c in cases}, 12, noise=0.02, seed=4)
-    races = []
-    for w, size in enumerate((1, 2)):
-        arms = [c.case_id for c in cases if c.world_size == size]
-        races.append(run_race(Race(arms, 12, Options(), comparisons=3, world=w), values))
+    suite, cases, races = two_world_races(tmp_path, 12)
     charts = race_charts(tmp_path, suite, cases, races)
     assert len(charts) == 2
     for fig, size in zip(charts, (1, 2)):
