@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,7 +24,7 @@ from conftest import REPO, localsgd_suite, only_run, run_cli, tiny_suite
 from tpbench import launch, store, sweep, tune, tune_answer, tune_trace, verdict
 from tpbench.analysis.stats import slowest_rank
 from tpbench.racing import ALL_TIED, BUDGET, MAX_ROUNDS, MIN_ROUNDS, ONE_LEFT, Options, Race, supported_epsilon
-from tpbench.record import SuiteSource
+from tpbench.record import LauncherRecord, SuiteSource
 from tpbench.report import recommendation
 from tpbench.report.html import Page
 from tpbench.suite import expand, parse, select
@@ -41,7 +42,8 @@ def stored(tmp_path, suite) -> SimpleNamespace:
     """What ``tune._result`` reads of a run that synthetic races did not store: its directory and
     the suite it was started from. Its results root (``tmp_path``'s grandparent) is not the default
     ``results``: the commands a tune names give it (``--out``)."""
-    return SimpleNamespace(dir=tmp_path, record=SimpleNamespace(suite=SuiteSource("s", str(suite), "")))
+    source = SuiteSource("s", str(suite), "")
+    return SimpleNamespace(dir=tmp_path, record=SimpleNamespace(suite=source, launcher=LauncherRecord()))
 
 
 def tuned_run(run_dir: Path) -> SimpleNamespace:
@@ -467,7 +469,8 @@ def test_the_commands_a_tune_names_make_the_settings_it_raced(tmp_path):
     options = Options(epsilon=0.005)
     race = run_race(Race(list(values), 12, options, comparisons=1), values)
     source = SuiteSource("s", str(suite), "", None, ("batch_size=256", "repeats=12"), ("slowdown_pct=0|1",))
-    run = SimpleNamespace(dir=Path("results/s/run"), record=SimpleNamespace(suite=source))  # the default root
+    record = SimpleNamespace(suite=source, launcher=LauncherRecord())
+    run = SimpleNamespace(dir=Path("results/s/run"), record=record)  # the default root
     result = tune_answer.result(run, cases, [race], options, 30.0, NO_EVAL)
     rounds = 12 + result.rounds_to_decide
     assert shlex.split(result.next_step) == [
@@ -482,6 +485,36 @@ def test_the_commands_a_tune_names_make_the_settings_it_raced(tmp_path):
         assert shlex.split(command)[5:7] == ["--out", str(tmp_path / "my results")], command
 
 
+def test_the_commands_a_torchrun_tune_names_run_under_its_launcher(tmp_path):
+    """After ``tune --launcher torchrun``, both commands said "(under the same launcher)" but gave no
+    launcher option: pasted, they ran locally, and a suite sized "auto" made other worlds, so the
+    trace sweep's ``--filter id=...`` matched no case. Each now carries the tune's torchrun options,
+    and the trace sweep's selects the two arms that were raced."""
+    from tpbench.cli import build_parser
+    from tpbench.cli.common import torchrun_launcher
+    from tpbench.worlds import Torchrun
+
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 1.5]", repeats=12, world_size='"auto"'))
+    launcher = Torchrun(nnodes=2, nproc_per_node=2, rdzv_endpoint="node1:29500", agent_prefix=("srun", "-N2"))
+    cases = tune.prepare(suite, launcher=launcher).cases
+    assert {c.world_size for c in cases} == {4}
+    values = synthetic({c.case_id: 1 + c.slowdown_pct / 100 for c in cases}, 12, noise=0.02)
+    options = Options(epsilon=0.005)
+    race = run_race(Race(list(values), 12, options, comparisons=1), values)
+    ran = LauncherRecord.from_json({"name": "torchrun", **asdict(launcher)})  # as run.json keeps it
+    record = SimpleNamespace(suite=SuiteSource("s", str(suite), ""), launcher=ran)
+    run = SimpleNamespace(dir=tmp_path / "r" / "s" / "run", record=record)
+    result = tune_answer.result(run, cases, [race], options, 30.0, NO_EVAL)
+    assert result.state == "unresolved"
+    for command in (result.next_step, result.trace_step):
+        args = build_parser().parse_args(shlex.split(command)[1:])
+        assert torchrun_launcher(args) == launcher, command
+    args = build_parser().parse_args(shlex.split(result.trace_step)[1:])
+    traced = sweep.prepare(args.suite, args.set, args.filter, launcher=torchrun_launcher(args)).cases
+    assert {c.case_id for c in traced} == {c.case_id for c in cases}
+
+
 def test_the_trace_sweep_a_tune_names_traces_both_settings_once(tmp_path):
     """The suite traces nothing (``capture.profiler_steps = 0``, as tune-planted's) and races many
     rounds: the sweep the tune named ran the suite's budget, every repeat again and no trace. It now
@@ -493,7 +526,7 @@ def test_the_trace_sweep_a_tune_names_traces_both_settings_once(tmp_path):
     options = Options(epsilon=0.005)
     race = run_race(Race(list(values), 12, options, comparisons=2), values)
     source = SuiteSource("s", str(suite), "", None, ("batch_size=16", "repeats=12"))
-    run = SimpleNamespace(dir=tmp_path, record=SimpleNamespace(suite=source))
+    run = SimpleNamespace(dir=tmp_path, record=SimpleNamespace(suite=source, launcher=LauncherRecord()))
     result = tune_answer.result(run, cases, [race], options, 30.0, NO_EVAL)
     cmd = shlex.split(result.trace_step)
     assert cmd[:3] == ["tpbench", "sweep", str(suite)]

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from tpbench import store, verdict
+from tpbench import store, sweep, verdict
 from tpbench.analysis import convergence
 from tpbench.analysis.convergence import LEVEL_NATS
 from tpbench.analysis.stats import (
@@ -608,7 +608,7 @@ def _next_step(
     if rec is None or not rounds:
         return None
     ended = {r.ended for r in races}
-    parts = [f"tpbench tune {run.record.suite.command_path}", *_own_sets(run), *_own_out(run)]
+    parts = [f"tpbench tune {run.record.suite.command_path}", *_own_sets(run), *_own_out(run), *_own_launcher(run)]
     parts += [f"--filter {shlex.quote(f)}" for f in run.record.suite.filters]
     parts.append(f"--set repeats={_next_repeats(rounds, races)}")
     defaults = Options()
@@ -665,6 +665,7 @@ def _trace_step(run: store.Run, arms: list[Arm], windows: Mapping[str, int]) -> 
             f"tpbench sweep {run.record.suite.command_path}",
             *_own_sets(run),
             *_own_out(run),
+            *_own_launcher(run),
             f"--filter {shlex.quote('id=' + ids)}",
             *(f"--set {b}" for b in budget),
         ]
@@ -683,6 +684,14 @@ def _own_out(run: store.Run) -> list[str]:
     command the tune suggests wrote its run under ./results, apart from this one."""
     root = Path(run.dir).parent.parent
     return [] if root.resolve() == Path("results").resolve() else [f"--out {shlex.quote(str(root))}"]
+
+
+def _own_launcher(run: store.Run) -> list[str]:
+    """The tune's own torchrun options (none for the local launcher), so that a command it suggests
+    runs "under the same launcher", as it says: pasted without them after a torchrun tune, it ran its
+    worlds locally, and where the suite's sizes are "auto" made other case ids (no case matched)."""
+    launcher = sweep.launcher_of(run.record)
+    return [] if launcher is None else [shlex.join(launcher.options())]
 
 
 def _round_seconds(run: store.Run, cases: list[Case]) -> dict[str, pd.Series]:

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import selectors
+import shlex
 import signal
 import subprocess
 import sys
@@ -300,6 +301,21 @@ class Torchrun:
                 "(a port on the first node that every node can reach)"
             )
         return None
+
+    def options(self) -> list[str]:
+        """The ``tpbench sweep`` / ``tpbench tune`` options that start worlds this way, for a command
+        tpbench suggests: pasted without them, it ran locally, and a suite sized ``"auto"`` made
+        other worlds (other case ids, so its ``--filter id=...`` matched no case)."""
+        flags = ["--launcher", "torchrun"]
+        if self.nnodes != 1:
+            flags += ["--nnodes", str(self.nnodes)]
+        if self.nproc_per_node is not None:
+            flags += ["--nproc-per-node", str(self.nproc_per_node)]
+        if self.rdzv_endpoint:
+            flags += ["--rdzv-endpoint", self.rdzv_endpoint]
+        if self.agent_prefix:
+            flags += ["--agent-prefix", shlex.join(self.agent_prefix)]
+        return flags
 
     def command(self, plan_path: Path, world_size: int, rdzv_id: str) -> list[str]:
         """The command line that starts one world (every node's agent, when there is a prefix)."""
