@@ -565,6 +565,25 @@ def test_markup_in_names_and_paths_is_printed_verbatim_and_files_follow_the_umas
     assert not list(tmp_path.rglob("*.tmp"))
 
 
+def test_emoji_codes_in_paths_and_names_are_printed_verbatim(tmp_path, capsys):
+    """The terminal read ``:fire:`` in a path as an emoji code: a sweep into ``--out ':fire:'``
+    printed its run directory, and its ``--resume`` line, as ``🔥/smoke/…``, a path that does not
+    exist; a suite file's name and its description, likewise."""
+    folder = tmp_path / ":fire:"
+    folder.mkdir()
+    suite = tiny_suite(folder, 'algorithm = ["ddp"]', name="s:smile:", description=":+1: by design")
+    assert run_cli(["validate", str(suite)]) == 0
+    assert f"{suite}: ok" in capsys.readouterr().out
+    assert run_cli(["list", "--suites", str(folder)]) == 0
+    listed = capsys.readouterr().out
+    assert "s:smile:.toml" in listed and ":+1: by design" in listed, listed
+    # --print makes the run directory and names it, and the resume that records it, running no rank.
+    assert run_cli(["sweep", str(suite), "--out", str(folder), "--launcher", "torchrun", "--print"]) == 0
+    (run_dir,) = store.iter_runs(folder)
+    said = capsys.readouterr()
+    assert f"Run directory: {run_dir}\n" in said.err and f"tpbench sweep --resume {run_dir}\n" in said.out, said
+
+
 def test_list_tolerates_a_suites_folder_of_broken_files(tmp_path, capsys):
     """Exit 0, every file listed, each broken one with its problem in one line; descriptions are
     printed as written (no markup)."""

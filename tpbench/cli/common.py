@@ -27,8 +27,10 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_RESULTS, EXIT_INTERRUPTED = 0, 1, 2, 3, 1
 # comparison is.
 EXIT_UNRESOLVED = 4
 
-console = Console(stderr=True, highlight=False)
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+# No emoji codes: rich read ":fire:" in a path or a suite's name as one, and printed a run directory,
+# and the --resume line naming it, as a path that does not exist ("🔥/smoke/...").
+console = Console(stderr=True, highlight=False, emoji=False)
+out = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 160)
 
 
 def given_flags(options: dict[str, Any]) -> list[str]:
