@@ -120,6 +120,8 @@ def test_torchrun_commands():
     ]:
         assert multi[multi.index(flag) + 1] == value
     assert "needs --rdzv-endpoint" in Torchrun(nnodes=2).problem()
+    for endpoint in ("node1", "node1:29500", "10.0.0.1:1", "[::1]:29500", "[fe80::1]"):
+        assert Torchrun(nnodes=2, rdzv_endpoint=endpoint).problem() is None, endpoint
 
 
 def test_failure_reports_blame_the_killed_rank_over_the_ones_torchrun_stopped():
@@ -197,6 +199,12 @@ def test_a_damaged_events_file_stops_the_resume_naming_its_line_and_leaves_the_r
         (["--nnodes", "2"], "--nnodes: only with --launcher torchrun"),
         (["--launcher", "torchrun", "--nnodes", "2"], "--nnodes 2 needs --rdzv-endpoint"),
         (["--launcher", "torchrun", "--nnodes", "2", "--rdzv-endpoint", "h:1"], "give --agent-prefix"),
+        # torchrun refused these in every world, a traceback in each case's detail and every case failed:
+        (["--launcher", "torchrun", "--rdzv-endpoint", "h:99999"], "h:99999: expected a port number up to 65535"),
+        (["--launcher", "torchrun", "--rdzv-endpoint", "h:abc"], "h:abc: expected a port number up to 65535"),
+        (["--launcher", "torchrun", "--rdzv-endpoint", ":29500"], ":29500: expected HOST:PORT"),
+        # Each agent listened on a port of its own and the world waited out its 10 minutes of start-up.
+        (["--launcher", "torchrun", "--nnodes", "2", "--rdzv-endpoint", "h:0"], "h:0: port 0 picks a free port"),
     ],
 )
 def test_torchrun_usage_errors(argv, message, capsys, tmp_path):

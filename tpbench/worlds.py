@@ -300,6 +300,30 @@ class Torchrun:
                 f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT "
                 "(a port on the first node that every node can reach)"
             )
+        return self._endpoint_problem()
+
+    def _endpoint_problem(self) -> str | None:
+        """Why ``rdzv_endpoint`` is no ``HOST[:PORT]`` torchrun can meet at, or None. Checked here,
+        before a run exists: torchrun itself refused ``HOST:99999`` with a traceback in every world,
+        each of its cases marked failed ("torchrun exited with code 1"), and with port 0 each node's
+        agent listened on a port of its own, the nodes never met, and every world waited out its
+        start-up time (``TorchrunWorld.startup_s``, 10 minutes) before failing."""
+        if not self.rdzv_endpoint:
+            return None
+        endpoint = self.rdzv_endpoint
+        host, colon, port = endpoint.rpartition(":")
+        if not colon or endpoint.endswith("]"):  # no port: torchrun's default; "[::1]" is a host alone
+            host, port = endpoint, None
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if not re.fullmatch(r"[\w.:-]+", host):
+            return f"--rdzv-endpoint {endpoint}: expected HOST:PORT, the first node's name or address and a port"
+        if port is not None and not (port.isascii() and port.isdigit() and int(port) <= 65535):
+            return f"--rdzv-endpoint {endpoint}: expected a port number up to 65535 after the colon"
+        if port is not None and int(port) == 0 and self.nnodes > 1:
+            return (
+                f"--rdzv-endpoint {endpoint}: port 0 picks a free port on each node, where the nodes cannot "
+                "meet: give a port on the first node that every node can reach"
+            )
         return None
 
     def options(self) -> list[str]:
