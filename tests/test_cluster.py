@@ -9,6 +9,7 @@ recorded, and that a rank killed (or hung) on the second node fails only its cas
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -240,6 +241,26 @@ def test_a_resume_refuses_another_launcher_than_the_runs_own(started, argv, mess
     with pytest.raises(sweep.SweepError, match="a resumed run starts its worlds as its finished cases ran"):
         sweep.run(resume=run.dir, launcher=other)
     assert (run.dir / "run.json").read_text() == before
+
+
+def test_a_resume_in_a_new_allocation_is_what_a_bare_resume_there_reuses(tmp_path):
+    """Resumed in a new allocation (its own ``--rdzv-endpoint`` and ``--agent-prefix``) and then
+    interrupted, a run says a bare ``--resume`` goes on "in the same allocation"; that resume
+    started its worlds at the first allocation's rendezvous, gone by then, and each world waited out
+    its start-up. The new allocation's settings are now the run's. With ``--print``, so that no
+    rank starts: its commands are what the worlds would run."""
+    first = Torchrun(nnodes=2, nproc_per_node=1, rdzv_endpoint="old-node:29500", agent_prefix=("srun", "-N2"))
+    prepared = sweep.prepare(REPO / "suites" / "smoke.toml", ["world_size=auto"], launcher=first)
+    sweep.start(prepared, tmp_path, first).lock.release()
+    (run_dir,) = store.iter_runs(tmp_path)
+    second = dataclasses.replace(first, rdzv_endpoint="new-node:29600", agent_prefix=("srun", "-N2", "-w", "n[3-4]"))
+    sweep.run(resume=run_dir, launcher=second, print_only=True).run.lock.release()
+    assert sweep.launcher_of(store.read_record(run_dir)) == second
+    again = sweep.run(resume=run_dir, launcher=sweep.RECORDED, print_only=True)
+    again.run.lock.release()
+    (world,) = again.printed
+    assert world.command[world.command.index("--rdzv-endpoint") + 1] == "new-node:29600"
+    assert world.command[:4] == ["srun", "-N2", "-w", "n[3-4]"]
 
 
 @pytest.mark.ranks

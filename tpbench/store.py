@@ -578,6 +578,12 @@ class Run:
         self._meta["wall_s"] = self._meta.get("wall_s", 0.0) + seconds
         self._save()
 
+    def set_launcher(self, entry: dict[str, Any]) -> None:
+        """How the run's worlds start from now on (``record.LauncherRecord``'s JSON): a resume in a
+        new allocation gives its own rendezvous and agents, which a later bare ``--resume`` there reuses."""
+        self._meta["launcher"] = entry
+        self._save()
+
     def set_status(self, status: str, **info: Any) -> None:
         """The run's state (``record.RUN_STATES``: running, printed, interrupted, complete ...), with
         when (``resumed``, ``interrupted``) or its ``efficiency`` figures."""

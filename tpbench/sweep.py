@@ -153,10 +153,15 @@ def start(prepared: Prepared, out_root: Path, launcher: Torchrun | None = None) 
         s.text,
         [c.params() for c in prepared.cases],
         fingerprint(),
-        {"name": "torchrun", **asdict(launcher)} if launcher else {"name": "local"},
+        launcher_entry(launcher),
         prepared.overrides,
         prepared.filters,
     )
+
+
+def launcher_entry(launcher: Torchrun | None) -> dict[str, Any]:
+    """A launcher as run.json keeps it (``launcher_of`` reads it back)."""
+    return {"name": "torchrun", **asdict(launcher)} if launcher else {"name": "local"}
 
 
 def launcher_of(run: record.RunRecord) -> Torchrun | None:
@@ -166,6 +171,18 @@ def launcher_of(run: record.RunRecord) -> Torchrun | None:
         return None
     spec = dict(launcher.options)
     return Torchrun(**{**spec, "agent_prefix": tuple(spec.get("agent_prefix", ()))})
+
+
+def resumed_with(run: store.Run, launcher: Torchrun | None | Literal["recorded"]) -> Torchrun | None:
+    """The launcher a resume starts ``run``'s worlds with (``RECORDED``: the run's own), recorded as
+    the run's where it differs (a new allocation's ``--rdzv-endpoint`` or ``--agent-prefix``): the
+    interrupt's line says a bare ``--resume`` goes on "in the same allocation", and it reused the
+    first allocation's rendezvous, gone by then, its worlds waiting out their start-up."""
+    if launcher == RECORDED:
+        return launcher_of(run.record)
+    if launcher != launcher_of(run.record):
+        run.set_launcher(launcher_entry(launcher))
+    return launcher
 
 
 def print_worlds(run: store.Run, cases: list[Case], launcher: Torchrun) -> list[PrintedWorld]:
@@ -787,7 +804,7 @@ def _resume(
     refuse_a_tune(run_dir)
     refuse_another_launcher(run_dir, launcher)
     the_run, cases = reopen(run_dir)
-    launcher = launcher_of(the_run.record) if launcher == RECORDED else launcher
+    launcher = resumed_with(the_run, launcher)
     if print_only and launcher is None:
         raise SweepError(f"--print: {the_run.dir} runs with the local launcher; add --launcher torchrun")
     return the_run, cases, launcher

@@ -394,7 +394,7 @@ def run(
     if resume is not None:
         sweep.refuse_another_launcher(resume, launcher)
         the_run, options = reopen(resume)
-        launcher = sweep.launcher_of(the_run.record) if launcher == sweep.RECORDED else launcher
+        launcher = sweep.resumed_with(the_run, launcher)
     else:
         the_run, _ = start(suite, options, overrides, filters, out, launcher, allow_large)
     with progress(the_run) as watch:
