@@ -198,3 +198,25 @@ def test_runs_of_one_suite_at_other_set_values_export_apart(tmp_path: Path) -> N
         "synthetic/hook_with_zero_step (--set bucket_cap_mb=8, shard_buckets=true)",
     ]
     assert names("bucket_cap_mb=[4, 8]")[:2] == ["synthetic/ddp bucket_cap_mb=4", "synthetic/ddp bucket_cap_mb=8"]
+
+
+def test_pytest_benchmark_names_of_runs_at_other_set_values_differ(tmp_path: Path) -> None:
+    """Runs at ``--set bucket_cap_mb=4`` and ``=8`` saved benchmarks of the same names, so
+    ``pytest-benchmark compare`` set one against the other as if one case. Names and ``params`` carry
+    the run's --set of what a case measures, by custom-smaller-is-better's rule: a run without --set,
+    a budget key or a key the case ignores (shard_buckets for DDP) leaves a name as it was."""
+    medians = {"ddp": [10.0, 10.2, 9.9], "hook_with_zero_step": [12.0, 12.1, 11.9]}
+
+    def benchmarks(*sets: str) -> list[tuple[str, object]]:
+        run = make_run(tmp_path / str(len(list(tmp_path.iterdir()))), medians, overrides=sets)
+        return [(b["name"], b["params"]) for b in exports.export_pytest_benchmark(run).document["benchmarks"]]
+
+    assert benchmarks() == benchmarks("repeats=3") == [("ddp", None), ("hook_with_zero_step", None)]
+    assert benchmarks("bucket_cap_mb = 4.0", "repeats=3") == [
+        ("ddp[bucket_cap_mb=4]", {"bucket_cap_mb": "4"}),
+        ("hook_with_zero_step[bucket_cap_mb=4]", {"bucket_cap_mb": "4"}),
+    ]
+    assert [name for name, _ in benchmarks("shard_buckets=true", "bucket_cap_mb=8")] == [
+        "ddp[bucket_cap_mb=8]",
+        "hook_with_zero_step[bucket_cap_mb=8-shard_buckets=true]",
+    ]

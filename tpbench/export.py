@@ -71,10 +71,12 @@ def export_pytest_benchmark(run_dir: str | Path, metric: str = "step_ms") -> Exp
     """pytest-benchmark's saved-run JSON: one benchmark per case over its timed steps, in seconds.
 
     Benchmarks are named ``ALGORITHM[key=value-…]`` after the keys that vary among the run's cases
-    (those without data too, so a case keeps its name whichever cases finished), grouped by suite,
-    with the case parameters under ``params``, so ``pytest-benchmark compare`` and its
-    ``--group-by`` options work on tpbench runs. With ``metric`` ``cpu_ms`` the group is
-    ``SUITE (cpu_ms)``: a comparison must not set CPU time against another run's wall time.
+    (those without data too, so a case keeps its name whichever cases finished), then the run's
+    ``--set`` of what the case measures (``_set_params``: runs of one suite at other settings must
+    not save benchmarks of one name), grouped by suite, with those keys under ``params``, so
+    ``pytest-benchmark compare`` and its ``--group-by`` options work on tpbench runs. With ``metric``
+    ``cpu_ms`` the group is ``SUITE (cpu_ms)``: a comparison must not set CPU time against another
+    run's wall time.
     """
     loaded = store.load(run_dir)
     env = loaded.environment
@@ -82,7 +84,9 @@ def export_pytest_benchmark(run_dir: str | Path, metric: str = "step_ms") -> Exp
     cases, skipped = _export_cases(loaded, metric)
     keys = swept_keys(loaded.record)  # all its cases': a name must not change with which cases have data
     group = suite if metric == "step_ms" else f"{suite} ({metric})"
-    benchmarks = [_pytest_benchmark(loaded, group, keys, metric, *c) for c in cases]
+    sets = measured_overrides(loaded.record.suite.overrides)
+    shown = {"algorithm", *keys}
+    benchmarks = [_pytest_benchmark(loaded, group, keys, _set_params(c[0], sets, shown), metric, *c) for c in cases]
     git = env.get("git") or {}
     document = {
         "machine_info": {
@@ -112,6 +116,7 @@ def _pytest_benchmark(
     loaded: store.Loaded,
     suite: str,
     keys: list[str],
+    sets: Mapping[str, str],
     metric: str,
     case: Case,
     label: str,
@@ -119,19 +124,20 @@ def _pytest_benchmark(
     reps: np.ndarray,
 ) -> dict[str, Any]:
     """One case as a pytest-benchmark benchmark: its timed steps' statistics in seconds (``suite``:
-    its group)."""
+    its group; ``keys``: the run's varying keys; ``sets``: the run's ``--set`` that its name adds)."""
     s = np.sort(ms / 1e3)
     q1, q3 = (float(np.quantile(s, q)) for q in (0.25, 0.75))
     iqr = q3 - q1
     mean, std = float(s.mean()), float(s.std(ddof=1)) if s.size > 1 else 0.0
     inside = s[(s >= q1 - 1.5 * iqr) & (s <= q3 + 1.5 * iqr)]
-    param = "-".join(f"{k}={getattr(case, k)}" for k in keys if k != "algorithm")
+    params = {k: getattr(case, k) for k in keys if k != "algorithm"} | dict(sets)
+    param = "-".join(f"{k}={v}" for k, v in params.items())
     name = case.algorithm + (f"[{param}]" if param else "")
     return {
         "group": suite,
         "name": name,
         "fullname": f"{suite}::{name}",
-        "params": {k: getattr(case, k) for k in keys if k != "algorithm"} or None,
+        "params": params or None,
         "param": param or None,
         "extra_info": {
             "case_id": case.case_id,
@@ -200,7 +206,7 @@ def export_custom_smaller_is_better(run_dir: str | Path, metric: str = "step_ms"
         ci = f"{CONFIDENCE:.0%} CI [{lo:.4g}, {hi:.4g}] ms" if ranged else "no CI (one repeat)"
         entries.append(
             {
-                "name": f"{suite}/{label}{_settings(case, sets, shown)}{tag}",
+                "name": f"{suite}/{label}{_settings(_set_params(case, sets, shown))}{tag}",
                 "unit": "ms",
                 "value": round(float(np.median(reps)), 6),
                 **ranged,
@@ -214,13 +220,19 @@ def export_custom_smaller_is_better(run_dir: str | Path, metric: str = "step_ms"
     return Export(entries, skipped)
 
 
-def _settings(case: Case, sets: Mapping[str, str], shown: set[str]) -> str:
-    """The run's ``--set`` of what ``case`` measures (``suite.measured_overrides``) as its name's end,
-    " (--set bucket_cap_mb=4, shard_buckets=true)", or "" without: a name without it is the name a
-    run without --set exports, which dashboards keep their series by. A key the label shows, or one
-    moot for the case (None: shard_buckets for DDP), tells no series apart and is left out."""
-    said = [f"{k}={v}" for k, v in sets.items() if k not in shown and getattr(case, k, "") is not None]
-    return f" (--set {', '.join(said)})" if said else ""
+def _set_params(case: Case, sets: Mapping[str, str], shown: set[str]) -> dict[str, str]:
+    """The run's ``--set`` of what ``case`` measures (``suite.measured_overrides``), key → value as
+    the command line writes it, for each format's names to end in; empty without: a name without it
+    is the name a run without --set exports, which dashboards keep their series by. A key the name
+    already shows (``shown``), or one moot for the case (None: shard_buckets for DDP), tells no
+    series apart and is left out."""
+    return {k: v for k, v in sets.items() if k not in shown and getattr(case, k, "") is not None}
+
+
+def _settings(said: Mapping[str, str]) -> str:
+    """A ``customSmallerIsBetter`` name's end for ``_set_params``: " (--set bucket_cap_mb=4,
+    shard_buckets=true)", or "" without."""
+    return f" (--set {', '.join(f'{k}={v}' for k, v in said.items())})" if said else ""
 
 
 def export_run(run_dir: str | Path, fmt: str, metric: str = "step_ms") -> Export:
