@@ -106,3 +106,17 @@ def test_nothing_points_outside_the_repository():
         text = path.read_text(encoding="utf-8", errors="replace")
         hits += [f"{path.relative_to(ROOT)}:{n}" for n, line in enumerate(text.splitlines(), 1) if OUTSIDE.search(line)]
     assert hits == []
+
+
+def test_the_architecture_names_exactly_the_fingerprint_keys_that_compare_judges():
+    """architecture.md said runs whose "fingerprints differ" are incomparable, which reads as if hostname,
+    Python or platform counted; only ``environment.COMPARABLE_KEYS`` do. The page names them all, and
+    the keys it says are not compared are none of them."""
+    from tpbench.environment import COMPARABLE_KEYS
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    sentence = re.search(r"Only its `COMPARABLE_KEYS` make two runs incomparable: ([^.]+)\.", text)
+    assert sentence, "architecture.md no longer names the keys compare judges"
+    assert set(re.findall(r"`(\w+)`", sentence.group(1))) == set(COMPARABLE_KEYS)
+    rest = re.search(r"The rest, ([^.]+?), is recorded to explain a difference, never compared", text)
+    assert rest and not {k for k in COMPARABLE_KEYS if k in rest.group(1).replace(" ", "_").lower()}
