@@ -525,6 +525,35 @@ def test_printed_command_runs_and_resume_records_it(tmp_path, capsys):
 
 
 @pytest.mark.ranks
+def test_a_resume_of_printed_worlds_says_who_started_their_ranks(tmp_path, capsys):
+    """After ``--print``, the user's torchrun and ``--resume``, the closing line said "0.0 s running
+    worlds, ... 2 rank processes started", and the report 230770 % of that time in timed steps:
+    tpbench had started and clocked none of them. Both now say the ranks were started by hand,
+    give no seconds of worlds tpbench did not run, and the record keeps those ranks apart from
+    tpbench's own (no share of a time not clocked)."""
+    out = tmp_path / "results"
+    suite = tmp_path / "tiny.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp"]', world_size='"auto"'))
+    printed = ["sweep", str(suite), "--launcher", "torchrun", "--nproc-per-node", "2", "--print", "--out", str(out)]
+    assert run_cli(printed) == 0
+    run_dir = only_run(out)
+    command = next(line for line in capsys.readouterr().out.splitlines() if not line.startswith("#"))
+    started = subprocess.run(shlex.split(command), capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    capsys.readouterr()
+    report = tmp_path / "r.html"
+    assert run_cli(["sweep", "--resume", str(run_dir), "--report", str(report)]) == 0
+    line = " ".join(capsys.readouterr().out.split())
+    by_hand = "2 rank processes started by hand from the printed commands, none by tpbench."
+    whole_run = line.rpartition("the whole run: ")[2]
+    assert whole_run.endswith(f"s in timed steps, {by_hand}") and "running" not in whole_run, line
+    efficiency = store.load(run_dir).record.efficiency
+    assert efficiency.processes_started == 0 and efficiency.processes_by_hand == 2
+    assert efficiency.timed_share is None
+    assert by_hand in " ".join(report.read_text().split())
+
+
+@pytest.mark.ranks
 def test_a_printed_command_whose_world_a_resume_took_over_runs_nothing(tmp_path, capsys):
     """--print, then --resume before the printed command ran: the resume runs the case itself. The
     printed command, started after all, must not measure the finished case again (it wrote its

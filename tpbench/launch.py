@@ -519,7 +519,7 @@ def take_over_printed(run: store.Run) -> None:
     all, then run nothing (``worker._spent``) rather than measure those cases a second time and
     write over their traces and tables."""
     for entry in _printed_not_recorded(run):
-        if not _started(run, entry.world):
+        if not printed_world_started(run, entry.world):
             run.world_ingested(entry.world)
 
 
@@ -528,8 +528,8 @@ def _printed_not_recorded(run: store.Run) -> list[WorldRecord]:
     return [entry for entry in run.record.worlds if entry.printed and not entry.ingested]
 
 
-def _started(run: store.Run, world: str) -> bool:
-    """Whether a printed world was started: its ranks write events files as they start."""
+def printed_world_started(run: store.Run, world: str) -> bool:
+    """Whether a printed world was started (by hand): its ranks write events files as they start."""
     return any((run.dir / "events" / world).glob("rank*.jsonl"))
 
 
@@ -583,7 +583,7 @@ def ingest_printed(
     finished cases become done, a case that raised or was cut short becomes failed. A printed
     world with no events yet has not been started; it is left alone (its cases stay pending)."""
     for entry in _printed_not_recorded(run):
-        if not _started(run, entry.world):
+        if not printed_world_started(run, entry.world):
             continue
         world = PrintedWorldRecord(run.dir, entry.world, entry.world_size)
         plan = Plan.read(run.dir / "plans" / f"{entry.world}.json")

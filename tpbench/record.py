@@ -270,13 +270,43 @@ class LauncherRecord:
 
 @dataclass(frozen=True)
 class Efficiency(_Entry):
-    """The sweep's accounting of its wall time, written when it finished (``sweep.finalize``)."""
+    """The sweep's accounting of its wall time, written when it finished (``sweep.finalize``).
+
+    ``wall_s``, ``worlds_started`` and ``processes_started`` are the worlds tpbench started and
+    clocked itself; ``processes_by_hand`` the ranks of worlds the user started from the commands
+    ``--print`` printed, whose time no tpbench saw (``timed_share`` is then None: their timed steps
+    are in ``timed_s`` but their running is not in ``wall_s``)."""
 
     wall_s: float | None = None
     timed_s: float = 0.0
     timed_share: float | None = None
     worlds_started: int = 0
     processes_started: int | None = None
+    processes_by_hand: int = 0
+
+    def worlds_text(self) -> str:
+        """The seconds spent running worlds, as the sweep's closing line and the report say them:
+        "16.2 s running worlds", or where some were started by hand "0.4 s running tpbench's worlds",
+        since the time of those was not counted; "" where tpbench ran none: its 0.0 s is not theirs."""
+        if not self.processes_by_hand:
+            return f"{self.wall_s or 0.0:.1f} s running worlds"
+        return f"{self.wall_s or 0.0:.1f} s running tpbench's worlds" if self.processes_started else ""
+
+    def started_text(self) -> str:
+        """Who started the run's rank processes: "2 rank processes started"; with worlds started by
+        hand from ``--print``'s commands, those apart, "2 rank processes started by hand from the
+        printed commands, none by tpbench": counted as its own, they read as if tpbench had started
+        them and run their worlds in no time."""
+        own = self.processes_started or 0
+        if not self.processes_by_hand:
+            return f"{_processes(own)} started"
+        by_hand = f"{_processes(self.processes_by_hand)} started by hand from the printed commands"
+        return f"{by_hand}, none by tpbench" if not own else f"{_processes(own)} started by tpbench, {by_hand}"
+
+
+def _processes(n: int) -> str:
+    """ "1 rank process", "2 rank processes"."""
+    return f"{n} rank process{'es' if n != 1 else ''}"
 
 
 @dataclass(frozen=True)

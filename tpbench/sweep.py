@@ -37,6 +37,7 @@ from tpbench.launch import (
     group_cases,
     ingest_printed,
     print_group,
+    printed_world_started,
     run_group,
     take_over_printed,
 )
@@ -439,12 +440,16 @@ def _finalize(run: store.Run) -> store.Loaded:
     store.write_summary(run.dir, summary)
     timed_s = float(slowest_rank(loaded.steps)["step_ms"].sum() / 1e3) if not loaded.steps.empty else 0.0
     rec = run.record
+    # A printed world's ranks were started by hand (or, taken over by a resume, never): not ours.
+    own = [w for w in rec.worlds if not w.printed]
+    by_hand = sum(w.world_size for w in rec.worlds if w.printed and printed_world_started(run, w.world))
     efficiency = record.Efficiency(
         wall_s=rec.wall_s,
         timed_s=timed_s,
-        timed_share=timed_s / rec.wall_s if rec.wall_s else None,
-        worlds_started=len(rec.worlds),
-        processes_started=sum(w.world_size for w in rec.worlds),
+        timed_share=timed_s / rec.wall_s if rec.wall_s and not by_hand else None,
+        worlds_started=len(own),
+        processes_started=sum(w.world_size for w in own),
+        processes_by_hand=by_hand,
     )
     failed = [cid for cid, status in run.case_status().items() if status == store.FAILED]
     status = record.COMPLETE if not failed else record.COMPLETE_WITH_FAILURES

@@ -187,14 +187,12 @@ def _closing_line(outcome: Outcome, resumed: bool) -> str:
     from tpbench.record import Efficiency
 
     eff = outcome.loaded.record.efficiency or Efficiency()
-    started = f"{eff.processes_started} rank process{'es' if eff.processes_started != 1 else ''} started"
+    started = eff.started_text()
     if not resumed:  # the worlds' time apart: the report gives that one, without the analysis after them
-        worlds = f" ({eff.wall_s:.1f} s running worlds)" if eff.wall_s else ""
+        worlds = f" ({eff.worlds_text()})" if eff.wall_s else ""
         return f"Wall {outcome.wall_s:.1f} s{worlds}; timed steps {eff.timed_s:.1f} s; {started}."
-    return (
-        f"Wall {outcome.wall_s:.1f} s this resume; the whole run: {eff.wall_s or 0.0:.1f} s running worlds, "
-        f"{eff.timed_s:.1f} s in timed steps, {started}."
-    )
+    run = ", ".join(t for t in (eff.worlds_text(), f"{eff.timed_s:.1f} s in timed steps", started) if t)
+    return f"Wall {outcome.wall_s:.1f} s this resume; the whole run: {run}."
 
 
 def _failures_line(run_dir: Path, failed: int, report: Path | None) -> str:

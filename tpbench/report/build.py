@@ -205,16 +205,12 @@ def _environment(page: Page, data: ReportData) -> None:
         page.table(transport)
     for r in data.runs:
         eff = r.record.efficiency
-        if eff is not None and eff.wall_s:
+        if eff is not None and (eff.wall_s or eff.processes_by_hand):
             share = eff.timed_share
-            page.paragraph(
-                (f"{data.tags[r.record.run_id]}: " if data.multi else "")
-                + f"{eff.wall_s:.1f} s running worlds, {eff.timed_s:.1f} s in timed steps"
-                + (f" ({share:.0%})" if share is not None else "")
-                + f", {eff.worlds_started} world(s), {eff.processes_started} rank "
-                + f"process{'es' if eff.processes_started != 1 else ''} started.",
-                css="muted",
-            )
+            timed = f"{eff.timed_s:.1f} s in timed steps" + (f" ({share:.0%})" if share is not None else "")
+            worlds = f"{eff.worlds_started} world(s)" if eff.worlds_started else ""
+            said = ", ".join(t for t in (eff.worlds_text(), timed, worlds, eff.started_text()) if t)
+            page.paragraph((f"{data.tags[r.record.run_id]}: " if data.multi else "") + f"{said}.", css="muted")
     for r in data.runs:
         page.details(
             f"Suite file of {data.tags[r.record.run_id]} ({r.record.suite.path or 'unknown path'})",
