@@ -476,6 +476,41 @@ def test_crash_and_hang_on_the_second_node_fail_only_their_cases(tmp_path):
     assert worker_processes(run_dir) == []
 
 
+def test_a_rendezvous_port_another_program_holds_stops_the_sweep_before_any_world(tmp_path, capsys):
+    """A plain TCP listener on the endpoint's port: torchrun's agents connected to it as to their
+    store and waited; each world waited out its 10 minutes of start-up, was retried, failed its
+    cases, and the next world did the same. The port is probed before the first world instead: the
+    sweep stops (exit 3) naming the endpoint, what to do and the resume, the run interrupted."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("lr = [0.01, 0.02]"))
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        endpoint = f"127.0.0.1:{listener.getsockname()[1]}"
+        argv = [
+            "sweep",
+            str(suite),
+            "--launcher",
+            "torchrun",
+            "--rdzv-endpoint",
+            endpoint,
+            "--out",
+            str(tmp_path / "r"),
+        ]
+        assert run_cli([*argv, "--no-report"]) == 3
+        assert Torchrun(rdzv_endpoint=endpoint).endpoint_held() is not None
+    err = " ".join(capsys.readouterr().err.split())
+    run_dir = only_run(tmp_path / "r")
+    assert f"--rdzv-endpoint {endpoint}: another program holds port {endpoint.split(':')[1]}" in err
+    assert f"tpbench sweep --resume {run_dir} --launcher torchrun --rdzv-endpoint 127.0.0.1:OTHER_PORT" in err
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "interrupted" and not meta.get("worlds")
+    assert {c["status"] for c in meta["cases"].values()} == {"pending"}
+    # Free again, or on another machine (the store is hosted there): nothing to say.
+    assert Torchrun(rdzv_endpoint=endpoint).endpoint_held() is None
+    assert Torchrun(nnodes=2, rdzv_endpoint="192.0.2.1:29500").endpoint_held() is None
+
+
 # --- --print: the user starts torchrun, --resume records what it did -----------------------------
 
 

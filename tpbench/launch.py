@@ -328,6 +328,38 @@ class Supervisor:
                 )
 
 
+class RendezvousFailed(store.StoreError):
+    """A torchrun world's agents cannot meet: the sweep stops (exit 3), its run interrupted with
+    its finished cases kept, rather than each further world waiting out its start-up to fail its
+    cases."""
+
+
+def rendezvous_failed(run: store.Run, launcher: Torchrun, why: str, cure: str) -> RendezvousFailed:
+    """The error naming the endpoint (or torchrun's ``--standalone``), what went wrong, what to do,
+    and the resume that runs the rest: with a new ``--rdzv-endpoint`` when one was given, which a
+    resume may change (``cli.common.resumed_launcher``)."""
+    command = "tune" if (run.dir / store.TUNE_FILE).exists() else "sweep"
+    resume = f"tpbench {command} --resume {run.dir}"
+    address = launcher.rendezvous_address()
+    if address:
+        host = f"[{address[0]}]" if ":" in address[0] else address[0]
+        resume += f" --launcher torchrun --rdzv-endpoint {host}:OTHER_PORT"
+    where = f"--rdzv-endpoint {launcher.rdzv_endpoint}" if launcher.rdzv_endpoint else "torchrun --standalone"
+    return RendezvousFailed(
+        f"{where}: {why}; {cure}. The run's finished cases are kept; then run the rest with: {resume}"
+    )
+
+
+def check_endpoint(run: store.Run, launcher: Torchrun | None) -> None:
+    """Before a run's worlds start: ``RendezvousFailed`` when the rendezvous endpoint is on this
+    machine and another program holds its port (``Torchrun.endpoint_held``)."""
+    held = None if launcher is None else launcher.endpoint_held()
+    if held:
+        port = launcher.rendezvous_address()[1]
+        cure = f"give another port, or stop what holds this one (ss -ltnp 'sport = :{port}' names it)"
+        raise rendezvous_failed(run, launcher, f"{held}, so torchrun's agents would never meet", cure)
+
+
 def _write_plan(
     run: store.Run,
     group: LaunchGroup,

@@ -33,6 +33,7 @@ from tpbench.interconnect import (
 from tpbench.launch import (
     Listener,
     PrintedWorld,
+    check_endpoint,
     check_printed,
     group_cases,
     ingest_printed,
@@ -301,6 +302,7 @@ def execute(
         listener(kind, ev)
 
     try:
+        check_endpoint(run, launcher)
         groups = group_cases(cases)
         passes = max((c.passes for c in cases), default=1) if in_passes else 1
         turns = [(p if passes > 1 else None, g) for p in range(1, passes + 1) for g in groups]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import functools
 import json
 import os
@@ -18,6 +19,7 @@ import re
 import selectors
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -32,6 +34,8 @@ from tpbench.plan import STACKS_SIGNAL, Plan
 
 # A world that has not rendezvoused by then is not going to.
 STARTUP_TIMEOUT_S = 180.0
+# The port torchrun's c10d rendezvous takes when ``--rdzv-endpoint`` names none.
+C10D_DEFAULT_PORT = 29400
 # After the first sign of failure, how long to wait for the other ranks' error reports.
 DRAIN_S = 1.0
 # A rank asked for its stacks (``World.stacks``) writes them from a signal handler at once; a rank
@@ -311,10 +315,7 @@ class Torchrun:
         if not self.rdzv_endpoint:
             return None
         endpoint = self.rdzv_endpoint
-        host, colon, port = endpoint.rpartition(":")
-        if not colon or endpoint.endswith("]"):  # no port: torchrun's default; "[::1]" is a host alone
-            host, port = endpoint, None
-        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        host, port = _host_and_port(endpoint)
         if not re.fullmatch(r"[\w.:-]+", host):
             return f"--rdzv-endpoint {endpoint}: expected HOST:PORT, the first node's name or address and a port"
         if port is not None and not (port.isascii() and port.isdigit() and int(port) <= 65535):
@@ -324,6 +325,43 @@ class Torchrun:
                 f"--rdzv-endpoint {endpoint}: port 0 picks a free port on each node, where the nodes cannot "
                 "meet: give a port on the first node that every node can reach"
             )
+        return None
+
+    def rendezvous_address(self) -> tuple[str, int] | None:
+        """The host (IPv6 brackets off) and port of a valid ``rdzv_endpoint``, torchrun's default
+        port where it names none; None without one."""
+        if not self.rdzv_endpoint or self._endpoint_problem():
+            return None
+        host, port = _host_and_port(self.rdzv_endpoint)
+        return host, C10D_DEFAULT_PORT if port is None else int(port)
+
+    def endpoint_held(self) -> str | None:
+        """Why the c10d store cannot listen at ``rdzv_endpoint`` on this machine, or None: the
+        endpoint is not this machine's (another node hosts the store), or its port is free.
+
+        torchrun's agent on the endpoint's machine hosts the store; when another program holds the
+        port, the agent falls back to connecting to that program as a client, which never answers,
+        and every agent waits (a plain TCP listener kept them waiting past 5 minutes), then the
+        world's start-up limit ran out, the world was retried, and each further world did the same.
+        Checked before each run's worlds start, not before the run exists: what holds a port may
+        change between ``--print`` and its resume, and a bare ``--resume`` reuses a recorded endpoint."""
+        address = self.rendezvous_address()
+        if address is None or address[1] == 0 or not _is_this_machine(address[0]):
+            return None
+        host, port = address
+        for family, wildcard in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+            try:
+                with socket.socket(family, socket.SOCK_STREAM) as s:
+                    # As torch's store does: a finished world's connections (TIME_WAIT) do not block it.
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    s.bind((wildcard, port))
+                    s.listen()
+            except OSError as e:
+                if e.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                    continue  # no IPv6 on this machine
+                if e.errno == errno.EADDRINUSE:
+                    return f"another program holds port {port} on this machine ({host})"
+                return f"port {port} on this machine ({host}) cannot be listened on: {e.strerror or e}"
         return None
 
     def options(self) -> list[str]:
@@ -362,6 +400,29 @@ class Torchrun:
             "tpbench.worker",
             str(plan_path),
         ]
+
+
+def _host_and_port(endpoint: str) -> tuple[str, str | None]:
+    """``HOST[:PORT]`` split, IPv6 brackets taken off the host; no port: None (torchrun's default)."""
+    host, colon, port = endpoint.rpartition(":")
+    if not colon or endpoint.endswith("]"):  # "[::1]" is a host alone
+        return endpoint[1:-1] if endpoint.startswith("[") and endpoint.endswith("]") else endpoint, None
+    return (host[1:-1] if host.startswith("[") and host.endswith("]") else host), port
+
+
+def _is_this_machine(host: str) -> bool:
+    """Whether ``host`` names this machine: it resolves to an address a socket here can bind (an
+    address of one of its interfaces, loopback included); a name that does not resolve is not."""
+    try:
+        addresses = {a[4][0] for a in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+    except (OSError, UnicodeError):
+        return False
+    for address in addresses:
+        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as s:
+            with contextlib.suppress(OSError):
+                s.bind((address, 0))
+                return True
+    return False
 
 
 def torchrun_executable() -> list[str]:
