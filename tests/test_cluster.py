@@ -118,6 +118,7 @@ def test_torchrun_commands():
         ("--rdzv-backend", "c10d"),
         ("--rdzv-endpoint", "node1:29500"),
         ("--rdzv-id", "run-w3"),
+        ("--rdzv-conf", "join_timeout=600"),  # torchrun's default, said: tpbench's start-up limit follows it
     ]:
         assert multi[multi.index(flag) + 1] == value
     assert "needs --rdzv-endpoint" in Torchrun(nnodes=2).problem()
@@ -509,6 +510,31 @@ def test_a_rendezvous_port_another_program_holds_stops_the_sweep_before_any_worl
     # Free again, or on another machine (the store is hosted there): nothing to say.
     assert Torchrun(rdzv_endpoint=endpoint).endpoint_held() is None
     assert Torchrun(nnodes=2, rdzv_endpoint="192.0.2.1:29500").endpoint_held() is None
+
+
+@pytest.mark.ranks
+def test_a_world_whose_agents_never_meet_stops_the_sweep(tmp_path, capsys):
+    """Two nodes asked for, one agent started: the rendezvous never forms. Each world waited out
+    its 10-minute start-up, was retried, failed its cases, and the next world did the same. With
+    ``--rdzv-timeout`` (here 3 s) the agents give up, and the first world that started no rank stops
+    the sweep (exit 3) naming the endpoint, what to check and the resume; nothing is failed, nothing
+    is left running."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("lr = [0.01, 0.02]", world_size='"auto"'))
+    argv = [*two_nodes(1), "--rdzv-timeout", "3", "--out", str(tmp_path / "r")]
+    argv[argv.index("--agent-prefix") + 1] = FAKE_SRUN.removesuffix(" 2") + " 1"  # one agent of the two
+    assert run_cli(["sweep", str(suite), *argv, "--no-report"]) == 3
+    err = " ".join(capsys.readouterr().err.split())
+    run_dir = only_run(tmp_path / "r")
+    endpoint = argv[argv.index("--rdzv-endpoint") + 1]
+    assert f"--rdzv-endpoint {endpoint}: world w0's torchrun agents never met, and started no rank" in err
+    assert "RendezvousTimeoutError" in err and "a --rdzv-timeout above 3 s" in err
+    assert f"--resume {run_dir} --launcher torchrun --rdzv-endpoint 127.0.0.1:OTHER_PORT and/or --rdzv-timeout" in err
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "interrupted" and [w["world"] for w in meta["worlds"]] == ["w0"]
+    assert {c["status"] for c in meta["cases"].values()} == {"pending"}
+    assert meta["launcher"]["rdzv_timeout_s"] == 3
+    assert worker_processes(run_dir) == []
 
 
 # --- --print: the user starts torchrun, --resume records what it did -----------------------------

@@ -334,16 +334,21 @@ class RendezvousFailed(store.StoreError):
     cases."""
 
 
-def rendezvous_failed(run: store.Run, launcher: Torchrun, why: str, cure: str) -> RendezvousFailed:
+def rendezvous_failed(run: store.Run, launcher: Torchrun, why: str, cure: str, slow: bool = False) -> RendezvousFailed:
     """The error naming the endpoint (or torchrun's ``--standalone``), what went wrong, what to do,
-    and the resume that runs the rest: with a new ``--rdzv-endpoint`` when one was given, which a
-    resume may change (``cli.common.resumed_launcher``)."""
+    and the resume that runs the rest: with another port of the same host when an endpoint was
+    given, and (``slow``: a start that may only have been slow) a longer ``--rdzv-timeout``, which
+    a resume may change (``cli.common.resumed_launcher``)."""
     command = "tune" if (run.dir / store.TUNE_FILE).exists() else "sweep"
     resume = f"tpbench {command} --resume {run.dir}"
-    address = launcher.rendezvous_address()
-    if address:
+    options = []
+    if address := launcher.rendezvous_address():
         host = f"[{address[0]}]" if ":" in address[0] else address[0]
-        resume += f" --launcher torchrun --rdzv-endpoint {host}:OTHER_PORT"
+        options.append(f"--rdzv-endpoint {host}:OTHER_PORT")
+    if slow:
+        options.append("--rdzv-timeout SECONDS")
+    if options:
+        resume += f" --launcher torchrun {' and/or '.join(options)}"
     where = f"--rdzv-endpoint {launcher.rdzv_endpoint}" if launcher.rdzv_endpoint else "torchrun --standalone"
     return RendezvousFailed(
         f"{where}: {why}; {cure}. The run's finished cases are kept; then run the rest with: {resume}"
@@ -358,6 +363,23 @@ def check_endpoint(run: store.Run, launcher: Torchrun | None) -> None:
         port = launcher.rendezvous_address()[1]
         cure = f"give another port, or stop what holds this one (ss -ltnp 'sport = :{port}' names it)"
         raise rendezvous_failed(run, launcher, f"{held}, so torchrun's agents would never meet", cure)
+
+
+def never_met(run: store.Run, launcher: Torchrun, name: str, cause: str, world: TorchrunWorld) -> RendezvousFailed:
+    """The error that stops a sweep whose torchrun world started no rank (``TorchrunWorld.never_met``).
+
+    Rather than a fresh world, then its cases failed, and each further world waiting out the same
+    rendezvous (twice, 10 minutes each) to fail its cases too: nothing of it ran, so no case is to
+    blame, and the next world would meet at the same endpoint."""
+    said = world.agent_error()
+    why = f"world {name}'s torchrun agents never met, and started no rank ({cause}{f': {said}' if said else ''})"
+    checks = f"that the agents start (their output: {world.agent_log})"
+    if address := launcher.rendezvous_address():
+        checks = (
+            f"that every node reaches {address[0]} on port {address[1]}, no other program holds it there, and {checks}"
+        )
+    cure = f"check {checks}; a start that is only slow needs a --rdzv-timeout above {launcher.rdzv_timeout_s:g} s"
+    return rendezvous_failed(run, launcher, why, cure, slow=True)
 
 
 def _write_plan(
@@ -435,6 +457,15 @@ def _record_whole(run: store.Run, cases: Iterable[Case], settled: set[str], done
     return {c.case_id for c in whole}
 
 
+def _torchrun_world(
+    run: store.Run, plan: Plan, plan_path: Path, launcher: Torchrun, world_size: int, ic: Interconnect
+) -> TorchrunWorld:
+    """A plan's world started as a torchrun job, its rendezvous named after the run and world."""
+    env = torchrun_env(ic, launcher, plan, run.dir / "logs")
+    rdzv_id = f"tpbench-{run.run_id}-{plan.world}"
+    return TorchrunWorld(plan, plan_path, launcher, world_size, env, run.dir / "logs", rdzv_id=rdzv_id)
+
+
 def run_group(
     run: store.Run,
     group: LaunchGroup,
@@ -482,16 +513,10 @@ def run_group(
             finally:  # Ctrl-C included: its ranks exit without closing the FileStore, which would remove it
                 Path(plan.rendezvous_file).unlink(missing_ok=True)
         else:
-            world = TorchrunWorld(
-                plan,
-                plan_path,
-                launcher,
-                group.world_size,
-                torchrun_env(ic, launcher, plan, run.dir / "logs"),
-                run.dir / "logs",
-                rdzv_id=f"tpbench-{run.run_id}-{plan.world}",
-            )
+            world = _torchrun_world(run, plan, plan_path, launcher, group.world_size, ic)
             outcome = _supervise(world, cases, run, listener, ic)
+            if outcome.cause is not None and world.never_met():
+                raise never_met(run, launcher, plan.world, outcome.cause, world)
         done |= outcome.completed
         if outcome.stopped and outcome.cause is None:
             for case in live:

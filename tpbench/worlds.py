@@ -14,6 +14,7 @@ import ctypes
 import errno
 import functools
 import json
+import math
 import os
 import re
 import selectors
@@ -36,6 +37,11 @@ from tpbench.plan import STACKS_SIGNAL, Plan
 STARTUP_TIMEOUT_S = 180.0
 # The port torchrun's c10d rendezvous takes when ``--rdzv-endpoint`` names none.
 C10D_DEFAULT_PORT = 29400
+# How long a torchrun world's agents may take to meet (``--rdzv-timeout``; torchrun's own default
+# join_timeout), and then how long its ranks may take to start (import torch, maybe from a network
+# filesystem, and form their process group) before the world counts as not started.
+RDZV_TIMEOUT_S = 600.0
+RANKS_START_S = 60.0
 # After the first sign of failure, how long to wait for the other ranks' error reports.
 DRAIN_S = 1.0
 # A rank asked for its stacks (``World.stacks``) writes them from a signal handler at once; a rank
@@ -282,6 +288,8 @@ class Torchrun:
     for one node only: torchrun's ``--standalone``, a free port on this machine).
     ``agent_prefix`` is the command that starts one agent on every node, e.g. ``srun
     --ntasks-per-node=1 --kill-on-bad-exit=1``; without one a single agent starts here.
+    ``rdzv_timeout_s``: how long the agents may take to meet (torchrun's ``join_timeout``); a
+    world whose agents never met stops the sweep (``launch.run_group``).
 
     ``--max-restarts 0``, always: torchrun's own restart would rerun the whole plan, the failing
     case included, and fail the same way; tpbench instead fails that case with its cause and
@@ -292,6 +300,7 @@ class Torchrun:
     nproc_per_node: int | None = None
     rdzv_endpoint: str | None = None
     agent_prefix: tuple[str, ...] = ()
+    rdzv_timeout_s: float = RDZV_TIMEOUT_S
 
     def problem(self) -> str | None:
         """Why this configuration cannot start a world, or None."""
@@ -377,6 +386,8 @@ class Torchrun:
             flags += ["--rdzv-endpoint", self.rdzv_endpoint]
         if self.agent_prefix:
             flags += ["--agent-prefix", shlex.join(self.agent_prefix)]
+        if self.rdzv_timeout_s != RDZV_TIMEOUT_S:
+            flags += ["--rdzv-timeout", f"{self.rdzv_timeout_s:g}"]
         return flags
 
     def command(self, plan_path: Path, world_size: int, rdzv_id: str) -> list[str]:
@@ -394,6 +405,8 @@ class Torchrun:
             "--nproc-per-node",
             str(per_node),
             *rdzv,
+            "--rdzv-conf",
+            f"join_timeout={math.ceil(self.rdzv_timeout_s)}",
             "--max-restarts",
             "0",
             "-m",
@@ -552,8 +565,6 @@ class TorchrunWorld:
 
     # torchrun needs a moment to notice a failed rank, stop the others and print its report.
     drain_s = 30.0
-    # Every node must start an agent, rendezvous, and import torch (maybe from a network filesystem).
-    startup_s = 600.0
     # How long agents get to stop their ranks after SIGTERM before they are killed.
     stop_s = 15.0
 
@@ -569,6 +580,8 @@ class TorchrunWorld:
     ) -> None:
         assert plan.events_dir is not None
         self.world_size = world_size
+        # Every node must start an agent and rendezvous, then its ranks import torch and meet.
+        self.startup_s = launcher.rdzv_timeout_s + RANKS_START_S
         self.events = EventFiles(Path(plan.events_dir))
         log_dir.mkdir(parents=True, exist_ok=True)
         self.rank_logs = [log_dir / f"{plan.world}-rank{r}.log" for r in range(world_size)]
@@ -615,6 +628,18 @@ class TorchrunWorld:
 
     def killed_ranks(self) -> list[tuple[int, int]]:
         return [(r, c) for r, c in self._failures() if c < 0 and c != -signal.SIGTERM]
+
+    def never_met(self) -> bool:
+        """No rank of this world ever started: its agents start ranks only once all of them have
+        met, each rank's first act is to open its log, and the agents reported no failed rank. So
+        the agents never met (an endpoint they cannot reach, or one another program holds, a node
+        whose agent never came), or never started (an ``--agent-prefix`` that failed)."""
+        return not any(log.exists() for log in self.rank_logs) and not self._failures()
+
+    def agent_error(self) -> str:
+        """The last exception the agents' output names (``RendezvousTimeoutError``, …), or ""."""
+        found = re.findall(r"^\S*?(\w+(?:Error|Exception)\b.*)$", tail(self.agent_log, 40), re.MULTILINE)
+        return found[-1].strip() if found else ""
 
     def log_tails(self) -> list[tuple[str, str]]:
         return [(f"rank {r} log", tail(log)) for r, log in enumerate(self.rank_logs)] + [

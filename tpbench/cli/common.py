@@ -56,7 +56,7 @@ def fraction(text: str, example: float = 0.02) -> float:
 def torchrun_launcher(args: argparse.Namespace):
     """The torchrun launcher the arguments ask for (None: local); a usage error as ``SystemExit``,
     said by the command that was run (``tpbench tune`` takes these options too)."""
-    from tpbench.worlds import Torchrun
+    from tpbench.worlds import RDZV_TIMEOUT_S, Torchrun
 
     given = given_flags(
         {
@@ -64,6 +64,7 @@ def torchrun_launcher(args: argparse.Namespace):
             "--nproc-per-node": args.nproc_per_node,
             "--rdzv-endpoint": args.rdzv_endpoint,
             "--agent-prefix": args.agent_prefix,
+            "--rdzv-timeout": args.rdzv_timeout,
         }
     )
     if args.launcher != "torchrun":
@@ -76,6 +77,7 @@ def torchrun_launcher(args: argparse.Namespace):
         nproc_per_node=args.nproc_per_node,
         rdzv_endpoint=args.rdzv_endpoint,
         agent_prefix=tuple(shlex.split(args.agent_prefix or "")),
+        rdzv_timeout_s=args.rdzv_timeout or RDZV_TIMEOUT_S,
     )
     if launcher.problem():
         usage(launcher.problem(), args.command)
@@ -94,7 +96,7 @@ def resumed_launcher(args: argparse.Namespace, launcher, command: str = "sweep")
     ``--launcher`` is given, which must name the same kind (``sweep.refuse_another_launcher``). A
     torchrun run keeps its recorded nodes and ranks per node (others would place the missing cases'
     ranks apart from the finished ones'); ``--rdzv-endpoint`` and ``--agent-prefix`` may change, as
-    a new allocation's nodes need. ``tpbench sweep`` and ``tpbench tune`` resume alike."""
+    a new allocation's nodes need, and ``--rdzv-timeout``. ``tpbench sweep`` and ``tpbench tune`` resume alike."""
     from tpbench import store, sweep
 
     if not args.launcher:
@@ -121,6 +123,7 @@ def resumed_launcher(args: argparse.Namespace, launcher, command: str = "sweep")
         recorded,
         rdzv_endpoint=args.rdzv_endpoint or recorded.rdzv_endpoint,
         agent_prefix=launcher.agent_prefix if args.agent_prefix is not None else recorded.agent_prefix,
+        rdzv_timeout_s=args.rdzv_timeout or recorded.rdzv_timeout_s,
     )
     if merged.problem():
         usage(merged.problem(), command)

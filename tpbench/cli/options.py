@@ -331,6 +331,13 @@ def build_parser() -> argparse.ArgumentParser:
             help="command that starts one torchrun agent per node, "
             "e.g. 'srun --ntasks-per-node=1 --kill-on-bad-exit=1'",
         )
+        t.add_argument(
+            "--rdzv-timeout",
+            type=_seconds,
+            metavar="SECONDS",
+            help="how long each world's agents may take to meet before the sweep stops (default: 600); "
+            "its ranks then get 60 s more to start",
+        )
         return t
 
     p = sub.add_parser("sweep", help="run a suite")
