@@ -369,7 +369,7 @@ def never_met(run: store.Run, launcher: Torchrun, name: str, cause: str, world: 
     """The error that stops a sweep whose torchrun world started no rank (``TorchrunWorld.never_met``).
 
     Rather than a fresh world, then its cases failed, and each further world waiting out the same
-    rendezvous (twice, 10 minutes each) to fail its cases too: nothing of it ran, so no case is to
+    rendezvous (twice, ``--rdzv-timeout`` each) to fail its cases too: nothing of it ran, so no case is to
     blame, and the next world would meet at the same endpoint."""
     said = world.agent_error()
     why = f"world {name}'s torchrun agents never met, and started no rank ({cause}{f': {said}' if said else ''})"

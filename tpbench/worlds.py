@@ -317,10 +317,10 @@ class Torchrun:
 
     def _endpoint_problem(self) -> str | None:
         """Why ``rdzv_endpoint`` is no ``HOST[:PORT]`` torchrun can meet at, or None. Checked here,
-        before a run exists: torchrun itself refused ``HOST:99999`` with a traceback in every world,
+        before a run exists: torchrun itself refuses ``HOST:99999`` with a traceback in every world,
         each of its cases marked failed ("torchrun exited with code 1"), and with port 0 each node's
-        agent listened on a port of its own, the nodes never met, and every world waited out its
-        start-up time (``TorchrunWorld.startup_s``, 10 minutes) before failing."""
+        agent listens on a port of its own, so the nodes never meet and the first world waits out
+        its start-up time (``TorchrunWorld.startup_s``: ``--rdzv-timeout`` and a minute)."""
         if not self.rdzv_endpoint:
             return None
         endpoint = self.rdzv_endpoint
