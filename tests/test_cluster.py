@@ -451,7 +451,7 @@ def test_a_tune_races_under_torchrun_with_each_world_on_two_nodes(tmp_path, caps
         assert [(n["node"], n["ranks"]) for n in meta["worlds"][0]["nodes"]] == [(0, [0]), (1, [1])]
     assert json.loads((run_dir / "run.json").read_text())["worlds"][0]["steps_interleaved"]
     saved = store.read_tune(run_dir)
-    assert saved["history"][-1]["round"] == max(a["rounds"] for a in doc["arms"])
+    assert saved.history[-1].round == max(a["rounds"] for a in doc["arms"])
 
 
 # --- failures under torchrun ----------------------------------------------------------------------

@@ -29,12 +29,14 @@ from synthetic_runs import make_run
 from benchmarks import budget_resolution, synth_run
 from tpbench import store
 from tpbench.analysis import stats
+from tpbench.racing import Options
 from tpbench.record import RunRecord
 from tpbench.report import build_report, performance, verdicts
 from tpbench.report import data as report_data
 from tpbench.report.timelines import traced_vs_timed
 from tpbench.suite import Machine, expand, parse
 from tpbench.sweep import finalize
+from tpbench.tune_record import TuneRecord
 
 ZERO_SUITE = """\
 [suite]
@@ -99,8 +101,7 @@ def test_the_report_reads_a_tunes_tune_json_once(tmp_path, monkeypatch):
     """The Recommendation read each run's tune.json, and the Verdicts read it again to leave a
     tune's settings to it: parsed and checked twice per report. ``Loaded.tune`` reads it once."""
     loaded = dataclasses.replace(in_memory_run(ZERO_SUITE, zero_medians), run_dir=tmp_path)
-    options = {"epsilon": 0.02, "confidence": 0.95, "min_rounds": 3, "metric": "step_ms"}
-    store.write_tune(tmp_path, {"options": options, "wall_s": 1.0, "worlds": {}, "history": []})
+    store.write_tune(tmp_path, TuneRecord(Options(), 1.0, {}, []))
     reads = []
     read = store.read_tune
     monkeypatch.setattr(store, "read_tune", lambda run_dir: reads.append(run_dir) or read(run_dir))

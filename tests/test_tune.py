@@ -3,6 +3,7 @@ planted tunes on 2 Gloo ranks (a 40 % slower arm, a budget that runs out, a SIGK
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import math
@@ -28,6 +29,7 @@ from tpbench.record import LauncherRecord, SuiteSource
 from tpbench.report import recommendation
 from tpbench.report.html import Page
 from tpbench.suite import expand, parse, select
+from tpbench.tune_record import TuneArm, TuneResult, TuneRound
 
 
 def synthetic(factors: dict[str, float], rounds: int, noise: float = 0.01, seed: int = 0) -> dict:
@@ -50,6 +52,11 @@ def tuned_run(run_dir: Path) -> SimpleNamespace:
     """What the report's Recommendation reads of a run (``store.Loaded``): its directory, its id and
     its tune.json, read as ``Loaded.tune`` reads it."""
     return SimpleNamespace(run_dir=run_dir, record=SimpleNamespace(run_id="r"), tune=store.read_tune(run_dir))
+
+
+def write_tune_json(run_dir: Path, doc: dict) -> None:
+    """``doc`` as the run's tune.json, versioned as the store versions it: a record no tune would write."""
+    (run_dir / store.TUNE_FILE).write_text(json.dumps({"schema_version": store.SCHEMA_VERSION, **doc}))
 
 
 # The summary of a run whose workload evaluates no held-out loss (the mlp): no arm has one.
@@ -251,7 +258,7 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     cli.print_tune(result, "md")  # a paragraph of its own, not run on from the cost line's
     md = capsys.readouterr().out
     assert f"wall 30 s\n\nTo decide it, race again for about {rounds} rounds" in md
-    store.write_tune(tmp_path, tune._record(options, [race], 30.0) | {"result": result.to_json()})
+    store.write_tune(tmp_path, dataclasses.replace(tune._record(options, [race], 30.0), result=result.record()))
     page = Page("tune")
     recommendation.section(page, [tuned_run(tmp_path)])
     html = page.render()
@@ -296,7 +303,7 @@ def test_the_rounds_to_race_again_agree_with_the_repeats_the_command_gives(tmp_p
     assert said in capsys.readouterr().out.replace("\n", " ")
     cli.print_tune(result, "md")
     assert said in capsys.readouterr().out
-    store.write_tune(tmp_path, tune._record(budget, [race], 30.0) | {"result": result.to_json()})
+    store.write_tune(tmp_path, dataclasses.replace(tune._record(budget, [race], 30.0), result=result.record()))
     page = Page("tune")
     recommendation.section(page, [tuned_run(tmp_path)])
     assert said in html.unescape(page.render())
@@ -428,6 +435,51 @@ def test_only_the_commands_that_read_tune_json_refuse_a_damaged_one(tmp_path, ca
     assert f"{run_dir / store.TUNE_FILE}: unreadable" in capsys.readouterr().err
 
 
+def test_the_tune_record_reads_back_equal_to_what_was_written(tmp_path):
+    """tune.json is one typed record (``TuneRecord``) from the race to its readers: written, read back
+    equal field for field, the answer in it ``Result.to_json``'s object (``--format json``'s)."""
+    suite, cases, values = close_pair(tmp_path)
+    options = Options(epsilon=0.005, budget_s=60.0)
+    race = run_race(Race(list(values), 12, options, comparisons=1), values)
+    result = tune_answer.result(stored(tmp_path, suite), cases, [race], options, 30.0, NO_EVAL)
+    where = {"run_dir": "elsewhere", "arms": [], "sentence": None}
+    record = dataclasses.replace(
+        tune._record(options, [race], 30.0), result=dataclasses.replace(result, where=where).record()
+    )
+    store.write_tune(tmp_path, record)
+    assert store.read_tune(tmp_path) == record and record.result.to_json() == result.to_json() | {"where": where}
+    interrupted = tune._record(options, [race], 12.5)  # no answer yet: no "result" key
+    store.write_tune(tmp_path, interrupted)
+    assert store.read_tune(tmp_path) == interrupted and not tune.had_ended(interrupted)
+    assert "result" not in json.loads((tmp_path / store.TUNE_FILE).read_text())
+
+
+def test_a_tune_json_written_before_the_record_reads_and_writes_back_the_same(tmp_path):
+    """A real tune's tune.json (two worlds, unresolved: tests/fixtures/tunes), written before
+    ``TuneRecord`` existed, still reads, and written back from the record is the same file, byte for
+    byte: the record writes tune.json's keys as they were, in their order."""
+    fixture = REPO / "tests" / "fixtures" / "tunes" / "two_worlds_unresolved.json"
+    (tmp_path / store.TUNE_FILE).write_bytes(fixture.read_bytes())
+    saved = store.read_tune(tmp_path)
+    assert saved.options == Options() and set(saved.worlds) == {"0", "1"} and len(saved.history) == 8
+    assert saved.result.state == "unresolved" and len(saved.result.worlds) == 2 and saved.result.where is None
+    assert {a.status for a in saved.result.arms} <= {"unresolved", "tied", "eliminated", "recommended"}
+    store.write_tune(tmp_path, saved)
+    assert (tmp_path / store.TUNE_FILE).read_bytes() == fixture.read_bytes()
+    page = Page("tune")
+    recommendation.section(page, [tuned_run(tmp_path)])
+    assert html.escape(saved.result.claim) in page.render()
+    # Damaged, it is refused naming the file and the key; of another version, naming the version.
+    doc = json.loads(fixture.read_text())
+    doc["history"][3]["intervals"] = {"x": [1.0, "low", 2.0]}
+    write_tune_json(tmp_path, {k: v for k, v in doc.items() if k != "schema_version"})
+    with pytest.raises(store.StoreError, match=r"tune\.json: 'history'\[3\] 'intervals' 'x' = \[1\.0, 'low', 2\.0\]"):
+        store.read_tune(tmp_path)
+    (tmp_path / store.TUNE_FILE).write_text(json.dumps(doc | {"schema_version": 2}))
+    with pytest.raises(store.StoreError, match=r"tune\.json: expected a tune record of schema_version 1"):
+        store.read_tune(tmp_path)
+
+
 def test_a_tune_json_of_the_wrong_shape_is_refused_naming_the_file(tmp_path, capsys):
     """Valid JSON of the wrong shape gave tracebacks (exit 1) in ``tune --resume`` and the report;
     now exit 3 naming tune.json, as for run.json. An interrupted tune's report says how to resume it."""
@@ -437,7 +489,7 @@ def test_a_tune_json_of_the_wrong_shape_is_refused_naming_the_file(tmp_path, cap
     options = Options(epsilon=0.005)
     race = run_race(Race(list(values), 12, options, comparisons=1), values)
     result = tune_answer.result(stored(tmp_path, suite), cases, [race], options, 30.0, NO_EVAL)
-    good = tune._record(options, [race], 30.0) | {"result": result.to_json()}
+    good = dataclasses.replace(tune._record(options, [race], 30.0), result=result.record()).to_json()
     run_dir = make_run(tmp_path / "r", {"ddp": [10.0, 11.0]})
     sweep.finalize(store.Run.open(run_dir))  # its summary, as a tune leaves it
     for broken in (
@@ -450,11 +502,11 @@ def test_a_tune_json_of_the_wrong_shape_is_refused_naming_the_file(tmp_path, cap
         {"result": {"claim": 5, "arms": "zz"}},
         {"result": good["result"] | {"arms": [{"case_id": "x"}]}},
     ):
-        store.write_tune(run_dir, good | broken)
+        write_tune_json(run_dir, good | broken)
         for cmd in (["tune", "--resume"], ["report"]):
             assert run_cli([*cmd, str(run_dir)]) == 3, broken
             assert f"{run_dir / store.TUNE_FILE}: " in capsys.readouterr().err
-    store.write_tune(run_dir, good | {"result": None})  # interrupted: its rounds so far, no answer
+    write_tune_json(run_dir, good | {"result": None})  # interrupted: its rounds so far, no answer
     assert run_cli(["report", str(run_dir), "-o", str(tmp_path / "r.html")]) == 0
     page = (tmp_path / "r.html").read_text()
     said = "this tune stopped after 12 rounds (interrupted, or still running). Resume it with tpbench tune --resume"
@@ -660,7 +712,10 @@ def test_a_retired_arm_brought_back_says_the_rounds_it_sat_out(tmp_path):
     # One that ran every round it raced says nothing of it.
     assert [a["sat_out"] for a in doc["arms"]] == [0, 0, 1]
     doc["arms"][0] |= {"status": "unresolved", "rounds": 5, "retired_at": None, "sat_out": 7}
-    store.write_tune(tmp_path, tune._record(Options(epsilon=0.02), [race], 1.0) | {"result": doc})
+    store.write_tune(
+        tmp_path,
+        dataclasses.replace(tune._record(Options(epsilon=0.02), [race], 1.0), result=TuneResult.from_json(doc)),
+    )
     page = Page("tune")
     recommendation.section(page, [tuned_run(tmp_path)])
     html = page.render()
@@ -797,7 +852,9 @@ def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_t
     to_target = {row.split(" | ")[0].strip("| "): row.rstrip(" |").rsplit(" | ", 1)[1] for row in table[1:]}
     assert to_target[low.label] == "2" and to_target[result.recommended.label] == "3"
     assert sorted(to_target.values()) == ["2", "3", "—", "—"]
-    store.write_tune(tmp_path, tune._record(Options(epsilon=0.02), [race], 0.0) | {"result": js})
+    store.write_tune(
+        tmp_path, dataclasses.replace(tune._record(Options(epsilon=0.02), [race], 0.0), result=TuneResult.from_json(js))
+    )
     page = Page("t")
     recommendation.section(page, [tuned_run(tmp_path)])
     shown = page.render()
@@ -908,7 +965,7 @@ def test_worlds_of_one_arm_run_their_rounds_and_the_note_compares_per_sample(tmp
     half = 0.5  # the recommended arm's 8 samples a step over the other's 16
     assert f"{other.label} ×{other.ratio * half:.2f} [{other.lo * half:.2f}, {other.hi * half:.2f}]" in note
     # The report: no round held two settings, so no race chart (it used to fail on the empty history).
-    store.write_tune(tmp_path, tune._record(Options(), raced, 0.0) | {"result": result.to_json()})
+    store.write_tune(tmp_path, dataclasses.replace(tune._record(Options(), raced, 0.0), result=result.record()))
     page = Page("t")
     recommendation.section(page, [tuned_run(tmp_path)])
     shown = page.render()
@@ -961,7 +1018,7 @@ def test_arms_across_worlds_get_each_worlds_own_answer(tmp_path, capsys):
     assert "Within each world (its own race, on the same intervals):" in out and best[2] in out
     cli.print_tune(result, "md")  # the other world's arm holds its winner's unpaired interval: the column says so
     assert "| 95% interval (spent; other worlds unpaired) |" in capsys.readouterr().out
-    store.write_tune(tmp_path, tune._record(Options(), races, 0.0) | {"result": result.to_json()})
+    store.write_tune(tmp_path, dataclasses.replace(tune._record(Options(), races, 0.0), result=result.record()))
     page = Page("t")
     recommendation.section(page, [tuned_run(tmp_path)])
     assert html.escape(result.worlds[1]) in page.render() and "other worlds unpaired" in page.render()
@@ -1180,6 +1237,11 @@ def test_the_accuracy_benchmark_judges_each_tune_against_the_planted_truth_and_c
     assert cells[:5] == ["1", "5", "3/5", "2/5", "1/5"] and cells[8] == "1/5"  # the check held in 1 of 5
 
 
+def rounds_of(history: list[dict]) -> list[TuneRound]:
+    """A race chart's rounds as tune.json holds them (``TuneRound``), from their keys that matter."""
+    return [TuneRound.from_json(e, f"'history'[{i}] ") for i, e in enumerate(history)]
+
+
 def test_the_race_chart_zooms_on_the_ratios_near_1_on_a_log_axis():
     """A 2.3× setting must not squash the tie zone and the settings racing for it into the chart's
     bottom: the axis is logarithmic, holds the band and every ratio up to RACE_TOP, and says that
@@ -1195,7 +1257,7 @@ def test_the_race_chart_zooms_on_the_ratios_near_1_on_a_log_axis():
         }
         for r in range(2, 6)
     ]
-    fig = recommendation._race_figure(history, {"far": "far", "near": "near"}, 0.02, min_rounds=2)
+    fig = recommendation._race_figure(rounds_of(history), {"far": "far", "near": "near"}, 0.02, min_rounds=2)
     axis = fig.layout.yaxis
     low, high = (10**v for v in axis.range)
     assert axis.type == "log" and low <= 1 / 1.02**2 and 1.13 < high <= recommendation.RACE_TOP
@@ -1205,7 +1267,9 @@ def test_the_race_chart_zooms_on_the_ratios_near_1_on_a_log_axis():
     # too, and two settings one colour), in the table's order.
     lines = [t for t in fig.data if t.mode == "lines+markers"]
     assert [t.name for t in lines] == ["far", "near"] and len({t.line.color for t in lines} - {None}) == 2
-    calm = recommendation._race_figure(history[2:], {"near": "near"}, 0.02, min_rounds=2)  # nothing beyond: no note
+    calm = recommendation._race_figure(
+        rounds_of(history[2:]), {"near": "near"}, 0.02, min_rounds=2
+    )  # nothing beyond: no note
     assert "run off" not in calm.layout.title.text and 10 ** calm.layout.yaxis.range[1] >= 1.04
 
 
@@ -1222,7 +1286,7 @@ def test_the_race_chart_keeps_an_elimination_beyond_its_top_on_the_top_edge():
         }
         for r in range(2, 6)
     ]
-    fig = recommendation._race_figure(history, {"far": "far", "near": "near"}, 0.02, min_rounds=2)
+    fig = recommendation._race_figure(rounds_of(history), {"far": "far", "near": "near"}, 0.02, min_rounds=2)
     high = 10 ** fig.layout.yaxis.range[1]
     (cross,) = [t for t in fig.data if t.mode == "markers" and t.marker.symbol == "x"]
     assert list(cross.x) == [5] and cross.y[0] == pytest.approx(high) and cross.cliponaxis is False
@@ -1245,7 +1309,7 @@ def test_the_race_chart_draws_the_rounds_leader_at_1():
         }
         for r in range(2, 6)
     ]
-    fig = recommendation._race_figure(history, {"a": "a", "b": "b", "c": "c"}, 0.02, min_rounds=2)
+    fig = recommendation._race_figure(rounds_of(history), {"a": "a", "b": "b", "c": "c"}, 0.02, min_rounds=2)
     lines = {t.name: t for t in fig.data if t.mode == "lines+markers"}
     assert list(lines["a"].x) == [2, 3, 4, 5] and list(lines["a"].y) == [1.04, 1, 1, 1.04]
     assert [round(v, 6) for v in lines["a"].error_y.array] == [0.1, 0, 0, 0.1]  # no bar where it led
@@ -1257,7 +1321,7 @@ def race_charts(tmp_path, suite, cases, races, options: Options = Options()) -> 
     """The race charts the report's Recommendation draws for ``races`` (synthetic, stored as a tune
     stores them): the figures the page was handed, in order."""
     result = tune_answer.result(stored(tmp_path, suite), cases, races, options, 0.0, NO_EVAL)
-    store.write_tune(tmp_path, tune._record(options, races, 0.0) | {"result": result.to_json()})
+    store.write_tune(tmp_path, dataclasses.replace(tune._record(options, races, 0.0), result=result.record()))
     page, figures = Page("t"), []
     page.figure = figures.append
     recommendation.section(page, [tuned_run(tmp_path)])
@@ -1317,7 +1381,7 @@ def test_a_tied_arms_low_end_on_the_margin_does_not_read_as_the_margin(tmp_path,
         cli.print_tune(result, fmt)
         out = capsys.readouterr().out
         assert "could no longer be 2% faster" in out and "[-1.96%, " in out and "-2.0%" not in out
-    store.write_tune(tmp_path, tune._record(Options(), [race], 0.0) | {"result": result.to_json()})
+    store.write_tune(tmp_path, dataclasses.replace(tune._record(Options(), [race], 0.0), result=result.record()))
     page = Page("t")
     recommendation.section(page, [tuned_run(tmp_path)])
     assert "[-1.96%, " in page.render() and "-2.0%" not in page.render()
@@ -1386,9 +1450,10 @@ def test_resuming_a_tune_that_had_ended_says_so_and_shows_no_race_starting(tmp_p
     capsys.readouterr()
     for ended in (False, True):
         saved = store.read_tune(run.dir)
-        answer = {"claim": "x", "metric": "step_ms", "state": "tied", "arms": []}
-        answer |= dict.fromkeys(("epsilon", "confidence", "timed_s", "grid_timed_s"), 0.5)
-        store.write_tune(run.dir, saved | {"result": answer} if ended else saved)
+        answer = {"run_dir": str(run.dir), "claim": "x", "metric": "step_ms", "state": "tied", "arms": []}
+        answer |= {"recommended": None, "rounds_to_decide": None}
+        answer |= dict.fromkeys(("epsilon", "confidence", "wall_s", "timed_s", "grid_timed_s"), 0.5)
+        store.write_tune(run.dir, dataclasses.replace(saved, result=TuneResult.from_json(answer)) if ended else saved)
         with cli._TuneDisplay()(run):
             pass
         said = capsys.readouterr().err
@@ -1428,7 +1493,7 @@ def test_a_resume_with_dry_run_is_refused_and_races_nothing(tmp_path, capsys):
     run, _ = tune.start(suite, Options(), out_root=tmp_path / "r")
     assert run_cli(["tune", "--resume", str(run.dir), "--dry-run"]) == 2
     assert "--dry-run with --resume: a resumed tune has no dry run" in capsys.readouterr().err
-    assert store.read_tune(run.dir)["history"] == []
+    assert store.read_tune(run.dir).history == []
     assert set(run.case_status().values()) == {store.PENDING}
 
 
@@ -1599,11 +1664,11 @@ def test_a_planted_tune_eliminates_the_slow_arm_early_and_prints_its_json(tmp_pa
     assert slow["rounds"] <= slow["eliminated_at"] and slow["rounds"] < max(a["rounds"] for a in doc["arms"])
     # It went by its interval against that round's leader (clearly above 1); the table's interval
     # is against the arm recommended at the end, over the rounds it ran.
-    went = store.read_tune(only_run(tmp_path / "r"))["history"][slow["eliminated_at"] - 1]
-    assert slow["case_id"] in went["eliminated"] and went["intervals"][slow["case_id"]][1] > 1, went
+    went = store.read_tune(only_run(tmp_path / "r")).history[slow["eliminated_at"] - 1]
+    assert slow["case_id"] in went.eliminated and went.intervals[slow["case_id"]][1] > 1, went
     # ... and the arm says so itself: the leader then, and the interval that lay above 1.
     vs = slow["eliminated_vs"]
-    assert vs["leader"] == went["leader"] and [vs["ratio"], vs["lo"], vs["hi"]] == went["intervals"][slow["case_id"]]
+    assert vs["leader"] == went.leader and (vs["ratio"], vs["lo"], vs["hi"]) == went.intervals[slow["case_id"]]
     assert all(a["eliminated_vs"] is None for a in doc["arms"] if a["status"] != "eliminated")
     # The mlp evaluates no held-out loss: no arm has one, and there is nothing to say of training.
     assert doc["training_note"] is None and all(a["heldout_loss"] is None for a in doc["arms"])
@@ -1613,9 +1678,7 @@ def test_a_planted_tune_eliminates_the_slow_arm_early_and_prints_its_json(tmp_pa
     # An ordinary run: tune.json versioned, every arm done with the rounds it ran, readable by all.
     run_dir = only_run(tmp_path / "r")
     saved = store.read_tune(run_dir)
-    assert saved["result"]["claim"] == doc["claim"] and saved["history"][-1]["round"] == max(
-        a["rounds"] for a in doc["arms"]
-    )
+    assert saved.result.claim == doc["claim"] and saved.history[-1].round == max(a["rounds"] for a in doc["arms"])
     loaded = store.load(run_dir)
     assert loaded.record.status == "complete"
     ran = loaded.steps.groupby("case_id")["repeat"].nunique().to_dict()
@@ -1666,7 +1729,7 @@ def test_a_spent_budget_ends_unresolved_with_its_own_exit_code(tmp_path, capsys)
     doc = json.loads(capsys.readouterr().out)
     assert doc["state"] == "unresolved" and "budget spent" in doc["claim"]
     assert {a["rounds"] for a in doc["arms"]} == {1}  # the budget is checked after each round
-    assert store.read_tune(only_run(tmp_path / "r"))["worlds"]["0"]["ended"] == BUDGET
+    assert store.read_tune(only_run(tmp_path / "r")).worlds["0"].ended == BUDGET
 
 
 @pytest.mark.ranks
@@ -1690,7 +1753,7 @@ def test_resume_after_sigkill_runs_no_round_twice_and_loses_none(tmp_path, capsy
         while time.monotonic() < deadline and proc.poll() is None:
             runs = list(store.iter_runs(out)) if out.is_dir() else []
             saved = store.read_tune(runs[0]) if runs and (runs[0] / store.TUNE_FILE).exists() else None
-            if saved and len(saved["history"]) >= 4:
+            if saved and len(saved.history) >= 4:
                 break
             time.sleep(0.2)
         assert proc.poll() is None, "the tune ended before it could be killed"
@@ -1715,14 +1778,14 @@ def test_resume_after_sigkill_runs_no_round_twice_and_loses_none(tmp_path, capsy
     rerun = {tuple(item) for w in meta["worlds"][worlds_before:] for item in w["schedule"]}
     assert not any((c, r) in rerun for c, rs in before.items() for r in rs), "a finished round ran again"
     steps = store.load(run_dir).steps
-    history = store.read_tune(run_dir)["history"]
+    history = store.read_tune(run_dir).history
     for case_id, arm in steps.groupby("case_id"):
         # None lost: each arm ran every round it was live for (the first, then each after a round
         # left it running), and none other: a retired arm brought back sits out the rounds between.
-        live = {0} | {e["round"] for e in history[:-1] if case_id in e["live"]}
+        live = {0} | {e.round for e in history[:-1] if case_id in e.live}
         assert set(arm["repeat"].unique()) == live, case_id
         assert not arm.duplicated(["repeat", "rank", "step", "phase"]).any()
-    rounds = [e["round"] for e in history]
+    rounds = [e.round for e in history]
     assert rounds == list(range(1, len(rounds) + 1))  # every round judged once, in order
     assert rounds[-1] == max(a["rounds"] for a in doc["arms"])
     if doc["next_step"]:  # unresolved: about how long the race it names would take, from the steps timed here
@@ -1806,14 +1869,14 @@ def test_trace_says_where_the_recommended_settings_time_goes_beside_its_closest_
     printed = capsys.readouterr().out
     assert code in (0, 4), printed
     runs = list(store.iter_runs(tmp_path / "r"))
-    (tuned,) = [r for r in runs if store.read_tune(r)]
-    result = store.read_tune(tuned)["result"]
-    where = result["where"]
+    (tuned,) = [r for r in runs if store.read_tune(r) is not None]
+    result = store.read_tune(tuned).result
+    where = result.where
     traced = Path(where["run_dir"])
     assert set(runs) == {tuned, traced} and traced.parent == tuned.parent
     arms = where["arms"]
     assert [a["role"] for a in arms] == ["recommended", "closest rival"]
-    assert arms[0]["case_id"] == result["recommended"]["case_id"]
+    assert arms[0]["case_id"] == result.recommended.case_id
     # The race's time, the trace's composition: the recommended arm's geometric mean over its rounds,
     # the rival's that times its ratio in the tune's table (paired over the rounds both ran).
     steps = store.load(tuned).steps
@@ -1823,8 +1886,8 @@ def test_trace_says_where_the_recommended_settings_time_goes_beside_its_closest_
         .apply(lambda r: r[r["phase"] == "timed"].groupby("step")["step_ms"].max().median())
     )
     assert arms[0]["step_ms"] == pytest.approx(float(np.exp(np.log(own).mean())))
-    rival = next(a for a in result["arms"] if a["case_id"] == arms[1]["case_id"])
-    assert arms[1]["step_ms"] == pytest.approx(arms[0]["step_ms"] * rival["ratio"])
+    rival = next(a for a in result.arms if a.case_id == arms[1]["case_id"])
+    assert arms[1]["step_ms"] == pytest.approx(arms[0]["step_ms"] * rival.ratio)
     for a in arms:
         assert a["traced_steps"] == tune_answer.TRACE_STEPS
         assert sum(a["parts_ms"].values()) == pytest.approx(a["step_ms"])
@@ -1846,7 +1909,7 @@ def test_trace_says_where_the_recommended_settings_time_goes_beside_its_closest_
     # Resumed after it ended, the tune shows its answer again, where the time goes included (the
     # result rebuilt from the race used to drop it, and the report with it).
     assert run_cli(["tune", "--resume", str(tuned), "--format", "json"]) == code
-    assert json.loads(capsys.readouterr().out)["where"] == where == store.read_tune(tuned)["result"]["where"]
+    assert json.loads(capsys.readouterr().out)["where"] == where == store.read_tune(tuned).result.where
 
 
 @pytest.mark.ranks
@@ -1888,8 +1951,8 @@ def test_ctrl_c_during_the_trace_stops_the_trace_only_and_the_tunes_answer_stand
     doc = json.loads(stdout)
     assert doc["claim"] and doc.get("where") is None
     runs = list(store.iter_runs(out))
-    (tuned,) = [r for r in runs if store.read_tune(r)]
-    assert store.read_tune(tuned)["result"]["where"] is None
+    (tuned,) = [r for r in runs if store.read_tune(r) is not None]
+    assert store.read_tune(tuned).result.where is None
     assert len(runs) == 2  # the trace run started beside the tune's, and was stopped
     with pytest.raises(ProcessLookupError):  # nothing of the tune's process group is left running
         os.killpg(proc.pid, 0)
@@ -1950,10 +2013,22 @@ def test_the_reports_race_table_names_a_cpu_ms_races_ratios() -> None:
     "vs recommended (CPU time per step)" of a cpu_ms tune, and so does the report now."""
     from tpbench.report.recommendation import _table
 
-    arm = {"label": "a", "status": "recommended", "rounds": 3, "ratio": 1.0, "lo": None, "hi": None}
-    arm |= {"eliminated_at": None, "retired_at": None}
+    arm = TuneArm(
+        case_id="a",
+        label="a",
+        params={},
+        status="recommended",
+        rounds=3,
+        ratio=1.0,
+        lo=None,
+        hi=None,
+        eliminated_at=None,
+    )
+    result = {"run_dir": "r", "state": "recommended", "recommended": None, "claim": "x", "arms": []}
+    result |= {"epsilon": 0.02, "confidence": 0.95, "rounds_to_decide": None}
+    result |= dict.fromkeys(("wall_s", "timed_s", "grid_timed_s"), 1.0)
     for metric, heading in (("cpu_ms", "vs recommended (CPU time per step)"), ("step_ms", "vs recommended")):
-        table = _table({"arms": [arm], "confidence": 0.95, "epsilon": 0.02, "metric": metric})
+        table = _table(dataclasses.replace(TuneResult.from_json(result | {"metric": metric}), arms=[arm]))
         assert heading in table.columns, list(table.columns)
 
 

@@ -60,6 +60,7 @@ from tpbench.record import (  # the case states are the store's vocabulary too
     migrate,
     version_problem,
 )
+from tpbench.tune_record import TuneRecord, TuneRecordError
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
@@ -299,14 +300,18 @@ def case_steps(run_dir: Path, case_id: str) -> pd.DataFrame:
 TUNE_FILE = "tune.json"
 
 
-def write_tune(run_dir: Path, record: dict[str, Any]) -> None:
-    """Save a tune's race (``tpbench.tune``) beside run.json, versioned like it."""
-    doc = {"schema_version": SCHEMA_VERSION, **record}
+def write_tune(run_dir: Path, record: TuneRecord) -> None:
+    """Save a tune's record (``tpbench.tune``) beside run.json, versioned like it: tune.json's keys
+    as they have always been (``TuneRecord.to_json``)."""
+    doc = {"schema_version": SCHEMA_VERSION, **record.to_json()}
     atomic_write_bytes(Path(run_dir) / TUNE_FILE, json.dumps(doc, indent=1, allow_nan=False).encode())
 
 
-def read_tune(run_dir: Path) -> dict[str, Any] | None:
-    """A run's tune.json, or None when the run is no tune."""
+def read_tune(run_dir: Path) -> TuneRecord | None:
+    """A run's tune.json as its ``TuneRecord``, or None when the run is no tune. A file that is not
+    JSON, of another version, or of the wrong shape (``TuneRecord.from_json``) is refused with one
+    error naming the file and the key, so that its readers (``tune --resume``, the report's
+    Recommendation) meet that instead of a TypeError inside, as ``_problem`` does for run.json."""
     path = Path(run_dir) / TUNE_FILE
     if not path.exists():
         return None
@@ -316,49 +321,10 @@ def read_tune(run_dir: Path) -> dict[str, Any] | None:
         raise StoreError(f"{path}: unreadable ({e})") from e
     if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
         raise StoreError(f"{path}: expected a tune record of schema_version {SCHEMA_VERSION}")
-    problem = _tune_problem(doc)
-    if problem:
-        raise StoreError(f"{path}: {problem}")
-    return doc
-
-
-def _tune_problem(doc: dict[str, Any]) -> str | None:
-    """What makes a parsed tune.json unusable (valid JSON of the wrong shape), or None: checked
-    where its readers (``tune --resume``, the report's Recommendation) index it, as ``_problem``
-    checks run.json, so that they meet one error naming the file, not a TypeError inside."""
-    kinds = {"options": dict, "worlds": dict, "history": list}
-    for key, kind in kinds.items():
-        if not isinstance(doc.get(key), kind):
-            return f"{key!r} is a {type(doc.get(key)).__name__}, expected a JSON {'object' if kind is dict else 'list'}"
-    if not _finite_number(doc.get("wall_s")):
-        return f"'wall_s' = {doc.get('wall_s')!r}, expected a number of seconds"
-    options = doc["options"]
-    if not all(_finite_number(options.get(k)) for k in ("epsilon", "confidence", "min_rounds")):
-        return "'options' lacks a number 'epsilon', 'confidence' or 'min_rounds'"
-    if not isinstance(options.get("metric"), str):
-        return "'options' has no string 'metric'"
-    if not all(isinstance(w, dict) and isinstance(w.get("arms"), list) for w in doc["worlds"].values()):
-        return "'worlds' is not an object of worlds, each with its 'arms'"
-    if not all(isinstance(e, dict) for e in doc["history"]):
-        return "'history' is not a list of objects"
-    result = doc.get("result")
-    if result is None:
-        return None
-    if not isinstance(result, dict):
-        return f"'result' is a {type(result).__name__}, expected a JSON object"
-    for key in ("claim", "metric", "state"):
-        if not isinstance(result.get(key), str):
-            return f"'result' has no string {key!r}"
-    for key in ("epsilon", "confidence", "timed_s", "grid_timed_s"):
-        if not _finite_number(result.get(key)):
-            return f"'result' {key!r} = {result.get(key)!r}, expected a number"
-    arms = result.get("arms")
-    named = ("case_id", "label", "status")
-    if not isinstance(arms, list) or not all(
-        isinstance(a, dict) and all(isinstance(a.get(k), str) for k in named) for a in arms
-    ):
-        return f"'result' 'arms' is not a list of arms, each with its {', '.join(map(repr, named))}"
-    return None
+    try:
+        return TuneRecord.from_json(doc)
+    except TuneRecordError as e:
+        raise StoreError(f"{path}: {e}") from None
 
 
 def unmerge_case(run_dir: Path, case_id: str) -> None:
@@ -880,7 +846,7 @@ class Loaded:
         return table.assign(**missing) if missing else table
 
     @functools.cached_property
-    def tune(self) -> dict[str, Any] | None:
+    def tune(self) -> TuneRecord | None:
         """The run's tune.json (``read_tune``; None: the run is no tune), read on first use and kept:
         the report asks it twice (its Recommendation, and its Verdicts leaving a tune's settings to
         it), and read twice it was parsed and checked twice. Lazily, so that the readers that never

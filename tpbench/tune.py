@@ -33,7 +33,7 @@ import socket
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -42,6 +42,7 @@ from tpbench.analysis.stats import repeat_values, windows_of
 from tpbench.launch import Listener, group_cases
 from tpbench.racing import BUDGET, MAX_ROUNDS, Options, Race, TuneError
 from tpbench.suite import Case
+from tpbench.tune_record import TuneRecord, TuneRound, TuneWorld
 from tpbench.worlds import Torchrun
 
 # What a tune overrides in the suite: it reads no trace (docs/tune.md, "Traces").
@@ -65,7 +66,7 @@ def start(
     options.check()
     prepared = prepare(suite_path, overrides, filters, launcher, allow_large, options.min_rounds)
     run = sweep.start(prepared, out_root, launcher)
-    _save(run, {"options": asdict(options), "wall_s": 0.0, "worlds": {}, "history": []})
+    _save(run, TuneRecord(options, 0.0, {}, []))
     return run, prepared.cases
 
 
@@ -116,16 +117,16 @@ def reopen(run_dir: Path) -> tuple[store.Run, Options]:
         # it, naming the runs it holds; only a run without tune.json is "a sweep, not a tune".
         store.read_run_json(run_dir)
         raise store.StoreError(f"{run_dir}: no {store.TUNE_FILE}; not a tune (resume a sweep with tpbench sweep)")
+    options = saved.options  # its keys and their kinds checked by read_tune
     try:
-        options = Options(**saved["options"])
         options.check()
-    except (TypeError, TuneError) as e:  # a key this tpbench does not know, a value it would refuse
+    except TuneError as e:  # a value this tpbench would refuse
         raise store.StoreError(f"{Path(run_dir) / store.TUNE_FILE}: 'options': {e}") from None
     run, _ = sweep.reopen(run_dir)
     return run, options
 
 
-def _save(run: store.Run, record: dict[str, Any]) -> None:
+def _save(run: store.Run, record: TuneRecord) -> None:
     store.write_tune(run.dir, record)
 
 
@@ -252,11 +253,11 @@ def race(
     (called on the conductor's thread). ``KeyboardInterrupt`` (Ctrl-C, a stop signal) leaves the
     run interrupted with the race saved as of its last round: ``--resume`` goes on from there.
     """
-    saved = store.read_tune(run.dir) or {"wall_s": 0.0, "worlds": {}, "history": []}
+    saved = store.read_tune(run.dir)
     cases = [c.case for c in run.record.cases.values()]
     groups = group_cases(cases)
     races = _replayed_races(run, cases, groups, options, saved)
-    base_wall, t0 = float(saved.get("wall_s", 0.0)), time.monotonic()
+    base_wall, t0 = float(saved.wall_s if saved else 0.0), time.monotonic()
     # A tune resumed after it ended races nothing more: its result is rebuilt and shown again, and
     # the wall time stays the tune's own (reading it back is not tuning).
     finished = had_ended(saved) and all(rc.ended is not None for rc in races)
@@ -312,20 +313,20 @@ def race(
     loaded = sweep.finalize(run)
     result = tune_answer.result(run, cases, races, options, spent(), loaded.summary)
     if finished:  # what --trace found of the same answer stands
-        result = replace(result, where=saved["result"].get("where"))
-    _save(run, _record(options, races, result.wall_s) | {"result": result.to_json()})
+        result = replace(result, where=saved.result.where)
+    _save(run, replace(_record(options, races, result.wall_s), result=result.record()))
     return result
 
 
-def had_ended(saved: dict[str, Any] | None) -> bool:
+def had_ended(saved: TuneRecord | None) -> bool:
     """Whether tune.json (``saved``) holds the tune's answer: ``race`` writes it only once every
     world's race has ended (an interrupted race's record has none), so resuming it races nothing
     more and shows the answer again; the CLI says so instead of a race starting."""
-    return saved is not None and "result" in saved
+    return saved is not None and saved.ended
 
 
 def _replayed_races(
-    run: store.Run, cases: list[Case], groups: list, options: Options, saved: dict[str, Any]
+    run: store.Run, cases: list[Case], groups: list, options: Options, saved: TuneRecord | None
 ) -> list[Race]:
     """One race per world, replayed from what the run holds (a resumed tune goes on where it was):
     the failed arms dropped, the stored values judged again, a world's end as tune.json says."""
@@ -346,7 +347,8 @@ def _replayed_races(
         for a in rc.arms:
             if status[a] == store.FAILED:
                 rc.drop(a)
-        rc.replay({a: stored[a] for a in rc.arms}, saved["worlds"].get(str(rc.world), {}).get("ended"))
+        world = saved.worlds.get(str(rc.world)) if saved else None
+        rc.replay({a: stored[a] for a in rc.arms}, world.ended if world else None)
     return races
 
 
@@ -411,22 +413,17 @@ def _cut(run: store.Run, cases: list[Case]) -> None:
             run.case_cut(c.case_id, len(ran))
 
 
-def _record(options: Options, races: list[Race], wall_s: float) -> dict[str, Any]:
+def _record(options: Options, races: list[Race], wall_s: float) -> TuneRecord:
     """tune.json: the options, how each world's race stands, every judged round (the race chart)."""
-    return {
-        "options": asdict(options),
-        "wall_s": wall_s,
-        "worlds": {
-            str(r.world): {
-                "arms": r.arms,
-                "rounds": r.rounds,
-                "ended": r.ended,
-                "live": r.live,
-                "eliminated": r.eliminated,
-                "retired": r.retired,
-                "failed": sorted(r.failed),
-            }
-            for r in races
-        },
-        "history": [e for r in races for e in r.history],
+    worlds = {
+        str(r.world): TuneWorld(
+            list(r.arms), r.rounds, r.ended, list(r.live), dict(r.eliminated), dict(r.retired), sorted(r.failed)
+        )
+        for r in races
     }
+    history = [
+        TuneRound(**e | {"intervals": {a: tuple(v) for a, v in e["intervals"].items()}})
+        for r in races
+        for e in r.history
+    ]
+    return TuneRecord(options, wall_s, worlds, history)

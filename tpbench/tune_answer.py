@@ -9,6 +9,7 @@ status and sentence means.
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 from dataclasses import asdict, dataclass, field
@@ -42,6 +43,7 @@ from tpbench.racing import (
     within_epsilon,
 )
 from tpbench.suite import Case, labels, varying_keys
+from tpbench.tune_record import TuneResult
 
 RECOMMENDED, TIED, ELIMINATED, UNRESOLVED, FAILED = "recommended", "tied", "eliminated", "unresolved", "failed"
 # Traced steps per setting (at least; whole averaging windows for post-local SGD), in one window
@@ -146,6 +148,12 @@ class Result:
             "worlds": self.worlds,
             "where": self.where,
         }
+
+    def record(self) -> TuneResult:
+        """The answer as tune.json keeps it (``TuneRecord.result``): this object, typed, by way of the
+        JSON it is written as, so that it equals what ``store.read_tune`` reads back (plain floats and
+        lists where the race had numpy's and tuples)."""
+        return TuneResult.from_json(json.loads(json.dumps(self.to_json(), allow_nan=False)))
 
 
 def result(

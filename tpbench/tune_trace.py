@@ -122,10 +122,9 @@ def trace(
     ]
     sentence = _by_part(parts.explain(traced[0], traced[1])) if len(traced) == 2 else None
     result = dataclasses.replace(result, where=WhereTime(run_dir, out, sentence).to_json())
-    saved = store.read_tune(result.run_dir) or {}
-    store.write_tune(
-        result.run_dir, {k: v for k, v in saved.items() if k != "schema_version"} | {"result": result.to_json()}
-    )
+    saved = store.read_tune(result.run_dir)
+    if saved is not None:  # the tune's own record, which the trace comes after
+        store.write_tune(result.run_dir, dataclasses.replace(saved, result=result.record()))
     return result
 
 

@@ -15,68 +15,69 @@ from tpbench import store, verdict
 from tpbench.analysis.explain import PARTS
 from tpbench.report.figures import LEGEND_BELOW, LEGEND_TOP, MARGIN, SERIES_COLORS
 from tpbench.report.html import Page, plot_text
+from tpbench.tune_record import TuneRecord, TuneResult, TuneRound
 
 
 def section(page: Page, runs: list[store.Loaded]) -> None:
-    tuned = [(r, r.tune) for r in runs if r.tune]
+    tuned = [(r, r.tune) for r in runs if r.tune is not None]
     if not tuned:
         return
     page.heading("Recommendation", anchor="recommendation")
     for run, saved in tuned:
         if len(tuned) > 1:
             page.heading(f"run {run.record.run_id}", level=3)
-        if not saved.get("result"):  # interrupted (or still racing): no answer yet, and how to get one
-            n = len(saved["history"])
+        result = saved.result
+        if result is None:  # interrupted (or still racing): no answer yet, and how to get one
+            n = len(saved.history)
             page.paragraph(
                 f"No recommendation yet: this tune stopped after {n} round{'s' if n != 1 else ''} "
                 f"(interrupted, or still running). Resume it with tpbench tune --resume {run.run_dir}."
             )
             continue
-        result = saved["result"]
-        page.paragraph(result["claim"])
-        if result.get("training_note"):  # tune.json before it had none
-            page.paragraph(result["training_note"])
-        if result.get("worlds"):  # tune.json before it had none, or one world
+        page.paragraph(result.claim)
+        if result.training_note:  # None in tune.json before it had one
+            page.paragraph(result.training_note)
+        if result.worlds:  # empty in tune.json before it had them, or of one world
             page.paragraph(verdict.WORLDS_SAY)
-            page.bullets(result["worlds"])
-        if result.get("next_step"):  # tune.json before it had none
-            rec = next(a for a in result["arms"] if a["status"] == "recommended")
-            more = result["rounds_to_decide"]  # None: nothing judged, no estimate (verdict.decide_words)
-            rounds = more and rec["rounds"] + more
-            said = verdict.decide_words(rounds, result.get("decide_wall_s"), result.get("next_repeats"))
-            page.paragraph(said + result["next_step"])
-        if result.get("trace_step") and not result.get("where"):  # tune.json before it had none
+            page.bullets(result.worlds)
+        if result.next_step:  # None in tune.json before it had one
+            rec = next(a for a in result.arms if a.status == "recommended")
+            more = result.rounds_to_decide  # None: nothing judged, no estimate (verdict.decide_words)
+            rounds = more and rec.rounds + more
+            said = verdict.decide_words(rounds, result.decide_wall_s, result.next_repeats)
+            page.paragraph(said + result.next_step)
+        if result.trace_step and not result.where:  # None in tune.json before it had one
             page.paragraph(
                 "Where the time goes: a tune traces nothing (tpbench tune --trace does, after the race); this sweep "
                 "traces the recommended setting and its closest rival, if any, and its report splits their steps "
                 "into compute, exposed communication and idle (under the same launcher): "
-                f"{result['trace_step']}"
+                f"{result.trace_step}"
             )
         page.paragraph(
-            f"Raced by tpbench tune on {result['metric']}: after each round, once "
-            f"{saved['options']['min_rounds']} had run, a setting was eliminated when its paired ratio to the "
+            f"Raced by tpbench tune on {result.metric}: after each round, once "
+            f"{saved.options.min_rounds} had run, a setting was eliminated when its paired ratio to the "
             "leader (the lowest geometric mean) was clearly above 1, its variance pooled over every value the race "
             "had, and retired (tied: it runs no more rounds) once it could no longer be more than "
-            f"{verdict.percent(result['epsilon'])} faster than the leader, brought back should a later leader not be "
+            f"{verdict.percent(result.epsilon)} faster than the leader, brought back should a later leader not be "
             "safe from it; a race ends when one setting is left, tied once the leader alone is left running, or "
             "unresolved when its rounds or its budget run out; "
             + (
                 "settings that cannot share a world race within their own and are set against the recommended "
                 "setting at the end on an unpaired interval; "
-                if len(saved["worlds"]) > 1
+                if len(saved.worlds) > 1
                 else ""
             )
             + "intervals at "
-            f"{verdict.percent(result['confidence'])} "
+            f"{verdict.percent(result.confidence)} "
             "confidence spent over every round the race could look at and every setting (docs/tune.md). "
-            f"Timed steps: {result['timed_s']:.1f} s of the {result['grid_timed_s']:.1f} s the whole grid "
+            f"Timed steps: {result.timed_s:.1f} s of the {result.grid_timed_s:.1f} s the whole grid "
             "would have timed.",
             css="muted",
         )
         page.table(_table(result))
-        _race_charts(page, saved)
-        if result.get("where"):  # tune --trace; an id names one element of a page
-            _where(page, result["where"], "where-time-goes" if len(tuned) == 1 else None)
+        _race_charts(page, saved, result)
+        if result.where:  # tune --trace; an id names one element of a page
+            _where(page, result.where, "where-time-goes" if len(tuned) == 1 else None)
 
 
 # What tells a tune's worlds apart (``Case.launch_key``): arms that differ in one of these cannot
@@ -84,40 +85,39 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
 WORLD_KEYS = ("world_size", "backend", "device", "interconnect")
 
 
-def _race_charts(page: Page, saved: dict) -> None:
+def _race_charts(page: Page, saved: TuneRecord, result: TuneResult) -> None:
     """One race chart per world that raced two settings or more, each titled with its world where
     the tune spans several: each world has its own rounds and its own leader, and drawn in one
     chart their lines run side by side, two leaders at 1, with nothing saying which race a line
     belongs to."""
-    result = saved["result"]
-    names = {a["case_id"]: a["label"] for a in result["arms"]}
-    min_rounds = int(saved["options"]["min_rounds"])
-    judged = judged_rounds(saved["history"], min_rounds)
-    worlds = list(dict.fromkeys(e.get("world", 0) for e in judged if e.get("intervals")))
+    names = {a.case_id: a.label for a in result.arms}
+    min_rounds = int(saved.options.min_rounds)
+    judged = judged_rounds(saved.history, min_rounds)
+    worlds = list(dict.fromkeys(e.world for e in judged if e.intervals))
     if not worlds:
-        page.paragraph(f"No race chart: {_no_chart(saved)}.", css="muted")
+        page.paragraph(f"No race chart: {_no_chart(saved, result)}.", css="muted")
     for world in worlds:
-        history = [e for e in judged if e.get("world", 0) == world]
-        title = _world_name(saved, world) if len(saved["worlds"]) > 1 else None
-        page.figure(_race_figure(history, names, result["epsilon"], min_rounds, title))
+        history = [e for e in judged if e.world == world]
+        title = _world_name(saved, result, world) if len(saved.worlds) > 1 else None
+        page.figure(_race_figure(history, names, result.epsilon, min_rounds, title))
 
 
-def _world_name(saved: dict, world: int) -> str:
+def _world_name(saved: TuneRecord, result: TuneResult, world: int) -> str:
     """A world by the keys that make it one ("world_size=2", "interconnect=tcp-1gbit"): those of
     ``WORLD_KEYS`` among the swept keys of its first arm; arms of different worlds differ in one of
     them, which is swept, since a tune's worlds come from its grid."""
-    first = saved["worlds"][str(world)]["arms"][0]
-    params = next(a["params"] for a in saved["result"]["arms"] if a["case_id"] == first)
+    first = saved.worlds[str(world)].arms[0]
+    params = next(a.params for a in result.arms if a.case_id == first)
     said = [f"{k}={params[k]}" for k in WORLD_KEYS if k in params]
     return " ".join(said) or f"world {world}"
 
 
-def _no_chart(saved: dict) -> str:
+def _no_chart(saved: TuneRecord, result: TuneResult) -> str:
     """Why no round set two settings side by side: all failed, the race stopped before, or each
     world held one setting."""
-    if all(a["status"] == "failed" for a in saved["result"]["arms"]):
+    if all(a.status == "failed" for a in result.arms):
         return "every setting failed (the table), so no round was judged"
-    if any(len(w["arms"]) - len(w.get("failed", [])) > 1 for w in saved.get("worlds", {}).values()):
+    if any(len(w.arms) - len(w.failed) > 1 for w in saved.worlds.values()):
         return "no round with two settings in it was judged (the budget or the failures ended the race first)"
     return (
         "no world held two of these settings, so no round set one beside another; the settings were compared "
@@ -165,28 +165,28 @@ def _where(page: Page, where: dict, anchor: str | None) -> None:
         page.paragraph(said)
 
 
-def _table(result: dict) -> pd.DataFrame:
-    losses = any(a.get("heldout_loss") is not None for a in result["arms"])  # tune.json before it had none
-    interval = verdict.interval_heading(result["confidence"], bool(result.get("worlds")))
-    line = verdict.tie_line(result["epsilon"])  # a tied arm's low end reads as clear of the margin, as it is
+def _table(result: TuneResult) -> pd.DataFrame:
+    losses = any(a.heldout_loss is not None for a in result.arms)  # None in tune.json before it had one
+    interval = verdict.interval_heading(result.confidence, bool(result.worlds))
+    line = verdict.tie_line(result.epsilon)  # a tied arm's low end reads as clear of the margin, as it is
     return pd.DataFrame(
         [
             {
-                "setting": a["label"],
-                "status": a["status"],
-                "rounds": a["rounds"],
-                verdict.ratio_heading(result.get("metric", "step_ms")): verdict.change(a["ratio"], line=line),
+                "setting": a.label,
+                "status": a.status,
+                "rounds": a.rounds,
+                verdict.ratio_heading(result.metric): verdict.change(a.ratio, line=line),
                 interval: ""
-                if a["lo"] is None
-                else f"[{verdict.change(a['lo'], line=line)}, {verdict.change(a['hi'], line=line)}]",
-                "eliminated after round": "" if a["eliminated_at"] is None else a["eliminated_at"],
-                "what eliminated it": verdict.what_eliminated(a["status"], a.get("eliminated_vs")),
-                "retired after round": verdict.brought_back(a.get("sat_out", 0))
-                if a.get("retired_at") is None
-                else f"{a['retired_at']}{verdict.sat_out(a.get('sat_out', 0))}",
-                **({"held-out loss": _loss(a.get("heldout_loss"))} if losses else {}),
+                if a.lo is None
+                else f"[{verdict.change(a.lo, line=line)}, {verdict.change(a.hi, line=line)}]",
+                "eliminated after round": "" if a.eliminated_at is None else a.eliminated_at,
+                "what eliminated it": verdict.what_eliminated(a.status, a.eliminated_vs),
+                "retired after round": verdict.brought_back(a.sat_out)
+                if a.retired_at is None
+                else f"{a.retired_at}{verdict.sat_out(a.sat_out)}",
+                **({"held-out loss": _loss(a.heldout_loss)} if losses else {}),
             }
-            for a in result["arms"]
+            for a in result.arms
         ]
     )
 
@@ -200,15 +200,15 @@ def _loss(v: float | None) -> str:
 RACE_TOP = 1.5
 
 
-def judged_rounds(history: list[dict], min_rounds: int) -> list[dict]:
+def judged_rounds(history: list[TuneRound], min_rounds: int) -> list[TuneRound]:
     """The rounds of ``history`` at which the rule could decide: from ``min_rounds`` on. The race
     computes an interval from round 2, but before ``--min-rounds`` it eliminates and retires
     nothing, and at so few rounds the interval spans most of the chart: drawn, those rounds read as
     a race that was already under way."""
-    return [e for e in history if e["round"] >= min_rounds]
+    return [e for e in history if e.round >= min_rounds]
 
 
-def _race_rows(history: list[dict]) -> pd.DataFrame:
+def _race_rows(history: list[TuneRound]) -> pd.DataFrame:
     """The race chart's points: per judged round, each setting's ratio to that round's leader with
     its interval and whether it went (``out``) or was retired then; the leader itself at 1, since it
     has no interval against itself: left out, its line would run straight across the rounds it led
@@ -216,26 +216,26 @@ def _race_rows(history: list[dict]) -> pd.DataFrame:
     rows = [
         {
             "arm": arm,
-            "round": e["round"],
+            "round": e.round,
             "ratio": v[0],
             "lo": v[1],
             "hi": v[2],
-            "out": arm in e["eliminated"],
-            "retired": arm in e.get("retired", ()),
+            "out": arm in e.eliminated,
+            "retired": arm in e.retired,
         }
         for e in history
-        for arm, v in e["intervals"].items()
+        for arm, v in e.intervals.items()
     ]
     rows += [
-        {"arm": e["leader"], "round": e["round"], "ratio": 1.0, "lo": 1.0, "hi": 1.0, "out": False, "retired": False}
+        {"arm": e.leader, "round": e.round, "ratio": 1.0, "lo": 1.0, "hi": 1.0, "out": False, "retired": False}
         for e in history
-        if e["intervals"] and e.get("leader")
+        if e.intervals and e.leader
     ]
     return pd.DataFrame(rows, columns=["arm", "round", "ratio", "lo", "hi", "out", "retired"]).sort_values("round")
 
 
 def _race_figure(
-    history: list[dict], names: dict[str, str], epsilon: float, min_rounds: int, world: str | None = None
+    history: list[TuneRound], names: dict[str, str], epsilon: float, min_rounds: int, world: str | None = None
 ) -> go.Figure:
     """Per setting, its ratio to that round's leader with the race's interval, round by round from
     ``min_rounds``, the first round the rule may decide (``judged_rounds``; the title says the

@@ -498,7 +498,7 @@ def _median_interval(case: dict) -> str:
 
 def _tuned_runs(data: ReportData) -> set[str]:
     """The runs ``tpbench tune`` raced (they have tune.json)."""
-    return {r.record.run_id for r in data.runs if r.tune}
+    return {r.record.run_id for r in data.runs if r.tune is not None}
 
 
 def _tuned_lines(data: ReportData, tuned: set[str]) -> list[str]:
