@@ -324,6 +324,28 @@ def test_baseline_cases_the_candidate_lacks_are_named_without_changing_the_verdi
     assert compare.compare_runs([cand], [base]).not_in_candidate == []
 
 
+def test_an_added_key_off_its_old_behaviour_is_another_case(tmp_path: Path) -> None:
+    """The identity leaves an added key (``ADDED_KEYS``) out at its old behaviour, so a packed
+    ``zero_no_overlap`` (parameters_as_bucket_view = true) has the key and the unpacked one does
+    not: matched on the keys both have, the packed case was judged against the unpacked one
+    ("faster: -60%") and the baseline's packed case, which the candidate lacks, went unnamed."""
+    sweep = {"parameters_as_bucket_view": "[false, true]"}
+
+    def packed(case) -> float:
+        return 0.4 if case.params()["parameters_as_bucket_view"] else 1.0
+
+    both = make_run(tmp_path / "both", {"zero_no_overlap": noisy(100, 5, 0.02, 1)}, sweep=sweep, factor=packed)
+    unpacked = make_run(tmp_path / "unpacked", {"zero_no_overlap": noisy(100, 5, 0.02, 2)}, seed=1)
+    c = compare.compare_runs([both], [unpacked])
+    assert c.not_in_candidate == ["zero_no_overlap parameters_as_bucket_view=True"]
+    assert [r.verdict for r in c.cases] == ["pass"]
+    only_packed = make_run(
+        tmp_path / "packed", {"zero_no_overlap": noisy(40, 5, 0.02, 3)}, sweep={"parameters_as_bucket_view": "[true]"}
+    )
+    c = compare.compare_runs([unpacked], [only_packed])
+    assert [r.verdict for r in c.cases] == ["missing"] and c.not_in_candidate == ["zero_no_overlap"]
+
+
 def test_other_metric(tmp_path: Path) -> None:
     """Any per-step column compares the same way (lower is better): here peak memory, which is the
     same on both sides although the step times are not."""

@@ -59,7 +59,7 @@ from tpbench.analysis.stats import (
     windows_of,
 )
 from tpbench.environment import COMPARABLE_KEYS, commit_text
-from tpbench.record import RunRecord
+from tpbench.record import ADDED_KEYS, RunRecord
 from tpbench.suite import Case, SuiteError, identity, ran_together, select, value_text, varying_keys
 from tpbench.verdict import IMPROVEMENT as IMPROVEMENT
 from tpbench.verdict import INCONCLUSIVE as INCONCLUSIVE
@@ -275,8 +275,14 @@ class RunData:
 
 
 def _same(a: dict[str, Any], b: dict[str, Any], ignore: Iterable[str] = ()) -> bool:
-    """Equal identities on the keys both have: a key added by a newer tpbench must not orphan every case."""
+    """Equal identities on the keys both have (a key added by a newer tpbench must not orphan every
+    case), and no added key (``ADDED_KEYS``) on one side only: the identity leaves an added key out
+    at its old behaviour, so a case that has it ran another setting of it, and matched on the keys
+    both have a packed ``zero_no_overlap`` (``parameters_as_bucket_view = true``) would be judged
+    against the unpacked one, or an fp16 ``comm_hook`` against all-reduce."""
     ia, ib = identity(a), identity(b)
+    if (ia.keys() ^ ib.keys()) & ADDED_KEYS.keys() - set(ignore):
+        return False
     return all(ia[k] == ib[k] for k in ia.keys() & ib.keys() if k not in ignore)
 
 
