@@ -1471,3 +1471,14 @@ def test_across_runs_names_the_first_runs_cases_a_later_run_lacks(tmp_path):
     html = build_report([finalize(store.Run.open(run)) for run in (base, cand)], tmp_path)
     said = re.search(r"Not in run B [^(]*\(cases of run A [^)]* it did not run, not judged\): ([^<]*)</p>", html)
     assert said is not None and said.group(1) == "zero_no_overlap."
+
+
+def test_a_single_runs_step_time_bars_sit_on_their_own_labels(tmp_path):
+    """One run, no bucket-size axis: a bar per case, coloured by algorithm. Grouped, each label kept a
+    slot for every algorithm's trace and its one bar sat beside the label, a third of a row off with
+    three algorithms; overlaid, each bar is centred on its case."""
+    medians = {"ddp": [10.0, 10.2], "zero_no_overlap": [12.0, 12.1], "hook_with_zero_step": [11.0, 11.1]}
+    run = finalize(store.Run.open(make_run(tmp_path / "r", medians)))
+    fig = figure_after(build_report([run], tmp_path), "step-time")
+    assert len(fig["data"]) == 3 and all(len(trace["y"]) == 1 for trace in fig["data"])
+    assert fig["layout"]["barmode"] != "group"

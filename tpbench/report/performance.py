@@ -119,6 +119,9 @@ def _against_bucket_size(data: ReportData, done: pd.DataFrame) -> go.Figure:
 
 
 def _bars(data: ReportData, done: pd.DataFrame) -> go.Figure:
+    """A bar per case (and run). Several runs group each case's bars, one slot per run; one run's
+    bars, coloured by algorithm, overlay: grouped, each label would keep a slot for every
+    algorithm and its one bar would sit beside it."""
     df = display(done, ["label", "run", "algo"])
     fig = px.bar(
         df,
@@ -126,7 +129,8 @@ def _bars(data: ReportData, done: pd.DataFrame) -> go.Figure:
         y="label",
         color="run" if data.multi else "algo",
         orientation="h",
-        barmode="group",
+        barmode="group" if data.multi else "overlay",
+        opacity=1,  # plotly express pales overlaid bars, which here never overlap
         error_x="err_plus",
         error_x_minus="err_minus",
         hover_data={"err_plus": False, "err_minus": False},
