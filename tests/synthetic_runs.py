@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tpbench import store
-from tpbench.suite import Case, Machine, expand, parse, with_overrides
+from tpbench.suite import Case, Machine, expand, parse, select, with_overrides
 
 ENVIRONMENT: dict[str, Any] = {
     "tpbench": "0.1.0",
@@ -66,6 +66,7 @@ def make_run(
     cpu_ms: Callable[[Case], float] | None = None,
     workloads: Mapping[str, Mapping[str, Any]] | None = None,
     overrides: Sequence[str] = (),
+    filters: Sequence[str] = (),
 ) -> Path:
     """A finished run with one case per algorithm; ``medians[algorithm]`` are its per-repeat medians (ms).
 
@@ -76,7 +77,7 @@ def make_run(
     share each repeat's round, as a sweep's do). ``cpu_ms(case)``: each step's CPU time (with the
     same jitter); without it the steps record none, as runs from before it was recorded.
     ``workloads``: ``[workloads.NAME]`` tables, their values in TOML syntax. ``overrides``: ``--set``
-    assignments, applied and recorded as a sweep's.
+    assignments, applied and recorded as a sweep's; ``filters``: ``--filter`` expressions, the same.
     """
     algorithms = sorted(medians)
     repeats = max(len(v) for v in medians.values())
@@ -89,7 +90,7 @@ def make_run(
     for name, keys in (workloads or {}).items():
         text += f"[workloads.{name}]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items())
     suite = with_overrides(parse(text, "synthetic.toml"), overrides)
-    cases = expand(suite, Machine(gpus=0))
+    cases = select(expand(suite, Machine(gpus=0)), filters)
     run = store.Run.create(
         root,
         "synthetic",
@@ -98,6 +99,7 @@ def make_run(
         [c.params() for c in cases],
         dict(environment or ENVIRONMENT),
         overrides=overrides,
+        filters=filters,
     )
     rng = np.random.default_rng(seed)
     for case in cases:

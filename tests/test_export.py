@@ -220,3 +220,20 @@ def test_pytest_benchmark_names_of_runs_at_other_set_values_differ(tmp_path: Pat
         "ddp[bucket_cap_mb=8]",
         "hook_with_zero_step[bucket_cap_mb=8-shard_buckets=true]",
     ]
+
+
+def test_runs_of_one_suite_at_other_filters_export_apart_and_each_case_under_one_name(tmp_path: Path) -> None:
+    """Names came from the keys that vary among the cases a --filter kept: runs at ``--filter
+    bucket_cap_mb=1`` and ``=4`` both exported "synthetic/ddp", one dashboard series of two settings,
+    and the 1 MB case had one name alone and another beside the 4 MB one. Names show the keys the
+    suite sweeps, whatever the filter kept."""
+    medians = {"ddp": [10.0, 10.2, 9.9], "hook_with_zero_step": [12.0, 12.1, 11.9]}
+    sweep = {"bucket_cap_mb": "[1, 4]"}
+
+    def names(*filters: str) -> list[str]:
+        run = make_run(tmp_path / str(len(list(tmp_path.iterdir()))), medians, sweep=sweep, filters=filters)
+        return [e["name"] for e in exports.export_custom_smaller_is_better(run).document]
+
+    one, four = names("bucket_cap_mb=1", "algorithm=ddp"), names("bucket_cap_mb=4", "algorithm=ddp")
+    assert one == ["synthetic/ddp bucket_cap_mb=1"] and four == ["synthetic/ddp bucket_cap_mb=4"]
+    assert set(one + four) <= set(names())

@@ -14,7 +14,7 @@ import numpy as np
 from tpbench import store
 from tpbench.analysis.stats import CONFIDENCE, bootstrap_ci, per_step, repeat_values, windows_of
 from tpbench.compare import GateError, swept_keys
-from tpbench.suite import Case, measured_overrides
+from tpbench.suite import CASE_KEYS, Case, SuiteError, measured_overrides, parse, with_overrides
 
 EXPORT_FORMATS = ("pytest-benchmark", "custom-smaller-is-better")
 # What a case's numbers are (``--metric``): wall time per step, or the ranks' CPU time per step.
@@ -197,9 +197,13 @@ def export_custom_smaller_is_better(run_dir: str | Path, metric: str = "step_ms"
     env = loaded.environment
     tag = "" if metric == "step_ms" else f" [{metric}]"
     sets = measured_overrides(loaded.record.suite.overrides)
-    shown = {"algorithm", *swept_keys(loaded.record)}  # what each case's label already says
+    keys = _grid_keys(loaded)
+    shown = {"algorithm", *keys}  # what each case's label already says
+    labels = [case.label(keys) for case, *_ in cases]
+    if len(set(labels)) < len(labels):  # cases told apart only by workload parameters: the run's labels
+        labels = [label for _, label, *_ in cases]
     entries = []
-    for case, label, _ms, reps in cases:
+    for (case, _label, _ms, reps), label in zip(cases, labels):
         lo, hi = bootstrap_ci(reps)
         # One repeat has no interval: no range (the format's field is optional), rather than "± 0".
         ranged = {"range": f"± {round((hi - lo) / 2, 6)}"} if np.isfinite(lo) else {}
@@ -218,6 +222,21 @@ def export_custom_smaller_is_better(run_dir: str | Path, metric: str = "step_ms"
             }
         )
     return Export(entries, skipped)
+
+
+def _grid_keys(loaded: store.Loaded) -> list[str]:
+    """The keys a series name shows: those the suite's grid sweeps (after ``--set``), in schema order,
+    not those that vary among the cases a ``--filter`` kept. Named by the kept cases, runs of one
+    suite with ``--filter bucket_cap_mb=1`` and ``=4`` both exported "zero/hook_with_zero_step", one
+    series of two settings, and a case's name changed with the filter beside it. A suite text this
+    tpbench no longer parses falls back to the run's own varying keys."""
+    source = loaded.record.suite
+    try:
+        grid = with_overrides(parse(source.text, source.path or "<suite>"), source.overrides)
+    except SuiteError:
+        return swept_keys(loaded.record)
+    swept = {k for k, values in grid.sweep.items() if len(values) > 1}
+    return [k for k in CASE_KEYS if k in swept]
 
 
 def _set_params(case: Case, sets: Mapping[str, str], shown: set[str]) -> dict[str, str]:
