@@ -1244,7 +1244,7 @@ def test_express_and_plain_figures_draw_ranks_in_the_page_templates_colours(runs
     assert memory["layout"]["xaxis"]["title"]["text"] == "MiB"
 
 
-def test_machine_load_lists_the_repeats_furthest_from_their_median_first_either_way():
+def test_machine_load_lists_the_repeats_furthest_from_their_median_first_either_way(monkeypatch):
     """The noisy repeats were sorted by their signed change: one 30 % below its case's median came
     last, after those at "+0%" (and past the table's rows it was the one left out), and a change of
     -0.05 % read "-0%" beside "+0%"."""
@@ -1268,6 +1268,11 @@ def test_machine_load_lists_the_repeats_furthest_from_their_median_first_either_
     telemetry.machine_load(page, report_data.load([finished_in_memory("load", text, cases, steps, summary)]))
     rows = [re.findall(r"<td>(.*?)</td>", tr) for tr in re.findall(r"<tr>(.*?)</tr>", page.render(), re.S)]
     assert [(r[1], r[2]) for r in rows if r] == [("2", "-30%"), ("3", "+5%"), ("0", "+0%"), ("1", "+0%")]
+    # Past the table's rows, one repeat left out is one repeat: it read "1 more noisy repeats not listed."
+    monkeypatch.setattr(telemetry, "MAX_NOISY_ROWS", 3)
+    page = Page(title="t")
+    telemetry.machine_load(page, report_data.load([finished_in_memory("load", text, cases, steps, summary)]))
+    assert "1 more noisy repeat not listed." in page.render()
 
 
 def test_a_waterfall_leaves_room_above_its_highest_bar_for_that_bars_label():

@@ -188,7 +188,8 @@ def machine_load(page: Page, data: ReportData) -> None:
     )
     page.table(rows)
     if len(noisy) > len(shown):
-        page.paragraph(f"{len(noisy) - len(shown)} more noisy repeats not listed.", css="muted")
+        left = len(noisy) - len(shown)
+        page.paragraph(f"{left} more noisy repeat{'s' if left > 1 else ''} not listed.", css="muted")
 
 
 def _change_pct(relative: float) -> str:
