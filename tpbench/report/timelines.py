@@ -157,13 +157,14 @@ def _overlap_bars(df: pd.DataFrame) -> go.Figure:
 def traced_vs_timed(ratios: np.ndarray) -> str:
     """How long the traced steps took against each case's timed median. Over several cases, the median
     with its range: a median alone can read "0.99×" beside a case whose traced steps took 1.59× its
-    timed ones, which the table under it shows."""
+    timed ones, which the table under it shows. Two decimals throughout: two significant figures
+    write 1.036 "1×" beside "0.99×", as if the traced steps had cost nothing more."""
     if len(ratios) == 1:
-        said = f"Traced steps took {ratios[0]:.2g}× as long as the timed steps' median"
+        said = f"Traced steps took {ratios[0]:.2f}× as long as the timed steps' median"
     else:
         said = (
-            f"Traced steps took {np.median(ratios):.2g}× as long as their case's timed median (the median over "
-            f"{len(ratios)} cases; {ratios.min():.2g}× to {ratios.max():.2g}×)"
+            f"Traced steps took {np.median(ratios):.2f}× as long as their case's timed median (the median over "
+            f"{len(ratios)} cases; {ratios.min():.2f}× to {ratios.max():.2f}×)"
         )
     return (
         f"{said}: the profiler's overhead, and whatever sets the few traced steps apart from the median (for "
