@@ -477,35 +477,38 @@ def test_crash_and_hang_on_the_second_node_fail_only_their_cases(tmp_path):
     assert worker_processes(run_dir) == []
 
 
-def test_a_rendezvous_port_another_program_holds_stops_the_sweep_before_any_world(tmp_path, capsys):
+def test_a_rendezvous_port_another_program_holds_is_refused_before_the_run_or_its_worlds(tmp_path, capsys):
     """A plain TCP listener on the endpoint's port: torchrun's agents connected to it as to their
     store and waited; each world waited out its 10 minutes of start-up, was retried, failed its
-    cases, and the next world did the same. The port is probed before the first world instead: the
-    sweep stops (exit 3) naming the endpoint, what to do and the resume, the run interrupted."""
+    cases, and the next world did the same. The port is probed first instead (exit 3, naming the
+    endpoint and what to do). A new sweep or tune is refused before its run directory is made: it
+    left an interrupted run with no finished case, and an error saying its finished cases were kept.
+    A ``--print`` run's resume (a bare one reuses the recorded endpoint) stops before its first
+    world, naming the resume with another port, the run interrupted and its cases pending."""
     suite = tmp_path / "s.toml"
     suite.write_text(tiny_suite("lr = [0.01, 0.02]"))
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         endpoint = f"127.0.0.1:{listener.getsockname()[1]}"
-        argv = [
-            "sweep",
-            str(suite),
-            "--launcher",
-            "torchrun",
-            "--rdzv-endpoint",
-            endpoint,
-            "--out",
-            str(tmp_path / "r"),
-        ]
-        assert run_cli([*argv, "--no-report"]) == 3
+        torchrun = ["--launcher", "torchrun", "--rdzv-endpoint", endpoint, "--out", str(tmp_path / "r")]
+        for command in ("sweep", "tune"):
+            extra = ["--no-report"] if command == "sweep" else ["--set", "repeats=3"]
+            assert run_cli([command, str(suite), *torchrun, *extra]) == 3
+            err = " ".join(capsys.readouterr().err.split())
+            assert f"--rdzv-endpoint {endpoint}: another program holds port {endpoint.split(':')[1]}" in err, err
+            assert "No run was started: run the same command with --rdzv-endpoint 127.0.0.1:OTHER_PORT" in err
+            assert not list(tmp_path.rglob("run.json"))
+        assert run_cli(["sweep", str(suite), *torchrun, "--print"]) == 0
+        capsys.readouterr()
+        run_dir = only_run(tmp_path / "r")
+        assert run_cli(["sweep", "--resume", str(run_dir), "--no-report"]) == 3
         assert Torchrun(rdzv_endpoint=endpoint).endpoint_held() is not None
     err = " ".join(capsys.readouterr().err.split())
-    run_dir = only_run(tmp_path / "r")
     assert f"--rdzv-endpoint {endpoint}: another program holds port {endpoint.split(':')[1]}" in err
     assert f"tpbench sweep --resume {run_dir} --launcher torchrun --rdzv-endpoint 127.0.0.1:OTHER_PORT" in err
     meta = json.loads((run_dir / "run.json").read_text())
-    assert meta["status"] == "interrupted" and not meta.get("worlds")
+    assert meta["status"] == "interrupted" and [w["world"] for w in meta["worlds"]] == ["w0"]  # the printed one
     assert {c["status"] for c in meta["cases"].values()} == {"pending"}
     # Free again, or on another machine (the store is hosted there): nothing to say.
     assert Torchrun(rdzv_endpoint=endpoint).endpoint_held() is None

@@ -342,9 +342,8 @@ def rendezvous_failed(run: store.Run, launcher: Torchrun, why: str, cure: str, s
     command = "tune" if (run.dir / store.TUNE_FILE).exists() else "sweep"
     resume = f"tpbench {command} --resume {run.dir}"
     options = []
-    if address := launcher.rendezvous_address():
-        host = f"[{address[0]}]" if ":" in address[0] else address[0]
-        options.append(f"--rdzv-endpoint {host}:OTHER_PORT")
+    if launcher.rendezvous_address():
+        options.append(_another_port(launcher))
     if slow:
         options.append("--rdzv-timeout SECONDS")
     if options:
@@ -355,14 +354,31 @@ def rendezvous_failed(run: store.Run, launcher: Torchrun, why: str, cure: str, s
     )
 
 
-def check_endpoint(run: store.Run, launcher: Torchrun | None) -> None:
-    """Before a run's worlds start: ``RendezvousFailed`` when the rendezvous endpoint is on this
-    machine and another program holds its port (``Torchrun.endpoint_held``)."""
+def check_endpoint(run: store.Run | None, launcher: Torchrun | None) -> None:
+    """``RendezvousFailed`` when the rendezvous endpoint is on this machine and another program holds
+    its port (``Torchrun.endpoint_held``). ``run`` None: a new run, checked before its directory is
+    made (``sweep.start``), so that a refused sweep leaves no interrupted run without a finished case
+    behind; the error then says to run the command again with another port. Else before the run's
+    worlds start (a resume, each adaptive batch), naming the resume that runs its missing cases."""
     held = None if launcher is None else launcher.endpoint_held()
-    if held:
-        port = launcher.rendezvous_address()[1]
-        cure = f"give another port, or stop what holds this one (ss -ltnp 'sport = :{port}' names it)"
-        raise rendezvous_failed(run, launcher, f"{held}, so torchrun's agents would never meet", cure)
+    if not held:
+        return
+    port = launcher.rendezvous_address()[1]
+    cure = f"give another port, or stop what holds this one (ss -ltnp 'sport = :{port}' names it)"
+    why = f"{held}, so torchrun's agents would never meet"
+    if run is None:
+        raise RendezvousFailed(
+            f"--rdzv-endpoint {launcher.rdzv_endpoint}: {why}; {cure}. No run was started: run the same command "
+            f"with {_another_port(launcher)}"
+        )
+    raise rendezvous_failed(run, launcher, why, cure)
+
+
+def _another_port(launcher: Torchrun) -> str:
+    """``--rdzv-endpoint HOST:OTHER_PORT`` for a launcher with a valid endpoint: its host (IPv6 in
+    brackets), the port to be chosen."""
+    host = launcher.rendezvous_address()[0]
+    return f"--rdzv-endpoint {f'[{host}]' if ':' in host else host}:OTHER_PORT"
 
 
 def never_met(run: store.Run, launcher: Torchrun, name: str, cause: str, world: TorchrunWorld) -> RendezvousFailed:

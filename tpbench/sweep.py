@@ -141,10 +141,15 @@ def launchable(prepared: Prepared, launcher: Torchrun | None) -> list[Interconne
     return ics
 
 
-def start(prepared: Prepared, out_root: Path, launcher: Torchrun | None = None) -> store.Run:
+def start(prepared: Prepared, out_root: Path, launcher: Torchrun | None = None, print_only: bool = False) -> store.Run:
     """Create the run directory (checked writable) with every case pending, and the launcher
-    recorded so that ``--resume`` starts worlds the same way."""
+    recorded so that ``--resume`` starts worlds the same way. A rendezvous port of this machine that
+    another program holds is refused first (``check_endpoint``), not with the run made and at once
+    interrupted, no case finished; but for ``print_only``, whose worlds the user starts later,
+    when what holds the port may have let it go (their resume checks it then)."""
     launchable(prepared, launcher)
+    if not print_only:
+        check_endpoint(None, launcher)
     store.check_writable(out_root)
     check_space(out_root, prepared.cases)
     s = prepared.suite
@@ -788,7 +793,7 @@ def run(
             raise SweepError("--print: only with --launcher torchrun")
         if target_ci is not None:
             refuse_nothing_to_compare(prepared.cases)
-        the_run, cases = start(prepared, Path(out), launcher), prepared.cases
+        the_run, cases = start(prepared, Path(out), launcher, print_only), prepared.cases
         if target_ci is not None and budget_s is not None:
             start_adaptive(the_run, target_ci, budget_s)
     if print_only:

@@ -352,8 +352,9 @@ class Torchrun:
         port, the agent falls back to connecting to that program as a client, which never answers,
         and every agent waits (a plain TCP listener kept them waiting past 5 minutes), then the
         world's start-up limit ran out, the world was retried, and each further world did the same.
-        Checked before each run's worlds start, not before the run exists: what holds a port may
-        change between ``--print`` and its resume, and a bare ``--resume`` reuses a recorded endpoint."""
+        Checked before a new run is made (but for ``--print``, whose worlds start later) and before
+        each run's worlds start: what holds a port may change between ``--print`` and its resume, and
+        a bare ``--resume`` reuses a recorded endpoint."""
         address = self.rendezvous_address()
         if address is None or address[1] == 0 or not _is_this_machine(address[0]):
             return None
