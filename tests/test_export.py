@@ -237,3 +237,23 @@ def test_runs_of_one_suite_at_other_filters_export_apart_and_each_case_under_one
     one, four = names("bucket_cap_mb=1", "algorithm=ddp"), names("bucket_cap_mb=4", "algorithm=ddp")
     assert one == ["synthetic/ddp bucket_cap_mb=1"] and four == ["synthetic/ddp bucket_cap_mb=4"]
     assert set(one + four) <= set(names())
+
+
+def test_a_run_of_two_workloads_exports_in_each_format(tmp_path: Path) -> None:
+    """``workload = ["mlp", "resnet"]``: their parameter tables share a key of other values
+    (``classes``, ``width``), so ``workload.classes`` varied among the cases too, and the
+    pytest-benchmark export stopped on it with a traceback (a Case has no attribute of that name).
+    Workload parameters are set per workload, never swept: ``workload`` names the benchmark."""
+    run = make_run(
+        tmp_path,
+        {"ddp": [10.0, 10.2]},
+        sweep={"workload": '["mlp", "resnet"]'},
+        workloads={"mlp": {"width": 32, "depth": 2}, "resnet": {"preset": '"tiny"'}},
+    )
+    benchmarks = exports.export_pytest_benchmark(run).document["benchmarks"]
+    assert [(b["name"], b["params"]) for b in benchmarks] == [
+        ("ddp[workload=mlp]", {"workload": "mlp"}),
+        ("ddp[workload=resnet]", {"workload": "resnet"}),
+    ]
+    entries = exports.export_custom_smaller_is_better(run).document
+    assert [e["name"] for e in entries] == ["synthetic/ddp workload=mlp", "synthetic/ddp workload=resnet"]

@@ -82,7 +82,7 @@ def export_pytest_benchmark(run_dir: str | Path, metric: str = "step_ms") -> Exp
     env = loaded.environment
     suite = loaded.record.suite.name
     cases, skipped = _export_cases(loaded, metric)
-    keys = swept_keys(loaded.record)  # all its cases': a name must not change with which cases have data
+    keys = _named_keys(loaded)
     group = suite if metric == "step_ms" else f"{suite} ({metric})"
     sets = measured_overrides(loaded.record.suite.overrides)
     shown = {"algorithm", *keys}
@@ -110,6 +110,15 @@ def export_pytest_benchmark(run_dir: str | Path, metric: str = "step_ms") -> Exp
         "version": PYTEST_BENCHMARK_VERSION,
     }
     return Export(document, skipped)
+
+
+def _named_keys(loaded: store.Loaded) -> list[str]:
+    """The keys a pytest-benchmark name shows: those that vary among all the run's cases (a name must
+    not change with which cases have data), but for workload parameters (``workload.KEY``). Those
+    are set per workload, never swept, so they vary only beside ``workload``, which names the case
+    already (``ddp[workload=mlp]``); ``Case`` has no attribute of theirs, and a suite of two workloads
+    sharing a key (mlp's and resnet's ``classes``) stopped the export with a traceback."""
+    return [k for k in swept_keys(loaded.record) if not k.startswith("workload.")]
 
 
 def _pytest_benchmark(
