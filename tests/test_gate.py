@@ -1240,3 +1240,20 @@ def test_a_copy_of_a_pooled_run_is_refused_on_its_side_and_allowed_against_it(tm
         compare.compare_runs([base, copy], [cand])
     (case,) = compare.compare_runs([base], [copy]).cases
     assert case.ratio == pytest.approx(1.0)
+
+
+def test_gate_accuracy_keeps_a_gate_of_too_few_pairs_inconclusive(tmp_path: Path) -> None:
+    """A gate of 2 pairs (``-- --repeats 2``, or a budget that ran out) is inconclusive, too few to
+    judge, in its row of gates.jsonl; the table judged it again from its interval's ends alone and
+    tallied it a regression at the same threshold. The row, as such a real gate wrote it, is kept
+    inconclusive; one of enough pairs is still judged again at the table's threshold."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gate_accuracy", GATE_ACCURACY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    row = {"gate": "c0-s10-000", "competitors": 0, "slowdown_pct": 10.0, "metric": "cpu_ms", "wall_s": 41.6}
+    row |= {"exit_code": 0, "load1_before": 9.5, "load1_after": 10.5, "verdict": "inconclusive", "ratio": 1.121}
+    row |= {"ci_lo": 1.052, "ci_hi": 1.195, "half_width": 0.066, "pairs": 2}
+    assert "| 0 | +10% | cpu_ms | 1 | 0/1 | 1/1 | 0/1 | 0/1 |" in module.table([row], 0.05)
+    assert "| 0 | +10% | cpu_ms | 1 | 1/1 | 0/1 | 0/1 | 0/1 |" in module.table([row | {"pairs": 3}], 0.05)

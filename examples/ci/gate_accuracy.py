@@ -161,9 +161,12 @@ def _load_range(g: list[dict]) -> str:
 
 
 def _verdict(row: dict, threshold: float) -> str:
-    """The gate's verdict at ``threshold``: judged again from its interval where it has one."""
+    """The gate's verdict at ``threshold``: judged again from its interval where it has one. A gate
+    of fewer than ``compare.MIN_REPEATS`` pairs keeps its verdict (inconclusive: too few to judge),
+    as every comparison of tpbench does; judged by its interval's ends alone, 2 pairs were tallied a
+    regression or a pass at the very threshold the gate had called them inconclusive."""
     judged = (compare.PASS, compare.REGRESSION, compare.IMPROVEMENT, compare.INCONCLUSIVE)
-    if row.get("ci_lo") is None or row["verdict"] not in judged:
+    if row.get("ci_lo") is None or row["verdict"] not in judged or row["pairs"] < compare.MIN_REPEATS:
         return row["verdict"]
     return compare.judge(row["ci_lo"], row["ci_hi"], threshold)
 
