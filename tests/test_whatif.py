@@ -290,6 +290,10 @@ def test_interference_is_measured_on_the_same_op_beside_a_collective_and_alone()
     row = {"interference": 0.85, "interference_lo": 0.8, "interference_hi": 0.92, "interference_ops": 40}
     assert whatif_run.interference_text(row | {"interference_source": "case"}).endswith("case, replayed as ×1")
     assert whatif_run.interference_text(row | {"interference": 1.1, "interference_source": "pooled"}).endswith("pooled")
+    # One that prints as ×1.00 is not said to be replaced by ×1: the text shows nothing below 1.
+    near_one = {"interference": 0.998, "interference_lo": 0.96, "interference_hi": 1.03, "interference_source": "case"}
+    said = whatif_run.interference_text(row | near_one)
+    assert said == "×1.00 [0.96, 1.03] case", said
 
 
 def test_a_pool_no_tighter_than_the_case_is_not_taken_and_an_unresolved_factor_widens_the_interval():

@@ -366,15 +366,18 @@ def error_line(e: Mapping[str, Any]) -> str:
 def interference_text(row: Mapping[str, Any]) -> str:
     """A projections row's interference, as the terminal and the report show it: "×1.10 [1.00, 1.22]
     pooled" (pooled: the run's cases on its backend, device and link; case: its own ops). An
-    estimate below 1 says so, "replayed as ×1" (``Interference.replay_factor``): a reader who sees
-    ×0.85 beside a projection should not take it that compute was sped up there. One that neither the
-    case's ops nor the pool pin says "unresolved" (``Interference.resolved``) beside a projection: its
-    interval's ends are in the projection's."""
+    estimate printed below 1 says so, "replayed as ×1" (``Interference.replay_factor``): a reader who
+    sees ×0.85 beside a projection should not take it that compute was sped up there. One that prints
+    as ×1.00 (0.998) does not: "×1.00 …, replayed as ×1" read as if the 1.00 shown had been replaced,
+    and the replay's 0.2 % is below what the text shows. One that neither the case's ops nor the pool
+    pin says "unresolved" (``Interference.resolved``) beside a projection: its interval's ends are in
+    the projection's."""
     if not row["interference_ops"]:
         return "not measured"
     factor, lo, hi = row["interference"], row["interference_lo"], row["interference_hi"]
-    text = f"×{factor:.2f} [{lo:.2f}, {hi:.2f}] {row['interference_source']}"
-    if factor < 1:
+    shown = f"{factor:.2f}"
+    text = f"×{shown} [{lo:.2f}, {hi:.2f}] {row['interference_source']}"
+    if float(shown) < 1:
         text += ", replayed as ×1"
     resolved = interference.Interference(factor, lo, hi, int(row["interference_ops"])).resolved
     if not resolved and pd.isna(row.get("refused")):  # a refused case has no interval to hold it
