@@ -816,7 +816,27 @@ def test_report_command_compares_several_runs(runs, tmp_path):
     # Identical data, judged by the engine of `tpbench compare`: no change is called (these runs
     # have too few repeats for a verdict, as `tpbench compare` says of them too).
     (line,) = re.findall(r"Run B · torch 2.14.0 against run A · torch 2.13.0, over \d+ common case\(s\): [^<]*", html)
-    assert "regression" not in line and "improvement" not in line and "median step-time ratio 1 (range 1–1)" in line
+    assert (
+        "regression" not in line
+        and "improvement" not in line
+        and "median step-time ratio 1.00 (range 1.00–1.00)" in line
+    )
+
+
+def test_the_line_over_several_runs_prints_its_ratios_with_the_same_decimals(tmp_path):
+    """A later run 14 % and 20 % slower case by case: three significant figures wrote "range
+    1.14–1.2", the trailing zero of one end dropped; both ends now carry two decimals."""
+    base = make_run(
+        tmp_path / "base", {"zero_no_overlap": [100.0] * 4, "hook_with_zero_step": [100.0] * 4}, jitter=0.001
+    )
+    cand = make_run(
+        tmp_path / "cand", {"zero_no_overlap": [114.0] * 4, "hook_with_zero_step": [120.0] * 4}, jitter=0.001
+    )
+    for run in (base, cand):
+        finalize(store.Run.open(run))  # the summary, as a sweep leaves it
+    html = build_report([store.load(base), store.load(cand)])
+    (line,) = re.findall(r"median step-time ratio [^;<]*", html)
+    assert line == "median step-time ratio 1.17 (range 1.14–1.20)", line
 
 
 def test_budget_resolution_counts_what_the_reports_comparisons_resolve(tmp_path):

@@ -871,7 +871,8 @@ def across_runs_lines(data: ReportData, comps: list[engine.Comparison]) -> list[
             lines.append(line + missing + ".")
             continue
         ratios = np.array([r.ratio for r in judged])
-        line += f"; median step-time ratio {np.median(ratios):.3g} (range {ratios.min():.3g}–{ratios.max():.3g})"
+        # Two decimals for all three: three significant figures wrote "range 1.14–1.2", and "1 (range 1–1)".
+        line += f"; median step-time ratio {np.median(ratios):.2f} (range {ratios.min():.2f}–{ratios.max():.2f})"
         widths = sorted(r.half_width for r in judged if r.half_width is not None and np.isfinite(r.half_width))
         line += (
             f"; the intervals resolve {verdict.half_width_pct(widths[0])} to {verdict.half_width_pct(widths[-1])} "
