@@ -1295,6 +1295,27 @@ def test_the_race_chart_keeps_an_elimination_beyond_its_top_on_the_top_edge():
     assert line.y[-1] == 1.62  # the line itself still runs off the top, as the title says
 
 
+def test_the_race_chart_says_what_retired_means_without_calling_a_slower_setting_tied():
+    """A setting retired at 1.30× the leader was keyed "○: retired, tied": read as "as fast". Retired
+    says only that it can no longer be more than ε faster than the leader, which the key and the
+    ring's hover now say in the table's words, beside the ratio."""
+    history = [
+        {
+            "round": r,
+            "eliminated": [],
+            "retired": ["slow"] if r == 3 else [],
+            "intervals": {"slow": [1.3, 1.01, 1.67]},
+        }
+        for r in range(2, 4)
+    ]
+    fig = recommendation._race_figure(rounds_of(history), {"slow": "slow"}, 0.02, min_rounds=2)
+    title = fig.layout.title.text
+    assert "tied" not in title and "○: retired (it could no longer be 2% faster than the leader)" in title
+    assert "shaded: 1 / 1.02 to 1" in title
+    (ring,) = [t for t in fig.data if t.mode == "markers" and t.marker.symbol == "circle-open"]
+    assert ring.text[0] == "retired at 1.3× the leader: it could no longer be 2% faster than the leader"
+
+
 def test_the_race_chart_draws_the_rounds_leader_at_1():
     """The leader has no interval against itself: left out, the line of a setting that led rounds 3
     and 4 ran straight from its ratio at round 2 to round 5's, as if it had trailed in between."""

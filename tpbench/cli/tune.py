@@ -73,7 +73,7 @@ class TuneProgress:
         leader = self.labels.get(entry["leader"], entry["leader"])
         gone = "".join(
             f"; {verb} {escape(self.labels.get(a, a))}"
-            for verb, key in (("eliminated", "eliminated"), ("retired, tied", "retired"), ("back", "back"))
+            for verb, key in (("eliminated", "eliminated"), ("retired", "retired"), ("back", "back"))
             for a in entry[key]
         )
         self.progress.update(

@@ -57,7 +57,7 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
             f"Raced by tpbench tune on {result.metric}: after each round, once "
             f"{saved.options.min_rounds} had run, a setting was eliminated when its paired ratio to the "
             "leader (the lowest geometric mean) was clearly above 1, its variance pooled over every value the race "
-            "had, and retired (tied: it runs no more rounds) once it could no longer be more than "
+            "had, and retired (it runs no more rounds) once it could no longer be more than "
             f"{verdict.percent(result.epsilon)} faster than the leader, brought back should a later leader not be "
             "safe from it; a race ends when one setting is left, tied once the leader alone is left running, or "
             "unresolved when its rounds or its budget run out; "
@@ -243,8 +243,10 @@ def _race_figure(
     where it was eliminated, a ring where it was retired. ``world``: the world's name, in the title,
     where the tune raced in several (one chart each, ``_race_charts``).
     The band runs from 1 / (1 + epsilon) to 1: a setting whose interval's lower end is inside it or
-    above can no longer be more than epsilon faster than the leader and is retired (tied: it runs no
-    more rounds); one whose lower end is above 1 is eliminated.
+    above can no longer be more than epsilon faster than the leader and is retired (it runs no more
+    rounds); one whose lower end is above 1 is eliminated. The key and the ring's hover say what
+    retiring means, as the table does ("it could no longer be 2% faster than the leader"), not
+    "tied": a ring at 1.3× the leader called tied read as "as fast".
 
     The axis is logarithmic (a ratio and its inverse lie equally far from 1) and spans at most
     1 / ``RACE_TOP`` to ``RACE_TOP``: a front door's unpacked ``zero_no_overlap`` at 2.3× would
@@ -255,6 +257,7 @@ def _race_figure(
     would leave none to see."""
     fig = go.Figure()
     df = _race_rows(judged_rounds(history, min_rounds))
+    retired_why = f"it could no longer be {verdict.percent(epsilon)} faster than the leader"
     top = float(df["ratio"].max()) if len(df) else 1.0
     bottom = float(df["ratio"].min()) if len(df) else 1.0
     low = max(1 / RACE_TOP, min(0.9, bottom * 0.97, 1 / (1 + epsilon) ** 2))  # as far below 1 at most
@@ -280,9 +283,9 @@ def _race_figure(
                 ),
             )
         )
-        for flag, symbol, color, what in (
-            ("out", "x", "#a4262c", "eliminated"),
-            ("retired", "circle-open", "#2e7d32", "retired"),
+        for flag, symbol, color, what, why in (
+            ("out", "x", "#a4262c", "eliminated", ""),
+            ("retired", "circle-open", "#2e7d32", "retired", f": {retired_why}"),
         ):
             marked = d[d[flag]]
             if len(marked):
@@ -293,7 +296,7 @@ def _race_figure(
                         mode="markers",
                         marker=dict(symbol=symbol, size=14, color=color, line=dict(width=2)),
                         name=plot_text(f"{names.get(arm, arm)} {what}"),
-                        text=[f"{what} at {r:.3g}× the leader" for r in marked["ratio"]],
+                        text=[f"{what} at {r:.3g}× the leader{why}" for r in marked["ratio"]],
                         hoverinfo="x+text+name",
                         cliponaxis=False,  # on the top edge: drawn whole, not cut in half
                         showlegend=False,
@@ -306,13 +309,13 @@ def _race_figure(
         # The key on a line of its own, clear of plotly's toolbar.
         title=(
             f"The race{f' in the world of {world}' if world else ''}: ratio to the round's leader, from round "
-            f"{min_rounds}<br><sup>×: eliminated; ○: retired, "
-            f"tied; at 1 without a bar: the round's leader; shaded: the tie zone{off}{early}</sup>"
+            f"{min_rounds}<br><sup>×: eliminated; ○: retired ({retired_why}); at 1 without a bar: the "
+            f"round's leader<br>shaded: 1 / {1 + epsilon:g} to 1, a lower end in it or above retires{off}{early}</sup>"
         ),
         # Rounds are whole: no tick at 2.5 in a short race, at most a dozen in a long one.
         xaxis=dict(title="round", tick0=0, dtick=max(1, math.ceil(df["round"].max() / 12))),
         yaxis=dict(title="ratio to the leader (log scale)", type="log", range=[math.log10(low), math.log10(high)]),
-        margin=MARGIN,
+        margin=MARGIN | dict(t=70),  # the key's two lines under the title
         # Below the plot, one row per two settings: eighteen names above it would run into the title.
         legend=LEGEND_BELOW | dict(y=-0.18),
         height=460 + 24 * math.ceil(df["arm"].nunique() / 2),
