@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 from browser import ALL_FIGURES_DRAWN, Browser, ensure_chromium
 from conftest import run_cli, sweep_in_process, tiny_suite
+from synthetic_runs import ENVIRONMENT, make_run
 from test_report import hostile_copy, synth_run
 
 from tpbench import report, store
+from tpbench.sweep import finalize
 
 pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
 
@@ -196,3 +198,34 @@ def test_every_section_renders(browser, synthetic_runs, tmp_path, which, section
     for heading in sections:
         assert heading in text
     browser.screenshot(ARTIFACTS / f"report-synthetic-{which}.png")
+
+
+# The "All comparisons" table of a report on several runs: its wrapper, the table, and where its last column ends.
+COMPARISONS_TABLE = """(() => {
+  let el = document.getElementById('comparisons').nextElementSibling;
+  while (!el.classList.contains('wide')) el = el.nextElementSibling;
+  const verdict = [...el.querySelectorAll('th')].pop();
+  return {client: el.clientWidth, scroll: el.scrollWidth, head: verdict.innerText,
+          right: verdict.getBoundingClientRect().right, page: window.innerWidth};
+})()"""
+
+
+def test_several_runs_comparisons_table_shows_its_verdict_on_a_1400px_page(browser, tmp_path):
+    """Each row named its run by the whole tag ("A · commit 0123456789+dirty"): beside the ZeRO
+    settings' long labels the table outgrew a 1400 px page and its last column, the verdict, was cut
+    off behind a horizontal scroll. The run column now holds the letter alone."""
+    medians = {"zero_no_overlap": [100.0] * 4, "hook_with_zero_step": [90.0] * 4}
+    medians["hook_with_zero_step_interleaved"] = [95.0] * 4
+    swept = {"shard_buckets": "[false, true]", "parameters_as_bucket_view": "[false, true]"}
+    runs = []
+    for name, commit in (("a", "0123456789abcdef"), ("b", "fedcba9876543210")):
+        env = ENVIRONMENT | {"git": {"commit": commit, "dirty": True}}
+        runs.append(make_run(tmp_path / name, medians, sweep=swept, environment=env, seed=len(runs)))
+        finalize(store.Run.open(runs[-1]))  # the summary, as a sweep leaves it
+    page = browser.load(report.write_report(runs, tmp_path / "several.html"))
+    assert page.errors == []
+    table = browser.evaluate(COMPARISONS_TABLE)
+    assert table["page"] == 1400 and table["head"] == "verdict"
+    assert table["scroll"] <= table["client"] and table["right"] <= table["page"], table
+    text = browser.evaluate("document.body.innerText")
+    assert "run: the run's letter, as the Environment table's columns name the runs" in text

@@ -207,6 +207,12 @@ def run_tags(runs: list[store.Loaded]) -> dict[str, str]:
     return tags
 
 
+def run_letter(tag: str) -> str:
+    """The letter of a several-runs tag (``run_tags``): "A" of "A · torch 2.13.0", for a column too
+    narrow for the whole tag."""
+    return tag.split(" · ", 1)[0]
+
+
 def _tag_env(run: store.Loaded) -> dict[str, Any]:
     return dict(run.environment) | {"commit": commit_text(run.environment)}
 

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from tpbench import verdict
 from tpbench.analysis.stats import averaging_window
-from tpbench.report.data import ReportData, context_text
+from tpbench.report.data import ReportData, context_text, run_letter
 from tpbench.report.figures import (
     LEGEND_TOP,
     MARGIN,
@@ -227,11 +227,16 @@ def _shared_bucket(c: Comparison) -> Any:
 
 
 def comparisons_table(page: Page, data: ReportData, comparisons: list[Comparison]) -> None:
+    """Every comparison of every run, a row each. With several runs the run column holds the run's
+    letter alone (``run_letter``), which the paragraph above the table ties to the Environment
+    table's columns: the whole tag ("A · commit 55493a0ac4+dirty") widened the table past a 1400 px
+    page, and the verdict, its last column, was cut off behind a horizontal scroll."""
     if not comparisons:
         return
     page.heading("All comparisons", anchor="comparisons")
     page.paragraph(
-        "candidate and baseline ms: the geometric means over repeats whose ratio the ratio column is (a case's "
+        ("run: the run's letter, as the Environment table's columns name the runs; " if data.multi else "")
+        + "candidate and baseline ms: the geometric means over repeats whose ratio the ratio column is (a case's "
         "median, in the tables above, may move the other way where its repeats are skewed); resolves: the "
         "half-width of the ratio's 95% interval, the smallest difference the comparison could have told from none; "
         "paired: the rounds of a paired ratio (the two cases ran in one world), else unpaired.",
@@ -239,7 +244,7 @@ def comparisons_table(page: Page, data: ReportData, comparisons: list[Comparison
     )
     rows = [
         {
-            **({"run": data.tags[c.run_id]} if data.multi else {}),
+            **({"run": run_letter(data.tags[c.run_id])} if data.multi else {}),
             "comparison": c.kind.key,
             "candidate": c.candidate["label"],
             "baseline": c.baseline["label"],
