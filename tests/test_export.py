@@ -257,3 +257,19 @@ def test_a_run_of_two_workloads_exports_in_each_format(tmp_path: Path) -> None:
     ]
     entries = exports.export_custom_smaller_is_better(run).document
     assert [e["name"] for e in entries] == ["synthetic/ddp workload=mlp", "synthetic/ddp workload=resnet"]
+
+
+def test_pytest_benchmark_names_show_the_suites_swept_keys_whatever_the_filter_kept(tmp_path: Path) -> None:
+    """pytest-benchmark names came from the keys that vary among the cases a --filter kept: runs at
+    ``--filter bucket_cap_mb=1`` and ``=4`` both saved "ddp", so ``pytest-benchmark compare`` set one
+    setting against the other. They show the keys the suite sweeps, as custom-smaller-is-better's do."""
+    medians = {"ddp": [10.0, 10.2, 9.9], "hook_with_zero_step": [12.0, 12.1, 11.9]}
+    sweep = {"bucket_cap_mb": "[1, 4]"}
+
+    def names(*filters: str) -> list[str]:
+        run = make_run(tmp_path / str(len(list(tmp_path.iterdir()))), medians, sweep=sweep, filters=filters)
+        return [b["name"] for b in exports.export_pytest_benchmark(run).document["benchmarks"]]
+
+    one, four = names("bucket_cap_mb=1", "algorithm=ddp"), names("bucket_cap_mb=4", "algorithm=ddp")
+    assert one == ["ddp[bucket_cap_mb=1]"] and four == ["ddp[bucket_cap_mb=4]"]
+    assert set(one + four) <= set(names())

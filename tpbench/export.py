@@ -70,8 +70,8 @@ def _export_cases(
 def export_pytest_benchmark(run_dir: str | Path, metric: str = "step_ms") -> Export:
     """pytest-benchmark's saved-run JSON: one benchmark per case over its timed steps, in seconds.
 
-    Benchmarks are named ``ALGORITHM[key=value-…]`` after the keys that vary among the run's cases
-    (those without data too, so a case keeps its name whichever cases finished), then the run's
+    Benchmarks are named ``ALGORITHM[key=value-…]`` after the keys the suite sweeps (``_grid_keys``:
+    a case keeps its name whichever cases finished or a ``--filter`` kept), then the run's
     ``--set`` of what the case measures (``_set_params``: runs of one suite at other settings must
     not save benchmarks of one name), grouped by suite, with those keys under ``params``, so
     ``pytest-benchmark compare`` and its ``--group-by`` options work on tpbench runs. With ``metric``
@@ -82,7 +82,7 @@ def export_pytest_benchmark(run_dir: str | Path, metric: str = "step_ms") -> Exp
     env = loaded.environment
     suite = loaded.record.suite.name
     cases, skipped = _export_cases(loaded, metric)
-    keys = _named_keys(loaded)
+    keys = _grid_keys(loaded)
     group = suite if metric == "step_ms" else f"{suite} ({metric})"
     sets = measured_overrides(loaded.record.suite.overrides)
     shown = {"algorithm", *keys}
@@ -112,15 +112,6 @@ def export_pytest_benchmark(run_dir: str | Path, metric: str = "step_ms") -> Exp
     return Export(document, skipped)
 
 
-def _named_keys(loaded: store.Loaded) -> list[str]:
-    """The keys a pytest-benchmark name shows: those that vary among all the run's cases (a name must
-    not change with which cases have data), but for workload parameters (``workload.KEY``). Those
-    are set per workload, never swept, so they vary only beside ``workload``, which names the case
-    already (``ddp[workload=mlp]``); ``Case`` has no attribute of theirs, and a suite of two workloads
-    sharing a key (mlp's and resnet's ``classes``) stopped the export with a traceback."""
-    return [k for k in swept_keys(loaded.record) if not k.startswith("workload.")]
-
-
 def _pytest_benchmark(
     loaded: store.Loaded,
     suite: str,
@@ -133,7 +124,7 @@ def _pytest_benchmark(
     reps: np.ndarray,
 ) -> dict[str, Any]:
     """One case as a pytest-benchmark benchmark: its timed steps' statistics in seconds (``suite``:
-    its group; ``keys``: the run's varying keys; ``sets``: the run's ``--set`` that its name adds)."""
+    its group; ``keys``: the keys the suite sweeps; ``sets``: the run's ``--set`` that its name adds)."""
     s = np.sort(ms / 1e3)
     q1, q3 = (float(np.quantile(s, q)) for q in (0.25, 0.75))
     iqr = q3 - q1
@@ -238,12 +229,14 @@ def _grid_keys(loaded: store.Loaded) -> list[str]:
     not those that vary among the cases a ``--filter`` kept. Named by the kept cases, runs of one
     suite with ``--filter bucket_cap_mb=1`` and ``=4`` both exported "zero/hook_with_zero_step", one
     series of two settings, and a case's name changed with the filter beside it. A suite text this
-    tpbench no longer parses falls back to the run's own varying keys."""
+    tpbench no longer parses falls back to the run's own varying keys, but for workload parameters
+    (``workload.KEY``): they vary only beside ``workload``, which names the case already, and
+    ``Case`` has no attribute of theirs (two workloads sharing a key, mlp's and resnet's ``classes``)."""
     source = loaded.record.suite
     try:
         grid = with_overrides(parse(source.text, source.path or "<suite>"), source.overrides)
     except SuiteError:
-        return swept_keys(loaded.record)
+        return [k for k in swept_keys(loaded.record) if not k.startswith("workload.")]
     swept = {k for k, values in grid.sweep.items() if len(values) > 1}
     return [k for k in CASE_KEYS if k in swept]
 
