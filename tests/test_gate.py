@@ -324,6 +324,19 @@ def test_baseline_cases_the_candidate_lacks_are_named_without_changing_the_verdi
     assert compare.compare_runs([cand], [base]).not_in_candidate == []
 
 
+def test_cases_of_runs_with_other_filters_are_labelled_by_the_keys_that_tell_them_apart(tmp_path: Path) -> None:
+    """Each run labelled its cases by the keys that vary among its own: a candidate run at ``--filter
+    bucket_cap_mb=1`` called its case "ddp", one of the baseline's two ddp cases, while the list of
+    baseline cases it lacks said "ddp bucket_cap_mb=4". Both runs' cases are labelled as one."""
+    sweep = {"bucket_cap_mb": "[1, 4]"}
+    base = make_run(tmp_path / "b", {"ddp": noisy(10, 5, 0.02, 1)}, sweep=sweep)
+    cand = make_run(tmp_path / "c", {"ddp": noisy(10, 5, 0.02, 2)}, sweep=sweep, filters=["bucket_cap_mb=1"], seed=1)
+    c = compare.compare_runs([base], [cand])
+    assert [r.label for r in c.cases] == ["ddp bucket_cap_mb=1"]
+    assert c.not_in_candidate == ["ddp bucket_cap_mb=4"]
+    assert "ddp bucket_cap_mb=1 " in render.render_text(c)
+
+
 def test_an_added_key_off_its_old_behaviour_is_another_case(tmp_path: Path) -> None:
     """The identity leaves an added key (``ADDED_KEYS``) out at its old behaviour, so a packed
     ``zero_no_overlap`` (parameters_as_bucket_view = true) has the key and the unpacked one does
@@ -343,7 +356,8 @@ def test_an_added_key_off_its_old_behaviour_is_another_case(tmp_path: Path) -> N
         tmp_path / "packed", {"zero_no_overlap": noisy(40, 5, 0.02, 3)}, sweep={"parameters_as_bucket_view": "[true]"}
     )
     c = compare.compare_runs([unpacked], [only_packed])
-    assert [r.verdict for r in c.cases] == ["missing"] and c.not_in_candidate == ["zero_no_overlap"]
+    assert [r.verdict for r in c.cases] == ["missing"]
+    assert c.not_in_candidate == ["zero_no_overlap parameters_as_bucket_view=False"]
 
 
 def test_other_metric(tmp_path: Path) -> None:

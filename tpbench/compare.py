@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -60,7 +60,7 @@ from tpbench.analysis.stats import (
 )
 from tpbench.environment import COMPARABLE_KEYS, commit_text
 from tpbench.record import ADDED_KEYS, RunRecord
-from tpbench.suite import Case, SuiteError, identity, ran_together, select, value_text, varying_keys
+from tpbench.suite import Case, SuiteError, identity, labels, ran_together, select, value_text, varying_keys
 from tpbench.verdict import IMPROVEMENT as IMPROVEMENT
 from tpbench.verdict import INCONCLUSIVE as INCONCLUSIVE
 from tpbench.verdict import MIN_REPEATS as MIN_REPEATS
@@ -426,8 +426,9 @@ def compare_runs(
     if pairing == "repeats" and not len(baseline) == len(candidate) == 1:
         raise GateError(f"pairing by repeats needs one run a side, got {len(baseline)} and {len(candidate)}")
     check_ignore_env(ignore_env)
-    base = [RunData.of(d, metric) for d in baseline]
-    cand = [RunData.of(d, metric) for d in candidate]
+    base, cand = _labelled_together(
+        [RunData.of(d, metric) for d in baseline], [RunData.of(d, metric) for d in candidate]
+    )
     check_distinct(base, cand)
     env_diff = runs_environment_differences(base, cand, ignore_env)
     ignored = sorted(set(runs_environment_differences(base, cand)) - set(env_diff))
@@ -451,6 +452,18 @@ def compare_runs(
         ignored,
         not_in_candidate=not_in_candidate(base, ref),
     )
+
+
+def _labelled_together(base: list[RunData], cand: list[RunData]) -> tuple[list[RunData], list[RunData]]:
+    """``base`` and ``cand`` with their cases labelled as one (``suite.labels``, as the report of
+    several runs does), not each run by the keys that vary among its own cases: a candidate run at
+    ``--filter bucket_cap_mb=1`` labelled its cases without ``bucket_cap_mb``, which then named none
+    of the full baseline's three cases of that setting, beside a list of baseline cases it lacked
+    that did say it."""
+    runs = [*base, *cand]
+    names = labels([[Case.from_params(p) for p in r.params.values()] for r in runs])
+    out = [replace(r, labels=n) for r, n in zip(runs, names)]
+    return out[: len(base)], out[len(base) :]
 
 
 def not_in_candidate(base: Sequence[RunData], ref: RunData) -> list[str]:

@@ -343,5 +343,5 @@ def matched_in(comparison: compare.Comparison, base: compare.RunData, cand: comp
         other, _ = compare.counterpart(params, cid, base)
         if other is None or cand.status[cid] != store.DONE or base.status[other] != store.DONE:
             continue
-        out.append((other, cid, cand.labels[cid], Measured.of(judged[cid])))
+        out.append((other, cid, judged[cid].label, Measured.of(judged[cid])))
     return out
