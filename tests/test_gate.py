@@ -893,6 +893,16 @@ def test_gate_accuracy_stops_at_a_gate_that_refuses_its_input(tmp_path: Path) ->
     assert "Traceback" not in p.stderr and not (tmp_path / "gates.jsonl").exists()
 
 
+def test_gate_accuracy_refuses_rounds_gates_before_running_one(tmp_path: Path) -> None:
+    """The script judges one run per side, paired by repeat: a ``--mode rounds`` gate writes a run
+    per side and round, and each was tallied "no runs" after its minutes of sweeping."""
+    argv = [sys.executable, GATE_ACCURACY, "--out", tmp_path, "--gates", "1", "--", "--mode", "rounds"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    p = subprocess.run(list(map(str, argv)), capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2 and "-- --mode rounds: this script measures lockstep gates" in p.stderr, p.stderr
+    assert not (tmp_path / "gates.jsonl").exists() and not list(tmp_path.iterdir())
+
+
 def test_gate_accuracy_table_of_a_folder_without_gates_is_refused_in_one_line(tmp_path: Path) -> None:
     """``--table --out DIR`` on a folder that holds no gates.jsonl ended in a FileNotFoundError traceback."""
     argv = [sys.executable, GATE_ACCURACY, "--out", tmp_path, "--table"]

@@ -17,7 +17,8 @@ Usage::
         [--slowdown 0 --slowdown 10] [--metric step_ms --metric cpu_ms] [--competitor 1]
         [--threshold 5%] [--table] [-- GATE_ARGS...]
 
-Everything after ``--`` goes to ``tpbench gate`` (e.g. ``--repeats 40``). Results: one folder per
+Everything after ``--`` goes to ``tpbench gate`` (e.g. ``--repeats 40``; lockstep gates only, the
+default: ``--mode rounds`` is refused). Results: one folder per
 gate under DIR, ``DIR/gates.jsonl`` (one line per gate and metric, with its interval) and a Markdown
 table on stdout (with ``--target-ci`` among GATE_ARGS, a second table of the gates' own answers: different,
 same or unknown, from the sequential interval each stopped on); ``--table --threshold 2%`` prints the
@@ -171,6 +172,16 @@ def _verdict(row: dict, threshold: float) -> str:
     return compare.judge(row["ci_lo"], row["ci_hi"], threshold)
 
 
+def _mode(gate_args: list[str]) -> str | None:
+    """The ``--mode`` among the gate's arguments, as ``--mode X`` or ``--mode=X``; None without."""
+    for i, arg in enumerate(gate_args):
+        if arg == "--mode" and i + 1 < len(gate_args):
+            return gate_args[i + 1]
+        if arg.startswith("--mode="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def main() -> None:
     argv = sys.argv[1:]
     gate_args = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -185,6 +196,10 @@ def main() -> None:
     ap.add_argument("--threshold", default="5%")
     ap.add_argument("--table", action="store_true", help="only print the table of what DIR already holds")
     args = ap.parse_args(argv)
+    # Judged here by pairing one run per side repeat by repeat, a rounds gate (a run per side and
+    # round) would be tallied "no runs", gate after gate, without a word of why.
+    if (mode := _mode(gate_args)) not in (None, "lockstep"):
+        ap.error(f"-- --mode {mode}: this script measures lockstep gates (one run per side, paired by repeat)")
     threshold = compare.parse_threshold(args.threshold)
     log = args.out / "gates.jsonl"
     if args.table and not log.is_file():  # a FileNotFoundError traceback for gates.jsonl before
