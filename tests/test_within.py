@@ -530,3 +530,17 @@ def test_report_and_compare_say_the_same_of_a_difference_not_shown_beyond_the_th
     assert "inconclusive: slower, not shown beyond the ±5% threshold" in text and "could only resolve" not in text
     html = build_report([run])
     assert f"{c.said.text} (this run resolves ±" in html and "could only resolve" not in html
+
+
+def test_two_workloads_sharing_a_parameter_key_are_compared_on_workload(tmp_path: Path) -> None:
+    """``workload = ["mlp", "resnet"]``: their parameter tables share keys of other values
+    (``classes``, ``width``), which vary among the cases beside ``workload``. Counted as keys of
+    their own, the two cases differed in three and ``compare RUN`` found nothing to compare; a
+    workload's parameters vary only with it, so the pair differs in ``workload`` alone."""
+    run = make_run(
+        tmp_path,
+        {"ddp": [10.0, 10.2, 9.9]},
+        sweep={"workload": '["mlp", "resnet"]'},
+        workloads={"mlp": {"width": 32, "depth": 2}, "resnet": {"preset": '"tiny"'}},
+    )
+    assert [p.key for p in compare.within_run(run).pairs] == ["workload"]

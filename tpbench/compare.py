@@ -671,8 +671,15 @@ def swept_keys(record: RunRecord) -> list[str]:
 
 def _differing(a: Mapping[str, Any], b: Mapping[str, Any], keys: list[str]) -> list[str]:
     """The keys on which two cases differ, a key moot for one of them (None) aside: collapsed by
-    the suite, it says nothing about what the two measure (the report's rule, ``verdicts.compare``)."""
-    return [k for k in keys if a.get(k) is not None and b.get(k) is not None and a.get(k) != b.get(k)]
+    the suite, it says nothing about what the two measure (the report's rule, ``verdicts.compare``).
+    A workload's parameters (``workload.KEY``) are not keys of their own: set per workload, never
+    swept, they differ only beside ``workload`` (mlp's and resnet's ``classes``), and counted apart
+    no two workloads would ever differ in one key."""
+    return [
+        k
+        for k in keys
+        if not k.startswith("workload.") and a.get(k) is not None and b.get(k) is not None and a.get(k) != b.get(k)
+    ]
 
 
 def any_comparable(cases: Sequence[Case]) -> bool:
