@@ -60,7 +60,7 @@ from tpbench.record import (  # the case states are the store's vocabulary too
     migrate,
     version_problem,
 )
-from tpbench.tune_record import TuneRecord, TuneRecordError
+from tpbench.tune_record import TuneRecord, TuneRecordError, finite_number
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
@@ -718,7 +718,7 @@ def _run_json_problem(meta: Any) -> str | None:
             return f"{key!r} is a {type(meta[key]).__name__}, expected a JSON object"
     if meta.get("status") is not None and not isinstance(meta["status"], str):
         return f"'status' is a {type(meta['status']).__name__}, expected a string"
-    if meta.get("wall_s") is not None and not _finite_number(meta["wall_s"]):
+    if meta.get("wall_s") is not None and not finite_number(meta["wall_s"]):
         return f"'wall_s' = {meta['wall_s']!r}, expected a number of seconds"
     problem = _adaptive_problem(meta.get("adaptive") or {})
     if problem:
@@ -737,16 +737,12 @@ def _run_json_problem(meta: Any) -> str | None:
     return None
 
 
-def _finite_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
-
-
 def _adaptive_problem(adaptive: dict[str, Any]) -> str | None:
     """An adaptive sweep's record (``sweep.start_adaptive``) checked where its readers index it."""
     if not adaptive:
         return None
     for key in ("target_ci", "budget_s"):
-        if key in adaptive and not _finite_number(adaptive[key]):
+        if key in adaptive and not finite_number(adaptive[key]):
             return f"{key} = {adaptive[key]!r}, expected a finite number"
     if "state" in adaptive and not isinstance(adaptive["state"], str):
         return f"state = {adaptive['state']!r}, expected a string"

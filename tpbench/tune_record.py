@@ -28,7 +28,8 @@ class TuneRecordError(ValueError):
     """A parsed tune.json that is no tune record: the message names the key and what is wrong."""
 
 
-def _number(v: Any) -> bool:
+def finite_number(v: Any) -> bool:
+    """A JSON number that is one: not a bool, not NaN or infinite (tune.json's and run.json's checks)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -39,7 +40,7 @@ def _strings(v: Any) -> bool:
 # What a key may hold, by the words its error says.
 _KINDS: dict[str, Callable[[Any], bool]] = {
     "a string": lambda v: isinstance(v, str),
-    "a number": _number,
+    "a number": finite_number,
     "a whole number": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "a JSON object": lambda v: isinstance(v, dict),
     "a JSON list": lambda v: isinstance(v, list),
@@ -139,7 +140,7 @@ class TuneRound:
         doc = _object(doc, where)
         intervals = _take(doc, "intervals", "a JSON object", where)
         for arm, v in intervals.items():
-            if not (isinstance(v, list) and len(v) == 3 and all(map(_number, v))):
+            if not (isinstance(v, list) and len(v) == 3 and all(map(finite_number, v))):
                 raise TuneRecordError(f"{where}'intervals' {arm!r} = {v!r}, expected [ratio, lo, hi]")
         return cls(
             round=_take(doc, "round", "a whole number", where),
