@@ -97,7 +97,7 @@ def _race_charts(page: Page, saved: TuneRecord, result: TuneResult) -> None:
     if not worlds:
         page.paragraph(f"No race chart: {_no_chart(saved, result)}.", css="muted")
     for world in worlds:
-        history = [e for e in judged if e.world == world]
+        history = [e for e in saved.history if e.world == world]  # _race_figure keeps the judged rounds
         title = _world_name(saved, result, world) if len(saved.worlds) > 1 else None
         page.figure(_race_figure(history, names, result.epsilon, min_rounds, title))
 
