@@ -350,8 +350,8 @@ class Torchrun:
 
         torchrun's agent on the endpoint's machine hosts the store; when another program holds the
         port, the agent falls back to connecting to that program as a client, which never answers,
-        and every agent waits (a plain TCP listener kept them waiting past 5 minutes), then the
-        world's start-up limit ran out, the world was retried, and each further world did the same.
+        and every agent waits (a plain TCP listener keeps them waiting past 5 minutes), a world's
+        whole start-up limit, and then the next world's.
         Checked before a new run is made (but for ``--print``, whose worlds start later) and before
         each run's worlds start: what holds a port may change between ``--print`` and its resume, and
         a bare ``--resume`` reuses a recorded endpoint."""

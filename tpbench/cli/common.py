@@ -27,8 +27,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_RESULTS, EXIT_INTERRUPTED = 0, 1, 2, 3, 1
 # comparison is.
 EXIT_UNRESOLVED = 4
 
-# No emoji codes: rich read ":fire:" in a path or a suite's name as one, and printed a run directory,
-# and the --resume line naming it, as a path that does not exist ("🔥/smoke/...").
+# No emoji codes: rich would read ":fire:" in a path or a suite's name as one, and print a run
+# directory, and the --resume line naming it, as a path that does not exist ("🔥/smoke/...").
 console = Console(stderr=True, highlight=False, emoji=False)
 out = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 160)
 
