@@ -178,7 +178,7 @@ def test_a_tune_reads_the_held_out_loss_each_setting_ends_at(run):
 
     by_case = run.summary.set_index("case_id")
     for case_id in run.cases["case_id"]:
-        loss, _ = tune_answer._converged(by_case, case_id)
+        loss = tune_answer._converged(by_case, case_id)["heldout_loss"]
         assert loss is not None and loss == pytest.approx(float(by_case.loc[case_id, "final_heldout_loss"]))
         assert math.isfinite(loss) and 0 < loss < math.log(MARKOV["vocab"]) + 1
 

@@ -61,6 +61,8 @@ def write_tune_json(run_dir: Path, doc: dict) -> None:
 
 # The summary of a run whose workload evaluates no held-out loss (the mlp): no arm has one.
 NO_EVAL = pd.DataFrame(columns=["case_id"])
+# An arm of the answer without a ratio to the recommended one, nor an elimination.
+NO_RATIO = {"ratio": None, "lo": None, "hi": None, "eliminated_at": None}
 
 
 def run_race(race: Race, values: dict) -> Race:
@@ -258,7 +260,7 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     cli.print_tune(result, "md")  # a paragraph of its own, not run on from the cost line's
     md = capsys.readouterr().out
     assert f"wall 30 s\n\nTo decide it, race again for about {rounds} rounds" in md
-    store.write_tune(tmp_path, dataclasses.replace(tune._record(options, [race], 30.0), result=result.record()))
+    store.write_tune(tmp_path, dataclasses.replace(tune._record(options, [race], 30.0), result=result))
     page = Page("tune")
     recommendation.section(page, [tuned_run(tmp_path)])
     html = page.render()
@@ -303,7 +305,7 @@ def test_the_rounds_to_race_again_agree_with_the_repeats_the_command_gives(tmp_p
     assert said in capsys.readouterr().out.replace("\n", " ")
     cli.print_tune(result, "md")
     assert said in capsys.readouterr().out
-    store.write_tune(tmp_path, dataclasses.replace(tune._record(budget, [race], 30.0), result=result.record()))
+    store.write_tune(tmp_path, dataclasses.replace(tune._record(budget, [race], 30.0), result=result))
     page = Page("tune")
     recommendation.section(page, [tuned_run(tmp_path)])
     assert said in html.unescape(page.render())
@@ -443,9 +445,7 @@ def test_the_tune_record_reads_back_equal_to_what_was_written(tmp_path):
     race = run_race(Race(list(values), 12, options, comparisons=1), values)
     result = tune_answer.result(stored(tmp_path, suite), cases, [race], options, 30.0, NO_EVAL)
     where = {"run_dir": "elsewhere", "arms": [], "sentence": None}
-    record = dataclasses.replace(
-        tune._record(options, [race], 30.0), result=dataclasses.replace(result, where=where).record()
-    )
+    record = dataclasses.replace(tune._record(options, [race], 30.0), result=dataclasses.replace(result, where=where))
     store.write_tune(tmp_path, record)
     assert store.read_tune(tmp_path) == record and record.result.to_json() == result.to_json() | {"where": where}
     interrupted = tune._record(options, [race], 12.5)  # no answer yet: no "result" key
@@ -489,7 +489,7 @@ def test_a_tune_json_of_the_wrong_shape_is_refused_naming_the_file(tmp_path, cap
     options = Options(epsilon=0.005)
     race = run_race(Race(list(values), 12, options, comparisons=1), values)
     result = tune_answer.result(stored(tmp_path, suite), cases, [race], options, 30.0, NO_EVAL)
-    good = dataclasses.replace(tune._record(options, [race], 30.0), result=result.record()).to_json()
+    good = dataclasses.replace(tune._record(options, [race], 30.0), result=result).to_json()
     run_dir = make_run(tmp_path / "r", {"ddp": [10.0, 11.0]})
     sweep.finalize(store.Run.open(run_dir))  # its summary, as a tune leaves it
     for broken in (
@@ -501,6 +501,7 @@ def test_a_tune_json_of_the_wrong_shape_is_refused_naming_the_file(tmp_path, cap
         {"wall_s": "long"},
         {"result": {"claim": 5, "arms": "zz"}},
         {"result": good["result"] | {"arms": [{"case_id": "x"}]}},
+        {"result": good["result"] | {"recommended": {"case_id": "x", "label": "x", "params": {}}}},  # no such arm
     ):
         write_tune_json(run_dir, good | broken)
         for cmd in (["tune", "--resume"], ["report"]):
@@ -632,8 +633,8 @@ def test_an_unresolved_tune_says_about_how_long_its_next_race_would_take(capsys)
     decided arm for the rounds it ran here, at each one's seconds per round, scaled by this tune's
     wall time over its timed steps; in the terminal and the report alike."""
 
-    def arm(cid: str, status: str, rounds: int) -> tune_answer.Arm:
-        return tune_answer.Arm(cid, cid, {}, 0, status, rounds, None, None, None, None)
+    def arm(cid: str, status: str, rounds: int) -> TuneArm:
+        return TuneArm(case_id=cid, label=cid, params={}, status=status, rounds=rounds, **NO_RATIO)
 
     arms = [arm("best", "recommended", 12), arm("close", "unresolved", 12), arm("slow", "eliminated", 3)]
     seconds = {"best": pd.Series([0.2] * 12), "close": pd.Series([0.3] * 12), "slow": pd.Series([1.0] * 3)}
@@ -691,14 +692,14 @@ def test_a_retired_arm_brought_back_says_the_rounds_it_sat_out(tmp_path):
         race.end(BUDGET)
         return race
 
-    def arm_z(race: Race) -> tune_answer.Arm:
+    def arm_z(race: Race) -> TuneArm:
         result = tune_answer.result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 1.0, NO_EVAL)
         return next(a for a in result.arms if a.case_id == z)
 
     # Still racing when the budget ends after round 5: it ran rounds 1-3 and 5, and sat out 4.
     racing_z = arm_z(race_to(5))
     assert (racing_z.status, racing_z.rounds, racing_z.retired_at, racing_z.sat_out) == ("unresolved", 4, None, 1)
-    assert racing_z.to_json()["sat_out"] == 1
+    assert dataclasses.asdict(racing_z)["sat_out"] == 1  # as the answer's JSON writes an arm
     assert cli.decided(racing_z, 0.02) == "retired, then brought back: it sat out 1 round"
     # Retired again after round 7, having run 6 of those 7 rounds.
     tied_z = arm_z(race_to(12))
@@ -737,8 +738,9 @@ def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, ca
     assert race.ended == ALL_TIED and race.retired
     result = tune_answer.result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0, NO_EVAL)
     arms = {a.case_id: a for a in result.arms}
+    written = {a["case_id"]: a for a in result.to_json()["arms"]}
     for a, at in race.retired.items():
-        assert arms[a].status == "tied" and arms[a].retired_at == at and arms[a].to_json()["retired_at"] == at
+        assert arms[a].status == "tied" and arms[a].retired_at == at and written[a]["retired_at"] == at
         assert arms[a].rounds == len(race.values[a]) <= race.rounds
     assert f"tied with {len(race.retired)}," in result.claim
     cli.print_tune(result, "text")
@@ -912,11 +914,18 @@ def test_the_time_to_target_note_gives_medians_and_says_where_it_ranks_by_the_ge
     medians; it still ranks by the geometric mean, which its ratios compare, and says so where a
     setting it is set against has the lower median (here the recommended one: 1, 1, 10 s)."""
     arms = [
-        tune_answer.Arm(cid, cid, {}, 0, tune_answer.RECOMMENDED if cid == "a" else "racing", 3, None, None, None, None)
+        TuneArm(
+            case_id=cid,
+            label=cid,
+            params={},
+            status=tune_answer.RECOMMENDED if cid == "a" else "racing",
+            rounds=3,
+            **NO_RATIO,
+        )
         for cid in ("a", "b", "c")
     ]
     reach = {"a": {0: 1.0, 1: 1.0, 2: 10.0}, "b": {0: 2.0, 1: 2.0, 2: 2.0}, "c": {0: 3.0, 1: 3.0, 2: 30.0}}
-    note = tune_answer._to_target(arms[0], arms, reach, 0.95)
+    note = tune_answer._to_target(arms[0], arms, reach, 0.95, dict.fromkeys(reach, 0))
     assert note.startswith("Time to the target loss (training seconds, medians over rounds; intervals at 97.5% each")
     assert (
         "b reaches it soonest (2 s of training; first by the geometric mean over rounds, which the ratios compare); "
@@ -924,7 +933,8 @@ def test_the_time_to_target_note_gives_medians_and_says_where_it_ranks_by_the_ge
     ) in note
     assert "against the next soonest, c (3 s): " in note
     # Where the medians agree with the rank, nothing more is said.
-    plain = tune_answer._to_target(arms[0], arms, reach | {"a": {0: 5.0, 1: 5.0, 2: 5.0}}, 0.95)
+    later = reach | {"a": {0: 5.0, 1: 5.0, 2: 5.0}}
+    plain = tune_answer._to_target(arms[0], arms, later, 0.95, dict.fromkeys(reach, 0))
     assert "b reaches it soonest (2 s of training); against the recommended one (5 s)" in plain
 
 
@@ -965,7 +975,7 @@ def test_worlds_of_one_arm_run_their_rounds_and_the_note_compares_per_sample(tmp
     half = 0.5  # the recommended arm's 8 samples a step over the other's 16
     assert f"{other.label} ×{other.ratio * half:.2f} [{other.lo * half:.2f}, {other.hi * half:.2f}]" in note
     # The report: no round held two settings, so no race chart (it used to fail on the empty history).
-    store.write_tune(tmp_path, dataclasses.replace(tune._record(Options(), raced, 0.0), result=result.record()))
+    store.write_tune(tmp_path, dataclasses.replace(tune._record(Options(), raced, 0.0), result=result))
     page = Page("t")
     recommendation.section(page, [tuned_run(tmp_path)])
     shown = page.render()
@@ -1018,7 +1028,7 @@ def test_arms_across_worlds_get_each_worlds_own_answer(tmp_path, capsys):
     assert "Within each world (its own race, on the same intervals):" in out and best[2] in out
     cli.print_tune(result, "md")  # the other world's arm holds its winner's unpaired interval: the column says so
     assert "| 95% interval (spent; other worlds unpaired) |" in capsys.readouterr().out
-    store.write_tune(tmp_path, dataclasses.replace(tune._record(Options(), races, 0.0), result=result.record()))
+    store.write_tune(tmp_path, dataclasses.replace(tune._record(Options(), races, 0.0), result=result))
     page = Page("t")
     recommendation.section(page, [tuned_run(tmp_path)])
     assert html.escape(result.worlds[1]) in page.render() and "other worlds unpaired" in page.render()
@@ -1142,7 +1152,7 @@ def test_the_grid_a_tune_costs_against_counts_each_worlds_own_rounds(tmp_path):
             store.case_dir(tmp_path, a).mkdir(parents=True)
             steps.to_parquet(store.case_dir(tmp_path, a) / store.STEPS_FILE)
     result = tune_answer.result(stored(tmp_path, suite), cases, races, Options(budget_s=9), 9.0, NO_EVAL)
-    assert result.recommended.world == 0 and result.recommended.rounds == 3
+    assert result.recommended.case_id in races[0].arms and result.recommended.rounds == 3
     ran = sum(len(race.judged(a)) for race in races for a in race.arms)
     assert result.timed_s == pytest.approx(0.4 * ran)
     assert result.grid_timed_s == pytest.approx(0.4 * (2 * 3 + 2 * 6))
@@ -1342,7 +1352,7 @@ def race_charts(tmp_path, suite, cases, races, options: Options = Options()) -> 
     """The race charts the report's Recommendation draws for ``races`` (synthetic, stored as a tune
     stores them): the figures the page was handed, in order."""
     result = tune_answer.result(stored(tmp_path, suite), cases, races, options, 0.0, NO_EVAL)
-    store.write_tune(tmp_path, dataclasses.replace(tune._record(options, races, 0.0), result=result.record()))
+    store.write_tune(tmp_path, dataclasses.replace(tune._record(options, races, 0.0), result=result))
     page, figures = Page("t"), []
     page.figure = figures.append
     recommendation.section(page, [tuned_run(tmp_path)])
@@ -1396,13 +1406,14 @@ def test_a_tied_arms_low_end_on_the_margin_does_not_read_as_the_margin(tmp_path,
     race = run_race(Race([c.case_id for c in cases], 40, Options(), comparisons=1), values)
     result = tune_answer.result(stored(tmp_path, suite), cases, [race], Options(), 0.0, NO_EVAL)
     assert result.state == tune_answer.TIED
-    tied = next(a for a in result.arms if a.status == tune_answer.TIED)
-    tied.lo = 1 / 1.02  # on the line: retired, as racing.within_epsilon says
+    # The tied arm's low end on the line: retired, as racing.within_epsilon says.
+    arms = [dataclasses.replace(a, lo=1 / 1.02) if a.status == tune_answer.TIED else a for a in result.arms]
+    result = dataclasses.replace(result, arms=arms)
     for fmt in ("text", "md"):
         cli.print_tune(result, fmt)
         out = capsys.readouterr().out
         assert "could no longer be 2% faster" in out and "[-1.96%, " in out and "-2.0%" not in out
-    store.write_tune(tmp_path, dataclasses.replace(tune._record(Options(), [race], 0.0), result=result.record()))
+    store.write_tune(tmp_path, dataclasses.replace(tune._record(Options(), [race], 0.0), result=result))
     page = Page("t")
     recommendation.section(page, [tuned_run(tmp_path)])
     assert "[-1.96%, " in page.render() and "-2.0%" not in page.render()
@@ -1994,8 +2005,8 @@ def test_an_interval_that_eliminated_an_arm_never_reads_as_holding_no_change():
 
 
 def test_the_closest_rival_traced_is_the_nearest_tied_or_unresolved_arm_else_the_nearest_eliminated():
-    def arm(cid: str, status: str, ratio: float | None) -> tune_answer.Arm:
-        return tune_answer.Arm(cid, cid, {}, 0, status, 3, ratio, None, None, None)
+    def arm(cid: str, status: str, ratio: float | None) -> TuneArm:
+        return TuneArm(case_id=cid, label=cid, params={}, status=status, rounds=3, **NO_RATIO | {"ratio": ratio})
 
     rec = arm("a", tune_answer.RECOMMENDED, None)
     tied, near, far = (

@@ -20,8 +20,8 @@ is raced on its own, then the world winners are compared unpaired (``stats.unpai
 same spent confidence. The race is saved to ``tune.json`` after every round; a resumed tune replays
 it from the stored repeats, round by round, and goes on from where the race stood.
 
-Once the races end, ``tune_answer`` reads them into the ``Result``; nothing here prints, the CLI
-shows it.
+Once the races end, ``tune_answer`` reads them into the answer (``tune_record.TuneResult``, which
+tune.json keeps); nothing here prints, the CLI shows it.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from tpbench.analysis.stats import repeat_values, windows_of
 from tpbench.launch import Listener, group_cases
 from tpbench.racing import BUDGET, MAX_ROUNDS, Options, Race, TuneError
 from tpbench.suite import Case
-from tpbench.tune_record import TuneRecord, TuneRound, TuneWorld
+from tpbench.tune_record import TuneRecord, TuneResult, TuneRound, TuneWorld
 from tpbench.worlds import Torchrun
 
 # What a tune overrides in the suite: it reads no trace (docs/tune.md, "Traces").
@@ -244,7 +244,7 @@ def race(
     listener: Listener = lambda kind, data: None,
     launcher: Torchrun | None = None,
     on_round: Callable[[Race, dict[str, Any]], None] = lambda race, entry: None,
-) -> tune_answer.Result:
+) -> TuneResult:
     """Run (or go on with) the tune of ``run``: each world's race in turn, then the result,
     saved to tune.json, the run finalized as a sweep is (summary, status), so that report,
     compare and export read it as any run.
@@ -314,7 +314,7 @@ def race(
     result = tune_answer.result(run, cases, races, options, spent(), loaded.summary)
     if finished:  # what --trace found of the same answer stands
         result = replace(result, where=saved.result.where)
-    _save(run, replace(_record(options, races, result.wall_s), result=result.record()))
+    _save(run, replace(_record(options, races, result.wall_s), result=result))
     return result
 
 
@@ -389,7 +389,7 @@ def run(
     resume: Path | None = None,
     allow_large: bool = False,
     progress: Progress = lambda run: contextlib.nullcontext(Watch()),
-) -> tune_answer.Result:
+) -> TuneResult:
     """``tpbench tune``: a new tune of ``suite`` with ``options`` under ``out`` (``start``), or the
     tune in ``resume`` gone on with its own options (``reopen``; ``launcher`` ``sweep.RECORDED``:
     the run's own), raced to its result (``race``)."""

@@ -9,10 +9,8 @@ status and sentence means.
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -43,7 +41,7 @@ from tpbench.racing import (
     within_epsilon,
 )
 from tpbench.suite import Case, labels, varying_keys
-from tpbench.tune_record import TuneResult
+from tpbench.tune_record import TuneArm, TuneResult
 
 RECOMMENDED, TIED, ELIMINATED, UNRESOLVED, FAILED = "recommended", "tied", "eliminated", "unresolved", "failed"
 # Traced steps per setting (at least; whole averaging windows for post-local SGD), in one window
@@ -60,105 +58,9 @@ def trace_steps(windows: list[int]) -> int:
     return window * math.ceil(TRACE_STEPS / window)
 
 
-@dataclass
-class Arm:
-    case_id: str
-    label: str
-    params: dict[str, Any]  # the swept keys' values: what tells this setting from the others
-    world: int
-    status: str
-    rounds: int
-    ratio: float | None  # to the recommended arm (None: the recommended arm itself, or no interval)
-    lo: float | None
-    hi: float | None
-    eliminated_at: int | None  # the round after which it went (None: not eliminated in its world's race)
-    retired_at: int | None = None  # the round after which it stopped, retired (tied, or eliminated later)
-    # What eliminated it, from the race's history: that round's leader and the arm's ratio to it with
-    # the interval that lay above 1 ({"leader", "ratio", "lo", "hi"}). The ratio to the recommended
-    # arm above may still hold 1 where the leader then was another arm, its rounds were fewer, or the
-    # variance pooled over the race's later rounds is larger than the one that eliminated it.
-    eliminated_vs: dict[str, Any] | None = None
-    # Where the workload evaluates a held-out loss: where this setting's ends (the median over its
-    # rounds), and the training seconds it takes to reach the workload's target loss (None: not in
-    # every round it ran, or no target known). How far a step takes the model, which the race's
-    # metric does not count (``_training_note``).
-    heldout_loss: float | None = None
-    time_to_target_s: float | None = None
-    # The rounds of its world's race it did not run before it stopped (retired, eliminated or the race
-    # ended): retired once, then brought back when a later leader was not safe from it. Without it an
-    # arm still racing at the end with 5 rounds of 12 reads as a miscount.
-    sat_out: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        keep = (
-            *("case_id", "label", "params", "status", "rounds", "ratio", "lo", "hi"),
-            *("eliminated_at", "retired_at", "sat_out", "eliminated_vs", "heldout_loss", "time_to_target_s"),
-        )
-        return {k: v for k, v in asdict(self).items() if k in keep}
-
-
-@dataclass
-class Result:
-    run_dir: Path
-    state: str  # RECOMMENDED (one arm is the best), TIED (within epsilon) or UNRESOLVED
-    recommended: Arm | None
-    claim: str
-    arms: list[Arm]
-    epsilon: float
-    confidence: float
-    metric: str
-    wall_s: float
-    timed_s: float
-    grid_timed_s: float
-    rounds_to_decide: int | None
-    supported_epsilon: float | None = None  # the margin the rounds run do show (see supported_epsilon)
-    history: list[dict[str, Any]] = field(default_factory=list)
-    next_step: str | None = None  # unresolved: the command that would likely decide it (see _next_step)
-    decide_wall_s: float | None = None  # about how long that command would take here (_decide_wall_s)
-    # The most rounds that command gives its race (its --set repeats, _next_repeats): at least the
-    # suite's own, so more than the rounds the estimate asks for where the budget ended this tune early.
-    next_repeats: int | None = None
-    trace_step: str | None = None  # the sweep that traces the recommended arm and its closest rival (_trace_step)
-    # The settings do not train alike: other samples a step (_work_note), a worse loss (_training_note).
-    training_note: str | None = None
-    worlds: list[str] = field(default_factory=list)  # each world's own answer, where the arms span worlds
-    where: dict[str, Any] | None = None  # --trace: where the time goes (``tune_trace.WhereTime.to_json``)
-
-    def to_json(self) -> dict[str, Any]:
-        rec = self.recommended
-        return {
-            "run_dir": str(self.run_dir),
-            "state": self.state,
-            "recommended": {"case_id": rec.case_id, "label": rec.label, "params": rec.params} if rec else None,
-            "epsilon": self.epsilon,
-            "confidence": self.confidence,
-            "metric": self.metric,
-            "claim": self.claim,
-            "arms": [a.to_json() for a in self.arms],
-            "wall_s": self.wall_s,
-            "timed_s": self.timed_s,
-            "grid_timed_s": self.grid_timed_s,
-            "rounds_to_decide": self.rounds_to_decide,
-            "supported_epsilon": self.supported_epsilon,
-            "next_step": self.next_step,
-            "decide_wall_s": self.decide_wall_s,
-            "next_repeats": self.next_repeats,
-            "trace_step": self.trace_step,
-            "training_note": self.training_note,
-            "worlds": self.worlds,
-            "where": self.where,
-        }
-
-    def record(self) -> TuneResult:
-        """The answer as tune.json keeps it (``TuneRecord.result``): this object, typed, by way of the
-        JSON it is written as, so that it equals what ``store.read_tune`` reads back (plain floats and
-        lists where the race had numpy's and tuples)."""
-        return TuneResult.from_json(json.loads(json.dumps(self.to_json(), allow_nan=False)))
-
-
 def result(
     run: store.Run, cases: list[Case], races: list[Race], options: Options, wall_s: float, summary: pd.DataFrame
-) -> Result:
+) -> TuneResult:
     """The recommendation across worlds, each arm's status and ratio to it, the claim and the cost;
     ``summary``: the finalized run's, for the held-out loss each arm ends at."""
     n_arms = len(cases)
@@ -185,7 +87,6 @@ def result(
     timed_s, grid_timed_s = _timed(seconds, {a: r.rounds for r in races for a in r.arms})
     shown = supported_epsilon(ratios.get(a.case_id) for a in arms if a.status in (TIED, UNRESOLVED)) if rec else None
     claim = _claim(rec, state, counts, n_arms, options, races, more, shown)
-    history = [e for r in races for e in r.history]
     # The rounds the command that would decide it is given: those the estimate asks for, or, where the
     # budget ended the race before its first look (no interval, no estimate), the suite's own.
     total = None
@@ -197,13 +98,14 @@ def result(
     decide_s = _decide_wall_s(arms, seconds, total, wall_s, timed_s) if step and total else None
     trace = _trace_step(run, arms, {c.case_id: averaging_window(c.params()) for c in cases})
     samples = {c.case_id: c.world_size * c.batch_size for c in cases}
+    world_of = {a: r.world for r in races for a in r.arms}
     notes = (
         _work_note(rec, arms, samples, options.metric),
-        _training_note(rec, arms, options, _reach(run, arms, summary), _steps_apart(summary, arms)),
+        _training_note(rec, arms, options, _reach(run, arms, summary), _steps_apart(summary, arms), world_of),
     )
     note = " ".join(n for n in notes if n) or None
-    return Result(
-        run_dir=run.dir,
+    return TuneResult(
+        run_dir=str(run.dir),
         state=state,
         recommended=rec,
         claim=claim,
@@ -216,7 +118,6 @@ def result(
         grid_timed_s=grid_timed_s,
         rounds_to_decide=more,
         supported_epsilon=shown,
-        history=history,
         next_step=step,
         decide_wall_s=decide_s,
         next_repeats=_next_repeats(total, races) if step and total else None,
@@ -340,12 +241,11 @@ def _across_rounds(races: list[Race], best_race: Race, best: str, eps: float, ac
 
 def _arms(
     cases: list[Case], races: list[Race], status: dict[str, str], ratios: dict[str, Ratio], summary: pd.DataFrame
-) -> list[Arm]:
+) -> list[TuneArm]:
     """Each arm as the result shows it, in the grid's order."""
     convergence = summary.set_index("case_id") if "final_heldout_loss" in summary else None
     names = labels([cases])[0]
     swept = varying_keys(cases)
-    world_of = {a: r.world for r in races for a in r.arms}
     arms = []
     for c in cases:
         a, rr = c.case_id, ratios.get(c.case_id)
@@ -353,36 +253,36 @@ def _arms(
         retired_at = home.retired.get(a, home.retired_then_out.get(a))
         stopped_at = retired_at or home.eliminated.get(a) or home.rounds
         arms.append(
-            Arm(
-                a,
-                names[a],
-                {k: c.params()[k] for k in swept},
-                world_of[a],
-                status.get(a, UNRESOLVED),
-                len(home.judged(a)),
-                rr.ratio if rr else None,
-                rr.lo if rr and rr.method != "single" else None,
-                rr.hi if rr and rr.method != "single" else None,
-                home.eliminated.get(a),
-                retired_at,
-                _eliminated_vs(home, a),
-                *_converged(convergence, a),
+            TuneArm(
+                case_id=a,
+                label=names[a],
+                params={k: c.params()[k] for k in swept},
+                status=status.get(a, UNRESOLVED),
+                rounds=len(home.judged(a)),
+                ratio=float(rr.ratio) if rr else None,
+                lo=float(rr.lo) if rr and rr.method != "single" else None,
+                hi=float(rr.hi) if rr and rr.method != "single" else None,
+                eliminated_at=home.eliminated.get(a),
+                retired_at=retired_at,
+                eliminated_vs=_eliminated_vs(home, a),
+                **_converged(convergence, a),
                 sat_out=0 if a in home.failed else stopped_at - len(home.judged(a)),
             )
         )
     return arms
 
 
-def _converged(convergence: pd.DataFrame | None, arm: str) -> tuple[float | None, float | None]:
+def _converged(convergence: pd.DataFrame | None, arm: str) -> dict[str, float | None]:
     """The arm's final held-out loss and time to the target loss from the run's summary (None
-    where not measured: JSON has no NaN)."""
+    where not measured: JSON has no NaN), by the arm's field names."""
     if convergence is None or arm not in convergence.index:
-        return None, None
+        return {"heldout_loss": None, "time_to_target_s": None}
     row = convergence.loc[arm]
-    return tuple(None if pd.isna(row.get(k)) else float(row[k]) for k in ("final_heldout_loss", "time_to_target_s"))
+    taken = {"heldout_loss": "final_heldout_loss", "time_to_target_s": "time_to_target_s"}
+    return {k: None if pd.isna(row.get(col)) else float(row[col]) for k, col in taken.items()}
 
 
-def _reach(run: store.Run, arms: list[Arm], summary: pd.DataFrame) -> dict[str, dict[int, float]] | None:
+def _reach(run: store.Run, arms: list[TuneArm], summary: pd.DataFrame) -> dict[str, dict[int, float]] | None:
     """Each arm's training seconds to the target loss per round it ran (``convergence.reach_by_repeat``;
     NaN in a round that never reached it), None where the workload knows no target: what the note's
     time-to-target intervals pair by round."""
@@ -391,7 +291,7 @@ def _reach(run: store.Run, arms: list[Arm], summary: pd.DataFrame) -> dict[str, 
     return {a.case_id: convergence.reach_by_repeat(store.case_steps(run.dir, a.case_id)) for a in arms}
 
 
-def _steps_apart(summary: pd.DataFrame, arms: list[Arm]) -> bool:
+def _steps_apart(summary: pd.DataFrame, arms: list[TuneArm]) -> bool:
     """Whether the arms reach the target loss after different numbers of steps (or some never do):
     their updates differ, so time per step alone does not rank their time to the target. Settings
     that compute the same update (DDP and the ZeRO variants) reach it at the same step."""
@@ -402,7 +302,12 @@ def _steps_apart(summary: pd.DataFrame, arms: list[Arm]) -> bool:
 
 
 def _training_note(
-    rec: Arm | None, arms: list[Arm], options: Options, reach: dict[str, dict[int, float]] | None, apart: bool
+    rec: TuneArm | None,
+    arms: list[TuneArm],
+    options: Options,
+    reach: dict[str, dict[int, float]] | None,
+    apart: bool,
+    world_of: Mapping[str, int],
 ) -> str | None:
     """Said where the settings do not train alike (post-local SGD averaging now and then, a hook
     that compresses gradients): the race compared the time of a step, which says nothing of how
@@ -429,14 +334,14 @@ def _training_note(
     else:
         said += " (they reach the target loss after different numbers of steps)"
     if reach:
-        said += ". " + _to_target(rec, scored, reach, options.confidence)
+        said += ". " + _to_target(rec, scored, reach, options.confidence, world_of)
     return (
         f"{said}. The race compared {options.metric} alone, which does not count how far a step takes the "
         "model: weigh the two (the report's Convergence section has the curves)."
     )
 
 
-def _work_note(rec: Arm | None, arms: list[Arm], samples: dict[str, int], metric: str) -> str | None:
+def _work_note(rec: TuneArm | None, arms: list[TuneArm], samples: dict[str, int], metric: str) -> str | None:
     """Said where the settings do not take the same samples a step (``batch_size`` is per rank, so
     a world of 2 ranks takes twice a world of 1's): the race ranked time per step, and a setting
     slower per step may train faster per sample. Each such arm's ratio to the recommended one per
@@ -459,15 +364,22 @@ def _work_note(rec: Arm | None, arms: list[Arm], samples: dict[str, int], metric
     return said
 
 
-def _to_target(rec: Arm, scored: list[Arm], reach: dict[str, dict[int, float]], confidence: float) -> str:
+def _to_target(
+    rec: TuneArm,
+    scored: list[TuneArm],
+    reach: dict[str, dict[int, float]],
+    confidence: float,
+    world_of: Mapping[str, int],
+) -> str:
     """Which setting reaches the workload's target loss in the least training time (ranked by the
     geometric mean over its rounds, the statistic its ratios compare), against the recommended one and
     the next soonest, each a ratio with its interval: paired by round within a world, Welch's across
-    worlds, at the confidence that holds for the soonest against every other setting together
-    (Bonferroni). What a user who trains to a loss, not for a number of steps, would choose by,
-    and how sure the few rounds a tune gives each setting make it. Its times are medians over rounds,
-    as the table's "to target s (median)" and the report's soonest-to-target line give them; where a
-    setting it is set against has the lower median, it says the rank is by the geometric mean."""
+    worlds (``world_of``: each arm's race), at the confidence that holds for the soonest against every
+    other setting together (Bonferroni). What a user who trains to a loss, not for a number of steps,
+    would choose by, and how sure the few rounds a tune gives each setting make it. Its times are
+    medians over rounds, as the table's "to target s (median)" and the report's soonest-to-target line
+    give them; where a setting it is set against has the lower median, it says the rank is by the
+    geometric mean."""
     times = {a.case_id: reach.get(a.case_id, {}) for a in scored}
     reached = [a for a in scored if times[a.case_id] and not any(math.isnan(t) for t in times[a.case_id].values())]
     if not reached:
@@ -476,11 +388,11 @@ def _to_target(rec: Arm, scored: list[Arm], reach: dict[str, dict[int, float]], 
     soonest = ranked[0]
     each = spent_confidence(confidence, 1, len(scored) - 1)
 
-    def median(arm: Arm) -> float:
+    def median(arm: TuneArm) -> float:
         return float(np.median(list(times[arm.case_id].values())))
 
-    def against(other: Arm) -> str:
-        paired = other.world == soonest.world
+    def against(other: TuneArm) -> str:
+        paired = world_of[other.case_id] == world_of[soonest.case_id]
         est = case_ratio(times[other.case_id], times[soonest.case_id], paired=paired, confidence=each)
         said = verdict.of(est)
         how = f" (resolves {verdict.half_width_pct(est.half_width)})" if est.has_interval else ""
@@ -517,11 +429,11 @@ def _eliminated_vs(race: Race, arm: str) -> dict[str, Any] | None:
     if went is None:
         return None
     ratio, lo, hi = went["intervals"][arm]
-    return {"leader": went["leader"], "ratio": ratio, "lo": lo, "hi": hi}
+    return {"leader": went["leader"], "ratio": float(ratio), "lo": float(lo), "hi": float(hi)}
 
 
 def _claim(
-    rec: Arm | None,
+    rec: TuneArm | None,
     state: str,
     counts: dict[str, int],
     n: int,
@@ -605,7 +517,7 @@ def _more_rounds(races: list[Race], rounds: int, across: int = 0) -> int | None:
 
 
 def _next_step(
-    run: store.Run, races: list[Race], rec: Arm | None, rounds: int | None, options: Options, wall_s: float
+    run: store.Run, races: list[Race], rec: TuneArm | None, rounds: int | None, options: Options, wall_s: float
 ) -> str | None:
     """What to run to decide an unresolved tune: the same suite raced afresh for about ``rounds``,
     those the estimate says would decide it (``_more_rounds``), or the suite's own where the budget
@@ -640,7 +552,7 @@ def _next_repeats(rounds: int, races: list[Race]) -> int:
     return max(rounds, _suite_rounds(races))
 
 
-def traced_arms(arms: list[Arm]) -> list[Arm]:
+def traced_arms(arms: list[TuneArm]) -> list[TuneArm]:
     """The arms whose time a trace should split: the recommended one and its closest rival (the tied
     or unresolved arm nearest it, else the runner-up among the eliminated: why it is slower is then
     the question), where there is one; none where nothing is recommended."""
@@ -653,7 +565,7 @@ def traced_arms(arms: list[Arm]) -> list[Arm]:
     return [rec] if rival is None else [rec, rival]
 
 
-def _trace_step(run: store.Run, arms: list[Arm], windows: Mapping[str, int]) -> str | None:
+def _trace_step(run: store.Run, arms: list[TuneArm], windows: Mapping[str, int]) -> str | None:
     """The sweep that shows where the recommended arm's time goes, beside its closest rival's
     (``traced_arms``): a tune traces nothing, and a sweep of the two traces both, so that its report
     splits their steps into compute, exposed communication and idle and ``whatif`` can replay them.
@@ -722,7 +634,7 @@ def _timed(seconds: Mapping[str, pd.Series], rounds: Mapping[str, int]) -> tuple
 
 
 def _decide_wall_s(
-    arms: list[Arm], seconds: Mapping[str, pd.Series], rounds: int, wall_s: float, timed_s: float
+    arms: list[TuneArm], seconds: Mapping[str, pd.Series], rounds: int, wall_s: float, timed_s: float
 ) -> float | None:
     """At most about how long, in wall time here, the race ``_next_step`` names would take: each arm
     still in reach of the recommended one (and that one) timed for all ``rounds`` rounds at its mean

@@ -157,22 +157,33 @@ class TuneRound:
 
 @dataclass(frozen=True, kw_only=True)
 class TuneArm:
-    """One arm of the answer (``tune_answer.Arm.to_json``): its status, rounds, ratio to the
+    """One arm of the answer (``tune_answer.result`` builds them): its status, rounds, ratio to the
     recommended arm with the race's interval, and when and why it stopped. Fields in the file's order."""
 
     case_id: str
     label: str
-    params: dict[str, Any]
+    params: dict[str, Any]  # the swept keys' values: what tells this setting from the others
     status: str
     rounds: int
-    ratio: float | None
+    ratio: float | None  # to the recommended arm (None: the recommended arm itself, or no interval)
     lo: float | None
     hi: float | None
-    eliminated_at: int | None
-    retired_at: int | None = None
-    eliminated_vs: dict[str, Any] | None = None  # {"leader", "ratio", "lo", "hi"}: what eliminated it
+    eliminated_at: int | None  # the round after which it went (None: not eliminated in its world's race)
+    retired_at: int | None = None  # the round after which it stopped, retired (tied, or eliminated later)
+    # What eliminated it, from the race's history: that round's leader and the arm's ratio to it with
+    # the interval that lay above 1 ({"leader", "ratio", "lo", "hi"}). The ratio to the recommended
+    # arm above may still hold 1 where the leader then was another arm, its rounds were fewer, or the
+    # variance pooled over the race's later rounds is larger than the one that eliminated it.
+    eliminated_vs: dict[str, Any] | None = None
+    # Where the workload evaluates a held-out loss: where this setting's ends (the median over its
+    # rounds), and the training seconds it takes to reach the workload's target loss (None: not in
+    # every round it ran, or no target known). How far a step takes the model, which the race's
+    # metric does not count (``tune_answer._training_note``).
     heldout_loss: float | None = None
     time_to_target_s: float | None = None
+    # The rounds of its world's race it did not run before it stopped (retired, eliminated or the race
+    # ended): retired once, then brought back when a later leader was not safe from it. Without it an
+    # arm still racing at the end with 5 rounds of 12 reads as a miscount.
     sat_out: int = 0
 
     @classmethod
@@ -192,29 +203,16 @@ class TuneArm:
         return cls(**{k: _take(doc, k, kind, where, defaults[k], null=k in nullable) for k, kind in kinds.items()})
 
 
-@dataclass(frozen=True)
-class Recommended:
-    """The recommended arm, as the answer names it."""
-
-    case_id: str
-    label: str
-    params: dict[str, Any]
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any], where: str) -> Recommended:
-        take = {"case_id": "a string", "label": "a string", "params": "a JSON object"}
-        return cls(**{k: _take(doc, k, kind, where) for k, kind in take.items()})
-
-
 @dataclass(frozen=True, kw_only=True)
 class TuneResult:
-    """The tune's answer (``tune_answer.Result.to_json``: ``tpbench tune --format json``'s object,
+    """The tune's answer (``tune_answer.result`` builds it; ``tpbench tune --format json``'s object,
     docs/tune.md). Fields in the file's order; those added after the first tunes default to what a
-    file without them meant (None, no worlds)."""
+    file without them meant (None, no worlds). ``recommended`` is one of ``arms``, which the file
+    names by its case id, label and params."""
 
     run_dir: str
-    state: str
-    recommended: Recommended | None
+    state: str  # recommended (one arm is the best), tied (within epsilon), unresolved or failed
+    recommended: TuneArm | None
     epsilon: float
     confidence: float
     metric: str
@@ -236,8 +234,8 @@ class TuneResult:
     def to_json(self) -> dict[str, Any]:
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
         rec = self.recommended
-        arms = [{f.name: getattr(a, f.name) for f in fields(a)} for a in self.arms]
-        return doc | {"recommended": asdict(rec) if rec else None, "arms": arms}
+        named = {"case_id": rec.case_id, "label": rec.label, "params": rec.params} if rec else None
+        return doc | {"recommended": named, "arms": [asdict(a) for a in self.arms]}
 
     @classmethod
     def from_json(cls, doc: Any) -> TuneResult:
@@ -258,12 +256,18 @@ class TuneResult:
         defaults = _defaults(cls) | {"worlds": []}
         taken = {k: _take(doc, k, kind, w, defaults[k], null=k in nullable) for k, kind in kinds.items()}
         rec = _take(doc, "recommended", "a JSON object", w, None, null=True)
-        arms = _take(doc, "arms", "a JSON list", w)
-        return cls(
-            **taken,
-            recommended=None if rec is None else Recommended.from_json(rec, f"{w}'recommended' "),
-            arms=[TuneArm.from_json(a, f"{w}'arms'[{i}] ") for i, a in enumerate(arms)],
-        )
+        arms = [TuneArm.from_json(a, f"{w}'arms'[{i}] ") for i, a in enumerate(_take(doc, "arms", "a JSON list", w))]
+        recommended = None if rec is None else _recommended(rec, arms, f"{w}'recommended' ")
+        return cls(**taken, recommended=recommended, arms=arms)
+
+
+def _recommended(doc: dict[str, Any], arms: list[TuneArm], where: str) -> TuneArm:
+    """The arm the answer's ``recommended`` names by its case id."""
+    cid = _take(doc, "case_id", "a string", where)
+    arm = next((a for a in arms if a.case_id == cid), None)
+    if arm is None:
+        raise TuneRecordError(f"{where}'case_id' = {cid!r} is none of 'arms'")
+    return arm
 
 
 @dataclass(frozen=True)

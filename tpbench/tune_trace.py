@@ -26,6 +26,7 @@ from tpbench.analysis.stats import averaging_window, geometric_mean, repeat_valu
 from tpbench.explain import traced_steps
 from tpbench.record import Case
 from tpbench.suite import SuiteError, parse
+from tpbench.tune_record import TuneArm, TuneResult
 from tpbench.verdict import signed_ms
 from tpbench.worlds import Torchrun
 
@@ -77,10 +78,10 @@ def prepared(tuned: store.Loaded, case_ids: list[str]) -> sweep.Prepared:
 
 
 def trace(
-    result: tune_answer.Result,
+    result: TuneResult,
     launcher: Torchrun | None | str,
     progress: sweep.Progress,
-) -> tune_answer.Result:
+) -> TuneResult:
     """Sweep the recommended arm and its closest rival with traces beside the tune's run, split their
     steps, and return the result with them (``where``), saved in tune.json for the report; unchanged
     where the tune recommends nothing. Raises ``TraceError`` when the sweep gives no traced steps for
@@ -88,13 +89,13 @@ def trace(
     arms = tune_answer.traced_arms(result.arms)
     if not arms:
         return result
-    tuned = store.load(result.run_dir)
+    tuned = store.load(Path(result.run_dir))
     if launcher == sweep.RECORDED:  # a resumed tune: started as the tune was
         launcher = sweep.launcher_of(tuned.record)
     try:
         outcome = sweep.run(
             prepared(tuned, [a.case_id for a in arms]),
-            out=result.run_dir.parent.parent,
+            out=Path(result.run_dir).parent.parent,
             launcher=launcher,
             progress=progress,
         )
@@ -122,9 +123,9 @@ def trace(
     ]
     sentence = _by_part(parts.explain(traced[0], traced[1])) if len(traced) == 2 else None
     result = dataclasses.replace(result, where=WhereTime(run_dir, out, sentence).to_json())
-    saved = store.read_tune(result.run_dir)
+    saved = store.read_tune(Path(result.run_dir))
     if saved is not None:  # the tune's own record, which the trace comes after
-        store.write_tune(result.run_dir, dataclasses.replace(saved, result=result.record()))
+        store.write_tune(Path(result.run_dir), dataclasses.replace(saved, result=result))
     return result
 
 
@@ -147,7 +148,7 @@ def _by_part(e: parts.Explanation) -> str:
     )
 
 
-def _race_step_ms(tuned: store.Loaded, arms: list[tune_answer.Arm], metric: str) -> list[float]:
+def _race_step_ms(tuned: store.Loaded, arms: list[TuneArm], metric: str) -> list[float]:
     """The step times the race measured, to scale the traces to: the recommended arm's geometric
     mean over its rounds (the statistic the race ranks by), and the rival's that times its ratio to
     it (the tune's "vs recommended", paired over the rounds both ran), so that the parts' difference

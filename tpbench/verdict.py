@@ -187,7 +187,7 @@ def of(
     return Verdict(call, direction, clause, numbers)
 
 
-# Before a tune's per-world answers (``tune_answer.Result.worlds``), in the terminal and the report alike.
+# Before a tune's per-world answers (``tune_record.TuneResult.worlds``), in the terminal and the report alike.
 WORLDS_SAY = "Within each world (its own race, on the same intervals):"
 
 
@@ -213,7 +213,7 @@ def what_eliminated(status: str, vs: Mapping[str, Any] | None) -> str:
 
 
 def eliminated_vs_text(vs: Mapping[str, Any] | None) -> str:
-    """A tune arm's ``eliminated_vs`` (``tune_answer.Arm``: the interval that eliminated it) as the terminal's
+    """A tune arm's ``eliminated_vs`` (``tune_record.TuneArm``: the interval that eliminated it) as the terminal's
     table and the report say it, "+9.1% [+0.4%, +18.6%] vs that round's leader"; nothing where the
     arm was not eliminated in its world's race."""
     if not vs:
