@@ -273,3 +273,21 @@ def test_pytest_benchmark_names_show_the_suites_swept_keys_whatever_the_filter_k
     one, four = names("bucket_cap_mb=1", "algorithm=ddp"), names("bucket_cap_mb=4", "algorithm=ddp")
     assert one == ["ddp[bucket_cap_mb=1]"] and four == ["ddp[bucket_cap_mb=4]"]
     assert set(one + four) <= set(names())
+
+
+def test_pytest_benchmark_names_leave_out_the_keys_a_case_does_not_take(tmp_path: Path) -> None:
+    """A swept key that does not apply to a case (``shard_buckets`` of DDP) named it
+    "ddp[shard_buckets=None]", with None in its params; custom-smaller-is-better's "ddp" and the
+    case's label leave it out, and so does its name now."""
+    run = make_run(
+        tmp_path,
+        {"ddp": [10.0, 10.1], "hook_with_zero_step": [12.0, 12.1]},
+        sweep={"shard_buckets": "[true, false]"},
+    )
+    benchmarks = exports.export_pytest_benchmark(run).document["benchmarks"]
+    assert [b["name"] for b in benchmarks] == [
+        "ddp",
+        "hook_with_zero_step[shard_buckets=True]",
+        "hook_with_zero_step[shard_buckets=False]",
+    ]
+    assert [b["params"] for b in benchmarks] == [None, {"shard_buckets": True}, {"shard_buckets": False}]

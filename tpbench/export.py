@@ -130,7 +130,8 @@ def _pytest_benchmark(
     iqr = q3 - q1
     mean, std = float(s.mean()), float(s.std(ddof=1)) if s.size > 1 else 0.0
     inside = s[(s >= q1 - 1.5 * iqr) & (s <= q3 + 1.5 * iqr)]
-    params = {k: getattr(case, k) for k in keys if k != "algorithm"} | dict(sets)
+    # A key that does not apply to the case (None: shard_buckets of DDP) is left out, as in its label.
+    params = {k: getattr(case, k) for k in keys if k != "algorithm" and getattr(case, k) is not None} | dict(sets)
     param = "-".join(f"{k}={v}" for k, v in params.items())
     name = case.algorithm + (f"[{param}]" if param else "")
     return {
