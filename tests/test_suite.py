@@ -364,3 +364,36 @@ def test_a_factorys_own_parameters_take_any_finite_value_of_their_type(tmp_path,
     assert {(dict(c.workload_params)["dropout"], dict(c.workload_params)["shift"]) for c in cases} == {(0.0, -2)}
     with pytest.raises(SuiteError, match=r'\[workloads."zero_ok:build"\] dropout: expected a finite value, got nan'):
         parse(text + "dropout = nan\n")
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            "[sweep]\nbucket_cap_mbb = [1, 4]",
+            "t.toml: [sweep] bucket_cap_mbb: unknown key; did you mean bucket_cap_mb?",
+        ),
+        ("[defaults]\nstesp = 5", "t.toml: [defaults] stesp: unknown key; did you mean steps?"),
+        ("[capture]\nprofiler_step = 2", "[capture] profiler_step: unknown key; did you mean profiler_steps?"),
+        ("[workloads.gpt]\nblocksize = 32", "[workloads.gpt] blocksize: unknown key; did you mean block_size?"),
+        ("[sweeep]\nsteps = [5]", "t.toml: sweeep: unknown table; did you mean sweep?"),
+    ],
+)
+def test_an_unknown_key_names_the_closest_one_before_the_list(text, said):
+    """A misspelt key was answered with all 35 keys a case has, the one meant somewhere among them;
+    the closest is named first, as a mistyped command or option is."""
+    with pytest.raises(SuiteError) as e:
+        parse(text, "t.toml")
+    assert said in str(e.value) and "expected one of" in str(e.value)
+
+
+def test_an_unknown_key_with_nothing_close_guesses_nothing():
+    with pytest.raises(SuiteError) as e:
+        parse("[defaults]\nzzzz = 5", "t.toml")
+    assert "did you mean" not in str(e.value) and "unknown key; expected one of algorithm" in str(e.value)
+
+
+def test_an_unknown_filter_key_names_the_closest_one():
+    cases = expand(parse(BASE, "t.toml"), CPU)
+    with pytest.raises(SuiteError, match=r"unknown key 'bucket_cap_mbb'; did you mean bucket_cap_mb\? expected id"):
+        select(cases, ["bucket_cap_mbb=1"])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import difflib
 import functools
 import hashlib
 import itertools
@@ -246,6 +247,19 @@ def _fail(path: str, key: str, msg: str) -> SuiteError:
     return SuiteError(f"{path}: {key}: {msg}")
 
 
+def _unknown(what: str, name: str, known: Iterable[str]) -> str:
+    """ "unknown key; did you mean steps? expected one of ...": the closest name first (``_closest``)."""
+    known = list(known)
+    return f"unknown {what};{_closest(name, known)} expected one of {', '.join(known)}"
+
+
+def _closest(name: str, known: Iterable[str]) -> str:
+    """ " did you mean steps?" for a misspelt name (empty: none is close), as a mistyped command or
+    option is answered, so that a typo need not be spotted among the 35 keys a case has."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" did you mean {close[0]}?" if close else ""
+
+
 def _check_value(path: str, where: str, spec: KeySpec, value: Any) -> Any:
     """The value checked and in canonical form (see ``canonical``)."""
     if not spec.check(value):
@@ -291,7 +305,7 @@ def parse(text: str, path: str = "<suite>") -> Suite:
 def _validate(doc: dict[str, Any], path: str) -> Suite:
     for table in doc:
         if table not in _TABLES:
-            raise _fail(path, table, f"unknown table; expected one of {', '.join(sorted(_TABLES))}")
+            raise _fail(path, table, _unknown("table", table, sorted(_TABLES)))
         if not isinstance(doc[table], dict):
             raise _fail(path, table, "expected a table, e.g. [" + table + "]")
 
@@ -299,13 +313,13 @@ def _validate(doc: dict[str, Any], path: str) -> Suite:
     defaults = dict(doc.get("defaults", {}))
     for k, v in defaults.items():
         if k not in CASE_KEYS:
-            raise _fail(path, f"[defaults] {k}", f"unknown key; expected one of {', '.join(CASE_KEYS)}")
+            raise _fail(path, f"[defaults] {k}", _unknown("key", k, CASE_KEYS))
         defaults[k] = _check_value(path, f"[defaults] {k}", CASE_KEYS[k], v)
 
     sweep = dict(doc.get("sweep", {}))
     for k, values in sweep.items():
         if k not in CASE_KEYS:
-            raise _fail(path, f"[sweep] {k}", f"unknown key; expected one of {', '.join(CASE_KEYS)}")
+            raise _fail(path, f"[sweep] {k}", _unknown("key", k, CASE_KEYS))
         if not isinstance(values, list) or not values:
             raise _fail(path, f"[sweep] {k}", f"expected a non-empty list of {CASE_KEYS[k].expected}, got {values!r}")
         sweep[k] = [_check_value(path, f"[sweep] {k}[{i}]", CASE_KEYS[k], v) for i, v in enumerate(values)]
@@ -317,7 +331,7 @@ def _validate(doc: dict[str, Any], path: str) -> Suite:
     capture = {k: s.default for k, s in CAPTURE_KEYS.items()}
     for k, v in doc.get("capture", {}).items():
         if k not in CAPTURE_KEYS:
-            raise _fail(path, f"[capture] {k}", f"unknown key; expected one of {', '.join(CAPTURE_KEYS)}")
+            raise _fail(path, f"[capture] {k}", _unknown("key", k, CAPTURE_KEYS))
         capture[k] = _check_value(path, f"[capture] {k}", CAPTURE_KEYS[k], v)
 
     workloads = _workload_tables(doc, path)
@@ -382,9 +396,7 @@ def _workload_tables(doc: dict[str, Any], path: str) -> dict[str, dict[str, Any]
         sized = not is_import_path(wname)
         for k, v in table.items():
             if k not in fields:
-                raise _fail(
-                    path, f"[{_workload_table(wname)}] {k}", f"unknown key; expected one of {', '.join(fields)}"
-                )
+                raise _fail(path, f"[{_workload_table(wname)}] {k}", _unknown("key", k, fields))
             want = type(fields[k].default)
             if type(v) is not want and not (want is float and type(v) is int):
                 raise _fail(path, f"[{_workload_table(wname)}] {k}", f"expected {want.__name__}, got {v!r}")
@@ -858,7 +870,8 @@ def select(cases: list[Case], filters: Iterable[str], *, where: str | None = Non
         if key != "id":
             wanted = [value_text(_parse_value(w)) for w in wanted]  # 25.0 matches 25, as in the suite
         if key != "id" and key not in CASE_KEYS and key not in CAPTURE_KEYS:
-            raise SuiteError(f"--filter {f}: unknown key {key!r}; expected id or one of {', '.join(CASE_KEYS)}")
+            guess = _closest(key, CASE_KEYS)
+            raise SuiteError(f"--filter {f}: unknown key {key!r};{guess} expected id or one of {', '.join(CASE_KEYS)}")
         kept = [c for c in out if _matches(c, key, wanted) != neg]
         if where is not None and out:
             before = " the filters before it left" if f != filters[0] else ""
