@@ -1091,6 +1091,20 @@ def test_all_comparisons_table_lists_post_local_sgd_against_ddp():
     assert 'id="comparisons"' in html and "post-local SGD / DDP" in html
 
 
+def test_all_comparisons_table_says_each_figure_once_with_two_decimals():
+    """The verdict column repeated the change and interval the ratio and 95% CI columns show ("faster:
+    -20.0% [-22.0%, -18.0%], beyond ..."), in a column too narrow for them, and the CI's three
+    significant figures wrote 1.20 as "1.2" beside the heatmaps' "[0.86, 1.20]" for the same pair."""
+    data = report_data.load([in_memory_run(ZERO_SUITE, zero_medians)])
+    comps = verdicts.compare(data, verdicts.ZERO_KINDS[0])
+    rows = performance.comparison_rows(data, comps)
+    loop = next(i for i, c in enumerate(comps) if c.context.get("interconnect") == "loopback")
+    row = rows.iloc[loop]
+    c = comps[loop]
+    assert row["verdict"] == "faster, beyond the ±5% threshold"
+    assert row["ratio"] == f"{c.ratio:.2f}" and row["95% CI"] == f"[{c.lo:.2f}, {c.hi:.2f}]"
+
+
 def localsgd_settings_data(slow_last: float = 1.02) -> report_data.ReportData:
     """Plain DDP and post-local SGD averaging every 4 and every 16 steps, 3 repeats of 40 steps, a
     held-out loss every 10 (the target 1.05): DDP 100 ms a step reaching it after 20 steps (2 s),

@@ -24,7 +24,7 @@ from tpbench.report.figures import (
     series,
 )
 from tpbench.report.html import Page, plot_text
-from tpbench.report.verdicts import Comparison, change_text, mb_text
+from tpbench.report.verdicts import Comparison, mb_text
 from tpbench.suite import DDP_DEFAULT
 
 
@@ -227,10 +227,7 @@ def _shared_bucket(c: Comparison) -> Any:
 
 
 def comparisons_table(page: Page, data: ReportData, comparisons: list[Comparison]) -> None:
-    """Every comparison of every run, a row each. With several runs the run column holds the run's
-    letter alone (``run_letter``), which the paragraph above the table ties to the Environment
-    table's columns: the whole tag ("A · commit 55493a0ac4+dirty") widened the table past a 1400 px
-    page, and the verdict, its last column, was cut off behind a horizontal scroll."""
+    """Every comparison of every run, a row each (``comparison_rows``)."""
     if not comparisons:
         return
     page.heading("All comparisons", anchor="comparisons")
@@ -239,23 +236,37 @@ def comparisons_table(page: Page, data: ReportData, comparisons: list[Comparison
         + "candidate and baseline ms: the geometric means over repeats whose ratio the ratio column is (a case's "
         "median, in the tables above, may move the other way where its repeats are skewed); resolves: the "
         "half-width of the ratio's 95% interval, the smallest difference the comparison could have told from none; "
-        "paired: the rounds of a paired ratio (the two cases ran in one world), else unpaired.",
+        "paired: the rounds of a paired ratio (the two cases ran in one world), else unpaired; verdict: the call "
+        "on that interval, in the words of the verdicts above.",
         css="muted",
     )
-    rows = [
-        {
-            **({"run": run_letter(data.tags[c.run_id])} if data.multi else {}),
-            "comparison": c.kind.key,
-            "candidate": c.candidate["label"],
-            "baseline": c.baseline["label"],
-            "candidate ms": c.est.sides[1],
-            "baseline ms": c.est.sides[0],
-            "ratio": c.ratio,
-            "95% CI": f"[{c.lo:.3g}, {c.hi:.3g}]",
-            "resolves": verdict.half_width_pct(c.est.half_width) if c.est.has_interval else "",
-            "paired": f"{c.est.n} rounds" if c.est.method == "paired" else c.est.method,
-            "verdict": change_text(c),
-        }
-        for c in comparisons
-    ]
-    page.table(pd.DataFrame(rows), scroll=len(rows) > 20)
+    rows = comparison_rows(data, comparisons)
+    page.table(rows, scroll=len(rows) > 20)
+
+
+def comparison_rows(data: ReportData, comparisons: list[Comparison]) -> pd.DataFrame:
+    """The All comparisons table, each figure said once: the verdict column has the call's words
+    alone (``verdict.Verdict.words``), as the ratio, 95% CI and resolves columns hold its numbers;
+    the change and interval written again in it made the table's narrowest column its tallest. Ratios
+    take two decimals, as the heatmaps give the same pairs ("[0.86, 1.20]", not "[0.864, 1.2]").
+    With several runs the run column holds the run's letter alone (``run_letter``), which the
+    paragraph above the table ties to the Environment table's columns: the whole tag ("A · commit
+    55493a0ac4+dirty") widened the table past a 1400 px page and cut off its last column."""
+    return pd.DataFrame(
+        [
+            {
+                **({"run": run_letter(data.tags[c.run_id])} if data.multi else {}),
+                "comparison": c.kind.key,
+                "candidate": c.candidate["label"],
+                "baseline": c.baseline["label"],
+                "candidate ms": c.est.sides[1],
+                "baseline ms": c.est.sides[0],
+                "ratio": f"{c.ratio:.2f}",
+                "95% CI": f"[{c.lo:.2f}, {c.hi:.2f}]" if c.est.has_interval else "",
+                "resolves": verdict.half_width_pct(c.est.half_width) if c.est.has_interval else "",
+                "paired": f"{c.est.n} rounds" if c.est.method == "paired" else c.est.method,
+                "verdict": c.said.words,
+            }
+            for c in comparisons
+        ]
+    )
