@@ -988,6 +988,16 @@ def test_a_ratio_axis_close_to_one_is_labelled_in_even_steps():
     assert log_ratio_ticks([0.06, 36.6])["ticktext"][:3] == ["0.05", "0.1", "0.2"]  # decades as before
 
 
+def test_a_ratio_axis_labels_ticks_within_its_points_not_beyond_them():
+    """The front door's crossover chart (points and intervals 0.72-1.36) still had one labelled tick,
+    "1": 0.5 and 2 counted as near its points, but plotly's axis, which spans the points, shows neither."""
+    from tpbench.report.figures import log_ratio_ticks
+
+    values = [0.844, 1.33, 0.814, 1.35, 0.963, 1.36, 0.81, 1.1, 0.864, 1.2, 0.719, 1.11]
+    shown = [t for t in log_ratio_ticks(values)["tickvals"] if min(values) <= t <= max(values)]
+    assert len(shown) >= 3 and 1 in shown, shown
+
+
 def test_a_table_column_with_no_value_shows_empty_cells_not_none():
     """pandas' formatters skip a column holding only None, which printed "None" (the Across runs
     table's ratio when no case had a counterpart); every cell is the page's own, blank when missing."""

@@ -127,13 +127,15 @@ def log_ratio_ticks(values: Iterable[float]) -> dict[str, list]:
     a decade plotly labels the ticks between decades with a bare digit ("5, 2, 1, 5, 2, 0.1"), so the
     "5" under 1 means 0.5. The 1-2-5 steps of each decade the values span (1 always), or the decades
     alone where those would crowd the axis; where the values lie so close to 1 that fewer than three of
-    those fall near them, even steps of 0.01 to 0.5 across them instead (0.9, 1, 1.1, 1.2)."""
+    those fall among them, even steps of 0.01 to 0.5 across them instead (0.9, 1, 1.1, 1.2). Counted
+    among the values, not within half as much again: plotly's axis spans the values, so for 0.72-1.36
+    the 0.5 and 2 that such a margin counted were never drawn, and "1" was the axis's only label."""
     finite = [v for v in values if v is not None and math.isfinite(v) and v > 0]
     lo, hi = min([*finite, 1.0]), max([*finite, 1.0])
     decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
     steps = (1, 2, 5) if math.log10(hi / lo) <= 3 else (1,)
     ticks = [m * 10.0**d for d in decades for m in steps if lo / 1.5 <= m * 10.0**d <= hi * 1.5]
-    if len(ticks) < 3:  # ratios within a factor of 2 or so (0.85-1.3): "1" alone read nothing off the axis
+    if sum(lo <= t <= hi for t in ticks) < 3:  # within a factor of 2 or so (0.85-1.3): "1" alone read nothing
         step = next((s for s in (0.01, 0.02, 0.05, 0.1, 0.2) if (hi - lo) / s <= 8), 0.5)
         ticks = [round(k * step, 2) for k in range(math.floor(lo / step), math.ceil(hi / step) + 1)]
     return dict(tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
