@@ -370,6 +370,32 @@ def test_a_fastest_case_that_is_not_the_lowest_median_says_which_is():
     assert "lowest median" not in plain
 
 
+def test_a_runner_up_that_is_not_the_next_lowest_median_says_which_is():
+    """The front door named the runner-up hook_with_zero_step_interleaved shard_buckets=True (second by
+    the geometric mean) under a table whose second row, by median, was shard_buckets=False: the line
+    says which case has the next lowest median, as it does for the fastest."""
+
+    def medians(p: dict) -> list[float]:
+        if p["algorithm"] == "zero_no_overlap":  # the next lowest median, one slow round: a higher geometric mean
+            return [90.0, 91.0, 130.0]
+        return [80.0, 81.0, 79.0] if p["algorithm"] == "hook_with_zero_step" else [95.0, 96.0, 94.0]
+
+    suite = ZERO_SUITE.replace('interconnect = ["loopback", "tcp-1gbit"]', 'interconnect = ["loopback"]')
+    suite = suite.replace("bucket_cap_mb = [1, 4]", "bucket_cap_mb = [4]").replace("[false, true]", "[false]")
+    (line,) = verdicts.fastest_lines(report_data.load([in_memory_run(suite, medians)]))
+    assert line.startswith("Fastest: hook_with_zero_step ") and "lowest median is" not in line.split(";")[0]
+    assert (
+        "against the runner-up hook_with_zero_step_interleaved (second by the geometric mean over repeats, which "
+        "the ratio compares; the next lowest median is zero_no_overlap's, 91.0 ms/step), step time: "
+    ) in line
+    # Where the runner-up is also the next lowest median, nothing is added.
+    steady = {"zero_no_overlap": [90.0, 91.0, 92.0]}
+    (plain,) = verdicts.fastest_lines(
+        report_data.load([in_memory_run(suite, lambda p: steady.get(p["algorithm"]) or medians(p))])
+    )
+    assert "next lowest median" not in plain and "against the runner-up zero_no_overlap, step time" in plain
+
+
 def test_a_verdict_that_says_what_the_run_resolves_is_not_followed_by_it_again():
     """A "no difference shown" verdict's clause names its resolution ("could only resolve ±x%"); the
     report's sentences add "(this run resolves ±x%)" to every other verdict, once."""
