@@ -1411,6 +1411,11 @@ def test_a_lone_setting_is_not_said_to_have_beaten_refused_ones_or_to_rank_first
         "on nvlink: ddp, 8.0 [4.9, 10.6] ms, the only setting projected (the others were refused)",
         "on 100gbe: ddp, 8.1 [5.0, 10.7] ms, the only setting projected (the others were refused)",
     ]
+    # JSON's ranking said "decided": true for both, as if ddp had beaten the refused setting there:
+    # a lone projection decides nothing.
+    for table in (lone, beside):
+        rank = whatif.ranking(table)
+        assert list(rank["first"]) == ["ddp", "ddp"] and not rank["decided"].any()
 
 
 def test_one_fabric_projected_says_nothing_of_a_ranking_across_fabrics():

@@ -879,7 +879,9 @@ def ranking(projections: pd.DataFrame) -> pd.DataFrame:
 
     ``first`` is the case with the lowest projection; ``tied_with`` the cases whose interval
     reaches below the top of the first's (either could be fastest there); ``decided`` when there
-    are none. Refused cases take no part. Columns ``RANKING_COLUMNS``; the numbers are the first's."""
+    are none and another case was projected there: a lone projection beats nothing (the others
+    refused, or the run finished one case), and JSON read "decided": true as a win over them.
+    Refused cases take no part. Columns ``RANKING_COLUMNS``; the numbers are the first's."""
     rows = []
     made = projections[projections["refused"].isna() & projections["projected_ms"].notna()]
     for fabric, g in made.groupby("fabric", sort=False):
@@ -889,7 +891,7 @@ def ranking(projections: pd.DataFrame) -> pd.DataFrame:
             {
                 "fabric": fabric,
                 "first": best["case_id"],
-                "decided": tied.empty,
+                "decided": tied.empty and len(g) > 1,
                 "tied_with": list(tied.sort_values("projected_ms")["case_id"]),
                 "projected_ms": best["projected_ms"],
                 "predicted_lo_ms": best["predicted_lo_ms"],
