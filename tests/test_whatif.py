@@ -1384,7 +1384,8 @@ def test_the_ranking_names_each_fabrics_first_and_whether_the_intervals_decide_i
     assert whatif.cannot_win(p) == ["slow"]
     lines = whatif_run.answer_lines(p, {"seq": "sequential", "inter": "interleaved", "slow": "no overlap"})
     assert lines[0].startswith("on nvlink: interleaved, 8.0 [7.5, 8.5] ms would be fastest")
-    assert "undecided: the intervals of interleaved reach below its top" in lines[1]
+    # One setting in reach: "the intervals of interleaved reach" read as if interleaved had several.
+    assert "undecided: the interval of interleaved reaches below its top" in lines[1]
     assert "the ranking changes across fabrics (nvlink: interleaved; 100gbe: sequential)" in lines
     assert lines[-1] == "cannot rank first on any projected fabric: no overlap"
     crowd = _projections([(f"c{i}", "f", 10.0 + i / 10, 9.0, 12.0) for i in range(6)])

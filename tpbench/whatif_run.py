@@ -322,9 +322,8 @@ def answer_lines(projections: pd.DataFrame, labels: Mapping[str, str]) -> list[s
         else:
             names = [labels.get(c, c) for c in r["tied_with"]]
             others = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-            lines.append(
-                f"on {r['fabric']}: {first} ranks first, undecided: the intervals of {others} reach below its top"
-            )
+            whose = "the interval of {} reaches" if len(names) == 1 else "the intervals of {} reach"
+            lines.append(f"on {r['fabric']}: {first} ranks first, undecided: {whose.format(others)} below its top")
     firsts = list(dict.fromkeys(rank["first"]))
     # One setting projected on each fabric ranks nothing; one fabric (--fabric NAME) has no "across".
     across = (made[rank["fabric"]] > 1).any() and len(rank) > 1
