@@ -229,3 +229,34 @@ def test_several_runs_comparisons_table_shows_its_verdict_on_a_1400px_page(brows
     assert table["scroll"] <= table["client"] and table["right"] <= table["page"], table
     text = browser.evaluate("document.body.innerText")
     assert "run: the run's letter, as the Environment table's columns name the runs" in text
+
+
+# Per cell of the All comparisons table's 95% CI column: the lines its text takes on the page.
+INTERVAL_LINES = """(() => {
+  let el = document.getElementById('comparisons').nextElementSibling;
+  while (!el.classList.contains('wide')) el = el.nextElementSibling;
+  const column = [...el.querySelectorAll('th')].findIndex(th => th.innerText === '95% CI');
+  return [...el.querySelectorAll('tbody tr')].map(tr => {
+    const text = document.createTreeWalker(tr.children[column], NodeFilter.SHOW_TEXT).nextNode();
+    const range = document.createRange();
+    range.selectNodeContents(text);
+    return [text.textContent, range.getClientRects().length];
+  });
+})()"""
+
+
+def test_an_interval_stays_on_one_line_in_a_narrow_column_on_a_1400px_page(browser, tmp_path):
+    """Beside the ZeRO settings' long labels the All comparisons table's 95% CI column is narrow,
+    and each interval broke at its comma, "[0.86," over "1.20]": two numbers, at a glance. The what-if's
+    projections ("32.3 [20.4, 127.5]") broke alike; every table keeps an interval on one line
+    (``html.Page.table``)."""
+    medians = {"zero_no_overlap": [100.0] * 4, "hook_with_zero_step": [90.0] * 4}
+    medians["hook_with_zero_step_interleaved"] = [95.0] * 4
+    swept = {"shard_buckets": "[false, true]", "parameters_as_bucket_view": "[false, true]"}
+    run = make_run(tmp_path / "a", medians, sweep=swept, jitter=0.2)
+    finalize(store.Run.open(run))
+    page = browser.load(report.write_report([run], tmp_path / "narrow.html"))
+    assert page.errors == []
+    cells = browser.evaluate(INTERVAL_LINES)
+    assert cells and all(text.startswith("[") for text, _ in cells), cells
+    assert all(lines == 1 for _, lines in cells), cells

@@ -15,6 +15,7 @@ plotly.js itself is inlined exactly once, in the head, so the file opens with no
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,8 +39,11 @@ th, td { border: 1px solid #d9dde5; padding: 0.25rem 0.5rem; text-align: left; v
 th { background: #f3f5f9; }
 .wide { overflow-x: auto; } .scroll { max-height: 32rem; overflow: auto; }
 pre { background: #f7f7f9; padding: 0.5rem; overflow-x: auto; font-size: 0.8rem; max-height: 20rem; }
-.failed { color: #a4262c; } .warn { color: #8a5300; }
+.failed { color: #a4262c; } .warn { color: #8a5300; } .interval { white-space: nowrap; }
 """
+
+# An interval as the tables write it, "[0.86, 1.20]" or "[+1.0%, +17.6%]": two short parts, no markup.
+_INTERVAL = re.compile(r"\[[^\[\]<>,]{1,24}, [^\[\]<>,]{1,24}\]")
 
 
 def esc(text: object) -> str:
@@ -88,9 +92,12 @@ class Page:
         self.parts.append(f"<ul{c}>" + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>")
 
     def table(self, df: pd.DataFrame, float_format: str = "{:.3g}", scroll: bool = False) -> None:
-        """A DataFrame as an escaped HTML table; long tables scroll inside a box."""
+        """A DataFrame as an escaped HTML table; long tables scroll inside a box. Each interval in it
+        is kept on one line (``_INTERVAL``): a narrow column broke "[0.86,⏎1.20]" at its comma, which
+        reads as two numbers."""
         # Every cell through ``_cell``: pandas' own formatters skip a column of None only, printing "None".
         body = df.map(lambda v: _cell(v, float_format)).to_html(index=False, escape=True, border=0)
+        body = _INTERVAL.sub(lambda m: f'<span class="interval">{m[0]}</span>', body)
         self.parts.append(f'<div class="{"wide scroll" if scroll else "wide"}">{body}</div>')
 
     def details(self, summary: str, text: str) -> None:
