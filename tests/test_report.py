@@ -1563,3 +1563,31 @@ def test_a_single_runs_step_time_bars_sit_on_their_own_labels(tmp_path):
     fig = figure_after(build_report([run], tmp_path), "step-time")
     assert len(fig["data"]) == 3 and all(len(trace["y"]) == 1 for trace in fig["data"])
     assert fig["layout"]["barmode"] != "group"
+
+
+def test_the_crossover_table_gives_ratios_and_intervals_two_decimals_as_the_page_does():
+    """Its ratio columns were plain floats at the page's three significant figures, "0.81", "1.1" and
+    "1.2" in one row where every other table and the heatmaps write "[0.86, 1.20]"; its interval now
+    sits in one "95% CI" column as in the All comparisons table."""
+    from tpbench.report.interconnect import _crossover_table
+
+    points = pd.DataFrame(
+        {
+            "interconnect": ["loopback", "tcp-1gbit"],
+            "bucket_cap_mb": [4.0, 4.0],
+            "allreduce_bytes_per_step": [3.71e6] * 2,
+            "comm_compute": [3.0, 4.5],
+            "sequential_ms": [40.0, 80.0],
+            "interleaved_ms": [40.4, 90.0],
+            "ratio": [1.0, 1.1234],
+            "ratio_lo": [0.81, np.nan],
+            "ratio_hi": [1.2, np.nan],
+            "half_width": [0.19, np.nan],
+        }
+    )
+    table = _crossover_table(points, [])
+    assert list(table.columns[-3:]) == ["ratio", "95% CI", "resolves"]
+    assert table[["ratio", "95% CI", "resolves"]].values.tolist() == [
+        ["1.00", "[0.81, 1.20]", "±19.0%"],
+        ["1.12", "", "one repeat"],
+    ]

@@ -67,6 +67,27 @@ def _crossover_section(page: Page, run: store.Loaded, suffix: str, anchor: str) 
             page.bullets(by_bucket)
     other = _other_keys(points)
     page.figure(_crossover_figure(points, est, other))
+    page.paragraph(
+        "sequential and interleaved median ms: each case's median over its rounds; ratio: the geometric mean of "
+        "the per-round ratios (with its 95% CI), which the medians' quotient need not equal.",
+        css="muted",
+    )
+    page.table(_crossover_table(points, other))
+
+
+def _crossover_table(points: pd.DataFrame, other: list[str]) -> pd.DataFrame:
+    """The points as rows, by comm:compute. The ratio and its interval take two decimals, as in the All
+    comparisons table and the heatmaps ("1.09", "[0.90, 1.33]"): as plain floats the page's three
+    significant figures wrote them "0.81", "1.1" and "1.2" in one row."""
+    bounds = zip(points["ratio_lo"], points["ratio_hi"], points["half_width"])
+    shown = points.assign(
+        **{
+            "allreduce MB/step": points["allreduce_bytes_per_step"] / 1e6,
+            "ratio": points["ratio"].map(lambda x: f"{x:.2f}"),
+            "95% CI": [f"[{lo:.2f}, {hi:.2f}]" if np.isfinite(w) else "" for lo, hi, w in bounds],
+            "resolves": [verdict.half_width_pct(w) if np.isfinite(w) else "one repeat" for w in points["half_width"]],
+        }
+    )
     cols = [
         "interconnect",
         "bucket_cap_mb",
@@ -77,25 +98,11 @@ def _crossover_section(page: Page, run: store.Loaded, suffix: str, anchor: str) 
         "sequential_ms",
         "interleaved_ms",
         "ratio",
-        "ratio_lo",
-        "ratio_hi",
+        "95% CI",
         "resolves",
     ]
-    shown = points.assign(
-        **{
-            "allreduce MB/step": points["allreduce_bytes_per_step"] / 1e6,
-            "resolves": [verdict.half_width_pct(w) if np.isfinite(w) else "one repeat" for w in points["half_width"]],
-        }
-    )
-    page.paragraph(
-        "sequential_ms and interleaved_ms: each case's median over its rounds; ratio: the geometric mean of the "
-        "per-round ratios (with its interval), which the medians' quotient need not equal.",
-        css="muted",
-    )
-    page.table(
-        shown.sort_values("comm_compute")[[c for c in cols if c in shown]].rename(
-            columns={"sequential_ms": "sequential median ms", "interleaved_ms": "interleaved median ms"}
-        )
+    return shown.sort_values("comm_compute")[[c for c in cols if c in shown]].rename(
+        columns={"sequential_ms": "sequential median ms", "interleaved_ms": "interleaved median ms"}
     )
 
 
