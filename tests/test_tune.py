@@ -1299,7 +1299,7 @@ def test_the_race_chart_keeps_an_elimination_beyond_its_top_on_the_top_edge():
     fig = recommendation._race_figure(rounds_of(history), {"far": "far", "near": "near"}, 0.02, min_rounds=2)
     high = 10 ** fig.layout.yaxis.range[1]
     (cross,) = [t for t in fig.data if t.mode == "markers" and t.marker.symbol == "x"]
-    assert list(cross.x) == [5] and cross.y[0] == pytest.approx(high) and cross.cliponaxis is False
+    assert list(cross.customdata) == [5] and cross.y[0] == pytest.approx(high) and cross.cliponaxis is False
     assert cross.text[0] == "eliminated at 1.62× the leader"
     (line,) = [t for t in fig.data if t.name == "far" and t.mode == "lines+markers"]
     assert line.y[-1] == 1.62  # the line itself still runs off the top, as the title says
@@ -1342,10 +1342,37 @@ def test_the_race_chart_draws_the_rounds_leader_at_1():
     ]
     fig = recommendation._race_figure(rounds_of(history), {"a": "a", "b": "b", "c": "c"}, 0.02, min_rounds=2)
     lines = {t.name: t for t in fig.data if t.mode == "lines+markers"}
-    assert list(lines["a"].x) == [2, 3, 4, 5] and list(lines["a"].y) == [1.04, 1, 1, 1.04]
+    assert list(lines["a"].customdata) == [2, 3, 4, 5] and list(lines["a"].y) == [1.04, 1, 1, 1.04]
     assert [round(v, 6) for v in lines["a"].error_y.array] == [0.1, 0, 0, 0.1]  # no bar where it led
     assert list(lines["b"].y) == [1, 1.04, 1.04, 1] and list(lines["c"].y) == [1.04] * 4
     assert "at 1 without a bar: the round's leader" in fig.layout.title.text
+
+
+def test_the_race_chart_draws_the_settings_at_one_round_side_by_side_and_hovers_the_round():
+    """Each setting was drawn at the round itself: at one round their bars lay on one another, and in
+    a short race, where they are widest, each hid the others' (tune-planted.toml's 7 settings over 12
+    rounds). Each setting now sits a little aside, the group within half a round; the hover, and the
+    cross and ring, keep the round itself."""
+    history = [
+        {
+            "round": r,
+            "leader": "a",
+            "eliminated": ["c"] if r == 4 else [],
+            "retired": [],
+            "intervals": {"b": [1.04, 0.95, 1.14], "c": [1.3, 1.1, 1.5]},
+        }
+        for r in range(2, 5)
+    ]
+    fig = recommendation._race_figure(rounds_of(history), {"a": "a", "b": "b", "c": "c"}, 0.02, min_rounds=2)
+    lines = [t for t in fig.data if t.mode == "lines+markers"]
+    assert [list(t.customdata) for t in lines] == [[2, 3, 4]] * 3
+    for k in range(3):
+        xs = sorted(t.x[k] for t in lines)
+        assert len(set(xs)) == 3 and xs[-1] - xs[0] <= 0.5 and xs[0] < 2 + k < xs[-1]
+    assert all("round %{customdata}" in t.hovertemplate for t in fig.data)
+    (cross,) = [t for t in fig.data if t.mode == "markers"]
+    assert list(cross.customdata) == [4] and cross.x[0] == lines[2].x[-1]  # on its setting's point
+    assert "side by side" in fig.layout.xaxis.title.text
 
 
 def race_charts(tmp_path, suite, cases, races, options: Options = Options()) -> list:
@@ -1370,7 +1397,7 @@ def test_the_race_chart_starts_at_the_first_round_the_rule_may_decide(tmp_path):
     race = run_race(Race([c.case_id for c in cases], 12, Options(), comparisons=2), values)
     assert race.history[0]["round"] == 1 and race.history[1]["intervals"]  # the race has round 2's intervals
     (fig,) = race_charts(tmp_path, suite, cases, [race])
-    assert min(x for t in fig.data for x in t.x) == MIN_ROUNDS == 3
+    assert min(x for t in fig.data for x in t.customdata) == MIN_ROUNDS == 3
     assert "before round 3, too few rounds to decide (--min-rounds 3)" in fig.layout.title.text
 
 

@@ -208,6 +208,60 @@ def judged_rounds(history: list[TuneRound], min_rounds: int) -> list[TuneRound]:
     return [e for e in history if e.round >= min_rounds]
 
 
+# How far apart, in rounds, the race chart draws the settings at one round, and how wide the group
+# may spread at most: half a round, clear of the next round's group.
+RACE_DODGE, RACE_DODGE_SPREAD = 0.15, 0.5
+
+
+def _dodge(i: int, n: int) -> float:
+    """The ``i``-th of ``n`` settings' offset along the round axis: drawn at the round itself, the
+    settings' bars at one round lay on one another, and in a short race, where they are widest,
+    each hid the others'. The hover gives the round itself."""
+    step = min(RACE_DODGE, RACE_DODGE_SPREAD / max(n - 1, 1))
+    return (i - (n - 1) / 2) * step
+
+
+def _arm_traces(
+    fig: go.Figure, d: pd.DataFrame, name: str, color: str, offset: float, high: float, retired_why: str
+) -> None:
+    """One setting's line with its bars, and a cross where it was eliminated and a ring where it was
+    retired, drawn ``offset`` rounds aside (``_dodge``)."""
+    fig.add_trace(
+        go.Scatter(
+            x=d["round"] + offset,
+            y=d["ratio"],
+            customdata=d["round"],
+            hovertemplate="round %{customdata}: %{y:.3g}× the leader",
+            mode="lines+markers",
+            name=name,
+            line=dict(color=color),
+            error_y=dict(
+                type="data", symmetric=False, array=d["hi"] - d["ratio"], arrayminus=d["ratio"] - d["lo"], color=color
+            ),
+        )
+    )
+    for flag, symbol, mark, what, why in (
+        ("out", "x", "#a4262c", "eliminated", ""),
+        ("retired", "circle-open", "#2e7d32", "retired", f": {retired_why}"),
+    ):
+        marked = d[d[flag]]
+        if len(marked):
+            fig.add_trace(
+                go.Scatter(
+                    x=marked["round"] + offset,
+                    y=marked["ratio"].clip(upper=high),
+                    customdata=marked["round"],
+                    mode="markers",
+                    marker=dict(symbol=symbol, size=14, color=mark, line=dict(width=2)),
+                    name=f"{name} {what}",
+                    text=[f"{what} at {r:.3g}× the leader{why}" for r in marked["ratio"]],
+                    hovertemplate="round %{customdata}: %{text}",
+                    cliponaxis=False,  # on the top edge: drawn whole, not cut in half
+                    showlegend=False,
+                )
+            )
+
+
 def _race_rows(history: list[TuneRound]) -> pd.DataFrame:
     """The race chart's points: per judged round, each setting's ratio to that round's leader with
     its interval and whether it went (``out``) or was retired then; the leader itself at 1, since it
@@ -267,41 +321,11 @@ def _race_figure(
     for i, arm in enumerate(arms):
         d = df[df["arm"] == arm]
         # The first rounds' intervals are astronomically wide: clip the bars to the chart.
-        hi, lo = d["hi"].clip(upper=2 * top), d["lo"].clip(lower=bottom / 2)
+        d = d.assign(hi=d["hi"].clip(upper=2 * top), lo=d["lo"].clip(lower=bottom / 2))
         # One colour per setting, picked here: left to plotly, the cross and ring traces below would
         # take palette slots too, and settings next to each other would share a colour.
         color = SERIES_COLORS[i % len(SERIES_COLORS)]
-        fig.add_trace(
-            go.Scatter(
-                x=d["round"],
-                y=d["ratio"],
-                mode="lines+markers",
-                name=plot_text(names.get(arm, arm)),
-                line=dict(color=color),
-                error_y=dict(
-                    type="data", symmetric=False, array=hi - d["ratio"], arrayminus=d["ratio"] - lo, color=color
-                ),
-            )
-        )
-        for flag, symbol, color, what, why in (
-            ("out", "x", "#a4262c", "eliminated", ""),
-            ("retired", "circle-open", "#2e7d32", "retired", f": {retired_why}"),
-        ):
-            marked = d[d[flag]]
-            if len(marked):
-                fig.add_trace(
-                    go.Scatter(
-                        x=marked["round"],
-                        y=marked["ratio"].clip(upper=high),
-                        mode="markers",
-                        marker=dict(symbol=symbol, size=14, color=color, line=dict(width=2)),
-                        name=plot_text(f"{names.get(arm, arm)} {what}"),
-                        text=[f"{what} at {r:.3g}× the leader{why}" for r in marked["ratio"]],
-                        hoverinfo="x+text+name",
-                        cliponaxis=False,  # on the top edge: drawn whole, not cut in half
-                        showlegend=False,
-                    )
-                )
+        _arm_traces(fig, d, plot_text(names.get(arm, arm)), color, _dodge(i, len(arms)), high, retired_why)
     fig.add_hrect(y0=1 / (1 + epsilon), y1=1, fillcolor="#d9dde5", opacity=0.5, line_width=0)
     off = f"; settings more than {RACE_TOP:g}× the leader run off the top" if top > high else ""
     early = f"; before round {min_rounds}, too few rounds to decide (--min-rounds {min_rounds})"
@@ -313,7 +337,9 @@ def _race_figure(
             f"round's leader<br>shaded: 1 / {1 + epsilon:g} to 1, a lower end in it or above retires{off}{early}</sup>"
         ),
         # Rounds are whole: no tick at 2.5 in a short race, at most a dozen in a long one.
-        xaxis=dict(title="round", tick0=0, dtick=max(1, math.ceil(df["round"].max() / 12))),
+        xaxis=dict(
+            title="round (the settings side by side at each)", tick0=0, dtick=max(1, math.ceil(df["round"].max() / 12))
+        ),
         yaxis=dict(title="ratio to the leader (log scale)", type="log", range=[math.log10(low), math.log10(high)]),
         margin=MARGIN | dict(t=70),  # the key's two lines under the title
         # Below the plot, one row per two settings: eighteen names above it would run into the title.
