@@ -388,3 +388,35 @@ def test_after_a_trace_the_heap_keeps_what_it_frees(tmp_path):
 
     p = subprocess.run([sys.executable, "-c", _AFTER_SCRIPT], capture_output=True, text=True, check=True, cwd=tmp_path)
     assert int(p.stdout) < 100
+
+
+def test_a_case_traced_again_says_once_which_window_it_kept_and_how_fast(tmp_path, capsys):
+    """The sweep printed "trace retaken: …" for each window traced again, twice for a case traced three
+    times, and never whether the window kept was usable. It now says once per case, from the trace
+    entry run.json records, which window it kept and at what speeds (``capture.kept_text``)."""
+    from conftest import only_run, run_cli
+
+    suite = tmp_path / "slow.toml"
+    suite.write_text(tiny_suite('fault = ["slow-trace:1"]', profiler_steps=2, trace_windows=3))
+    assert run_cli(["sweep", str(suite), "--out", str(tmp_path / "results"), "--no-report"]) == 0
+    said = " ".join(capsys.readouterr().err.split())  # the terminal's wrapping undone
+    (entry,) = json.loads((only_run(tmp_path / "results") / "run.json").read_text())["cases"].values()
+    window = capture.TraceWindow.from_json(entry["trace"])
+    assert window.windows >= 2 and "trace retaken" not in said
+    assert said.count("trace of ") == 1 and f"trace of ddp: {capture.kept_text(window)}" in said, said
+
+
+def test_what_a_case_traced_again_kept_is_said_in_words():
+    """A window kept above the floor says so; one kept below it, where every window ran below half
+    speed, says the what-if may refuse the case; one window traced says nothing."""
+    assert capture.kept_text(capture.TraceWindow(1, 0, (0.3,), (0.3,), (0.3,))) is None
+    kept = capture.TraceWindow(2, 1, (0.3, 0.91), (0.8, 0.85), (0.7, 0.62))
+    assert capture.kept_text(kept) == (
+        "window 2 of 2 kept: its forward passes at ×0.91 of their timed speed, its steps at ×0.85, its training "
+        "thread's CPU time at ×0.62 (1 below half speed before it)"
+    )
+    slow = capture.TraceWindow(3, 1, (0.9, 0.9, 0.9), (0.8, 0.8, 0.8), (0.3, 0.45, 0.4))
+    assert capture.kept_text(slow) == (
+        "all 3 windows below half speed; the fastest kept, window 2: its forward passes at ×0.90 of their timed "
+        "speed, its steps at ×0.80, its training thread's CPU time at ×0.45 (the what-if may refuse the case)"
+    )

@@ -574,9 +574,8 @@ class CaseRunner:
             scores.append(capture.window_score(*speeds[-1]))
             if not capture.retrace(scores, case.trace_windows):
                 break
-            if self.rank.rank == 0:
-                f, st, th = speeds[-1]
-                self.events.emit("trace_retake", case=case.case_id, forward_speed=f, step_speed=st, thread_speed=th)
+            if self.rank.rank == 0:  # the window about to be traced, from 1; the capture event says which was kept
+                self.events.emit("trace_retake", case=case.case_id, window=len(windows) + 1)
         kept = capture.kept_window(scores)
         for k, (_, _, path) in enumerate(windows):
             if k == kept:

@@ -89,6 +89,30 @@ def kept_window(scores: list[float]) -> int:
     return max(measured, key=lambda k: scores[k]) if measured else len(scores) - 1
 
 
+def kept_text(window: TraceWindow) -> str | None:
+    """What a case's trace windows came to, as the sweep says it once per case traced again: the
+    window kept and its speeds, and whether it too ran below the floor, where the what-if may
+    refuse the case (its bound on a traced host). None where one window was traced: nothing to say."""
+    if window.windows < 2:
+        return None
+    k = window.kept
+    speeds = [_at(x, k) for x in (window.forward_speed, window.step_speed, window.thread_speed)]
+    f, st, th = (f"×{x:.2f}" for x in speeds)
+    parts = f"its forward passes at {f} of their timed speed, its steps at {st}, its training thread's CPU time at {th}"
+    if window_score(*speeds) >= 1:
+        before = window.windows - 1
+        return f"window {k + 1} of {window.windows} kept: {parts} ({before} below half speed before it)"
+    return (
+        f"all {window.windows} windows below half speed; the fastest kept, window {k + 1}: {parts} "
+        "(the what-if may refuse the case)"
+    )
+
+
+def _at(values: tuple[float | None, ...], k: int) -> float:
+    """The ``k``-th window's speed, NaN where not measured."""
+    return values[k] if k < len(values) and values[k] is not None else math.nan
+
+
 def nvml_status(gpu: nvml.Gpu | nvml.Unavailable) -> dict[str, Any]:
     if isinstance(gpu, nvml.Unavailable):
         return {"unavailable": gpu.reason}

@@ -51,6 +51,7 @@ class SweepProgress:
         self.left = dict(items)
         self.labels = labels([cases])[0]
         self.repeats = {c.case_id: c.repeats for c in cases}
+        self.trace_windows = {c.case_id: c.trace_windows for c in cases}
         self.passes = max((c.passes for c in cases), default=1)
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
@@ -113,16 +114,24 @@ class SweepProgress:
             )
         elif event == "trace_retake":
             label = self.labels.get(data["case"], data["case"])
-            self.progress.console.print(
-                Text.assemble(
-                    ("trace retaken: ", "yellow"),
-                    f"{label}: the host ran its traced forward passes at ×{data['forward_speed']:.2f} of their "
-                    f"timed speed, its steps at ×{data['step_speed']:.2f}, its training thread's CPU time at "
-                    f"×{data['thread_speed']:.2f}",
-                )
-            )
+            of = self.trace_windows.get(data["case"], "?")
+            self.progress.update(self.task, current=f"{escape(label)}: tracing again, window {data['window']} of {of}")
+        elif event == "capture":
+            self._trace_kept(data)
         elif event == "case_failed":
             self._case_failed(data)
+
+    def _trace_kept(self, data: dict[str, Any]) -> None:
+        """Once per case traced again, which window was kept and how fast it ran (``capture.kept_text``),
+        from the trace entry its run.json records: a line per retake said that a window was traced
+        again, twice for a case traced three times, and never whether the one kept was usable."""
+        from tpbench.capture import kept_text
+        from tpbench.record import TraceWindow
+
+        said = kept_text(TraceWindow.from_json(data["trace"])) if data.get("trace") else None
+        if said:
+            label = self.labels.get(data["case"], data["case"])
+            self.progress.console.print(Text.assemble(("trace of ", "yellow"), f"{label}: {said}"))
 
     def _case_failed(self, data: dict[str, Any]) -> None:
         self.failed_cases += 1
