@@ -18,7 +18,7 @@ from typing import Any, Iterator, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress
+from rich.progress import Progress, Task, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Column, Table
 from rich.text import Text
 
@@ -280,6 +280,23 @@ def stop_signals_interrupt() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def redraws(console: Console) -> bool:
+    """Whether ``console`` redraws a progress line in place, as rich's ``Live`` decides it: a terminal,
+    not a dumb one. Elsewhere (a file or a pipe: CI, nohup, Slurm) rich draws the line once, as it
+    stops, cut to the width, so a log polled during an hour's sweep showed nothing of it; there the
+    commands disable the line and say each step of work in a plain line (``plain_progress``)."""
+    return console.is_terminal and not console.is_dumb_terminal
+
+
+def plain_progress(task: Task, said: str, eta: bool = False) -> None:
+    """One line of progress, uncut, with the time elapsed (and, with ``eta``, left once rich can
+    estimate it) as the line on a terminal shows them, rendered by the same rich columns."""
+    times = f"{TimeElapsedColumn().render(task).plain} elapsed"
+    if eta and task.time_remaining is not None:
+        times += f", ETA {TimeRemainingColumn().render(task).plain}"
+    console.print(f"{said} ({times})", markup=False, soft_wrap=True, highlight=False)
 
 
 @contextlib.contextmanager

@@ -22,6 +22,8 @@ from tpbench.cli.common import (
     interrupted,
     label_column,
     out,
+    plain_progress,
+    redraws,
     resumable,
     resumed_launcher,
     showing,
@@ -43,6 +45,10 @@ class SweepProgress:
     count of the planned ones: a sweep whose every case failed reads "0/4 repeats, 4 dropped", not
     "0/0". Cases run interleaved, so the line names the case of the repeat in flight and counts the
     cases settled apart, rather than numbering the case by how many ended before it.
+
+    Away from a terminal (``redraws``) the line is disabled and each world's start and finished
+    repeat is said in a plain line instead (``plain_progress``); a case's last repeat on the line
+    of its end, which follows it, so that the count of cases done is the case's own.
     """
 
     def __init__(self, cases: list, items: dict[str, int]) -> None:
@@ -63,6 +69,7 @@ class SweepProgress:
             TimeRemainingColumn(),
             console=console,
             transient=False,
+            disable=not redraws(console),
         )
         self.planned = self.total = sum(items.values())
         self.run = 0
@@ -86,6 +93,7 @@ class SweepProgress:
             turn = f"pass {data['sweep_pass']}/{self.passes}: " if "sweep_pass" in data else ""
             ranks = f"{turn}starting {data['world_size']} ranks on {data['interconnect']}…"
             self.progress.update(self.task, current=ranks)
+            self._say(ranks)
         elif event == "repeat_start":
             label = self.labels.get(data["case"], data["case"])
             self.progress.update(
@@ -98,9 +106,12 @@ class SweepProgress:
                 self.left[data["case"]] -= 1
             self.run += 1
             self.progress.update(self.task, advance=1, tally=self._tally())
+            if data["repeat"] + 1 < self.repeats.get(data["case"], 0):  # the last one: said as its case ends
+                self._say(self._repeat_done(data["case"], data["repeat"]))
         elif event == "case_end":
             self.done_cases += 1
             self.progress.update(self.task, current=self._cases())
+            self._say(self._repeat_done(data["case"], self.repeats.get(data["case"], 1) - 1))
         elif event == "world_retry":
             self.progress.console.print(
                 Text.assemble(("world failed: ", "yellow"), f"{data['cause']}; trying a fresh one")
@@ -114,8 +125,9 @@ class SweepProgress:
             )
         elif event == "trace_retake":
             label = self.labels.get(data["case"], data["case"])
-            of = self.trace_windows.get(data["case"], "?")
-            self.progress.update(self.task, current=f"{escape(label)}: tracing again, window {data['window']} of {of}")
+            again = f"{label}: tracing again, window {data['window']} of {self.trace_windows.get(data['case'], '?')}"
+            self.progress.update(self.task, current=escape(again))
+            self._say(again)
         elif event == "capture":
             self._trace_kept(data)
         elif event == "case_failed":
@@ -132,6 +144,16 @@ class SweepProgress:
         if said:
             label = self.labels.get(data["case"], data["case"])
             self.progress.console.print(Text.assemble(("trace of ", "yellow"), f"{label}: {said}"))
+
+    def _repeat_done(self, case: str, repeat: int) -> str:
+        """ "repeats 3/4: ddp repeat 2/2 done; cases 1/2 done"."""
+        label, of = self.labels.get(case, case), self.repeats.get(case, "?")
+        return f"repeats {self._tally()}: {label} repeat {repeat + 1}/{of} done; {self._cases()}"
+
+    def _say(self, said: str) -> None:
+        """``said`` as a plain line where the progress line is disabled (not on a terminal)."""
+        if self.progress.disable:
+            plain_progress(self.progress.tasks[0], said, eta=True)
 
     def _case_failed(self, data: dict[str, Any]) -> None:
         self.failed_cases += 1

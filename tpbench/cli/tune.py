@@ -24,6 +24,8 @@ from tpbench.cli.common import (
     given_flags,
     label_column,
     out,
+    plain_progress,
+    redraws,
     resumable,
     resumed_launcher,
     showing,
@@ -37,7 +39,9 @@ from tpbench.cli.sweep import SweepDisplay
 
 
 class TuneProgress:
-    """The race as it goes: the round, the settings left and the current leader, the item running."""
+    """The race as it goes: the round, the settings left and the current leader, the item running.
+    Away from a terminal (``redraws``) the line is disabled and the start, each world's start and
+    each judged round are said in plain lines instead (``plain_progress``)."""
 
     def __init__(self, cases: list) -> None:
         from tpbench.suite import labels
@@ -51,13 +55,17 @@ class TuneProgress:
             TimeElapsedColumn(),
             console=console,
             transient=False,
+            disable=not redraws(console),
         )
         self.task = self.progress.add_task("tune", total=None, race=f"{self.total} settings", current="starting…")
+        self._say(f"{self.total} settings, starting…")
 
     def __call__(self, event: str, data: dict[str, Any]) -> None:
         """Launcher events (the item running)."""
         if event == "world_start":
-            self.progress.update(self.task, current=f"starting {data['world_size']} ranks on {data['interconnect']}…")
+            starting = f"starting {data['world_size']} ranks on {data['interconnect']}…"
+            self.progress.update(self.task, current=starting)
+            self._say(starting)
         elif event == "repeat_start":
             label = self.labels.get(data["case"], data["case"])
             self.progress.update(self.task, current=f"round {data['repeat'] + 1}: {escape(label)}")
@@ -72,15 +80,19 @@ class TuneProgress:
         """A judged round (on the tune's conductor thread)."""
         leader = self.labels.get(entry["leader"], entry["leader"])
         gone = "".join(
-            f"; {verb} {escape(self.labels.get(a, a))}"
+            f"; {verb} {self.labels.get(a, a)}"
             for verb, key in (("eliminated", "eliminated"), ("retired", "retired"), ("back", "back"))
             for a in entry[key]
         )
-        self.progress.update(
-            self.task,
-            race=f"round {entry['round']}/{race.max_rounds}: {len(entry['live'])} of {len(race.arms)} left, "
-            f"leader {escape(leader)}{gone}",
-        )
+        said = f"round {entry['round']}/{race.max_rounds}: {len(entry['live'])} of {len(race.arms)} left, "
+        said += f"leader {leader}{gone}"
+        self.progress.update(self.task, race=escape(said))
+        self._say(said)
+
+    def _say(self, said: str) -> None:
+        """``said`` as a plain line, "tune round 4/30: …", where the progress line is disabled."""
+        if self.progress.disable:
+            plain_progress(self.progress.tasks[0], f"tune {said}")
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
