@@ -2032,6 +2032,39 @@ def test_ctrl_c_during_the_trace_stops_the_trace_only_and_the_tunes_answer_stand
         os.killpg(proc.pid, 0)
 
 
+@pytest.mark.ranks
+def test_ctrl_c_before_any_round_was_judged_says_so_not_that_the_race_so_far_is_kept(tmp_path):
+    """Ctrl-C as the tune's world starts (SIGINT to its process group once the run directory is
+    said, long before the ranks' first round ends): nothing was judged, and "The race so far is
+    kept" promised a race that tune.json does not hold. The line says no round was judged and how
+    to resume, and the run is resumable."""
+    suite = planted(tmp_path, "[0, 40]", repeats=4)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tpbench", "tune", str(suite), "--out", str(tmp_path / "r")],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        # SIGINT as a terminal's user meets it (a shell without job control starts the test with it ignored).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        first = proc.stderr.readline()
+        os.killpg(proc.pid, signal.SIGINT)
+        said = " ".join((first + proc.communicate(timeout=120)[1]).split())
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    run_dir = only_run(tmp_path / "r")
+    assert first.startswith("Run directory:") and proc.returncode == 130, said
+    assert store.read_tune(run_dir).history == [] and "race so far" not in said
+    assert (
+        "Interrupted. No round was judged yet (the worlds were starting or running the first round): the run keeps "
+        f"the tune's settings and options, and a resume starts its race. Resume with: tpbench tune --resume {run_dir}"
+    ) in said
+
+
 def test_an_interval_that_eliminated_an_arm_never_reads_as_holding_no_change():
     """An elimination rests on an interval lying above 1; a low end of 1.0004 printed at one decimal
     read "[+0.0%, …]" in the table (seen on a real tune). It keeps as many decimals as its sign needs."""

@@ -157,11 +157,26 @@ def _tune(args: argparse.Namespace) -> int:
             progress=display,
         )
     except KeyboardInterrupt as e:
-        return resumable(e, display.run, "tune", "The race so far is kept.")
+        return resumable(e, display.run, "tune", display.run and interrupted_keeps(display.run.dir))
     if args.trace:
         result = _trace_tune(result, launcher)
     print_tune(result, args.format)
     return {tune_answer.UNRESOLVED: EXIT_UNRESOLVED, tune_answer.FAILED: EXIT_FAILED}.get(result.state, EXIT_OK)
+
+
+def interrupted_keeps(run_dir: Path) -> str:
+    """What an interrupted tune keeps, by its tune.json: the race so far once a round was judged.
+    Before one (the worlds starting, or the first round running) there is no race to keep, and "the
+    race so far is kept" promised a resume rounds it would not find."""
+    from tpbench import store
+
+    saved = store.read_tune(run_dir)
+    if saved is not None and saved.history:
+        return "The race so far is kept."
+    return (
+        "No round was judged yet (the worlds were starting or running the first round): the run keeps the tune's "
+        "settings and options, and a resume starts its race."
+    )
 
 
 def print_dry_run(prepared, fmt: str) -> None:
