@@ -742,6 +742,10 @@ def test_a_tied_result_names_its_retired_arms_and_when_they_stopped(tmp_path, ca
     for a, at in race.retired.items():
         assert arms[a].status == "tied" and arms[a].retired_at == at and written[a]["retired_at"] == at
         assert arms[a].rounds == len(race.values[a]) <= race.rounds
+    # The retirement that left the leader alone came in the last round: that arm ran every round and
+    # still has its retired_at, the round its tie was decided (docs/tune.md had it null).
+    (last,) = [a for a, at in race.retired.items() if at == race.rounds]
+    assert arms[last].rounds == race.rounds and written[last]["retired_at"] == race.rounds
     assert f"tied with {len(race.retired)}," in result.claim
     cli.print_tune(result, "text")
     out = capsys.readouterr().out
