@@ -1253,6 +1253,13 @@ def test_whatif_json_gives_projections_intervals_refusals_and_the_ranking(tmp_pa
     refused = [r for r in doc["projections"] if r["refused"] is not None]
     assert made and refused and all(r["projected_ms"] is None for r in refused)
     assert all(r["predicted_lo_ms"] <= r["projected_ms"] <= r["predicted_hi_ms"] for r in made)
+    # A refused case has no projection to bound by the measured step: true on one fabric and false on
+    # the others beside projected_ms null read as a bound of nothing. In whatif.parquet too.
+    assert all(r["no_slower_than_measured"] is None for r in refused)
+    assert all(isinstance(r["no_slower_than_measured"], bool) for r in made)
+    stored = pd.read_parquet(tmp_path / BUSY_RUN.name / "whatif.parquet")
+    assert stored.loc[stored["refused"].notna(), "no_slower_than_measured"].isna().all()
+    assert stored.loc[stored["refused"].isna(), "no_slower_than_measured"].notna().all()
     assert {r["fabric"] for r in doc["ranking"]} == {r["fabric"] for r in doc["projections"]}
     assert doc["answer"] and all(isinstance(line, str) for line in doc["answer"])
 

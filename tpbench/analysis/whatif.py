@@ -838,7 +838,7 @@ def project(models: Sequence[CaseModel], fabrics: Mapping[str, Fabric]) -> pd.Da
     "forward passes" or "training thread" where the step is mostly communication: ``calibrated``);
     own_miss_pct the model's miss of the case's own traced steps, each step's replay on its own path
     against its span, the median over the steps (``Fit.miss``, in %). A refused case has its reason
-    in ``refused`` and NaN projections."""
+    in ``refused``, NaN projections and no_slower_than_measured NA (a nullable boolean column)."""
     rows = []
     for m in models:
         floor_ms = m.critical_path_ms()
@@ -856,7 +856,8 @@ def project(models: Sequence[CaseModel], fabrics: Mapping[str, Fabric]) -> pd.Da
                     "predicted_hi_ms": hi,
                     "speedup": m.measured_ms / ms,
                     "comm_share": (ms - floor_ms) / ms if ms > 0 else float("nan"),
-                    "no_slower_than_measured": m.no_slower_than_measured(fab),
+                    # A refused case has no projection to bound: NA, not a bound of nothing.
+                    "no_slower_than_measured": None if m.refused is not None else m.no_slower_than_measured(fab),
                     "interference": m.interference.factor,
                     "interference_lo": m.interference.lo,
                     "interference_hi": m.interference.hi,
@@ -868,7 +869,8 @@ def project(models: Sequence[CaseModel], fabrics: Mapping[str, Fabric]) -> pd.Da
                     "refused": m.refused,
                 }
             )
-    return pd.DataFrame(rows, columns=list(PROJECTION_COLUMNS))
+    table = pd.DataFrame(rows, columns=list(PROJECTION_COLUMNS))
+    return table.astype({"no_slower_than_measured": "boolean"})
 
 
 RANKING_COLUMNS = ("fabric", "first", "decided", "tied_with", "projected_ms", "predicted_lo_ms", "predicted_hi_ms")
