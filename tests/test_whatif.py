@@ -1148,6 +1148,10 @@ def _all_models(loaded: store.Loaded) -> list[whatif.CaseModel]:
     return [model(row) for row in done.to_dict("records")]
 
 
+# A projection's cell, "19.0 [17.0, 40.1]", its interval kept on one line (``report.html.Page.table``).
+INTERVAL_CELL = r'<td>\d+\.\d <span class="interval">\[\d+\.\d, \d+\.\d\]</span></td>'
+
+
 def test_report_shows_the_reason_in_place_of_the_number():
     html = build_report([store.load(BUSY_RUN)])
     section = html[html.index('id="whatif"') :]
@@ -1159,7 +1163,7 @@ def test_report_shows_the_reason_in_place_of_the_number():
     assert refused.count("<td>refused</td>") == 4 and "unrepresentative of timed steps" in refused
     kept = rows["hook_with_zero_step bucket_cap_mb=25"]
     # Every projection to a tenth of a ms, as in the terminal, so that a column lines up ("19.0", not "19").
-    assert "refused" not in kept and len(re.findall(r"<td>\d+\.\d \[\d+\.\d, \d+\.\d\]</td>", kept)) == 4
+    assert "refused" not in kept and len(re.findall(INTERVAL_CELL, kept)) == 4
     # Beside each case, how closely the model replays the case's own traced steps, refused or not.
     assert "<th>own traced steps replayed (median miss)</th>" in section
     assert re.search(r"<td>[+-]\d+\.\d%</td>", kept) and re.search(r"<td>[+-]\d+\.\d%</td>", refused)
@@ -1202,7 +1206,7 @@ def test_the_reports_validation_table_gives_measured_and_predicted_alike():
     assert "<th>measured ms [95% CI]</th>" in section and "<th>predicted ms [95% interval]</th>" in section
     assert "<th>from</th>" in section and "<th>link</th>" in section  # as the terminal's columns say
     row = re.search(r"<tr>\s*<td>(faster|slower) link from.*?</tr>", section, re.S)
-    assert row and len(re.findall(r"<td>\d+\.\d \[\d+\.\d, \d+\.\d\]</td>", row.group(0))) == 2
+    assert row and len(re.findall(INTERVAL_CELL, row.group(0))) == 2
 
 
 def test_the_validation_charts_axes_name_both_intervals_and_call_the_prediction_predicted():
