@@ -350,6 +350,31 @@ def test_compare_of_another_metric_names_the_contributor_with_the_step_times_fig
 
 
 @pytest.mark.ranks
+def test_compare_of_two_runs_by_another_metric_names_the_contributor_with_the_step_times_figures(
+    burnt: Path, tmp_path: Path
+) -> None:
+    """Across runs too (``compare A B --metric cpu_ms``, ``gate --metric cpu_ms --explain``) the sentence
+    gives the step time's change: it gave the CPU time's as "ms per step slower". The copy's steps
+    took twice as long by the clock and no more CPU (a wait), so the two figures differ; the verdict is
+    set to regression, the CPU times being equal."""
+    other = shutil.copytree(burnt, tmp_path / "other")
+    doc = json.loads((other / store.RUN_FILE).read_text())
+    doc["run_id"] += "-copy"
+    (other / store.RUN_FILE).write_text(json.dumps(doc))
+    for table in other.glob("cases/*/steps.parquet"):
+        steps = pd.read_parquet(table)
+        steps.assign(step_ms=2 * steps["step_ms"]).to_parquet(table)
+    by_cpu = compare.compare_runs([burnt], [other], metric="cpu_ms")
+    by_cpu = dataclasses.replace(
+        by_cpu, cases=[dataclasses.replace(r, verdict=compare.REGRESSION) for r in by_cpu.cases]
+    )
+    steps = {r.case_id: explain.Measured.of(r) for r in compare.compare_runs([burnt], [other]).cases}
+    for r in explain.annotate(by_cpu).cases:
+        assert steps[r.case_id].delta_ms > 1, steps
+        assert r.top_contributor.startswith(f"{steps[r.case_id].delta_ms:+.2f} ms per step"), r.top_contributor
+
+
+@pytest.mark.ranks
 def test_two_runs_match_case_by_case(burnt: Path, tmp_path: Path, capsys) -> None:
     """BASE CAND matches by identity (``compare.counterpart``): a run against a copy of itself
     explains each case, with no change in any part."""

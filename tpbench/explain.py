@@ -18,6 +18,7 @@ import pandas as pd
 from tpbench import compare, store
 from tpbench.analysis import explain as parts
 from tpbench.analysis.stats import CONFIDENCE
+from tpbench.environment import COMPARABLE_KEYS
 
 
 class ExplainError(ValueError):
@@ -287,8 +288,31 @@ def annotate(
         return result
     base_dir, cand_dir = traced or (Path(result.baseline_runs[0]), Path(result.candidate_runs[0]))
     others = {cand: other for other, cand, _, _ in matched_across(base_dir, cand_dir) if cand in regressed}
-    cases = [_named(r, base_dir, others[r.case_id], cand_dir) if r.case_id in others else r for r in result.cases]
+    step = _step_times_across(result)
+    cases = [
+        _named(r, base_dir, others[r.case_id], cand_dir, step.get(r.case_id)) if r.case_id in others else r
+        for r in result.cases
+    ]
     return replace(result, cases=cases)
+
+
+def _step_times_across(result: compare.Comparison) -> dict[str, Measured]:
+    """What the step time measured of each candidate case of ``result``'s runs (judged as ``result``
+    was: the same runs, pairing and confidence), where ``result`` judged another metric (``compare A B
+    --metric cpu_ms``, ``gate --metric cpu_ms --explain``): scaled to the CPU time's change, the sentence
+    read "+4.42 ms per step slower" of a step whose time the timed runs measured otherwise. Empty for
+    a comparison of the step time itself. Every environment key is ignored here: ``result`` already
+    judged the runs comparable (a regression), and only the figures are read."""
+    if result.metric == "step_ms":
+        return {}
+    steps = compare.compare_runs(
+        result.baseline_runs,
+        result.candidate_runs,
+        confidence=result.confidence,
+        pairing=result.pairing,
+        ignore_env=COMPARABLE_KEYS,
+    )
+    return {r.case_id: Measured.of(r) for r in steps.cases}
 
 
 def _step_times(within: compare.WithinRun) -> dict[tuple[str, str], Measured]:
