@@ -114,6 +114,28 @@ def test_a_side_whose_worlds_die_is_reported_without_a_hang(tmp_path: Path) -> N
     assert len(meta["worlds"]) == 2 and {c["status"] for c in meta["cases"].values()} == {"failed"}
 
 
+def test_an_item_the_budget_ends_during_is_kept_in_gate_json_as_on_its_sides_disk(tmp_path: Path) -> None:
+    """The budget spent while an item ran: the gate waits for its world to end anyway, so the item
+    finishes, is on its side's disk and is one of the pairs judged, but gate.json left it out and the
+    stop line counted "45 rounds and 1 item of round 46" of a gate whose 46th round had run whole.
+    Items of a second or more (a sleep of 10 warm-up steps a step) make the budget end during one,
+    not in the moments between; gate.json's finished items of each side are now its run's repeats."""
+    text = tiny_suite('algorithm = ["ddp"]', steps=6, slowdown_pct=1000, batch_size=64)
+    p, out = gate(tmp_path, text, "--repeats", "100", "--budget-s", "12", "--format", "json")
+    assert p.returncode in (0, 1), p.stderr
+    record = json.loads((out / "gate.json").read_text())
+    assert record["stopped"].startswith("budget of 12 s spent"), record["stopped"]
+    rounds = record["rounds"]
+    for side in ("baseline", "candidate"):
+        kept = sorted((i["case"], i["repeat"]) for r in rounds for i in r["items"] if i["side"] == side and i["done"])
+        steps = store.load(record["sides"][side]["run"]).steps
+        assert kept == sorted(set(zip(steps["case_id"], steps["repeat"].astype(int)))), (side, kept)
+    whole = [r for r in rounds if not r.get("partial")]
+    assert all(len(r["items"]) == 2 for r in whole) and all(len(r["items"]) == 1 for r in rounds if r not in whole)
+    said = f"stopping after {len(whole)} round{'' if len(whole) == 1 else 's'}"
+    assert said + (":" if len(whole) == len(rounds) else " and 1 item") in p.stderr, p.stderr
+
+
 def test_a_suite_the_sides_refuse_is_bad_input(tmp_path: Path) -> None:
     """A suite key neither side knows: the sides' sweeps exit 2 naming the file and key, and so
     does the gate (exit 2, bad input), not 3 as for a side that broke."""

@@ -349,10 +349,11 @@ class _Conductor:
     """The gate's end of the lockstep protocol: one listening socket per side, the sides' worlds
     connecting (again, after a failed world) and asking before each item."""
 
-    def __init__(self, sides: list[_Side], stall_s: float, deadline: float = math.inf) -> None:
+    def __init__(self, sides: list[_Side], stall_s: float, deadline: float = math.inf, grace_s: float = 60.0) -> None:
         self.sides = sides
         self.stall_s = stall_s
         self.deadline = deadline  # time.monotonic() when the budget is spent: no wait outlasts it
+        self.grace_s = grace_s  # past it, how long an item in flight may take to end (``Lockstep.finish_grace_s``)
         self.sel = selectors.DefaultSelector()
         for s in sides:
             self.sel.register(s.server, selectors.EVENT_READ, (s, "server"))
@@ -421,13 +422,13 @@ class _Conductor:
             side.inflight = side.parked
         side.parked = None
 
-    def wait_until(self, ready: Callable[[], bool], what: str) -> None:
+    def wait_until(self, ready: Callable[[], bool], what: str, deadline: float | None = None) -> None:
         """Pump until ``ready()``; a SideError naming the sides that went silent after ``stall_s``,
-        ``BudgetSpent`` once the budget's deadline passes."""
+        ``BudgetSpent`` once ``deadline`` (default: the budget's) passes."""
         self.last = time.monotonic()
         while not ready():
             self.pump(0.2)
-            if time.monotonic() >= self.deadline:
+            if time.monotonic() >= (self.deadline if deadline is None else deadline):
                 raise BudgetSpent(what)
             self._check_stall(what)
 
@@ -449,8 +450,22 @@ class _Conductor:
             return None
         (case, repeat), start, before = side.parked, time.time(), side.items
         self.answer(side, lockstep.GO, metric=metric)
-        self.wait_until(lambda: side.inflight is None, f"{side.side.name}'s item {case} {repeat} to end")
-        done = side.items > before  # False: its world died in it
+        what = f"{side.side.name}'s item {case} {repeat} to end"
+        try:
+            self.wait_until(lambda: side.inflight is None, what)
+        except BudgetSpent as spent:
+            # The item runs on: the gate waits for its world to end anyway (``finish``), and an item
+            # that ends is on its side's disk and among the pairs judged. Seen to its end (within the
+            # grace), it is kept in gate.json's round too, which the stop line counts.
+            with contextlib.suppress(BudgetSpent):  # outlasted the grace: ``finish`` stops its world
+                self.wait_until(lambda: side.inflight is None, what, self.deadline + self.grace_s)
+            spent.item = self._item(side, case, repeat, start, before, metric)
+            raise
+        return self._item(side, case, repeat, start, before, metric)
+
+    def _item(self, side: _Side, case: str, repeat: int, start: float, before: int, metric: str) -> GateItem:
+        """The item ``side`` was told to run at ``start`` (its items then ``before``), as gate.json records it."""
+        done = side.items > before  # False: its world died in it (or, past the budget, outlasted the grace)
         if done and "recorded" in side.last_done:  # minutes before the comparison would say so
             raise GateError(
                 f"--metric {metric}: not recorded by the {side.side.name} side's item ({case}, repeat {repeat}); "
@@ -462,14 +477,15 @@ class _Conductor:
 
     def finish(self, grace_s: float | None = None) -> None:
         """Answer stop to whatever asks from now on, until every side's sweep has exited. With
-        ``grace_s`` (the budget is spent), a side still running after that long is stopped."""
+        ``grace_s`` (the budget is spent), a side still running that long after the budget's deadline is
+        stopped: one grace in all, an item in flight at the deadline having been waited for within it."""
         self.last = started = time.monotonic()
         while not all(s.exited for s in self.sides):
             for s in self.sides:
                 if s.parked is not None:
                     self.answer(s, lockstep.STOP)
             self.pump(0.2)
-            if grace_s is not None and time.monotonic() - started > grace_s:
+            if grace_s is not None and time.monotonic() > min(started, self.deadline) + grace_s:
                 for s in self.sides:
                     if not s.exited:
                         _kill(s.proc)
@@ -479,7 +495,10 @@ class _Conductor:
 
 
 class BudgetSpent(Exception):
-    """The gate's budget ran out while it waited (``what``): it stops, whatever is left."""
+    """The gate's budget ran out while it waited (``what``): it stops, whatever is left. ``item``: the
+    item it was waiting for to end, seen to its end or to the grace (``_Conductor.run_item``), or None."""
+
+    item: GateItem | None = None
 
 
 def _peer_pid(conn: socket.socket) -> int | None:
@@ -609,7 +628,7 @@ def run_lockstep(
     try:
         for side in (baseline, candidate):
             sides.append(_start(side, suite, out, sockets, cfg, overrides, filters, candidate_overrides, announce))
-        conductor = _Conductor(sides, cfg.stall_s, started + cfg.budget_s)
+        conductor = _Conductor(sides, cfg.stall_s, started + cfg.budget_s, cfg.finish_grace_s)
         stopped = _pace(conductor, sides, cfg, started, rounds, announce)
         if stopped:
             announce(f"tpbench gate: stopping after {_rounds_run(rounds)}: {stopped}")
@@ -679,9 +698,11 @@ def _pace(
                     items.append(item)
         except BudgetSpent as e:
             # An item the round had finished is on its side's disk: gate.json keeps it too, in a round
-            # marked partial, which the stop line counts.
+            # marked partial unless that item was its last, which the stop line counts.
+            if e.item is not None:
+                items.append(e.item)
             if items:
-                rounds.append(replace(this, partial=True))
+                rounds.append(replace(this, partial=len(items) < len(order)))
             return f"budget of {cfg.budget_s:g} s spent while waiting for {e}"
         if items:
             rounds.append(this)
