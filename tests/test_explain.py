@@ -264,6 +264,26 @@ def test_a_change_without_an_interval_says_so() -> None:
     assert "slower (no interval: too few timed repeats), mostly compute" in said and "nan" not in said
 
 
+def test_a_run_against_its_copy_says_no_change_resolved_with_its_interval() -> None:
+    """A run explained against its exact copy: every part +0.00, the step time's interval compare's
+    [-1.16, +2.34]. The sentence said "No change in the traced steps' time.", though its figure is the
+    timed steps' and an interval that wide resolves nothing; it now words it as any unresolved change,
+    and names no "part that moved most" where none moved. Without an interval it says that instead."""
+    base = pd.DataFrame({p: [1e6, 1.2e6, 0.9e6] for p in parts.PARTS})
+    base["step_ns"] = base[list(parts.PARTS)].sum(axis=1)
+    e = dataclasses.replace(parts.explain(base, base.copy()), lo=-1.16, hi=2.34)
+    said = parts.sentence(e)
+    assert said == "+0.00 ms per step, no change resolved (95% CI -1.16 to +2.34); no part moved by 0.01 ms or more."
+    e = dataclasses.replace(e, lo=float("nan"), hi=float("nan"))
+    said = parts.sentence(e)
+    assert said.startswith("+0.00 ms per step, no change resolved (no interval: too few timed repeats)"), said
+    # A part that did move beside an unchanged step time is still named.
+    cand = base[list(parts.PARTS)] + [1e6, -1e6, 0, 0, 0]
+    cand["step_ns"] = cand[list(parts.PARTS)].sum(axis=1)
+    said = parts.sentence(dataclasses.replace(parts.explain(base, cand), lo=-1.16, hi=2.34))
+    assert "no change resolved (95% CI -1.16 to +2.34); the part that moved most: compute, +1.00 ms" in said, said
+
+
 def _line_kinds(text: str) -> list[tuple[int, str]]:
     """Each line's indent and first word, numbers as "#": what the page's example and the output share."""
     words = [(len(line) - len(line.lstrip()), (line.split() or [""])[0]) for line in text.splitlines()]

@@ -166,18 +166,22 @@ def explain(base: pd.DataFrame, cand: pd.DataFrame, *, confidence: float = CONFI
 def sentence(e: Explanation) -> str:
     """The top contributor in one sentence, with its share of the change and both intervals."""
     top = e.top
-    if e.delta_ms == 0 or not math.isfinite(e.delta_ms):
-        return "No change in the traced steps' time."
+    if not math.isfinite(e.delta_ms):
+        return "The step time's change could not be computed."
     what = top.name.replace("_", " ")
-    if e.lo <= 0 <= e.hi:  # no change resolved: a part's share of it would read 1000s of per cent
-        return (
-            f"{e.delta_ms:+.2f} ms per step, no change resolved (95% CI {e.lo:+.2f} to {e.hi:+.2f}); the part "
-            f"that moved most: {what}, {top.delta_ms:+.2f} ms (95% CI {top.lo:+.2f} to {top.hi:+.2f})."
-        )
-    direction = "slower" if e.delta_ms > 0 else "faster"
     interval = "no interval: too few timed repeats"
     if math.isfinite(e.lo) and math.isfinite(e.hi):
         interval = f"95% CI {e.lo:+.2f} to {e.hi:+.2f}"
+    # No change resolved (a part's share of it would read 1000s of per cent), or none at all, as of a
+    # run against its copy: the figure is the timed steps', and its interval still bounds the change.
+    if e.delta_ms == 0 or e.lo <= 0 <= e.hi:
+        if all(abs(c.delta_ms) < 0.005 for c in e.components):  # every part reads +0.00: none to name
+            return f"{e.delta_ms:+.2f} ms per step, no change resolved ({interval}); no part moved by 0.01 ms or more."
+        return (
+            f"{e.delta_ms:+.2f} ms per step, no change resolved ({interval}); the part "
+            f"that moved most: {what}, {top.delta_ms:+.2f} ms (95% CI {top.lo:+.2f} to {top.hi:+.2f})."
+        )
+    direction = "slower" if e.delta_ms > 0 else "faster"
     if top.lo <= 0 <= top.hi:  # the change is resolved, but its largest part is not: no "mostly" on it
         return f"{e.delta_ms:+.2f} ms per step {direction} ({interval}); {_unresolved_top(e)}"
     share = 100 * top.delta_ms / e.delta_ms
