@@ -67,6 +67,7 @@ def make_run(
     workloads: Mapping[str, Mapping[str, Any]] | None = None,
     overrides: Sequence[str] = (),
     filters: Sequence[str] = (),
+    suite_name: str = "synthetic",
 ) -> Path:
     """A finished run with one case per algorithm; ``medians[algorithm]`` are its per-repeat medians (ms).
 
@@ -78,11 +79,14 @@ def make_run(
     same jitter); without it the steps record none, as runs from before it was recorded.
     ``workloads``: ``[workloads.NAME]`` tables, their values in TOML syntax. ``overrides``: ``--set``
     assignments, applied and recorded as a sweep's; ``filters``: ``--filter`` expressions, the same.
+    ``suite_name``: the suite's name, as run.json records it.
     """
     algorithms = sorted(medians)
     repeats = max(len(v) for v in medians.values())
-    text = SUITE.format(world_size=world_size, steps=steps, repeats=repeats, algorithms=list(algorithms)).replace(
-        "'", '"'
+    text = (
+        SUITE.replace('"synthetic"', f'"{suite_name}"')
+        .format(world_size=world_size, steps=steps, repeats=repeats, algorithms=list(algorithms))
+        .replace("'", '"')
     )
     text = text.replace("[sweep]", "".join(f"{k} = {v}\n" for k, v in (defaults or {}).items()) + "[sweep]")
     text = "".join(line for line in text.splitlines(True) if line.split(" = ")[0] not in (sweep or {}))
@@ -93,7 +97,7 @@ def make_run(
     cases = select(expand(suite, Machine(gpus=0)), filters)
     run = store.Run.create(
         root,
-        "synthetic",
+        suite_name,
         "synthetic.toml",
         suite.text,
         [c.params() for c in cases],

@@ -193,6 +193,24 @@ def test_compare_verdicts_on_synthetic_runs(tmp_path: Path) -> None:
     assert {r.verdict for r in c.cases} == {"pass"} and c.exit_code == 0
 
 
+def test_runs_of_two_suites_say_so_above_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A smoke run against a gate run: every case read "missing: no baseline data for this case" and
+    nothing said why. The suites' names (run.json's) now say it once above the table, and whether any
+    case is in both; runs of one suite, however else they differ, get no such line."""
+    smoke = make_run(tmp_path / "s", {"ddp": noisy(10, 3, 0.02, 1)}, suite_name="smoke")
+    gated = make_run(tmp_path / "g", {"ddp": noisy(10, 3, 0.02, 2)}, suite_name="gate", defaults={"batch_size": 512})
+    assert run_cli(["compare", str(smoke), str(gated)]) == 3
+    out = capsys.readouterr().out
+    said = "the baseline ran suite smoke, the candidate suite gate: no case is in both"
+    assert out.count(said) == 1 and out.index(said) < out.index("no baseline data for this case"), out
+    assert said in json.loads(render.render_json(compare.compare_runs([smoke], [gated])))["suites_differ"]
+    renamed = make_run(tmp_path / "r", {"ddp": noisy(10, 3, 0.02, 3)}, suite_name="smoke-renamed", seed=1)
+    c = compare.compare_runs([smoke], [renamed])
+    assert c.suites_differ == "the baseline ran suite smoke, the candidate suite smoke-renamed", c.suites_differ
+    other = make_run(tmp_path / "o", {"ddp": noisy(10, 3, 0.02, 4)}, suite_name="smoke", defaults={"batch_size": 512})
+    assert compare.compare_runs([smoke], [other]).suites_differ == ""
+
+
 def test_noise_is_never_a_regression(tmp_path: Path) -> None:
     """Pure noise (±15% per repeat, the same distribution on both sides) over 30 seeds: pass or
     inconclusive, never regression or improvement."""

@@ -214,6 +214,9 @@ class Comparison(_Verdicts):
     # Labels of the baseline's cases the candidate has no case for (another --filter): not judged, so
     # not in ``cases`` and not in the verdict, but said, where they were left out without a word.
     not_in_candidate: list[str] = field(default_factory=list)
+    # Where the two sides' runs are of suites of other names: the line that says so (``suites_apart``),
+    # else "". Without it every case of a smoke run against a gate run read "no baseline data", unexplained.
+    suites_differ: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document: with a gate's answer, its ``answer``, ``answers`` (per case id) and
@@ -240,6 +243,7 @@ class RunData:
     labels: dict[str, str]  # case_id → label (``store.Loaded.cases``)
     metric: str = "step_ms"  # what ``values`` hold
     run_id: str = ""  # run.json's: a copy of a run in another folder keeps it
+    suite: str = ""  # the name of the suite it ran (run.json's)
 
     @classmethod
     def of(cls, run: RunData | store.Loaded | str | Path, metric: str = "step_ms") -> RunData:
@@ -271,6 +275,7 @@ class RunData:
             dict(zip(loaded.cases["case_id"], loaded.cases["label"])),
             metric,
             loaded.record.run_id,
+            loaded.record.suite.name,
         )
 
 
@@ -451,7 +456,24 @@ def compare_runs(
         sorted({commit_text(c.environment) for c in cand}),
         ignored,
         not_in_candidate=not_in_candidate(base, ref),
+        suites_differ=suites_apart(base, cand),
     )
+
+
+def suites_apart(base: Sequence[RunData], cand: Sequence[RunData]) -> str:
+    """The line saying that the baseline's runs are of other suites than the candidate's (no name on
+    both sides), and whether any candidate case has a baseline case at all, or "". Runs of two suites
+    rarely share a case, and each case alone reads "no baseline data for this case": the why is the suites."""
+    b, c = sorted({r.suite for r in base}), sorted({r.suite for r in cand})
+    if not all([*b, *c]) or set(b) & set(c):
+        return ""
+    said = f"the baseline ran {_suites(b)}, the candidate {_suites(c)}"
+    shared = any(counterpart(p, cid, r)[0] is not None for cid, p in cand[0].params.items() for r in base)
+    return said + ("" if shared else ": no case is in both")
+
+
+def _suites(names: Sequence[str]) -> str:
+    return f"suite{'s' if len(names) > 1 else ''} {', '.join(names)}"
 
 
 def _labelled_together(base: list[RunData], cand: list[RunData]) -> tuple[list[RunData], list[RunData]]:

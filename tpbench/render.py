@@ -127,6 +127,7 @@ def _preamble(c: Result) -> list[str]:
         f"baseline: {len(c.baseline_runs)} run(s), commit {', '.join(c.baseline_commits)}",
         f"candidate: {len(c.candidate_runs)} run(s), commit {', '.join(c.candidate_commits)}",
     ]
+    lines += [c.suites_differ] if c.suites_differ else []
     lines += [f"environment differs: {d}" for d in c.environment_differences]
     lines += _ignored(c.ignored_environment_differences)
     return lines
