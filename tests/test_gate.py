@@ -982,6 +982,14 @@ def test_a_round_the_budget_cuts_short_keeps_its_finished_item() -> None:
     assert gate._rounds_run(rounds[:1]) == "1 round"
 
 
+def test_the_stop_line_names_the_item_it_waited_for_by_case_and_repeat() -> None:
+    """The budget spent while an item ran: the stop line read "waiting for baseline's item 40ff2cc6b19e 45
+    to end", an id and a number that could be a second id or a count. The item the gate waits for
+    (``_Conductor.run_item``) is named with what each is (end to end: tests/test_lockstep.py)."""
+    said = gate.item_words("baseline", "40ff2cc6b19e", 45)
+    assert said == "baseline's item (case 40ff2cc6b19e, repeat 45)"
+
+
 # gate.json as a lockstep gate wrote it before its record was typed (no schema_version): a finished
 # item with the world's clock, one its world died in, a round the budget cut short, and the answer.
 OLD_GATE_JSON = {

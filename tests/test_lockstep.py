@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -125,6 +126,8 @@ def test_an_item_the_budget_ends_during_is_kept_in_gate_json_as_on_its_sides_dis
     assert p.returncode in (0, 1), p.stderr
     record = json.loads((out / "gate.json").read_text())
     assert record["stopped"].startswith("budget of 12 s spent"), record["stopped"]
+    if "'s item" in record["stopped"]:  # the item it waited for, named as such (not "item 40ff2cc6b19e 45")
+        assert re.search(r"waiting for \w+'s item \(case [0-9a-f]{12}, repeat \d+\) to end$", record["stopped"])
     rounds = record["rounds"]
     for side in ("baseline", "candidate"):
         kept = sorted((i["case"], i["repeat"]) for r in rounds for i in r["items"] if i["side"] == side and i["done"])

@@ -450,7 +450,7 @@ class _Conductor:
             return None
         (case, repeat), start, before = side.parked, time.time(), side.items
         self.answer(side, lockstep.GO, metric=metric)
-        what = f"{side.side.name}'s item {case} {repeat} to end"
+        what = f"{item_words(side.side.name, case, repeat)} to end"
         try:
             self.wait_until(lambda: side.inflight is None, what)
         except BudgetSpent as spent:
@@ -468,7 +468,7 @@ class _Conductor:
         done = side.items > before  # False: its world died in it (or, past the budget, outlasted the grace)
         if done and "recorded" in side.last_done:  # minutes before the comparison would say so
             raise GateError(
-                f"--metric {metric}: not recorded by the {side.side.name} side's item ({case}, repeat {repeat}); "
+                f"--metric {metric}: not recorded by the {item_words(side.side.name, case, repeat)}; "
                 f"expected one of {', '.join(side.last_done['recorded'])}"
             )
         # When the item ran by the world's own clock (rank 0's).
@@ -492,6 +492,12 @@ class _Conductor:
                         self._drop(s)
                 return
             self._check_stall("the sweeps to finish")
+
+
+def item_words(side: str, case: str, repeat: int) -> str:
+    """One side's item as the gate's lines name it: "baseline's item (case 40ff2cc6b19e, repeat 45)".
+    Bare, "item 40ff2cc6b19e 45" read as two ids, or an id and a count."""
+    return f"{side}'s item (case {case}, repeat {repeat})"
 
 
 class BudgetSpent(Exception):
