@@ -977,6 +977,25 @@ def test_the_crossover_legend_spells_a_setting_as_the_case_labels_and_tables_do(
     assert fig.data[0].text[0] == "loopback, allreduce, shard_buckets=False, all-reduce 3.71 MB/step"
 
 
+def test_the_crossover_hover_gives_its_ratio_two_decimals_as_the_page_does():
+    """The hover said "interleaved/sequential 1.150" under a table (and intervals) of two decimals, 1.15."""
+    from tpbench.report.interconnect import _crossover_figure
+
+    points = pd.DataFrame(
+        {
+            "interconnect": ["loopback"],
+            "bucket_cap_mb": [4.0],
+            "allreduce_bytes_per_step": [3.71e6],
+            "comm_compute": [3.0],
+            "ratio": [1.15],
+            "ratio_lo": [0.87],
+            "ratio_hi": [1.52],
+        }
+    )
+    (hover,) = {t.hovertemplate for t in _crossover_figure(points, None, []).data if t.hovertemplate}
+    assert "interleaved/sequential %{y:.2f}" in hover, hover
+
+
 def test_the_crossover_plots_its_ratios_on_a_log_axis():
     """interleaved / sequential is a ratio and the crossover's line a fit of its log: on a linear axis
     one point's interval up to 36.6 (suites/zero.toml, 3 repeats) pressed the other points, their

@@ -143,7 +143,7 @@ def _crossover_figure(points: pd.DataFrame, est: crossover.Crossover | None, oth
                         grp["interconnect"], grp["comm_hook"], grp["allreduce_bytes_per_step"], *(grp[k] for k in other)
                     )
                 ],
-                hovertemplate="%{text}<br>comm:compute %{x:.2f}<br>interleaved/sequential %{y:.3f}<extra></extra>",
+                hovertemplate="%{text}<br>comm:compute %{x:.2f}<br>interleaved/sequential %{y:.2f}<extra></extra>",
             )
         )
     xs = points["comm_compute"].dropna()
