@@ -287,7 +287,7 @@ def test_report_says_per_bucket_size_whether_compression_changes_the_winner() ->
     assert len(lines) == 3
     two, eight, big = lines
     assert two.startswith(
-        "At 2 MB buckets: with allreduce, interleaved wins (interleaved/sequential 0.900 [0.850, 0.950]: faster, "
+        "At 2 MB buckets: with allreduce, interleaved wins (interleaved/sequential 0.90 [0.85, 0.95]: faster, "
         "not shown beyond the ±5% threshold; this run resolves ±5.7%)"
     )
     assert two.endswith("Compression changes the answer: interleaved with allreduce, sequential with fp16_compress.")

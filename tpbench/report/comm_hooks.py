@@ -136,10 +136,10 @@ def _wins(c: Comparison) -> str:
 
 def _ratio(c: Comparison) -> str:
     """The ratio with the verdict's words (``verdict.Verdict.words``), which say whether the win
-    reaches beyond the threshold."""
-    interval = "" if c.verdict == verdict.NO_INTERVAL else f" [{c.lo:.3f}, {c.hi:.3f}]"
+    reaches beyond the threshold; two decimals, as the page's tables and heatmaps write ratios."""
+    interval = "" if c.verdict == verdict.NO_INTERVAL else f" [{c.lo:.2f}, {c.hi:.2f}]"
     said = c.said.words + ("" if c.said.says_resolution else f"; {resolution([c.est])}")
-    return f"interleaved/sequential {c.ratio:.3f}{interval}: {said}"
+    return f"interleaved/sequential {c.ratio:.2f}{interval}: {said}"
 
 
 def _figure(comparisons: list[Comparison]) -> go.Figure:
@@ -168,7 +168,7 @@ def _figure(comparisons: list[Comparison]) -> go.Figure:
                 name,
                 mode="lines+markers",
                 text=[plot_text(t) for t in grp["label"]],
-                hovertemplate="%{x}<br>interleaved/sequential %{y:.3f}<br>%{text}<extra></extra>",
+                hovertemplate="%{x}<br>interleaved/sequential %{y:.2f}<br>%{text}<extra></extra>",
             )
         )
     fig.add_hline(y=1.0, line_dash="dot", line_color="#5b6475")
