@@ -1215,6 +1215,21 @@ def test_the_verdicts_say_which_post_local_sgd_setting_reaches_the_target_soones
     )
 
 
+def test_the_sweeps_terminal_says_which_setting_reaches_the_target_soonest_under_the_fastest():
+    """Under its table the sweep printed the report's Fastest line alone: of suites/localsgd.toml it named
+    post-local SGD from step 0 averaging every 4 steps, whose time to the target was +66% [+13%, +144%]
+    DDP's, and said nothing of the loss. Where the settings train differently the fastest step is not the
+    soonest to the target (here averaging every 16 steps against every 4): the terminal gives the
+    report's soonest-to-target line under the Fastest one, as the Verdicts do."""
+    from tpbench.cli.sweep import _fastest
+
+    lines = _fastest(localsgd_settings_data().runs[0])
+    assert lines[0].startswith("Fastest: post_localSGD_hook start_localSGD_iter=10 averaging_period=16 ")
+    assert lines[1].startswith(
+        "Soonest to the target loss: post_localSGD_hook start_localSGD_iter=10 averaging_period=4 in 1.82 s of training"
+    )
+
+
 def test_plain_ddp_is_named_ddp_in_every_legend_and_table_of_the_report():
     """Post-local SGD that never switches is plain DDP: the Verdicts called it "DDP", while the
     convergence legend, the Time to target table and the step-time chart called it
