@@ -620,6 +620,15 @@ def test_local_sgd_verdict_time_to_target_and_final_gap():
     assert "its step time against DDP's, faster: -40.0% [" in text and "(this run resolves ±" in text
 
 
+@pytest.mark.parametrize(("delta", "says"), [(0.005493, "ends 0.0055 nats above"), (-0.0061, "ends 0.006 nats below")])
+def test_a_final_loss_just_beyond_the_level_band_is_not_rounded_onto_it(delta, says):
+    """suites/localsgd.toml's post-local SGD averaging every 16 steps ended 0.005493 nats above DDP: the
+    line said "ends 0.005 nats above DDP's held-out loss" beside the others' "ends level with DDP (held-out
+    loss within 0.005 nats)", a gap that read as inside the band it was said to be beyond."""
+    [v] = verdicts.convergence_verdicts(localsgd_data())
+    assert f"{says} DDP's held-out loss" in verdicts.convergence_sentence(dataclasses.replace(v, final_delta=delta), [])
+
+
 def test_final_held_out_loss_says_its_step_where_the_last_evaluation_is_not_the_end_of_training():
     """With eval_every not dividing the steps trained (here 30 of 40 evaluated), the "final" held-out loss
     the report compares is the last evaluation's, not the trained model's: the verdicts and the Time to

@@ -873,6 +873,9 @@ def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_t
         stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0, summary(1.6, None)
     )
     assert "target" not in untargeted.training_note and "1.580" in untargeted.training_note
+    # Just beyond the level band, the gap is not rounded onto it ("0.005 nats above" read as level).
+    near = tune_answer.result(stored(tmp_path, suite), cases, [race], Options(epsilon=0.02), 0.0, summary(1.5855))
+    assert f"0.0055 nats above the lowest ({low.label}, 1.580)" in near.training_note
 
 
 def test_settings_that_end_level_but_reach_the_target_apart_name_the_soonest_with_its_interval(tmp_path):

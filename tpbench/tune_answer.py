@@ -19,7 +19,7 @@ import pandas as pd
 
 from tpbench import store, sweep, verdict
 from tpbench.analysis import convergence
-from tpbench.analysis.convergence import LEVEL_NATS
+from tpbench.analysis.convergence import LEVEL_NATS, nats_apart
 from tpbench.analysis.stats import (
     Ratio,
     averaging_window,
@@ -329,7 +329,7 @@ def _training_note(
     if gap > LEVEL_NATS:
         said += (
             f": the recommended one's held-out loss ends at {rec.heldout_loss:.3f}, "
-            f"{gap:.3f} nats above the lowest ({low.label}, {low.heldout_loss:.3f})"
+            f"{nats_apart(gap)} nats above the lowest ({low.label}, {low.heldout_loss:.3f})"
         )
     else:
         said += " (they reach the target loss after different numbers of steps)"

@@ -21,6 +21,14 @@ TARGET_RELATIVE_GAP = 0.05
 LEVEL_NATS = 0.005
 
 
+def nats_apart(delta: float) -> str:
+    """A gap between two held-out losses in nats, in three decimals, or four where three would round it
+    to the level band or below (0.0055 as "0.005"): a gap said beyond the band must not read as on it,
+    beside a "level (within 0.005 nats)" of another setting."""
+    gap = abs(delta)
+    return f"{gap:.3f}" if round(gap, 3) > LEVEL_NATS else f"{gap:.4f}"
+
+
 def curves(steps: pd.DataFrame) -> pd.DataFrame:
     """Per (case_id, repeat, step): mean training loss and mean held-out loss over ranks, and the
     cumulative training time in seconds (slowest rank per step). Warm-up steps are included:

@@ -825,11 +825,12 @@ def _steps_phrase(c: Comparison) -> str:
 
 
 def _ends(delta: float) -> str:
-    """Its final held-out loss against DDP's, in three decimals: the level band is 0.005 nats, which
-    two decimals would blur (0.0052 as "0.01"), and "DDP's", not "it", which can be read as the target."""
+    """Its final held-out loss against DDP's, in three decimals (``convergence.nats_apart``): the level
+    band is 0.005 nats, which two decimals would blur (0.0052 as "0.01"), and "DDP's", not "it", which can
+    be read as the target."""
     if abs(delta) < convergence.LEVEL_NATS:
         return f"ends level with DDP (held-out loss within {convergence.LEVEL_NATS:g} nats)"
-    return f"ends {abs(delta):.3f} nats {'above' if delta > 0 else 'below'} DDP's held-out loss"
+    return f"ends {convergence.nats_apart(delta)} nats {'above' if delta > 0 else 'below'} DDP's held-out loss"
 
 
 # --- several runs -----------------------------------------------------------------------------
