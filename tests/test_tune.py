@@ -866,6 +866,8 @@ def test_a_recommendation_that_trains_worse_says_so_with_each_loss_and_time_to_t
     recommendation.section(page, [tuned_run(tmp_path)])
     shown = page.render()
     assert html.escape(note) in shown and "held-out loss" in shown
+    # The report's table gives each arm's time to the target as the terminal's does: the note ranks by it.
+    assert "<th>to target s (median)</th>" in shown and "<td>2</td>" in shown and "<td>—</td>" in shown
     # No workload evaluation: nothing to say.
     assert tune_answer.result(stored(tmp_path, suite), cases, [race], Options(), 0.0, NO_EVAL).training_note is None
     # No target known: the losses alone.

@@ -166,7 +166,12 @@ def _where(page: Page, where: dict, anchor: str | None) -> None:
 
 
 def _table(result: TuneResult) -> pd.DataFrame:
+    """The race's arms, as the terminal's table has them: with each arm's held-out loss and its training
+    seconds to the target loss (the median over its rounds, "—" where a round never reached it) where the
+    workload measures them; the training note above ranks the arms by that time, and without the column
+    the report gave it only for the arms the note names."""
     losses = any(a.heldout_loss is not None for a in result.arms)  # None in tune.json before it had one
+    reached = any(a.time_to_target_s is not None for a in result.arms)
     interval = verdict.interval_heading(result.confidence, bool(result.worlds))
     line = verdict.tie_line(result.epsilon)  # a tied arm's low end reads as clear of the margin, as it is
     return pd.DataFrame(
@@ -185,6 +190,7 @@ def _table(result: TuneResult) -> pd.DataFrame:
                 if a.retired_at is None
                 else f"{a.retired_at}{verdict.sat_out(a.sat_out)}",
                 **({"held-out loss": _loss(a.heldout_loss)} if losses else {}),
+                **({"to target s (median)": _to_target(a.time_to_target_s)} if reached else {}),
             }
             for a in result.arms
         ]
@@ -193,6 +199,10 @@ def _table(result: TuneResult) -> pd.DataFrame:
 
 def _loss(v: float | None) -> str:
     return "" if v is None else f"{v:.3f}"
+
+
+def _to_target(v: float | None) -> str:
+    return "—" if v is None else f"{v:.3g}"
 
 
 # The race chart's top: a setting half again as slow as the leader is plainly out, and drawing it
