@@ -1239,6 +1239,32 @@ def test_the_sweeps_terminal_says_which_setting_reaches_the_target_soonest_under
     )
 
 
+def test_compare_within_a_run_says_which_pairs_do_not_train_alike():
+    """`tpbench compare RUN_DIR` of suites/localsgd.toml called start_localSGD_iter 0 → 60 (every 4 steps) a
+    regression, +17% a step (exit 1), and said nothing of the loss: the report of that run had the same
+    setting reaching the target loss in 2.23 s against 3.10 s, after 40 steps against 60. A pair whose
+    cases reach the target after different numbers of steps now says so, with each side's steps and
+    training seconds to it; a pair that reaches it together says nothing."""
+    from tpbench import compare, render
+    from tpbench.analysis import convergence
+
+    loaded = localsgd_settings_data().runs[0]
+    reach = convergence.summarize(loaded.steps)[["case_id", "steps_to_target", "time_to_target_s"]]
+    loaded = dataclasses.replace(loaded, summary=loaded.summary.merge(reach, on="case_id"))
+    within = compare.within_run(loaded)
+    said = {p.result.label: p.result.training for p in within.pairs}
+    assert said["averaging_period: 4 → 16 (start_localSGD_iter=10)"] == (
+        "does not train alike: to the target loss after 30 → 40 steps, 1.82 → 2.22 s of training (medians over "
+        "repeats); the step time compared does not count how far a step takes the model (the report's Convergence "
+        "section has the curves)"
+    )
+    text = render.render_text(within)
+    assert "averaging_period: 4 → 16 (start_localSGD_iter=10): does not train alike: to the target loss" in text
+    assert json.loads(render.render_json(within))["pairs"][0]["result"]["training"].startswith("does not train")
+    twins = dataclasses.replace(loaded, summary=loaded.summary.assign(steps_to_target=20.0))
+    assert all(not p.result.training for p in compare.within_run(twins).pairs)
+
+
 def test_plain_ddp_is_named_ddp_in_every_legend_and_table_of_the_report():
     """Post-local SGD that never switches is plain DDP: the Verdicts called it "DDP", while the
     convergence legend, the Time to target table and the step-time chart called it

@@ -147,6 +147,9 @@ class CaseResult:
     # A regression's top contributor in one sentence (``tpbench.explain.annotate``), where both
     # sides have traced steps; empty otherwise.
     top_contributor: str = ""
+    # Within one run, where the two cases reach the workload's target loss after different numbers of
+    # steps (``_training``): each side's steps and seconds to it; empty otherwise.
+    training: str = ""
 
 
 PAIRINGS = ("none", "rounds", "repeats")
@@ -779,7 +782,9 @@ def within_run(
     found.sort(key=lambda m: (keys.index(m[0]), done.index(m[1]["case_id"]), done.index(m[2]["case_id"])))
     if pairs:
         found = select_pairs(found, pairs, keys, order)
+    reach = _reach(loaded)
     judged = [_pair(key, base, cand, keys, data, threshold, confidence) for key, base, cand in found]
+    judged = [replace(p, result=replace(p.result, training=_training(p, reach))) for p in judged]
     return WithinRun(
         str(loaded.run_dir),
         metric,
@@ -789,6 +794,38 @@ def within_run(
         commit_text(loaded.environment),
         keys,
         judged,
+    )
+
+
+def _reach(loaded: store.Loaded) -> dict[str, tuple[float, float]]:
+    """Each case's median steps and training seconds to the target loss from the run's summary (NaN
+    where a repeat never reached it); empty where the workload evaluates no loss or knows no target."""
+    summary = loaded.summary
+    if "steps_to_target" not in summary or "time_to_target_s" not in summary:
+        return {}
+    rows = summary[["case_id", "steps_to_target", "time_to_target_s"]].to_dict("records")
+    return {r["case_id"]: (float(r["steps_to_target"]), float(r["time_to_target_s"])) for r in rows}
+
+
+def _training(p: CasePair, reach: Mapping[str, tuple[float, float]]) -> str:
+    """Said of a pair whose cases reach the target loss after different numbers of steps (post-local
+    SGD's settings, a compressing hook): their updates differ, so the step time the verdict compares does
+    not rank how soon each trains to the loss, which a faster step may reach later. Cases that compute the
+    same update (DDP and the ZeRO variants) reach it at the same step and get nothing."""
+    base, cand = reach.get(p.baseline_case), reach.get(p.candidate_case)
+    if base is None or cand is None or all(math.isnan(v) for v in (base[0], cand[0])) or base[0] == cand[0]:
+        return ""
+
+    def steps(v: float) -> str:
+        return "never" if math.isnan(v) else f"{v:.0f}"
+
+    def secs(v: float) -> str:
+        return "never" if math.isnan(v) else f"{v:.3g}"
+
+    return (
+        f"does not train alike: to the target loss after {steps(base[0])} → {steps(cand[0])} steps, "
+        f"{secs(base[1])} → {secs(cand[1])} s of training (medians over repeats); the step time compared "
+        "does not count how far a step takes the model (the report's Convergence section has the curves)"
     )
 
 

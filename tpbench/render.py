@@ -155,7 +155,7 @@ def render_text(c: Result) -> str:
     for row in table:
         cells = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
         lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines + _contributors(c) + _not_in_candidate(c) + ["", _footer(c)]) + "\n"
+    return "\n".join(lines + _contributors(c) + _training(c) + _not_in_candidate(c) + ["", _footer(c)]) + "\n"
 
 
 def _not_in_candidate(c: Result, bullet: str = "") -> list[str]:
@@ -171,6 +171,13 @@ def _contributors(c: Result, bullet: str = "") -> list[str]:
     named = [r for r in c.cases if r.top_contributor]
     said = "where the time went, over its traced steps (tpbench explain)"
     return ([""] if named else []) + [f"{bullet}{r.label}, {said}: {r.top_contributor}" for r in named]
+
+
+def _training(c: Result, bullet: str = "") -> list[str]:
+    """One line per pair of one run whose cases do not train alike (``CaseResult.training``): the verdict
+    compared their steps, not how soon each reaches the target loss."""
+    named = [r for r in c.cases if r.training]
+    return ([""] if named else []) + [f"{bullet}{r.label}: {r.training}" for r in named]
 
 
 _MARK = {
@@ -200,7 +207,7 @@ def render_markdown(c: Result, command: str = "tpbench compare") -> str:
     for row, r in zip(_rows(c), c.cases):
         row[7] = _MARK[r.verdict] + row[7].removeprefix(r.verdict)
         lines.append("| " + " | ".join(esc(x) for x in row) + " |")
-    lines += [esc(line) for line in _contributors(c, "- ") + _not_in_candidate(c, "- ")]
+    lines += [esc(line) for line in _contributors(c, "- ") + _training(c, "- ") + _not_in_candidate(c, "- ")]
     lines += ["", f"{_footer(c)}.", ""]
     return "\n".join(lines)
 
