@@ -751,7 +751,7 @@ def test_the_time_to_target_table_sets_post_local_sgd_against_each_ddp():
     table = table[table.index("<table") : table.index("</table>")]
     head = re.findall(r"<th>(.*?)</th>", table)
     for named in ("algorithm=ddp", "algorithm=post_localSGD_hook start_localSGD_iter=never"):
-        assert f"time to target vs DDP ({named})" in head and f"final loss − DDP ({named})" in head, head
+        assert f"time to target vs DDP ({named})" in head and f"final loss − DDP ({named}) (nats)" in head, head
     rows = [re.findall(r"<td>(.*?)</td>", r, re.S) for r in re.findall(r"<tr>(.*?)</tr>", table, re.S)]
     [local] = [r for r in rows if r and "start_localSGD_iter=10" in r[0]]
     ratios = [
@@ -1263,6 +1263,27 @@ def test_compare_within_a_run_says_which_pairs_do_not_train_alike():
     assert json.loads(render.render_json(within))["pairs"][0]["result"]["training"].startswith("does not train")
     twins = dataclasses.replace(loaded, summary=loaded.summary.assign(steps_to_target=20.0))
     assert all(not p.result.training for p in compare.within_run(twins).pairs)
+
+
+def test_the_time_to_target_tables_losses_say_their_unit_and_a_difference_its_sign():
+    """The Time to target table gave its losses without a unit (the charts above say nats) and each
+    case's final loss − DDP in four significant figures, 0.0004154 and -0.0009063 in one column of
+    suites/localsgd.toml's report: a precision the 0.005-nat level band makes meaningless, unaligned."""
+    from tpbench.report import convergence
+    from tpbench.report.html import Page
+
+    data = localsgd_data()
+    page = Page(title="t")
+    convergence.section(page, data, verdicts.convergence_verdicts(data))
+    html = page.render()
+    table = html[html.index("Time to target") :]
+    table = table[table.index("<table") : table.index("</table>")]
+    head = re.findall(r"<th>(.*?)</th>", table)
+    for h in ("final held-out loss (nats)", "optimum (nats)", "gap to optimum (nats)", "final loss − DDP (nats)"):
+        assert h in head, head
+    rows = [re.findall(r"<td>(.*?)</td>", r, re.S) for r in re.findall(r"<tr>(.*?)</tr>", table, re.S)]
+    [local] = [r for r in rows if r and "start_localSGD_iter=10" in r[0]]
+    assert local[head.index("final loss − DDP (nats)")] == "+0.0200"
 
 
 def test_plain_ddp_is_named_ddp_in_every_legend_and_table_of_the_report():

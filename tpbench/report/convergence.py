@@ -166,7 +166,8 @@ def _time_to_target(page: Page, data: ReportData, verdicts: list[ConvergenceVerd
             v = vs.get((r["run_id"], r["case_id"], named))
             ddp = f"DDP ({named})" if named else "DDP"
             row[f"time to target vs {ddp}"] = _ratio_cell(v.reach_ratio if v else None)
-            row[f"final loss − {ddp}"] = v.final_delta if v else None
+            # Signed, in the level band's decimals and one more: four significant figures wrote 0.0004154.
+            row[f"final loss − {ddp} (nats)"] = f"{v.final_delta:+.4f}" if v else ""
         table.append(row)
     page.heading("Time to target", level=3)
     page.paragraph(
@@ -180,9 +181,9 @@ def _time_to_target(page: Page, data: ReportData, verdicts: list[ConvergenceVerd
     page.table(
         pd.DataFrame(table).rename(
             columns={
-                "final_heldout_loss": "final held-out loss",
-                "optimal_loss": "optimum",
-                "gap_to_optimum": "gap to optimum",
+                "final_heldout_loss": "final held-out loss (nats)",
+                "optimal_loss": "optimum (nats)",
+                "gap_to_optimum": "gap to optimum (nats)",
                 "steps_to_target": "steps to target",
                 "time_to_target_s": "time to target (s)",
                 "median_ms": "step ms",
