@@ -620,13 +620,20 @@ def test_local_sgd_verdict_time_to_target_and_final_gap():
     assert "its step time against DDP's, faster: -40.0% [" in text and "(this run resolves ±" in text
 
 
-@pytest.mark.parametrize(("delta", "says"), [(0.005493, "ends 0.0055 nats above"), (-0.0061, "ends 0.006 nats below")])
+@pytest.mark.parametrize(
+    ("delta", "says"),
+    [
+        (0.005493, "ends 0.0055 nats above DDP's held-out loss"),
+        (-0.0061, "ends 0.006 nats below DDP's held-out loss"),
+        (0.005, "ends level with DDP (held-out loss within 0.005 nats)"),  # on the band: level, as in the tune's note
+    ],
+)
 def test_a_final_loss_just_beyond_the_level_band_is_not_rounded_onto_it(delta, says):
     """suites/localsgd.toml's post-local SGD averaging every 16 steps ended 0.005493 nats above DDP: the
     line said "ends 0.005 nats above DDP's held-out loss" beside the others' "ends level with DDP (held-out
     loss within 0.005 nats)", a gap that read as inside the band it was said to be beyond."""
     [v] = verdicts.convergence_verdicts(localsgd_data())
-    assert f"{says} DDP's held-out loss" in verdicts.convergence_sentence(dataclasses.replace(v, final_delta=delta), [])
+    assert says in verdicts.convergence_sentence(dataclasses.replace(v, final_delta=delta), [])
 
 
 def test_final_held_out_loss_says_its_step_where_the_last_evaluation_is_not_the_end_of_training():
@@ -736,19 +743,23 @@ def test_post_local_sgd_against_two_ddp_baselines_names_each():
     assert "against DDP run as" not in verdicts.convergence_sentence(v, [])
 
 
-def test_the_time_to_target_table_sets_post_local_sgd_against_each_ddp():
-    """With both forms of plain DDP the table's one "time to target vs DDP" column kept whichever
-    verdict came last: a ratio against one DDP under a heading that could mean either. Each DDP now
-    has its columns, named as the verdict lines name it."""
+def _time_to_target_table(data) -> str:
+    """The convergence section's Time to target table of ``data``, as HTML."""
     from tpbench.report import convergence
     from tpbench.report.html import Page
 
-    data = two_ddp_data()
     page = Page(title="t")
     convergence.section(page, data, verdicts.convergence_verdicts(data))
     html = page.render()
     table = html[html.index("Time to target") :]
-    table = table[table.index("<table") : table.index("</table>")]
+    return table[table.index("<table") : table.index("</table>")]
+
+
+def test_the_time_to_target_table_sets_post_local_sgd_against_each_ddp():
+    """With both forms of plain DDP the table's one "time to target vs DDP" column kept whichever
+    verdict came last: a ratio against one DDP under a heading that could mean either. Each DDP now
+    has its columns, named as the verdict lines name it."""
+    table = _time_to_target_table(two_ddp_data())
     head = re.findall(r"<th>(.*?)</th>", table)
     for named in ("algorithm=ddp", "algorithm=post_localSGD_hook start_localSGD_iter=never"):
         assert f"time to target vs DDP ({named})" in head and f"final loss − DDP ({named}) (nats)" in head, head
@@ -1269,15 +1280,7 @@ def test_the_time_to_target_tables_losses_say_their_unit_and_a_difference_its_si
     """The Time to target table gave its losses without a unit (the charts above say nats) and each
     case's final loss − DDP in four significant figures, 0.0004154 and -0.0009063 in one column of
     suites/localsgd.toml's report: a precision the 0.005-nat level band makes meaningless, unaligned."""
-    from tpbench.report import convergence
-    from tpbench.report.html import Page
-
-    data = localsgd_data()
-    page = Page(title="t")
-    convergence.section(page, data, verdicts.convergence_verdicts(data))
-    html = page.render()
-    table = html[html.index("Time to target") :]
-    table = table[table.index("<table") : table.index("</table>")]
+    table = _time_to_target_table(localsgd_data())
     head = re.findall(r"<th>(.*?)</th>", table)
     for h in ("final held-out loss (nats)", "optimum (nats)", "gap to optimum (nats)", "final loss − DDP (nats)"):
         assert h in head, head
