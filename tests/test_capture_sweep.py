@@ -404,6 +404,8 @@ def test_a_case_traced_again_says_once_which_window_it_kept_and_how_fast(tmp_pat
     window = capture.TraceWindow.from_json(entry["trace"])
     assert window.windows >= 2 and "trace retaken" not in said
     assert said.count("trace of ") == 1 and f"trace of ddp: {capture.kept_text(window)}" in said, said
+    # Away from a terminal each retake is a line of its own, counted against the most the case may trace.
+    assert "ddp: tracing again, window 2 of at most 3 (" in said, said
 
 
 def test_what_a_case_traced_again_kept_is_said_in_words():

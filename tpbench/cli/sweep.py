@@ -125,7 +125,9 @@ class SweepProgress:
             )
         elif event == "trace_retake":
             label = self.labels.get(data["case"], data["case"])
-            again = f"{label}: tracing again, window {data['window']} of {self.trace_windows.get(data['case'], '?')}"
+            # "of at most": the windows traced stop at the first fast enough, and the kept line counts those traced.
+            most = self.trace_windows.get(data["case"], "?")
+            again = f"{label}: tracing again, window {data['window']} of at most {most}"
             self.progress.update(self.task, current=escape(again))
             self._say(again)
         elif event == "capture":
