@@ -1996,6 +1996,21 @@ def test_trace_says_where_the_recommended_settings_time_goes_beside_its_closest_
     assert json.loads(capsys.readouterr().out)["where"] == where == store.read_tune(tuned).result.where
 
 
+def _tune_in_its_session(args: list[str], stdout: int) -> subprocess.Popen:
+    """``tpbench ARGS`` in a process group of its own, stderr piped, for a test to SIGINT as a terminal
+    does. A test run started in the background by a shell without job control inherits SIGINT ignored
+    (its tune then ran to the end); the child gets the disposition a terminal's user meets."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tpbench", *args],
+        cwd=REPO,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
 @pytest.mark.ranks
 def test_ctrl_c_during_the_trace_stops_the_trace_only_and_the_tunes_answer_stands(tmp_path):
     """Ctrl-C (SIGINT to the tune's process group, as a terminal sends it; the ranks run in sessions
@@ -2005,17 +2020,7 @@ def test_ctrl_c_during_the_trace_stops_the_trace_only_and_the_tunes_answer_stand
     suite = planted(tmp_path, "[0, 1]", repeats=2)
     out = tmp_path / "r"
     args = ["tune", str(suite), "--out", str(out), "--min-rounds", "2", "--trace", "--format", "json"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tpbench", *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        # A test run started in the background by a shell without job control inherits SIGINT
-        # ignored (its tune then traced to the end); give it the disposition a terminal's user meets.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    proc = _tune_in_its_session(args, stdout=subprocess.PIPE)
     try:
         said = []
         for line in proc.stderr:
@@ -2049,16 +2054,7 @@ def test_ctrl_c_before_any_round_was_judged_says_so_not_that_the_race_so_far_is_
     kept" promised a race that tune.json does not hold. The line says no round was judged and how
     to resume, and the run is resumable."""
     suite = planted(tmp_path, "[0, 40]", repeats=4)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tpbench", "tune", str(suite), "--out", str(tmp_path / "r")],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        # SIGINT as a terminal's user meets it (a shell without job control starts the test with it ignored).
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    proc = _tune_in_its_session(["tune", str(suite), "--out", str(tmp_path / "r")], stdout=subprocess.DEVNULL)
     try:
         first = proc.stderr.readline()
         os.killpg(proc.pid, signal.SIGINT)
