@@ -471,7 +471,7 @@ def suites_apart(base: Sequence[RunData], cand: Sequence[RunData]) -> str:
     if not all([*b, *c]) or set(b) & set(c):
         return ""
     said = f"the baseline ran {_suites(b)}, the candidate {_suites(c)}"
-    shared = any(counterpart(p, cid, r)[0] is not None for cid, p in cand[0].params.items() for r in base)
+    shared = any(counterpart(p, cid, r)[0] is not None for cr in cand for cid, p in cr.params.items() for r in base)
     return said + ("" if shared else ": no case is in both")
 
 

@@ -89,13 +89,14 @@ def trace(
     arms = tune_answer.traced_arms(result.arms)
     if not arms:
         return result
-    tuned = store.load(Path(result.run_dir))
+    tuned_dir = Path(result.run_dir)
+    tuned = store.load(tuned_dir)
     if launcher == sweep.RECORDED:  # a resumed tune: started as the tune was
         launcher = sweep.launcher_of(tuned.record)
     try:
         outcome = sweep.run(
             prepared(tuned, [a.case_id for a in arms]),
-            out=Path(result.run_dir).parent.parent,
+            out=tuned_dir.parent.parent,
             launcher=launcher,
             progress=progress,
         )
@@ -123,9 +124,9 @@ def trace(
     ]
     sentence = _by_part(parts.explain(traced[0], traced[1])) if len(traced) == 2 else None
     result = dataclasses.replace(result, where=WhereTime(run_dir, out, sentence).to_json())
-    saved = store.read_tune(Path(result.run_dir))
+    saved = store.read_tune(tuned_dir)
     if saved is not None:  # the tune's own record, which the trace comes after
-        store.write_tune(Path(result.run_dir), dataclasses.replace(saved, result=result))
+        store.write_tune(tuned_dir, dataclasses.replace(saved, result=result))
     return result
 
 

@@ -550,7 +550,7 @@ def fastest_lines(data: ReportData, alone: bool = True) -> list[str]:
         runner_up = _knobs(second, data)
         if data.metric == "step_ms":
             at += _lowest_median(grp, best, second, data)
-            runner_up += _next_lowest_median(grp, best, second, data)
+            runner_up += _next_lowest_median(grp, second, data)
         est = case_estimate(second, best)
         said = judged(est, second, best)
         lines.append(
@@ -584,7 +584,7 @@ def _lowest_median(grp: pd.DataFrame, best: dict[str, Any], second: dict[str, An
     )
 
 
-def _next_lowest_median(grp: pd.DataFrame, best: dict[str, Any], second: dict[str, Any], data: ReportData) -> str:
+def _next_lowest_median(grp: pd.DataFrame, second: dict[str, Any], data: ReportData) -> str:
     """Where the fastest has the lowest median but the runner-up not the next lowest: say which
     has, as ``_lowest_median`` does for the fastest. The front door named a runner-up second by the
     geometric mean under a table whose second row, by median, was another case, unexplained."""
