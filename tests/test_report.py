@@ -1684,3 +1684,16 @@ def test_the_crossover_table_gives_ratios_and_intervals_two_decimals_as_the_page
         ["1.00", "[0.81, 1.20]", "±19.0%"],
         ["1.12", "", "one repeat"],
     ]
+
+
+def test_a_ratio_and_its_interval_stay_together_in_a_table_cell():
+    """The attribution table's "from packing" cell broke between "0.30×" and "[0.23, 0.40]" in a narrow
+    column, the interval alone on the next line as if a cell of its own; the figure and its interval
+    are one unbreakable run (``html.Page.table``), a word before an interval is left to wrap."""
+    from tpbench.report.html import Page
+
+    page = Page(title="t")
+    cells = ["0.30× [0.23, 0.40]", "32.3 [20.4, 127.5]", "+3.1% [+1.0%, +5.2%]", "faster [0.86, 0.97]"]
+    page.table(pd.DataFrame({"c": cells}))
+    spans = re.findall(r'<span class="interval">(.*?)</span>', page.render())
+    assert spans == ["0.30× [0.23, 0.40]", "32.3 [20.4, 127.5]", "+3.1% [+1.0%, +5.2%]", "[0.86, 0.97]"]

@@ -1148,8 +1148,8 @@ def _all_models(loaded: store.Loaded) -> list[whatif.CaseModel]:
     return [model(row) for row in done.to_dict("records")]
 
 
-# A projection's cell, "19.0 [17.0, 40.1]", its interval kept on one line (``report.html.Page.table``).
-INTERVAL_CELL = r'<td>\d+\.\d <span class="interval">\[\d+\.\d, \d+\.\d\]</span></td>'
+# A projection's cell, "19.0 [17.0, 40.1]", kept on one line with its interval (``report.html.Page.table``).
+INTERVAL_CELL = r'<td><span class="interval">\d+\.\d \[\d+\.\d, \d+\.\d\]</span></td>'
 
 
 def test_report_shows_the_reason_in_place_of_the_number():

@@ -42,8 +42,10 @@ pre { background: #f7f7f9; padding: 0.5rem; overflow-x: auto; font-size: 0.8rem;
 .failed { color: #a4262c; } .warn { color: #8a5300; } .interval { white-space: nowrap; }
 """
 
-# An interval as the tables write it, "[0.86, 1.20]" or "[+1.0%, +17.6%]": two short parts, no markup.
-_INTERVAL = re.compile(r"\[[^\[\]<>,]{1,24}, [^\[\]<>,]{1,24}\]")
+# An interval as the tables write it, "[0.86, 1.20]" or "[+1.0%, +17.6%]": two short parts, no markup;
+# with the figure it bounds where one comes first ("0.30× [0.23, 0.40]", "32.3 [20.4, 127.5]"): a narrow
+# column broke between the two, leaving the interval alone on the next line as if it were a cell of its own.
+_INTERVAL = re.compile(r"(?:[-+−]?\d[\d.,]*[×%]? )?\[[^\[\]<>,]{1,24}, [^\[\]<>,]{1,24}\]")
 
 
 def esc(text: object) -> str:
@@ -93,8 +95,8 @@ class Page:
 
     def table(self, df: pd.DataFrame, float_format: str = "{:.3g}", scroll: bool = False) -> None:
         """A DataFrame as an escaped HTML table; long tables scroll inside a box. Each interval in it
-        is kept on one line (``_INTERVAL``): a narrow column broke "[0.86,⏎1.20]" at its comma, which
-        reads as two numbers."""
+        is kept on one line with the figure before it (``_INTERVAL``): a narrow column broke
+        "[0.86,⏎1.20]" at its comma, which reads as two numbers."""
         # Every cell through ``_cell``: pandas' own formatters skip a column of None only, printing "None".
         body = df.map(lambda v: _cell(v, float_format)).to_html(index=False, escape=True, border=0)
         body = _INTERVAL.sub(lambda m: f'<span class="interval">{m[0]}</span>', body)
