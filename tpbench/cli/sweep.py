@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -15,6 +16,7 @@ from rich.text import Text
 from tpbench.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
+    PlainPace,
     cases_table,
     console,
     fitted,
@@ -46,12 +48,14 @@ class SweepProgress:
     "0/0". Cases run interleaved, so the line names the case of the repeat in flight and counts the
     cases settled apart, rather than numbering the case by how many ended before it.
 
-    Away from a terminal (``redraws``) the line is disabled and each world's start and finished
-    repeat is said in a plain line instead (``plain_progress``); a case's last repeat on the line
-    of its end, which follows it, so that the count of cases done is the case's own.
+    Away from a terminal (``redraws``) the line is disabled and plain lines are said instead
+    (``plain_progress``): each world's start and end, each trace window taken again and each
+    failure, and between them a finished repeat only when ``PlainPace`` says one is due (``clock``
+    is its clock); a case's last repeat on the line of its end, which follows it, so that the count
+    of cases done is the case's own.
     """
 
-    def __init__(self, cases: list, items: dict[str, int]) -> None:
+    def __init__(self, cases: list, items: dict[str, int], clock: Callable[[], float] = time.monotonic) -> None:
         from tpbench.suite import labels
 
         self.left = dict(items)
@@ -77,6 +81,8 @@ class SweepProgress:
         self.done_cases = 0
         self.failed_cases = 0
         self.total_cases = len(cases)
+        self.pace = PlainPace(self.planned, clock)
+        self.world, self.world_left = "", 0
 
     def _tally(self) -> str:
         """Repeats run of those planned, and those a failed case will not run."""
@@ -91,9 +97,13 @@ class SweepProgress:
     def __call__(self, event: str, data: dict[str, Any]) -> None:
         if event == "world_start":
             turn = f"pass {data['sweep_pass']}/{self.passes}: " if "sweep_pass" in data else ""
+            self.world = f"{turn}world of {data['world_size']} ranks on {data['interconnect']}"
+            self.world_left = data["items"]
             ranks = f"{turn}starting {data['world_size']} ranks on {data['interconnect']}…"
             self.progress.update(self.task, current=ranks)
             self._say(ranks)
+        elif event == "world_done":
+            self._say(f"repeats {self._tally()}: {self.world} finished; {self._cases()}")
         elif event == "repeat_start":
             label = self.labels.get(data["case"], data["case"])
             self.progress.update(
@@ -105,13 +115,14 @@ class SweepProgress:
             if data["case"] in self.left:
                 self.left[data["case"]] -= 1
             self.run += 1
+            self.world_left -= 1
             self.progress.update(self.task, advance=1, tally=self._tally())
             if data["repeat"] + 1 < self.repeats.get(data["case"], 0):  # the last one: said as its case ends
-                self._say(self._repeat_done(data["case"], data["repeat"]))
+                self._routine(data["case"], data["repeat"])
         elif event == "case_end":
             self.done_cases += 1
             self.progress.update(self.task, current=self._cases())
-            self._say(self._repeat_done(data["case"], self.repeats.get(data["case"], 1) - 1))
+            self._routine(data["case"], self.repeats.get(data["case"], 1) - 1)
         elif event == "world_retry":
             self.progress.console.print(
                 Text.assemble(("world failed: ", "yellow"), f"{data['cause']}; trying a fresh one")
@@ -152,10 +163,17 @@ class SweepProgress:
         label, of = self.labels.get(case, case), self.repeats.get(case, "?")
         return f"repeats {self._tally()}: {label} repeat {repeat + 1}/{of} done; {self._cases()}"
 
+    def _routine(self, case: str, repeat: int) -> None:
+        """A finished repeat's plain line, when the log's pace has one due; not the world's last,
+        which the line of the world's end, next, says with the same counts."""
+        if self.world_left > 0 and self.pace.due(self.run):
+            self._say(self._repeat_done(case, repeat))
+
     def _say(self, said: str) -> None:
         """``said`` as a plain line where the progress line is disabled (not on a terminal)."""
         if self.progress.disable:
             plain_progress(self.progress.tasks[0], said, eta=True)
+            self.pace.said(self.run)
 
     def _case_failed(self, data: dict[str, Any]) -> None:
         self.failed_cases += 1

@@ -6,8 +6,9 @@ import argparse
 import contextlib
 import json
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.markup import escape
 from rich.progress import Progress, TextColumn, TimeElapsedColumn
@@ -18,6 +19,7 @@ from tpbench.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_UNRESOLVED,
+    PlainPace,
     console,
     fitted,
     fraction,
@@ -40,14 +42,21 @@ from tpbench.cli.sweep import SweepDisplay
 
 class TuneProgress:
     """The race as it goes: the round, the settings left and the current leader, the item running.
-    Away from a terminal (``redraws``) the line is disabled and the start, each world's start and
-    each judged round are said in plain lines instead (``plain_progress``)."""
+    Away from a terminal (``redraws``) the line is disabled and plain lines are said instead
+    (``plain_progress``): the start, each world's start, each round that eliminated, retired or
+    brought back an arm, the round a race ended (its arms decided, its rounds or the budget spent),
+    and the other judged rounds when ``PlainPace`` says one is due (``clock`` is its clock; the work
+    is the rounds of every world's race): a line per round made a 300-round tune's log 300 lines,
+    most of them the same leader again."""
 
-    def __init__(self, cases: list) -> None:
+    def __init__(self, cases: list, clock: Callable[[], float] = time.monotonic) -> None:
         from tpbench.suite import labels
 
         self.labels = labels([cases])[0]
         self.total = len(cases)
+        worlds = {c.launch_key for c in cases}
+        self.judged = 0
+        self.pace = PlainPace(len(worlds) * max((c.repeats for c in cases), default=1), clock)
         self.progress = Progress(
             TextColumn("[bold]tune"),
             TextColumn("{task.fields[race]}"),
@@ -87,12 +96,15 @@ class TuneProgress:
         said = f"round {entry['round']}/{race.max_rounds}: {len(entry['live'])} of {len(race.arms)} left, "
         said += f"leader {leader}{gone}"
         self.progress.update(self.task, race=escape(said))
-        self._say(said)
+        self.judged += 1
+        if gone or entry["ended"] or self.pace.due(self.judged):
+            self._say(said)
 
     def _say(self, said: str) -> None:
         """``said`` as a plain line, "tune round 4/30: …", where the progress line is disabled."""
         if self.progress.disable:
             plain_progress(self.progress.tasks[0], f"tune {said}")
+            self.pace.said(self.judged)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:

@@ -1,0 +1,125 @@
+"""Progress in a log (stderr a file or a pipe: CI, nohup, Slurm; capsys's is one): the plain lines
+the sweep and the tune say there instead of rich's line, paced by ``PlainPace``. The clock is a
+stepped one, so each test is the same on any machine; no rank process is started."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+from pathlib import Path
+
+from tpbench import racing, suite
+from tpbench.cli.common import PlainPace
+from tpbench.cli.sweep import SweepProgress
+from tpbench.cli.tune import TuneProgress
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Clock:
+    """Seconds that pass only when the test says so."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def zero_cases() -> list:
+    """suites/zero.toml's 18 cases of 12 repeats: the 216-line log of the finding."""
+    return suite.expand(suite.load(REPO / "suites" / "zero.toml"))
+
+
+def sweep_events(progress: SweepProgress, cases: list, clock: Clock, repeat_s: float) -> None:
+    """One world running every case round by round, as the launcher tells it, ``repeat_s`` a repeat;
+    the first case's trace window taken again in its last round."""
+    rounds = cases[0].repeats
+    progress("world_start", {"world": "w0", "world_size": 2, "interconnect": "loopback", "items": rounds * len(cases)})
+    for r in range(rounds):
+        for c in cases:
+            progress("repeat_start", {"case": c.case_id, "repeat": r})
+            clock.t += repeat_s
+            if r == rounds - 1 and c is cases[0]:
+                progress("trace_retake", {"case": c.case_id, "window": 2})
+            progress("repeat_end", {"case": c.case_id, "repeat": r})
+            if r == rounds - 1:
+                progress("case_end", {"case": c.case_id})
+    progress("world_done", {"world": "w0"})
+
+
+def test_a_sweep_in_a_log_says_a_few_paced_lines_not_one_per_repeat(capsys):
+    """zero.toml away from a terminal said a line per finished repeat, 216 of them. Now: the world's
+    start, a finished repeat once 30 s and a tenth of the work have passed since the log's last line
+    (a line every 22 repeats at 3 s a repeat), the trace window taken again whenever it comes, and
+    the world's end with the final counts."""
+    cases, clock = zero_cases(), Clock()
+    progress = SweepProgress(cases, {c.case_id: c.repeats for c in cases}, clock=clock)
+    sweep_events(progress, cases, clock, repeat_s=3.0)
+    said = capsys.readouterr().err.splitlines()
+    assert said[0].startswith("starting 2 ranks on loopback… (")
+    routine = [int(m.group(1)) for line in said if (m := re.match(r"repeats (\d+)/216: .* repeat \d+/12 done;", line))]
+    assert routine == list(range(22, 216, 22)), said
+    assert sum("tracing again, window 2 of at most 3" in line for line in said) == 1, said
+    assert said[-1].startswith("repeats 216/216: world of 2 ranks on loopback finished; cases 18/18 done ("), said
+    assert len(said) == 1 + len(routine) + 1 + 1
+
+
+def test_a_short_sweep_in_a_log_says_its_world_start_and_end_only(capsys):
+    """Under 30 s in all, no finished repeat is worth a line: the world's end says the counts."""
+    cases, clock = zero_cases()[:2], Clock()
+    progress = SweepProgress(cases, {c.case_id: c.repeats for c in cases}, clock=clock)
+    sweep_events(progress, cases, clock, repeat_s=1.0)
+    said = capsys.readouterr().err.splitlines()
+    assert [line.split(" (")[0] for line in said] == [
+        "starting 2 ranks on loopback…",
+        said[1].split(" (")[0],  # the trace window taken again
+        "repeats 24/24: world of 2 ranks on loopback finished; cases 2/2 done",
+    ]
+    assert "tracing again" in said[1]
+
+
+def test_the_pace_says_a_line_at_least_every_5_minutes_when_a_tenth_of_the_work_takes_longer():
+    """A tenth of 100 repeats of 40 s is 400 s; CI services kill a job silent for 10 minutes, so the
+    line comes after 300 s anyway, every 8th repeat. Quick work waits 30 s between lines."""
+    clock = Clock()
+    pace = PlainPace(100, clock)
+    due = []
+    for done in range(1, 101):
+        clock.t += 40
+        if pace.due(done):
+            pace.said(done)
+            due.append(done)
+    assert due == list(range(8, 101, 8))
+    clock = Clock()
+    pace = PlainPace(1000, clock)
+    clock.t += 29.9
+    assert not pace.due(900)
+    clock.t += 0.1
+    assert pace.due(900) and not pace.due(99)
+
+
+def test_a_long_tune_in_a_log_says_the_rounds_that_decided_something_and_a_few_others(capsys):
+    """A 120-round race (a real ``racing.Race`` judging noisy values, a round every 2 s) said a line
+    per judged round. Now a round is said when it eliminated, retired or brought back an arm, when
+    the race ended, and otherwise once 30 s and a tenth of the rounds passed since the last line."""
+    cases = [dataclasses.replace(c, repeats=120) for c in zero_cases()[:3]]
+    clock = Clock()
+    progress = TuneProgress(cases, clock=clock)
+    arms = [c.case_id for c in cases]
+    race = racing.Race(arms, 120, racing.Options(), comparisons=2)
+    rng, slow = random.Random(1), arms[2]
+    while race.ended is None:
+        for a in race.live:
+            race.record(a, race.rounds, (400.0 if a == slow else 100.0) * rng.uniform(0.5, 1.5))
+        clock.t += 2
+        progress.round(race, race.close_round())
+    said = capsys.readouterr().err.splitlines()
+    judged = [line for line in said if line.startswith("tune round ")]
+    decided = [e["round"] for e in race.history if e["eliminated"] or e["retired"] or e["back"]]
+    assert decided and race.history[-1]["round"] == 120
+    numbers = [int(line.split()[2].split("/")[0]) for line in judged]
+    assert set(decided) | {120} <= set(numbers), judged
+    assert len(judged) <= len(decided) + 1 + 10, judged
+    assert "eliminated" in judged[numbers.index(race.eliminated[slow])]
