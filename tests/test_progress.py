@@ -123,3 +123,24 @@ def test_a_long_tune_in_a_log_says_the_rounds_that_decided_something_and_a_few_o
     assert set(decided) | {120} <= set(numbers), judged
     assert len(judged) <= len(decided) + 1 + 10, judged
     assert "eliminated" in judged[numbers.index(race.eliminated[slow])]
+
+
+def test_a_failure_or_a_kept_trace_in_a_log_is_one_line_however_long(capsys):
+    """A log's console is 80 columns wide: a failed case's cause, a world's retry and the trace
+    window kept were wrapped there into pieces of 80 ('trace of … kept: its forward' / 'passes at
+    ×0.66 …'), so that a grep for the case's label found a sentence's first piece only. Each is one
+    line now, as the progress lines are."""
+    cases, clock = zero_cases()[:2], Clock()
+    progress = SweepProgress(cases, {c.case_id: c.repeats for c in cases}, clock=clock)
+    cause = "rank 1 raised RuntimeError: " + "a cause long enough to pass the width of a log's console, " * 2
+    progress("world_retry", {"world": "w0", "cause": cause})
+    progress("trace_retry", {"case": cases[0].case_id, "cause": cause})
+    progress("case_failed", {"case": cases[1].case_id, "cause": cause})
+    TuneProgress(cases, clock=clock)("case_failed", {"case": cases[1].case_id, "cause": cause})
+    speeds = {"forward_speed": [0.3, 0.66], "step_speed": [0.4, 1.23], "thread_speed": [0.3, 0.88]}
+    window = {"windows": 2, "kept": 1, **speeds}
+    progress("capture", {"case": cases[0].case_id, "trace": window})
+    said = capsys.readouterr().err.splitlines()
+    assert sum(cause in line for line in said) == 4, said
+    kept = [line for line in said if line.startswith("trace of ")]
+    assert kept and kept[0].endswith("its training thread's CPU time at ×0.88 (1 below half speed before it)"), said

@@ -52,7 +52,8 @@ class SweepProgress:
     (``plain_progress``): each world's start and end, each trace window taken again and each
     failure, and between them a finished repeat only when ``PlainPace`` says one is due (``clock``
     is its clock); a case's last repeat on the line of its end, which follows it, so that the count
-    of cases done is the case's own.
+    of cases done is the case's own. Every line is said whole (``soft_wrap``): a log's console is
+    80 columns wide, and rich wrapped a failure's cause there into pieces a grep finds one of.
     """
 
     def __init__(self, cases: list, items: dict[str, int], clock: Callable[[], float] = time.monotonic) -> None:
@@ -125,14 +126,15 @@ class SweepProgress:
             self._routine(data["case"], self.repeats.get(data["case"], 1) - 1)
         elif event == "world_retry":
             self.progress.console.print(
-                Text.assemble(("world failed: ", "yellow"), f"{data['cause']}; trying a fresh one")
+                Text.assemble(("world failed: ", "yellow"), f"{data['cause']}; trying a fresh one"), soft_wrap=True
             )
         elif event == "trace_retry":
             label = self.labels.get(data["case"], data["case"])
             self.progress.console.print(
                 Text.assemble(
                     ("trace failed: ", "yellow"), f"{label}: {data['cause']}; its last repeat again in a fresh world"
-                )
+                ),
+                soft_wrap=True,
             )
         elif event == "trace_retake":
             label = self.labels.get(data["case"], data["case"])
@@ -156,7 +158,7 @@ class SweepProgress:
         said = kept_text(TraceWindow.from_json(data["trace"])) if data.get("trace") else None
         if said:
             label = self.labels.get(data["case"], data["case"])
-            self.progress.console.print(Text.assemble(("trace of ", "yellow"), f"{label}: {said}"))
+            self.progress.console.print(Text.assemble(("trace of ", "yellow"), f"{label}: {said}"), soft_wrap=True)
 
     def _repeat_done(self, case: str, repeat: int) -> str:
         """ "repeats 3/4: ddp repeat 2/2 done; cases 1/2 done"."""
@@ -182,7 +184,8 @@ class SweepProgress:
         self.progress.update(
             self.task, total=self.total, tally=self._tally(), current=f"{escape(label)} failed; {self._cases()}"
         )
-        self.progress.console.print(Text.assemble(("case failed: ", "red"), f"{label}: {data['cause']}"))
+        failed = Text.assemble(("case failed: ", "red"), f"{label}: {data['cause']}")
+        self.progress.console.print(failed, soft_wrap=True)
 
 
 def _fastest(loaded) -> list[str]:

@@ -83,7 +83,8 @@ class TuneProgress:
             self.progress.update(self.task, current=f"round {data['items'][0][1] + 1}: {n} settings stepped in turn")
         elif event == "case_failed":
             label = self.labels.get(data["case"], data["case"])
-            self.progress.console.print(Text.assemble(("setting failed: ", "red"), f"{label}: {data['cause']}"))
+            failed = Text.assemble(("setting failed: ", "red"), f"{label}: {data['cause']}")
+            self.progress.console.print(failed, soft_wrap=True)  # whole: a log's console is 80 columns
 
     def round(self, race, entry: dict[str, Any]) -> None:
         """A judged round (on the tune's conductor thread)."""
