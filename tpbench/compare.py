@@ -48,6 +48,7 @@ import numpy as np
 
 from tpbench import store
 from tpbench.algorithms import COMPARED_PAIRS, is_plain_ddp, timed_before_switch
+from tpbench.analysis import convergence
 from tpbench.analysis.stats import (
     CONFIDENCE,
     Ratio,
@@ -797,23 +798,33 @@ def within_run(
     )
 
 
-def _reach(loaded: store.Loaded) -> dict[str, tuple[float, float]]:
-    """Each case's median steps and training seconds to the target loss from the run's summary (NaN
-    where a repeat never reached it); empty where the workload evaluates no loss or knows no target."""
+def _reach(loaded: store.Loaded) -> dict[str, tuple[float, float, float]]:
+    """Each case's median steps and training seconds to the target loss and its median final held-out
+    loss, from the run's summary (NaN where a repeat never reached the target, or where the workload
+    knows none); empty where the workload evaluates no held-out loss."""
     summary = loaded.summary
-    if "steps_to_target" not in summary or "time_to_target_s" not in summary:
+    if "final_heldout_loss" not in summary:
         return {}
-    rows = summary[["case_id", "steps_to_target", "time_to_target_s"]].to_dict("records")
-    return {r["case_id"]: (float(r["steps_to_target"]), float(r["time_to_target_s"])) for r in rows}
+    rows = summary.reindex(columns=["case_id", "steps_to_target", "time_to_target_s", "final_heldout_loss"])
+    return {
+        r["case_id"]: (float(r["steps_to_target"]), float(r["time_to_target_s"]), float(r["final_heldout_loss"]))
+        for r in rows.to_dict("records")
+    }
 
 
-def _training(p: CasePair, reach: Mapping[str, tuple[float, float]]) -> str:
-    """Said of a pair whose cases reach the target loss after different numbers of steps (post-local
-    SGD's settings, a compressing hook): their updates differ, so the step time the verdict compares does
-    not rank how soon each trains to the loss, which a faster step may reach later. Cases that compute the
-    same update (DDP and the ZeRO variants) reach it at the same step and get nothing."""
+def _training(p: CasePair, reach: Mapping[str, tuple[float, float, float]]) -> str:
+    """Said of a pair that does not train alike (post-local SGD's settings, a compressing hook): its cases
+    reach the target loss after different numbers of steps, or their final held-out losses end more than
+    ``convergence.LEVEL_NATS`` apart, the level band the report's post-local SGD lines and the tune's note
+    judge by (in their words: ``convergence.ends_against``). Their updates differ, so the step time the
+    verdict compares does not rank how far each trains: a faster step may reach the loss later, or end
+    worse. Cases that compute the same update (DDP and the ZeRO variants) train alike and get nothing."""
     base, cand = reach.get(p.baseline_case), reach.get(p.candidate_case)
-    if base is None or cand is None or all(math.isnan(v) for v in (base[0], cand[0])) or base[0] == cand[0]:
+    if base is None or cand is None:
+        return ""
+    reached = not all(math.isnan(v) for v in (base[0], cand[0]))
+    delta = cand[2] - base[2]
+    if not ((reached and base[0] != cand[0]) or abs(delta) > convergence.LEVEL_NATS):
         return ""
 
     def steps(v: float) -> str:
@@ -822,10 +833,17 @@ def _training(p: CasePair, reach: Mapping[str, tuple[float, float]]) -> str:
     def secs(v: float) -> str:
         return "never" if math.isnan(v) else f"{v:.3g}"
 
+    said = []
+    if reached:
+        said.append(
+            f"to the target loss after {steps(base[0])} → {steps(cand[0])} steps, "
+            f"{secs(base[1])} → {secs(cand[1])} s of training"
+        )
+    if not math.isnan(delta):
+        said.append(f"the candidate {convergence.ends_against(delta, 'the baseline')}")
     return (
-        f"does not train alike: to the target loss after {steps(base[0])} → {steps(cand[0])} steps, "
-        f"{secs(base[1])} → {secs(cand[1])} s of training (medians over repeats); the step time compared "
-        "does not count how far a step takes the model (the report's Convergence section has the curves)"
+        f"does not train alike (medians over repeats): {'; '.join(said)}; the step time compared does not count "
+        "how far a step takes the model (the report's Convergence section has the curves)"
     )
 
 

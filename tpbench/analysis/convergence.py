@@ -29,6 +29,15 @@ def nats_apart(delta: float) -> str:
     return f"{gap:.3f}" if round(gap, 3) > LEVEL_NATS else f"{gap:.4f}"
 
 
+def ends_against(delta: float, other: str) -> str:
+    """Where a final held-out loss ends against ``other``'s, ``delta`` (nats) above it: "level" within
+    ``LEVEL_NATS``, on the band included, else how far above or below (``nats_apart``). One wording for
+    the report's post-local SGD lines and ``tpbench compare``'s pairs, whose loss gaps they judge alike."""
+    if abs(delta) <= LEVEL_NATS:
+        return f"ends level with {other} (held-out loss within {LEVEL_NATS:g} nats)"
+    return f"ends {nats_apart(delta)} nats {'above' if delta > 0 else 'below'} {other}'s held-out loss"
+
+
 def curves(steps: pd.DataFrame) -> pd.DataFrame:
     """Per (case_id, repeat, step): mean training loss and mean held-out loss over ranks, and the
     cumulative training time in seconds (slowest rank per step). Warm-up steps are included:

@@ -827,10 +827,8 @@ def _steps_phrase(c: Comparison) -> str:
 def _ends(delta: float) -> str:
     """Its final held-out loss against DDP's, in three decimals (``convergence.nats_apart``): the level
     band is 0.005 nats, which two decimals would blur (0.0052 as "0.01"), and "DDP's", not "it", which can
-    be read as the target."""
-    if abs(delta) <= convergence.LEVEL_NATS:  # "within": on the band is level, as the tune's note has it
-        return f"ends level with DDP (held-out loss within {convergence.LEVEL_NATS:g} nats)"
-    return f"ends {convergence.nats_apart(delta)} nats {'above' if delta > 0 else 'below'} DDP's held-out loss"
+    be read as the target; on the level band is level, as the tune's note has it."""
+    return convergence.ends_against(delta, "DDP")
 
 
 # --- several runs -----------------------------------------------------------------------------
