@@ -1250,6 +1250,25 @@ def test_the_sweeps_terminal_says_which_setting_reaches_the_target_soonest_under
     )
 
 
+def test_a_tunes_report_says_its_intervals_are_not_the_notes_and_leaves_the_soonest_to_it(tmp_path):
+    """A tune of suites/localsgd.toml (4 rounds of 120 steps): its note gave DDP against the recommended
+    setting's time to the target 'no difference shown: -26.0% [-53.1%, +16.5%]' at 98.75% each, and the
+    report's line for the same pair 'slower: +35.2% [+3.4%, +76.8%]' at 95%, with a Soonest line that gave
+    the note's DDP against the next soonest -7.4% [-21.1%, +8.5%] beside its [-29.3%, +21.2%], none saying why
+    they differ. The Soonest line leaves a tune's arms to its note, as the Fastest does, and the Verdicts and
+    the Time to target table say theirs are 95% each, the note's at the confidence the race spent."""
+    loaded = dataclasses.replace(localsgd_settings_data().runs[0], run_dir=tmp_path)
+    store.write_tune(tmp_path, TuneRecord(Options(), 1.0, {}, []))
+    said = " ".join(re.sub(r"<[^>]+>", " ", build_report([loaded])).split()).replace("&#x27;", "'")
+    assert "Soonest to the target loss" not in said
+    assert (
+        "The 3 settings this tune raced: compared in its Recommendation above, at the confidence its race spent, "
+        "which its intervals state; each interval here is 95% on its own" in said
+    )
+    assert "The tune's note in the Recommendation gives times to the target at the confidence its race spent" in said
+    assert "Soonest to the target loss" in build_report(localsgd_settings_data().runs)
+
+
 def test_compare_within_a_run_says_which_pairs_do_not_train_alike():
     """`tpbench compare RUN_DIR` of suites/localsgd.toml called start_localSGD_iter 0 → 60 (every 4 steps) a
     regression, +17% a step (exit 1), and said nothing of the loss: the report of that run had the same

@@ -175,7 +175,8 @@ def _time_to_target(page: Page, data: ReportData, verdicts: list[ConvergenceVerd
         "held-out loss is the last evaluation's: where eval_every does not divide the steps trained, a column "
         "gives its step. "
         "Ratios: candidate / DDP training time to target, with its 95% t interval over repeats (paired by round "
-        "when both ran in one world) and its half-width, the smallest difference it could resolve.",
+        "when both ran in one world) and its half-width, the smallest difference it could resolve."
+        + (TUNED_NOTE if any(r.tune is not None for r in data.runs) else ""),
         css="muted",
     )
     page.table(
@@ -192,6 +193,15 @@ def _time_to_target(page: Page, data: ReportData, verdicts: list[ConvergenceVerd
         float_format="{:.4g}",
         scroll=len(table) > 20,
     )
+
+
+# A tune's note sets its arms' times to the target against one another at the confidence its race spent on
+# each comparison, so that all of them hold together: wider than this table's 95 %, and for the same pair
+# (the recommended setting against DDP) it may call unresolved what a cell here resolves.
+TUNED_NOTE = (
+    " The tune's note in the Recommendation gives times to the target at the confidence its race spent on each "
+    "comparison (it says which), wider intervals than these."
+)
 
 
 def _ratio_cell(est: Ratio | None) -> str:
