@@ -755,6 +755,20 @@ def _time_to_target_table(data) -> str:
     return table[table.index("<table") : table.index("</table>")]
 
 
+def test_the_time_to_target_caption_says_it_is_only_as_fine_as_eval_every():
+    """suites/localsgd.toml evaluates its held-out loss every 20 steps: its Time to target table gave
+    40 against 60 steps to the target, a gap of one evaluation that may be a step, and nothing said so."""
+    from tpbench.report import convergence
+    from tpbench.report.html import Page
+
+    data = localsgd_settings_data()
+    page = Page(title="t")
+    convergence.section(page, data, verdicts.convergence_verdicts(data))
+    said = " ".join(re.sub(r"<[^>]+>", " ", page.render()).split())
+    assert "Steps and time to target are only as fine as eval_every (every 10 steps): they are the first " in said
+    assert "and the case got there within the eval_every steps before it." in said
+
+
 def test_the_time_to_target_table_sets_post_local_sgd_against_each_ddp():
     """With both forms of plain DDP the table's one "time to target vs DDP" column kept whichever
     verdict came last: a ratio against one DDP under a heading that could mean either. Each DDP now
@@ -1186,7 +1200,11 @@ def localsgd_settings_data(slow_last: float = 1.02) -> report_data.ReportData:
     every 4 steps 60 ms after 30 (1.8 s), every 16 steps 55 ms after 40 (2.2 s), the second repeat
     1 % slower and the last ``slow_last`` times as slow. All end level."""
     text = localsgd_suite(
-        'start_localSGD_iter = ["never", 10]\naveraging_period = [4, 16]', name="lsgd-settings", steps=40, repeats=3
+        'start_localSGD_iter = ["never", 10]\naveraging_period = [4, 16]',
+        name="lsgd-settings",
+        steps=40,
+        repeats=3,
+        eval_every=10,
     )
     cases = expand(parse(text, "lsgd.toml"), Machine(gpus=0))
     shape = {("never", None): (100.0, 20), (10, 4): (60.0, 30), (10, 16): (55.0, 40)}

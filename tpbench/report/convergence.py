@@ -173,8 +173,9 @@ def _time_to_target(page: Page, data: ReportData, verdicts: list[ConvergenceVerd
     page.paragraph(
         "Median over repeats; a case reaches the target only if every repeat does (otherwise blank). The final "
         "held-out loss is the last evaluation's: where eval_every does not divide the steps trained, a column "
-        "gives its step. "
-        "Ratios: candidate / DDP training time to target, with its 95% t interval over repeats (paired by round "
+        "gives its step."
+        + _granularity(rows)
+        + " Ratios: candidate / DDP training time to target, with its 95% t interval over repeats (paired by round "
         "when both ran in one world) and its half-width, the smallest difference it could resolve."
         + (TUNED_NOTE if any(r.tune is not None for r in data.runs) else ""),
         css="muted",
@@ -192,6 +193,20 @@ def _time_to_target(page: Page, data: ReportData, verdicts: list[ConvergenceVerd
         ),
         float_format="{:.4g}",
         scroll=len(table) > 20,
+    )
+
+
+def _granularity(rows: pd.DataFrame) -> str:
+    """Steps and time to target are only as fine as ``eval_every``: the held-out loss is evaluated every
+    that many steps, so a case is counted at its first evaluation at or below the target, and two cases
+    that got there a step apart can read ``eval_every`` steps apart (40 → 60 of suites/localsgd.toml)."""
+    every = sorted({int(v) for v in rows.get("eval_every", pd.Series(dtype=float)).dropna() if v > 0})
+    if not every:
+        return ""
+    said = f"every {every[0]} steps" if len(every) == 1 else "every " + ", ".join(map(str, every)) + " steps, by case"
+    return (
+        f" Steps and time to target are only as fine as eval_every ({said}): they are the first held-out "
+        "evaluation's at or below the target, and the case got there within the eval_every steps before it."
     )
 
 
