@@ -2148,6 +2148,32 @@ def test_the_reports_race_table_names_a_cpu_ms_races_ratios() -> None:
         assert heading in table.columns, list(table.columns)
 
 
+def test_the_terminal_and_the_report_write_an_arms_time_to_target_with_one_function(capsys) -> None:
+    """The report's Recommendation table and the terminal's each formatted an arm's time to the target
+    themselves (``_to_target`` in one, inline in the other): one change to either would set the two
+    tables apart. Both now head and write the cell with ``verdict.TO_TARGET`` and ``verdict.to_target``."""
+    from tpbench import verdict
+    from tpbench.cli import tune as cli
+    from tpbench.report.recommendation import _table
+
+    def arm(name: str, seconds: float | None) -> TuneArm:
+        fields = {"case_id": name, "label": name, "params": {}, "status": "unresolved", "rounds": 3, "ratio": 1.0}
+        return TuneArm(**fields, lo=None, hi=None, eliminated_at=None, time_to_target_s=seconds)
+
+    arms = [arm("a", 2.2049), arm("b", None), arm("c", 12.345)]
+    result = {"run_dir": "r", "state": "unresolved", "recommended": None, "claim": "x", "arms": []}
+    result |= {"epsilon": 0.02, "confidence": 0.95, "rounds_to_decide": None, "metric": "step_ms"}
+    result |= dict.fromkeys(("wall_s", "timed_s", "grid_timed_s"), 1.0)
+    answer = dataclasses.replace(TuneResult.from_json(result), arms=arms)
+    written = [verdict.to_target(a.time_to_target_s) for a in arms]
+    assert written == ["2.2", "—", "12.3"]
+    assert _table(answer)[verdict.TO_TARGET].tolist() == written
+    cli.print_tune(answer, "md")
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert table[0].rstrip(" |").endswith(verdict.TO_TARGET)
+    assert [row.rstrip(" |").rsplit(" | ", 1)[1] for row in table[1:]] == written
+
+
 def test_the_trace_sentence_keeps_each_interval_end_on_its_side_of_no_change() -> None:
     """A part named as excluding no change read "optimizer +0.04 ms [+0.00, +0.07]" (its low end
     +0.004 ms, rounded to two decimals): the sentence said it excluded no change beside an interval

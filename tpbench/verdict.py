@@ -281,6 +281,19 @@ def brought_back(n: int) -> str:
     return f"retired, then brought back: it sat out {n} round{'s' if n != 1 else ''}" if n else ""
 
 
+# A tune arm's training seconds to the target loss, the median over its rounds (``Arm.time_to_target_s``),
+# as the terminal's table and the report's Recommendation table head and write it (``to_target``). The
+# training note ranks the arms by this time (by the geometric mean, which its ratios compare), and without
+# the column only the arms it names had one.
+TO_TARGET = "to target s (median)"
+
+
+def to_target(seconds: float | None) -> str:
+    """An arm's ``TO_TARGET`` cell: three significant figures, as the note gives the times, or "—" where a
+    round it ran never reached the target (None), one function so that the two tables cannot drift apart."""
+    return "—" if seconds is None else f"{seconds:.3g}"
+
+
 def ms(x: float, like: float | None = None) -> str:
     """A step time as the verdicts print it: to three significant figures of ``like`` (default: of
     ``x`` itself), trailing zeros kept, so that a value and its interval's ends, given the value as

@@ -326,12 +326,6 @@ def _where_table(where: dict) -> tuple[str, tuple[str, ...], list[tuple[str, ...
     return title, head, rows, verdict.rival_line(where)
 
 
-# Each arm's training seconds to the target loss, the median over its rounds (``Arm.time_to_target_s``);
-# "—" where a round it ran never reached it. The training note ranks the arms by this time (by the
-# geometric mean, which its ratios compare), and without the column only the arms it names had one.
-TO_TARGET = "to target s (median)"
-
-
 def raced_on(metric: str) -> str:
     """After the cost line, whose timed steps are wall time whatever was raced: what the ratios are,
     where the race was not on wall time per step (``verdict.ratio_heading``)."""
@@ -364,10 +358,8 @@ def print_tune(result, fmt: str) -> None:
         head += ("held-out loss",)
         rows = [(*r, "—" if a.heldout_loss is None else f"{a.heldout_loss:.3f}") for r, a in zip(rows, result.arms)]
     if any(a.time_to_target_s is not None for a in result.arms):  # the time the training note ranks them by
-        head += (TO_TARGET,)
-        rows = [
-            (*r, "—" if a.time_to_target_s is None else f"{a.time_to_target_s:.3g}") for r, a in zip(rows, result.arms)
-        ]
+        head += (verdict.TO_TARGET,)
+        rows = [(*r, verdict.to_target(a.time_to_target_s)) for r, a in zip(rows, result.arms)]
     cost = (
         f"wall {result.wall_s:.0f} s; timed steps {result.timed_s:.1f} s, "
         f"{result.timed_s / result.grid_timed_s:.0%} of the {result.grid_timed_s:.1f} s the whole grid would have timed"

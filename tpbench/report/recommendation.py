@@ -190,7 +190,7 @@ def _table(result: TuneResult) -> pd.DataFrame:
                 if a.retired_at is None
                 else f"{a.retired_at}{verdict.sat_out(a.sat_out)}",
                 **({"held-out loss": _loss(a.heldout_loss)} if losses else {}),
-                **({"to target s (median)": _to_target(a.time_to_target_s)} if reached else {}),
+                **({verdict.TO_TARGET: verdict.to_target(a.time_to_target_s)} if reached else {}),
             }
             for a in result.arms
         ]
@@ -199,10 +199,6 @@ def _table(result: TuneResult) -> pd.DataFrame:
 
 def _loss(v: float | None) -> str:
     return "" if v is None else f"{v:.3f}"
-
-
-def _to_target(v: float | None) -> str:
-    return "—" if v is None else f"{v:.3g}"
 
 
 # The race chart's top: a setting half again as slow as the leader is plainly out, and drawing it
