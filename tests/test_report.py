@@ -1302,9 +1302,10 @@ def test_compare_within_a_run_says_which_pairs_do_not_train_alike():
     within = compare.within_run(loaded)
     said = {p.result.label: p.result.training for p in within.pairs}
     assert said["averaging_period: 4 → 16 (start_localSGD_iter=10)"] == (
-        "does not train alike (medians over repeats): to the target loss after 30 → 40 steps, 1.82 → 2.22 s of "
-        "training; the candidate ends level with the baseline (held-out loss within 0.005 nats); the step time "
-        "compared does not count how far a step takes the model (the report's Convergence section has the curves)"
+        "does not train alike (medians over repeats): to the target loss after 30 → 40 steps (held-out loss "
+        "evaluated every 10 steps), 1.82 → 2.22 s of training; the candidate ends level with the baseline (held-out "
+        "loss within 0.005 nats); the step time compared does not count how far a step takes the model (the report's "
+        "Convergence section has the curves)"
     )
     text = render.render_text(within)
     assert "averaging_period: 4 → 16 (start_localSGD_iter=10): does not train alike (medians over repeats)" in text

@@ -798,33 +798,49 @@ def within_run(
     )
 
 
-def _reach(loaded: store.Loaded) -> dict[str, tuple[float, float, float]]:
-    """Each case's median steps and training seconds to the target loss and its median final held-out
-    loss, from the run's summary (NaN where a repeat never reached the target, or where the workload
-    knows none); empty where the workload evaluates no held-out loss."""
+@dataclass(frozen=True)
+class _Trained:
+    """How far a case of one run trained, from the run's summary: medians over its repeats."""
+
+    steps: float  # to the target loss (NaN: a repeat never reached it, or the workload knows no target)
+    seconds: float  # of training to it
+    final: float  # the final held-out loss, nats (NaN: none evaluated)
+    eval_every: int  # the held-out loss's evaluations, every that many steps: how fine ``steps`` is
+
+
+def _reach(loaded: store.Loaded) -> dict[str, _Trained]:
+    """Each case's ``_Trained``; empty where the workload evaluates no held-out loss."""
     summary = loaded.summary
     if "final_heldout_loss" not in summary:
         return {}
     rows = summary.reindex(columns=["case_id", "steps_to_target", "time_to_target_s", "final_heldout_loss"])
+    cases = loaded.cases
+    every = dict(zip(cases["case_id"], cases["eval_every"])) if "eval_every" in cases else {}
     return {
-        r["case_id"]: (float(r["steps_to_target"]), float(r["time_to_target_s"]), float(r["final_heldout_loss"]))
+        r["case_id"]: _Trained(
+            float(r["steps_to_target"]),
+            float(r["time_to_target_s"]),
+            float(r["final_heldout_loss"]),
+            int(every.get(r["case_id"], 0)),
+        )
         for r in rows.to_dict("records")
     }
 
 
-def _training(p: CasePair, reach: Mapping[str, tuple[float, float, float]]) -> str:
+def _training(p: CasePair, reach: Mapping[str, _Trained]) -> str:
     """Said of a pair that does not train alike (post-local SGD's settings, a compressing hook): its cases
     reach the target loss after different numbers of steps, or their final held-out losses end more than
     ``convergence.LEVEL_NATS`` apart, the level band the report's post-local SGD lines and the tune's note
     judge by (in their words: ``convergence.ends_against``). Their updates differ, so the step time the
     verdict compares does not rank how far each trains: a faster step may reach the loss later, or end
-    worse. Cases that compute the same update (DDP and the ZeRO variants) train alike and get nothing."""
+    worse. Cases that compute the same update (DDP and the ZeRO variants) train alike and get nothing.
+    The steps are only as fine as ``eval_every``, which the line gives, as the report's table caption does."""
     base, cand = reach.get(p.baseline_case), reach.get(p.candidate_case)
     if base is None or cand is None:
         return ""
-    reached = not all(math.isnan(v) for v in (base[0], cand[0]))
-    delta = cand[2] - base[2]
-    if not ((reached and base[0] != cand[0]) or abs(delta) > convergence.LEVEL_NATS):
+    reached = not all(math.isnan(v) for v in (base.steps, cand.steps))
+    delta = cand.final - base.final
+    if not ((reached and base.steps != cand.steps) or abs(delta) > convergence.LEVEL_NATS):
         return ""
 
     def steps(v: float) -> str:
@@ -835,9 +851,10 @@ def _training(p: CasePair, reach: Mapping[str, tuple[float, float, float]]) -> s
 
     said = []
     if reached:
+        every = f"{base.eval_every}" if base.eval_every == cand.eval_every else f"{base.eval_every} → {cand.eval_every}"
         said.append(
-            f"to the target loss after {steps(base[0])} → {steps(cand[0])} steps, "
-            f"{secs(base[1])} → {secs(cand[1])} s of training"
+            f"to the target loss after {steps(base.steps)} → {steps(cand.steps)} steps (held-out loss evaluated "
+            f"every {every} steps), {secs(base.seconds)} → {secs(cand.seconds)} s of training"
         )
     if not math.isnan(delta):
         said.append(f"the candidate {convergence.ends_against(delta, 'the baseline')}")
