@@ -1302,8 +1302,8 @@ def test_compare_within_a_run_says_which_pairs_do_not_train_alike():
     within = compare.within_run(loaded)
     said = {p.result.label: p.result.training for p in within.pairs}
     assert said["averaging_period: 4 → 16 (start_localSGD_iter=10)"] == (
-        "does not train alike (medians over repeats): to the target loss after 30 → 40 steps (held-out loss "
-        "evaluated every 10 steps), 1.82 → 2.22 s of training; the candidate ends level with the baseline (held-out "
+        "does not train alike (medians over repeats): to the target loss after 30 → 40 steps, 1.82 → 2.22 s of "
+        "training (held-out loss evaluated every 10 steps); the candidate ends level with the baseline (held-out "
         "loss within 0.005 nats); the step time compared does not count how far a step takes the model (the report's "
         "Convergence section has the curves)"
     )
@@ -1312,6 +1312,15 @@ def test_compare_within_a_run_says_which_pairs_do_not_train_alike():
     assert json.loads(render.render_json(within))["pairs"][0]["result"]["training"].startswith("does not train")
     twins = dataclasses.replace(loaded, summary=loaded.summary.assign(steps_to_target=20.0))
     assert all(not p.result.training for p in compare.within_run(twins).pairs)
+    # A side that never reached the target is said apart: "after 30 → never steps" read as a count.
+    summary = loaded.summary.copy()
+    summary.loc[summary["case_id"] == within.pairs[0].candidate_case, ["steps_to_target", "time_to_target_s"]] = (
+        math.nan
+    )
+    [first, *_] = compare.within_run(dataclasses.replace(loaded, summary=summary)).pairs
+    assert "to the target loss after 20 steps (2.02 s of training) for the baseline, never for the candidate (" in (
+        first.result.training
+    )
 
 
 def test_compare_within_a_run_judges_the_held_out_loss_gap_as_the_report_does():

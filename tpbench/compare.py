@@ -843,25 +843,28 @@ def _training(p: CasePair, reach: Mapping[str, _Trained]) -> str:
     if not ((reached and base.steps != cand.steps) or abs(delta) > convergence.LEVEL_NATS):
         return ""
 
-    def steps(v: float) -> str:
-        return "never" if math.isnan(v) else f"{v:.0f}"
-
-    def secs(v: float) -> str:
-        return "never" if math.isnan(v) else f"{v:.3g}"
-
     said = []
     if reached:
         every = f"{base.eval_every}" if base.eval_every == cand.eval_every else f"{base.eval_every} → {cand.eval_every}"
-        said.append(
-            f"to the target loss after {steps(base.steps)} → {steps(cand.steps)} steps (held-out loss evaluated "
-            f"every {every} steps), {secs(base.seconds)} → {secs(cand.seconds)} s of training"
-        )
+        said.append(f"to the target loss {_reached(base, cand)} (held-out loss evaluated every {every} steps)")
     if not math.isnan(delta):
         said.append(f"the candidate {convergence.ends_against(delta, 'the baseline')}")
     return (
         f"does not train alike (medians over repeats): {'; '.join(said)}; the step time compared does not count "
         "how far a step takes the model (the report's Convergence section has the curves)"
     )
+
+
+def _reached(base: _Trained, cand: _Trained) -> str:
+    """Each side's steps and seconds to the target: "after 30 → 40 steps, 1.82 → 2.22 s of training";
+    where one side never reached it, each side apart ("after 40 → never steps" read as a count)."""
+    if not (math.isnan(base.steps) or math.isnan(cand.steps)):
+        return f"after {base.steps:.0f} → {cand.steps:.0f} steps, {base.seconds:.3g} → {cand.seconds:.3g} s of training"
+    side = [
+        "never" if math.isnan(t.steps) else f"after {t.steps:.0f} steps ({t.seconds:.3g} s of training)"
+        for t in (base, cand)
+    ]
+    return f"{side[0]} for the baseline, {side[1]} for the candidate"
 
 
 def _pair(
