@@ -490,6 +490,28 @@ def test_runs_differing_only_in_repeats_match_case_by_case_in_compare_and_report
     )
 
 
+def test_across_runs_line_of_one_common_case_gives_its_ratio_not_a_range(tmp_path: Path) -> None:
+    """A gate of suites/gate.toml compares one case: the report's line gives that case's ratio and
+    what its interval resolves. It said "median step-time ratio 1.00 (range 1.00–1.00); the
+    intervals resolve ±43.6% to ±43.6% (median ±43.6%)", a spread of one number read as a summary."""
+    from tpbench.report import verdicts
+    from tpbench.report.data import load as report_data
+    from tpbench.sweep import finalize
+
+    base = make_run(tmp_path / "b", {"ddp": noisy(10, 5, 0.02, 1)})
+    cand = make_run(tmp_path / "c", {"ddp": noisy(10, 5, 0.02, 2)})
+    for run in (base, cand):
+        finalize(store.Run.open(run))
+    data = report_data([store.load(base), store.load(cand)])
+    (line,) = verdicts.across_runs_lines(data, verdicts.against_first_run(verdicts.run_data(data)))
+    assert "range" not in line and "median" not in line and " to ±" not in line, line
+    assert re.search(
+        r"over 1 common case\(s\): 1 \w+ \(threshold ±5%\); step-time ratio \d\.\d\d; "
+        r"its interval resolves ±\d+(\.\d)?%\.$",
+        line,
+    ), line
+
+
 def rename_case_ids(run: Path, new: Callable[[str], str]) -> None:
     """Give a run's cases other ids, as an older tpbench that hashed more keys stored them."""
     meta = json.loads((run / "run.json").read_text())

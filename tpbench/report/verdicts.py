@@ -872,6 +872,27 @@ def case_label(data: ReportData, c: engine.Comparison, case_id: str) -> str:
     return row["label"].iloc[0] if len(row) else case_id
 
 
+def _ratios_and_widths(judged: list[engine.CaseResult]) -> str:
+    """The judged cases' step-time ratios and what their intervals resolve, as a summary where there
+    are several; one case (suites/gate.toml's) gets its own figures: a median and range of one ratio
+    read "1.00 (range 1.00–1.00)", and its interval "±43.6% to ±43.6% (median ±43.6%)"."""
+    ratios = np.array([r.ratio for r in judged])
+    widths = sorted(r.half_width for r in judged if r.half_width is not None and np.isfinite(r.half_width))
+    if len(judged) == 1:
+        words = f"; step-time ratio {ratios[0]:.2f}"
+        if not widths:
+            return words + "; no interval (too few repeats)"
+        return words + f"; its interval resolves {verdict.half_width_pct(widths[0])}"
+    # Two decimals for all three: three significant figures wrote "range 1.14–1.2", and "1 (range 1–1)".
+    words = f"; median step-time ratio {np.median(ratios):.2f} (range {ratios.min():.2f}–{ratios.max():.2f})"
+    if not widths:
+        return words + "; no case has an interval (too few repeats)"
+    return words + (
+        f"; the intervals resolve {verdict.half_width_pct(widths[0])} to {verdict.half_width_pct(widths[-1])} "
+        f"(median {verdict.half_width_pct(float(np.median(widths)))})"
+    )
+
+
 def across_runs_lines(data: ReportData, comps: list[engine.Comparison]) -> list[str]:
     """Per later run: the tally of verdicts against the first run, the ratios and what the intervals
     resolve (``CaseResult.half_width``) of the cases judged, and the largest change called. An
@@ -896,16 +917,7 @@ def across_runs_lines(data: ReportData, comps: list[engine.Comparison]) -> list[
         if not judged:
             lines.append(line + missing + ".")
             continue
-        ratios = np.array([r.ratio for r in judged])
-        # Two decimals for all three: three significant figures wrote "range 1.14–1.2", and "1 (range 1–1)".
-        line += f"; median step-time ratio {np.median(ratios):.2f} (range {ratios.min():.2f}–{ratios.max():.2f})"
-        widths = sorted(r.half_width for r in judged if r.half_width is not None and np.isfinite(r.half_width))
-        line += (
-            f"; the intervals resolve {verdict.half_width_pct(widths[0])} to {verdict.half_width_pct(widths[-1])} "
-            f"(median {verdict.half_width_pct(float(np.median(widths)))})"
-            if widths
-            else "; no case has an interval (too few repeats)"
-        )
+        line += _ratios_and_widths(judged)
         called = [r for r in judged if r.verdict in (engine.REGRESSION, engine.IMPROVEMENT)]
         if called:
             big = max(called, key=lambda r: abs(np.log(r.ratio)))
