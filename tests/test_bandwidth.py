@@ -77,6 +77,17 @@ def test_time_is_the_fastest_rank_and_bandwidth_uses_gb_of_1e9() -> None:
     assert row["busbw_gbps"] == pytest.approx(7.5)
 
 
+def test_a_broadcast_is_timed_on_its_slowest_rank_never_faster_than_its_link() -> None:
+    """On Gloo a broadcast's root returns once its bytes are in the socket's buffer: crossover.toml's
+    589 KB broadcasts on a 1 Gbit/s (0.125 GB/s) link read 2.41 GB/s of busbw, timed on the root. A
+    rooted collective is timed on the receiver, which ends only once the bytes have crossed."""
+    nbytes = 589_824
+    rows = [comm(0, "broadcast", 0, 0.245, nbytes, size=2), comm(1, "broadcast", 0, 4.9, nbytes, size=2)]
+    row = collective_bandwidth(frame(rows)).iloc[0]
+    assert row["time_ns"] == row["slowest_ns"] == 4.9 * MS
+    assert row["busbw_gbps"] == pytest.approx(nbytes / 4.9e-3 / 1e9) and row["busbw_gbps"] < 0.125
+
+
 def test_instances_match_by_order_within_group_and_collective() -> None:
     """Ranks interleave two groups differently in time; each group's own order still pairs them."""
     rows = [
@@ -90,9 +101,9 @@ def test_instances_match_by_order_within_group_and_collective() -> None:
     out = collective_bandwidth(frame(rows)).set_index(["process_group", "collective", "instance"])
     assert out.loc[("a", "allreduce", 0), "time_ns"] == 8 * MS
     assert out.loc[("a", "allreduce", 1), "time_ns"] == 4 * MS
-    assert out.loc[("b", "broadcast", 0), "time_ns"] == 2 * MS
+    assert out.loc[("b", "broadcast", 0), "time_ns"] == 4 * MS  # rooted: its slowest rank
     assert out.loc[("a", "allreduce", 0), "algbw_gbps"] == pytest.approx(1.0)  # 8 MB / 8 ms
-    assert out.loc[("b", "broadcast", 0), "busbw_gbps"] == pytest.approx(0.5)  # 1 MB / 2 ms, factor 1
+    assert out.loc[("b", "broadcast", 0), "busbw_gbps"] == pytest.approx(0.25)  # 1 MB / 4 ms, factor 1
 
 
 def test_unknown_bytes_and_group_size() -> None:

@@ -5,7 +5,12 @@
   2(n−1)/n for allreduce, (n−1)/n for allgather, reduce_scatter and alltoall, 1 for broadcast,
   reduce and point-to-point.
 - time is the collective's *minimum* duration across ranks: a rank that arrives early waits for
-  its peers inside the collective, so only the last to arrive measures the transfer itself.
+  its peers inside the collective, so only the last to arrive measures the transfer itself. A
+  rooted collective (``ROOTED``: broadcast, reduce, point-to-point) is timed on its *slowest* rank
+  instead: its root may end as soon as its bytes are handed to the transport (on Gloo a broadcast's
+  root returns once they are in the socket's buffer: 589 KB broadcasts read 2.41 GB/s of busbw on
+  a 0.125 GB/s link), while a receiver cannot end before they have crossed. That time also holds
+  any wait for a late root, so it errs low, never above the link.
 
 Instances are matched across ranks by their order within (process group, collective): every rank
 of a group issues its collectives in the same order, which is what makes the collective work.
@@ -31,6 +36,10 @@ COLLECTIVE_BANDWIDTH_COLUMNS = (
 )
 
 
+# Collectives whose data flows from or to one rank: timed on the slowest rank (see the module's docstring).
+ROOTED = frozenset({"broadcast", "reduce", "scatter", "gather", "send", "recv"})
+
+
 def busbw_factor(collective: str, n: int) -> float:
     """nccl-tests' bus-bandwidth factor for ``n`` ranks (NaN for collectives it does not define)."""
     if n < 1:
@@ -49,9 +58,10 @@ def collective_bandwidth(intervals: pd.DataFrame) -> pd.DataFrame:
 
     ``intervals`` is ``Timeline.intervals`` (only ``comm`` rows with a ``collective`` are used).
     ``instance`` counts from 0 within (process group, collective); ``step`` is the earliest step
-    any rank ran it in; ``ranks`` how many ranks' traces have it; ``time_ns`` the minimum and
-    ``slowest_ns`` the maximum duration across ranks. ``group_size`` falls back to the number of
-    ranks seen when the trace does not say. Bandwidths are NaN where bytes are unknown.
+    any rank ran it in; ``ranks`` how many ranks' traces have it; ``time_ns`` the minimum duration
+    across ranks (the maximum for a ``ROOTED`` collective) and ``slowest_ns`` the maximum.
+    ``group_size`` falls back to the number of ranks seen when the trace does not say. Bandwidths
+    are NaN where bytes are unknown.
     """
     comm = intervals[(intervals["lane"] == "comm") & intervals["collective"].notna()]
     if comm.empty:
@@ -80,6 +90,7 @@ def collective_bandwidth(intervals: pd.DataFrame) -> pd.DataFrame:
         first_ns=("start_ns", "min"),
     ).reset_index()
     out["group_size"] = out["group_size"].fillna(out["ranks"]).astype("int64")
+    out["time_ns"] = out["time_ns"].where(~out["collective"].isin(ROOTED), out["slowest_ns"])
     seconds = out["time_ns"].to_numpy(dtype=np.float64) / 1e9
     with np.errstate(divide="ignore", invalid="ignore"):
         out["algbw_gbps"] = np.where(seconds > 0, out["bytes"].to_numpy() / 1e9 / seconds, np.nan)
