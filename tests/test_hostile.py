@@ -798,21 +798,29 @@ def test_a_disk_that_fills_up_mid_sweep_names_the_file_leaves_no_temporary_and_l
 @pytest.fixture(scope="module")
 def traced_run(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("traced")
-    suite = tiny_suite(tmp, 'algorithm = ["ddp"]')
+    suite = tiny_suite(tmp, 'algorithm = ["ddp", "zero_no_overlap"]')
     suite.write_text(suite.read_text().replace("profiler_steps = 0", "profiler_steps = 2"))
     proc = sweep(str(suite), "--out", str(tmp / "results"), "--no-report", cwd=tmp)
     assert proc.returncode == 0, proc.stderr
     return next(store.iter_runs(tmp / "results"))
 
 
-@pytest.mark.parametrize("table", ["intervals", "overlap", "collectives", "marks"])
+@pytest.mark.parametrize(
+    "table", ["intervals", "overlap", "collectives", "marks", "memory", "partition", "ddp_buckets"]
+)
 def test_a_foreign_derived_table_exits_3_naming_the_file(traced_run, tmp_path, capsys, table):
+    """The accounting's tables too: a foreign ``memory`` or ``partition`` table raised a ValueError or
+    KeyError out of the report's ZeRO section, and a foreign ``ddp_buckets`` table was counted as
+    buckets by ``explain``."""
     import pandas as pd
 
     run = copy_run(traced_run, tmp_path)
     victim = next(run.glob(f"cases/*/{table}.parquet"))
     pd.DataFrame({"x": [1.0]}).to_parquet(victim)
-    assert run_cli(["report", str(run), "-o", str(tmp_path / "r.html")]) == 3
+    if table == "ddp_buckets":  # read by explain (the bucket count) and the summary, not by the report
+        assert run_cli(["explain", str(run), "--pair", "algorithm=ddp..zero_no_overlap"]) == 3
+    else:
+        assert run_cli(["report", str(run), "-o", str(tmp_path / "r.html")]) == 3
     err = capsys.readouterr().err
     assert f"{victim}: not a tpbench {table} table" in err and "Traceback" not in err, err
 

@@ -1024,6 +1024,9 @@ CASE_TABLE_KEYS = {
     "overlap": ("rank", "step", "compute_ns", "comm_ns"),
     "collectives": ("collective", "step", "bytes", "time_ns"),
     "marks": ("rank", "kind", "start_ns", "end_ns"),
+    "memory": ("rank", "param_bytes", "grad_bytes", "optimizer_state_bytes", "stepped_params"),
+    "partition": ("rank", "bucket", "first", "tensors", "params"),
+    "ddp_buckets": ("bucket", "bytes"),
 }
 
 
