@@ -825,6 +825,40 @@ def test_a_foreign_derived_table_exits_3_naming_the_file(traced_run, tmp_path, c
     assert f"{victim}: not a tpbench {table} table" in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize(
+    ("table", "column"),
+    [
+        ("intervals", "start_ns"),
+        ("overlap", "exposed_comm_ns"),
+        ("collectives", "busbw_gbps"),
+        ("marks", "start_ns"),
+        ("memory", "optimizer_state_bytes"),
+        ("partition", "params"),
+        ("ddp_buckets", "bytes"),
+    ],
+)
+def test_a_derived_table_holding_text_for_numbers_exits_3_naming_the_column(
+    traced_run, tmp_path, capsys, table, column
+):
+    """A derived table whose number column holds text (edited by hand, written by another tool) is
+    refused as steps.parquet's is, naming the file and the column; each was a TypeError or ValueError
+    traceback (exit 1) out of the report's or explain's arithmetic."""
+    import pandas as pd
+
+    run = copy_run(traced_run, tmp_path)
+    victim = next(run.glob(f"cases/*/{table}.parquet"))
+    df = pd.read_parquet(victim)
+    df[column] = df[column].astype(str) + "x"
+    df.to_parquet(victim)
+    if table == "ddp_buckets":
+        assert run_cli(["explain", str(run), "--pair", "algorithm=ddp..zero_no_overlap"]) == 3
+    else:
+        assert run_cli(["report", str(run), "-o", str(tmp_path / "r.html")]) == 3
+    err = capsys.readouterr().err
+    assert f"{victim}: column {column!r} holds" in err and "expected numbers" in err, err
+    assert "Traceback" not in err, err
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
 def test_a_sweep_that_would_not_fit_on_the_disk_is_refused_before_it_runs(tmp_path):
     """2 MiB free; the suite's cases trace 3 steps on 2 ranks each (about 1.6 MiB a case by the

@@ -1028,6 +1028,12 @@ CASE_TABLE_KEYS = {
     "partition": ("rank", "bucket", "first", "tensors", "params"),
     "ddp_buckets": ("bucket", "bytes"),
 }
+# The columns of those tables that hold text; every other column holds numbers (or nothing).
+CASE_TABLE_TEXT = {
+    "intervals": ("lane", "stream_or_thread", "name", "collective", "process_group"),
+    "marks": ("kind", "collective"),
+    "collectives": ("process_group", "collective"),
+}
 
 
 def read_case_table(run_dir: Path, case_id: str, name: str) -> pd.DataFrame | None:
@@ -1040,7 +1046,18 @@ def read_case_table(run_dir: Path, case_id: str, name: str) -> pd.DataFrame | No
     missing = [c for c in CASE_TABLE_KEYS.get(name, ()) if c not in df.columns]
     if missing and len(df.columns):
         raise StoreError(f"{path}: not a tpbench {name} table (no {', '.join(map(repr, missing))} column)")
+    if name in CASE_TABLE_KEYS:
+        _check_numbers(path, df, CASE_TABLE_TEXT.get(name, ()))
     return df
+
+
+def _check_numbers(path: Path, df: pd.DataFrame, text: Iterable[str]) -> None:
+    """Refuse a derived table whose number column holds text, as ``_read_steps`` does: the readers
+    do arithmetic on them, and a text column reached the report as a TypeError traceback. A column
+    of nulls only (an empty table, a bucket-less partition) is no number and no text."""
+    for col in df.columns.difference(list(text)):
+        if not pd.api.types.is_numeric_dtype(df[col]) and df[col].notna().any():
+            raise StoreError(f"{path}: column {col!r} holds {df[col].dtype}, expected numbers")
 
 
 def read_case_tables(loaded: Loaded, name: str) -> pd.DataFrame:
