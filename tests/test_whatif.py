@@ -1312,6 +1312,28 @@ def test_a_run_whose_every_case_is_refused_exits_3_with_the_reasons_written(tmp_
     assert pd.read_parquet(run / "whatif.parquet")["refused"].notna().all()
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="needs root to mount a tmpfs read-only")
+def test_whatif_of_a_run_on_a_read_only_disk_projects_and_says_its_tables_were_not_written(tmp_path, capsys):
+    """A run kept on a read-only disk (an archive, a CI artifact mounted read-only) was projected and
+    then refused, exit 3 "whatif.parquet: cannot write", its projections never shown: report, compare
+    and export read such a run where it is. The projections are the command's answer; the tables
+    beside the run are a copy of them, so their write failing is said, not the whole command."""
+    disk = tmp_path / "ro"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], check=True)
+    try:
+        run = shutil.copytree(BUSY_RUN, disk / "run")
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        assert run_cli(["whatif", str(run), "--format", "json"]) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out)["projections"]
+        err = " ".join(err.split())
+        assert f"tables not written: {run / 'whatif.parquet'}: cannot write: Read-only file system" in err, err
+        assert not (run / "whatif.parquet").exists()
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
 @pytest.mark.parametrize("width", [80, 110, 160])
 def test_the_whatif_table_hides_no_word_of_a_label_nor_a_fabric_on_a_narrow_terminal(tmp_path, monkeypatch, width):
     """Rich cuts a long word short in a table of many columns ("hook_with_zero_s…" for both ZeRO

@@ -107,7 +107,7 @@ class RunLock:
             # (".lock: Read-only file system") say nothing of what still works or what to do.
             raise StoreError(
                 f"{run_dir}: cannot be written here ({e.strerror}); a resume writes into the run: copy it to a "
-                "writable folder and resume the copy (report, compare and export read it where it is)"
+                "writable folder and resume the copy (report, compare, export, explain and whatif read it where it is)"
             ) from None
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

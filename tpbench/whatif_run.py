@@ -181,12 +181,14 @@ VALIDATION_HEAD = (
 
 @dataclass(frozen=True)
 class Written:
-    """A run's what-if as ``write`` stored it: the result, the case labels, the two tables' paths."""
+    """A run's what-if as ``write`` stored it: the result, the case labels, the two tables' paths, and
+    why they were not written (``unwritten``, the store's error naming the file; "" when they were)."""
 
     result: RunWhatIf
     labels: dict[str, str]  # case_id → label
     projections_path: Path
     validation_path: Path
+    unwritten: str = ""
 
     def validation_rows(self) -> list[tuple[str, ...]]:
         """Per prediction of an emulated link: direction, case, from, link, measured ms [95% CI],
@@ -401,11 +403,16 @@ def ms_interval(ms: float, lo: float, hi: float) -> str:
 
 def write(run_dir: str | Path, fabrics: Mapping[str, Fabric], reference: str | None = None) -> Written:
     """``run_whatif`` on the run in ``run_dir``, its projections and validation written beside it
-    (whatif.parquet, whatif_validation.parquet). ``ValueError`` when the run cannot be modelled."""
+    (whatif.parquet, whatif_validation.parquet). ``ValueError`` when the run cannot be modelled.
+    A run that cannot be written (a read-only disk, as an archive is) is still projected, the reason
+    in ``Written.unwritten``: the tables are a copy of the answer, and the run is read where it is."""
     loaded = store.load(run_dir)
     result = run_whatif(loaded, fabrics, reference)
     projections, validation = loaded.run_dir / PROJECTIONS_FILE, loaded.run_dir / VALIDATION_FILE
-    store.atomic_write_parquet(projections, result.projections)
-    store.atomic_write_parquet(validation, result.validation)
     labels = dict(zip(loaded.cases["case_id"], loaded.cases["label"]))
+    try:
+        store.atomic_write_parquet(projections, result.projections)
+        store.atomic_write_parquet(validation, result.validation)
+    except store.StoreError as e:
+        return Written(result, labels, projections, validation, unwritten=str(e))
     return Written(result, labels, projections, validation)

@@ -194,15 +194,29 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     code = EXIT_RESULTS if written.result.projections["refused"].notna().all() else EXIT_OK
     if args.format == "json":
         sys.stdout.write(json.dumps(written.to_json(), indent=2, allow_nan=False) + "\n")
+        if written.unwritten:  # the JSON names no table, so only their loss is said
+            _say_tables(written)
         return code
     if args.format == "md":
         sys.stdout.write(written.to_markdown())
     else:
         _print_whatif_text(written)
-    console.print(f"tables: {written.projections_path}, {written.validation_path}", markup=False)
+    _say_tables(written)
     if code != EXIT_OK:
         console.print("[yellow]Nothing projected: every case was refused (the reasons above).[/]")
     return code
+
+
+def _say_tables(written) -> None:
+    """Where the what-if's tables were written, or why they were not (a run on a read-only disk):
+    the projections printed are complete either way, so the command still answers."""
+    if written.unwritten:
+        console.print(
+            Text.assemble(("tables not written: ", "yellow"), f"{written.unwritten}; the projections are complete"),
+            soft_wrap=True,
+        )
+    else:
+        console.print(f"tables: {written.projections_path}, {written.validation_path}", markup=False)
 
 
 def _print_whatif_text(written) -> None:
