@@ -93,3 +93,29 @@ def test_the_tables_caption_is_left_justified_in_a_file(tmp_path):
     caption = lines[next(i for i, line in enumerate(lines) if line.startswith("└")) + 1 :]
     assert len(caption) > 1 and all(line and not line.startswith(" ") for line in caption), caption
     assert " ".join(line.strip() for line in caption).startswith("ms/step: the median of the repeats' values")
+
+
+def test_a_median_interval_of_fewer_than_six_repeats_is_their_range_and_says_its_confidence(tmp_path):
+    """With 2 to 5 repeats the percentile bootstrap interval of the median is exactly the repeats'
+    range, which holds the median only when they do not all fall on one side of it: 50 % of the time
+    with 2, 75 % with the README tour's 3, never 95 %. The terminal's table and the report's step-time
+    caption, which call it a 95% CI, say so; from 6 repeats on they say nothing more."""
+    from tpbench import verdict
+    from tpbench.analysis.stats import bootstrap_ci, range_confidence
+    from tpbench.report import performance
+
+    rng = np.random.default_rng(1)
+    for n in range(2, 6):
+        values = rng.normal(100, 5, n)
+        assert bootstrap_ci(values) == (values.min(), values.max())
+    assert [range_confidence(n) for n in (2, 3, 5, 6)] == [0.5, 0.75, 0.9375, 0.96875]
+    assert verdict.few_repeats_note([3, 3, 12]) == (
+        "With fewer than 6 repeats a median's interval is the repeats' range, which holds the median with less "
+        "confidence than 95% (3 repeats: 75%)."
+    )
+    assert verdict.few_repeats_note([1, 6, 12]) == ""
+    loaded = sweep.finalize(store.Run.open(make_run(tmp_path / "few", {"ddp": [10.0, 11.0, 12.0]})))
+    console = Console(file=io.StringIO(), width=400)
+    console.print(_summary_table(loaded))
+    assert "(3 repeats: 75%)." in " ".join(console.file.getvalue().split())  # the caption wraps at the table's width
+    assert "(3 repeats: 75%)" in performance.step_time_caption(report_data.load([loaded]).done)

@@ -25,11 +25,11 @@ past 1 + t, ``pass`` when it stays inside it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tpbench.analysis.stats import Ratio
+from tpbench.analysis.stats import CONFIDENCE, Ratio, range_confidence
 
 # What a comparison's or a race's metric (``--metric``) is called in sentences and headings.
 METRIC_WORDS = {"step_ms": "step time", "cpu_ms": "CPU time per step"}
@@ -292,6 +292,28 @@ def to_target(seconds: float | None) -> str:
     """An arm's ``TO_TARGET`` cell: three significant figures, as the note gives the times, or "—" where a
     round it ran never reached the target (None), one function so that the two tables cannot drift apart."""
     return "—" if seconds is None else f"{seconds:.3g}"
+
+
+def few_repeats_note(repeats: Iterable[int]) -> str:
+    """What a median's interval holds where a case ran too few repeats for its label: from 2 to 5 it is
+    the repeats' range (``stats.range_confidence``), which the step-time tables and error bars showed as a
+    95 % interval; the tour's 3 repeats hold the median with 75 % confidence. Empty where no case has so few."""
+    few = sorted({int(n) for n in repeats if n >= 2 and range_confidence(n) < CONFIDENCE})
+    if not few:
+        return ""
+    held = "; ".join(f"{n} repeats: {percent(range_confidence(n))}" for n in few)
+    fewest = next(n for n in range(2, 64) if range_confidence(n) >= CONFIDENCE)
+    return (
+        f"With fewer than {fewest} repeats a median's interval is the repeats' range, which holds the median with "
+        f"less confidence than {percent(CONFIDENCE)} ({held})."
+    )
+
+
+def repeat_counts(summary: Any) -> list[int]:
+    """How many repeats each measured case of a summary table ran (its ``repeat_medians_ms``); a
+    failed case, which has none, is left out."""
+    values = summary["repeat_medians_ms"] if "repeat_medians_ms" in summary else []
+    return [len(v) for v in values if hasattr(v, "__len__") and not isinstance(v, str)]
 
 
 def ms(x: float, like: float | None = None) -> str:

@@ -202,13 +202,21 @@ def _fastest(loaded) -> list[str]:
     return verdicts.fastest_lines(data, alone=False) + verdicts.soonest_lines(data)
 
 
+def _few_repeats(table) -> str:
+    """``verdict.few_repeats_note`` of the table's cases, after the caption's own words."""
+    from tpbench import verdict
+
+    note = verdict.few_repeats_note(verdict.repeat_counts(table))
+    return f". {note}" if note else ""
+
+
 def _summary_table(loaded) -> Table:
     """The sweep's table of step times. Its caption is left-justified: wrapped to the table's width
     and centred, as rich does by default, its lines began at odd indents (most visibly in a file)."""
     t = Table(
         title=escape(f"{loaded.record.suite.name} · run {loaded.record.run_id}"),
         caption="ms/step: the median of the repeats' values, with the 95% CI of that median (—: one repeat, no "
-        "interval); steps p10–p90: the spread of single timed steps",
+        "interval); steps p10–p90: the spread of single timed steps" + _few_repeats(loaded.table),
         caption_justify="left",
     )
     label_column(t, "case")

@@ -53,6 +53,8 @@ def step_time_caption(done: pd.DataFrame) -> str:
         "Median of the slowest rank's step time over timed steps; error bars: 95% bootstrap CI over "
         "repeats (the repeat is the independent unit)."
     )
+    if note := verdict.few_repeats_note(verdict.repeat_counts(done)):
+        said += " " + note
     if any(averaging_window(row) > 1 for row in done.to_dict("records")):
         said += (
             " Post-local SGD after its switch: per repeat, the median over whole averaging periods of each "
