@@ -647,13 +647,36 @@ def test_an_interrupted_torchrun_run_says_how_to_resume_it_from_a_new_allocation
     from tpbench.cli.common import resumable
     from tpbench.record import LauncherRecord
 
-    def said(launcher: str, command: str) -> str:
-        run = SimpleNamespace(dir=Path("results/zero/R"), record=SimpleNamespace(launcher=LauncherRecord(launcher)))
+    def said(launcher: str, command: str, gpus: int = 8, **options) -> str:
+        record = SimpleNamespace(launcher=LauncherRecord(launcher, options), environment={"gpu_count": gpus})
+        run = SimpleNamespace(dir=Path("results/zero/R"), record=record)
         assert resumable(KeyboardInterrupt(), run, command, "Kept.") == 130
         return capsys.readouterr().err
 
-    torchrun = said("torchrun", "sweep")
+    torchrun = said("torchrun", "sweep", nnodes=4, nproc_per_node=8)
     assert "tpbench sweep --resume results/zero/R" in torchrun
     assert "--rdzv-endpoint HOST:PORT --agent-prefix CMD" in torchrun
-    assert "sbatch examples/slurm/sweep.sbatch --resume results/zero/R" in torchrun
-    assert "sbatch" not in said("torchrun", "tune") and "--rdzv-endpoint" not in said("local", "sweep")
+    assert "sbatch --nodes=4 --gpus-per-node=8 examples/slurm/sweep.sbatch --resume results/zero/R" in torchrun
+    assert "sbatch" not in said("torchrun", "tune", nnodes=4, nproc_per_node=8)
+    assert "--rdzv-endpoint" not in said("local", "sweep")
+
+
+def test_the_slurm_resume_line_asks_for_the_run_s_nodes_and_ranks_per_node(capsys):
+    """An interrupted torchrun sweep printed ``sbatch examples/slurm/sweep.sbatch --resume RUN``: the
+    script's own ``--nodes=2`` and a rank per GPU, which a resume refuses (exit 2) for any run of
+    another shape, a 4-node run or CPU nodes' ranks (2 agents of 1 rank each here). The line now asks
+    for the run's nodes and ranks per node, and a run with no recorded ranks per node (one torchrun
+    --standalone node), which the script's --nproc-per-node would be refused for, gets no line."""
+    from types import SimpleNamespace
+
+    from tpbench.cli.common import resumable
+    from tpbench.record import LauncherRecord
+
+    def said(gpus: int, **options) -> str:
+        record = SimpleNamespace(launcher=LauncherRecord("torchrun", options), environment={"gpu_count": gpus})
+        resumable(KeyboardInterrupt(), SimpleNamespace(dir=Path("results/own-model/R"), record=record), "sweep", "")
+        return " ".join(capsys.readouterr().err.split())
+
+    cpu = said(0, nnodes=2, nproc_per_node=1)
+    assert "NPROC_PER_NODE=1 sbatch --nodes=2 examples/slurm/sweep.sbatch --resume results/own-model/R" in cpu
+    assert "sbatch" not in said(0, nnodes=1, nproc_per_node=None)

@@ -265,11 +265,28 @@ def _new_allocation(run, command: str) -> str:
     rendezvous endpoint and agent prefix that run.json records, which an ended job no longer holds."""
     if run.record.launcher.name != "torchrun":
         return ""
-    slurm = f", or on Slurm: sbatch examples/slurm/sweep.sbatch --resume {run.dir}" if command == "sweep" else ""
+    slurm = f", or on Slurm: {sbatch}" if command == "sweep" and (sbatch := _sbatch_resume(run)) else ""
     return (
         "\n(in the same allocation; from a new one, add --launcher torchrun --rdzv-endpoint HOST:PORT "
         f"--agent-prefix CMD for its rendezvous and agents{slurm})"
     )
+
+
+def _sbatch_resume(run) -> str:
+    """examples/slurm/sweep.sbatch's resume of ``run`` in an allocation of the run's shape, or "" where
+    the script cannot resume it. The script passes the allocation's nodes and a rank per GPU (else
+    NPROC_PER_NODE), and a resume refuses any other than the run's: the bare command got the script's
+    2 nodes of 8 GPUs. A run with no recorded ranks per node (torchrun --standalone) refuses the
+    script's --nproc-per-node whatever it is."""
+    options = run.record.launcher.options
+    per_node = options.get("nproc_per_node")
+    if per_node is None:
+        return ""
+    nodes = options.get("nnodes", 1)
+    script = shlex.join(["examples/slurm/sweep.sbatch", "--resume", str(run.dir)])
+    if run.record.environment.get("gpu_count"):
+        return f"sbatch --nodes={nodes} --gpus-per-node={per_node} {script}"
+    return f"NPROC_PER_NODE={per_node} sbatch --nodes={nodes} {script}"
 
 
 @contextlib.contextmanager
