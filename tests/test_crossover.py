@@ -144,6 +144,8 @@ def test_one_hook_faster_everywhere_is_said_as_such():
         "Sequential faster at every measured point (comm:compute 0.5–4, 4 points, interleaved/sequential 1.2"
     )
     assert est.sentence().endswith("no crossover within it.")
+    # Its ratios two decimals, as the table under it and every ratio of the report: it read "1.210–1.280".
+    assert re.search(r"interleaved/sequential 1\.\d\d–1\.\d\d\)", est.sentence()), est.sentence()
 
 
 def test_one_hook_faster_at_some_points_and_no_difference_at_the_others():

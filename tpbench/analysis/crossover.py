@@ -276,7 +276,7 @@ class Crossover:
             )
         who, at = ("interleaved", self.interleaved_at) if inter else ("sequential", self.sequential_at)
         other = "sequential" if inter else "interleaved"
-        by = f"interleaved/sequential {self.ratio_min:.3f}–{self.ratio_max:.3f}"
+        by = f"interleaved/sequential {self.ratio_min:.2f}–{self.ratio_max:.2f}"  # two decimals, as the table
         if len(at) == n:
             return (
                 f"{who.capitalize()} faster at every measured point ({span}, {n} points, {by}); no crossover within it."
