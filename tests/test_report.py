@@ -1766,3 +1766,18 @@ def test_a_ratio_and_its_interval_stay_together_in_a_table_cell():
     page.table(pd.DataFrame({"c": cells}))
     spans = re.findall(r'<span class="interval">(.*?)</span>', page.render())
     assert spans == ["0.30× [0.23, 0.40]", "32.3 [20.4, 127.5]", "+3.1% [+1.0%, +5.2%]", "[0.86, 0.97]"]
+
+
+def test_what_zero_saves_of_one_zero_case_gives_its_figures_once():
+    """smoke.toml has one ZeRO case, and "What ZeRO saves" said "0.0391 MiB (45 % saved) at best
+    (zero_no_overlap) and 0.0391 MiB (45 % saved) at worst (zero_no_overlap)"; two cases keep both."""
+    from tpbench.report import zero_memory
+
+    row = {"run_id": "r", "run": "A", "algorithm": "zero_no_overlap", "sharded": True, "ranks": 2, "bucket_cap_mb": 1.0}
+    one = pd.DataFrame([row | {"label": "zero_no_overlap", "state_max_bytes": 41_000.0, "state_saved_pct": 45.0}])
+    one["ddp_state_bytes"] = 74_000.0
+    [said] = zero_memory._sentences(one, [])
+    assert "ZeRO holds 0.0391 MiB (45 % saved) (zero_no_overlap); an even split over 2 ranks would save 50 %." in said
+    two = pd.concat([one, one.assign(label="hook_with_zero_step", state_max_bytes=52_000.0, state_saved_pct=30.0)])
+    [said] = zero_memory._sentences(two.reset_index(drop=True), [])
+    assert "(45 % saved) at best (zero_no_overlap) and 0.0496 MiB (30 % saved) at worst (hook_with_zero_step)" in said

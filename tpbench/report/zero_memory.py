@@ -61,11 +61,17 @@ def _sentences(cases: pd.DataFrame, context_keys: list[str]) -> list[str]:
         best = sharded.loc[sharded["state_max_bytes"].idxmin()]
         worst = sharded.loc[sharded["state_max_bytes"].idxmax()]
         where = _where(cases, best, model_keys)
+        held = f"{_mb(best['state_max_bytes'])} ({best['state_saved_pct']:.0f} % saved)"
+        # One ZeRO case (smoke.toml's) is no best and worst: it read the same figures twice.
+        held += (
+            f" ({best['label']})"
+            if len(sharded) == 1
+            else f" at best ({best['label']}) and {_mb(worst['state_max_bytes'])} "
+            f"({worst['state_saved_pct']:.0f} % saved) at worst ({worst['label']})"
+        )
         out.append(
             f"{where}Plain DDP holds {_mb(worst['ddp_state_bytes'])} of optimizer state on every rank. On its "
-            f"fullest rank ZeRO holds {_mb(best['state_max_bytes'])} ({best['state_saved_pct']:.0f} % saved) at "
-            f"best ({best['label']}) and {_mb(worst['state_max_bytes'])} ({worst['state_saved_pct']:.0f} % saved) "
-            f"at worst ({worst['label']}); an even split over {int(best['ranks'])} ranks would save "
+            f"fullest rank ZeRO holds {held}; an even split over {int(best['ranks'])} ranks would save "
             f"{100 * (1 - 1 / best['ranks']):.0f} %."
         )
     hooks = cases[cases["algorithm"].isin(ZERO_HOOKS)].dropna(subset=["bucket_cap_mb"])
