@@ -223,6 +223,9 @@ def test_an_oversized_or_binary_suite_is_refused_naming_it(tmp_path, capsys):
         ("fabrics = 5\n", "fabrics must be tables [fabrics.NAME], got int"),
         ("[fabrics.x\nlatency_us = 1\n", "not valid TOML"),
         ("".join(f"[fabrics.f{i}]\nlatency_us = 1\nbandwidth_GBps = 3\n" for i in range(65)), "at most 64 per file"),
+        # Accepted in silence (exit 0), nothing added: a file truncated, or the wrong one given.
+        ("", "no fabrics; expected [fabrics.NAME] tables, each with latency_us and bandwidth_GBps"),
+        ("# my fabrics\n[fabrics]\n", "no fabrics; expected [fabrics.NAME] tables"),
     ],
 )
 def test_whatif_fabrics_of_the_wrong_type_or_out_of_bounds_exit_2_naming_the_key(

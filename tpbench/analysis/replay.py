@@ -109,7 +109,7 @@ def parse_fabrics(text: str, source: str = "<fabrics>") -> dict[str, Fabric]:
     and optional ``shared`` (a boolean) and ``description`` (a string). Every error is a
     ``ValueError`` naming the source, fabric and key and what was expected: a name of letters,
     digits and ``_.+-`` (it is printed in tables and the report), finite numbers within
-    ``MAX_LATENCY_US`` / ``MAX_BANDWIDTH_GBPS``, at most ``MAX_FABRICS`` fabrics."""
+    ``MAX_LATENCY_US`` / ``MAX_BANDWIDTH_GBPS``, at least one fabric and at most ``MAX_FABRICS``."""
     try:
         doc = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError) as e:
@@ -120,6 +120,11 @@ def parse_fabrics(text: str, source: str = "<fabrics>") -> dict[str, Fabric]:
     tables = doc.get("fabrics", {})
     if not isinstance(tables, dict):
         raise ValueError(f"{source}: fabrics must be tables [fabrics.NAME], got {type(tables).__name__}")
+    if not tables:
+        # An empty file (truncated, or the wrong one given) added nothing and said nothing: the
+        # projections then ran on the built-in fabrics alone, the user's own missing from them.
+        expected = "expected [fabrics.NAME] tables, each with latency_us and bandwidth_GBps"
+        raise ValueError(f"{source}: no fabrics; {expected}")
     if len(tables) > MAX_FABRICS:
         raise ValueError(f"{source}: {len(tables)} fabrics; at most {MAX_FABRICS} per file")
     out: dict[str, Fabric] = {}
