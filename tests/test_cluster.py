@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import REPO, only_run, run_cli, tiny_suite, worker_processes
+from synthetic_runs import make_run
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from tpbench import cli, store, sweep
@@ -513,6 +514,25 @@ def test_a_rendezvous_port_another_program_holds_is_refused_before_the_run_or_it
     # Free again, or on another machine (the store is hosted there): nothing to say.
     assert Torchrun(rdzv_endpoint=endpoint).endpoint_held() is None
     assert Torchrun(nnodes=2, rdzv_endpoint="192.0.2.1:29500").endpoint_held() is None
+
+
+def test_a_resume_that_starts_no_world_does_not_check_the_rendezvous_port(tmp_path, capsys):
+    """A torchrun run interrupted after its last case, while its summary was written: a bare resume
+    while another program held the recorded port was refused (exit 3, "run the rest with ...
+    OTHER_PORT"), though it only had the summary to write and no world to start. The port is checked
+    only where a world will start."""
+    run_dir = make_run(tmp_path, {"ddp": [10.0, 10.1, 9.9], "zero_no_overlap": [12.0, 12.2, 12.1]})
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        endpoint = f"127.0.0.1:{listener.getsockname()[1]}"
+        run = store.Run.open(run_dir, own=True)
+        run.set_launcher(sweep.launcher_entry(Torchrun(rdzv_endpoint=endpoint)))
+        run.set_status("interrupted")
+        run.lock.release()
+        assert run_cli(["sweep", "--resume", str(run_dir), "--no-report"]) == 0, capsys.readouterr().err
+    loaded = store.load(run_dir)
+    assert loaded.record.status == "complete" and len(loaded.summary) == 2
 
 
 @pytest.mark.ranks

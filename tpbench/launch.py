@@ -359,7 +359,8 @@ def check_endpoint(run: store.Run | None, launcher: Torchrun | None) -> None:
     its port (``Torchrun.endpoint_held``). ``run`` None: a new run, checked before its directory is
     made (``sweep.start``), so that a refused sweep leaves no interrupted run without a finished case
     behind; the error then says to run the command again with another port. Else before the run's
-    worlds start (a resume, each adaptive batch), naming the resume that runs its missing cases."""
+    worlds start (a resume, each adaptive batch), naming the resume that runs its missing cases; a
+    resume with no case to run starts no world and is not checked (``sweep.execute``)."""
     held = None if launcher is None else launcher.endpoint_held()
     if not held:
         return

@@ -307,7 +307,8 @@ def execute(
         listener(kind, ev)
 
     try:
-        check_endpoint(run, launcher)
+        if cases:  # no world to start (a resume that only writes the summary): no port to take
+            check_endpoint(run, launcher)
         groups = group_cases(cases)
         passes = max((c.passes for c in cases), default=1) if in_passes else 1
         turns = [(p if passes > 1 else None, g) for p in range(1, passes + 1) for g in groups]
