@@ -700,3 +700,29 @@ def test_the_slurm_resume_line_asks_for_the_run_s_nodes_and_ranks_per_node(capsy
     cpu = said(0, nnodes=2, nproc_per_node=1)
     assert "NPROC_PER_NODE=1 sbatch --nodes=2 examples/slurm/sweep.sbatch --resume results/own-model/R" in cpu
     assert "sbatch" not in said(0, nnodes=1, nproc_per_node=None)
+
+
+def test_a_one_machine_torchrun_run_s_resume_line_speaks_of_no_allocation(capsys):
+    """A torchrun run on one machine (one agent started here, no --agent-prefix) said to resume "in the
+    same allocation; from a new one, add ... --agent-prefix CMD", Slurm's words where no Slurm was
+    involved, and offered an sbatch line where it had --nproc-per-node. Its line now says where its
+    worlds meet again and how to give another endpoint; one on --standalone, which takes a free port
+    wherever it is resumed, adds nothing. A run whose agents a prefix started keeps the allocation's words."""
+    from types import SimpleNamespace
+
+    from tpbench.cli.common import resumable
+    from tpbench.record import LauncherRecord
+
+    def said(**options) -> str:
+        record = SimpleNamespace(launcher=LauncherRecord("torchrun", options), environment={"gpu_count": 0})
+        resumable(KeyboardInterrupt(), SimpleNamespace(dir=Path("results/own-model/R"), record=record), "sweep", "")
+        return " ".join(capsys.readouterr().err.split())
+
+    endpoint = said(nnodes=1, nproc_per_node=2, rdzv_endpoint="127.0.0.1:29613", agent_prefix=[])
+    assert "allocation" not in endpoint and "sbatch" not in endpoint and "--agent-prefix" not in endpoint, endpoint
+    assert "its worlds meet at 127.0.0.1:29613 again" in endpoint
+    assert "add --launcher torchrun --rdzv-endpoint HOST:PORT" in endpoint
+    standalone = said(nnodes=1, nproc_per_node=None, rdzv_endpoint=None, agent_prefix=[])
+    assert standalone.endswith("tpbench sweep --resume results/own-model/R"), standalone
+    prefixed = said(nnodes=1, nproc_per_node=1, rdzv_endpoint="n1:29500", agent_prefix=["srun", "-N1"])
+    assert "in the same allocation" in prefixed and "NPROC_PER_NODE=1 sbatch --nodes=1" in prefixed

@@ -183,8 +183,9 @@ def launcher_of(run: record.RunRecord) -> Torchrun | None:
 def resumed_with(run: store.Run, launcher: Torchrun | None | Literal["recorded"]) -> Torchrun | None:
     """The launcher a resume starts ``run``'s worlds with (``RECORDED``: the run's own), recorded as
     the run's where it differs (a new allocation's ``--rdzv-endpoint`` or ``--agent-prefix``): the
-    interrupt's line says a bare ``--resume`` goes on "in the same allocation", and it reused the
-    first allocation's rendezvous, gone by then, its worlds waiting out their start-up."""
+    interrupt's line of a run across nodes says a bare ``--resume`` goes on "in the same
+    allocation", and it reused the first allocation's rendezvous, gone by then, its worlds waiting
+    out their start-up."""
     if launcher == RECORDED:
         return launcher_of(run.record)
     if launcher != launcher_of(run.record):

@@ -253,18 +253,40 @@ def resumable(e: KeyboardInterrupt, run, command: str, kept: str) -> int:
             (said, "yellow"),
             f" {kept} Resume with:\n  ",
             shlex.join(["tpbench", command, "--resume", str(run.dir)]),
-            _new_allocation(run, command),
+            _resumed_elsewhere(run, command),
         ),
         soft_wrap=True,
     )
     return code
 
 
-def _new_allocation(run, command: str) -> str:
-    """For a torchrun run, what a resume from another allocation adds: a bare resume reuses the
-    rendezvous endpoint and agent prefix that run.json records, which an ended job no longer holds."""
+def _resumed_elsewhere(run, command: str) -> str:
+    """For a torchrun run, what a resume elsewhere adds, in the words of where the run was: on one
+    machine (one agent, no ``--agent-prefix``) there was no allocation, and Slurm's words there
+    read as if the run needed one; across nodes, a new allocation's rendezvous and agents."""
     if run.record.launcher.name != "torchrun":
         return ""
+    options = run.record.launcher.options
+    if options.get("nnodes", 1) == 1 and not options.get("agent_prefix"):
+        return _one_machine(options.get("rdzv_endpoint"))
+    return _new_allocation(run, command)
+
+
+def _one_machine(endpoint: str | None) -> str:
+    """A one-machine run's resume: a bare one meets at the recorded endpoint again, which another
+    program may hold by then (the resume then stops, naming it); ``--standalone`` (no endpoint)
+    takes a free port wherever it is resumed, so nothing is to add."""
+    if not endpoint:
+        return ""
+    return (
+        f"\n(its worlds meet at {endpoint} again; for another port or machine, add --launcher torchrun "
+        "--rdzv-endpoint HOST:PORT)"
+    )
+
+
+def _new_allocation(run, command: str) -> str:
+    """For a run across nodes, what a resume from another allocation adds: a bare resume reuses the
+    rendezvous endpoint and agent prefix that run.json records, which an ended job no longer holds."""
     slurm = f", or on Slurm: {sbatch}" if command == "sweep" and (sbatch := _sbatch_resume(run)) else ""
     return (
         "\n(in the same allocation; from a new one, add --launcher torchrun --rdzv-endpoint HOST:PORT "
