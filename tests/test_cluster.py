@@ -282,19 +282,27 @@ def test_a_dry_run_refuses_what_the_run_would_and_names_the_first_cases_link(cap
         assert "interconnect 'tcp-2.5gbit' emulates a link" in capsys.readouterr().err
 
 
+# The stand-in for tpbench in the Slurm script's tests: it writes its arguments to ``args``.
+TPBENCH_ARGS = 'printf "%s\\n" "$@" > "$SLURM_SUBMIT_DIR/args"'
+
+
 def _slurm_job(
-    tmp_path: Path, argv: tuple[str, ...] = ("suites/zero.toml", "--set", "steps=50"), **env: str
+    tmp_path: Path,
+    argv: tuple[str, ...] = ("suites/zero.toml", "--set", "steps=50"),
+    tpbench: str = TPBENCH_ARGS,
+    **env: str,
 ) -> subprocess.CompletedProcess:
     """examples/slurm/sweep.sbatch ``argv`` run as Slurm would on the first node of a 2-node job, with
-    stand-ins for scontrol, tpbench (it writes its arguments to ``args``) and nvidia-smi (a node
-    without a GPU driver: it fails, printing nothing), and ``env`` added to the job's environment."""
+    stand-ins for scontrol, tpbench (``tpbench``: its body; by default it writes its arguments to
+    ``args``) and nvidia-smi (a node without a GPU driver: it fails, printing nothing), and ``env``
+    added to the job's environment."""
     shims = tmp_path / "bin"
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     (tmp_path / ".venv" / "bin" / "activate").write_text(f'PATH="{shims}:$PATH"\n')
     shims.mkdir()
     for name, body in [
         ("scontrol", 'printf "gpu-a\\ngpu-b\\n"'),
-        ("tpbench", 'printf "%s\\n" "$@" > "$SLURM_SUBMIT_DIR/args"'),
+        ("tpbench", tpbench),
         ("nvidia-smi", "exit 9"),
     ]:
         (shims / name).write_text(f"#!/bin/sh\n{body}\n")
@@ -359,6 +367,27 @@ def test_slurm_script_on_cpu_nodes_asks_for_the_ranks_per_node_and_takes_them(tm
     assert ran.returncode == 0, ran.stderr
     args = cli.build_parser().parse_args((tmp_path / "ran" / "args").read_text().splitlines())
     assert torchrun_launcher(args).nproc_per_node == 3
+
+
+def test_slurm_script_resume_of_another_shape_asks_for_the_run_s_allocation(tmp_path):
+    """Through sweep.sbatch, a resume in a job of other nodes or ranks per node than the run's was
+    refused "(drop it, or start a new run)": the script passes --nnodes and --nproc-per-node
+    itself, so there was nothing the user could drop. The refusal now names the allocation to ask
+    for, the run's 2 nodes of 1 rank here, as the interrupt's sbatch line does."""
+    run_dir = make_run(tmp_path / "results", {"ddp": [10.0, 10.1, 9.9]})
+    run = store.Run.open(run_dir, own=True)
+    launcher = Torchrun(nnodes=2, nproc_per_node=1, rdzv_endpoint="old-node:29500", agent_prefix=("srun", "-N2"))
+    run.set_launcher(sweep.launcher_entry(launcher))
+    run.set_status("interrupted")
+    run.lock.release()
+    real = f'PYTHONPATH={shlex.quote(str(REPO))} exec {shlex.quote(sys.executable)} -m tpbench "$@"'
+    wanted = f"NPROC_PER_NODE=1 sbatch --nodes=2 examples/slurm/sweep.sbatch --resume {run_dir}"
+    for nodes, per_node in (("4", "2"), ("4", "1"), ("2", "2")):
+        env = {"SLURM_JOB_NUM_NODES": nodes, "NPROC_PER_NODE": per_node}
+        job = _slurm_job(tmp_path / f"{nodes}x{per_node}", ("--resume", str(run_dir)), real, **env)
+        err = " ".join(job.stderr.split())
+        assert job.returncode == 2 and wanted in err and "drop it" not in err, err
+    assert store.read_record(run_dir).status == "interrupted"
 
 
 # --- two agents x 2 ranks: smoke cases and post-local SGD over the two "nodes" ------------------

@@ -11,17 +11,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 import shlex
 import signal
 import sys
 import time
-from typing import Any, Callable, Iterator, NoReturn
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, Task, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Column, Table
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from tpbench.record import RunRecord
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_RESULTS, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 # `tpbench tune` ended without a decision (the budget or the rounds ran out): 4, as an inconclusive
@@ -108,18 +113,14 @@ def resumed_launcher(args: argparse.Namespace, launcher, command: str = "sweep")
         usage(str(e), command)
     if launcher is None:
         return None
-    recorded = sweep.launcher_of(store.read_record(args.resume))
+    run_record = store.read_record(args.resume)
+    recorded = sweep.launcher_of(run_record)
     for flag, given, ran in (
         ("--nnodes", args.nnodes, recorded.nnodes),
         ("--nproc-per-node", args.nproc_per_node, recorded.nproc_per_node),
     ):
         if given is not None and given != ran:
-            had = f"{flag} {ran}" if ran is not None else f"no {flag} (the world size over --nnodes)"
-            usage(
-                f"{flag} {given} with --resume: {args.resume}'s worlds ran with {had}, and a resumed run "
-                "places its ranks as its finished cases' were (drop it, or start a new run)",
-                command,
-            )
+            usage(_another_shape(run_record, args.resume, flag, given, ran), command)
     merged = dataclasses.replace(
         recorded,
         rdzv_endpoint=args.rdzv_endpoint or recorded.rdzv_endpoint,
@@ -129,6 +130,32 @@ def resumed_launcher(args: argparse.Namespace, launcher, command: str = "sweep")
     if merged.problem():
         usage(merged.problem(), command)
     return merged
+
+
+# Set by examples/slurm/sweep.sbatch: its --nnodes and --nproc-per-node are the job's allocation,
+# not flags the user typed, so a refusal of them asks for another allocation instead.
+SBATCH_ENV = "TPBENCH_SBATCH"
+
+
+def _another_shape(run_record: RunRecord, run_dir: Path, flag: str, given: int, ran: int | None) -> str:
+    """Why a resume's ``flag`` (``--nnodes``, ``--nproc-per-node``) other than the run's is refused,
+    and what to do: on the command line, drop it; through sweep.sbatch (``SBATCH_ENV``), which
+    passes the allocation's nodes and ranks per node, there is nothing to drop: the job to submit is
+    one of the run's shape (``_sbatch_resume``), or, for a run the script cannot resume, a resume
+    from the allocation outside it."""
+    had = f"{flag} {ran}" if ran is not None else f"no {flag} (the world size over --nnodes)"
+    said = f"{run_dir}'s worlds ran with {had}, and a resumed run places its ranks as its finished cases' were"
+    if not os.environ.get(SBATCH_ENV):
+        return f"{flag} {given} with --resume: {said} (drop it, or start a new run)"
+    what = "nodes" if flag == "--nnodes" else "ranks per node"
+    job = f"sweep.sbatch --resume: this job gives {given} {what} ({flag} {given}), where {said}"
+    if sbatch := _sbatch_resume(run_record, run_dir):
+        return f"{job}: submit it in an allocation of the run's shape, {sbatch}"
+    return (
+        f"{job}; the script always passes --nproc-per-node, which this run refuses: resume it from an allocation "
+        f"of {run_record.launcher.options.get('nnodes', 1)} nodes "
+        f"with tpbench sweep --resume {run_dir} --launcher torchrun --rdzv-endpoint HOST:PORT --agent-prefix CMD"
+    )
 
 
 def usage(message: str, command: str = "sweep") -> NoReturn:
@@ -287,26 +314,26 @@ def _one_machine(endpoint: str | None) -> str:
 def _new_allocation(run, command: str) -> str:
     """For a run across nodes, what a resume from another allocation adds: a bare resume reuses the
     rendezvous endpoint and agent prefix that run.json records, which an ended job no longer holds."""
-    slurm = f", or on Slurm: {sbatch}" if command == "sweep" and (sbatch := _sbatch_resume(run)) else ""
+    slurm = f", or on Slurm: {sbatch}" if command == "sweep" and (sbatch := _sbatch_resume(run.record, run.dir)) else ""
     return (
         "\n(in the same allocation; from a new one, add --launcher torchrun --rdzv-endpoint HOST:PORT "
         f"--agent-prefix CMD for its rendezvous and agents{slurm})"
     )
 
 
-def _sbatch_resume(run) -> str:
-    """examples/slurm/sweep.sbatch's resume of ``run`` in an allocation of the run's shape, or "" where
+def _sbatch_resume(run_record: RunRecord, run_dir: Path) -> str:
+    """examples/slurm/sweep.sbatch's resume of the run in an allocation of the run's shape, or "" where
     the script cannot resume it. The script passes the allocation's nodes and a rank per GPU (else
     NPROC_PER_NODE), and a resume refuses any other than the run's: the bare command got the script's
     2 nodes of 8 GPUs. A run with no recorded ranks per node (torchrun --standalone) refuses the
     script's --nproc-per-node whatever it is."""
-    options = run.record.launcher.options
+    options = run_record.launcher.options
     per_node = options.get("nproc_per_node")
     if per_node is None:
         return ""
     nodes = options.get("nnodes", 1)
-    script = shlex.join(["examples/slurm/sweep.sbatch", "--resume", str(run.dir)])
-    if run.record.environment.get("gpu_count"):
+    script = shlex.join(["examples/slurm/sweep.sbatch", "--resume", str(run_dir)])
+    if run_record.environment.get("gpu_count"):
         return f"sbatch --nodes={nodes} --gpus-per-node={per_node} {script}"
     return f"NPROC_PER_NODE={per_node} sbatch --nodes={nodes} {script}"
 
