@@ -1781,3 +1781,51 @@ def test_what_zero_saves_of_one_zero_case_gives_its_figures_once():
     two = pd.concat([one, one.assign(label="hook_with_zero_step", state_max_bytes=52_000.0, state_saved_pct=30.0)])
     [said] = zero_memory._sentences(two.reset_index(drop=True), [])
     assert "(45 % saved) at best (zero_no_overlap) and 0.0496 MiB (30 % saved) at worst (hook_with_zero_step)" in said
+
+
+FOUR_LINKS = '["loopback", "tcp-2.5gbit", "tcp-1gbit", "tcp-500mbit"]'
+
+
+def _links_shown(page: str, pattern: str) -> list[str]:
+    return list(dict.fromkeys(re.findall(pattern, page)))
+
+
+@pytest.mark.parametrize(
+    "links", [FOUR_LINKS, '["tcp-500mbit", "tcp-1gbit", "loopback"]'], ids=["fastest-first", "slowest-first"]
+)
+def test_a_runs_links_are_listed_in_its_suites_order(links):
+    """Sorted by name, crossover.toml's links read loopback, tcp-1gbit, tcp-2.5gbit, tcp-500mbit in the
+    step-time chart, the tables and the Verdicts: 2.5 Gbit/s between 1 Gbit/s and 500 Mbit/s. They are
+    listed as the suite lists them, slowest first where it does."""
+    suite = ZERO_SUITE.replace('["loopback", "tcp-1gbit"]', links)
+    loaded = in_memory_run(suite, zero_medians)
+    data = report_data.load([loaded])
+    want = json.loads(links)
+    for _, grp in data.cases.groupby("algo", sort=False):
+        assert list(dict.fromkeys(grp["interconnect"])) == want
+    page = build_report([loaded])
+    assert _links_shown(page, r"interleaved vs sequential on ([\w.-]+)") == want
+
+
+def _links_run(links: str, run_id: str) -> store.Loaded:
+    return in_memory_run(ZERO_SUITE.replace('["loopback", "tcp-1gbit"]', links), zero_medians, run_id=run_id)
+
+
+def _links_per_run(runs: list[store.Loaded]) -> list[list[str]]:
+    cases = report_data.load(runs).cases
+    return [list(g["interconnect"].drop_duplicates()) for _, g in cases.groupby("run_id", sort=False)]
+
+
+def test_links_of_runs_whose_suites_list_them_apart_are_listed_by_rate():
+    """Runs of suites that list their links in orders that do not agree are listed by rate, fastest
+    first, loopback (no tbf rate) before every emulated link; runs of one suite keep its order, and
+    so do runs of suites that list a part of another's links in its order."""
+    a = _links_run('["tcp-1gbit", "loopback"]', "20260101T000000Z-aaaaaa")
+    b = _links_run('["tcp-500mbit", "tcp-2.5gbit"]', "20260102T000000Z-bbbbbb")
+    assert _links_per_run([a, b]) == [["loopback", "tcp-1gbit"], ["tcp-2.5gbit", "tcp-500mbit"]]
+    four = _links_run(FOUR_LINKS, "20260103T000000Z-cccccc")
+    assert _links_per_run([a, four])[1] == ["loopback", "tcp-2.5gbit", "tcp-1gbit", "tcp-500mbit"]
+    c = _links_run('["tcp-500mbit", "loopback"]', "20260104T000000Z-dddddd")
+    d = _links_run('["tcp-500mbit", "tcp-1gbit", "loopback"]', "20260105T000000Z-eeeeee")
+    assert _links_per_run([c, d]) == [["tcp-500mbit", "loopback"], ["tcp-500mbit", "tcp-1gbit", "loopback"]]
+

@@ -18,6 +18,7 @@ from tpbench import store, verdict
 from tpbench.algorithms import ALGORITHMS, display_name
 from tpbench.analysis.stats import repeat_values, windows_of
 from tpbench.environment import commit_text
+from tpbench.record import link_order
 from tpbench.suite import DDP_DEFAULT, Case, labels, shown_keys
 
 # Plot and table order: baselines first, then what is measured against them.
@@ -167,13 +168,17 @@ def _labels(cases: pd.DataFrame, runs: list[store.Loaded], run_cases: list[list[
 
 
 def _order_keys(cases: pd.DataFrame, runs: list[store.Loaded], context: list[str]) -> list[tuple]:
-    """Sort keys: run, algorithm (baselines first), then the varying parameters by value."""
+    """Sort keys: run, algorithm (baselines first), then the varying parameters by value, links in
+    ``record.link_order``'s order (by name, tcp-2.5gbit fell between tcp-1gbit and tcp-500mbit)."""
     run_pos = {r.record.run_id: i for i, r in enumerate(runs)}
+    links = link_order([r.record for r in runs])
 
-    def key(v: Any) -> tuple:
+    def key(k: str, v: Any) -> tuple:
         # None first, numbers by value, anything else by its text: mixed columns ("never", 0, 60) sort.
         if v is None or (isinstance(v, float) and pd.isna(v)):
             return (0, 0.0, "")
+        if k == "interconnect" and v in links:
+            return (1, float(links[v]), "")
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return (1, float(v), "")
         return (2, 0.0, json.dumps(v, default=str))
@@ -184,7 +189,7 @@ def _order_keys(cases: pd.DataFrame, runs: list[store.Loaded], context: list[str
             run_pos[row["run_id"]],
             algo_pos.get(row["algorithm"], len(algo_pos)),
             row["algo"],
-            *(key(row.get(k)) for k in context),
+            *(key(k, row.get(k)) for k in context),
         )
         for row in cases.to_dict("records")
     ]
