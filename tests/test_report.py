@@ -1829,3 +1829,18 @@ def test_links_of_runs_whose_suites_list_them_apart_are_listed_by_rate():
     d = _links_run('["tcp-500mbit", "tcp-1gbit", "loopback"]', "20260105T000000Z-eeeeee")
     assert _links_per_run([c, d]) == [["tcp-500mbit", "loopback"], ["tcp-500mbit", "tcp-1gbit", "loopback"]]
 
+
+def test_what_zero_saves_says_its_links_in_the_reports_order():
+    """ "What ZeRO saves" grouped its sentences sorted by run id and value: on loopback, on tcp-1gbit,
+    on tcp-2.5gbit, on tcp-500mbit, where every other section lists crossover.toml's links as the
+    suite does; its sentences follow the cases' order (``ReportData.cases``), runs as given."""
+    from tpbench.report import zero_memory
+
+    links = json.loads(FOUR_LINKS)
+    row = {"algorithm": "hook_with_zero_step", "sharded": True, "ranks": 2, "bucket_cap_mb": 2.0, "buckets": 2}
+    row |= {"state_max_bytes": 41_000.0, "state_saved_pct": 45.0, "ddp_state_bytes": 74_000.0, "shard_buckets": False}
+    row |= {"stepped_min": 1, "busiest_share_pct": 67.0, "imbalance": 1.34, "label": "hook_with_zero_step"}
+    cases = pd.DataFrame([row | {"run_id": run, "run": run, "interconnect": link} for run in "BA" for link in links])
+    said = zero_memory._sentences(cases, ["interconnect"])
+    found = [re.match(r"(\w): (?:ZeRO hooks at 2 MB buckets )?on ([\w.-]+)", s).groups() for s in said]
+    assert found == [(run, link) for run in "BA" for link in links] * 2

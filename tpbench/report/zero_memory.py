@@ -57,7 +57,9 @@ def _sentences(cases: pd.DataFrame, context_keys: list[str]) -> list[str]:
     # What ZeRO is tuned by is compared within one sentence; the rest (model, world) makes sentences.
     tuning = ("algorithm", "impl", "shard_buckets", "bucket_cap_mb", "bucket_cap_mb_list", PACKED)
     model_keys = [k for k in context_keys if k not in tuning]
-    for _, sharded in cases[cases["sharded"]].groupby(["run_id", *model_keys], sort=True, dropna=False):
+    # Sentences in the cases' order (runs as given, links as ``record.link_order``): sorted by value,
+    # they said crossover.toml's links as loopback, tcp-1gbit, tcp-2.5gbit, tcp-500mbit.
+    for _, sharded in cases[cases["sharded"]].groupby(["run_id", *model_keys], sort=False, dropna=False):
         best = sharded.loc[sharded["state_max_bytes"].idxmin()]
         worst = sharded.loc[sharded["state_max_bytes"].idxmax()]
         where = _where(cases, best, model_keys)
@@ -77,7 +79,7 @@ def _sentences(cases: pd.DataFrame, context_keys: list[str]) -> list[str]:
     hooks = cases[cases["algorithm"].isin(ZERO_HOOKS)].dropna(subset=["bucket_cap_mb"])
     # Both hooks partition alike: one sentence per setting (bucket size, model, ...) of each run.
     keys = ["bucket_cap_mb", *model_keys]
-    for _, grp in hooks.groupby(["run_id", *keys], sort=True, dropna=False):
+    for _, grp in hooks.groupby(["run_id", *keys], sort=False, dropna=False):
         by_shard = {bool(s): g.iloc[0] for s, g in grp.groupby("shard_buckets")}
         parts = []
         for shard, row in sorted(by_shard.items()):
