@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import tomllib
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 from tpbench import comm_hooks
 from tpbench.algorithms import ALGORITHMS, display_name, named_keys
-from tpbench.interconnect import resolve
 
 SCHEMA_VERSION = 1
 KNOWN_VERSIONS = (0, 1)
@@ -543,44 +541,3 @@ class RunRecord:
             return tomllib.loads(self.suite.text).get(table, {})
         except tomllib.TOMLDecodeError:
             return {}
-
-
-def link_order(records: Sequence[RunRecord]) -> dict[str, int]:
-    """Each link (``interconnect``) the runs' cases ran on → its place wherever links are listed (the
-    report's charts, tables and verdicts; compare's and whatif's lines). One suite's order where one
-    run lists every link in an order the other runs keep: its cases' expansion order, as the user wrote
-    the list (fastest first in the shipped suites). By rate where runs list them otherwise, fastest
-    first: links without a tbf rate (loopback, NCCL's) before the emulated ones, ties as first met.
-    Sorted by name, tcp-2.5gbit fell between tcp-1gbit and tcp-500mbit."""
-    per_run = [list(dict.fromkeys(_links(r))) for r in records]
-    met = list(dict.fromkeys(link for links in per_run for link in links))
-    full = next((links for links in per_run if len(links) == len(met)), None)
-    if full is not None and all(_keeps_order(links, full) for links in per_run):
-        return {link: i for i, link in enumerate(full)}
-    rates = _link_rates(records)
-    ranked = sorted(met, key=lambda link: -rates[link] if rates.get(link) else -math.inf)
-    return {link: i for i, link in enumerate(ranked)}
-
-
-def _links(record: RunRecord) -> list[str]:
-    return [c.params["interconnect"] for c in record.cases.values() if c.params.get("interconnect") is not None]
-
-
-def _keeps_order(links: list[str], order: list[str]) -> bool:
-    places = [order.index(link) for link in links]
-    return places == sorted(places)
-
-
-def _link_rates(records: Sequence[RunRecord]) -> dict[str, float | None]:
-    """Each link's tbf rate in bits/s (None: not shaped), resolved with its run's own profiles
-    (``[interconnects]``), the first run that names it deciding."""
-    rates: dict[str, float | None] = {}
-    for record in records:
-        profiles = record.suite_table("interconnects")
-        for link in _links(record):
-            if link not in rates:
-                try:
-                    rates[link] = resolve(link, profiles).rate_bits_per_s
-                except ValueError:
-                    rates[link] = None  # a profile that no longer resolves: listed with the unshaped links
-    return rates

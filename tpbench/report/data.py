@@ -9,8 +9,9 @@ so the summary's copy of a mixed parameter may have been coerced.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import pandas as pd
 
@@ -18,7 +19,8 @@ from tpbench import store, verdict
 from tpbench.algorithms import ALGORITHMS, display_name
 from tpbench.analysis.stats import repeat_values, windows_of
 from tpbench.environment import commit_text
-from tpbench.record import link_order
+from tpbench.interconnect import resolve
+from tpbench.record import RunRecord
 from tpbench.suite import DDP_DEFAULT, Case, labels, shown_keys
 
 # Plot and table order: baselines first, then what is measured against them.
@@ -167,9 +169,50 @@ def _labels(cases: pd.DataFrame, runs: list[store.Loaded], run_cases: list[list[
     return [by_run[rid].get(cid, cid) for rid, cid in zip(cases["run_id"], cases["case_id"])]
 
 
+def link_order(records: Sequence[RunRecord]) -> dict[str, int]:
+    """Each link (``interconnect``) the runs' cases ran on → its place wherever the report lists links
+    (its charts, tables and verdicts follow the cases' order, ``_order_keys``). One suite's order where one
+    run lists every link in an order the other runs keep: its cases' expansion order, as the user wrote
+    the list (fastest first in the shipped suites). By rate where runs list them otherwise, fastest
+    first: links without a tbf rate (loopback, NCCL's) before the emulated ones, ties as first met.
+    Sorted by name, tcp-2.5gbit fell between tcp-1gbit and tcp-500mbit."""
+    per_run = [list(dict.fromkeys(_links(r))) for r in records]
+    met = list(dict.fromkeys(link for links in per_run for link in links))
+    full = next((links for links in per_run if len(links) == len(met)), None)
+    if full is not None and all(_keeps_order(links, full) for links in per_run):
+        return {link: i for i, link in enumerate(full)}
+    rates = _link_rates(records)
+    ranked = sorted(met, key=lambda link: -rates[link] if rates.get(link) else -math.inf)
+    return {link: i for i, link in enumerate(ranked)}
+
+
+def _links(record: RunRecord) -> list[str]:
+    return [c.params["interconnect"] for c in record.cases.values() if c.params.get("interconnect") is not None]
+
+
+def _keeps_order(links: list[str], order: list[str]) -> bool:
+    places = [order.index(link) for link in links]
+    return places == sorted(places)
+
+
+def _link_rates(records: Sequence[RunRecord]) -> dict[str, float | None]:
+    """Each link's tbf rate in bits/s (None: not shaped), resolved with its run's own profiles
+    (``[interconnects]``), the first run that names it deciding."""
+    rates: dict[str, float | None] = {}
+    for record in records:
+        profiles = record.suite_table("interconnects")
+        for link in _links(record):
+            if link not in rates:
+                try:
+                    rates[link] = resolve(link, profiles).rate_bits_per_s
+                except ValueError:
+                    rates[link] = None  # a profile that no longer resolves: listed with the unshaped links
+    return rates
+
+
 def _order_keys(cases: pd.DataFrame, runs: list[store.Loaded], context: list[str]) -> list[tuple]:
     """Sort keys: run, algorithm (baselines first), then the varying parameters by value, links in
-    ``record.link_order``'s order (by name, tcp-2.5gbit fell between tcp-1gbit and tcp-500mbit)."""
+    ``link_order``'s order (by name, tcp-2.5gbit fell between tcp-1gbit and tcp-500mbit)."""
     run_pos = {r.record.run_id: i for i, r in enumerate(runs)}
     links = link_order([r.record for r in runs])
 

@@ -57,7 +57,7 @@ def _sentences(cases: pd.DataFrame, context_keys: list[str]) -> list[str]:
     # What ZeRO is tuned by is compared within one sentence; the rest (model, world) makes sentences.
     tuning = ("algorithm", "impl", "shard_buckets", "bucket_cap_mb", "bucket_cap_mb_list", PACKED)
     model_keys = [k for k in context_keys if k not in tuning]
-    # Sentences in the cases' order (runs as given, links as ``record.link_order``): sorted by value,
+    # Sentences in the cases' order (runs as given, links as ``data.link_order``): sorted by value,
     # they said crossover.toml's links as loopback, tcp-1gbit, tcp-2.5gbit, tcp-500mbit.
     for _, sharded in cases[cases["sharded"]].groupby(["run_id", *model_keys], sort=False, dropna=False):
         best = sharded.loc[sharded["state_max_bytes"].idxmin()]
