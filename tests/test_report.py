@@ -1781,6 +1781,9 @@ def test_what_zero_saves_of_one_zero_case_gives_its_figures_once():
     two = pd.concat([one, one.assign(label="hook_with_zero_step", state_max_bytes=52_000.0, state_saved_pct=30.0)])
     [said] = zero_memory._sentences(two.reset_index(drop=True), [])
     assert "(45 % saved) at best (zero_no_overlap) and 0.0496 MiB (30 % saved) at worst (hook_with_zero_step)" in said
+    # Its opening words start a sentence: "on loopback: Plain DDP holds …" read as a fragment.
+    [said] = zero_memory._sentences(one.assign(interconnect="loopback"), ["interconnect"])
+    assert said.startswith("On loopback: Plain DDP holds 0.0706 MiB"), said
 
 
 FOUR_LINKS = '["loopback", "tcp-2.5gbit", "tcp-1gbit", "tcp-500mbit"]'
@@ -1842,5 +1845,5 @@ def test_what_zero_saves_says_its_links_in_the_reports_order():
     row |= {"stepped_min": 1, "busiest_share_pct": 67.0, "imbalance": 1.34, "label": "hook_with_zero_step"}
     cases = pd.DataFrame([row | {"run_id": run, "run": run, "interconnect": link} for run in "BA" for link in links])
     said = zero_memory._sentences(cases, ["interconnect"])
-    found = [re.match(r"(\w): (?:ZeRO hooks at 2 MB buckets )?on ([\w.-]+)", s).groups() for s in said]
+    found = [re.match(r"(\w): (?:ZeRO hooks at 2 MB buckets )?[Oo]n ([\w.-]+)", s).groups() for s in said]
     assert found == [(run, link) for run in "BA" for link in links] * 2

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 
 from tpbench.algorithms import PACKED, ZERO_HOOKS
 from tpbench.analysis.memory import per_case
-from tpbench.report.data import ReportData, context_text
+from tpbench.report.data import ReportData, context_text, sentence_start
 from tpbench.report.figures import LEGEND_TOP, MARGIN, display
 from tpbench.report.html import Page
 
@@ -109,9 +109,10 @@ def _sentences(cases: pd.DataFrame, context_keys: list[str]) -> list[str]:
 
 
 def _where(cases: pd.DataFrame, row: pd.Series, keys: list[str]) -> str:
-    """The run (when several) and the settings a sentence is about, as its opening words."""
+    """The run (when several) and the settings a sentence is about, as its opening words: "On loopback: "
+    (``sentence_start``; it read "on loopback: Plain DDP holds …")."""
     run = f"{row['run']}: " if cases["run_id"].nunique() > 1 else ""
-    settings = context_text(row, keys)
+    settings = sentence_start(context_text(row, keys))
     return run + (f"{settings}: " if settings else "")
 
 
