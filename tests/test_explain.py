@@ -644,3 +644,19 @@ def test_ignore_env_with_one_run_is_refused(tmp_path: Path, capsys: pytest.Captu
         assert f"tpbench {command[0]}: error: --ignore-env: only when runs are compared" in err, err
     assert run_cli(["compare", str(run), *pair]) != 2  # the same without it: judged
     assert run_cli(["explain", str(run), *pair]) == 0
+
+
+def test_a_broadcasts_transfer_is_not_straggler_wait() -> None:
+    """A broadcast's root returns once its bytes are in Gloo's socket buffer: measured against the
+    root's 1 ms, a receiver's 5 ms transfer counted 4 ms of waiting for a late peer, with every rank
+    started together. A rooted collective is measured against the fastest of the other ranks: with
+    one receiver nothing waited; with two, the one 4 ms slower than the other waited 4 ms."""
+    from tpbench.analysis.explain import _waits
+
+    two = pd.DataFrame([_iv(0, "comm", 0, 1_000_000, "broadcast"), _iv(1, "comm", 0, 5_000_000, "broadcast")])
+    assert _waits(two).tolist() == [0, 0]
+    three = pd.concat([two, pd.DataFrame([_iv(2, "comm", 0, 9_000_000, "broadcast")])], ignore_index=True)
+    assert _waits(three).tolist() == [0, 0, 4_000_000]
+    # An all-reduce is still measured against its shortest: the last to arrive.
+    reduce = pd.DataFrame([_iv(0, "comm", 0, 80, "allreduce"), _iv(1, "comm", 60, 80, "allreduce")])
+    assert _waits(reduce).tolist() == [60, 0]

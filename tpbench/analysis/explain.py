@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from tpbench.analysis.bandwidth import ROOTED
 from tpbench.analysis.overlap import clip_to_steps, union_per_step
 from tpbench.analysis.stats import CONFIDENCE, unpaired_difference
 
@@ -239,7 +240,11 @@ def _astuple(c: Component) -> tuple[float, float, float]:
 
 def _waits(intervals: pd.DataFrame) -> pd.Series:
     """Per comm interval, the ns it waited for a late peer: its duration less the shortest
-    duration of the same collective instance over ranks (0 for everything else)."""
+    duration of the same collective instance over ranks (0 for everything else). A rooted
+    collective's (``bandwidth.ROOTED``) shortest is its root's, which on Gloo returns once its bytes
+    are in the socket's buffer: against it every receiver's transfer read as waiting for a late
+    peer (4 ms of a 5 ms broadcast, all ranks started together). It is measured against the
+    fastest of the other ranks instead, and a rank faster than that waited for nobody."""
     comm = intervals[(intervals["lane"] == "comm") & intervals["collective"].notna()]
     wait = pd.Series(0, index=intervals.index, dtype="int64")
     if comm.empty:
@@ -255,8 +260,16 @@ def _waits(intervals: pd.DataFrame) -> pd.Series:
         index=comm.index,
     ).sort_values(["rank", "start"], kind="stable")
     key["instance"] = key.groupby(["rank", "pg", "coll"], sort=False).cumcount()
-    shortest = key.groupby(["pg", "coll", "instance"], sort=False)["dur"].transform("min")
-    wait.loc[key.index] = (key["dur"] - shortest).to_numpy()
+    instance = ["pg", "coll", "instance"]
+    shortest = key.groupby(instance, sort=False)["dur"].transform("min")
+    rooted = key["coll"].isin(ROOTED)
+    if rooted.any():
+        by_dur = key[rooted].sort_values([*instance, "dur"], kind="stable")
+        place = by_dur.groupby(instance, sort=False).cumcount()
+        alone = by_dur.groupby(instance, sort=False)["dur"].transform("size") == 1
+        second = by_dur[(place == 1) | alone].set_index(instance)["dur"].rename("second")
+        shortest = shortest.where(~rooted, key.join(second, on=instance)["second"])
+    wait.loc[key.index] = (key["dur"] - shortest).clip(lower=0).to_numpy()
     return wait
 
 
