@@ -977,14 +977,15 @@ def test_a_file_in_place_of_the_gates_out_folder_is_named(tmp_path: Path, capsys
     assert said in err, err
 
 
-def test_a_round_the_budget_cuts_short_keeps_its_finished_item() -> None:
+def test_a_round_the_budget_cuts_short_keeps_its_finished_item(tmp_path: Path) -> None:
     """The budget spent while one side's item of a round had finished: the round was dropped from
     gate.json's rounds and the stop line said "stopping after 0 rounds", though the item had run and
     was on its side's disk. A stand-in conductor (the gate's own class, not torch's) finishes the
     first item of round 2 and then finds the budget spent."""
     from types import SimpleNamespace
 
-    sides = [SimpleNamespace(exited=False, side=SimpleNamespace(name=n)) for n in ("baseline", "candidate")]
+    names = ("baseline", "candidate")
+    sides = [SimpleNamespace(exited=False, side=SimpleNamespace(name=n), root=tmp_path / n) for n in names]
     done = iter([gate_record.GateItem("baseline", "c", 0, 0.0, 1.0, True)] * 3)
 
     class Conductor:
@@ -1002,6 +1003,65 @@ def test_a_round_the_budget_cuts_short_keeps_its_finished_item() -> None:
     assert "partial" in rounds[1].to_json() and "partial" not in rounds[0].to_json()
     assert gate._rounds_run(rounds) == "1 round and 1 item of round 2"
     assert gate._rounds_run(rounds[:1]) == "1 round"
+
+
+class SteppedClock:
+    """Seconds that pass only when the test says so (as tests/test_progress.py's)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def paced_rounds_lines(roots: list[Path], rounds: int, round_s: float) -> list[str]:
+    """The rounds lines a lockstep gate of ``rounds`` rounds of ``round_s`` each says, its sides'
+    runs under ``roots``. A stand-in conductor (the gate's own class, not torch's) runs each item at
+    once and steps the clock; the sides' plans end after ``rounds`` rounds."""
+    from types import SimpleNamespace
+
+    clock = SteppedClock()
+    sides = [
+        SimpleNamespace(exited=False, side=SimpleNamespace(name=n), root=r)
+        for n, r in zip(("baseline", "candidate"), roots)
+    ]
+    ran: list = []
+
+    class Conductor:
+        def run_item(self, side, metric):
+            if len(ran) == 2 * rounds:
+                for s in sides:
+                    s.exited = True
+                return None
+            clock.t += round_s / 2
+            ran.append(side)
+            return gate_record.GateItem(side.side.name, "c", (len(ran) - 1) // 2, clock.t, clock.t, True)
+
+    said: list[str] = []
+    cfg = gate.Lockstep(budget_s=1e12)  # never spent: the stepped clock is not the gate's budget clock
+    assert gate._pace(Conductor(), sides, cfg, 0.0, [], said.append, clock) is None
+    return said
+
+
+def test_the_gate_says_its_rounds_as_the_sweep_paces_its_lines(tmp_path: Path) -> None:
+    """A line every 10 rounds whatever the time: a 500-repeat --target-ci gate (rounds of about 2 s)
+    said one every 20 s, a 480 s budget two dozen of them, and one of rounds of 1 s every 10 s. The
+    gate now paces them as the sweep and the tune do (``PlainPace``): once 30 s and a tenth of the
+    rounds its sides' runs plan have passed, so 200 rounds of 2 s of a 500-round plan say 4 lines, not 20."""
+    roots = []
+    for name in ("baseline", "candidate"):
+        make_run(tmp_path / name, {"ddp": [10.0] * 500})
+        roots.append(tmp_path / name)
+    said = paced_rounds_lines(roots, rounds=200, round_s=2.0)
+    assert said == [f"tpbench gate: {n} rounds, {2 * n} s" for n in (50, 100, 150, 200)]
+
+
+def test_the_gate_paces_its_rounds_by_time_alone_where_no_plan_is_read(tmp_path: Path) -> None:
+    """Sides whose runs this tpbench cannot read (none yet, or another version's): a line every
+    30 s, not every 10 rounds (of 1 s: 3 lines in 100 rounds, not 10)."""
+    said = paced_rounds_lines([tmp_path / "b", tmp_path / "c"], rounds=100, round_s=1.0)
+    assert said == [f"tpbench gate: {n} rounds, {n} s" for n in (30, 60, 90)]
 
 
 def test_the_stop_line_names_the_item_it_waited_for_by_case_and_repeat() -> None:

@@ -10,9 +10,9 @@ import re
 from pathlib import Path
 
 from tpbench import racing, suite
-from tpbench.cli.common import PlainPace
 from tpbench.cli.sweep import SweepProgress
 from tpbench.cli.tune import TuneProgress
+from tpbench.pace import PlainPace
 
 REPO = Path(__file__).resolve().parents[1]
 

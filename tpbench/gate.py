@@ -40,6 +40,7 @@ from tpbench import compare, explain, gate_record, lockstep, store, user_code
 from tpbench.analysis.stats import sequential_ratio
 from tpbench.compare import GateError
 from tpbench.gate_record import GATE_FILE, GateItem, GateRecord, GateRound, GateSide
+from tpbench.pace import PlainPace
 
 
 class SideError(RuntimeError):
@@ -688,10 +689,15 @@ def _pace(
     started: float,
     rounds: list[GateRound],
     announce: Callable[[str], None],
+    clock: Callable[[], float] = time.monotonic,
 ) -> str | None:
     """Round after round, one item of each side in an order drawn from ``cfg.seed``, each round
-    appended to ``rounds``, until the plans end (None) or the gate should stop (why)."""
+    appended to ``rounds``, until the plans end (None) or the gate should stop (why). The rounds run
+    are said when ``PlainPace`` has one due (``clock`` its clock, ``started`` by it), the work being
+    the rounds the sides' runs plan (``_planned_rounds``, once the first round has run): a line every
+    10 rounds made a 500-repeat ``--target-ci`` gate's log dozens of lines. The warning is said at once."""
     rng = random.Random(cfg.seed)
+    pace = PlainPace(0, clock)
     misaligned = False
     stopped = None
     while stopped is None and not all(s.exited for s in sides):
@@ -712,16 +718,33 @@ def _pace(
             return f"budget of {cfg.budget_s:g} s spent while waiting for {e}"
         if items:
             rounds.append(this)
+            if len(rounds) == 1:
+                pace.planned = _planned_rounds(sides)
             if not misaligned and len({(i.case, i.repeat) for i in items}) > 1:
                 misaligned = True
                 announce(
                     f"tpbench gate: warning: in round {len(rounds)} the sides ran different items "
                     "(their plans differ): pairs of repeats are no longer neighbours in time"
                 )
-            if len(rounds) % 10 == 0:
-                announce(f"tpbench gate: {len(rounds)} rounds, {time.monotonic() - started:.0f} s")
+                pace.said(len(rounds))
+            if pace.due(len(rounds)):
+                announce(f"tpbench gate: {len(rounds)} rounds, {clock() - started:.0f} s")
+                pace.said(len(rounds))
         stopped = _stop_reason(sides, cfg, started)
     return stopped
+
+
+def _planned_rounds(sides: list[_Side]) -> int:
+    """The rounds the sides' plans hold, as their runs' run.json say (each case's repeats, summed;
+    the larger side's), or 0 where neither side's run can be read by this tpbench (not written yet,
+    or another version's record): the gate's rounds line is then paced by time alone."""
+    planned = 0
+    for s in sides:
+        with contextlib.suppress(store.StoreError, OSError):
+            for run in store.iter_runs(s.root):
+                cases = store.read_record(run).cases.values()
+                planned = max(planned, sum(c.case.repeats for c in cases))
+    return planned
 
 
 def _claim(out: Path, baseline: Side, candidate: Side) -> tuple[store.RunLock, Path]:

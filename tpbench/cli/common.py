@@ -15,9 +15,8 @@ import os
 import shlex
 import signal
 import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn
+from typing import TYPE_CHECKING, Any, Iterator, NoReturn
 
 from rich.console import Console
 from rich.markup import escape
@@ -354,41 +353,8 @@ def redraws(console: Console) -> bool:
     not a dumb one. Elsewhere (a file or a pipe: CI, nohup, Slurm) rich draws the line once, as it
     stops, cut to the width, so a log polled during an hour's sweep showed nothing of it; there the
     commands disable the line and say their progress in plain lines (``plain_progress``), paced by
-    ``PlainPace``."""
+    ``pace.PlainPace``."""
     return console.is_terminal and not console.is_dumb_terminal
-
-
-class PlainPace:
-    """When a routine progress line is due in a log (away from a terminal: ``redraws``). A line per
-    finished repeat made zero.toml's log 216 lines of the same sentence, and a 300-round tune's 300:
-    a reader of a CI log wants where the work is and when it will end, not each step of it.
-
-    A routine line is due once ``EVERY_S`` have passed since the log's last line and either a tenth
-    (``SHARE``) of the planned work was done since, or ``QUIET_S`` passed: whichever of the 30 s and
-    the tenth is rarer, so a short sweep says a line at most every 30 s and a long one about ten, but
-    never more than 5 minutes of silence, which CI services that kill a job quiet for 10 minutes
-    would take for a hang. What the caller says always (a world's start and end, a failure, a trace
-    window taken again, a round that decided an arm) goes through ``said`` and restarts the wait.
-    ``clock`` is injectable so that a test can step time without waiting for it."""
-
-    EVERY_S = 30.0
-    SHARE = 0.1
-    QUIET_S = 300.0
-
-    def __init__(self, planned: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.planned = planned
-        self.clock = clock
-        self.last_t = clock()
-        self.last_done = 0
-
-    def due(self, done: int) -> bool:
-        """Whether a routine line with ``done`` units of work finished is due now."""
-        quiet = self.clock() - self.last_t
-        return quiet >= self.EVERY_S and (done - self.last_done >= self.SHARE * self.planned or quiet >= self.QUIET_S)
-
-    def said(self, done: int) -> None:
-        """A line was said with ``done`` units of work finished: the next waits from here."""
-        self.last_t, self.last_done = self.clock(), done
 
 
 def plain_progress(task: Task, said: str, eta: bool = False) -> None:

@@ -16,7 +16,6 @@ from rich.text import Text
 from tpbench.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
-    PlainPace,
     cases_table,
     console,
     fitted,
@@ -34,6 +33,7 @@ from tpbench.cli.common import (
     usage,
     warn_unused_workloads,
 )
+from tpbench.pace import PlainPace
 
 if TYPE_CHECKING:
     from tpbench.sweep import Outcome

@@ -19,7 +19,6 @@ from tpbench.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_UNRESOLVED,
-    PlainPace,
     console,
     fitted,
     fraction,
@@ -38,6 +37,7 @@ from tpbench.cli.common import (
     world_text,
 )
 from tpbench.cli.sweep import SweepDisplay
+from tpbench.pace import PlainPace
 
 
 class TuneProgress:
