@@ -952,6 +952,25 @@ def test_gate_accuracy_table_of_a_folder_without_gates_is_refused_in_one_line(tm
     assert "Traceback" not in p.stderr
 
 
+def test_gate_accuracy_measures_the_checkout_it_is_in(tmp_path: Path, monkeypatch) -> None:
+    """Both sides were this interpreter (``sys.executable``), and the gate drops the PYTHONPATH
+    entries that hold tpbench from a python side: run from a checkout with ``PYTHONPATH`` beside a
+    venv whose tpbench is installed from another tree, every gate measured that other tree. Both
+    sides are now the checkout the script is in, a source tree run with its root first on PYTHONPATH,
+    and the gate itself runs from it too."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gate_accuracy", GATE_ACCURACY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # as the finding ran it: the checkout on PYTHONPATH
+    cmd, env = module.gate_process(module.SUITE, tmp_path / "g", 10.0, [])
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
+    for name in ("baseline", "candidate"):
+        side = gate.resolve_side(name, cmd[cmd.index(f"--{name}") + 1], tmp_path / name)
+        assert side.kind == "source" and side.env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO), side
+
+
 def test_gate_accuracy_judges_a_gate_that_left_no_runs(tmp_path: Path) -> None:
     """A gate that failed before its sides wrote a run (its folder empty or absent) is tallied as
     "no runs"; the script crashed there, ending a campaign of hours at that gate."""

@@ -1,8 +1,9 @@
 """Measure ``tpbench gate`` on your own runners before trusting it in CI.
 
 Two numbers matter: how often identical code is called a regression (A/A false alarms), and how
-often a real slowdown of a given size is caught (detection). This runs real gates, both sides
-this interpreter's tpbench, the candidate slowed by ``slowdown_pct`` with ``slowdown_kind = "cpu"``
+often a real slowdown of a given size is caught (detection). This runs real gates of the checkout
+it is in (the gate and both sides, its root a source tree first on PYTHONPATH, whatever tpbench the
+interpreter has installed), the candidate slowed by ``slowdown_pct`` with ``slowdown_kind = "cpu"``
 (each step burns that share of its CPU time more: an exact slowdown of the work, on top of the
 machine's real noise), and judges every gate on each metric asked for: the runs of one gate
 hold both wall and CPU time per step, so one gate answers for both.
@@ -40,8 +41,13 @@ from pathlib import Path
 from tpbench import compare, gate_record, store
 from tpbench.cli.common import EXIT_USAGE
 
+# The checkout this script is in: what its gates measure. Given as both sides it is a source tree,
+# run with its root first on PYTHONPATH; this interpreter as a side ran the tpbench installed in its
+# environment (the gate drops PYTHONPATH entries that hold tpbench from a python side), so a checkout
+# run with PYTHONPATH beside a venv installed from another tree measured that other tree.
+ROOT = Path(__file__).resolve().parents[2]
 # The shipped gate suite: one compute-bound DDP case of about 15 ms per step on 2 CPU ranks.
-SUITE = Path(__file__).resolve().parents[2] / "suites" / "gate.toml"
+SUITE = ROOT / "suites" / "gate.toml"
 
 
 def _busy_loops(n: int) -> list[subprocess.Popen]:
@@ -54,16 +60,23 @@ def _runs(gate_dir: Path, side: str) -> list[Path]:
     return sorted(store.iter_runs(folder)) if folder.is_dir() else []
 
 
-def run_gate(suite: Path, out: Path, slowdown: float, gate_args: list[str]) -> dict:
-    """One real gate; its wall time, exit code and the machine's load around it."""
-    cmd = [sys.executable, "-m", "tpbench", "gate", str(suite), "--baseline", sys.executable]
-    cmd += ["--candidate", sys.executable, "--out", str(out), "--format", "json", *gate_args]
+def gate_process(suite: Path, out: Path, slowdown: float, gate_args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """One gate's command and environment: the checkout's (``ROOT``) gate, its sides that checkout."""
+    cmd = [sys.executable, "-m", "tpbench", "gate", str(suite), "--baseline", str(ROOT)]
+    cmd += ["--candidate", str(ROOT), "--out", str(out), "--format", "json", *gate_args]
     if slowdown:
         cmd += ["--candidate-set", f"slowdown_pct={slowdown:g}", "--candidate-set", "slowdown_kind=cpu"]
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return cmd, os.environ | {"PYTHONPATH": path}
+
+
+def run_gate(suite: Path, out: Path, slowdown: float, gate_args: list[str]) -> dict:
+    """One real gate; its wall time, exit code and the machine's load around it."""
+    cmd, env = gate_process(suite, out, slowdown, gate_args)
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
     load_before = os.getloadavg()[0]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     if proc.returncode == EXIT_USAGE:
         # Input the gate refuses (a mistyped GATE_ARG, a suite it rejects) is refused in every gate:
         # stop at the first with the gate's own words, not tally a campaign of gates that never ran.
