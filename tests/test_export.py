@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -101,6 +102,9 @@ def test_custom_smaller_is_better(run: Path, tmp_path: Path) -> None:
     assert by["synthetic/ddp"]["unit"] == "ms" and by["synthetic/ddp"]["value"] == pytest.approx(10.05, rel=0.02)
     assert by["synthetic/ddp"]["range"].startswith("± ")
     assert "; tpbench 0.1.0; torch " in by["synthetic/ddp"]["extra"]  # the format has no version field of its own
+    # Its 4 repeats' interval is their range, which holds the median with 87.5 % confidence: it said "95% CI".
+    extra = by["synthetic/ddp"]["extra"]
+    assert re.match(r"range \[9\.\d+, 10\.\d+\] ms \(holds the median with 87\.5% confidence\) over 4 ", extra), extra
     assert len({e["name"] for e in entries}) == len(entries)  # names are the series keys on the dashboard
 
 

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from tpbench import store
-from tpbench.analysis.stats import CONFIDENCE, bootstrap_ci, per_step, repeat_values, windows_of
+from tpbench.analysis.stats import CONFIDENCE, bootstrap_ci, per_step, range_confidence, repeat_values, windows_of
 from tpbench.compare import GateError, swept_keys
 from tpbench.suite import CASE_KEYS, Case, SuiteError, measured_overrides, parse, with_overrides
 
@@ -181,6 +181,17 @@ def _pytest_benchmark(
     }
 
 
+def _interval_words(lo: float, hi: float, repeats: int) -> str:
+    """The median's interval in an entry's ``extra``: with 2 to 5 repeats it is their range, which holds
+    the median with less than 95 % confidence (``stats.range_confidence``), and the entry says so
+    rather than "95% CI" (the report's step-time caption does alike)."""
+    if range_confidence(repeats) < CONFIDENCE:
+        return (
+            f"range [{lo:.4g}, {hi:.4g}] ms (holds the median with {100 * range_confidence(repeats):.4g}% confidence)"
+        )
+    return f"{CONFIDENCE:.0%} CI [{lo:.4g}, {hi:.4g}] ms"
+
+
 def export_custom_smaller_is_better(run_dir: str | Path, metric: str = "step_ms") -> Export:
     """github-action-benchmark's ``customSmallerIsBetter`` input: [{name, unit, value, range, extra}].
 
@@ -208,7 +219,7 @@ def export_custom_smaller_is_better(run_dir: str | Path, metric: str = "step_ms"
         lo, hi = bootstrap_ci(reps)
         # One repeat has no interval: no range (the format's field is optional), rather than "± 0".
         ranged = {"range": f"± {round((hi - lo) / 2, 6)}"} if np.isfinite(lo) else {}
-        ci = f"{CONFIDENCE:.0%} CI [{lo:.4g}, {hi:.4g}] ms" if ranged else "no CI (one repeat)"
+        ci = _interval_words(lo, hi, reps.size) if ranged else "no CI (one repeat)"
         entries.append(
             {
                 "name": f"{suite}/{label}{_settings(_set_params(case, sets, shown))}{tag}",
