@@ -321,9 +321,9 @@ def _busbw(page: Page, data: ReportData, df: pd.DataFrame) -> go.Figure:
     page.paragraph(
         "Bus bandwidth per collective as nccl-tests defines it (algbw = bytes / time, GB = 1e9; busbw = "
         "algbw × 2(n−1)/n for allreduce, (n−1)/n for allgather and reduce-scatter, 1 for broadcast); "
-        "time is the collective's shortest duration across ranks (a broadcast's longest: its root can return as "
-        "soon as its bytes are handed over, a receiver only once they have crossed). Median per case, collective "
-        "and size.",
+        "time is the collective's shortest duration across ranks (a broadcast's, reduce's or point-to-point's "
+        "longest: its root can return as soon as its bytes are handed over, a receiver only once they have crossed). "
+        "Median per case, collective and size.",
         css="muted",
     )
     agg = (
@@ -379,7 +379,8 @@ def _transfer_times(page: Page, data: ReportData, df: pd.DataFrame) -> go.Figure
     page.paragraph(
         "These traces do not record message sizes (Gloo on this PyTorch records no input shapes for "
         "its collectives), so bandwidth cannot be computed; shown instead: each collective's transfer "
-        "time (its shortest duration across ranks, a broadcast's longest), median per case.",
+        "time (its shortest duration across ranks; a broadcast's, reduce's or point-to-point's longest), median per "
+        "case.",
         css="muted",
     )
     agg = df.groupby(["run_id", "case_id", "collective"], as_index=False, observed=True).agg(
