@@ -1847,3 +1847,20 @@ def test_what_zero_saves_says_its_links_in_the_reports_order():
     said = zero_memory._sentences(cases, ["interconnect"])
     found = [re.match(r"(\w): (?:ZeRO hooks at 2 MB buckets )?[Oo]n ([\w.-]+)", s).groups() for s in said]
     assert found == [(run, link) for run in "BA" for link in links] * 2
+
+
+def test_the_collectives_chart_draws_each_emulated_links_rate_as_its_ceiling(tmp_path):
+    """No busbw measured on a tbf-shaped link can lie above its rate, yet nothing on the chart said where
+    that was: broadcasts timed on their root read 2.41 GB/s on a 0.125 GB/s link and looked like any other
+    point. A dotted line marks each emulated link's rate; loopback, unshaped, has none."""
+    import plotly.graph_objects as go
+
+    from tpbench.report import timelines
+
+    run = make_run(tmp_path / "links", {"ddp": [10.0, 10.1]}, sweep={"interconnect": '["loopback", "tcp-1gbit"]'})
+    data = report_data.load([finalize(store.Run.open(run))])
+    fig = go.Figure()
+    timelines._link_ceilings(fig, data, pd.DataFrame({"case_id": data.done["case_id"]}))
+    [line] = fig.layout.shapes
+    assert line.y0 == line.y1 == 0.125 and line.line.dash == "dot"
+    assert [a.text for a in fig.layout.annotations] == ["tcp-1gbit: 0.125 GB/s"]

@@ -181,7 +181,7 @@ def link_order(records: Sequence[RunRecord]) -> dict[str, int]:
     full = next((links for links in per_run if len(links) == len(met)), None)
     if full is not None and all(_keeps_order(links, full) for links in per_run):
         return {link: i for i, link in enumerate(full)}
-    rates = _link_rates(records)
+    rates = link_rates(records)
     ranked = sorted(met, key=lambda link: -rates[link] if rates.get(link) else -math.inf)
     return {link: i for i, link in enumerate(ranked)}
 
@@ -195,9 +195,10 @@ def _keeps_order(links: list[str], order: list[str]) -> bool:
     return places == sorted(places)
 
 
-def _link_rates(records: Sequence[RunRecord]) -> dict[str, float | None]:
+def link_rates(records: Sequence[RunRecord]) -> dict[str, float | None]:
     """Each link's tbf rate in bits/s (None: not shaped), resolved with its run's own profiles
-    (``[interconnects]``), the first run that names it deciding."""
+    (``[interconnects]``), the first run that names it deciding: what orders the links of runs of
+    several suites (``link_order``), and the ceiling the Collectives chart draws."""
     rates: dict[str, float | None] = {}
     for record in records:
         profiles = record.suite_table("interconnects")

@@ -15,7 +15,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from tpbench.analysis.overlap import overlap_totals, union
-from tpbench.report.data import ReportData
+from tpbench.report.data import ReportData, link_rates
 from tpbench.report.figures import (
     LEGEND_TOP,
     MARGIN,
@@ -323,7 +323,8 @@ def _busbw(page: Page, data: ReportData, df: pd.DataFrame) -> go.Figure:
         "algbw × 2(n−1)/n for allreduce, (n−1)/n for allgather and reduce-scatter, 1 for broadcast); "
         "time is the collective's shortest duration across ranks (a broadcast's, reduce's or point-to-point's "
         "longest: its root can return as soon as its bytes are handed over, a receiver only once they have crossed). "
-        "Median per case, collective and size.",
+        "Median per case, collective and size. A dotted line marks each emulated link's rate, which no busbw on "
+        "that link can exceed.",
         css="muted",
     )
     agg = (
@@ -358,7 +359,27 @@ def _busbw(page: Page, data: ReportData, df: pd.DataFrame) -> go.Figure:
     fig.update_xaxes(**log_byte_ticks(agg["bytes"]))
     # px names a trace "algo, setting"; the setting (the case's label) already starts with the algorithm.
     fig.for_each_trace(lambda t: t.update(name=t.name.split(", ", 1)[-1]))
+    _link_ceilings(fig, data, agg)
     return fig
+
+
+def _link_ceilings(fig: go.Figure, data: ReportData, agg: pd.DataFrame) -> None:
+    """A dotted line at each emulated link's rate (tbf's, in GB/s): no busbw measured on that link
+    can lie above it, so a point above it says the time is not the transfer's (a broadcast timed on
+    its root read 2.41 GB/s on a 0.125 GB/s link). Unshaped links (loopback, NCCL's) have none."""
+    if "interconnect" not in data.done:
+        return
+    shown = data.done[data.done["case_id"].isin(agg["case_id"])]
+    rates = link_rates([r.record for r in data.runs])
+    for link in dict.fromkeys(shown["interconnect"].dropna()):
+        if rate := rates.get(link):
+            fig.add_hline(
+                y=rate / 8e9,
+                line={"dash": "dot", "width": 1, "color": "#888"},
+                annotation_text=plot_text(f"{link}: {rate / 8e9:.3g} GB/s"),
+                annotation_position="top left",
+                annotation_font_size=10,
+            )
 
 
 def _symbols_within_algorithm(agg: pd.DataFrame) -> dict[str, str]:
