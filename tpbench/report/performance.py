@@ -11,7 +11,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from tpbench import verdict
-from tpbench.analysis.stats import averaging_window
+from tpbench.analysis.stats import CONFIDENCE, averaging_window, range_confidence
 from tpbench.report.data import ReportData, context_text, run_letter
 from tpbench.report.figures import (
     LEGEND_TOP,
@@ -100,10 +100,7 @@ def _against_bucket_size(data: ReportData, done: pd.DataFrame) -> go.Figure:
     df, (frow, fcol) = facet_common(data, done, ["shard_buckets", "interconnect"])
     df = df.assign(
         series=series(data, df, {"bucket_cap_mb", "shard_buckets", "interconnect"}),
-        ci=[
-            f"[{lo:.3g}, {hi:.3g}]" if lo == lo else "none (one repeat)"
-            for lo, hi in zip(df["ci_lo_ms"], df["ci_hi_ms"])
-        ],
+        ci=[_interval_hover(lo, hi, reps) for lo, hi, reps in zip(df["ci_lo_ms"], df["ci_hi_ms"], _repeats_of(df))],
     )
     return lines_against_bucket_size(
         data,
@@ -113,11 +110,28 @@ def _against_bucket_size(data: ReportData, done: pd.DataFrame) -> go.Figure:
         row_height=300,
         facet_row=frow,
         facet_col=fcol,
-        labels={"median_ms": "step time (ms)", "ci": "95% CI (ms)"},
+        labels={"median_ms": "step time (ms)", "ci": "interval (ms)"},
         error_y="err_plus",
         error_y_minus="err_minus",
         hover_data={"ci": True, "run": data.multi, "series": False, "err_plus": False, "err_minus": False},
     )
+
+
+def _repeats_of(df: pd.DataFrame) -> list[int | None]:
+    """Each row's repeat count (None where its summary has no per-repeat values, as older runs')."""
+    values = df["repeat_medians_ms"] if "repeat_medians_ms" in df else [None] * len(df)
+    return [len(v) if hasattr(v, "__len__") and not isinstance(v, str) else None for v in values]
+
+
+def _interval_hover(lo: float, hi: float, repeats: int | None) -> str:
+    """A point's interval in its hover, with the confidence it holds: "[9.8, 10.4] (95%)", or with 2 to 5
+    repeats "[9.8, 10.4] (the range of 3 repeats: 75%)" (``verdict.few_repeats_note``): the hover said
+    "95% CI" of every interval."""
+    if lo != lo:
+        return "none (one repeat)"
+    if repeats is not None and range_confidence(repeats) < CONFIDENCE:
+        return f"[{lo:.3g}, {hi:.3g}] (the range of {repeats} repeats: {verdict.percent(range_confidence(repeats))})"
+    return f"[{lo:.3g}, {hi:.3g}] ({verdict.percent(CONFIDENCE)})"
 
 
 def _bars(data: ReportData, done: pd.DataFrame) -> go.Figure:
