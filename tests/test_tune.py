@@ -1770,6 +1770,13 @@ def test_a_planted_tune_eliminates_the_slow_arm_early_and_prints_its_json(tmp_pa
     assert loaded.record.status == "complete"
     ran = loaded.steps.groupby("case_id")["repeat"].nunique().to_dict()
     assert ran == {a["case_id"]: a["rounds"] for a in doc["arms"]}
+    # Every arm's memory and DDP buckets are counted, the 40 % arm's too, though it stopped before its
+    # last round: counted on the last alone, the report's memory sections left out every arm the race
+    # stopped, and said nothing of them.
+    for a in doc["arms"]:
+        for table in ("memory", "ddp_buckets"):
+            counted = store.read_case_table(run_dir, a["case_id"], table)
+            assert counted is not None and len(counted), (a["label"], a["status"], table)
     # Each round's arms stepped in turn, the order reversed every step: read off rank 0's step ends
     # (seconds since the round began), which one repeat after another would not order so.
     world = store.read_run_json(run_dir)["worlds"][0]

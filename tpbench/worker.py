@@ -353,6 +353,9 @@ class CaseRunner:
         self.hosts = hosts or nodes  # the ranks of each machine (hostname): whose CPU is the world's there
         self.gpu = nvml.open_gpu(device)  # once per process: nvmlInit is not free
         self.current: str | None = None  # the case being built, stepped or finished (a failure's case)
+        # Where a case may be stopped before its last repeat (a tune, a lockstep gate: ``Plan.lockstep``),
+        # its memory and DDP buckets are counted after its first instead (``_counts``).
+        self.counts_first = False
 
     def run_repeat(self, case: Case, repeat: int, profile_after: bool) -> pd.DataFrame | None:
         """One repeat; returns all ranks' rows on rank 0 (None elsewhere)."""
@@ -417,8 +420,9 @@ class CaseRunner:
         gathered on rank 0, which writes its capture and returns every rank's rows."""
         case, repeat, training, workload = arm.case, arm.repeat, arm.training, arm.workload
         guards.check_finite(repeat, self.rank.rank, arm.losses, training.model)  # after the peaks: it allocates
-        # Exact bytes and step work, once per case (on its last repeat), after the timed steps.
-        counted = accounting.measure(training.model, training.optimizer, self.rank.rank) if profile_after else None
+        # Exact bytes and step work, once per case, after the timed steps.
+        counts = self._counts(repeat, profile_after)
+        counted = accounting.measure(training.model, training.optimizer, self.rank.rank) if counts else None
         spans = nvml.step_spans(arm.starts, arm.ends, case.warmup_steps)
         clock, trace_window = None, None
         if profile_after and case.profiler_steps > 0:
@@ -452,17 +456,26 @@ class CaseRunner:
             guards.check_reduced(case.comm_hook, repeat, fingerprints)
         _machine_loads(gathered, self.hosts)
         captures = [m.pop("capture") for m in gathered]
-        counts = [m.pop("accounting") for m in gathered]
+        accounts = [m.pop("accounting") for m in gathered]
         capture.write_repeat(self.run_dir, case.case_id, repeat, captures)
         if profile_after:
             info = capture.case_info(self.run_dir, case.case_id, case.nvml_interval_ms, case.backend, captures)
             self.events.emit("capture", case=case.case_id, **info)
-            accounting.write(self.run_dir, case.case_id, counts)
+        if counts:
+            accounting.write(self.run_dir, case.case_id, accounts)
             accounting.write_ddp_buckets(self.run_dir, case.case_id, training.model)
         rows = _rows(case, repeat, gathered)
         if workload.optimal_loss is not None:
             rows["optimal_loss"] = workload.optimal_loss
         return rows
+
+    def _counts(self, repeat: int, last: bool) -> bool:
+        """Whether this repeat counts its case's memory and DDP buckets: the last, or the first where
+        the case may be stopped before its last (``counts_first``). Counted on the last alone, a tune's
+        eliminated and retired arms had none: of zero.toml's 18 settings the report's What ZeRO saves
+        showed the 5 that ran every round, its best and worst over those, and said nothing of the 13.
+        The figures are the same after any repeat's timed steps: each repeat builds its model anew."""
+        return repeat == 0 if self.counts_first else last
 
     def _machine_snapshot(self) -> tuple[machine_load.CpuSnapshot | None, float]:
         """/proc/stat read by each node's local rank 0 while every other rank of the world waits
@@ -829,6 +842,7 @@ def run_plan(plan: Plan, events: Events) -> None:
             nodes=tuple(tuple(n.ranks) for n in nodes),
             hosts=tuple(hosts.values()),
         )
+        runner.counts_first = plan.lockstep is not None
         if rank.rank == 0:
             events.emit("world_ready", world=plan.world, nodes=[dataclasses.asdict(n) for n in nodes])
         gate = Turns(plan, rank, ctrl)
