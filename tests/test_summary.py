@@ -119,3 +119,26 @@ def test_a_median_interval_of_fewer_than_six_repeats_is_their_range_and_says_its
     console.print(_summary_table(loaded))
     assert "(3 repeats: 75%)." in " ".join(console.file.getvalue().split())  # the caption wraps at the table's width
     assert "(3 repeats: 75%)" in performance.step_time_caption(report_data.load([loaded]).done)
+
+
+def test_the_verdicts_say_what_the_fastest_cases_own_interval_is(tmp_path):
+    """The Verdicts' note called every interval there a 95% t interval over rounds; the Fastest line's
+    bracket beside its step time is its median's, a bootstrap CI, and with the README tour's 3 repeats
+    their range, which holds the median with 75 % confidence: the note says both, as the step-time
+    caption does, and from 6 repeats on only the first."""
+    import html
+    import re
+
+    from tpbench.report.build import build_report
+
+    def note(name: str, repeats: int) -> str:
+        values = {"ddp": [10.0 + i / 10 for i in range(repeats)], "zero_no_overlap": [20.0 + i for i in range(repeats)]}
+        loaded = sweep.finalize(store.Run.open(make_run(tmp_path / name, values)))
+        page = html.unescape(build_report([loaded], tmp_path))
+        (said,) = re.findall(r"Verdicts compare [^<]*", page)
+        return said
+
+    few, many = note("few", 3), note("many", 6)
+    own = "own step time in these lines (the fastest, or a setting's only case) carries its median's 95% bootstrap CI"
+    assert own in few and "(3 repeats: 75%)" in few
+    assert own in many and "repeats:" not in many

@@ -179,9 +179,28 @@ def _headlines(
         '"this run resolves ±x%" is the interval\'s half-width, the smallest difference it could have told from '
         "none."
     )
+    notes += _median_interval_note(data)
     if any(comparisons.get(k.key) for k in verdicts.ZERO_KINDS):
         notes += " " + "; ".join(f"{short} = {name}" for name, short in verdicts.SHORT.items()) + "."
     page.paragraph(notes, css="muted")
+
+
+def _median_interval_note(data: ReportData) -> str:
+    """What the bracket beside a case's step time in the Verdicts (Fastest, the only case there) is:
+    its median's interval, not the 95 % t interval over rounds the note gives the ratios; with 2 to 5
+    repeats the repeats' range, which the README tour's 3 hold the median with 75 % confidence, as the
+    step-time caption says. A tune's run points to its Recommendation instead, and ``--metric cpu_ms``
+    gives a geometric mean, no bracket."""
+    done = data.done[data.done["run_id"].isin([r.record.run_id for r in data.runs if r.tune is None])]
+    if data.metric != "step_ms" or done.empty:
+        return ""
+    said = (
+        " A case's own step time in these lines (the fastest, or a setting's only case) carries its median's "
+        "95% bootstrap CI over repeats, as the Step time section's error bars do."
+    )
+    if note := verdict.few_repeats_note(verdict.repeat_counts(done)):
+        said += " " + note
+    return said
 
 
 def _environment(page: Page, data: ReportData) -> None:
