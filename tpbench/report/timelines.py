@@ -76,7 +76,11 @@ def overlap(page: Page, data: ReportData) -> None:
         "together the traced step. overlap % = overlapped / communication, as Holistic Trace Analysis defines it. "
         "Traced steps run after the timed ones, under the profiler. In the table, compute and comm are each "
         "whole, overlapped part included; its overlap % counts every traced step, where summary.parquet's "
-        "overlap_pct, as Holistic Trace Analysis counts it, leaves out the last: the two can differ.",
+        "overlap_pct, as Holistic Trace Analysis counts it, leaves out the last: the two can differ. "
+        "optimizer ms is the time inside the optimizer's ranges (its step, a ZeRO hook's steps per bucket), "
+        "whatever ran there, compute or communication (zero_no_overlap's broadcasts run inside its step): "
+        "no part of the stack, it overlaps the columns before it; tpbench explain's optimizer part counts "
+        "only the compute there.",
         css="muted",
     )
     timed = df[["run_id", "case_id", "span"]].merge(
