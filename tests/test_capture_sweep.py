@@ -415,7 +415,7 @@ def test_what_a_case_traced_again_kept_is_said_in_words():
     kept = capture.TraceWindow(2, 1, (0.3, 0.91), (0.8, 0.85), (0.7, 0.62))
     assert capture.kept_text(kept) == (
         "window 2 of 2 kept: its forward passes at ×0.91 of their timed speed, its steps at ×0.85, its training "
-        "thread's CPU time at ×0.62 (1 below half speed before it)"
+        "thread's CPU time at ×0.62 (1 window before it ran below half speed)"
     )
     slow = capture.TraceWindow(3, 1, (0.9, 0.9, 0.9), (0.8, 0.8, 0.8), (0.3, 0.45, 0.4))
     assert capture.kept_text(slow) == (

@@ -143,4 +143,5 @@ def test_a_failure_or_a_kept_trace_in_a_log_is_one_line_however_long(capsys):
     said = capsys.readouterr().err.splitlines()
     assert sum(cause in line for line in said) == 4, said
     kept = [line for line in said if line.startswith("trace of ")]
-    assert kept and kept[0].endswith("its training thread's CPU time at ×0.88 (1 below half speed before it)"), said
+    tail = "its training thread's CPU time at ×0.88 (1 window before it ran below half speed)"
+    assert kept and kept[0].endswith(tail), said

@@ -1769,6 +1769,9 @@ def test_the_crossover_table_gives_ratios_and_intervals_two_decimals_as_the_page
         ["1.00", "[0.81, 1.20]", "±19.0%"],
         ["1.12", "", "one repeat"],
     ]
+    # Points of one comm:compute in the order of their other keys: zero.toml's 4 MB rows read True, False.
+    tied = points.assign(comm_compute=3.0, shard_buckets=[True, False])
+    assert _crossover_table(tied, ["shard_buckets"])["shard_buckets"].tolist() == [False, True]
 
 
 def test_a_ratio_and_its_interval_stay_together_in_a_table_cell():
@@ -1893,3 +1896,26 @@ def test_a_step_time_points_hover_says_the_confidence_its_interval_holds():
     assert performance._interval_hover(math.nan, math.nan, 1) == "none (one repeat)"
     frame = pd.DataFrame({"repeat_medians_ms": [[1.0, 2.0, 3.0], None, np.array([1.0] * 6)]})
     assert performance._repeats_of(frame) == [3, None, 6]
+
+
+def test_gpu_telemetrys_absence_says_for_how_many_cases():
+    """zero.toml's 18 CPU cases read "No NVML samples in this report: the case runs on CPU: no GPU to
+    sample.", as if of one case; the reason now says how many cases it holds for."""
+    from types import SimpleNamespace as NS
+
+    from tpbench.report import telemetry
+    from tpbench.report.html import Page
+
+    def case(reason):
+        return NS(capture=NS(nvml=NS(available=False, reason=reason)))
+
+    cpu = "the case runs on CPU: no GPU to sample"
+    runs = [NS(record=NS(cases={str(i): case(cpu) for i in range(18)}))]
+    data = NS(runs=runs, representative=lambda table: [])
+    page = Page(title="t")
+    telemetry.nvml(page, data)
+    assert f"No NVML samples in this report: {cpu} (all 18 cases)." in page.render()
+    runs[0].record.cases["0"] = case("no NVML driver")
+    page = Page(title="t")
+    telemetry.nvml(page, data)
+    assert f"no NVML driver (1 case of 18); {cpu} (17 cases of 18)." in page.render()

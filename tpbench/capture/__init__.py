@@ -101,7 +101,8 @@ def kept_text(window: TraceWindow) -> str | None:
     parts = f"its forward passes at {f} of their timed speed, its steps at {st}, its training thread's CPU time at {th}"
     if window_score(*speeds) >= 1:
         before = window.windows - 1
-        return f"window {k + 1} of {window.windows} kept: {parts} ({before} below half speed before it)"
+        ran = f"{before} window before it ran" if before == 1 else f"the {before} windows before it ran"
+        return f"window {k + 1} of {window.windows} kept: {parts} ({ran} below half speed)"
     return (
         f"all {window.windows} windows below half speed; the fastest kept, window {k + 1}: {parts} "
         "(the what-if may refuse the case)"

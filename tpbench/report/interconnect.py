@@ -101,7 +101,13 @@ def _crossover_table(points: pd.DataFrame, other: list[str]) -> pd.DataFrame:
         "95% CI",
         "resolves",
     ]
-    return shown.sort_values("comm_compute")[[c for c in cols if c in shown]].rename(
+    # Points of one comm:compute (one link and bucket size) by their other keys, not as they came: zero.toml's
+    # 4 MB rows read shard_buckets True then False, its 0.5 MB rows False then True.
+    ties = [c for c in other if c in shown]
+    shown = shown.sort_values(
+        ["comm_compute", *ties], kind="stable", key=lambda col: col if col.name == "comm_compute" else col.astype(str)
+    )
+    return shown[[c for c in cols if c in shown]].rename(
         columns={"sequential_ms": "sequential median ms", "interleaved_ms": "interleaved median ms"}
     )
 

@@ -3,6 +3,8 @@ peak memory per rank."""
 
 from __future__ import annotations
 
+import collections
+
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
@@ -33,8 +35,10 @@ def nvml(page: Page, data: ReportData) -> None:
     if not cases:
         reasons = _unavailable(data)
         if reasons:
+            total = sum(len(run.record.cases) for run in data.runs)
+            said = [f"{why} ({_how_many(n, total)})" for why, n in sorted(reasons.items())]
             page.heading("GPU telemetry", anchor="telemetry")
-            page.paragraph("No NVML samples in this report: " + "; ".join(sorted(reasons)) + ".", css="muted")
+            page.paragraph("No NVML samples in this report: " + "; ".join(said) + ".", css="muted")
         return
     page.heading("GPU telemetry", anchor="telemetry")
     page.paragraph(
@@ -51,15 +55,22 @@ def nvml(page: Page, data: ReportData) -> None:
         page.figure(_nvml_figure(mine[mine["repeat"] == repeat].sort_values("t_ns")))
 
 
-def _unavailable(data: ReportData) -> set[str]:
-    """Why cases have no telemetry, as run.json records it (a CPU case, no driver, ...)."""
-    reasons = set()
+def _unavailable(data: ReportData) -> collections.Counter[str]:
+    """Why cases have no telemetry, as run.json records it (a CPU case, no driver, ...), and for how
+    many: "the case runs on CPU" alone read as if one case of zero.toml's 18 had."""
+    reasons: collections.Counter[str] = collections.Counter()
     for run in data.runs:
         for case in run.record.cases.values():
             info = case.capture.nvml
             if info is not None and not info.available and info.reason:
-                reasons.add(str(info.reason))
+                reasons[str(info.reason)] += 1
     return reasons
+
+
+def _how_many(n: int, total: int) -> str:
+    if n == total:
+        return "the only case" if n == 1 else f"all {n} cases"
+    return f"{n} case{'s' if n != 1 else ''} of {total}"
 
 
 def _nvml_figure(df: pd.DataFrame) -> go.Figure:
