@@ -1232,6 +1232,7 @@ def imported_from(run: Path) -> set[str]:
     return set(re.findall(r"mymodels imported from (\S+)", logs))
 
 
+@pytest.mark.slow  # two rounds-mode sweeps of a user's own model (15 s): over CI's budget
 @pytest.mark.ranks
 def test_a_rounds_gate_imports_the_suites_own_code_from_the_callers_folder(tmp_path: Path, monkeypatch) -> None:
     """Only the lockstep gate handed its sides the caller's folder: in ``--mode rounds`` (and the

@@ -147,6 +147,7 @@ def test_a_suite_the_sides_refuse_is_bad_input(tmp_path: Path) -> None:
     assert "gate.toml: [defaults] bogus: unknown key" in p.stderr
 
 
+@pytest.mark.slow  # a lockstep and a rounds gate, stopped early (14 s): over CI's budget
 def test_a_misspelt_metric_ends_the_gate_after_one_item_or_one_sweep(tmp_path: Path) -> None:
     """``--metric stepms``: in lockstep the first item's world says which columns it recorded
     instead of a value, and the gate exits 2 naming them, its sides stopped after that one item
