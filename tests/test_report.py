@@ -1888,6 +1888,7 @@ def test_the_collectives_chart_draws_each_emulated_links_rate_as_its_ceiling(tmp
 def test_a_step_time_points_hover_says_the_confidence_its_interval_holds():
     """The step-time chart's hover headed every interval "95% CI (ms)"; with 2 to 5 repeats it is their range,
     which holds the median with less confidence (75 % with 3), as the caption above it says."""
+    from tpbench import verdict
     from tpbench.report import performance
 
     assert performance._interval_hover(9.8, 10.4, 3) == "[9.8, 10.4] (the range of 3 repeats: 75%)"
@@ -1895,7 +1896,7 @@ def test_a_step_time_points_hover_says_the_confidence_its_interval_holds():
     assert performance._interval_hover(9.8, 10.4, None) == "[9.8, 10.4] (95%)"  # an older run: no repeat values
     assert performance._interval_hover(math.nan, math.nan, 1) == "none (one repeat)"
     frame = pd.DataFrame({"repeat_medians_ms": [[1.0, 2.0, 3.0], None, np.array([1.0] * 6)]})
-    assert performance._repeats_of(frame) == [3, None, 6]
+    assert verdict.repeat_counts(frame) == [3, None, 6]
 
 
 def test_gpu_telemetrys_absence_says_for_how_many_cases():

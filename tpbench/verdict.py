@@ -294,11 +294,11 @@ def to_target(seconds: float | None) -> str:
     return "—" if seconds is None else f"{seconds:.3g}"
 
 
-def few_repeats_note(repeats: Iterable[int]) -> str:
+def few_repeats_note(repeats: Iterable[int | None]) -> str:
     """What a median's interval holds where a case ran too few repeats for its label: from 2 to 5 it is
     the repeats' range (``stats.range_confidence``), which the step-time tables and error bars showed as a
     95 % interval; the tour's 3 repeats hold the median with 75 % confidence. Empty where no case has so few."""
-    few = sorted({int(n) for n in repeats if n >= 2 and range_confidence(n) < CONFIDENCE})
+    few = sorted({int(n) for n in repeats if n is not None and n >= 2 and range_confidence(n) < CONFIDENCE})
     if not few:
         return ""
     held = "; ".join(f"{n} repeats: {percent(range_confidence(n))}" for n in few)
@@ -309,11 +309,11 @@ def few_repeats_note(repeats: Iterable[int]) -> str:
     )
 
 
-def repeat_counts(summary: Any) -> list[int]:
-    """How many repeats each measured case of a summary table ran (its ``repeat_medians_ms``); a
-    failed case, which has none, is left out."""
-    values = summary["repeat_medians_ms"] if "repeat_medians_ms" in summary else []
-    return [len(v) for v in values if hasattr(v, "__len__") and not isinstance(v, str)]
+def repeat_counts(summary: Any) -> list[int | None]:
+    """How many repeats each row of a summary table ran (its ``repeat_medians_ms``), in row order; None
+    where it has none (a failed case, a summary older than the column)."""
+    values = summary["repeat_medians_ms"] if "repeat_medians_ms" in summary else [None] * len(summary)
+    return [len(v) if hasattr(v, "__len__") and not isinstance(v, str) else None for v in values]
 
 
 def ms(x: float, like: float | None = None) -> str:

@@ -100,7 +100,10 @@ def _against_bucket_size(data: ReportData, done: pd.DataFrame) -> go.Figure:
     df, (frow, fcol) = facet_common(data, done, ["shard_buckets", "interconnect"])
     df = df.assign(
         series=series(data, df, {"bucket_cap_mb", "shard_buckets", "interconnect"}),
-        ci=[_interval_hover(lo, hi, reps) for lo, hi, reps in zip(df["ci_lo_ms"], df["ci_hi_ms"], _repeats_of(df))],
+        ci=[
+            _interval_hover(lo, hi, reps)
+            for lo, hi, reps in zip(df["ci_lo_ms"], df["ci_hi_ms"], verdict.repeat_counts(df))
+        ],
     )
     return lines_against_bucket_size(
         data,
@@ -115,12 +118,6 @@ def _against_bucket_size(data: ReportData, done: pd.DataFrame) -> go.Figure:
         error_y_minus="err_minus",
         hover_data={"ci": True, "run": data.multi, "series": False, "err_plus": False, "err_minus": False},
     )
-
-
-def _repeats_of(df: pd.DataFrame) -> list[int | None]:
-    """Each row's repeat count (None where its summary has no per-repeat values, as older runs')."""
-    values = df["repeat_medians_ms"] if "repeat_medians_ms" in df else [None] * len(df)
-    return [len(v) if hasattr(v, "__len__") and not isinstance(v, str) else None for v in values]
 
 
 def _interval_hover(lo: float, hi: float, repeats: int | None) -> str:
