@@ -1037,7 +1037,7 @@ def test_arms_across_worlds_get_each_worlds_own_answer(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "Within each world (its own race, on the same intervals):" in out and best[2] in out
     cli.print_tune(result, "md")  # the other world's arm holds its winner's unpaired interval: the column says so
-    assert "| 95% interval (spent; other worlds unpaired) |" in capsys.readouterr().out
+    assert "| interval (95% jointly; other worlds unpaired) |" in capsys.readouterr().out
     store.write_tune(tmp_path, dataclasses.replace(tune._record(Options(), races, 0.0), result=result))
     page = Page("t")
     recommendation.section(page, [tuned_run(tmp_path)])

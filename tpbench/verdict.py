@@ -192,10 +192,12 @@ WORLDS_SAY = "Within each world (its own race, on the same intervals):"
 
 
 def interval_heading(confidence: float, across_worlds: bool) -> str:
-    """The tune table's interval column, in the terminal and the report alike: at the confidence the
-    race spent; where the settings span worlds, another world's arm has its own unpaired interval
-    against the recommended arm there (``tune_answer._ratios_to_best``), not one paired by round."""
-    return f"{percent(confidence)} interval (spent{'; other worlds unpaired' if across_worlds else ''})"
+    """The tune table's interval column, in the terminal and the report alike. The confidence is
+    spent over every arm and look (``stats.spent_confidence``), so it holds for all rows at once, not
+    for each; "jointly" says so, where "95% interval" alone reads as each row's own. Where the settings
+    span worlds, another world's arm has its own unpaired interval against the recommended arm there
+    (``tune_answer._ratios_to_best``), not one paired by round."""
+    return f"interval ({percent(confidence)} jointly{'; other worlds unpaired' if across_worlds else ''})"
 
 
 # What eliminated a tune arm that no round of its own world did: its world's winner, set against the
