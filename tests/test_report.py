@@ -427,17 +427,18 @@ def test_a_setting_of_one_case_is_not_called_the_fastest():
 
 
 def test_a_step_time_and_its_interval_read_alike():
-    """Three significant figures of the value, its trailing zeros kept and its interval's ends given
-    the same decimals: the front door's line read "17 ms/step [15.8, 18.6]"."""
+    """Three significant figures of the median, its trailing zeros kept and its interval's ends given
+    the same decimals (the front door's line read "17 ms/step [15.8, 18.6]"), and more decimals where
+    an end would print as the median it differs from (a loaded run's read "178 [178, 179]")."""
     from tpbench import verdict
 
-    assert [verdict.ms(17.0), verdict.ms(15.8, 17.0), verdict.ms(18.6, 17.0)] == ["17.0", "15.8", "18.6"]
-    assert [verdict.ms(100.0), verdict.ms(99.0, 100.0), verdict.ms(0.5), verdict.ms(1234.5)] == [
-        "100",
-        "99",
-        "0.500",
-        "1234",
-    ]
+    assert verdict.ms_interval(17.0, 15.8, 18.6) == ("17.0", "15.8", "18.6")
+    assert verdict.ms_interval(100.0, 99.0, 101.0) == ("100", "99", "101")
+    assert [verdict.ms(0.5), verdict.ms(1234.5)] == ["0.500", "1234"]
+    assert verdict.ms_interval(178.2, 177.9, 179.1) == ("178.2", "177.9", "179.1")
+    assert verdict.ms_interval(178.2, 178.16, 178.5) == ("178.20", "178.16", "178.50")
+    # An end that equals the median (every repeat alike) keeps the plain decimals.
+    assert verdict.ms_interval(178.0, 178.0, 178.0) == ("178", "178", "178")
     suite = ZERO_SUITE.replace('interconnect = ["loopback", "tcp-1gbit"]', 'interconnect = ["loopback"]')
     data = report_data.load(
         [in_memory_run(suite, lambda p: [17.0, 17.0, 17.0] if p["bucket_cap_mb"] == 4 else [30.0] * 3)]

@@ -318,10 +318,25 @@ def repeat_counts(summary: Any) -> list[int | None]:
     return [len(v) if hasattr(v, "__len__") and not isinstance(v, str) else None for v in values]
 
 
-def ms(x: float, like: float | None = None) -> str:
-    """A step time as the verdicts print it: to three significant figures of ``like`` (default: of
-    ``x`` itself), trailing zeros kept, so that a value and its interval's ends, given the value as
-    ``like``, read alike ("17.0 ms/step [15.8, 18.6]", not "17 ms/step [15.8, 18.6]"; "100 [99, 101]")."""
-    ref = abs(x if like is None else like)
-    decimals = max(0, 2 - math.floor(math.log10(ref))) if ref > 0 and math.isfinite(ref) else 1
-    return f"{x:.{decimals}f}"
+def ms(x: float) -> str:
+    """A step time as the verdicts print it: to three significant figures, trailing zeros kept
+    ("17.0 ms/step", not "17 ms/step"; "100"; "0.500")."""
+    return f"{x:.{_decimals(x)}f}"
+
+
+def _decimals(x: float) -> int:
+    """The decimals that give ``x`` three significant figures (one where it is zero or not finite)."""
+    ref = abs(x)
+    return max(0, 2 - math.floor(math.log10(ref))) if ref > 0 and math.isfinite(ref) else 1
+
+
+def ms_interval(median: float, lo: float, hi: float) -> tuple[str, str, str]:
+    """A median and its interval's ends as ``ms`` prints them, with one or two decimals more where
+    three significant figures would print an end the same as the median it differs from ("178.2
+    [177.9, 179.1]", not "178 [178, 179]", which reads as a median at its interval's edge)."""
+    decimals = _decimals(median)
+    for extra in range(3):
+        shown = [f"{v:.{decimals + extra}f}" for v in (median, lo, hi)]
+        if all(shown[0] != end or v == median for end, v in zip(shown[1:], (lo, hi))):
+            break
+    return shown[0], shown[1], shown[2]

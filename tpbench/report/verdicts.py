@@ -488,12 +488,13 @@ def _knobs(row: dict[str, Any], data: ReportData) -> str:
 
 
 def _median_interval(case: dict) -> str:
-    """A case's median's interval as the Verdicts print it beside the median: "[15.8, 18.6]", or
-    "(one repeat, no interval)"."""
+    """A case's median and its interval as the Verdicts print them: "17.0 ms/step [15.8, 18.6]", or
+    "17.0 ms/step (one repeat, no interval)"."""
     lo, hi, median = case["ci_lo_ms"], case["ci_hi_ms"], case["median_ms"]
     if pd.isna(lo) or pd.isna(hi):
-        return "(one repeat, no interval)"
-    return f"[{verdict.ms(lo, median)}, {verdict.ms(hi, median)}]"
+        return f"{verdict.ms(median)} ms/step (one repeat, no interval)"
+    m, low, high = verdict.ms_interval(median, lo, hi)
+    return f"{m} ms/step [{low}, {high}]"
 
 
 def _tuned_runs(data: ReportData) -> set[str]:
@@ -546,7 +547,7 @@ def fastest_lines(data: ReportData, alone: bool = True) -> list[str]:
         where = context_text(best, setting)
         head = f"[{best['run']}] " if data.multi else ""
         if data.metric == "step_ms":
-            at = f"{verdict.ms(best['median_ms'])} ms/step {_median_interval(best)}"
+            at = _median_interval(best)
         else:
             at = f"{verdict.ms(best['_rank'])} ms {data.what} (geometric mean over repeats)"
         if len(grp) == 1:
