@@ -284,6 +284,24 @@ def test_a_run_against_its_copy_says_no_change_resolved_with_its_interval() -> N
     assert "no change resolved (95% CI -1.16 to +2.34); the part that moved most: compute, +1.00 ms" in said, said
 
 
+def test_an_unresolved_change_names_a_part_its_own_interval_resolves() -> None:
+    """An unresolved change whose largest part swung (exposed communication, -2.0 ms, 95% CI -6 to +2)
+    beside a steady part (compute, +1.9 ms, +1.2 to +2.6): the sentence named only the swing, so the
+    one part the traced steps do show went unsaid. It is named now; and not twice where it is the top."""
+    comps = [
+        parts.Component("compute", 1.9, 1.2, 2.6),
+        parts.Component("exposed_comm", -2.0, -6.0, 2.0),
+        *(parts.Component(p, 0.0, -0.1, 0.1) for p in parts.PARTS[2:]),
+    ]
+    e = parts.Explanation(30.0, 29.9, -0.1, -4.0, 3.0, 5, 5, comps)
+    said = parts.sentence(e)
+    assert "the part that moved most: exposed comm, -2.00 ms (95% CI -6.00 to +2.00)" in said, said
+    assert said.endswith("; of the parts resolved, compute moved most: +1.90 ms (95% CI +1.20 to +2.60)."), said
+    steady = dataclasses.replace(e, components=[comps[0], parts.Component("exposed_comm", 0.5, -1.0, 2.0), *comps[2:]])
+    said = parts.sentence(dataclasses.replace(steady, delta_ms=0.1))
+    assert "the part that moved most: compute, +1.90 ms" in said and "of the parts resolved" not in said, said
+
+
 def _line_kinds(text: str) -> list[tuple[int, str]]:
     """Each line's indent and first word, numbers as "#": what the page's example and the output share."""
     words = [(len(line) - len(line.lstrip()), (line.split() or [""])[0]) for line in text.splitlines()]

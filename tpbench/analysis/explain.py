@@ -178,10 +178,14 @@ def sentence(e: Explanation) -> str:
     if e.delta_ms == 0 or e.lo <= 0 <= e.hi:
         if all(abs(c.delta_ms) < 0.005 for c in e.components):  # every part reads +0.00: none to name
             return f"{e.delta_ms:+.2f} ms per step, no change resolved ({interval}); no part moved by 0.01 ms or more."
-        return (
+        said = (
             f"{e.delta_ms:+.2f} ms per step, no change resolved ({interval}); the part "
-            f"that moved most: {what}, {top.delta_ms:+.2f} ms (95% CI {top.lo:+.2f} to {top.hi:+.2f})."
+            f"that moved most: {what}, {top.delta_ms:+.2f} ms (95% CI {top.lo:+.2f} to {top.hi:+.2f})"
         )
+        best = _largest_resolved(e)
+        if best is not None and best is not top:  # parts that cancel: one shown, the sum not
+            said += f"; of the parts resolved, {_moved(best)}"
+        return said + "."
     direction = "slower" if e.delta_ms > 0 else "faster"
     if top.lo <= 0 <= top.hi:  # the change is resolved, but its largest part is not: no "mostly" on it
         return f"{e.delta_ms:+.2f} ms per step {direction} ({interval}); {_unresolved_top(e)}"
@@ -208,14 +212,22 @@ def _unresolved_top(e: Explanation) -> str:
     clause names the largest resolved part instead, without calling it the cause."""
     top = e.top
     moved = f"{top.name.replace('_', ' ')}, {top.delta_ms:+.2f} ms (95% CI {top.lo:+.2f} to {top.hi:+.2f})"
-    resolved = [c for c in e.components if c.lo > 0 or c.hi < 0]
-    if not resolved:
+    best = _largest_resolved(e)
+    if best is None:
         return f"no part's change is resolved over the traced steps: the part that moved most, {moved}."
-    best = max(resolved, key=lambda c: abs(c.delta_ms))
-    return (
-        f"the part that moved most, {moved}, is not resolved over the traced steps; of the parts resolved, "
-        f"{best.name.replace('_', ' ')} moved most: {best.delta_ms:+.2f} ms (95% CI {best.lo:+.2f} to {best.hi:+.2f})."
-    )
+    unresolved = f"the part that moved most, {moved}, is not resolved over the traced steps"
+    return f"{unresolved}; of the parts resolved, {_moved(best)}."
+
+
+def _largest_resolved(e: Explanation) -> Component | None:
+    """The part whose own interval excludes no change and that moved most, or None."""
+    resolved = [c for c in e.components if c.lo > 0 or c.hi < 0]
+    return max(resolved, key=lambda c: abs(c.delta_ms)) if resolved else None
+
+
+def _moved(c: Component) -> str:
+    """ "compute moved most: +1.90 ms (95% CI +1.20 to +2.60)"."""
+    return f"{c.name.replace('_', ' ')} moved most: {c.delta_ms:+.2f} ms (95% CI {c.lo:+.2f} to {c.hi:+.2f})"
 
 
 def detail_noun(detail: list[Component]) -> str:
