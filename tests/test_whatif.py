@@ -1320,6 +1320,20 @@ def test_a_run_whose_every_case_is_refused_exits_3_with_the_reasons_written(tmp_
     assert pd.read_parquet(run / "whatif.parquet")["refused"].notna().all()
 
 
+def test_a_whatif_table_that_cannot_be_written_leaves_the_other_as_it_was(tmp_path):
+    """The projections were renamed into place before their validation was written, so a validation
+    that could not be written left new projections beside an old validation, two models' tables read
+    as one. Both are written first now, then renamed: here the validation's path is taken by a folder."""
+    run = shutil.copytree(BUSY_RUN, tmp_path / "run")
+    (run / "whatif.parquet").write_bytes(b"the old projections")
+    (run / "whatif_validation.parquet").unlink(missing_ok=True)
+    (run / "whatif_validation.parquet").mkdir()
+    written = whatif_run.write(run, whatif_run.load_fabrics())
+    assert written.unwritten and "whatif_validation.parquet: cannot write" in written.unwritten, written.unwritten
+    assert (run / "whatif.parquet").read_bytes() == b"the old projections"
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".whatif")) == []  # no temporary left
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="needs root to mount a tmpfs read-only")
 def test_whatif_of_a_run_on_a_read_only_disk_projects_and_says_its_tables_were_not_written(tmp_path, capsys):
     """A run kept on a read-only disk (an archive, a CI artifact mounted read-only) was projected and

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import pandas as pd
 import pyarrow as pa
@@ -196,6 +196,17 @@ def atomic_write_parquet(path: Path, df: pd.DataFrame, metadata: dict[bytes, byt
         if metadata:
             table = table.replace_schema_metadata((table.schema.metadata or {}) | metadata)
         pq.write_table(table, tmp)
+
+
+def atomic_write_parquets(tables: Mapping[Path, pd.DataFrame]) -> None:
+    """Tables that belong together (a what-if's projections and their validation), each written to a
+    temporary file first and renamed onto its path only once every one is written: a write that fails
+    leaves every path as it was, never a new table beside an old one."""
+    with contextlib.ExitStack() as stack:
+        for path, df in tables.items():
+            fd, tmp = stack.enter_context(_atomic(Path(path)))
+            os.close(fd)
+            pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp)
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:

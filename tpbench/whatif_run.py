@@ -411,8 +411,7 @@ def write(run_dir: str | Path, fabrics: Mapping[str, Fabric], reference: str | N
     projections, validation = loaded.run_dir / PROJECTIONS_FILE, loaded.run_dir / VALIDATION_FILE
     labels = dict(zip(loaded.cases["case_id"], loaded.cases["label"]))
     try:
-        store.atomic_write_parquet(projections, result.projections)
-        store.atomic_write_parquet(validation, result.validation)
+        store.atomic_write_parquets({projections: result.projections, validation: result.validation})
     except store.StoreError as e:
         return Written(result, labels, projections, validation, unwritten=str(e))
     return Written(result, labels, projections, validation)
