@@ -695,7 +695,21 @@ def test_a_run_json_that_is_not_a_regular_file_exits_3_without_reading_it(run_di
     else:
         (damaged / "run.json").symlink_to(special)
     assert run_cli(["report", str(damaged), "-o", str(tmp_path / "r.html")]) == 3
-    assert f"{damaged}/run.json: corrupted (the run.json is not a regular file" in capsys.readouterr().err
+    # Said as what it is: a FIFO or a device where run.json should be is no corrupted run.json.
+    kind = "a FIFO" if special == "fifo" else "a character device"
+    assert f"{damaged}/run.json: the run.json is not a regular file ({kind})" in capsys.readouterr().err
+
+
+def test_a_run_json_too_large_is_not_called_a_toml_file(run_dir, tmp_path, capsys):
+    """user_files' size limit said "expected a small TOML file" of a run.json too."""
+    import shutil
+
+    damaged = tmp_path / "run"
+    shutil.copytree(run_dir, damaged)
+    (damaged / "run.json").write_bytes(b" " * (store.MAX_RUN_JSON_BYTES + 1))
+    assert run_cli(["report", str(damaged), "-o", str(tmp_path / "r.html")]) == 3
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{damaged}/run.json: corrupted (the run.json is larger than" in err and "TOML" not in err, err
 
 
 @pytest.mark.parametrize("repeats", ["0", "100000"])

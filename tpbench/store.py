@@ -661,8 +661,9 @@ def read_run_json(run_dir: Path) -> dict[str, Any]:
         meta = json.loads(user_files.read_text(path, "run.json", MAX_RUN_JSON_BYTES))
     except json.JSONDecodeError as e:
         raise StoreError(f"{path}: corrupted ({e})") from None
-    except ValueError as e:
-        raise StoreError(f"{path}: corrupted ({str(e).removeprefix(f'{path}: ')})") from None
+    except ValueError as e:  # not a regular file, too large or not UTF-8: the first is no corruption
+        said = str(e).removeprefix(f"{path}: ")
+        raise StoreError(f"{path}: corrupted ({said})" if path.is_file() else f"{path}: {said}") from None
     except RecursionError:
         raise StoreError(f"{path}: corrupted (nested too deeply to be a run.json)") from None
     if isinstance(meta, dict) and (problem := version_problem(meta.get("schema_version", 0))):

@@ -36,7 +36,8 @@ def read_text(path: str | Path, what: str, limit: int = MAX_INPUT_BYTES) -> str:
     with os.fdopen(fd, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
-        raise ValueError(f"{p}: the {what} is larger than {limit // 1024} KiB; expected a small TOML file")
+        expected = "; expected a small TOML file" if p.suffix == ".toml" else ""
+        raise ValueError(f"{p}: the {what} is larger than {limit // 1024} KiB{expected}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
