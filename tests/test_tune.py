@@ -907,7 +907,8 @@ def test_settings_that_end_level_but_reach_the_target_apart_name_the_soonest_wit
     result = tune_answer.result(stored(tmp_path, suite), cases, [race], Options(), 0.0, summary)
     rec, soon, slow = (next(a for a in result.arms if a.case_id == i) for i in ids)
     note = result.training_note
-    assert note.startswith("The settings do not train alike (they reach the target loss after different numbers of")
+    every = f"after different numbers of steps, the held-out loss evaluated every {cases[0].eval_every} steps)"
+    assert note.startswith(f"The settings do not train alike (they reach the target loss {every}"), note
     assert (
         f"{soon.label} reaches it soonest (2.4 s of training); against the recommended one (3.99 s): faster: -" in note
     )

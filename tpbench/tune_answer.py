@@ -101,7 +101,7 @@ def result(
     world_of = {a: r.world for r in races for a in r.arms}
     notes = (
         _work_note(rec, arms, samples, options.metric),
-        _training_note(rec, arms, options, _reach(run, arms, summary), _steps_apart(summary, arms), world_of),
+        _training_note(rec, arms, options, _reach(run, arms, summary), _steps_apart(summary, arms, cases), world_of),
     )
     note = " ".join(n for n in notes if n) or None
     return TuneResult(
@@ -291,14 +291,19 @@ def _reach(run: store.Run, arms: list[TuneArm], summary: pd.DataFrame) -> dict[s
     return {a.case_id: convergence.reach_by_repeat(store.case_steps(run.dir, a.case_id)) for a in arms}
 
 
-def _steps_apart(summary: pd.DataFrame, arms: list[TuneArm]) -> bool:
-    """Whether the arms reach the target loss after different numbers of steps (or some never do):
-    their updates differ, so time per step alone does not rank their time to the target. Settings
-    that compute the same update (DDP and the ZeRO variants) reach it at the same step."""
+def _steps_apart(summary: pd.DataFrame, arms: list[TuneArm], cases: list[Case]) -> str | None:
+    """How often the held-out loss was evaluated ("every 10 steps"), where the arms reach the target
+    loss after different numbers of steps (or some never do), else None: their updates differ, so
+    time per step alone does not rank their time to the target, and the steps are only as fine as
+    the evaluations. Settings that compute the same update (DDP and the ZeRO variants) reach it at
+    the same step."""
     if "steps_to_target" not in summary:
-        return False
-    mine = summary[summary["case_id"].isin([a.case_id for a in arms if a.status != FAILED])]
-    return mine["steps_to_target"].nunique(dropna=False) > 1
+        return None
+    ids = [a.case_id for a in arms if a.status != FAILED]
+    if summary[summary["case_id"].isin(ids)]["steps_to_target"].nunique(dropna=False) <= 1:
+        return None
+    every = sorted({c.eval_every for c in cases if c.case_id in ids})
+    return f"every {' or '.join(map(str, every))} steps"
 
 
 def _training_note(
@@ -306,7 +311,7 @@ def _training_note(
     arms: list[TuneArm],
     options: Options,
     reach: dict[str, dict[int, float]] | None,
-    apart: bool,
+    apart: str | None,
     world_of: Mapping[str, int],
 ) -> str | None:
     """Said where the settings do not train alike (post-local SGD averaging now and then, a hook
@@ -315,7 +320,8 @@ def _training_note(
     ``LEVEL_NATS`` above the lowest one's, the faster steps may have bought a worse model, and the
     claim alone would hide it: the note gives both losses. Where the workload knows its target loss
     and the settings reach it at different steps (``apart``) or end apart, it names the setting
-    that reaches it soonest, with intervals (``_to_target``): a user who trains to a loss chooses by
+    that reaches it soonest, with intervals (``_to_target``; ``apart`` says how often the held-out loss
+    was evaluated, which is how fine the steps are): a user who trains to a loss chooses by
     that, and a bare "soonest" would claim more than a few noisy rounds show. Settings that compute
     the same update (DDP and the ZeRO variants) end level, reach the target together and get no note."""
     scored = [a for a in arms if a.heldout_loss is not None and a.status != FAILED]
@@ -332,7 +338,7 @@ def _training_note(
             f"{nats_apart(gap)} nats above the lowest ({low.label}, {low.heldout_loss:.3f})"
         )
     else:
-        said += " (they reach the target loss after different numbers of steps)"
+        said += f" (they reach the target loss after different numbers of steps, the held-out loss evaluated {apart})"
     if reach:
         said += ". " + _to_target(rec, scored, reach, options.confidence, world_of)
     return (
