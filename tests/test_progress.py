@@ -5,6 +5,7 @@ stepped one, so each test is the same on any machine; no rank process is started
 from __future__ import annotations
 
 import dataclasses
+import io
 import random
 import re
 from pathlib import Path
@@ -145,3 +146,36 @@ def test_a_failure_or_a_kept_trace_in_a_log_is_one_line_however_long(capsys):
     kept = [line for line in said if line.startswith("trace of ")]
     tail = "its training thread's CPU time at ×0.88 (1 window before it ran below half speed)"
     assert kept and kept[0].endswith(tail), said
+
+
+def _drawn(progress, width: int) -> str:
+    """What a terminal of ``width`` columns shows of ``progress``'s live display."""
+    from rich.console import Console
+
+    screen = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    screen.print(progress.get_renderable())
+    return screen.export_text()
+
+
+def test_the_live_lines_cut_nothing_on_an_80_column_terminal():
+    """On one line an 80-column terminal showed "re…  hook_with_zero_step bucket_cap_mb=0.5
+    shard_buckets=True (repeat 5/12); ca…" for a sweep (its bar, count and times gone) and the tune's
+    leader cut to "zero_no_over…": the long fields are now lines of their own, folded, not cut."""
+    cases = zero_cases()
+    sweep = SweepProgress(cases, {c.case_id: c.repeats for c in cases})
+    sweep("repeat_start", {"case": cases[7].case_id, "repeat": 4})
+    tune = TuneProgress(cases)
+    race = racing.Race([c.case_id for c in cases], 12, racing.Options(), comparisons=17)
+    leader = cases[5].case_id
+    entry = {"round": 4, "live": [c.case_id for c in cases[:9]], "leader": leader, "ended": None}
+    tune.round(race, entry | {"eliminated": [], "retired": [], "back": []})
+    tune("repeat_start", {"case": cases[7].case_id, "repeat": 4})
+    labels = suite.labels([cases])[0]
+    for progress, words in (
+        (sweep.progress, ["0/216", "ETA", *labels[cases[7].case_id].split(), "(repeat", "5/12);", "0/18"]),
+        (tune.progress, ["tune", "4/12:", "9", "of", "18", *labels[leader].split(), *labels[cases[7].case_id].split()]),
+    ):
+        drawn = _drawn(progress, 80)
+        assert "…" not in drawn and all(len(line) <= 80 for line in drawn.splitlines()), drawn
+        said = drawn.split()
+        assert all(word in said for word in words), drawn

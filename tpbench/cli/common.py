@@ -357,6 +357,25 @@ def redraws(console: Console) -> bool:
     return console.is_terminal and not console.is_dumb_terminal
 
 
+class FoldedProgress(Progress):
+    """A progress line of short columns (the bar, counts and times, which rich need never cut) with
+    the task's long fields (``below``: the setting running, the race's leader) on lines of their own
+    under it, folded at the terminal's edge. On one line an 80-column terminal showed "re…
+    hook_with_zero_step bucket_cap_mb=0.5 shard_buckets=True (repeat 5/12); ca…": the bar, the
+    count and the times gone, and the label cut."""
+
+    def __init__(self, *columns: Any, below: tuple[str, ...], **kwargs: Any) -> None:
+        super().__init__(*columns, **kwargs)
+        self.below = below
+
+    def get_renderables(self) -> Iterator[Any]:
+        yield self.make_tasks_table(self.tasks)
+        for task in self.tasks:
+            for name in self.below:
+                if text := task.fields.get(name):
+                    yield Text.from_markup(f"  {text}", overflow="fold")
+
+
 def plain_progress(task: Task, said: str, eta: bool = False) -> None:
     """One line of progress, uncut, with the time elapsed (and, with ``eta``, left once rich can
     estimate it) as the line on a terminal shows them, rendered by the same rich columns."""

@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
 from tpbench.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
+    FoldedProgress,
     cases_table,
     console,
     fitted,
@@ -64,14 +65,14 @@ class SweepProgress:
         self.repeats = {c.case_id: c.repeats for c in cases}
         self.trace_windows = {c.case_id: c.trace_windows for c in cases}
         self.passes = max((c.passes for c in cases), default=1)
-        self.progress = Progress(
+        self.progress = FoldedProgress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             TextColumn("{task.fields[tally]}"),
-            TextColumn("{task.fields[current]}"),
             TimeElapsedColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),
+            below=("current",),
             console=console,
             transient=False,
             disable=not redraws(console),

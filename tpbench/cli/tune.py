@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rich.markup import escape
-from rich.progress import Progress, TextColumn, TimeElapsedColumn
+from rich.progress import TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -19,6 +19,7 @@ from tpbench.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_UNRESOLVED,
+    FoldedProgress,
     console,
     fitted,
     fraction,
@@ -57,11 +58,10 @@ class TuneProgress:
         worlds = {c.launch_key for c in cases}
         self.judged = 0
         self.pace = PlainPace(len(worlds) * max((c.repeats for c in cases), default=1), clock)
-        self.progress = Progress(
+        self.progress = FoldedProgress(
             TextColumn("[bold]tune"),
-            TextColumn("{task.fields[race]}"),
-            TextColumn("{task.fields[current]}"),
             TimeElapsedColumn(),
+            below=("race", "current"),
             console=console,
             transient=False,
             disable=not redraws(console),
