@@ -1831,3 +1831,16 @@ def test_whatif_md_says_what_the_text_says_as_markdown(tmp_path, capsys):
     said = [line.removeprefix("- ") for line in md if line.startswith("- projection: ")]
     words = " ".join(text.split())  # the text folds its long lines at 160 columns
     assert len(said) == text.count("projection: ") and all(line in words for line in said), said
+
+
+@pytest.mark.parametrize("factor", [1.504758, 0.497, 0.3496])
+def test_refused_factor_never_prints_inside_its_limit(factor):
+    """A factor just past a bound is refused; its refusal printed it at two decimals, rounded onto
+    the bound: zero.toml's packed zero_no_overlap at 0.5 MB read "scaled ×1.50 to match them
+    (limit ×0.50–1.50)", a factor the reader sees inside the limit it was refused for."""
+    source = "training thread" if factor < 0.35 else "timed steps"
+    fit = whatif.Fit(27.4, 27.0, 5.0, 55.6, factor, scales_path=True, factor_source=source, miss=0.0)
+    reason = fit.refusal()
+    got = float(re.search(r"scaled ×([0-9.]+)", reason).group(1))
+    low, high = (float(x) for x in re.search(r"limit ×([0-9.]+)–([0-9.]+)", reason).groups())
+    assert not low <= got <= high, reason

@@ -437,10 +437,20 @@ class Fit:
         if not self.least_factor <= self.factor <= COMPUTE_FACTOR[1]:
             what = "compute and the host's own communication" if self.scales_path else "compute"
             return (
-                f"{unlike}: {what} would have to be scaled ×{self.factor:.2f} to match them "
-                f"(limit ×{self.least_factor:.2f}–{COMPUTE_FACTOR[1]:.2f})" + self._steps_advice()
+                f"{unlike}: {what} would have to be scaled ×{_past_limit(self.factor, self.least_factor)} to match "
+                f"them (limit ×{self.least_factor:.2f}–{COMPUTE_FACTOR[1]:.2f})" + self._steps_advice()
             )
         return None
+
+
+def _past_limit(factor: float, low: float) -> str:
+    """A refused factor, with the decimals that keep it off its limit's ends: at two, ×1.505 read
+    "×1.50" beside "limit ×0.50–1.50", a factor the reader sees inside the limit it was refused for."""
+    for digits in range(2, 6):
+        text = f"{factor:.{digits}f}"
+        if not low <= float(text) <= COMPUTE_FACTOR[1]:
+            return text
+    return f"{factor:.6g}"
 
 
 # --------------------------------------------------------------------------- runs
