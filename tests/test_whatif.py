@@ -1482,7 +1482,8 @@ def test_one_fabric_projected_says_nothing_of_a_ranking_across_fabrics():
     first on every fabric projected (1)", a claim of a ranking kept across fabrics made of one."""
     one = _projections([("seq", "nvlink", 10.0, 9.5, 10.5), ("inter", "nvlink", 8.0, 7.5, 8.5)])
     assert whatif_run.answer_lines(one, {"seq": "sequential", "inter": "interleaved"}) == [
-        "on nvlink: interleaved, 8.0 [7.5, 8.5] ms would be fastest; every other setting's interval lies above its",
+        "on nvlink: interleaved, 8.0 [7.5, 8.5] ms would be fastest; every other setting's interval lies above "
+        "this one's",
         "cannot rank first on any projected fabric: sequential",
     ]
     two = pd.concat(
@@ -1490,6 +1491,27 @@ def test_one_fabric_projected_says_nothing_of_a_ranking_across_fabrics():
         ignore_index=True,
     )
     assert "the same setting ranks first on every fabric projected (2)" in whatif_run.answer_lines(two, {})
+
+
+def test_fabrics_that_project_every_setting_alike_are_said_to_hardly_matter():
+    """zero.toml's settings each projected within 0.5 ms on the four built-in fabrics, and the answer
+    ranked them fabric by fabric, as though the fabric chose between them: it now says the fabrics
+    hardly move them. Where a fabric does move a setting, nothing is added."""
+    alike = _projections(
+        [(c, f, ms + d, ms + d - 5, ms + d + 5) for c, ms in (("seq", 30.0), ("inter", 31.0)) for f, d in FABRIC_D]
+    )
+    lines = whatif_run.answer_lines(alike, {})
+    assert lines[-1] == (
+        "every setting projects within 1.3% across these fabrics (0.40 ms at most): its communication is a small "
+        "part of its step on each, so the fabric hardly moves it; its compute decides"
+    ), lines
+    apart = alike.assign(projected_ms=alike["projected_ms"] * [1, 1, 1, 1.1, 1, 1, 1, 1])
+    assert not any(line.startswith("every setting projects within") for line in whatif_run.answer_lines(apart, {}))
+    # One fabric: nothing across fabrics to say.
+    assert not any("across these fabrics" in line for line in whatif_run.answer_lines(alike[:2], {}))
+
+
+FABRIC_D = (("nvlink4", 0.0), ("pcie5-x16", 0.1), ("ib-ndr", 0.1), ("100gbe", 0.4))
 
 
 # --------------------------------------------------------------------------- skeletons from traces
