@@ -221,16 +221,33 @@ def test_a_multi_line_error_is_reported_by_its_type_and_first_line_and_the_suite
     assert by_key[True].status == "done", run.record.cases[by_key[True].case_id].error
 
 
+HOOKS = ("hook_raises", "returns_none", "short_result", "not_decompressed")
+
+
+@pytest.fixture(scope="module")
+def broken_hooks(tmp_path_factory) -> tuple[int, str, store.Loaded]:
+    """One sweep of each broken hook of user_models.py under DDP and a ZeRO hook: the tests below
+    each read their own cases of it."""
+    tmp = tmp_path_factory.mktemp("hooks")
+    hooks = ", ".join(f'"user_models:{h}"' for h in HOOKS)
+    sweep = f'algorithm = ["ddp", "hook_with_zero_step"]\ncomm_hook = [{hooks}]'
+    return _sweep(tmp, _suite(tmp, sweep, warmup_steps=3))
+
+
+def _hook_errors(run: store.Loaded) -> dict[tuple[str, str], str]:
+    """(algorithm, comm_hook) → that case's error ('' when done)."""
+    return {(r.algorithm, r.comm_hook): run.record.cases[r.case_id].error or "" for r in run.cases.itertuples()}
+
+
 @pytest.mark.ranks
-def test_a_rank_error_raised_in_the_users_code_names_where(tmp_path):
+def test_a_rank_error_raised_in_the_users_code_names_where(broken_hooks):
     """A hook that raised failed its case with "rank 0 raised ValueError: my hook is broken", its own
     words, naming neither the hook nor its file: the case's error now ends with the innermost frame
     of the user's code (tpbench's, torch's and Python's frames skipped), relative to where tpbench
     runs; an error of tpbench's own (a hook returning None) gets no such suffix."""
-    sweep = 'comm_hook = ["user_models:hook_raises", "user_models:returns_none"]'
-    code, out, run = _sweep(tmp_path, _suite(tmp_path, sweep, warmup_steps=3))
+    code, out, run = broken_hooks
     assert code == 1, out
-    errors = {row.comm_hook: run.record.cases[row.case_id].error or "" for row in run.cases.itertuples()}
+    errors = {hook: error for (algorithm, hook), error in _hook_errors(run).items() if algorithm == "ddp"}
     source = (BAD / "user_models.py").read_text().splitlines()
     line = next(i for i, text in enumerate(source, start=1) if "my hook is broken" in text)
     assert errors["user_models:hook_raises"].endswith(
@@ -240,18 +257,14 @@ def test_a_rank_error_raised_in_the_users_code_names_where(tmp_path):
 
 
 @pytest.mark.ranks
-def test_a_hook_whose_result_is_not_the_buckets_size_or_dtype_fails_its_cases_naming_the_hook(tmp_path):
+def test_a_hook_whose_result_is_not_the_buckets_size_or_dtype_fails_its_cases_naming_the_hook(broken_hooks):
     """A result one element short ran "done" under DDP (a view of the bucket) and failed the ZeRO
     hooks with "start (…) + length (…) exceeds dimension size (…)"; an undecompressed fp16 result
     failed them with "expected dtype float … but got dtype c10::Half": neither named the hook. DDP
     casts an fp16 result into the gradients, so there that hook still runs."""
-    sweep = (
-        'algorithm = ["ddp", "hook_with_zero_step"]\n'
-        'comm_hook = ["user_models:short_result", "user_models:not_decompressed"]'
-    )
-    code, out, run = _sweep(tmp_path, _suite(tmp_path, sweep, warmup_steps=3))
+    code, out, run = broken_hooks
     assert code == 1, out
-    found = {(r.algorithm, r.comm_hook): run.record.cases[r.case_id].error or "" for r in run.cases.itertuples()}
+    found = _hook_errors(run)
     for algorithm in ("ddp", "hook_with_zero_step"):
         error = found[(algorithm, "user_models:short_result")]
         assert "comm_hook user_models:short_result: its future's value for bucket 0 is a tensor of" in error, error
@@ -263,12 +276,11 @@ def test_a_hook_whose_result_is_not_the_buckets_size_or_dtype_fails_its_cases_na
 
 
 @pytest.mark.ranks
-def test_a_hook_that_returns_no_future_fails_its_cases_naming_the_hook(tmp_path):
+def test_a_hook_that_returns_no_future_fails_its_cases_naming_the_hook(broken_hooks):
     """Registered on DDP or wrapped by a ZeRO hook, a hook returning None crashed the rank (SIGSEGV)."""
-    sweep = 'algorithm = ["ddp", "hook_with_zero_step"]\ncomm_hook = ["user_models:returns_none"]'
-    code, out, run = _sweep(tmp_path, _suite(tmp_path, sweep, warmup_steps=3))
+    code, out, run = broken_hooks
     assert code == 1, out
-    errors = list(run.record.cases[c].error for c in run.cases["case_id"])
+    errors = [e for (_, hook), e in _hook_errors(run).items() if hook == "user_models:returns_none"]
     assert len(errors) == 2, errors
     for error in errors:
         assert (
