@@ -592,45 +592,50 @@ def test_a_world_whose_agents_never_meet_stops_the_sweep(tmp_path, capsys):
 # --- --print: the user starts torchrun, --resume records what it did -----------------------------
 
 
-@pytest.mark.ranks
-def test_printed_command_runs_and_resume_records_it(tmp_path, capsys):
-    out = tmp_path / "results"
-    assert (
-        run_cli(
-            [
-                "sweep",
-                str(REPO / "suites" / "smoke.toml"),
-                "--launcher",
-                "torchrun",
-                "--nproc-per-node",
-                "1",
-                "--print",
-                "--out",
-                str(out),
-                "--set",
-                "world_size=auto",
-                "--set",
-                "repeats=1",
-                "--filter",
-                "algorithm=ddp",
-            ]
-        )
-        == 0
-    )
+@pytest.fixture(scope="module")
+def printed_run(tmp_path_factory) -> dict:
+    """``--print`` of one 2-rank case, the printed torchrun command run as a user runs it, then a
+    dry run of the resume and the resume itself (with a report): what each said, for the tests below."""
+    import contextlib
+    import io
+
+    tmp = tmp_path_factory.mktemp("printed")
+    out = tmp / "results"
+    suite = tmp / "tiny.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp"]', world_size='"auto"'))
+    said: dict = {}
+
+    def cli_said(key: str, args: list[str]) -> int:
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            code = run_cli(args)
+        said[key] = stdout.getvalue()
+        return code
+
+    printed = ["sweep", str(suite), "--launcher", "torchrun", "--nproc-per-node", "2", "--print", "--out", str(out)]
+    assert cli_said("print", printed) == 0
     run_dir = only_run(out)
-    commands = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+    said["status_after_print"] = json.loads((run_dir / "run.json").read_text())["status"]
+    commands = [line for line in said["print"].splitlines() if not line.startswith("#")]
+    started = subprocess.run(shlex.split(commands[0]), capture_output=True, text=True, cwd=tmp, timeout=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    # A dry run says that the world ran: its case is left to record, with no repeat to run.
+    said["dry_run_code"] = cli_said("dry_run", ["sweep", "--resume", str(run_dir), "--dry-run"])
+    report = tmp / "r.html"
+    said["resume_code"] = cli_said("resume", ["sweep", "--resume", str(run_dir), "--report", str(report)])
+    return {"run_dir": run_dir, "commands": commands, "said": said, "report": report}
+
+
+@pytest.mark.ranks
+def test_printed_command_runs_and_resume_records_it(printed_run):
+    run_dir, commands, said = printed_run["run_dir"], printed_run["commands"], printed_run["said"]
     assert len(commands) == 2 and commands[1] == f"tpbench sweep --resume {run_dir}"
     assert "--max-restarts 0" in commands[0] and "--standalone" in commands[0]
-    assert json.loads((run_dir / "run.json").read_text())["status"] == "printed"
-
-    started = subprocess.run(shlex.split(commands[0]), capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert started.returncode == 0, started.stdout + started.stderr
-    capsys.readouterr()
-    # A dry run says that the world ran: its case is left to record, with no repeat to run.
-    assert run_cli(["sweep", "--resume", str(run_dir), "--dry-run"]) == 0
-    shown = " ".join(capsys.readouterr().out.split())
+    assert said["status_after_print"] == "printed"
+    assert said["dry_run_code"] == 0
+    shown = " ".join(said["dry_run"].split())
     assert "1 case to resume, 1 of them with every repeat on disk, only to record" in shown and "0 of 1" in shown
-    assert run_cli(["sweep", "--resume", str(run_dir), "--no-report"]) == 0
+    assert said["resume_code"] == 0
     loaded = store.load(run_dir)
     assert loaded.record.status == "complete" and set(loaded.cases.status) == {"done"}
     assert loaded.record.worlds[0].ingested
@@ -638,25 +643,15 @@ def test_printed_command_runs_and_resume_records_it(tmp_path, capsys):
 
 
 @pytest.mark.ranks
-def test_a_resume_of_printed_worlds_says_who_started_their_ranks(tmp_path, capsys):
+def test_a_resume_of_printed_worlds_says_who_started_their_ranks(printed_run):
     """After ``--print``, the user's torchrun and ``--resume``, the closing line said "0.0 s running
     worlds, ... 2 rank processes started", and the report 230770 % of that time in timed steps:
     tpbench had started and clocked none of them. Both now say the ranks were started by hand,
     give no seconds of worlds tpbench did not run, and the record keeps those ranks apart from
     tpbench's own (no share of a time not clocked)."""
-    out = tmp_path / "results"
-    suite = tmp_path / "tiny.toml"
-    suite.write_text(tiny_suite('algorithm = ["ddp"]', world_size='"auto"'))
-    printed = ["sweep", str(suite), "--launcher", "torchrun", "--nproc-per-node", "2", "--print", "--out", str(out)]
-    assert run_cli(printed) == 0
-    run_dir = only_run(out)
-    command = next(line for line in capsys.readouterr().out.splitlines() if not line.startswith("#"))
-    started = subprocess.run(shlex.split(command), capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert started.returncode == 0, started.stdout + started.stderr
-    capsys.readouterr()
-    report = tmp_path / "r.html"
-    assert run_cli(["sweep", "--resume", str(run_dir), "--report", str(report)]) == 0
-    line = " ".join(capsys.readouterr().out.split())
+    run_dir, said, report = printed_run["run_dir"], printed_run["said"], printed_run["report"]
+    assert said["resume_code"] == 0
+    line = " ".join(said["resume"].split())
     by_hand = "2 rank processes started by hand from the printed commands, none by tpbench."
     whole_run = line.rpartition("the whole run: ")[2]
     assert whole_run.endswith(f"s in timed steps, {by_hand}") and "running" not in whole_run, line
