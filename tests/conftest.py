@@ -103,3 +103,15 @@ def localsgd_suite(sweep: str, *, name: str, tables: str = "", **defaults: objec
     } | defaults
     lines = "\n".join(f"{k} = {v}" for k, v in base.items())
     return f'[suite]\nname = "{name}"\n[defaults]\n{lines}\n[sweep]\n{sweep}\n{tables}'
+
+
+@pytest.fixture(scope="session")
+def finished_tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished real sweep of two tiny cases (ddp, zero_no_overlap; 2 Gloo ranks, 3 warm-up steps),
+    shared by test_reliability.py and test_hostile.py: their tests read it, or change a copy."""
+    tmp = tmp_path_factory.mktemp("done")
+    suite = tmp / "tiny.toml"
+    suite.write_text(tiny_suite('algorithm = ["ddp", "zero_no_overlap"]', name="tiny", warmup_steps=3))
+    # The CLI in this process: a fresh interpreter would spend seconds importing torch.
+    assert run_cli(["sweep", str(suite), "--out", str(tmp / "results"), "--no-report"]) == 0
+    return only_run(tmp / "results")

@@ -66,12 +66,9 @@ def test_url_characters_in_paths_rendezvous_inside_the_run_and_leave_nothing_beh
 
 
 @pytest.fixture(scope="module")
-def done_run(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("done")
-    suite = tiny_suite(tmp, 'algorithm = ["ddp", "zero_no_overlap"]')
-    proc = sweep(str(suite), "--out", str(tmp / "results"), "--no-report", cwd=tmp)
-    assert proc.returncode == 0, proc.stderr
-    return next(store.iter_runs(tmp / "results"))
+def done_run(finished_tiny_run) -> Path:
+    """tiny_suite's two cases, ddp and zero_no_overlap, swept (conftest's, test_reliability.py's too)."""
+    return finished_tiny_run
 
 
 def copy_run(run_dir: Path, tmp_path: Path, missing: int = 0) -> Path:

@@ -130,12 +130,9 @@ def test_full_results_directory_fails_before_any_case(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("done")
-    suite = tiny_suite_file(tmp, 'algorithm = ["ddp", "zero_no_overlap"]')
-    # The CLI in this process: a fresh interpreter would spend seconds importing torch.
-    assert run_cli(["sweep", str(suite), "--out", str(tmp / "results"), "--no-report"]) == 0
-    return next(store.iter_runs(tmp / "results"))
+def finished_run(finished_tiny_run) -> Path:
+    """tiny_suite_file's two cases, ddp and zero_no_overlap, swept (conftest's, test_hostile.py's too)."""
+    return finished_tiny_run
 
 
 def corrupt_copy(run_dir: Path, tmp_path: Path) -> Path:
