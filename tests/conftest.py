@@ -115,3 +115,24 @@ def finished_tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # The CLI in this process: a fresh interpreter would spend seconds importing torch.
     assert run_cli(["sweep", str(suite), "--out", str(tmp / "results"), "--no-report"]) == 0
     return only_run(tmp / "results")
+
+
+@pytest.fixture(scope="session")
+def traced_tiny_run(tmp_path_factory: pytest.TempPathFactory) -> store.Loaded:
+    """A finished real sweep with traced steps: ddp and zero_no_overlap on 2 Gloo ranks, 2 repeats,
+    2 traced steps each; shared by test_capture_sweep.py and test_report_browser.py, whose tests read
+    it, or change a copy. Its description is for the browser test's page."""
+    text = tiny_suite(
+        'algorithm = ["ddp", "zero_no_overlap"]',
+        name="report-smoke",
+        description="Two tiny cases on 2 Gloo ranks, traced, for the browser test",
+        workload='"mlp"',
+        warmup_steps=3,
+        steps=6,
+        repeats=2,
+        timeout_s=120,
+        profiler_steps=2,
+        mlp={"width": 64, "depth": 2},
+    )
+    # In this process: a fresh interpreter would spend seconds importing torch.
+    return sweep_in_process(tmp_path_factory.mktemp("traced"), text)

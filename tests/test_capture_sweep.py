@@ -27,21 +27,11 @@ from tpbench.worker import CaseRunner, Events, Rank
 
 pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
 
-SUITE = tiny_suite(
-    'algorithm = ["ddp", "zero_no_overlap"]',
-    name="capture",
-    workload='"mlp"',
-    warmup_steps=3,
-    repeats=2,
-    timeout_s=90,
-    profiler_steps=2,
-    mlp={"width": 64, "depth": 2},
-)
-
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> store.Loaded:
-    return sweep_in_process(tmp_path_factory.mktemp("capture"), SUITE)
+def run(traced_tiny_run) -> store.Loaded:
+    """Two traced cases, 2 ranks, 2 repeats (conftest's, test_report_browser.py's too)."""
+    return traced_tiny_run
 
 
 def _trace(path: Path) -> dict:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from browser import ALL_FIGURES_DRAWN, Browser, ensure_chromium
-from conftest import run_cli, sweep_in_process, tiny_suite
+from conftest import run_cli
 from synthetic_runs import ENVIRONMENT, make_run
 from test_report import hostile_copy, synth_run
 
@@ -25,18 +25,6 @@ pytestmark = pytest.mark.ranks  # starts rank processes: not in `make test-fast`
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "test-artifacts"
-
-SUITE = tiny_suite(
-    'algorithm = ["ddp", "zero_no_overlap"]',
-    name="report-smoke",
-    description="Two tiny cases on 2 Gloo ranks, traced, for the browser test",
-    workload='"mlp"',
-    warmup_steps=3,
-    steps=6,
-    repeats=2,
-    timeout_s=120,
-    profiler_steps=2,
-)
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +45,10 @@ def browser(chromium):
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory) -> Path:
-    """A real sweep: 2 Gloo ranks, 2 cases, 2 repeats, traced steps (its own report is not used:
-    each test writes the report it looks at)."""
-    # In this process: a fresh interpreter would spend seconds importing torch.
-    loaded = sweep_in_process(tmp_path_factory.mktemp("report-smoke"), SUITE)
+def smoke_run(traced_tiny_run) -> Path:
+    """A real sweep: 2 Gloo ranks, 2 cases, 2 repeats, traced steps (conftest's, test_capture_sweep.py's
+    too; its own report is not used: each test writes the report it looks at)."""
+    loaded = traced_tiny_run
     assert loaded.record.status == "complete" and set(loaded.cases["status"]) == {"done"}, loaded.record.cases
     run_dir = loaded.run_dir
     # The sweep parsed the traces into the tables the report reads (it never opens a trace itself).
