@@ -25,6 +25,33 @@ def tpbench(*args: str | Path, cwd: Path = REPO, timeout: float = 300) -> subpro
     )
 
 
+def tpbench_at_once(
+    *commands: list[str | Path], cwd: Path = REPO, timeout: float = 300
+) -> list[subprocess.CompletedProcess]:
+    """Each of ``commands`` as ``tpbench(*command)``, all started at once (for commands that time
+    nothing and touch no file another writes): their results in the order given."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tpbench", *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=cwd,
+        )
+        for args in commands
+    ]
+    done = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
+
+
 def run_cli(args: list[str]) -> int:
     """``tpbench ARGS`` in this process, returning its exit code: a fresh interpreter would spend
     longer importing torch than the small worlds of these tests spend measuring."""

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.stats
-from conftest import REPO, run_cli, tiny_suite
+from conftest import REPO, run_cli, tiny_suite, tpbench_at_once
 from conftest import tpbench as run_tpbench
 from synthetic_runs import ENVIRONMENT, make_run
 
@@ -585,19 +585,26 @@ def test_a_markdown_verdict_is_headed_by_the_command_that_made_it(runs: dict[str
 
 
 def test_compare_usage_errors(runs: dict[str, Path], tmp_path: Path) -> None:
-    p = tpbench("compare", runs["base"])  # one run, one case: no pair within it to judge, no "pass"
-    assert p.returncode == 2 and "nothing to compare" in p.stderr and "pass" not in p.stdout
-    p = tpbench("compare", runs["base"], runs["slow"], "--pair", "algorithm=ddp..zero_no_overlap")
-    assert p.returncode == 2 and "only with a single RUN_DIR" in p.stderr
-    p = tpbench("compare", runs["base"], runs["slow"], "--threshold", "lots")
-    assert p.returncode == 2 and "--threshold lots" in p.stderr
-    p = tpbench("compare", runs["base"], runs["slow"], "--metric", "nope")
-    assert p.returncode == 2 and "--metric nope" in p.stderr and "step_ms" in p.stderr
-    p = tpbench("compare", runs["base"], runs["slow"], runs["base"] / ".")  # the same run on both sides
-    assert p.returncode == 2 and f"{runs['base']}: given as both baseline and candidate" in p.stderr
-    # One baseline given twice: pooled as two runs that agree exactly, it narrowed the interval.
-    p = tpbench("compare", runs["base"], runs["base"] / ".", runs["slow"])
-    assert p.returncode == 2 and f"{runs['base']}: given twice" in p.stderr and "regression" not in p.stdout
+    base, slow = runs["base"], runs["slow"]
+    done = tpbench_at_once(  # as tpbench() above, all at once
+        ["compare", base],  # one run, one case: no pair within it to judge, no "pass"
+        ["compare", base, slow, "--pair", "algorithm=ddp..zero_no_overlap"],
+        ["compare", base, slow, "--threshold", "lots"],
+        ["compare", base, slow, "--metric", "nope"],
+        ["compare", base, slow, base / "."],  # the same run on both sides
+        # One baseline given twice: pooled as two runs that agree exactly, it narrowed the interval.
+        ["compare", base, base / ".", slow],
+        timeout=900,
+    )
+    for p in done:
+        p.stderr = " ".join(p.stderr.split())
+    one, pair, threshold, metric, same, twice = done
+    assert one.returncode == 2 and "nothing to compare" in one.stderr and "pass" not in one.stdout
+    assert pair.returncode == 2 and "only with a single RUN_DIR" in pair.stderr
+    assert threshold.returncode == 2 and "--threshold lots" in threshold.stderr
+    assert metric.returncode == 2 and "--metric nope" in metric.stderr and "step_ms" in metric.stderr
+    assert same.returncode == 2 and f"{base}: given as both baseline and candidate" in same.stderr
+    assert twice.returncode == 2 and f"{base}: given twice" in twice.stderr and "regression" not in twice.stdout
 
 
 def test_broken_runs_exit_3_naming_the_file(runs: dict[str, Path], tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, only_run, run_cli, tiny_suite, tpbench
+from conftest import REPO, only_run, run_cli, tiny_suite, tpbench, tpbench_at_once
 
 from tpbench import store, user_code
 
@@ -77,8 +77,8 @@ def test_a_hook_module_that_never_finishes_importing_is_stopped_naming_it(in_bad
 )
 def test_a_factory_that_exits_or_raises_keyboardinterrupt_fails_as_that_factory(factory, said, tmp_path):
     suite = _suite(tmp_path, f'workload = ["user_models:{factory}"]')
-    for command in (["validate", suite], ["sweep", suite, "--out", tmp_path / "results", "--no-report"]):
-        proc = tpbench(*command, cwd=BAD)
+    validate, sweep = ["validate", suite], ["sweep", suite, "--out", tmp_path / "results", "--no-report"]
+    for proc in tpbench_at_once(validate, sweep, cwd=BAD):  # neither starts a world
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert f"user_models:{factory}: {said}" in proc.stderr and "Interrupted" not in proc.stderr
     assert not (tmp_path / "results").exists()
