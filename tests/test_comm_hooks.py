@@ -51,8 +51,8 @@ def _bf16_on_this_torch(rank: int, world_size: int) -> dict[str, Any]:
 
 
 @pytest.mark.ranks
-def test_bf16_refused_exactly_where_pytorch_refuses_it() -> None:
-    found = run_world(_bf16_on_this_torch, 2, timeout_s=60)[0]
+def test_bf16_refused_exactly_where_pytorch_refuses_it(what_ddp_does: dict[str, Any]) -> None:
+    found = what_ddp_does["bf16"]
     support = Bf16Support.detect()
     assert (found["direct"] is None) == (support.refusal("gloo", wrapped=False) is None), found
     assert support.refusal("gloo", wrapped=True) is None  # the wrapped hook registered above
@@ -128,17 +128,30 @@ def _ddp_registers(rank: int, world_size: int, where: str) -> dict[str, bool]:
     return out
 
 
+def _what_ddp_does(rank: int, world_size: int, where: str) -> dict[str, Any]:
+    return {"bf16": _bf16_on_this_torch(rank, world_size), "registers": _ddp_registers(rank, world_size, where)}
+
+
+@pytest.fixture(scope="module")
+def what_ddp_does(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One 2-rank Gloo world asks PyTorch both questions above: bf16 compression, and which of
+    ``_DDP_RULE_HOOKS`` (written to ``where``) DDP registers."""
+    where = tmp_path_factory.mktemp("ddp_rule_hooks")
+    for module, text in _DDP_RULE_HOOKS.items():
+        (where / f"{module}.py").write_text(text)
+    return run_world(_what_ddp_does, 2, str(where), timeout_s=60)[0] | {"where": where}
+
+
 @pytest.mark.ranks
 def test_hooks_ddp_would_refuse_are_refused_at_validation_where_ddp_registers_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    what_ddp_does: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """DDP looks the bucket up by the name ``bucket`` and compares annotations with real types: a hook
     it refuses failed every case on every rank with a bare ``KeyError: 'bucket'``. Refused up front
     exactly where DDP registers it (``ddp``); the ZeRO hooks, which call it themselves, take it."""
-    for module, text in _DDP_RULE_HOOKS.items():
-        (tmp_path / f"{module}.py").write_text(text)
-    monkeypatch.chdir(tmp_path)  # hooks are imported from where tpbench runs, as the ranks import them
-    registers = run_world(_ddp_registers, 2, str(tmp_path), timeout_s=60)[0]
+    # hooks are imported from where tpbench runs, as the ranks import them
+    monkeypatch.chdir(what_ddp_does["where"])
+    registers = what_ddp_does["registers"]
     assert registers == {p: p in ("ddp_rule_hooks:plain", "ddp_rule_hooks:typed") for p in _DDP_RULE_PATHS}
     for path, ok in registers.items():
         direct = parse(f'[defaults]\nworld_size = 2\ncomm_hook = "{path}"\n', "t.toml")
