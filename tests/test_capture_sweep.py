@@ -219,13 +219,10 @@ def _peaks_in_one_world(rank: int, world_size: int, run_dir: str, big, small) ->
     return peaks
 
 
-def test_peak_rss_is_reset_between_cases_in_one_process(tmp_path):
+def test_peak_rss_is_reset_between_cases_in_one_process(one_world):
     """The same rank processes run a ~200 MB case, then a tiny one: the tiny one's peak must not
     inherit the big one's (VmHWM is reset through /proc/self/clear_refs before every repeat)."""
-    (small,) = expand(parse(MEMORY_SUITE))
-    # 3000 × 3000 float32 = 36 MB per tensor: above glibc's mmap threshold, so freeing returns it to the OS.
-    big = dataclasses.replace(small, workload_params=(("classes", 16), ("depth", 1), ("width", 3000)), case_id="big")
-    peaks = run_world(_peaks_in_one_world, 2, str(tmp_path), big, small, timeout_s=180)[0]
+    peaks = one_world["peaks"]
     big1, small1, big2, small2 = peaks
     for rank in (0, 1):
         assert big1[rank] - small1[rank] > 100, peaks
@@ -260,17 +257,38 @@ SAMPLED_SUITE = (
 )
 
 
-@pytest.mark.parametrize("fault", ["", 'fault = "slow-trace:1"'], ids=["one-window", "traced-again"])
-def test_worker_writes_nvml_samples_on_the_trace_clock_against_a_fake_nvml(tmp_path, fault):
+FAULTS = {"one-window": "", "traced-again": 'fault = "slow-trace:1"'}
+
+
+def _one_world(rank: int, world_size: int, dirs: dict[str, str], big, small, cases: dict) -> dict:
+    """The peaks first, in rank processes that have run nothing else, as in a world of their own."""
+    peaks = _peaks_in_one_world(rank, world_size, dirs["peaks"], big, small)
+    return {"peaks": peaks, "events": {k: _sampled_case(rank, world_size, dirs[k], c) for k, c in cases.items()}}
+
+
+@pytest.fixture(scope="module")
+def one_world(tmp_path_factory) -> dict:
+    """One 2-rank world runs the peak-RSS cases, then each FAULTS case against the fake NVML, each
+    into a folder of its own: the two tests below read it."""
+    (small,) = expand(parse(MEMORY_SUITE))
+    # 3000 × 3000 float32 = 36 MB per tensor: above glibc's mmap threshold, so freeing returns it to the OS.
+    big = dataclasses.replace(small, workload_params=(("classes", 16), ("depth", 1), ("width", 3000)), case_id="big")
+    cases = {k: expand(parse(SAMPLED_SUITE.replace("[capture]", f"{f}\n[capture]")))[0] for k, f in FAULTS.items()}
+    dirs = {k: str(tmp_path_factory.mktemp(k)) for k in ("peaks", *FAULTS)}
+    found = run_world(_one_world, 2, dirs, big, small, cases, timeout_s=480)[0]
+    return found | {"cases": cases, "dirs": {k: Path(d) for k, d in dirs.items()}}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_worker_writes_nvml_samples_on_the_trace_clock_against_a_fake_nvml(one_world, fault):
     """The worker's whole NVML path in a real 2-rank world, with FakeNvml standing in for the
     driver only because no GPU exists here: parts per repeat, merged nvml.parquet (by the store, as
     the launcher's recorder does when the case ends), samples tagged with step and phase, and
     profiled-step samples inside the rank's traced steps, also where the first window was slowed
     and a later one kept (``slow-trace:1``; a busy machine does the same at random)."""
-    (case,) = expand(parse(SAMPLED_SUITE.replace("[capture]", f"{fault}\n[capture]")))
-    events = run_world(_sampled_case, 2, str(tmp_path), case, timeout_s=180)[0]
+    case, events, tmp_path = one_world["cases"][fault], one_world["events"][fault], one_world["dirs"][fault]
     (info,) = [data for kind, data in events if kind == "capture"]
-    if fault:
+    if FAULTS[fault]:
         assert info["trace"]["kept"] > 0  # the first window's forward passes were slowed: not kept
     assert info["nvml"]["available"] is True and info["nvml"]["file"] == NVML_FILE
     for rank in ("0", "1"):
