@@ -142,3 +142,21 @@ def test_the_verdicts_say_what_the_fastest_cases_own_interval_is(tmp_path):
     own = "own step time in these lines (the fastest, or a setting's only case) carries its median's 95% bootstrap CI"
     assert own in few and "(3 repeats: 75%)" in few
     assert own in many and "repeats:" not in many
+
+
+def test_the_tables_interval_column_is_called_a_95_ci_only_where_every_row_holds_one(tmp_path):
+    """The README tour's 3 repeats printed their range under a "95% CI" header, the caption below it
+    saying that range holds the median with 75 % confidence; the header now says "interval" where a
+    row's interval is a range of 2 to 5 repeats, and "95% CI" from 6 repeats on."""
+
+    def header(name: str, repeats: int) -> str:
+        values = {"ddp": [10.0 + i / 10 for i in range(repeats)], "zero_no_overlap": [20.0 + i for i in range(repeats)]}
+        loaded = sweep.finalize(store.Run.open(make_run(tmp_path / name, values)))
+        console = Console(file=io.StringIO(), width=400)
+        console.print(_summary_table(loaded))
+        lines = console.file.getvalue().splitlines()
+        return next(line for line in lines if "ms/step" in line and "case" in line)
+
+    few, enough = header("few", 3), header("enough", 6)
+    assert "95% CI" not in few and "interval" in few, few
+    assert "95% CI" in enough and "interval" not in enough, enough

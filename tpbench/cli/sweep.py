@@ -213,18 +213,21 @@ def _few_repeats(table) -> str:
 
 def _summary_table(loaded) -> Table:
     """The sweep's table of step times. Its caption is left-justified: wrapped to the table's width
-    and centred, as rich does by default, its lines began at odd indents (most visibly in a file)."""
+    and centred, as rich does by default, its lines began at odd indents (most visibly in a file).
+    The interval column is headed "95% CI" only where every row's interval is one: a range of 2 to 5
+    repeats holds the median with less confidence (the caption's note), and is headed "interval"."""
+    few = _few_repeats(loaded.table)
     t = Table(
         title=escape(f"{loaded.record.suite.name} · run {loaded.record.run_id}"),
         caption="ms/step: the median of the repeats' values, with the 95% CI of that median (—: one repeat, no "
-        "interval); steps p10–p90: the spread of single timed steps" + _few_repeats(loaded.table),
+        "interval); steps p10–p90: the spread of single timed steps" + few,
         caption_justify="left",
     )
     label_column(t, "case")
     for col, just in [
         ("status", "left"),
         ("ms/step", "right"),
-        ("95% CI", "right"),
+        ("interval" if few else "95% CI", "right"),
         ("steps p10–p90", "right"),
         ("samples/s", "right"),
     ]:
