@@ -1921,3 +1921,24 @@ def test_gpu_telemetrys_absence_says_for_how_many_cases():
     page = Page(title="t")
     telemetry.nvml(page, data)
     assert f"no NVML driver (1 case of 18); {cpu} (17 cases of 18)." in page.render()
+
+
+def test_a_waterfalls_line_says_where_its_traced_change_is_off_the_timed_one():
+    """`tpbench explain A B` warned that a case's traced change was off its timed one ("+0.87 vs -21.41 ms: the
+    traced steps did not run as the timed ones"), so its parts are a weak guide to the change; the report of
+    the same two runs gave the same case's line and waterfall without the warning. The line now carries it."""
+    from tpbench.analysis.explain import Component, Explanation
+    from tpbench.explain import CaseExplanation
+    from tpbench.report import waterfall
+
+    def explanation(base: float, cand: float) -> Explanation:
+        d = cand - base
+        return Explanation(base, cand, d, d - 5, d + 5, 3, 3, [Component("compute", d, d - 5, d + 5)])
+
+    timed, traced = explanation(99.49, 78.08), explanation(113.36, 114.23)
+    off = CaseExplanation("c1", "zero_no_overlap", "c1", "c1", timed, timed.delta_ms, traced)
+    line = waterfall.case_line("B", off)
+    assert off.unlike_timed and line == f"B, zero_no_overlap: {off.top} Warning: {off.unlike_timed}."
+    assert "+0.87 vs -21.41 ms" in line
+    alike = CaseExplanation("c1", "zero_no_overlap", "c1", "c1", timed, timed.delta_ms, timed)
+    assert waterfall.case_line("B", alike) == f"B, zero_no_overlap: {alike.top}"

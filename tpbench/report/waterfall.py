@@ -53,8 +53,16 @@ def section(page: Page, data: ReportData, sides: list[RunData], cross: list[Comp
         css="muted",
     )
     for tag, case in found[:MAX_CASES]:
-        page.paragraph(f"{tag}, {case.label}: {case.top}")
+        page.paragraph(case_line(tag, case))
         page.figure(_waterfall(tag, case))
+
+
+def case_line(tag: str, case: explain.CaseExplanation) -> str:
+    """The words above a case's waterfall: explain's sentence, and its warning where the traced change is
+    off the timed one (the parts then are the traces' composition, a weak guide to the change), as
+    ``tpbench explain`` prints it beside the same parts."""
+    warning = f" Warning: {case.unlike_timed}." if case.unlike_timed else ""
+    return f"{tag}, {case.label}: {case.top}{warning}"
 
 
 def _waterfall(tag: str, case: explain.CaseExplanation) -> go.Figure:
