@@ -196,6 +196,28 @@ def test_noisy_repeats_are_flagged_by_other_cpu_and_steal_never_by_load_average(
     assert noisy_repeats(steps[["case_id", "repeat", "rank", "step", "phase", "step_ms"]], 4, {}).empty
 
 
+def test_the_sweeps_terminal_says_how_many_repeats_ran_on_a_busy_machine():
+    """The README tour's sweep printed "faster: -9.4% [...], beyond the ±5% threshold" and nothing of the
+    machine, where its report's Machine load said "16 of 18 repeats ran on a busy machine": the terminal
+    now says the count too (``telemetry.busy_line``, the report's criteria), and nothing where none was."""
+    from types import SimpleNamespace as NS
+
+    from tpbench.report import telemetry
+
+    loads = {("a", 0): _load(0.05), ("a", 1): _load(0.6), ("b", 0): _load(0.0, steal=12.0), ("b", 1): _load(0.05)}
+    times = {key: 10.0 for key in loads}
+    cases = {"a": NS(params={"world_size": 2}), "b": NS(params={"world_size": 2})}
+
+    def data(steps):
+        return NS(runs=[NS(steps=steps, environment={"cpu_count": 2}, record=NS(cases=cases, run_id="r"))])
+
+    line = telemetry.busy_line(data(_steps(loads, times)))
+    assert line.startswith("2 of 4 repeats ran on a busy machine (") and "Machine load" in line, line
+    quiet = {key: _load(0.05) for key in loads}
+    assert telemetry.busy_line(data(_steps(quiet, times))) == ""
+    assert telemetry.busy_line(data(pd.DataFrame())) == ""  # a run that recorded no load
+
+
 def test_slowdown_kind_defaults_to_sleep_and_is_a_budget_key():
     sleep, cpu = expand(parse(tiny_suite('slowdown_kind = ["sleep", "cpu"]', slowdown_pct=10)), MACHINE)
     assert (sleep.slowdown_kind, cpu.slowdown_kind) == ("sleep", "cpu")

@@ -195,12 +195,14 @@ def _fastest(loaded) -> list[str]:
     the median) and whether it is clearly ahead of the runner-up, so that the terminal and the report
     name the same case. Where the run knows a target loss, then the report's soonest-to-target lines:
     settings that train differently (post-local SGD's) are not ranked by their step, and the fastest
-    alone would recommend one that reaches the target later."""
+    alone would recommend one that reaches the target later. Last, where repeats ran on a busy machine,
+    how many (the report's Machine load, which the verdicts above do not weigh)."""
     from tpbench.report import data as report_data
-    from tpbench.report import verdicts
+    from tpbench.report import telemetry, verdicts
 
     data = report_data.load([loaded])
-    return verdicts.fastest_lines(data, alone=False) + verdicts.soonest_lines(data)
+    busy = telemetry.busy_line(data)
+    return verdicts.fastest_lines(data, alone=False) + verdicts.soonest_lines(data) + ([busy] if busy else [])
 
 
 def _few_repeats(table) -> str:

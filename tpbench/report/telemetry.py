@@ -155,16 +155,9 @@ MAX_NOISY_ROWS = 15
 def machine_load(page: Page, data: ReportData) -> None:
     """The repeats that ran on a busy machine, with their step time against their case's median;
     a line saying none did when the runs recorded load but nothing was flagged."""
-    frames = []
-    for run in data.runs:
-        nodes = max(1, len(run.environment.get("nodes") or []))
-        per_node = {cid: int(c.params["world_size"]) // nodes for cid, c in run.record.cases.items()}
-        flagged = noisy_repeats(run.steps, int(run.environment.get("cpu_count") or 1), per_node)
-        if not flagged.empty:
-            frames.append(flagged.assign(run_id=run.record.run_id))
-    if not frames:
+    repeats = _judged_repeats(data)
+    if repeats is None:
         return
-    repeats = pd.concat(frames, ignore_index=True)
     # Noisiest first: furthest from its case's median either way, so that the table's rows keep those.
     noisy = data.with_cases(repeats[repeats["noisy"]]).sort_values(
         "relative", key=lambda r: (r - 1).abs(), ascending=False, kind="stable"
@@ -201,6 +194,33 @@ def machine_load(page: Page, data: ReportData) -> None:
     if len(noisy) > len(shown):
         left = len(noisy) - len(shown)
         page.paragraph(f"{left} more noisy repeat{'s' if left > 1 else ''} not listed.", css="muted")
+
+
+def _judged_repeats(data: ReportData) -> pd.DataFrame | None:
+    """Every repeat of the runs that recorded the machine's load, judged noisy or not
+    (``noise.noisy_repeats``); None where none recorded it."""
+    frames = []
+    for run in data.runs:
+        nodes = max(1, len(run.environment.get("nodes") or []))
+        per_node = {cid: int(c.params["world_size"]) // nodes for cid, c in run.record.cases.items()}
+        flagged = noisy_repeats(run.steps, int(run.environment.get("cpu_count") or 1), per_node)
+        if not flagged.empty:
+            frames.append(flagged.assign(run_id=run.record.run_id))
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def busy_line(data: ReportData) -> str:
+    """How many repeats ran on a busy machine, by the Machine load section's criteria, in a line for the
+    sweep's terminal beside its verdicts; "" where none did or no load was recorded."""
+    repeats = _judged_repeats(data)
+    noisy = 0 if repeats is None else int(repeats["noisy"].sum())
+    if not noisy:
+        return ""
+    return (
+        f"{noisy} of {len(repeats)} repeats ran on a busy machine (other processes' CPU beyond the cores the world "
+        f"leaves spare, or CPU steal above {STEAL_PCT_NOISY:g}%): their step times may scatter more; the report's "
+        "Machine load lists them."
+    )
 
 
 def _change_pct(relative: float) -> str:
