@@ -129,3 +129,14 @@ def test_a_benchmark_states_its_command_and_the_load_before_its_figures(monkeypa
     assert out[0] == f"command: python -m benchmarks.budget_resolution {run} --target 0.1"
     assert out[1].startswith("load average (1, 5 min) at the start: ") and out[1].endswith(f"; {os.cpu_count()} CPUs")
     assert "half-width <= 10%" in out[2]
+
+
+def test_the_ratio_coverage_benchmark_reproduces_the_figures_compare_states():
+    """``verdict.BOOTSTRAP_RATIO_HELD`` is what benchmarks/ratio_coverage.py measured; its own draws
+    (seeded, so the same on any machine) land near them, and 6 repeats a side near the label."""
+    from benchmarks import ratio_coverage
+    from tpbench import verdict
+
+    for n, held in verdict.BOOTSTRAP_RATIO_HELD.items():
+        assert abs(ratio_coverage.coverage(n, 400, 0.1, 3) - held) < 0.04, n
+    assert ratio_coverage.coverage(6, 400, 0.1, 3) >= 0.93

@@ -23,7 +23,7 @@ from conftest import REPO, run_cli, tiny_suite, tpbench_at_once
 from conftest import tpbench as run_tpbench
 from synthetic_runs import ENVIRONMENT, make_run
 
-from tpbench import compare, gate, gate_record, render, store, user_code
+from tpbench import compare, gate, gate_record, render, store, user_code, verdict
 from tpbench.analysis.stats import Ratio, hierarchical_ratio_ci, paired_ratio, unpaired_ratio
 
 
@@ -315,6 +315,25 @@ def test_an_ignored_environment_difference_is_still_said(tmp_path: Path) -> None
     assert said in render.render_text(c) and f"- {said}" in render.render_markdown(c)
     assert json.loads(render.render_json(c))["ignored_environment_differences"] == c.ignored_environment_differences
     assert compare.compare_runs([base], [other]).ignored_environment_differences == []
+
+
+def test_two_runs_of_few_repeats_say_their_interval_holds_less_than_95(tmp_path: Path) -> None:
+    """The README tour compares two sweeps of 3 repeats under "95% bootstrap CI", an interval that held
+    the ratio 90 % of the time (benchmarks/ratio_coverage.py): the text and Markdown now say so; from 5
+    repeats a side, as from lockstep pairs, nothing is added."""
+    few = [make_run(tmp_path / side, {"ddp": noisy(10, 3, 0.02, seed)}) for side, seed in (("b", 1), ("c", 2))]
+    c = compare.compare_runs(few[:1], few[1:])
+    said = (
+        "With fewer than 5 repeats a side the bootstrap interval of two runs holds the ratio with less confidence "
+        "than 95% (3 repeats: about 90%, simulated for log-normal repeats)."
+    )
+    assert said in render.render_text(c) and f"- {said}" in render.render_markdown(c)
+    enough = [make_run(tmp_path / side, {"ddp": noisy(10, 5, 0.02, seed)}) for side, seed in (("B", 1), ("C", 2))]
+    assert "With fewer than" not in render.render_text(compare.compare_runs(enough[:1], enough[1:]))
+    assert verdict.few_repeats_ratio_note([2, 4, 6]) == (
+        "With fewer than 5 repeats a side the bootstrap interval of two runs holds the ratio with less confidence "
+        "than 95% (2 repeats: about 69%; 4 repeats: about 93%, simulated for log-normal repeats)."
+    )
 
 
 def test_missing_cases(tmp_path: Path) -> None:

@@ -127,10 +127,24 @@ def _preamble(c: Result) -> list[str]:
         f"baseline: {len(c.baseline_runs)} run(s), commit {', '.join(c.baseline_commits)}",
         f"candidate: {len(c.candidate_runs)} run(s), commit {', '.join(c.candidate_commits)}",
     ]
+    lines += [note] if (note := _few_repeats(c)) else []
     lines += [c.suites_differ] if c.suites_differ else []
     lines += [f"environment differs: {d}" for d in c.environment_differences]
     lines += _ignored(c.ignored_environment_differences)
     return lines
+
+
+def _few_repeats(c: Result) -> str:
+    """``verdict.few_repeats_ratio_note`` of a bootstrap comparison's cases with an interval, one run
+    a side: the heading above says 95 %, which 3 repeats a side do not hold."""
+    if isinstance(c, WithinRun) or c.pairing != "none":
+        return ""
+    few = [
+        min(r.baseline_repeats, r.candidate_repeats)
+        for r in c.cases
+        if r.ci_lo is not None and r.baseline_runs == 1 and r.candidate_runs == 1
+    ]
+    return verdict.few_repeats_ratio_note(few)
 
 
 def _footer(c: Result) -> str:
