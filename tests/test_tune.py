@@ -257,15 +257,15 @@ def test_an_unresolved_tune_says_what_to_run_to_decide_it(tmp_path, capsys):
     assert result.to_json()["next_step"] == result.next_step
     assert result.decide_wall_s is None  # values made up here, no step timed: no estimate of how long
     cli.print_tune(result, "text")
-    assert f"race again for about {rounds} rounds" in capsys.readouterr().out.replace("\n", " ")
+    assert f"race again from the start for about {rounds} rounds" in capsys.readouterr().out.replace("\n", " ")
     cli.print_tune(result, "md")  # a paragraph of its own, not run on from the cost line's
     md = capsys.readouterr().out
-    assert f"wall 30 s\n\nTo decide it, race again for about {rounds} rounds" in md
+    assert f"wall 30 s\n\nTo decide it, race again from the start for about {rounds} rounds" in md
     store.write_tune(tmp_path, dataclasses.replace(tune._record(options, [race], 30.0), result=result))
     page = Page("tune")
     recommendation.section(page, [tuned_run(tmp_path)])
     html = page.render()
-    assert f"race again for about {rounds} rounds" in html and result.next_step in html
+    assert f"race again from the start for about {rounds} rounds" in html and result.next_step in html
 
     budget = Options(epsilon=0.005, budget_s=30.0)
     race = _ended_by_budget(values, budget)
@@ -301,7 +301,8 @@ def test_the_rounds_to_race_again_agree_with_the_repeats_the_command_gives(tmp_p
     result = tune_answer.result(stored(tmp_path, suite), cases, [race], budget, 30.0, NO_EVAL)
     rounds = 6 + result.rounds_to_decide
     assert rounds < 200 and "--set repeats=200 " in result.next_step and result.to_json()["next_repeats"] == 200
-    said = f"race again for about {rounds} rounds (the command keeps this tune's 200 as the most; under the same"
+    said = f"race again from the start for about {rounds} rounds (the command keeps this tune's 200 as the most; "
+    said += "under the same"
     cli.print_tune(result, "text")
     assert said in capsys.readouterr().out.replace("\n", " ")
     cli.print_tune(result, "md")
@@ -311,8 +312,8 @@ def test_the_rounds_to_race_again_agree_with_the_repeats_the_command_gives(tmp_p
     recommendation.section(page, [tuned_run(tmp_path)])
     assert said in html.unescape(page.render())
     assert verdict.decide_words(20, 45.0, 200) == (
-        "To decide it, race again for about 20 rounds (the command keeps this tune's 200 as the most; 20 take at "
-        "most about 45 s here at this tune's pace; under the same launcher): "
+        "To decide it, race again from the start for about 20 rounds (the command keeps this tune's 200 as the most; "
+        "20 take at most about 45 s here at this tune's pace; under the same launcher): "
     )
     assert verdict.decide_words(240, 45.0, 240) == verdict.decide_words(240, 45.0)
 
@@ -644,10 +645,10 @@ def test_an_unresolved_tune_says_about_how_long_its_next_race_would_take(capsys)
     assert wall == pytest.approx(2 * (100 * 0.2 + 100 * 0.3 + 3 * 1.0))  # 106 s
     assert tune_answer._decide_wall_s(arms, {}, 100, 0.0, 0.0) is None  # nothing timed: no estimate
     said = verdict.decide_words(112, wall)
-    assert said.startswith("To decide it, race again for about 112 rounds (at most about 2 min here")
+    assert said.startswith("To decide it, race again from the start for about 112 rounds (at most about 2 min here")
     assert "(at most about 45 s here" in verdict.decide_words(112, 45.0)
     assert verdict.decide_words(112, None) == (
-        "To decide it, race again for about 112 rounds (under the same launcher): "
+        "To decide it, race again from the start for about 112 rounds (under the same launcher): "
     )
 
 

@@ -257,7 +257,7 @@ def decide_words(rounds: int | None, wall_s: float | None, repeats: int | None =
         return f"To judge it, race again with the time its rounds take ({took}under the same launcher): "
     if repeats is not None and repeats > rounds:
         took = f"the command keeps this tune's {repeats} as the most; " + (took and f"{rounds} take {took}")
-    return f"To decide it, race again for about {rounds} rounds ({took}under the same launcher): "
+    return f"To decide it, race again from the start for about {rounds} rounds ({took}under the same launcher): "
 
 
 def duration(seconds: float) -> str:
