@@ -149,14 +149,18 @@ def test_the_tables_interval_column_is_called_a_95_ci_only_where_every_row_holds
     saying that range holds the median with 75 % confidence; the header now says "interval" where a
     row's interval is a range of 2 to 5 repeats, and "95% CI" from 6 repeats on."""
 
-    def header(name: str, repeats: int) -> str:
+    def header(name: str, repeats: int) -> tuple[str, str]:
         values = {"ddp": [10.0 + i / 10 for i in range(repeats)], "zero_no_overlap": [20.0 + i for i in range(repeats)]}
         loaded = sweep.finalize(store.Run.open(make_run(tmp_path / name, values)))
         console = Console(file=io.StringIO(), width=400)
         console.print(_summary_table(loaded))
         lines = console.file.getvalue().splitlines()
-        return next(line for line in lines if "ms/step" in line and "case" in line)
+        caption = next(line for line in lines if line.startswith("ms/step: "))
+        return next(line for line in lines if "ms/step" in line and "case" in line), caption
 
-    few, enough = header("few", 3), header("enough", 6)
+    (few, few_caption), (enough, enough_caption) = header("few", 3), header("enough", 6)
     assert "95% CI" not in few and "interval" in few, few
     assert "95% CI" in enough and "interval" not in enough, enough
+    # The caption names it as the header does (it said "the 95% CI of that median" above "interval").
+    assert "with an interval of that median" in few_caption and "95% CI" not in few_caption, few_caption
+    assert "with the 95% CI of that median" in enough_caption, enough_caption

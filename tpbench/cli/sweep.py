@@ -221,8 +221,8 @@ def _summary_table(loaded) -> Table:
     few = _few_repeats(loaded.table)
     t = Table(
         title=escape(f"{loaded.record.suite.name} · run {loaded.record.run_id}"),
-        caption="ms/step: the median of the repeats' values, with the 95% CI of that median (—: one repeat, no "
-        "interval); steps p10–p90: the spread of single timed steps" + few,
+        caption=f"ms/step: the median of the repeats' values, with {'an interval' if few else 'the 95% CI'} of that "
+        "median (—: one repeat, no interval); steps p10–p90: the spread of single timed steps" + few,
         caption_justify="left",
     )
     label_column(t, "case")
