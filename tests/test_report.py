@@ -1318,6 +1318,29 @@ def test_a_tunes_report_says_its_intervals_are_not_the_notes_and_leaves_the_soon
     assert "Soonest to the target loss" in build_report(localsgd_settings_data().runs)
 
 
+def test_compare_within_a_run_says_a_compressing_hook_may_train_apart_where_no_loss_was_measured(tmp_path):
+    """`tpbench compare RUN_DIR` of suites/compression.toml called comm_hook allreduce → fp16_compress an
+    "improvement: faster, beyond the ±5% threshold" (-31.2% a step on tcp-1gbit) and said nothing of training:
+    fp16 compression rounds every gradient, and the run evaluated no held-out loss (eval_every = 0), so whether
+    its faster step trains as far is not measured. The report says so of post-local SGD without a held-out loss;
+    compare now says it of every pair whose one key changes the update (a communication hook, post-local SGD's
+    settings) where no held-out loss was evaluated, and nothing of pairs that compute the same update."""
+    from tpbench import compare
+
+    run = make_run(
+        tmp_path,
+        {"ddp": [50.0, 51.0, 52.0], "zero_no_overlap": [60.0, 61.0, 62.0]},
+        sweep={"comm_hook": '["allreduce", "fp16_compress"]'},
+        factor=lambda c: 0.7 if c.comm_hook == "fp16_compress" else 1.0,
+    )
+    said = {p.result.label: p.result.training for p in compare.within_run(run).pairs}
+    assert said["comm_hook: allreduce → fp16_compress (algorithm=ddp)"] == (
+        "may not train alike: comm_hook changes the update, and no held-out loss was evaluated (eval_every = 0), "
+        "so how far a step takes the model is not measured; the step time compared does not count it"
+    )
+    assert said["algorithm: ddp → zero_no_overlap (comm_hook=fp16_compress)"] == ""
+
+
 def test_compare_within_a_run_says_which_pairs_do_not_train_alike():
     """`tpbench compare RUN_DIR` of suites/localsgd.toml called start_localSGD_iter 0 → 60 (every 4 steps) a
     regression, +17% a step (exit 1), and said nothing of the loss: the report of that run had the same

@@ -837,7 +837,7 @@ def _training(p: CasePair, reach: Mapping[str, _Trained]) -> str:
     The steps are only as fine as ``eval_every``, which the line gives, as the report's table caption does."""
     base, cand = reach.get(p.baseline_case), reach.get(p.candidate_case)
     if base is None or cand is None:
-        return ""
+        return _unmeasured(p)
     reached = not all(math.isnan(v) for v in (base.steps, cand.steps))
     delta = cand.final - base.final
     if not ((reached and base.steps != cand.steps) or abs(delta) > convergence.LEVEL_NATS):
@@ -852,6 +852,30 @@ def _training(p: CasePair, reach: Mapping[str, _Trained]) -> str:
     return (
         f"does not train alike (medians over repeats): {'; '.join(said)}; the step time compared does not count "
         "how far a step takes the model (the report's Convergence section has the curves)"
+    )
+
+
+# Keys whose values change the update a step computes: a communication hook (fp16 or bf16 compression rounds the
+# gradients; a hook of one's own may do anything) and post-local SGD's settings. The other keys (bucket sizes, the
+# ZeRO variants, links) compute the same update.
+UPDATE_KEYS = (
+    "comm_hook",
+    "comm_hook_state",
+    "start_localSGD_iter",
+    "averaging_period",
+    "post_local_gradient_allreduce",
+)
+
+
+def _unmeasured(p: CasePair) -> str:
+    """Said of a pair whose one key changes the update (``UPDATE_KEYS``) where the run evaluated no held-out
+    loss: the step time compared may be bought with a worse model, and nothing measured tells (the report says
+    the same of post-local SGD without a held-out loss)."""
+    if p.key not in UPDATE_KEYS:
+        return ""
+    return (
+        f"may not train alike: {p.key} changes the update, and no held-out loss was evaluated (eval_every = 0), so "
+        "how far a step takes the model is not measured; the step time compared does not count it"
     )
 
 
