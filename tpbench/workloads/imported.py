@@ -82,6 +82,11 @@ def _params_class(path: str, factory: Callable[..., Any]) -> type:
     params = list(inspect.signature(factory).parameters.values())
     if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
         raise UserWorkloadError(f"expected {path} to take the WorkloadContext as its first parameter: build(ctx, ...)")
+    if params[0].default is not params[0].empty:  # `def build(width=256)`: the ctx would land in width
+        raise UserWorkloadError(
+            f"expected {path} to take the WorkloadContext as its first parameter: build(ctx, ...); its first "
+            f"parameter, {params[0].name!r}, has a default, as a workload parameter does"
+        )
     fields = []
     for p in params[1:]:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):

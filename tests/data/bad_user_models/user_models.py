@@ -68,6 +68,10 @@ def no_ctx() -> Bench:
     return good(None)
 
 
+def params_without_ctx(width: int = 8) -> Bench:  # ctx forgotten: tpbench's ctx would land in width
+    return good(None, width)
+
+
 not_a_function = 3
 
 
