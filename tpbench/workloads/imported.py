@@ -156,10 +156,16 @@ def check(cls: type[Workload], params: object, batch_size: int) -> None:
     mistakes surface before the sweep, without allocating the model."""
     ctx = WorkloadContext(rank=0, world_size=1, batch_size=batch_size, seed=0, device=torch.device("meta"))
 
+    calling = cls.name  # what raised, named: the factory, or one of the Bench's functions it returned
+
     def on_meta() -> Any:
+        nonlocal calling
         with torch.device("meta"):
             workload = cls(params, ctx)
-            return workload.train_batch(0), workload.heldout_batches()
+            calling = f"Bench.train_batch(0) from {cls.name}"
+            batch = workload.train_batch(0)
+            calling = f"Bench.heldout_batches() from {cls.name}"
+            return batch, workload.heldout_batches()
 
     # What the factory changes of torch's process-wide state is the ranks' concern (the worker
     # fails such a case); here it must not stay behind in the process that validates.
@@ -172,7 +178,7 @@ def check(cls: type[Workload], params: object, batch_size: int) -> None:
         raise UserWorkloadError(f"{e} (called with ctx.device = meta)") from None
     except Exception as e:  # the user's code: report what it raised, where
         raise UserWorkloadError(
-            f"{cls.name} raised {type(e).__name__}: {e}{user_code.raised_at(e)} (called with ctx.device = meta)"
+            f"{calling} raised {type(e).__name__}: {e}{user_code.raised_at(e)} (called with ctx.device = meta)"
         ) from None
     finally:
         torch.set_default_dtype(dtype)

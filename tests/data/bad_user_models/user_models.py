@@ -60,6 +60,12 @@ def batch_not_pair(ctx: WorkloadContext) -> Bench:
     return bench
 
 
+def batch_without_step(ctx: WorkloadContext) -> Bench:
+    bench = good(ctx)
+    bench.train_batch = lambda: (torch.zeros(2, 8), torch.zeros(2, dtype=torch.long))  # takes no step
+    return bench
+
+
 def no_default(ctx: WorkloadContext, width: int) -> Bench:
     return good(ctx, width)
 
