@@ -282,6 +282,21 @@ def test_a_path_that_is_not_a_run_says_where_the_run_is(tmp_path: Path) -> None:
             store.load(path)
 
 
+def test_a_gate_folder_given_as_a_run_names_its_two_runs(tmp_path: Path) -> None:
+    """A gate's --out (results/gate in the CI example) given to export, report or compare: its runs
+    are two levels down, baseline/<suite>/<id> and candidate/<suite>/<id>; "is not a tpbench run (or
+    its sweep never started)" read as if the gate had run nothing."""
+    gate = tmp_path / "gate"
+    sides = [make_run(gate / side, {"ddp": [10.0, 10.1, 9.9]}) for side in ("baseline", "candidate")]
+    (gate / "gate.json").write_text("{}")
+    with pytest.raises(store.StoreError) as e:
+        store.load(gate)
+    assert str(e.value) == (
+        f"{gate / 'run.json'}: missing; {gate} is not a tpbench run but a gate's folder, whose runs are "
+        f"{sides[0]} and {sides[1]}: give one of those"
+    )
+
+
 def test_measuring_md_lists_every_summary_column_a_run_writes() -> None:
     """docs/measuring.md's table of summary.parquet's columns, against a real finished run's summary
     (a GPU run, so its memory peaks are there too): each column written is documented, each one

@@ -690,6 +690,14 @@ def _runs_below(folder: Path) -> str:
     its sweep may never have started. Said where a run was expected, so that the reader sees which
     level of the results tree a run is."""
     with contextlib.suppress(OSError):
+        if (folder / "gate.json").is_file():  # a gate's --out: baseline/<suite>/<id>, candidate/<suite>/<id>
+            sides = [
+                max(runs, key=lambda p: p.name)
+                for side in ("baseline", "candidate")
+                if (runs := list(iter_runs(folder / side)))
+            ]
+            if sides:
+                return f" but a gate's folder, whose runs are {' and '.join(map(str, sides))}: give one of those"
         found = [p for p in folder.iterdir() if (p / RUN_FILE).is_file()] or list(iter_runs(folder))
         if found:
             many = f"{len(found)} runs" if len(found) > 1 else "1 run"
