@@ -688,6 +688,20 @@ def test_a_failing_side_is_said_as_the_gate_says_its_errors(tmp_path: Path, caps
     assert said in err and " error:" not in err.replace(said, ""), err
 
 
+def test_a_refused_gate_leaves_the_markdown_summary_its_reason(tmp_path: Path, capsys) -> None:
+    """The CI example's --out, results/gate, reused (a self-hosted runner's workspace kept between
+    jobs): the gate refuses it with exit 2, and its Markdown summary was left empty, the reason only in
+    the job's log."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "gate.json").write_text("{}")
+    args = ["gate", "suites/gate.toml", "--baseline", ".", "--candidate", ".", "--format", "md", "--out", str(out)]
+    assert run_cli(args) == 2
+    said = capsys.readouterr().out
+    assert said.startswith("**tpbench gate: no verdict**: the gate refused its input.")
+    assert "holds an earlier gate's runs; give a new folder" in said
+
+
 def test_a_failing_side_leaves_the_markdown_summary_its_reason(tmp_path: Path, capsys) -> None:
     """The CI example tees ``--format md`` into the job's summary; a side that failed left it empty
     (exit 3, the reason only in the job's log). The Markdown now says there is no verdict and why."""

@@ -71,23 +71,27 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
+    from tpbench.compare import GateError
     from tpbench.gate import SideError
 
     with stop_signals_interrupt():  # SIGTERM/SIGHUP: the sides stopped, their sockets removed, said so
         try:
             return _gate(args)
-        except SideError as e:
+        except (SideError, GateError) as e:
             if args.format == "md":
-                sys.stdout.write(_no_verdict_md(e))
+                sys.stdout.write(
+                    _no_verdict_md(e, "a side failed" if isinstance(e, SideError) else "the gate refused its input")
+                )
             raise
 
 
-def _no_verdict_md(e: Exception) -> str:
-    """What ``--format md`` prints when a side fails and there is no verdict: the CI example tees the
-    Markdown into the job's summary, which should not be left empty, the reason only in the job's log."""
+def _no_verdict_md(e: Exception, why: str) -> str:
+    """What ``--format md`` prints when a side fails or the gate refuses its input (an option, a reused
+    ``--out``) and there is no verdict: the CI example tees the Markdown into the job's summary, which
+    should not be left empty, the reason only in the job's log."""
     fence = "`" * 3
     text = str(e).replace(fence, "'" * 3)
-    return f"**tpbench gate: no verdict**: a side failed.\n\n{fence}\n{text}\n{fence}\n"
+    return f"**tpbench gate: no verdict**: {why}.\n\n{fence}\n{text}\n{fence}\n"
 
 
 def _check_lockstep_options(args: argparse.Namespace) -> None:
