@@ -1017,7 +1017,30 @@ def test_gate_accuracy_judges_a_gate_that_left_no_runs(tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location("gate_accuracy", GATE_ACCURACY)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.judge(tmp_path / "c0-s0-000", "cpu_ms", 0.05)["verdict"] == "no runs"
+    assert module.judge(tmp_path / "c0-s0-000", "cpu_ms", 0.05)[0]["verdict"] == "no runs"
+
+
+def test_gate_accuracy_judges_each_case_of_a_suite_of_several(tmp_path: Path) -> None:
+    """``--suite`` of your own with more than one case (examples/own_model's 8): the script ran a whole
+    gate, then stopped with "ValueError: too many values to unpack (expected 1)". Each case is judged
+    and tallied in a row of its own, named beside the metric."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gate_accuracy", GATE_ACCURACY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "c0-s0-000"
+    medians = {"ddp": [10.0, 10.1, 9.9, 10.2], "zero_no_overlap": [12.0, 12.1, 11.9, 12.2]}
+    make_run(out / "baseline", medians)
+    make_run(out / "candidate", medians)
+    rows = module.judge(out, "step_ms", 0.05)
+    assert sorted(r["case"] for r in rows) == ["ddp", "zero_no_overlap"] and all(r["pairs"] == 4 for r in rows)
+    facts = {"gate": out.name, "competitors": 0, "slowdown_pct": 0.0, "metric": "step_ms", "wall_s": 30.0}
+    facts |= {"exit_code": 0, "load1_before": 1.0, "load1_after": 1.0}
+    said = module.table([facts | r for r in rows], 0.05)
+    assert "| 0 | +0% | step_ms (ddp) | 1 |" in said and "| 0 | +0% | step_ms (zero_no_overlap) | 1 |" in said
+    (one,) = module.judge(tmp_path / "none", "step_ms", 0.05)
+    assert one["verdict"] == "no runs" and "case" not in one
 
 
 @pytest.mark.parametrize("mode", ["lockstep", "rounds"])

@@ -20,8 +20,9 @@ Usage::
 
 Everything after ``--`` goes to ``tpbench gate`` (e.g. ``--repeats 40``; lockstep gates only, the
 default: ``--mode rounds`` is refused). Results: one folder per
-gate under DIR, ``DIR/gates.jsonl`` (one line per gate and metric, with its interval) and a Markdown
-table on stdout (with ``--target-ci`` among GATE_ARGS, a second table of the gates' own answers: different,
+gate under DIR, ``DIR/gates.jsonl`` (one line per gate and metric, with its interval; per case, named,
+where ``--suite`` has several) and a Markdown table on stdout (a row per case there; with ``--target-ci``
+among GATE_ARGS, a second table of the gates' own answers: different,
 same or unknown, from the sequential interval each stopped on); ``--table --threshold 2%`` prints the
 table of what DIR holds judged at another threshold. A gate that refuses its input (exit 2: a
 mistyped GATE_ARG) stops the script with the gate's error; one that ends without a verdict (exit 3:
@@ -97,20 +98,19 @@ def run_gate(suite: Path, out: Path, slowdown: float, gate_args: list[str]) -> d
     return facts
 
 
-def judge(out: Path, metric: str, threshold: float) -> dict:
-    """The gate's runs judged on ``metric`` as ``tpbench gate`` judges them (paired by repeat)."""
+def judge(out: Path, metric: str, threshold: float) -> list[dict]:
+    """The gate's runs judged on ``metric`` as ``tpbench gate`` judges them (paired by repeat): a row
+    per case, each naming its case (``case``) where the suite has more than one."""
     b, c = _runs(out, "baseline"), _runs(out, "candidate")
     if len(b) != 1 or len(c) != 1:
-        return {"verdict": "no runs", "ratio": None, "half_width": None, "pairs": 0}
-    (case,) = compare.compare_runs(b, c, metric=metric, threshold=threshold, pairing="repeats").cases
-    return {
-        "verdict": case.verdict,
-        "ratio": case.ratio,
-        "ci_lo": case.ci_lo,
-        "ci_hi": case.ci_hi,
-        "half_width": case.half_width,
-        "pairs": case.pairs,
-    }
+        return [{"verdict": "no runs", "ratio": None, "half_width": None, "pairs": 0}]
+    cases = compare.compare_runs(b, c, metric=metric, threshold=threshold, pairing="repeats").cases
+    rows = []
+    for case in cases:
+        row = {"case": case.label} if len(cases) > 1 else {}
+        row |= {"verdict": case.verdict, "ratio": case.ratio, "ci_lo": case.ci_lo, "ci_hi": case.ci_hi}
+        rows.append(row | {"half_width": case.half_width, "pairs": case.pairs})
+    return rows
 
 
 def table(rows: list[dict], threshold: float) -> str:
@@ -124,8 +124,9 @@ def table(rows: list[dict], threshold: float) -> str:
         "| median ratio | median half-width | median wall s | load1 range |",
         "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for (comp, slow, metric), g in _grouped(rows, "competitors", "slowdown_pct", "metric"):
+    for (comp, slow, metric, case), g in _grouped(rows, "competitors", "slowdown_pct", "metric", "case"):
         n = {v: f"{sum(r['verdict'] == v for r in g)}/{len(g)}" for v in compare.VERDICTS}
+        metric += f" ({case})" if case else ""  # a suite of several cases: a row per case
         lines.append(
             f"| {comp} | +{slow:g}% | {metric} | {len(g)} | {n['regression']} | {n['inconclusive']} | {n['pass']} "
             f"| {n['improvement']} | {_median(g, 'ratio'):.3f} | ±{_median(g, 'half_width'):.1%} "
@@ -137,7 +138,8 @@ def table(rows: list[dict], threshold: float) -> str:
 def answers_table(rows: list[dict]) -> str:
     """Gates with ``--target-ci``: their own answers (different / same / unknown, decided by the
     sequential interval they stopped on), and the pairs and wall time they took."""
-    rows = [r for r in rows if "answer" in r]
+    # One answer a gate (and metric), however many case rows it has.
+    rows = list({(r["gate"], r["metric"]): r for r in rows if "answer" in r}.values())
     if not rows:
         return ""
     lines = [
@@ -159,7 +161,7 @@ def _grouped(rows: list[dict], *keys: str) -> list[tuple[tuple, list[dict]]]:
     """The rows grouped by the values of ``keys``, in sorted order of those values."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+        groups.setdefault(tuple(r.get(k, "") if k == "case" else r[k] for k in keys), []).append(r)
     return sorted(groups.items())
 
 
@@ -228,11 +230,12 @@ def main() -> None:
                     out = args.out / f"c{args.competitor}-s{slowdown:g}-{i:03d}"
                     facts = run_gate(suite, out, slowdown, gate_args)
                     for metric in args.metric or ["step_ms", "cpu_ms"]:
-                        row = {"gate": out.name, "competitors": args.competitor, "slowdown_pct": slowdown}
-                        row |= {"metric": metric, **facts, **judge(out, metric, threshold)}
-                        with open(log, "a") as f:
-                            f.write(json.dumps(row) + "\n")
-                        print(json.dumps(row), file=sys.stderr, flush=True)
+                        for judged in judge(out, metric, threshold):
+                            row = {"gate": out.name, "competitors": args.competitor, "slowdown_pct": slowdown}
+                            row |= {"metric": metric, **facts, **judged}
+                            with open(log, "a") as f:
+                                f.write(json.dumps(row) + "\n")
+                            print(json.dumps(row), file=sys.stderr, flush=True)
         finally:
             for p in busy:
                 p.kill()
