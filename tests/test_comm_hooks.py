@@ -391,3 +391,24 @@ def test_a_hook_path_naming_no_function_says_what_it_names(path: str, said: str)
 
     with pytest.raises(comm_hooks.CommHookError, match=f"'{path}' {said} not a function"):
         comm_hooks.load(path, 2)
+
+
+def test_a_hook_whose_future_holds_a_list_fails_naming_the_hook() -> None:
+    """A hook returning a collective's own future (``dist.all_reduce(..., async_op=True).get_future()``,
+    whose value is ``[tensor]``) was let through as "a one-tensor list counts as that tensor"; DDP's
+    reducer then failed the case with "Unable to cast [tensor([...])] to Tensor", the hook unnamed, under
+    ``ddp`` and ``hook_with_zero_step`` alike (torch 2.13, Gloo). It fails naming the hook and the fix."""
+    from tpbench import training
+
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result([torch.zeros(6)])
+    with pytest.raises(ValueError) as e:
+        training._bucket_sized("mymod:hook", 0, 6, fut)
+    assert str(e.value) == (
+        "comm_hook mymod:hook: its future's value for bucket 0 is a list of one tensor, expected the tensor "
+        "itself: a collective's future holds a list, so chain .then(lambda fut: fut.value()[0]) as PyTorch's "
+        "allreduce_hook does"
+    )
+    fut = torch.futures.Future()
+    fut.set_result(torch.zeros(6))
+    assert training._bucket_sized("mymod:hook", 0, 6, fut).numel() == 6

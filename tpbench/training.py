@@ -129,10 +129,16 @@ def _returns_future(path: str, hook: Callable[..., Any]) -> Callable[..., Any]:
 
 def _bucket_sized(path: str, index: int, numel: int, fut: torch.futures.Future) -> Any:
     """``fut``'s value, when it is what DDP's docs ask of a hook: "a single tensor that has the same
-    shape with the tensors inside grad bucket" (a one-tensor list, as a collective's future holds,
-    counts as that tensor)."""
+    shape with the tensors inside grad bucket". A one-tensor list, as a collective's future holds, is
+    not: DDP's reducer fails on it ("Unable to cast [tensor(...)] to Tensor"), naming no hook."""
     value = fut.value()
-    tensor = value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value
+    if isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], torch.Tensor):
+        raise ValueError(
+            f"comm_hook {path}: its future's value for bucket {index} is a {type(value).__name__} of one tensor, "
+            "expected the tensor itself: a collective's future holds a list, so chain "
+            ".then(lambda fut: fut.value()[0]) as PyTorch's allreduce_hook does"
+        )
+    tensor = value
     if isinstance(tensor, torch.Tensor) and tensor.numel() == numel:
         return value
     got = f"a tensor of {tensor.numel()} elements" if isinstance(tensor, torch.Tensor) else type(value).__name__
