@@ -617,7 +617,7 @@ def test_local_sgd_verdict_time_to_target_and_final_gap():
     assert v.final_delta == pytest.approx(0.02)
     text = verdicts.convergence_sentence(v, [])
     assert text.startswith("post-local SGD (start_localSGD_iter=10 averaging_period=4) reaches the target in ")
-    assert ", time to the target faster: -40.0% [" in text and "but ends 0.020 nats above DDP's held-out loss" in text
+    assert ", time to the target: faster: -40.0% [" in text and "but ends 0.020 nats above DDP's held-out loss" in text
     assert "its step time against DDP's, faster: -40.0% [" in text and "(this run resolves ±" in text
 
 

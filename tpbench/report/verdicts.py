@@ -850,7 +850,7 @@ def convergence_sentence(v: ConvergenceVerdict, keys: list[str]) -> str:
         if est.has_interval:
             tt = verdict.of(est, baseline_n=v.base_reached, candidate_n=v.cand_reached)
             sooner = tt.direction == verdict.FASTER
-            reach += f", time to the target {tt.text}{resolved(tt, est)}"
+            reach += f", time to the target: {tt.text}{resolved(tt, est)}"
         else:
             reach += f" ({resolution([est])})"
     else:
