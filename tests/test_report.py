@@ -1361,6 +1361,31 @@ def test_compare_within_a_run_says_a_compressing_hook_may_train_apart_where_no_l
     assert said["algorithm: ddp → zero_no_overlap (comm_hook=fp16_compress)"] == ""
 
 
+def test_the_fastest_line_says_a_hook_that_changes_the_update_may_not_train_alike_where_no_loss_was_measured(
+    tmp_path,
+):
+    """suites/compression.toml's report named an fp16-compressing hook fastest with nothing said of training,
+    where compare now says it may not train alike (no held-out loss evaluated): the Fastest line says it too,
+    and nothing where the fastest and its runner-up compute the same update."""
+    run = make_run(
+        tmp_path,
+        {"ddp": [50.0, 51.0, 52.0]},
+        sweep={"comm_hook": '["allreduce", "fp16_compress"]'},
+        factor=lambda c: 0.7 if c.comm_hook == "fp16_compress" else 1.0,
+    )
+    from tpbench import sweep
+
+    (line,) = verdicts.fastest_lines(report_data.load([sweep.finalize(store.Run.open(run))]))
+    assert line.startswith("Fastest: ddp comm_hook=fp16_compress at "), line
+    assert line.endswith(
+        "; it may not train alike: comm_hook changes the update, and no held-out loss was evaluated "
+        "(eval_every = 0), so how far a step takes the model is not measured."
+    ), line
+    same = make_run(tmp_path / "same", {"ddp": [50.0, 51.0, 52.0], "zero_no_overlap": [60.0, 61.0, 62.0]})
+    loaded = sweep.finalize(store.Run.open(same))
+    assert "may not train alike" not in verdicts.fastest_lines(report_data.load([loaded]))[0]
+
+
 def test_compare_within_a_run_says_which_pairs_do_not_train_alike():
     """`tpbench compare RUN_DIR` of suites/localsgd.toml called start_localSGD_iter 0 → 60 (every 4 steps) a
     regression, +17% a step (exit 1), and said nothing of the loss: the report of that run had the same

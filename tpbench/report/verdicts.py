@@ -563,7 +563,8 @@ def fastest_lines(data: ReportData, alone: bool = True) -> list[str]:
         said = judged(est, second, best)
         lines.append(
             f"{head}Fastest{' ' + where if where else ''}: {_knobs(best, data)} at {at}; against the runner-up "
-            f"{runner_up}, {data.what}: {said.text}{resolved(said, est)}{_trains_worse(grp, best, data)}."
+            f"{runner_up}, {data.what}: {said.text}{resolved(said, est)}{_trains_worse(grp, best, data)}"
+            f"{_update_unmeasured(best, second)}."
         )
     return lines
 
@@ -583,6 +584,25 @@ def _trains_worse(grp: pd.DataFrame, best: dict[str, Any], data: ReportData) -> 
     return (
         f"; its held-out loss ends at {mine:.3f}, {convergence.nats_apart(mine - lowest)} nats above the lowest "
         f"({_knobs(low, data)}, {lowest:.3f}): its faster step does not train as far"
+    )
+
+
+def _update_unmeasured(best: dict[str, Any], second: dict[str, Any]) -> str:
+    """Where the fastest case and its runner-up differ in a key that changes the update
+    (``compare.UPDATE_KEYS``: a communication hook, post-local SGD's settings) and no held-out loss was
+    evaluated: the faster step may be bought with a worse model, and nothing measured tells, as
+    ``tpbench compare`` says of such a pair. suites/compression.toml's line named an fp16 hook fastest bare."""
+    if _present(best.get("final_heldout_loss")):
+        return ""
+    keys = [
+        k for k in engine.UPDATE_KEYS if k in best and k in second and label_value(best[k]) != label_value(second[k])
+    ]
+    if not keys:
+        return ""
+    verb = "changes" if len(keys) == 1 else "change"
+    return (
+        f"; it may not train alike: {' and '.join(keys)} {verb} the update, and no held-out loss was evaluated "
+        "(eval_every = 0), so how far a step takes the model is not measured"
     )
 
 
