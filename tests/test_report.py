@@ -1359,6 +1359,16 @@ def test_compare_within_a_run_says_a_compressing_hook_may_train_apart_where_no_l
         "so how far a step takes the model is not measured; the step time compared does not count it"
     )
     assert said["algorithm: ddp → zero_no_overlap (comm_hook=fp16_compress)"] == ""
+    # ddp → post_localSGD_hook, the algorithm itself the key, is said so too (it was left out).
+    lsgd = make_run(
+        tmp_path / "lsgd",
+        {"ddp": [50.0, 51.0, 52.0], "post_localSGD_hook": [40.0, 41.0, 42.0]},
+        defaults={"start_localSGD_iter": 2, "averaging_period": 4},
+    )
+    (pair,) = compare.within_run(lsgd).pairs
+    assert pair.result.training.startswith(
+        "may not train alike: algorithm (post-local SGD's averaging) changes the update, and no held-out loss"
+    ), pair.result.training
 
 
 def test_the_fastest_line_says_a_hook_that_changes_the_update_may_not_train_alike_where_no_loss_was_measured(

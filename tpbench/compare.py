@@ -47,7 +47,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from tpbench import store
-from tpbench.algorithms import COMPARED_PAIRS, is_plain_ddp, timed_before_switch
+from tpbench.algorithms import COMPARED_PAIRS, LOCALSGD, is_plain_ddp, timed_before_switch
 from tpbench.analysis import convergence
 from tpbench.analysis.stats import (
     CONFIDENCE,
@@ -785,7 +785,7 @@ def within_run(
         found = select_pairs(found, pairs, keys, order)
     reach = _reach(loaded)
     judged = [_pair(key, base, cand, keys, data, threshold, confidence) for key, base, cand in found]
-    judged = [replace(p, result=replace(p.result, training=_training(p, reach))) for p in judged]
+    judged = [replace(p, result=replace(p.result, training=_training(p, reach, data.params))) for p in judged]
     return WithinRun(
         str(loaded.run_dir),
         metric,
@@ -827,7 +827,7 @@ def _reach(loaded: store.Loaded) -> dict[str, _Trained]:
     }
 
 
-def _training(p: CasePair, reach: Mapping[str, _Trained]) -> str:
+def _training(p: CasePair, reach: Mapping[str, _Trained], params: Mapping[str, Mapping[str, Any]]) -> str:
     """Said of a pair that does not train alike (post-local SGD's settings, a compressing hook): its cases
     reach the target loss after different numbers of steps, or their final held-out losses end more than
     ``convergence.LEVEL_NATS`` apart, the level band the report's post-local SGD lines and the tune's note
@@ -837,7 +837,7 @@ def _training(p: CasePair, reach: Mapping[str, _Trained]) -> str:
     The steps are only as fine as ``eval_every``, which the line gives, as the report's table caption does."""
     base, cand = reach.get(p.baseline_case), reach.get(p.candidate_case)
     if base is None or cand is None:
-        return _unmeasured(p)
+        return _unmeasured(p, params)
     reached = not all(math.isnan(v) for v in (base.steps, cand.steps))
     delta = cand.final - base.final
     if not ((reached and base.steps != cand.steps) or abs(delta) > convergence.LEVEL_NATS):
@@ -867,14 +867,18 @@ UPDATE_KEYS = (
 )
 
 
-def _unmeasured(p: CasePair) -> str:
-    """Said of a pair whose one key changes the update (``UPDATE_KEYS``) where the run evaluated no held-out
-    loss: the step time compared may be bought with a worse model, and nothing measured tells (the report says
-    the same of post-local SGD without a held-out loss)."""
-    if p.key not in UPDATE_KEYS:
+def _unmeasured(p: CasePair, params: Mapping[str, Mapping[str, Any]]) -> str:
+    """Said of a pair whose one key changes the update (``UPDATE_KEYS``, or ``algorithm`` where one side is
+    post-local SGD that switches: ``params`` are the run's cases') where the run evaluated no held-out loss:
+    the step time compared may be bought with a worse model, and nothing measured tells (the report says the
+    same of post-local SGD without a held-out loss)."""
+    sides = (params[p.baseline_case], params[p.candidate_case])
+    averages = p.key == "algorithm" and any(s["algorithm"] == LOCALSGD and not is_plain_ddp(s) for s in sides)
+    if p.key not in UPDATE_KEYS and not averages:
         return ""
+    what = "algorithm (post-local SGD's averaging)" if averages else p.key
     return (
-        f"may not train alike: {p.key} changes the update, and no held-out loss was evaluated (eval_every = 0), so "
+        f"may not train alike: {what} changes the update, and no held-out loss was evaluated (eval_every = 0), so "
         "how far a step takes the model is not measured; the step time compared does not count it"
     )
 
