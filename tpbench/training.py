@@ -138,10 +138,9 @@ def _bucket_sized(path: str, index: int, numel: int, fut: torch.futures.Future) 
             "expected the tensor itself: a collective's future holds a list, so chain "
             ".then(lambda fut: fut.value()[0]) as PyTorch's allreduce_hook does"
         )
-    tensor = value
-    if isinstance(tensor, torch.Tensor) and tensor.numel() == numel:
+    if isinstance(value, torch.Tensor) and value.numel() == numel:
         return value
-    got = f"a tensor of {tensor.numel()} elements" if isinstance(tensor, torch.Tensor) else type(value).__name__
+    got = f"a tensor of {value.numel()} elements" if isinstance(value, torch.Tensor) else type(value).__name__
     raise ValueError(
         f"comm_hook {path}: its future's value for bucket {index} is {got}, expected one tensor of the "
         f"bucket's {numel} elements (the reduced bucket.buffer())"
