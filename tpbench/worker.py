@@ -343,6 +343,7 @@ class CaseRunner:
         ctrl: dist.ProcessGroup,
         nodes: tuple[tuple[int, ...], ...] | None = None,
         hosts: tuple[tuple[int, ...], ...] | None = None,
+        counts_first: bool = False,
     ) -> None:
         self.rank = rank
         self.device = device
@@ -355,7 +356,7 @@ class CaseRunner:
         self.current: str | None = None  # the case being built, stepped or finished (a failure's case)
         # Where a case may be stopped before its last repeat (a tune, a lockstep gate: ``Plan.lockstep``),
         # its memory and DDP buckets are counted after its first instead (``_counts``).
-        self.counts_first = False
+        self.counts_first = counts_first
 
     def run_repeat(self, case: Case, repeat: int, profile_after: bool) -> pd.DataFrame | None:
         """One repeat; returns all ranks' rows on rank 0 (None elsewhere)."""
@@ -841,8 +842,8 @@ def run_plan(plan: Plan, events: Events) -> None:
             ctrl,
             nodes=tuple(tuple(n.ranks) for n in nodes),
             hosts=tuple(hosts.values()),
+            counts_first=plan.lockstep is not None,
         )
-        runner.counts_first = plan.lockstep is not None
         if rank.rank == 0:
             events.emit("world_ready", world=plan.world, nodes=[dataclasses.asdict(n) for n in nodes])
         gate = Turns(plan, rank, ctrl)
