@@ -66,6 +66,21 @@ NO_EVAL = pd.DataFrame(columns=["case_id"])
 NO_RATIO = {"ratio": None, "lo": None, "hi": None, "eliminated_at": None}
 
 
+def _racing_arms(*ids: str) -> list[TuneArm]:
+    """Arms of 3 rounds named by ``ids``, the first recommended: for the time-to-target note's tests."""
+    return [
+        TuneArm(
+            case_id=cid,
+            label=cid,
+            params={},
+            status=tune_answer.RECOMMENDED if cid == ids[0] else "racing",
+            rounds=3,
+            **NO_RATIO,
+        )
+        for cid in ids
+    ]
+
+
 def run_race(race: Race, values: dict) -> Race:
     """Feed the race round by round, as the conductor does, skipping eliminated and retired arms."""
     for r in range(race.max_rounds):
@@ -925,17 +940,7 @@ def test_the_time_to_target_note_gives_medians_and_says_where_it_ranks_by_the_ge
     (median)" column and the report's soonest-to-target line, which give medians. Its times are now
     medians; it still ranks by the geometric mean, which its ratios compare, and says so where a
     setting it is set against has the lower median (here the recommended one: 1, 1, 10 s)."""
-    arms = [
-        TuneArm(
-            case_id=cid,
-            label=cid,
-            params={},
-            status=tune_answer.RECOMMENDED if cid == "a" else "racing",
-            rounds=3,
-            **NO_RATIO,
-        )
-        for cid in ("a", "b", "c")
-    ]
+    arms = _racing_arms("a", "b", "c")
     reach = {"a": {0: 1.0, 1: 1.0, 2: 10.0}, "b": {0: 2.0, 1: 2.0, 2: 2.0}, "c": {0: 3.0, 1: 3.0, 2: 30.0}}
     note = tune_answer._to_target(arms[0], arms, reach, 0.95, dict.fromkeys(reach, 0))
     assert note.startswith("Time to the target loss (training seconds, medians over rounds; intervals at 97.5% each")
@@ -955,17 +960,7 @@ def test_the_time_to_target_note_names_a_lower_median_of_a_setting_it_does_not_s
     lower median: a third setting with a lower median (here d: 1, 1.5, 30 s) stood in the table's "to target s
     (median)" column at 1.5 s beside the soonest's 2 s, unexplained, as the report's soonest line had it of
     suites/localsgd.toml. The note now says so of any setting, and names it where it is not set against."""
-    arms = [
-        TuneArm(
-            case_id=cid,
-            label=cid,
-            params={},
-            status=tune_answer.RECOMMENDED if cid == "a" else "racing",
-            rounds=3,
-            **NO_RATIO,
-        )
-        for cid in ("a", "b", "c", "d")
-    ]
+    arms = _racing_arms("a", "b", "c", "d")
     reach = {
         "a": {0: 5.0, 1: 5.0, 2: 5.0},
         "b": {0: 2.0, 1: 2.0, 2: 2.0},
