@@ -222,6 +222,18 @@ class Comparison(_Verdicts):
     # else "". Without it every case of a smoke run against a gate run read "no baseline data", unexplained.
     suites_differ: str = ""
 
+    def bootstrap_repeats(self) -> list[int]:
+        """The fewer repeats of a side of each case judged by the bootstrap of one run a side with an
+        interval (``tpbench compare A B``, the report's Across runs), for ``verdict.few_repeats_ratio_note``:
+        their "95%" heading, which 3 repeats a side do not hold. Empty for paired comparisons."""
+        if self.pairing != "none":
+            return []
+        return [
+            min(r.baseline_repeats, r.candidate_repeats)
+            for r in self.cases
+            if r.ci_lo is not None and r.baseline_runs == 1 and r.candidate_runs == 1
+        ]
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON document: with a gate's answer, its ``answer``, ``answers`` (per case id) and
         ``target_ci`` at the top level; without one, no such keys."""

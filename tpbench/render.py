@@ -135,16 +135,9 @@ def _preamble(c: Result) -> list[str]:
 
 
 def _few_repeats(c: Result) -> str:
-    """``verdict.few_repeats_ratio_note`` of a bootstrap comparison's cases with an interval, one run
-    a side: the heading above says 95 %, which 3 repeats a side do not hold."""
-    if isinstance(c, WithinRun) or c.pairing != "none":
-        return ""
-    few = [
-        min(r.baseline_repeats, r.candidate_repeats)
-        for r in c.cases
-        if r.ci_lo is not None and r.baseline_runs == 1 and r.candidate_runs == 1
-    ]
-    return verdict.few_repeats_ratio_note(few)
+    """``verdict.few_repeats_ratio_note`` of a comparison's bootstrap cases (``Comparison.bootstrap_repeats``):
+    the heading above says 95 %, which 3 repeats a side do not hold. A run's own pairs are t intervals."""
+    return "" if isinstance(c, WithinRun) else verdict.few_repeats_ratio_note(c.bootstrap_repeats())
 
 
 def _footer(c: Result) -> str:

@@ -269,8 +269,7 @@ def _across_runs_table(page: Page, data: ReportData, cross: list[compare.Compari
         "other steps (steps, warmup_steps).",
         css="muted",
     )
-    few = [min(r.baseline_repeats, r.candidate_repeats) for c in cross for r in c.cases if r.ci_lo is not None]
-    if note := verdict.few_repeats_ratio_note(few):
+    if note := verdict.few_repeats_ratio_note(n for c in cross for n in c.bootstrap_repeats()):
         page.paragraph(note, css="muted")
     rows = [
         {
