@@ -192,10 +192,7 @@ def atomic_write_parquet(path: Path, df: pd.DataFrame, metadata: dict[bytes, byt
     """``metadata``: key-value entries added to the file's schema metadata (beside pandas' own)."""
     with _atomic(Path(path)) as (fd, tmp):
         os.close(fd)
-        table = pa.Table.from_pandas(df, preserve_index=False)
-        if metadata:
-            table = table.replace_schema_metadata((table.schema.metadata or {}) | metadata)
-        pq.write_table(table, tmp)
+        _write_table(df, tmp, metadata)
 
 
 def atomic_write_parquets(tables: Mapping[Path, pd.DataFrame]) -> None:
@@ -206,7 +203,14 @@ def atomic_write_parquets(tables: Mapping[Path, pd.DataFrame]) -> None:
         for path, df in tables.items():
             fd, tmp = stack.enter_context(_atomic(Path(path)))
             os.close(fd)
-            pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp)
+            _write_table(df, tmp)
+
+
+def _write_table(df: pd.DataFrame, tmp: str, metadata: dict[bytes, bytes] | None = None) -> None:
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    if metadata:
+        table = table.replace_schema_metadata((table.schema.metadata or {}) | metadata)
+    pq.write_table(table, tmp)
 
 
 def new_run_id(now: _dt.datetime | None = None) -> str:
