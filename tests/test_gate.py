@@ -990,6 +990,21 @@ def test_gate_accuracy_table_of_a_folder_without_gates_is_refused_in_one_line(tm
     assert "Traceback" not in p.stderr
 
 
+def test_gate_accuracy_judges_with_the_checkout_it_is_in(tmp_path: Path) -> None:
+    """The gates measure the script's checkout, but its own imports (the judging: store, compare)
+    took whatever tpbench the interpreter found first: run from one checkout with another tree's
+    tpbench installed or on PYTHONPATH, the other tree judged this one's gates. A tpbench that fails
+    on import stands first on PYTHONPATH here; the script still answers, from its own checkout."""
+    other = tmp_path / "other" / "tpbench"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("raise ImportError('the other tree was imported')\n")
+    argv = [sys.executable, GATE_ACCURACY, "--out", tmp_path, "--table"]
+    env = {**os.environ, "PYTHONPATH": str(other.parent)}
+    p = subprocess.run(list(map(str, argv)), capture_output=True, text=True, env=env, timeout=120)
+    assert "the other tree was imported" not in p.stderr, p.stderr
+    assert p.returncode == 2 and "no gates.jsonl there to print" in p.stderr, p.stderr
+
+
 def test_gate_accuracy_measures_the_checkout_it_is_in(tmp_path: Path, monkeypatch) -> None:
     """Both sides were this interpreter (``sys.executable``), and the gate drops the PYTHONPATH
     entries that hold tpbench from a python side: run from a checkout with ``PYTHONPATH`` beside a

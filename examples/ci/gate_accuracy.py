@@ -2,8 +2,8 @@
 
 Two numbers matter: how often identical code is called a regression (A/A false alarms), and how
 often a real slowdown of a given size is caught (detection). This runs real gates of the checkout
-it is in (the gate and both sides, its root a source tree first on PYTHONPATH, whatever tpbench the
-interpreter has installed), the candidate slowed by ``slowdown_pct`` with ``slowdown_kind = "cpu"``
+it is in (the gate, both sides and the judging, its root a source tree first on the path, whatever
+tpbench the interpreter has installed), the candidate slowed by ``slowdown_pct`` with ``slowdown_kind = "cpu"``
 (each step burns that share of its CPU time more: an exact slowdown of the work, on top of the
 machine's real noise), and judges every gate on each metric asked for: the runs of one gate
 hold both wall and CPU time per step, so one gate answers for both.
@@ -39,14 +39,17 @@ import sys
 import time
 from pathlib import Path
 
-from tpbench import compare, gate_record, store
-from tpbench.cli.common import EXIT_USAGE
-
 # The checkout this script is in: what its gates measure. Given as both sides it is a source tree,
 # run with its root first on PYTHONPATH; this interpreter as a side ran the tpbench installed in its
 # environment (the gate drops PYTHONPATH entries that hold tpbench from a python side), so a checkout
-# run with PYTHONPATH beside a venv installed from another tree measured that other tree.
+# run with PYTHONPATH beside a venv installed from another tree measured that other tree. The script
+# judges with the same checkout: its root goes first on the import path before tpbench is imported.
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tpbench import compare, gate_record, store  # noqa: E402 (after ROOT is first on the path)
+from tpbench.cli.common import EXIT_USAGE  # noqa: E402
+
 # The shipped gate suite: one compute-bound DDP case of about 15 ms per step on 2 CPU ranks.
 SUITE = ROOT / "suites" / "gate.toml"
 
