@@ -179,3 +179,50 @@ def test_the_live_lines_cut_nothing_on_an_80_column_terminal():
         assert "…" not in drawn and all(len(line) <= 80 for line in drawn.splitlines()), drawn
         said = drawn.split()
         assert all(word in said for word in words), drawn
+
+
+def test_a_resumed_sweep_counts_from_the_repeats_on_disk_and_the_run_s_earlier_time(capsys):
+    """A resumed sweep's progress started at "repeats 0/16" and "0:00:00 elapsed", as if the run had
+    just begun, though 8 of its cases' 24 repeats were on disk and it had run worlds for 10 minutes.
+    Now it counts from the repeats on disk and the time run.json records (``earlier_s``); the ETA is
+    this session's pace over what is left, 14 repeats at 30 s each after two, not skewed by them."""
+    cases, clock = zero_cases()[:2], Clock()
+    first, second = (c.case_id for c in cases)
+    progress = SweepProgress(cases, {first: 4, second: 12}, clock=clock, earlier_s=600)
+    progress("world_start", {"world": "w0", "world_size": 2, "interconnect": "loopback", "items": 16})
+    for case, repeats in ((first, range(8, 12)), (second, range(12))):
+        for r in repeats:
+            progress("repeat_start", {"case": case, "repeat": r})
+            clock.t += 30
+            progress("repeat_end", {"case": case, "repeat": r})
+        progress("case_end", {"case": case})
+    progress("world_done", {"world": "w0"})
+    said = capsys.readouterr().err.splitlines()
+    assert said[0] == "starting 2 ranks on loopback… (0:10:00 elapsed)", said
+    label = "zero_no_overlap parameters_as_bucket_view=False"
+    assert said[1] == f"repeats 10/24: {label} repeat 10/12 done; cases 0/2 done (0:11:00 elapsed, ETA 0:07:00)", said
+    end = "repeats 24/24: world of 2 ranks on loopback finished; cases 2/2 done (0:18:00 elapsed, ETA 0:00:00)"
+    assert said[-1] == end, said
+
+
+def test_a_resumed_tune_counts_its_elapsed_time_from_the_tune_s_earlier_time(capsys):
+    """As a resumed sweep does: a tune's elapsed time went on from 0:00:00, though its budget
+    (``--budget-s``) counts the time of its earlier sessions too."""
+    clock = Clock()
+    TuneProgress(zero_cases()[:2], clock=clock, earlier_s=90)
+    assert capsys.readouterr().err == "tune 2 settings, starting… (0:01:30 elapsed)\n"
+
+
+def test_a_resumed_sweep_s_display_counts_the_time_run_json_records(tmp_path, capsys):
+    """The display of a phase takes the run's earlier time from run.json's ``wall_s``: the time the
+    run spent running worlds before it, which the closing line of a resume calls the whole run's."""
+    from tpbench import sweep
+    from tpbench.cli.sweep import SweepDisplay
+
+    prepared = sweep.prepare(REPO / "suites" / "smoke.toml")
+    run = sweep.start(prepared, tmp_path)
+    run.add_wall_time(600)
+    phase = sweep.Phase(run, prepared.cases, {c.case_id: c.repeats for c in prepared.cases})
+    with SweepDisplay()(phase) as listener:
+        listener("world_start", {"world": "w0", "world_size": 2, "interconnect": "loopback", "items": 4})
+    assert "starting 2 ranks on loopback… (0:10:00 elapsed)" in capsys.readouterr().err

@@ -1558,6 +1558,21 @@ def test_resuming_a_tune_that_had_ended_says_so_and_shows_no_race_starting(tmp_p
         assert ("This tune had ended: nothing more to race; its answer again." in said) is ended
 
 
+def test_a_resumed_tune_s_elapsed_time_goes_on_from_the_time_tune_json_records(tmp_path, capsys):
+    """A resumed tune's progress said "0:00:00 elapsed" though its budget counts its earlier
+    sessions' time too (tune.json's ``wall_s``): its display now starts from that time."""
+    from tpbench.cli import tune as cli
+
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 40]", repeats=3))
+    run, _ = tune.start(suite, Options(), out_root=tmp_path / "results")
+    store.write_tune(run.dir, dataclasses.replace(store.read_tune(run.dir), wall_s=90.0))
+    capsys.readouterr()
+    with cli._TuneDisplay()(run):
+        pass
+    assert "tune 2 settings, starting… (0:01:30 elapsed)" in capsys.readouterr().err
+
+
 @pytest.mark.ranks
 def test_a_tune_whose_stderr_is_no_terminal_says_its_judged_rounds_on_plain_lines(tmp_path, capsys):
     """Away from a terminal (a file or a pipe; capsys's is one) rich drew the race's progress line

@@ -15,6 +15,7 @@ import os
 import shlex
 import signal
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, NoReturn
 
@@ -376,10 +377,24 @@ class FoldedProgress(Progress):
                     yield Text.from_markup(f"  {text}", overflow="fold")
 
 
+class RunElapsedColumn(TimeElapsedColumn):
+    """The run's time elapsed: the task's own and its ``earlier_s`` field, the time the run's
+    earlier sessions recorded (run.json's or tune.json's ``wall_s``). A resumed run's line started
+    at 0:00:00, as if nothing had run, while a tune's budget counts that earlier time too. The ETA
+    is rich's, from the task's own advances alone: this session's pace over the work left."""
+
+    def render(self, task: Task) -> Text:
+        earlier = task.fields.get("earlier_s", 0.0)
+        if not earlier:
+            return super().render(task)
+        elapsed = (task.finished_time if task.finished else task.elapsed) or 0.0
+        return Text(str(timedelta(seconds=int(elapsed + earlier))), style="progress.elapsed")
+
+
 def plain_progress(task: Task, said: str, eta: bool = False) -> None:
     """One line of progress, uncut, with the time elapsed (and, with ``eta``, left once rich can
     estimate it) as the line on a terminal shows them, rendered by the same rich columns."""
-    times = f"{TimeElapsedColumn().render(task).plain} elapsed"
+    times = f"{RunElapsedColumn().render(task).plain} elapsed"
     if eta and task.time_remaining is not None:
         times += f", ETA {TimeRemainingColumn().render(task).plain}"
     console.print(f"{said} ({times})", markup=False, soft_wrap=True, highlight=False)

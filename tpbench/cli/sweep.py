@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from rich.markup import escape
-from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -17,6 +17,7 @@ from tpbench.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     FoldedProgress,
+    RunElapsedColumn,
     cases_table,
     console,
     fitted,
@@ -43,7 +44,10 @@ if TYPE_CHECKING:
 class SweepProgress:
     """Renders launcher events: repeats run of those planned, the current case, cases settled, ETA.
 
-    ``items``: each case's items still to run. A case that fails runs none after, so its rest
+    ``items``: each case's items still to run; the cases' other repeats are on disk (a resume, an
+    adaptive batch), counted as run from the start, and ``earlier_s`` is the run's time before
+    (``RunElapsedColumn``), so that a resumed run's line does not read as a run begun afresh. The
+    ETA stays this session's pace over the repeats left. A case that fails runs none after, so its rest
     leaves the bar's total (the ETA counts only what will run) and is said as dropped beside the
     count of the planned ones: a sweep whose every case failed reads "0/4 repeats, 4 dropped", not
     "0/0". Cases run interleaved, so the line names the case of the repeat in flight and counts the
@@ -57,7 +61,13 @@ class SweepProgress:
     80 columns wide, and rich wrapped a failure's cause there into pieces a grep finds one of.
     """
 
-    def __init__(self, cases: list, items: dict[str, int], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        cases: list,
+        items: dict[str, int],
+        clock: Callable[[], float] = time.monotonic,
+        earlier_s: float = 0.0,
+    ) -> None:
         from tpbench.suite import labels
 
         self.left = dict(items)
@@ -69,17 +79,26 @@ class SweepProgress:
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             TextColumn("{task.fields[tally]}"),
-            TimeElapsedColumn(),
+            RunElapsedColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),
             below=("current",),
             console=console,
             transient=False,
             disable=not redraws(console),
+            get_time=clock,
         )
         self.planned = self.total = sum(items.values())
         self.run = 0
-        self.task = self.progress.add_task("repeats", total=self.total, current="starting worlds…", tally=self._tally())
+        self.before = sum(self.repeats.values()) - self.planned  # on disk already
+        self.task = self.progress.add_task(
+            "repeats",
+            total=self.before + self.total,
+            completed=self.before,
+            current="starting worlds…",
+            tally=self._tally(),
+            earlier_s=earlier_s,
+        )
         self.done_cases = 0
         self.failed_cases = 0
         self.total_cases = len(cases)
@@ -89,7 +108,7 @@ class SweepProgress:
     def _tally(self) -> str:
         """Repeats run of those planned, and those a failed case will not run."""
         dropped = self.planned - self.total
-        return f"{self.run}/{self.planned}" + (f", {dropped} dropped" if dropped else "")
+        return f"{self.before + self.run}/{self.before + self.planned}" + (f", {dropped} dropped" if dropped else "")
 
     def _cases(self) -> str:
         """The cases settled: "cases 1/3 done, 1 failed"."""
@@ -183,7 +202,10 @@ class SweepProgress:
         self.total -= max(0, self.left.pop(data["case"], 0))
         label = self.labels.get(data["case"], data["case"])
         self.progress.update(
-            self.task, total=self.total, tally=self._tally(), current=f"{escape(label)} failed; {self._cases()}"
+            self.task,
+            total=self.before + self.total,
+            tally=self._tally(),
+            current=f"{escape(label)} failed; {self._cases()}",
         )
         failed = Text.assemble(("case failed: ", "red"), f"{label}: {data['cause']}")
         self.progress.console.print(failed, soft_wrap=True)
@@ -487,7 +509,7 @@ class SweepDisplay:
             console.print(f"Run directory: {phase.run.dir}", markup=False, soft_wrap=True)
         if phase.batch is not None:
             _print_batch(phase.run.record, phase.batch)
-        listener = SweepProgress(phase.cases, phase.items)
+        listener = SweepProgress(phase.cases, phase.items, earlier_s=phase.run.record.wall_s or 0.0)
         return showing(listener.progress, listener)
 
 

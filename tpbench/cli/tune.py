@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rich.markup import escape
-from rich.progress import TextColumn, TimeElapsedColumn
+from rich.progress import TextColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -20,6 +20,7 @@ from tpbench.cli.common import (
     EXIT_OK,
     EXIT_UNRESOLVED,
     FoldedProgress,
+    RunElapsedColumn,
     console,
     fitted,
     fraction,
@@ -48,9 +49,10 @@ class TuneProgress:
     brought back an arm, the round a race ended (its arms decided, its rounds or the budget spent),
     and the other judged rounds when ``PlainPace`` says one is due (``clock`` is its clock; the work
     is the rounds of every world's race): a line per round made a 300-round tune's log 300 lines,
-    most of them the same leader again."""
+    most of them the same leader again. ``earlier_s``: the tune's time before this session
+    (tune.json's ``wall_s``, which its budget counts), where the elapsed time goes on from."""
 
-    def __init__(self, cases: list, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, cases: list, clock: Callable[[], float] = time.monotonic, earlier_s: float = 0.0) -> None:
         from tpbench.suite import labels
 
         self.labels = labels([cases])[0]
@@ -60,13 +62,16 @@ class TuneProgress:
         self.pace = PlainPace(len(worlds) * max((c.repeats for c in cases), default=1), clock)
         self.progress = FoldedProgress(
             TextColumn("[bold]tune"),
-            TimeElapsedColumn(),
+            RunElapsedColumn(),
             below=("race", "current"),
             console=console,
             transient=False,
             disable=not redraws(console),
+            get_time=clock,
         )
-        self.task = self.progress.add_task("tune", total=None, race=f"{self.total} settings", current="starting…")
+        self.task = self.progress.add_task(
+            "tune", total=None, race=f"{self.total} settings", current="starting…", earlier_s=earlier_s
+        )
         self._say(f"{self.total} settings, starting…")
 
     def __call__(self, event: str, data: dict[str, Any]) -> None:
@@ -252,10 +257,12 @@ class _TuneDisplay:
 
         self.run = run
         console.print(f"Run directory: {run.dir}", markup=False, soft_wrap=True)
-        if tune.had_ended(store.read_tune(run.dir)):  # a resume of it races nothing: no race starting
+        saved = store.read_tune(run.dir)
+        if tune.had_ended(saved):  # a resume of it races nothing: no race starting
             console.print("This tune had ended: nothing more to race; its answer again.", markup=False)
             return contextlib.nullcontext(tune.Watch())
-        listener = TuneProgress([Case.from_params(c.params) for c in run.record.cases.values()])
+        cases = [Case.from_params(c.params) for c in run.record.cases.values()]
+        listener = TuneProgress(cases, earlier_s=saved.wall_s if saved else 0.0)
         return showing(listener.progress, tune.Watch(listener, listener.round))
 
 
