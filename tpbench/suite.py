@@ -853,7 +853,8 @@ def labels(runs: list[list[Case]]) -> list[dict[str, str]]:
 def select(cases: list[Case], filters: Iterable[str], *, where: str | None = None) -> list[Case]:
     """Keep cases matching every filter. A filter is ``key=v1|v2`` or ``key!=v``; ``id=PREFIX`` matches case ids.
 
-    With ``where`` (the suite's path), filters that leave no case are an error naming the first
+    With ``where`` (the suite's path), an unknown key is said after it, as ``--set``'s is; filters
+    that leave no case are an error naming the first
     that did and the values the cases before it had: a typo in a value reads as such, not as an
     empty suite. So is a ``key!=v`` that excludes nothing (``shard_buckets!=True``, as the labels
     spell it, where the suite's value is ``true``): it would run every case it was meant to drop. And
@@ -870,8 +871,8 @@ def select(cases: list[Case], filters: Iterable[str], *, where: str | None = Non
         if key != "id":
             wanted = [value_text(_parse_value(w)) for w in wanted]  # 25.0 matches 25, as in the suite
         if key != "id" and key not in CASE_KEYS and key not in CAPTURE_KEYS:
-            guess = _closest(key, CASE_KEYS)
-            raise SuiteError(f"--filter {f}: unknown key {key!r};{guess} expected id or one of {', '.join(CASE_KEYS)}")
+            named = f"{where}: --filter {f}" if where is not None else f"--filter {f}"
+            raise SuiteError(f"{named}: {_unknown('key', key, ['id', *CASE_KEYS])}")
         kept = [c for c in out if _matches(c, key, wanted) != neg]
         if where is not None and out:
             before = " the filters before it left" if f != filters[0] else ""
