@@ -181,6 +181,25 @@ def test_export_of_cpu_time_names_the_metric_and_exports_its_values(tmp_path: Pa
     without = make_run(tmp_path / "wall", {"ddp": [10.0, 10.2]})
     assert run_cli(["export", str(without), "--format", "pytest-benchmark", "--metric", "cpu_ms"]) == 2
     assert "--metric cpu_ms was not recorded in this run's steps" in capsys.readouterr().err
+    with pytest.raises(exports.GateError) as e:
+        exports.export_run(without, "pytest-benchmark", "cpu_ms")
+    assert str(e.value) == f"{without}: metric cpu_ms was not recorded in this run's steps"
+
+
+@pytest.mark.parametrize(
+    ("fmt", "metric", "said"),
+    [
+        ("csv", "step_ms", "fmt 'csv': expected one of pytest-benchmark, custom-smaller-is-better"),
+        ("pytest-benchmark", "wall", "metric 'wall': expected one of step_ms, cpu_ms"),
+    ],
+)
+def test_the_python_api_s_errors_name_its_parameters_not_the_command_s_flags(run: Path, fmt, metric, said) -> None:
+    """``export_run(run, "csv")`` said "--format csv: ...", a flag the caller of a function never
+    typed; its parameters are named, as ``compare.compare``'s ``pairing`` is (the command line's
+    choices refuse these values before the function is called, naming the flag)."""
+    with pytest.raises(exports.GateError) as e:
+        exports.export_run(run, fmt, metric)
+    assert str(e.value) == said
 
 
 def test_runs_of_one_suite_at_other_set_values_export_apart(tmp_path: Path) -> None:

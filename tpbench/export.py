@@ -39,15 +39,16 @@ class Export:
 
 
 def _export_cases(
-    loaded: store.Loaded, metric: str
+    loaded: store.Loaded, metric: str, metric_name: str
 ) -> tuple[list[tuple[Case, str, np.ndarray, np.ndarray]], list[str]]:
     """Done cases with their label, per-step values of ``metric`` (ms: ``step_ms`` the slowest rank's,
     ``cpu_ms`` the mean over ranks) and per-repeat values (ms, ``stats.repeat_values``: the values the
-    gate, the report and, for ``step_ms``, the summary's ``median_ms`` use)."""
+    gate, the report and, for ``step_ms``, the summary's ``median_ms`` use). ``metric_name``: how a
+    run without ``metric`` names it (``export_run``)."""
     params = {cid: c.params for cid, c in loaded.record.cases.items()}
     names = dict(zip(loaded.cases["case_id"], loaded.cases["label"]))
     if not loaded.steps.empty and (metric not in loaded.steps or loaded.steps[metric].isna().all()):
-        raise GateError(f"{loaded.run_dir}: --metric {metric} was not recorded in this run's steps")
+        raise GateError(f"{loaded.run_dir}: {metric_name} {metric} was not recorded in this run's steps")
     steps = per_step(loaded.steps, metric) if not loaded.steps.empty else None
     per_repeat = repeat_values(loaded.steps, metric, windows_of(params)) if steps is not None else None
     out, skipped = [], []
@@ -67,7 +68,7 @@ def _export_cases(
     return out, skipped
 
 
-def export_pytest_benchmark(run_dir: str | Path, metric: str = "step_ms") -> Export:
+def export_pytest_benchmark(run_dir: str | Path, metric: str = "step_ms", metric_name: str = "metric") -> Export:
     """pytest-benchmark's saved-run JSON: one benchmark per case over its timed steps, in seconds.
 
     Benchmarks are named ``ALGORITHM[key=value-…]`` after the keys the suite sweeps (``_grid_keys``:
@@ -81,7 +82,7 @@ def export_pytest_benchmark(run_dir: str | Path, metric: str = "step_ms") -> Exp
     loaded = store.load(run_dir)
     env = loaded.environment
     suite = loaded.record.suite.name
-    cases, skipped = _export_cases(loaded, metric)
+    cases, skipped = _export_cases(loaded, metric, metric_name)
     keys = _grid_keys(loaded)
     group = suite if metric == "step_ms" else f"{suite} ({metric})"
     sets = measured_overrides(loaded.record.suite.overrides)
@@ -192,7 +193,9 @@ def _interval_words(lo: float, hi: float, repeats: int) -> str:
     return f"{CONFIDENCE:.0%} CI [{lo:.4g}, {hi:.4g}] ms"
 
 
-def export_custom_smaller_is_better(run_dir: str | Path, metric: str = "step_ms") -> Export:
+def export_custom_smaller_is_better(
+    run_dir: str | Path, metric: str = "step_ms", metric_name: str = "metric"
+) -> Export:
     """github-action-benchmark's ``customSmallerIsBetter`` input: [{name, unit, value, range, extra}].
 
     The value is the median of the per-repeat medians (what the gate compares), the range the
@@ -205,7 +208,7 @@ def export_custom_smaller_is_better(run_dir: str | Path, metric: str = "step_ms"
     """
     loaded = store.load(run_dir)
     suite = loaded.record.suite.name
-    cases, skipped = _export_cases(loaded, metric)
+    cases, skipped = _export_cases(loaded, metric, metric_name)
     env = loaded.environment
     tag = "" if metric == "step_ms" else f" [{metric}]"
     sets = measured_overrides(loaded.record.suite.overrides)
@@ -268,11 +271,14 @@ def _settings(said: Mapping[str, str]) -> str:
     return f" (--set {', '.join(f'{k}={v}' for k, v in said.items())})" if said else ""
 
 
-def export_run(run_dir: str | Path, fmt: str, metric: str = "step_ms") -> Export:
+def export_run(run_dir: str | Path, fmt: str, metric: str = "step_ms", metric_name: str = "metric") -> Export:
+    """``run_dir`` in the format ``fmt`` (``EXPORT_FORMATS``). Its errors name the parameters, as
+    ``compare.compare``'s do; ``metric_name`` is how a run that did not record ``metric`` names it,
+    ``--metric`` for ``tpbench export``, whose choices refuse an unknown format or metric first."""
     if metric not in EXPORT_METRICS:
-        raise GateError(f"--metric {metric}: expected one of {', '.join(EXPORT_METRICS)}")
+        raise GateError(f"metric {metric!r}: expected one of {', '.join(EXPORT_METRICS)}")
     if fmt == "pytest-benchmark":
-        return export_pytest_benchmark(run_dir, metric)
+        return export_pytest_benchmark(run_dir, metric, metric_name)
     if fmt == "custom-smaller-is-better":
-        return export_custom_smaller_is_better(run_dir, metric)
-    raise GateError(f"--format {fmt}: expected one of {', '.join(EXPORT_FORMATS)}")
+        return export_custom_smaller_is_better(run_dir, metric, metric_name)
+    raise GateError(f"fmt {fmt!r}: expected one of {', '.join(EXPORT_FORMATS)}")

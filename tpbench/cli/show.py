@@ -155,7 +155,7 @@ def _suite_description(path: Path) -> str:
 def cmd_export(args: argparse.Namespace) -> int:
     from tpbench import export as exports
 
-    export = exports.export_run(args.run, args.format, args.metric)
+    export = exports.export_run(args.run, args.format, args.metric, metric_name="--metric")
     for label in export.skipped:
         console.print(
             f"[yellow]not exported:[/] {escape(label)} (no timed steps: the case failed or never ran)", soft_wrap=True
