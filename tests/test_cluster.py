@@ -282,6 +282,27 @@ def test_a_dry_run_refuses_what_the_run_would_and_names_the_first_cases_link(cap
         assert "interconnect 'tcp-2.5gbit' emulates a link" in capsys.readouterr().err
 
 
+def test_a_dry_run_across_nodes_says_gloo_runs_over_their_network_not_loopback(tmp_path, capsys):
+    """``--nnodes 2`` listed zero.toml's worlds as "2×gloo/cpu loopback", Gloo over 127.0.0.1, which
+    ranks on two machines cannot use: across nodes their Gloo is not pinned to ``lo``
+    (``worlds.torchrun_env``) and runs over the nodes' network, which the world column now says, as
+    the tune's dry run does. One node's torchrun world is still loopback."""
+    nodes = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", "node0:29500", "--agent-prefix", "srun"]
+    args = [str(REPO / "suites" / "zero.toml"), "--launcher", "torchrun", "--dry-run"]
+    assert run_cli(["sweep", *args, *nodes]) == 0
+    shown = capsys.readouterr().out
+    assert shown.count("2×gloo/cpu network across 2 nodes") == 18 and "loopback" not in shown, shown
+    assert run_cli(["tune", *args, *nodes, "--format", "json"]) == 0
+    worlds = {s["world"] for s in json.loads(capsys.readouterr().out)["settings"]}
+    assert worlds == {"2×gloo/cpu network across 2 nodes"}
+    assert run_cli(["sweep", *args, "--nproc-per-node", "2"]) == 0
+    assert capsys.readouterr().out.count("2×gloo/cpu loopback") == 18
+    smoke = [str(REPO / "suites" / "smoke.toml"), "--launcher", "torchrun", *nodes[:-2], "--print"]
+    assert run_cli(["sweep", *smoke, "--out", str(tmp_path)]) == 0
+    assert run_cli(["sweep", "--resume", str(only_run(tmp_path)), "--dry-run"]) == 0  # the run's own launcher
+    assert capsys.readouterr().out.count("2×gloo/cpu network across 2 nodes") == 2
+
+
 # The stand-in for tpbench in the Slurm script's tests: it writes its arguments to ``args``.
 TPBENCH_ARGS = 'printf "%s\\n" "$@" > "$SLURM_SUBMIT_DIR/args"'
 

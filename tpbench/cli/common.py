@@ -215,14 +215,24 @@ def fitted(table: Table, console: Console) -> Table:
     return table
 
 
-def world_text(case) -> str:
-    """A case's world as the case tables say it: "2×gloo/cpu loopback"."""
-    return f"{case.world_size}×{case.backend}/{case.device} {case.interconnect}"
+def world_text(case, nnodes: int = 1) -> str:
+    """A case's world as the case tables say it: "2×gloo/cpu loopback". Across ``nnodes`` > 1
+    (torchrun's ``--nnodes``) it says so, and Gloo's ``loopback``, which is not pinned to ``lo`` there
+    (``worlds.torchrun_env``), as the nodes' network: "2×gloo/cpu network across 2 nodes"."""
+    if nnodes == 1:
+        return f"{case.world_size}×{case.backend}/{case.device} {case.interconnect}"
+    link = "network" if case.backend == "gloo" and case.interconnect == "loopback" else case.interconnect
+    return f"{case.world_size}×{case.backend}/{case.device} {link} across {nnodes} nodes"
 
 
-def cases_table(title: str, cases: list, left: dict[str, int] | None = None) -> Table:
-    """The cases a command would run; ``left``: each case's repeats still to run (a resume), shown
-    as "2 of 3" before the steps."""
+def nodes_of(launcher) -> int:
+    """The machines each world spans under ``launcher`` (None: the local launcher's one)."""
+    return launcher.nnodes if launcher is not None else 1
+
+
+def cases_table(title: str, cases: list, left: dict[str, int] | None = None, nnodes: int = 1) -> Table:
+    """The cases a command would run, their worlds across ``nnodes`` machines (``world_text``);
+    ``left``: each case's repeats still to run (a resume), shown as "2 of 3" before the steps."""
     from tpbench.suite import labels
 
     names = labels([cases])[0]
@@ -236,7 +246,7 @@ def cases_table(title: str, cases: list, left: dict[str, int] | None = None) -> 
         t.add_row(
             c.case_id,
             escape(names[c.case_id]),
-            escape(world_text(c)),
+            escape(world_text(c, nnodes)),
             f"{repeats}×{c.steps}",
         )
     return t

@@ -24,6 +24,7 @@ from tpbench.cli.common import (
     given_flags,
     interrupted,
     label_column,
+    nodes_of,
     out,
     plain_progress,
     redraws,
@@ -396,7 +397,7 @@ def _sweep(args: argparse.Namespace) -> int:
             n = len(todo)
             loop = _loop_left(run, todo)
             title = f"{run.dir}: {n} case{'' if n == 1 else 's'} to resume{recorded}{loop} (dry run)"
-            table = cases_table(title, todo, left)
+            table = cases_table(title, todo, left, nodes_of(sweep.launcher_of(run.record)))
             out.print(fitted(table, out))
             return EXIT_OK
         suite = None
@@ -411,7 +412,7 @@ def _sweep(args: argparse.Namespace) -> int:
                     usage(str(e))
             n = len(suite.cases)
             title = f"{suite.suite.name}: {n} case{'' if n == 1 else 's'} (dry run)"
-            out.print(fitted(cases_table(title, suite.cases), out))
+            out.print(fitted(cases_table(title, suite.cases, nnodes=nodes_of(launcher)), out))
             warn_unused_workloads(suite)
             return EXIT_OK
         if not args.no_report:  # before hours of sweeping, not after

@@ -26,6 +26,7 @@ from tpbench.cli.common import (
     fraction,
     given_flags,
     label_column,
+    nodes_of,
     out,
     plain_progress,
     redraws,
@@ -158,7 +159,7 @@ def _tune(args: argparse.Namespace) -> int:
         if args.dry_run:
             prepared = tune.prepare(args.suite, args.set, args.filter, launcher, args.allow_large, options.min_rounds)
             sweep.launchable(prepared, launcher)
-            print_dry_run(prepared, args.format)
+            print_dry_run(prepared, args.format, nodes_of(launcher))
             warn_unused_workloads(prepared)
             return EXIT_OK
     display = _TuneDisplay()
@@ -197,15 +198,16 @@ def interrupted_keeps(run_dir: Path) -> str:
     )
 
 
-def print_dry_run(prepared, fmt: str) -> None:
-    """``tune --dry-run``: the settings a tune would race, in ``--format`` as its answer would be, so a
-    script that reads the JSON answer can read the plan too."""
+def print_dry_run(prepared, fmt: str, nnodes: int = 1) -> None:
+    """``tune --dry-run``: the settings a tune would race, their worlds across ``nnodes`` machines
+    (``world_text``), in ``--format`` as its answer would be, so a script that reads the JSON answer
+    can read the plan too."""
     from tpbench.suite import labels
 
     cases, rounds = prepared.cases, prepared.cases[0].repeats
     title = f"{prepared.suite.name}: {len(cases)} settings to race, at most {rounds} rounds (dry run)"
     names = labels([cases])[0]
-    worlds = [world_text(c) for c in cases]
+    worlds = [world_text(c, nnodes) for c in cases]
     # Not sweep's "repeats × steps": a setting runs at most `rounds` (the title), fewer once decided.
     head = ("case_id", "setting", "world", "steps per round (warm-up + timed)")
     rows = [(c.case_id, names[c.case_id], w, f"{c.warmup_steps} + {c.steps}") for c, w in zip(cases, worlds)]
