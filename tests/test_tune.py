@@ -1320,6 +1320,21 @@ def test_the_race_chart_zooms_on_the_ratios_near_1_on_a_log_axis():
     assert "run off" not in calm.layout.title.text and 10 ** calm.layout.yaxis.range[1] >= 1.04
 
 
+def test_the_race_charts_title_and_key_fit_above_the_plot():
+    """The title and its two lines of key sat in a 70 px top margin: plotly puts the title's first
+    baseline at the margin's middle, so the key's last line ran into the plot's top edge, and a cross
+    kept on that edge (an elimination beyond the axis) covered its words. The margin now grows with
+    the title's lines, as much per line as the two-line charts (70 px) give theirs, less a little
+    for the key's smaller type."""
+    history = [
+        {"round": r, "eliminated": ["far"] if r == 3 else [], "retired": [], "intervals": {"far": [3.2, 2.6, 4.0]}}
+        for r in range(2, 4)
+    ]
+    fig = recommendation._race_figure(rounds_of(history), {"far": "far"}, 0.02, min_rounds=2)
+    lines = fig.layout.title.text.count("<br>") + 1
+    assert lines == 3 and fig.layout.margin.t >= 33 * lines
+
+
 def test_the_race_chart_keeps_an_elimination_beyond_its_top_on_the_top_edge():
     """A setting eliminated at 1.62× the leader (suites/whatif.toml's zero_no_overlap on loopback)
     ran off the chart's top with its cross: the table said "eliminated after round 5" and the chart

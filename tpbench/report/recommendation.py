@@ -214,6 +214,11 @@ def judged_rounds(history: list[TuneRound], min_rounds: int) -> list[TuneRound]:
     return [e for e in history if e.round >= min_rounds]
 
 
+# The race chart's top margin per line of its title (the title and the key's two lines): plotly sets
+# the title's first baseline at the margin's middle, and at 70 px the key's last line reached the
+# plot's top edge, where a cross kept there (an elimination beyond the axis) covered its words.
+RACE_TITLE_LINE_PX = 34
+
 # How far apart, in rounds, the race chart draws the settings at one round, and how wide the group
 # may spread at most: half a round, clear of the next round's group.
 RACE_DODGE, RACE_DODGE_SPREAD = 0.15, 0.5
@@ -335,19 +340,20 @@ def _race_figure(
     fig.add_hrect(y0=1 / (1 + epsilon), y1=1, fillcolor="#d9dde5", opacity=0.5, line_width=0)
     off = f"; settings more than {RACE_TOP:g}× the leader run off the top" if top > high else ""
     early = f"; before round {min_rounds}, too few rounds to decide (--min-rounds {min_rounds})"
+    # The key on a line of its own, clear of plotly's toolbar.
+    title = (
+        f"The race{f' in the world of {world}' if world else ''}: ratio to the round's leader, from round "
+        f"{min_rounds}<br><sup>×: eliminated; ○: retired ({retired_why}); at 1 without a bar: the "
+        f"round's leader<br>shaded: 1 / {1 + epsilon:g} to 1, a lower end in it or above retires{off}{early}</sup>"
+    )
     fig.update_layout(
-        # The key on a line of its own, clear of plotly's toolbar.
-        title=(
-            f"The race{f' in the world of {world}' if world else ''}: ratio to the round's leader, from round "
-            f"{min_rounds}<br><sup>×: eliminated; ○: retired ({retired_why}); at 1 without a bar: the "
-            f"round's leader<br>shaded: 1 / {1 + epsilon:g} to 1, a lower end in it or above retires{off}{early}</sup>"
-        ),
+        title=title,
         # Rounds are whole: no tick at 2.5 in a short race, at most a dozen in a long one.
         xaxis=dict(
             title="round (the settings side by side at each)", tick0=0, dtick=max(1, math.ceil(df["round"].max() / 12))
         ),
         yaxis=dict(title="ratio to the leader (log scale)", type="log", range=[math.log10(low), math.log10(high)]),
-        margin=MARGIN | dict(t=70),  # the key's two lines under the title
+        margin=MARGIN | dict(t=RACE_TITLE_LINE_PX * (title.count("<br>") + 1)),  # the title and the key's lines
         # Below the plot, one row per two settings: eighteen names above it would run into the title.
         legend=LEGEND_BELOW | dict(y=-0.18),
         height=460 + 24 * math.ceil(df["arm"].nunique() / 2),
