@@ -190,3 +190,71 @@ def test_recorded_h200_log_of_a_lone_rank():
     assert obs.net_devices == ("Socket:eth0:192.0.2.2",)
     assert obs.transports == {} and obs.modes == {}
     assert transport.summarize(resolve("nccl-default"), [obs])["mismatch"] is None
+
+
+def _gloo_over(interface: str, subnet: str) -> list[GlooRank]:
+    """Two Gloo ranks connected to each other over ``interface`` (addresses in ``subnet``.0/24)."""
+    return [GlooRank(r, None, 2, (f"{subnet}.{r}",), (f"{subnet}.{1 - r}",), (interface,)) for r in (0, 1)]
+
+
+def test_gloo_across_nodes_expects_the_network_not_lo():
+    """Under torchrun across nodes Gloo is not pinned to ``lo`` (``worlds.torchrun_env``): a 2-node
+    loopback world whose connections ran over eth0 was recorded as a mismatch ("asked loopback (Gloo
+    on lo) but connections run over eth0"). Across nodes the nodes' network is expected and said;
+    ``lo`` there means the world never left one machine. One node is judged as before."""
+    across = transport.summarize(resolve("loopback"), _gloo_over("eth0", "10.0.0"), nnodes=2)
+    assert across["mismatch"] is False and across["nnodes"] == 2
+    assert across["expected"] == ["network"] and across["reason"] == "across 2 nodes over eth0"
+    looped = transport.summarize(resolve("loopback"), _gloo_over("lo", "127.0.0"), nnodes=2)
+    assert looped["mismatch"] is True
+    assert (
+        looped["reason"] == "asked loopback across 2 nodes (Gloo over the nodes' network) but connections run over lo"
+    )
+    one = transport.summarize(resolve("loopback"), _gloo_over("eth0", "10.0.0"))
+    assert one["mismatch"] is True and one["expected"] == ["lo"] and one["nnodes"] == 1
+    assert one["reason"] == "asked loopback (Gloo on lo) but connections run over eth0"
+    # A profile naming an interface is held to it, across nodes too.
+    ib = resolve("ib", {"ib": {"backend": "gloo", "env": {"GLOO_SOCKET_IFNAME": "ib0"}}})
+    wrong = transport.summarize(ib, _gloo_over("eth0", "10.0.0"), nnodes=2)
+    assert wrong["mismatch"] is True and wrong["expected"] == ["ib0"]
+
+
+@pytest.mark.parametrize(
+    ("hosts", "interface", "judged"),
+    [
+        (("node0", "node1"), "eth0", (False, "across 2 nodes over eth0", 2)),
+        # Agents standing in for nodes on one machine (tests/test_cluster.py's) meet at its host name,
+        # which may resolve to 127.0.0.1: Gloo runs over lo there, as on any one machine.
+        (("vm", "vm"), "lo", (False, None, 1)),
+    ],
+)
+def test_the_launcher_judges_gloo_by_the_machines_its_world_reported(tmp_path, hosts, interface, judged):
+    """The launcher judges a case's transport by the host names the world's ``world_ready`` named
+    (under torchrun the sweeping process sees only its own machine): events as a 2-node torchrun
+    world writes them, read back as ``--resume`` reads a printed world's."""
+    from conftest import tiny_suite
+
+    from tpbench import store
+    from tpbench.launch import PrintedWorldRecord, Supervisor
+    from tpbench.suite import Machine, expand, load
+
+    (tmp_path / "tiny.toml").write_text(tiny_suite('algorithm = ["ddp"]', repeats=1))
+    case = expand(load(tmp_path / "tiny.toml"), Machine(gpus=0))[0]
+    run = store.Run.create(tmp_path / "results", "tiny", "tiny.toml", "", [case.params()], {})
+    events = run.dir / "events" / "w0"
+    events.mkdir(parents=True)
+    nodes = [{"node": n, "hostname": host, "ranks": [n], "fingerprint": {}} for n, host in enumerate(hosts)]
+    ranks = [dataclasses.asdict(r) for r in _gloo_over(interface, "10.0.0" if interface == "eth0" else "127.0.0")]
+    capture = {"nvml": {}, "clock_sync": {}, "transport": {"backend": "gloo", "ranks": ranks}, "trace": None}
+    lines = [
+        {"event": "world_ready", "t": 0.0, "world": "w0", "nodes": nodes},
+        {"event": "repeat_start", "t": 0.0, "case": case.case_id, "repeat": 0},
+        {"event": "repeat_end", "t": 0.1, "case": case.case_id, "repeat": 0, "median_ms": 1.0},
+        {"event": "capture", "t": 0.1, "case": case.case_id, **capture},
+        {"event": "world_done", "t": 0.2, "world": "w0"},
+    ]
+    (events / "rank0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    world = PrintedWorldRecord(run.dir, "w0", 2)
+    Supervisor(world, {case.case_id: case}, run, lambda k, e: None, interconnect=resolve("loopback")).supervise()
+    seen = run.record.cases[case.case_id].capture.observed_transport
+    assert (seen.mismatch, seen.reason, seen.nnodes) == judged

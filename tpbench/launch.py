@@ -202,6 +202,10 @@ class Supervisor:
         self.started_t = 0.0  # rank 0's clock at the start of the repeat in flight
         self.tracing: str | None = None  # the case whose trace some rank has started, until its repeat ends
         self.stacks: list[tuple[str, str]] = []  # where each rank was when its repeat timed out
+        # The machines the world spans (its ``world_ready``'s host names), by which Gloo's transport is judged:
+        # ``lo`` on one, the network across several. Host names, not torchrun's node groups: agents
+        # standing in for nodes on one machine (tests/test_cluster.py) leave Gloo on the host name's address.
+        self.nnodes = 1
 
     def _pump(self, timeout: float) -> None:
         for ev in self.world.read_events(timeout):
@@ -213,6 +217,7 @@ class Supervisor:
             return  # the world is about to be killed; nothing after the overrun counts
         if kind == "world_ready":
             self.ready = True
+            self.nnodes = max(1, len({n["hostname"] for n in ev["nodes"]}))
             self.run.world_nodes(ev["world"], ev["nodes"])
         elif kind in ("repeat_start", "round_start"):
             items = [(ev["case"], ev["repeat"])] if kind == "repeat_start" else [tuple(i) for i in ev["items"]]
@@ -259,7 +264,7 @@ class Supervisor:
         if self.interconnect is not None:
             seen = ev["transport"]
             info["observed_transport"] = transport.summarize(
-                self.interconnect, transport.from_dicts(seen["backend"], seen["ranks"])
+                self.interconnect, transport.from_dicts(seen["backend"], seen["ranks"]), self.nnodes
             )
         self.run.case_captured(cid, info)
 

@@ -294,18 +294,21 @@ def expected_nccl_families(ic: Interconnect, nnodes: int | None) -> frozenset[st
     return frozenset(base - forbidden)
 
 
-def summarize(ic: Interconnect, ranks: Sequence[NcclRank | GlooRank]) -> dict[str, Any]:
-    """The ``observed_transport`` entry of a case: per-rank observations plus the verdict."""
+def summarize(ic: Interconnect, ranks: Sequence[NcclRank | GlooRank], nnodes: int = 1) -> dict[str, Any]:
+    """The ``observed_transport`` entry of a case: per-rank observations plus the verdict.
+
+    ``nnodes``: the machines the world spans (its ``world_ready`` event's host names), for Gloo,
+    which is pinned to ``lo`` on one node only; NCCL's logs say it themselves."""
     entry: dict[str, Any] = {"asked": ic.name, "backend": ic.backend, "ranks": {str(r.rank): asdict(r) for r in ranks}}
     errors = [f"rank {r.rank}: {r.error}" for r in ranks if r.error]
     if ic.backend == "nccl":
         families = sorted({f for r in ranks if isinstance(r, NcclRank) for f in r.transports})
-        nnodes = max((r.nnodes for r in ranks if isinstance(r, NcclRank) and r.nnodes), default=None)
-        expected = expected_nccl_families(ic, nnodes)
+        logged = max((r.nnodes for r in ranks if isinstance(r, NcclRank) and r.nnodes), default=None)
+        expected = expected_nccl_families(ic, logged)
         entry |= {
             "transports": families,
             "expected": sorted(expected) if expected is not None else None,
-            "nnodes": nnodes if nnodes is not None else "unknown",
+            "nnodes": logged if logged is not None else "unknown",
         }
         if errors:
             return entry | {"mismatch": None, "reason": "; ".join(errors)}
@@ -319,7 +322,7 @@ def summarize(ic: Interconnect, ranks: Sequence[NcclRank | GlooRank]) -> dict[st
         unexpected = [
             f for f in families if f not in expected and not (ANY_NETWORK in expected and f.startswith("NET/"))
         ]
-        if nnodes is None and unexpected and all(f.startswith("NET/") for f in unexpected):
+        if logged is None and unexpected and all(f.startswith("NET/") for f in unexpected):
             return entry | {
                 "mismatch": None,
                 "reason": f"the NCCL logs show {', '.join(unexpected)} but not how many "
@@ -333,21 +336,34 @@ def summarize(ic: Interconnect, ranks: Sequence[NcclRank | GlooRank]) -> dict[st
                 f"but the NCCL log shows {', '.join(unexpected)}",
             }
         return entry | {"mismatch": False, "reason": None}
-    # Gloo: world_network points Gloo at `lo` unless the profile names another interface.
-    want = ic.env.get("GLOO_SOCKET_IFNAME", "lo")
+    return entry | _judge_gloo(ic, ranks, nnodes, errors)
+
+
+def _judge_gloo(ic: Interconnect, ranks: Sequence[NcclRank | GlooRank], nnodes: int, errors: list[str]) -> dict:
+    """Gloo's part of the entry. On one node the launcher points Gloo at ``lo`` unless the profile
+    names another interface (``worlds.world_network``, ``worlds.torchrun_env``); across nodes it
+    leaves Gloo on the nodes' network, any interface but ``lo`` (there ``lo`` would mean the world
+    never left one machine)."""
+    named = ic.env.get("GLOO_SOCKET_IFNAME")
+    network = named is None and nnodes > 1
+    want = "network" if network else named or "lo"
     interfaces = sorted({i for r in ranks if isinstance(r, GlooRank) for i in r.interfaces})
-    entry |= {"interfaces": interfaces, "expected": [want]}
+    entry = {"interfaces": interfaces, "expected": [want], "nnodes": nnodes}
     if errors:
         return entry | {"mismatch": None, "reason": "; ".join(errors)}
     if not interfaces:
         return entry | {"mismatch": None, "reason": "no Gloo TCP connection found (a single rank connects to nobody)"}
-    wrong = [i for i in interfaces if i != want]
+    wrong = [i for i in interfaces if i == "lo"] if network else [i for i in interfaces if i != want]
     if wrong:
+        asked = f"across {nnodes} nodes (Gloo over the nodes' network)" if network else f"(Gloo on {want})"
         return entry | {
             "mismatch": True,
-            "reason": f"asked {ic.name} (Gloo on {want}) but connections run over {', '.join(wrong)}",
+            "reason": f"asked {ic.name} {asked} but connections run over {', '.join(wrong)}",
         }
-    return entry | {"mismatch": False, "reason": None}
+    return entry | {
+        "mismatch": False,
+        "reason": f"across {nnodes} nodes over {', '.join(interfaces)}" if network else None,
+    }
 
 
 def observe(backend: str, rank: int) -> NcclRank | GlooRank:
