@@ -37,7 +37,10 @@ def sweep_events(progress: SweepProgress, cases: list, clock: Clock, repeat_s: f
     """One world running every case round by round, as the launcher tells it, ``repeat_s`` a repeat;
     the first case's trace window taken again in its last round."""
     rounds = cases[0].repeats
-    progress("world_start", {"world": "w0", "world_size": 2, "interconnect": "loopback", "items": rounds * len(cases)})
+    progress(
+        "world_start",
+        {"world": "w0", "world_size": 2, "backend": "gloo", "interconnect": "loopback", "items": rounds * len(cases)},
+    )
     for r in range(rounds):
         for c in cases:
             progress("repeat_start", {"case": c.case_id, "repeat": r})
@@ -189,7 +192,9 @@ def test_a_resumed_sweep_counts_from_the_repeats_on_disk_and_the_run_s_earlier_t
     cases, clock = zero_cases()[:2], Clock()
     first, second = (c.case_id for c in cases)
     progress = SweepProgress(cases, {first: 4, second: 12}, clock=clock, earlier_s=600)
-    progress("world_start", {"world": "w0", "world_size": 2, "interconnect": "loopback", "items": 16})
+    progress(
+        "world_start", {"world": "w0", "world_size": 2, "backend": "gloo", "interconnect": "loopback", "items": 16}
+    )
     for case, repeats in ((first, range(8, 12)), (second, range(12))):
         for r in repeats:
             progress("repeat_start", {"case": case, "repeat": r})
@@ -224,5 +229,34 @@ def test_a_resumed_sweep_s_display_counts_the_time_run_json_records(tmp_path, ca
     run.add_wall_time(600)
     phase = sweep.Phase(run, prepared.cases, {c.case_id: c.repeats for c in prepared.cases})
     with SweepDisplay()(phase) as listener:
-        listener("world_start", {"world": "w0", "world_size": 2, "interconnect": "loopback", "items": 4})
+        listener(
+            "world_start", {"world": "w0", "world_size": 2, "backend": "gloo", "interconnect": "loopback", "items": 4}
+        )
     assert "starting 2 ranks on loopback… (0:10:00 elapsed)" in capsys.readouterr().err
+
+
+def test_a_world_across_nodes_is_said_the_way_the_dry_run_says_it(tmp_path, capsys):
+    """Across nodes Gloo's loopback runs over the nodes' network (``worlds.torchrun_env``) and the
+    dry run says so, "2×gloo/cpu network across 2 nodes"; the progress of the same run said
+    "starting 2 ranks on loopback…". The sweep and the tune take the nodes from the run's recorded
+    launcher, as the dry run of a resume does (``nodes_of``)."""
+    from tpbench import sweep
+    from tpbench.cli.sweep import SweepDisplay
+    from tpbench.cli.tune import _TuneDisplay
+    from tpbench.worlds import Torchrun
+
+    prepared = sweep.prepare(REPO / "suites" / "smoke.toml")
+    launcher = Torchrun(nnodes=2, nproc_per_node=1, rdzv_endpoint="192.0.2.1:29500", agent_prefix=("srun", "-N2"))
+    run = sweep.start(prepared, tmp_path, launcher, print_only=True)
+    start = {"world": "w0", "world_size": 2, "backend": "gloo", "interconnect": "loopback", "items": 4}
+    phase = sweep.Phase(run, prepared.cases, {c.case_id: c.repeats for c in prepared.cases})
+    with SweepDisplay()(phase) as listener:
+        listener("world_start", start)
+        listener("world_done", {"world": "w0"})
+    with _TuneDisplay()(run) as watch:
+        watch.listener("world_start", start)
+    said = [line.split(" (")[0] for line in capsys.readouterr().err.splitlines()]
+    assert "starting 2 ranks on network across 2 nodes…" in said, said
+    assert "tune starting 2 ranks on network across 2 nodes…" in said, said
+    assert "repeats 0/4: world of 2 ranks on network across 2 nodes finished; cases 0/2 done" in said, said
+    assert not any("loopback" in line for line in said), said

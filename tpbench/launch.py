@@ -525,7 +525,13 @@ def run_group(
             return False
         passed = {} if through_pass is None else {"sweep_pass": through_pass}
         plan, plan_path = _write_plan(run, group, schedule, launcher, layout, lockstep, steps_interleaved, **passed)
-        started = {"world": plan.world, "world_size": group.world_size, "interconnect": ic.name, "items": len(schedule)}
+        started = {
+            "world": plan.world,
+            "world_size": group.world_size,
+            "backend": ic.backend,
+            "interconnect": ic.name,
+            "items": len(schedule),
+        }
         listener("world_start", started | passed)
         if launcher is None:
             try:

@@ -216,13 +216,20 @@ def fitted(table: Table, console: Console) -> Table:
 
 
 def world_text(case, nnodes: int = 1) -> str:
-    """A case's world as the case tables say it: "2×gloo/cpu loopback". Across ``nnodes`` > 1
+    """A case's world as the case tables say it: "2×gloo/cpu loopback", or across nodes
+    "2×gloo/cpu network across 2 nodes" (``link_text``)."""
+    return f"{case.world_size}×{case.backend}/{case.device} {link_text(case.backend, case.interconnect, nnodes)}"
+
+
+def link_text(backend: str, interconnect: str, nnodes: int = 1) -> str:
+    """What a world's ranks talk over: its interconnect, "loopback". Across ``nnodes`` > 1
     (torchrun's ``--nnodes``) it says so, and Gloo's ``loopback``, which is not pinned to ``lo`` there
-    (``worlds.torchrun_env``), as the nodes' network: "2×gloo/cpu network across 2 nodes"."""
+    (``worlds.torchrun_env``), as the nodes' network: "network across 2 nodes". The dry run's world
+    column and a sweep's or tune's progress say it alike."""
     if nnodes == 1:
-        return f"{case.world_size}×{case.backend}/{case.device} {case.interconnect}"
-    link = "network" if case.backend == "gloo" and case.interconnect == "loopback" else case.interconnect
-    return f"{case.world_size}×{case.backend}/{case.device} {link} across {nnodes} nodes"
+        return interconnect
+    link = "network" if backend == "gloo" and interconnect == "loopback" else interconnect
+    return f"{link} across {nnodes} nodes"
 
 
 def nodes_of(launcher) -> int:

@@ -24,6 +24,7 @@ from tpbench.cli.common import (
     given_flags,
     interrupted,
     label_column,
+    link_text,
     nodes_of,
     out,
     plain_progress,
@@ -68,9 +69,11 @@ class SweepProgress:
         items: dict[str, int],
         clock: Callable[[], float] = time.monotonic,
         earlier_s: float = 0.0,
+        nnodes: int = 1,
     ) -> None:
         from tpbench.suite import labels
 
+        self.nnodes = nnodes  # the nodes each world spans, said as the dry run says them (``link_text``)
         self.left = dict(items)
         self.labels = labels([cases])[0]
         self.repeats = {c.case_id: c.repeats for c in cases}
@@ -119,9 +122,10 @@ class SweepProgress:
     def __call__(self, event: str, data: dict[str, Any]) -> None:
         if event == "world_start":
             turn = f"pass {data['sweep_pass']}/{self.passes}: " if "sweep_pass" in data else ""
-            self.world = f"{turn}world of {data['world_size']} ranks on {data['interconnect']}"
+            link = link_text(data["backend"], data["interconnect"], self.nnodes)
+            self.world = f"{turn}world of {data['world_size']} ranks on {link}"
             self.world_left = data["items"]
-            ranks = f"{turn}starting {data['world_size']} ranks on {data['interconnect']}…"
+            ranks = f"{turn}starting {data['world_size']} ranks on {link}…"
             self.progress.update(self.task, current=ranks)
             self._say(ranks)
         elif event == "world_done":
@@ -510,7 +514,11 @@ class SweepDisplay:
             console.print(f"Run directory: {phase.run.dir}", markup=False, soft_wrap=True)
         if phase.batch is not None:
             _print_batch(phase.run.record, phase.batch)
-        listener = SweepProgress(phase.cases, phase.items, earlier_s=phase.run.record.wall_s or 0.0)
+        from tpbench import sweep
+
+        record = phase.run.record
+        nnodes = nodes_of(sweep.launcher_of(record))
+        listener = SweepProgress(phase.cases, phase.items, earlier_s=record.wall_s or 0.0, nnodes=nnodes)
         return showing(listener.progress, listener)
 
 

@@ -26,6 +26,7 @@ from tpbench.cli.common import (
     fraction,
     given_flags,
     label_column,
+    link_text,
     nodes_of,
     out,
     plain_progress,
@@ -53,9 +54,12 @@ class TuneProgress:
     most of them the same leader again. ``earlier_s``: the tune's time before this session
     (tune.json's ``wall_s``, which its budget counts), where the elapsed time goes on from."""
 
-    def __init__(self, cases: list, clock: Callable[[], float] = time.monotonic, earlier_s: float = 0.0) -> None:
+    def __init__(
+        self, cases: list, clock: Callable[[], float] = time.monotonic, earlier_s: float = 0.0, nnodes: int = 1
+    ) -> None:
         from tpbench.suite import labels
 
+        self.nnodes = nnodes  # the nodes each world spans, said as the dry run says them (``link_text``)
         self.labels = labels([cases])[0]
         self.total = len(cases)
         worlds = {c.launch_key for c in cases}
@@ -78,7 +82,8 @@ class TuneProgress:
     def __call__(self, event: str, data: dict[str, Any]) -> None:
         """Launcher events (the item running)."""
         if event == "world_start":
-            starting = f"starting {data['world_size']} ranks on {data['interconnect']}…"
+            link = link_text(data["backend"], data["interconnect"], self.nnodes)
+            starting = f"starting {data['world_size']} ranks on {link}…"
             self.progress.update(self.task, current=starting)
             self._say(starting)
         elif event == "repeat_start":
@@ -254,7 +259,7 @@ class _TuneDisplay:
         self.run = None
 
     def __call__(self, run):
-        from tpbench import store, tune
+        from tpbench import store, sweep, tune
         from tpbench.suite import Case
 
         self.run = run
@@ -264,7 +269,8 @@ class _TuneDisplay:
             console.print("This tune had ended: nothing more to race; its answer again.", markup=False)
             return contextlib.nullcontext(tune.Watch())
         cases = [Case.from_params(c.params) for c in run.record.cases.values()]
-        listener = TuneProgress(cases, earlier_s=saved.wall_s if saved else 0.0)
+        nnodes = nodes_of(sweep.launcher_of(run.record))
+        listener = TuneProgress(cases, earlier_s=saved.wall_s if saved else 0.0, nnodes=nnodes)
         return showing(listener.progress, tune.Watch(listener, listener.round))
 
 
