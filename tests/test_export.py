@@ -100,7 +100,7 @@ def test_custom_smaller_is_better(run: Path, tmp_path: Path) -> None:
         assert isinstance(e["value"], (int, float)) and math.isfinite(e["value"])
     by = {e["name"]: e for e in entries}
     assert by["synthetic/ddp"]["unit"] == "ms" and by["synthetic/ddp"]["value"] == pytest.approx(10.05, rel=0.02)
-    assert by["synthetic/ddp"]["range"].startswith("± ")
+    assert re.fullmatch(r"\[9\.\d+, 10\.\d+\]", by["synthetic/ddp"]["range"])  # the interval extra says
     assert "; tpbench 0.1.0; torch " in by["synthetic/ddp"]["extra"]  # the format has no version field of its own
     # Its 4 repeats' interval is their range, which holds the median with 87.5 % confidence: it said "95% CI".
     extra = by["synthetic/ddp"]["extra"]
@@ -155,6 +155,21 @@ def test_pytest_benchmark_names_come_from_all_the_runs_cases(tmp_path: Path) -> 
     (left,) = exports.export_pytest_benchmark(run).document["benchmarks"]
     assert left["name"] == names[left["extra_info"]["case_id"]] == "ddp[world_size=1]"
     assert left["params"] == {"world_size": 1}
+
+
+def test_the_range_is_the_interval_itself_not_a_half_width_around_the_median(tmp_path: Path) -> None:
+    """A median's bootstrap interval is lopsided where the repeats are: the range was its half-width,
+    "35.97 ± 11.97", read as [24.0, 47.9] beside the value while the interval was [16.64, 40.58].
+    github-action-benchmark shows the range verbatim beside the value ("35.97 ms (RANGE)" in its
+    chart's tooltip): it is the interval now, as ``extra`` says it."""
+    from tpbench.analysis.stats import bootstrap_ci
+
+    repeats = [16.0, 17.5, 30.0, 35.0, 36.0, 37.0, 40.0, 41.0]
+    (entry,) = exports.export_custom_smaller_is_better(make_run(tmp_path, {"ddp": repeats}, jitter=0.0)).document
+    lo, hi = bootstrap_ci(np.array(repeats))
+    assert hi - entry["value"] < (entry["value"] - lo) / 2  # lopsided: a ± would misplace it
+    assert entry["range"] == f"[{lo:.4g}, {hi:.4g}]"
+    assert entry["extra"].startswith(f"95% CI [{lo:.4g}, {hi:.4g}] ms over 8 repeats")
 
 
 def test_a_case_of_one_repeat_is_exported_without_a_range(tmp_path: Path) -> None:

@@ -182,15 +182,18 @@ def _pytest_benchmark(
     }
 
 
+def _interval(lo: float, hi: float) -> str:
+    """An interval as an entry's ``range`` and its ``extra`` write it: "[16.64, 40.58]"."""
+    return f"[{lo:.4g}, {hi:.4g}]"
+
+
 def _interval_words(lo: float, hi: float, repeats: int) -> str:
     """The median's interval in an entry's ``extra``: with 2 to 5 repeats it is their range, which holds
     the median with less than 95 % confidence (``stats.range_confidence``), and the entry says so
     rather than "95% CI" (the report's step-time caption does alike)."""
     if range_confidence(repeats) < CONFIDENCE:
-        return (
-            f"range [{lo:.4g}, {hi:.4g}] ms (holds the median with {100 * range_confidence(repeats):.4g}% confidence)"
-        )
-    return f"{CONFIDENCE:.0%} CI [{lo:.4g}, {hi:.4g}] ms"
+        return f"range {_interval(lo, hi)} ms (holds the median with {100 * range_confidence(repeats):.4g}% confidence)"
+    return f"{CONFIDENCE:.0%} CI {_interval(lo, hi)} ms"
 
 
 def export_custom_smaller_is_better(
@@ -198,13 +201,13 @@ def export_custom_smaller_is_better(
 ) -> Export:
     """github-action-benchmark's ``customSmallerIsBetter`` input: [{name, unit, value, range, extra}].
 
-    The value is the median of the per-repeat medians (what the gate compares), the range the
-    half-width of its bootstrap CI, so a dashboard shows the same number the gate judged. The
-    format has no field for a version, so ``extra`` names the tpbench (and torch) that measured the
-    run: a dashboard's step between two points may be a change of tpbench, not of the code. A run
-    made with ``--set`` names it (``_settings``), so that runs of one suite at other settings are
-    series apart. With ``metric`` ``cpu_ms`` each name ends in `` [cpu_ms]``: a chart of CPU time
-    is not wall time's.
+    The value is the median of the per-repeat medians (what the gate compares), the range its
+    bootstrap CI, ``[lo, hi]`` as ``extra`` says it, so a dashboard shows the same number the gate
+    judged. The format has no field for a version, so ``extra`` names the tpbench (and torch) that
+    measured the run: a dashboard's step between two points may be a change of tpbench, not of the
+    code. A run made with ``--set`` names it (``_settings``), so that runs of one suite at other
+    settings are series apart. With ``metric`` ``cpu_ms`` each name ends in `` [cpu_ms]``: a chart
+    of CPU time is not wall time's.
     """
     loaded = store.load(run_dir)
     suite = loaded.record.suite.name
@@ -220,8 +223,10 @@ def export_custom_smaller_is_better(
     entries = []
     for (case, _label, _ms, reps), label in zip(cases, labels):
         lo, hi = bootstrap_ci(reps)
+        # The interval itself: github-action-benchmark shows the range verbatim beside the value, and
+        # a median's interval is lopsided where the repeats are, so "± half-width" would misplace it.
         # One repeat has no interval: no range (the format's field is optional), rather than "± 0".
-        ranged = {"range": f"± {round((hi - lo) / 2, 6)}"} if np.isfinite(lo) else {}
+        ranged = {"range": _interval(lo, hi)} if np.isfinite(lo) else {}
         ci = _interval_words(lo, hi, reps.size) if ranged else "no CI (one repeat)"
         entries.append(
             {
