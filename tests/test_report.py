@@ -106,7 +106,7 @@ def test_the_report_reads_a_tunes_tune_json_once(tmp_path, monkeypatch):
     read = store.read_tune
     monkeypatch.setattr(store, "read_tune", lambda run_dir: reads.append(run_dir) or read(run_dir))
     page = build_report([loaded])
-    assert "No recommendation yet" in page and "this tune raced: compared in its Recommendation" in page
+    assert "Interrupted race: no recommendation" in page and "this tune raced: compared in its Recommendation" in page
     assert reads == [tmp_path]
 
 

@@ -29,7 +29,7 @@ from tpbench.racing import ALL_TIED, BUDGET, MAX_ROUNDS, MIN_ROUNDS, ONE_LEFT, O
 from tpbench.record import LauncherRecord, SuiteSource
 from tpbench.report import recommendation
 from tpbench.report.html import Page
-from tpbench.suite import expand, parse, select
+from tpbench.suite import expand, labels, parse, select
 from tpbench.tune_record import TuneArm, TuneResult, TuneRound
 
 
@@ -81,9 +81,10 @@ def _racing_arms(*ids: str) -> list[TuneArm]:
     ]
 
 
-def run_race(race: Race, values: dict) -> Race:
-    """Feed the race round by round, as the conductor does, skipping eliminated and retired arms."""
-    for r in range(race.max_rounds):
+def run_race(race: Race, values: dict, stop_after: int | None = None) -> Race:
+    """Feed the race round by round, as the conductor does, skipping eliminated and retired arms;
+    ``stop_after`` rounds at most, as a tune interrupted then left it."""
+    for r in range(stop_after or race.max_rounds):
         for a in list(race.live):
             race.record(a, r, values[a][r])
         while race.round_complete():
@@ -527,8 +528,9 @@ def test_a_tune_json_of_the_wrong_shape_is_refused_naming_the_file(tmp_path, cap
     write_tune_json(run_dir, good | {"result": None})  # interrupted: its rounds so far, no answer
     assert run_cli(["report", str(run_dir), "-o", str(tmp_path / "r.html")]) == 0
     page = (tmp_path / "r.html").read_text()
-    said = "this tune stopped after 12 rounds (interrupted, or still running). Resume it with tpbench tune --resume"
-    assert f"{said} {run_dir}" in page
+    page = " ".join(html.unescape(page).split())
+    assert "Interrupted race: no recommendation. This tune stopped after round 12 (interrupted, or still" in page
+    assert f"Resume it with tpbench tune --resume {run_dir}." in page
 
 
 def test_the_commands_a_tune_names_make_the_settings_it_raced(tmp_path):
@@ -1451,6 +1453,56 @@ def test_the_race_chart_starts_at_the_first_round_the_rule_may_decide(tmp_path):
     (fig,) = race_charts(tmp_path, suite, cases, [race])
     assert min(x for t in fig.data for x in t.customdata) == MIN_ROUNDS == 3
     assert "before round 3, too few rounds to decide (--min-rounds 3)" in fig.layout.title.text
+
+
+def test_an_interrupted_tunes_report_shows_the_race_so_far_and_claims_nothing(tmp_path):
+    """Interrupted, a tune says "The race so far is kept" and points at the report, yet the report's
+    Recommendation said only "No recommendation yet: this tune stopped after 6 rounds": no table, no
+    chart. It now shows tune.json's race as of its last judged round, labelled as interrupted: each
+    setting's standing and ratio to that round's leader, and the race chart, with no claim."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 1, 40]", repeats=12))
+    cases = tune.prepare(suite).cases
+    values = synthetic({c.case_id: 1 + c.slowdown_pct / 100 for c in cases}, 12, noise=0.03, seed=2)
+    race = run_race(Race([c.case_id for c in cases], 12, Options(), comparisons=2), values, stop_after=6)
+    assert not race.ended and race.eliminated  # the 40 % arm went; the race was cut short after round 6
+    store.write_tune(tmp_path, tune._record(Options(), [race], 0.0))  # no result: interrupted
+    page, figures, tables = Page("t"), [], []
+    page.figure, page.table = figures.append, tables.append
+    names = labels([cases])[0]
+    run = tuned_run(tmp_path)
+    run.cases = pd.DataFrame({"case_id": list(names), "label": list(names.values())})
+    run.record.cases = {c.case_id: SimpleNamespace(params=c.params()) for c in cases}
+    recommendation.section(page, [run])
+    said = " ".join(html.unescape(" ".join(page.parts)).split())
+    assert "Interrupted race: no recommendation." in said and "after round 6" in said
+    assert f"tpbench tune --resume {tmp_path}" in said and "within 2%" not in said
+    (table,) = tables
+    by = table.set_index("setting")
+    slow = next(c for c in cases if c.slowdown_pct == 40)
+    assert by.loc[names[slow.case_id], "status"] == "eliminated"
+    assert by.loc[names[slow.case_id], "eliminated after round"] == race.eliminated[slow.case_id]
+    assert "vs that round's leader" in by.loc[names[slow.case_id], "what eliminated it"]
+    leader = race.history[-1]["leader"]
+    assert by.loc[names[leader], "status"] == "leader" and (by["rounds"] == 6).sum() >= 2
+    other = next(a for a in race.live if a != leader)
+    ratio, lo, hi = race.history[-1]["intervals"][other]
+    line = verdict.tie_line(Options().epsilon)
+    row = by.loc[names[other]]
+    assert row["as of round"] == 6 and row["vs that round's leader"] == verdict.change(ratio, line=line)
+    assert row["interval (95% jointly)"] == f"[{verdict.change(lo, line=line)}, {verdict.change(hi, line=line)}]"
+    (fig,) = figures
+    assert fig.layout.title.text.startswith("The race so far (interrupted after round 6): ")
+    assert max(x for t in fig.data for x in t.customdata) == 6
+    # Stopped before --min-rounds: nothing was decided, so no table or chart, and it says why.
+    early = run_race(Race([c.case_id for c in cases], 12, Options(), comparisons=2), values, stop_after=2)
+    store.write_tune(tmp_path, tune._record(Options(), [early], 0.0))
+    page, run.tune = Page("t"), store.read_tune(tmp_path)
+    page.figure, page.table = figures.append, tables.append
+    recommendation.section(page, [run])
+    said = " ".join(html.unescape(" ".join(page.parts)).split())
+    assert "stopped after 2 rounds" in said and "before any round the race could decide (round 3" in said
+    assert len(figures) == len(tables) == 1
 
 
 def test_a_tune_across_worlds_draws_one_race_chart_per_world_named_by_its_world(tmp_path):

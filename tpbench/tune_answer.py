@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import shlex
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
@@ -41,7 +41,7 @@ from tpbench.racing import (
     within_epsilon,
 )
 from tpbench.suite import Case, labels, varying_keys
-from tpbench.tune_record import TuneArm, TuneResult
+from tpbench.tune_record import TuneArm, TuneResult, eliminated_vs
 
 RECOMMENDED, TIED, ELIMINATED, UNRESOLVED, FAILED = "recommended", "tied", "eliminated", "unresolved", "failed"
 # Traced steps per setting (at least; whole averaging windows for post-local SGD), in one window
@@ -264,7 +264,7 @@ def _arms(
                 hi=float(rr.hi) if rr and rr.method != "single" else None,
                 eliminated_at=home.eliminated.get(a),
                 retired_at=retired_at,
-                eliminated_vs=_eliminated_vs(home, a),
+                eliminated_vs=eliminated_vs(home.history, a),
                 **_converged(convergence, a),
                 sat_out=0 if a in home.failed else stopped_at - len(home.judged(a)),
             )
@@ -430,15 +430,6 @@ def _to_target(
     if runner is not None:
         parts.append(f"against the next soonest, {runner.label} {against(runner)}")
     return "; ".join(parts)
-
-
-def _eliminated_vs(race: Race, arm: str) -> dict[str, Any] | None:
-    """The leader of the round that eliminated ``arm`` and the arm's interval against it then."""
-    went = next((e for e in race.history if arm in e["eliminated"]), None)
-    if went is None:
-        return None
-    ratio, lo, hi = went["intervals"][arm]
-    return {"leader": went["leader"], "ratio": float(ratio), "lo": float(lo), "hi": float(hi)}
 
 
 def _claim(

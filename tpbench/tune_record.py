@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
 from tpbench.racing import Options
 
@@ -153,6 +153,17 @@ class TuneRound:
             back=_take(doc, "back", "a list of strings", where, []),
             ended=_take(doc, "ended", "a string", where, None, null=True),
         )
+
+
+def eliminated_vs(history: Iterable[Mapping[str, Any]], arm: str) -> dict[str, Any] | None:
+    """The leader of the round that eliminated ``arm`` and the arm's interval against it then (a
+    ``TuneArm``'s ``eliminated_vs``), from a race's history entries (``Race.history``, or a
+    ``TuneRound``'s ``to_json``: the report of an interrupted tune has no answer that holds it)."""
+    went = next((e for e in history if arm in e["eliminated"]), None)
+    if went is None:
+        return None
+    ratio, lo, hi = went["intervals"][arm]
+    return {"leader": went["leader"], "ratio": float(ratio), "lo": float(lo), "hi": float(hi)}
 
 
 @dataclass(frozen=True, kw_only=True)

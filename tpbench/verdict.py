@@ -35,11 +35,12 @@ from tpbench.analysis.stats import CONFIDENCE, Ratio, range_confidence
 METRIC_WORDS = {"step_ms": "step time", "cpu_ms": "CPU time per step"}
 
 
-def ratio_heading(metric: str) -> str:
+def ratio_heading(metric: str, against: str = "recommended") -> str:
     """A tune's ratio column, naming what was raced where it is not the default step time: with
     ``--metric cpu_ms`` the text, Markdown and the report's table would otherwise read exactly as a
-    step_ms race's, and only the JSON would say the ratios are CPU time."""
-    return "vs recommended" if metric == "step_ms" else f"vs recommended ({METRIC_WORDS[metric]})"
+    step_ms race's, and only the JSON would say the ratios are CPU time. ``against``: what the
+    ratios are to (an interrupted tune's report has no recommended setting: "that round's leader")."""
+    return f"vs {against}" if metric == "step_ms" else f"vs {against} ({METRIC_WORDS[metric]})"
 
 
 PASS, REGRESSION, IMPROVEMENT, INCONCLUSIVE = "pass", "regression", "improvement", "inconclusive"

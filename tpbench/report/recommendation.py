@@ -7,6 +7,7 @@ for the whole report), so the report needs none of the tune's machinery."""
 from __future__ import annotations
 
 import math
+from typing import Any, Mapping
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -15,7 +16,7 @@ from tpbench import store, verdict
 from tpbench.analysis.explain import PARTS
 from tpbench.report.figures import LEGEND_BELOW, LEGEND_TOP, MARGIN, SERIES_COLORS
 from tpbench.report.html import Page, plot_text
-from tpbench.tune_record import TuneRecord, TuneResult, TuneRound
+from tpbench.tune_record import TuneRecord, TuneResult, TuneRound, TuneWorld, eliminated_vs
 
 
 def section(page: Page, runs: list[store.Loaded]) -> None:
@@ -27,12 +28,8 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
         if len(tuned) > 1:
             page.heading(f"run {run.record.run_id}", level=3)
         result = saved.result
-        if result is None:  # interrupted (or still racing): no answer yet, and how to get one
-            n = len(saved.history)
-            page.paragraph(
-                f"No recommendation yet: this tune stopped after {n} round{'s' if n != 1 else ''} "
-                f"(interrupted, or still running). Resume it with tpbench tune --resume {run.run_dir}."
-            )
+        if result is None:  # interrupted (or still racing): the race so far, and how to get an answer
+            _race_so_far(page, run, saved)
             continue
         page.paragraph(result.claim)
         if result.training_note:  # None in tune.json before it had one
@@ -75,9 +72,86 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
             css="muted",
         )
         page.table(_table(result))
-        _race_charts(page, saved, result)
+        names = {a.case_id: a.label for a in result.arms}
+        if not _race_charts(page, saved, names, {a.case_id: a.params for a in result.arms}, result.epsilon):
+            page.paragraph(f"No race chart: {_no_chart(saved, result)}.", css="muted")
         if result.where:  # tune --trace; an id names one element of a page
             _where(page, result.where, "where-time-goes" if len(tuned) == 1 else None)
+
+
+def _race_so_far(page: Page, run: store.Loaded, saved: TuneRecord) -> None:
+    """A tune without an answer (interrupted, or still racing): the race tune.json keeps, as of each
+    world's last judged round, the table and the race chart, each saying so, and no claim: a setting
+    still racing may yet lead, and the answer needs the races to end (a resume). The interrupt's
+    "The race so far is kept" sends the user here, where the section used to say only how many
+    rounds had run."""
+    resume = f"tpbench tune --resume {run.run_dir}"
+    rounds = max((e.round for e in saved.history), default=0)
+    min_rounds = int(saved.options.min_rounds)
+    if not _charted_worlds(saved):
+        page.paragraph(
+            f"Interrupted race: no recommendation. This tune stopped after {rounds} round{'s' if rounds != 1 else ''}"
+            f" (interrupted, or still running), before any round the race could decide (round {min_rounds}, "
+            f"--min-rounds), so there is no race to show yet. Resume it with {resume}."
+        )
+        return
+    page.paragraph(
+        f"Interrupted race: no recommendation. This tune stopped after round {rounds} (interrupted, or still "
+        "running); below is the race so far, each setting as of the last round its world's race judged, against "
+        "that round's leader. It claims nothing: a setting still racing may yet lead or be eliminated. Resume it "
+        f"with {resume}."
+    )
+    names = dict(zip(run.cases["case_id"], run.cases["label"]))
+    page.table(_table_so_far(saved, names))
+    params = {cid: c.params for cid, c in run.record.cases.items()}
+    _race_charts(page, saved, names, params, saved.options.epsilon, interrupted=True)
+
+
+def _table_so_far(saved: TuneRecord, names: Mapping[str, str]) -> pd.DataFrame:
+    """Each setting of an interrupted tune as of the last judged round of its world: its standing
+    (that round's leader, racing, retired, eliminated or failed), the rounds it ran until then, and
+    its ratio to that round's leader with the race's interval (an eliminated one: the interval that
+    eliminated it, as the finished table's "what eliminated it" says)."""
+    line = verdict.tie_line(saved.options.epsilon)
+    interval = verdict.interval_heading(saved.options.confidence, False)
+    rows = []
+    for key, world in saved.worlds.items():
+        history = [e for e in saved.history if e.world == int(key)]
+        last = history[-1] if history else None
+        ran = dict.fromkeys(world.arms, 0)  # each judged round was run by the arms live after the one before
+        for before in [world.arms, *(e.live for e in history)][: len(history)]:
+            for arm in before:
+                ran[arm] += 1
+        for arm in world.arms:
+            ratio, lo, hi = last.intervals.get(arm, (None, None, None)) if last else (None, None, None)
+            went = eliminated_vs([e.to_json() for e in history], arm)
+            rows.append(
+                {
+                    "setting": names.get(arm, arm),
+                    "status": _standing(arm, world, last),
+                    "rounds": ran[arm],
+                    "as of round": last.round if last else 0,
+                    verdict.ratio_heading(saved.options.metric, "that round's leader"): verdict.change(
+                        ratio, line=line
+                    ),
+                    interval: ""
+                    if lo is None
+                    else f"[{verdict.change(lo, line=line)}, {verdict.change(hi, line=line)}]",
+                    "eliminated after round": world.eliminated.get(arm, ""),
+                    "what eliminated it": verdict.eliminated_vs_text(went),
+                    "retired after round": world.retired.get(arm, ""),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _standing(arm: str, world: TuneWorld, last: TuneRound | None) -> str:
+    """An interrupted tune's setting as its world's race left it: failed, eliminated, retired, the
+    leader of the last judged round, or still racing."""
+    for status, held in (("failed", world.failed), ("eliminated", world.eliminated), ("retired", world.retired)):
+        if arm in held:
+            return status
+    return "leader" if last and arm == last.leader else "racing"
 
 
 # What tells a tune's worlds apart (``Case.launch_key``): arms that differ in one of these cannot
@@ -85,30 +159,43 @@ def section(page: Page, runs: list[store.Loaded]) -> None:
 WORLD_KEYS = ("world_size", "backend", "device", "interconnect")
 
 
-def _race_charts(page: Page, saved: TuneRecord, result: TuneResult) -> None:
+def _charted_worlds(saved: TuneRecord) -> list[int]:
+    """The worlds with a round the rule could decide (``judged_rounds``) that set two settings side by side."""
+    judged = judged_rounds(saved.history, int(saved.options.min_rounds))
+    return list(dict.fromkeys(e.world for e in judged if e.intervals))
+
+
+def _race_charts(
+    page: Page,
+    saved: TuneRecord,
+    names: Mapping[str, str],
+    params: Mapping[str, Mapping[str, Any]],
+    epsilon: float,
+    interrupted: bool = False,
+) -> bool:
     """One race chart per world that raced two settings or more, each titled with its world where
     the tune spans several: each world has its own rounds and its own leader, and drawn in one
     chart their lines run side by side, two leaders at 1, with nothing saying which race a line
-    belongs to."""
-    names = {a.case_id: a.label for a in result.arms}
+    belongs to. ``names`` and ``params``: each arm's label and params. ``interrupted``: a tune
+    without an answer, each title saying the round its world's race was cut short after. Whether
+    any chart was drawn."""
     min_rounds = int(saved.options.min_rounds)
-    judged = judged_rounds(saved.history, min_rounds)
-    worlds = list(dict.fromkeys(e.world for e in judged if e.intervals))
-    if not worlds:
-        page.paragraph(f"No race chart: {_no_chart(saved, result)}.", css="muted")
+    worlds = _charted_worlds(saved)
     for world in worlds:
         history = [e for e in saved.history if e.world == world]  # _race_figure keeps the judged rounds
-        title = _world_name(saved, result, world) if len(saved.worlds) > 1 else None
-        page.figure(_race_figure(history, names, result.epsilon, min_rounds, title))
+        title = _world_name(saved, params, world) if len(saved.worlds) > 1 else None
+        head = f"The race so far (interrupted after round {history[-1].round})" if interrupted else "The race"
+        page.figure(_race_figure(history, names, epsilon, min_rounds, title, head))
+    return bool(worlds)
 
 
-def _world_name(saved: TuneRecord, result: TuneResult, world: int) -> str:
+def _world_name(saved: TuneRecord, params: Mapping[str, Mapping[str, Any]], world: int) -> str:
     """A world by the keys that make it one ("world_size=2", "interconnect=tcp-1gbit"): those of
-    ``WORLD_KEYS`` among the swept keys of its first arm; arms of different worlds differ in one of
-    them, which is swept, since a tune's worlds come from its grid."""
-    first = saved.worlds[str(world)].arms[0]
-    params = next(a.params for a in result.arms if a.case_id == first)
-    said = [f"{k}={params[k]}" for k in WORLD_KEYS if k in params]
+    ``WORLD_KEYS`` whose value differs between the worlds' first arms (``params``: case id → params),
+    as its first arm has them; a tune's worlds come from its grid, so those keys are swept."""
+    firsts = [params.get(w.arms[0], {}) for w in saved.worlds.values()]
+    mine = params.get(saved.worlds[str(world)].arms[0], {})
+    said = [f"{k}={mine[k]}" for k in WORLD_KEYS if k in mine and len({str(p.get(k)) for p in firsts}) > 1]
     return " ".join(said) or f"world {world}"
 
 
@@ -300,13 +387,19 @@ def _race_rows(history: list[TuneRound]) -> pd.DataFrame:
 
 
 def _race_figure(
-    history: list[TuneRound], names: dict[str, str], epsilon: float, min_rounds: int, world: str | None = None
+    history: list[TuneRound],
+    names: Mapping[str, str],
+    epsilon: float,
+    min_rounds: int,
+    world: str | None = None,
+    head: str = "The race",
 ) -> go.Figure:
     """Per setting, its ratio to that round's leader with the race's interval, round by round from
     ``min_rounds``, the first round the rule may decide (``judged_rounds``; the title says the
     rounds before it had too few to decide), the leader itself at 1, without an interval; a cross
     where it was eliminated, a ring where it was retired. ``world``: the world's name, in the title,
-    where the tune raced in several (one chart each, ``_race_charts``).
+    where the tune raced in several (one chart each, ``_race_charts``); ``head``: the title's start
+    ("The race so far (interrupted after round 6)" for a tune without an answer).
     The band runs from 1 / (1 + epsilon) to 1: a setting whose interval's lower end is inside it or
     above can no longer be more than epsilon faster than the leader and is retired (it runs no more
     rounds); one whose lower end is above 1 is eliminated. The key and the ring's hover say what
@@ -342,7 +435,7 @@ def _race_figure(
     early = f"; before round {min_rounds}, too few rounds to decide (--min-rounds {min_rounds})"
     # The key on a line of its own, clear of plotly's toolbar.
     title = (
-        f"The race{f' in the world of {world}' if world else ''}: ratio to the round's leader, from round "
+        f"{head}{f' in the world of {world}' if world else ''}: ratio to the round's leader, from round "
         f"{min_rounds}<br><sup>×: eliminated; ○: retired ({retired_why}); at 1 without a bar: the "
         f"round's leader<br>shaded: 1 / {1 + epsilon:g} to 1, a lower end in it or above retires{off}{early}</sup>"
     )
