@@ -1625,6 +1625,23 @@ def test_resuming_a_tune_that_had_ended_says_so_and_shows_no_race_starting(tmp_p
         assert ("This tune had ended: nothing more to race; its answer again." in said) is ended
 
 
+def test_compare_and_export_of_an_interrupted_tune_say_how_to_finish_it(tmp_path, capsys):
+    """An interrupted tune's arms are pending: ``compare RUN`` said only "nothing to compare: no two
+    finished cases differ in exactly one swept key" and ``export`` "no case has timed steps (2
+    pending)", neither naming the resume that finishes them, nor the report that shows the race so far."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(tiny_suite("slowdown_pct = [0, 40]", repeats=3))
+    run, _ = tune.start(suite, Options(), out_root=tmp_path / "results")
+    capsys.readouterr()
+    for cmd in (["compare"], ["export", "--format", "pytest-benchmark"]):
+        assert run_cli([*cmd, str(run.dir)]) == 2
+        said = " ".join(capsys.readouterr().err.split())
+        assert (
+            f"(2 pending: an unfinished run; tpbench tune --resume {run.dir} finishes it, "
+            f"tpbench report {run.dir} shows how far it got)"
+        ) in said, said
+
+
 def test_a_resumed_tune_s_elapsed_time_goes_on_from_the_time_tune_json_records(tmp_path, capsys):
     """A resumed tune's progress said "0:00:00 elapsed" though its budget counts its earlier
     sessions' time too (tune.json's ``wall_s``): its display now starts from that time."""

@@ -4,7 +4,6 @@ github-action-benchmark's ``customSmallerIsBetter`` input (``tpbench export``)."
 from __future__ import annotations
 
 import json
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -62,8 +61,7 @@ def _export_cases(
         out.append((Case.from_params(p), names[cid], data[metric].to_numpy(dtype=float), reps))
     if not out:
         # An empty document exits 0 and a CI job would upload it: refused, as compare refuses nothing to compare.
-        states = Counter(c.status for c in loaded.record.cases.values())
-        said = ", ".join(f"{n} {state}" for state, n in states.most_common())
+        said = store.states_words(loaded.run_dir, (c.status for c in loaded.record.cases.values()))
         raise GateError(f"{loaded.run_dir}: nothing to export: no case has timed steps ({said})")
     return out, skipped
 

@@ -344,8 +344,7 @@ def rendezvous_failed(run: store.Run, launcher: Torchrun, why: str, cure: str, s
     and the resume that runs the rest: with another port of the same host when an endpoint was
     given, and (``slow``: a start that may only have been slow) a longer ``--rdzv-timeout``, which
     a resume may change (``cli.common.resumed_launcher``)."""
-    command = "tune" if (run.dir / store.TUNE_FILE).exists() else "sweep"
-    resume = f"tpbench {command} --resume {run.dir}"
+    resume = store.resume_command(run.dir)
     options = []
     if launcher.rendezvous_address():
         options.append(_another_port(launcher))

@@ -32,11 +32,13 @@ import functools
 import json
 import os
 import secrets
+import shlex
 import shutil
 import socket
 import stat
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -313,6 +315,29 @@ def case_steps(run_dir: Path, case_id: str) -> pd.DataFrame:
 
 
 TUNE_FILE = "tune.json"
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that finishes a run: a tune's (it holds tune.json) or a sweep's resume."""
+    command = "tune" if (Path(run_dir) / TUNE_FILE).is_file() else "sweep"
+    return shlex.join(["tpbench", command, "--resume", str(run_dir)])
+
+
+def states_words(run_dir: Path, statuses: Iterable[str]) -> str:
+    """The states of a run's cases, "1 done, 1 failed", and where some are pending or running what
+    finishes them: "2 pending: an unfinished run; tpbench tune --resume RUN finishes it, …". Said
+    where a run has nothing to compare or export: an interrupted run's cases are pending, not
+    failed, and the resume is what the user needs. A tune's report shows its race so far."""
+    states = Counter(statuses)
+    said = ", ".join(f"{n} {state}" for state, n in states.most_common())
+    if not states[PENDING] + states[RUNNING]:
+        return said
+    shown = (
+        f", {shlex.join(['tpbench', 'report', str(run_dir)])} shows how far it got"
+        if (Path(run_dir) / TUNE_FILE).is_file()
+        else ""
+    )
+    return f"{said}: an unfinished run; {resume_command(run_dir)} finishes it{shown}"
 
 
 def write_tune(run_dir: Path, record: TuneRecord) -> None:

@@ -23,7 +23,7 @@ def _print_verdict(comparison, fmt: str, command: str = "compare") -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from tpbench import compare
+    from tpbench import compare, store
 
     threshold = compare.parse_threshold(args.threshold)
     if len(args.runs) == 1:
@@ -38,11 +38,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
             filters=args.filter,
         )
         if not within.pairs:
-            # "pass" over no comparison would let a CI job pass on a typo or a one-case run.
+            # "pass" over no comparison would let a CI job pass on a typo or a one-case run. The cases'
+            # states say why: an interrupted run's are pending, and what finishes it is said.
+            run_dir = Path(within.run)
+            states = store.states_words(run_dir, (c.status for c in store.read_record(run_dir).cases.values()))
             usage(
                 f"{args.runs[0]}: nothing to compare: no two finished cases"
                 + (" that --filter/--pair keep" if args.filter or args.pair else "")
-                + " differ in exactly one swept key",
+                + f" differ in exactly one swept key ({states})",
                 "compare",
             )
         return _print_verdict(within, args.format)
