@@ -129,6 +129,26 @@ def test_a_long_tune_in_a_log_says_the_rounds_that_decided_something_and_a_few_o
     assert "eliminated" in judged[numbers.index(race.eliminated[slow])]
 
 
+def test_a_judged_round_counts_the_retired_and_eliminated_arms_apart_from_those_still_racing(capsys):
+    """A tie's last line said "round 6/8: 1 of 7 left" while its claim said "tied with 2": "left"
+    counted only the arms still running, not the retired ones the tie keeps. Each judged round now
+    says how many arms still race, and how many are retired and eliminated."""
+    cases = [dataclasses.replace(c, repeats=40) for c in zero_cases()[:3]]
+    progress = TuneProgress(cases, clock=Clock())
+    arms = [c.case_id for c in cases]
+    race = racing.Race(arms, 40, racing.Options(), comparisons=2)
+    rng = random.Random(3)
+    factors = dict(zip(arms, (1.0, 1.005, 3.0)))  # the leader, one it retires, one it eliminates
+    while race.ended is None:
+        for a in race.live:
+            race.record(a, race.rounds, 100.0 * factors[a] * rng.uniform(0.98, 1.02))
+        progress.round(race, race.close_round())
+    last = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tune round ")][-1]
+    assert race.ended == racing.ALL_TIED and len(race.live) == len(race.retired) == len(race.eliminated) == 1
+    assert f"tune round {race.rounds}/40: 1 of 3 still racing, 1 retired, 1 eliminated, leader " in last, last
+    assert " left" not in last
+
+
 def test_a_failure_or_a_kept_trace_in_a_log_is_one_line_however_long(capsys):
     """A log's console is 80 columns wide: a failed case's cause, a world's retry and the trace
     window kept were wrapped there into pieces of 80 ('trace of … kept: its forward' / 'passes at

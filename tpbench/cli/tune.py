@@ -105,7 +105,14 @@ class TuneProgress:
             for verb, key in (("eliminated", "eliminated"), ("retired", "retired"), ("back", "back"))
             for a in entry[key]
         )
-        said = f"round {entry['round']}/{race.max_rounds}: {len(entry['live'])} of {len(race.arms)} left, "
+        # Those still racing, and apart from them the retired (a tie keeps them: "tied with 2") and the
+        # eliminated: "1 of 7 left" beside "tied with 2" read as a contradiction.
+        out = "".join(
+            f", {len(held)} {what}"
+            for what, held in (("retired", race.retired), ("eliminated", race.eliminated))
+            if held
+        )
+        said = f"round {entry['round']}/{race.max_rounds}: {len(entry['live'])} of {len(race.arms)} still racing{out}, "
         said += f"leader {leader}{gone}"
         self.progress.update(self.task, race=escape(said))
         self.judged += 1
