@@ -362,6 +362,14 @@ def test_the_text_answer_keeps_its_cost_on_stdout(tmp_path, capsys):
     said = capsys.readouterr()
     assert result.claim in said.out and "wall 30 s" in said.out and "wall" not in said.err
     assert said.err == f"Run directory: {result.run_dir}\n"
+    # Markdown and JSON end stderr with the tune's run directory too: after --trace, the last one said
+    # was the trace sweep's, and a script taking the last "Run directory:" line got the wrong run.
+    for fmt in ("md", "json"):
+        cli.print_tune(result, fmt)
+        said = capsys.readouterr()
+        assert said.err == f"Run directory: {result.run_dir}\n" and "Run directory" not in said.out
+        if fmt == "json":
+            assert json.loads(said.out)["claim"] == result.claim
 
 
 def test_a_cpu_ms_tune_says_its_ratios_are_cpu_time_in_text_and_markdown(tmp_path, capsys):

@@ -357,6 +357,14 @@ def raced_on(metric: str) -> str:
 
 
 def print_tune(result, fmt: str) -> None:
+    """The tune's answer on stdout in ``fmt``, then where its run lies on stderr, in every format: after
+    ``--trace`` the last "Run directory:" said was the trace sweep's, and in Markdown and JSON nothing
+    said the tune's again, so a script taking the last such line got the trace's run."""
+    _print_answer(result, fmt)
+    console.print(f"Run directory: {result.run_dir}", markup=False, soft_wrap=True)
+
+
+def _print_answer(result, fmt: str) -> None:
     from tpbench import verdict
 
     if fmt == "json":
@@ -413,7 +421,7 @@ def print_tune(result, fmt: str) -> None:
         out.print("\n".join([verdict.WORLDS_SAY, *(f"  {w}" for w in result.worlds)]), markup=False, soft_wrap=True)
     out.print(_text_table(head, rows))
     # On stdout, as in Markdown and JSON: what the tune cost is part of its answer (`> answer.txt` keeps it);
-    # where its run lies goes to stderr, as every command's run directory does.
+    # where its run lies goes to stderr (``print_tune``), as every command's run directory does.
     out.print(cost, markup=False, soft_wrap=True)
     if result.next_step:
         out.print(then + result.next_step, markup=False, soft_wrap=True)
@@ -425,4 +433,3 @@ def print_tune(result, fmt: str) -> None:
             out.print(said, markup=False, soft_wrap=True)
     elif result.trace_step:
         out.print(TRACE_SAYS + result.trace_step, markup=False, soft_wrap=True)
-    console.print(f"Run directory: {result.run_dir}", markup=False, soft_wrap=True)
