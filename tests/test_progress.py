@@ -149,6 +149,23 @@ def test_a_judged_round_counts_the_retired_and_eliminated_arms_apart_from_those_
     assert " left" not in last
 
 
+def test_a_judged_rounds_counts_add_up_to_the_settings_where_one_failed(capsys):
+    """A setting whose case failed leaves the race (``Race.drop``): the round's line counted the arms
+    racing, retired and eliminated, and the failed one went unsaid, the counts short of the settings."""
+    cases = [dataclasses.replace(c, repeats=40) for c in zero_cases()[:3]]
+    progress = TuneProgress(cases, clock=Clock())
+    arms = [c.case_id for c in cases]
+    race = racing.Race(arms, 40, racing.Options(), comparisons=2)
+    race.drop(arms[2])
+    rng = random.Random(3)
+    while race.ended is None:  # the two alike: the race ends tied or with its rounds spent
+        for a in race.live:
+            race.record(a, race.rounds, 100.0 * rng.uniform(0.9, 1.1))
+        progress.round(race, race.close_round())
+    last = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tune round ")][-1]
+    assert " 2 of 3 still racing, 1 failed, leader " in last, last
+
+
 def test_a_failure_or_a_kept_trace_in_a_log_is_one_line_however_long(capsys):
     """A log's console is 80 columns wide: a failed case's cause, a world's retry and the trace
     window kept were wrapped there into pieces of 80 ('trace of … kept: its forward' / 'passes at

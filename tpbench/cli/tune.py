@@ -105,11 +105,12 @@ class TuneProgress:
             for verb, key in (("eliminated", "eliminated"), ("retired", "retired"), ("back", "back"))
             for a in entry[key]
         )
-        # Those still racing, and apart from them the retired (a tie keeps them: "tied with 2") and the
-        # eliminated: "1 of 7 left" beside "tied with 2" read as a contradiction.
+        # Those still racing, and apart from them the retired (a tie keeps them: "tied with 2"), the
+        # eliminated and the failed, so that the counts add up to the settings: "1 of 7 left" beside
+        # "tied with 2" read as a contradiction.
         out = "".join(
             f", {len(held)} {what}"
-            for what, held in (("retired", race.retired), ("eliminated", race.eliminated))
+            for what, held in (("retired", race.retired), ("eliminated", race.eliminated), ("failed", race.failed))
             if held
         )
         said = f"round {entry['round']}/{race.max_rounds}: {len(entry['live'])} of {len(race.arms)} still racing{out}, "
