@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.profiler import record_function
 
 from tpbench import comm_hooks
 from tpbench.comm_hooks import ALLREDUCE
@@ -318,9 +317,9 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
     averaging step the drift across ranks (and each rank's parameter norm) is measured just before
     averaging, and the parameter norm again just after it (equal on every rank of the averaging
     group when averaging worked); the time that takes is reported as ``untimed_ms`` (wall) and
-    ``untimed_cpu_ms`` and left out of the step's times. An averaging step at which the averager
-    would average no parameter fails the case (``AveragingSkipped``) instead of silently training
-    without averaging.
+    ``untimed_cpu_ms`` and left out of the step's times; traced steps do not measure it. An
+    averaging step at which the averager would average no parameter fails the case
+    (``AveragingSkipped``) instead of silently training without averaging.
     """
     case = ctx.case
     if case.start_localSGD_iter == "never":
@@ -353,12 +352,14 @@ def build_post_localsgd(model: torch.nn.Module, ctx: BuildContext) -> Training:
         measured["untimed_cpu_ms"] += (time.process_time_ns() - cpu0) / 1e6
 
     def after_step() -> None:
-        due = schedule.next_averaging_group() is not None
-        if due:
+        # Traced steps measure no drift: the timed steps leave its time out (``untimed_ms``), so a
+        # trace holding its collectives would count them as the case's communication.
+        measure = schedule.next_averaging_group() is not None and not private.profiler_enabled()
+        if measure:
             before_averaging()
         schedule.step += 1
         averager.average_parameters(ddp.parameters())
-        if due:
+        if measure:
             after_averaging()
         optimizer.zero_grad(set_to_none=True)
 
@@ -399,8 +400,7 @@ def _before_averaging(params: list[torch.nn.Parameter], step: int, chosen_by_ave
             "(it averages only parameters with a gradient, and none has one): "
             "gradients must still be present when average_parameters runs"
         )
-    with record_function("tpbench.drift"):  # its collectives, told apart from the averaging's in traces
-        drift = parameter_drift(params)
+    drift = parameter_drift(params)
     return dict(
         drift_max_l2=drift.max_l2,
         drift_mean_l2=drift.mean_l2,
