@@ -494,6 +494,15 @@ def test_metric_cpu_ms_compares_cpu_time_and_says_so(tmp_path):
     assert "Verdicts compare CPU time per step (cpu_ms)" in build_report([store.load(run)], tmp_path, "cpu_ms")
 
 
+def test_all_cases_table_says_its_memory_columns_are_mib(tmp_path):
+    """The All cases table's ``max_peak_rss_mb`` holds MiB (2^20 bytes, as the Memory chart's axis
+    says), and its header alone read as megabytes, 5 % apart."""
+    run = make_run(tmp_path / "run", {"ddp": [10, 10.1, 9.9]})
+    finalize(store.Run.open(run))
+    html = build_report([store.load(run)], tmp_path)
+    assert "max_peak_rss_mb" in html and "The *_mb columns are in MiB (2^20 bytes)" in html
+
+
 def test_report_metric_not_recorded_is_an_error_naming_the_run(tmp_path):
     run = make_run(tmp_path / "old", {"ddp": [10, 10.1, 9.9]})  # no cpu_ms, like runs made before it was recorded
     finalize(store.Run.open(run))

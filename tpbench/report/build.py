@@ -342,6 +342,8 @@ def _cases_table(page: Page, data: ReportData) -> None:
             "are over every traced step, their times means, so the two may differ by a step's worth.",
             css="muted",
         )
+    if any(c.endswith("_mb") for c in table):
+        page.paragraph("The *_mb columns are in MiB (2^20 bytes), as the Memory chart's axis says.", css="muted")
     page.table(table.rename(columns={"label": "case"}), scroll=len(table) > 25)
 
 
