@@ -7,6 +7,7 @@ averaging call did (nothing, a pair mean, the global mean) can be read off the r
 from __future__ import annotations
 
 import inspect
+import typing
 
 import pytest
 import torch
@@ -205,6 +206,20 @@ def test_signatures_match_pytorchs() -> None:
                 assert ours[p.name].default == p.default, (name, p.name)
         extra = list(ours)[len(theirs) :]
         assert all(ours[p].kind is inspect.Parameter.KEYWORD_ONLY for p in extra), (name, extra)
+
+
+def test_zero_hooks_type_hints_are_pytorchs() -> None:
+    """The documented signature annotates ``zero: ZeroRedundancyOptimizer`` and the returned hook as
+    one giving a ``Future[Tensor]``. Ours named ZeRO by a string its module never imported, so
+    ``typing.get_type_hints`` (what validating and documenting tools read) raised ``NameError``
+    where PyTorch's resolves, and its returned hook was annotated a bare ``Future``."""
+    from torch.distributed.algorithms.ddp_comm_hooks import ddp_zero_hook
+
+    import tpbench.hooks as ours
+
+    for name in ("hook_with_zero_step", "hook_with_zero_step_interleaved"):
+        theirs = typing.get_type_hints(getattr(ddp_zero_hook, name))
+        assert typing.get_type_hints(getattr(ours, name)) == theirs, name
 
 
 def test_hierarchical_averager_without_periods_is_refused_as_pytorchs_is() -> None:

@@ -68,23 +68,23 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.autograd.profiler import record_function
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from tpbench.hooks import _torch_private as private
 from tpbench.hooks._torch_private import Shard
 
-if TYPE_CHECKING:  # importing it takes over a second; whoever passes one has imported it already.
-    # Quoted where annotated: DDP reads the returned hooks' own annotations, which stay objects.
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
 __all__ = ["hook_with_zero_step", "hook_with_zero_step_interleaved"]
 
 CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future]
+"""A hook to wrap, annotated as PyTorch's ``hook`` parameter is."""
+ZeroHook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
+"""A wrapped hook, annotated as PyTorch's functions' return is (``typing.get_type_hints`` compares equal)."""
 
 _NO_RANGE = contextlib.nullcontext()
 
@@ -192,7 +192,7 @@ class _ZeroOverlap:
         self,
         hook: CommHook,
         ddp: DistributedDataParallel,
-        zero: "ZeroRedundancyOptimizer",
+        zero: ZeroRedundancyOptimizer,
         internals: private.ZeroInternals,
         shard_buckets: bool,
         interleaved: bool,
@@ -320,10 +320,8 @@ def _require_types(ddp: Any, zero: Any) -> None:
 
     Checked before the private-state checks, which would otherwise report a module passed for
     ``ddp`` or a plain optimizer passed for ``zero`` as private state missing from this torch
-    release. ZeRO is imported only here: whoever passes a real one has imported it already.
+    release.
     """
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
     if not isinstance(ddp, DistributedDataParallel):
         raise TypeError(
             f"ddp must be a DistributedDataParallel (the model the hook is registered on), got {type(ddp).__name__}"
@@ -337,11 +335,11 @@ def _require_types(ddp: Any, zero: Any) -> None:
 def _wrap(
     hook: CommHook,
     ddp: DistributedDataParallel,
-    zero: "ZeroRedundancyOptimizer",
+    zero: ZeroRedundancyOptimizer,
     shard_buckets: bool,
     interleaved: bool,
     name: str,
-) -> CommHook:
+) -> ZeroHook:
     _require_types(ddp, zero)
     internals = private.ZeroInternals(zero)
     private.require_ddp_internals(ddp)
@@ -364,9 +362,9 @@ def _wrap(
 def hook_with_zero_step(
     hook: CommHook,
     ddp: DistributedDataParallel,
-    zero: "ZeroRedundancyOptimizer",
+    zero: ZeroRedundancyOptimizer,
     shard_buckets: bool = False,
-) -> CommHook:
+) -> ZeroHook:
     """Modify ``hook`` to overlap ZeRO's optimizer step with DDP's backward pass.
 
     The optimizer computation follows the backward computation (it runs in the last bucket's
@@ -400,9 +398,9 @@ def hook_with_zero_step(
 def hook_with_zero_step_interleaved(
     hook: CommHook,
     ddp: DistributedDataParallel,
-    zero: "ZeroRedundancyOptimizer",
+    zero: ZeroRedundancyOptimizer,
     shard_buckets: bool = False,
-) -> CommHook:
+) -> ZeroHook:
     """Modify ``hook`` to overlap ZeRO's optimizer step with DDP's backward pass, bucket by bucket.
 
     Once a bucket's gradients are reduced, the optimizer computation for that bucket runs, so
