@@ -500,7 +500,7 @@ def test_bad_arguments_say_what_to_give(burnt: Path, tmp_path: Path, capsys) -> 
     assert run_cli(["explain", str(burnt), "--pair", "nokey=a..b"]) == 2
     assert "'nokey' is not swept" in capsys.readouterr().err
     assert run_cli(["explain", str(burnt)]) == 2
-    assert "needs --pair" in capsys.readouterr().err
+    assert f"{burnt}: one run given" in capsys.readouterr().err
 
 
 @pytest.mark.ranks
@@ -678,3 +678,14 @@ def test_a_broadcasts_transfer_is_not_straggler_wait() -> None:
     # An all-reduce is still measured against its shortest: the last to arrive.
     reduce = pd.DataFrame([_iv(0, "comm", 0, 80, "allreduce"), _iv(1, "comm", 60, 80, "allreduce")])
     assert _waits(reduce).tolist() == [60, 0]
+
+
+def test_one_run_without_pair_names_the_run_and_what_to_give(tmp_path: Path, capsys) -> None:
+    """``explain RUN`` alone: the message said "explain RUN_DIR needs --pair", naming no run, so a
+    script that meant to pass two runs (the second one's variable empty) could not tell which it got."""
+    from synthetic_runs import make_run
+
+    run = make_run(tmp_path, {"ddp": [10.0, 10.1, 9.9]})
+    assert run_cli(["explain", str(run)]) == 2
+    said = capsys.readouterr().err
+    assert f"{run}: one run given; expected two runs (BASE CAND) or one run with --pair" in said, said

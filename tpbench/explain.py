@@ -225,7 +225,10 @@ def run(
     ``Report.environment_differences``."""
     if len(runs) == 1:
         if not pairs:
-            raise ExplainError("explain RUN_DIR needs --pair KEY=BASELINE..CANDIDATE (or give two runs: BASE CAND)")
+            raise ExplainError(
+                f"{runs[0]}: one run given; expected two runs (BASE CAND) or one run with --pair "
+                "KEY=BASELINE..CANDIDATE (two of its cases)"
+            )
         if ignore_env:  # the cases of one run share its environment: there is nothing to ignore
             raise ExplainError(f"--ignore-env: {compare.IGNORE_ENV_WITHIN_RUN}")
         try:
