@@ -689,3 +689,28 @@ def test_one_run_without_pair_names_the_run_and_what_to_give(tmp_path: Path, cap
     assert run_cli(["explain", str(run)]) == 2
     said = capsys.readouterr().err
     assert f"{run}: one run given; expected two runs (BASE CAND) or one run with --pair" in said, said
+
+
+def test_runs_of_two_suites_say_so_as_compare_does(tmp_path: Path, capsys) -> None:
+    """Runs of two suites: compare says "the baseline ran suite a, the candidate suite b", explain
+    said nothing of it, neither where the runs share no case (only "no finished case of … has a
+    counterpart") nor above the parts of the cases they do share."""
+    from synthetic_runs import make_run
+
+    from tpbench import render
+
+    base = make_run(tmp_path / "a", {"ddp": [10.0, 10.1, 9.9]}, suite_name="a")
+    cand = make_run(tmp_path / "b", {"zero_no_overlap": [10.0, 10.1, 9.9]}, suite_name="b")
+    assert run_cli(["explain", str(base), str(cand)]) == 3
+    said = capsys.readouterr().err
+    assert "the baseline ran suite a, the candidate suite b: no case is in both" in said, said
+    shared = make_run(tmp_path / "c", {"ddp": [10.0, 10.1, 9.9]}, suite_name="c")
+    assert explain._matched(base, shared)[3] == "the baseline ran suite a, the candidate suite c"
+    e = parts.explain(*[pd.DataFrame({p: [1e6, 1.1e6] for p in parts.PARTS} | {"step_ns": [5e6, 5.5e6]})] * 2)
+    case = explain.CaseExplanation("c1", "ddp", "c1", "c1", e, e.delta_ms, e, (1, 1))
+    report = explain.Report(
+        str(base), str(shared), [case], suites_differ="the baseline ran suite a, the candidate suite c"
+    )
+    for out in (render.render_explain_text(report), render.render_explain_markdown(report)):
+        assert "the baseline ran suite a, the candidate suite c\n" in out, out
+    assert json.loads(render.render_explain_json(report))["suites_differ"] == report.suites_differ

@@ -134,7 +134,9 @@ class Report:
     ``environment_differences``: what makes the two runs incomparable (``compare``'s rule,
     ``compare.runs_environment_differences``), empty when they are comparable or within one run;
     ``ignored_environment_differences``: those ``--ignore-env`` set aside, still said, as ``compare``
-    says them: runs of two torch versions explained as comparable must not read as one environment."""
+    says them: runs of two torch versions explained as comparable must not read as one environment.
+    ``suites_differ``: compare's line for runs of two suites (``compare.suites_apart``), or "": their
+    shared cases are explained, and a reader should know the runs were not of one suite."""
 
     baseline: str
     candidate: str
@@ -142,6 +144,7 @@ class Report:
     skipped: dict[str, str] = field(default_factory=dict)
     environment_differences: list[str] = field(default_factory=list)
     ignored_environment_differences: list[str] = field(default_factory=list)
+    suites_differ: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -151,6 +154,7 @@ class Report:
             "skipped": self.skipped,
             "environment_differences": self.environment_differences,
             "ignored_environment_differences": self.ignored_environment_differences,
+            "suites_differ": self.suites_differ,
         }
 
 
@@ -239,12 +243,13 @@ def run(
         base_dir = cand_dir = Path(within.run)
         differs: list[str] = []
         ignored: list[str] = []
+        suites = ""
     elif len(runs) == 2:
         if pairs:
             raise ExplainError("--pair: only with a single RUN_DIR (two cases of one run)")
         base_dir, cand_dir = Path(runs[0]), Path(runs[1])
         try:
-            matched, differs, ignored = _matched(base_dir, cand_dir, ignore_env)
+            matched, differs, ignored, suites = _matched(base_dir, cand_dir, ignore_env)
         except compare.GateError as e:
             raise ExplainError(str(e)) from None
     else:
@@ -253,7 +258,7 @@ def run(
         raise Unanswerable(
             f"nothing to explain: no finished case of {cand_dir} has a finished counterpart in {base_dir} (matched by "
             "their parameters, as compare matches them); two cases of one run side by side: tpbench explain RUN_DIR "
-            "--pair KEY=BASELINE..CANDIDATE"
+            "--pair KEY=BASELINE..CANDIDATE" + (f"; {suites}" if suites else "")
         )
     cases, skipped = explain_cases(base_dir, cand_dir, matched, confidence=confidence)
     if not cases:
@@ -268,7 +273,7 @@ def run(
                 else ""
             )
         )
-    return Report(str(base_dir), str(cand_dir), cases, skipped, differs, ignored)
+    return Report(str(base_dir), str(cand_dir), cases, skipped, differs, ignored, suites)
 
 
 def annotate(
@@ -349,14 +354,15 @@ def matched_across(base_dir: Path, cand_dir: Path) -> list[Matched]:
 
 def _matched(
     base_dir: Path, cand_dir: Path, ignore_env: Sequence[str] = ()
-) -> tuple[list[Matched], list[str], list[str]]:
-    """``matched_across``, the environment differences that make the runs incomparable and those
-    ``ignore_env`` set aside (``compare.compare_runs``, whose ``GateError`` for a run given twice or
-    an unknown ``ignore_env`` key passes through)."""
+) -> tuple[list[Matched], list[str], list[str], str]:
+    """``matched_across``, the environment differences that make the runs incomparable, those
+    ``ignore_env`` set aside, and the line saying the runs are of two suites, or "" (``compare.compare_runs``,
+    whose ``GateError`` for a run given twice or an unknown ``ignore_env`` key passes through)."""
     base_data, cand_data = compare.RunData.of(base_dir), compare.RunData.of(cand_dir)
     comparison = compare.compare_runs([base_data], [cand_data], ignore_env=ignore_env)
     matched = matched_in(comparison, base_data, cand_data)
-    return matched, comparison.environment_differences, comparison.ignored_environment_differences
+    differs, ignored = comparison.environment_differences, comparison.ignored_environment_differences
+    return matched, differs, ignored, comparison.suites_differ
 
 
 def matched_in(comparison: compare.Comparison, base: compare.RunData, cand: compare.RunData) -> list[Matched]:

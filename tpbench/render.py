@@ -285,7 +285,8 @@ def _incomparable(r: explain.Report) -> list[str]:
 
 def render_explain_text(r: explain.Report) -> str:
     """Per case: the sentence, then each part's change (ms per step) with its 95 % interval."""
-    lines = [f"tpbench explain: baseline {r.baseline} → candidate {r.candidate}", *_incomparable(r), ""]
+    lines = [f"tpbench explain: baseline {r.baseline} → candidate {r.candidate}", *_incomparable(r)]
+    lines += [r.suites_differ, ""] if r.suites_differ else [""]
     for c in r.cases:
         table = [["part", "change ms", "95% CI"], *_explain_rows(c)]
         widths = [max(len(row[i]) for row in table) for i in range(3)]
@@ -301,7 +302,7 @@ def render_explain_text(r: explain.Report) -> str:
 
 def render_explain_markdown(r: explain.Report) -> str:
     lines = ["### tpbench explain", "", f"baseline `{r.baseline}` → candidate `{r.candidate}`", ""]
-    noted = _incomparable(r)
+    noted = _incomparable(r) + ([r.suites_differ] if r.suites_differ else [])
     lines += [f"- {line}" for line in noted] + ([""] if noted else [])
     for c in r.cases:
         lines += [f"#### {c.label}", "", c.top, "", "| part | change ms | 95% CI |", "|---|---:|---:|"]
