@@ -714,3 +714,20 @@ def test_runs_of_two_suites_say_so_as_compare_does(tmp_path: Path, capsys) -> No
     for out in (render.render_explain_text(report), render.render_explain_markdown(report)):
         assert "the baseline ran suite a, the candidate suite c\n" in out, out
     assert json.loads(render.render_explain_json(report))["suites_differ"] == report.suites_differ
+
+
+def test_exposed_comm_all_in_one_bucket_is_named_without_its_figure_twice() -> None:
+    """One bucket holding all the exposed communication (a slower link, DDP's one bucket): the sentence
+    read "mostly exposed comm (mostly bucket 0, +109.30 ms): +109.30 ms", the same figure twice and a
+    "mostly" for what is all of it. It names the bucket; a bucket that holds part of it keeps its figure."""
+    base = pd.DataFrame({p: [1e6, 1.2e6, 0.9e6] for p in parts.PARTS} | {f"{parts.DETAIL}bucket 0": [1e6] * 3})
+    cand = base + [0, 20e6, 0, 0, 0, 20e6]
+    for side in (base, cand):
+        side["step_ns"] = side[list(parts.PARTS)].sum(axis=1)
+    said = parts.sentence(parts.explain(base, cand))
+    assert "slower (95% CI +18.27 to +21.73), mostly exposed comm (bucket 0): +20.00 ms (100% of" in said, said
+    cand[f"{parts.DETAIL}bucket 1"] = [5e6] * 3
+    base[f"{parts.DETAIL}bucket 1"] = [0.0] * 3
+    cand[f"{parts.DETAIL}bucket 0"] -= 5e6
+    said = parts.sentence(parts.explain(base, cand))
+    assert "mostly exposed comm (mostly bucket 0, +15.00 ms): +20.00 ms" in said, said

@@ -192,7 +192,9 @@ def sentence(e: Explanation) -> str:
     share = 100 * top.delta_ms / e.delta_ms
     sub = e.top_detail if top.name == "exposed_comm" else None
     if sub is not None and sub.delta_ms * e.delta_ms > 0:
-        if abs(sub.delta_ms) >= 0.5 * abs(top.delta_ms) or len(e.detail) < 3:
+        if f"{sub.delta_ms:+.2f}" == f"{top.delta_ms:+.2f}":  # all of it: its figure would be said twice
+            what += f" ({sub.name})"
+        elif abs(sub.delta_ms) >= 0.5 * abs(top.delta_ms) or len(e.detail) < 3:
             what += f" (mostly {sub.name}, {sub.delta_ms:+.2f} ms)"
         else:  # smaller buckets: many collectives, each a little slower, none of them "mostly"
             spread = f"spread over {len(e.detail)} {detail_noun(e.detail)}"
