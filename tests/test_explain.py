@@ -716,6 +716,20 @@ def test_runs_of_two_suites_say_so_as_compare_does(tmp_path: Path, capsys) -> No
     assert json.loads(render.render_explain_json(report))["suites_differ"] == report.suites_differ
 
 
+def test_a_candidate_case_without_a_counterpart_is_said_skipped_as_compare_says_it_missing(tmp_path: Path, capsys):
+    """A candidate case with no counterpart in the baseline was left out of explain without a word
+    (``skipped`` empty), while compare lists it as missing: it read as a case explain had covered."""
+    from synthetic_runs import make_run
+
+    base = make_run(tmp_path / "a", {"ddp": [10.0, 10.1, 9.9]})
+    cand = make_run(tmp_path / "b", {"ddp": [10.0, 10.1, 9.9], "zero_no_overlap": [10.0, 10.1, 9.9]})
+    unmatched = explain._matched(base, cand)[4]
+    assert list(unmatched.values()) == ["missing: no baseline data for this case"], unmatched
+    assert run_cli(["explain", str(base), str(cand)]) == 3  # the synthetic runs hold no traced steps
+    said = capsys.readouterr().err
+    assert f"{next(iter(unmatched))}: missing: no baseline data for this case" in said, said
+
+
 def test_exposed_comm_all_in_one_bucket_is_named_without_its_figure_twice() -> None:
     """One bucket holding all the exposed communication (a slower link, DDP's one bucket): the sentence
     read "mostly exposed comm (mostly bucket 0, +109.30 ms): +109.30 ms", the same figure twice and a

@@ -244,12 +244,13 @@ def run(
         differs: list[str] = []
         ignored: list[str] = []
         suites = ""
+        unmatched: dict[str, str] = {}
     elif len(runs) == 2:
         if pairs:
             raise ExplainError("--pair: only with a single RUN_DIR (two cases of one run)")
         base_dir, cand_dir = Path(runs[0]), Path(runs[1])
         try:
-            matched, differs, ignored, suites = _matched(base_dir, cand_dir, ignore_env)
+            matched, differs, ignored, suites, unmatched = _matched(base_dir, cand_dir, ignore_env)
         except compare.GateError as e:
             raise ExplainError(str(e)) from None
     else:
@@ -261,6 +262,7 @@ def run(
             "--pair KEY=BASELINE..CANDIDATE" + (f"; {suites}" if suites else "")
         )
     cases, skipped = explain_cases(base_dir, cand_dir, matched, confidence=confidence)
+    skipped |= unmatched
     if not cases:
         why = "; ".join(f"{k}: {v}" for k, v in skipped.items()) or "no matched finished cases"
         untraced = any(NO_TRACED_STEPS in v for v in skipped.values()) or not skipped
@@ -354,15 +356,18 @@ def matched_across(base_dir: Path, cand_dir: Path) -> list[Matched]:
 
 def _matched(
     base_dir: Path, cand_dir: Path, ignore_env: Sequence[str] = ()
-) -> tuple[list[Matched], list[str], list[str], str]:
+) -> tuple[list[Matched], list[str], list[str], str, dict[str, str]]:
     """``matched_across``, the environment differences that make the runs incomparable, those
-    ``ignore_env`` set aside, and the line saying the runs are of two suites, or "" (``compare.compare_runs``,
-    whose ``GateError`` for a run given twice or an unknown ``ignore_env`` key passes through)."""
+    ``ignore_env`` set aside, the line saying the runs are of two suites, or "", and the candidate's
+    cases compare calls missing, label → compare's reason (``compare.compare_runs``, whose
+    ``GateError`` for a run given twice or an unknown ``ignore_env`` key passes through). Those are
+    said beside the explained ones: a case left out without a word read as one explain had covered."""
     base_data, cand_data = compare.RunData.of(base_dir), compare.RunData.of(cand_dir)
     comparison = compare.compare_runs([base_data], [cand_data], ignore_env=ignore_env)
     matched = matched_in(comparison, base_data, cand_data)
     differs, ignored = comparison.environment_differences, comparison.ignored_environment_differences
-    return matched, differs, ignored, comparison.suites_differ
+    unmatched = {r.label: f"missing: {r.reason}" for r in comparison.cases if r.verdict == compare.MISSING}
+    return matched, differs, ignored, comparison.suites_differ, unmatched
 
 
 def matched_in(comparison: compare.Comparison, base: compare.RunData, cand: compare.RunData) -> list[Matched]:
