@@ -218,6 +218,7 @@ def _intervals(case: Case, c: Cost, traced: int) -> tuple[pd.DataFrame, pd.DataF
                         None,
                         None,
                         None,
+                        False,
                     )
                 )
                 t += op_ns
@@ -240,6 +241,7 @@ def _intervals(case: Case, c: Cost, traced: int) -> tuple[pd.DataFrame, pd.DataF
                         "allreduce",
                         "0",
                         case.world_size,
+                        False,
                     )
                 )
                 free = s + comm_ns
@@ -258,6 +260,7 @@ def _intervals(case: Case, c: Cost, traced: int) -> tuple[pd.DataFrame, pd.DataF
                     None,
                     None,
                     None,
+                    False,
                 )
             )
             rows.append(
@@ -273,6 +276,7 @@ def _intervals(case: Case, c: Cost, traced: int) -> tuple[pd.DataFrame, pd.DataF
                     None,
                     None,
                     None,
+                    False,
                 )
             )
             t = max(free, exposed + opt_ns)

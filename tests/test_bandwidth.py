@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,7 @@ def comm(
         "collective": collective,
         "process_group": group,
         "group_size": size,
+        "group_size_unknown": False,
     }
 
 
@@ -151,3 +153,48 @@ def test_one_rank_of_an_older_torch_job_keeps_allreduce_and_sendrecv_apart_at_th
         ["sendrecv", 1, 4, 1],
     ]
     assert out["time_ns"].tolist() == [400_000, 150_000] * 2
+
+
+def _post_local_sgd_trace(path: Path, rank: int) -> Path:
+    """Rank ``rank`` of 4 after post-local SGD's switch, as Gloo records it: the world, a second group
+    of 4 and this rank's node subgroup of 2 in ``pg_config``; each ``gloo:*`` range names no group.
+    In step 1, a 4 MB gradient all-reduce (the subgroup's), the 4 MB averaging all-reduce (the
+    world's) and a 4 MB broadcast, each 4 ms on every rank: algbw 1 GB/s."""
+    node = [rank - rank % 2, rank - rank % 2 + 1]
+    groups = [("0", 4, [0, 1, 2, 3]), ("1", 4, [0, 1, 2, 3]), (str(2 + rank // 2), 2, node)]
+    args = {"Input Dims": [[1_000_000]], "Input type": ["float"]}
+
+    def event(name: str, ts: float, dur: float, **a: object) -> dict:
+        return {"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": a}
+
+    doc = {
+        "distributedInfo": {
+            "backend": "gloo",
+            "rank": rank,
+            "world_size": 4,
+            "pg_config": [{"pg_name": n, "pg_size": s, "ranks": r} for n, s, r in groups],
+        },
+        "traceEvents": [
+            event("ProfilerStep#1", 0, 15000),
+            {**event("aten::mm", 0, 5), "cat": "cpu_op"},
+            event("gloo:all_reduce", 10, 4000, **args),
+            event("gloo:all_reduce", 5000, 4000, **args),
+            event("gloo:broadcast", 10000, 4000, **args),
+        ],
+    }
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_gloo_collective_in_a_trace_of_several_group_sizes_has_no_busbw(tmp_path: Path) -> None:
+    """Post-local SGD after its switch on 4 ranks: Gloo's ranges name no group and the traces hold groups
+    of 4 and of 2, so a range's group size is unknown. The ranks that ran an instance must not stand in:
+    both node subgroups' all-reduces pair as one instance seen on 4 ranks, and 2(n−1)/n with n = 4 read
+    1.5 GB/s where the subgroup's n = 2 gives 1. algbw stays; a broadcast's factor is 1 whatever n."""
+    paths = [_post_local_sgd_trace(tmp_path / f"rank{r}.json", r) for r in range(4)]
+    out = collective_bandwidth(read_traces(paths).intervals)
+    assert out["collective"].tolist() == ["allreduce", "allreduce", "broadcast"]
+    assert (out["ranks"] == 4).all() and out["group_size"].isna().all()
+    assert np.allclose(out["algbw_gbps"], 1.0)
+    assert out["busbw_gbps"].isna().tolist() == [True, True, False]
+    assert out["busbw_gbps"].iloc[2] == pytest.approx(1.0)

@@ -2059,3 +2059,46 @@ def test_a_waterfalls_line_says_where_its_traced_change_is_off_the_timed_one():
     assert "+0.87 vs -21.41 ms" in line
     alike = CaseExplanation("c1", "zero_no_overlap", "c1", "c1", timed, timed.delta_ms, timed)
     assert waterfall.case_line("B", alike) == f"B, zero_no_overlap: {alike.top}"
+
+
+def _collectives_of_unknown_group_size(tmp_path: Path, broadcast: bool) -> report_data.ReportData:
+    """A run whose traced all-reduces have bytes and times but no group size (post-local SGD after its
+    switch, on Gloo): their busbw is NaN, as ``collective_bandwidth`` leaves it; with ``broadcast`` also a
+    broadcast, whose busbw needs no group size."""
+    from tpbench.analysis.bandwidth import COLLECTIVE_BANDWIDTH_COLUMNS
+
+    run = make_run(tmp_path / "run", {"post_localSGD_hook": [10.0, 10.1]})
+    rows = [
+        (None, "allreduce", 0, 1, 4_000_000, None, 4, 4_000_000, 4_100_000, 1.0, np.nan),
+        (None, "allreduce", 1, 1, 4_000_000, None, 4, 5_000_000, 5_100_000, 0.8, np.nan),
+    ]
+    if broadcast:
+        rows.append((None, "broadcast", 0, 1, 4_000_000, None, 4, 4_000_000, 4_000_000, 1.0, 1.0))
+    table = pd.DataFrame(rows, columns=list(COLLECTIVE_BANDWIDTH_COLUMNS)).astype(
+        {"bytes": "Int64", "group_size": "Int64"}
+    )
+    opened = store.Run.open(run)
+    for cid in opened.record.cases:
+        store.write_case_table(run, cid, "collectives", table)
+    return report_data.load([finalize(opened)])
+
+
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_collectives_of_unknown_group_size_say_so(tmp_path, broadcast):
+    """The all-reduces' busbw was NaN for want of a group size: the chart fell back to transfer times
+    saying the traces record no message sizes (they do), or, beside a broadcast's busbw, left them out
+    unsaid; the table's busbw cell was blank beside known bytes. The reason is the group size, and the
+    cell says unknown."""
+    from tpbench.report import timelines
+    from tpbench.report.html import Page
+
+    page = Page("t")
+    timelines.bandwidth(page, _collectives_of_unknown_group_size(tmp_path, broadcast))
+    body = page.render()
+    assert "record no input shapes" not in body and "do not record message sizes" not in body
+    assert "several sizes" in body
+    assert ("Left out of the chart: 2 instances" in body) == broadcast
+    row = re.search(r"<td>allreduce</td>\s*<td>2</td>\s*<td>([^<]+)</td>\s*<td>([^<]+)</td>\s*<td>([^<]+)</td>", body)
+    assert row, body
+    assert row[2] == "4000000" and row[3] == "unknown: group size"
+    assert not re.search(r">\s*nan\s*<", body, re.IGNORECASE)

@@ -40,16 +40,20 @@ COLLECTIVE_BANDWIDTH_COLUMNS = (
 ROOTED = frozenset({"broadcast", "reduce", "scatter", "gather", "send", "recv"})
 
 
-def busbw_factor(collective: str, n: int) -> float:
-    """nccl-tests' bus-bandwidth factor for ``n`` ranks (NaN for collectives it does not define)."""
-    if n < 1:
+def busbw_factor(collective: str, n: int | None) -> float:
+    """nccl-tests' bus-bandwidth factor for ``n`` ranks (NaN for collectives it does not define).
+
+    ``n`` None: the group size is unknown, and so is the factor, except where it is 1 for any ``n``."""
+    if n is not None and n < 1:
+        return float("nan")
+    if collective in ("broadcast", "reduce", "send", "recv", "sendrecv"):
+        return 1.0
+    if n is None:
         return float("nan")
     if collective == "allreduce":
         return 2 * (n - 1) / n
     if collective in ("allgather", "reduce_scatter", "alltoall"):
         return (n - 1) / n
-    if collective in ("broadcast", "reduce", "send", "recv", "sendrecv"):
-        return 1.0
     return float("nan")
 
 
@@ -60,8 +64,11 @@ def collective_bandwidth(intervals: pd.DataFrame) -> pd.DataFrame:
     ``instance`` counts from 0 within (process group, collective); ``step`` is the earliest step
     any rank ran it in; ``ranks`` how many ranks' traces have it; ``time_ns`` the minimum duration
     across ranks (the maximum for a ``ROOTED`` collective) and ``slowest_ns`` the maximum.
-    ``group_size`` falls back to the number of ranks seen when the trace does not say. Bandwidths
-    are NaN where bytes are unknown.
+    ``group_size`` falls back to the number of ranks seen when the trace names no process groups;
+    it is NA where the trace names groups of several sizes but not this collective's
+    (``group_size_unknown``: a Gloo range in post-local SGD after its switch, where two node
+    subgroups' all-reduces pair into one instance seen on every rank). Bandwidths are NaN where bytes
+    are unknown, busbw also where the group size is (but for collectives whose factor is 1).
     """
     comm = intervals[(intervals["lane"] == "comm") & intervals["collective"].notna()]
     if comm.empty:
@@ -76,6 +83,7 @@ def collective_bandwidth(intervals: pd.DataFrame) -> pd.DataFrame:
             "step": comm["step"].to_numpy(),
             "bytes": comm["bytes"].to_numpy(dtype="float64", na_value=np.nan),
             "group_size": comm["group_size"].to_numpy(dtype="float64", na_value=np.nan),
+            "size_unknown": comm["group_size_unknown"].to_numpy(dtype=bool),
         }
     ).sort_values(["rank", "start_ns"], kind="stable")
     df["instance"] = df.groupby(["rank", "process_group", "collective"], sort=False).cumcount()
@@ -84,17 +92,21 @@ def collective_bandwidth(intervals: pd.DataFrame) -> pd.DataFrame:
         step=("step", "min"),
         bytes=("bytes", "max"),
         group_size=("group_size", "max"),
+        size_unknown=("size_unknown", "any"),
         ranks=("rank", "nunique"),
         time_ns=("dur_ns", "min"),
         slowest_ns=("dur_ns", "max"),
         first_ns=("start_ns", "min"),
     ).reset_index()
-    out["group_size"] = out["group_size"].fillna(out["ranks"]).astype("int64")
+    guess = out["ranks"].where(~out["size_unknown"])
+    out["group_size"] = out["group_size"].fillna(guess).astype("Int64")
     out["time_ns"] = out["time_ns"].where(~out["collective"].isin(ROOTED), out["slowest_ns"])
     seconds = out["time_ns"].to_numpy(dtype=np.float64) / 1e9
     with np.errstate(divide="ignore", invalid="ignore"):
         out["algbw_gbps"] = np.where(seconds > 0, out["bytes"].to_numpy() / 1e9 / seconds, np.nan)
-    factors = np.array([busbw_factor(c, n) for c, n in zip(out["collective"], out["group_size"])])
+    factors = np.array(
+        [busbw_factor(c, None if pd.isna(n) else int(n)) for c, n in zip(out["collective"], out["group_size"])]
+    )
     out["busbw_gbps"] = out["algbw_gbps"] * factors
     out["bytes"] = out["bytes"].astype("Int64")
     out["process_group"] = out["process_group"].replace("", None)
@@ -103,7 +115,14 @@ def collective_bandwidth(intervals: pd.DataFrame) -> pd.DataFrame:
 
 
 def _empty() -> pd.DataFrame:
-    types = {"process_group": object, "collective": object, "bytes": "Int64", "algbw_gbps": float, "busbw_gbps": float}
+    types = {
+        "process_group": object,
+        "collective": object,
+        "bytes": "Int64",
+        "group_size": "Int64",
+        "algbw_gbps": float,
+        "busbw_gbps": float,
+    }
     return pd.DataFrame({c: pd.Series(dtype=types.get(c, "int64")) for c in COLLECTIVE_BANDWIDTH_COLUMNS})
 
 

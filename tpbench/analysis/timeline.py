@@ -54,6 +54,7 @@ INTERVAL_COLUMNS = (
     "collective",
     "process_group",
     "group_size",
+    "group_size_unknown",
 )
 STEP_COLUMNS = ("rank", "step", "start_ns", "end_ns")
 MARK_COLUMNS = ("rank", "kind", "tid", "start_ns", "end_ns", "index", "collective")
@@ -106,6 +107,8 @@ class Timeline:
     itself, so an interval that crosses a boundary counts in both steps. ``bytes`` (payload as
     nccl-tests counts it), ``collective`` (canonical: allreduce, broadcast, allgather,
     reduce_scatter, ...), ``process_group`` and ``group_size`` are set on ``comm`` rows only.
+    ``group_size_unknown`` is True on a ``comm`` row whose size the trace does not give although it
+    names process groups, of several sizes (``_only_group``): no count of ranks may stand in for it.
 
     ``steps``: one row per (rank, ``ProfilerStep#N``), columns ``STEP_COLUMNS``.
 
@@ -174,11 +177,11 @@ def read_trace(path: str | Path, rank: int | None = None, alone: bool = True) ->
 
 def _timeline(ev: TraceEvents, rank: int, dist: dict[str, Any]) -> Timeline:
     """The lanes, steps and marks of one rank's collected events."""
-    pg_name, pg_size = _only_group(dist)
+    pg_name, pg_size, size_unknown = _only_group(dist)
     names = list(ev.names)
-    parts = [_gloo_part(ev, pg_name, pg_size), _burn_part(ev.burns)]
+    parts = [_gloo_part(ev, pg_name, pg_size, size_unknown), _burn_part(ev.burns)]
     if len(ev.kernels):
-        parts += [_kernel_part(ev, names, pg_name, pg_size), _ranges_part(ev.gpu_ranges, "stream")]
+        parts += [_kernel_part(ev, names, pg_name, pg_size, size_unknown), _ranges_part(ev.gpu_ranges, "stream")]
     else:
         train_tid = _training_thread(ev.steps, ev.aten["tid"])
         parts += [_aten_part(ev, names, train_tid), _ranges_part(ev.cpu_ranges, "thread")]
@@ -211,7 +214,7 @@ def _marks(ev: TraceEvents, rank: int) -> pd.DataFrame:
     )
 
 
-def _gloo_part(ev: TraceEvents, pg_name: str | None, pg_size: int | None) -> pd.DataFrame:
+def _gloo_part(ev: TraceEvents, pg_name: str | None, pg_size: int | None, size_unknown: bool) -> pd.DataFrame:
     rows = ev.gloo
     collective = [canonical_collective(r[3][len("gloo:") :]) for r in rows]
     return _part(
@@ -223,6 +226,7 @@ def _gloo_part(ev: TraceEvents, pg_name: str | None, pg_size: int | None) -> pd.
         collective=collective,
         process_group=[pg_name] * len(rows),
         group_size=[pg_size] * len(rows),
+        group_size_unknown=[size_unknown] * len(rows),
     )
 
 
@@ -255,7 +259,9 @@ def _aten_part(ev: TraceEvents, names: list[str], train_tid: int | None) -> pd.D
     )
 
 
-def _kernel_part(ev: TraceEvents, names: list[str], pg_name: str | None, pg_size: int | None) -> pd.DataFrame:
+def _kernel_part(
+    ev: TraceEvents, names: list[str], pg_name: str | None, pg_size: int | None, size_unknown: bool
+) -> pd.DataFrame:
     """GPU kernels, memcpys and memsets; an NCCL kernel's collective metadata comes from its own
     args, else from the ``record_param_comms`` op that launched it, else (older torch versions
     record none) from the kernel's name, with the process group as ``_only_group`` names it."""
@@ -268,6 +274,7 @@ def _kernel_part(ev: TraceEvents, names: list[str], pg_name: str | None, pg_size
     collective: list[str | None] = [None] * n
     group: list[str | None] = [None] * n
     size: list[int | None] = [None] * n
+    unknown = [False] * n
     launch_meta = _launch_metadata(ev)
     corr = k["corr"]
     for i in np.flatnonzero(kind == KERNEL_COMM).tolist():
@@ -277,6 +284,7 @@ def _kernel_part(ev: TraceEvents, names: list[str], pg_name: str | None, pg_size
         nbytes[i] = _nccl_bytes(meta)
         group[i] = str(meta["Process Group Name"]) if meta.get("Process Group Name") is not None else pg_name
         size[i] = meta.get("Group size") or pg_size
+        unknown[i] = size[i] is None and size_unknown
     lane_codes = np.array([LANES.index(x) for x in ("compute", "comm", "memcpy")], dtype=np.int8)[kind]
     return _part(
         pd.Categorical.from_codes(lane_codes, LANES),
@@ -288,6 +296,7 @@ def _kernel_part(ev: TraceEvents, names: list[str], pg_name: str | None, pg_size
         collective=collective,
         process_group=group,
         group_size=size,
+        group_size_unknown=unknown,
     )
 
 
@@ -353,18 +362,22 @@ def _gloo_bytes(dims: Any, types: Any, collective: str, group_size: int | None) 
     return total
 
 
-def _only_group(dist: dict[str, Any]) -> tuple[str | None, int | None]:
+def _only_group(dist: dict[str, Any]) -> tuple[str | None, int | None, bool]:
     """Gloo ranges carry no process group: name it only when the trace has exactly one.
 
-    With several groups the name stays unknown; the size is still known when all share it.
+    With several groups the name stays unknown; the size is still known when all share it. When
+    their sizes differ (post-local SGD after its switch: node subgroups beside the world) the size
+    is unknown, and the third value says so: the ranks that ran an instance cannot stand in, as two
+    node subgroups' all-reduces pair into one instance seen on every rank. A trace that names no
+    groups (older torch, ROCm) leaves that guess to ``bandwidth.collective_bandwidth``.
     """
     groups = dist.get("pg_config") or []
     if not groups:
-        return None, dist.get("world_size")
+        return None, dist.get("world_size"), False
     sizes = {g.get("pg_size") for g in groups}
-    size = sizes.pop() if len(sizes) == 1 else None
+    several = len(sizes) > 1
     name = str(groups[0].get("pg_name")) if len(groups) == 1 else None
-    return name, size
+    return name, None if several else sizes.pop(), several
 
 
 def _training_thread(steps: list[tuple[int, int, float, float]], aten_tids: np.ndarray) -> int | None:
@@ -440,6 +453,7 @@ def _part(
     collective: Sequence[str | None] | None = None,
     process_group: Sequence[str | None] | None = None,
     group_size: Sequence[int | None] | None = None,
+    group_size_unknown: Sequence[bool] | None = None,
 ) -> pd.DataFrame:
     """One lane's intervals in the frame's column types; collective columns stay NA unless given."""
     n = len(start)
@@ -461,6 +475,7 @@ def _part(
             "group_size": pd.array(group_size, dtype="Int64")
             if group_size is not None
             else pd.arrays.IntegerArray(np.zeros(n, np.int64), none),
+            "group_size_unknown": np.array(group_size_unknown if group_size_unknown is not None else np.zeros(n), bool),
         }
     )
 

@@ -37,6 +37,11 @@ MAX_GANTT_BARS = 4000
 # Symbols told apart at a glance, filled then open: one per case and collective of an algorithm.
 _SHAPES = ("circle", "square", "diamond", "triangle-up", "cross", "x", "star", "triangle-down", "pentagon", "hexagon")
 MARKER_SYMBOLS = [*_SHAPES, *(f"{shape}-open" for shape in _SHAPES)]
+# Why an instance with bytes has no busbw (``analysis.bandwidth.collective_bandwidth``): its group size is unknown.
+GROUP_SIZE_UNKNOWN = (
+    "Gloo's trace ranges name no process group, and these traces hold groups of several sizes (post-local SGD's "
+    "node subgroups beside the world): how many ranks ran a collective, busbw's n, is unknown"
+)
 
 
 def overlap(page: Page, data: ReportData) -> None:
@@ -331,6 +336,12 @@ def _busbw(page: Page, data: ReportData, df: pd.DataFrame) -> go.Figure:
         "that link can exceed.",
         css="muted",
     )
+    if n := int((_group_size_unknown(df) & df["busbw_gbps"].isna()).sum()):
+        page.paragraph(
+            f"Left out of the chart: {n} instances without a busbw. {GROUP_SIZE_UNKNOWN} (a broadcast's factor is 1 "
+            "whatever n). The table below gives their times.",
+            css="muted",
+        )
     agg = (
         df.dropna(subset=["busbw_gbps"])
         .groupby(["run_id", "case_id", "collective", "bytes"], as_index=False, observed=True)
@@ -400,12 +411,17 @@ def _symbols_within_algorithm(agg: pd.DataFrame) -> dict[str, str]:
 
 
 def _transfer_times(page: Page, data: ReportData, df: pd.DataFrame) -> go.Figure:
-    """Each collective's transfer time per case, for traces without message sizes (Gloo)."""
+    """Each collective's transfer time per case, for traces that give no busbw: without message sizes
+    (Gloo without recorded input shapes), or without group sizes (``GROUP_SIZE_UNKNOWN``)."""
+    why = (
+        f"{GROUP_SIZE_UNKNOWN}, so bus bandwidth cannot be computed"
+        if _group_size_unknown(df).any()
+        else "These traces do not record message sizes (Gloo on this PyTorch records no input shapes for "
+        "its collectives), so bandwidth cannot be computed"
+    )
     page.paragraph(
-        "These traces do not record message sizes (Gloo on this PyTorch records no input shapes for "
-        "its collectives), so bandwidth cannot be computed; shown instead: each collective's transfer "
-        "time (its shortest duration across ranks; a broadcast's, reduce's or point-to-point's longest), median per "
-        "case.",
+        f"{why}; shown instead: each collective's transfer time (its shortest duration across ranks; a broadcast's, "
+        "reduce's or point-to-point's longest), median per case.",
         css="muted",
     )
     agg = df.groupby(["run_id", "case_id", "collective"], as_index=False, observed=True).agg(
@@ -427,6 +443,11 @@ def _transfer_times(page: Page, data: ReportData, df: pd.DataFrame) -> go.Figure
     return fig
 
 
+def _group_size_unknown(df: pd.DataFrame | pd.Series) -> pd.Series | bool:
+    """Instances (rows, or one row) whose bytes are known but whose group size is not."""
+    return pd.notna(df["bytes"]) & pd.isna(df["group_size"])
+
+
 def _collectives_table(page: Page, data: ReportData, df: pd.DataFrame) -> None:
     """Per case and collective: instances, and the median instance by time (its time, bytes and
     busbw, one collective's: a median per column would set a time beside a size no instance had and
@@ -435,7 +456,8 @@ def _collectives_table(page: Page, data: ReportData, df: pd.DataFrame) -> None:
     rows = []
     for (run, label, collective), g in df.groupby(keys, observed=True, sort=False):
         m = g.sort_values("time_ms", kind="stable").iloc[(len(g) - 1) // 2]  # the lower median: an instance
-        rows.append([run, label, collective, len(g), m["time_ms"], m["bytes"], m["busbw_gbps"]])
+        busbw = "unknown: group size" if pd.isna(m["busbw_gbps"]) and _group_size_unknown(m) else m["busbw_gbps"]
+        rows.append([run, label, collective, len(g), m["time_ms"], m["bytes"], busbw])
     summary = pd.DataFrame(rows, columns=[*keys, "instances", "time_ms", "bytes", "busbw_gbps"])
     if not data.multi:
         summary = summary.drop(columns="run")
