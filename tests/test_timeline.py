@@ -339,3 +339,17 @@ def test_real_h200_trace_puts_cuda_work_gloo_ranges_and_zero_annotations_in_thei
         "tpbench.zero.step",
         "tpbench.zero.broadcast",
     }
+
+
+def test_a_cpu_trace_without_aten_ops_reads_as_its_communication_alone(tmp_path: Path) -> None:
+    """A trace whose CPU side holds no ``aten::`` op (a hand-made one, or a profiler told to record only
+    user annotations) crashed the reader with an IndexError: the per-thread split of no ops still
+    yielded one (empty) thread. Its communication is read, and no compute."""
+    ev = [
+        {"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": {}}
+        for name, ts, dur in (("ProfilerStep#1", 0, 100), ("gloo:all_reduce", 10, 40))
+    ]
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"traceEvents": ev, "distributedInfo": {"rank": 0, "world_size": 2}}))
+    tl = read_trace(path)
+    assert tl.intervals["lane"].astype(str).tolist() == ["comm"] and len(tl.steps) == 1

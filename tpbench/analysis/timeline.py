@@ -242,7 +242,8 @@ def _aten_part(ev: TraceEvents, names: list[str], train_tid: int | None) -> pd.D
     gloo = _merged_by_thread([(r[0], r[1], r[2]) for r in ev.gloo])
     opt = _merged_by_thread([(r[0], r[1], r[2]) for r in ev.cpu_ranges])
     compute, other = LANES.index("compute"), LANES.index("other")
-    bounds = np.flatnonzero(np.r_[True, tid[1:] != tid[:-1], True])
+    # Where each thread's ops begin, and the end; none at all where the trace holds no op.
+    bounds = np.flatnonzero(np.r_[True, tid[1:] != tid[:-1], True]) if len(tid) else np.zeros(1, dtype=np.int64)
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         t = int(tid[lo])
         s, e = start[lo:hi], end[lo:hi]
