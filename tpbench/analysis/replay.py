@@ -151,13 +151,15 @@ def parse_fabrics(text: str, source: str = "<fabrics>") -> dict[str, Fabric]:
 
 
 def _bounded_number(t: dict, key: str, where: str, low: float, high: float, *, low_open: bool) -> float:
+    """``t[key]``, a finite number within its bounds; a key left out is named with what it takes,
+    as one out of bounds is, so that the user can write it without opening the docs."""
+    expected = f"a finite number {'>' if low_open else '>='} {low:g} and <= {high:g}"
     if key not in t:
-        raise ValueError(f"{where}: missing {key}")
+        raise ValueError(f"{where}: missing {key}; expected {expected}")
     v = t[key]
     low_ok = (v > low if low_open else v >= low) if isinstance(v, (int, float)) else False
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low_ok or v > high:
-        bound = ">" if low_open else ">="
-        raise ValueError(f"{where}: {key} must be a finite number {bound} {low:g} and <= {high:g}, got {v!r}")
+        raise ValueError(f"{where}: {key} must be {expected}, got {v!r}")
     return float(v)
 
 
