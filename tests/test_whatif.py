@@ -1866,3 +1866,52 @@ def test_refused_factor_never_prints_inside_its_limit(factor):
     got = float(re.search(r"scaled ×([0-9.]+)", reason).group(1))
     low, high = (float(x) for x in re.search(r"limit ×([0-9.]+)–([0-9.]+)", reason).groups())
     assert not low <= got <= high, reason
+
+
+def test_one_timed_repeat_gives_a_projection_without_an_interval_and_decides_no_ranking():
+    """A case timed once has no interval of its median (the sweep says "one repeat, no interval"
+    and judges nothing); its projection printed a 95 % interval all the same, without the timed
+    median's scatter it claims to hold, and two such cases read "would be fastest; every other
+    setting's interval lies above this one's" where the sweep had said "not judged". One repeat:
+    no interval, and no ranking decided by intervals that are not there."""
+    f, fast = Fabric("f", 0.0, 1e8), Fabric("fast", 0.0, 1e11)
+    ops = [Work(0.01), Issue(AR(0)), Wait((AR(0),)), Work(0.005)]
+    sk = _sk([ops, ops], [AR(0)], nbytes=1e6)
+    at_one = simulate(sk, replay.fabric_cost(f)).step_s
+    skels = [StepSkeleton(i, sk.ranks, sk.collectives, at_one) for i in range(3)]
+    once = whatif.calibrated("once", {}, skels, f, np.array([at_one * 1e3]))
+    assert once.refused is None and math.isfinite(once.step_ms(fast))
+    assert all(math.isnan(x) for x in once.step_interval_ms(fast))
+    p = _projections([("a", "fast", 10.0, math.nan, math.nan), ("b", "fast", 30.0, math.nan, math.nan)])
+    rank = whatif.ranking(p).iloc[0]
+    assert rank["first"] == "a" and not rank["decided"] and rank["tied_with"] == ["b"]
+    assert whatif.cannot_win(p) == []
+    (line, *_) = whatif_run.answer_lines(p, {})
+    assert line == "on fast: a, 10.0 [no interval] ms ranks first, undecided: a setting timed once has no interval"
+    # A refused case (no interval either) takes no part: beside it, intervals still decide.
+    p = _projections([("a", "fast", 10.0, 9.0, 11.0), ("b", "fast", 30.0, 29.0, 31.0), ("c", "fast", *[math.nan] * 3)])
+    p.loc[p["case_id"] == "c", "refused"] = "why"
+    assert whatif_run.answer_lines(p, {})[0].endswith(
+        "would be fastest; every other setting's interval lies above this one's"
+    )
+
+
+def test_validation_coverage_counts_only_predictions_with_an_interval():
+    """A prediction from a reference timed once has no interval (see above): it is neither inside
+    nor outside one, and the coverage is over the others ("no predicted interval" where none has)."""
+    row = {"direction": "d", "interconnect": "l", "refused": None, "error_pct": 5.0, "ci_lo_ms": 9.0, "ci_hi_ms": 11.0}
+    v = pd.DataFrame(
+        [
+            {**row, "measured_ms": 10.0, "predicted_ms": 10.5, "predicted_lo_ms": 9.5, "predicted_hi_ms": 11.5},
+            {
+                **row,
+                "measured_ms": 10.0,
+                "predicted_ms": 10.5,
+                "predicted_lo_ms": math.nan,
+                "predicted_hi_ms": math.nan,
+            },
+        ]
+    )
+    assert whatif_validation.error_summary(v)["inside_interval_pct"].iloc[0] == 100
+    (once,) = whatif_validation.error_summary(v.iloc[1:]).to_dict("records")
+    assert "no predicted interval (a reference timed once)" in whatif_run.error_line(once)

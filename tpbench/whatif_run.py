@@ -311,6 +311,10 @@ def answer_lines(projections: pd.DataFrame, labels: Mapping[str, str]) -> list[s
     # The cases the what-if had (a run's finished ones), refused or not: a run that finished one case
     # has no others, refused or otherwise, and nothing was ranked.
     cases = projections.groupby("fabric")["case_id"].nunique()
+    # A projection made without an interval (its case timed once) leaves its fabric's ranking undecided.
+    untimed = (
+        projections[projections["refused"].isna()].groupby("fabric")["predicted_hi_ms"].apply(lambda x: x.isna().any())
+    )
     lines = []
     for r in rank.to_dict("records"):
         ms = ms_interval(r["projected_ms"], r["predicted_lo_ms"], r["predicted_hi_ms"])
@@ -323,6 +327,8 @@ def answer_lines(projections: pd.DataFrame, labels: Mapping[str, str]) -> list[s
             lines.append(
                 f"on {r['fabric']}: {first} would be fastest; every other setting's interval lies above this one's"
             )
+        elif untimed[r["fabric"]]:
+            lines.append(f"on {r['fabric']}: {first} ranks first, undecided: a setting timed once has no interval")
         else:
             names = [labels.get(c, c) for c in r["tied_with"]]
             others = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
@@ -381,9 +387,15 @@ def error_line(e: Mapping[str, Any]) -> str:
     if e["decided_pairs"]:
         decided = e["decided_pairs"]
         ranked += f"{e['kept_pairs']} of the {decided} pairs the measurement orders (disjoint intervals) kept, "
+    covered = e["inside_interval_pct"]
+    inside = (
+        f"{covered:.0f}% of measured medians inside their predicted interval, "
+        if math.isfinite(covered)
+        else "no predicted interval (a reference timed once), "
+    )
     return (
         f"{e['direction']}: mean |error| {e['mean_abs_error_pct']:.1f}%, worst {e['worst_abs_error_pct']:.1f}%, "
-        f"{e['inside_interval_pct']:.0f}% of measured medians inside their predicted interval, {ranked}"
+        f"{inside}{ranked}"
         f"over {e['predicted']} predictions" + (f" ({e['refused']} refused)" if e["refused"] else "")
     )
 

@@ -518,7 +518,9 @@ class CaseModel:
         physical bounds: not below the replay of any
         traced step with free communication at the least factor allowed, and, on a fabric no slower
         than the case's own link, not above the timed median's interval."""
-        if self.refused is not None:
+        if self.refused is not None or len(self.reps_ms) < 2:
+            # One timed repeat: its median has no interval, and the scatter a measured median would
+            # carry, which the interval holds, is unknown; an interval without it claimed 95 %.
             return (math.nan, math.nan)
         rng = np.random.default_rng(0)
         steps = rng.integers(0, len(self.skeletons), size=(BOOTSTRAP_SAMPLES, len(self.skeletons)))
@@ -890,7 +892,8 @@ def ranking(projections: pd.DataFrame) -> pd.DataFrame:
     """Per fabric, the case the projections rank first, and whether their intervals decide it.
 
     ``first`` is the case with the lowest projection; ``tied_with`` the cases whose interval
-    reaches below the top of the first's (either could be fastest there); ``decided`` when there
+    reaches below the top of the first's (either could be fastest there), or where either has no
+    interval (a case timed once); ``decided`` when there
     are none and another case was projected there: a lone projection beats nothing (the others
     refused, or the run finished one case), and JSON read "decided": true as a win over them.
     Refused cases take no part. Columns ``RANKING_COLUMNS``; the numbers are the first's."""
@@ -898,7 +901,8 @@ def ranking(projections: pd.DataFrame) -> pd.DataFrame:
     made = projections[projections["refused"].isna() & projections["projected_ms"].notna()]
     for fabric, g in made.groupby("fabric", sort=False):
         best = g.loc[g["projected_ms"].idxmin()]
-        tied = g[(g["case_id"] != best["case_id"]) & (g["predicted_lo_ms"] < best["predicted_hi_ms"])]
+        # Not above the first's top, or either without an interval (one timed repeat): undecided.
+        tied = g[(g["case_id"] != best["case_id"]) & ~(g["predicted_lo_ms"] >= best["predicted_hi_ms"])]
         rows.append(
             {
                 "fabric": fabric,

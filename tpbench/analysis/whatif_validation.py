@@ -140,7 +140,8 @@ def ranking_agreement(validation: pd.DataFrame) -> pd.DataFrame:
 
 def error_summary(validation: pd.DataFrame) -> pd.DataFrame:
     """Per direction: predictions made, refused, the mean and worst absolute error (%) of those
-    made, the share (%) of them whose measured median lies inside the predicted interval, the
+    made, the share (%) of them whose measured median lies inside the predicted interval (of those
+    with one), the
     lowest Kendall τ of any target link's ranking, and the pairs the measurement decides and the
     predictions keep, over all links (``ranking_agreement``)."""
     rows = []
@@ -148,7 +149,9 @@ def error_summary(validation: pd.DataFrame) -> pd.DataFrame:
     for direction, g in validation.groupby("direction", sort=False):
         made = g[g["refused"].isna()]
         err = made["error_pct"].abs()
-        inside = made["measured_ms"].between(made["predicted_lo_ms"], made["predicted_hi_ms"])
+        # Over the predictions with an interval: one from a reference timed once has none.
+        ranged = made[made["predicted_lo_ms"].notna()]
+        inside = ranged["measured_ms"].between(ranged["predicted_lo_ms"], ranged["predicted_hi_ms"])
         mine = taus[taus["direction"] == direction]
         tau = mine["kendall_tau"].dropna()
         rows.append(
@@ -158,7 +161,7 @@ def error_summary(validation: pd.DataFrame) -> pd.DataFrame:
                 "refused": int(g["refused"].notna().sum()),
                 "mean_abs_error_pct": float(err.mean()) if len(err) else float("nan"),
                 "worst_abs_error_pct": float(err.max()) if len(err) else float("nan"),
-                "inside_interval_pct": 100 * float(inside.mean()) if len(err) else float("nan"),
+                "inside_interval_pct": 100 * float(inside.mean()) if len(inside) else float("nan"),
                 "min_kendall_tau": float(tau.min()) if len(tau) else float("nan"),
                 "decided_pairs": int(mine["decided_pairs"].sum()),
                 "kept_pairs": int(mine["kept_pairs"].sum()),
