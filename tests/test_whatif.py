@@ -1491,6 +1491,13 @@ def test_one_fabric_projected_says_nothing_of_a_ranking_across_fabrics():
         ignore_index=True,
     )
     assert "the same setting ranks first on every fabric projected (2)" in whatif_run.answer_lines(two, {})
+    # Undecided on each fabric (intervals that overlap): the line said the same, as if it were firm.
+    close = two.assign(predicted_lo_ms=two["projected_ms"] * 0.5, predicted_hi_ms=two["projected_ms"] * 1.5)
+    said = whatif_run.answer_lines(close, {})
+    assert "the same setting ranks first on every fabric projected (2), decided on none of them" in said, said
+    one_decided = pd.concat([one, close[close["fabric"] == "100gbe"]], ignore_index=True)
+    said = whatif_run.answer_lines(one_decided, {})
+    assert "the same setting ranks first on every fabric projected (2), decided on 1 of them" in said, said
 
 
 def test_fabrics_that_project_every_setting_alike_are_said_to_hardly_matter():

@@ -338,7 +338,11 @@ def answer_lines(projections: pd.DataFrame, labels: Mapping[str, str]) -> list[s
     # One setting projected on each fabric ranks nothing; one fabric (--fabric NAME) has no "across".
     across = (made[rank["fabric"]] > 1).any() and len(rank) > 1
     if across and len(firsts) == 1:
-        lines.append(f"the same setting ranks first on every fabric projected ({len(rank)})")
+        # Ranked first on each, but decided only where the per-fabric lines said so: on a busy run,
+        # undecided everywhere, the line alone read as a firm result.
+        decided = int(rank["decided"].sum())
+        said = "" if decided == len(rank) else f", decided on {decided or 'none'} of them"
+        lines.append(f"the same setting ranks first on every fabric projected ({len(rank)}){said}")
     elif across:
         where = "; ".join(f"{', '.join(rank.loc[rank['first'] == c, 'fabric'])}: {labels.get(c, c)}" for c in firsts)
         lines.append(f"the ranking changes across fabrics ({where})")
