@@ -378,6 +378,7 @@ def test_a_factorys_own_parameters_take_any_finite_value_of_their_type(tmp_path,
         ("[capture]\nprofiler_step = 2", "[capture] profiler_step: unknown key; did you mean profiler_steps?"),
         ("[workloads.gpt]\nblocksize = 32", "[workloads.gpt] blocksize: unknown key; did you mean block_size?"),
         ("[sweeep]\nsteps = [5]", "t.toml: sweeep: unknown table; did you mean sweep?"),
+        ('[suite]\nnmae = "x"', "t.toml: [suite] nmae: unknown key; did you mean name?"),
     ],
 )
 def test_an_unknown_key_names_the_closest_one_before_the_list(text, said):

@@ -354,7 +354,7 @@ def _suite_meta(doc: dict[str, Any], path: str) -> tuple[str, str]:
     meta = doc.get("suite", {})
     for k in meta:
         if k not in ("name", "description"):
-            raise _fail(path, f"[suite] {k}", "unknown key; expected name or description")
+            raise _fail(path, f"[suite] {k}", _unknown("key", k, ("name", "description")))
     name = meta.get("name", Path(path).stem)
     if not _good_name(name):
         raise _fail(
