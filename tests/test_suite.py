@@ -96,6 +96,16 @@ def test_overrides_reach_the_table_of_a_workload_named_by_a_dotted_import_path(m
         with_overrides(suite, ["workloads.width=64"])
 
 
+def test_a_set_list_or_table_that_is_not_toml_is_refused_not_taken_for_a_word():
+    """``--set 'algorithm=[ddp]'`` (a list's strings unquoted) was taken for the bare word "[ddp]" and
+    refused as "[sweep] algorithm[0]: ... got '[ddp]'", as if a list of one odd name had been given.
+    A value that opens a list or a table must parse as TOML; bare words stay strings."""
+    with pytest.raises(SuiteError, match=r"--set algorithm=\[ddp\]: not a TOML list; .* its strings quoted"):
+        with_overrides(parse(BASE, "t.toml"), ["algorithm=[ddp]"])
+    cases = expand(with_overrides(parse(BASE, "t.toml"), ["algorithm=ddp"]), CPU)
+    assert {c.algorithm for c in cases} == {"ddp"}
+
+
 def test_filters():
     cases = expand(parse(BASE, "t.toml"), CPU)
     assert {c.algorithm for c in select(cases, ["algorithm=ddp"])} == {"ddp"}

@@ -464,6 +464,14 @@ def _apply_override(doc: dict[str, Any], assignment: str) -> None:
     if not sep or not key:
         raise SuiteError(f"--set {assignment}: expected KEY=VALUE")
     value = _parse_value(raw.strip())
+    if isinstance(value, str) and raw.strip()[:1] in ("[", "{"):
+        # Meant as a list or a table: taken for a word, ``[ddp]`` was refused as an odd algorithm name
+        # inside a list, the missing quotes never said.
+        kind = "list" if raw.strip()[0] == "[" else "table"
+        raise SuiteError(
+            f"--set {assignment}: not a TOML {kind}; write it as in a suite file, its strings quoted "
+            """(--set 'algorithm=["ddp", "zero_no_overlap"]')"""
+        )
     parts = key.split(".")
     workload = _workload_key(key)
     if workload:
