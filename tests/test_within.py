@@ -387,7 +387,8 @@ def test_resuming_a_failed_case_of_an_adaptive_run_reopens_its_loop(tmp_path: Pa
     meta["adaptive"]["budget_s"] = meta["wall_s"]  # spent: the loop ends at its first look after the resume
     (run.dir / "run.json").write_text(json.dumps(meta))
     assert run_cli(["sweep", "--resume", str(run.dir), "--no-report"]) == 0
-    assert "adaptive: budget spent; 0 of 1 comparison(s) resolve ±5.0%" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "adaptive: budget spent (" in said and "; 0 of 1 comparison(s) resolve ±5.0%" in said
     adaptive = _record(run.dir)["adaptive"]
     assert adaptive["state"] == "budget" and adaptive["half_widths_before"] == []
     (after,) = adaptive["half_widths_after"]
@@ -402,14 +403,29 @@ def test_adaptive_ending_says_the_widest_half_width_by_its_rule(capsys) -> None:
     from tpbench.record import Adaptive
 
     after = ({"pair": "algorithm: ddp → zero_no_overlap", "half_width": 0.303, "method": "paired"},)
-    _print_adaptive(Adaptive(target_ci=0.2, state="budget", half_widths_after=after, rounds_added={"a": 11}))
+    ended = {"target_ci": 0.2, "state": "budget", "half_widths_after": after, "rounds_added": {"a": 11}}
+    _print_adaptive(Adaptive(**ended, budget_s=60, wall_s=61.2))
     assert (
         capsys.readouterr().err.split()
         == (
-            "adaptive: budget spent; 0 of 1 comparison(s) resolve ±20.0% (widest ±30.3% by the sequential rule, "
-            "wider than a 95% interval), 11 repeat(s) added over 0 batch(es)"
+            "adaptive: budget spent (61 of 60 s); 0 of 1 comparison(s) resolve ±20.0% (widest ±30.3% by the "
+            "sequential rule, wider than a 95% interval), 11 repeat(s) added over 0 batch(es)"
         ).split()
     )
+
+
+def test_adaptive_ending_on_a_budget_left_too_small_says_how_much_was_left(capsys) -> None:
+    """``--budget-s 60`` ended at 55 s, the 5 s left too few for two more rounds and the world start they need, and
+    the line said "budget spent", which the 55 s in the closing line below it then contradicted."""
+    from tpbench.cli.sweep import _print_adaptive
+    from tpbench.record import Adaptive
+
+    after = ({"pair": "algorithm: ddp → zero_no_overlap", "half_width": 0.34, "method": "paired"},)
+    _print_adaptive(Adaptive(target_ci=0.05, budget_s=60, wall_s=55.3, state="budget", half_widths_after=after))
+    said = " ".join(capsys.readouterr().err.split())
+    assert said.startswith(
+        "adaptive: budget spent (55 of 60 s; the 5 s left pay for fewer than 2 more rounds at this run's pace); 0 of 1"
+    ), said
 
 
 def test_adaptive_flags_are_checked(tmp_path: Path, capsys) -> None:

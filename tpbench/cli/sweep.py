@@ -538,6 +538,20 @@ def _print_batch(record, batch) -> None:
     )
 
 
+def _budget_left(adaptive) -> str:
+    """ "55 of 60 s; the 5 s left pay for fewer than 2 more rounds at this run's pace": the loop also
+    ends with budget left that cannot pay for a batch's rounds and world starts (``sweep.next_batch``),
+    which "budget spent" alone denied beside the closing line's wall time."""
+    from tpbench import sweep
+
+    spent, budget = adaptive.wall_s or 0.0, adaptive.budget_s or 0.0
+    left = budget - spent
+    if left < 0.5:
+        return f"{spent:.0f} of {budget:g} s"
+    few = f"fewer than {sweep.MIN_ROUNDS} more rounds at this run's pace"
+    return f"{spent:.0f} of {budget:g} s; the {left:.0f} s left pay for {few}"
+
+
 def _print_adaptive(adaptive) -> None:
     """How an adaptive sweep ended (nothing for a planned one), with the widest half-width after by
     the rule it stopped by: the sequential one, at the confidence spent over the loop's looks, wider
@@ -557,7 +571,7 @@ def _print_adaptive(adaptive) -> None:
     )
     said = {
         sweep.TARGET_MET: "target met",
-        sweep.BUDGET_SPENT: "budget spent",
+        sweep.BUDGET_SPENT: f"budget spent ({_budget_left(adaptive)})",
         sweep.LOOKS_SPENT: f"the most batches ({sweep.MAX_BATCHES}) added",
         sweep.NO_COMPARISON: "no comparison among the finished cases (a failed case's comparisons are left out; "
         "--resume runs it again, and the rounds go on)",
