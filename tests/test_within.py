@@ -317,6 +317,19 @@ def test_adaptive_sweep_with_a_target_met_adds_nothing(tmp_path: Path, capsys) -
     assert adaptive["state"] == "met" and adaptive["batches"] == [] and adaptive["rounds_added"] == {}
 
 
+def test_dry_run_of_an_adaptive_sweep_says_the_rounds_it_may_add(tmp_path: Path, capsys) -> None:
+    """``sweep --target-ci 5% --budget-s 60 --dry-run`` listed the planned cases alone, the same as
+    without the flags, though the sweep may then run many times their repeats; its resume's dry
+    run says what the loop has left, and so does a fresh one now."""
+    adaptive = ["--target-ci", "5%", "--budget-s", "60", "--dry-run"]
+    assert run_cli(["sweep", str(_adaptive_suite(tmp_path)), *adaptive]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert (
+        "2 cases; then up to 6 adaptive batch(es) of rounds until each comparison resolves ±5.0% or 60 s of "
+        "worlds are spent (dry run)"
+    ) in said, said
+
+
 @pytest.mark.ranks
 def test_dry_run_of_an_adaptive_run_cut_off_between_batches_says_the_loop_goes_on(tmp_path: Path, capsys) -> None:
     """Planned repeats done, the loop still running: no case is missing, yet --resume runs more

@@ -343,6 +343,19 @@ def _loop_left(run, todo: list) -> str:
     return f"; the adaptive loop goes on: up to {batches} more batch(es) within the budget left ({budget})"
 
 
+def _loop_ahead(args: argparse.Namespace) -> str:
+    """What a fresh adaptive sweep may run after its planned cases (nothing for a planned one): its
+    dry run listed the planned repeats alone, the same with --target-ci as without."""
+    from tpbench import sweep
+
+    if args.target_ci is None:
+        return ""
+    return (
+        f"; then up to {sweep.MAX_BATCHES} adaptive batch(es) of rounds until each comparison resolves "
+        f"±{args.target_ci:.1%} or {args.budget_s:g} s of worlds are spent"
+    )
+
+
 def _check_resume_args(args: argparse.Namespace) -> None:
     """``--resume`` runs the run's own suite: what would change its cases is refused, so that the
     missing cases measure what the finished ones did."""
@@ -415,7 +428,7 @@ def _sweep(args: argparse.Namespace) -> int:
                 except sweep.SweepError as e:
                     usage(str(e))
             n = len(suite.cases)
-            title = f"{suite.suite.name}: {n} case{'' if n == 1 else 's'} (dry run)"
+            title = f"{suite.suite.name}: {n} case{'' if n == 1 else 's'}{_loop_ahead(args)} (dry run)"
             out.print(fitted(cases_table(title, suite.cases, nnodes=nodes_of(launcher)), out))
             warn_unused_workloads(suite)
             return EXIT_OK
