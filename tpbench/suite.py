@@ -399,7 +399,8 @@ def _workload_tables(doc: dict[str, Any], path: str) -> dict[str, dict[str, Any]
                 raise _fail(path, f"[{_workload_table(wname)}] {k}", _unknown("key", k, fields))
             want = type(fields[k].default)
             if type(v) is not want and not (want is float and type(v) is int):
-                raise _fail(path, f"[{_workload_table(wname)}] {k}", f"expected {want.__name__}, got {v!r}")
+                said = _TYPE_WORDS.get(want, want.__name__)
+                raise _fail(path, f"[{_workload_table(wname)}] {k}", f"expected {said}, got {v!r}")
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 continue
             positive = sized and fields[k].default > 0
@@ -411,6 +412,11 @@ def _workload_tables(doc: dict[str, Any], path: str) -> dict[str, dict[str, Any]
                 )
         workloads[wname] = {k: canonical(fields[k].default, v) for k, v in table.items()}
     return workloads
+
+
+# A workload parameter's type as the other keys' errors say it ("expected an integer >= 1"), not
+# Python's name for it: the suite is TOML, where "int" and "str" name nothing.
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 
 
 def unused_workload_tables(suite: Suite, cases: Iterable[Case]) -> list[str]:
