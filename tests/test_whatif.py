@@ -1102,6 +1102,12 @@ def test_validation_runs_both_directions_and_refuses_what_rests_on_a_refused_fit
     assert again.validation["refused"].notna().sum() == 2
     e = again.errors().set_index("direction")
     assert e.loc[slower, "refused"] == 1 and e.loc[faster, "refused"] == 1
+    # In the report, each refused prediction says "refused (k)", its reason listed under the table.
+    page = Page("t")
+    interconnect._validation(page, again, dict(zip(loaded.cases["case_id"], loaded.cases["label"])))
+    table, below = "".join(page.parts).split("</table>")
+    assert table.count("<td>refused (") == 2 and "planted: why" not in table and "why refused" not in table
+    assert "<li>(1) predictions from " in below and ": planted: why</li>" in below
     # The report's validation table says how fast each target's host ran (a run before forward
     # passes were timed: the column is there, empty).
     section = build_report([loaded])
@@ -1153,6 +1159,9 @@ INTERVAL_CELL = r'<td><span class="interval">\d+\.\d \[\d+\.\d, \d+\.\d\]</span>
 
 
 def test_report_shows_the_reason_in_place_of_the_number():
+    """A refused case's cells say "refused (1)" where its numbers would be, and the reason is listed
+    in full under the table: in the table's last column it was squeezed into a narrow strip, clipped
+    at the page's width, with more fabrics off-screen altogether."""
     html = build_report([store.load(BUSY_RUN)])
     section = html[html.index('id="whatif"') :]
     rows: dict[str, str] = {}
@@ -1160,7 +1169,12 @@ def test_report_shows_the_reason_in_place_of_the_number():
     for r in re.findall(r"<tr>.*?</tr>", section, re.S):
         rows.setdefault(re.sub(r"<[^>]+>", "|", r).split("|")[2], r)
     refused = rows["zero_no_overlap bucket_cap_mb=25"]
-    assert refused.count("<td>refused</td>") == 4 and "unrepresentative of timed steps" in refused
+    assert refused.count("<td>refused (1)</td>") == 4 and "unrepresentative" not in refused
+    table = section[section.index("<h3>Projected step time") :]
+    table, below = table[: table.index("</table>")], table[table.index("</table>") :]
+    assert "why refused" not in table
+    below = below[: below.index("Which setting each fabric would favour")]
+    assert re.search(r"<li>\(1\) zero_no_overlap bucket_cap_mb=25: [^<]*unrepresentative of timed steps", below)
     kept = rows["hook_with_zero_step bucket_cap_mb=25"]
     # Every projection to a tenth of a ms, as in the terminal, so that a column lines up ("19.0", not "19").
     assert "refused" not in kept and len(re.findall(INTERVAL_CELL, kept)) == 4

@@ -215,7 +215,9 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, replay.Fab
             for v, lo, hi in zip(proj["projected_ms"], proj["predicted_lo_ms"], proj["predicted_hi_ms"])
         ],
         index=proj.index,
-    ).where(proj["refused"].isna(), "refused")
+    )
+    marks, notes = _refusal_notes(proj["refused"], proj["case"])
+    numbers = numbers.where(proj["refused"].isna(), marks)
     wide = proj.assign(projected=numbers).pivot(index="case", columns="fabric", values="projected")
     wide = wide.reindex(index=list(dict.fromkeys(proj["case"])), columns=list(dict.fromkeys(proj["fabric"])))
     wide.columns.name = None
@@ -228,13 +230,16 @@ def _whatif_section(page: Page, run: store.Loaded, fabrics: dict[str, replay.Fab
         "own traced steps replayed (median miss)",
         first["own_miss_pct"].map(lambda x: "" if pd.isna(x) else f"{x:+.1f}%"),
     )
-    wide["why refused"] = first["refused"].fillna("")
     page.heading("Projected step time (ms) per fabric, with its 95% interval: projections, not measurements", level=3)
     refused = int(first["refused"].notna().sum())
     if refused:
         n = len(first)
-        page.paragraph(f"{refused} of {n} case{'' if n == 1 else 's'} refused; the last column says why.", css="warn")
+        page.paragraph(
+            f"{refused} of {n} case{'' if n == 1 else 's'} refused; each reason is listed under the table.", css="warn"
+        )
     page.table(wide.reset_index())
+    if notes:
+        page.bullets(notes)
     answer = whatif_run.answer_lines(result.projections, labels)
     if answer:
         page.heading("Which setting each fabric would favour (projected)", level=3)
@@ -320,6 +325,8 @@ def _validation(page: Page, result: whatif_validation.RunWhatIf, labels: dict[st
     made = v[v["refused"].isna()]
     if len(made):
         page.figure(_validation_figure(made))
+    sources = [f"predictions from {r} {labels.get(c, c)}" for r, c in zip(v["reference_link"], v["reference_case"])]
+    marks, notes = _refusal_notes(v["refused"], sources)
     shown = v.assign(
         measured=[whatif_run.ms_interval(*r) for r in zip(v["measured_ms"], v["ci_lo_ms"], v["ci_hi_ms"])],
         predicted=pd.Series(
@@ -328,7 +335,7 @@ def _validation(page: Page, result: whatif_validation.RunWhatIf, labels: dict[st
                 for x, lo, hi in zip(v["predicted_ms"], v["predicted_lo_ms"], v["predicted_hi_ms"])
             ],
             index=v.index,
-        ).where(v["refused"].isna(), "refused"),
+        ).where(v["refused"].isna(), marks),
         error=v["error_pct"].map(lambda x: f"{x:+.1f}%").where(v["refused"].isna(), ""),
         host=v["host_ratio"].map(whatif_run.host_ratio_text),
     )
@@ -343,22 +350,30 @@ def _validation(page: Page, result: whatif_validation.RunWhatIf, labels: dict[st
                 "predicted",
                 "error",
                 "host",
-                "refused",
             ]
-        ]
-        .fillna({"refused": ""})
-        .rename(
+        ].rename(
             columns={
                 "reference_link": "from",
                 "interconnect": "link",
                 "measured": "measured ms [95% CI]",
                 "predicted": "predicted ms [95% interval]",
-                "refused": "why refused",
                 "host": "target's host ×",
             }
         ),
         scroll=len(shown) > 12,
     )
+    if notes:
+        page.bullets(notes)
+
+
+def _refusal_notes(reasons: pd.Series, names: pd.Series | list[str]) -> tuple[pd.Series, list[str]]:
+    """Each refused row's cell, "refused (k)", and the notes listed under its table, "(k) name: reason",
+    one per distinct name and reason. A reason is a sentence or three: in a column of the table it
+    was squeezed into a narrow strip and clipped at the page's edge, beyond the fabrics' columns."""
+    pairs = list(zip(names, reasons))
+    number = {p: k for k, p in enumerate(dict.fromkeys(p for p in pairs if pd.notna(p[1])), 1)}
+    marks = pd.Series([f"refused ({number[p]})" if p in number else None for p in pairs], index=reasons.index)
+    return marks, [f"({k}) {name}: {reason}" for (name, reason), k in number.items()]
 
 
 def _validation_figure(v: pd.DataFrame) -> go.Figure:
