@@ -87,6 +87,29 @@ def test_a_workload_table_no_case_runs_is_warned_of(tmp_path, capsys):
     assert "warning" not in capsys.readouterr().err
 
 
+def test_a_default_that_no_case_uses_is_warned_of(tmp_path, capsys):
+    """``bucket_cap_mb = 4`` beside ``bucket_cap_mb_list``, or ``shard_buckets = true`` for ddp, was
+    collapsed without a word: the value changed nothing. validate and the dry runs warn, naming the
+    file, the key and what wins; a key that some case uses (shard_buckets beside a ZeRO hook) is not
+    warned of, and the cases are those the suite always gave."""
+    suite = tmp_path / "c.toml"
+    suite.write_text(
+        '[suite]\nname = "b"\n[sweep]\nalgorithm = ["ddp", "zero_no_overlap"]\n'
+        "[defaults]\nbucket_cap_mb = 4\nbucket_cap_mb_list = [1, 25]\nshard_buckets = true\n"
+    )
+    caps = f"warning: {suite}: [defaults] bucket_cap_mb = 4: no case uses it (bucket_cap_mb_list replaces it)"
+    shard = f"warning: {suite}: [defaults] shard_buckets = true: no case uses it (ddp does not use it; "
+    shard += "zero_no_overlap does not use it)"
+    for command in (["validate"], ["sweep", "--dry-run"], ["tune", "--dry-run"]):
+        assert run_cli([*command, str(suite)]) == 0
+        err = " ".join(capsys.readouterr().err.split())
+        assert caps in err and shard in err, command
+    assert run_cli(["validate", str(suite), "--set", "algorithm=hook_with_zero_step"]) == 0
+    assert "shard_buckets" not in capsys.readouterr().err
+    assert run_cli(["validate", str(suite), "--set", "algorithm=['ddp', 'hook_with_zero_step']"]) == 0
+    assert "shard_buckets" not in capsys.readouterr().err
+
+
 def test_a_filter_value_that_no_case_has_is_refused_beside_values_that_match(capsys):
     """``--filter 'algorithm=ddp|zero_no_overlp'`` ran ddp alone (exit 0): the misspelt value kept no
     case, but the filter kept some, so nothing said so. Each value must now match a case (exit 2),

@@ -575,6 +575,14 @@ def _resolve_machine(raw: dict[str, Any], machine: Machine) -> dict[str, Any]:
 
 def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
     """The cartesian product of ``[sweep]`` over ``[defaults]``, resolved, checked, collapsed, deduplicated."""
+    return expand_noting_unused(suite, machine)[0]
+
+
+def expand_noting_unused(suite: Suite, machine: Machine | None = None) -> tuple[list[Case], list[str]]:
+    """``expand``'s cases, and each ``[defaults]`` key collapsed in every one of them, with why:
+    "[defaults] bucket_cap_mb = 4: no case uses it (bucket_cap_mb_list replaces it)". Such a value
+    changes nothing, which the collapse alone would leave unsaid; it is warned of, not refused, as a
+    shared ``[defaults]`` may serve a ``--set algorithm=...`` that uses it."""
     machine = machine or Machine.detect()
     path = suite.path
     base = {k: s.default for k, s in CASE_KEYS.items()} | suite.defaults | suite.capture
@@ -588,6 +596,7 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
         )
     swept_budget = [k for k in keys if k in BUDGET_KEYS]
     cases: dict[str, Case] = {}
+    unused = {k: set[str]() for k in suite.defaults if k not in suite.sweep}  # key → why, while no case uses it
     for combo in itertools.product(*(suite.sweep[k] for k in keys)):
         raw = base | dict(zip(keys, combo))
         where = functools.partial(_where, suite, raw)
@@ -597,9 +606,16 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
         r = _resolve_machine(raw, machine)
         _check_combination(path, r, machine, suite, where)
         workload_params = _workload_params(suite, r["workload"], r["batch_size"], where("workload"))
-        moot = (ALGORITHM_SPECIFIC_KEYS - algo.uses) | algo.moot(r) | comm_hooks.moot(r) | _moot_bucketing(r)
+        why = {k: f"{algo.name} does not use it" for k in (ALGORITHM_SPECIFIC_KEYS - algo.uses) | algo.moot(r)}
+        why |= {k: "it is for a comm_hook of one's own" for k in comm_hooks.moot(r)}
+        why |= {k: "bucket_cap_mb_list replaces it" for k in _moot_bucketing(r)}
         if shards_by_node(r["workload"], dict(workload_params)):
-            moot -= {"ranks_per_node"}  # the nodes the data is split by: DDP must train on the same split
+            why.pop("ranks_per_node", None)  # the nodes the data is split by: DDP must train on the same split
+        moot = why.keys()
+        for k in [k for k in unused if k not in moot]:
+            del unused[k]
+        for k in unused:
+            unused[k].add(why[k])
         for k in moot:
             r[k] = None
         r["workload_params"] = workload_params
@@ -609,7 +625,11 @@ def expand(suite: Suite, machine: Machine | None = None) -> list[Case]:
             raise _fail(path, where(why[0]), f"{why[1]} (case {case.label(keys)})")
         case = dataclasses.replace(case, case_id=case_id(case, swept_budget))
         cases.setdefault(case.case_id, case)
-    return list(cases.values())
+    notes = [
+        f"[defaults] {k} = {value_text(suite.defaults[k])}: no case uses it ({'; '.join(sorted(why))})"
+        for k, why in unused.items()
+    ]
+    return list(cases.values()), notes
 
 
 def _where(suite: Suite, raw: Mapping[str, Any], key: str) -> str:

@@ -42,7 +42,16 @@ from tpbench.launch import (
     run_group,
     take_over_printed,
 )
-from tpbench.suite import Case, Machine, Suite, expand, load, select, unused_workload_tables, with_overrides
+from tpbench.suite import (
+    Case,
+    Machine,
+    Suite,
+    expand_noting_unused,
+    load,
+    select,
+    unused_workload_tables,
+    with_overrides,
+)
 from tpbench.worlds import Torchrun
 
 
@@ -50,13 +59,15 @@ from tpbench.worlds import Torchrun
 class Prepared:
     """A suite's cases, and the ``--set`` and ``--filter`` that made them (run.json keeps them);
     ``unused_workloads``: the ``[workloads.NAME]`` tables no case of the suite runs (before
-    ``--filter``, which may leave out a workload on purpose), for validate and dry runs to warn of."""
+    ``--filter``, which may leave out a workload on purpose), for validate and dry runs to warn of;
+    ``unused_defaults``: the ``[defaults]`` keys no case uses, with why (``expand_noting_unused``)."""
 
     suite: Suite
     cases: list[Case]
     overrides: tuple[str, ...] = ()
     filters: tuple[str, ...] = ()
     unused_workloads: tuple[str, ...] = ()
+    unused_defaults: tuple[str, ...] = ()
 
 
 def prepare(
@@ -83,9 +94,9 @@ def prepare(
     # A value --set gave that only the expansion refuses (an unknown algorithm, interconnect or
     # workload) is said "with --set", as the keys validated before it are: the file holds no such value.
     said = dataclasses.replace(suite, path=f"{suite.path} (with --set)") if overrides else suite
-    expanded = expand(said, machine)
+    expanded, unused = expand_noting_unused(said, machine)
     cases = select(expanded, filters, where=str(suite.path))
-    return Prepared(suite, cases, overrides, filters, tuple(unused_workload_tables(suite, expanded)))
+    return Prepared(suite, cases, overrides, filters, tuple(unused_workload_tables(suite, expanded)), tuple(unused))
 
 
 # What a case writes, for the free-space check. Measured on the shipped suites: the largest case

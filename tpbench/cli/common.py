@@ -166,7 +166,8 @@ def usage(message: str, command: str = "sweep") -> NoReturn:
 def warn_unused_workloads(prepared) -> None:
     """Warn, on stderr, of each ``[workloads.NAME]`` table no case runs (``sweep.Prepared``'s
     ``unused_workloads``): its parameters change nothing, which a user who forgot or misspelt
-    ``workload`` would otherwise learn only from the results."""
+    ``workload`` would otherwise learn only from the results; and of each ``[defaults]`` key no case
+    uses (``unused_defaults``), which the collapse of keys that do not apply leaves unsaid."""
     runs = ", ".join(sorted({c.workload for c in prepared.cases}))
     for table in prepared.unused_workloads:
         console.print(
@@ -175,6 +176,8 @@ def warn_unused_workloads(prepared) -> None:
             markup=False,
             soft_wrap=True,
         )
+    for note in prepared.unused_defaults:
+        console.print(f"warning: {prepared.suite.path}: {note}", markup=False, soft_wrap=True)
 
 
 # The widest a label column is kept for its longest word; a longer word folds onto the next line.

@@ -420,6 +420,7 @@ def _sweep(args: argparse.Namespace) -> int:
         suite = None
     else:
         suite = sweep.prepare(args.suite, args.set, args.filter, launcher, allow_large=args.allow_large)
+        warn_unused_workloads(suite)  # before a run as before a dry run: the run's output scrolls it away
         if args.dry_run:
             sweep.launchable(suite, launcher)
             if args.target_ci is not None:
@@ -430,7 +431,6 @@ def _sweep(args: argparse.Namespace) -> int:
             n = len(suite.cases)
             title = f"{suite.suite.name}: {n} case{'' if n == 1 else 's'}{_loop_ahead(args)} (dry run)"
             out.print(fitted(cases_table(title, suite.cases, nnodes=nodes_of(launcher)), out))
-            warn_unused_workloads(suite)
             return EXIT_OK
         if not args.no_report:  # before hours of sweeping, not after
             where = f"folder of --report {args.report}" if args.report else "report directory"
