@@ -116,13 +116,28 @@ def test_filters():
 
 
 def test_a_negative_filter_that_excludes_nothing_is_refused_as_a_typo():
-    """``shard_buckets!=True`` (the labels' spelling; the suite's value is ``true``) matched no case and
-    so kept all of them, silently: the sweep ran the cases the user meant to drop."""
+    """A ``KEY!=V`` whose value no case has (a typo) kept every case, silently: the sweep ran the cases
+    the user meant to drop."""
     cases = expand(parse(BASE, "t.toml"), CPU)
     assert select(cases, ["algorithm!=nope"]) == cases  # without a suite to name, as compare filters a run
     with pytest.raises(SuiteError, match=r"t.toml: --filter algorithm!=nope: no case has that value, so it excl"):
         select(cases, ["algorithm!=nope"], where="t.toml")
     assert select(cases, ["algorithm!=ddp"], where="t.toml") == [c for c in cases if c.algorithm != "ddp"]
+
+
+def test_a_boolean_filter_takes_the_labels_spelling_as_the_suites():
+    """Labels print Python's ``shard_buckets=True``; ``--filter shard_buckets=True`` copied from a dry run
+    was refused ("no case matches"): it only took TOML's ``true``. Both spell the value now, for a
+    boolean key only: a string key's ``True`` stays the word."""
+    suite = parse(BASE.replace("bucket_cap_mb = [1, 4]", "shard_buckets = [true, false]"), "t.toml")
+    cases = expand(with_overrides(suite, ["algorithm=hook_with_zero_step"]), CPU)
+    sharded = [c for c in cases if c.shard_buckets]
+    assert "shard_buckets=True" in labels([cases])[0][sharded[0].case_id]
+    for spelled in ("True", "true"):
+        assert select(cases, [f"shard_buckets={spelled}"], where="t.toml") == sharded
+    assert select(cases, ["shard_buckets!=False"], where="t.toml") == sharded
+    with pytest.raises(SuiteError, match="--filter algorithm=True: no case matches"):
+        select(cases, ["algorithm=True"], where="t.toml")
 
 
 def test_every_bad_input_of_the_catalogue_is_refused_by_the_library():

@@ -890,8 +890,8 @@ def select(cases: list[Case], filters: Iterable[str], *, where: str | None = Non
     With ``where`` (the suite's path), an unknown key is said after it, as ``--set``'s is; filters
     that leave no case are an error naming the first
     that did and the values the cases before it had: a typo in a value reads as such, not as an
-    empty suite. So is a ``key!=v`` that excludes nothing (``shard_buckets!=True``, as the labels
-    spell it, where the suite's value is ``true``): it would run every case it was meant to drop. And
+    empty suite. So is a ``key!=v`` that excludes nothing (``algorithm!=zero_no_overlp``): it would
+    run every case it was meant to drop. And
     so is one value of several that no case has (``algorithm=ddp|zero_no_overlp``): the filter keeps
     cases, so the typo would go unseen and the cases it names would silently be left out."""
     out, filters = cases, list(filters)
@@ -903,7 +903,7 @@ def select(cases: list[Case], filters: Iterable[str], *, where: str | None = Non
             raise SuiteError(f"--filter {f}: expected KEY=VALUE[|VALUE...] or KEY!=VALUE")
         wanted = [w.strip() for w in raw.split("|")]
         if key != "id":
-            wanted = [value_text(_parse_value(w)) for w in wanted]  # 25.0 matches 25, as in the suite
+            wanted = [_filter_text(key, w) for w in wanted]
         if key != "id" and key not in CASE_KEYS and key not in CAPTURE_KEYS:
             named = f"{where}: --filter {f}" if where is not None else f"--filter {f}"
             raise SuiteError(f"{named}: {_unknown('key', key, ['id', *CASE_KEYS])}")
@@ -919,6 +919,16 @@ def select(cases: list[Case], filters: Iterable[str], *, where: str | None = Non
                 raise SuiteError(f"{where}: --filter {f}: {what}; {_values_had(out, key, before)}")
         out = kept
     return out
+
+
+def _filter_text(key: str, raw: str) -> str:
+    """A ``--filter`` value as ``value_text`` spells the cases': 25.0 matches 25, as in the suite. A
+    boolean key also takes the labels' ``True``/``False``, so a value copied from a dry run's table
+    matches; another key's ``True`` stays the word it is."""
+    spec = CASE_KEYS.get(key) or CAPTURE_KEYS.get(key)
+    if spec is not None and spec.check is _bool and raw in ("True", "False"):
+        return value_text(raw == "True")
+    return value_text(_parse_value(raw))
 
 
 def _values_had(cases: list[Case], key: str, before: str) -> str:
