@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from tpbench.suite import (
     CASE_KEYS,
@@ -104,6 +105,17 @@ def test_a_set_list_or_table_that_is_not_toml_is_refused_not_taken_for_a_word():
         with_overrides(parse(BASE, "t.toml"), ["algorithm=[ddp]"])
     cases = expand(with_overrides(parse(BASE, "t.toml"), ["algorithm=ddp"]), CPU)
     assert {c.algorithm for c in cases} == {"ddp"}
+
+
+def test_a_key_set_twice_to_two_values_is_refused_naming_both(capsys):
+    """``--set steps=5 --set steps=6`` ran 6 steps without a word, the 5 dropped. Refused now (exit 2)
+    in one line naming the key and both values; the same value twice changes nothing and passes."""
+    zero = str(REPO / "suites" / "zero.toml")
+    assert run_cli(["validate", zero, "--set", "steps=5", "--set", "steps=6"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--set steps=6: steps is already set to 5 (--set steps=5); give each key once" in err
+    assert len(err.splitlines()) == 1
+    assert run_cli(["validate", zero, "--set", "steps=5", "--set", "steps = 5"]) == 0
 
 
 def test_filters():

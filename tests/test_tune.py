@@ -598,14 +598,16 @@ def test_the_commands_a_torchrun_tune_names_run_under_its_launcher(tmp_path):
 def test_the_trace_sweep_a_tune_names_traces_both_settings_once(tmp_path):
     """The suite traces nothing (``capture.profiler_steps = 0``, as tune-planted's) and races many
     rounds: the sweep the tune named ran the suite's budget, every repeat again and no trace. It now
-    runs ``--trace``'s: the two settings, one repeat each, whole averaging windows traced in one window."""
+    runs ``--trace``'s: the two settings, one repeat each, whole averaging windows traced in one window.
+    The tune's own ``--set capture.profiler_steps=0`` is left out of it, not set twice (refused)."""
     suite = tmp_path / "s.toml"
     suite.write_text(tiny_suite("slowdown_pct = [0, 1.5, 30]", repeats=12, steps=6))
-    cases = tune.prepare(suite, ["batch_size=16"]).cases
+    own = ("batch_size=16", "repeats=12", "capture.profiler_steps=0")
+    cases = tune.prepare(suite, own).cases
     values = synthetic({c.case_id: 1 + c.slowdown_pct / 100 for c in cases}, 12, noise=0.02)
     options = Options(epsilon=0.005)
     race = run_race(Race(list(values), 12, options, comparisons=2), values)
-    source = SuiteSource("s", str(suite), "", None, ("batch_size=16", "repeats=12"))
+    source = SuiteSource("s", str(suite), "", None, own)
     run = SimpleNamespace(dir=tmp_path, record=SimpleNamespace(suite=source, launcher=LauncherRecord()))
     result = tune_answer.result(run, cases, [race], options, 30.0, NO_EVAL)
     cmd = shlex.split(result.trace_step)

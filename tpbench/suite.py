@@ -536,6 +536,22 @@ def with_overrides(suite: Suite, assignments: Iterable[str]) -> Suite:
     return dataclasses.replace(_validate(doc, f"{suite.path} (with --set)"), path=suite.path, text=suite.text + note)
 
 
+def refuse_repeated_sets(assignments: Iterable[str]) -> None:
+    """``SuiteError`` for a key ``--set`` twice to two values (``steps=5``, then ``steps=6``): applied in
+    turn, the last won without a word, so a run measured a value the user may not have meant. The same
+    value twice changes nothing and passes. Checked where a command takes ``--set`` (``sweep.prepare``),
+    not in ``with_overrides``: a run stored before keeps loading as it ran."""
+    seen: dict[str, tuple[str, str]] = {}
+    for a in assignments:
+        key, _, raw = (part.strip() for part in a.partition("="))
+        value = _set_text(_parse_value(raw))
+        if key in seen and seen[key][0] != value:
+            raise SuiteError(
+                f"--set {a}: {key} is already set to {seen[key][0]} (--set {seen[key][1]}); give each key once"
+            )
+        seen.setdefault(key, (value, a))
+
+
 def measured_overrides(assignments: Iterable[str]) -> dict[str, str]:
     """``--set`` assignments as key → value, for the keys that change what a case measures: one per
     key (the last, as ``with_overrides`` applies them), sorted, each value spelled alike however it

@@ -48,6 +48,7 @@ from tpbench.suite import (
     Suite,
     expand_noting_unused,
     load,
+    refuse_repeated_sets,
     select,
     unused_workload_tables,
     with_overrides,
@@ -84,6 +85,7 @@ def prepare(
     far beyond this machine are refused unless ``allow_large``.
     """
     overrides, filters = tuple(overrides), tuple(filters)
+    refuse_repeated_sets(overrides)
     suite = with_overrides(load(suite_path), overrides)
     machine = Machine.detect(limited=not allow_large)
     if launcher is not None:

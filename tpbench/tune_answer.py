@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import shlex
 from pathlib import Path
-from typing import Mapping
+from typing import Collection, Mapping
 
 import numpy as np
 import pandas as pd
@@ -528,7 +528,8 @@ def _next_step(
     if rec is None or not rounds:
         return None
     ended = {r.ended for r in races}
-    parts = [f"tpbench tune {run.record.suite.command_path}", *_own_sets(run), *_own_out(run), *_own_launcher(run)]
+    own = _own_sets(run, ["repeats"])
+    parts = [f"tpbench tune {run.record.suite.command_path}", *own, *_own_out(run), *_own_launcher(run)]
     parts += [f"--filter {shlex.quote(f)}" for f in run.record.suite.filters]
     parts.append(f"--set repeats={_next_repeats(rounds, races)}")
     defaults = Options()
@@ -583,7 +584,7 @@ def _trace_step(run: store.Run, arms: list[TuneArm], windows: Mapping[str, int])
     return " ".join(
         [
             f"tpbench sweep {run.record.suite.command_path}",
-            *_own_sets(run),
+            *_own_sets(run, [b.partition("=")[0] for b in budget]),
             *_own_out(run),
             *_own_launcher(run),
             f"--filter {shlex.quote('id=' + ids)}",
@@ -592,10 +593,11 @@ def _trace_step(run: store.Run, arms: list[TuneArm], windows: Mapping[str, int])
     )
 
 
-def _own_sets(run: store.Run) -> list[str]:
-    """The tune's own ``--set`` but ``repeats`` (a command names its own rounds, or the suite's),
-    for a command that must make the same settings: another key's value changes the case ids."""
-    sets = (s for s in run.record.suite.overrides if s.partition("=")[0].strip() != "repeats")
+def _own_sets(run: store.Run, given: Collection[str]) -> list[str]:
+    """The tune's own ``--set`` but those of the keys ``given`` (the command sets its own: its rounds,
+    its traced steps; a key set twice to two values is refused), for a command that must make the
+    same settings: another key's value changes the case ids."""
+    sets = (s for s in run.record.suite.overrides if s.partition("=")[0].strip() not in given)
     return [f"--set {shlex.quote(s)}" for s in sets]
 
 
