@@ -63,6 +63,31 @@ def test_run_json_and_summary_carry_the_schema_version(run: Path) -> None:
         case.params["algorithm"] = "zero_no_overlap"  # the record is read-only
 
 
+def test_the_commit_is_tpbench_s_only_where_its_checkout_tracks_it(tmp_path: Path, monkeypatch) -> None:
+    """Installed (not editable) into a venv inside a user's own repository, tpbench's folder sits in
+    that repository untracked, and the fingerprint recorded the user's commit as tpbench's. A real
+    git repository here; ``tpbench.__file__`` is pointed at a copy of the package's first file, as
+    an install places it. Tracked, the commit is recorded; untracked, none, as outside a repo."""
+    import tpbench
+
+    def git(*args: str) -> str:
+        cmd = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path), *args]
+        return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "own.py").write_text("x = 1\n")
+    git("add", "own.py")
+    git("commit", "-qm", "the user's own")
+    installed = tmp_path / "venv" / "lib" / "site-packages" / "tpbench" / "__init__.py"
+    installed.parent.mkdir(parents=True)
+    installed.write_text(Path(tpbench.__file__).read_text())
+    monkeypatch.setattr(tpbench, "__file__", str(installed))
+    assert environment.fingerprint()["git"] == {"commit": None, "dirty": None}
+    git("add", "-f", str(installed))
+    git("commit", "-qm", "tpbench tracked")
+    assert environment.fingerprint()["git"] == {"commit": git("rev-parse", "HEAD"), "dirty": False}
+
+
 def test_tpbench_version_names_the_version_every_run_records(capsys) -> None:
     assert run_cli(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"tpbench {environment.fingerprint()['tpbench']}"

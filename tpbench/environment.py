@@ -34,18 +34,21 @@ def _cpu_model() -> str:
 
 
 def _git_commit() -> dict[str, Any]:
-    src = Path(tpbench.__file__).resolve().parent.parent
+    """The commit of the checkout tpbench runs from and whether its tracked files changed; none where
+    the folder above the package is no repository, or one that does not track tpbench: installed (not
+    editable) into a venv inside a user's own repository, that repository's commit is not tpbench's."""
+    init = Path(tpbench.__file__).resolve()
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(init.parent.parent), *args], capture_output=True, text=True, timeout=5)
+
     try:
-        commit = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(
-            ["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
+        tracked = git("ls-files", "--error-unmatch", str(init))
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
-    if commit.returncode != 0:
+    if tracked.returncode != 0 or commit.returncode != 0:
         return {"commit": None, "dirty": None}
     return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
 
@@ -122,6 +125,6 @@ def fingerprint() -> dict[str, Any]:
 
 def commit_text(env: dict[str, Any]) -> str:
     """The code a run measured, as every output shows it: ``0123456789`` (10 hex digits),
-    ``+dirty`` when the tree had uncommitted changes, ``unknown`` outside a git checkout."""
+    ``+dirty`` when the tree had uncommitted changes, ``unknown`` outside a git checkout that tracks tpbench."""
     git = env.get("git") or {}
     return (git.get("commit") or "unknown")[:10] + ("+dirty" if git.get("dirty") else "")
