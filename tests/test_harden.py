@@ -245,6 +245,8 @@ def test_an_oversized_or_binary_suite_is_refused_naming_it(tmp_path, capsys):
         ('[fabrics."[red]x[/red]"]\nlatency_us = 1\nbandwidth_GBps = 3\n', "expected a name of letters, digits"),
         ("fabrics = 5\n", "fabrics must be tables [fabrics.NAME], got int"),
         ("[fabrics.x\nlatency_us = 1\n", "not valid TOML"),
+        # Named the position alone; the shape expected is said, as the other errors say theirs.
+        ("x ][\n", "expected [fabrics.NAME] tables, each with latency_us and bandwidth_GBps"),
         # A key left out is named with what it takes, as a key out of bounds is.
         ("[fabrics.x]\nlatency_us = 1\n", "missing bandwidth_GBps; expected a finite number > 0 and <= 1e+06"),
         ("[fabrics.x]\nbandwidth_GBps = 3\n", "missing latency_us; expected a finite number >= 0 and <= 1e+06"),

@@ -102,6 +102,8 @@ MAX_FABRICS = 64
 MAX_LATENCY_US = 1e6  # one second per hop
 MAX_BANDWIDTH_GBPS = 1e6  # a petabyte per second
 _FABRIC_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
+# What a fabrics file holds, said by the errors of a file that holds no fabric (not TOML, or empty).
+_EXPECTED_FILE = "expected [fabrics.NAME] tables, each with latency_us and bandwidth_GBps"
 
 
 def parse_fabrics(text: str, source: str = "<fabrics>") -> dict[str, Fabric]:
@@ -113,7 +115,7 @@ def parse_fabrics(text: str, source: str = "<fabrics>") -> dict[str, Fabric]:
     try:
         doc = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError) as e:
-        raise ValueError(f"{source}: not valid TOML: {str(e) or 'nested too deeply'}") from None
+        raise ValueError(f"{source}: not valid TOML: {str(e) or 'nested too deeply'}; {_EXPECTED_FILE}") from None
     unknown_top = set(doc) - {"fabrics"}
     if unknown_top:
         raise ValueError(f"{source}: unknown table(s) {sorted(unknown_top)}; expected [fabrics.NAME]")
@@ -123,8 +125,7 @@ def parse_fabrics(text: str, source: str = "<fabrics>") -> dict[str, Fabric]:
     if not tables:
         # An empty file (truncated, or the wrong one given) added nothing and said nothing: the
         # projections then ran on the built-in fabrics alone, the user's own missing from them.
-        expected = "expected [fabrics.NAME] tables, each with latency_us and bandwidth_GBps"
-        raise ValueError(f"{source}: no fabrics; {expected}")
+        raise ValueError(f"{source}: no fabrics; {_EXPECTED_FILE}")
     if len(tables) > MAX_FABRICS:
         raise ValueError(f"{source}: {len(tables)} fabrics; at most {MAX_FABRICS} per file")
     out: dict[str, Fabric] = {}
