@@ -1853,6 +1853,25 @@ def test_an_unknown_fabric_is_refused_in_one_line_naming_the_option(tmp_path, ca
     assert err.endswith("100gbe (--fabrics FILE adds others)") and "\n" not in err
 
 
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_fabrics_file_that_replaces_a_built_in_says_so(tmp_path, capsys, fmt):
+    """A ``--fabrics`` file's ``[fabrics.nvlink4]`` replaced the built-in in silence, and the output has
+    no table of fabrics: nvlink4's column showed the file's numbers under the built-in's name. One
+    line on stderr (stdout stays the format's own) names each built-in replaced, the file and its
+    numbers; a fabric the file adds replaces nothing and is not named."""
+    run = shutil.copytree(LINKS_RUN, tmp_path / "run")
+    mine = tmp_path / "o.toml"
+    mine.write_text(
+        "[fabrics.nvlink4]\nlatency_us = 1\nbandwidth_GBps = 0.001\n[fabrics.cxl]\nlatency_us = 2\nbandwidth_GBps = 3\n"
+    )
+    assert run_cli(["whatif", str(run), "--fabrics", str(mine), "--fabric", "nvlink4", "--format", fmt]) == 0
+    out, err = capsys.readouterr()
+    said = [line for line in err.splitlines() if "replaced by" in line]
+    assert said == [f"nvlink4: replaced by {mine} (latency 1 µs, 0.001 GB/s)"], err
+    if fmt == "json":
+        json.loads(out)
+
+
 def test_whatif_md_says_what_the_text_says_as_markdown(tmp_path, capsys):
     """``whatif --format`` took text or json where compare, explain, tune and gate also take md; md
     now gives the text's validation and projections as Markdown tables (intervals in each cell), its

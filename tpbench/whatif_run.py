@@ -52,12 +52,28 @@ def switches_to_local_sgd(params: Mapping[str, Any]) -> bool:
     return params["algorithm"] == LOCALSGD and not is_plain_ddp(dict(params))
 
 
+BUILT_IN = "built-in fabrics"  # the built-in fabrics' ``Fabric.source``
+
+
 def load_fabrics(extra: Iterable[str | Path] = ()) -> dict[str, Fabric]:
-    """The built-in fabrics, then each user file's (a user file may redefine a built-in)."""
-    fabrics = replay.parse_fabrics(replay.FABRICS_TOML, "built-in fabrics")
+    """The built-in fabrics, then each user file's (a user file may redefine a built-in:
+    ``replaced_fabrics`` says which it did)."""
+    fabrics = replay.parse_fabrics(replay.FABRICS_TOML, BUILT_IN)
     for path in extra:
         fabrics |= replay.parse_fabrics(user_files.read_text(path, "fabrics file"), str(path))
     return fabrics
+
+
+def replaced_fabrics(fabrics: Mapping[str, Fabric]) -> list[str]:
+    """A line per built-in fabric a user's file redefined, naming the file and its numbers: the
+    projections show no table of fabrics, so ``nvlink4``'s column would hold the file's numbers
+    under the built-in's name with nothing to say so."""
+    built_in = replay.parse_fabrics(replay.FABRICS_TOML, BUILT_IN)
+    return [
+        f"{name}: replaced by {f.source} (latency {f.alpha_s * 1e6:g} µs, {f.beta_Bps / 1e9:g} GB/s)"
+        for name, f in fabrics.items()
+        if name in built_in and f.source != BUILT_IN
+    ]
 
 
 def run_whatif(loaded: store.Loaded, fabrics: Mapping[str, Fabric], reference: str | None = None) -> RunWhatIf:

@@ -66,6 +66,9 @@ class Fabric:
     # it, this many bytes cross without waiting for the rate (at the floor's speed). ``simulate``
     # keeps the bucket's level from one collective to the next.
     burst_bytes: float = 0.0
+    # Where the fabric was defined (``parse_fabrics``' source: a fabrics file's path), so that a file's
+    # fabric that replaced a built-in one of the same name can be said (``whatif_run.replaced_fabrics``).
+    source: str = ""
 
     def beta_for(self, collective: str) -> float:
         return dict(self.by_collective).get(collective, self.beta_Bps)
@@ -147,7 +150,7 @@ def parse_fabrics(text: str, source: str = "<fabrics>") -> dict[str, Fabric]:
             raise ValueError(f"{where}: shared must be true or false, got {shared!r}")
         if not isinstance(description, str):
             raise ValueError(f"{where}: description must be a string, got {description!r}")
-        out[name] = Fabric(name, lat * 1e-6, bw * 1e9, shared, description)
+        out[name] = Fabric(name, lat * 1e-6, bw * 1e9, shared, description, source=source)
     return out
 
 

@@ -190,6 +190,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     except ValueError as e:
         error(e, "whatif")
         return EXIT_RESULTS
+    for line in whatif_run.replaced_fabrics(fabrics):  # on stderr: stdout is the format's own
+        console.print(line, markup=False, soft_wrap=True)
     # Every case refused: the tables and the reasons are written, but a script must not read "projected".
     code = EXIT_RESULTS if written.result.projections["refused"].notna().all() else EXIT_OK
     if args.format == "json":
