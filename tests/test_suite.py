@@ -17,7 +17,9 @@ from tpbench.suite import (
     expand,
     labels,
     load,
+    measured_overrides,
     parse,
+    refuse_repeated_sets,
     select,
     varying_keys,
     with_overrides,
@@ -150,6 +152,22 @@ def test_a_boolean_filter_takes_the_labels_spelling_as_the_suites():
     assert select(cases, ["shard_buckets!=False"], where="t.toml") == sharded
     with pytest.raises(SuiteError, match="--filter algorithm=True: no case matches"):
         select(cases, ["algorithm=True"], where="t.toml")
+
+
+def test_a_boolean_set_takes_the_labels_spelling_as_the_suites():
+    """``--filter shard_buckets=True`` took the labels' spelling but ``--set shard_buckets=True`` was
+    refused ("expected true or false, got 'True'"), so a value copied from a dry run's table worked in
+    one and not the other. ``--set`` takes it too now, for a boolean key only: a string key's ``True``
+    stays the word, and a run's settings spell the value alike however it was typed."""
+    suite = parse(BASE.replace("bucket_cap_mb = [1, 4]", "shard_buckets = [true, false]"), "t.toml")
+    for label, toml in (("True", "true"), ("False", "false")):
+        assert (
+            with_overrides(suite, [f"shard_buckets={label}"]).sweep
+            == with_overrides(suite, [f"shard_buckets={toml}"]).sweep
+        )
+    assert measured_overrides(["shard_buckets=True"]) == measured_overrides(["shard_buckets=true"])
+    refuse_repeated_sets(["shard_buckets=True", "shard_buckets=true"])  # one value, spelled twice
+    assert with_overrides(suite, ["algorithm=True"]).sweep["algorithm"] == ["True"]
 
 
 def test_every_bad_input_of_the_catalogue_is_refused_by_the_library():

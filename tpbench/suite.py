@@ -460,6 +460,16 @@ def _parse_value(raw: str) -> Any:
         return raw
 
 
+def _key_value(key: str, raw: str) -> Any:
+    """A value given to ``key`` on the command line (``--set``, ``--filter``), as ``_parse_value``
+    reads it. A boolean key also takes the labels' ``True``/``False``, so a value copied from a dry
+    run's table works in both; another key's ``True`` stays the word it is."""
+    spec = CASE_KEYS.get(key) or CAPTURE_KEYS.get(key)
+    if spec is not None and spec.check is _bool and raw in ("True", "False"):
+        return raw == "True"
+    return _parse_value(raw)
+
+
 def _apply_override(doc: dict[str, Any], assignment: str) -> None:
     """One ``--set key=value``: a swept key gets a new list, any other key a new default.
 
@@ -469,7 +479,7 @@ def _apply_override(doc: dict[str, Any], assignment: str) -> None:
     key = key.strip()
     if not sep or not key:
         raise SuiteError(f"--set {assignment}: expected KEY=VALUE")
-    value = _parse_value(raw.strip())
+    value = _key_value(key, raw.strip())
     if isinstance(value, str) and raw.strip()[:1] in ("[", "{"):
         # Meant as a list or a table: taken for a word, ``[ddp]`` was refused as an odd algorithm name
         # inside a list, the missing quotes never said.
@@ -544,7 +554,7 @@ def refuse_repeated_sets(assignments: Iterable[str]) -> None:
     seen: dict[str, tuple[str, str]] = {}
     for a in assignments:
         key, _, raw = (part.strip() for part in a.partition("="))
-        value = _set_text(_parse_value(raw))
+        value = _set_text(_key_value(key, raw))
         if key in seen and seen[key][0] != value:
             raise SuiteError(
                 f"--set {a}: {key} is already set to {seen[key][0]} (--set {seen[key][1]}); give each key once"
@@ -563,7 +573,7 @@ def measured_overrides(assignments: Iterable[str]) -> dict[str, str]:
         key, _, raw = a.partition("=")
         key = key.strip()
         if key.removeprefix("capture.") not in BUDGET_KEYS:
-            found[key] = _set_text(_parse_value(raw.strip()))
+            found[key] = _set_text(_key_value(key, raw.strip()))
     return dict(sorted(found.items()))
 
 
@@ -938,13 +948,8 @@ def select(cases: list[Case], filters: Iterable[str], *, where: str | None = Non
 
 
 def _filter_text(key: str, raw: str) -> str:
-    """A ``--filter`` value as ``value_text`` spells the cases': 25.0 matches 25, as in the suite. A
-    boolean key also takes the labels' ``True``/``False``, so a value copied from a dry run's table
-    matches; another key's ``True`` stays the word it is."""
-    spec = CASE_KEYS.get(key) or CAPTURE_KEYS.get(key)
-    if spec is not None and spec.check is _bool and raw in ("True", "False"):
-        return value_text(raw == "True")
-    return value_text(_parse_value(raw))
+    """A ``--filter`` value as ``value_text`` spells the cases': 25.0 matches 25, as in the suite."""
+    return value_text(_key_value(key, raw))
 
 
 def _values_had(cases: list[Case], key: str, before: str) -> str:
