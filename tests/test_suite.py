@@ -120,6 +120,17 @@ def test_a_key_set_twice_to_two_values_is_refused_naming_both(capsys):
     assert run_cli(["validate", zero, "--set", "steps=5", "--set", "steps = 5"]) == 0
 
 
+def test_a_key_set_twice_is_refused_however_its_path_is_spelt():
+    """``--set workloads.gpt.n_layer=2 --set 'workloads."gpt".n_layer=3'`` set one key twice (``--set``
+    reads a quoted NAME as the bare one) but passed: the keys were compared as typed. They are compared
+    as ``--set`` reads them now."""
+    with pytest.raises(SuiteError, match=r"n_layer=3: workloads.\"gpt\".n_layer is already set to 2 \(--set wo"):
+        refuse_repeated_sets(["workloads.gpt.n_layer=2", 'workloads."gpt".n_layer=3'])
+    with pytest.raises(SuiteError, match="steps =6: steps is already set to 5"):
+        refuse_repeated_sets(["steps=5", " steps =6"])
+    refuse_repeated_sets(["workloads.gpt.n_layer=2", "workloads.'gpt'.n_layer=2", "capture.trace_windows=2"])
+
+
 def test_filters():
     cases = expand(parse(BASE, "t.toml"), CPU)
     assert {c.algorithm for c in select(cases, ["algorithm=ddp"])} == {"ddp"}

@@ -470,20 +470,18 @@ def _key_value(key: str, raw: str) -> Any:
     return _parse_value(raw)
 
 
-def _apply_override(doc: dict[str, Any], assignment: str) -> None:
-    """One ``--set key=value``: a swept key gets a new list, any other key a new default.
-
-    ``capture.KEY`` and ``workloads.NAME.KEY`` reach those tables.
-    """
-    key, sep, raw = assignment.partition("=")
-    key = key.strip()
+def _read_set(assignment: str) -> tuple[tuple[str, ...], Any]:
+    """One ``--set key=value`` as the path of the key it sets and the value: ``("steps",)``,
+    ``("capture", KEY)`` or ``("workloads", NAME, KEY)``, NAME unquoted, so that two spellings of one
+    key are one path. Refused when it is none of them or its value is not one."""
+    key, sep, raw = (part.strip() for part in assignment.partition("="))
     if not sep or not key:
         raise SuiteError(f"--set {assignment}: expected KEY=VALUE")
-    value = _key_value(key, raw.strip())
-    if isinstance(value, str) and raw.strip()[:1] in ("[", "{"):
+    value = _key_value(key, raw)
+    if isinstance(value, str) and raw[:1] in ("[", "{"):
         # Meant as a list or a table: taken for a word, ``[ddp]`` was refused as an odd algorithm name
         # inside a list, the missing quotes never said.
-        kind = "list" if raw.strip()[0] == "[" else "table"
+        kind = "list" if raw[0] == "[" else "table"
         raise SuiteError(
             f"--set {assignment}: not a TOML {kind}; write it as in a suite file, its strings quoted "
             """(--set 'algorithm=["ddp", "zero_no_overlap"]')"""
@@ -491,11 +489,23 @@ def _apply_override(doc: dict[str, Any], assignment: str) -> None:
     parts = key.split(".")
     workload = _workload_key(key)
     if workload:
-        doc.setdefault("workloads", {}).setdefault(workload[0], {})[workload[1]] = value
-    elif parts[0] == "capture" and len(parts) == 2:
-        doc.setdefault("capture", {})[parts[1]] = value
-    elif len(parts) > 1:
-        raise SuiteError(f"--set {assignment}: expected KEY, capture.KEY or workloads.NAME.KEY")
+        return ("workloads", *workload), value
+    if len(parts) == 1 or (parts[0] == "capture" and len(parts) == 2):
+        return tuple(parts), value
+    raise SuiteError(f"--set {assignment}: expected KEY, capture.KEY or workloads.NAME.KEY")
+
+
+def _apply_override(doc: dict[str, Any], assignment: str) -> None:
+    """One ``--set key=value``: a swept key gets a new list, any other key a new default.
+
+    ``capture.KEY`` and ``workloads.NAME.KEY`` reach those tables.
+    """
+    path, value = _read_set(assignment)
+    key = path[-1]
+    if path[0] == "workloads" and len(path) == 3:
+        doc.setdefault("workloads", {}).setdefault(path[1], {})[key] = value
+    elif path[0] == "capture" and len(path) == 2:
+        doc.setdefault("capture", {})[key] = value
     elif key in doc.get("sweep", {}) or _sweeps(key, value):
         doc.setdefault("sweep", {})[key] = value if isinstance(value, list) else [value]
         doc.get("defaults", {}).pop(key, None)
@@ -550,16 +560,18 @@ def refuse_repeated_sets(assignments: Iterable[str]) -> None:
     """``SuiteError`` for a key ``--set`` twice to two values (``steps=5``, then ``steps=6``): applied in
     turn, the last won without a word, so a run measured a value the user may not have meant. The same
     value twice changes nothing and passes. Checked where a command takes ``--set`` (``sweep.prepare``),
-    not in ``with_overrides``: a run stored before keeps loading as it ran."""
-    seen: dict[str, tuple[str, str]] = {}
+    not in ``with_overrides``: a run stored before keeps loading as it ran. Keys are compared as
+    ``--set`` reads them: ``workloads."gpt".n_layer`` is ``workloads.gpt.n_layer``."""
+    seen: dict[tuple[str, ...], tuple[str, str]] = {}
     for a in assignments:
-        key, _, raw = (part.strip() for part in a.partition("="))
-        value = _set_text(_key_value(key, raw))
-        if key in seen and seen[key][0] != value:
+        path, parsed = _read_set(a)
+        value = _set_text(parsed)
+        if path in seen and seen[path][0] != value:
+            key = a.partition("=")[0].strip()
             raise SuiteError(
-                f"--set {a}: {key} is already set to {seen[key][0]} (--set {seen[key][1]}); give each key once"
+                f"--set {a}: {key} is already set to {seen[path][0]} (--set {seen[path][1]}); give each key once"
             )
-        seen.setdefault(key, (value, a))
+        seen.setdefault(path, (value, a))
 
 
 def measured_overrides(assignments: Iterable[str]) -> dict[str, str]:
