@@ -1211,11 +1211,15 @@ def test_the_grid_a_tune_costs_against_counts_each_worlds_own_rounds(tmp_path):
 def test_every_arm_failed_recommends_nothing_and_exits_1(tmp_path, capsys):
     """Both arms' worlds crash: no recommendation, state "failed" and exit 1, as a failed sweep
     (it used to read "recommended" with no recommended arm, and exit 0); the report says why it has
-    no race chart."""
+    no race chart. A ``[defaults]`` key no case uses is warned of once before the race, as a sweep
+    and a dry run warn of it (the tune prepared its suite inside and said nothing)."""
     suite = tmp_path / "s.toml"
-    suite.write_text(tiny_suite('fault = ["crash:1", "crash:0"]', repeats=4, timeout_s=30))
+    suite.write_text(tiny_suite('fault = ["crash:1", "crash:0"]', repeats=4, timeout_s=30, shard_buckets="true"))
     code = run_cli(["tune", str(suite), "--out", str(tmp_path / "r"), "--format", "json"])
-    printed = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    unused = f"warning: {suite}: [defaults] shard_buckets = true: no case uses it (ddp does not use it)\n"
+    assert err.count(unused) == 1 and err.startswith(unused), err
+    printed = json.loads(out)
     assert code == 1 and printed["state"] == tune_answer.FAILED and printed["recommended"] is None
     assert printed["claim"] == "no recommendation: every one of the 2 settings failed"
     assert {a["status"] for a in printed["arms"]} == {tune_answer.FAILED}

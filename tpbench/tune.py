@@ -53,7 +53,7 @@ OVERRIDES = ("capture.profiler_steps=0",)
 
 
 def start(
-    suite_path: str | Path,
+    suite: str | Path | sweep.Prepared,
     options: Options,
     overrides: Iterable[str] = (),
     filters: Iterable[str] = (),
@@ -62,9 +62,13 @@ def start(
     allow_large: bool = False,
 ) -> tuple[store.Run, list[Case]]:
     """Check the options and the grid, create the run directory with every arm pending and an
-    empty race in tune.json."""
+    empty race in tune.json. ``suite``: a path, or already ``prepare``d with ``options.min_rounds``
+    (by the CLI, which warns of what the preparation noted before the race starts)."""
     options.check()
-    prepared = prepare(suite_path, overrides, filters, launcher, allow_large, options.min_rounds)
+    if isinstance(suite, sweep.Prepared):
+        prepared = suite
+    else:
+        prepared = prepare(suite, overrides, filters, launcher, allow_large, options.min_rounds)
     run = sweep.start(prepared, out_root, launcher)
     _save(run, TuneRecord(options, 0.0, {}, []))
     return run, prepared.cases
@@ -379,7 +383,7 @@ Progress = Callable[[store.Run], contextlib.AbstractContextManager[Watch]]
 
 
 def run(
-    suite: str | Path | None = None,
+    suite: str | Path | sweep.Prepared | None = None,
     options: Options = Options(),
     *,
     overrides: Iterable[str] = (),
@@ -390,7 +394,8 @@ def run(
     allow_large: bool = False,
     progress: Progress = lambda run: contextlib.nullcontext(Watch()),
 ) -> TuneResult:
-    """``tpbench tune``: a new tune of ``suite`` with ``options`` under ``out`` (``start``), or the
+    """``tpbench tune``: a new tune of ``suite`` (a path, or already ``prepare``d) with ``options``
+    under ``out`` (``start``), or the
     tune in ``resume`` gone on with its own options (``reopen``; ``launcher`` ``sweep.RECORDED``:
     the run's own), raced to its result (``race``)."""
     if resume is not None:

@@ -167,25 +167,22 @@ def _tune(args: argparse.Namespace) -> int:
         typed = {k: v for k, v in (("epsilon", args.epsilon), ("confidence", args.confidence)) if v is not None}
         given = {k: v for k, v in (("metric", args.metric), ("min_rounds", args.min_rounds)) if v is not None}
         given |= {k: fraction(v) for k, v in typed.items()}
-        suite, options = args.suite, racing.Options(budget_s=args.budget_s, **given)
+        options = racing.Options(budget_s=args.budget_s, **given)
         options.check(typed)
+        suite = tune.prepare(args.suite, args.set, args.filter, launcher, args.allow_large, options.min_rounds)
+        warn_unused_workloads(suite)  # before a race as before a dry run: the race's output scrolls it away
         if args.dry_run:
-            prepared = tune.prepare(args.suite, args.set, args.filter, launcher, args.allow_large, options.min_rounds)
-            sweep.launchable(prepared, launcher)
-            print_dry_run(prepared, args.format, nodes_of(launcher))
-            warn_unused_workloads(prepared)
+            sweep.launchable(suite, launcher)
+            print_dry_run(suite, args.format, nodes_of(launcher))
             return EXIT_OK
     display = _TuneDisplay()
     try:
         result = tune.run(
             suite,
             options,
-            overrides=args.set,
-            filters=args.filter,
             out=args.out or Path("results"),
             launcher=launcher,
             resume=args.resume,
-            allow_large=args.allow_large,
             progress=display,
         )
     except KeyboardInterrupt as e:
