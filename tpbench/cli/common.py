@@ -163,7 +163,7 @@ def usage(message: str, command: str = "sweep") -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
-def warn_unused_workloads(prepared) -> None:
+def warn_unused(prepared) -> None:
     """Warn, on stderr, of each ``[workloads.NAME]`` table no case runs (``sweep.Prepared``'s
     ``unused_workloads``): its parameters change nothing, which a user who forgot or misspelt
     ``workload`` would otherwise learn only from the results; and of each ``[defaults]`` key no case

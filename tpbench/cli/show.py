@@ -21,7 +21,7 @@ from tpbench.cli.common import (
     label_column,
     out,
     usage,
-    warn_unused_workloads,
+    warn_unused,
 )
 
 
@@ -64,7 +64,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     about = f"{sum(c.repeats for c in cases)} repeats; about {size} of results"
     n = len(cases)
     out.print(f"{args.suite}: ok, {n} case{'' if n == 1 else 's'} ({about})", markup=False, soft_wrap=True)
-    warn_unused_workloads(prepared)
+    warn_unused(prepared)
     # A suite can be valid and still need what this machine lacks (root, `tc` for an emulated link):
     # said as a warning, since the suite is right and another machine may run it.
     try:

@@ -35,7 +35,7 @@ from tpbench.cli.common import (
     stop_signals_interrupt,
     torchrun_launcher,
     usage,
-    warn_unused_workloads,
+    warn_unused,
 )
 from tpbench.pace import PlainPace
 
@@ -420,7 +420,7 @@ def _sweep(args: argparse.Namespace) -> int:
         suite = None
     else:
         suite = sweep.prepare(args.suite, args.set, args.filter, launcher, allow_large=args.allow_large)
-        warn_unused_workloads(suite)  # before a run as before a dry run: the run's output scrolls it away
+        warn_unused(suite)  # before a run as before a dry run: the run's output scrolls it away
         if args.dry_run:
             sweep.launchable(suite, launcher)
             if args.target_ci is not None:

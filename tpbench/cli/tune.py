@@ -37,7 +37,7 @@ from tpbench.cli.common import (
     stop_signals_interrupt,
     torchrun_launcher,
     usage,
-    warn_unused_workloads,
+    warn_unused,
     world_text,
 )
 from tpbench.cli.sweep import SweepDisplay
@@ -170,7 +170,7 @@ def _tune(args: argparse.Namespace) -> int:
         options = racing.Options(budget_s=args.budget_s, **given)
         options.check(typed)
         suite = tune.prepare(args.suite, args.set, args.filter, launcher, args.allow_large, options.min_rounds)
-        warn_unused_workloads(suite)  # before a race as before a dry run: the race's output scrolls it away
+        warn_unused(suite)  # before a race as before a dry run: the race's output scrolls it away
         if args.dry_run:
             sweep.launchable(suite, launcher)
             print_dry_run(suite, args.format, nodes_of(launcher))
