@@ -941,7 +941,7 @@ def select(cases: list[Case], filters: Iterable[str], *, where: str | None = Non
             raise SuiteError(f"--filter {f}: expected KEY=VALUE[|VALUE...] or KEY!=VALUE")
         wanted = [w.strip() for w in raw.split("|")]
         if key != "id":
-            wanted = [_filter_text(key, w) for w in wanted]
+            wanted = [value_text(_key_value(key, w)) for w in wanted]  # 25.0 matches 25, as in the suite
         if key != "id" and key not in CASE_KEYS and key not in CAPTURE_KEYS:
             named = f"{where}: --filter {f}" if where is not None else f"--filter {f}"
             raise SuiteError(f"{named}: {_unknown('key', key, ['id', *CASE_KEYS])}")
@@ -957,11 +957,6 @@ def select(cases: list[Case], filters: Iterable[str], *, where: str | None = Non
                 raise SuiteError(f"{where}: --filter {f}: {what}; {_values_had(out, key, before)}")
         out = kept
     return out
-
-
-def _filter_text(key: str, raw: str) -> str:
-    """A ``--filter`` value as ``value_text`` spells the cases': 25.0 matches 25, as in the suite."""
-    return value_text(_key_value(key, raw))
 
 
 def _values_had(cases: list[Case], key: str, before: str) -> str:
