@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -198,3 +199,30 @@ def test_a_gloo_collective_in_a_trace_of_several_group_sizes_has_no_busbw(tmp_pa
     assert np.allclose(out["algbw_gbps"], 1.0)
     assert out["busbw_gbps"].isna().tolist() == [True, True, False]
     assert out["busbw_gbps"].iloc[2] == pytest.approx(1.0)
+
+
+def test_a_case_over_the_world_group_alone_takes_its_size_from_its_settings(tmp_path: Path) -> None:
+    """A world's traces list every group made in it: a DDP case that ran beside post-local SGD's
+    cases lists their node subgroups too, and its all-reduces, all over the world, read "unknown:
+    group size". Its settings say it (``world_group_size``): the world's 4, so busbw = 1.5 × algbw;
+    a post-local SGD case that switches, or a hook of one's own, stays unknown. ``sweep.analyze_traces``
+    stores each case's table so."""
+    from tpbench import store, sweep
+    from tpbench.algorithms import world_group_size
+
+    ddp = {"algorithm": "ddp", "world_size": 4, "comm_hook": "allreduce"}
+    switched = {"algorithm": "post_localSGD_hook", "world_size": 4, "start_localSGD_iter": 0}
+    assert world_group_size(ddp) == 4 and world_group_size({}) is None
+    assert world_group_size(switched) is None and world_group_size(ddp | {"comm_hook": "mine:hook"}) is None
+    for cid in ("ddp", "switched"):
+        folder = store.trace_dir(tmp_path, cid)
+        folder.mkdir(parents=True)
+        for r in range(4):
+            text = _post_local_sgd_trace(tmp_path / f"rank{r}.json", r).read_text()
+            (folder / f"rank{r}.json.gz").write_bytes(gzip.compress(text.encode()))
+    cases = pd.DataFrame({"case_id": ["ddp", "switched"], "status": ["done", "done"]})
+    sweep.analyze_traces(tmp_path, cases, {"ddp": ddp, "switched": switched})
+    mine = store.read_case_table(tmp_path, "ddp", "collectives")
+    assert (mine["group_size"] == 4).all() and np.allclose(mine["busbw_gbps"], [1.5, 1.5, 1.0])
+    theirs = store.read_case_table(tmp_path, "switched", "collectives")
+    assert theirs["group_size"].isna().all() and theirs["busbw_gbps"].isna().tolist() == [True, True, False]

@@ -150,7 +150,7 @@ def test_summary_overlap_is_the_mean_of_the_ranks_over_htas_window(tmp_path: Pat
     from tpbench import sweep
 
     shutil.copytree(FIXTURE, tmp_path / "cases" / "c1" / "trace")
-    row = sweep.analyze_traces(tmp_path, pd.DataFrame({"case_id": ["c1"], "status": ["done"]})).iloc[0]
+    row = sweep.analyze_traces(tmp_path, pd.DataFrame({"case_id": ["c1"], "status": ["done"]}), {}).iloc[0]
     t = read_traces(FIXTURE)
     per_rank = hta_overlap_pct(step_overlap(t.intervals, t.steps))
     assert len(per_rank) == 2 and t.steps.groupby("rank").size().tolist() == [4, 4]

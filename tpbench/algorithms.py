@@ -209,6 +209,23 @@ def is_plain_ddp(params: dict[str, Any]) -> bool:
     )
 
 
+def switches_to_local_sgd(params: Mapping[str, Any]) -> bool:
+    """Whether a case is post-local SGD that switches: from then on its gradients cross only the node
+    subgroup, whatever its ``averaging_period`` (every step averaging, at 1, still leaves them there)."""
+    return params["algorithm"] == LOCALSGD and not is_plain_ddp(dict(params))
+
+
+def world_group_size(params: Mapping[str, Any]) -> int | None:
+    """The size of the one group every collective of a case runs over, where its settings say it: the
+    world's, but for post-local SGD that switches (node subgroups beside the world) and a comm hook of
+    one's own (which may use any group); None there, or without settings. A world's traces list every
+    group made in it, a post-local SGD case's subgroups in a DDP case's traces too, and Gloo's ranges
+    name none: this is what tells a DDP case's all-reduces from the subgroups' (``collective_bandwidth``)."""
+    if not params or switches_to_local_sgd(params) or comm_hooks.is_import_path(params.get("comm_hook")):
+        return None
+    return int(params["world_size"])
+
+
 # What outputs call a plain-DDP post-local SGD case, and the key that name already says.
 PLAIN_DDP_NAME, PLAIN_DDP_KEY = "DDP", "start_localSGD_iter"
 

@@ -13,11 +13,12 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Callable, Iterable, Literal, Mapping
 
 import pandas as pd
 
 from tpbench import compare, record, store
+from tpbench.algorithms import world_group_size
 from tpbench.analysis import bandwidth, convergence, overlap, timeline
 from tpbench.analysis.memory import per_case
 from tpbench.analysis.stats import CONFIDENCE, slowest_rank, spent_confidence, summarize
@@ -358,14 +359,16 @@ def _mark_interrupted(run: store.Run) -> None:
     run.release_reserve()
 
 
-def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:
+def analyze_traces(run_dir: Path, cases: pd.DataFrame, params: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     """Parse each finished case's traces once: store its intervals, per-step overlap and
     collectives as derived tables, and return per-case overlap figures for the summary.
 
     Times are per profiled step: the median over (rank, step) of compute, communication,
     overlap, exposed communication and idle time; ``overlap_pct`` is the mean over ranks of each
     rank's figure over Holistic Trace Analysis' window (``overlap.hta_overlap_pct``: every profiled
-    step but the last, as a ratio of sums). Bytes per step: ``bandwidth.bytes_per_step``.
+    step but the last, as a ratio of sums). Bytes per step: ``bandwidth.bytes_per_step``. ``params``:
+    each case's settings, which give its collectives' group size where its traces do not
+    (``algorithms.world_group_size``).
     """
     rows = []
     for cid in cases.loc[cases["status"] == store.DONE, "case_id"]:
@@ -382,7 +385,7 @@ def analyze_traces(run_dir: Path, cases: pd.DataFrame) -> pd.DataFrame:
         per_step = overlap.step_overlap(tl.intervals, tl.steps)
         store.write_case_table(run_dir, cid, "intervals", tl.intervals)
         store.write_case_table(run_dir, cid, "overlap", per_step)
-        collectives = bandwidth.collective_bandwidth(tl.intervals)
+        collectives = bandwidth.collective_bandwidth(tl.intervals, world_group_size(params.get(cid, {})))
         store.write_case_table(run_dir, cid, "collectives", collectives)
         store.write_case_table(run_dir, cid, "marks", tl.marks)
         if per_step.empty:
@@ -453,7 +456,7 @@ def _finalize(run: store.Run) -> store.Loaded:
     summary = summarize(loaded.steps, loaded.cases)
     for extra in (
         convergence.summarize(loaded.steps),
-        analyze_traces(run.dir, loaded.cases),
+        analyze_traces(run.dir, loaded.cases, {cid: c.params for cid, c in loaded.record.cases.items()}),
         _memory_summary(loaded),
         _ddp_bucket_summary(loaded),
     ):

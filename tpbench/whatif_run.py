@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from tpbench import store, user_files, verdict
-from tpbench.algorithms import LOCALSGD, is_plain_ddp
+from tpbench.algorithms import switches_to_local_sgd
 from tpbench.analysis import interference, replay, whatif, whatif_validation
 from tpbench.analysis.replay import Fabric
 from tpbench.analysis.whatif_validation import RunWhatIf
@@ -44,12 +44,6 @@ AFTER_SWITCH = (
 AFTER_SWITCH_NO_ALLREDUCE = AFTER_SWITCH.replace(
     "its gradients are all-reduced within each node's subgroup", "its gradients are not all-reduced at all"
 )
-
-
-def switches_to_local_sgd(params: Mapping[str, Any]) -> bool:
-    """Whether a case is post-local SGD that switches: from then on its gradients cross only the node
-    subgroup, whatever its ``averaging_period`` (every step averaging, at 1, still leaves them there)."""
-    return params["algorithm"] == LOCALSGD and not is_plain_ddp(dict(params))
 
 
 BUILT_IN = "built-in fabrics"  # the built-in fabrics' ``Fabric.source``

@@ -57,7 +57,7 @@ def busbw_factor(collective: str, n: int | None) -> float:
     return float("nan")
 
 
-def collective_bandwidth(intervals: pd.DataFrame) -> pd.DataFrame:
+def collective_bandwidth(intervals: pd.DataFrame, group_size: int | None = None) -> pd.DataFrame:
     """One row per collective instance, columns ``COLLECTIVE_BANDWIDTH_COLUMNS``.
 
     ``intervals`` is ``Timeline.intervals`` (only ``comm`` rows with a ``collective`` are used).
@@ -69,6 +69,9 @@ def collective_bandwidth(intervals: pd.DataFrame) -> pd.DataFrame:
     (``group_size_unknown``: a Gloo range in post-local SGD after its switch, where two node
     subgroups' all-reduces pair into one instance seen on every rank). Bandwidths are NaN where bytes
     are unknown, busbw also where the group size is (but for collectives whose factor is 1).
+    ``group_size``: the size of every collective's group where the caller knows it from the case's
+    settings (``algorithms.world_group_size``: a DDP case in a world that also holds post-local SGD's
+    subgroups), for the instances whose trace leaves it unknown.
     """
     comm = intervals[(intervals["lane"] == "comm") & intervals["collective"].notna()]
     if comm.empty:
@@ -98,7 +101,7 @@ def collective_bandwidth(intervals: pd.DataFrame) -> pd.DataFrame:
         slowest_ns=("dur_ns", "max"),
         first_ns=("start_ns", "min"),
     ).reset_index()
-    guess = out["ranks"].where(~out["size_unknown"])
+    guess = out["ranks"].where(~out["size_unknown"], group_size)
     out["group_size"] = out["group_size"].fillna(guess).astype("Int64")
     out["time_ns"] = out["time_ns"].where(~out["collective"].isin(ROOTED), out["slowest_ns"])
     seconds = out["time_ns"].to_numpy(dtype=np.float64) / 1e9
