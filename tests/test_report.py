@@ -2102,3 +2102,15 @@ def test_collectives_of_unknown_group_size_say_so(tmp_path, broadcast):
     assert row, body
     assert row[2] == "4000000" and row[3] == "unknown: group size"
     assert not re.search(r">\s*nan\s*<", body, re.IGNORECASE)
+
+
+def test_the_busbw_axis_starts_at_zero(tmp_path):
+    """Around a single point (a DDP case's one all-reduce size) plotly centred the axis on it, and the
+    chart's busbw axis ran down to -0.75 GB/s: a bandwidth is never negative."""
+    from tpbench.report import timelines
+    from tpbench.report.html import Page
+
+    data = _collectives_of_unknown_group_size(tmp_path, broadcast=True)
+    df = data.with_cases(data.table("collectives"))
+    fig = timelines._busbw(Page("t"), data, df.assign(time_ms=df["time_ns"] / 1e6))
+    assert fig.layout.yaxis.rangemode == "tozero"

@@ -372,6 +372,8 @@ def _busbw(page: Page, data: ReportData, df: pd.DataFrame) -> go.Figure:
         },
     )
     fig.update_xaxes(**log_byte_ticks(agg["bytes"]))
+    # From zero: around one point plotly centres the axis on it, and busbw read down to -0.75 GB/s.
+    fig.update_yaxes(rangemode="tozero")
     # px names a trace "algo, setting"; the setting (the case's label) already starts with the algorithm.
     fig.for_each_trace(lambda t: t.update(name=t.name.split(", ", 1)[-1]))
     _link_ceilings(fig, data, agg)
